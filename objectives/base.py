@@ -1,0 +1,116 @@
+"""Objective protocol: what qbatch needs to know about a black box to optimize it.
+
+An objective has a name, a search space given as a plain description (mapped onto the parameter
+types of `orchestrator/space.py`), the resources one evaluation needs, and one `evaluate(params, seed)`.
+Synthetic objectives also give their exact tau-quantile and optimum so benchmarks can compute true regret
+(quantile-expectile-bo.md §4). Like BoTorch test problems, subclasses declare and implement one method.
+
+Space description: an ordered ``dict`` from parameter name to a spec dict, one of
+``{"type": "float", "low": a, "high": b, "log": False}``,
+``{"type": "int", "low": a, "high": b, "step": 1, "log": False}``,
+``{"type": "choice", "choices": [...]}``.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+__all__ = ["EvalResult", "Objective", "ObjectiveError", "Resources", "SyntheticObjective"]
+
+
+class ObjectiveError(ValueError):
+    """Parameters handed to an objective are invalid; the message names the parameter."""
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one evaluation needs from the cluster (Ray task options)."""
+
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    memory: int | None = None  # bytes
+    custom: Mapping[str, float] = field(default_factory=dict)
+
+    def to_ray_options(self) -> dict[str, Any]:
+        opts: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}
+        if self.memory is not None:
+            opts["memory"] = int(self.memory)
+        if self.custom:
+            opts["resources"] = dict(self.custom)
+        return opts
+
+
+@dataclass
+class EvalResult:
+    """An evaluation's value plus optional extra metrics (e.g. training time, train loss)."""
+
+    value: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Objective(ABC):
+    """A black box to maximize (or minimize, per `direction`).
+
+    Subclasses set `name`, `space`, optionally `resources`, `direction`, `noisy`, and implement `evaluate`.
+    """
+
+    name: str = "objective"
+    #: plain space description (see module docstring); ordered
+    space: dict[str, dict[str, Any]] = {}
+    resources: Resources = Resources()
+    #: "maximize" or "minimize": the natural sense of the returned value
+    direction: str = "maximize"
+    #: whether repeated evaluations at the same point differ
+    noisy: bool = True
+
+    @abstractmethod
+    def evaluate(self, params: Mapping[str, Any], seed: int) -> float | EvalResult:
+        """Evaluate at `params` (names of `space` to values) with random `seed`."""
+
+    def __call__(self, params: Mapping[str, Any], seed: int = 0) -> float | EvalResult:
+        self.check_params(params)
+        return self.evaluate(params, seed)
+
+    def check_params(self, params: Mapping[str, Any]) -> None:
+        """Raise `ObjectiveError` naming the first missing, unknown or out-of-space parameter."""
+        check_params(self.space, params)
+
+
+class SyntheticObjective(Objective):
+    """An objective whose outcome distribution is known exactly at every point."""
+
+    @abstractmethod
+    def quantile(self, params: Mapping[str, Any], tau: float) -> float:
+        """Exact tau-quantile of the outcome at `params`, in the objective's own sense."""
+
+    @abstractmethod
+    def optimum(self, tau: float) -> tuple[dict[str, Any], float]:
+        """(params, value) of the best tau-quantile over the space (max, or min if direction is minimize)."""
+
+
+def check_params(space: Mapping[str, Mapping[str, Any]], params: Mapping[str, Any]) -> None:
+    """Validate `params` against a plain space description; errors name the parameter."""
+    missing = [k for k in space if k not in params]
+    if missing:
+        raise ObjectiveError(f"missing parameter(s) {missing}; expected {list(space)}")
+    unknown = [k for k in params if k not in space]
+    if unknown:
+        raise ObjectiveError(f"unknown parameter(s) {unknown}; expected {list(space)}")
+    for name, spec in space.items():
+        v = params[name]
+        kind = spec.get("type", "float")
+        if kind == "choice":
+            if v not in spec["choices"]:
+                raise ObjectiveError(f"parameter {name!r}={v!r} is not one of {list(spec['choices'])}")
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
+            raise ObjectiveError(f"parameter {name!r} must be a finite number; got {v!r}")
+        lo, hi = spec["low"], spec["high"]
+        tol = 1e-9 * max(1.0, abs(lo), abs(hi))
+        if not (lo - tol <= float(v) <= hi + tol):
+            raise ObjectiveError(f"parameter {name!r}={v!r} is outside [{lo}, {hi}]")
+        if kind == "int" and float(v) != round(float(v)):
+            raise ObjectiveError(f"parameter {name!r}={v!r} must be an integer")

@@ -1,0 +1,64 @@
+"""Name -> factory table of built-in objectives, and loading of user objectives by import path.
+
+Like Ray Tune's `search/__init__.py`, a built-in's module is imported only when it is chosen, so heavy
+dependencies (gensim, gymnasium, torch) load on demand. A user objective is given as
+``"package.module:name"``, where `name` is an `Objective` subclass, a factory, or an instance.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Mapping
+
+from objectives.base import Objective
+
+__all__ = ["BUILTIN_OBJECTIVES", "available_objectives", "load_objective"]
+
+#: name -> ("module:attribute", one-line description). Filled in by each objective module's author.
+BUILTIN_OBJECTIVES: dict[str, tuple[str, str]] = {}
+
+
+def available_objectives() -> dict[str, str]:
+    """Built-in objective names with their one-line descriptions."""
+    return {name: desc for name, (_, desc) in sorted(BUILTIN_OBJECTIVES.items())}
+
+
+def _import_target(path: str) -> Any:
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"objective import path must look like 'package.module:name'; got {path!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import module {module_name!r} of objective {path!r}: {exc}") from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ValueError(f"module {module_name!r} has no attribute {attr!r} (objective {path!r})") from None
+
+
+def load_objective(name: str, options: Mapping[str, Any] | None = None) -> Objective:
+    """Build an objective from a built-in name or a ``package.module:name`` path, with keyword options."""
+    options = dict(options or {})
+    if name in BUILTIN_OBJECTIVES:
+        target = _import_target(BUILTIN_OBJECTIVES[name][0])
+    elif ":" in name:
+        target = _import_target(name)
+    else:
+        raise ValueError(
+            f"unknown objective {name!r}; built-ins are {sorted(BUILTIN_OBJECTIVES)}, "
+            "or give a user objective as 'package.module:name'"
+        )
+    if isinstance(target, Objective):
+        if options:
+            raise ValueError(f"objective {name!r} is an instance and takes no options; got {sorted(options)}")
+        return target
+    if not callable(target):
+        raise ValueError(f"objective {name!r} is neither an Objective nor a factory")
+    try:
+        obj = target(**options)
+    except TypeError as exc:
+        raise ValueError(f"bad options for objective {name!r}: {exc}") from exc
+    if not isinstance(obj, Objective):
+        raise ValueError(f"objective {name!r} built a {type(obj).__name__}, not an Objective")
+    return obj

@@ -1,0 +1,80 @@
+"""The proposer interface: one class, one method, batch in the unit cube (STYLE.md §4.2).
+
+A proposer turns a fitted `Surrogate` into `q` new points. The base class checks what every
+proposer must guarantee: `q x d`, inside `[0, 1]^d`, dtype kept, and no point that repeats a
+pending point, an observed point, or another point of the same batch.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from orchestrator.errors import InputDataError
+from orchestrator.models.base import Surrogate
+
+__all__ = ["Proposer", "DUPLICATE_TOL"]
+
+#: two unit-cube points closer than this (max-norm) count as the same point
+DUPLICATE_TOL = 1e-6
+
+
+class Proposer(ABC):
+    """Proposes a batch of `q` points to evaluate next."""
+
+    @abstractmethod
+    def _propose(
+        self, model: Surrogate, q: int, X_pending: Tensor, X_observed: Tensor, generator: torch.Generator
+    ) -> Tensor:
+        """Return `q x d` distinct points in `[0, 1]^d`, none within `DUPLICATE_TOL` of `X_pending` or `X_observed`."""
+
+    def propose(
+        self,
+        model: Surrogate,
+        q: int,
+        X_pending: Tensor | None = None,
+        X_observed: Tensor | None = None,
+        seed: int | None = None,
+    ) -> Tensor:
+        """Propose `q` points.
+
+        Args:
+            model: a fitted surrogate.
+            q: batch size, an integer >= 1.
+            X_pending: `m x d` points proposed but not yet observed (m may be 0).
+            X_observed: `n x d` points already observed.
+            seed: makes the batch reproducible: the same seed gives the same batch.
+
+        Returns:
+            `q x d` tensor in the unit cube, with the dtype of the model's training data.
+        """
+        if isinstance(q, bool) or not isinstance(q, int) or q < 1:
+            raise InputDataError(f"q must be an integer >= 1; got {q!r}")
+        d = model.sparse_parts("f").Z.shape[-1]
+        tk = {"dtype": torch.float64, "device": model.sparse_parts("f").Z.device}
+        X_pending = torch.empty(0, d, **tk) if X_pending is None else X_pending.to(**tk).reshape(-1, d)
+        X_observed = torch.empty(0, d, **tk) if X_observed is None else X_observed.to(**tk).reshape(-1, d)
+        gen = torch.Generator(device="cpu")
+        gen.manual_seed(int(seed) if seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
+        X = self._propose(model, q, X_pending, X_observed, gen)
+        if X.shape != (q, d):
+            raise RuntimeError(f"{type(self).__name__} returned shape {tuple(X.shape)}; expected ({q}, {d})")
+        if not torch.isfinite(X).all() or (X < 0).any() or (X > 1).any():
+            raise RuntimeError(f"{type(self).__name__} returned points outside the unit cube")
+        return X
+
+    def get_state(self) -> dict[str, Any]:
+        return {}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def min_distance(X: Tensor, others: Tensor) -> Tensor:
+    """Max-norm distance from each row of `X` (`n x d`) to its nearest row of `others` (`m x d`); inf if m = 0."""
+    if others.shape[0] == 0:
+        return torch.full(X.shape[:1], float("inf"), dtype=X.dtype, device=X.device)
+    return (X.unsqueeze(-2) - others.unsqueeze(-3)).abs().amax(-1).amin(-1)

@@ -1,0 +1,28 @@
+"""Typed errors of qbatch: every message names the key or value that was wrong.
+
+All qbatch errors derive from `QbatchError` (STYLE.md §4.6), so callers can catch one type.
+"""
+
+from __future__ import annotations
+
+__all__ = ["QbatchError", "ConfigError", "SpaceError", "InputDataError", "UnsupportedError"]
+
+
+class QbatchError(Exception):
+    """Base class of every error qbatch raises on purpose."""
+
+
+class ConfigError(QbatchError, ValueError):
+    """A config key is unknown or its value is out of range. The message names the key."""
+
+
+class SpaceError(QbatchError, ValueError):
+    """A search space is malformed, or a point does not belong to it."""
+
+
+class InputDataError(QbatchError, ValueError):
+    """Observations handed to a model or proposer are malformed (NaN, inf, wrong shape, out of bounds)."""
+
+
+class UnsupportedError(QbatchError, NotImplementedError):
+    """A combination of options that qbatch does not support."""

@@ -1,0 +1,278 @@
+"""Search space: float, log-float, int (with step) and categorical parameters <-> the unit cube.
+
+Inside the models every point lives in `[0, 1]^d` (ARCHITECTURE.md, "Conventions"); this module is
+the one place where user parameters are converted. Each parameter takes one dimension:
+float/int map affinely (or in log space), a choice among k values maps to k equal bins of [0, 1].
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from orchestrator.errors import SpaceError
+
+__all__ = ["FloatParam", "IntParam", "ChoiceParam", "Parameter", "SearchSpace"]
+
+
+@dataclass(frozen=True)
+class FloatParam:
+    name: str
+    low: float
+    high: float
+    log: bool = False
+
+    def __post_init__(self) -> None:
+        _check_bounds(self.name, self.low, self.high, self.log)
+
+    def to_unit(self, v: Any) -> float:
+        v = _number(self.name, v)
+        _check_in(self.name, v, self.low, self.high)
+        if self.log:
+            return (math.log(v) - math.log(self.low)) / (math.log(self.high) - math.log(self.low))
+        return (v - self.low) / (self.high - self.low)
+
+    def from_unit(self, u: float) -> float:
+        u = min(max(float(u), 0.0), 1.0)
+        if self.log:
+            return float(math.exp(math.log(self.low) + u * (math.log(self.high) - math.log(self.low))))
+        return float(self.low + u * (self.high - self.low))
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": "float", "low": self.low, "high": self.high, "log": self.log}
+
+
+@dataclass(frozen=True)
+class IntParam:
+    name: str
+    low: int
+    high: int
+    step: int = 1
+    log: bool = False
+
+    def __post_init__(self) -> None:
+        for key in ("low", "high", "step"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) and not (
+                isinstance(v, float) and v.is_integer()
+            ):
+                raise SpaceError(f"parameter {self.name!r}: {key} must be an integer; got {v!r}")
+        _check_bounds(self.name, self.low, self.high, self.log)
+        if self.step < 1:
+            raise SpaceError(f"parameter {self.name!r}: step must be >= 1; got {self.step}")
+        if (self.high - self.low) % self.step:
+            raise SpaceError(
+                f"parameter {self.name!r}: high - low ({self.high} - {self.low}) must be a multiple of step {self.step}"
+            )
+        if self.log and self.step != 1:
+            raise SpaceError(f"parameter {self.name!r}: a log int parameter must have step 1; got {self.step}")
+
+    @property
+    def values(self) -> np.ndarray:
+        return np.arange(int(self.low), int(self.high) + 1, int(self.step))
+
+    def to_unit(self, v: Any) -> float:
+        x = _number(self.name, v)
+        _check_in(self.name, x, self.low, self.high)
+        if x != round(x) or (round(x) - self.low) % self.step:
+            raise SpaceError(f"parameter {self.name!r}={v!r} is not on the grid {self.low}:{self.high}:{self.step}")
+        if self.log:
+            lo, hi = math.log(self.low - 0.5 if self.low > 0.5 else self.low), math.log(self.high + 0.5)
+            return (math.log(x) - lo) / (hi - lo)
+        k = len(self.values)
+        return (((x - self.low) / self.step) + 0.5) / k
+
+    def from_unit(self, u: float) -> int:
+        u = min(max(float(u), 0.0), 1.0)
+        if self.log:
+            lo, hi = math.log(self.low - 0.5 if self.low > 0.5 else self.low), math.log(self.high + 0.5)
+            return int(min(max(round(math.exp(lo + u * (hi - lo))), self.low), self.high))
+        k = len(self.values)
+        i = min(int(u * k), k - 1)
+        return int(self.low + i * self.step)
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": "int", "low": int(self.low), "high": int(self.high), "step": int(self.step), "log": self.log}
+
+
+@dataclass(frozen=True)
+class ChoiceParam:
+    name: str
+    choices: tuple[Any, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.choices) < 1:
+            raise SpaceError(f"parameter {self.name!r}: choices must not be empty")
+        if len(set(map(repr, self.choices))) != len(self.choices):
+            raise SpaceError(f"parameter {self.name!r}: duplicate choices in {list(self.choices)}")
+
+    def to_unit(self, v: Any) -> float:
+        for i, c in enumerate(self.choices):
+            if v == c and isinstance(v, bool) == isinstance(c, bool):
+                return (i + 0.5) / len(self.choices)
+        raise SpaceError(f"parameter {self.name!r}={v!r} is not one of {list(self.choices)}")
+
+    def from_unit(self, u: float) -> Any:
+        k = len(self.choices)
+        return self.choices[min(int(min(max(float(u), 0.0), 1.0) * k), k - 1)]
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": "choice", "choices": list(self.choices)}
+
+
+Parameter = FloatParam | IntParam | ChoiceParam
+
+
+def _number(name: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise SpaceError(f"parameter {name!r} must be a number; got {v!r}")
+    x = float(v)
+    if not math.isfinite(x):
+        raise SpaceError(f"parameter {name!r} must be finite; got {v!r}")
+    return x
+
+
+def _check_bounds(name: str, low: Any, high: Any, log: bool) -> None:
+    for key, v in (("low", low), ("high", high)):
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v):
+            raise SpaceError(f"parameter {name!r}: {key} must be a finite number; got {v!r}")
+    if not low < high:
+        raise SpaceError(f"parameter {name!r}: low must be < high; got low={low}, high={high}")
+    if log and low <= 0:
+        raise SpaceError(f"parameter {name!r}: a log parameter needs low > 0; got low={low}")
+
+
+def _check_in(name: str, v: float, low: float, high: float) -> None:
+    tol = 1e-9 * max(1.0, abs(low), abs(high))
+    if not (low - tol <= v <= high + tol):
+        raise SpaceError(f"parameter {name!r}={v!r} is outside [{low}, {high}]")
+
+
+class SearchSpace:
+    """An ordered set of named parameters with a bijection (up to rounding) onto `[0, 1]^d`.
+
+    Args:
+        params: the parameters, in order; names must be unique and non-empty.
+    """
+
+    def __init__(self, params: Sequence[Parameter]) -> None:
+        params = list(params)
+        if not params:
+            raise SpaceError("search space is empty: give at least one parameter")
+        names = [p.name for p in params]
+        for n in names:
+            if not isinstance(n, str) or not n:
+                raise SpaceError(f"parameter names must be non-empty strings; got {n!r}")
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise SpaceError(f"duplicate parameter name(s) {dup}")
+        self.params: list[Parameter] = params
+        self.names: list[str] = names
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_description(cls, description: Mapping[str, Mapping[str, Any]]) -> "SearchSpace":
+        """Build from a plain description ``{name: {"type": ..., ...}}`` (objectives/base.py)."""
+        if not isinstance(description, Mapping):
+            raise SpaceError(f"space must be a mapping of parameter name to spec; got {type(description).__name__}")
+        params: list[Parameter] = []
+        for name, spec in description.items():
+            if not isinstance(spec, Mapping):
+                raise SpaceError(f"parameter {name!r}: spec must be a mapping; got {spec!r}")
+            kind = spec.get("type", "float")
+            allowed = {
+                "float": {"type", "low", "high", "log"},
+                "int": {"type", "low", "high", "step", "log"},
+                "choice": {"type", "choices"},
+            }
+            if kind not in allowed:
+                raise SpaceError(f"parameter {name!r}: type must be one of {sorted(allowed)}; got {kind!r}")
+            unknown = set(spec) - allowed[kind]
+            if unknown:
+                raise SpaceError(
+                    f"parameter {name!r}: unknown key(s) {sorted(unknown)} for type {kind!r}; allowed {sorted(allowed[kind])}"
+                )
+            try:
+                if kind == "float":
+                    params.append(FloatParam(name, spec["low"], spec["high"], bool(spec.get("log", False))))
+                elif kind == "int":
+                    params.append(
+                        IntParam(name, spec["low"], spec["high"], spec.get("step", 1), bool(spec.get("log", False)))
+                    )
+                else:
+                    choices = spec["choices"]
+                    if isinstance(choices, (str, bytes)) or not isinstance(choices, Iterable):
+                        raise SpaceError(f"parameter {name!r}: choices must be a list; got {choices!r}")
+                    params.append(ChoiceParam(name, tuple(choices)))
+            except KeyError as exc:
+                raise SpaceError(f"parameter {name!r}: missing key {exc.args[0]!r}") from None
+        return cls(params)
+
+    def describe(self) -> dict[str, dict[str, Any]]:
+        return {p.name: p.describe() for p in self.params}
+
+    @property
+    def dim(self) -> int:
+        return len(self.params)
+
+    def __len__(self) -> int:
+        return self.dim
+
+    def __repr__(self) -> str:
+        return f"SearchSpace({self.params!r})"
+
+    # ------------------------------------------------------------------ conversion
+    def to_unit(self, points: Sequence[Mapping[str, Any]], **tkwargs: Any) -> Tensor:
+        """`n` parameter dicts -> `n x d` tensor in the unit cube. Errors name the row and parameter."""
+        rows = []
+        for i, point in enumerate(points):
+            if not isinstance(point, Mapping):
+                raise SpaceError(f"point {i} must be a mapping of parameter name to value; got {point!r}")
+            missing = [n for n in self.names if n not in point]
+            unknown = [k for k in point if k not in self.names]
+            if missing or unknown:
+                raise SpaceError(f"point {i}: missing {missing}, unknown {unknown}; expected {self.names}")
+            try:
+                rows.append([p.to_unit(point[p.name]) for p in self.params])
+            except SpaceError as exc:
+                raise SpaceError(f"point {i}: {exc}") from None
+        tkwargs.setdefault("dtype", torch.float64)
+        return torch.tensor(rows, **tkwargs).reshape(len(rows), self.dim)
+
+    def from_unit(self, X: Tensor | np.ndarray) -> list[dict[str, Any]]:
+        """`n x d` unit-cube points -> `n` parameter dicts (values rounded onto each parameter's grid)."""
+        arr = X.detach().cpu().numpy() if isinstance(X, Tensor) else np.asarray(X, dtype=float)
+        if arr.ndim != 2 or arr.shape[1] != self.dim:
+            raise SpaceError(f"expected an `n x {self.dim}` array; got shape {tuple(arr.shape)}")
+        if not np.isfinite(arr).all():
+            bad = int(np.argwhere(~np.isfinite(arr))[0, 0])
+            raise SpaceError(f"row {bad} of the unit-cube points is not finite: {arr[bad].tolist()}")
+        return [{p.name: p.from_unit(u) for p, u in zip(self.params, row)} for row in arr]
+
+    def snap(self, X: Tensor) -> Tensor:
+        """Round unit-cube points onto the representable grid (int steps, choices); floats unchanged."""
+        return self.to_unit(self.from_unit(X), dtype=X.dtype, device=X.device)
+
+    def validate(self, point: Mapping[str, Any]) -> None:
+        """Raise `SpaceError` naming the parameter if `point` is not in the space."""
+        self.to_unit([point])
+
+    # ------------------------------------------------------------------ designs
+    def sobol(self, n: int, seed: int | None = None, **tkwargs: Any) -> Tensor:
+        """`n x d` scrambled Sobol points in the unit cube, snapped to the grid of discrete parameters."""
+        if n < 0:
+            raise SpaceError(f"n must be >= 0; got {n}")
+        tkwargs.setdefault("dtype", torch.float64)
+        engine = torch.quasirandom.SobolEngine(self.dim, scramble=True, seed=seed)
+        X = engine.draw(n, dtype=torch.float64).to(**tkwargs)
+        return self.snap(X) if n else X
+
+    def bounds(self, **tkwargs: Any) -> Tensor:
+        """`2 x d` bounds of the unit cube (BoTorch convention)."""
+        tkwargs.setdefault("dtype", torch.float64)
+        return torch.stack([torch.zeros(self.dim, **tkwargs), torch.ones(self.dim, **tkwargs)])

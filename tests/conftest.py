@@ -1,0 +1,27 @@
+"""Shared fixtures: the ../shared folder (LCLS data, specs) and test-wide settings."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("QBATCH_SHARED", REPO.parent / "shared"))
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    """The project's ../shared folder; tests that need it skip with a reason when it is absent."""
+    if not SHARED.is_dir():
+        pytest.skip(f"../shared not found at {SHARED} (set QBATCH_SHARED); CI always has it")
+    return SHARED
+
+
+@pytest.fixture(scope="session")
+def lcls_csv(shared_dir: Path) -> Path:
+    path = shared_dir / "data" / "lcls" / "data.csv"
+    if not path.is_file():
+        pytest.skip(f"LCLS data not found at {path}")
+    return path
