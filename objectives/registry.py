@@ -15,7 +15,29 @@ from objectives.base import Objective
 __all__ = ["BUILTIN_OBJECTIVES", "available_objectives", "load_objective"]
 
 #: name -> ("module:attribute", one-line description). Filled in by each objective module's author.
-BUILTIN_OBJECTIVES: dict[str, tuple[str, str]] = {}
+BUILTIN_OBJECTIVES: dict[str, tuple[str, str]] = {
+    # physics / stochastic simulators (quantile-expectile-bo.md §4)
+    "laser": ("objectives.laser:LaserSimulator", "16-D FEL quadrupole tuning simulator, skew-normal noise (synthetic or from an LCLS CSV)"),
+    "gld": ("objectives.gld:GLDProblem", "stochastic problem with Generalised-Lambda noise whose parameters are GP draws"),
+    "lunar-lander": ("objectives.lunar_lander:LunarLander", "6 thresholds of the heuristic LunarLander controller; one episode's reward"),
+    # machine-learning hyperparameter tuning (calibrated-bo.md §2.3)
+    "cnn": ("objectives.cnn:CNNTraining", "6 CNN training hyperparameters -> held-out classification error"),
+    "lda": ("objectives.lda:OnlineLDA", "online LDA (minibatch, kappa, tau0) -> held-out perplexity"),
+    # classic test functions of paper 000, and paper 002's noisy Ackley
+    "forrester": ("objectives.functions:Forrester", "1-D Forrester function"),
+    "ackley": ("objectives.functions:Ackley", "Ackley function"),
+    "alpine": ("objectives.functions:Alpine", "Alpine function"),
+    "six-hump-camel": ("objectives.functions:SixHumpCamel", "2-D six-hump camel function"),
+    "cosines": ("objectives.functions:Cosines", "2-D cosines function"),
+    "beale": ("objectives.functions:Beale", "2-D Beale function"),
+    "mccormick": ("objectives.functions:McCormick", "2-D McCormick function"),
+    "powers": ("objectives.functions:Powers", "sum of different powers"),
+    "cross-in-tray": ("objectives.functions:CrossInTray", "2-D cross-in-tray function"),
+    "dropwave": ("objectives.functions:Dropwave", "2-D drop-wave function"),
+    "noisy-ackley": ("objectives.functions:NoisyAckley", "Ackley with heteroscedastic noise N(0, (|x|+10)/20) (paper 002)"),
+    # load generator for orchestration tests and benchmarks
+    "sleep": ("objectives.timing:SleepObjective", "cheap analytic value after a random (lognormal) delay; for load tests"),
+}
 
 
 def available_objectives() -> dict[str, str]:
