@@ -1,0 +1,121 @@
+"""Search space: unit-cube round trips, Sobol design, and validation errors naming the culprit."""
+
+import math
+
+import pytest
+import torch
+
+from orchestrator.errors import SpaceError
+from orchestrator.space import ChoiceParam, FloatParam, IntParam, SearchSpace
+
+DESC = {
+    "lr": {"type": "float", "low": 1e-7, "high": 0.1, "log": True},
+    "width": {"type": "float", "low": -2.0, "high": 3.0},
+    "batch": {"type": "int", "low": 32, "high": 512, "step": 32},
+    "minibatch": {"type": "int", "low": 1, "high": 128, "log": True},
+    "opt": {"type": "choice", "choices": ["adam", "sgd", 3, True]},
+}
+
+
+@pytest.fixture
+def space():
+    return SearchSpace.from_description(DESC)
+
+
+def test_round_trip_params_to_unit_and_back(space):
+    X = space.sobol(64, seed=1)
+    assert X.shape == (64, 5) and X.dtype == torch.float64
+    assert ((X >= 0) & (X <= 1)).all()
+    pts = space.from_unit(X)
+    assert torch.allclose(space.to_unit(pts), X)  # Sobol points are snapped onto the grid already
+    for p in pts:
+        assert 1e-7 <= p["lr"] <= 0.1 and -2 <= p["width"] <= 3
+        assert p["batch"] in range(32, 513, 32) and isinstance(p["batch"], int)
+        assert 1 <= p["minibatch"] <= 128 and isinstance(p["minibatch"], int)
+        assert p["opt"] in ["adam", "sgd", 3, True]
+    assert space.from_unit(space.to_unit(pts)) == pts
+
+
+def test_every_grid_value_is_reachable(space):
+    u = torch.linspace(0, 1, 2001, dtype=torch.float64)
+    X = torch.stack([u] * 5, dim=-1)
+    pts = space.from_unit(X)
+    assert {p["batch"] for p in pts} == set(range(32, 513, 32))
+    assert {p["minibatch"] for p in pts} == set(range(1, 129))
+    assert [p["opt"] for p in pts[::400]][0] == "adam" and pts[-1]["opt"] is True
+
+
+def test_log_float_is_uniform_in_log_space():
+    p = FloatParam("lr", 1e-4, 1e-0, log=True)
+    assert p.to_unit(1e-2) == pytest.approx(0.5)
+    assert p.from_unit(0.25) == pytest.approx(1e-3)
+
+
+def test_sobol_is_reproducible_and_space_filling(space):
+    assert torch.equal(space.sobol(16, seed=3), space.sobol(16, seed=3))
+    assert not torch.equal(space.sobol(16, seed=3), space.sobol(16, seed=4))
+    X = SearchSpace([FloatParam("a", 0, 1), FloatParam("b", 0, 1)]).sobol(256, seed=0)
+    # every cell of a 4 x 4 grid holds exactly 16 of 256 scrambled Sobol points
+    cells = (X * 4).floor().long().clamp_max(3)
+    counts = torch.bincount(cells[:, 0] * 4 + cells[:, 1], minlength=16)
+    assert torch.all(counts == 16)
+
+
+@pytest.mark.parametrize(
+    "desc, match",
+    [
+        ({}, "search space is empty"),
+        ({"a": {"type": "float", "low": 1.0, "high": 1.0}}, "'a': low must be < high; got low=1.0, high=1.0"),
+        ({"a": {"type": "float", "low": 2.0, "high": 1.0}}, "'a': low must be < high"),
+        ({"a": {"type": "float", "low": 0.0, "high": 1.0, "log": True}}, "'a': a log parameter needs low > 0; got low=0.0"),
+        ({"a": {"type": "float", "low": -1.0, "high": 1.0, "log": True}}, "'a': a log parameter needs low > 0"),
+        ({"a": {"type": "float", "low": float("nan"), "high": 1.0}}, "'a': low must be a finite number"),
+        ({"a": {"type": "int", "low": 0, "high": 10, "step": 3}}, "'a': high - low \\(10 - 0\\) must be a multiple of step 3"),
+        ({"a": {"type": "int", "low": 0.5, "high": 10}}, "'a': low must be an integer"),
+        ({"a": {"type": "choice", "choices": []}}, "'a': choices must not be empty"),
+        ({"a": {"type": "choice", "choices": [1, 1]}}, "'a': duplicate choices"),
+        ({"a": {"type": "vector", "low": 0, "high": 1}}, "'a': type must be one of"),
+        ({"a": {"type": "float", "low": 0, "high": 1, "lg": True}}, "'a': unknown key\\(s\\) \\['lg'\\]"),
+        ({"a": {"type": "float", "low": 0}}, "'a': missing key 'high'"),
+    ],
+)
+def test_bad_spaces_raise_naming_the_parameter(desc, match):
+    with pytest.raises(SpaceError, match=match):
+        SearchSpace.from_description(desc)
+
+
+def test_duplicate_names_rejected():
+    with pytest.raises(SpaceError, match="duplicate parameter name\\(s\\) \\['x'\\]"):
+        SearchSpace([FloatParam("x", 0, 1), IntParam("x", 0, 3)])
+
+
+def test_points_outside_the_space_name_row_and_parameter(space):
+    good = space.from_unit(space.sobol(3, seed=0))
+    bad = [dict(p) for p in good]
+    bad[2]["width"] = 7.5
+    with pytest.raises(SpaceError, match="point 2: parameter 'width'=7.5 is outside \\[-2.0, 3.0\\]"):
+        space.to_unit(bad)
+    bad = [dict(good[0], batch=33)]
+    with pytest.raises(SpaceError, match="point 0: parameter 'batch'=33 is not on the grid 32:512:32"):
+        space.to_unit(bad)
+    bad = [dict(good[0], opt="rmsprop")]
+    with pytest.raises(SpaceError, match="'opt'='rmsprop' is not one of"):
+        space.to_unit(bad)
+    bad = [dict(good[0], lr=float("nan"))]
+    with pytest.raises(SpaceError, match="point 0: parameter 'lr' must be finite"):
+        space.to_unit(bad)
+    with pytest.raises(SpaceError, match="point 0: missing \\['opt'\\], unknown \\['optimizer'\\]"):
+        space.to_unit([{**{k: v for k, v in good[0].items() if k != "opt"}, "optimizer": "adam"}])
+    with pytest.raises(SpaceError, match="row 1 of the unit-cube points is not finite"):
+        space.from_unit(torch.tensor([[0.5] * 5, [math.nan] * 5]))
+    with pytest.raises(SpaceError, match="expected an `n x 5` array; got shape \\(2, 3\\)"):
+        space.from_unit(torch.zeros(2, 3))
+
+
+def test_choice_distinguishes_bool_from_int():
+    p = ChoiceParam("c", (1, True))
+    assert p.to_unit(1) != p.to_unit(True)
+
+
+def test_describe_round_trips(space):
+    assert SearchSpace.from_description(space.describe()).describe() == space.describe()
