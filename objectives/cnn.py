@@ -1,0 +1,286 @@
+"""CNN training as a noisy black box: 6 hyperparameters -> held-out classification error.
+
+Implements the CNN task of the calibrated-BO papers (calibrated-bo.md §2.3, Table 6 [A] / Table 1 [B]):
+batch size, learning rate, learning-rate decay, L2 regularisation, units of the fully connected layer
+and channels of the convolutional layers. The papers fix the search space only; architecture, epochs,
+optimiser and the meaning of "learning rate decay" are unspecified (§5.2 item 11), so this module
+chooses them and says so in `CNNTraining`'s docstring. The seed sets the initial weights and the order
+of the minibatches, so repeated evaluations at one point differ as real training runs do.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, Mapping
+
+
+from objectives.base import EvalResult, Objective, ObjectiveError, Resources
+from objectives.datasets import IMAGE_DATASETS, ImageDataset, load_image_dataset
+
+__all__ = ["CNNTraining", "CNN_SPACE"]
+
+#: the search space of the papers' Table 6 [A] / Table 1 [B], verbatim bounds
+CNN_SPACE: dict[str, dict[str, Any]] = {
+    "batch_size": {"type": "int", "low": 32, "high": 512, "step": 32, "log": False},
+    "learning_rate": {"type": "float", "low": 1e-7, "high": 0.1, "log": True},
+    "lr_decay": {"type": "float", "low": 1e-7, "high": 1e-3, "log": True},
+    "l2": {"type": "float", "low": 1e-7, "high": 1e-3, "log": True},
+    "fc_units": {"type": "int", "low": 256, "high": 512, "step": 16, "log": False},
+    "conv_channels": {"type": "int", "low": 128, "high": 256, "step": 16, "log": False},
+}
+
+#: rows evaluated at once when scoring the held-out set
+_EVAL_BATCH = 1024
+
+
+class CNNTraining(Objective):
+    """Train a small CNN with PyTorch and return its held-out classification error (minimize).
+
+    Choices where the papers are silent (calibrated-bo.md §5.2 item 11):
+
+    * **Architecture.** `conv_layers` blocks of ``Conv2d(3x3, padding 1, conv_channels) -> ReLU ->
+      MaxPool(2)``, then ``Linear(fc_units) -> ReLU -> Linear(num_classes)``. "Outchannels in conv layer"
+      is the width of every conv block; "outchannels in fc layer" the width of the hidden dense layer.
+      Weights start from PyTorch's default (Kaiming-uniform) initialisation drawn from the seeded generator.
+      No data augmentation, dropout or batch norm.
+    * **Optimiser.** SGD with momentum (`momentum`, 0.9 by default), which tolerates the table's
+      learning rates up to 0.1.
+    * **Learning-rate decay.** Keras' time-based decay, whose typical values match the table's
+      range [1e-7, 1e-3]: after t minibatch updates the rate is ``learning_rate / (1 + lr_decay * t)``.
+    * **L2 regularisation.** Keras semantics, a penalty ``l2 * sum(W**2)`` over weight tensors (not
+      biases) added to the loss, i.e. SGD weight decay ``2 * l2`` on the weights.
+    * **Score.** Error on the fixed test split (as in the papers, "test classification error"). A run
+      whose loss becomes non-finite stops early; its non-finite predictions count as errors.
+
+    Determinism: a `torch.Generator` seeded with the evaluation's seed draws the initial weights and
+    each epoch's minibatch order; deterministic algorithms are switched on during the run (and restored
+    after), so on the CPU the same seed and thread count give the same value bit for bit. On a GPU
+    determinism is best effort (cuDNN deterministic mode; ops without a deterministic kernel warn).
+
+    Args:
+        dataset: ``"digits"`` (scikit-learn's 8x8 digits, built in; the default), ``"cifar10"`` or
+            ``"svhn"`` (read from `data_dir`; see `objectives.datasets`).
+        data_dir: local directory of CIFAR-10 or SVHN files; nothing is ever downloaded.
+        epochs: passes over the training set.
+        device: ``None`` (a GPU when the evaluation has one, else the CPU), ``"cpu"`` or ``"cuda"``.
+        num_cpus: CPUs one evaluation asks the cluster for.
+        num_gpus: GPUs (may be fractional) one evaluation asks the cluster for; 0 by default.
+        num_threads: torch CPU threads during an evaluation; default ``int(num_cpus)``.
+        momentum: SGD momentum in [0, 1).
+        conv_layers: number of conv blocks (1 to 4; the image must stay at least 1x1 after pooling).
+    """
+
+    name = "cnn"
+    direction = "minimize"
+    noisy = True
+    space = CNN_SPACE
+
+    def __init__(
+        self,
+        dataset: str = "digits",
+        data_dir: str | os.PathLike[str] | None = None,
+        epochs: int = 6,
+        device: str | None = None,
+        num_cpus: float = 1.0,
+        num_gpus: float = 0.0,
+        num_threads: int | None = None,
+        momentum: float = 0.9,
+        conv_layers: int = 2,
+    ) -> None:
+        if dataset not in IMAGE_DATASETS:
+            raise ObjectiveError(f"option 'dataset' must be one of {list(IMAGE_DATASETS)}; got {dataset!r}")
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+            raise ObjectiveError(f"option 'epochs' must be an integer >= 1; got {epochs!r}")
+        if device not in (None, "cpu", "cuda") and not (isinstance(device, str) and device.startswith("cuda:")):
+            raise ObjectiveError(f"option 'device' must be None, 'cpu', 'cuda' or 'cuda:N'; got {device!r}")
+        if not (isinstance(num_cpus, (int, float)) and num_cpus > 0):
+            raise ObjectiveError(f"option 'num_cpus' must be a positive number; got {num_cpus!r}")
+        if not (isinstance(num_gpus, (int, float)) and num_gpus >= 0):
+            raise ObjectiveError(f"option 'num_gpus' must be a number >= 0; got {num_gpus!r}")
+        if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1):
+            raise ObjectiveError(f"option 'num_threads' must be None or an integer >= 1; got {num_threads!r}")
+        if not (isinstance(momentum, (int, float)) and 0.0 <= momentum < 1.0):
+            raise ObjectiveError(f"option 'momentum' must be in [0, 1); got {momentum!r}")
+        if isinstance(conv_layers, bool) or not isinstance(conv_layers, int) or not 1 <= conv_layers <= 4:
+            raise ObjectiveError(f"option 'conv_layers' must be an integer in [1, 4]; got {conv_layers!r}")
+        self.dataset = dataset
+        self.data_dir = None if data_dir is None else str(data_dir)
+        self.epochs = epochs
+        self.device = device
+        self.num_threads = num_threads if num_threads is not None else max(1, int(num_cpus))
+        self.momentum = float(momentum)
+        self.conv_layers = conv_layers
+        self.resources = Resources(num_cpus=float(num_cpus), num_gpus=float(num_gpus))
+        if dataset != "digits" and data_dir is None:
+            raise ObjectiveError(f"option 'data_dir' is required for dataset {dataset!r} (nothing is downloaded)")
+        self._data: ImageDataset | None = None
+        self._tensors: dict[str, Any] = {}
+
+    # the loaded data stays behind when the objective is shipped to a worker; each worker loads its own
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_data"] = None
+        state["_tensors"] = {}
+        return state
+
+    @property
+    def data(self) -> ImageDataset:
+        """The data set, loaded on first use."""
+        if self._data is None:
+            self._data = load_image_dataset(self.dataset, self.data_dir)
+            min_side = min(self._data.image_shape[1:])
+            if min_side < 2**self.conv_layers:
+                raise ObjectiveError(
+                    f"option 'conv_layers'={self.conv_layers} pools {self.dataset!r} images of side {min_side} below 1x1"
+                )
+        return self._data
+
+    def _device(self) -> Any:
+        import torch
+
+        if self.device is None:
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ObjectiveError(f"option 'device'={self.device!r} but no CUDA device is available here")
+        return torch.device(self.device)
+
+    def _device_tensors(self, device: Any) -> dict[str, Any]:
+        import torch
+
+        key = str(device)
+        if key not in self._tensors:
+            data = self.data
+            mean, std = data.channel_stats()
+            shape = (1, -1, 1, 1)
+            self._tensors[key] = {
+                "X_train": torch.from_numpy(data.X_train).to(device),
+                "y_train": torch.from_numpy(data.y_train).to(device),
+                "X_test": torch.from_numpy(data.X_test).to(device),
+                "y_test": torch.from_numpy(data.y_test).to(device),
+                "scale": float(data.pixel_scale),
+                "mean": torch.tensor(mean, dtype=torch.float32, device=device).reshape(shape),
+                "std": torch.tensor(std, dtype=torch.float32, device=device).reshape(shape),
+            }
+        return self._tensors[key]
+
+    def build_model(self, conv_channels: int, fc_units: int, generator: Any) -> Any:
+        """The network for this data set, initialised from `generator` (a CPU `torch.Generator`)."""
+        import torch
+        from torch import nn
+
+        c, h, w = self.data.image_shape
+        layers: list[nn.Module] = []
+        in_ch = c
+        for _ in range(self.conv_layers):
+            layers += [nn.Conv2d(in_ch, conv_channels, kernel_size=3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
+            in_ch = conv_channels
+            h, w = h // 2, w // 2
+        layers += [
+            nn.Flatten(),
+            nn.Linear(conv_channels * h * w, fc_units),
+            nn.ReLU(),
+            nn.Linear(fc_units, self.data.num_classes),
+        ]
+        model = nn.Sequential(*layers)
+        with torch.no_grad():
+            for m in model.modules():
+                if isinstance(m, (nn.Conv2d, nn.Linear)):
+                    # PyTorch's default initialisation of these layers, drawn from the seeded generator
+                    nn.init.kaiming_uniform_(m.weight, a=math.sqrt(5), generator=generator)
+                    fan_in = m.weight[0].numel()
+                    bound = 1.0 / math.sqrt(fan_in)
+                    nn.init.uniform_(m.bias, -bound, bound, generator=generator)
+        return model
+
+    def evaluate(self, params: Mapping[str, Any], seed: int) -> EvalResult:
+        """Train at `params` with `seed`; value = held-out classification error in [0, 1]."""
+        import torch
+
+        device = self._device()
+        prev_threads = torch.get_num_threads()
+        prev_det = torch.are_deterministic_algorithms_enabled()
+        prev_det_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+        prev_cudnn = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+        if device.type == "cuda":
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+        torch.set_num_threads(self.num_threads)
+        torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
+        try:
+            return self._train(params, int(seed), device)
+        finally:
+            torch.use_deterministic_algorithms(prev_det, warn_only=prev_det_warn)
+            torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = prev_cudnn
+            torch.set_num_threads(prev_threads)
+
+    def _train(self, params: Mapping[str, Any], seed: int, device: Any) -> EvalResult:
+        import torch
+        from torch import nn
+
+        batch_size = int(round(float(params["batch_size"])))
+        lr = float(params["learning_rate"])
+        lr_decay = float(params["lr_decay"])
+        l2 = float(params["l2"])
+        fc_units = int(round(float(params["fc_units"])))
+        conv_channels = int(round(float(params["conv_channels"])))
+
+        t0 = time.perf_counter()
+        data = self._device_tensors(device)
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        model = self.build_model(conv_channels, fc_units, gen).to(device)
+        weights = [p for n, p in model.named_parameters() if n.endswith("weight")]
+        biases = [p for n, p in model.named_parameters() if not n.endswith("weight")]
+        opt = torch.optim.SGD(
+            [{"params": weights, "weight_decay": 2.0 * l2}, {"params": biases, "weight_decay": 0.0}],
+            lr=lr,
+            momentum=self.momentum,
+        )
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: 1.0 / (1.0 + lr_decay * t))
+        loss_fn = nn.CrossEntropyLoss()
+
+        def prep(x: torch.Tensor) -> torch.Tensor:
+            return (x.float() / data["scale"] - data["mean"]) / data["std"]
+
+        n = data["X_train"].shape[0]
+        epochs_done, last_loss, diverged = 0, float("nan"), False
+        model.train()
+        for _ in range(self.epochs):
+            order = torch.randperm(n, generator=gen).to(device)
+            loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+            for start in range(0, n, batch_size):
+                idx = order[start : start + batch_size]
+                loss = loss_fn(model(prep(data["X_train"][idx])), data["y_train"][idx])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                sched.step()
+                loss_sum += loss.detach().double() * idx.numel()
+            last_loss = float(loss_sum) / n
+            epochs_done += 1
+            if not math.isfinite(last_loss):
+                diverged = True
+                break
+        train_time = time.perf_counter() - t0
+
+        model.eval()
+        wrong = 0
+        X_te, y_te = data["X_test"], data["y_test"]
+        with torch.no_grad():
+            for start in range(0, X_te.shape[0], _EVAL_BATCH):
+                logits = model(prep(X_te[start : start + _EVAL_BATCH]))
+                ok = (logits.argmax(dim=1) == y_te[start : start + _EVAL_BATCH]) & torch.isfinite(logits).all(dim=1)
+                wrong += int((~ok).sum())
+        error = wrong / int(X_te.shape[0])
+        return EvalResult(
+            value=float(error),
+            metrics={
+                "train_time_s": float(train_time),
+                "eval_time_s": float(time.perf_counter() - t0 - train_time),
+                "final_train_loss": float(last_loss),
+                "epochs": float(epochs_done),
+                "diverged": float(diverged),
+                "used_gpu": float(device.type == "cuda"),
+            },
+        )
