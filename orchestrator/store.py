@@ -1,0 +1,783 @@
+"""Run directory: the config, an append-only Parquet event log, and model checkpoints (ARCHITECTURE.md).
+
+Implements issue 4 item 3 and issue 7 items 7 and 9 (ORCH_API.md, "Event log"). Layout of a run directory::
+
+    config.yaml                      the validated experiment config (plain YAML)
+    events/seg-<first>-<last>.parquet  segments of the event log; <first>/<last> are 12-digit sequence numbers
+    checkpoints/<name>.pt | .json    state dicts (torch.save, loaded with weights_only=True) or plain JSON
+
+Every event gets a global sequence number ``seq``. `RunStore.append` writes one segment to a temporary
+name, fsyncs it, renames it into place and fsyncs the folder before it returns, so a segment is complete
+or absent. Compaction merges small segments into one; it is crash-safe because readers drop rows whose
+``seq`` they have already seen. A segment that cannot be read (torn, corrupted) loses only the rows that
+cannot be decoded: the rest of its row groups are kept, and `RunStore.damage` lists exactly which
+sequence numbers were dropped (known from the segment's name). Nothing in a run directory is unpickled.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import math
+import os
+import re
+import time
+import uuid
+from collections import Counter
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import yaml
+
+from orchestrator.errors import QbatchError
+
+__all__ = [
+    "EVENT_KINDS",
+    "Event",
+    "RunStore",
+    "StoreError",
+    "TrialRecord",
+    "is_finite",
+    "status_counts",
+    "trials_table",
+]
+
+#: the kinds of events the log accepts (ORCH_API.md)
+EVENT_KINDS = ("proposed", "started", "completed", "failed", "refit")
+#: auto-compaction: once this many segments hold fewer than `_SMALL_ROWS` events each, merge them
+_COMPACT_FILES = 64
+_SMALL_ROWS = 1024
+#: rows per Parquet row group: a damaged row group loses at most this many events
+_ROW_GROUP = 256
+
+_SEGMENT_RE = re.compile(r"^seg-(\d{12})-(\d{12})\.parquet$")
+_CHECKPOINT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+_SCHEMA = pa.schema(
+    [
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("trial_id", pa.string(), nullable=False),
+        pa.field("time", pa.float64(), nullable=False),
+        pa.field("batch_id", pa.int64()),
+        pa.field("params", pa.string()),  # JSON
+        pa.field("x", pa.list_(pa.float64())),
+        pa.field("value", pa.float64()),
+        pa.field("forecast", pa.string()),  # JSON
+        pa.field("node_id", pa.string()),
+        pa.field("pid", pa.int64()),
+        pa.field("started_at", pa.float64()),
+        pa.field("ended_at", pa.float64()),
+        pa.field("attempt", pa.int64(), nullable=False),
+        pa.field("error", pa.string()),
+        pa.field("traceback", pa.string()),
+        pa.field("info", pa.string()),  # JSON
+    ]
+)
+_JSON_FIELDS = ("params", "forecast", "info")
+
+
+class StoreError(QbatchError):
+    """A run directory is missing, already used, or an event/checkpoint cannot be stored as given."""
+
+
+@dataclass
+class Event:
+    """One record of the event log (ORCH_API.md). Dict fields are stored as JSON, `x` as a list column."""
+
+    kind: str
+    trial_id: str = ""
+    time: float = field(default_factory=time.time)
+    batch_id: int | None = None
+    params: dict | None = None
+    x: list[float] | None = None
+    value: float | None = None
+    forecast: dict | None = None
+    node_id: str | None = None
+    pid: int | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    attempt: int = 0
+    error: str | None = None
+    traceback: str | None = None
+    info: dict | None = None
+
+
+_EVENT_FIELDS = tuple(f.name for f in fields(Event))
+
+
+# ---------------------------------------------------------------------------------------- encoding
+def _plain(value: Any, where: str) -> Any:
+    """Turn numpy/torch scalars and arrays into plain JSON data; raise StoreError naming `where` otherwise."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if type(value).__module__.startswith("torch") and hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, Mapping):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise StoreError(f"{where} has a non-string key {k!r}; JSON fields need string keys")
+            out[k] = _plain(v, f"{where}[{k!r}]")
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    raise StoreError(f"{where} holds a {type(value).__name__} ({value!r:.60}), which is not JSON data")
+
+
+def _to_json(value: Any, where: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise StoreError(f"{where} must be a dict or None; got {type(value).__name__}")
+    return json.dumps(_plain(value, where), allow_nan=True, separators=(",", ":"))
+
+
+def _opt_number(value: Any, where: str, kind: type) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise StoreError(f"{where} must be a number or None; got {value!r:.60}")
+    if kind is int:
+        if isinstance(value, (float, np.floating)) and not float(value).is_integer():
+            raise StoreError(f"{where} must be an integer or None; got {value!r}")
+        return int(value)
+    return float(value)
+
+
+def _encode(events: Sequence[Event], first_seq: int) -> pa.Table:
+    cols: dict[str, list[Any]] = {name: [] for name in _SCHEMA.names}
+    for i, ev in enumerate(events):
+        if not isinstance(ev, Event):
+            raise StoreError(f"events[{i}] must be an Event; got {type(ev).__name__}")
+        w = f"events[{i}]"
+        if ev.kind not in EVENT_KINDS:
+            raise StoreError(f"{w}.kind must be one of {list(EVENT_KINDS)}; got {ev.kind!r}")
+        if not isinstance(ev.trial_id, str):
+            raise StoreError(f"{w}.trial_id must be a string; got {ev.trial_id!r}")
+        if ev.kind != "refit" and not ev.trial_id:
+            raise StoreError(f"{w}.trial_id must be non-empty for a {ev.kind!r} event")
+        t = _opt_number(ev.time, f"{w}.time", float)
+        if t is None:
+            raise StoreError(f"{w}.time must be a number; got None")
+        cols["seq"].append(first_seq + i)
+        cols["kind"].append(ev.kind)
+        cols["trial_id"].append(ev.trial_id)
+        cols["time"].append(t)
+        cols["batch_id"].append(_opt_number(ev.batch_id, f"{w}.batch_id", int))
+        for name in _JSON_FIELDS:
+            cols[name].append(_to_json(getattr(ev, name), f"{w}.{name}"))
+        x = ev.x
+        if x is not None:
+            x = _plain(x, f"{w}.x")
+            if not isinstance(x, list):
+                x = [x]
+            x = [_opt_number(v, f"{w}.x[{j}]", float) for j, v in enumerate(x)]
+        cols["x"].append(x)
+        cols["value"].append(_opt_number(ev.value, f"{w}.value", float))
+        for name in ("node_id", "error", "traceback"):
+            v = getattr(ev, name)
+            if v is not None and not isinstance(v, str):
+                raise StoreError(f"{w}.{name} must be a string or None; got {v!r:.60}")
+            cols[name].append(v)
+        cols["pid"].append(_opt_number(ev.pid, f"{w}.pid", int))
+        cols["started_at"].append(_opt_number(ev.started_at, f"{w}.started_at", float))
+        cols["ended_at"].append(_opt_number(ev.ended_at, f"{w}.ended_at", float))
+        attempt = _opt_number(ev.attempt, f"{w}.attempt", int)
+        cols["attempt"].append(0 if attempt is None else attempt)
+    return pa.Table.from_pydict(cols, schema=_SCHEMA)
+
+
+def _decode(table: pa.Table) -> list[tuple[int, Event]]:
+    rows = table.to_pylist()
+    out = []
+    for r in rows:
+        seq = r.pop("seq")
+        for name in _JSON_FIELDS:
+            if r[name] is not None:
+                r[name] = json.loads(r[name])
+        out.append((seq, Event(**{k: r[k] for k in _EVENT_FIELDS})))
+    return out
+
+
+def _parquet_bytes(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, row_group_size=_ROW_GROUP, compression="zstd", write_page_checksum=True)
+    return sink.getvalue().to_pybytes()
+
+
+def _ranges(seqs: Iterable[int]) -> str:
+    """Compact text of a set of integers: '3-7, 12'."""
+    s = sorted(seqs)
+    parts: list[str] = []
+    i = 0
+    while i < len(s):
+        j = i
+        while j + 1 < len(s) and s[j + 1] == s[j] + 1:
+            j += 1
+        parts.append(str(s[i]) if i == j else f"{s[i]}-{s[j]}")
+        i = j + 1
+    return ", ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------- file systems
+class _Local:
+    """A local folder: atomic writes with fsync of the file and of its folder."""
+
+    durable = True
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+
+    def path(self, rel: str) -> str:
+        return os.path.join(self.root, rel) if rel else self.root
+
+    def exists(self, rel: str) -> bool:
+        return os.path.exists(self.path(rel))
+
+    def isdir(self, rel: str) -> bool:
+        return os.path.isdir(self.path(rel))
+
+    def makedirs(self, rel: str) -> None:
+        os.makedirs(self.path(rel), exist_ok=True)
+
+    def listdir(self, rel: str) -> list[str]:
+        try:
+            return sorted(os.listdir(self.path(rel)))
+        except FileNotFoundError:
+            return []
+
+    def read(self, rel: str) -> bytes:
+        with open(self.path(rel), "rb") as f:
+            return f.read()
+
+    def _fsync_dir(self, rel_dir: str) -> None:
+        fd = os.open(self.path(rel_dir), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def write_atomic(self, rel: str, data: bytes, exclusive: bool = False) -> None:
+        folder = os.path.dirname(rel)
+        tmp = os.path.join(folder, f".tmp-{uuid.uuid4().hex}")
+        fd = os.open(self.path(tmp), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            try:
+                view = memoryview(data)
+                while view:
+                    n = os.write(fd, view)
+                    view = view[n:]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if exclusive:
+                try:  # link fails if the target exists: a second writer can never overwrite a segment
+                    os.link(self.path(tmp), self.path(rel))
+                except FileExistsError:
+                    raise StoreError(f"{self.path(rel)} already exists: is another process writing this run?") from None
+                except OSError as exc:
+                    if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+                        raise
+                    if os.path.exists(self.path(rel)):
+                        raise StoreError(f"{self.path(rel)} already exists: is another process writing this run?") from None
+                    os.replace(self.path(tmp), self.path(rel))
+            else:
+                os.replace(self.path(tmp), self.path(rel))
+        finally:
+            if os.path.exists(self.path(tmp)):
+                os.unlink(self.path(tmp))
+        self._fsync_dir(folder)
+
+    def delete(self, rel: str) -> None:
+        try:
+            os.unlink(self.path(rel))
+        except FileNotFoundError:
+            pass
+
+    def sync_dir(self, rel: str) -> None:
+        self._fsync_dir(rel)
+
+
+class _Arrow:
+    """Any pyarrow filesystem: write to a temporary name, then move (one PUT on object stores).
+
+    pyarrow exposes no fsync; durability is the filesystem's (object stores acknowledge a PUT once stored).
+    """
+
+    durable = False
+
+    def __init__(self, fs: pafs.FileSystem, root: str) -> None:
+        self.fs = fs
+        self.root = root.rstrip("/") or "/"
+
+    def path(self, rel: str) -> str:
+        return f"{self.root}/{rel}" if rel else self.root
+
+    def _info(self, rel: str) -> pafs.FileInfo:
+        return self.fs.get_file_info(self.path(rel))
+
+    def exists(self, rel: str) -> bool:
+        return self._info(rel).type != pafs.FileType.NotFound
+
+    def isdir(self, rel: str) -> bool:
+        return self._info(rel).type == pafs.FileType.Directory
+
+    def makedirs(self, rel: str) -> None:
+        self.fs.create_dir(self.path(rel), recursive=True)
+
+    def listdir(self, rel: str) -> list[str]:
+        if not self.isdir(rel):
+            return []
+        infos = self.fs.get_file_info(pafs.FileSelector(self.path(rel), recursive=False))
+        return sorted(i.base_name for i in infos)
+
+    def read(self, rel: str) -> bytes:
+        with self.fs.open_input_stream(self.path(rel)) as f:
+            return f.read()
+
+    def write_atomic(self, rel: str, data: bytes, exclusive: bool = False) -> None:
+        if exclusive and self.exists(rel):
+            raise StoreError(f"{self.path(rel)} already exists: is another process writing this run?")
+        tmp = f"{os.path.dirname(rel)}/.tmp-{uuid.uuid4().hex}".lstrip("/")
+        with self.fs.open_output_stream(self.path(tmp)) as f:
+            f.write(data)
+        self.fs.move(self.path(tmp), self.path(rel))
+
+    def delete(self, rel: str) -> None:
+        try:
+            self.fs.delete_file(self.path(rel))
+        except FileNotFoundError:
+            pass
+
+    def sync_dir(self, rel: str) -> None:
+        pass
+
+
+def _backend(run_dir: str, filesystem: pafs.FileSystem | None) -> tuple[Any, str]:
+    if not isinstance(run_dir, str) or not run_dir or "\x00" in run_dir:
+        raise StoreError(f"run_dir must be a non-empty path or URI; got {run_dir!r}")
+    if filesystem is not None:
+        if isinstance(filesystem, pafs.LocalFileSystem):
+            return _Local(run_dir), os.path.abspath(run_dir)
+        return _Arrow(filesystem, run_dir), run_dir
+    if "://" not in run_dir:
+        return _Local(run_dir), os.path.abspath(run_dir)
+    try:
+        fs, path = pafs.FileSystem.from_uri(run_dir)
+    except (pa.ArrowException, ValueError, OSError) as exc:
+        raise StoreError(f"cannot open run_dir {run_dir!r}: {exc}") from None
+    if isinstance(fs, pafs.LocalFileSystem):
+        return _Local(path), run_dir
+    return _Arrow(fs, path), run_dir
+
+
+# ---------------------------------------------------------------------------------------- the store
+class RunStore:
+    """A run directory: `config.yaml`, the event log under `events/`, checkpoints under `checkpoints/`.
+
+    Use `RunStore.create` for a new run and `RunStore.open` for an existing one; do not call the constructor.
+    One process writes a run at a time (the central actor); any number may read it.
+
+    Attributes:
+        run_dir: the run directory as given (local path made absolute, or the URI).
+        config: the config dict stored in `config.yaml`.
+        damage: one line per damaged segment, naming the sequence numbers of the events dropped when the
+            log was last read (empty if the log is intact).
+    """
+
+    def __init__(self, backend: Any, run_dir: str, config: dict) -> None:
+        self._fs = backend
+        self.run_dir = run_dir
+        self.config = config
+        self.damage: list[str] = []
+        self.compact_files = _COMPACT_FILES
+        self._next_seq = 0
+        self._damaged: set[str] = set()
+        self._segments: dict[str, tuple[int, int, int]] = {}  # name -> (first, last, rows)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def create(cls, run_dir: str, config: Any, filesystem: pafs.FileSystem | None = None) -> "RunStore":
+        """Create a run directory holding `config` (a dict or an object with `to_dict()`).
+
+        Args:
+            run_dir: a local path or a pyarrow filesystem URI (``file:///...``, ``s3://...``).
+            config: the experiment config, written as `config.yaml`.
+            filesystem: an explicit pyarrow filesystem in which `run_dir` is a path (optional).
+
+        Raises:
+            StoreError: the folder already holds a run (a `config.yaml` or an event log).
+        """
+        if hasattr(config, "to_dict"):
+            config = config.to_dict()
+        if not isinstance(config, Mapping):
+            raise StoreError(f"config must be a dict; got {type(config).__name__}")
+        backend, shown = _backend(run_dir, filesystem)
+        if backend.exists("config.yaml") or backend.listdir("events"):
+            raise StoreError(f"{shown} already holds a run; resume it or choose another run_dir")
+        try:
+            text = yaml.safe_dump(_plain(dict(config), "config"), sort_keys=False)
+        except yaml.YAMLError as exc:
+            raise StoreError(f"config cannot be written as YAML: {exc}") from None
+        backend.makedirs("events")
+        backend.makedirs("checkpoints")
+        backend.write_atomic("config.yaml", text.encode())
+        store = cls(backend, shown, yaml.safe_load(text))
+        return store
+
+    @classmethod
+    def open(cls, run_dir: str, filesystem: pafs.FileSystem | None = None) -> "RunStore":
+        """Open an existing run directory and read its log once (filling `damage`).
+
+        Raises:
+            StoreError: there is no run (no `config.yaml`) at `run_dir`, or its config is not YAML.
+        """
+        backend, shown = _backend(run_dir, filesystem)
+        if not backend.exists("config.yaml"):
+            raise StoreError(f"no run at {shown}: config.yaml not found")
+        try:
+            config = yaml.safe_load(backend.read("config.yaml").decode())
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise StoreError(f"{shown}/config.yaml is not valid YAML: {str(exc).splitlines()[0]}") from None
+        if not isinstance(config, dict):
+            raise StoreError(f"{shown}/config.yaml must hold a mapping; got {type(config).__name__}")
+        store = cls(backend, shown, config)
+        store.events()
+        return store
+
+    @staticmethod
+    def exists(run_dir: str, filesystem: pafs.FileSystem | None = None) -> bool:
+        """Whether `run_dir` holds a run (a `config.yaml`)."""
+        backend, _ = _backend(run_dir, filesystem)
+        return backend.exists("config.yaml")
+
+    @property
+    def durable_fsync(self) -> bool:
+        """True for local folders (fsync of file and folder); False for other pyarrow filesystems."""
+        return self._fs.durable
+
+    # ------------------------------------------------------------------ writing
+    def append(self, events: Sequence[Event]) -> None:
+        """Append `events` as one segment; durable (written, fsynced, renamed, folder fsynced) on return.
+
+        Raises:
+            StoreError: an event field has the wrong type (the message names it); nothing is written then.
+        """
+        events = list(events)
+        if not events:
+            return
+        first = self._next_seq
+        table = _encode(events, first)  # validates before anything touches the disk
+        last = first + len(events) - 1
+        name = f"seg-{first:012d}-{last:012d}.parquet"
+        self._fs.write_atomic(f"events/{name}", _parquet_bytes(table), exclusive=True)
+        self._segments[name] = (first, last, len(events))
+        self._next_seq = last + 1
+        small = [n for n, (_, _, rows) in self._segments.items() if rows < _SMALL_ROWS]
+        if len(small) >= self.compact_files:
+            self.compact(small)
+
+    def compact(self, names: Sequence[str] | None = None) -> int:
+        """Merge segments (default: all intact ones) into one; returns how many files were merged.
+
+        Crash-safe: the merged segment is written atomically before the old ones are deleted, and readers
+        drop rows whose sequence number they have already read. Damaged segments are left in place.
+        """
+        if names is None:
+            self.events()  # refresh the segment table and the list of damaged segments
+        names = sorted(self._segments if names is None else names)
+        names = [n for n in names if n in self._segments and n not in self._damaged]
+        if len(names) < 2:
+            return 0
+        tables, readable = [], []
+        for n in names:
+            try:
+                pf = pq.ParquetFile(io.BytesIO(self._fs.read(f"events/{n}")), page_checksum_verification=True)
+                tables.append(pf.read().cast(_SCHEMA))
+                readable.append(n)
+            except Exception:  # noqa: BLE001 -- damaged since it was last read: leave it for the reader to report
+                continue
+        names = readable
+        if len(names) < 2:
+            return 0
+        table = pa.concat_tables(tables).sort_by("seq")
+        seqs = table.column("seq").to_pylist()
+        keep = np.ones(len(seqs), dtype=bool)
+        seen: set[int] = set()
+        for i, s in enumerate(seqs):
+            if s in seen:
+                keep[i] = False
+            seen.add(s)
+        table = table.filter(pa.array(keep))
+        first, last = min(self._segments[n][0] for n in names), max(self._segments[n][1] for n in names)
+        merged = f"seg-{first:012d}-{last:012d}.parquet"
+        # `merged` is among `names` only after a crash between writing a merge and deleting its sources:
+        # the new table is a superset of it, so replacing it atomically is safe.
+        self._fs.write_atomic(f"events/{merged}", _parquet_bytes(table), exclusive=merged not in names)
+        for n in names:
+            if n != merged:
+                self._fs.delete(f"events/{n}")
+            self._segments.pop(n, None)
+        self._fs.sync_dir("events")
+        self._segments[merged] = (first, last, table.num_rows)
+        return len(names)
+
+    # ------------------------------------------------------------------ reading
+    def events(self, kinds: Iterable[str] | None = None) -> list[Event]:
+        """All intact events in append order (optionally only the given kinds); refreshes `damage`."""
+        for _ in range(5):
+            try:
+                pairs = self._read_all()
+                break
+            except FileNotFoundError:  # a segment vanished under a concurrent compaction: list again
+                continue
+        else:
+            pairs = self._read_all()
+        wanted = None if kinds is None else set(kinds)
+        return [ev for _, ev in pairs if wanted is None or ev.kind in wanted]
+
+    def _read_all(self) -> list[tuple[int, Event]]:
+        names = [n for n in self._fs.listdir("events") if _SEGMENT_RE.match(n)]
+        segments: dict[str, tuple[int, int, int]] = {}
+        damaged: dict[str, tuple[int, int, str]] = {}
+        rows: dict[int, Event] = {}
+        for name in names:
+            m = _SEGMENT_RE.match(name)
+            first, last = int(m.group(1)), int(m.group(2))
+            decoded, problem = self._read_segment(name)
+            for seq, ev in decoded:
+                if first <= seq <= last:
+                    rows.setdefault(seq, ev)
+            if problem is not None:
+                damaged[name] = (first, last, problem)
+            segments[name] = (first, last, len(decoded))
+        self.damage = []
+        for name, (first, last, problem) in sorted(damaged.items()):
+            lost = [s for s in range(first, last + 1) if s not in rows]
+            self.damage.append(
+                f"events/{name}: {problem}; dropped {len(lost)} event(s)"
+                + (f" with sequence number(s) {_ranges(lost)}" if lost else "")
+                + f", kept {last - first + 1 - len(lost)}"
+            )
+        self._damaged = set(damaged)
+        self._segments = segments
+        all_last = [last for first, last, _ in segments.values()]
+        self._next_seq = max([self._next_seq - 1, *all_last]) + 1 if all_last else self._next_seq
+        return sorted(rows.items())
+
+    def _read_segment(self, name: str) -> tuple[list[tuple[int, Event]], str | None]:
+        """Decoded rows of one segment and a description of its damage (None if intact)."""
+        data = self._fs.read(f"events/{name}")
+        try:
+            pf = pq.ParquetFile(io.BytesIO(data), page_checksum_verification=True)
+        except Exception as exc:  # noqa: BLE001 -- any decoding failure means the footer is unusable
+            return [], f"unreadable ({type(exc).__name__}: {_first_line(exc)}; {len(data)} bytes)"
+        out: list[tuple[int, Event]] = []
+        bad: list[str] = []
+        for i in range(pf.num_row_groups):
+            try:
+                table = pf.read_row_group(i)
+                if not table.schema.equals(_SCHEMA, check_metadata=False):
+                    table = table.cast(_SCHEMA)
+                out.extend(_decode(table))
+            except Exception as exc:  # noqa: BLE001 -- a corrupt row group: keep the others
+                bad.append(f"row group {i}: {type(exc).__name__}: {_first_line(exc)}")
+        return out, ("; ".join(bad) if bad else None)
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, name: str, state: dict) -> None:
+        """Save `state` atomically: `torch.save` if it holds tensors, JSON otherwise.
+
+        Only tensors, dicts with string keys, lists, tuples, str, int, float, bool and None are accepted,
+        which is exactly what `torch.load(weights_only=True)` reads back without unpickling code.
+
+        Raises:
+            StoreError: a bad name, or a value of another type (the message names its key path).
+        """
+        _check_checkpoint_name(name)
+        if not isinstance(state, Mapping):
+            raise StoreError(f"checkpoint {name!r} must be a dict; got {type(state).__name__}")
+        has_tensor = _check_state(state, f"checkpoint {name!r}")
+        if has_tensor:
+            import torch
+
+            buf = io.BytesIO()
+            torch.save(dict(state), buf)
+            self._fs.write_atomic(f"checkpoints/{name}.pt", buf.getvalue())
+            self._fs.delete(f"checkpoints/{name}.json")
+        else:
+            data = json.dumps(state, allow_nan=True).encode()
+            self._fs.write_atomic(f"checkpoints/{name}.json", data)
+            self._fs.delete(f"checkpoints/{name}.pt")
+
+    def load_checkpoint(self, name: str) -> dict | None:
+        """The state saved under `name`, or None if there is none. Never unpickles code.
+
+        Raises:
+            StoreError: the file exists but cannot be read safely (corrupt, or holds non-weights objects).
+        """
+        _check_checkpoint_name(name)
+        if self._fs.exists(f"checkpoints/{name}.pt"):
+            import torch
+
+            data = self._fs.read(f"checkpoints/{name}.pt")
+            try:
+                state = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+            except Exception as exc:  # noqa: BLE001 -- UnpicklingError, RuntimeError of a torn zip, ...
+                raise StoreError(
+                    f"checkpoint {name!r} cannot be loaded safely ({type(exc).__name__}: {_first_line(exc)})"
+                ) from None
+        elif self._fs.exists(f"checkpoints/{name}.json"):
+            try:
+                state = json.loads(self._fs.read(f"checkpoints/{name}.json"))
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise StoreError(f"checkpoint {name!r} is not valid JSON: {_first_line(exc)}") from None
+        else:
+            return None
+        if not isinstance(state, dict):
+            raise StoreError(f"checkpoint {name!r} holds a {type(state).__name__}, not a dict")
+        return state
+
+    def checkpoints(self) -> list[str]:
+        """Names of the saved checkpoints."""
+        names = {os.path.splitext(n)[0] for n in self._fs.listdir("checkpoints") if n.endswith((".pt", ".json"))}
+        return sorted(n for n in names if not n.startswith("."))
+
+    def __repr__(self) -> str:
+        return f"RunStore({self.run_dir!r}, segments={len(self._segments)}, damage={len(self.damage)})"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
+def _check_checkpoint_name(name: Any) -> None:
+    if not isinstance(name, str) or not _CHECKPOINT_NAME_RE.match(name):
+        raise StoreError(
+            f"checkpoint name must be 1-128 characters of letters, digits, '_', '.', '-' (not starting with "
+            f"'.' or '-'); got {name!r}"
+        )
+
+
+def _check_state(value: Any, where: str) -> bool:
+    """Raise StoreError if `value` holds a type weights_only cannot load; return whether it holds tensors."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return False
+    if type(value).__module__.startswith("torch"):
+        import torch
+
+        if isinstance(value, torch.Tensor):
+            return True
+    if isinstance(value, Mapping):
+        found = False
+        for k, v in value.items():
+            if not isinstance(k, (str, int)):
+                raise StoreError(f"{where} has a key {k!r} of type {type(k).__name__}; use str or int keys")
+            found = _check_state(v, f"{where}[{k!r}]") or found
+        if not isinstance(value, dict):
+            raise StoreError(f"{where} is a {type(value).__name__}; use a plain dict")
+        return found
+    if isinstance(value, (list, tuple)):
+        found = False
+        for i, v in enumerate(value):
+            found = _check_state(v, f"{where}[{i}]") or found
+        return found
+    raise StoreError(
+        f"{where} is a {type(value).__name__}; checkpoints hold only tensors, dicts, lists, tuples, str, int, "
+        "float, bool and None (convert numpy arrays with torch.as_tensor)"
+    )
+
+
+# ---------------------------------------------------------------------------------------- replay
+@dataclass
+class TrialRecord:
+    """One trial as replayed from the log (exactly-once: the first completed/failed event wins).
+
+    `status` is "proposed" (not started), "running" (started, no result), "completed" or "failed".
+    `duplicates` counts completed/failed events after the first one (ignored by the replay).
+    """
+
+    trial_id: str
+    status: str
+    batch_id: int | None = None
+    params: dict | None = None
+    x: list[float] | None = None
+    value: float | None = None
+    forecast: dict | None = None
+    error: str | None = None
+    traceback: str | None = None
+    node_id: str | None = None
+    pid: int | None = None
+    attempt: int = 0
+    proposed_at: float | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    info: dict | None = None
+    duplicates: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def trials_table(events: Iterable[Event]) -> list[TrialRecord]:
+    """One `TrialRecord` per trial_id, in order of first appearance (refit events are skipped).
+
+    The first completed/failed event of a trial fixes its outcome; later ones only increase `duplicates`.
+    Params, x, batch and forecast are taken from the first event that carries them (normally "proposed").
+    """
+    trials: dict[str, TrialRecord] = {}
+    for ev in events:
+        if ev.kind == "refit" or not ev.trial_id:
+            continue
+        rec = trials.get(ev.trial_id)
+        if rec is None:
+            rec = trials[ev.trial_id] = TrialRecord(trial_id=ev.trial_id, status="proposed")
+        for name in ("batch_id", "params", "x", "forecast"):
+            if getattr(rec, name) is None and getattr(ev, name) is not None:
+                setattr(rec, name, getattr(ev, name))
+        terminal = rec.status in ("completed", "failed")
+        if ev.kind == "proposed":
+            if rec.proposed_at is None:
+                rec.proposed_at = ev.time
+        elif ev.kind == "started":
+            if not terminal:
+                rec.status = "running"
+                rec.started_at = ev.started_at if ev.started_at is not None else ev.time
+                rec.node_id, rec.pid, rec.attempt = ev.node_id, ev.pid, ev.attempt
+        else:  # completed | failed
+            if terminal:
+                rec.duplicates += 1
+                continue
+            rec.status = ev.kind
+            rec.value = ev.value if ev.kind == "completed" else None
+            rec.error, rec.traceback = ev.error, ev.traceback
+            rec.started_at = ev.started_at if ev.started_at is not None else rec.started_at
+            rec.ended_at = ev.ended_at if ev.ended_at is not None else ev.time
+            rec.node_id = ev.node_id if ev.node_id is not None else rec.node_id
+            rec.pid = ev.pid if ev.pid is not None else rec.pid
+            rec.attempt = ev.attempt
+            rec.info = ev.info
+    return list(trials.values())
+
+
+def status_counts(trials: Sequence[TrialRecord]) -> dict[str, int]:
+    """How many trials are in each status (all four keys present)."""
+    c = Counter(t.status for t in trials)
+    return {k: c.get(k, 0) for k in ("proposed", "running", "completed", "failed")}
+
+
+def is_finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)

@@ -1,0 +1,353 @@
+"""Tests of the run directory and Parquet event log (orchestrator/store.py).
+
+Like Optuna's STORAGE_MODES (STYLE.md §4.12), the contract tests run over every store mode: a fresh run,
+a resumed run, a run whose last write was torn, and the same log through a `file://` URI and two pyarrow
+filesystems (a SubTreeFileSystem over the local disk and pyarrow's in-memory mock filesystem).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+
+from orchestrator import store as store_mod
+from orchestrator.errors import QbatchError
+from orchestrator.store import Event, RunStore, StoreError, status_counts, trials_table
+
+CONFIG = {"name": "t", "objective": {"name": "forrester", "options": {}}, "tau": 0.2, "batch_size": 4}
+MODES = ["fresh", "resumed", "torn", "file-uri", "subtree-fs", "mock-fs"]
+
+
+def _base_events(n: int = 3) -> list[Event]:
+    return [Event("proposed", f"0-{i}", time=100.0 + i, batch_id=0, params={"a": i}, x=[i / 10]) for i in range(n)]
+
+
+class Supplier:
+    """Builds a store in one mode and reopens it the way that mode's backend needs."""
+
+    def __init__(self, mode: str, tmp_path: Path) -> None:
+        self.mode = mode
+        self.filesystem = None
+        if mode == "file-uri":
+            self.run_dir = (tmp_path / "run").as_uri()
+        elif mode == "subtree-fs":
+            (tmp_path / "root").mkdir()
+            self.filesystem = pafs.SubTreeFileSystem(str(tmp_path / "root"), pafs.LocalFileSystem())
+            self.run_dir = "runs/run"
+        elif mode == "mock-fs":
+            self.filesystem = pafs._MockFileSystem()
+            self.run_dir = "bucket/run"
+        else:
+            self.run_dir = str(tmp_path / "run")
+        self.prior: list[Event] = []
+
+    def make(self) -> RunStore:
+        s = RunStore.create(self.run_dir, CONFIG, filesystem=self.filesystem)
+        if self.mode in ("resumed", "torn"):
+            self.prior = _base_events()
+            s.append(self.prior)
+            if self.mode == "torn":  # a crash mid-append leaves an unfinished temporary file
+                Path(self.run_dir, "events", ".tmp-deadbeef").write_bytes(b"PAR1\x00\x01partial")
+            s = self.reopen()
+        return s
+
+    def reopen(self) -> RunStore:
+        return RunStore.open(self.run_dir, filesystem=self.filesystem)
+
+
+@pytest.fixture(params=MODES)
+def supplier(request, tmp_path) -> Supplier:
+    return Supplier(request.param, tmp_path)
+
+
+def _full_event(i: int) -> Event:
+    return Event(
+        kind="completed",
+        trial_id=f"3-{i}",
+        time=1234.5 + i,
+        batch_id=3,
+        params={"lr": 1e-3, "layers": 4, "act": "relu", "flag": True, "nested": {"k": [1, 2.5, None]}},
+        x=[0.0, 0.25, 1.0],
+        value=-2.75 + i,
+        forecast={"family": "asymmetric_laplace", "tau": 0.1, "mu_f": 1.0, "var_f": 0.5, "mu_g": -1.0, "var_g": 0.1},
+        node_id="node-abc",
+        pid=4242,
+        started_at=1200.0,
+        ended_at=1234.0,
+        attempt=2,
+        error=None,
+        traceback="Traceback (most recent call last):\n  ...\nValueError: x",
+        info={"metrics": {"train_loss": 0.3}, "nan": float("nan")},
+    )
+
+
+def _same(a: Event, b: Event) -> bool:
+    da, db = a.__dict__, b.__dict__
+    return json.dumps(da, sort_keys=True) == json.dumps(db, sort_keys=True)
+
+
+# ------------------------------------------------------------------ contract tests over every mode
+def test_round_trip_every_field(supplier):
+    s = supplier.make()
+    evs = [_full_event(0), Event("failed", "3-1", time=5.0, error="timeout", ended_at=6.0), Event("refit", info={"fit_s": 0.1})]
+    s.append(evs)
+    got = supplier.reopen().events()
+    assert len(got) == len(supplier.prior) + 3
+    for a, b in zip(supplier.prior + evs, got):
+        assert _same(a, b), (a, b)
+    nan = got[len(supplier.prior)].info["nan"]
+    assert math.isnan(nan)
+    # every Event field was set to a non-default value in the full event, so every column is exercised
+    full = got[len(supplier.prior)]
+    assert all(getattr(full, f) is not None for f in store_mod._EVENT_FIELDS if f != "error")
+
+
+def test_append_then_reopen_keeps_order_and_no_damage(supplier):
+    s = supplier.make()
+    for i in range(5):
+        s.append([Event("started", f"0-{i}", time=200.0 + i, started_at=200.0 + i, node_id="n1")])
+    r = supplier.reopen()
+    assert [e.trial_id for e in r.events()] == [e.trial_id for e in supplier.prior] + [f"0-{i}" for i in range(5)]
+    assert r.damage == []
+    assert r.config == CONFIG
+    assert r.events(kinds=["started"])[0].node_id == "n1"
+
+
+def test_resumed_store_continues_sequence(supplier):
+    s = supplier.make()
+    s.append(_base_events(2))
+    r = supplier.reopen()
+    r.append([Event("refit", info={"n": 1})])
+    assert len(supplier.reopen().events()) == len(supplier.prior) + 3
+
+
+def test_compaction_keeps_every_event_once(supplier):
+    s = supplier.make()
+    s.compact_files = 8
+    for i in range(30):
+        s.append([Event("proposed", f"c-{i}", time=float(i))])
+    n_files = len([n for n in _listdir(supplier, "events") if n.startswith("seg-")])
+    assert n_files < 16, n_files
+    evs = supplier.reopen().events()
+    assert [e.trial_id for e in evs] == [e.trial_id for e in supplier.prior] + [f"c-{i}" for i in range(30)]
+    assert s.compact() >= 1
+    assert len([n for n in _listdir(supplier, "events") if n.startswith("seg-")]) == 1
+    assert len(supplier.reopen().events()) == len(supplier.prior) + 30
+
+
+def test_exactly_once_replay(supplier):
+    s = supplier.make()
+    s.append([Event("proposed", "9-0", params={"a": 1}, x=[0.5], batch_id=9, forecast={"mu_f": 0.0})])
+    s.append([Event("started", "9-0", started_at=10.0, node_id="A")])
+    s.append([Event("completed", "9-0", value=1.5, started_at=10.0, ended_at=11.0, node_id="A")])
+    s.append([Event("completed", "9-0", value=99.0, started_at=10.0, ended_at=12.0, node_id="B")])  # a retry's duplicate
+    s.append([Event("failed", "9-0", error="worker-lost")])
+    s.append([Event("proposed", "9-1", params={"a": 2}), Event("started", "9-1", started_at=11.0)])
+    s.append([Event("proposed", "9-2", params={"a": 3})])
+    trials = {t.trial_id: t for t in trials_table(supplier.reopen().events())}
+    t = trials["9-0"]
+    assert (t.status, t.value, t.node_id, t.duplicates, t.ended_at) == ("completed", 1.5, "A", 2, 11.0)
+    assert t.params == {"a": 1} and t.x == [0.5] and t.batch_id == 9 and t.forecast == {"mu_f": 0.0}
+    assert trials["9-1"].status == "running" and trials["9-2"].status == "proposed"
+    counts = status_counts(list(trials.values()))
+    assert counts["completed"] == 1 and counts["running"] == 1
+
+
+def test_create_refuses_existing_run_and_open_needs_one(supplier):
+    supplier.make()
+    with pytest.raises(StoreError, match="already holds a run"):
+        RunStore.create(supplier.run_dir, CONFIG, filesystem=supplier.filesystem)
+    with pytest.raises(StoreError, match="no run at"):
+        RunStore.open(supplier.run_dir + "-missing", filesystem=supplier.filesystem)
+
+
+def test_checkpoints_round_trip(supplier):
+    s = supplier.make()
+    state = {"model": {"w": torch.arange(6, dtype=torch.float64).reshape(2, 3)}, "step": 3, "names": ["a", "b"]}
+    s.save_checkpoint("actor", state)
+    s.save_checkpoint("calibrator", {"alpha": 0.1, "history": [1.0, 2.0]})
+    r = supplier.reopen()
+    got = r.load_checkpoint("actor")
+    assert torch.equal(got["model"]["w"], state["model"]["w"]) and got["step"] == 3 and got["names"] == ["a", "b"]
+    assert r.load_checkpoint("calibrator") == {"alpha": 0.1, "history": [1.0, 2.0]}
+    assert r.load_checkpoint("missing") is None
+    assert r.checkpoints() == ["actor", "calibrator"]
+    r.save_checkpoint("actor", {"step": 4})  # switching format removes the stale file
+    assert supplier.reopen().load_checkpoint("actor") == {"step": 4}
+
+
+# ------------------------------------------------------------------ local-disk guarantees
+def _listdir(supplier: Supplier, rel: str) -> list[str]:
+    s = supplier.reopen()
+    return s._fs.listdir(rel)
+
+
+def test_config_yaml_is_plain_yaml(tmp_path):
+    s = RunStore.create(str(tmp_path / "r"), CONFIG)
+    assert yaml.safe_load((tmp_path / "r" / "config.yaml").read_text()) == CONFIG
+    assert s.durable_fsync
+
+
+def test_append_is_fsynced_before_return(tmp_path, monkeypatch):
+    s = RunStore.create(str(tmp_path / "r"), CONFIG)
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def spy(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    s.append(_base_events(2))
+    seg = [n for n in os.listdir(tmp_path / "r" / "events") if n.startswith("seg-")]
+    assert seg == ["seg-000000000000-000000000001.parquet"]
+    # the data file (under its temporary name) and then the events folder were fsynced
+    assert len(synced) == 2 and ".tmp-" in synced[0] and synced[1] == str(tmp_path / "r" / "events")
+
+
+def test_crash_mid_write_leaves_segment_absent(tmp_path, monkeypatch):
+    s = RunStore.create(str(tmp_path / "r"), CONFIG)
+    s.append(_base_events(2))
+    real_write = os.write
+
+    def dying_write(fd, data):
+        real_write(fd, bytes(data[: len(data) // 2]))
+        raise OSError("disk died")
+
+    monkeypatch.setattr(os, "write", dying_write)
+    with pytest.raises(OSError, match="disk died"):
+        s.append([Event("completed", "0-0", value=1.0)])
+    monkeypatch.setattr(os, "write", real_write)
+    names = os.listdir(tmp_path / "r" / "events")
+    assert names == ["seg-000000000000-000000000001.parquet"], names  # complete or absent, no leftovers
+    r = RunStore.open(str(tmp_path / "r"))
+    assert len(r.events()) == 2 and r.damage == []
+    r.append([Event("completed", "0-0", value=1.0)])
+    assert len(RunStore.open(str(tmp_path / "r")).events()) == 3
+
+
+def test_invalid_event_names_field_and_writes_nothing(tmp_path):
+    s = RunStore.create(str(tmp_path / "r"), CONFIG)
+    with pytest.raises(StoreError, match=r"events\[1\]\.kind must be one of"):
+        s.append([Event("proposed", "a"), Event("exploded", "b")])
+    with pytest.raises(StoreError, match=r"events\[0\]\.value must be a number"):
+        s.append([Event("completed", "a", value="1.0")])
+    with pytest.raises(StoreError, match=r"info\['obj'\] holds a object"):
+        s.append([Event("refit", info={"obj": object()})])
+    assert os.listdir(tmp_path / "r" / "events") == []
+    s.append([Event("completed", "a", value=np.float32(1.5), x=np.array([0.5, 0.25]), params={"k": np.int64(3)})])
+    ev = RunStore.open(str(tmp_path / "r")).events()[0]
+    assert ev.value == 1.5 and ev.x == [0.5, 0.25] and ev.params == {"k": 3}
+
+
+def test_two_writers_never_overwrite_a_segment(tmp_path):
+    a = RunStore.create(str(tmp_path / "r"), CONFIG)
+    b = RunStore.open(str(tmp_path / "r"))
+    a.append([Event("proposed", "x")])
+    with pytest.raises(StoreError, match="already exists"):
+        b.append([Event("proposed", "y")])
+    assert [e.trial_id for e in RunStore.open(str(tmp_path / "r")).events()] == ["x"]
+
+
+def test_truncated_segment_keeps_others_and_reports_exact_loss(tmp_path):
+    s = RunStore.create(str(tmp_path / "r"), CONFIG)
+    s.append(_base_events(3))  # seq 0-2
+    s.append([Event("completed", "0-0", value=1.0), Event("completed", "0-1", value=2.0)])  # seq 3-4
+    s.append([Event("completed", "0-2", value=3.0)])  # seq 5
+    seg = tmp_path / "r" / "events" / "seg-000000000003-000000000004.parquet"
+    data = seg.read_bytes()
+    seg.write_bytes(data[: len(data) // 2])  # a torn write on a non-atomic filesystem / disk damage
+    r = RunStore.open(str(tmp_path / "r"))
+    ids = [(e.kind, e.trial_id) for e in r.events()]
+    assert ids == [("proposed", "0-0"), ("proposed", "0-1"), ("proposed", "0-2"), ("completed", "0-2")]
+    assert len(r.damage) == 1
+    assert "seg-000000000003-000000000004.parquet" in r.damage[0]
+    assert "dropped 2 event(s) with sequence number(s) 3-4, kept 0" in r.damage[0]
+    # the run continues: new events get fresh sequence numbers, damage stays reported
+    r.append([Event("completed", "0-0", value=1.0)])
+    r2 = RunStore.open(str(tmp_path / "r"))
+    assert len(r2.events()) == 5 and len(r2.damage) == 1
+    assert r2.compact() == 3  # the intact segments merge; the damaged one stays and is still reported
+    r3 = RunStore.open(str(tmp_path / "r"))
+    assert len(r3.events()) == 5 and "sequence number(s) 3-4" in r3.damage[0]
+
+
+def test_corrupt_row_group_keeps_intact_row_groups(tmp_path):
+    s = RunStore.create(str(tmp_path / "r"), CONFIG)
+    n = 3 * store_mod._ROW_GROUP
+    s.append([Event("proposed", f"t-{i}", params={"i": i}) for i in range(n)])
+    seg = next((tmp_path / "r" / "events").iterdir())
+    meta = pq.ParquetFile(seg).metadata
+    assert meta.num_row_groups == 3
+    col = meta.row_group(1).column(meta.schema.names.index("params"))
+    offset = col.data_page_offset + col.total_compressed_size // 2
+    data = bytearray(seg.read_bytes())
+    for k in range(8):
+        data[offset + k] ^= 0xFF
+    seg.write_bytes(bytes(data))
+    r = RunStore.open(str(tmp_path / "r"))
+    rg = store_mod._ROW_GROUP
+    kept = [int(e.trial_id.split("-")[1]) for e in r.events()]
+    assert kept == list(range(rg)) + list(range(2 * rg, n))
+    assert len(r.damage) == 1 and "row group 1" in r.damage[0]
+    assert f"dropped {rg} event(s) with sequence number(s) {rg}-{2 * rg - 1}, kept {2 * rg}" in r.damage[0]
+
+
+def test_crash_during_compaction_does_not_duplicate(tmp_path):
+    s = RunStore.create(str(tmp_path / "r"), CONFIG)
+    for i in range(4):
+        s.append([Event("proposed", f"t-{i}")])
+    events_dir = tmp_path / "r" / "events"
+    saved = {p.name: p.read_bytes() for p in events_dir.iterdir()}
+    assert s.compact() == 4
+    for name, data in saved.items():  # as if the process died after the merge, before deleting the sources
+        (events_dir / name).write_bytes(data)
+    r = RunStore.open(str(tmp_path / "r"))
+    assert [e.trial_id for e in r.events()] == [f"t-{i}" for i in range(4)] and r.damage == []
+    assert r.compact() == 5
+    assert [p.name for p in events_dir.iterdir()] == ["seg-000000000000-000000000003.parquet"]
+    assert len(RunStore.open(str(tmp_path / "r")).events()) == 4
+
+
+# ------------------------------------------------------------------ checkpoints never unpickle
+class _Evil:
+    def __reduce__(self):
+        return (os.mkdir, (os.environ["QBATCH_EVIL_MARKER"],))
+
+
+def test_malicious_checkpoint_is_not_unpickled(tmp_path, monkeypatch):
+    s = RunStore.create(str(tmp_path / "r"), CONFIG)
+    marker = tmp_path / "pwned"
+    monkeypatch.setenv("QBATCH_EVIL_MARKER", str(marker))
+    buf = io.BytesIO()
+    torch.save({"w": torch.zeros(1), "evil": _Evil()}, buf)
+    (tmp_path / "r" / "checkpoints" / "actor.pt").write_bytes(buf.getvalue())
+    with pytest.raises(StoreError, match="cannot be loaded safely"):
+        s.load_checkpoint("actor")
+    assert not marker.exists()
+    (tmp_path / "r" / "checkpoints" / "raw.pt").write_bytes(pickle.dumps(_Evil(), protocol=2))
+    with pytest.raises(StoreError, match="cannot be loaded safely"):
+        s.load_checkpoint("raw")
+    assert not marker.exists()
+
+
+def test_checkpoint_rejects_unsafe_types_and_names(tmp_path):
+    s = RunStore.create(str(tmp_path / "r"), CONFIG)
+    with pytest.raises(StoreError, match=r"checkpoint 'm'\['model'\]\['w'\] is a ndarray"):
+        s.save_checkpoint("m", {"model": {"w": np.zeros(3)}})
+    for bad in ("../escape", "", ".hidden", "a/b"):
+        with pytest.raises(StoreError, match="checkpoint name"):
+            s.save_checkpoint(bad, {"a": 1})
+    assert os.listdir(tmp_path / "r" / "checkpoints") == []
+    assert issubclass(StoreError, QbatchError)
