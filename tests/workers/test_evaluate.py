@@ -1,0 +1,201 @@
+"""Worker contract (issue 4 item 2, issue 7 item 5): every hostile outcome becomes a failed record with its reason.
+
+Most cases run `evaluate_once` in this process (no Ray); one module-scoped local Ray checks the task
+path: resources, node id, a crashing objective, and Ray's retry of a killed worker process.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from objectives.base import EvalResult, Objective, Resources
+from workers.evaluate import FAILURE_REASONS, classify_value, evaluate_once, submit_evaluation, task_options
+
+SPACE = {"x": {"type": "float", "low": 0.0, "high": 1.0}}
+
+
+class Returning(Objective):
+    """Returns whatever it was built with."""
+
+    space = SPACE
+
+    def __init__(self, value):
+        self.value = value
+
+    def evaluate(self, params, seed):
+        return self.value
+
+
+class Raising(Objective):
+    space = SPACE
+
+    def evaluate(self, params, seed):
+        raise RuntimeError("boom at x=%s" % params["x"])
+
+
+class Hanging(Objective):
+    space = SPACE
+
+    def evaluate(self, params, seed):
+        time.sleep(60)
+        return 1.0
+
+
+class Aborting(Objective):
+    space = SPACE
+
+    def evaluate(self, params, seed):
+        os.abort()
+
+
+class KillsWorkerOnce(Objective):
+    """Kills the Ray worker process (its parent: we run in a forked child) the first time only."""
+
+    space = SPACE
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def evaluate(self, params, seed):
+        if not os.path.exists(self.marker):
+            Path(self.marker).write_text("killed")
+            os.kill(os.getppid(), signal.SIGKILL)
+            time.sleep(30)
+        return 2.5
+
+
+HOSTILE = [
+    (Raising(), "exception", "RuntimeError: boom"),
+    (Returning(float("nan")), "nan", "NaN"),
+    (Returning(float("inf")), "inf", "inf"),
+    (Returning(-float("inf")), "inf", "inf"),
+    (Returning(None), "none", "None"),
+    (Returning("0.5"), "non-numeric", "string"),
+    (Returning(True), "non-numeric", "bool"),
+    (Returning(np.array([1.0, 2.0])), "array", "shape (2,)"),
+    (Returning([1.0]), "array", "array"),
+    (Returning(EvalResult(float("nan"))), "nan", "NaN"),
+]
+
+
+@pytest.mark.parametrize("isolate", ["process", "thread"])
+@pytest.mark.parametrize("objective,reason,text", HOSTILE, ids=[f"{r}-{i}" for i, (_, r, _) in enumerate(HOSTILE)])
+def test_hostile_return_is_a_failed_record(objective, reason, text, isolate):
+    rec = evaluate_once(objective, "3-1", {"x": 0.5}, seed=0, timeout_s=20, isolate=isolate)
+    assert rec["status"] == "failed"
+    assert rec["error"] == reason
+    assert rec["error"] in FAILURE_REASONS
+    assert text in rec["traceback"]
+    assert rec["value"] is None
+    assert rec["trial_id"] == "3-1" and rec["pid"] == os.getpid()
+    assert rec["started_at"] <= rec["ended_at"]
+
+
+def test_exception_record_carries_the_traceback():
+    rec = evaluate_once(Raising(), "0-0", {"x": 0.25}, seed=0)
+    assert "Traceback" in rec["traceback"] and "boom at x=0.25" in rec["traceback"]
+    assert "in evaluate" in rec["traceback"]
+
+
+@pytest.mark.parametrize("isolate", ["process", "thread"])
+def test_timeout_is_a_failed_record(isolate):
+    t0 = time.time()
+    rec = evaluate_once(Hanging(), "0-0", {"x": 0.1}, seed=0, timeout_s=0.5, isolate=isolate)
+    assert time.time() - t0 < 5
+    assert rec["status"] == "failed" and rec["error"] == "timeout"
+    assert rec["ended_at"] - rec["started_at"] >= 0.5
+    if isolate == "process":  # the hung child was killed, not left behind
+        with pytest.raises(ProcessLookupError):
+            os.kill(rec["child_pid"], 0)
+
+
+def test_abort_in_the_objective_is_a_crash_record():
+    rec = evaluate_once(Aborting(), "0-0", {"x": 0.1}, seed=0, timeout_s=20)
+    assert rec["status"] == "failed" and rec["error"] == "crash"
+    assert "SIGABRT" in rec["traceback"]
+
+
+@pytest.mark.parametrize(
+    "value,expected",
+    [(1, 1.0), (np.float32(2.5), 2.5), (np.int64(3), 3.0), (EvalResult(4.0, {"t": 1.0}), 4.0), (-0.0, 0.0)],
+)
+def test_valid_values_pass(value, expected):
+    v, reason, _ = classify_value(value)
+    assert reason is None and v == expected
+    rec = evaluate_once(Returning(value), "0-0", {"x": 0.1}, seed=0)
+    assert rec["status"] == "completed" and rec["value"] == expected and rec["error"] is None
+
+
+def test_metrics_are_kept_and_cleaned():
+    rec = evaluate_once(Returning(EvalResult(1.0, {"loss": 0.5, "bad": float("nan"), "obj": object()})), "0-0", {"x": 0.1}, 0)
+    assert rec["metrics"] == {"loss": 0.5}
+
+
+def test_registry_spec_and_bad_arguments():
+    rec = evaluate_once(("sleep", {"mean_s": 0.0, "noise": 0.0}), "0-0", {"x0": 0.3, "x1": 0.3}, seed=1)
+    assert rec["status"] == "completed" and rec["value"] == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="isolate must be"):
+        evaluate_once(Raising(), "0-0", {"x": 0.1}, 0, isolate="fiber")
+    with pytest.raises(ValueError, match="timeout_s must be"):
+        evaluate_once(Raising(), "0-0", {"x": 0.1}, 0, timeout_s=0)
+    with pytest.raises(ValueError, match="max_retries must be"):
+        task_options(Resources(), max_retries=-1)
+    opts = task_options(Resources(num_cpus=0.5, num_gpus=0, memory=10**8, custom={"sensor": 1}), max_retries=2)
+    assert opts == {"num_cpus": 0.5, "num_gpus": 0, "memory": 10**8, "resources": {"sensor": 1}, "max_retries": 2,
+                    "retry_exceptions": False}
+
+
+# ----------------------------------------------------------------------------- through Ray
+@pytest.fixture(scope="module")
+def ray_local():
+    ray = pytest.importorskip("ray")
+    import sys
+
+    from ray import cloudpickle
+
+    # the hostile objectives live in this test module, which Ray workers cannot import: ship them by value
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(num_cpus=2, include_dashboard=False, resources={"sensor": 1}, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.mark.ray
+def test_tasks_return_records_with_node_and_timings(ray_local, tmp_path):
+    ray = ray_local
+    res = Resources(num_cpus=0.5, custom={"sensor": 0.5})
+    refs = {
+        "ok": submit_evaluation(Returning(1.5), "0-0", {"x": 0.1}, 0, resources=res, timeout_s=30),
+        "nan": submit_evaluation(Returning(float("nan")), "0-1", {"x": 0.1}, 0, resources=res, timeout_s=30),
+        "abort": submit_evaluation(Aborting(), "0-2", {"x": 0.1}, 0, resources=res, timeout_s=30),
+        "hang": submit_evaluation(Hanging(), "0-3", {"x": 0.1}, 0, resources=res, timeout_s=1.0),
+        "spec": submit_evaluation(("sleep", {"mean_s": 0.0}), "0-4", {"x0": 0.1, "x1": 0.2}, 0, resources=res),
+    }
+    recs = {k: ray.get(r, timeout=60) for k, r in refs.items()}
+    node = ray.get_runtime_context().get_node_id()
+    for k, rec in recs.items():
+        assert rec["node_id"] == node, k
+        assert rec["pid"] != os.getpid(), k
+        assert rec["started_at"] <= rec["ended_at"], k
+    assert recs["ok"]["status"] == "completed" and recs["ok"]["value"] == 1.5
+    assert recs["spec"]["status"] == "completed"
+    assert [recs[k]["error"] for k in ("nan", "abort", "hang")] == ["nan", "crash", "timeout"]
+
+
+@pytest.mark.ray
+def test_killed_worker_is_retried_and_without_retries_surfaces_as_worker_crash(ray_local, tmp_path):
+    ray = ray_local
+    obj = KillsWorkerOnce(str(tmp_path / "marker1"))
+    rec = ray.get(submit_evaluation(obj, "0-0", {"x": 0.1}, 0, resources=Resources(num_cpus=0.5), max_retries=1), timeout=90)
+    assert rec["status"] == "completed" and rec["value"] == 2.5
+    obj = KillsWorkerOnce(str(tmp_path / "marker2"))
+    ref = submit_evaluation(obj, "0-1", {"x": 0.1}, 0, resources=Resources(num_cpus=0.5), max_retries=0)
+    with pytest.raises(ray.exceptions.WorkerCrashedError):
+        ray.get(ref, timeout=90)

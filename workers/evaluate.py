@@ -1,0 +1,366 @@
+"""One evaluation of an objective as a Ray task: resources, timeout, retries, failures as records.
+
+ARCHITECTURE.md "The path of one evaluation", step 3, and issue 4 item 2 / issue 7 item 5. Each
+evaluation runs the objective in a forked child process of the Ray worker (``isolate="process"``), so
+a hang past `timeout_s` is killed and a crash of the objective (``os.abort``, a segfault) cannot take
+the worker down. ``isolate="thread"`` runs it in a thread instead (no fork; a hung thread is abandoned,
+not killed). Whatever happens - an exception, a NaN, inf, None, a string, an array, a timeout, a crash -
+the task returns one plain record (a dict); only the loss of the Ray worker or node itself surfaces as a
+Ray error, which Ray retries (`max_retries`) and the central actor records as "worker-lost". A result is
+never recorded twice: the actor ingests exactly once per trial id.
+
+Record keys: trial_id, status ("completed" | "failed"), value, error (reason), traceback, metrics,
+node_id, pid (the Ray worker), child_pid, started_at, ended_at (seconds since the epoch, around the
+objective call).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import os
+import signal
+import threading
+import time
+import traceback as tb_module
+from typing import Any, Mapping
+
+import numpy as np
+
+from objectives.base import EvalResult, Objective, Resources
+
+__all__ = [
+    "FAILURE_REASONS",
+    "classify_value",
+    "evaluate_once",
+    "evaluation_task",
+    "submit_evaluation",
+    "task_options",
+]
+
+#: every reason a failed record can carry
+FAILURE_REASONS = (
+    "exception",  # the objective raised
+    "nan",  # returned NaN
+    "inf",  # returned +-inf
+    "none",  # returned None
+    "non-numeric",  # returned a string, bool, dict, ... (not a number)
+    "array",  # returned an array / list / tensor instead of one number
+    "timeout",  # ran past timeout_s and was killed
+    "crash",  # the child process died (os.abort, segfault, killed)
+    "worker-lost",  # the Ray worker or node died and Ray's retries ran out (set by the actor)
+)
+
+
+def classify_value(value: Any) -> tuple[float | None, str | None, str | None]:
+    """Turn an objective's return value into `(value, reason, message)`; reason is None when valid.
+
+    Accepts a finite real number (Python, NumPy scalar, or a one-element 0-d tensor) or an `EvalResult`
+    holding one. Everything else is a failure with a reason from `FAILURE_REASONS`.
+    """
+    if isinstance(value, EvalResult):
+        value = value.value
+    if value is None:
+        return None, "none", "the objective returned None"
+    if isinstance(value, (bool, np.bool_)):
+        return None, "non-numeric", f"the objective returned a bool ({value!r}), not a number"
+    if isinstance(value, (str, bytes)):
+        return None, "non-numeric", f"the objective returned a string ({value[:80]!r}), not a number"
+    if isinstance(value, (list, tuple, np.ndarray)) or type(value).__name__ == "Tensor":
+        shape = getattr(value, "shape", (len(value),) if hasattr(value, "__len__") else ())
+        if type(value).__name__ == "Tensor" and value.numel() == 1 and value.ndim == 0:
+            value = value.item()
+        else:
+            return None, "array", f"the objective returned an array of shape {tuple(shape)}, not one number"
+    if not isinstance(value, (int, float, np.integer, np.floating)):
+        return None, "non-numeric", f"the objective returned a {type(value).__name__}, not a number"
+    x = float(value)
+    if math.isnan(x):
+        return None, "nan", "the objective returned NaN"
+    if math.isinf(x):
+        return None, "inf", f"the objective returned {x}"
+    return x, None, None
+
+
+def _clean_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Keep JSON-encodable metric values (finite numbers, strings); drop the rest with a note."""
+    out: dict[str, Any] = {}
+    for k, v in dict(metrics or {}).items():
+        if isinstance(v, (bool, np.bool_)):
+            out[str(k)] = bool(v)
+        elif isinstance(v, (int, float, np.integer, np.floating)) and math.isfinite(float(v)):
+            out[str(k)] = float(v)
+        elif isinstance(v, str):
+            out[str(k)] = v
+    return out
+
+
+# --------------------------------------------------------------------------- objective loading
+_OBJECTIVE_CACHE: dict[str, Objective] = {}
+
+
+def _resolve_objective(objective: Objective | tuple[str, Mapping[str, Any]]) -> Objective:
+    """An `Objective`, or a `(name, options)` spec loaded once per worker process and cached."""
+    if isinstance(objective, Objective):
+        return objective
+    name, options = objective
+    key = json.dumps([name, dict(options or {})], sort_keys=True, default=str)
+    if key not in _OBJECTIVE_CACHE:
+        from objectives.registry import load_objective
+
+        _OBJECTIVE_CACHE[key] = load_objective(name, options)
+    return _OBJECTIVE_CACHE[key]
+
+
+def _call(objective: Objective, params: Mapping[str, Any], seed: int) -> dict[str, Any]:
+    """Run the objective here; return the payload of a record (no process/timing bookkeeping)."""
+    started = time.time()
+    try:
+        raw = objective(dict(params), seed)
+    except BaseException as exc:  # noqa: BLE001 - any exception of user code is a failed trial
+        ended = time.time()
+        return {
+            "status": "failed",
+            "value": None,
+            "error": "exception",
+            "traceback": "".join(tb_module.format_exception(type(exc), exc, exc.__traceback__)),
+            "message": f"{type(exc).__name__}: {exc}",
+            "started_at": started,
+            "ended_at": ended,
+            "metrics": {},
+        }
+    ended = time.time()
+    value, reason, message = classify_value(raw)
+    metrics = _clean_metrics(raw.metrics) if isinstance(raw, EvalResult) else {}
+    if reason is not None:
+        return {
+            "status": "failed",
+            "value": None,
+            "error": reason,
+            "traceback": message,
+            "message": message,
+            "started_at": started,
+            "ended_at": ended,
+            "metrics": metrics,
+        }
+    return {
+        "status": "completed",
+        "value": value,
+        "error": None,
+        "traceback": None,
+        "message": None,
+        "started_at": started,
+        "ended_at": ended,
+        "metrics": metrics,
+    }
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Linux: have the kernel SIGKILL this child when the Ray worker that forked it dies.
+
+    Otherwise an orphaned evaluation keeps the worker's sockets open and Ray notices the lost worker late.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except Exception:  # pragma: no cover - not Linux
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _child_main(conn: Any, objective: Objective, params: Mapping[str, Any], seed: int, parent_pid: int) -> None:
+    try:
+        _die_with_parent(parent_pid)
+        payload = _call(objective, params, seed)
+        try:
+            conn.send(payload)
+        except Exception as exc:  # an unpicklable metric or message
+            payload = {**payload, "metrics": {}, "message": f"result not transferable: {exc}"}
+            conn.send(payload)
+        conn.close()
+    finally:
+        os._exit(0)
+
+
+def _run_in_child(objective: Objective, params: Mapping[str, Any], seed: int, timeout_s: float) -> dict[str, Any]:
+    ctx = multiprocessing.get_context("fork")
+    parent_conn, child_conn = ctx.Pipe(duplex=False)
+    started = time.time()
+    proc = ctx.Process(target=_child_main, args=(child_conn, objective, params, seed, os.getpid()), daemon=True)
+    proc.start()
+    child_conn.close()
+    payload: dict[str, Any] | None = None
+    try:
+        if parent_conn.poll(timeout_s):
+            try:
+                payload = parent_conn.recv()
+            except (EOFError, OSError):
+                payload = None  # the child died before it could answer
+        else:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.join()
+            ended = time.time()
+            return {
+                "status": "failed",
+                "value": None,
+                "error": "timeout",
+                "traceback": f"the evaluation ran past timeout_s={timeout_s:g} s and was killed (pid {proc.pid})",
+                "message": f"timeout after {timeout_s:g} s",
+                "started_at": started,
+                "ended_at": ended,
+                "metrics": {},
+                "child_pid": proc.pid,
+            }
+    finally:
+        parent_conn.close()
+    proc.join(timeout=10.0)
+    if proc.is_alive():  # answered but did not exit: do not leave it behind
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join()
+    if payload is None:
+        ended = time.time()
+        code = proc.exitcode
+        what = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
+        return {
+            "status": "failed",
+            "value": None,
+            "error": "crash",
+            "traceback": f"the evaluation process (pid {proc.pid}) died with {what} before returning a result",
+            "message": f"crash ({what})",
+            "started_at": started,
+            "ended_at": ended,
+            "metrics": {},
+            "child_pid": proc.pid,
+        }
+    payload["child_pid"] = proc.pid
+    return payload
+
+
+def _run_in_thread(objective: Objective, params: Mapping[str, Any], seed: int, timeout_s: float) -> dict[str, Any]:
+    box: list[dict[str, Any]] = []
+    started = time.time()
+    thread = threading.Thread(target=lambda: box.append(_call(objective, params, seed)), daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if box:
+        return box[0]
+    return {
+        "status": "failed",
+        "value": None,
+        "error": "timeout",
+        "traceback": f"the evaluation ran past timeout_s={timeout_s:g} s; its thread was abandoned (isolate='thread')",
+        "message": f"timeout after {timeout_s:g} s",
+        "started_at": started,
+        "ended_at": time.time(),
+        "metrics": {},
+    }
+
+
+def evaluate_once(
+    objective: Objective | tuple[str, Mapping[str, Any]],
+    trial_id: str,
+    params: Mapping[str, Any],
+    seed: int,
+    timeout_s: float = 600.0,
+    isolate: str = "process",
+) -> dict[str, Any]:
+    """Evaluate one trial in this process (no Ray needed) and return its record.
+
+    Args:
+        objective: an `Objective`, or a `(name, options)` spec for `objectives.registry.load_objective`.
+        trial_id: the trial's unique id, copied into the record.
+        params: parameter name -> value.
+        seed: the evaluation's random seed.
+        timeout_s: seconds before the evaluation is killed (process) or abandoned (thread).
+        isolate: "process" (forked child, killable) or "thread".
+
+    Returns:
+        The record dict described in the module docstring.
+    """
+    if isolate not in ("process", "thread"):
+        raise ValueError(f"isolate must be 'process' or 'thread'; got {isolate!r}")
+    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+        raise ValueError(f"timeout_s must be a number > 0; got {timeout_s!r}")
+    obj = _resolve_objective(objective)
+    runner = _run_in_child if isolate == "process" else _run_in_thread
+    record = runner(obj, params, int(seed), float(timeout_s))
+    record.setdefault("child_pid", None)
+    record.update(trial_id=trial_id, pid=os.getpid(), node_id=_node_id())
+    return record
+
+
+def _node_id() -> str | None:
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.get_runtime_context().get_node_id()
+    except Exception:  # pragma: no cover - outside Ray
+        pass
+    return None
+
+
+def _evaluation_task(
+    objective: Objective | tuple[str, Mapping[str, Any]],
+    trial_id: str,
+    params: Mapping[str, Any],
+    seed: int,
+    timeout_s: float,
+    isolate: str,
+) -> dict[str, Any]:
+    return evaluate_once(objective, trial_id, params, seed, timeout_s, isolate)
+
+
+def task_options(resources: Resources, max_retries: int = 1) -> dict[str, Any]:
+    """Ray task options for one evaluation: the objective's resources plus retries of a lost worker/node.
+
+    `retry_exceptions` stays False: an exception of the objective is a result (a failed trial), not a
+    reason to run it again; only the death of the worker process or its node makes Ray retry.
+    """
+    if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+        raise ValueError(f"max_retries must be an integer >= 0; got {max_retries!r}")
+    opts = resources.to_ray_options()
+    opts.update(max_retries=max_retries, retry_exceptions=False)
+    return opts
+
+
+_REMOTE: Any = None
+
+
+def evaluation_task() -> Any:
+    """The `ray.remote` function behind `submit_evaluation` (created on first use)."""
+    global _REMOTE
+    if _REMOTE is None:
+        import ray
+
+        _REMOTE = ray.remote(_evaluation_task)
+    return _REMOTE
+
+
+def submit_evaluation(
+    objective: Any,
+    trial_id: str,
+    params: Mapping[str, Any],
+    seed: int,
+    *,
+    resources: Resources,
+    timeout_s: float = 600.0,
+    max_retries: int = 1,
+    isolate: str = "process",
+) -> Any:
+    """Launch one evaluation as a Ray task; returns its `ObjectRef` (resolves to the record).
+
+    Args:
+        objective: an `Objective`, a `(name, options)` spec, or an `ObjectRef` of either (`ray.put` once).
+        trial_id, params, seed, timeout_s, isolate: as in `evaluate_once`.
+        resources: the objective's `Resources` (num_cpus, num_gpus, memory, custom).
+        max_retries: Ray retries when the worker process or node dies.
+    """
+    return evaluation_task().options(**task_options(resources, max_retries)).remote(
+        objective, trial_id, dict(params), int(seed), float(timeout_s), isolate
+    )
