@@ -238,6 +238,8 @@ def load_image_dataset(name: str, data_dir: str | os.PathLike[str] | None = None
 
 
 def _split_fixed(docs: list[str], n_train: int | None, n_test: int, split_seed: int, what: str) -> TextCorpus:
+    # identical documents (the Lee corpus repeats 7) would leak from the training into the test split
+    docs = list(dict.fromkeys(docs))
     n = len(docs)
     if n_test < 1 or n_test >= n:
         raise DatasetError(f"{what}: n_test must be in [1, {n - 1}] for {n} documents; got {n_test}")
@@ -253,8 +255,10 @@ def _split_fixed(docs: list[str], n_train: int | None, n_test: int, split_seed: 
 def load_lee(n_train: int | None = None, n_test: int = 60, split_seed: int = 0) -> TextCorpus:
     """gensim's Lee background corpus (300 news articles, one per line), with a fixed random split.
 
+    The file repeats 7 articles; duplicates are dropped, leaving 293 distinct documents.
+
     Args:
-        n_train: training documents (``None``: all 240 that are not held out, by default).
+        n_train: training documents (``None``: all 233 that are not held out, by default).
         n_test: documents held out for perplexity.
         split_seed: seed of the fixed split.
     """
@@ -286,7 +290,8 @@ def load_newsgroups(
     `data_dir` holds ``20news-bydate-train/`` and/or ``20news-bydate-test/`` (as unpacked from
     ``20news-bydate.tar.gz``), each with one sub-directory per group and one file per message.
     As in the papers ([A] App. A.5), all messages are pooled and a fixed random 11,000 train and
-    2,200 test documents are drawn. Mail headers (up to the first blank line) are dropped.
+    2,200 test documents are drawn. Mail headers (up to the first blank line) and exact duplicate
+    documents are dropped.
 
     Args:
         data_dir: the directory described above.

@@ -91,7 +91,7 @@ class OnlineLDA(Objective):
     * **Topics.** `num_topics` (10 by default; the papers do not say).
 
     Args:
-        corpus: ``"lee"`` (gensim's Lee background corpus, 240 train / 60 test; the default) or
+        corpus: ``"lee"`` (gensim's Lee background corpus, 233 distinct train / 60 test; the default) or
             ``"20newsgroups"`` (from `data_dir`, 11,000 train / 2,200 test as in the papers).
         data_dir: local 20 Newsgroups directory (``20news-bydate-train``/``-test`` inside).
         num_topics: number of topics K.
