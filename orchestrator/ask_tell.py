@@ -1,0 +1,529 @@
+"""The library API: an ask/tell optimizer over a search space (issue 2 item 6, ORCH_API.md "Library ask/tell").
+
+`AskTellOptimizer.ask(q)` returns `q` trials with ids and parameters in the user's names and types;
+`tell(trial_id, value)` takes results in any order, one at a time, at any time. Like a Ray Tune `Searcher`
+(STYLE.md §4.8), NaN, ±inf, None and non-numeric values become recorded failures that never reach the
+model or the calibrator. The first `initial_design` points are scrambled Sobol; after that, once
+`initial_design` results are in, a surrogate (orchestrator.models) is fitted on all completed results and
+a batch proposer (orchestrator.acquisition) picks the next points, with every asked-but-untold point passed
+as pending. Each model-based trial carries the model's forecast at its point, so the calibrator
+(orchestrator.calibration) is updated with that one-step-ahead forecast when its result arrives.
+
+`direction: minimize` is handled here and nowhere inside: values are negated on the way in, the model's
+level is 1 - tau, and `best()` reports values in the user's units (ARCHITECTURE.md "Conventions").
+Recommendation (`best`) follows quantile-expectile-bo.md §1.7: the observed input with the highest
+posterior mean of the target. The central Ray actor (orchestrator/actor.py) wraps one instance.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from orchestrator.errors import ConfigError, InputDataError, QbatchError
+from orchestrator.space import SearchSpace
+from workers.evaluate import classify_value
+
+__all__ = ["AskTellOptimizer", "Trial", "TrialError", "DUPLICATE_TOL"]
+
+#: two unit-cube points closer than this (max-norm) are the same point (as orchestrator.acquisition.base)
+DUPLICATE_TOL = 1e-6
+#: random draws tried to replace a snapped duplicate before a repeat is accepted (discrete spaces run out)
+_REPLACE_TRIES = 64
+
+
+class TrialError(QbatchError, ValueError):
+    """A trial id is unknown or was already told, or `ask` got a bad batch size."""
+
+
+@dataclass
+class Trial:
+    """One point handed out by `ask`.
+
+    Attributes:
+        trial_id: unique id, ``f"{batch_id}-{i}"``.
+        params: parameter name -> value, in the user's types (float, int, choice value).
+        x: `d` unit-cube coordinates of `params` (snapped onto discrete grids).
+        batch_id: the proposal this trial belongs to (-1 for points told with `tell_point`).
+        forecast: the model's predictive forecast at `x` when it was proposed (model units, i.e. after the
+            sign flip of `direction: minimize`), or None for Sobol points.
+        seed: random seed for the evaluation (derived from the optimizer's seed and the trial id).
+        source: "sobol", "model" or "user".
+    """
+
+    trial_id: str
+    params: dict
+    x: Tensor
+    batch_id: int
+    forecast: dict | None = None
+    seed: int = 0
+    source: str = "sobol"
+    info: dict = field(default_factory=dict)
+
+
+def trial_seed(seed: int, trial_id: str) -> int:
+    """Deterministic per-trial evaluation seed in [0, 2^31)."""
+    return zlib.crc32(f"{int(seed)}:{trial_id}".encode()) & 0x7FFFFFFF
+
+
+class AskTellOptimizer:
+    """Quantile (or expectile / mean) Bayesian optimization driven by ask and tell.
+
+    Args:
+        space: a `SearchSpace` or a plain space description ``{name: {"type": ..., ...}}``.
+        model: surrogate name for `orchestrator.models.build_model` ("quantile", "expectile",
+            "heteroscedastic", "exact-gp").
+        tau: level of the quantile/expectile to optimize, in the user's own sense, in (0, 1).
+        proposer: proposer name for `orchestrator.acquisition.build_proposer` ("thompson", "qgibbon").
+        calibrator: calibrator name for `orchestrator.calibration.build_calibrator` ("none", "online", ...).
+        direction: "maximize" or "minimize".
+        initial_design: number of Sobol points before the model takes over; also the number of completed
+            results needed for the first fit. Default `max(2 d + 2, 5)`.
+        seed: seeds the Sobol design, the proposer and the per-trial evaluation seeds.
+        model_options, proposer_options, calibrator_options: keyword options of the factories.
+    """
+
+    def __init__(
+        self,
+        space: SearchSpace | Mapping[str, Mapping[str, Any]],
+        model: str = "quantile",
+        tau: float = 0.5,
+        proposer: str = "thompson",
+        calibrator: str = "none",
+        direction: str = "maximize",
+        initial_design: int | None = None,
+        seed: int = 0,
+        model_options: Mapping[str, Any] | None = None,
+        proposer_options: Mapping[str, Any] | None = None,
+        calibrator_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.space = space if isinstance(space, SearchSpace) else SearchSpace.from_description(space)
+        if direction not in ("maximize", "minimize"):
+            raise ConfigError(f"`direction` must be 'maximize' or 'minimize'; got {direction!r}")
+        if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0.0 < float(tau) < 1.0:
+            raise ConfigError(f"`tau` must be a number in (0, 1); got {tau!r}")
+        if initial_design is None:
+            initial_design = max(2 * self.space.dim + 2, 5)
+        if isinstance(initial_design, bool) or not isinstance(initial_design, int) or initial_design < 1:
+            raise ConfigError(f"`initial_design` must be an integer >= 1; got {initial_design!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ConfigError(f"`seed` must be an integer; got {seed!r}")
+        self.direction = direction
+        self.sign = 1.0 if direction == "maximize" else -1.0
+        self.tau = float(tau)
+        #: level of the model on the (possibly negated) outcome: the model always maximizes
+        self.model_tau = self.tau if direction == "maximize" else 1.0 - self.tau
+        self.initial_design = initial_design
+        self.seed = seed
+        self.model_name = model
+        self.model_options = dict(model_options or {})
+        self.proposer_name = proposer
+        self.proposer_options = dict(proposer_options or {})
+        self.calibrator_name = calibrator
+        self.calibrator_options = dict(calibrator_options or {})
+        self._tk = {"dtype": torch.float64, "device": torch.device("cpu")}
+
+        self._lock = threading.RLock()
+        self._trials: dict[str, Trial] = {}
+        self._pending: dict[str, Trial] = {}
+        self._told: dict[str, str] = {}  # trial_id -> "completed" | "failed"
+        self._obs_ids: list[str] = []
+        self._obs_x: list[Tensor] = []
+        self._obs_y: list[float] = []  # model units (sign applied)
+        self.failures: list[dict[str, Any]] = []
+        self._n_sobol = 0
+        self._next_batch = 0
+        self._n_user = 0
+        self._model: Any = None
+        self._model_n = 0  # observations in the last fit
+        self._best: tuple[dict, float] | None = None
+        self._proposer: Any = None
+        self._calibrator: Any = self._build_calibrator()
+
+    # ------------------------------------------------------------------ factories
+    def _build_model(self) -> Any:
+        from orchestrator.models import build_model
+
+        return build_model(self.model_name, tau=self.model_tau, **self.model_options)
+
+    def _build_proposer(self) -> Any:
+        from orchestrator.acquisition import build_proposer
+
+        proposer = build_proposer(self.proposer_name, **self.proposer_options)
+        if self._calibrator is not None:
+            from orchestrator.calibration import attach
+
+            attach(self._calibrator, proposer)
+        return proposer
+
+    def _build_calibrator(self) -> Any:
+        if self.calibrator_name in (None, "none") and not self.calibrator_options:
+            return None
+        from orchestrator.calibration import build_calibrator
+
+        return build_calibrator(self.calibrator_name, **self.calibrator_options)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def model(self) -> Any:
+        """The latest fitted surrogate, or None before the first fit."""
+        return self._model
+
+    @property
+    def calibrator(self) -> Any:
+        return self._calibrator
+
+    @property
+    def num_completed(self) -> int:
+        return len(self._obs_y)
+
+    @property
+    def num_failed(self) -> int:
+        return len(self.failures)
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._pending)
+
+    @property
+    def num_stale(self) -> int:
+        """Completed results the current model has not seen."""
+        return len(self._obs_y) - self._model_n
+
+    def pending(self) -> list[Trial]:
+        """Trials asked but not yet told, in the order they were asked."""
+        with self._lock:
+            return list(self._pending.values())
+
+    def trial(self, trial_id: str) -> Trial:
+        try:
+            return self._trials[trial_id]
+        except KeyError:
+            raise TrialError(f"unknown trial id {trial_id!r}") from None
+
+    def observations(self) -> tuple[Tensor, Tensor]:
+        """Completed results: `n x d` unit-cube points and `n` values in model units (sign applied)."""
+        with self._lock:
+            return self._stack(self._obs_x), torch.tensor(self._obs_y, **self._tk)
+
+    def can_fit(self) -> bool:
+        """Whether enough results are in for a model fit (`initial_design`, at least 2)."""
+        return len(self._obs_y) >= max(2, self.initial_design)
+
+    def uses_model(self) -> bool:
+        """Whether the next `ask` proposes with the model (else it continues the Sobol design)."""
+        return self._n_sobol >= self.initial_design and (self._model is not None or self.can_fit())
+
+    # ------------------------------------------------------------------ ask
+    def ask(self, q: int, fit: bool = True) -> list[Trial]:
+        """Propose `q` new trials, counting all untold trials as pending.
+
+        Args:
+            q: batch size, an integer >= 1.
+            fit: refit the model first when results arrived since the last fit (the actor passes False
+                and refits in the background instead).
+
+        Returns:
+            `q` trials, marked pending until told.
+
+        Raises:
+            TrialError: `q` is not an integer >= 1.
+        """
+        if isinstance(q, bool) or not isinstance(q, int) or q < 1:
+            raise TrialError(f"q must be an integer >= 1; got {q!r}")
+        with self._lock:
+            batch_id = self._next_batch
+            self._next_batch += 1
+            X_pending = self._stack([t.x for t in self._pending.values()])
+            X_observed = self._stack(self._obs_x)
+        if self._n_sobol < self.initial_design or (self._model is None and not (fit and self.can_fit())):
+            X, source, forecasts = self._sobol(q), "sobol", [None] * q
+        else:
+            if fit and (self._model is None or self.num_stale > 0):
+                self.fit()
+            X, source = self._propose(q, batch_id, X_pending, X_observed), "model"
+        X = self._dedupe(X, X_pending, batch_id)
+        if source == "model":
+            forecasts = self.forecast(X)
+        trials = []
+        with self._lock:
+            params = self.space.from_unit(X)
+            for i in range(q):
+                tid = f"{batch_id}-{i}"
+                t = Trial(tid, params[i], X[i].clone(), batch_id, forecasts[i], trial_seed(self.seed, tid), source)
+                if source == "sobol":
+                    t.info["sobol_index"] = self._n_sobol - q + i
+                self._trials[tid] = t
+                self._pending[tid] = t
+                trials.append(t)
+        return trials
+
+    def _sobol(self, q: int) -> Tensor:
+        engine = torch.quasirandom.SobolEngine(self.space.dim, scramble=True, seed=self.seed)
+        if self._n_sobol:
+            engine.fast_forward(self._n_sobol)
+        X = engine.draw(q, dtype=torch.float64)
+        self._n_sobol += q
+        return self.space.snap(X)
+
+    def _propose(self, q: int, batch_id: int, X_pending: Tensor, X_observed: Tensor) -> Tensor:
+        if self._proposer is None:
+            self._proposer = self._build_proposer()
+        X = self._proposer.propose(
+            self._model, q, X_pending=X_pending, X_observed=X_observed, seed=trial_seed(self.seed, f"batch-{batch_id}")
+        )
+        return self.space.snap(X.detach().to(**self._tk))
+
+    def _dedupe(self, X: Tensor, X_pending: Tensor, batch_id: int) -> Tensor:
+        """Replace points that snapping made equal to a pending point or to an earlier point of the batch.
+
+        With discrete parameters two proposals can round onto the same grid point. A duplicate is replaced
+        by a random snapped point that is new; when none is found (a small discrete space is exhausted)
+        the repeat is kept: for a noisy objective a repeated evaluation is still informative.
+        """
+        gen = torch.Generator().manual_seed(trial_seed(self.seed, f"dedupe-{batch_id}"))
+        taken = [X_pending] if X_pending.shape[0] else []
+        out = X.clone()
+        for i in range(out.shape[0]):
+            others = torch.cat(taken + [out[:i]]) if (taken or i) else out[:0]
+            if others.shape[0] and (out[i] - others).abs().amax(-1).min() <= DUPLICATE_TOL:
+                for _ in range(_REPLACE_TRIES):
+                    cand = self.space.snap(torch.rand(1, self.space.dim, generator=gen, dtype=torch.float64))[0]
+                    if (cand - others).abs().amax(-1).min() > DUPLICATE_TOL:
+                        out[i] = cand
+                        break
+        return out
+
+    def forecast(self, X: Tensor) -> list[dict | None]:
+        """The current model's forecast at `n x d` points as plain dicts (model units), or Nones without a model."""
+        if self._model is None:
+            return [None] * X.shape[0]
+        with torch.no_grad():
+            return self._model.forecast(X.to(**self._tk)).to_records()
+
+    # ------------------------------------------------------------------ tell
+    def tell(self, trial_id: str, value: Any, error: str | None = None) -> str:
+        """Record the result of an asked trial. Results may come in any order; each trial is told once.
+
+        Args:
+            trial_id: an id returned by `ask`.
+            value: the objective's value in the user's units. NaN, ±inf, None or anything non-numeric
+                becomes a recorded failure (reason "nan", "inf", "none", "non-numeric", "array").
+            error: a failure reason (e.g. "exception", "timeout"); when given, `value` is ignored.
+
+        Returns:
+            "completed" or "failed".
+
+        Raises:
+            TrialError: the id is unknown or was already told.
+        """
+        with self._lock:
+            if not isinstance(trial_id, str) or trial_id not in self._trials:
+                raise TrialError(f"unknown trial id {trial_id!r}; ask() hands out ids such as '0-0'")
+            if trial_id in self._told:
+                raise TrialError(f"trial {trial_id!r} was already told ({self._told[trial_id]})")
+            trial = self._trials[trial_id]
+            if error is None:
+                v, reason, message = classify_value(value)
+            else:
+                v, reason, message = None, str(error), None
+            self._pending.pop(trial_id, None)
+            if reason is not None:
+                self._told[trial_id] = "failed"
+                self.failures.append({"trial_id": trial_id, "error": reason, "message": message})
+                return "failed"
+            y = self.sign * float(v)
+            self._told[trial_id] = "completed"
+            self._obs_ids.append(trial_id)
+            self._obs_x.append(trial.x)
+            self._obs_y.append(y)
+            calibrator = self._calibrator
+        if calibrator is not None and trial.forecast is not None:
+            from orchestrator.models.predictive import Forecast
+
+            calibrator.update(Forecast.from_records([trial.forecast]), torch.tensor([y], **self._tk), X=trial.x.reshape(1, -1))
+        return "completed"
+
+    def tell_many(self, trial_ids: Sequence[str], values: Sequence[Any]) -> list[str]:
+        """`tell` several results (any subset of the pending trials, in any order)."""
+        if len(trial_ids) != len(values):
+            raise TrialError(f"got {len(trial_ids)} trial ids but {len(values)} values")
+        return [self.tell(t, v) for t, v in zip(trial_ids, values)]
+
+    def tell_point(self, params: Mapping[str, Any], value: Any) -> str:
+        """Add a result at a point that was not asked (e.g. earlier data). Errors name the bad parameter."""
+        X = self.space.to_unit([params])
+        with self._lock:
+            tid = f"user-{self._n_user}"
+            self._n_user += 1
+            t = Trial(tid, dict(params), X[0], -1, None, trial_seed(self.seed, tid), "user")
+            self._trials[tid] = t
+        return self.tell(tid, value)
+
+    # ------------------------------------------------------------------ model
+    def fit(self) -> dict[str, Any]:
+        """Fit (warm-started) the surrogate on all completed results; return diagnostics.
+
+        Returns:
+            ``{"seconds", "n", "best_params", "best_predicted", ...model diagnostics}``.
+
+        Raises:
+            InputDataError: fewer than 2 completed results.
+        """
+        X, Y = self.observations()
+        n = Y.shape[0]
+        if n < 2:
+            raise InputDataError(f"a model fit needs at least 2 completed results; have {n}")
+        t0 = time.perf_counter()
+        model = self._model if self._model is not None else self._build_model()
+        diag = dict(model.fit(X, Y) or {})
+        with torch.no_grad():
+            target = model.objective_mean(X)
+        loc, scale = model.outcome_transform
+        i = int(torch.argmax(target))
+        best_pred = self.sign * float(loc + scale * float(target[i]))
+        best_params = self.space.from_unit(X[i : i + 1])[0]
+        seconds = time.perf_counter() - t0
+        with self._lock:
+            self._model = model
+            self._model_n = n
+            self._best = (best_params, best_pred)
+        diag = {k: v for k, v in diag.items() if isinstance(v, (int, float, str, bool))}
+        diag.update(seconds=seconds, n=n, best_params=best_params, best_predicted=best_pred)
+        return diag
+
+    def best(self) -> tuple[dict, float]:
+        """Recommended point and its value in the user's units.
+
+        With a model: the observed input maximizing the posterior mean of the target at the last fit, with
+        that predicted value (spec §1.7). Before the first fit: the best observed value.
+
+        Raises:
+            QbatchError: no completed result yet.
+        """
+        with self._lock:
+            if self._best is not None:
+                return dict(self._best[0]), self._best[1]
+            if not self._obs_y:
+                raise QbatchError("no completed results yet: best() needs at least one")
+            i = max(range(len(self._obs_y)), key=self._obs_y.__getitem__)
+            return dict(self._trials[self._obs_ids[i]].params), self.sign * self._obs_y[i]
+
+    def best_observed(self) -> tuple[dict, float] | None:
+        """The best raw observed value (user units) and its params, or None."""
+        with self._lock:
+            if not self._obs_y:
+                return None
+            i = max(range(len(self._obs_y)), key=self._obs_y.__getitem__)
+            return dict(self._trials[self._obs_ids[i]].params), self.sign * self._obs_y[i]
+
+    # ------------------------------------------------------------------ replay / state
+    def restore_trial(
+        self,
+        trial_id: str,
+        params: Mapping[str, Any],
+        x: Sequence[float] | Tensor,
+        batch_id: int,
+        forecast: dict | None = None,
+        seed: int | None = None,
+        source: str = "sobol",
+        sobol_index: int | None = None,
+    ) -> Trial:
+        """Re-register a trial from the event log (resume): it becomes pending until told."""
+        with self._lock:
+            if trial_id in self._trials:
+                return self._trials[trial_id]
+            xt = torch.as_tensor(list(x) if not isinstance(x, Tensor) else x, **self._tk).reshape(self.space.dim)
+            seed = trial_seed(self.seed, trial_id) if seed is None else int(seed)
+            t = Trial(trial_id, dict(params), xt, int(batch_id), forecast, seed, source)
+            if sobol_index is not None:
+                t.info["sobol_index"] = int(sobol_index)
+                self._n_sobol = max(self._n_sobol, int(sobol_index) + 1)
+            self._trials[trial_id] = t
+            self._pending[trial_id] = t
+            if batch_id >= 0:
+                self._next_batch = max(self._next_batch, int(batch_id) + 1)
+            else:
+                self._n_user += 1
+            return t
+
+    def get_state(self) -> dict[str, Any]:
+        """Plain values and tensors only (loads with `torch.load(weights_only=True)`)."""
+        with self._lock:
+            trials = [
+                {
+                    "trial_id": t.trial_id,
+                    "params": dict(t.params),
+                    "x": t.x.tolist(),
+                    "batch_id": t.batch_id,
+                    "forecast": t.forecast,
+                    "seed": t.seed,
+                    "source": t.source,
+                    "info": dict(t.info),
+                }
+                for t in self._trials.values()
+            ]
+            state: dict[str, Any] = {
+                "trials": trials,
+                "pending": list(self._pending),
+                "told": dict(self._told),
+                "obs_ids": list(self._obs_ids),
+                "obs_y": list(self._obs_y),
+                "failures": [dict(f) for f in self.failures],
+                "n_sobol": self._n_sobol,
+                "next_batch": self._next_batch,
+                "n_user": self._n_user,
+                "model_n": self._model_n,
+                "best": None if self._best is None else [dict(self._best[0]), self._best[1]],
+            }
+            if self._model is not None:
+                try:
+                    state["model"] = self._model.get_state()
+                except NotImplementedError:
+                    state["model"] = None
+            if self._calibrator is not None:
+                state["calibrator"] = self._calibrator.get_state()
+            if self._proposer is not None:
+                state["proposer"] = self._proposer.get_state()
+        return state
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Restore from `get_state`. Without a model state the next `ask` refits from the observations."""
+        with self._lock:
+            self._trials = {}
+            for r in state["trials"]:
+                t = Trial(r["trial_id"], dict(r["params"]), torch.tensor(r["x"], **self._tk), int(r["batch_id"]),
+                          r["forecast"], int(r["seed"]), r["source"], dict(r.get("info", {})))
+                self._trials[t.trial_id] = t
+            self._pending = {tid: self._trials[tid] for tid in state["pending"]}
+            self._told = dict(state["told"])
+            self._obs_ids = list(state["obs_ids"])
+            self._obs_x = [self._trials[tid].x for tid in self._obs_ids]
+            self._obs_y = [float(v) for v in state["obs_y"]]
+            self.failures = [dict(f) for f in state["failures"]]
+            self._n_sobol = int(state["n_sobol"])
+            self._next_batch = int(state["next_batch"])
+            self._n_user = int(state["n_user"])
+            self._best = None if state.get("best") is None else (dict(state["best"][0]), float(state["best"][1]))
+            self._model, self._model_n = None, 0
+            if state.get("model") is not None:
+                model = self._build_model()
+                model.set_state(state["model"])
+                self._model, self._model_n = model, int(state["model_n"])
+            if self._calibrator is not None and state.get("calibrator") is not None:
+                self._calibrator.set_state(state["calibrator"])
+            if state.get("proposer") is not None:
+                self._proposer = self._build_proposer()
+                self._proposer.set_state(state["proposer"])
+
+    # ------------------------------------------------------------------ helpers
+    def _stack(self, xs: Sequence[Tensor]) -> Tensor:
+        if not xs:
+            return torch.empty(0, self.space.dim, **self._tk)
+        return torch.stack(list(xs)).to(**self._tk)

@@ -1,0 +1,253 @@
+"""Library ask/tell (issue 2 item 6): user names and types, partial and out-of-order tells, failures kept
+away from the model, pending points handed to the proposer, direction at the edge, errors naming the input."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import orchestrator.acquisition as acquisition
+import orchestrator.models as models
+from orchestrator.acquisition.base import Proposer
+from orchestrator.ask_tell import AskTellOptimizer, TrialError
+from orchestrator.errors import ConfigError, QbatchError, SpaceError
+
+SPACE = {
+    "lr": {"type": "float", "low": 1e-4, "high": 1e-1, "log": True},
+    "width": {"type": "int", "low": 8, "high": 64, "step": 8},
+    "act": {"type": "choice", "choices": ["relu", "tanh"]},
+    "drop": {"type": "float", "low": 0.0, "high": 0.5},
+}
+SMALL = {"a": {"type": "float", "low": -1.0, "high": 1.0}, "b": {"type": "float", "low": 0.0, "high": 2.0}}
+
+
+def f_true(p):
+    return -((p["a"] - 0.3) ** 2) - (p["b"] - 1.0) ** 2
+
+
+def test_ask_returns_user_names_and_types():
+    opt = AskTellOptimizer(SPACE, initial_design=8, seed=3)
+    trials = opt.ask(8)
+    assert len(trials) == 8 and len({t.trial_id for t in trials}) == 8
+    for t in trials:
+        assert list(t.params) == list(SPACE)
+        assert isinstance(t.params["lr"], float) and 1e-4 <= t.params["lr"] <= 1e-1
+        assert isinstance(t.params["width"], int) and t.params["width"] % 8 == 0
+        assert t.params["act"] in ("relu", "tanh")
+        assert t.x.shape == (4,) and t.x.dtype == torch.float64
+        assert t.source == "sobol" and t.forecast is None
+        opt.space.validate(t.params)
+    assert opt.num_pending == 8
+    # same seed -> same design; the Sobol design continues rather than repeats
+    again = AskTellOptimizer(SPACE, initial_design=8, seed=3).ask(8)
+    assert [t.params for t in again] == [t.params for t in trials]
+    more = opt.ask(2)
+    assert {t.trial_id for t in more}.isdisjoint({t.trial_id for t in trials})
+
+
+@pytest.mark.parametrize("q", [0, -1, 1.5, True, "3"])
+def test_bad_q_is_named(q):
+    opt = AskTellOptimizer(SMALL)
+    with pytest.raises(TrialError, match=f"q must be an integer >= 1; got {q!r}"):
+        opt.ask(q)
+
+
+def test_bad_trial_ids_and_double_tell_are_named():
+    opt = AskTellOptimizer(SMALL, initial_design=3)
+    t = opt.ask(2)
+    with pytest.raises(TrialError, match="unknown trial id 'nope'"):
+        opt.tell("nope", 1.0)
+    with pytest.raises(TrialError, match="unknown trial id 7"):
+        opt.tell(7, 1.0)
+    opt.tell(t[0].trial_id, 1.0)
+    with pytest.raises(TrialError, match=f"trial '{t[0].trial_id}' was already told \\(completed\\)"):
+        opt.tell(t[0].trial_id, 2.0)
+    assert isinstance(TrialError("x"), QbatchError)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"tau": 1.5}, r"`tau` must be a number in \(0, 1\); got 1.5"),
+        ({"direction": "up"}, "`direction` must be 'maximize' or 'minimize'; got 'up'"),
+        ({"initial_design": 0}, "`initial_design` must be an integer >= 1; got 0"),
+    ],
+)
+def test_bad_options_are_named(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        AskTellOptimizer(SMALL, **kwargs)
+
+
+def test_partial_and_out_of_order_tells():
+    opt = AskTellOptimizer(SMALL, initial_design=6)
+    trials = opt.ask(6)
+    order = [4, 1, 5]
+    for i in order:
+        assert opt.tell(trials[i].trial_id, f_true(trials[i].params)) == "completed"
+    assert [t.trial_id for t in opt.pending()] == [trials[i].trial_id for i in (0, 2, 3)]
+    X, Y = opt.observations()
+    assert torch.equal(X, torch.stack([trials[i].x for i in order]))
+    assert Y.tolist() == [f_true(trials[i].params) for i in order]
+    opt.tell_many([trials[3].trial_id, trials[0].trial_id], [1.0, 2.0])
+    assert opt.num_completed == 5 and opt.num_pending == 1
+
+
+def test_hostile_values_become_failures_that_never_reach_the_observations():
+    opt = AskTellOptimizer(SMALL, initial_design=8)
+    trials = opt.ask(8)
+    bad = [float("nan"), float("inf"), -float("inf"), None, "1.0", np.array([1.0, 2.0])]
+    for t, v in zip(trials, bad):
+        assert opt.tell(t.trial_id, v) == "failed"
+    assert opt.tell(trials[6].trial_id, 5.0, error="timeout") == "failed"
+    assert opt.tell(trials[7].trial_id, np.float32(0.25)) == "completed"
+    assert [f["error"] for f in opt.failures] == ["nan", "inf", "inf", "none", "non-numeric", "array", "timeout"]
+    X, Y = opt.observations()
+    assert Y.tolist() == [0.25] and X.shape == (1, 2)
+    assert opt.num_pending == 0
+
+
+def test_minimize_negates_at_the_edge():
+    opt = AskTellOptimizer(SMALL, direction="minimize", tau=0.2, initial_design=4)
+    assert opt.model_tau == pytest.approx(0.8)
+    trials = opt.ask(3)
+    for t, v in zip(trials, [3.0, -1.0, 2.0]):
+        opt.tell(t.trial_id, v)
+    _, Y = opt.observations()
+    assert Y.tolist() == [-3.0, 1.0, -2.0]
+    params, value = opt.best()
+    assert value == -1.0 and params == trials[1].params
+
+
+def test_best_without_results_is_an_error():
+    with pytest.raises(QbatchError, match="no completed results yet"):
+        AskTellOptimizer(SMALL).best()
+
+
+def test_snapped_duplicates_are_replaced_until_the_space_is_exhausted():
+    space = {"k": {"type": "int", "low": 0, "high": 3}, "c": {"type": "choice", "choices": ["a", "b"]}}
+    opt = AskTellOptimizer(space, initial_design=100, seed=1)
+    trials = opt.ask(8)  # the space has exactly 8 points: all distinct
+    assert len({(t.params["k"], t.params["c"]) for t in trials}) == 8
+    extra = opt.ask(3)  # exhausted: repeats are allowed (noisy objective) rather than failing
+    assert len(extra) == 3
+    for t in extra:
+        opt.space.validate(t.params)
+
+
+def test_tell_point_validates_and_records():
+    opt = AskTellOptimizer(SMALL)
+    assert opt.tell_point({"a": 0.1, "b": 1.0}, 2.0) == "completed"
+    with pytest.raises(SpaceError, match="'a'=5.0 is outside"):
+        opt.tell_point({"a": 5.0, "b": 1.0}, 2.0)
+    assert opt.tell_point({"a": 0.2, "b": 1.0}, float("nan")) == "failed"
+    assert opt.num_completed == 1 and opt.best()[1] == 2.0
+
+
+def test_state_round_trip_sobol_phase():
+    opt = AskTellOptimizer(SMALL, initial_design=6, seed=5)
+    trials = opt.ask(4)
+    opt.tell(trials[2].trial_id, 1.5)
+    opt.tell(trials[0].trial_id, float("nan"))
+    state = opt.get_state()
+    twin = AskTellOptimizer(SMALL, initial_design=6, seed=5)
+    twin.set_state(state)
+    assert [t.trial_id for t in twin.pending()] == [trials[1].trial_id, trials[3].trial_id]
+    assert twin.observations()[1].tolist() == [1.5] and twin.failures == opt.failures
+    assert [t.params for t in twin.ask(2)] == [t.params for t in opt.ask(2)]
+    torch.save(state, "/dev/null")  # plain values and tensors only
+
+
+# ----------------------------------------------------------------------------- with the real model
+class SpyProposer(Proposer):
+    """A real proposer (random points) that records what the optimizer hands it."""
+
+    calls: list = []
+
+    def __init__(self) -> None:
+        pass
+
+    def _propose(self, model, q, X_pending, X_observed, generator):
+        SpyProposer.calls.append((q, X_pending.clone(), X_observed.clone()))
+        return torch.rand(q, X_observed.shape[-1], generator=generator, dtype=torch.float64)
+
+
+@pytest.fixture
+def spy_model(monkeypatch):
+    """The real `build_model`, with every fit's training data recorded."""
+    fits = []
+    real = models.build_model
+
+    def build(name, **kw):
+        model = real(name, **kw)
+        fit = model.fit
+
+        def recording_fit(X, Y):
+            fits.append((X.clone(), Y.clone()))
+            return fit(X, Y)
+
+        model.fit = recording_fit
+        return model
+
+    monkeypatch.setattr(models, "build_model", build)
+    return fits
+
+
+def _fast_model():
+    """Small quantile SVGP options so a fit takes well under a second."""
+    return {"num_inducing": 16, "max_steps": 300}
+
+
+def test_model_phase_pending_points_reach_the_proposer_and_failures_do_not_reach_the_model(spy_model, monkeypatch):
+    monkeypatch.setitem(acquisition.PROPOSERS, "spy", f"{__name__}:SpyProposer")
+    SpyProposer.calls = []
+    opt = AskTellOptimizer(SMALL, initial_design=10, proposer="spy", seed=0, model_options=_fast_model())
+    first = opt.ask(12)
+    values = [f_true(t.params) for t in first]
+    values[3] = float("nan")
+    values[7] = float("inf")
+    for t, v in zip(first[:11], values[:11]):  # first[11] stays pending
+        opt.tell(t.trial_id, v)
+    batch = opt.ask(4)
+    assert all(t.source == "model" for t in batch)
+    (X, Y), = spy_model
+    assert Y.shape == (9,) and torch.isfinite(Y).all()
+    q, X_pending, X_observed = SpyProposer.calls[-1]
+    assert q == 4
+    assert torch.equal(X_pending, first[11].x.reshape(1, -1))
+    assert X_observed.shape == (9, 2)
+    for t in batch:  # each model point carries the forecast made at proposal time
+        assert set(t.forecast) >= {"family", "tau", "mu_f", "var_f", "mu_g", "var_g"}
+        assert math.isfinite(t.forecast["mu_f"]) and t.forecast["tau"] == pytest.approx(0.5)
+    # the next proposal counts the new batch as pending too
+    opt.ask(2, fit=False)
+    assert SpyProposer.calls[-1][1].shape == (5, 2)
+
+
+def test_thompson_loop_improves_and_minimize_reports_user_units():
+    opt = AskTellOptimizer(SMALL, direction="minimize", tau=0.3, initial_design=10, seed=1,
+                           model_options=_fast_model())
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        trials = opt.ask(8 if opt.num_completed else 10)
+        for t in reversed(trials):
+            opt.tell(t.trial_id, -f_true(t.params) + 0.05 * rng.standard_normal())
+    diag = opt.fit()
+    assert diag["n"] == 26 and diag["seconds"] > 0
+    params, value = opt.best()
+    assert value == pytest.approx(diag["best_predicted"])
+    assert -0.2 < value < 1.0  # predicted 0.3-quantile of the minimized outcome, user units (minimum is 0)
+    opt.space.validate(params)
+
+
+def test_calibrator_is_updated_with_the_recorded_forecast():
+    opt = AskTellOptimizer(SMALL, calibrator="online", initial_design=8, seed=2, model_options=_fast_model())
+    for t in opt.ask(8):
+        opt.tell(t.trial_id, f_true(t.params))
+    assert opt.calibrator.num_updates == 0  # Sobol points carry no forecast
+    batch = opt.ask(3)
+    for t in batch:
+        opt.tell(t.trial_id, f_true(t.params))
+    assert opt.calibrator.num_updates == 3
