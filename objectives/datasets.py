@@ -252,6 +252,20 @@ def _split_fixed(docs: list[str], n_train: int | None, n_test: int, split_seed: 
     return TextCorpus(what, train, test)
 
 
+def _gensim_test_file(name: str) -> Path:
+    """Path of a file in gensim's bundled test data: what `gensim.test.utils.datapath(name)` returns,
+    found without importing gensim (which takes seconds)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("gensim")
+    if spec is None or not spec.submodule_search_locations:
+        raise DatasetError("corpus 'lee' ships with gensim, which is not installed (pip install gensim)")
+    path = Path(list(spec.submodule_search_locations)[0]) / "test" / "test_data" / name
+    if not path.is_file():
+        raise DatasetError(f"gensim's test-data file {str(path)!r} is missing; reinstall gensim")
+    return path
+
+
 def load_lee(n_train: int | None = None, n_test: int = 60, split_seed: int = 0) -> TextCorpus:
     """gensim's Lee background corpus (300 news articles, one per line), with a fixed random split.
 
@@ -262,11 +276,7 @@ def load_lee(n_train: int | None = None, n_test: int = 60, split_seed: int = 0) 
         n_test: documents held out for perplexity.
         split_seed: seed of the fixed split.
     """
-    from gensim.test.utils import datapath
-
-    path = Path(datapath("lee_background.cor"))
-    if not path.is_file():
-        raise DatasetError(f"gensim's Lee corpus file {str(path)!r} is missing; reinstall gensim")
+    path = _gensim_test_file("lee_background.cor")
     docs = [line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines()]
     docs = [d for d in docs if d]
     return _split_fixed(docs, n_train, n_test, split_seed, "lee")

@@ -181,3 +181,11 @@ def test_newsgroups_missing_paths_are_named(tmp_path: Path) -> None:
         load_newsgroups(tmp_path / "small")  # the papers' 2,200 test documents do not fit
     with pytest.raises(DatasetError, match="n_train \\+ n_test must be at most 12 documents; got 11000 \\+ 4"):
         load_newsgroups(tmp_path / "small", n_test=4)
+
+
+def test_lee_file_is_the_one_gensim_names() -> None:
+    from gensim.test.utils import datapath
+
+    from objectives.datasets import _gensim_test_file
+
+    assert str(_gensim_test_file("lee_background.cor")) == datapath("lee_background.cor")
