@@ -51,6 +51,7 @@ class CNNTraining(Objective):
       range [1e-7, 1e-3]: after t minibatch updates the rate is ``learning_rate / (1 + lr_decay * t)``.
     * **L2 regularisation.** Keras semantics, a penalty ``l2 * sum(W**2)`` over weight tensors (not
       biases) added to the loss, i.e. SGD weight decay ``2 * l2`` on the weights.
+    * **Grid.** Integer parameters must lie on the table's step grid (a batch size of 40 is rejected).
     * **Score.** Error on the fixed test split (as in the papers, "test classification error"). A run
       whose loss becomes non-finite stops early; its non-finite predictions count as errors.
 
@@ -136,6 +137,17 @@ class CNNTraining(Objective):
                     f"option 'conv_layers'={self.conv_layers} pools {self.dataset!r} images of side {min_side} below 1x1"
                 )
         return self._data
+
+    def check_params(self, params: Mapping[str, Any]) -> None:
+        """The base checks (names, bounds, integers), plus: integers must lie on the table's step grid."""
+        super().check_params(params)
+        for name, spec in self.space.items():
+            step = spec.get("step", 1)
+            if spec["type"] == "int" and step > 1 and (float(params[name]) - spec["low"]) % step != 0:
+                raise ObjectiveError(
+                    f"parameter {name!r}={params[name]!r} is not on the grid {spec['low']}, "
+                    f"{spec['low'] + step}, ..., {spec['high']} (step {step})"
+                )
 
     def _device(self) -> Any:
         import torch

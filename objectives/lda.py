@@ -209,6 +209,7 @@ class OnlineLDA(Objective):
         m = self.matrices
         X_train, X_test, X_mon = m["train"], m["test"], m["monitor"]
         n = X_train.shape[0]
+        seed = int(seed) % 2**32  # any integer seed; numpy and scikit-learn take 32-bit ones
         rng = np.random.default_rng(seed)
 
         t0 = time.perf_counter()
@@ -219,7 +220,7 @@ class OnlineLDA(Objective):
             learning_offset=tau0,
             batch_size=minibatch,
             total_samples=n,
-            random_state=int(seed) % (2**32),
+            random_state=seed,
         )
         prev, converged, passes, train_ppl = None, False, 0, float("nan")
         for _ in range(self.max_passes):

@@ -110,6 +110,8 @@ def test_evaluation_restores_torch_global_settings() -> None:
         ("l2", float("nan"), r"parameter 'l2' must be a finite number"),
         ("fc_units", 600, r"parameter 'fc_units'=600"),
         ("conv_channels", 140.5, r"parameter 'conv_channels'=140.5 must be an integer"),
+        ("batch_size", 40, r"parameter 'batch_size'=40 is not on the grid 32, 64, ..., 512 \(step 32\)"),
+        ("fc_units", 260, r"parameter 'fc_units'=260 is not on the grid 256, 272"),
     ],
 )
 def test_out_of_space_params_are_rejected_by_name(short_cnn: CNNTraining, key: str, value: float, match: str) -> None:
@@ -184,3 +186,13 @@ def test_uses_the_gpu_when_present() -> None:
     assert a.metrics["used_gpu"] == 1.0 and a.value < 0.2
     cpu = CNNTraining(epochs=3, device="cpu")(GOOD, seed=0)
     assert cpu.metrics["used_gpu"] == 0.0 and cpu.value < 0.2
+
+
+@pytest.mark.slow
+def test_most_expensive_point_still_trains_within_a_minute() -> None:
+    """Widest layers and the smallest batch (most updates): the worst case of one CPU evaluation."""
+    params = {"batch_size": 32, "learning_rate": 0.01, "lr_decay": 1e-7, "l2": 1e-3, "fc_units": 512, "conv_channels": 256}
+    t0 = time.perf_counter()
+    res = CNNTraining()(params, seed=0)
+    assert time.perf_counter() - t0 < 60.0
+    assert res.value < 0.2 and res.metrics["diverged"] == 0.0

@@ -62,6 +62,7 @@ def test_same_seed_same_value(lda: OnlineLDA) -> None:
     params = {"minibatch": 16, "kappa": 0.7, "tau0": 4}
     a, b = lda(params, seed=5), lda(params, seed=5)
     assert a.value == b.value and a.metrics == {**b.metrics, "train_time_s": a.metrics["train_time_s"]}
+    assert lda(params, seed=5 - 2**32).value == a.value  # seeds are taken modulo 2**32; negatives work
 
 
 def test_perplexity_is_hoffmans_bound_without_the_topic_term(lda: OnlineLDA) -> None:
@@ -147,3 +148,14 @@ def test_registry_and_pickling(lda: OnlineLDA) -> None:
     assert isinstance(obj, OnlineLDA) and obj.num_topics == 5
     clone = pickle.loads(pickle.dumps(lda))
     assert clone._matrices is None and clone.num_topics == lda.num_topics
+
+
+@pytest.mark.slow
+def test_slowest_point_converges_within_a_minute(lda: OnlineLDA) -> None:
+    """Minibatch 1 with the largest tau0 (most and smallest steps) still converges in well under a minute."""
+    import time
+
+    t0 = time.perf_counter()
+    res = lda({"minibatch": 1, "kappa": 0.5, "tau0": 32}, seed=0)
+    assert time.perf_counter() - t0 < 60.0
+    assert math.isfinite(res.value) and res.metrics["converged"] == 1.0
