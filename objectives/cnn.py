@@ -15,7 +15,6 @@ import os
 import time
 from typing import Any, Mapping
 
-
 from objectives.base import EvalResult, Objective, ObjectiveError, Resources
 from objectives.datasets import IMAGE_DATASETS, ImageDataset, load_image_dataset
 
@@ -64,7 +63,8 @@ class CNNTraining(Objective):
         dataset: ``"digits"`` (scikit-learn's 8x8 digits, built in; the default), ``"cifar10"`` or
             ``"svhn"`` (read from `data_dir`; see `objectives.datasets`).
         data_dir: local directory of CIFAR-10 or SVHN files; nothing is ever downloaded.
-        epochs: passes over the training set.
+        epochs: passes over the training set (6 by default: on digits, 1-10 s per evaluation on one
+            CPU core, and test error ~0.02-0.05 at good settings).
         device: ``None`` (a GPU when the evaluation has one, else the CPU), ``"cpu"`` or ``"cuda"``.
         num_cpus: CPUs one evaluation asks the cluster for.
         num_gpus: GPUs (may be fractional) one evaluation asks the cluster for; 0 by default.
