@@ -1,0 +1,531 @@
+"""Metrics, plots and a summary table of a run directory, computed from its event log (issue 4 items 4, 7).
+
+Everything here is derived from the Parquet log (orchestrator/store.py) and `config.yaml`; nothing asks the
+running actor. What is read (ORCH_API.md, "Event `info` keys"):
+
+* utilization U = busy evaluation time / (slots x wall time) over the span from the first evaluation start
+  to the last evaluation end. Busy time sums `ended_at - started_at` of each trial's accepted (first)
+  completed/failed event. `slots` is the latest `info["slots"]` the actor recorded, else the config's
+  `max_concurrent`, else the largest number of evaluations observed running at once (`slots_source` says which).
+* proposal latency p50/p95: `propose_s` of "refit" events if any carries it, else the `proposal_seconds`
+  (or `latency_s`) of "proposed" events, once per batch; refit time: `seconds` (or `fit_s`) of "refit" events.
+* queue depth over time: trials proposed but not yet started.
+* best so far: the best observed value (max or min per direction) and, where "refit" events carry it, the
+  model's predicted tau-level at its recommendation (`best_predicted`, `best_params`).
+* calibration (calibrated-bo.md §1): for completed trials whose proposal recorded a `forecast`, the PIT
+  u = F(y) of `orchestrator.models.predictive.Forecast`; the central p-interval covers y iff |u - 1/2| <= p/2.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from orchestrator.store import Event, RunStore, TrialRecord, status_counts, trials_table
+
+__all__ = ["COVERAGE_LEVELS", "RunMetrics", "compute_metrics", "format_summary", "write_report"]
+
+COVERAGE_LEVELS = (0.5, 0.8, 0.9)
+_FIT_KEYS = ("seconds", "fit_s", "refit_s", "duration_s")
+_LATENCY_KEYS = ("proposal_seconds", "latency_s", "propose_s", "proposal_latency_s")
+#: bins of the utilization-over-time plot
+_UTIL_BINS = 60
+
+
+@dataclass
+class RunMetrics:
+    """What `qbatch status` and `qbatch report` show. Times are seconds; NaN where there is no data."""
+
+    name: str
+    objective: str
+    direction: str
+    tau: float
+    budget: int
+    counts: dict[str, int]
+    progress: float
+    best_value: float
+    best_params: dict | None
+    best_trial_id: str | None
+    best_predicted: float
+    best_predicted_params: dict | None
+    span_s: float
+    busy_s: float
+    slots: int
+    slots_source: str
+    utilization: float
+    evals_per_s: float
+    proposal_latency_p50: float
+    proposal_latency_p95: float
+    n_proposals: int
+    refit_mean_s: float
+    refit_p95_s: float
+    n_refits: int
+    queue_depth_max: int
+    queue_depth_mean: float
+    failures: dict[str, int]
+    duplicates: int
+    coverage: dict[float, float] = field(default_factory=dict)
+    n_calibration: int = 0
+    pit: list[float] = field(default_factory=list)
+    damage: list[str] = field(default_factory=list)
+
+    def summary_rows(self) -> list[tuple[str, str]]:
+        """(metric, value) rows of the summary table."""
+        f = _fmt
+        rows = [
+            ("run", self.name),
+            ("objective", self.objective),
+            ("direction", self.direction),
+            ("tau", f(self.tau)),
+            ("budget", str(self.budget)),
+            ("completed", str(self.counts["completed"])),
+            ("failed", str(self.counts["failed"])),
+            ("running", str(self.counts["running"])),
+            ("queued", str(self.counts["proposed"])),
+            ("progress", f"{100 * self.progress:.1f}%"),
+            ("best observed value", f(self.best_value)),
+            ("best observed params", _short(self.best_params)),
+            ("best predicted tau-level (model)", f(self.best_predicted)),
+            ("recommended params (model)", _short(self.best_predicted_params)),
+            ("wall time (first start to last end) [s]", f(self.span_s)),
+            ("busy evaluation time [s]", f(self.busy_s)),
+            (f"slots ({self.slots_source})", str(self.slots)),
+            ("utilization U", f(self.utilization)),
+            ("evaluations per second", f(self.evals_per_s)),
+            ("proposal latency p50 [s]", f(self.proposal_latency_p50)),
+            ("proposal latency p95 [s]", f(self.proposal_latency_p95)),
+            ("proposals", str(self.n_proposals)),
+            ("refit time mean [s]", f(self.refit_mean_s)),
+            ("refit time p95 [s]", f(self.refit_p95_s)),
+            ("refits", str(self.n_refits)),
+            ("queue depth max", str(self.queue_depth_max)),
+            ("queue depth mean", f(self.queue_depth_mean)),
+            ("failures", ", ".join(f"{k}: {v}" for k, v in sorted(self.failures.items())) or "none"),
+            ("duplicate results ignored", str(self.duplicates)),
+        ]
+        for p in COVERAGE_LEVELS:
+            rows.append((f"coverage of central {int(100 * p)}% interval", f(self.coverage.get(p, math.nan))))
+        rows.append(("forecasts scored", str(self.n_calibration)))
+        rows.append(("log damage", "; ".join(self.damage) or "none"))
+        return rows
+
+
+def _fmt(v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _short(d: Mapping | None, limit: int = 160) -> str:
+    if not d:
+        return "-"
+    text = ", ".join(f"{k}={_fmt(v) if isinstance(v, float) else v}" for k, v in d.items())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _info_number(info: Mapping | None, keys: Sequence[str]) -> float | None:
+    if not info:
+        return None
+    for k in keys:
+        v = info.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            return float(v)
+    return None
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=float), q)) if len(values) else math.nan
+
+
+# ---------------------------------------------------------------------------------------- direction
+def resolve_direction(config: Mapping[str, Any], events: Sequence[Event]) -> str:
+    """The run's direction: recorded by the actor in a refit event, else the config's, else the objective's."""
+    for ev in reversed(events):
+        if ev.kind == "refit" and ev.info and ev.info.get("direction") in ("maximize", "minimize"):
+            return ev.info["direction"]
+    if config.get("direction") in ("maximize", "minimize"):
+        return config["direction"]
+    name = (config.get("objective") or {}).get("name", "")
+    try:  # import the objective's class only to read its `direction` attribute (no instance is built)
+        from objectives.registry import BUILTIN_OBJECTIVES, _import_target
+
+        target = _import_target(BUILTIN_OBJECTIVES[name][0] if name in BUILTIN_OBJECTIVES else name)
+        d = getattr(target, "direction", "maximize")
+        return d if d in ("maximize", "minimize") else "maximize"
+    except Exception:  # noqa: BLE001 -- an objective that cannot be imported here: qbatch's default
+        return "maximize"
+
+
+# ---------------------------------------------------------------------------------------- series
+def finished(trials: Sequence[TrialRecord]) -> list[TrialRecord]:
+    """Completed and failed trials ordered by their end time."""
+    done = [t for t in trials if t.status in ("completed", "failed") and t.ended_at is not None]
+    return sorted(done, key=lambda t: t.ended_at)
+
+
+def best_so_far(trials: Sequence[TrialRecord], direction: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(evaluation count `n`, end time `n`, best observed value `n`) over finished trials in end order."""
+    done = finished(trials)
+    sign = 1.0 if direction == "maximize" else -1.0
+    best, out = -math.inf, []
+    for t in done:
+        if t.status == "completed" and t.value is not None and math.isfinite(t.value):
+            best = max(best, sign * t.value)
+        out.append(sign * best if math.isfinite(best) else math.nan)
+    n = np.arange(1, len(done) + 1)
+    times = np.array([t.ended_at for t in done], dtype=float)
+    return n, times, np.array(out, dtype=float)
+
+
+def predicted_series(events: Sequence[Event], trials: Sequence[TrialRecord]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(evaluations finished by then, time, best_predicted) at each refit event that records it."""
+    ends = np.sort(np.array([t.ended_at for t in finished(trials)], dtype=float))
+    ts, ns, vs = [], [], []
+    for ev in events:
+        if ev.kind == "refit":
+            v = _info_number(ev.info, ("best_predicted",))
+            if v is not None:
+                ts.append(ev.time)
+                ns.append(int(np.searchsorted(ends, ev.time, side="right")))
+                vs.append(v)
+    return np.array(ns, dtype=float), np.array(ts, dtype=float), np.array(vs, dtype=float)
+
+
+def intervals(trials: Sequence[TrialRecord]) -> np.ndarray:
+    """`k x 2` (started_at, ended_at) of finished trials with both times."""
+    rows = [
+        (t.started_at, t.ended_at)
+        for t in trials
+        if t.status in ("completed", "failed") and t.started_at is not None and t.ended_at is not None
+    ]
+    arr = np.array(rows, dtype=float).reshape(-1, 2)
+    return arr[arr[:, 1] >= arr[:, 0]]
+
+
+def max_concurrency(iv: np.ndarray) -> int:
+    """Most intervals open at once (an end at the same instant as a start frees the slot first)."""
+    if len(iv) == 0:
+        return 0
+    points = sorted([(s, 1) for s in iv[:, 0]] + [(e, -1) for e in iv[:, 1]], key=lambda p: (p[0], p[1]))
+    cur = best = 0
+    for _, d in points:
+        cur += d
+        best = max(best, cur)
+    return best
+
+
+def utilization_series(iv: np.ndarray, slots: int, bins: int = _UTIL_BINS) -> tuple[np.ndarray, np.ndarray]:
+    """(bin centres relative to the first start, busy fraction of `slots` in each bin)."""
+    if len(iv) == 0 or slots < 1:
+        return np.zeros(0), np.zeros(0)
+    t0, t1 = iv[:, 0].min(), iv[:, 1].max()
+    if t1 <= t0:
+        return np.zeros(0), np.zeros(0)
+    edges = np.linspace(t0, t1, bins + 1)
+    lo, hi = edges[:-1][None, :], edges[1:][None, :]
+    overlap = np.clip(np.minimum(iv[:, 1:2], hi) - np.maximum(iv[:, 0:1], lo), 0.0, None).sum(0)
+    return 0.5 * (edges[:-1] + edges[1:]) - t0, overlap / (slots * (edges[1] - edges[0]))
+
+
+def queue_depth_series(events: Sequence[Event]) -> tuple[np.ndarray, np.ndarray]:
+    """(time, number of trials proposed but not yet started) after each change, in time order."""
+    proposed: dict[str, float] = {}
+    left: dict[str, float] = {}
+    for ev in events:
+        if ev.kind == "proposed":
+            proposed.setdefault(ev.trial_id, ev.time)
+        elif ev.kind in ("started", "completed", "failed") and ev.trial_id not in left:
+            left[ev.trial_id] = ev.started_at if (ev.kind == "started" and ev.started_at is not None) else ev.time
+    changes = [(t, 1) for t in proposed.values()] + [(t, -1) for k, t in left.items() if k in proposed]
+    changes.sort()
+    if not changes:
+        return np.zeros(0), np.zeros(0)
+    times = np.array([c[0] for c in changes], dtype=float)
+    depth = np.maximum(np.cumsum([c[1] for c in changes]), 0)
+    return times, depth.astype(float)
+
+
+def _time_weighted_mean(times: np.ndarray, values: np.ndarray) -> float:
+    if len(times) < 2 or times[-1] <= times[0]:
+        return float(values.mean()) if len(values) else math.nan
+    return float(np.sum(values[:-1] * np.diff(times)) / (times[-1] - times[0]))
+
+
+def calibration(trials: Sequence[TrialRecord], direction: str) -> list[float]:
+    """PIT values F(y) of completed trials whose proposal recorded a forecast (see module docstring)."""
+    scored = [
+        t
+        for t in trials
+        if t.status == "completed" and t.forecast and t.value is not None and math.isfinite(t.value)
+    ]
+    if not scored:
+        return []
+    from orchestrator.models.predictive import Forecast  # imported only when forecasts exist (GPyTorch stack)
+
+    groups: dict[tuple[str, float], list[TrialRecord]] = {}
+    for t in scored:
+        fc = t.forecast
+        try:
+            groups.setdefault((str(fc["family"]), float(fc["tau"])), []).append(t)
+        except (KeyError, TypeError, ValueError):
+            continue
+    pit: list[float] = []
+    for _, group in sorted(groups.items()):
+        try:
+            fc = Forecast.from_records([t.forecast for t in group])
+        except (KeyError, TypeError, ValueError):
+            continue
+        y = []
+        for t in group:
+            negated = t.forecast.get("negated", direction == "minimize")
+            y.append(-t.value if negated else t.value)
+        u = fc.cdf(np.asarray(y, dtype=float))
+        pit.extend(float(v) for v in u.tolist() if math.isfinite(v))
+    return pit
+
+
+# ---------------------------------------------------------------------------------------- metrics
+def compute_metrics(
+    events: Sequence[Event], config: Mapping[str, Any], damage: Sequence[str] = (), with_calibration: bool = True
+) -> RunMetrics:
+    """All metrics of a run from its events and config dict (see the module docstring for definitions)."""
+    trials = trials_table(events)
+    counts = status_counts(trials)
+    direction = resolve_direction(config, events)
+    budget = int(config.get("budget") or 0)
+    sign = 1.0 if direction == "maximize" else -1.0
+
+    completed = [t for t in trials if t.status == "completed" and t.value is not None and math.isfinite(t.value)]
+    best = max(completed, key=lambda t: sign * t.value) if completed else None
+
+    best_pred, best_pred_params = math.nan, None
+    fit_times, latencies = [], []
+    for ev in events:
+        if ev.kind != "refit":
+            continue
+        v = _info_number(ev.info, ("best_predicted",))
+        if v is not None:
+            best_pred, best_pred_params = v, (ev.info or {}).get("best_params")
+        fit = _info_number(ev.info, _FIT_KEYS)
+        if fit is not None:
+            fit_times.append(fit)
+        lat = _info_number(ev.info, ("propose_s",))
+        if lat is not None:
+            latencies.append(lat)
+    if not latencies:  # fall back on per-batch latencies recorded with the proposals
+        per_batch: dict[Any, float] = {}
+        for ev in events:
+            if ev.kind == "proposed":
+                lat = _info_number(ev.info, _LATENCY_KEYS)
+                if lat is not None:
+                    per_batch.setdefault(ev.batch_id, lat)
+        latencies = list(per_batch.values())
+
+    iv = intervals(trials)
+    span = float(iv[:, 1].max() - iv[:, 0].min()) if len(iv) else math.nan
+    busy = float((iv[:, 1] - iv[:, 0]).sum()) if len(iv) else 0.0
+    recorded = [int(ev.info["slots"]) for ev in events if ev.info and isinstance(ev.info.get("slots"), int) and ev.info["slots"] > 0]
+    if recorded:
+        slots, source = recorded[-1], "recorded"
+    elif isinstance(config.get("max_concurrent"), int) and config["max_concurrent"] > 0:
+        slots, source = int(config["max_concurrent"]), "config"
+    else:
+        slots, source = max_concurrency(iv), "observed"
+    util = busy / (slots * span) if slots and span and span > 0 else math.nan
+    n_done = counts["completed"] + counts["failed"]
+
+    qt, qd = queue_depth_series(events)
+    pit = calibration(trials, direction) if with_calibration else []
+    pit_arr = np.asarray(pit, dtype=float)
+    coverage = {p: float(np.mean(np.abs(pit_arr - 0.5) <= p / 2)) for p in COVERAGE_LEVELS} if len(pit) else {}
+
+    return RunMetrics(
+        name=str(config.get("name", "")),
+        objective=str((config.get("objective") or {}).get("name", "")),
+        direction=direction,
+        tau=float(config.get("tau", math.nan)),
+        budget=budget,
+        counts=counts,
+        progress=min(1.0, n_done / budget) if budget else math.nan,
+        best_value=best.value if best else math.nan,
+        best_params=best.params if best else None,
+        best_trial_id=best.trial_id if best else None,
+        best_predicted=best_pred,
+        best_predicted_params=best_pred_params,
+        span_s=span,
+        busy_s=busy,
+        slots=slots,
+        slots_source=source,
+        utilization=util,
+        evals_per_s=n_done / span if span and span > 0 else math.nan,
+        proposal_latency_p50=_percentile(latencies, 50),
+        proposal_latency_p95=_percentile(latencies, 95),
+        n_proposals=len(latencies),
+        refit_mean_s=float(np.mean(fit_times)) if fit_times else math.nan,
+        refit_p95_s=_percentile(fit_times, 95),
+        n_refits=sum(ev.kind == "refit" for ev in events),
+        queue_depth_max=int(qd.max()) if len(qd) else 0,
+        queue_depth_mean=_time_weighted_mean(qt, qd),
+        failures=dict(Counter(t.error or "unknown" for t in trials if t.status == "failed")),
+        duplicates=sum(t.duplicates for t in trials),
+        coverage=coverage,
+        n_calibration=len(pit),
+        pit=pit,
+        damage=list(damage),
+    )
+
+
+def format_summary(metrics: RunMetrics) -> str:
+    """The summary table as aligned plain text."""
+    rows = metrics.summary_rows()
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+# ---------------------------------------------------------------------------------------- plots
+def _figure():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def write_report(
+    run_dir: str, out_dir: str | None = None, store: RunStore | None = None
+) -> tuple[RunMetrics, dict[str, str]]:
+    """Write the plots, `summary.csv` and `trials.csv` of a run; returns (metrics, {artifact name: path}).
+
+    Args:
+        run_dir: the run directory (local path or URI).
+        out_dir: a local folder for the report; default ``<run_dir>/report`` for a local run, else ``./report-<name>``.
+        store: an already opened store (optional).
+
+    Raises:
+        StoreError: `run_dir` holds no run.
+    """
+    store = store or RunStore.open(run_dir)
+    events = store.events()
+    config = store.config
+    metrics = compute_metrics(events, config, damage=store.damage)
+    if out_dir is None:
+        out_dir = os.path.join(store.run_dir, "report") if "://" not in store.run_dir else f"report-{metrics.name or 'run'}"
+    os.makedirs(out_dir, exist_ok=True)
+    plt = _figure()
+    trials = trials_table(events)
+    t0 = min((ev.time for ev in events), default=0.0)
+    label = "tau-quantile" if (config.get("model") or {}).get("type", "quantile") != "expectile" else "tau-expectile"
+    paths: dict[str, str] = {}
+
+    n, times, best = best_so_far(trials, metrics.direction)
+    pn, ptimes, pvals = predicted_series(events, trials)
+    for key, x, px, xlabel in (
+        ("best_vs_evaluations", n, pn, "evaluations finished"),
+        ("best_vs_time", times - t0, ptimes - t0, "wall time since the run started [s]"),
+    ):
+        fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+        if len(x):
+            ax.step(x, best, where="post", label="best observed value", color="C0")
+        if len(px):
+            ax.plot(px, pvals, "o-", ms=3, label=f"model's predicted {label} at its recommendation", color="C1")
+        if not len(x) and not len(px):
+            ax.text(0.5, 0.5, "no finished evaluations yet", ha="center", va="center", transform=ax.transAxes)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(f"outcome ({metrics.direction})")
+        ax.set_title(f"{metrics.name}: best {label} (tau={_fmt(metrics.tau)}) so far")
+        if len(x) or len(px):
+            ax.legend(loc="best", fontsize=8)
+        ax.grid(alpha=0.3)
+        paths[key] = _save(fig, plt, out_dir, f"{key}.png")
+
+    iv = intervals(trials)
+    ut, uu = utilization_series(iv, metrics.slots)
+    qt, qd = queue_depth_series(events)
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(6.4, 5.6), dpi=100, sharex=True)
+    start = iv[:, 0].min() if len(iv) else t0
+    if len(ut):
+        ax1.step(ut, uu, where="mid", color="C2")
+        ax1.axhline(metrics.utilization, ls="--", color="k", lw=1, label=f"U = {_fmt(metrics.utilization)}")
+        ax1.legend(loc="lower right", fontsize=8)
+    else:
+        ax1.text(0.5, 0.5, "no finished evaluations yet", ha="center", va="center", transform=ax1.transAxes)
+    ax1.set_ylim(0, 1.05)
+    ax1.set_ylabel(f"busy fraction of {metrics.slots} slots")
+    ax1.set_title(f"{metrics.name}: worker utilization ({metrics.slots_source} slots)")
+    ax1.grid(alpha=0.3)
+    if len(qt):
+        ax2.step(qt - start, qd, where="post", color="C3")
+    ax2.set_xlabel("time since the first evaluation started [s]")
+    ax2.set_ylabel("queue depth (proposed, not started)")
+    ax2.grid(alpha=0.3)
+    paths["utilization"] = _save(fig, plt, out_dir, "utilization.png")
+
+    if metrics.n_calibration:
+        fig, ax = plt.subplots(figsize=(5.0, 4.0), dpi=100)
+        levels = list(COVERAGE_LEVELS)
+        ax.bar([str(int(100 * p)) + "%" for p in levels], [metrics.coverage[p] for p in levels], color="C0", label="observed")
+        ax.scatter([str(int(100 * p)) + "%" for p in levels], levels, color="k", zorder=3, label="nominal")
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("central predictive interval")
+        ax.set_ylabel("fraction of outcomes inside")
+        ax.set_title(f"coverage of {metrics.n_calibration} one-step-ahead forecasts")
+        ax.legend(loc="upper left", fontsize=8)
+        paths["coverage"] = _save(fig, plt, out_dir, "coverage.png")
+        fig, ax = plt.subplots(figsize=(5.0, 4.0), dpi=100)
+        ax.hist(metrics.pit, bins=10, range=(0, 1), density=True, color="C4", edgecolor="white")
+        ax.axhline(1.0, ls="--", color="k", lw=1, label="calibrated")
+        ax.set_xlabel("PIT  F(y)")
+        ax.set_ylabel("density")
+        ax.set_title("probability integral transform of observed outcomes")
+        ax.legend(loc="upper right", fontsize=8)
+        paths["pit_histogram"] = _save(fig, plt, out_dir, "pit_histogram.png")
+
+    summary = os.path.join(out_dir, "summary.csv")
+    with open(summary, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["metric", "value"])
+        w.writerows(metrics.summary_rows())
+    paths["summary"] = summary
+    trials_csv = os.path.join(out_dir, "trials.csv")
+    with open(trials_csv, "w", newline="") as f:
+        cols = ["trial_id", "status", "batch_id", "value", "error", "node_id", "attempt", "proposed_at", "started_at", "ended_at", "params"]
+        w = csv.writer(f)
+        w.writerow(cols)
+        for t in trials:
+            d = t.to_dict()
+            w.writerow([_csv_cell(d[c]) for c in cols])
+    paths["trials"] = trials_csv
+    return metrics, paths
+
+
+def _csv_cell(v: Any) -> Any:
+    if v is None:
+        return ""
+    if isinstance(v, dict):
+        import json
+
+        return json.dumps(v, sort_keys=True)
+    return v
+
+
+def _save(fig: Any, plt: Any, out_dir: str, name: str) -> str:
+    path = os.path.join(out_dir, name)
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(buf.getvalue())
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,191 @@
+"""Tests of the run metrics and the report (orchestrator/report.py) on synthetic finished runs.
+
+The runs are written with the real RunStore in a known schedule, so utilization, latencies, queue depth,
+failures and forecast coverage have exact or statistically tight expected values. The end-to-end run on
+Ray is engineer B's test; here the log is built by hand.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from orchestrator.config import load_config
+from orchestrator.report import compute_metrics, format_summary, max_concurrency, write_report
+from orchestrator.store import Event, RunStore
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def build_run(
+    root: Path,
+    *,
+    slots: int = 4,
+    per_slot: int = 10,
+    dur: float = 1.0,
+    gap: float = 0.25,
+    direction: str | None = "maximize",
+    forecast_scale: float | None = 1.0,
+    record_slots: bool = True,
+    max_concurrent: int | None = None,
+    fail_every: int = 7,
+    seed: int = 0,
+) -> tuple[RunStore, dict]:
+    """A finished run: slot k runs batch j's k-th trial over [t0 + j (dur+gap), ... + dur].
+
+    Outcomes are N(mu, 0.5^2) with mu = x; forecasts are Gaussian with the true mu and sigma * forecast_scale
+    (model units: negated for minimize). Every `fail_every`-th trial fails (alternating timeout/exception).
+    """
+    cfg = load_config(
+        {
+            "name": "synthetic",
+            "objective": {"name": "forrester"},
+            "tau": 0.2,
+            "budget": slots * per_slot,
+            "batch_size": slots,
+            "initial_design": slots,
+            "max_concurrent": max_concurrent,
+            "direction": direction,
+        }
+    ).to_dict()
+    store = RunStore.create(str(root), cfg)
+    rng = np.random.default_rng(seed)
+    sign = -1.0 if direction == "minimize" else 1.0
+    t0, sigma = 1000.0, 0.5
+    truth = {"busy": 0.0, "values": [], "latency": [], "fit": [], "failures": {}}
+    count = 0
+    for j in range(per_slot):
+        start = t0 + j * (dur + gap)
+        lat = 0.05 * (j + 1)
+        proposed, results = [], []
+        for k in range(slots):
+            tid = f"{j}-{k}"
+            x = float(rng.uniform())
+            fc = None
+            if forecast_scale is not None:
+                fc = {"family": "gaussian", "tau": 0.5, "mu_f": sign * x, "var_f": 0.0,
+                      "mu_g": math.log(sigma * forecast_scale), "var_g": 0.0}
+            proposed.append(Event("proposed", tid, time=start - 0.5, batch_id=j, params={"x": x}, x=[x], forecast=fc,
+                                  info={"proposal_seconds": lat, "source": "model"}))
+            results.append(Event("started", tid, time=start, started_at=start, node_id=f"node-{k % 2}", batch_id=j))
+            count += 1
+            if count % fail_every == 0:
+                reason = "timeout" if (count // fail_every) % 2 else "exception"
+                truth["failures"][reason] = truth["failures"].get(reason, 0) + 1
+                results.append(Event("failed", tid, time=start + dur, started_at=start, ended_at=start + dur,
+                                     error=reason, traceback="Traceback ...", node_id=f"node-{k % 2}"))
+            else:
+                y = float(rng.normal(x, sigma))
+                truth["values"].append(y)
+                results.append(Event("completed", tid, time=start + dur, value=y, started_at=start,
+                                     ended_at=start + dur, node_id=f"node-{k % 2}"))
+            truth["busy"] += dur
+        if j == 1:  # a retried evaluation reports twice: the replay must count it once
+            dup = results[-1]
+            results.append(Event(dup.kind, dup.trial_id, time=dup.time + 5, value=dup.value, error=dup.error,
+                                 started_at=dup.started_at, ended_at=dup.ended_at + 5))
+        info = {"seconds": 0.1 * (j + 1), "n": count, "best_predicted": 0.3 + 0.01 * j, "best_params": {"x": 0.9}}
+        if record_slots:
+            info["slots"] = slots
+        store.append(proposed + results + [Event("refit", time=start + dur + 0.01, info=info)])
+        truth["latency"].append(lat)
+        truth["fit"].append(0.1 * (j + 1))
+    truth["span"] = (per_slot - 1) * (dur + gap) + dur
+    return RunStore.open(str(root)), truth
+
+
+def test_metrics_of_a_known_schedule(tmp_path):
+    store, truth = build_run(tmp_path / "run")
+    m = compute_metrics(store.events(), store.config, damage=store.damage)
+    assert m.counts == {"proposed": 0, "running": 0, "completed": 40 - sum(truth["failures"].values()),
+                        "failed": sum(truth["failures"].values())}
+    assert m.progress == 1.0 and m.duplicates == 1
+    assert m.span_s == pytest.approx(truth["span"]) and m.busy_s == pytest.approx(truth["busy"])
+    assert (m.slots, m.slots_source) == (4, "recorded")
+    assert m.utilization == pytest.approx(truth["busy"] / (4 * truth["span"]))  # 40 / (4 * 12.25)
+    assert m.proposal_latency_p50 == pytest.approx(np.percentile(truth["latency"], 50))
+    assert m.proposal_latency_p95 == pytest.approx(np.percentile(truth["latency"], 95))
+    assert m.n_proposals == 10 and m.n_refits == 10
+    assert m.refit_mean_s == pytest.approx(np.mean(truth["fit"]))
+    assert m.failures == truth["failures"]
+    assert m.best_value == pytest.approx(max(truth["values"]))
+    assert m.best_predicted == pytest.approx(0.39) and m.best_predicted_params == {"x": 0.9}
+    assert m.queue_depth_max == 4
+    assert m.evals_per_s == pytest.approx(40 / truth["span"])
+    text = format_summary(m)
+    assert "utilization U" in text and f"{m.utilization:.4g}" in text
+
+
+def test_slots_fall_back_to_config_then_observed(tmp_path):
+    store, truth = build_run(tmp_path / "a", record_slots=False, max_concurrent=8, forecast_scale=None)
+    m = compute_metrics(store.events(), store.config)
+    assert (m.slots, m.slots_source) == (8, "config")
+    assert m.utilization == pytest.approx(truth["busy"] / (8 * truth["span"]))
+    store, truth = build_run(tmp_path / "b", record_slots=False, forecast_scale=None)
+    m = compute_metrics(store.events(), store.config)
+    assert (m.slots, m.slots_source) == (4, "observed")
+    assert max_concurrency(np.array([[0.0, 1.0], [1.0, 2.0], [0.5, 1.5]])) == 2
+
+
+def test_minimize_best_is_the_smallest(tmp_path):
+    store, truth = build_run(tmp_path / "run", direction="minimize", forecast_scale=None)
+    m = compute_metrics(store.events(), store.config)
+    assert m.direction == "minimize" and m.best_value == pytest.approx(min(truth["values"]))
+
+
+def test_calibration_coverage_detects_overconfidence(tmp_path):
+    store, _ = build_run(tmp_path / "good", slots=8, per_slot=50, fail_every=10**9)
+    good = compute_metrics(store.events(), store.config)
+    assert good.n_calibration == 400
+    for p in (0.5, 0.8, 0.9):
+        assert abs(good.coverage[p] - p) < 0.08, good.coverage
+    pit_hist = np.histogram(good.pit, bins=5, range=(0, 1))[0] / 400
+    assert np.all(np.abs(pit_hist - 0.2) < 0.07), pit_hist
+    store, _ = build_run(tmp_path / "bad", slots=8, per_slot=50, fail_every=10**9, forecast_scale=0.3)
+    bad = compute_metrics(store.events(), store.config)
+    assert bad.coverage[0.5] < 0.3 and bad.coverage[0.9] < 0.6, bad.coverage
+    # minimize: forecasts are of the negated outcome; scored at -y they are calibrated again
+    store, _ = build_run(tmp_path / "min", slots=8, per_slot=50, fail_every=10**9, direction="minimize")
+    mins = compute_metrics(store.events(), store.config)
+    assert abs(mins.coverage[0.8] - 0.8) < 0.08 and abs(np.mean(mins.pit) - 0.5) < 0.05
+
+
+def _check_png(path: Path) -> None:
+    import matplotlib.image as mpimg
+
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE and len(data) > 2000, path
+    img = mpimg.imread(path)
+    assert img.ndim == 3 and img.shape[0] >= 200 and img.shape[1] >= 300
+    assert float(img[..., :3].std()) > 0.01  # something was drawn
+
+
+def test_report_writes_valid_pngs_and_tables(tmp_path):
+    store, _ = build_run(tmp_path / "run")
+    metrics, paths = write_report(str(tmp_path / "run"))
+    expected = {"best_vs_evaluations", "best_vs_time", "utilization", "coverage", "pit_histogram", "summary", "trials"}
+    assert set(paths) == expected
+    for key in expected - {"summary", "trials"}:
+        assert Path(paths[key]).parent == tmp_path / "run" / "report"
+        _check_png(Path(paths[key]))
+    rows = dict(csv.reader(open(paths["summary"])))
+    assert rows["utilization U"] == f"{metrics.utilization:.4g}"
+    assert rows["failures"].startswith("exception: ") and rows["completed"] == str(metrics.counts["completed"])
+    with open(paths["trials"]) as f:
+        trials = list(csv.DictReader(f))
+    assert len(trials) == 40 and {t["status"] for t in trials} == {"completed", "failed"}
+
+
+def test_report_of_a_run_without_results(tmp_path):
+    cfg = load_config({"objective": "forrester", "direction": "maximize", "budget": 4}).to_dict()
+    store = RunStore.create(str(tmp_path / "run"), cfg)
+    store.append([Event("proposed", f"0-{i}", time=1.0, params={"x": 0.1 * i}) for i in range(4)])
+    metrics, paths = write_report(str(tmp_path / "run"), out_dir=str(tmp_path / "out"))
+    assert metrics.counts["proposed"] == 4 and math.isnan(metrics.utilization)
+    for key in ("best_vs_evaluations", "best_vs_time", "utilization"):
+        _check_png(Path(paths[key]))
+    assert "coverage" not in paths
