@@ -1,0 +1,214 @@
+"""The `qbatch` command line: run | resume | status | report | objectives (issue 4 items 4, 7, 8).
+
+`run` validates the config before anything else: a bad config prints ONE line naming the key and exits
+with status 2, without starting Ray and without creating a run directory. Only `run` and `resume` import
+Ray (through orchestrator.runner, imported inside the command); `status`, `report` and `objectives` read
+the log and the registry only.
+
+Exit status:
+    0    success
+    1    the run stopped with an error (e.g. the failure-rate guard tripped, the runner failed)
+    2    bad usage, bad config, or no run at RUN_DIR: nothing was started and nothing was created
+    130  interrupted (Ctrl-C); `qbatch resume RUN_DIR` continues the run
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import Any, Sequence
+
+from orchestrator.errors import ConfigError, QbatchError
+
+__all__ = ["EXIT_OK", "EXIT_RUN_FAILED", "EXIT_USAGE", "EXIT_INTERRUPTED", "main"]
+
+EXIT_OK = 0
+EXIT_RUN_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+_EPILOG = """exit status: 0 success; 1 the run stopped with an error; 2 bad usage, bad config or no run at
+RUN_DIR (nothing started, nothing created); 130 interrupted (resume with `qbatch resume RUN_DIR`)."""
+
+
+class _UsageError(QbatchError):
+    """Bad command-line input found after parsing (exit status 2)."""
+
+
+def _error(msg: str) -> None:
+    print(f"qbatch: error: {' '.join(str(msg).split())}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------------------- commands
+def _cmd_run(args: argparse.Namespace) -> int:
+    from orchestrator.config import load_config
+    from orchestrator.store import RunStore, StoreError
+
+    config = load_config(args.config)
+    run_dir = config.resolve_run_dir(args.run_dir)
+    try:
+        taken = RunStore.exists(run_dir)
+    except StoreError as exc:
+        raise _UsageError(str(exc)) from None
+    if taken:
+        raise _UsageError(f"{run_dir} already holds a run; continue it with `qbatch resume {run_dir}` or choose another --run-dir")
+    runner = _runner()
+    try:
+        runner.run_experiment(config, address=args.address, run_dir=run_dir)
+    except KeyboardInterrupt:
+        _error(f"interrupted; continue with `qbatch resume {run_dir}`")
+        return EXIT_INTERRUPTED
+    return EXIT_OK  # the runner printed the best point and where the results are
+
+
+def _cmd_resume(args: argparse.Namespace) -> int:
+    from orchestrator.store import RunStore, StoreError
+
+    try:
+        exists = RunStore.exists(args.run_dir)
+    except StoreError as exc:
+        raise _UsageError(str(exc)) from None
+    if not exists:
+        raise _UsageError(f"no run at {args.run_dir}: config.yaml not found")
+    runner = _runner()
+    try:
+        runner.resume_experiment(args.run_dir, address=args.address)
+    except KeyboardInterrupt:
+        _error(f"interrupted; continue with `qbatch resume {args.run_dir}`")
+        return EXIT_INTERRUPTED
+    return EXIT_OK
+
+
+def _runner() -> Any:
+    try:
+        import orchestrator.runner as runner
+    except ImportError as exc:
+        raise QbatchError(f"cannot import orchestrator.runner (Ray and the run driver): {exc}") from None
+    return runner
+
+
+def _f(v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from orchestrator.report import compute_metrics
+    from orchestrator.store import RunStore, StoreError
+
+    try:
+        store = RunStore.open(args.run_dir)
+    except StoreError as exc:
+        raise _UsageError(str(exc)) from None
+    m = compute_metrics(store.events(), store.config, damage=store.damage, with_calibration=False)
+    c = m.counts
+    done = c["completed"] + c["failed"]
+    width = 30
+    filled = int(round(width * (m.progress if math.isfinite(m.progress) else 0.0)))
+    print(f"run {m.name} ({m.objective}, {m.direction}, tau={_f(m.tau)}) at {store.run_dir}")
+    print(
+        f"progress     [{'#' * filled}{'.' * (width - filled)}] {done}/{m.budget} ({100 * m.progress:.1f}%)  "
+        f"completed {c['completed']}, failed {c['failed']}, running {c['running']}, queued {c['proposed']}"
+    )
+    if m.best_params is not None:
+        print(f"best so far  {_f(m.best_value)} (observed, trial {m.best_trial_id}) at {m.best_params}")
+    else:
+        print("best so far  - (no completed evaluation yet)")
+    if m.best_predicted_params is not None:
+        print(f"recommended  {_f(m.best_predicted)} (model's predicted tau-level) at {m.best_predicted_params}")
+    print(
+        f"utilization  U={_f(m.utilization)} over {_f(m.span_s)} s with {m.slots} slots ({m.slots_source}); "
+        f"{_f(m.evals_per_s)} evaluations/s"
+    )
+    print(
+        f"model        proposal latency p50 {_f(m.proposal_latency_p50)} s, p95 {_f(m.proposal_latency_p95)} s; "
+        f"{m.n_refits} refits (mean {_f(m.refit_mean_s)} s); queue depth max {m.queue_depth_max}"
+    )
+    failures = ", ".join(f"{k}: {v}" for k, v in sorted(m.failures.items())) or "none"
+    print(f"failures     {failures}")
+    for line in m.damage:
+        print(f"log damage   {line}")
+    return EXIT_OK
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from orchestrator.report import format_summary, write_report
+    from orchestrator.store import RunStore, StoreError
+
+    try:
+        store = RunStore.open(args.run_dir)
+    except StoreError as exc:
+        raise _UsageError(str(exc)) from None
+    metrics, paths = write_report(args.run_dir, out_dir=args.out, store=store)
+    print(format_summary(metrics))
+    print()
+    for name, path in paths.items():
+        print(f"wrote {path}")
+    return EXIT_OK
+
+
+def _cmd_objectives(args: argparse.Namespace) -> int:
+    from objectives.registry import available_objectives
+
+    table = available_objectives()
+    width = max(len(n) for n in table)
+    for name, desc in table.items():
+        print(f"{name.ljust(width)}  {desc}")
+    print(f"\nor a user objective as 'package.module:name' (an Objective subclass, factory or instance)")
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------- parser
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="qbatch",
+        description="Distributed large-batch quantile Bayesian optimization on Ray.",
+        epilog=_EPILOG,
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    r = sub.add_parser("run", help="validate CONFIG and run the experiment on Ray", epilog=_EPILOG)
+    r.add_argument("config", metavar="CONFIG", help="experiment YAML (see examples/)")
+    r.add_argument("--address", default=None, help="Ray address of a cluster (default: start a local Ray)")
+    r.add_argument("--run-dir", default=None, help="run directory (default: config's run_dir or runs/<name>-<time>)")
+    r.set_defaults(func=_cmd_run)
+
+    s = sub.add_parser("resume", help="continue an interrupted run from its log", epilog=_EPILOG)
+    s.add_argument("run_dir", metavar="RUN_DIR")
+    s.add_argument("--address", default=None, help="Ray address of a cluster (default: start a local Ray)")
+    s.set_defaults(func=_cmd_resume)
+
+    st = sub.add_parser("status", help="progress, best so far, utilization and failures of a run", epilog=_EPILOG)
+    st.add_argument("run_dir", metavar="RUN_DIR")
+    st.set_defaults(func=_cmd_status)
+
+    rp = sub.add_parser("report", help="write PNG plots and a summary table of a run", epilog=_EPILOG)
+    rp.add_argument("run_dir", metavar="RUN_DIR")
+    rp.add_argument("--out", default=None, help="output folder (default: RUN_DIR/report)")
+    rp.set_defaults(func=_cmd_report)
+
+    o = sub.add_parser("objectives", help="list the built-in objectives", epilog=_EPILOG)
+    o.set_defaults(func=_cmd_objectives)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `qbatch` console script; returns the exit status (see the module docstring)."""
+    args = _parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, _UsageError) as exc:
+        _error(str(exc))
+        return EXIT_USAGE
+    except QbatchError as exc:
+        _error(str(exc))
+        return EXIT_RUN_FAILED
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""Tests of the `qbatch` command line (orchestrator/cli.py).
+
+Acceptance (issue 4): a bad config (unknown key, tau = 1.5, batch size 0, unknown objective) exits non-zero
+with one line naming the problem and creates no run directory -- through `main([...])` and through a real
+`python -m orchestrator.cli` process. `status`/`report`/`objectives` never import Ray. The wiring of
+`run`/`resume` to orchestrator.runner is checked with a recording stand-in here; the real end-to-end run on
+Ray is in engineer B's tests.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator import cli
+from orchestrator.errors import QbatchError
+from orchestrator.store import Event, RunStore
+
+REPO = Path(__file__).resolve().parents[2]
+
+GOOD = {"name": "cli-test", "objective": {"name": "forrester"}, "tau": 0.2, "budget": 6, "batch_size": 3,
+        "initial_design": 3, "direction": "maximize"}
+BAD = {
+    "unknown-key": ({"bogus_key": 1}, "unknown key `bogus_key`"),
+    "tau": ({"tau": 1.5}, "`tau` must be a number in (0, 1); got 1.5"),
+    "batch-size": ({"batch_size": 0}, "`batch_size` must be an integer in [1, 4096]; got 0"),
+    "objective": ({"objective": {"name": "no-such-objective"}}, "`objective.name` must be a built-in objective"),
+}
+
+
+def _write(path: Path, cfg: dict) -> Path:
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_config_one_line_exit_2_no_run_dir(case, tmp_path, monkeypatch, capsys):
+    patch, expected = BAD[case]
+    monkeypatch.chdir(tmp_path)
+    cfg_path = _write(tmp_path / "bad.yaml", GOOD | patch | {"run_dir": str(tmp_path / "explicit-run")})
+    before = sorted(os.listdir(tmp_path))
+    rc = cli.main(["run", str(cfg_path)])
+    out, err = capsys.readouterr()
+    assert rc == cli.EXIT_USAGE == 2
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("qbatch: error: ") and expected in lines[0], err
+    assert sorted(os.listdir(tmp_path)) == before  # neither runs/ nor the explicit run_dir was created
+    rc = cli.main(["run", str(_write(tmp_path / "bad2.yaml", GOOD | patch)), "--run-dir", str(tmp_path / "x")])
+    assert rc == 2 and not (tmp_path / "x").exists() and not (tmp_path / "runs").exists()
+
+
+def test_bad_config_in_a_real_process(tmp_path):
+    """`python -m orchestrator.cli run` with each bad config: exit 2, exactly one stderr line, no folder."""
+    script = (
+        "import sys, yaml\n"
+        "from orchestrator.cli import main\n"
+        f"cases = {[GOOD | p for p, _ in BAD.values()]!r}\n"
+        "for i, c in enumerate(cases):\n"
+        "    open(f'c{i}.yaml', 'w').write(yaml.safe_dump(c))\n"
+        "    assert main(['run', f'c{i}.yaml']) == 2\n"
+        "assert main(['objectives']) == 0\n"
+        "print('RAY_IMPORTED', 'ray' in sys.modules, 'orchestrator.runner' in sys.modules)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    err_lines = proc.stderr.splitlines()
+    assert len(err_lines) == len(BAD), proc.stderr  # one line per bad config, no traceback
+    for line, (_, expected) in zip(err_lines, BAD.values()):
+        assert line.startswith("qbatch: error: ") and expected in line
+    assert "RAY_IMPORTED False False" in proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"c{i}.yaml" for i in range(len(BAD))]
+    # the module entry point itself (what the console script runs)
+    bad = _write(tmp_path / "tau.yaml", GOOD | {"tau": 1.5})
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", str(bad)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [f"qbatch: error: {bad}: `tau` must be a number in (0, 1); got 1.5"]
+    assert not (tmp_path / "runs").exists()
+
+
+class _FakeRunner(types.ModuleType):
+    """Records how the CLI calls orchestrator.runner (engineer B's module) and behaves as told."""
+
+    def __init__(self, behaviour: str = "ok") -> None:
+        super().__init__("orchestrator.runner")
+        self.calls: list[tuple] = []
+        self.behaviour = behaviour
+
+    def _act(self, run_dir: str) -> dict:
+        if self.behaviour == "interrupt":
+            raise KeyboardInterrupt
+        if self.behaviour == "abort":
+            raise QbatchError("failure rate 0.80 > 0.5 after 10 trials: stopping")
+        return {"run_dir": run_dir}
+
+    def run_experiment(self, config, address=None, run_dir=None):
+        self.calls.append(("run", config, address, run_dir))
+        return self._act(run_dir)
+
+    def resume_experiment(self, run_dir, address=None):
+        self.calls.append(("resume", run_dir, address))
+        return self._act(run_dir)
+
+
+def test_run_and_resume_call_the_runner(tmp_path, monkeypatch, capsys):
+    from orchestrator.config import ExperimentConfig
+
+    fake = _FakeRunner()
+    monkeypatch.setitem(sys.modules, "orchestrator.runner", fake)
+    monkeypatch.chdir(tmp_path)
+    cfg_path = _write(tmp_path / "good.yaml", GOOD)
+    assert cli.main(["run", str(cfg_path), "--address", "auto"]) == 0
+    kind, cfg, address, run_dir = fake.calls[-1]
+    assert kind == "run" and isinstance(cfg, ExperimentConfig) and cfg.name == "cli-test" and address == "auto"
+    assert os.path.dirname(run_dir) == "runs" and os.path.basename(run_dir).startswith("cli-test-")
+    assert cli.main(["run", str(cfg_path), "--run-dir", str(tmp_path / "mine")]) == 0
+    assert fake.calls[-1][3] == str(tmp_path / "mine")
+    # a folder that already holds a run is refused before the runner is called
+    RunStore.create(str(tmp_path / "taken"), GOOD)
+    n = len(fake.calls)
+    assert cli.main(["run", str(cfg_path), "--run-dir", str(tmp_path / "taken")]) == 2
+    assert len(fake.calls) == n and "already holds a run" in capsys.readouterr().err
+    assert cli.main(["run", str(cfg_path), "--run-dir", "../escape"]) == 2
+    assert "`--run-dir` must be" in capsys.readouterr().err
+    assert cli.main(["resume", str(tmp_path / "taken"), "--address", "10.0.0.1:6379"]) == 0
+    assert fake.calls[-1] == ("resume", str(tmp_path / "taken"), "10.0.0.1:6379")
+    assert cli.main(["resume", str(tmp_path / "nothing-here")]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"qbatch: error: no run at {tmp_path / 'nothing-here'}: config.yaml not found"]
+
+
+@pytest.mark.parametrize("behaviour, code, text", [("interrupt", 130, "qbatch resume"), ("abort", 1, "failure rate")])
+def test_run_failures_map_to_exit_codes(behaviour, code, text, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "orchestrator.runner", _FakeRunner(behaviour))
+    rc = cli.main(["run", str(_write(tmp_path / "good.yaml", GOOD)), "--run-dir", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert rc == code and text in err and len(err.splitlines()) == 1
+
+
+def _finished_run(root: Path) -> None:
+    store = RunStore.create(str(root), GOOD)
+    evs = []
+    for i in range(6):
+        tid = f"{i // 3}-{i % 3}"
+        evs.append(Event("proposed", tid, time=10.0 + i, batch_id=i // 3, params={"x": i / 10}, x=[i / 10]))
+        evs.append(Event("started", tid, time=11.0 + i, started_at=11.0 + i, node_id="n"))
+        if i == 4:
+            evs.append(Event("failed", tid, time=12.0 + i, started_at=11.0 + i, ended_at=12.0 + i, error="nan"))
+        else:
+            evs.append(Event("completed", tid, time=12.0 + i, value=float(i), started_at=11.0 + i, ended_at=12.0 + i))
+    evs.append(Event("refit", time=20.0, info={"seconds": 0.5, "best_predicted": 4.2, "best_params": {"x": 0.5}, "slots": 2}))
+    store.append(evs)
+
+
+def test_status_report_objectives(tmp_path, capsys):
+    _finished_run(tmp_path / "run")
+    assert cli.main(["status", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "6/6 (100.0%)" in out and "completed 5, failed 1" in out
+    assert "best so far  5 (observed, trial 1-2)" in out and "recommended  4.2" in out
+    assert "U=0.5 over 6 s with 2 slots (recorded)" in out and "failures     nan: 1" in out
+    assert cli.main(["report", str(tmp_path / "run"), "--out", str(tmp_path / "rep")]) == 0
+    out = capsys.readouterr().out
+    assert "utilization U" in out and f"wrote {tmp_path / 'rep' / 'utilization.png'}" in out
+    for name in ("best_vs_evaluations.png", "best_vs_time.png", "utilization.png"):
+        assert (tmp_path / "rep" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for cmd in ("status", "report"):
+        assert cli.main([cmd, str(tmp_path / "missing")]) == 2
+        assert capsys.readouterr().err.startswith("qbatch: error: no run at ")
+    assert cli.main(["objectives"]) == 0
+    from objectives.registry import BUILTIN_OBJECTIVES
+
+    listed = {line.split()[0] for line in capsys.readouterr().out.splitlines() if line.strip() and not line.startswith("or ")}
+    assert listed == set(BUILTIN_OBJECTIVES)
+    with pytest.raises(SystemExit) as exc:
+        cli.main([])
+    assert exc.value.code == 2
