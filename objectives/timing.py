@@ -36,6 +36,7 @@ class SleepObjective(Objective):
         num_cpus: CPUs one evaluation asks Ray for (fractional is fine: the evaluation only sleeps).
         custom_resources: custom Ray resources one evaluation asks for, e.g. ``{"sensor": 1}``.
         int_param: if > 0, adds an int parameter ``k`` in [0, int_param] (exercises snapping/duplicates).
+        fail_rate: probability that an evaluation returns NaN instead of a value (exercises failure handling).
     """
 
     name = "sleep"
@@ -51,12 +52,16 @@ class SleepObjective(Objective):
         num_cpus: float = 1.0,
         custom_resources: Mapping[str, float] | None = None,
         int_param: int = 0,
+        fail_rate: float = 0.0,
     ) -> None:
         if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
             raise ObjectiveError(f"option 'dim' must be an integer >= 1; got {dim!r}")
         for key, v in (("mean_s", mean_s), ("cv", cv), ("noise", noise), ("num_cpus", num_cpus)):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ObjectiveError(f"option {key!r} must be a finite number >= 0; got {v!r}")
+        if isinstance(fail_rate, bool) or not isinstance(fail_rate, (int, float)) or not 0.0 <= fail_rate <= 1.0:
+            raise ObjectiveError(f"option 'fail_rate' must be a number in [0, 1]; got {fail_rate!r}")
+        self.fail_rate = float(fail_rate)
         if isinstance(int_param, bool) or not isinstance(int_param, int) or int_param < 0:
             raise ObjectiveError(f"option 'int_param' must be an integer >= 0; got {int_param!r}")
         self.dim = dim
@@ -89,4 +94,6 @@ class SleepObjective(Objective):
         d = self.delay(rng)
         time.sleep(d)
         value = self.true_value(params) + self.noise * float(rng.standard_normal())
+        if self.fail_rate and rng.random() < self.fail_rate:
+            value = float("nan")
         return EvalResult(value=value, metrics={"delay_s": d})

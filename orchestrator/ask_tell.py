@@ -145,6 +145,10 @@ class AskTellOptimizer:
         self._best: tuple[dict, float] | None = None
         self._proposer: Any = None
         self._calibrator: Any = self._build_calibrator()
+        #: when True, `tell` queues calibrator updates and `flush_calibration` applies them (the central
+        #: actor sets this so only its planner thread touches the calibrator); applied in completion order
+        self.defer_calibration = False
+        self._calib_queue: list[tuple[dict, float, Tensor]] = []
 
     # ------------------------------------------------------------------ factories
     def _build_model(self) -> Any:
@@ -237,6 +241,7 @@ class AskTellOptimizer:
         """
         if isinstance(q, bool) or not isinstance(q, int) or q < 1:
             raise TrialError(f"q must be an integer >= 1; got {q!r}")
+        self.flush_calibration()
         with self._lock:
             batch_id = self._next_batch
             self._next_batch += 1
@@ -343,12 +348,28 @@ class AskTellOptimizer:
             self._obs_ids.append(trial_id)
             self._obs_x.append(trial.x)
             self._obs_y.append(y)
-            calibrator = self._calibrator
-        if calibrator is not None and trial.forecast is not None:
-            from orchestrator.models.predictive import Forecast
-
-            calibrator.update(Forecast.from_records([trial.forecast]), torch.tensor([y], **self._tk), X=trial.x.reshape(1, -1))
+            if self._calibrator is not None and trial.forecast is not None:
+                self._calib_queue.append((trial.forecast, y, trial.x))
+        if not self.defer_calibration:
+            self.flush_calibration()
         return "completed"
+
+    def is_told(self, trial_id: str) -> bool:
+        """Whether a result (completed or failed) was recorded for `trial_id`."""
+        return trial_id in self._told
+
+    def flush_calibration(self) -> int:
+        """Apply queued calibrator updates (forecast recorded at proposal, observed y) in completion order."""
+        with self._lock:
+            todo, self._calib_queue = self._calib_queue, []
+        if not todo or self._calibrator is None:
+            return 0
+        from orchestrator.models.predictive import Forecast
+
+        forecast = Forecast.from_records([f for f, _, _ in todo])
+        y = torch.tensor([v for _, v, _ in todo], **self._tk)
+        self._calibrator.update(forecast, y, X=torch.stack([x for _, _, x in todo]).to(**self._tk))
+        return len(todo)
 
     def tell_many(self, trial_ids: Sequence[str], values: Sequence[Any]) -> list[str]:
         """`tell` several results (any subset of the pending trials, in any order)."""
@@ -376,6 +397,7 @@ class AskTellOptimizer:
         Raises:
             InputDataError: fewer than 2 completed results.
         """
+        self.flush_calibration()
         X, Y = self.observations()
         n = Y.shape[0]
         if n < 2:

@@ -1,0 +1,495 @@
+"""The central Ray actor: ask/tell state, model refits and the streaming evaluation pipeline.
+
+ARCHITECTURE.md "The path of one evaluation", steps 2-6; issue 4 item 1. One `CentralActor` owns the
+run's `AskTellOptimizer` (observations, model, calibrator, proposer) and its `RunStore`. Its `run()`
+method is the dispatch loop, in the actor's main worker thread:
+
+- keep `max_concurrent` evaluations in flight, each a Ray task (workers/evaluate.py);
+- wait for results one at a time (``ray.wait(num_returns=1)``, plus any others already done), write them
+  durably to the event log, only then tell the optimizer (exactly once per trial id), and hand the freed
+  slot the next point of the queue at once.
+
+Model work never holds up that loop. In the default asynchronous mode a background *planner thread* of
+the actor does it: it refits the surrogate whenever new results are in (the new model replaces the old
+one when ready) and proposes the next batch, counting every running and queued point as pending, as soon
+as the queue falls below `queue_low` - before it runs dry. The planner is the only thread that touches
+the model, proposer and calibrator (calibrator updates are queued by the dispatch loop and applied by the
+planner in completion order), so no lock is held while a model is fitted. With ``synchronous: true``
+the loop follows the papers' protocol instead: propose B, evaluate all B, refit, repeat.
+
+Every proposal is logged with the model's forecast at that point (model units: after the sign flip of
+``direction: minimize``), every refit with {"seconds", "n", "best_params", "best_predicted"}. The actor
+rebuilds itself from the log when created on an existing run directory (resume, or a restart after a
+crash): it replays proposals and results and re-queues trials that never finished.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+import threading
+import time
+import traceback
+from typing import Any, Mapping
+
+from orchestrator.ask_tell import AskTellOptimizer, Trial
+from orchestrator.errors import QbatchError
+from workers.evaluate import submit_evaluation
+
+__all__ = ["CentralActor", "RunAbortedError", "default_max_concurrent", "slots_for"]
+
+#: seconds the dispatch loop waits for a result before it looks at the queue again
+_WAIT_S = 0.05
+#: buffered "started" events are flushed at least this often (they ride along with result writes otherwise)
+_FLUSH_S = 1.0
+
+
+class RunAbortedError(QbatchError):
+    """The run stopped early: the failure-rate guard tripped, or the planner failed."""
+
+
+def slots_for(node_resources: Mapping[str, float], request: Mapping[str, float]) -> int:
+    """How many evaluations asking for `request` fit on a node with `node_resources` (Ray resource names)."""
+    fits = []
+    for name, need in request.items():
+        if need and need > 0:
+            fits.append(int(math.floor(float(node_resources.get(name, 0.0)) / float(need) + 1e-9)))
+    return min(fits) if fits else 0
+
+
+def default_max_concurrent(resources: Any) -> int:
+    """Evaluations the live cluster can run at once for an objective's `Resources` (sum over alive nodes).
+
+    A request of zero for every resource is bounded by the cluster's CPU count.
+
+    Raises:
+        QbatchError: no alive node can run a single evaluation (the message names the request).
+    """
+    import ray
+
+    opts = resources.to_ray_options()
+    request: dict[str, float] = {"CPU": opts.get("num_cpus", 0.0), "GPU": opts.get("num_gpus", 0.0)}
+    if opts.get("memory"):
+        request["memory"] = float(opts["memory"])
+    request.update({k: float(v) for k, v in opts.get("resources", {}).items()})
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    if not any(v > 0 for v in request.values()):
+        return max(1, int(sum(n["Resources"].get("CPU", 0) for n in nodes)))
+    total = sum(slots_for(n["Resources"], request) for n in nodes)
+    if total < 1:
+        raise QbatchError(
+            f"no node of the cluster can run one evaluation asking for {request}; "
+            f"nodes offer {[dict(n['Resources']) for n in nodes]}"
+        )
+    return total
+
+
+class CentralActor:
+    """The run's brain; create it with `ray.remote(CentralActor).options(max_concurrency>=3, num_cpus=0)`.
+
+    Args:
+        run_dir: an existing run directory (`RunStore.create` made it); its log is replayed.
+        max_concurrent: evaluations in flight; None = what the cluster allows for the objective's request.
+        queue_low: propose the next batch when fewer points than this are queued (default
+            `max(max_concurrent, batch_size // 2)`).
+        refit_interval_s: least time between two background refits (leaves CPU to the evaluations).
+        isolate: how a worker runs the objective ("process" or "thread", workers/evaluate.py).
+    """
+
+    def __init__(
+        self,
+        run_dir: str,
+        max_concurrent: int | None = None,
+        queue_low: int | None = None,
+        refit_interval_s: float = 0.5,
+        isolate: str = "process",
+    ) -> None:
+        from objectives.base import Objective
+        from objectives.registry import load_objective
+        from orchestrator.config import load_config
+        from orchestrator.store import RunStore
+
+        self.store = RunStore.open(run_dir)
+        self.run_dir = run_dir
+        self.cfg = load_config(self.store.config)
+        cfg = self.cfg
+        objective: Objective = load_objective(cfg.objective.name, dict(cfg.objective.options))
+        self.objective_spec = (cfg.objective.name, dict(cfg.objective.options))
+        self.resources = objective.resources
+        self.direction = cfg.resolve_direction(objective.direction)
+        space = cfg.build_space(objective.space)
+        self.opt = AskTellOptimizer(
+            space,
+            model=cfg.model.type,
+            tau=cfg.tau,
+            proposer=cfg.proposer.type,
+            calibrator=cfg.calibrator.type,
+            direction=self.direction,
+            initial_design=cfg.initial_design,
+            seed=cfg.seed,
+            model_options=dict(cfg.model.options),
+            proposer_options=dict(cfg.proposer.options),
+            calibrator_options=dict(cfg.calibrator.options),
+        )
+        self.opt.defer_calibration = not cfg.synchronous
+        if max_concurrent is None:
+            max_concurrent = cfg.max_concurrent or default_max_concurrent(self.resources)
+        self.max_concurrent = int(max_concurrent)
+        self.queue_low = int(queue_low) if queue_low is not None else max(self.max_concurrent, cfg.batch_size // 2)
+        self.refit_interval_s = float(refit_interval_s)
+        self.isolate = isolate
+        self.budget = cfg.budget
+
+        self._lock = threading.RLock()  # queue, in-flight table, counters
+        self._store_lock = threading.Lock()  # RunStore is written from the loop and the planner
+        self._wake = threading.Event()  # wakes the planner
+        self._stop = threading.Event()
+        self._queue: collections.deque[Trial] = collections.deque()
+        self._inflight: dict[Any, tuple[Trial, float, int]] = {}
+        self._attempts: dict[str, int] = {}
+        self._started_buf: list[Any] = []
+        self._last_flush = time.time()
+        self._busy_s = 0.0  # evaluation time of results ingested in this session
+        self._first_dispatch: float | None = None
+        self._n_done_session = 0
+        self._duplicates = 0
+        self._planner: threading.Thread | None = None
+        self._planner_error: str | None = None
+        self._abort: str | None = None
+        self._last_fit_end = 0.0
+        self._refits = 0
+        self._proposal_s: list[float] = []
+        self.started_at = time.time()
+        self._replay()
+
+    # ------------------------------------------------------------------ replay (resume / restart)
+    def _replay(self) -> None:
+        """Rebuild the optimizer from the log: proposals, then results exactly once, in log order."""
+        events = self.store.events()
+        self.replayed = len(events)
+        finished: set[str] = set()
+        n_completed = n_failed = 0
+        for ev in events:
+            if ev.kind == "proposed":
+                info = ev.info or {}
+                self.opt.restore_trial(
+                    ev.trial_id, ev.params or {}, ev.x or [], ev.batch_id if ev.batch_id is not None else -1,
+                    forecast=ev.forecast, seed=info.get("seed"), source=info.get("source", "sobol"),
+                    sobol_index=info.get("sobol_index"),
+                )
+            elif ev.kind == "started":
+                self._attempts[ev.trial_id] = max(self._attempts.get(ev.trial_id, 0), ev.attempt + 1)
+            elif ev.kind in ("completed", "failed") and ev.trial_id not in finished:
+                finished.add(ev.trial_id)
+                if ev.kind == "completed":
+                    self.opt.tell(ev.trial_id, ev.value)
+                    n_completed += 1
+                else:
+                    self.opt.tell(ev.trial_id, None, error=ev.error or "exception")
+                    n_failed += 1
+        self.n_completed, self.n_failed = n_completed, n_failed
+        # trials proposed (maybe started) that never finished go first, in proposal order
+        self._queue.extend(self.opt.pending())
+        self.resumed_unfinished = len(self._queue)
+
+    # ------------------------------------------------------------------ status
+    @property
+    def n_done(self) -> int:
+        return self.n_completed + self.n_failed
+
+    def status(self) -> dict[str, Any]:
+        """A snapshot for the progress bar and `qbatch status` (safe to call while `run` is going)."""
+        with self._lock:
+            now = time.time()
+            span = (now - self._first_dispatch) if self._first_dispatch else 0.0
+            best = self.opt.best_observed()
+            model_best = None
+            try:
+                model_best = self.opt.best() if self.opt.model is not None else None
+            except QbatchError:
+                pass
+            return {
+                "run_dir": self.run_dir,
+                "budget": self.budget,
+                "done": self.n_done,
+                "completed": self.n_completed,
+                "failed": self.n_failed,
+                "inflight": len(self._inflight),
+                "queued": len(self._queue),
+                "max_concurrent": self.max_concurrent,
+                "best_observed": None if best is None else {"params": best[0], "value": best[1]},
+                "best_predicted": None if model_best is None else {"params": model_best[0], "value": model_best[1]},
+                "evals_per_s": self._n_done_session / span if span > 0 else 0.0,
+                "utilization": self._busy_s / (self.max_concurrent * span) if span > 0 else 0.0,
+                "refits": self._refits,
+                "elapsed_s": now - self.started_at,
+                "phase": "model" if self.opt.model is not None else "initial design",
+                "pid": os.getpid(),
+                "aborted": self._abort,
+                "duplicates_ignored": self._duplicates,
+            }
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def stop(self) -> None:
+        """Ask `run` to return after the current step (in-flight evaluations are left to finish)."""
+        self._stop.set()
+        self._wake.set()
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> dict[str, Any]:
+        """Drive the run to its budget. Returns a summary; `status`/"aborted" says if the guard stopped it."""
+        if not self.cfg.synchronous:
+            self._planner = threading.Thread(target=self._planner_loop, name="qbatch-planner", daemon=True)
+            self._planner.start()
+        try:
+            while not self._stop.is_set():
+                self._dispatch()
+                if self.n_done >= self.budget and not self._inflight:
+                    break
+                if self._abort or self._planner_error:
+                    break
+                if self._inflight:
+                    self._collect(_WAIT_S)
+                elif self.cfg.synchronous:
+                    self._sync_step()
+                else:
+                    self._wake.set()
+                    time.sleep(0.005)
+                if self._started_buf and time.time() - self._last_flush > _FLUSH_S:
+                    self._append([])
+        finally:
+            self._stop.set()
+            self._wake.set()
+            if self._planner is not None:
+                self._planner.join(timeout=60)
+            if self._started_buf:
+                self._append([])
+        if self._planner_error:
+            self._abort = f"the planner failed: {self._planner_error}"
+        elif not self._abort and self.opt.model is not None and self.opt.num_stale > 0:
+            self._refit()  # the final recommendation uses every result (after the evaluation span)
+        return self._summary()
+
+    def _summary(self) -> dict[str, Any]:
+        st = self.status()
+        st["status"] = "aborted" if self._abort else ("finished" if self.n_done >= self.budget else "stopped")
+        st["message"] = self._abort
+        st["proposal_seconds"] = list(self._proposal_s)
+        return st
+
+    def _remaining_to_propose(self) -> int:
+        with self._lock:
+            return self.budget - self.n_done - len(self._inflight) - len(self._queue)
+
+    def _dispatch(self) -> None:
+        with self._lock:
+            while self._queue and len(self._inflight) < self.max_concurrent and self.n_done + len(self._inflight) < self.budget:
+                trial = self._queue.popleft()
+                attempt = self._attempts.get(trial.trial_id, 0)
+                self._attempts[trial.trial_id] = attempt + 1
+                ref = submit_evaluation(
+                    self.objective_spec, trial.trial_id, trial.params, trial.seed, resources=self.resources,
+                    timeout_s=self.cfg.timeout_s, max_retries=self.cfg.max_retries, isolate=self.isolate,
+                )
+                now = time.time()
+                if self._first_dispatch is None:
+                    self._first_dispatch = now
+                self._inflight[ref] = (trial, now, attempt)
+                self._started_buf.append(self._event("started", trial, time=now, attempt=attempt))
+        if len(self._queue) < self.queue_low:
+            self._wake.set()
+
+    def _collect(self, timeout: float) -> None:
+        import ray
+
+        refs = list(self._inflight)
+        ready, rest = ray.wait(refs, num_returns=1, timeout=timeout)
+        if not ready:
+            return
+        if rest:
+            more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
+            ready = ready + more
+        results = []
+        for ref in ready:
+            trial, dispatched, attempt = self._inflight[ref]
+            try:
+                rec = ray.get(ref)
+            except Exception as exc:  # the worker or node died and Ray's retries ran out, or a bug
+                rec = _lost_record(trial, exc, dispatched)
+            results.append((ref, trial, attempt, rec))
+        events = []
+        for _, trial, attempt, rec in results:
+            if self.opt.is_told(trial.trial_id):  # exactly once by trial id
+                continue
+            kind = rec["status"]
+            info = {"metrics": rec.get("metrics") or {}, "child_pid": rec.get("child_pid")}
+            if rec.get("message"):
+                info["message"] = rec["message"]
+            events.append(self._event(
+                kind, trial, time=time.time(), value=rec["value"] if kind == "completed" else None,
+                node_id=rec.get("node_id"), pid=rec.get("pid"), started_at=rec.get("started_at"),
+                ended_at=rec.get("ended_at"), attempt=attempt, error=rec.get("error"),
+                traceback=rec.get("traceback"), info=info,
+            ))
+        self._append(events)  # durable before anything is acknowledged
+        with self._lock:
+            for ref, trial, _, rec in results:
+                del self._inflight[ref]
+                if self.opt.is_told(trial.trial_id):
+                    self._duplicates += 1
+                    continue
+                if rec["status"] == "completed":
+                    self.opt.tell(trial.trial_id, rec["value"])
+                    self.n_completed += 1
+                else:
+                    self.opt.tell(trial.trial_id, None, error=rec.get("error") or "exception")
+                    self.n_failed += 1
+                self._n_done_session += 1
+                if rec.get("error") != "worker-lost" and rec.get("started_at") is not None and rec.get("ended_at") is not None:
+                    self._busy_s += max(0.0, rec["ended_at"] - rec["started_at"])
+            self._check_guard()
+        self._wake.set()
+
+    def _check_guard(self) -> None:
+        guard = self.cfg.failure_guard
+        n = self.n_done
+        if n >= guard.min_trials and self.n_failed / n > guard.max_failure_rate:
+            reasons = collections.Counter(f["error"] for f in self.opt.failures)
+            self._abort = (
+                f"failure guard: {self.n_failed} of {n} evaluations failed "
+                f"({self.n_failed / n:.0%} > failure_guard.max_failure_rate={guard.max_failure_rate:g}); "
+                f"reasons {dict(reasons)}; see the 'failed' events in {self.run_dir} for tracebacks"
+            )
+
+    # ------------------------------------------------------------------ proposals and refits
+    def _planner_loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self.opt.flush_calibration()
+                action = self._planner_action()
+                if action == "propose":
+                    self._propose()
+                elif action == "fit":
+                    self._refit()
+                else:
+                    self._wake.wait(0.1)
+                    self._wake.clear()
+        except Exception:
+            self._planner_error = traceback.format_exc()
+
+    def _planner_action(self) -> str | None:
+        with self._lock:
+            queued = len(self._queue)
+        if self._remaining_to_propose() > 0 and queued < self.queue_low:
+            if self.opt.uses_model() and (self.opt.model is None):
+                return "fit"  # the first fit: the initial design is in
+            return "propose"
+        if (
+            self._remaining_to_propose() > 0  # a refit only matters for proposals still to come
+            and self.opt.uses_model()
+            and self.opt.num_stale > 0
+            and time.time() - self._last_fit_end >= self.refit_interval_s
+        ):
+            return "fit"
+        return None
+
+    def _propose(self) -> None:
+        remaining = self._remaining_to_propose()
+        if remaining <= 0:
+            return
+        if self.opt.uses_model():
+            q = min(self.cfg.batch_size, remaining)
+        else:  # initial design; while the first fit is not possible, keep free slots busy with Sobol points
+            with self._lock:
+                free = self.queue_low - len(self._queue)
+            q = min(remaining, max(self.cfg.initial_design - self.opt._n_sobol, free, 1), self.cfg.batch_size)
+        t0 = time.perf_counter()
+        pending = self.opt.num_pending
+        trials = self.opt.ask(q, fit=False)
+        seconds = time.perf_counter() - t0
+        self._proposal_s.append(seconds)
+        events = []
+        for t in trials:
+            info = {"source": t.source, "seed": t.seed, "proposal_seconds": seconds, "q": q, "pending": pending}
+            if "sobol_index" in t.info:
+                info["sobol_index"] = t.info["sobol_index"]
+            if self.direction == "minimize":
+                info["forecast_units"] = "negated (direction: minimize)"
+            events.append(self._event("proposed", t, info=info, forecast=t.forecast))
+        self._append(events)  # a trial is logged before it can be dispatched
+        with self._lock:
+            self._queue.extend(trials)
+
+    def _refit(self) -> None:
+        diag = self.opt.fit()
+        self._last_fit_end = time.time()
+        self._refits += 1
+        from orchestrator.store import Event
+
+        self._append([Event("refit", info=diag)])
+
+    def _sync_step(self) -> None:
+        """Papers' protocol: all of the last batch is in; refit, then propose the next batch of B."""
+        remaining = self._remaining_to_propose()
+        if remaining <= 0 or self._queue:
+            return
+        if self.opt.uses_model() and (self.opt.model is None or self.opt.num_stale > 0):
+            self._refit()
+        if self.opt.uses_model():
+            q = min(self.cfg.batch_size, remaining)
+        else:
+            q = min(remaining, max(self.cfg.initial_design - self.opt._n_sobol, 1)) if self.opt._n_sobol < self.cfg.initial_design \
+                else min(remaining, self.cfg.batch_size)
+        t0 = time.perf_counter()
+        trials = self.opt.ask(q, fit=False)
+        seconds = time.perf_counter() - t0
+        self._proposal_s.append(seconds)
+        events = []
+        for t in trials:
+            info = {"source": t.source, "seed": t.seed, "proposal_seconds": seconds, "q": q, "pending": 0}
+            if "sobol_index" in t.info:
+                info["sobol_index"] = t.info["sobol_index"]
+            events.append(self._event("proposed", t, info=info, forecast=t.forecast))
+        self._append(events)
+        with self._lock:
+            self._queue.extend(trials)
+
+    # ------------------------------------------------------------------ log
+    def _event(self, kind: str, trial: Trial, **fields: Any) -> Any:
+        from orchestrator.store import Event
+
+        return Event(kind, trial.trial_id, batch_id=trial.batch_id, params=dict(trial.params),
+                     x=[float(v) for v in trial.x.tolist()], **fields)
+
+    def _append(self, events: list[Any]) -> None:
+        with self._store_lock:
+            with self._lock:
+                buf, self._started_buf = self._started_buf, []
+            batch = buf + list(events)
+            if batch:
+                self.store.append(batch)
+            self._last_flush = time.time()
+
+
+def _lost_record(trial: Trial, exc: BaseException, dispatched: float) -> dict[str, Any]:
+    """A failed record for an evaluation whose Ray task itself failed (worker/node lost after retries)."""
+    import ray
+
+    reason = "exception" if isinstance(exc, ray.exceptions.RayTaskError) else "worker-lost"
+    return {
+        "trial_id": trial.trial_id,
+        "status": "failed",
+        "value": None,
+        "error": reason,
+        "traceback": f"{type(exc).__name__}: {exc}",
+        "message": f"{type(exc).__name__}",
+        "started_at": dispatched,
+        "ended_at": time.time(),
+        "metrics": {},
+        "node_id": None,
+        "pid": None,
+        "child_pid": None,
+    }

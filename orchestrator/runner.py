@@ -1,0 +1,211 @@
+"""Drive one experiment on Ray: validate, connect, create the run directory and the central actor, show progress.
+
+ARCHITECTURE.md "The path of one evaluation", step 1, and issue 4 items 1 and 8. `run_experiment` is what
+`qbatch run` calls and `resume_experiment` what `qbatch resume` calls. The config is validated, the
+objective built and the search space checked *before* Ray starts or a run directory is made. A local Ray
+starts with `ray.init(num_cpus=..., include_dashboard=False)`; `address` connects to a running cluster
+instead. Run tests and local runs inside `scripts/loopback` so a local Ray binds to loopback only.
+
+The central actor (orchestrator/actor.py) is created with `max_restarts`: if it dies it is restarted,
+rebuilds its state from the event log and the driver simply calls `run` again. If the driver itself dies,
+`resume_experiment(run_dir)` replays the log and re-dispatches every trial that was proposed or started but
+never finished; completed results are never repeated (ingestion is exactly-once by trial id).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, Mapping, TextIO
+
+from orchestrator.actor import CentralActor, RunAbortedError
+from orchestrator.errors import ConfigError
+
+__all__ = ["run_experiment", "resume_experiment", "RunAbortedError"]
+
+#: restarts of a crashed central actor before the run gives up (each restart replays the log)
+ACTOR_RESTARTS = 3
+
+
+def _check_objective(cfg: Any) -> Any:
+    """Build the objective and the (overridden) space before Ray starts; errors name the config key."""
+    from objectives.registry import load_objective
+
+    try:
+        objective = load_objective(cfg.objective.name, dict(cfg.objective.options))
+    except ValueError as exc:
+        raise ConfigError(f"`objective`: {str(exc).splitlines()[0]}") from None
+    cfg.build_space(objective.space)
+    cfg.resolve_direction(objective.direction)
+    return objective
+
+
+def _ensure_ray(address: str | None, num_cpus: int | None) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    if address:
+        ray.init(address=address, include_dashboard=False if address == "local" else None)
+    else:
+        ray.init(num_cpus=num_cpus, include_dashboard=False)
+
+
+def run_experiment(
+    config: str | os.PathLike | Mapping[str, Any] | Any,
+    address: str | None = None,
+    run_dir: str | None = None,
+    *,
+    num_cpus: int | None = None,
+    max_concurrent: int | None = None,
+    progress: bool = True,
+    out: TextIO | None = None,
+    actor_options: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Run an experiment from a YAML path, a dict or an `ExperimentConfig` to its budget.
+
+    Args:
+        config: the experiment config (orchestrator/config.py).
+        address: a Ray cluster address ("auto", "ray://...", "host:port"); None starts a local Ray.
+        run_dir: overrides the config's `run_dir`.
+        num_cpus: CPUs of a local Ray (None: all cores).
+        max_concurrent: overrides the config's `max_concurrent`.
+        progress: show a live progress bar (best value, evaluations/s, utilization).
+        out: where the final lines go (default stdout).
+        actor_options: extra keyword arguments of `CentralActor` (queue_low, refit_interval_s, isolate).
+
+    Returns:
+        The actor's final summary (counts, best, utilization, run_dir).
+
+    Raises:
+        ConfigError: a bad config, before Ray starts and before a run directory exists.
+        RunAbortedError: the failure-rate guard stopped the run.
+    """
+    from orchestrator.config import load_config
+    from orchestrator.store import RunStore
+
+    cfg = load_config(config)
+    _check_objective(cfg)
+    rd = cfg.resolve_run_dir(run_dir)
+    if RunStore.exists(rd):
+        raise ConfigError(f"`run_dir` {rd!r} already holds a run; use `qbatch resume {rd}` or choose another run_dir")
+    _ensure_ray(address, num_cpus)
+    RunStore.create(rd, cfg.to_dict())
+    return _drive(rd, cfg, max_concurrent, progress, out, actor_options)
+
+
+def resume_experiment(
+    run_dir: str,
+    address: str | None = None,
+    *,
+    num_cpus: int | None = None,
+    max_concurrent: int | None = None,
+    progress: bool = True,
+    out: TextIO | None = None,
+    actor_options: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Finish an interrupted run: replay its log, re-dispatch unfinished trials, run to the budget.
+
+    Args and Returns as in `run_experiment`; the config is the one stored in `run_dir`.
+    """
+    from orchestrator.config import load_config
+    from orchestrator.store import RunStore
+
+    store = RunStore.open(run_dir)
+    out = out or sys.stdout
+    for line in store.damage:
+        print(f"qbatch: damaged log in {run_dir}: {line}", file=out)
+    cfg = load_config(store.config)
+    _check_objective(cfg)
+    _ensure_ray(address, num_cpus)
+    return _drive(run_dir, cfg, max_concurrent, progress, out, actor_options)
+
+
+def _drive(
+    run_dir: str,
+    cfg: Any,
+    max_concurrent: int | None,
+    progress: bool,
+    out: TextIO | None,
+    actor_options: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    import ray
+
+    out = out or sys.stdout
+    Actor = ray.remote(CentralActor)
+    actor = Actor.options(num_cpus=0, max_concurrency=4, max_restarts=ACTOR_RESTARTS).remote(
+        run_dir, max_concurrent=max_concurrent or cfg.max_concurrent, **dict(actor_options or {})
+    )
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=cfg.budget, desc=cfg.name, unit="eval", file=sys.stderr, dynamic_ncols=True)
+    restarts = 0
+    ref = actor.run.remote()
+    summary: dict[str, Any] | None = None
+    try:
+        while summary is None:
+            ready, _ = ray.wait([ref], timeout=0.5)
+            if bar is not None:
+                try:
+                    st = ray.get(actor.status.remote(), timeout=30)
+                    _show(bar, st)
+                except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                    pass
+            if not ready:
+                continue
+            try:
+                summary = ray.get(ref)
+            except ray.exceptions.RayActorError:
+                restarts += 1
+                if restarts > ACTOR_RESTARTS:
+                    raise
+                time.sleep(1.0)
+                ref = actor.run.remote()  # the restarted actor has replayed the log
+        if bar is not None:
+            _show(bar, summary)
+    finally:
+        if bar is not None:
+            bar.close()
+        try:
+            ray.kill(actor)
+        except Exception:
+            pass
+    summary["actor_restarts"] = restarts
+    _report(summary, out)
+    if summary["status"] == "aborted":
+        raise RunAbortedError(summary["message"])
+    return summary
+
+
+def _show(bar: Any, st: Mapping[str, Any]) -> None:
+    bar.n = st["done"]
+    best = st.get("best_predicted") or st.get("best_observed")
+    bar.set_postfix(
+        best="-" if best is None else f"{best['value']:.4g}",
+        evals_s=f"{st['evals_per_s']:.2f}",
+        util=f"{st['utilization']:.2f}",
+        running=st["inflight"],
+        failed=st["failed"],
+        refresh=False,
+    )
+    bar.refresh()
+
+
+def _report(summary: Mapping[str, Any], out: TextIO) -> None:
+    best = summary.get("best_predicted")
+    label = "best point (highest posterior mean of the target among observed points)"
+    if best is None:
+        best, label = summary.get("best_observed"), "best observed point"
+    print(
+        f"qbatch: {summary['status']}: {summary['done']} evaluations ({summary['completed']} completed, "
+        f"{summary['failed']} failed), utilization {summary['utilization']:.2f}",
+        file=out,
+    )
+    if summary.get("message"):
+        print(f"qbatch: {summary['message']}", file=out)
+    if best is not None:
+        print(f"qbatch: {label}: value {best['value']:.6g} at {best['params']}", file=out)
+    print(f"qbatch: results in {os.path.abspath(summary['run_dir'])}", file=out)

@@ -1,0 +1,142 @@
+"""Issue 4 acceptance on a local Ray: streaming evaluations, exactly-once log, utilization, synchronous
+protocol, failure guard, bad config before Ray (run inside scripts/loopback)."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import pytest
+
+from orchestrator.errors import ConfigError
+from orchestrator.runner import RunAbortedError, run_experiment
+from orchestrator.store import RunStore
+from tests.integration.conftest import finished_counts, span_utilization
+
+pytestmark = pytest.mark.ray
+
+#: fast model settings for CI; the benchmark uses the defaults
+MODEL = {"type": "quantile", "options": {"num_inducing": 16, "max_steps": 300}}
+
+
+def _config(tmp_path, name, **over):
+    cfg = {
+        "name": name,
+        "objective": {"name": "sleep", "options": {"mean_s": 0.3, "cv": 0.5, "num_cpus": 1}},
+        "tau": 0.2,
+        "model": MODEL,
+        "batch_size": 20,
+        "initial_design": 20,
+        "budget": 200,
+        "max_concurrent": 4,
+        "seed": 1,
+        "run_dir": str(tmp_path / name),
+    }
+    cfg.update(over)
+    return cfg
+
+
+def _check_log(run_dir, budget, slots, min_util):
+    events = RunStore.open(run_dir).events()
+    counts = finished_counts(events)
+    proposed = [e for e in events if e.kind == "proposed"]
+    assert len(counts) == budget and set(counts.values()) == {1}, "every evaluation exactly once"
+    assert {e.trial_id for e in proposed} >= set(counts)
+    done = [e for e in events if e.kind == "completed"]
+    for e in done:
+        assert e.node_id and e.pid and e.started_at <= e.ended_at and e.value is not None
+    u = span_utilization(events, slots)
+    assert u >= min_util, f"utilization {u:.3f} < {min_util}"
+    return events, u
+
+
+def _run_streaming(tmp_path, budget, mean_s, min_util=0.7):
+    cfg = _config(tmp_path, f"stream{budget}", budget=budget,
+                  objective={"name": "sleep", "options": {"mean_s": mean_s, "cv": 0.5, "num_cpus": 1}})
+    out = io.StringIO()
+    summary = run_experiment(cfg, progress=False, out=out)
+    assert summary["status"] == "finished" and summary["done"] == budget
+    assert f"results in {os.path.abspath(cfg['run_dir'])}" in out.getvalue()
+    events, u = _check_log(cfg["run_dir"], budget, 4, min_util)
+    refits = [e for e in events if e.kind == "refit"]
+    assert refits, "the model was refitted during the run"
+    for e in refits:
+        assert set(e.info) >= {"seconds", "n", "best_params", "best_predicted"}
+    model_points = [e for e in events if e.kind == "proposed" and e.info["source"] == "model"]
+    assert len(model_points) >= budget // 2
+    for e in model_points:
+        assert set(e.forecast) >= {"family", "tau", "mu_f", "var_f", "mu_g", "var_g"}
+        assert e.forecast["family"] == "asymmetric_laplace" and e.forecast["tau"] == pytest.approx(0.2)
+    # the next batch was proposed before the queue ran dry: evaluations of a batch started while
+    # those of the previous batch were still running
+    first_start = {}
+    last_end = {}
+    for e in events:
+        if e.kind == "completed":
+            first_start[e.batch_id] = min(first_start.get(e.batch_id, e.started_at), e.started_at)
+            last_end[e.batch_id] = max(last_end.get(e.batch_id, e.ended_at), e.ended_at)
+    batches = sorted(first_start)
+    overlaps = sum(first_start[b2] < last_end[b1] for b1, b2 in zip(batches, batches[1:]))
+    assert overlaps >= len(batches) // 2
+    return summary, u
+
+
+def test_streaming_run_200_evaluations_exactly_once_and_busy(ray_local, tmp_path):
+    summary, u = _run_streaming(tmp_path, 200, 0.3)
+    print(f"\nutilization (4 slots, 200 x 0.3 s): {u:.3f}; live {summary['utilization']:.3f}")
+
+
+@pytest.mark.slow
+def test_streaming_run_200_evaluations_of_one_second(ray_local, tmp_path):
+    summary, u = _run_streaming(tmp_path, 200, 1.0)
+    print(f"\nutilization (4 slots, 200 x 1 s): {u:.3f}")
+
+
+def test_synchronous_mode_waits_for_the_whole_batch(ray_local, tmp_path):
+    cfg = _config(tmp_path, "sync", synchronous=True, budget=28, batch_size=8, initial_design=12,
+                  objective={"name": "sleep", "options": {"mean_s": 0.05, "cv": 0.5, "num_cpus": 1}})
+    run_experiment(cfg, progress=False, out=io.StringIO())
+    events = RunStore.open(cfg["run_dir"]).events()
+    assert set(finished_counts(events).values()) == {1} and len(finished_counts(events)) == 28
+    batch_sizes = {}
+    for e in events:
+        if e.kind == "proposed":
+            batch_sizes[e.batch_id] = batch_sizes.get(e.batch_id, 0) + 1
+    assert list(batch_sizes.values()) == [12, 8, 8]
+    # no proposal of batch b+1 before every result of batch b is in the log; a refit between them
+    seen_done = set()
+    kinds_between = []
+    for e in events:
+        if e.kind in ("completed", "failed"):
+            seen_done.add(e.trial_id)
+        if e.kind == "proposed" and e.batch_id > 0 and e.trial_id.endswith("-0"):
+            prev = {t.trial_id for t in events if t.kind == "proposed" and t.batch_id == e.batch_id - 1}
+            assert prev <= seen_done, f"batch {e.batch_id} proposed before batch {e.batch_id - 1} finished"
+        kinds_between.append(e.kind)
+    assert kinds_between.count("refit") == 2
+
+
+def test_failure_guard_stops_the_run_with_a_clear_message(ray_local, tmp_path):
+    cfg = _config(tmp_path, "guard", budget=100, initial_design=100,
+                  failure_guard={"max_failure_rate": 0.5, "min_trials": 10},
+                  objective={"name": "sleep", "options": {"mean_s": 0.01, "fail_rate": 0.9, "num_cpus": 1}})
+    with pytest.raises(RunAbortedError, match=r"failure guard: \d+ of \d+ evaluations failed .*'nan'"):
+        run_experiment(cfg, progress=False, out=io.StringIO())
+    events = RunStore.open(cfg["run_dir"]).events()
+    failed = [e for e in events if e.kind == "failed"]
+    assert failed and all(e.error == "nan" for e in failed)
+    assert len(finished_counts(events)) < 100
+
+
+def test_bad_config_fails_before_ray_and_creates_no_run_dir(tmp_path):
+    for over, match in [
+        ({"objective": {"name": "no-such-objective"}}, "objective.name.*got 'no-such-objective'"),
+        ({"tau": 1.5}, "tau.*got 1.5"),
+        ({"batch_size": 0}, "batch_size.*got 0"),
+        ({"objective": {"name": "sleep", "options": {"dim": 0}}}, "objective.*'dim' must be an integer >= 1"),
+        ({"space": {"x9": {"type": "float", "low": 0, "high": 1}}}, "space.x9"),
+    ]:
+        cfg = _config(tmp_path, "bad", **over)
+        with pytest.raises(ConfigError, match=match):
+            run_experiment(cfg, progress=False)
+        assert not os.path.exists(cfg["run_dir"])
