@@ -114,3 +114,6 @@ def check_params(space: Mapping[str, Mapping[str, Any]], params: Mapping[str, An
             raise ObjectiveError(f"parameter {name!r}={v!r} is outside [{lo}, {hi}]")
         if kind == "int" and float(v) != round(float(v)):
             raise ObjectiveError(f"parameter {name!r}={v!r} must be an integer")
+        step = spec.get("step", 1)
+        if kind == "int" and (round(float(v)) - lo) % step:
+            raise ObjectiveError(f"parameter {name!r}={v!r} is not on the grid {lo}:{hi}:{step}")
