@@ -23,38 +23,54 @@ DUPLICATE_TOL = 1e-6
 
 
 class Proposer(ABC):
-    """Proposes a batch of `q` points to evaluate next."""
+    """Proposes a batch of `q` points to evaluate next.
+
+    A model-free proposer (Sobol, random search) sets `requires_model = False`; it then receives
+    `model=None` and the caller need not fit a model for it.
+    """
+
+    #: whether `propose` needs a fitted surrogate
+    requires_model: bool = True
 
     @abstractmethod
     def _propose(
-        self, model: Surrogate, q: int, X_pending: Tensor, X_observed: Tensor, generator: torch.Generator
+        self, model: Surrogate | None, q: int, X_pending: Tensor, X_observed: Tensor, generator: torch.Generator
     ) -> Tensor:
         """Return `q x d` distinct points in `[0, 1]^d`, none within `DUPLICATE_TOL` of `X_pending` or `X_observed`."""
 
     def propose(
         self,
-        model: Surrogate,
+        model: Surrogate | None,
         q: int,
         X_pending: Tensor | None = None,
         X_observed: Tensor | None = None,
         seed: int | None = None,
+        dim: int | None = None,
     ) -> Tensor:
         """Propose `q` points.
 
         Args:
-            model: a fitted surrogate.
+            model: a fitted surrogate (None for a proposer with `requires_model = False`).
             q: batch size, an integer >= 1.
             X_pending: `m x d` points proposed but not yet observed (m may be 0).
             X_observed: `n x d` points already observed.
             seed: makes the batch reproducible: the same seed gives the same batch.
+            dim: number of dimensions `d`, needed only when `model` is None.
 
         Returns:
             `q x d` tensor in the unit cube, with the dtype of the model's training data.
         """
         if isinstance(q, bool) or not isinstance(q, int) or q < 1:
             raise InputDataError(f"q must be an integer >= 1; got {q!r}")
-        d = model.sparse_parts("f").Z.shape[-1]
-        tk = {"dtype": torch.float64, "device": model.sparse_parts("f").Z.device}
+        if model is not None:
+            Z = model.sparse_parts("f").Z
+            d, tk = Z.shape[-1], {"dtype": torch.float64, "device": Z.device}
+        elif self.requires_model:
+            raise InputDataError(f"{type(self).__name__} needs a fitted model; got None")
+        elif dim is not None:
+            d, tk = int(dim), {"dtype": torch.float64, "device": torch.device("cpu")}
+        else:
+            raise InputDataError(f"{type(self).__name__} needs `dim` when no model is given")
         X_pending = torch.empty(0, d, **tk) if X_pending is None else X_pending.to(**tk).reshape(-1, d)
         X_observed = torch.empty(0, d, **tk) if X_observed is None else X_observed.to(**tk).reshape(-1, d)
         gen = torch.Generator(device="cpu")
