@@ -22,10 +22,17 @@ from typing import Any, Mapping, TextIO
 from orchestrator.actor import CentralActor, RunAbortedError
 from orchestrator.errors import ConfigError
 
-__all__ = ["run_experiment", "resume_experiment", "RunAbortedError"]
+__all__ = ["NAMESPACE", "RunAbortedError", "actor_name", "resume_experiment", "run_experiment"]
 
+#: Ray namespace of the central actors; each is named after its run directory (`actor_name`)
+NAMESPACE = "qbatch"
 #: restarts of a crashed central actor before the run gives up (each restart replays the log)
 ACTOR_RESTARTS = 3
+
+
+def actor_name(run_dir: str) -> str:
+    """Name of the central actor of `run_dir` (find it with `ray.get_actor(actor_name(d), namespace=NAMESPACE)`)."""
+    return "qbatch:" + os.path.abspath(run_dir) if "://" not in run_dir else "qbatch:" + run_dir
 
 
 def _check_objective(cfg: Any) -> Any:
@@ -134,7 +141,9 @@ def _drive(
 
     out = out or sys.stdout
     Actor = ray.remote(CentralActor)
-    actor = Actor.options(num_cpus=0, max_concurrency=4, max_restarts=ACTOR_RESTARTS).remote(
+    actor = Actor.options(
+        num_cpus=0, max_concurrency=4, max_restarts=ACTOR_RESTARTS, name=actor_name(run_dir), namespace=NAMESPACE
+    ).remote(
         run_dir, max_concurrent=max_concurrent or cfg.max_concurrent, **dict(actor_options or {})
     )
     bar = None

@@ -1,0 +1,101 @@
+"""Issue 4 / issue 7 item 4 acceptance: SIGKILL the driver and the central actor mid-run, then
+`resume_experiment` finishes it; no completed result is lost or duplicated and the count equals the budget."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.runner import NAMESPACE, actor_name, resume_experiment
+from orchestrator.store import RunStore
+from tests.integration.conftest import finished_counts
+
+pytestmark = pytest.mark.ray
+
+REPO = Path(__file__).resolve().parents[2]
+BUDGET = 60
+
+
+def _events(run_dir):
+    try:
+        return RunStore.open(run_dir).events()
+    except Exception:
+        return []
+
+
+def _wait_for(predicate, timeout, what):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        v = predicate()
+        if v:
+            return v
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def test_sigkill_driver_and_actor_then_resume(ray_local, tmp_path):
+    import ray
+
+    run_dir = str(tmp_path / "killed")
+    cfg = {
+        "name": "killed",
+        "objective": {"name": "sleep", "options": {"mean_s": 0.25, "cv": 0.5, "num_cpus": 1}},
+        "tau": 0.3,
+        "model": {"type": "quantile", "options": {"num_inducing": 16, "max_steps": 300}},
+        "batch_size": 10,
+        "initial_design": 12,
+        "budget": BUDGET,
+        "max_concurrent": 4,
+        "run_dir": run_dir,
+    }
+    code = (
+        "import json, sys; from orchestrator.runner import run_experiment; "
+        f"run_experiment(json.loads(sys.argv[1]), address={ray_local!r}, progress=False)"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    driver = subprocess.Popen([sys.executable, "-c", code, json.dumps(cfg)], cwd=REPO, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        # mid-run: after the model has taken over and some of its proposals are done
+        _wait_for(lambda: len(finished_counts(_events(run_dir))) >= 25, 120, "25 finished evaluations")
+        actor = ray.get_actor(actor_name(run_dir), namespace=NAMESPACE)
+        actor_pid = ray.get(actor.pid.remote(), timeout=30)
+    finally:
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait()
+    try:
+        os.kill(actor_pid, signal.SIGKILL)  # Ray may already have reaped it with its driver's job
+    except ProcessLookupError:
+        pass
+    _wait_for(lambda: not Path(f"/proc/{actor_pid}").exists() or "zombie" in Path(f"/proc/{actor_pid}/status").read_text(),
+              30, "the actor process to die")
+    time.sleep(1.0)  # let in-flight events of the dead actor settle (none can be written any more)
+
+    before = _events(run_dir)
+    done_before = {e.trial_id: e for e in before if e.kind in ("completed", "failed")}
+    unfinished = {e.trial_id for e in before if e.kind == "proposed"} - set(done_before)
+    assert 0 < len(done_before) < BUDGET, "the kill happened mid-run"
+
+    summary = resume_experiment(run_dir, progress=False, out=io.StringIO())
+    assert summary["status"] == "finished"
+
+    after = _events(run_dir)
+    counts = finished_counts(after)
+    assert len(counts) == BUDGET and set(counts.values()) == {1}, "no loss, no duplicate, count == budget"
+    for e in after:  # every result recorded before the kill is still there, unchanged
+        if e.kind in ("completed", "failed") and e.trial_id in done_before:
+            assert e.value == done_before[e.trial_id].value and e.time == done_before[e.trial_id].time
+    finished_after = {e.trial_id for e in after if e.kind in ("completed", "failed")}
+    assert unfinished <= finished_after, "trials proposed before the kill were re-dispatched"
+    proposed_ids = [e.trial_id for e in after if e.kind == "proposed"]
+    assert len(proposed_ids) == len(set(proposed_ids)), "trial ids stay unique across the resume"
+    refits = [e for e in after if e.kind == "refit" and e.time > max(x.time for x in before)]
+    assert refits and refits[-1].info["n"] >= len([e for e in done_before.values() if e.kind == "completed"])
