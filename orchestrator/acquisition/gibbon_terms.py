@@ -20,7 +20,7 @@ import math
 
 import torch
 from botorch.utils.probability.utils import log_ndtr, log_phi
-from botorch.utils.safe_math import log1mexp, log1pexp, logmeanexp
+from botorch.utils.safe_math import log1mexp, logmeanexp
 from torch import Tensor
 
 __all__ = [
@@ -227,12 +227,19 @@ def log_repulsion(quad: Tensor, C_xx: Tensor) -> Tensor:
     return _LOG_HALF + _log_neg_log1m(log_x, schur.log() - log_C)
 
 
+def _log_scale_map(z: Tensor) -> Tensor:
+    """h(z) = 1 + z for z >= 0 and 1/(1 − z) for z < 0: positive, increasing, C¹, and never underflows."""
+    pos = z >= 0
+    return torch.where(pos, 1.0 + z.clamp_min(0.0), (1.0 - z.clamp_max(0.0)).reciprocal())
+
+
 def signed_log_gain(log_q: Tensor, log_r: Tensor | None, log_delta: Tensor | float) -> Tensor:
     """A strictly increasing, never-zero transform of the greedy gain α = Q − |wR| for the optimizer.
 
-    T(α) = sign(α) · log(1 + |α|/δ) = sign(α) · softplus(log|α| − log δ), computed from log Q and log|wR|
-    only, so that T distinguishes gains far below the smallest float. Same argmax as α; roughly log α + const
-    for α ≫ δ and linear for |α| ≲ δ (δ is chosen per greedy step from the candidates' scale).
+    T(α) = sign(α) · h(log|α| − log δ) with h(z) = 1 + z (z >= 0), 1/(1 − z) (z < 0), computed from log Q and
+    log|wR| only: T ≈ 1 + log(α/δ) for α >= δ (log scale, as in LogEI), decays like 1/log(δ/α) towards 0, and
+    tells apart gains far below the smallest float (e.g. e^{−20000}) instead of rounding them to zero. Same
+    argmax as α; δ is chosen per greedy step from the candidates' scale.
 
     Args:
         log_q: `...` log Q.
@@ -240,12 +247,12 @@ def signed_log_gain(log_q: Tensor, log_r: Tensor | None, log_delta: Tensor | flo
         log_delta: log δ (scalar or broadcastable).
     """
     if log_r is None:
-        return log1pexp(log_q - log_delta)
+        return _log_scale_map(log_q - log_delta)
     pos = log_q > log_r
     hi = torch.maximum(log_q, log_r)
     gap = (log_q - log_r).abs().clamp_min(MIN_LOG_GAP)
     log_abs = hi + log1mexp(-gap)
-    mag = log1pexp(log_abs - log_delta)
+    mag = _log_scale_map(log_abs - log_delta)
     return torch.where(pos, mag, -mag)
 
 
