@@ -1,0 +1,208 @@
+"""Online quantile recalibration of paper 000 (Deshpande, Marx, Kuleshov), calibrated-bo.md §1.5.
+
+Per level p_k, online gradient descent on the quantile pinball loss of the PIT values u_t = F_t(y_t):
+q_{k, t+1} = q_{k, t} + eta (p_k - 1{u_t <= q_{k, t}}), the spec's corrected sign of eq. (9) (the paper prints
+q_t = +eta sum g_s). Started at q = p (identity map). Guarantee (Thm 4.2, eq. 10), for any sequence:
+|(1/T) sum_t 1{u_t <= q_{k, t}} - p_k| <= (1 + eta) / (eta T). Per-level trajectories can cross
+(spec caveat to Lemma 4), so the map R(p) interpolates the *sorted* levels (monotone rearrangement).
+`OnlineIntervalCalibrator` is the conformal interval variant: two levels (1 -+ c)/2 per coverage c
+(ACI on PIT scores, miscoverage -> 1 - c at rate 2(1 + eta)/(eta T)).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from orchestrator.calibration.base import Calibrator, LevelMap
+from orchestrator.errors import ConfigError
+from orchestrator.models.predictive import Forecast
+
+__all__ = ["OnlineQuantileRecalibrator", "OnlineIntervalCalibrator", "DEFAULT_LEVELS", "DEFAULT_ETA"]
+
+#: default level grid: 0.05, 0.10, ..., 0.95 plus 0.01, 0.025, 0.975, 0.99 (the paper leaves K open, spec §1.5);
+#: it holds both ends of the central 50/80/90% intervals
+DEFAULT_LEVELS: tuple[float, ...] = (0.01, 0.025) + tuple(round(0.05 * k, 2) for k in range(1, 20)) + (0.975, 0.99)
+#: default OGD step size eta (spec §1.5: not given in the paper); bound (1+eta)/(eta T) = 0.037 at T = 300.
+#: Larger steps make neighbouring levels of the default grid cross more often, and the rearrangement then
+#: moves the map away from the raw iterates the bound is about
+DEFAULT_ETA = 0.1
+
+
+def _check_levels(levels: Sequence[float]) -> np.ndarray:
+    try:
+        lv = np.unique(np.asarray([float(v) for v in levels], dtype=np.float64))
+    except (TypeError, ValueError):
+        raise ConfigError(f"`calibrator.options.levels` must be a list of numbers in (0, 1); got {levels!r}") from None
+    if lv.size == 0 or not np.all((lv > 0) & (lv < 1)):
+        raise ConfigError(f"`calibrator.options.levels` must be non-empty, each in (0, 1); got {list(levels)!r}")
+    return lv
+
+
+def _check_eta(eta: float) -> float:
+    if isinstance(eta, bool) or not isinstance(eta, (int, float)) or not (math.isfinite(eta) and eta > 0):
+        raise ConfigError(f"`calibrator.options.eta` must be a finite number > 0; got {eta!r}")
+    return float(eta)
+
+
+class OnlineQuantileRecalibrator(Calibrator):
+    """`calibrator.type: online`: per-level OGD on the pinball loss of PITs, with monotone rearrangement.
+
+    Args:
+        levels: nominal levels p_k in (0, 1) (sorted and deduplicated).
+        eta: OGD step size > 0.
+        rearrangement: how crossing levels are made monotone: "isotonic" (default, pool adjacent violators)
+            or "sort" (monotone rearrangement); neither is in the paper (spec §1.5 caveat).
+        spread: optional `SpreadTracker` (spread.py) for the SVGP proposers.
+    """
+
+    name = "online"
+
+    def __init__(
+        self,
+        levels: Sequence[float] = DEFAULT_LEVELS,
+        eta: float = DEFAULT_ETA,
+        rearrangement: str = "isotonic",
+        spread: Any = None,
+    ) -> None:
+        super().__init__(spread)
+        self.levels = _check_levels(levels)
+        self.eta = _check_eta(eta)
+        if rearrangement not in ("isotonic", "sort"):
+            raise ConfigError(f"`calibrator.options.rearrangement` must be one of ['isotonic', 'sort']; got {rearrangement!r}")
+        self.rearrangement = rearrangement
+        self.reset()
+
+    def reset(self) -> None:
+        """Back to the identity map, with no results seen."""
+        self.q = self.levels.copy()  # raw per-level trajectories, may leave [0, 1] (Lemma 3)
+        self.hits = np.zeros_like(self.levels)  # sum_t 1{u_t <= q_{k,t}}: coverage actually achieved
+        self.T = 0
+        self._map: LevelMap | None = None
+
+    # ------------------------------------------------------------------ updates
+    def update_pit(self, u: float | Sequence[float] | Tensor) -> None:
+        """OGD steps for PIT values u (in order): q_k += eta (p_k - 1{u <= q_k}); O(K) each."""
+        for v in torch.as_tensor(u, dtype=torch.float64).reshape(-1).tolist():
+            o = (v <= self.q).astype(np.float64)
+            self.hits += o
+            self.q = self.q + self.eta * (self.levels - o)
+            self.T += 1
+        self._map = None
+
+    def _update_one(self, forecast: Forecast, y: Tensor, x: Tensor | None) -> None:
+        self.update_pit(forecast.cdf(y))
+
+    def coverage(self) -> np.ndarray:
+        """(1/T) sum_t 1{u_t <= q_{k,t}} per level: the frequency the theorem bounds (NaN before any update)."""
+        return self.hits / self.T if self.T else np.full_like(self.levels, np.nan)
+
+    # ------------------------------------------------------------------ the map
+    def level_map(self) -> LevelMap:
+        """The current monotone map R_t (rebuilt lazily after updates)."""
+        if self._map is None:
+            self._map = LevelMap(self.levels, self.q, self.rearrangement)
+        return self._map
+
+    def map_levels(self, p: Tensor) -> Tensor:
+        """R_t(p): the rearranged levels, interpolated in probit space (base.LevelMap), values in [0, 1]."""
+        return self.level_map()(p)
+
+    def unmap_levels(self, u: Tensor) -> Tensor:
+        """R_t^{-1}(u), so that the recalibrated CDF is R_t^{-1}(F(y))."""
+        return self.level_map().inverse(u)
+
+    def raw_levels(self) -> np.ndarray:
+        """The un-rearranged per-level OGD iterates q_k (may cross, may leave [0, 1])."""
+        return self.q.copy()
+
+    # ------------------------------------------------------------------ state
+    def _get_state(self) -> dict[str, Any]:
+        return {
+            "levels": torch.tensor(self.levels),
+            "eta": self.eta,
+            "rearrangement": self.rearrangement,
+            "q": torch.tensor(self.q),
+            "hits": torch.tensor(self.hits),
+            "T": self.T,
+        }
+
+    def _set_state(self, state: dict[str, Any]) -> None:
+        self.levels = state["levels"].numpy().astype(np.float64).copy()
+        self.eta = float(state["eta"])
+        self.rearrangement = str(state["rearrangement"])
+        self.q = state["q"].numpy().astype(np.float64).copy()
+        self.hits = state["hits"].numpy().astype(np.float64).copy()
+        self.T = int(state["T"])
+        self._map = None
+
+
+class OnlineIntervalCalibrator(OnlineQuantileRecalibrator):
+    """Conformal interval variant (spec §1.5): levels (1 - c)/2 and (1 + c)/2 for each coverage c.
+
+    `interval_levels(c)` gives the base-forecast levels whose quantiles bound the recalibrated central
+    interval; a level <= 0 or >= 1 means an infinite end (the theorem's convention), which is what
+    `interval` returns, so its long-run coverage is exactly guaranteed.
+
+    Args:
+        coverages: nominal central coverages c in (0, 1).
+        eta: OGD step size > 0.
+        spread: optional `SpreadTracker`.
+    """
+
+    name = "online-interval"
+
+    def __init__(
+        self, coverages: Sequence[float] = (0.5, 0.8, 0.9), eta: float = DEFAULT_ETA, rearrangement: str = "isotonic",
+        spread: Any = None,
+    ) -> None:
+        cov = _check_levels(coverages)
+        self.coverages = cov
+        super().__init__(levels=np.concatenate([(1 - cov) / 2, (1 + cov) / 2]), eta=eta, rearrangement=rearrangement, spread=spread)
+
+    def interval_levels(self, coverage: float) -> tuple[float, float]:
+        """Raw (lo, hi) OGD levels of the nominal `coverage` (must be one of `coverages`), sorted."""
+        k = np.flatnonzero(np.isclose(self.coverages, coverage))
+        if k.size == 0:
+            raise ConfigError(f"coverage {coverage} is not tracked; tracked: {self.coverages.tolist()}")
+        lo_i = int(np.flatnonzero(np.isclose(self.levels, (1 - coverage) / 2))[0])
+        hi_i = int(np.flatnonzero(np.isclose(self.levels, (1 + coverage) / 2))[0])
+        lo, hi = sorted((float(self.q[lo_i]), float(self.q[hi_i])))
+        return lo, hi
+
+    def interval(self, forecast: Forecast, coverage: float) -> tuple[Tensor, Tensor]:
+        """Recalibrated interval [Q(q_lo), Q(q_hi)] (`n`, `n`), with -inf / +inf where a level left (0, 1)."""
+        lo, hi = self.interval_levels(coverage)
+        n = len(forecast)
+        inner = [v for v in (lo, hi) if 0 < v < 1]
+        qs = forecast.quantile(inner) if inner else torch.empty(n, 0, dtype=torch.float64)
+        j = 0
+        ends = []
+        for v, inf in ((lo, -math.inf), (hi, math.inf)):
+            if 0 < v < 1:
+                ends.append(qs[:, j])
+                j += 1
+            elif v <= 0:
+                ends.append(torch.full((n,), -math.inf, dtype=torch.float64))
+            else:
+                ends.append(torch.full((n,), math.inf, dtype=torch.float64))
+        return ends[0], ends[1]
+
+    def covers(self, forecast: Forecast, y: Tensor, coverage: float) -> Tensor:
+        """Whether each y lies in the recalibrated interval, via PITs (no quantile bisection): `n` bool."""
+        lo, hi = self.interval_levels(coverage)
+        u = forecast.cdf(torch.as_tensor(y, dtype=torch.float64).reshape(-1))
+        return (u > lo) & (u <= hi)
+
+    def _get_state(self) -> dict[str, Any]:
+        state = super()._get_state()
+        state["coverages"] = torch.tensor(self.coverages)
+        return state
+
+    def _set_state(self, state: dict[str, Any]) -> None:
+        super()._set_state(state)
+        self.coverages = state["coverages"].numpy().astype(np.float64).copy()

@@ -1,0 +1,177 @@
+"""Spread factor s_t (global) or s_t(x) (local) for Thompson sampling and Q-GIBBON (issue 5 item 6).
+
+The SVGP proposers cannot use a level map (they sample f, not y), so calibration reaches them as a factor on
+the posterior spread of f: a Thompson path becomes mu + s(x)(path - mu), Q-GIBBON uses s(x) sigma_f. s is
+learned online from one-step-ahead central predictive intervals, in the adaptive-conformal form of
+calibrated-bo.md §1.5 (ACI, q_{t+1} = q_t + eta(p - err)) applied to log s:
+
+    e_t = 1{ y_t outside the central c-interval of the forecast with var_f scaled by s_t(x_t)^2 }
+    log s_{t+1}(.) = log s_t(.) + eta_t (e_t - (1 - c)) k(x_t, .)
+
+A miss widens, a hit narrows; the long-run miss rate tends to 1 - c while s stays inside its clip range.
+Global mode: k = 1 (one scalar). Local mode: the LOCBO-style threshold c_t + g_t(x) of locbo.md §1.3, with
+k(x, x') = exp(-|x - x'|^2 / l^2) added to the global term, decaying by (1 - lambda_reg eta_t) per step.
+s(x) is clipped to [SPREAD_MIN, SPREAD_MAX] (named constants below; not in any paper).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from orchestrator.errors import ConfigError, InputDataError
+from orchestrator.models.predictive import Forecast
+
+__all__ = ["SpreadTracker", "SPREAD_MIN", "SPREAD_MAX", "attach", "scaled_forecast"]
+
+#: lower clip of s(x): never shrink the posterior spread of f below a quarter of the model's
+SPREAD_MIN = 0.25
+#: upper clip of s(x): never widen beyond 10x (a wider f-posterior is exploration at random)
+SPREAD_MAX = 10.0
+
+
+def scaled_forecast(forecast: Forecast, s: Tensor | float) -> Forecast:
+    """The forecast with the posterior variance of f multiplied by s^2 (`s` scalar or `n`)."""
+    s = torch.as_tensor(s, dtype=torch.float64)
+    return Forecast(forecast.family, forecast.tau, forecast.mu_f, forecast.var_f * s * s, forecast.mu_g, forecast.var_g)
+
+
+class SpreadTracker:
+    """Online spread factor from one-step-ahead interval misses.
+
+    Args:
+        mode: "global" (one s_t) or "local" (s_t(x), needs the point of each result).
+        coverage: nominal central coverage c of the tracked interval, in (0, 1).
+        eta: step size on log s (> 0); local mode decays it as eta t^{-decay}.
+        lengthscale: l of the localization kernel (unit-cube units, local mode).
+        decay: exponent w of the step schedule eta_t = eta t^{-w} (local mode; locbo.md §1.3).
+        lambda_reg: RKHS regularizer of the local term (each past term shrinks by 1 - lambda_reg eta_t).
+        s_min, s_max: clip range of s(x).
+    """
+
+    def __init__(
+        self,
+        mode: str = "global",
+        coverage: float = 0.8,
+        eta: float = 0.1,
+        lengthscale: float = 0.2,
+        decay: float = 0.05,
+        lambda_reg: float = 4e-3,
+        s_min: float = SPREAD_MIN,
+        s_max: float = SPREAD_MAX,
+    ) -> None:
+        if mode not in ("global", "local"):
+            raise ConfigError(f"`calibrator.options.spread` must be one of ['global', 'local', 'off']; got {mode!r}")
+        for key, v, ok in (
+            ("spread_coverage", coverage, 0 < coverage < 1),
+            ("spread_eta", eta, eta > 0),
+            ("spread_lengthscale", lengthscale, lengthscale > 0),
+            ("spread_decay", decay, decay >= 0),
+            ("spread_lambda_reg", lambda_reg, lambda_reg >= 0),
+            ("spread_min", s_min, 0 < s_min <= 1),
+            ("spread_max", s_max, s_max >= 1),
+        ):
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and ok):
+                raise ConfigError(f"`calibrator.options.{key}` is out of range; got {v!r}")
+        self.mode = mode
+        self.coverage = float(coverage)
+        self.eta = float(eta)
+        self.lengthscale = float(lengthscale)
+        self.decay = float(decay)
+        self.lambda_reg = float(lambda_reg)
+        self.s_min, self.s_max = float(s_min), float(s_max)
+        self.log_s = 0.0
+        self.t = 0
+        self.misses = 0
+        self.centers = torch.empty(0, 0, dtype=torch.float64)
+        self.coefs = torch.empty(0, dtype=torch.float64)
+
+    @property
+    def needs_x(self) -> bool:
+        return self.mode == "local"
+
+    def log_spread(self, X: Tensor) -> Tensor:
+        """Unclipped log s(x) at `... x n x d` -> `... x n`."""
+        out = torch.full(X.shape[:-1], self.log_s, dtype=X.dtype, device=X.device)
+        if self.mode == "local" and self.coefs.numel():
+            C = self.centers.to(X)
+            d2 = ((X.unsqueeze(-2) - C) ** 2).sum(-1)  # ... x n x t
+            out = out + (torch.exp(-d2 / self.lengthscale**2) * self.coefs.to(X)).sum(-1)
+        return out
+
+    def __call__(self, X: Tensor) -> Tensor:
+        """s(x) clipped to [s_min, s_max] at `... x n x d` -> `... x n`."""
+        return self.log_spread(X).clamp(math.log(self.s_min), math.log(self.s_max)).exp()
+
+    def miss(self, forecast: Forecast, y: Tensor, s: Tensor | float) -> Tensor:
+        """1{y outside the central `coverage` interval of `forecast` with f widened by s} (`n` bool)."""
+        u = scaled_forecast(forecast, s).cdf(torch.as_tensor(y, dtype=torch.float64).reshape(-1))
+        return (2 * u - 1).abs() > self.coverage
+
+    def update(self, forecast: Forecast, y: Tensor, x: Tensor | None = None) -> None:
+        """One result: `forecast` of one point, scalar `y`, its `d` point `x` (required in local mode)."""
+        if self.mode == "local" and x is None:
+            raise InputDataError("a local spread factor needs the point x of each result")
+        self.t += 1
+        xs = None if x is None else torch.as_tensor(x, dtype=torch.float64).reshape(1, -1)
+        lo, hi = math.log(self.s_min), math.log(self.s_max)
+        s = self(xs)[0] if xs is not None else torch.tensor(math.exp(min(max(self.log_s, lo), hi)), dtype=torch.float64)
+        e = float(self.miss(forecast, y, s)[0])
+        grad = e - (1.0 - self.coverage)
+        # the global term is kept inside the clip range so that a long run of misses cannot wind it up
+        if self.mode == "global":
+            self.log_s = min(max(self.log_s + self.eta * grad, lo), hi)
+        else:
+            eta_t = self.eta * self.t ** (-self.decay)
+            self.log_s = min(max(self.log_s + eta_t * grad, lo), hi)
+            if self.centers.numel() == 0:
+                self.centers = torch.empty(0, xs.shape[-1], dtype=torch.float64)
+            self.coefs = torch.cat([self.coefs * (1 - self.lambda_reg * eta_t), torch.tensor([eta_t * grad], dtype=torch.float64)])
+            self.centers = torch.cat([self.centers, xs])
+        self.misses += int(e)
+
+    def get_state(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode, "coverage": self.coverage, "eta": self.eta, "lengthscale": self.lengthscale,
+            "decay": self.decay, "lambda_reg": self.lambda_reg, "s_min": self.s_min, "s_max": self.s_max,
+            "log_s": self.log_s, "t": self.t, "misses": self.misses,
+            "centers": self.centers.clone(), "coefs": self.coefs.clone(),
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        for k in ("mode", "coverage", "eta", "lengthscale", "decay", "lambda_reg", "s_min", "s_max", "log_s"):
+            setattr(self, k, state[k] if k == "mode" else float(state[k]))
+        self.t, self.misses = int(state["t"]), int(state["misses"])
+        self.centers = state["centers"].clone().to(torch.float64)
+        self.coefs = state["coefs"].clone().to(torch.float64)
+
+
+def attach(calibrator: Any, proposer: Any) -> Any:
+    """Wire a calibrator into a proposer (the actor calls this once; the proposer then reads live state).
+
+    - Proposers with a `spread` attribute (Thompson sampling, Q-GIBBON) get `proposer.spread = calibrator.spread`,
+      or None when the calibrator has no spread tracker (`none`, or `spread: off`).
+    - Proposers with a `calibrator` attribute (`AcquisitionProposer`) get the calibrator itself.
+
+    Returns:
+        the proposer.
+
+    Raises:
+        UnsupportedError: the proposer has neither hook.
+    """
+    from orchestrator.errors import UnsupportedError
+
+    hooked = False
+    if hasattr(proposer, "calibrator"):
+        proposer.calibrator = calibrator
+        hooked = True
+    if hasattr(proposer, "spread"):
+        tracker = getattr(calibrator, "spread_tracker", None)
+        proposer.spread = None if tracker is None else calibrator.spread
+        hooked = True
+    if not hooked:
+        raise UnsupportedError(f"{type(proposer).__name__} has no `spread` or `calibrator` hook to attach a calibrator to")
+    return proposer
