@@ -442,7 +442,7 @@ def write_report(
             ax.text(0.5, 0.5, "no finished evaluations yet", ha="center", va="center", transform=ax.transAxes)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(f"outcome ({metrics.direction})")
-        ax.set_title(f"{metrics.name}: best {label} (tau={_fmt(metrics.tau)}) so far")
+        ax.set_title(f"{metrics.name}: best so far (target: {label}, tau={_fmt(metrics.tau)})")
         if len(x) or len(px):
             ax.legend(loc="best", fontsize=8)
         ax.grid(alpha=0.3)
