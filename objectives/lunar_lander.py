@@ -1,0 +1,149 @@
+"""Lunar lander: tune 6 gains of gymnasium's heuristic LunarLander controller; one episode's reward.
+
+Implements quantile-expectile-bo.md §4.2 (paper 003, "heuristic_Controller_6d" of its public code). The
+controller is gymnasium's own `heuristic` (gymnasium/envs/box2d/lunar_lander.py) with six of its constants
+made parameters ``w`` in [0, 1.2]^6:
+
+    angle_targ = clip(0.5 s[0] + 1.0 s[2], -0.4, 0.4);   hover_targ = 0.55 |s[0]|
+    angle_todo = (angle_targ - s[4]) * w0 - s[5] * w1      (gymnasium: 0.5, 1.0)
+    hover_todo = (hover_targ - s[1]) * w2 - s[3] * w3      (gymnasium: 0.5, 0.5)
+    if a leg touches:  angle_todo = w4,  hover_todo = -s[3] * w5   (gymnasium: 0, 0.5)
+    action = main engine if hover_todo > |angle_todo| and hover_todo > 0.05,
+             else left/right engine if angle_todo < -0.05 / > 0.05, else nothing.
+
+So ``w = (0.5, 1.0, 0.5, 0.5, 0.0, 0.5)`` (`GYMNASIUM_HEURISTIC`) reproduces gymnasium's heuristic exactly.
+One evaluation is one episode of ``LunarLander-v3`` (the paper's v2 no longer exists in gymnasium 1.x), reset
+with the evaluation's seed. Step limit 1000. A11: an episode still flying at the limit gets a penalty of
+100 *subtracted* (the pubcode's ``total -= timeout_reward`` with ``timeout_reward = -100`` adds 100, which is
+read as a sign bug: a hovering lander must not be rewarded). The reward is returned as is (not /300).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from objectives.base import EvalResult, Objective, ObjectiveError, Resources, check_params
+
+__all__ = ["GYMNASIUM_HEURISTIC", "LunarLander", "heuristic_controller_6d"]
+
+#: the six gains that reproduce gymnasium's `heuristic`
+GYMNASIUM_HEURISTIC: tuple[float, ...] = (0.5, 1.0, 0.5, 0.5, 0.0, 0.5)
+_NAMES = ("angle_gain", "angular_speed_gain", "hover_gain", "vertical_speed_gain", "contact_angle", "contact_damping")
+
+
+def heuristic_controller_6d(s: Sequence[float], w: Sequence[float]) -> int:
+    """Discrete action of the 6-gain heuristic controller (see module docstring) for state `s`."""
+    angle_targ = min(max(s[0] * 0.5 + s[2] * 1.0, -0.4), 0.4)
+    hover_targ = 0.55 * abs(s[0])
+    angle_todo = (angle_targ - s[4]) * w[0] - s[5] * w[1]
+    hover_todo = (hover_targ - s[1]) * w[2] - s[3] * w[3]
+    if s[6] or s[7]:
+        angle_todo = w[4]
+        hover_todo = -s[3] * w[5]
+    if hover_todo > abs(angle_todo) and hover_todo > 0.05:
+        return 2
+    if angle_todo < -0.05:
+        return 3
+    if angle_todo > 0.05:
+        return 1
+    return 0
+
+
+class LunarLander(Objective):
+    """Reward of one LunarLander episode flown by the 6-gain heuristic controller (maximize).
+
+    Parameters are the six gains, named ``angle_gain``, ``angular_speed_gain``, ``hover_gain``,
+    ``vertical_speed_gain``, ``contact_angle``, ``contact_damping`` (w0..w5 of the pubcode), each in [0, 1.2].
+    The evaluation's seed seeds ``env.reset``, so the same seed and gains give the same episode.
+
+    Args:
+        steps_limit: maximum number of steps of an episode (1000 in the paper).
+        timeout_penalty: subtracted from the reward of an episode that reaches the limit (A11; 100).
+        env_id: gymnasium environment id.
+        upper: upper bound of every gain (1.2 in the pubcode).
+    """
+
+    name = "lunar-lander"
+    direction = "maximize"
+    noisy = True
+    resources = Resources(num_cpus=1.0)
+
+    def __init__(
+        self,
+        steps_limit: int = 1000,
+        timeout_penalty: float = 100.0,
+        env_id: str = "LunarLander-v3",
+        upper: float = 1.2,
+    ) -> None:
+        if isinstance(steps_limit, bool) or not isinstance(steps_limit, int) or steps_limit < 1:
+            raise ObjectiveError(f"steps_limit must be a positive integer; got {steps_limit!r}")
+        if not isinstance(timeout_penalty, (int, float)) or not math.isfinite(timeout_penalty):
+            raise ObjectiveError(f"timeout_penalty must be a finite number; got {timeout_penalty!r}")
+        if not isinstance(upper, (int, float)) or not (math.isfinite(upper) and upper > 0):
+            raise ObjectiveError(f"upper must be a positive number; got {upper!r}")
+        self.steps_limit, self.timeout_penalty, self.env_id = int(steps_limit), float(timeout_penalty), str(env_id)
+        self.space = {n: {"type": "float", "low": 0.0, "high": float(upper), "log": False} for n in _NAMES}
+        self._env: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the Box2D world does not pickle; a copy (e.g. on a Ray worker) makes its own
+        state = self.__dict__.copy()
+        state["_env"] = None
+        return state
+
+    def _get_env(self) -> Any:
+        if self._env is None:
+            try:
+                import gymnasium
+            except ImportError as exc:  # pragma: no cover - depends on the installation
+                raise ObjectiveError("the lunar-lander objective needs gymnasium[box2d]: pip install 'qbatch[lander]'") from exc
+            try:
+                self._env = gymnasium.make(self.env_id, max_episode_steps=self.steps_limit)
+            except Exception as exc:
+                raise ObjectiveError(f"cannot make gymnasium environment env_id={self.env_id!r}: {exc}") from exc
+        return self._env
+
+    def params_to_gains(self, params: Mapping[str, Any]) -> np.ndarray:
+        """Validate `params` and return the six gains ``w`` in pubcode order."""
+        check_params(self.space, params)
+        return np.array([float(params[n]) for n in _NAMES], dtype=np.float64)
+
+    def gains_to_params(self, w: Sequence[float]) -> dict[str, float]:
+        """The parameter dict of six gains in pubcode order."""
+        if len(w) != 6:
+            raise ObjectiveError(f"expected 6 gains; got {len(w)}")
+        return {n: float(v) for n, v in zip(_NAMES, w)}
+
+    def episode(self, w: Sequence[float], seed: int) -> tuple[float, int, bool]:
+        """Fly one episode with gains `w` from ``env.reset(seed=seed)``: (reward, steps, timed_out)."""
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise ObjectiveError(f"seed must be an integer; got {seed!r}")
+        env = self._get_env()
+        s, _ = env.reset(seed=int(seed) % 2**63)
+        total, steps = 0.0, 0
+        while True:
+            s, r, terminated, truncated, _ = env.step(heuristic_controller_6d(s, w))
+            total += float(r)
+            steps += 1
+            if terminated:
+                return total, steps, False
+            if truncated or steps >= self.steps_limit:
+                return total - self.timeout_penalty, steps, True
+
+    def evaluate(self, params: Mapping[str, Any], seed: int) -> EvalResult:
+        reward, steps, timed_out = self.episode(self.params_to_gains(params), seed)
+        return EvalResult(value=reward, metrics={"steps": float(steps), "timed_out": float(timed_out)})
+
+    def empirical_quantile(self, params: Mapping[str, Any], tau: float, n_episodes: int = 100, seed0: int = 10**6) -> float:
+        """Empirical tau-quantile of the reward over `n_episodes` episodes with seeds ``seed0, seed0+1, ...``.
+
+        The paper scores a recommendation by this quantity with 100 episodes (quantile-expectile-bo.md §4.2).
+        """
+        if not (0.0 < float(tau) < 1.0):
+            raise ObjectiveError(f"quantile level tau must be in (0, 1); got {tau!r}")
+        w = self.params_to_gains(params)
+        rewards = [self.episode(w, seed0 + i)[0] for i in range(int(n_episodes))]
+        return float(np.quantile(rewards, tau))
