@@ -1,0 +1,75 @@
+"""GPyTorch surrogates of qbatch: quantile / expectile / heteroscedastic SVGPs and the exact GP.
+
+quantile-expectile-bo.md §1 (the two-latent SVGPs, their likelihoods and inducing points) and the exact-GP
+baseline; every model implements `orchestrator.models.base.Surrogate`. `build_model(name, **options)` builds
+one by its config name ("quantile", "expectile", "heteroscedastic", "exact-gp"). Model classes are imported
+lazily, so importing this package does not import GPyTorch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from orchestrator.errors import ConfigError
+from orchestrator.models.base import FAMILIES, TKWARGS, SparseLatentParts, Surrogate, check_training_data
+
+__all__ = [
+    "FAMILIES",
+    "MODELS",
+    "TKWARGS",
+    "AsymmetricGaussianLikelihood",
+    "AsymmetricLaplaceLikelihood",
+    "ExactGP",
+    "ExpectileSVGP",
+    "HeteroscedasticGaussianLikelihood",
+    "HeteroscedasticSVGP",
+    "KMeansInducingPointSelector",
+    "QuantileSVGP",
+    "SparseLatentParts",
+    "Surrogate",
+    "build_model",
+    "check_training_data",
+]
+
+#: config name -> (module, class)
+MODELS: dict[str, tuple[str, str]] = {
+    "quantile": ("orchestrator.models.quantile_svgp", "QuantileSVGP"),
+    "expectile": ("orchestrator.models.expectile_svgp", "ExpectileSVGP"),
+    "heteroscedastic": ("orchestrator.models.het_svgp", "HeteroscedasticSVGP"),
+    "exact-gp": ("orchestrator.models.exact_gp", "ExactGP"),
+}
+
+_LAZY: dict[str, str] = {
+    "QuantileSVGP": "orchestrator.models.quantile_svgp",
+    "ExpectileSVGP": "orchestrator.models.expectile_svgp",
+    "HeteroscedasticSVGP": "orchestrator.models.het_svgp",
+    "ExactGP": "orchestrator.models.exact_gp",
+    "KMeansInducingPointSelector": "orchestrator.models.inducing",
+    "AsymmetricLaplaceLikelihood": "orchestrator.models.likelihoods",
+    "AsymmetricGaussianLikelihood": "orchestrator.models.likelihoods",
+    "HeteroscedasticGaussianLikelihood": "orchestrator.models.likelihoods",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def build_model(name: str, **options: Any) -> Surrogate:
+    """Build the surrogate called `name` ("quantile", "expectile", "heteroscedastic", "exact-gp").
+
+    Args:
+        name: the model's config name.
+        **options: constructor options, e.g. `tau=0.1, num_inducing=256` (see `SVGPOptions` for the SVGPs
+            and `ExactGP` for the exact GP). Unknown options raise `ConfigError` naming them.
+
+    Raises:
+        ConfigError: unknown name (the message lists the valid ones) or a bad option.
+    """
+    if name not in MODELS:
+        raise ConfigError(f"unknown model {name!r}; valid models: {sorted(MODELS)}")
+    module, cls = MODELS[name]
+    return getattr(importlib.import_module(module), cls)(**options)

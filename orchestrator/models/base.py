@@ -43,6 +43,8 @@ class SparseLatentParts:
         u_mean: `m`
         u_covar: `m x m`
         nu: Matern smoothness (2.5)
+        jitter: the K_ZZ of the formulas is k(Z, Z) + `jitter` * I (the SVGPs add a small jitter to their
+            prior covariance at Z; with it the formulas reproduce `posterior_f`/`posterior_g` exactly)
     """
 
     constant_mean: Tensor
@@ -52,6 +54,7 @@ class SparseLatentParts:
     u_mean: Tensor
     u_covar: Tensor
     nu: float = 2.5
+    jitter: float = 0.0
 
 
 def check_training_data(X: Tensor, Y: Tensor) -> None:

@@ -1,0 +1,32 @@
+"""Quantile SVGP: two latent GPs (f = the tau-quantile, g = log sigma) with the asymmetric Laplace likelihood.
+
+quantile-expectile-bo.md §1.2-1.6 (Picheny et al. 2022, "Bayesian Quantile and Expectile Optimisation");
+the shared SVGP machinery (k-means inducing inputs, warm-started unwhitened q(u), minibatch Adam on the
+ELBO) lives in `orchestrator.models.svgp`.
+"""
+
+from __future__ import annotations
+
+from orchestrator.models.likelihoods import AsymmetricLaplaceLikelihood
+from orchestrator.models.svgp import TwoLatentSVGPSurrogate
+
+__all__ = ["QuantileSVGP"]
+
+
+class QuantileSVGP(TwoLatentSVGPSurrogate):
+    """SVGP whose latent f is the tau-quantile of y (family "asymmetric_laplace").
+
+    Args:
+        tau: quantile level in (0, 1).
+        **options: fields of `orchestrator.models.svgp.SVGPOptions` (num_inducing, batch_size, lr, ...).
+
+    Example:
+        >>> model = QuantileSVGP(tau=0.1, num_inducing=64)
+        >>> info = model.fit(X, Y)  # `n x d` in [0, 1]^d, `n`
+        >>> mean, cov = model.posterior_f(X_test)  # standardized units
+    """
+
+    family = "asymmetric_laplace"
+
+    def _make_likelihood(self, tau: float) -> AsymmetricLaplaceLikelihood:
+        return AsymmetricLaplaceLikelihood(tau)

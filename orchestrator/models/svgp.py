@@ -1,0 +1,543 @@
+"""Shared machinery of the two-latent sparse variational GPs (quantile, expectile, heteroscedastic).
+
+quantile-expectile-bo.md §1.3-1.6 (Picheny et al. 2022; Hensman et al. 2013; Saul et al. 2016): two
+independent latent GPs f and g = log sigma, each with a constant mean and a Matern-5/2 ARD kernel (GPyTorch
+`ScaleKernel(MaternKernel)` with batch shape [2]), shared inducing inputs Z chosen by k-means and refreshed at
+every fit (never trained), and an unwhitened Gaussian q(u_f) q(u_g) (GPyTorch `CholeskyVariationalDistribution`
+with batch shape [2], read as u = h(Z) for the zero-mean parts h). Training maximises the minibatch ELBO
+(N/|B| scaling, both KL terms, hyperpriors as GPyTorch adds them) with Adam, a plateau learning-rate schedule
+and early stopping (§1.6). At every refresh q(u) is warm-started by projecting the previous posterior onto
+the new Z (§1.4). The unwhitened posterior algebra is written out with batched triangular solves so a
+prediction costs O(m^2) per point and `... x n x d` batches need no Python loop.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import gpytorch
+import torch
+from gpytorch.constraints import GreaterThan
+from gpytorch.kernels import MaternKernel, ScaleKernel
+from gpytorch.means import ConstantMean
+from gpytorch.priors import LogNormalPrior
+from gpytorch.variational import CholeskyVariationalDistribution
+from linear_operator.utils.cholesky import psd_safe_cholesky
+from torch import Tensor
+
+from orchestrator.errors import ConfigError, InputDataError
+from orchestrator.models import distributions as D
+from orchestrator.models.base import TKWARGS, SparseLatentParts, Surrogate, check_training_data
+from orchestrator.models.inducing import KMeansInducingPointSelector
+from orchestrator.models.likelihoods import check_tau
+
+__all__ = ["SVGPOptions", "TwoLatentSVGP", "TwoLatentSVGPSurrogate", "matern52"]
+
+#: jitter added to k(Z, Z), relative to the latent's outputscale (GPyTorch's float64 default is 1e-6 absolute)
+JITTER_REL = 1e-6
+#: jitter added to the projected covariance S <- Sigma(Z', Z') + jitter I at a warm start (spec §1.4)
+WARM_START_JITTER = 1e-6
+#: floor of posterior marginal variances returned by `posterior_f`/`posterior_g` (roundoff guard)
+MIN_VARIANCE = 1e-12
+#: floor of the outcome std used for standardization (constant outcomes)
+MIN_Y_STD = 1e-9
+#: floor on the kernel outputscale (keeps k(Z, Z) positive definite)
+MIN_OUTPUTSCALE = 1e-6
+_SQRT5 = math.sqrt(5.0)
+_LATENTS = {"f": 0, "g": 1}
+
+
+def matern52(x1: Tensor, x2: Tensor, lengthscale: Tensor, outputscale: Tensor) -> Tensor:
+    """Matern-5/2 ARD covariance s^2 (1 + sqrt5 r + 5 r^2/3) exp(-sqrt5 r) (spec §1.3).
+
+    Args:
+        x1: `... x n x d`; x2: `... x p x d`; lengthscale: `... x 1 x d`; outputscale: `...`
+            (all broadcast against each other).
+
+    Returns:
+        `... x n x p` covariance (same values as GPyTorch's `ScaleKernel(MaternKernel(nu=2.5))`).
+    """
+    a = x1 / lengthscale
+    b = x2 / lengthscale
+    r2 = (a * a).sum(-1, keepdim=True) + (b * b).sum(-1).unsqueeze(-2) - 2.0 * a @ b.transpose(-1, -2)
+    r = r2.clamp_min(1e-30).sqrt()
+    k = (1.0 + _SQRT5 * r + (5.0 / 3.0) * r2.clamp_min(0.0)) * torch.exp(-_SQRT5 * r)
+    return outputscale[..., None, None] * k
+
+
+@dataclass
+class SVGPOptions:
+    """Options of the two-latent SVGPs (spec §1.4-1.6; defaults and deviations documented per field).
+
+    Attributes:
+        num_inducing: m, the number of k-means inducing inputs. 128 (the pubcode uses 50, ambiguity A2;
+            qbatch runs reach thousands of points, where 50 underfits).
+        batch_size: minibatch size (200, spec §1.6); the full data when n is smaller.
+        lr: Adam learning rate (1e-2, spec §1.6).
+        max_steps: cap on minibatch steps of a cold fit (the pubcode's 5000 epochs are unaffordable).
+        warm_max_steps: cap on minibatch steps of a warm refit (after the first fit); 0 only refreshes Z and
+            projects q(u) onto it.
+        min_steps_per_epoch: an "epoch" (the unit of the plateau and early-stopping schedules) is
+            max(ceil(n / batch_size), this) minibatch steps, so small data sets are not stopped after a
+            handful of steps.
+        plateau_patience, plateau_factor, min_lr: ReduceLROnPlateau on the epoch loss (10, 0.5, 1e-6).
+        early_stop_patience, min_delta: early stopping on the epoch loss (50 epochs, 0.01 nats per datum).
+        warm_early_stop_patience: early-stopping patience (epochs) of warm refits.
+        lengthscale_init: initial ARD lengthscale of both latents (0.2, spec §1.3).
+        outputscale_init: initial outputscale of both latents in standardized units (Var(Y)/2 = 0.5).
+        use_priors: add the hyperpriors s^2 ~ LogNormal(0, 1), l_d ~ LogNormal(log 0.2, 1) to the loss
+            (spec §1.3, ambiguity A2: GPyTorch adds registered priors).
+        kmeans_iter: k-means restarts for the inducing inputs.
+        seed: seed of the minibatch order, k-means and the uniform fill of Z.
+    """
+
+    num_inducing: int = 128
+    batch_size: int = 200
+    lr: float = 1e-2
+    max_steps: int = 5000
+    warm_max_steps: int = 500
+    min_steps_per_epoch: int = 25
+    plateau_patience: int = 10
+    plateau_factor: float = 0.5
+    min_lr: float = 1e-6
+    early_stop_patience: int = 50
+    warm_early_stop_patience: int = 3
+    min_delta: float = 0.01
+    lengthscale_init: float = 0.2
+    outputscale_init: float = 0.5
+    use_priors: bool = True
+    kmeans_iter: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.warm_max_steps, bool) or not isinstance(self.warm_max_steps, int) or self.warm_max_steps < 0:
+            raise ConfigError(f"`warm_max_steps` must be a non-negative integer; got {self.warm_max_steps!r}")
+        positive_ints = ("num_inducing", "batch_size", "max_steps", "min_steps_per_epoch",
+                         "plateau_patience", "early_stop_patience", "warm_early_stop_patience", "kmeans_iter")
+        for name in positive_ints:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"`{name}` must be a positive integer; got {value!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ConfigError(f"`seed` must be an integer; got {self.seed!r}")
+        for name in ("lr", "min_lr", "lengthscale_init", "outputscale_init"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not (0 < value < math.inf):
+                raise ConfigError(f"`{name}` must be a positive number; got {value!r}")
+        if not isinstance(self.min_delta, (int, float)) or not (0 <= self.min_delta < math.inf):
+            raise ConfigError(f"`min_delta` must be a non-negative number; got {self.min_delta!r}")
+        if not isinstance(self.plateau_factor, (int, float)) or not (0 < self.plateau_factor < 1):
+            raise ConfigError(f"`plateau_factor` must be in (0, 1); got {self.plateau_factor!r}")
+        if not isinstance(self.use_priors, bool):
+            raise ConfigError(f"`use_priors` must be true or false; got {self.use_priors!r}")
+
+    @classmethod
+    def from_dict(cls, options: dict[str, Any]) -> "SVGPOptions":
+        """Build from a dict, naming any unknown key and listing the valid ones."""
+        valid = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - valid)
+        if unknown:
+            raise ConfigError(f"unknown model option(s) {unknown}; valid options: {sorted(valid)}")
+        return cls(**options)
+
+
+class TwoLatentSVGP(gpytorch.Module):
+    """The variational model over (f, g): means, kernels, q(u) and the fixed inducing inputs `Z`.
+
+    Index 0 of every batch-[2] parameter is f, index 1 is g. q(u_k) = N(a_k, L_k L_k^T) is unwhitened:
+    u_k are the values at Z of the zero-mean part of latent k (spec §1.4).
+
+    Args:
+        Z: `m x d` inducing inputs.
+        lengthscale_init, outputscale_init: initial hyperparameters of both latents.
+        use_priors: register the LogNormal hyperpriors of spec §1.3.
+    """
+
+    def __init__(self, Z: Tensor, lengthscale_init: float = 0.2, outputscale_init: float = 0.5,
+                 use_priors: bool = True) -> None:
+        super().__init__()
+        m, d = Z.shape
+        batch = torch.Size([2])
+        self.register_buffer("Z", Z.clone())
+        self.mean_module = ConstantMean(batch_shape=batch)
+        ls_prior = LogNormalPrior(math.log(0.2), 1.0) if use_priors else None
+        os_prior = LogNormalPrior(0.0, 1.0) if use_priors else None
+        self.covar_module = ScaleKernel(
+            MaternKernel(nu=2.5, ard_num_dims=d, batch_shape=batch, lengthscale_prior=ls_prior),
+            batch_shape=batch,
+            outputscale_prior=os_prior,
+            outputscale_constraint=GreaterThan(MIN_OUTPUTSCALE),
+        )
+        self.variational_distribution = CholeskyVariationalDistribution(m, batch_shape=batch)
+        self.to(**TKWARGS)
+        self.covar_module.base_kernel.lengthscale = torch.full((2, 1, d), float(lengthscale_init), **TKWARGS)
+        self.covar_module.outputscale = torch.full((2,), float(outputscale_init), **TKWARGS)
+
+    # --- hyperparameters --------------------------------------------------------------------------------
+    @property
+    def constant(self) -> Tensor:
+        """`2` constant means (f, g)."""
+        return self.mean_module.constant
+
+    @property
+    def lengthscale(self) -> Tensor:
+        """`2 x 1 x d` ARD lengthscales."""
+        return self.covar_module.base_kernel.lengthscale
+
+    @property
+    def outputscale(self) -> Tensor:
+        """`2` kernel variances."""
+        return self.covar_module.outputscale
+
+    @property
+    def u_mean(self) -> Tensor:
+        """`2 x m` unwhitened variational means a."""
+        return self.variational_distribution.variational_mean
+
+    @property
+    def u_chol(self) -> Tensor:
+        """`2 x m x m` lower Cholesky factors of the unwhitened variational covariances S."""
+        return self.variational_distribution.chol_variational_covar.tril()
+
+    def jitter(self) -> Tensor:
+        """`2` jitters added to k(Z, Z) (relative to each outputscale)."""
+        return JITTER_REL * self.outputscale
+
+    def kzz_chol(self) -> Tensor:
+        """`2 x m x m` Cholesky factor of k(Z, Z) + jitter I."""
+        Z = self.Z
+        K = matern52(Z, Z, self.lengthscale, self.outputscale)
+        K = K + self.jitter()[:, None, None] * torch.eye(Z.shape[0], **TKWARGS)
+        return psd_safe_cholesky(K)
+
+    def set_variational(self, mean: Tensor, chol: Tensor) -> None:
+        """Set q(u) from `2 x m` means and `2 x m x m` lower Cholesky factors."""
+        with torch.no_grad():
+            self.variational_distribution.variational_mean.copy_(mean)
+            self.variational_distribution.chol_variational_covar.copy_(chol)
+
+    # --- ELBO -------------------------------------------------------------------------------------------
+    def marginals(self, X: Tensor) -> tuple[Tensor, Tensor]:
+        """Posterior marginal means and variances of (f, g) at `b x d` inputs: two `2 x b` tensors."""
+        L = self.kzz_chol()
+        Kzx = matern52(self.Z, X, self.lengthscale, self.outputscale)  # 2 x m x b
+        W = torch.linalg.solve_triangular(L, Kzx, upper=False)  # L^-1 Kzx
+        La = torch.linalg.solve_triangular(L, self.u_mean.unsqueeze(-1), upper=False)  # 2 x m x 1
+        mean = self.constant.unsqueeze(-1) + (W * La).sum(-2)
+        B = torch.linalg.solve_triangular(L, self.u_chol, upper=False)  # L^-1 L_S
+        V = B.transpose(-1, -2) @ W
+        var = self.outputscale.unsqueeze(-1) - (W * W).sum(-2) + (V * V).sum(-2)
+        self._kl_cache = (L, La, B)
+        return mean, var.clamp_min(MIN_VARIANCE)
+
+    def kl_divergence(self) -> Tensor:
+        """sum over k of KL(N(a_k, S_k) || N(0, K_ZZ + jitter I)), using the factors of the last `marginals` call."""
+        L, La, B = self._kl_cache
+        m = L.shape[-1]
+        logdet_k = 2.0 * torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
+        logdet_s = torch.log(torch.diagonal(self.u_chol, dim1=-2, dim2=-1).pow(2)).sum(-1)
+        kl = 0.5 * ((B * B).sum((-2, -1)) + (La * La).sum((-2, -1)) - m + logdet_k - logdet_s)
+        return kl.sum()
+
+    def log_prior(self) -> Tensor:
+        """Sum of the registered hyperprior log-densities (0 when there are none)."""
+        total = torch.zeros((), **TKWARGS)
+        for _, module, prior, closure, _ in self.named_priors():
+            total = total + prior.log_prob(closure(module)).sum()
+        return total
+
+
+class _PredictiveCache:
+    """Factors of one latent's posterior that do not depend on the test inputs (detached)."""
+
+    def __init__(self, model: TwoLatentSVGP, k: int) -> None:
+        with torch.no_grad():
+            L = model.kzz_chol()[k]
+            self.Z = model.Z.detach().clone()
+            self.constant = model.constant[k].detach().clone()
+            self.lengthscale = model.lengthscale[k].detach().clone()  # 1 x d
+            self.outputscale = model.outputscale[k].detach().clone()
+            self.jitter = float(model.jitter()[k])
+            self.L = L
+            self.La = torch.linalg.solve_triangular(L, model.u_mean[k].unsqueeze(-1), upper=False).squeeze(-1)
+            self.B = torch.linalg.solve_triangular(L, model.u_chol[k], upper=False)
+            self.u_mean = model.u_mean[k].detach().clone()
+            self.u_covar = model.u_chol[k] @ model.u_chol[k].transpose(-1, -2)
+
+    def posterior(self, X: Tensor, full_cov: bool) -> tuple[Tensor, Tensor]:
+        """Mean `... x n` and covariance `... x n x n` (or variance `... x n`) at `... x n x d`."""
+        Kzx = matern52(self.Z, X, self.lengthscale, self.outputscale)  # ... x m x n
+        L = self.L.expand(*Kzx.shape[:-2], *self.L.shape)
+        W = torch.linalg.solve_triangular(L, Kzx, upper=False)
+        mean = self.constant + (W * self.La.unsqueeze(-1)).sum(-2)
+        V = self.B.transpose(-1, -2) @ W
+        if full_cov:
+            Kxx = matern52(X, X, self.lengthscale, self.outputscale)
+            cov = Kxx - W.transpose(-1, -2) @ W + V.transpose(-1, -2) @ V
+            return mean, 0.5 * (cov + cov.transpose(-1, -2))
+        var = self.outputscale - (W * W).sum(-2) + (V * V).sum(-2)
+        return mean, var.clamp_min(MIN_VARIANCE)
+
+
+class TwoLatentSVGPSurrogate(Surrogate):
+    """A `Surrogate` backed by `TwoLatentSVGP`; subclasses pick the likelihood (family).
+
+    Args:
+        tau: quantile/expectile level (or plug-in quantile level for the Gaussian family), in (0, 1).
+        **options: fields of `SVGPOptions`.
+    """
+
+    family: str = ""
+
+    def __init__(self, tau: float = 0.5, **options: Any) -> None:
+        self.tau = check_tau(tau)
+        self.options = SVGPOptions.from_dict(options)
+        self.likelihood = self._make_likelihood(self.tau)
+        self.model: TwoLatentSVGP | None = None
+        self._y_mean = 0.0
+        self._y_std = 1.0
+        self._n_fit = 0
+        self._caches: dict[int, _PredictiveCache] = {}
+        self._generator = torch.Generator().manual_seed(self.options.seed)
+        self._selector = KMeansInducingPointSelector(self.options.num_inducing, self.options.kmeans_iter)
+
+    def _make_likelihood(self, tau: float) -> Any:
+        raise NotImplementedError
+
+    # --- Surrogate interface -------------------------------------------------------------------------------
+    @property
+    def num_outputs_latent(self) -> int:
+        return 2
+
+    @property
+    def outcome_transform(self) -> tuple[float, float]:
+        return (self._y_mean, self._y_std)
+
+    @property
+    def is_fitted(self) -> bool:
+        return self.model is not None
+
+    def _require_fit(self) -> None:
+        if self.model is None:
+            raise InputDataError(f"{type(self).__name__} has not been fitted yet; call fit(X, Y) first")
+
+    def _latent_index(self, latent: str) -> int:
+        if latent not in _LATENTS:
+            raise ConfigError(f"`latent` must be one of {sorted(_LATENTS)}; got {latent!r}")
+        return _LATENTS[latent]
+
+    def _check_X(self, X: Tensor) -> Tensor:
+        if not torch.is_tensor(X) or X.ndim < 2:
+            raise InputDataError(f"X must be a `... x n x d` tensor; got {type(X).__name__} "
+                                 f"of shape {tuple(getattr(X, 'shape', ()))}")
+        d = self.model.Z.shape[-1]
+        if X.shape[-1] != d:
+            raise InputDataError(f"X must have d = {d} columns; got shape {tuple(X.shape)}")
+        return X.to(**TKWARGS)
+
+    def _posterior(self, k: int, X: Tensor, full_cov: bool) -> tuple[Tensor, Tensor]:
+        self._require_fit()
+        X = self._check_X(X)
+        if k not in self._caches:
+            self._caches[k] = _PredictiveCache(self.model, k)
+        return self._caches[k].posterior(X, full_cov)
+
+    def posterior_f(self, X: Tensor, full_cov: bool = True) -> tuple[Tensor, Tensor]:
+        return self._posterior(0, X, full_cov)
+
+    def posterior_g(self, X: Tensor, full_cov: bool = False) -> tuple[Tensor, Tensor]:
+        return self._posterior(1, X, full_cov)
+
+    def sparse_parts(self, latent: str = "f") -> SparseLatentParts:
+        self._require_fit()
+        k = self._latent_index(latent)
+        if k not in self._caches:
+            self._caches[k] = _PredictiveCache(self.model, k)
+        c = self._caches[k]
+        return SparseLatentParts(
+            constant_mean=c.constant.clone(),
+            lengthscale=c.lengthscale.reshape(-1).clone(),
+            outputscale=c.outputscale.clone(),
+            Z=c.Z.clone(),
+            u_mean=c.u_mean.clone(),
+            u_covar=c.u_covar.clone(),
+            nu=2.5,
+            jitter=c.jitter,
+        )
+
+    # --- fitting -----------------------------------------------------------------------------------------
+    def _initial_constants(self, Y_std: Tensor) -> tuple[float, float]:
+        """Initial constant means (f, g) in standardized units: the empirical tau-quantile of Y for f (the mean
+        for the Gaussian family), and g such that the noise variance is half of Var(Y_std) = 1."""
+        m_factor, v_factor = D.noise_constants(self.family, self.tau)
+        c_f = 0.0 if self.family == "gaussian" else float(torch.quantile(Y_std, self.tau))
+        c_g = 0.5 * math.log(0.5 / v_factor)
+        return c_f, c_g
+
+    def _project(self, Z_new: Tensor, y_mean: float, y_std: float) -> TwoLatentSVGP:
+        """A new model on `Z_new` whose q(u) is the current posterior at `Z_new` (spec §1.4), re-expressed in
+        the new standardization (f' = (f s + m - m') / s', g' = g + log(s / s'))."""
+        old = self.model
+        opt = self.options
+        new = TwoLatentSVGP(Z_new, opt.lengthscale_init, opt.outputscale_init, opt.use_priors)
+        new.load_state_dict({k: v for k, v in old.state_dict().items()
+                             if k != "Z" and not k.startswith("variational_distribution.")}, strict=False)
+        ratio = self._y_std / y_std
+        shift = (self._y_mean - y_mean) / y_std
+        means, chols = [], []
+        eye = torch.eye(Z_new.shape[0], **TKWARGS)
+        with torch.no_grad():
+            for k in (0, 1):
+                mu, cov = self._posterior(k, Z_new, full_cov=True)
+                mu = mu - self._caches[k].constant  # a = mu(Z') - m(Z')
+                if k == 0:
+                    mu, cov = mu * ratio, cov * ratio**2
+                cov = cov + WARM_START_JITTER * cov.diagonal().mean().clamp_min(MIN_VARIANCE) * eye
+                means.append(mu)
+                chols.append(psd_safe_cholesky(cov))
+            const = old.constant.detach().clone()
+            const[0] = const[0] * ratio + shift
+            const[1] = const[1] + math.log(ratio)
+            new.mean_module.constant.copy_(const)
+            new.covar_module.outputscale = (old.outputscale.detach() * torch.tensor([ratio**2, 1.0], **TKWARGS)
+                                            ).clamp_min(2 * MIN_OUTPUTSCALE)
+        new.set_variational(torch.stack(means), torch.stack(chols))
+        return new
+
+    def _cold_model(self, Z: Tensor, Y_std: Tensor) -> TwoLatentSVGP:
+        opt = self.options
+        model = TwoLatentSVGP(Z, opt.lengthscale_init, opt.outputscale_init, opt.use_priors)
+        c_f, c_g = self._initial_constants(Y_std)
+        with torch.no_grad():
+            model.mean_module.constant.copy_(torch.tensor([c_f, c_g], **TKWARGS))
+            model.set_variational(torch.zeros(2, Z.shape[0], **TKWARGS), model.kzz_chol())
+        return model
+
+    def fit(self, X: Tensor, Y: Tensor) -> dict[str, float]:
+        """Fit to all data so far (`n x d`, `n`), warm-starting from the previous fit when there is one.
+
+        Refreshes Z by k-means, projects the previous posterior onto it, then runs minibatch Adam on the ELBO
+        until early stopping or the step cap (cold: `max_steps`; warm: `warm_max_steps`).
+        """
+        check_training_data(X, Y)
+        if self.model is not None and X.shape[-1] != self.model.Z.shape[-1]:
+            raise InputDataError(f"X must have d = {self.model.Z.shape[-1]} columns as in the previous fit; "
+                                 f"got shape {tuple(X.shape)}")
+        t0 = time.perf_counter()
+        X = X.to(**TKWARGS)
+        Y = Y.to(**TKWARGS)
+        y_mean = float(Y.mean())
+        y_std = float(Y.std()) if Y.shape[0] > 1 else 1.0
+        y_std = y_std if y_std > MIN_Y_STD else 1.0
+        Y_std = (Y - y_mean) / y_std
+        Z = self._selector(X, generator=self._generator)
+        warm = self.model is not None
+        model = self._project(Z, y_mean, y_std) if warm else self._cold_model(Z, Y_std)
+        self.model, self._y_mean, self._y_std, self._caches = model, y_mean, y_std, {}
+        info = self._train(X, Y_std, warm)
+        self._n_fit = int(X.shape[0])
+        self._caches = {}
+        info.update({"seconds": time.perf_counter() - t0, "warm": float(warm), "num_inducing": float(Z.shape[0])})
+        return info
+
+    def _train(self, X: Tensor, Y: Tensor, warm: bool) -> dict[str, float]:
+        opt = self.options
+        model = self.model
+        n = X.shape[0]
+        b = min(opt.batch_size, n)
+        batches_per_pass = math.ceil(n / b)
+        steps_per_epoch = max(batches_per_pass, opt.min_steps_per_epoch)
+        max_steps = opt.warm_max_steps if warm else opt.max_steps
+        patience = opt.warm_early_stop_patience if warm else opt.early_stop_patience
+        params = [p for p in model.parameters() if p.requires_grad]
+        adam = torch.optim.Adam(params, lr=opt.lr)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(
+            adam, mode="min", factor=opt.plateau_factor, patience=opt.plateau_patience, min_lr=opt.min_lr,
+            threshold=0.0,
+        )
+        best, wait, step, epoch_loss, stopped = math.inf, 0, 0, math.nan, False
+        order = torch.empty(0, dtype=torch.long)
+        pos = 0
+        while step < max_steps and not stopped:
+            total, count = 0.0, 0
+            for _ in range(min(steps_per_epoch, max_steps - step)):
+                if pos >= order.numel():
+                    order, pos = torch.randperm(n, generator=self._generator), 0
+                idx = order[pos:pos + b]
+                pos += b
+                adam.zero_grad(set_to_none=True)
+                loss = self._loss(X[idx], Y[idx], n)
+                loss.backward()
+                adam.step()
+                total += float(loss.detach())
+                count += 1
+                step += 1
+            epoch_loss = total / count
+            plateau.step(epoch_loss)
+            if epoch_loss < best - opt.min_delta:
+                best, wait = epoch_loss, 0
+            else:
+                wait += 1
+                stopped = wait >= patience
+        model.zero_grad(set_to_none=True)
+        return {"iterations": float(step), "epochs": float(math.ceil(step / steps_per_epoch)),
+                "loss": float(epoch_loss), "stopped_early": float(stopped)}
+
+    def _loss(self, Xb: Tensor, Yb: Tensor, n: int) -> Tensor:
+        """Negative ELBO per datum: -(n/|B| sum_B E[log p] - KL_f - KL_g + log prior) / n (spec §1.5)."""
+        model = self.model
+        mean, var = model.marginals(Xb)
+        ell = self.likelihood.expected_log_prob_moments(Yb, mean[0], var[0], mean[1], var[1]).sum()
+        elbo = ell * (n / Xb.shape[0]) - model.kl_divergence() + model.log_prior()
+        return -elbo / n
+
+    def elbo(self, X: Tensor, Y: Tensor) -> float:
+        """Full-data ELBO per datum of the current model on raw data (`n x d`, `n`), for diagnostics."""
+        self._require_fit()
+        check_training_data(X, Y)
+        Y_std = (Y.to(**TKWARGS) - self._y_mean) / self._y_std
+        with torch.no_grad():
+            return -float(self._loss(X.to(**TKWARGS), Y_std, X.shape[0]))
+
+    # --- state -------------------------------------------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        """Tensors and plain values only (loads with `torch.load(weights_only=True)`)."""
+        state: dict[str, Any] = {
+            "class": type(self).__name__,
+            "family": self.family,
+            "tau": self.tau,
+            "options": asdict(self.options),
+            "y_mean": self._y_mean,
+            "y_std": self._y_std,
+            "n_fit": self._n_fit,
+            "generator": self._generator.get_state(),
+            "model": None,
+        }
+        if self.model is not None:
+            state["model"] = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore from `get_state()`; the class and family must match."""
+        if state.get("class") != type(self).__name__:
+            raise InputDataError(f"state is for {state.get('class')!r}, not {type(self).__name__!r}")
+        self.tau = check_tau(state["tau"])
+        self.options = SVGPOptions.from_dict(dict(state["options"]))
+        self.likelihood = self._make_likelihood(self.tau)
+        self._selector = KMeansInducingPointSelector(self.options.num_inducing, self.options.kmeans_iter)
+        self._y_mean, self._y_std = float(state["y_mean"]), float(state["y_std"])
+        self._n_fit = int(state["n_fit"])
+        self._generator = torch.Generator()
+        self._generator.set_state(state["generator"])
+        self._caches = {}
+        if state["model"] is None:
+            self.model = None
+            return
+        sd = state["model"]
+        opt = self.options
+        model = TwoLatentSVGP(sd["Z"].to(**TKWARGS), opt.lengthscale_init, opt.outputscale_init, opt.use_priors)
+        model.load_state_dict(sd)
+        self.model = model
