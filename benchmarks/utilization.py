@@ -1,0 +1,262 @@
+"""Worker utilization of qbatch against a plain Ray loop and Ray Tune (issue 4, "Benchmark").
+
+U = busy evaluation time / (slots x span), the span running from the first evaluation's start to the last
+one's end; busy time is measured inside each evaluation around the objective call, the same way for every
+system. The load is `objectives.timing.SleepObjective`: lognormal evaluation times (default mean 2 s,
+CV 0.5) around a cheap analytic value, so a slot is "busy" exactly while an evaluation sleeps.
+
+Systems, all in one run on one local Ray:
+  qbatch        the central actor with the full quantile SVGP and Thompson batches, streaming (default mode)
+  qbatch-sync   the same in the papers' synchronous protocol (propose B, wait for all B, refit)
+  plain-ray     model-free: random points as plain Ray tasks, refilled by ray.wait(num_returns=1) - the
+                practical limit of this machine
+  tune          Ray Tune + OptunaSearch(GPSampler) under ConcurrencyLimiter(slots), reuse_actors=False
+  tune-reuse    the same with reuse_actors=True
+
+Slots: Ray starts with `num_cpus = slots` (16) even on a 2-core machine, and each evaluation asks for one
+CPU, so exactly `slots` evaluations run at once in every system. The evaluations only sleep, so 16 of them
+need no cores; the model, Ray's own processes and Tune's bookkeeping share the real cores.
+
+Usage (inside scripts/loopback):
+    python benchmarks/utilization.py --out bench-out            # 640 evaluations, Tune with --tune-evals 160
+    python benchmarks/utilization.py --quick --out /tmp/u        # 96 evaluations of ~0.5 s
+Targets (issue 4): qbatch U >= 0.9, >= 3x Ray Tune's best, within 0.05 of the plain Ray loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from objectives.timing import SleepObjective  # noqa: E402
+
+SYSTEMS = ("qbatch", "qbatch-sync", "plain-ray", "tune", "tune-reuse")
+
+
+def span_utilization(intervals: list[tuple[float, float]], slots: int) -> tuple[float, float, float]:
+    """(U, busy seconds, span seconds) of `(start, end)` intervals on `slots` slots."""
+    if not intervals:
+        return float("nan"), 0.0, 0.0
+    busy = float(sum(e - s for s, e in intervals))
+    span = max(e for _, e in intervals) - min(s for s, _ in intervals)
+    return busy / (slots * span), busy, span
+
+
+# ----------------------------------------------------------------------------- qbatch
+def run_qbatch(args: argparse.Namespace, n: int, synchronous: bool) -> dict[str, Any]:
+    from orchestrator.runner import run_experiment
+    from orchestrator.store import RunStore
+
+    name = "qbatch-sync" if synchronous else "qbatch"
+    run_dir = str(Path(args.out) / f"{name}-run-{int(time.time())}")
+    cfg = {
+        "name": name,
+        "objective": {"name": "sleep", "options": _objective_options(args)},
+        "tau": 0.1,
+        "model": {"type": "quantile", "options": {}},
+        "proposer": {"type": "thompson", "options": {}},
+        "batch_size": args.batch_size,
+        "initial_design": args.initial_design,
+        "budget": n,
+        "max_concurrent": args.slots,
+        "synchronous": synchronous,
+        "timeout_s": 120,
+        "seed": args.seed,
+        "run_dir": run_dir,
+    }
+    t0 = time.time()
+    summary = run_experiment(cfg, progress=not args.no_progress, out=sys.stderr,
+                             actor_options={"queue_low": args.queue_low} if args.queue_low else None)
+    wall = time.time() - t0
+    events = RunStore.open(run_dir).events()
+    done = [e for e in events if e.kind in ("completed", "failed")]
+    refits = [e.info["seconds"] for e in events if e.kind == "refit"]
+    props = sorted({(e.batch_id, e.info["proposal_seconds"]) for e in events if e.kind == "proposed" and e.info.get("source") == "model"})
+    return {
+        "intervals": [(e.started_at, e.ended_at) for e in done],
+        "wall_s": wall,
+        "failed": sum(e.kind == "failed" for e in done),
+        "refits": len(refits),
+        "refit_s_median": float(np.median(refits)) if refits else float("nan"),
+        "proposal_s_median": float(np.median([p for _, p in props])) if props else float("nan"),
+        "best": (summary.get("best_predicted") or summary.get("best_observed") or {}).get("value"),
+        "run_dir": run_dir,
+    }
+
+
+# ----------------------------------------------------------------------------- plain Ray loop
+def run_plain(args: argparse.Namespace, n: int) -> dict[str, Any]:
+    import ray
+
+    obj = SleepObjective(**_objective_options(args))
+
+    @ray.remote(num_cpus=1)
+    def evaluate(params: dict, seed: int) -> tuple[float, float, float]:
+        t0 = time.time()
+        value = obj.evaluate(params, seed).value
+        return value, t0, time.time()
+
+    rng = np.random.default_rng(args.seed)
+    names = list(obj.space)
+
+    def submit(i: int) -> Any:
+        return evaluate.remote({k: float(v) for k, v in zip(names, rng.random(len(names)))}, args.seed * 100_003 + i)
+
+    t0 = time.time()
+    inflight = [submit(i) for i in range(min(args.slots, n))]
+    submitted = len(inflight)
+    out = []
+    while inflight:
+        ready, inflight = ray.wait(inflight, num_returns=1)
+        out.append(ray.get(ready[0]))
+        if submitted < n:
+            inflight.append(submit(submitted))
+            submitted += 1
+    return {"intervals": [(s, e) for _, s, e in out], "wall_s": time.time() - t0, "failed": 0,
+            "best": max(v for v, _, _ in out)}
+
+
+# ----------------------------------------------------------------------------- Ray Tune
+def run_tune(args: argparse.Namespace, n: int, reuse: bool) -> dict[str, Any]:
+    import optuna
+    from ray import tune
+    from ray.tune.search import ConcurrencyLimiter
+    from ray.tune.search.optuna import OptunaSearch
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    obj = SleepObjective(**_objective_options(args))
+
+    def trainable(config: dict) -> None:
+        seed = int(time.time_ns() % 2**31)  # Tune hands out no per-trial seed
+        t0 = time.time()
+        value = obj.evaluate(config, seed).value
+        tune.report({"value": value, "eval_start": t0, "eval_end": time.time()})
+
+    space = {k: tune.uniform(0.0, 1.0) for k in obj.space}
+    searcher = OptunaSearch(metric="value", mode="max", sampler=optuna.samplers.GPSampler(seed=args.seed))
+    search_alg = ConcurrencyLimiter(searcher, max_concurrent=args.slots)
+    tuner = tune.Tuner(
+        tune.with_resources(trainable, {"cpu": 1}),
+        param_space=space,
+        tune_config=tune.TuneConfig(search_alg=search_alg, num_samples=n, reuse_actors=reuse,
+                                    max_concurrent_trials=args.slots),
+        run_config=tune.RunConfig(name=f"tune-{'reuse' if reuse else 'fresh'}-{int(time.time())}",
+                                  storage_path=str(Path(args.out).resolve() / "tune"), verbose=0),
+    )
+    t0 = time.time()
+    results = tuner.fit()
+    wall = time.time() - t0
+    intervals, failed, best = [], 0, -math.inf
+    for r in results:
+        m = r.metrics or {}
+        if r.error is not None or "eval_start" not in m:
+            failed += 1
+            continue
+        intervals.append((m["eval_start"], m["eval_end"]))
+        best = max(best, m["value"])
+    return {"intervals": intervals, "wall_s": wall, "failed": failed, "best": best}
+
+
+def _objective_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {"dim": args.dim, "mean_s": args.mean, "cv": args.cv, "noise": 0.1, "num_cpus": 1}
+
+
+# ----------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--slots", type=int, default=16)
+    p.add_argument("--evals", type=int, default=640)
+    p.add_argument("--tune-evals", type=int, default=160,
+                   help="evaluations for each Ray Tune run (its U does not grow with length; 640 takes ~20 min)")
+    p.add_argument("--mean", type=float, default=2.0, help="mean evaluation time in seconds")
+    p.add_argument("--cv", type=float, default=0.5, help="coefficient of variation of evaluation times")
+    p.add_argument("--dim", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--initial-design", type=int, default=32)
+    p.add_argument("--queue-low", type=int, default=None, help="actor's queue_low (default max(slots, B/2))")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {','.join(SYSTEMS)}")
+    p.add_argument("--quick", action="store_true", help="96 evaluations of ~0.5 s (Tune: 48)")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--out", default="bench-out/utilization")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.evals, args.tune_evals, args.mean = 96, 48, 0.5
+        args.batch_size, args.initial_design = 32, 16
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = [s for s in systems if s not in SYSTEMS]
+    if unknown:
+        p.error(f"unknown system(s) {unknown}; choose from {list(SYSTEMS)}")
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+
+    import ray
+
+    ray.init(num_cpus=args.slots, include_dashboard=False, log_to_driver=False)
+    rows = []
+    try:
+        # start the worker processes once so no system pays their start-up inside its span
+        warm = ray.remote(num_cpus=1)(lambda i: i)
+        ray.get([warm.remote(i) for i in range(args.slots)])
+        for system in systems:
+            n = args.tune_evals if system.startswith("tune") else args.evals
+            print(f"[utilization] {system}: {n} evaluations, {args.slots} slots ...", file=sys.stderr, flush=True)
+            if system == "qbatch":
+                res = run_qbatch(args, n, synchronous=False)
+            elif system == "qbatch-sync":
+                res = run_qbatch(args, n, synchronous=True)
+            elif system == "plain-ray":
+                res = run_plain(args, n)
+            else:
+                res = run_tune(args, n, reuse=(system == "tune-reuse"))
+            u, busy, span = span_utilization(res["intervals"], args.slots)
+            row = {"system": system, "evaluations": len(res["intervals"]), "failed": res["failed"], "slots": args.slots,
+                   "mean_s": args.mean, "cv": args.cv, "U": u, "busy_s": busy, "span_s": span, "wall_s": res["wall_s"],
+                   "refits": res.get("refits", ""), "refit_s_median": res.get("refit_s_median", ""),
+                   "proposal_s_median": res.get("proposal_s_median", ""), "best": res.get("best", "")}
+            rows.append(row)
+            print(f"[utilization] {system}: U = {u:.3f} (busy {busy:.0f} s over {span:.0f} s x {args.slots})",
+                  file=sys.stderr, flush=True)
+    finally:
+        ray.shutdown()
+
+    by = {r["system"]: r["U"] for r in rows}
+    tune_best = max([by[s] for s in ("tune", "tune-reuse") if s in by], default=float("nan"))
+    for r in rows:
+        r["U_over_tune_best"] = r["U"] / tune_best if tune_best == tune_best and tune_best > 0 else ""
+        r["U_minus_plain"] = r["U"] - by["plain-ray"] if "plain-ray" in by else ""
+    path = Path(args.out) / "utilization.csv"
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+    print(f"\n{'system':<12} {'evals':>6} {'U':>6} {'span s':>8} {'wall s':>8}")
+    for r in rows:
+        print(f"{r['system']:<12} {r['evaluations']:>6} {r['U']:>6.3f} {r['span_s']:>8.1f} {r['wall_s']:>8.1f}")
+    if "qbatch" in by:
+        q = by["qbatch"]
+        print(f"\nqbatch U = {q:.3f} (target >= 0.9)")
+        if tune_best == tune_best:
+            print(f"qbatch / Ray Tune best = {q / tune_best:.2f}x (target >= 3x)")
+        if "plain-ray" in by:
+            print(f"plain Ray loop U = {by['plain-ray']:.3f}; qbatch - plain = {q - by['plain-ray']:+.3f} (target >= -0.05)")
+        if "qbatch-sync" in by:
+            print(f"qbatch synchronous U = {by['qbatch-sync']:.3f}; streaming / synchronous = {q / by['qbatch-sync']:.2f}x")
+    print(f"CSV: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
