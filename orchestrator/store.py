@@ -563,6 +563,15 @@ class RunStore:
             if problem is not None:
                 damaged[name] = (first, last, problem)
             segments[name] = (first, last, len(decoded))
+        # A segment that reads without error but lacks rows its name promises (e.g. a damaged footer that
+        # still parses) is damaged too; a missing row is reported once, by a damaged segment covering it.
+        covered: set[int] = set()
+        for name, (first, last, _) in damaged.items():
+            covered.update(range(first, last + 1))
+        for name, (first, last, _) in segments.items():
+            if name not in damaged and any(s not in rows and s not in covered for s in range(first, last + 1)):
+                damaged[name] = (first, last, "fewer rows than its name says")
+                covered.update(range(first, last + 1))
         self.damage = []
         for name, (first, last, problem) in sorted(damaged.items()):
             lost = [s for s in range(first, last + 1) if s not in rows]

@@ -359,3 +359,42 @@ def test_checkpoint_rejects_unsafe_types_and_names(tmp_path):
             s.save_checkpoint(bad, {"a": 1})
     assert os.listdir(tmp_path / "r" / "checkpoints") == []
     assert issubclass(StoreError, QbatchError)
+
+
+# ------------------------------------------------------------------ property: damage never corrupts silently
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    cut=st.one_of(st.none(), st.floats(min_value=0.0, max_value=0.999)),
+    flips=st.lists(st.tuples(st.floats(min_value=0.0, max_value=0.999), st.integers(1, 255)), max_size=4),
+)
+def test_property_damaged_segment_keeps_exact_intact_records(tmp_path_factory, monkeypatch, cut, flips):
+    monkeypatch.setattr(store_mod, "_ROW_GROUP", 8)  # small row groups keep each example fast
+    root = tmp_path_factory.mktemp("prop") / "r"
+    s = RunStore.create(str(root), CONFIG)
+    s.append(_base_events(2))  # seq 0-1, left intact
+    n = 2 * store_mod._ROW_GROUP + 17
+    original = [_full_event(i) for i in range(n)]  # seq 2 .. n+1, three row groups
+    s.append(original)
+    seg = root / "events" / f"seg-000000000002-{n + 1:012d}.parquet"
+    data = bytearray(seg.read_bytes())
+    for pos, xor in flips:
+        data[int(pos * len(data))] ^= xor
+    if cut is not None:
+        data = data[: int(cut * len(data))]
+    seg.write_bytes(bytes(data))
+    r = RunStore.open(str(root))
+    events = r.events()
+    assert [e.trial_id for e in events[:2]] == ["0-0", "0-1"]
+    by_id = {e.trial_id: e for e in original}
+    kept = events[2:]
+    for ev in kept:  # whatever is kept is exactly what was written
+        assert _same(ev, by_id[ev.trial_id])
+    if len(kept) < n:
+        assert len(r.damage) == 1 and f"dropped {n - len(kept)} event(s)" in r.damage[0]
+        assert r.damage[0].endswith(f"kept {len(kept)}")
+    else:
+        assert r.damage == []
