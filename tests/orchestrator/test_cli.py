@@ -182,3 +182,34 @@ def test_status_report_objectives(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main([])
     assert exc.value.code == 2
+
+
+# ------------------------------------------------------------------ property: hostile configs (issue 7 item 6)
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_junk = st.one_of(st.none(), st.booleans(), st.integers(-(10**6), 10**6), st.floats(allow_nan=True),
+                  st.text(max_size=12), st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=5), st.integers(), max_size=2))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.sampled_from(["tau", "batch_size", "budget", "objective", "model", "name", "run_dir", "seed", "extra", "space"]),
+       value=_junk)
+def test_property_hostile_config_never_half_made(key, value, tmp_path_factory, monkeypatch, capsys):
+    root = tmp_path_factory.mktemp("cli")
+    fake = _FakeRunner()
+    monkeypatch.setitem(sys.modules, "orchestrator.runner", fake)
+    monkeypatch.chdir(root)
+    cfg = dict(GOOD)
+    cfg[key] = value
+    path = root / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    capsys.readouterr()
+    rc = cli.main(["run", str(path)])
+    err = capsys.readouterr().err
+    if rc == 0:
+        assert len(fake.calls) == 1  # a valid config reached the runner exactly once
+    else:
+        assert rc == 2 and not fake.calls
+        assert len(err.splitlines()) == 1 and err.startswith("qbatch: error: ")
+        assert [p.name for p in root.iterdir()] == ["c.yaml"]  # no run directory, nothing half-made
