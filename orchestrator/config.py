@@ -121,6 +121,33 @@ def _choice(values: tuple[Any, ...], allow_none: bool = False) -> Check:
     return check
 
 
+def _component(static: tuple[str, ...], module: str, attr: str) -> Check:
+    """A type name: one of `static` (ORCH_API.md), or any name registered in `module.attr`.
+
+    The package registry is imported only when the name is not in `static`, so the common case stays light
+    and parts added later by their authors (e.g. baseline proposers) are accepted without editing this table.
+    """
+
+    def check(key: str, v: Any) -> str:
+        if isinstance(v, str) and v in static:
+            return v
+        names = list(static)
+        try:
+            import importlib
+
+            registry = getattr(importlib.import_module(module), attr)
+            names += [n for n in registry if n not in names]
+        except Exception:  # noqa: BLE001 -- a registry that cannot load: only the static names are valid
+            pass
+        if isinstance(v, str) and v in names:
+            return v
+        raise ConfigError(
+            f"`{key}` must be one of {', '.join(repr(n) for n in names)}; got {_show(v)}{_suggest(v, names)}"
+        )
+
+    return check
+
+
 def _bool(key: str, v: Any) -> bool:
     if not isinstance(v, (bool, np.bool_)):
         raise _fail(key, "true or false", v)
@@ -240,15 +267,15 @@ _TABLE: dict[str, Any] = {
     "direction": _Key(_choice(DIRECTIONS, allow_none=True), None),
     "tau": _Key(_float(0.0, 1.0, True, True), 0.5),
     "model": {
-        "type": _Key(_choice(MODEL_TYPES), "quantile"),
+        "type": _Key(_component(MODEL_TYPES, "orchestrator.models", "MODELS"), "quantile"),
         "options": _Key(_options, {}),
     },
     "proposer": {
-        "type": _Key(_choice(PROPOSER_TYPES), "thompson"),
+        "type": _Key(_component(PROPOSER_TYPES, "orchestrator.acquisition", "PROPOSERS"), "thompson"),
         "options": _Key(_options, {}),
     },
     "calibrator": {
-        "type": _Key(_choice(CALIBRATOR_TYPES), "none"),
+        "type": _Key(_component(CALIBRATOR_TYPES, "orchestrator.calibration", "CALIBRATORS"), "none"),
         "options": _Key(_options, {}),
     },
     "batch_size": _Key(_int(1, MAX_BATCH), 100),
