@@ -42,7 +42,6 @@ __all__ = [
     "RunStore",
     "StoreError",
     "TrialRecord",
-    "is_finite",
     "status_counts",
     "trials_table",
 ]
@@ -787,6 +786,3 @@ def status_counts(trials: Sequence[TrialRecord]) -> dict[str, int]:
     c = Counter(t.status for t in trials)
     return {k: c.get(k, 0) for k in ("proposed", "running", "completed", "failed")}
 
-
-def is_finite(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
