@@ -1,20 +1,29 @@
 """qbatch's brain: search space, surrogates, proposers, calibrators, the central actor and the CLI.
 
 `models`, `calibration` and `acquisition` are plain PyTorch/GPyTorch and never touch Ray;
-only `actor.py` and `cli.py` do (ARCHITECTURE.md).
+only `actor.py` and `cli.py` do (ARCHITECTURE.md). Exports are lazy so that light commands
+(`qbatch objectives`, `qbatch status`) do not pay for importing torch.
 """
 
-from orchestrator.errors import ConfigError, InputDataError, QbatchError, SpaceError, UnsupportedError
-from orchestrator.space import ChoiceParam, FloatParam, IntParam, SearchSpace
+from __future__ import annotations
 
-__all__ = [
-    "ChoiceParam",
-    "ConfigError",
-    "FloatParam",
-    "InputDataError",
-    "IntParam",
-    "QbatchError",
-    "SearchSpace",
-    "SpaceError",
-    "UnsupportedError",
-]
+import importlib
+from typing import Any
+
+from orchestrator.errors import ConfigError, InputDataError, QbatchError, SpaceError, UnsupportedError
+
+_LAZY = {
+    "ChoiceParam": "orchestrator.space",
+    "FloatParam": "orchestrator.space",
+    "IntParam": "orchestrator.space",
+    "SearchSpace": "orchestrator.space",
+    "AskTellOptimizer": "orchestrator.ask_tell",
+}
+
+__all__ = ["ConfigError", "InputDataError", "QbatchError", "SpaceError", "UnsupportedError", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")
