@@ -196,11 +196,15 @@ class MatheronPaths:
         update = (self.cross_covariance(X) * self.v[idx].unsqueeze(-2)).sum(-1)
         return self.constant_mean + prior + update
 
-    def evaluate_shared(self, X: Tensor) -> Tensor:
-        """All paths on the same points `X` (`n x d`): `n x q` (two matrix products; needs shared features)."""
+    def evaluate_shared(self, X: Tensor, path_index: Tensor | None = None) -> Tensor:
+        """All paths (or the paths `path_index`, `k` long) on the same points `X` (`n x d`): `n x q` (or `n x k`).
+
+        Two matrix products; needs shared features.
+        """
         if not self.shared_features:
             raise UnsupportedError("evaluate_shared needs shared_features=True (one feature set for all paths)")
-        return self.constant_mean + self.features(X) @ self.w.mT + self.cross_covariance(X) @ self.v.mT
+        w, v = (self.w, self.v) if path_index is None else (self.w[path_index], self.v[path_index])
+        return self.constant_mean + self.features(X) @ w.mT + self.cross_covariance(X) @ v.mT
 
     def mean(self, X: Tensor) -> Tensor:
         """Posterior mean of the latent at `... x n x d` (the variational posterior's mean, spec §1.4): `... x n`."""

@@ -22,7 +22,7 @@ TK = {"dtype": torch.float64}
 Z_MAX = 4.5
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="module")
 def _one_thread():
     """Many small tensor ops: extra intra-op threads only add contention on the shared CI cores."""
     n = torch.get_num_threads()

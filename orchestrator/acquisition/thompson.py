@@ -1,0 +1,315 @@
+"""Batch Thompson sampling: q pathwise posterior samples maximized together (quantile-expectile-bo.md §2).
+
+Each batch element b draws a Matheron path f_b of the optimized latent (`rff.MatheronPaths`, spec §2
+steps 1-4) and proposes x_b = argmax f_b (step 5). All q paths are maximized in ONE vectorised
+multi-start search: a shared scrambled-Sobol candidate set (trieste's max(5000, 1000·d) points) is
+scored for every path with two matrix products, each path's best candidates start BoTorch's batched
+L-BFGS-B (`optimize.maximize_lbfgsb`), and each path keeps its best local optimum.
+
+Beyond the paper (which has no de-duplication): the batch never repeats a pending point, an observed
+point, or itself (max-norm distance below `DUPLICATE_TOL`). A path whose best point is taken moves to
+its next-best local optimum, then to its best raw candidates, then to fresh random points: no point is
+dropped. Families: quantile/expectile SVGPs sample f; a two-latent gaussian model (HetGP-TS) maximizes
+the path quantile f̃ + Φ⁻¹(τ)·exp(g̃) (spec §2, last bullet); an exact GP (one latent) samples f with
+Z = its training inputs. An optional `spread` s(x) (set by the calibrator) rescales every path around
+the posterior mean of the target: μ(x) + s(x)·(path(x) − μ(x)).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from scipy.spatial import cKDTree
+from torch import Tensor
+
+from orchestrator.acquisition.base import DUPLICATE_TOL, Proposer
+from orchestrator.acquisition.optimize import DEFAULT_CHUNK_BYTES, METHODS, chunk_rows, maximize_lbfgsb, top_k_shared
+from orchestrator.acquisition.rff import MatheronPaths
+from orchestrator.errors import ConfigError, InputDataError
+from orchestrator.models.base import Surrogate
+
+__all__ = ["ThompsonSampling", "TargetPaths", "default_raw_samples", "default_num_restarts"]
+
+#: raw candidates kept per path beyond its restarts, as fallbacks when its optima are already taken
+EXTRA_CANDIDATES = 32
+#: max-norm distance below which two candidates of one path count as the same local optimum (restarts that
+#: converged to one optimum land within L-BFGS-B's tolerance of each other, well below this)
+SAME_OPTIMUM_TOL = 1e-4
+#: cap on (paths x restarts) L-BFGS-B problems for the default number of restarts
+MAX_DEFAULT_PROBLEMS = 4096
+
+
+def default_raw_samples(d: int) -> int:
+    """trieste v0.10's candidate count max(5000, 1000·d) (spec §2 step 5)."""
+    return max(5000, 1000 * d)
+
+
+def default_num_restarts(d: int, q: int) -> int:
+    """trieste's 10·d starts per path, shrunk so that q·restarts <= `MAX_DEFAULT_PROBLEMS`, at least 2."""
+    return max(2, min(10 * d, MAX_DEFAULT_PROBLEMS // q))
+
+
+def _positive_int_or_none(name: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"ThompsonSampling `{name}` must be an integer >= 1 or None; got {value!r}")
+    return value
+
+
+class TargetPaths:
+    """The q target paths of one batch: f paths, or HetGP path quantiles f̃ + Φ⁻¹(τ)e^{g̃}, optionally spread.
+
+    Args:
+        model: the fitted surrogate (its `sparse_parts`, `family`, `num_outputs_latent`, `tau`).
+        q: number of paths.
+        num_features: L random Fourier features per latent.
+        generator: the source of randomness (f's paths are drawn first, then g's).
+        spread: optional s(x), see `ThompsonSampling`.
+    """
+
+    def __init__(
+        self,
+        model: Surrogate,
+        q: int,
+        num_features: int,
+        generator: torch.Generator,
+        spread: Callable[[Tensor], Tensor] | None,
+    ) -> None:
+        self.f = MatheronPaths(model.sparse_parts("f"), q, num_features, generator=generator)
+        self.g: MatheronPaths | None = None
+        if model.family == "gaussian" and model.num_outputs_latent == 2:
+            self.g = MatheronPaths(model.sparse_parts("g"), q, num_features, generator=generator)
+            self.z = float(torch.special.ndtri(torch.tensor(float(model.tau), dtype=torch.float64)))
+        self.spread = spread
+        self.width = max(num_features, self.f.m, q)
+
+    def _mean(self, X: Tensor) -> Tensor:
+        mu = self.f.mean(X)
+        if self.g is not None:
+            mu = mu + self.z * self.g.mean(X).exp()
+        return mu
+
+    def _apply_spread(self, X: Tensor, paths: Tensor, batch_last: bool) -> Tensor:
+        if self.spread is None:
+            return paths
+        s = self.spread(X)
+        if s.shape != X.shape[:-1]:
+            raise InputDataError(
+                f"spread must map `... x n x d` to `... x n`; got shape {tuple(s.shape)} for X of shape {tuple(X.shape)}"
+            )
+        mu = self._mean(X)
+        if batch_last:  # paths are `n x q`, X is `n x d`
+            s, mu = s.unsqueeze(-1), mu.unsqueeze(-1)
+        # written as path + (s - 1)(path - mu) so that s = 1 returns the path bit for bit
+        return paths + (s - 1) * (paths - mu)
+
+    def shared(self, X: Tensor, path_index: Tensor | None = None) -> Tensor:
+        """All q targets (or those of `path_index`, `k` long) at shared points `X` (`n x d`): `n x q` (`n x k`)."""
+        t = self.f.evaluate_shared(X, path_index)
+        if self.g is not None:
+            t = t + self.z * self.g.evaluate_shared(X, path_index).exp()
+        return self._apply_spread(X, t, batch_last=True)
+
+    def at(self, X: Tensor, path_index: Tensor) -> Tensor:
+        """Target of path `path_index[i]` at `X[i]` (`k x d`): `k` (differentiable)."""
+        Xn = X.unsqueeze(-2)
+        t = self.f(Xn, path_index)
+        if self.g is not None:
+            t = t + self.z * self.g(Xn, path_index).exp()
+        return self._apply_spread(Xn, t, batch_last=False).squeeze(-1)
+
+
+class ThompsonSampling(Proposer):
+    """Batch Thompson sampling with pathwise posterior samples (spec §2), all q paths maximized together.
+
+    Args:
+        num_features: L random Fourier features per path (spec: 1000).
+        raw_samples: shared scrambled-Sobol candidates scored for every path; None = max(5000, 1000·d).
+        num_restarts: L-BFGS-B starts per path (its best raw candidates); None = `default_num_restarts`.
+        maxiter: L-BFGS-B iterations per start.
+        spread: optional callable s(X), `... x n x d` -> `... x n` (positive), used by the calibrator: each
+            path becomes μ(x) + s(x)·(path(x) − μ(x)), μ = posterior mean of the target. Make it torch-
+            differentiable (or piecewise constant) so L-BFGS-B sees its gradient. Not part of the state.
+        method: "batched" (independent L-BFGS-B per start) or "joint" (one summed SciPy problem).
+        chunk_bytes: memory budget of one chunk of candidate scoring (bounds memory at q = 1000).
+
+    Raises:
+        ConfigError: naming the option that is out of range.
+    """
+
+    def __init__(
+        self,
+        num_features: int = 1000,
+        raw_samples: int | None = None,
+        num_restarts: int | None = None,
+        maxiter: int = 200,
+        spread: Callable[[Tensor], Tensor] | None = None,
+        method: str = "batched",
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> None:
+        self.set_state(
+            {
+                "num_features": num_features,
+                "raw_samples": raw_samples,
+                "num_restarts": num_restarts,
+                "maxiter": maxiter,
+                "method": method,
+                "chunk_bytes": chunk_bytes,
+            }
+        )
+        if spread is not None and not callable(spread):
+            raise ConfigError(f"ThompsonSampling `spread` must be a callable or None; got {spread!r}")
+        self.spread = spread
+
+    def get_state(self) -> dict[str, Any]:
+        """The options (plain values); `spread` is owned and restored by the calibrator."""
+        return {
+            "num_features": self.num_features,
+            "raw_samples": self.raw_samples,
+            "num_restarts": self.num_restarts,
+            "maxiter": self.maxiter,
+            "method": self.method,
+            "chunk_bytes": self.chunk_bytes,
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        valid = {"num_features", "raw_samples", "num_restarts", "maxiter", "method", "chunk_bytes"}
+        unknown = set(state) - valid
+        if unknown:
+            raise ConfigError(f"unknown ThompsonSampling option(s) {sorted(unknown)}; valid: {sorted(valid)}")
+        for name in ("num_features", "maxiter", "chunk_bytes"):
+            value = state.get(name, getattr(self, name, None))
+            if _positive_int_or_none(name, value) is None:
+                raise ConfigError(f"ThompsonSampling `{name}` must be an integer >= 1; got None")
+            setattr(self, name, value)
+        for name in ("raw_samples", "num_restarts"):
+            setattr(self, name, _positive_int_or_none(name, state.get(name, getattr(self, name, None))))
+        method = state.get("method", getattr(self, "method", "batched"))
+        if method not in METHODS:
+            raise ConfigError(f"ThompsonSampling `method` must be one of {METHODS}; got {method!r}")
+        self.method = method
+
+    def sample_paths(self, model: Surrogate, q: int, generator: torch.Generator) -> TargetPaths:
+        """The q target paths `_propose` maximizes (its first use of `generator`; tests reuse it)."""
+        return TargetPaths(model, q, self.num_features, generator, self.spread)
+
+    def _propose(
+        self, model: Surrogate, q: int, X_pending: Tensor, X_observed: Tensor, generator: torch.Generator
+    ) -> Tensor:
+        target = self.sample_paths(model, q, generator)
+        Z = target.f.Z
+        d, tk = Z.shape[-1], {"dtype": Z.dtype, "device": Z.device}
+        n_raw = self.raw_samples or default_raw_samples(d)
+        restarts = min(self.num_restarts or default_num_restarts(d, q), n_raw)
+        sobol_seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
+        X_raw = torch.quasirandom.SobolEngine(d, scramble=True, seed=sobol_seed).draw(n_raw).to(**tk)
+
+        # 1. score the shared candidates for every path (chunked matrix products), keep the best per path
+        keep = min(restarts + EXTRA_CANDIDATES, n_raw)
+        raw_val, raw_idx = top_k_shared(target.shared, X_raw, keep, width=target.width, chunk_bytes=self.chunk_bytes)
+
+        # 2. one batched L-BFGS-B over all (path, start) problems
+        starts = X_raw[raw_idx[:, :restarts]].reshape(q * restarts, d)
+        problem_path = torch.arange(q, device=Z.device).repeat_interleave(restarts)
+        X_opt, v_opt = maximize_lbfgsb(
+            lambda X, idx: target.at(X, problem_path[idx]),
+            starts,
+            maxiter=self.maxiter,
+            method=self.method,
+            width=max(self.num_features, target.f.m),
+        )
+
+        # 3. each path's candidates, best first: its local optima, then its best raw candidates
+        cand = torch.cat([X_opt.reshape(q, restarts, d), X_raw[raw_idx]], dim=1)
+        val = torch.cat([v_opt.reshape(q, restarts), raw_val], dim=1)
+        order = val.argsort(dim=1, descending=True)
+        cand = cand.gather(1, order.unsqueeze(-1).expand_as(cand))
+        forbidden = torch.cat([X_pending.to(**tk), X_observed.to(**tk)])
+        return self._select_distinct(target, cand, forbidden, X_raw, generator)
+
+    def _select_distinct(
+        self, target: TargetPaths, cand: Tensor, forbidden: Tensor, X_raw: Tensor, generator: torch.Generator
+    ) -> Tensor:
+        """Each path's best candidate that repeats neither `forbidden` nor an earlier path's choice.
+
+        Args:
+            cand: `q x C x d` candidates of each path, best first.
+            forbidden: `m x d` pending and observed points.
+        """
+        q, C, d = cand.shape
+        # candidates of one path closer than SAME_OPTIMUM_TOL are restarts that reached the same optimum:
+        # rejecting one rejects them all, so a path moves to its next DISTINCT optimum
+        same = torch.zeros(q, C, C, dtype=torch.bool, device=cand.device)
+        step = max(1, 2**22 // (C * C * d))
+        for s in range(0, q, step):
+            c = cand[s : s + step]
+            same[s : s + step] = (c.unsqueeze(-2) - c.unsqueeze(-3)).abs().amax(-1) < SAME_OPTIMUM_TOL
+        blocked = _near(cand.reshape(-1, d), forbidden).reshape(q, C)
+        rejected = (same & blocked.unsqueeze(-2)).any(-1)
+        ptr = _first_free(rejected)  # C = none left
+        chosen = torch.empty(q, d, dtype=cand.dtype, device=cand.device)
+        fixed = torch.zeros(q, dtype=torch.bool, device=cand.device)  # chosen by the fallback
+        rows = torch.arange(q, device=cand.device)
+        while True:
+            ok = (ptr < C) & ~fixed
+            chosen[ok] = cand[rows[ok], ptr[ok]]
+            need = rows[(ptr >= C) & ~fixed]
+            if need.numel():  # rare: all of these paths' candidates are taken
+                settled = ((ptr < C) | fixed).clone()
+                settled[need] = False
+                chosen[need] = self._fallback(target, need, torch.cat([forbidden, chosen[settled]]), X_raw, generator)
+                fixed[need] = True
+            # within-batch duplicates: the later path of each close pair moves on
+            pairs = cKDTree(chosen.cpu().numpy()).query_pairs(r=2 * DUPLICATE_TOL, p=float("inf"), output_type="ndarray")
+            losers = sorted({max(i, j) for i, j in pairs.tolist() if (chosen[i] - chosen[j]).abs().max() < DUPLICATE_TOL})
+            if not losers:
+                return chosen
+            for j in losers:
+                if fixed[j]:
+                    fixed[j] = False  # its fallback point was taken meanwhile: draw it again
+                    continue
+                rejected[j] |= same[j, ptr[j]]
+                ptr[j] = _first_free(rejected[j : j + 1])[0]
+
+    def _fallback(
+        self, target: TargetPaths, paths: Tensor, others: Tensor, X_raw: Tensor, generator: torch.Generator
+    ) -> Tensor:
+        """For each of `paths` (`k` long) in turn: its best raw candidate (then fresh uniform point) that repeats
+        none of `others` nor the points picked for the paths before it. Returns `k x d`."""
+        with torch.no_grad():
+            step = max(1, chunk_rows(target.width, self.chunk_bytes))
+            vals = torch.cat([target.shared(c, paths) for c in X_raw.split(step)])  # `N x k`
+        order = vals.argsort(dim=0, descending=True)
+        picked = []
+        for col in range(paths.numel()):
+            taken = torch.cat([others, *[p.unsqueeze(0) for p in picked]])
+            pool = X_raw[order[:, col]]
+            while True:
+                ok = ~_near(pool, taken)
+                if ok.any():
+                    picked.append(pool[ok.nonzero()[0, 0]])
+                    break
+                fresh = torch.rand(X_raw.shape, generator=generator, dtype=X_raw.dtype).to(X_raw.device)
+                with torch.no_grad():
+                    fresh_vals = torch.cat([target.shared(c, paths[col : col + 1]) for c in fresh.split(step)])
+                pool = fresh[fresh_vals[:, 0].argsort(descending=True)]
+        return torch.stack(picked)
+
+
+def _first_free(rejected: Tensor) -> Tensor:
+    """Index of the first False per row of a `q x C` mask (C where a row is all True)."""
+    free = ~rejected
+    C = rejected.shape[-1]
+    return torch.where(free.any(-1), free.to(torch.int8).argmax(-1), torch.full(free.shape[:-1], C, device=free.device))
+
+
+def _near(X: Tensor, others: Tensor) -> Tensor:
+    """`n` mask: rows of `X` (`n x d`) within max-norm `DUPLICATE_TOL` of a row of `others` (`m x d`), via a k-d tree."""
+    if others.shape[0] == 0:
+        return torch.zeros(X.shape[0], dtype=torch.bool, device=X.device)
+    dist, _ = cKDTree(others.detach().cpu().numpy()).query(
+        X.detach().cpu().numpy(), k=1, p=float("inf"), distance_upper_bound=2 * DUPLICATE_TOL
+    )
+    return torch.as_tensor(dist < DUPLICATE_TOL, device=X.device)
