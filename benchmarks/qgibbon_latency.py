@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     X, Y = make_data(args.n, args.d, args.seed)
     t_q = time_qgibbon(X, Y, args)
+    print(f"qbatch Q-GIBBON: {t_q:.2f} s for q = {args.q}; now BoTorch ...", flush=True)
     t_b = time_botorch(X, Y, args)
     ratio = t_q / t_b
     import botorch

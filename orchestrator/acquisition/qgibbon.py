@@ -9,8 +9,10 @@ at once (`orchestrator.acquisition.optimize`). g* samples come once per batch fr
 
 Decisions (spec ambiguities): A4 the log-normal cross-covariance uses the ×½ factor (not the public code's
 ×2); A5 |𝓜| = 10 samples on a grid of observed ∪ 1000·d random points; A6 the repulsion weight defaults to
-"rescaled" (w_k = 1/|P|², as in the authors' code that produced the paper's figures); "paper" gives w = 1.
-The GLD benchmark (issue 8) decides the default. g* is drawn once per batch (trieste's behaviour).
+"paper" (w = 1, eq 12: the gains then add up exactly to α_QG of the batch); "rescaled" gives w_k = 1/|P|² as in
+trieste and the authors' code. On a fitted QuantileSVGP (d = 2, n = 100, q = 30) "rescaled" put the whole batch
+on one spot (median nearest-neighbour distance ~1e-6, i.e. replicates), "paper" spread it (median 0.14). The GLD
+benchmark (issue 8) decides the default. g* is drawn once per batch (trieste's behaviour).
 
 The posterior moments are computed from the model's `sparse_parts` (the same formulas as `posterior_f`,
 checked against it in the tests), so the cross-covariances with the pending set and chol(C_PP) are cached
@@ -120,7 +122,7 @@ class QGibbonAcquisition:
         self,
         model: Surrogate,
         max_values: Tensor,
-        repulsion: str = "rescaled",
+        repulsion: str = "paper",
         spread: Spread | None = None,
         jitter: float = 0.0,
     ) -> None:
@@ -269,8 +271,8 @@ class QGibbon(Proposer):
         raw_samples: random candidates scored at each greedy step to pick the starts.
         num_restarts: L-BFGS-B starts per greedy step (optimized together, batched).
         maxiter: L-BFGS-B iterations per start.
-        repulsion: "rescaled" (default, w = 1/|P|², the authors' code) or "paper" (w = 1, eq 12);
-            the GLD benchmark (issue 8) decides the default.
+        repulsion: "paper" (default, w = 1, eq 12) or "rescaled" (w = 1/|P|², trieste and the authors' code;
+            it can collapse large batches onto replicates); the GLD benchmark (issue 8) decides the default.
         spread: optional calibration hook s(x) (`... x n x d` -> `... x n`): Q-GIBBON uses s(x)·σ_f(x)
             everywhere (Gumbel grid, quality, repulsion).
         floor_max_values: floor g* at the largest posterior mean on the grid (spec §3.5 option; default off).
@@ -286,7 +288,7 @@ class QGibbon(Proposer):
         raw_samples: int = 1024,
         num_restarts: int = 10,
         maxiter: int = 200,
-        repulsion: str = "rescaled",
+        repulsion: str = "paper",
         spread: Spread | None = None,
         floor_max_values: bool = False,
     ) -> None:
