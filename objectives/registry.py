@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Mapping
 
-from objectives.base import Objective
+from objectives.base import Objective, ObjectiveError
 
 __all__ = ["BUILTIN_OBJECTIVES", "available_objectives", "load_objective"]
 
@@ -48,15 +48,15 @@ def available_objectives() -> dict[str, str]:
 def _import_target(path: str) -> Any:
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"objective import path must look like 'package.module:name'; got {path!r}")
+        raise ObjectiveError(f"objective import path must look like 'package.module:name'; got {path!r}")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"cannot import module {module_name!r} of objective {path!r}: {exc}") from exc
+        raise ObjectiveError(f"cannot import module {module_name!r} of objective {path!r}: {exc}") from exc
     try:
         return getattr(module, attr)
     except AttributeError:
-        raise ValueError(f"module {module_name!r} has no attribute {attr!r} (objective {path!r})") from None
+        raise ObjectiveError(f"module {module_name!r} has no attribute {attr!r} (objective {path!r})") from None
 
 
 def load_objective(name: str, options: Mapping[str, Any] | None = None) -> Objective:
@@ -67,20 +67,20 @@ def load_objective(name: str, options: Mapping[str, Any] | None = None) -> Objec
     elif ":" in name:
         target = _import_target(name)
     else:
-        raise ValueError(
+        raise ObjectiveError(
             f"unknown objective {name!r}; built-ins are {sorted(BUILTIN_OBJECTIVES)}, "
             "or give a user objective as 'package.module:name'"
         )
     if isinstance(target, Objective):
         if options:
-            raise ValueError(f"objective {name!r} is an instance and takes no options; got {sorted(options)}")
+            raise ObjectiveError(f"objective {name!r} is an instance and takes no options; got {sorted(options)}")
         return target
     if not callable(target):
-        raise ValueError(f"objective {name!r} is neither an Objective nor a factory")
+        raise ObjectiveError(f"objective {name!r} is neither an Objective nor a factory")
     try:
         obj = target(**options)
     except TypeError as exc:
-        raise ValueError(f"bad options for objective {name!r}: {exc}") from exc
+        raise ObjectiveError(f"bad options for objective {name!r}: {exc}") from exc
     if not isinstance(obj, Objective):
-        raise ValueError(f"objective {name!r} built a {type(obj).__name__}, not an Objective")
+        raise ObjectiveError(f"objective {name!r} built a {type(obj).__name__}, not an Objective")
     return obj
