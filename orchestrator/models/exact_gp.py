@@ -1,0 +1,209 @@
+"""Exact GP baseline (`model: exact-gp`): one latent f with homoscedastic Gaussian noise.
+
+A BoTorch `SingleTaskGP` with a constant mean and a Matern-5/2 ARD kernel, fitted by maximising the exact
+marginal likelihood (`fit_gpytorch_mll`), on standardized outcomes. It speaks the `Surrogate` interface of
+quantile-expectile-bo.md §1 with family "gaussian": g = log noise std is a constant (zero posterior
+variance), `tau` is the plug-in quantile level (§1.7), and `sparse_parts("f")` expresses the exact posterior
+in the sparse form with Z = the training inputs, so the pathwise Thompson sampler of §2 works unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+from botorch.fit import fit_gpytorch_mll
+from botorch.models import SingleTaskGP
+from gpytorch.kernels import MaternKernel, ScaleKernel
+from gpytorch.mlls import ExactMarginalLogLikelihood
+from torch import Tensor
+
+from orchestrator.errors import ConfigError, InputDataError
+from orchestrator.models.base import TKWARGS, SparseLatentParts, Surrogate, check_training_data
+from orchestrator.models.likelihoods import check_tau
+from orchestrator.models.svgp import JITTER_REL, MIN_VARIANCE, MIN_Y_STD
+
+__all__ = ["ExactGP"]
+
+_LATENTS = ("f", "g")
+
+
+class ExactGP(Surrogate):
+    """Exact GP regression (family "gaussian", one latent).
+
+    Args:
+        tau: level of the plug-in quantile mu_f + Phi^-1(tau) sigma that is optimized, in (0, 1).
+        warm_start: start each marginal-likelihood fit from the previous hyperparameters.
+    """
+
+    family = "gaussian"
+
+    def __init__(self, tau: float = 0.5, warm_start: bool = True) -> None:
+        self.tau = check_tau(tau)
+        if not isinstance(warm_start, bool):
+            raise ConfigError(f"`warm_start` must be true or false; got {warm_start!r}")
+        self.warm_start = warm_start
+        self.model: SingleTaskGP | None = None
+        self._X: Tensor | None = None
+        self._Y: Tensor | None = None
+        self._y_mean = 0.0
+        self._y_std = 1.0
+        self._parts: SparseLatentParts | None = None
+
+    # --- construction ------------------------------------------------------------------------------------
+    @staticmethod
+    def _build(X: Tensor, Y_std: Tensor) -> SingleTaskGP:
+        d = X.shape[-1]
+        covar = ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=d))
+        model = SingleTaskGP(X, Y_std.unsqueeze(-1), covar_module=covar, outcome_transform=None)
+        return model.to(**TKWARGS)
+
+    def fit(self, X: Tensor, Y: Tensor) -> dict[str, float]:
+        """Fit the hyperparameters by exact marginal likelihood on all data (`n x d`, `n`)."""
+        check_training_data(X, Y)
+        if self._X is not None and X.shape[-1] != self._X.shape[-1]:
+            raise InputDataError(f"X must have d = {self._X.shape[-1]} columns as in the previous fit; "
+                                 f"got shape {tuple(X.shape)}")
+        t0 = time.perf_counter()
+        X, Y = X.to(**TKWARGS), Y.to(**TKWARGS)
+        y_mean = float(Y.mean())
+        y_std = float(Y.std()) if Y.shape[0] > 1 else 1.0
+        y_std = y_std if y_std > MIN_Y_STD else 1.0
+        model = self._build(X, (Y - y_mean) / y_std)
+        warm = self.model is not None and self.warm_start
+        if warm:
+            old = {k: v for k, v in self.model.state_dict().items() if "raw_" in k}
+            model.load_state_dict(old, strict=False)
+        mll = ExactMarginalLogLikelihood(model.likelihood, model)
+        fit_gpytorch_mll(mll)
+        model.train()
+        with torch.no_grad():
+            loss = -float(mll(model(X), model.train_targets))  # negative MLL per datum
+        model.eval()
+        self.model, self._X, self._Y, self._y_mean, self._y_std, self._parts = model, X, Y, y_mean, y_std, None
+        return {"iterations": math.nan, "loss": loss, "seconds": time.perf_counter() - t0, "warm": float(warm)}
+
+    # --- Surrogate interface -------------------------------------------------------------------------------
+    @property
+    def num_outputs_latent(self) -> int:
+        return 1
+
+    @property
+    def outcome_transform(self) -> tuple[float, float]:
+        return (self._y_mean, self._y_std)
+
+    @property
+    def is_fitted(self) -> bool:
+        return self.model is not None
+
+    @property
+    def noise_variance(self) -> float:
+        """Homoscedastic noise variance in standardized units."""
+        self._require_fit()
+        return float(self.model.likelihood.noise.detach().squeeze())
+
+    def _require_fit(self) -> None:
+        if self.model is None:
+            raise InputDataError("ExactGP has not been fitted yet; call fit(X, Y) first")
+
+    def _check_X(self, X: Tensor) -> Tensor:
+        self._require_fit()
+        d = self._X.shape[-1]
+        if not torch.is_tensor(X) or X.ndim < 2 or X.shape[-1] != d:
+            raise InputDataError(f"X must be a `... x n x d` tensor with d = {d}; "
+                                 f"got shape {tuple(getattr(X, 'shape', ()))}")
+        return X.to(**TKWARGS)
+
+    def posterior_f(self, X: Tensor, full_cov: bool = True) -> tuple[Tensor, Tensor]:
+        X = self._check_X(X)
+        mvn = self.model.posterior(X).mvn
+        mean = mvn.mean
+        if full_cov:
+            cov = mvn.covariance_matrix
+            return mean, 0.5 * (cov + cov.transpose(-1, -2))
+        return mean, mvn.variance.clamp_min(MIN_VARIANCE)
+
+    def posterior_g(self, X: Tensor, full_cov: bool = False) -> tuple[Tensor, Tensor]:
+        X = self._check_X(X)
+        shape = X.shape[:-1]
+        mean = torch.full(shape, 0.5 * math.log(self.noise_variance), **TKWARGS)
+        if full_cov:
+            return mean, torch.zeros(*shape, shape[-1], **TKWARGS)
+        return mean, torch.zeros(shape, **TKWARGS)
+
+    def sparse_parts(self, latent: str = "f") -> SparseLatentParts:
+        """Exact posterior in sparse form.
+
+        "f": Z = the training inputs and q(u) = N(K~ A^-1 (y - c), K~ - K~ A^-1 K~) with K~ = k(Z, Z) + jitter I
+        and A = k(Z, Z) + noise I, so that c + k_xZ K~^-1 u_mean and k_xx - k_xZ K~^-1 (K~ - S) K~^-1 k_Zx are the
+        exact posterior mean and covariance. "g": the constant log noise std (zero kernel variance, one dummy
+        inducing input, jitter 1).
+        """
+        self._require_fit()
+        if latent not in _LATENTS:
+            raise ConfigError(f"`latent` must be one of {list(_LATENTS)}; got {latent!r}")
+        if latent == "g":
+            d = self._X.shape[-1]
+            return SparseLatentParts(
+                constant_mean=torch.tensor(0.5 * math.log(self.noise_variance), **TKWARGS),
+                lengthscale=torch.ones(d, **TKWARGS), outputscale=torch.zeros((), **TKWARGS),
+                Z=torch.full((1, d), 0.5, **TKWARGS), u_mean=torch.zeros(1, **TKWARGS),
+                u_covar=torch.zeros(1, 1, **TKWARGS), nu=2.5, jitter=1.0,
+            )
+        if self._parts is None:
+            self._parts = self._exact_parts()
+        p = self._parts
+        return SparseLatentParts(p.constant_mean.clone(), p.lengthscale.clone(), p.outputscale.clone(), p.Z.clone(),
+                                 p.u_mean.clone(), p.u_covar.clone(), p.nu, p.jitter)
+
+    def _exact_parts(self) -> SparseLatentParts:
+        model = self.model
+        with torch.no_grad():
+            Z = self._X
+            c = model.mean_module.constant.detach().reshape(())
+            outputscale = model.covar_module.outputscale.detach().reshape(())
+            lengthscale = model.covar_module.base_kernel.lengthscale.detach().reshape(-1)
+            noise = self.noise_variance
+            jitter = min(JITTER_REL * float(outputscale), 0.5 * noise)
+            K = model.covar_module(Z).to_dense()
+            eye = torch.eye(Z.shape[0], **TKWARGS)
+            K_j = K + jitter * eye
+            L = torch.linalg.cholesky(K + noise * eye)
+            resid = (model.train_targets - c).unsqueeze(-1)
+            A_inv_r = torch.cholesky_solve(resid, L)
+            A_inv_Kj = torch.cholesky_solve(K_j, L)
+            u_mean = (K_j @ A_inv_r).squeeze(-1)
+            u_covar = K_j - K_j @ A_inv_Kj
+            u_covar = 0.5 * (u_covar + u_covar.T)
+        return SparseLatentParts(c, lengthscale, outputscale, Z.clone(), u_mean, u_covar, 2.5, jitter)
+
+    # --- state -------------------------------------------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        """Tensors and plain values only (loads with `torch.load(weights_only=True)`)."""
+        state: dict[str, Any] = {
+            "class": "ExactGP", "family": self.family, "tau": self.tau, "warm_start": self.warm_start,
+            "y_mean": self._y_mean, "y_std": self._y_std, "X": None, "Y": None, "model": None,
+        }
+        if self.model is not None:
+            state.update(X=self._X.clone(), Y=self._Y.clone(),
+                         model={k: v.detach().clone() for k, v in self.model.state_dict().items()})
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore from `get_state()` (rebuilds the GP on the stored data and hyperparameters)."""
+        if state.get("class") != "ExactGP":
+            raise InputDataError(f"state is for {state.get('class')!r}, not 'ExactGP'")
+        self.tau = check_tau(state["tau"])
+        self.warm_start = bool(state["warm_start"])
+        self._y_mean, self._y_std = float(state["y_mean"]), float(state["y_std"])
+        self._parts = None
+        if state["model"] is None:
+            self.model, self._X, self._Y = None, None, None
+            return
+        X, Y = state["X"].to(**TKWARGS), state["Y"].to(**TKWARGS)
+        model = self._build(X, (Y - self._y_mean) / self._y_std)
+        model.load_state_dict(state["model"])
+        model.eval()
+        self.model, self._X, self._Y = model, X, Y
