@@ -18,6 +18,10 @@ __all__ = ["DUPLICATE_TOL", "PROPOSERS", "Proposer", "build_proposer"]
 PROPOSERS: dict[str, str] = {
     "thompson": "orchestrator.acquisition.thompson:ThompsonSampling",
     "qgibbon": "orchestrator.acquisition.qgibbon:QGibbon",
+    "sobol": "orchestrator.acquisition.baselines:SobolProposer",
+    "random": "orchestrator.acquisition.baselines:RandomProposer",
+    "qlognei": "orchestrator.acquisition.baselines:LogNEIProposer",
+    "gpr-ei": "orchestrator.acquisition.baselines:ReplicatedEIProposer",
 }
 
 

@@ -17,6 +17,15 @@ from tests.orchestrator.acquisition.proposer_contract import PartsSurrogate
 TK = {"dtype": torch.float64}
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Small GP algebra runs faster on one thread, above all on the shared 2-core CI machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _replicated(n_unique: int, reps: int, d: int, noise: float, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     Xu = torch.rand(n_unique, d, generator=g, **TK)
