@@ -150,7 +150,6 @@ def test_gpr_ei_returns_one_point_replicated_q_times_at_the_ei_maximum() -> None
                        X[:3])
 
 
-@pytest.mark.slow
 def test_qlognei_beats_random_search_on_a_1d_function_at_equal_evaluations() -> None:
     """A short BO loop (GP of the mean = `ReplicateQuantileGP` at tau 0.5 with 3 replicates, i.e. a GP with
     known noise) with qLogNEI reaches a better true value than random search with the same 24 evaluations."""
