@@ -38,6 +38,7 @@ MODELS: dict[str, tuple[str, str]] = {
     "expectile": ("orchestrator.models.expectile_svgp", "ExpectileSVGP"),
     "heteroscedastic": ("orchestrator.models.het_svgp", "HeteroscedasticSVGP"),
     "exact-gp": ("orchestrator.models.exact_gp", "ExactGP"),
+    "gpr-replicates": ("orchestrator.models.gpr_replicates", "ReplicateQuantileGP"),
 }
 
 _LAZY: dict[str, str] = {
