@@ -31,6 +31,7 @@ from typing import Any, Mapping
 import numpy as np
 from scipy.interpolate import CubicSpline
 from scipy.stats import skewnorm
+from threadpoolctl import threadpool_limits
 
 from objectives.base import ObjectiveError, SyntheticObjective, check_params
 from objectives.functions import check_tau, maximize_on_box, point_rng
@@ -70,7 +71,8 @@ class _GPMean:
         kernel = ConstantKernel(1.0, (1e-2, 1e2)) * Matern(
             length_scale=np.full(d, 0.5) if ard else 0.5, length_scale_bounds=(1e-2, 1e3), nu=2.5
         ) + WhiteKernel(0.1, (1e-6, 1e1))
-        with warnings.catch_warnings():
+        # one BLAS thread: small Cholesky factorisations run faster so on a busy machine
+        with warnings.catch_warnings(), threadpool_limits(limits=1):
             warnings.simplefilter("ignore", ConvergenceWarning)
             gp = GaussianProcessRegressor(kernel, normalize_y=False, random_state=seed).fit(Z, ys)
         self.kernel = gp.kernel_.k1  # signal part only: the white noise is not part of the mean
@@ -79,6 +81,46 @@ class _GPMean:
 
     def __call__(self, Z: np.ndarray) -> np.ndarray:
         return self.y_mean + self.y_std * (self.kernel(np.atleast_2d(Z), self.Z) @ self.alpha)
+
+
+class _Constant:
+    """A constant field on the unit cube (picklable, unlike a lambda)."""
+
+    def __init__(self, value: float) -> None:
+        self.value = float(value)
+
+    def __call__(self, Z: np.ndarray) -> np.ndarray:
+        return np.full(np.atleast_2d(Z).shape[0], self.value)
+
+
+class _SyntheticField:
+    """The synthetic simulator's fields on the unit cube, from three fixed-seed Matérn-5/2 GP draws (RFF).
+
+    ``m = 3.5 + 0.7 h0 - 3 mean_i (z_i - z0_i)^2`` (a GP draw around a broad hump at a random interior z0),
+    ``log omega = log 0.15 + 0.5 h1``, raw ``alpha = -1 + 2.5 h2`` (mostly negative skew, as in the LCLS
+    repeats, with positive regions).
+    """
+
+    def __init__(self, dim: int, seed: int) -> None:
+        self.rff = MaternRFF(dim, 0.8, 3, 1000, seed=[seed, 0x1A5E])
+        self.z0 = np.random.default_rng([seed, 0x1A5E, 1]).uniform(0.3, 0.7, size=dim)
+
+    def __call__(self, Z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(mean, log omega, raw alpha) at the rows of an `n x d` array in the unit cube."""
+        Z = np.atleast_2d(Z)
+        H = self.rff(Z)
+        mean = 3.5 + 0.7 * H[:, 0] - 3.0 * ((Z - self.z0) ** 2).mean(axis=1)
+        return mean, math.log(0.15) + 0.5 * H[:, 1], -1.0 + 2.5 * H[:, 2]
+
+
+class _FittedFields:
+    """The fitted simulator's fields: the energy GP, the log-omega GP and the raw-alpha GP (or constants)."""
+
+    def __init__(self, mean: Any, log_omega: Any, alpha_raw: Any) -> None:
+        self.mean, self.log_omega, self.alpha_raw = mean, log_omega, alpha_raw
+
+    def __call__(self, Z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.mean(Z), self.log_omega(Z), self.alpha_raw(Z)
 
 
 class LaserSimulator(SyntheticObjective):
@@ -136,17 +178,7 @@ class LaserSimulator(SyntheticObjective):
     def _build_synthetic(self) -> None:
         self.names = list(QUAD_BOX)
         self.bounds = np.array([QUAD_BOX[n] for n in self.names], dtype=np.float64)
-        d = len(self.names)
-        rff = MaternRFF(d, 0.8, 3, 1000, seed=[self.model_seed, 0x1A5E])
-        rng = np.random.default_rng([self.model_seed, 0x1A5E, 1])
-        z0 = rng.uniform(0.3, 0.7, size=d)
-
-        def mean(Z: np.ndarray) -> np.ndarray:
-            return 3.5 + 0.7 * rff(Z)[:, 0] - 3.0 * ((np.atleast_2d(Z) - z0) ** 2).mean(axis=1)
-
-        self._mean = mean
-        self._log_omega = lambda Z: math.log(0.15) + 0.5 * rff(Z)[:, 1]
-        self._alpha_raw = lambda Z: -1.0 + 2.5 * rff(Z)[:, 2]
+        self._fields: Any = _SyntheticField(len(self.names), self.model_seed)
         self._X_data = self._y_data = None
 
     def _build_from_csv(self, path: Path, energy_range: tuple[float, float]) -> None:
@@ -182,7 +214,6 @@ class LaserSimulator(SyntheticObjective):
         rng = np.random.default_rng(self.model_seed)
         idx = rng.choice(len(Z), size=min(self.n_gp_max, len(Z)), replace=False)
         energy_gp = _GPMean(Z[idx], y[idx], ard=True, seed=self.model_seed)
-        self._mean = energy_gp
 
         # replicate groups and their skew-normal fits
         keys = np.round(X, 4)
@@ -205,12 +236,11 @@ class LaserSimulator(SyntheticObjective):
             log_omega_gp = _GPMean(C, np.log(np.array(omegas)), ard=False, seed=self.model_seed)
             a = np.clip(np.array(alphas) / self.alpha_max, -0.95, 0.95)
             alpha_gp = _GPMean(C, self.alpha_max * np.arctanh(a), ard=False, seed=self.model_seed)
-            self._log_omega, self._alpha_raw = log_omega_gp, alpha_gp
+            self._fields = _FittedFields(energy_gp, log_omega_gp, alpha_gp)
         else:
             # too few replicate groups to model the noise: Gaussian noise at the energy GP's noise level
-            s = math.log(max(energy_gp.noise_std, _OMEGA_FLOOR))
-            self._log_omega = lambda Z: np.full(np.atleast_2d(Z).shape[0], s)
-            self._alpha_raw = lambda Z: np.zeros(np.atleast_2d(Z).shape[0])
+            log_omega = _Constant(math.log(max(energy_gp.noise_std, _OMEGA_FLOOR)))
+            self._fields = _FittedFields(energy_gp, log_omega, _Constant(0.0))
 
     def _fit_group(self, yg: np.ndarray) -> tuple[float, float, float] | None:
         """Skew-normal MLE of one group, guarded against degenerate fits; None if the group has no spread."""
@@ -248,9 +278,9 @@ class LaserSimulator(SyntheticObjective):
     def sn_params(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Skew-normal (xi, omega, alpha) at the rows of an `n x 16` array of settings (original units)."""
         Z = self._to_unit(self._as_array(X))
-        mean = np.asarray(self._mean(Z), dtype=np.float64)
-        omega = np.exp(np.asarray(self._log_omega(Z), dtype=np.float64))
-        alpha = self.alpha_max * np.tanh(np.asarray(self._alpha_raw(Z), dtype=np.float64) / self.alpha_max)
+        mean, log_omega, alpha_raw = (np.asarray(v, dtype=np.float64) for v in self._fields(Z))
+        omega = np.exp(log_omega)
+        alpha = self.alpha_max * np.tanh(alpha_raw / self.alpha_max)
         delta = alpha / np.sqrt(1.0 + alpha**2)
         return mean - omega * delta * _SQRT_2_OVER_PI, omega, alpha
 

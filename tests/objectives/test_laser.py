@@ -127,3 +127,13 @@ def test_small_csv_builds_with_gaussian_fallback(tmp_path):
     xi, omega, alpha = sim.sn_params(Z[:5])
     assert np.all(alpha == 0) and np.all(omega > 0)
     assert np.corrcoef(sim.mean_array(Z), y)[0, 1] > 0.9
+
+
+def test_simulators_pickle(synthetic, fitted):
+    import pickle
+
+    for sim in (synthetic, fitted):
+        clone = pickle.loads(pickle.dumps(sim))
+        p = sim.params_of(sim.initial_data()[0][7])
+        assert clone(p, seed=3) == sim(p, seed=3)
+        assert clone.quantile(p, 0.2) == sim.quantile(p, 0.2)
