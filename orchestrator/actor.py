@@ -9,13 +9,15 @@ method is the dispatch loop, in the actor's main worker thread:
   durably to the event log, only then tell the optimizer (exactly once per trial id), and hand the freed
   slot the next point of the queue at once.
 
-Model work never holds up that loop. In the default asynchronous mode a background *planner thread* of
-the actor does it: it refits the surrogate whenever new results are in (the new model replaces the old
-one when ready) and proposes the next batch, counting every running and queued point as pending, as soon
-as the queue falls below `queue_low` - before it runs dry. The planner is the only thread that touches
-the model, proposer and calibrator (calibrator updates are queued by the dispatch loop and applied by the
-planner in completion order), so no lock is held while a model is fitted. With ``synchronous: true``
-the loop follows the papers' protocol instead: propose B, evaluate all B, refit, repeat.
+Model work never holds up that loop. In the default asynchronous mode two background threads of the
+actor do it. The *proposer thread* proposes the next batch as soon as the queue falls below `queue_low`
+(before it runs dry), counting every running and queued point as pending, with the current model. The
+*refit thread* refits the surrogate whenever new results are in: it fits a copy (warm-started from the
+current posterior) and swaps it in when ready, so proposals never wait for a fit. Until the first model
+is ready, free slots get further Sobol points rather than idling. Only the proposer thread touches the
+calibrator: the dispatch loop queues each (forecast, y) pair and the proposer thread applies them in
+completion order. With ``synchronous: true`` the loop follows the papers' protocol instead: propose B,
+evaluate all B, refit, repeat (all in the loop's thread).
 
 Every proposal is logged with the model's forecast at that point (model units: after the sign flip of
 ``direction: minimize``), every refit with {"seconds", "n", "best_params", "best_predicted"}. The actor
@@ -143,7 +145,7 @@ class CentralActor:
 
         self._lock = threading.RLock()  # queue, in-flight table, counters
         self._store_lock = threading.Lock()  # RunStore is written from the loop and the planner
-        self._wake = threading.Event()  # wakes the planner
+        self._wakes = {"propose": threading.Event(), "refit": threading.Event()}  # wake the planner threads
         self._stop = threading.Event()
         self._queue: collections.deque[Trial] = collections.deque()
         self._inflight: dict[Any, tuple[Trial, float, int]] = {}
@@ -154,7 +156,7 @@ class CentralActor:
         self._first_dispatch: float | None = None
         self._n_done_session = 0
         self._duplicates = 0
-        self._planner: threading.Thread | None = None
+        self._planners: list[threading.Thread] = []
         self._planner_error: str | None = None
         self._abort: str | None = None
         self._last_fit_end = 0.0
@@ -236,14 +238,18 @@ class CentralActor:
     def stop(self) -> None:
         """Ask `run` to return after the current step (in-flight evaluations are left to finish)."""
         self._stop.set()
-        self._wake.set()
+        self._wake_planners()
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict[str, Any]:
         """Drive the run to its budget. Returns a summary; `status`/"aborted" says if the guard stopped it."""
         if not self.cfg.synchronous:
-            self._planner = threading.Thread(target=self._planner_loop, name="qbatch-planner", daemon=True)
-            self._planner.start()
+            self._planners = [
+                threading.Thread(target=self._planner_loop, args=(role,), name=f"qbatch-{role}", daemon=True)
+                for role in ("propose", "refit")
+            ]
+            for t in self._planners:
+                t.start()
         try:
             while not self._stop.is_set():
                 self._dispatch()
@@ -256,20 +262,21 @@ class CentralActor:
                 elif self.cfg.synchronous:
                     self._sync_step()
                 else:
-                    self._wake.set()
+                    self._wake_planners()
                     time.sleep(0.005)
                 if self._started_buf and time.time() - self._last_flush > _FLUSH_S:
                     self._append([])
         finally:
             self._stop.set()
-            self._wake.set()
-            if self._planner is not None:
-                self._planner.join(timeout=60)
+            self._wake_planners()
+            for t in self._planners:
+                t.join(timeout=600)
             if self._started_buf:
                 self._append([])
         if self._planner_error:
             self._abort = f"the planner failed: {self._planner_error}"
         elif not self._abort and self.opt.model is not None and self.opt.num_stale > 0:
+            self.opt.flush_calibration()
             self._refit()  # the final recommendation uses every result (after the evaluation span)
         return self._summary()
 
@@ -300,7 +307,7 @@ class CentralActor:
                 self._inflight[ref] = (trial, now, attempt)
                 self._started_buf.append(self._event("started", trial, time=now, attempt=attempt))
         if len(self._queue) < self.queue_low:
-            self._wake.set()
+            self._wake_planners()
 
     def _collect(self, timeout: float) -> None:
         import ray
@@ -351,7 +358,7 @@ class CentralActor:
                 if rec.get("error") != "worker-lost" and rec.get("started_at") is not None and rec.get("ended_at") is not None:
                     self._busy_s += max(0.0, rec["ended_at"] - rec["started_at"])
             self._check_guard()
-        self._wake.set()
+        self._wake_planners()
 
     def _check_guard(self) -> None:
         guard = self.cfg.failure_guard
@@ -365,47 +372,59 @@ class CentralActor:
             )
 
     # ------------------------------------------------------------------ proposals and refits
-    def _planner_loop(self) -> None:
+    def _wake_planners(self) -> None:
+        for ev in self._wakes.values():
+            ev.set()
+
+    def _planner_loop(self, role: str) -> None:
+        """Background loop of one planner thread: role "propose" or "refit"."""
+        step = self._propose_step if role == "propose" else self._refit_step
         try:
             while not self._stop.is_set():
-                self.opt.flush_calibration()
-                action = self._planner_action()
-                if action == "propose":
-                    self._propose()
-                elif action == "fit":
-                    self._refit()
-                else:
-                    self._wake.wait(0.1)
-                    self._wake.clear()
+                if not step():
+                    self._wakes[role].wait(0.1)
+                    self._wakes[role].clear()
         except Exception:
-            self._planner_error = traceback.format_exc()
+            self._planner_error = f"{role}: {traceback.format_exc()}"
+            self._wake_planners()
 
-    def _planner_action(self) -> str | None:
-        with self._lock:
-            queued = len(self._queue)
-        if self._remaining_to_propose() > 0 and queued < self.queue_low:
-            if self.opt.uses_model() and (self.opt.model is None):
-                return "fit"  # the first fit: the initial design is in
-            return "propose"
-        if (
-            self._remaining_to_propose() > 0  # a refit only matters for proposals still to come
-            and self.opt.uses_model()
-            and self.opt.num_stale > 0
-            and time.time() - self._last_fit_end >= self.refit_interval_s
-        ):
-            return "fit"
-        return None
-
-    def _propose(self) -> None:
+    def _propose_step(self) -> bool:
+        """Propose when the queue is low (before it runs dry). Returns whether it did something."""
+        self.opt.flush_calibration()  # only this thread touches the calibrator (in completion order)
         remaining = self._remaining_to_propose()
         if remaining <= 0:
-            return
-        if self.opt.uses_model():
+            return False
+        with self._lock:
+            queued, free = len(self._queue), self.max_concurrent - len(self._inflight) - len(self._queue)
+        if self.opt.model is not None and self.opt._n_sobol >= self.cfg.initial_design:
+            if queued >= self.queue_low:
+                return False
             q = min(self.cfg.batch_size, remaining)
-        else:  # initial design; while the first fit is not possible, keep free slots busy with Sobol points
-            with self._lock:
-                free = self.queue_low - len(self._queue)
-            q = min(remaining, max(self.cfg.initial_design - self.opt._n_sobol, free, 1), self.cfg.batch_size)
+        elif self.opt._n_sobol < self.cfg.initial_design:  # the initial design
+            if queued >= self.queue_low:
+                return False
+            q = min(self.cfg.initial_design - self.opt._n_sobol, self.cfg.batch_size, remaining)
+        else:  # waiting for the first model: keep free slots busy with further Sobol points, no more
+            if free <= 0:
+                return False
+            q = min(free, remaining)
+        self._propose(q)
+        return True
+
+    def _refit_step(self) -> bool:
+        """Refit on new results (on a copy; swapped in when ready). Returns whether it did something."""
+        if (
+            self._remaining_to_propose() > 0  # a refit only matters for proposals still to come
+            and self.opt._n_sobol >= self.cfg.initial_design
+            and self.opt.can_fit()
+            and (self.opt.model is None or self.opt.num_stale > 0)
+            and time.time() - self._last_fit_end >= self.refit_interval_s
+        ):
+            self._refit()
+            return True
+        return False
+
+    def _propose(self, q: int) -> None:
         t0 = time.perf_counter()
         pending = self.opt.num_pending
         trials = self.opt.ask(q, fit=False)
@@ -436,26 +455,12 @@ class CentralActor:
         remaining = self._remaining_to_propose()
         if remaining <= 0 or self._queue:
             return
-        if self.opt.uses_model() and (self.opt.model is None or self.opt.num_stale > 0):
+        if self.opt._n_sobol < self.cfg.initial_design:
+            self._propose(min(self.cfg.initial_design - self.opt._n_sobol, remaining))
+            return
+        if self.opt.can_fit() and (self.opt.model is None or self.opt.num_stale > 0):
             self._refit()
-        if self.opt.uses_model():
-            q = min(self.cfg.batch_size, remaining)
-        else:
-            q = min(remaining, max(self.cfg.initial_design - self.opt._n_sobol, 1)) if self.opt._n_sobol < self.cfg.initial_design \
-                else min(remaining, self.cfg.batch_size)
-        t0 = time.perf_counter()
-        trials = self.opt.ask(q, fit=False)
-        seconds = time.perf_counter() - t0
-        self._proposal_s.append(seconds)
-        events = []
-        for t in trials:
-            info = {"source": t.source, "seed": t.seed, "proposal_seconds": seconds, "q": q, "pending": 0}
-            if "sobol_index" in t.info:
-                info["sobol_index"] = t.info["sobol_index"]
-            events.append(self._event("proposed", t, info=info, forecast=t.forecast))
-        self._append(events)
-        with self._lock:
-            self._queue.extend(trials)
+        self._propose(min(self.cfg.batch_size, remaining))
 
     # ------------------------------------------------------------------ log
     def _event(self, kind: str, trial: Trial, **fields: Any) -> Any:

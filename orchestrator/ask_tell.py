@@ -129,7 +129,8 @@ class AskTellOptimizer:
         self.calibrator_options = dict(calibrator_options or {})
         self._tk = {"dtype": torch.float64, "device": torch.device("cpu")}
 
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # observation/trial state; never held during a fit or a proposal
+        self._ask_lock = threading.Lock()  # one `ask` at a time (the Sobol counter, the proposer)
         self._trials: dict[str, Trial] = {}
         self._pending: dict[str, Trial] = {}
         self._told: dict[str, str] = {}  # trial_id -> "completed" | "failed"
@@ -241,21 +242,27 @@ class AskTellOptimizer:
         """
         if isinstance(q, bool) or not isinstance(q, int) or q < 1:
             raise TrialError(f"q must be an integer >= 1; got {q!r}")
+        with self._ask_lock:
+            return self._ask(q, fit)
+
+    def _ask(self, q: int, fit: bool) -> list[Trial]:
         self.flush_calibration()
+        if fit and self._n_sobol >= self.initial_design and self.can_fit() and (self._model is None or self.num_stale > 0):
+            self.fit()
         with self._lock:
             batch_id = self._next_batch
             self._next_batch += 1
             X_pending = self._stack([t.x for t in self._pending.values()])
             X_observed = self._stack(self._obs_x)
-        if self._n_sobol < self.initial_design or (self._model is None and not (fit and self.can_fit())):
+            model = self._model
+        if self._n_sobol < self.initial_design or model is None:
             X, source, forecasts = self._sobol(q), "sobol", [None] * q
         else:
-            if fit and (self._model is None or self.num_stale > 0):
-                self.fit()
-            X, source = self._propose(q, batch_id, X_pending, X_observed), "model"
+            X, source = self._propose(model, q, batch_id, X_pending, X_observed), "model"
         X = self._dedupe(X, X_pending, batch_id)
         if source == "model":
-            forecasts = self.forecast(X)
+            with torch.no_grad():
+                forecasts = model.forecast(X.to(**self._tk)).to_records()
         trials = []
         with self._lock:
             params = self.space.from_unit(X)
@@ -277,11 +284,11 @@ class AskTellOptimizer:
         self._n_sobol += q
         return self.space.snap(X)
 
-    def _propose(self, q: int, batch_id: int, X_pending: Tensor, X_observed: Tensor) -> Tensor:
+    def _propose(self, model: Any, q: int, batch_id: int, X_pending: Tensor, X_observed: Tensor) -> Tensor:
         if self._proposer is None:
             self._proposer = self._build_proposer()
         X = self._proposer.propose(
-            self._model, q, X_pending=X_pending, X_observed=X_observed, seed=trial_seed(self.seed, f"batch-{batch_id}")
+            model, q, X_pending=X_pending, X_observed=X_observed, seed=trial_seed(self.seed, f"batch-{batch_id}")
         )
         return self.space.snap(X.detach().to(**self._tk))
 
@@ -397,13 +404,23 @@ class AskTellOptimizer:
         Raises:
             InputDataError: fewer than 2 completed results.
         """
-        self.flush_calibration()
+        if not self.defer_calibration:
+            self.flush_calibration()
         X, Y = self.observations()
         n = Y.shape[0]
         if n < 2:
             raise InputDataError(f"a model fit needs at least 2 completed results; have {n}")
         t0 = time.perf_counter()
-        model = self._model if self._model is not None else self._build_model()
+        with self._lock:
+            current = self._model
+        # fit a copy (warm-started from the current posterior) and swap it in when ready, so `ask` may keep
+        # proposing with the current model from another thread meanwhile
+        model = self._build_model()
+        if current is not None:
+            try:
+                model.set_state(current.get_state())
+            except NotImplementedError:  # a model without state dicts refits cold
+                model = self._build_model()
         diag = dict(model.fit(X, Y) or {})
         with torch.no_grad():
             target = model.objective_mean(X)

@@ -196,14 +196,18 @@ def spy_model(monkeypatch):
 
 
 def _fast_model():
-    """Small quantile SVGP options so a fit takes well under a second."""
-    return {"num_inducing": 16, "max_steps": 300}
+    """Small quantile SVGP options so a fit is quick on a busy 2-core machine."""
+    return {"num_inducing": 16, "max_steps": 100, "warm_max_steps": 50}
+
+
+#: small Thompson-sampling settings for the same reason (the proposer has its own tests)
+FAST_TS = {"num_features": 256, "raw_samples": 256, "num_restarts": 2, "maxiter": 30}
 
 
 def test_model_phase_pending_points_reach_the_proposer_and_failures_do_not_reach_the_model(spy_model, monkeypatch):
     monkeypatch.setitem(acquisition.PROPOSERS, "spy", f"{__name__}:SpyProposer")
     SpyProposer.calls = []
-    opt = AskTellOptimizer(SMALL, initial_design=10, proposer="spy", seed=0, model_options=_fast_model())
+    opt = AskTellOptimizer(SMALL, initial_design=8, proposer="spy", seed=0, model_options=_fast_model())
     first = opt.ask(12)
     values = [f_true(t.params) for t in first]
     values[3] = float("nan")
@@ -228,14 +232,14 @@ def test_model_phase_pending_points_reach_the_proposer_and_failures_do_not_reach
 
 def test_thompson_loop_improves_and_minimize_reports_user_units():
     opt = AskTellOptimizer(SMALL, direction="minimize", tau=0.3, initial_design=10, seed=1,
-                           model_options=_fast_model())
+                           model_options=_fast_model(), proposer_options=FAST_TS)
     rng = np.random.default_rng(0)
-    for _ in range(3):
+    for _ in range(2):
         trials = opt.ask(8 if opt.num_completed else 10)
         for t in reversed(trials):
             opt.tell(t.trial_id, -f_true(t.params) + 0.05 * rng.standard_normal())
     diag = opt.fit()
-    assert diag["n"] == 26 and diag["seconds"] > 0
+    assert diag["n"] == 18 and diag["seconds"] > 0
     params, value = opt.best()
     assert value == pytest.approx(diag["best_predicted"])
     assert -0.2 < value < 1.0  # predicted 0.3-quantile of the minimized outcome, user units (minimum is 0)
@@ -243,7 +247,8 @@ def test_thompson_loop_improves_and_minimize_reports_user_units():
 
 
 def test_calibrator_is_updated_with_the_recorded_forecast():
-    opt = AskTellOptimizer(SMALL, calibrator="online", initial_design=8, seed=2, model_options=_fast_model())
+    opt = AskTellOptimizer(SMALL, calibrator="online", initial_design=8, seed=2, model_options=_fast_model(),
+                           proposer_options=FAST_TS)
     for t in opt.ask(8):
         opt.tell(t.trial_id, f_true(t.params))
     assert opt.calibrator.num_updates == 0  # Sobol points carry no forecast
