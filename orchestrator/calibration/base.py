@@ -164,15 +164,20 @@ class Calibrator(ABC):
         """Inverse map R^{-1}: base PIT values -> calibrated PIT values (identity here)."""
         return torch.as_tensor(u, dtype=torch.float64).clone()
 
-    def sigma_scale(self, num_levels: int = 99) -> float:
+    def sigma_scale(self) -> float:
         """Global scale s of the Gaussian sigma-rescaling route (calibrated-bo.md §1.6 (a2)).
 
         Least-squares match of the recalibrated quantiles: s = sum_k z_k z~_k / sum_k z_k^2 with z_k = Phi^-1(p_k),
-        z~_k = Phi^-1(R(p_k)), p_k = k/(K+1); R clipped to [LEVEL_EPS, 1 - LEVEL_EPS]. 1 for the identity map.
+        z~_k = Phi^-1(R(p_k)) over p_k = 0.05, 0.10, ..., 0.95, leaving out levels whose R(p_k) is clipped
+        (outside [LEVEL_EPS, 1 - LEVEL_EPS]: an infinite quantile has no finite scale). 1 for the identity map.
         """
-        p = torch.arange(1, num_levels + 1, dtype=torch.float64) / (num_levels + 1)
-        z = torch.special.ndtri(p)
-        zt = torch.special.ndtri(self.map_levels(p).clamp(LEVEL_EPS, 1 - LEVEL_EPS))
+        p = torch.arange(1, 20, dtype=torch.float64) / 20
+        r = self.map_levels(p)
+        ok = (r > LEVEL_EPS) & (r < 1 - LEVEL_EPS)
+        if not ok.any():
+            ok = torch.ones_like(ok)
+        z = torch.special.ndtri(p[ok])
+        zt = torch.special.ndtri(r[ok].clamp(LEVEL_EPS, 1 - LEVEL_EPS))
         return float((z * zt).sum() / (z * z).sum())
 
     def recalibrate(self, forecast: Forecast) -> CalibratedForecast:

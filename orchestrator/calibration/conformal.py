@@ -229,7 +229,7 @@ class DensityRatioEstimator(torch.nn.Module):
             loss = torch.nn.functional.binary_cross_entropy_with_logits(self.net(X).squeeze(-1), t, pos_weight=pos_weight)
             loss.backward()
             opt.step()
-        return float(loss)
+        return float(loss.detach())
 
     def forward(self, X: Tensor) -> Tensor:
         """r(x) for `... x d` -> `...`."""

@@ -1,0 +1,205 @@
+"""Calibrated acquisitions and `AcquisitionProposer` (calibrated-bo.md §1.6, locbo.md §1.6, conformal-bo.md §1.7):
+closed forms against Monte Carlo, the quantile route equal to sigma-rescaling for a pure scale error, pending
+points, the proposer contract, Forrester BO with and without calibration, and the Thompson spread hook."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import Tensor
+
+from orchestrator.acquisition.calibrated import (
+    AcquisitionProposer,
+    CalibratedExpectedImprovement,
+    CalibratedProbabilityOfImprovement,
+    CalibratedUpperConfidenceBound,
+    ConformalExpectedImprovement,
+    ConformalUpperConfidenceBound,
+    LOCBOExpectedImprovement,
+    gaussian_predictive,
+)
+from orchestrator.calibration import attach, build_calibrator
+from orchestrator.errors import ConfigError, UnsupportedError
+from orchestrator.models.base import SparseLatentParts, Surrogate
+from tests.orchestrator.acquisition.proposer_contract import PartsSurrogate, ProposerContract, random_parts
+
+TK = {"dtype": torch.float64}
+
+
+class FixedGP(Surrogate):
+    """An exact Gaussian GP surrogate on BoTorch's SingleTaskGP (Matérn-5/2 ARD, standardized y), hyperparameters
+    fitted by marginal likelihood or fixed. Used until/unless `orchestrator.models` provides `exact-gp`."""
+
+    family = "gaussian"
+    tau = 0.5
+
+    def __init__(self, lengthscale: float | None = None, noise: float | None = None, outputscale: float | None = None) -> None:
+        self.fixed = (lengthscale, noise, outputscale)
+        self.gp = None
+
+    def fit(self, X: Tensor, Y: Tensor) -> dict[str, float]:
+        from botorch.fit import fit_gpytorch_mll
+        from botorch.models import SingleTaskGP
+        from gpytorch.kernels import MaternKernel, ScaleKernel
+        from gpytorch.mlls import ExactMarginalLogLikelihood
+
+        self.X = X.to(**TK)
+        self.loc, self.scale = float(Y.mean()), float(Y.std()) if Y.numel() > 1 and float(Y.std()) > 0 else 1.0
+        Ys = ((Y.to(**TK) - self.loc) / self.scale).unsqueeze(-1)
+        gp = SingleTaskGP(self.X, Ys, covar_module=ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=X.shape[-1])), outcome_transform=None)
+        ls, nv, os_ = self.fixed
+        if ls is None:
+            fit_gpytorch_mll(ExactMarginalLogLikelihood(gp.likelihood, gp))
+        else:
+            gp.covar_module.base_kernel.lengthscale = ls
+            gp.likelihood.noise = nv
+            gp.covar_module.outputscale = os_ if os_ is not None else 1.0
+        gp.eval()
+        self.gp = gp
+        return {}
+
+    @property
+    def num_outputs_latent(self) -> int:
+        return 1
+
+    def posterior_f(self, X: Tensor, full_cov: bool = True) -> tuple[Tensor, Tensor]:
+        post = self.gp.posterior(X)
+        mean = post.mean.squeeze(-1)
+        return mean, (post.distribution.covariance_matrix if full_cov else post.variance.squeeze(-1))
+
+    def posterior_g(self, X: Tensor, full_cov: bool = False) -> tuple[Tensor, Tensor]:
+        mean = torch.full(X.shape[:-1], 0.5 * math.log(float(self.gp.likelihood.noise.detach())), **TK)
+        return mean, torch.zeros_like(mean)
+
+    def sparse_parts(self, latent: str = "f") -> SparseLatentParts:
+        k = self.gp.covar_module
+        with torch.no_grad():
+            mean, cov = self.posterior_f(self.X)
+        return SparseLatentParts(
+            constant_mean=self.gp.mean_module.constant.detach().reshape(()), lengthscale=k.base_kernel.lengthscale.detach().reshape(-1),
+            outputscale=k.outputscale.detach().reshape(()), Z=self.X, u_mean=mean - self.gp.mean_module.constant.detach(), u_covar=cov,
+        )
+
+    @property
+    def outcome_transform(self) -> tuple[float, float]:
+        return (self.loc, self.scale)
+
+    @property
+    def train_targets(self) -> Tensor:
+        return self.Y_raw
+
+
+def make_gp(X: Tensor, Y: Tensor, **fixed) -> FixedGP:
+    m = FixedGP(**fixed)
+    m.fit(X, Y)
+    m.Y_raw = Y
+    return m
+
+
+def _data(n: int = 8, d: int = 1, seed: int = 0) -> tuple[Tensor, Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, d, generator=g, **TK)
+    return X, torch.sin(6 * X.sum(-1)) + 0.05 * torch.randn(n, generator=g, **TK)
+
+
+def test_plain_closed_forms_match_monte_carlo() -> None:
+    X, Y = _data()
+    m = make_gp(X, Y, lengthscale=0.2, noise=0.01)
+    x = torch.rand(5, 1, 1, generator=torch.Generator().manual_seed(1), **TK)
+    mu, var_f, noise = gaussian_predictive(m, x)
+    sd = (var_f + noise).sqrt()
+    draws = mu + sd * torch.randn(200_000, 5, generator=torch.Generator().manual_seed(2), **TK)
+    best = 0.3
+    ei = CalibratedExpectedImprovement(m, best)(x)
+    torch.testing.assert_close(ei, (draws - best).clamp_min(0).mean(0), atol=4e-3, rtol=2e-2)
+    pi = CalibratedProbabilityOfImprovement(m, best)(x)
+    torch.testing.assert_close(pi, (draws > best).double().mean(0), atol=5e-3, rtol=0)
+    ucb = CalibratedUpperConfidenceBound(m, beta=2.0)(x)
+    torch.testing.assert_close(ucb, mu + 2.0 * sd)
+
+
+def test_quantile_route_equals_sigma_route_for_a_scale_error() -> None:
+    """PITs of a forecast 1.6x too narrow: the online map becomes (about) p -> Phi(1.6 Phi^-1(p)), so both routes
+    agree, s ~ 1.6, and the UCB weight grows to about 1.6 beta. (OGD moves a level in steps of eta, so it
+    resolves R(p) only down to about eta: a mild scale error and a small step keep the tails resolvable.)"""
+    from scipy.stats import norm
+
+    rng = np.random.default_rng(0)
+    cal = build_calibrator("online", eta=0.002)
+    cal.update_pit(norm.cdf(1.6 * rng.standard_normal(8000)))
+    assert cal.sigma_scale() == pytest.approx(1.6, rel=0.08)
+    X, Y = _data()
+    m = make_gp(X, Y, lengthscale=0.2, noise=0.01)
+    x = torch.rand(6, 1, 1, generator=torch.Generator().manual_seed(3), **TK)
+    mu, var_f, noise = gaussian_predictive(m, x)
+    sd = (var_f + noise).sqrt()
+    for acq in ("ucb", "ei", "pi"):
+        kw = {"beta": 1.0} if acq == "ucb" else {"best_f": 0.2}
+        cls = {"ucb": CalibratedUpperConfidenceBound, "ei": CalibratedExpectedImprovement, "pi": CalibratedProbabilityOfImprovement}[acq]
+        q = cls(m, calibrator=cal, route="quantile", **kw)(x)
+        s = cls(m, calibrator=cal, route="sigma", **kw)(x)
+        torch.testing.assert_close(q, s, rtol=0.12, atol=0.02)
+    ucb = CalibratedUpperConfidenceBound(m, beta=1.0, calibrator=cal)(x)
+    w = (ucb - mu) / sd
+    assert torch.all((w > 1.3) & (w < 2.0))  # about 1.6 beta, up to the OGD fluctuation of R at that level
+
+
+def test_pending_points_shrink_variance_exactly() -> None:
+    X, Y = _data()
+    m = make_gp(X, Y, lengthscale=0.2, noise=0.01)
+    P = torch.tensor([[0.33], [0.71]], **TK)
+    x = torch.tensor([[[0.35]], [[0.9]]], **TK)
+    mu, var_f, noise = gaussian_predictive(m, x, P)
+    # reference: condition the BoTorch model on the pending points (any values; the variance ignores them)
+    cond = m.gp.condition_on_observations(P, torch.zeros(2, 1, **TK))
+    ref = cond.posterior(x.squeeze(-2)).variance.reshape(-1)
+    torch.testing.assert_close(var_f, ref)
+    mu0, var0, _ = gaussian_predictive(m, x)
+    torch.testing.assert_close(mu, mu0)
+    assert var_f[0] < 0.7 * var0[0] and var_f[1] <= var0[1]
+
+
+def test_locbo_and_conformal_acquisitions_run_and_differ() -> None:
+    X, Y = _data(10)
+    m = make_gp(X, Y, lengthscale=0.2, noise=0.01)
+    x = torch.linspace(0, 1, 7, **TK).reshape(-1, 1, 1)
+    loc = build_calibrator("locbo")
+    ei_loc = LOCBOExpectedImprovement(m, 0.5, loc)(x)
+    assert ei_loc.shape == (7,) and (ei_loc >= 0).all()
+    from orchestrator.calibration.conformal import ExactGPParts
+
+    parts = ExactGPParts.from_model(m, Y_train=Y)
+    x.requires_grad_(True)
+    cei = ConformalExpectedImprovement(parts, 0.5, alpha=0.3)(x)
+    cucb = ConformalUpperConfidenceBound(parts, alpha=0.3)(x)
+    assert cei.shape == cucb.shape == (7,)
+    (cei.sum() + cucb.sum()).backward()
+    assert torch.isfinite(x.grad).all()
+    with pytest.raises(UnsupportedError, match="Gaussian-likelihood surrogate"):
+        gaussian_predictive(PartsSurrogate.random(1), x.detach())
+
+
+class TestAcquisitionProposerContract(ProposerContract):
+    dims = (2,)
+    q_values = (1, 3)
+
+    def make_proposer(self):
+        return attach(build_calibrator("online"), AcquisitionProposer("ucb", num_restarts=2, raw_samples=32, maxiter=30))
+
+    def make_model(self, d: int) -> Surrogate:
+        return PartsSurrogate(random_parts(d, m=10, seed=d), family="gaussian")
+
+
+@pytest.mark.parametrize("calibrator,acq", [("none", "ei"), ("online", "pi"), ("locbo", "ei"), ("conformal", "ucb"), ("conformal", "ei")])
+def test_proposer_with_each_calibrator(calibrator: str, acq: str) -> None:
+    X, Y = _data(9, d=2)
+    m = make_gp(X, Y, lengthscale=0.3, noise=0.01)
+    cal = build_calibrator(calibrator, **({"ratio_steps": 16, "num_labels": 16} if calibrator == "conformal" else {}))
+    prop = attach(cal, AcquisitionProposer(acq, num_restarts=2, raw_samples=32, maxiter=20))
+    Xn = prop.propose(m, 2, X_observed=X, seed=0)
+    assert Xn.shape == (2, 2)
+    with pytest.raises(ConfigError, match="acquisition"):
+        AcquisitionProposer("kg")
