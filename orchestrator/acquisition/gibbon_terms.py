@@ -19,8 +19,8 @@ from __future__ import annotations
 import math
 
 import torch
-from botorch.utils.probability.utils import log_ndtr, log_phi
-from botorch.utils.safe_math import log1mexp, logmeanexp
+from botorch.utils.probability.utils import log_phi
+from botorch.utils.safe_math import log1mexp
 from torch import Tensor
 
 __all__ = [
@@ -68,7 +68,9 @@ def _log_truncation_pieces(gamma: Tensor) -> tuple[Tensor, Tensor]:
     asym = gamma < TRUNC_ASYMPTOTIC_GAMMA
     # direct branch on masked inputs (so the other branch's gradient never sees inf/NaN)
     gd = torch.where(asym, torch.zeros_like(gamma), gamma)
-    log_r = log_phi(gd) - log_ndtr(gd)
+    # γ >= TRUNC_ASYMPTOTIC_GAMMA here, where torch's log_ndtr and its gradient are accurate (BoTorch's
+    # `log_ndtr` guards the far left tail, which the asymptotic branch covers)
+    log_r = log_phi(gd) - torch.special.log_ndtr(gd)
     r = log_r.exp()
     g_plus_r = (gd + r).clamp_min(torch.finfo(gamma.dtype).tiny)  # > 0 mathematically (E[Z|Z<=γ] = −r < γ)
     log_1mv_direct = log_r + g_plus_r.log()  # log(r(γ + r)) = log(1 − v)
@@ -209,8 +211,8 @@ def log_quality(
     log_v, log_1mv = _log_truncation_pieces(gamma)
     log_x = log_var_f - log_C + log_1mv
     log_V = torch.logaddexp(log_var_f + log_v, log_noise)
-    per_sample = _LOG_HALF + _log_neg_log1m(log_x, log_V - log_C)
-    return logmeanexp(per_sample, dim=0), log_C
+    per_sample = _LOG_HALF + _log_neg_log1m(log_x, log_V - log_C)  # finite, so a plain logsumexp is safe
+    return torch.logsumexp(per_sample, dim=0) - math.log(per_sample.shape[0]), log_C
 
 
 def log_repulsion(quad: Tensor, C_xx: Tensor) -> Tensor:

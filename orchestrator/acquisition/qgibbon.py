@@ -166,7 +166,7 @@ class QGibbonAcquisition:
         a = self.latents.features(X)
         (mu_f, mu_g), (var_f, var_g) = self.latents.mean_var(a)
         s = self._spread(X)
-        var_f = (s * s * var_f).clamp_min(T.STD_FLOOR**2)
+        var_f = (var_f if self.spread is None else s * s * var_f).clamp_min(T.STD_FLOOR**2)
         mu_g = mu_g.clamp(-T.MU_G_MAX, T.MU_G_MAX)
         var_g = var_g.clamp(0.0, T.VAR_G_MAX)
         log_noise = T.log_noise_variance(mu_g, var_g, self.c_m, self.c_v)
@@ -177,7 +177,8 @@ class QGibbonAcquisition:
     def _cross_to_pending(self, m: dict[str, Tensor]) -> Tensor:
         """`n x |P|` predictive covariances C(x, p) between candidates and pending points (distinct draws)."""
         Sf, Sg = self.latents.cross(m["X"], m["a"], self.X_P, self.Da_P)
-        Sf = Sf * m["s"].unsqueeze(-1) * self.s_P
+        if self.spread is not None:
+            Sf = Sf * m["s"].unsqueeze(-1) * self.s_P
         cov_sigma = T.sigma_cross_covariance(
             m["mu_g"].unsqueeze(-1), m["var_g"].unsqueeze(-1), self.mu_g_P, self.var_g_P, Sg
         )
