@@ -1,0 +1,195 @@
+"""Shared helpers of the benchmark scripts: confidence intervals, paired comparisons, tables and files.
+
+Used by the reproduction benchmarks of issue 8 (benchmarks/gld.py and the others): Student-t confidence
+intervals of a mean over repetitions (problems, runs, seeds), paired differences between two methods over
+the same repetitions, a plain-text table printer, and writers for CSV + Parquet (pyarrow) tables and PNG
+plots (matplotlib, Agg backend) of a curve's mean with its confidence band.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+__all__ = [
+    "mean_ci",
+    "paired_comparison",
+    "format_table",
+    "write_table",
+    "read_table",
+    "plot_curves",
+]
+
+
+def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float, int]:
+    """Mean and half-width of its Student-t confidence interval.
+
+    Args:
+        values: the repetitions (NaNs are dropped).
+        level: confidence level in (0, 1).
+
+    Returns:
+        (mean, half_width, n); half_width is NaN with fewer than 2 values, the mean NaN with none.
+    """
+    from scipy.stats import t
+
+    x = np.asarray([v for v in values if v is not None and not math.isnan(v)], dtype=np.float64)
+    n = int(x.size)
+    if n == 0:
+        return float("nan"), float("nan"), 0
+    if n == 1:
+        return float(x[0]), float("nan"), 1
+    half = float(t.ppf(0.5 + level / 2, n - 1) * x.std(ddof=1) / math.sqrt(n))
+    return float(x.mean()), half, n
+
+
+def paired_comparison(a: Mapping[Any, float], b: Mapping[Any, float], level: float = 0.95) -> dict[str, float]:
+    """Compare method A with method B over the repetitions both have (lower is better, e.g. regret).
+
+    Args:
+        a, b: repetition key (e.g. problem number) -> value.
+        level: confidence level of the interval of the mean difference.
+
+    Returns:
+        {"n": paired repetitions, "mean_diff": mean of a - b, "ci": its half-width, "wins": fraction with
+        a < b, "ties": fraction with a == b, "p_sign": two-sided sign-test p-value (ties dropped),
+        "p_wilcoxon": Wilcoxon signed-rank p-value (NaN when undefined)}.
+    """
+    from scipy.stats import binomtest, wilcoxon
+
+    keys = sorted(set(a) & set(b))
+    diff = np.asarray([a[k] - b[k] for k in keys], dtype=np.float64)
+    mean, half, n = mean_ci(diff.tolist(), level)
+    wins = int((diff < 0).sum())
+    losses = int((diff > 0).sum())
+    p_sign = float(binomtest(wins, wins + losses).pvalue) if wins + losses else float("nan")
+    try:
+        p_w = float(wilcoxon(diff).pvalue) if n >= 2 and np.any(diff != 0) else float("nan")
+    except ValueError:
+        p_w = float("nan")
+    return {
+        "n": n,
+        "mean_diff": mean,
+        "ci": half,
+        "wins": wins / n if n else float("nan"),
+        "ties": (n - wins - losses) / n if n else float("nan"),
+        "p_sign": p_sign,
+        "p_wilcoxon": p_w,
+    }
+
+
+def _fmt(v: Any, digits: int) -> str:
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        return f"{v:.{digits}g}"
+    return str(v)
+
+
+def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None, digits: int = 4) -> str:
+    """A fixed-width plain-text table of `rows` (dicts), columns in the given order (default: the first row's)."""
+    if not rows:
+        return "(no rows)"
+    columns = list(columns or rows[0].keys())
+    cells = [[_fmt(r.get(c, ""), digits) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def write_table(rows: Sequence[Mapping[str, Any]], path_stem: str | Path, parquet: bool = True) -> list[Path]:
+    """Write `rows` (dicts with the same keys) to `<stem>.csv` and, with `parquet`, `<stem>.parquet`.
+
+    Returns:
+        The paths written.
+    """
+    stem = Path(path_stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    # the suffixes are appended (not `with_suffix`): stems such as "d3-tau0.75-b10" contain dots
+    columns: list[str] = []
+    for r in rows:
+        columns += [k for k in r if k not in columns]
+    out = [stem.parent / f"{stem.name}.csv"]
+    with open(out[0], "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    if parquet:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.Table.from_pylist([{c: r.get(c) for c in columns} for r in rows])
+        out.append(stem.parent / f"{stem.name}.parquet")
+        pq.write_table(table, out[1])
+    return out
+
+
+def read_table(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a Parquet or CSV table written by `write_table` (CSV values stay strings)."""
+    path = Path(path)
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def plot_curves(
+    curves: Mapping[str, tuple[Sequence[float], Sequence[Sequence[float]]]],
+    path: str | Path,
+    title: str = "",
+    xlabel: str = "evaluations",
+    ylabel: str = "simple regret",
+    logy: bool = True,
+    level: float = 0.95,
+) -> Path:
+    """Plot each curve's mean over repetitions with its confidence band and save a PNG.
+
+    Args:
+        curves: label -> (x values `k`, repetitions: a list of `k`-long value lists).
+        path: the PNG file.
+        title, xlabel, ylabel: labels.
+        logy: logarithmic y axis (non-positive means are clipped to the smallest positive value).
+        level: confidence level of the band.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for label, (xs, reps) in curves.items():
+        stats = [mean_ci([r[i] for r in reps if i < len(r)], level) for i in range(len(xs))]
+        mean = np.array([s[0] for s in stats])
+        half = np.nan_to_num(np.array([s[1] for s in stats]))
+        line = ax.plot(xs, mean, label=f"{label} (n={len(reps)})")[0]
+        lo, hi = mean - half, mean + half
+        if logy:
+            floor = np.nanmin(np.where(mean > 0, mean, np.inf)) if np.any(mean > 0) else 1e-12
+            lo = np.maximum(lo, floor * 1e-2)
+        ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2)
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def as_float_rows(rows: Iterable[Mapping[str, Any]], keys: Sequence[str]) -> list[dict[str, Any]]:
+    """Copy `rows` converting the named keys to float (for tables read back from CSV)."""
+    return [{**r, **{k: float(r[k]) for k in keys if k in r}} for r in rows]

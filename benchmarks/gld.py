@@ -1,0 +1,434 @@
+"""GLD quantile optimization: quantile TS and Q-GIBBON against the baselines (paper 003 §4.3, spec §4.1/§4.4).
+
+Each method optimizes the tau-quantile of GLD problems (objectives.gld.GLDProblem; the outcome's law is a
+Generalised Lambda distribution whose four parameters are GP draws) through qbatch's library API,
+`orchestrator.ask_tell.AskTellOptimizer`, in **synchronous batches**: ask B points, evaluate all B
+(GLDProblem.evaluate, in this process), tell all B, refit, repeat. That is the orchestrator's
+`synchronous: true` protocol (the papers'), minus Ray: the central actor wraps the same AskTellOptimizer.
+After each batch the recommendation is spec §1.7's, `AskTellOptimizer.best()` after a fit: the observed
+input with the largest posterior mean of the target (the quantile SVGP's f, HetGP's plug-in quantile, the
+replicate GP's quantile). For Sobol and random search the recommendation uses an exact GP of the outcome
+(model "exact-gp") fitted on their points: the argmax of its posterior MEAN over the observed inputs,
+a smoothed "best observed" (the raw best observation of a noisy function is mostly noise).
+Simple regret = q* - q_tau(x_hat) with the exact GLD quantile; q* is the multi-start L-BFGS-B optimum of
+`GLDProblem.optimum`, raised to the best exact quantile of any point evaluated by any method on that problem
+if one beats it (recorded in column `q_star`).
+
+Methods (model + proposer): quantile-ts (quantile + thompson), qgibbon (quantile + qgibbon, repulsion
+"paper" = w 1), qgibbon-rescaled (repulsion 1/(k-1)^2), gpr-ei (gpr-replicates + gpr-ei: each batch is ONE
+point evaluated B times, initial design round(n0/B) Sobol points x B replicates, spec §4.4), hetgp-ts
+(heteroscedastic + thompson on the path quantile), qlognei (exact-gp + BoTorch qLogNEI), sobol, random.
+All methods of one (setting, problem) share the problem seed, so the model-based methods on the same model
+start from the SAME initial design and first fit (computed once and shared, which is only a speed-up).
+
+Settings: d in {3, 6}, tau in {0.75, 0.95}, batch in {10, 50}; initial 50 d, budget 250 d; 10 problems.
+
+Usage:
+    python benchmarks/gld.py                                   # full grid (days on 2 cores; use --workers)
+    python benchmarks/gld.py --settings 3:0.75:10 --methods quantile-ts qgibbon --problems 10
+    python benchmarks/gld.py --settings 3:0.75:10 --budget 300 --problems 0-9   # a reduced budget
+    python benchmarks/gld.py --quick                           # CI smoke run (~1 minute)
+Results in --out (default results/gld/): runs/*.csv (one per setting x problem, written as they finish;
+--resume skips those present), gld.csv + gld.parquet (every checkpoint), summary.csv (final regret, mean
+and 95% CI per setting x method), paired.csv (paired over problems), gld_<setting>.png (regret vs
+evaluations, mean +- 95% CI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+import warnings
+import zlib
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks._common import format_table, mean_ci, paired_comparison, plot_curves, read_table, write_table  # noqa: E402
+
+MODE = "synchronous batches, in-process AskTellOptimizer (the orchestrator's synchronous protocol without Ray)"
+
+
+@dataclass(frozen=True)
+class Method:
+    """A benchmarked method: qbatch model and proposer names with their options."""
+
+    model: str
+    proposer: str
+    model_options: dict = field(default_factory=dict)
+    proposer_options: dict = field(default_factory=dict)
+    #: GPR-EI: each batch is one point evaluated `batch` times
+    replicate: bool = False
+
+
+METHODS: dict[str, Method] = {
+    "quantile-ts": Method("quantile", "thompson"),
+    "qgibbon": Method("quantile", "qgibbon", proposer_options={"repulsion": "paper"}),
+    "qgibbon-rescaled": Method("quantile", "qgibbon", proposer_options={"repulsion": "rescaled"}),
+    "gpr-ei": Method("gpr-replicates", "gpr-ei", replicate=True),
+    "hetgp-ts": Method("heteroscedastic", "thompson"),
+    "qlognei": Method("exact-gp", "qlognei"),
+    "sobol": Method("exact-gp", "sobol"),
+    "random": Method("exact-gp", "random"),
+}
+#: the methods of issue 8's GLD target, and the quantile methods they are compared with
+QUANTILE_METHODS = ("quantile-ts", "qgibbon", "qgibbon-rescaled")
+BASELINES = ("gpr-ei", "hetgp-ts", "qlognei")
+
+FULL_SETTINGS = [(d, tau, b) for d in (3, 6) for tau in (0.75, 0.95) for b in (10, 50)]
+QUICK = {
+    "settings": [(3, 0.75, 10)],
+    "initial": 20,
+    "budget": 40,
+    "problems": [0, 1],
+    "methods": ["quantile-ts", "gpr-ei", "sobol"],
+    # smoke only: short SVGP training so the run takes about a minute
+    "model_options": {"quantile": {"max_steps": 200, "warm_max_steps": 40, "num_inducing": 16}},
+}
+
+
+@dataclass(frozen=True)
+class Setting:
+    d: int
+    tau: float
+    batch: int
+    initial: int
+    budget: int
+
+    @property
+    def label(self) -> str:
+        return f"d{self.d}-tau{self.tau:g}-b{self.batch}"
+
+
+def replicate_seed(seed: int, r: int) -> int:
+    """Evaluation seed of replicate `r` >= 1 of a trial whose own seed is `seed`."""
+    return zlib.crc32(f"{seed}:rep{r}".encode()) & 0x7FFFFFFF
+
+
+def _run_method(
+    name: str, method: Method, setting: Setting, problem: Any, problem_id: int, cache: dict, model_options: dict
+) -> tuple[list[dict], list[list[float]]]:
+    """One BO run; returns checkpoint rows (regret filled in later) and every evaluated point."""
+    from orchestrator.ask_tell import AskTellOptimizer
+
+    d, tau, B = setting.d, setting.tau, setting.batch
+    m_opts = {**method.model_options, **model_options.get(method.model, {})}
+    p_opts = dict(method.proposer_options)
+    if method.proposer == "sobol":
+        p_opts.setdefault("seed", problem_id)  # one Sobol sequence: initial design and batches
+    n0 = max(2, round(setting.initial / B)) if method.replicate else setting.initial
+    opt = AskTellOptimizer(
+        problem.space, model=method.model, tau=tau, proposer=method.proposer, initial_design=n0, seed=problem_id,
+        model_options=m_opts, proposer_options=p_opts,
+    )
+    evaluated: list[list[float]] = []
+    fit_s = propose_s = 0.0
+
+    def evaluate(trials: Sequence[Any], reps: int) -> int:
+        for t in trials:
+            for r in range(reps):
+                y = problem.evaluate(t.params, t.seed if r == 0 else replicate_seed(t.seed, r))
+                if r == 0:
+                    opt.tell(t.trial_id, y)
+                else:
+                    opt.tell_point(t.params, y)
+            evaluated.append(t.x.tolist())
+        return len(trials) * reps
+
+    t_start = time.perf_counter()
+    key = None if method.replicate else (method.model, json.dumps(m_opts, sort_keys=True))
+    if key is not None and key in cache:
+        opt.set_state(cache[key]["state"])
+        n, fit_s = cache[key]["n"], cache[key]["fit_s"]
+        evaluated.extend(cache[key]["evaluated"])
+    else:
+        n = evaluate(opt.ask(n0), B if method.replicate else 1)
+        t0 = time.perf_counter()
+        opt.fit()
+        fit_s = time.perf_counter() - t0
+        if key is not None:
+            cache[key] = {"state": opt.get_state(), "n": n, "fit_s": fit_s, "evaluated": list(evaluated)}
+    rows = []
+
+    def record() -> None:
+        params, predicted = opt.best()
+        rows.append({
+            "method": name, "d": d, "tau": tau, "batch": B, "problem": problem_id, "n_evals": n,
+            "x_rec": json.dumps([params[k] for k in problem.space]), "predicted": float(predicted),
+            "fit_s": fit_s, "propose_s": propose_s, "elapsed_s": time.perf_counter() - t_start,
+        })
+
+    record()
+    while n < setting.budget:
+        t0 = time.perf_counter()
+        if method.replicate:
+            trials, reps = opt.ask(1), min(B, setting.budget - n)
+        else:
+            trials, reps = opt.ask(min(B, setting.budget - n)), 1
+        propose_s += time.perf_counter() - t0
+        n += evaluate(trials, reps)
+        t0 = time.perf_counter()
+        opt.fit()
+        fit_s += time.perf_counter() - t0
+        record()
+    return rows, evaluated
+
+
+def run_problem(
+    setting: Setting, problem_id: int, methods: Sequence[str], model_options: dict, threads: int = 1
+) -> list[dict]:
+    """All `methods` on one GLD problem; returns checkpoint rows with exact quantiles and regrets."""
+    import numpy as np
+    import torch
+
+    from objectives.gld import GLDProblem
+
+    torch.set_num_threads(threads)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=RuntimeWarning)
+    problem = GLDProblem(dim=setting.d, problem=problem_id)
+    _, q_opt = problem.optimum(setting.tau)
+    cache: dict = {}
+    rows: list[dict] = []
+    evaluated_all: list[list[float]] = []
+    for name in methods:
+        t0 = time.perf_counter()
+        try:
+            r, ev = _run_method(name, METHODS[name], setting, problem, problem_id, cache, model_options)
+            rows += r
+            evaluated_all += ev
+            err = ""
+        except Exception as exc:  # one failing method must not lose the others' results
+            err = f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
+            rows.append({"method": name, "d": setting.d, "tau": setting.tau, "batch": setting.batch,
+                         "problem": problem_id, "n_evals": 0, "x_rec": "[]", "predicted": float("nan"),
+                         "fit_s": float("nan"), "propose_s": float("nan"), "elapsed_s": time.perf_counter() - t0,
+                         "error": err})
+        print(f"[gld] {setting.label} problem {problem_id} {name}: {time.perf_counter() - t0:.1f} s {err}", flush=True)
+    q_eval = float(problem.quantile_unit(np.asarray(evaluated_all), setting.tau).max()) if evaluated_all else -math.inf
+    q_star = max(q_opt, q_eval)
+    for row in rows:
+        x = json.loads(row["x_rec"])
+        row["q_rec"] = float(problem.quantile_unit(np.asarray([x]), setting.tau)[0]) if x else float("nan")
+        row["q_star"] = q_star
+        row["q_star_lbfgs"] = q_opt
+        row["regret"] = q_star - row["q_rec"]
+        row.setdefault("error", "")
+        row["mode"] = MODE
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------- analysis
+def final_rows(rows: Sequence[dict]) -> list[dict]:
+    """The last checkpoint of every (method, setting, problem) run."""
+    last: dict[tuple, dict] = {}
+    for r in rows:
+        k = (r["method"], r["d"], r["tau"], r["batch"], r["problem"])
+        if k not in last or r["n_evals"] >= last[k]["n_evals"]:
+            last[k] = r
+    return list(last.values())
+
+
+def summarize(rows: Sequence[dict]) -> tuple[list[dict], list[dict], list[dict]]:
+    """Summary (mean +- 95% CI of the final regret), paired comparisons, and the target's fraction of settings."""
+    fin = final_rows(rows)
+    settings = sorted({(r["d"], r["tau"], r["batch"]) for r in fin})
+    methods = [m for m in METHODS if any(r["method"] == m for r in fin)]
+    summary, paired, target = [], [], []
+    for s in settings:
+        by_method = {m: {r["problem"]: r["regret"] for r in fin if (r["d"], r["tau"], r["batch"]) == s
+                         and r["method"] == m and not r.get("error") and not math.isnan(r["regret"])}
+                     for m in methods}
+        for m in methods:
+            if not by_method[m]:
+                continue
+            mean, half, n = mean_ci(list(by_method[m].values()))
+            n_evals = max(r["n_evals"] for r in fin if (r["d"], r["tau"], r["batch"]) == s and r["method"] == m)
+            summary.append({"d": s[0], "tau": s[1], "batch": s[2], "method": m, "n_evals": n_evals,
+                            "problems": n, "regret_mean": mean, "regret_ci95": half,
+                            "regret_median": float(sorted(by_method[m].values())[n // 2]) if n else float("nan")})
+        quantile = [m for m in QUANTILE_METHODS if by_method.get(m)]
+        others = [m for m in methods if m not in quantile] + [m for m in quantile]
+        for a in quantile:
+            for b in others:
+                if b == a or not by_method.get(b):
+                    continue
+                c = paired_comparison(by_method[a], by_method[b])
+                paired.append({"d": s[0], "tau": s[1], "batch": s[2], "method": a, "versus": b, **c,
+                               "beats": bool(c["mean_diff"] < 0)})
+        row = {"d": s[0], "tau": s[1], "batch": s[2]}
+        present = [b for b in BASELINES if by_method.get(b)]
+        for a in quantile:
+            row[f"{a}_beats_all"] = bool(present) and all(
+                paired_comparison(by_method[a], by_method[b])["mean_diff"] < 0 for b in present)
+        row["baselines_present"] = ",".join(present)
+        target.append(row)
+    return summary, paired, target
+
+
+def make_plots(rows: Sequence[dict], out: Path) -> list[Path]:
+    """One PNG per setting: mean regret vs evaluations with 95% CI bands, one curve per method."""
+    paths = []
+    settings = sorted({(r["d"], r["tau"], r["batch"]) for r in rows})
+    for s in settings:
+        curves = {}
+        for m in METHODS:
+            runs: dict[int, list[tuple[int, float]]] = {}
+            for r in rows:
+                if (r["d"], r["tau"], r["batch"]) == s and r["method"] == m and not r.get("error"):
+                    runs.setdefault(r["problem"], []).append((r["n_evals"], r["regret"]))
+            if not runs:
+                continue
+            xs = sorted({n for pts in runs.values() for n, _ in pts})
+            reps = []
+            for pts in runs.values():
+                d = dict(pts)
+                if all(x in d for x in xs):
+                    reps.append([max(d[x], 1e-12) for x in xs])
+            if reps:
+                curves[m] = (xs, reps)
+        label = f"d{s[0]}-tau{s[1]:g}-b{s[2]}"
+        paths.append(plot_curves(curves, out / f"gld_{label}.png",
+                                 title=f"GLD d={s[0]}, tau={s[1]:g}, batch {s[2]} (mean +- 95% CI over problems)"))
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+def _parse_settings(items: Sequence[str]) -> list[tuple[int, float, int]]:
+    out = []
+    for it in items:
+        try:
+            d, tau, b = it.split(":")
+            out.append((int(d), float(tau), int(b)))
+        except ValueError:
+            raise SystemExit(f"--settings: each item must be d:tau:batch, e.g. 3:0.75:10; got {it!r}") from None
+        if not (out[-1][0] >= 1 and 0 < out[-1][1] < 1 and out[-1][2] >= 1):
+            raise SystemExit(f"--settings: need d >= 1, tau in (0, 1), batch >= 1; got {it!r}")
+    return out
+
+
+def _parse_problems(spec: str) -> list[int]:
+    try:
+        if "-" in spec:
+            a, b = spec.split("-")
+            return list(range(int(a), int(b) + 1))
+        if "," in spec:
+            return [int(p) for p in spec.split(",")]
+        return list(range(int(spec)))
+    except ValueError:
+        raise SystemExit(f"--problems: a count (10), a range (0-9) or a list (1,4,7); got {spec!r}") from None
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="CI smoke run: d=3, tau=0.75, 2 problems, 3 methods, tiny budget")
+    ap.add_argument("--methods", nargs="+", choices=sorted(METHODS), help="methods (default: all)")
+    ap.add_argument("--settings", nargs="+", help="d:tau:batch items (default: the full 2x2x2 grid)")
+    ap.add_argument("--problems", default="10", help="count (10 = problems 0..9), range 0-9, or list 1,4,7")
+    ap.add_argument("--initial", type=int, help="initial design size (default 50 d)")
+    ap.add_argument("--budget", type=int, help="total evaluations (default 250 d)")
+    ap.add_argument("--model-options", type=json.loads, default={},
+                    help='JSON: model name -> options, e.g. {"quantile": {"num_inducing": 64}}')
+    ap.add_argument("--workers", type=int, default=1, help="parallel processes (one problem each)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    ap.add_argument("--resume", action="store_true", help="skip (setting, problem) files already in OUT/runs")
+    ap.add_argument("--out", default=str(REPO / "results" / "gld"), help="output directory")
+    args = ap.parse_args(argv)
+    if args.workers < 1 or args.threads < 1:
+        ap.error("--workers and --threads must be >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    out = Path(args.out)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    if args.quick:
+        triples, problems, methods = QUICK["settings"], QUICK["problems"], QUICK["methods"]
+        initial, budget, model_options = QUICK["initial"], QUICK["budget"], QUICK["model_options"]
+    else:
+        triples = _parse_settings(args.settings) if args.settings else FULL_SETTINGS
+        problems, methods = _parse_problems(args.problems), list(METHODS)
+        initial, budget, model_options = args.initial, args.budget, args.model_options
+    if args.methods:
+        methods = list(args.methods)
+    settings = [Setting(d, tau, b, initial or 50 * d, budget or 250 * d) for d, tau, b in triples]
+    for s in settings:
+        if s.budget < s.initial:
+            raise SystemExit(f"--budget ({s.budget}) must be >= --initial ({s.initial}) for {s.label}")
+    print(f"[gld] {MODE}; methods {methods}; {len(settings)} settings x {len(problems)} problems", flush=True)
+    t_start = time.perf_counter()
+
+    jobs = []
+    for s in settings:
+        for p in problems:
+            path = out / "runs" / f"{s.label}-p{p}"
+            if args.resume and path.with_name(path.name + ".csv").exists():
+                continue
+            jobs.append((s, p, path))
+    if args.workers == 1:
+        for s, p, path in jobs:
+            write_table(run_problem(s, p, methods, model_options, args.threads), path, parquet=False)
+    else:
+        import multiprocessing as mp
+
+        with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as pool:
+            futures = {pool.submit(run_problem, s, p, methods, model_options, args.threads): path for s, p, path in jobs}
+            for fut in as_completed(futures):
+                write_table(fut.result(), futures[fut], parquet=False)
+
+    rows = []
+    wanted = {(s.d, s.tau, s.batch) for s in settings}
+    for path in sorted((out / "runs").glob("*.csv")):
+        for r in read_table(path):
+            r = {**r, "d": int(r["d"]), "tau": float(r["tau"]), "batch": int(r["batch"]), "problem": int(r["problem"]),
+                 "n_evals": int(r["n_evals"])}
+            for k in ("regret", "q_rec", "q_star", "q_star_lbfgs", "predicted", "fit_s", "propose_s", "elapsed_s"):
+                r[k] = float(r[k])
+            if (r["d"], r["tau"], r["batch"]) in wanted and r["problem"] in problems and r["method"] in methods:
+                rows.append(r)
+    rows.sort(key=lambda r: (r["d"], r["tau"], r["batch"], list(METHODS).index(r["method"]), r["problem"], r["n_evals"]))
+    write_table(rows, out / "gld")
+    summary, paired, target = summarize(rows)
+    write_table(summary, out / "summary")
+    if paired:
+        write_table(paired, out / "paired")
+    if target:
+        write_table(target, out / "target")
+    plots = make_plots(rows, out)
+
+    print(f"\n[gld] {MODE}")
+    print("\nFinal simple regret q* - q_tau(x_hat) (mean, 95% CI half-width, over problems):")
+    print(format_table(summary, ["d", "tau", "batch", "method", "n_evals", "problems", "regret_mean", "regret_ci95",
+                                 "regret_median"]))
+    if paired:
+        print("\nPaired over problems (method - versus; negative = method better):")
+        print(format_table(paired, ["d", "tau", "batch", "method", "versus", "n", "mean_diff", "ci", "wins",
+                                    "p_wilcoxon", "beats"]))
+    if target:
+        print("\nIssue 8 target (quantile method beats GPR-EI, HetGP-TS and qLogNEI, paired mean over problems):")
+        print(format_table(target))
+        for m in QUANTILE_METHODS:
+            flags = [t[f"{m}_beats_all"] for t in target if f"{m}_beats_all" in t and t["baselines_present"]]
+            if flags:
+                print(f"  {m}: beats all present baselines in {sum(flags)}/{len(flags)} settings")
+        either = [any(t.get(f"{m}_beats_all", False) for m in QUANTILE_METHODS) for t in target if t["baselines_present"]]
+        if either:
+            print(f"  any quantile method: {sum(either)}/{len(either)} settings (target: >= 75%)")
+    print(f"\n[gld] wrote {out} ({len(rows)} rows, {len(plots)} plots) in {time.perf_counter() - t_start:.1f} s")
+    return {"rows": rows, "summary": summary, "paired": paired, "target": target, "plots": plots}
+
+
+if __name__ == "__main__":
+    main()
