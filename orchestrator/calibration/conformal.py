@@ -71,6 +71,11 @@ class ExactGPParts:
         """
         from orchestrator.models.base import Surrogate
 
+        inner = getattr(model, "model", None)
+        if isinstance(model, Surrogate) and X_train is None and Y_train is None and hasattr(inner, "train_inputs"):
+            if model.family != "gaussian" or model.num_outputs_latent != 1:
+                raise UnsupportedError(f"conformal sets need an exact Gaussian GP; got family {model.family!r}")
+            model = inner  # the exact GP's own BoTorch model, in its standardized units
         if isinstance(model, Surrogate):
             if model.family != "gaussian" or model.num_outputs_latent != 1:
                 raise UnsupportedError(f"conformal sets need an exact Gaussian GP; got family {model.family!r}")

@@ -1,0 +1,240 @@
+"""Offline cross-validated recalibration of paper 001 (Kuleshov et al. 2018 inside BO), calibrated-bo.md §1.2–1.3.
+
+CALIBRATE(M, D): refit the base model on folds of the data, collect out-of-fold forecasts and PIT values
+u_i = F_{-i}(y_i), and fit a monotone recalibrator R on (u_i, P̂(u_i)), P̂ the empirical CDF of the PITs:
+isotonic regression (sklearn, Kuleshov's choice), a GP regressor (paper 001's choice, made monotone by a
+running max), or paper 000's online recalibrator replayed over the PITs in temporal order (Alg. 4). The
+calibrated CDF is F~ = R(F), so the level map is R^-1. Splits: leave-one-out, or time-series one-step-ahead
+splits (train on the first i points, test on point i+1, for the last `n_splits` points). The sigma-rescaling
+mode (§1.6 (a1)) keeps mu and scales sigma by s, s^2 = mean_i z_i^2 of the out-of-fold standardized residuals.
+Refits need the data: `update` stores each completed (x, y) and `fit(X, Y)` replaces them; the recalibrator
+is rebuilt lazily, at most every `refit_every` results.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from orchestrator.calibration.base import Calibrator, LevelMap
+from orchestrator.errors import ConfigError, InputDataError
+from orchestrator.models.predictive import Forecast
+
+__all__ = ["OfflineCVCalibrator", "cv_forecasts"]
+
+#: grid of base levels on which R is evaluated to build the level map
+_GRID = np.concatenate([[1e-4, 1e-3, 5e-3], np.linspace(0.01, 0.99, 99), [0.995, 0.999, 1 - 1e-4]])
+#: smallest training fold (a GP on one point has no scale)
+MIN_TRAIN = 2
+
+
+def cv_forecasts(
+    model_factory: Callable[[], Any], X: Tensor, Y: Tensor, splits: str = "loo", n_splits: int | None = None
+) -> tuple[Forecast, Tensor, Tensor]:
+    """Out-of-fold forecasts (CREATE_SPLITS + refits of §1.3).
+
+    Args:
+        model_factory: returns a fresh unfitted `Surrogate`.
+        X: `n x d` points in acquisition order; Y: `n` values.
+        splits: "loo" or "time-series".
+        n_splits: time-series only: number of one-step-ahead splits (default n - MIN_TRAIN, i.e. all).
+
+    Returns:
+        (forecasts of the held-out points, their `y`, their indices), in temporal order.
+    """
+    n = X.shape[0]
+    if splits == "loo":
+        tests = list(range(n))
+    elif splits == "time-series":
+        k = n - MIN_TRAIN if n_splits is None else min(int(n_splits), n - MIN_TRAIN)
+        tests = list(range(n - k, n))
+    else:
+        raise ConfigError(f"`calibrator.options.splits` must be one of ['loo', 'time-series']; got {splits!r}")
+    records, idx = [], []
+    for i in tests:
+        train = torch.arange(n) != i if splits == "loo" else torch.arange(n) < i
+        if int(train.sum()) < MIN_TRAIN:
+            continue
+        model = model_factory()
+        model.fit(X[train], Y[train])
+        records.extend(model.forecast(X[i : i + 1]).to_records())
+        idx.append(i)
+    if not records:
+        raise InputDataError(f"cross-validation needs at least {MIN_TRAIN + 1} observations; got {n}")
+    index = torch.tensor(idx)
+    return Forecast.from_records(records), Y[index].to(torch.float64), index
+
+
+class OfflineCVCalibrator(Calibrator):
+    """`calibrator.type: offline-cv`.
+
+    Args:
+        model_factory: callable returning a fresh `Surrogate` (default: `build_model(model, **model_options)`).
+        model: model name for the default factory ("exact-gp").
+        model_options: options of the default factory.
+        splits: "loo" (default, both papers' main text) or "time-series".
+        n_splits: number of time-series splits (default: all).
+        regressor: "isotonic" (default), "gp", or "online" (paper 000's Alg. 4).
+        mode: "quantile" (R on PITs) or "sigma" (sigma-rescaling).
+        refit_every: rebuild R after this many new results (>= 1).
+        min_points: no recalibration (identity) below this many observations.
+        eta: step size of the "online" regressor.
+        spread: optional `SpreadTracker`.
+    """
+
+    name = "offline-cv"
+    needs_x = True
+
+    def __init__(
+        self,
+        model_factory: Callable[[], Any] | None = None,
+        model: str = "exact-gp",
+        model_options: dict[str, Any] | None = None,
+        splits: str = "loo",
+        n_splits: int | None = None,
+        regressor: str = "isotonic",
+        mode: str = "quantile",
+        refit_every: int = 1,
+        min_points: int = 3,
+        eta: float = 0.1,
+        spread: Any = None,
+    ) -> None:
+        super().__init__(spread)
+        if splits not in ("loo", "time-series"):
+            raise ConfigError(f"`calibrator.options.splits` must be one of ['loo', 'time-series']; got {splits!r}")
+        if regressor not in ("isotonic", "gp", "online"):
+            raise ConfigError(f"`calibrator.options.regressor` must be one of ['gp', 'isotonic', 'online']; got {regressor!r}")
+        if mode not in ("quantile", "sigma"):
+            raise ConfigError(f"`calibrator.options.mode` must be one of ['quantile', 'sigma']; got {mode!r}")
+        for key, v, lo in (("refit_every", refit_every, 1), ("min_points", min_points, MIN_TRAIN + 1)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ConfigError(f"`calibrator.options.{key}` must be an integer >= {lo}; got {v!r}")
+        if n_splits is not None and (isinstance(n_splits, bool) or not isinstance(n_splits, int) or n_splits < 1):
+            raise ConfigError(f"`calibrator.options.n_splits` must be an integer >= 1 or null; got {n_splits!r}")
+        if model_factory is None:
+            opts = dict(model_options or {})
+
+            def model_factory() -> Any:
+                from orchestrator.models import build_model
+
+                return build_model(model, **opts)
+
+        self.model_factory = model_factory
+        self.splits, self.n_splits, self.regressor, self.mode = splits, n_splits, regressor, mode
+        self.refit_every, self.min_points, self.eta = refit_every, min_points, float(eta)
+        self.X = torch.empty(0, 0, dtype=torch.float64)
+        self.Y = torch.empty(0, dtype=torch.float64)
+        self._since = 0
+        self._map: LevelMap | None = None
+        self._scale = 1.0
+        self.pits = torch.empty(0, dtype=torch.float64)
+        self._z_rms = 1.0
+
+    # ------------------------------------------------------------------ data
+    def _update_one(self, forecast: Forecast, y: Tensor, x: Tensor | None) -> None:
+        if x is None:
+            raise InputDataError("offline-cv refits the model on folds and needs the point x of each result")
+        x = x.reshape(1, -1).to(torch.float64)
+        self.X = x if self.X.numel() == 0 else torch.cat([self.X, x])
+        self.Y = torch.cat([self.Y, y.reshape(1).to(torch.float64)])
+        self._since += 1
+
+    def fit(self, X: Tensor, Y: Tensor) -> None:
+        """Replace the data by all completed results (`n x d`, `n`, acquisition order) and recalibrate now."""
+        self.X, self.Y = X.to(torch.float64).clone(), Y.to(torch.float64).reshape(-1).clone()
+        self._refit()
+
+    def _maybe_refit(self) -> None:
+        if self._since >= self.refit_every and self.Y.numel() >= self.min_points:
+            self._refit()
+
+    def _refit(self) -> None:
+        self._since = 0
+        if self.Y.numel() < self.min_points:
+            self._map, self._scale = None, 1.0
+            return
+        fc, y, _ = cv_forecasts(self.model_factory, self.X, self.Y, self.splits, self.n_splits)
+        self.pits = fc.cdf(y).clamp(0.0, 1.0)
+        z = (y - fc.mean()) / fc.variance().clamp_min(1e-300).sqrt()
+        self._z_rms = float(z.pow(2).mean().sqrt())
+        self._build_map()
+
+    def _build_map(self) -> None:
+        """The level map from the stored out-of-fold PITs (or the (a1) scale in sigma mode); no refits."""
+        u = self.pits
+        if self.mode == "sigma":
+            self._scale = self._z_rms
+            p = torch.as_tensor(_GRID)
+            # calibrated CDF R(u) = Phi(Phi^-1(u)/s), so the level map R^-1(p) = Phi(s Phi^-1(p)) widens by s
+            self._map = LevelMap(_GRID, torch.special.ndtr(torch.special.ndtri(p) / self._scale).numpy())
+            return
+        R = self._fit_regressor(u.numpy())  # calibrated CDF value for each base PIT on _GRID
+        # the level map is R^-1: knots (R(g), g) -> build the map of R on the grid and invert it
+        self._map = LevelMap(_GRID, R)
+        self._scale = Calibrator.sigma_scale(self)
+
+    def _fit_regressor(self, u: np.ndarray) -> np.ndarray:
+        """Values of the recalibrator R on `_GRID` (monotone, in [0, 1])."""
+        if self.regressor == "online":
+            from orchestrator.calibration.online import OnlineQuantileRecalibrator
+
+            rec = OnlineQuantileRecalibrator(eta=self.eta)
+            rec.update_pit(torch.as_tensor(u))  # temporal order of the splits
+            return rec.unmap_levels(torch.as_tensor(_GRID)).numpy()
+        p_hat = (u[None, :] <= u[:, None]).mean(axis=1)  # P̂(u_t) = |{s : u_s <= u_t}| / N
+        if self.regressor == "isotonic":
+            from sklearn.isotonic import IsotonicRegression
+
+            iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip", increasing=True)
+            iso.fit(np.concatenate([[0.0], u, [1.0]]), np.concatenate([[0.0], p_hat, [1.0]]))
+            return np.clip(iso.predict(_GRID), 0.0, 1.0)
+        from sklearn.gaussian_process import GaussianProcessRegressor
+        from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
+
+        from scipy.stats import norm
+
+        # regress in probit coordinates of u: an over-confident forecast puts its PITs at 1e-10 and 1 - 1e-10,
+        # where R is steep in u but smooth in Phi^-1(u)
+        def z(v: np.ndarray) -> np.ndarray:
+            return norm.ppf(np.clip(v, 1e-12, 1 - 1e-12))[:, None]
+
+        gp = GaussianProcessRegressor(ConstantKernel(1.0) * RBF(1.0) + WhiteKernel(1e-3), normalize_y=True, random_state=0)
+        gp.fit(z(u), p_hat)
+        return np.maximum.accumulate(np.clip(gp.predict(z(_GRID)), 0.0, 1.0))
+
+    # ------------------------------------------------------------------ the map
+    def map_levels(self, p: Tensor) -> Tensor:
+        """R^-1(p): base level whose quantile is the calibrated p-quantile."""
+        self._maybe_refit()
+        if self._map is None:
+            return torch.as_tensor(p, dtype=torch.float64).clone()
+        return self._map.inverse(p)
+
+    def unmap_levels(self, u: Tensor) -> Tensor:
+        """R(u): calibrated CDF value of a base PIT u."""
+        self._maybe_refit()
+        if self._map is None:
+            return torch.as_tensor(u, dtype=torch.float64).clone()
+        return self._map(u)
+
+    def sigma_scale(self) -> float:
+        """s of the sigma route: (a1) in sigma mode, the (a2) fit of the map otherwise."""
+        self._maybe_refit()
+        return self._scale if self._map is not None else 1.0
+
+    # ------------------------------------------------------------------ state (data and PITs; the map is rebuilt without refits)
+    def _get_state(self) -> dict[str, Any]:
+        return {"X": self.X.clone(), "Y": self.Y.clone(), "since": self._since, "pits": self.pits.clone(),
+                "z_rms": self._z_rms, "fitted": self._map is not None}
+
+    def _set_state(self, state: dict[str, Any]) -> None:
+        self.X, self.Y = state["X"].clone().to(torch.float64), state["Y"].clone().to(torch.float64)
+        self._since = int(state["since"])
+        self.pits, self._z_rms = state["pits"].clone().to(torch.float64), float(state["z_rms"])
+        self._map, self._scale = None, 1.0
+        if bool(state["fitted"]):
+            self._build_map()

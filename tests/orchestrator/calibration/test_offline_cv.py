@@ -1,0 +1,93 @@
+"""Offline CV recalibration of paper 001 (calibrated-bo.md §1.2–1.3): LOO and time-series splits, isotonic / GP /
+online regressors, sigma-rescaling, with an over-confident GP and with the real ExactGP."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from orchestrator.calibration import build_calibrator, calibration_score
+from orchestrator.calibration.offline_cv import cv_forecasts
+from orchestrator.errors import ConfigError, InputDataError
+from tests.orchestrator.acquisition.test_calibrated import FixedGP
+
+TK = {"dtype": torch.float64}
+
+
+def _data(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, 1, generator=g, **TK)
+    return X, torch.sin(6 * X[:, 0]) + 0.3 * torch.randn(n, generator=g, **TK)
+
+
+def overconfident() -> FixedGP:
+    return FixedGP(lengthscale=0.15, noise=0.01)  # standardized noise variance ~10x too small
+
+
+def test_splits() -> None:
+    X, Y = _data(10)
+    fc, y, idx = cv_forecasts(overconfident, X, Y, "time-series", 4)
+    assert idx.tolist() == [6, 7, 8, 9] and len(fc) == 4
+    torch.testing.assert_close(y, Y[6:])
+    fc, _, idx = cv_forecasts(overconfident, X, Y, "loo")
+    assert idx.tolist() == list(range(10))
+    with pytest.raises(InputDataError, match="at least 3 observations"):
+        cv_forecasts(overconfident, X[:2], Y[:2], "loo")
+
+
+@pytest.mark.parametrize("regressor", ["isotonic", "gp"])
+def test_recalibration_improves_out_of_fold_calibration(regressor: str) -> None:
+    X, Y = _data(30)
+    cal = build_calibrator("offline-cv", model_factory=overconfident, regressor=regressor, spread="off")
+    cal.fit(X, Y)
+    u = cal.pits
+    before = calibration_score(u)
+    after = calibration_score(cal.unmap_levels(u))
+    assert before > 0.3  # over-confident: PITs pile up at 0 and 1
+    assert after < 0.4 * before, (before, after)
+    p = torch.linspace(0.0, 1.0, 101, **TK)
+    r = cal.map_levels(p)
+    assert torch.all(r[1:] >= r[:-1] - 1e-12)
+    assert cal.sigma_scale() > 1.5
+
+
+def test_online_replay_widens() -> None:
+    """Paper 000's Alg. 4: the online recalibrator replayed over time-series PITs. Its last iterate moves in
+    steps of eta, so with 30 PITs it is checked for direction only: the central 80% interval widens."""
+    X, Y = _data(30)
+    cal = build_calibrator("offline-cv", model_factory=overconfident, regressor="online", splits="time-series", spread="off")
+    cal.fit(X, Y)
+    lo, hi = cal.map_levels(torch.tensor([0.1, 0.9], **TK)).tolist()
+    assert lo < 0.05 and hi > 0.95
+
+
+def test_sigma_mode_and_lazy_refit_via_updates() -> None:
+    X, Y = _data(24, seed=1)
+    cal = build_calibrator("offline-cv", model_factory=overconfident, mode="sigma", splits="time-series", refit_every=5)
+    for i in range(24):
+        model = overconfident()
+        if i >= 3:
+            model.fit(X[:i], Y[:i])
+            cal.update(model.forecast(X[i : i + 1]), Y[i : i + 1], X=X[i : i + 1])
+        else:
+            cal._update_one(None, Y[i], X[i])  # initial design: data only
+    s = cal.sigma_scale()
+    assert 1.8 < s < 6.0
+    p = torch.tensor([0.1, 0.9], **TK)
+    torch.testing.assert_close(torch.special.ndtri(cal.map_levels(p)), s * torch.special.ndtri(p), rtol=1e-3, atol=1e-3)
+
+
+def test_with_exact_gp_and_state(tmp_path) -> None:
+    X, Y = _data(9, seed=2)
+    cal = build_calibrator("offline-cv", splits="time-series", n_splits=2)  # default factory: ExactGP
+    cal.fit(X, Y)
+    assert cal.pits.numel() == 2
+    torch.save(cal.get_state(), tmp_path / "o.pt")
+    fresh = build_calibrator("offline-cv", splits="time-series", n_splits=2)
+    fresh.set_state(torch.load(tmp_path / "o.pt", weights_only=True))
+    p = torch.linspace(0.05, 0.95, 7, **TK)
+    torch.testing.assert_close(fresh.map_levels(p), cal.map_levels(p), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ConfigError, match="calibrator.options.regressor"):
+        build_calibrator("offline-cv", regressor="mlp")
+    with pytest.raises(ConfigError, match="calibrator.options.splits"):
+        build_calibrator("offline-cv", splits="kfold")
