@@ -3,8 +3,11 @@
 quantile-expectile-bo.md §1.3-1.6 (Picheny et al. 2022; Hensman et al. 2013; Saul et al. 2016): two
 independent latent GPs f and g = log sigma, each with a constant mean and a Matern-5/2 ARD kernel (GPyTorch
 `ScaleKernel(MaternKernel)` with batch shape [2]), shared inducing inputs Z chosen by k-means and refreshed at
-every fit (never trained), and an unwhitened Gaussian q(u_f) q(u_g) (GPyTorch `CholeskyVariationalDistribution`
-with batch shape [2], read as u = h(Z) for the zero-mean parts h). Training maximises the minibatch ELBO
+every fit (never trained), and a Gaussian q(u_f) q(u_g) over u = h(Z), the values of the zero-mean parts h.
+q(u) is stored whitened (GPyTorch `CholeskyVariationalDistribution` with batch shape [2] over u~ = L^-1 u,
+L = chol k(Z, Z), GPyTorch's default convention, allowed by §1.4), which saves an m^3 triangular solve and its
+backward pass per step; the warm start and `sparse_parts` speak the unwhitened (a, S) of the spec.
+Training maximises the minibatch ELBO
 (N/|B| scaling, both KL terms, hyperpriors as GPyTorch adds them) with Adam, a plateau learning-rate schedule
 and early stopping (§1.6). At every refresh q(u) is warm-started by projecting the previous posterior onto
 the new Z (§1.4). The unwhitened posterior algebra is written out with batched triangular solves so a
@@ -149,8 +152,9 @@ class SVGPOptions:
 class TwoLatentSVGP(gpytorch.Module):
     """The variational model over (f, g): means, kernels, q(u) and the fixed inducing inputs `Z`.
 
-    Index 0 of every batch-[2] parameter is f, index 1 is g. q(u_k) = N(a_k, L_k L_k^T) is unwhitened:
-    u_k are the values at Z of the zero-mean part of latent k (spec §1.4).
+    Index 0 of every batch-[2] parameter is f, index 1 is g. u_k are the values at Z of the zero-mean part of
+    latent k (spec §1.4), q(u_k) = N(a_k, S_k); the parameters are the whitened a~ = L^-1 a and a lower factor
+    R of S~ = L^-1 S L^-T = R R^T, with L L^T = k(Z, Z) + jitter I.
 
     Args:
         Z: `m x d` inducing inputs.
@@ -195,14 +199,21 @@ class TwoLatentSVGP(gpytorch.Module):
         return self.covar_module.outputscale
 
     @property
-    def u_mean(self) -> Tensor:
-        """`2 x m` unwhitened variational means a."""
+    def white_mean(self) -> Tensor:
+        """`2 x m` whitened variational means a~ = L^-1 a."""
         return self.variational_distribution.variational_mean
 
     @property
-    def u_chol(self) -> Tensor:
-        """`2 x m x m` lower Cholesky factors of the unwhitened variational covariances S."""
+    def white_chol(self) -> Tensor:
+        """`2 x m x m` lower factors R of the whitened variational covariances S~ = R R^T."""
         return self.variational_distribution.chol_variational_covar.tril()
+
+    def unwhitened(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(a, L R, L): `2 x m` means, `2 x m x m` factors of S = (L R)(L R)^T, and L, all detached."""
+        with torch.no_grad():
+            L = self.kzz_chol()
+            mean = (L @ self.white_mean.unsqueeze(-1)).squeeze(-1)
+            return mean, L @ self.white_chol, L
 
     def jitter(self) -> Tensor:
         """`2` jitters added to k(Z, Z) (relative to each outputscale)."""
@@ -216,33 +227,35 @@ class TwoLatentSVGP(gpytorch.Module):
         return psd_safe_cholesky(K)
 
     def set_variational(self, mean: Tensor, chol: Tensor) -> None:
-        """Set q(u) from `2 x m` means and `2 x m x m` lower Cholesky factors."""
+        """Set q(u) from unwhitened `2 x m` means a and `2 x m x m` lower factors of S (whitened with the
+        current hyperparameters)."""
         with torch.no_grad():
-            self.variational_distribution.variational_mean.copy_(mean)
-            self.variational_distribution.chol_variational_covar.copy_(chol)
+            L = self.kzz_chol()
+            white_mean = torch.linalg.solve_triangular(L, mean.unsqueeze(-1), upper=False).squeeze(-1)
+            white_chol = torch.linalg.solve_triangular(L, chol, upper=False)
+            self.variational_distribution.variational_mean.copy_(white_mean)
+            self.variational_distribution.chol_variational_covar.copy_(white_chol)
 
     # --- ELBO -------------------------------------------------------------------------------------------
     def marginals(self, X: Tensor) -> tuple[Tensor, Tensor]:
         """Posterior marginal means and variances of (f, g) at `b x d` inputs: two `2 x b` tensors."""
         L = self.kzz_chol()
-        outputscale, u_chol = self.outputscale, self.u_chol
+        outputscale, a_w, R = self.outputscale, self.white_mean, self.white_chol
         Kzx = matern52(self.Z, X, self.lengthscale, outputscale)  # 2 x m x b
         W = torch.linalg.solve_triangular(L, Kzx, upper=False)  # L^-1 Kzx
-        La = torch.linalg.solve_triangular(L, self.u_mean.unsqueeze(-1), upper=False)  # 2 x m x 1
-        mean = self.constant.unsqueeze(-1) + (W * La).sum(-2)
-        B = torch.linalg.solve_triangular(L, u_chol, upper=False)  # L^-1 L_S
-        V = B.transpose(-1, -2) @ W
+        mean = self.constant.unsqueeze(-1) + (W * a_w.unsqueeze(-1)).sum(-2)  # Kxz K^-1 a = W^T a~
+        V = R.transpose(-1, -2) @ W  # Kxz K^-1 S K^-1 Kzx = V^T V
         var = outputscale.unsqueeze(-1) - (W * W).sum(-2) + (V * V).sum(-2)
-        self._kl_cache = (L, La, B, u_chol)
+        self._kl_cache = (a_w, R)
         return mean, var.clamp_min(MIN_VARIANCE)
 
     def kl_divergence(self) -> Tensor:
-        """sum over k of KL(N(a_k, S_k) || N(0, K_ZZ + jitter I)), using the factors of the last `marginals` call."""
-        L, La, B, u_chol = self._kl_cache
-        m = L.shape[-1]
-        logdet_k = 2.0 * torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
-        logdet_s = torch.log(torch.diagonal(u_chol, dim1=-2, dim2=-1).pow(2)).sum(-1)
-        kl = 0.5 * ((B * B).sum((-2, -1)) + (La * La).sum((-2, -1)) - m + logdet_k - logdet_s)
+        """sum over k of KL(N(a_k, S_k) || N(0, K_ZZ + jitter I)) = KL(N(a~, S~) || N(0, I)), with the factors
+        of the last `marginals` call."""
+        a_w, R = self._kl_cache
+        m = a_w.shape[-1]
+        logdet_s = torch.log(torch.diagonal(R, dim1=-2, dim2=-1).pow(2)).sum(-1)
+        kl = 0.5 * ((R * R).sum((-2, -1)) + (a_w * a_w).sum(-1) - m - logdet_s)
         return kl.sum()
 
     def log_prior(self) -> Tensor:
@@ -265,10 +278,11 @@ class _PredictiveCache:
             self.outputscale = model.outputscale[k].detach().clone()
             self.jitter = float(model.jitter()[k])
             self.L = L
-            self.La = torch.linalg.solve_triangular(L, model.u_mean[k].unsqueeze(-1), upper=False).squeeze(-1)
-            self.B = torch.linalg.solve_triangular(L, model.u_chol[k], upper=False)
-            self.u_mean = model.u_mean[k].detach().clone()
-            self.u_covar = model.u_chol[k] @ model.u_chol[k].transpose(-1, -2)
+            self.La = model.white_mean[k].detach().clone()  # L^-1 a
+            self.B = model.white_chol[k].detach().clone()  # L^-1 (a factor of S)
+            self.u_mean = L @ self.La
+            LB = L @ self.B
+            self.u_covar = LB @ LB.transpose(-1, -2)
 
     def posterior(self, X: Tensor, full_cov: bool) -> tuple[Tensor, Tensor]:
         """Mean `... x n` and covariance `... x n x n` (or variance `... x n`) at `... x n x d`."""
