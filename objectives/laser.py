@@ -154,6 +154,8 @@ class LaserSimulator(SyntheticObjective):
             raise ObjectiveError(f"min_repeats must be an integer >= 3; got {min_repeats!r}")
         if not isinstance(alpha_max, (int, float)) or not (math.isfinite(alpha_max) and alpha_max > 0):
             raise ObjectiveError(f"alpha_max must be a positive number; got {alpha_max!r}")
+        if len(tuple(energy_range)) != 2 or not float(energy_range[0]) < float(energy_range[1]):
+            raise ObjectiveError(f"energy_range must be (low, high) with low < high; got {energy_range!r}")
         self.model_seed, self.n_gp_max, self.min_repeats = int(model_seed), n_gp_max, min_repeats
         self.alpha_max = float(alpha_max)
         self.csv_path = None if csv_path is None else Path(csv_path)
@@ -182,29 +184,40 @@ class LaserSimulator(SyntheticObjective):
         self._X_data = self._y_data = None
 
     def _build_from_csv(self, path: Path, energy_range: tuple[float, float]) -> None:
-        import pandas as pd
+        import csv
 
         if not path.is_file():
             raise ObjectiveError(f"laser csv_path={str(path)!r} is not a file")
         try:
-            df = pd.read_csv(path)
-        except Exception as exc:
+            with open(path, newline="") as fh:
+                reader = csv.reader(fh)
+                header = [h.strip() for h in next(reader, [])]
+                lines = [row for row in reader if row]
+        except (OSError, UnicodeDecodeError, csv.Error) as exc:
             raise ObjectiveError(f"cannot read laser csv_path={str(path)!r}: {exc}") from exc
-        quads = [c for c in df.columns if c.startswith("QUAD:") and c.endswith("BCTRL")]
-        if ENERGY_COLUMN not in df.columns:
+        quads = [c for c in header if c.startswith("QUAD:") and c.endswith("BCTRL")]
+        if ENERGY_COLUMN not in header:
             raise ObjectiveError(f"laser CSV {str(path)!r} lacks the energy column {ENERGY_COLUMN!r}")
         if not quads:
             raise ObjectiveError(f"laser CSV {str(path)!r} has no 'QUAD:*BCTRL' input columns")
-        df = df[quads + [ENERGY_COLUMN]].apply(pd.to_numeric, errors="coerce")
-        bad = df.index[df.isna().any(axis=1)]
-        if len(bad):
-            col = df.columns[df.loc[bad[0]].isna()][0]
-            raise ObjectiveError(f"laser CSV {str(path)!r}: row {int(bad[0])} has a missing or non-numeric {col!r}")
+        cols = [header.index(c) for c in quads + [ENERGY_COLUMN]]
+        data = np.empty((len(lines), len(cols)))
+        for i, row in enumerate(lines):
+            for j, c in enumerate(cols):
+                try:
+                    data[i, j] = float(row[c])
+                except (IndexError, ValueError):
+                    data[i, j] = np.nan
+                if not np.isfinite(data[i, j]):
+                    raise ObjectiveError(
+                        f"laser CSV {str(path)!r}: data row {i} (line {i + 2}) has a missing or non-numeric "
+                        f"{header[c]!r}: {row[c] if c < len(row) else ''!r}"
+                    )
         lo_e, hi_e = energy_range
-        df = df[(df[ENERGY_COLUMN] > lo_e) & (df[ENERGY_COLUMN] < hi_e)]
-        if len(df) < 20:
-            raise ObjectiveError(f"laser CSV {str(path)!r}: only {len(df)} rows with {lo_e} < energy < {hi_e}")
-        X, y = df[quads].to_numpy(np.float64), df[ENERGY_COLUMN].to_numpy(np.float64)
+        data = data[(data[:, -1] > lo_e) & (data[:, -1] < hi_e)]
+        if len(data) < 20:
+            raise ObjectiveError(f"laser CSV {str(path)!r}: only {len(data)} rows with {lo_e} < energy < {hi_e}")
+        X, y = data[:, :-1], data[:, -1]
         self.names = quads
         lo, hi = X.min(axis=0), X.max(axis=0)
         pad = np.where(hi > lo, 0.0, 1e-6 * np.maximum(1.0, np.abs(lo)))  # a constant column gets a sliver

@@ -86,3 +86,14 @@ def test_bad_arguments_are_named():
         GLDProblem().quantile_unit(np.zeros((1, 3)), 1.0)
     with pytest.raises(ObjectiveError, match="n x 3"):
         GLDProblem().quantile_unit(np.zeros((1, 2)), 0.5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dim", [3, 6])
+def test_optimum_is_not_beaten_by_dense_random_search_over_many_problems(dim):
+    rng = np.random.default_rng(dim)
+    for problem in range(10):
+        g = GLDProblem(dim=dim, problem=problem)
+        _, v_opt = g.optimum(0.75)
+        X = rng.random((100_000, dim))
+        assert g.quantile_unit(X, 0.75).max() <= v_opt + 1e-9, problem

@@ -110,7 +110,7 @@ def test_bad_csv_errors_name_the_problem(tmp_path):
     lines = [",".join(cols + [ENERGY_COLUMN])] + [",".join(map(str, list(r) + [3.0])) for r in rows]
     lines[6] = lines[6].replace(lines[6].split(",")[2], "oops", 1)
     f2.write_text("\n".join(lines))
-    with pytest.raises(ObjectiveError, match=r"row 5 .*QUAD:LI21:271:BCTRL"):
+    with pytest.raises(ObjectiveError, match=r"data row 5 \(line 7\).*QUAD:LI21:271:BCTRL.*oops"):
         LaserSimulator(csv_path=f2)
 
 
