@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -184,3 +185,48 @@ def test_qlognei_beats_random_search_on_a_1d_function_at_equal_evaluations() -> 
     regret_bo, regret_rand = f_star - best_bo, f_star - sum(rand_best) / len(rand_best)
     assert regret_bo < 0.02, regret_bo
     assert regret_bo < 0.5 * regret_rand, (regret_bo, regret_rand)
+
+
+@pytest.mark.parametrize(
+    "model, proposer", [("exact-gp", "qlognei"), ("exact-gp", "sobol"), ("exact-gp", "random"),
+                        ("gpr-replicates", "gpr-ei")],
+)
+def test_baselines_run_from_a_config_through_ask_tell(model: str, proposer: str) -> None:
+    """A config naming a baseline validates, and the optimizer the central actor builds from it (the same
+    arguments as orchestrator/actor.py) runs synchronous batches on the GLD objective to its budget.
+    GPR-EI asks one point per batch and evaluates it `reps` times (its design: 2 points x `reps`)."""
+    import yaml
+
+    from objectives.registry import load_objective
+    from orchestrator.ask_tell import AskTellOptimizer
+    from orchestrator.config import load_config
+
+    replicate, reps = proposer == "gpr-ei", 3
+    raw = yaml.safe_load((Path(__file__).resolve().parents[3] / "examples" / "gld.yaml").read_text())
+    options = {"qlognei": {"num_restarts": 2, "raw_samples": 32, "mc_samples": 32, "maxiter": 20},
+               "gpr-ei": {"num_restarts": 2, "raw_samples": 32, "maxiter": 20}}.get(proposer, {})
+    raw.update(model={"type": model, "options": {}}, proposer={"type": proposer, "options": options},
+               batch_size=3, initial_design=2 if replicate else 6, budget=12)
+    cfg = load_config(raw)
+    objective = load_objective(cfg.objective.name, dict(cfg.objective.options))
+    opt = AskTellOptimizer(
+        cfg.build_space(objective.space), model=cfg.model.type, tau=cfg.tau, proposer=cfg.proposer.type,
+        initial_design=cfg.initial_design, seed=cfg.seed, model_options=dict(cfg.model.options),
+        proposer_options=dict(cfg.proposer.options),
+    )
+    sources = []
+    while opt.num_completed < cfg.budget:
+        if not opt.num_completed:
+            trials = opt.ask(cfg.initial_design)
+        else:
+            trials = opt.ask(1 if replicate else cfg.batch_size)
+        for t in trials:
+            sources.append(t.source)
+            opt.tell(t.trial_id, objective.evaluate(t.params, t.seed))
+            for r in range(1, reps if replicate else 1):
+                opt.tell_point(t.params, objective.evaluate(t.params, t.seed + r))
+    assert opt.num_completed == cfg.budget and opt.num_failed == 0
+    assert sources[cfg.initial_design:] and all(s == "model" for s in sources[cfg.initial_design:])
+    opt.fit()
+    params, value = opt.best()
+    assert set(params) == set(objective.space) and math.isfinite(value)
