@@ -206,9 +206,16 @@ def main(argv: list[str] | None = None) -> int:
     ray.init(num_cpus=args.slots, include_dashboard=False, log_to_driver=False)
     rows = []
     try:
-        # start the worker processes once so no system pays their start-up inside its span
-        warm = ray.remote(num_cpus=1)(lambda i: i)
-        ray.get([warm.remote(i) for i in range(args.slots)])
+        # start the worker processes and import the evaluation code once, so no system pays that start-up
+        # inside its span (every system then runs on the same warm pool of workers)
+        def _warm(i: int) -> int:
+            import objectives.timing  # noqa: F401
+            import workers.evaluate  # noqa: F401
+
+            time.sleep(1.0)  # hold the slot so every slot gets its own worker
+            return i
+
+        ray.get([ray.remote(num_cpus=1)(_warm).remote(i) for i in range(args.slots)])
         for system in systems:
             n = args.tune_evals if system.startswith("tune") else args.evals
             print(f"[utilization] {system}: {n} evaluations, {args.slots} slots ...", file=sys.stderr, flush=True)

@@ -10,8 +10,9 @@ method is the dispatch loop, in the actor's main worker thread:
   slot the next point of the queue at once.
 
 Model work never holds up that loop. In the default asynchronous mode two background threads of the
-actor do it. The *proposer thread* proposes the next batch as soon as the queue falls below `queue_low`
-(before it runs dry), counting every running and queued point as pending, with the current model. The
+actor do it. The *proposer thread* proposes the next batch as soon as the queue falls below its low-water
+mark (`low_water`: enough points to keep every slot busy through 1.5 recent proposal times, at least
+`queue_low`), so before it runs dry, counting every running and queued point as pending, with the current model. The
 *refit thread* refits the surrogate whenever new results are in: it fits a copy (warm-started from the
 current posterior) and swaps it in when ready, so proposals never wait for a fit. Until the first model
 is ready, free slots get further Sobol points rather than idling. Only the proposer thread touches the
@@ -162,6 +163,9 @@ class CentralActor:
         self._last_fit_end = 0.0
         self._refits = 0
         self._proposal_s: list[float] = []
+        self._model_batches = 0  # model-based batches proposed in this session
+        self._prop_ema: float | None = None  # moving average of model-based proposal seconds
+        self._eval_ema: float | None = None  # moving average of evaluation seconds
         self.started_at = time.time()
         self._replay()
 
@@ -225,6 +229,7 @@ class CentralActor:
                 "evals_per_s": self._n_done_session / span if span > 0 else 0.0,
                 "utilization": self._busy_s / (self.max_concurrent * span) if span > 0 else 0.0,
                 "refits": self._refits,
+                "low_water": self.low_water(),
                 "elapsed_s": now - self.started_at,
                 "phase": "model" if self.opt.model is not None else "initial design",
                 "pid": os.getpid(),
@@ -257,6 +262,8 @@ class CentralActor:
                     break
                 if self._abort or self._planner_error:
                     break
+                if not self.cfg.synchronous:
+                    self._fill_before_first_model()
                 if self._inflight:
                     self._collect(_WAIT_S)
                 elif self.cfg.synchronous:
@@ -306,7 +313,7 @@ class CentralActor:
                     self._first_dispatch = now
                 self._inflight[ref] = (trial, now, attempt)
                 self._started_buf.append(self._event("started", trial, time=now, attempt=attempt))
-        if len(self._queue) < self.queue_low:
+        if len(self._queue) < self.low_water():
             self._wake_planners()
 
     def _collect(self, timeout: float) -> None:
@@ -356,7 +363,9 @@ class CentralActor:
                     self.n_failed += 1
                 self._n_done_session += 1
                 if rec.get("error") != "worker-lost" and rec.get("started_at") is not None and rec.get("ended_at") is not None:
-                    self._busy_s += max(0.0, rec["ended_at"] - rec["started_at"])
+                    dt = max(0.0, rec["ended_at"] - rec["started_at"])
+                    self._busy_s += dt
+                    self._eval_ema = dt if self._eval_ema is None else 0.95 * self._eval_ema + 0.05 * dt
             self._check_guard()
         self._wake_planners()
 
@@ -395,21 +404,49 @@ class CentralActor:
         if remaining <= 0:
             return False
         with self._lock:
-            queued, free = len(self._queue), self.max_concurrent - len(self._inflight) - len(self._queue)
+            queued = len(self._queue)
+        low = self.low_water()
         if self.opt.model is not None and self.opt._n_sobol >= self.cfg.initial_design:
-            if queued >= self.queue_low:
+            if queued >= low:
                 return False
             q = min(self.cfg.batch_size, remaining)
         elif self.opt._n_sobol < self.cfg.initial_design:  # the initial design
-            if queued >= self.queue_low:
+            if queued >= low:
                 return False
             q = min(self.cfg.initial_design - self.opt._n_sobol, self.cfg.batch_size, remaining)
-        else:  # waiting for the first model: keep free slots busy with further Sobol points, no more
-            if free <= 0:
+        else:
+            # waiting for the first model: keep the queue at its low-water mark with further Sobol points, so
+            # the slots stay busy during the first fit and the first model-based proposal
+            if queued >= low:
                 return False
-            q = min(free, remaining)
+            q = min(low - queued, remaining)
         self._propose(q)
         return True
+
+    def _fill_before_first_model(self) -> None:
+        """Until the first model-based batch is queued, free slots get Sobol points from this loop directly.
+
+        The first fit and the first proposal (which also pays one-off start-up costs) may take longer than
+        the queued initial design lasts; the space-filling design simply continues meanwhile. Later
+        proposals are kept ahead of the queue by `low_water` instead, so the budget goes to the model.
+        """
+        if self._model_batches or self._queue or self.opt._n_sobol < self.cfg.initial_design:
+            return
+        with self._lock:
+            free = self.max_concurrent - len(self._inflight)
+        q = min(free, self._remaining_to_propose())
+        if q > 0:
+            self._propose(q, design=True)
+            self._dispatch()
+
+    def low_water(self) -> int:
+        """Queue length below which the next batch is proposed: at least `queue_low`, and enough points to
+        keep every slot busy for 1.5 times the recent proposal time (measured: moving averages of proposal
+        and evaluation times), so the queue does not run dry while a proposal is computed."""
+        low = self.queue_low
+        if self._prop_ema is not None and self._eval_ema:
+            low = max(low, math.ceil(1.5 * self.max_concurrent * self._prop_ema / self._eval_ema))
+        return min(low, 4 * max(self.cfg.batch_size, self.max_concurrent))
 
     def _refit_step(self) -> bool:
         """Refit on new results (on a copy; swapped in when ready). Returns whether it did something."""
@@ -424,12 +461,15 @@ class CentralActor:
             return True
         return False
 
-    def _propose(self, q: int) -> None:
+    def _propose(self, q: int, design: bool = False) -> None:
         t0 = time.perf_counter()
         pending = self.opt.num_pending
-        trials = self.opt.ask(q, fit=False)
+        trials = self.opt.ask(q, fit=False, design=design)
         seconds = time.perf_counter() - t0
         self._proposal_s.append(seconds)
+        if trials and trials[0].source == "model":
+            self._model_batches += 1
+            self._prop_ema = seconds if self._prop_ema is None else 0.7 * self._prop_ema + 0.3 * seconds
         events = []
         for t in trials:
             info = {"source": t.source, "seed": t.seed, "proposal_seconds": seconds, "q": q, "pending": pending}

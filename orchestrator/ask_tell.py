@@ -226,13 +226,15 @@ class AskTellOptimizer:
         return self._n_sobol >= self.initial_design and (self._model is not None or self.can_fit())
 
     # ------------------------------------------------------------------ ask
-    def ask(self, q: int, fit: bool = True) -> list[Trial]:
+    def ask(self, q: int, fit: bool = True, design: bool = False) -> list[Trial]:
         """Propose `q` new trials, counting all untold trials as pending.
 
         Args:
             q: batch size, an integer >= 1.
             fit: refit the model first when results arrived since the last fit (the actor passes False
                 and refits in the background instead).
+            design: continue the Sobol design even when a model is available (never waits for a
+                model-based `ask` running in another thread).
 
         Returns:
             `q` trials, marked pending until told.
@@ -242,11 +244,15 @@ class AskTellOptimizer:
         """
         if isinstance(q, bool) or not isinstance(q, int) or q < 1:
             raise TrialError(f"q must be an integer >= 1; got {q!r}")
+        if design or (self._model is None and not (fit and self.can_fit())) or self._n_sobol < self.initial_design:
+            with self._lock:  # a Sobol draw is cheap: it does not wait for a model-based `ask` in another thread
+                return self._ask(q, fit=False, sobol=True)
         with self._ask_lock:
             return self._ask(q, fit)
 
-    def _ask(self, q: int, fit: bool) -> list[Trial]:
-        self.flush_calibration()
+    def _ask(self, q: int, fit: bool, sobol: bool = False) -> list[Trial]:
+        if not sobol:
+            self.flush_calibration()
         if fit and self._n_sobol >= self.initial_design and self.can_fit() and (self._model is None or self.num_stale > 0):
             self.fit()
         with self._lock:
@@ -255,7 +261,7 @@ class AskTellOptimizer:
             X_pending = self._stack([t.x for t in self._pending.values()])
             X_observed = self._stack(self._obs_x)
             model = self._model
-        if self._n_sobol < self.initial_design or model is None:
+        if sobol or self._n_sobol < self.initial_design or model is None:
             X, source, forecasts = self._sobol(q), "sobol", [None] * q
         else:
             X, source = self._propose(model, q, batch_id, X_pending, X_observed), "model"
@@ -299,6 +305,10 @@ class AskTellOptimizer:
         by a random snapped point that is new; when none is found (a small discrete space is exhausted)
         the repeat is kept: for a noisy objective a repeated evaluation is still informative.
         """
+        from orchestrator.space import FloatParam
+
+        if all(isinstance(p, FloatParam) for p in self.space.params):
+            return X  # snapping is the identity; the proposer already returns distinct points
         gen = torch.Generator().manual_seed(trial_seed(self.seed, f"dedupe-{batch_id}"))
         taken = [X_pending] if X_pending.shape[0] else []
         out = X.clone()
