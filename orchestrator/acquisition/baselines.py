@@ -24,7 +24,10 @@ from orchestrator.acquisition.base import DUPLICATE_TOL, Proposer, min_distance
 from orchestrator.errors import ConfigError
 from orchestrator.models.base import Surrogate
 
-__all__ = ["SobolProposer", "RandomProposer", "LogNEIProposer", "ReplicatedEIProposer", "SurrogateModel", "expected_improvement"]
+__all__ = [
+    "SobolProposer", "RandomProposer", "LogNEIProposer", "ReplicatedEIProposer", "SurrogateModel",
+    "expected_improvement",
+]
 
 #: random draws tried to replace a Sobol/random point that repeats a pending or observed one
 _REPLACE_TRIES = 100
@@ -73,7 +76,8 @@ class SobolProposer(Proposer):
     ) -> Tensor:
         d = X_pending.shape[-1]
         if self.seed is None:
-            engine = torch.quasirandom.SobolEngine(d, scramble=True, seed=int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
+            scramble_seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
+            engine = torch.quasirandom.SobolEngine(d, scramble=True, seed=scramble_seed)
         else:
             engine = torch.quasirandom.SobolEngine(d, scramble=True, seed=self.seed)
             skip = X_pending.shape[0] + X_observed.shape[0]

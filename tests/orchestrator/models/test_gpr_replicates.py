@@ -26,7 +26,9 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
-def _replicated(n_unique: int, reps: int, d: int, noise: float, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _replicated(
+    n_unique: int, reps: int, d: int, noise: float, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     Xu = torch.rand(n_unique, d, generator=g, **TK)
     X = Xu.repeat_interleave(reps, 0)
