@@ -41,13 +41,16 @@ class KMeansInducingPointSelector:
         self.kmeans_iter = kmeans_iter
         self.thresh = float(thresh)
 
-    def __call__(self, X: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    def __call__(self, X: Tensor, generator: torch.Generator | None = None, init: Tensor | None = None) -> Tensor:
         """Return `m x d` inducing inputs for the `n x d` data `X` (same dtype and device as `X`).
 
         Args:
             X: `n x d` inputs (n >= 1).
             generator: optional torch generator that makes the shuffle, the k-means seeds and the
                 uniform fill reproducible.
+            init: optional `m x d` initial centroids (e.g. the previous Z at a warm refit): k-means then
+                starts from them instead of random data points and converges in a few iterations. Used
+                only when it has `m` rows and `m <= n`.
         """
         if X.ndim != 2 or X.shape[0] < 1:
             raise InputDataError(f"X must be a non-empty `n x d` tensor; got shape {tuple(X.shape)}")
@@ -60,7 +63,11 @@ class KMeansInducingPointSelector:
         std = data.std(axis=0)
         std = np.where(std > _MIN_STD, std, 1.0)
         k = min(m, n)
-        centroids, _ = kmeans(data / std, k, iter=self.kmeans_iter, thresh=self.thresh, seed=rng)
+        if init is not None and init.shape == (m, d) and m <= n:
+            guess = init.detach().cpu().numpy().astype(np.float64) / std
+            centroids, _ = kmeans(data / std, guess, thresh=self.thresh)
+        else:
+            centroids, _ = kmeans(data / std, k, iter=self.kmeans_iter, thresh=self.thresh, seed=rng)
         centroids = centroids * std
         if centroids.shape[0] < m:
             lo, hi = data.min(axis=0), data.max(axis=0)

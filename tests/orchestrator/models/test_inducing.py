@@ -62,3 +62,19 @@ def test_bad_num_inducing(m):
 def test_bad_data():
     with pytest.raises(InputDataError, match="shape"):
         KMeansInducingPointSelector(3)(torch.zeros(0, 2, **TK))
+
+
+def test_warm_start_from_previous_centroids():
+    """Starting from the previous Z converges to centroids as good as a fresh k-means, and follows new data."""
+    g = torch.Generator().manual_seed(5)
+    X = torch.rand(2000, 3, generator=g, **TK)
+    sel = KMeansInducingPointSelector(30)
+    Z0 = sel(X[:1500], generator=torch.Generator().manual_seed(0))
+    X_new = torch.cat([X, 0.9 + 0.05 * torch.rand(300, 3, generator=g, **TK)])
+    Z_warm = sel(X_new, init=Z0)
+    Z_cold = sel(X_new, generator=torch.Generator().manual_seed(1))
+    err = lambda C: float(torch.cdist(X_new, C).min(-1).values.pow(2).mean())  # noqa: E731
+    assert Z_warm.shape == (30, 3)
+    assert err(Z_warm) < 1.1 * err(Z_cold) and err(Z_warm) < 0.9 * err(Z0)
+    # a wrong-sized init is ignored (falls back to random initialisation)
+    assert sel(X, init=Z0[:5], generator=torch.Generator().manual_seed(2)).shape == (30, 3)

@@ -211,6 +211,7 @@ def test_warm_start_projection_keeps_posterior(data, fitted):
     g0, _ = model.posterior_g(Xt, full_cov=False)
     Z0 = model.sparse_parts().Z
     model.options.warm_max_steps = 0
+    model.options.kmeans_warm_start = False  # a fresh k-means: a genuinely different Z
     info = model.fit(X, Y)
     assert info["iterations"] == 0 and info["warm"] == 1.0
     assert not torch.allclose(model.sparse_parts().Z, Z0)  # Z was refreshed
