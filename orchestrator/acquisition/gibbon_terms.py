@@ -63,24 +63,31 @@ _SMALL_LOG_X = -20.0
 _LOG_HALF = math.log(0.5)
 
 
+def _log_truncation_direct(gamma: Tensor) -> tuple[Tensor, Tensor]:
+    """(log v, log(1 − v)) from r = φ(γ)/Φ(γ) = exp(log φ − log Φ), for γ >= TRUNC_ASYMPTOTIC_GAMMA (there torch's
+    log_ndtr and its gradient are accurate; BoTorch's `log_ndtr` guards the far left tail, which the asymptotic
+    branch covers)."""
+    log_r = log_phi(gamma) - torch.special.log_ndtr(gamma)
+    r = log_r.exp()
+    g_plus_r = (gamma + r).clamp_min(torch.finfo(gamma.dtype).tiny)  # > 0 mathematically (E[Z|Z<=γ] = −r < γ)
+    log_1mv = log_r + g_plus_r.log()  # log(r(γ + r)) = log(1 − v)
+    log_v = (1.0 - r * g_plus_r).clamp_min(TRUNC_VAR_FLOOR).log()
+    return log_v, log_1mv
+
+
 def _log_truncation_pieces(gamma: Tensor) -> tuple[Tensor, Tensor]:
     """(log v(γ), log(1 − v(γ))) for the upper-truncated standard normal, stable for all finite γ."""
     asym = gamma < TRUNC_ASYMPTOTIC_GAMMA
-    # direct branch on masked inputs (so the other branch's gradient never sees inf/NaN)
-    gd = torch.where(asym, torch.zeros_like(gamma), gamma)
-    # γ >= TRUNC_ASYMPTOTIC_GAMMA here, where torch's log_ndtr and its gradient are accurate (BoTorch's
-    # `log_ndtr` guards the far left tail, which the asymptotic branch covers)
-    log_r = log_phi(gd) - torch.special.log_ndtr(gd)
-    r = log_r.exp()
-    g_plus_r = (gd + r).clamp_min(torch.finfo(gamma.dtype).tiny)  # > 0 mathematically (E[Z|Z<=γ] = −r < γ)
-    log_1mv_direct = log_r + g_plus_r.log()  # log(r(γ + r)) = log(1 − v)
-    v_direct = (1.0 - r * g_plus_r).clamp_min(TRUNC_VAR_FLOOR)
+    if not bool(asym.any()):  # the common case: one branch, fewer ops to differentiate
+        return _log_truncation_direct(gamma)
+    # both branches on masked inputs (so neither branch's gradient sees inf/NaN), joined by torch.where
+    log_v_d, log_1mv_d = _log_truncation_direct(torch.where(asym, torch.zeros_like(gamma), gamma))
     # asymptotic branch: v ≈ 1/γ² − 6/γ⁴ + 50/γ⁶ − 518/γ⁸ (spec §3.5 series, two more terms)
     ga = torch.where(asym, gamma, torch.full_like(gamma, TRUNC_ASYMPTOTIC_GAMMA))
     w = ga.reciprocal().square()
     v_asym = w * (1.0 + w * (-6.0 + w * (50.0 - 518.0 * w)))
-    log_v = torch.where(asym, v_asym.log(), v_direct.log())
-    log_1mv = torch.where(asym, torch.log1p(-v_asym), log_1mv_direct)
+    log_v = torch.where(asym, v_asym.log(), log_v_d)
+    log_1mv = torch.where(asym, torch.log1p(-v_asym), log_1mv_d)
     return log_v, log_1mv
 
 
@@ -178,13 +185,16 @@ def _log_neg_log1m(log_x: Tensor, log_1mx: Tensor) -> Tensor:
     """log(−log(1 − x)) for x in (0, 1) given both log x and log(1 − x) (whichever is accurate is used)."""
     small = log_x < _SMALL_LOG_X
     large = log_x > _LOG_HALF
-    lx_mid = log_x.clamp(_SMALL_LOG_X, _LOG_HALF)
-    mid = torch.log(-torch.log1p(-lx_mid.exp()))
-    lx_small = log_x.clamp_max(_SMALL_LOG_X)
-    tiny = lx_small + 0.5 * lx_small.exp()
-    l1mx_large = torch.where(large, log_1mx, torch.full_like(log_1mx, -1.0)).clamp_max(-1e-300)
-    big = torch.log(-l1mx_large)
-    return torch.where(small, tiny, torch.where(large, big, mid))
+    any_small, any_large = bool(small.any()), bool(large.any())
+    lx_mid = log_x.clamp(_SMALL_LOG_X, _LOG_HALF) if (any_small or any_large) else log_x
+    out = torch.log(-torch.log1p(-lx_mid.exp()))
+    if any_small:  # −log(1 − x) = x + x²/2 + ...: log = log x + x/2 to double precision
+        lx_small = log_x.clamp_max(_SMALL_LOG_X)
+        out = torch.where(small, lx_small + 0.5 * lx_small.exp(), out)
+    if any_large:  # x near 1: use log(1 − x) directly
+        l1mx_large = torch.where(large, log_1mx, torch.full_like(log_1mx, -1.0)).clamp_max(-1e-300)
+        out = torch.where(large, torch.log(-l1mx_large), out)
+    return out
 
 
 def log_quality(

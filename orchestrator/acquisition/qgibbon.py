@@ -269,7 +269,9 @@ class QGibbon(Proposer):
     Args:
         num_max_samples: |𝓜|, Gumbel samples of g* drawn once per batch (A5: 10).
         grid_size: random points of the max-value grid besides the observed inputs; None = 1000·d (A5).
-        raw_samples: random candidates scored at each greedy step to pick the starts.
+        raw_samples: random candidates scored at each greedy step to pick the starts (spec §2 step 5 quotes
+            trieste's max(5000, 1000·d) raw and 10·d starts; at q = 100 greedy steps that is too slow, so the
+            defaults are BoTorch-like 1024 raw and 10 starts).
         num_restarts: L-BFGS-B starts per greedy step (optimized together, batched).
         maxiter: L-BFGS-B iterations per start.
         repulsion: "paper" (default, w = 1, eq 12) or "rescaled" (w = 1/|P|², trieste and the authors' code;

@@ -256,7 +256,7 @@ def test_q100_distinct_in_bounds_with_pending():
     model = make_model()
     pending = torch.rand(20, 2, generator=torch.Generator().manual_seed(8), **TK)
     X_obs = torch.rand(30, 2, generator=torch.Generator().manual_seed(9), **TK)
-    prop = QGibbon(grid_size=200, raw_samples=48, num_restarts=2, maxiter=8)
+    prop = QGibbon(grid_size=200, raw_samples=32, num_restarts=2, maxiter=5)
     B = prop.propose(model, 100, X_pending=pending, X_observed=X_obs, seed=0)
     assert B.shape == (100, 2) and B.dtype == torch.float64
     assert ((B >= 0) & (B <= 1)).all()
