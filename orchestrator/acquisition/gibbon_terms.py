@@ -10,7 +10,7 @@ c_m, c_v) or the asymmetric Gaussian (m_e, v_e), both from `orchestrator.models.
 
 The acquisition pieces (quality Q = mean_{g*} ½ log(C_ii/V_i), repulsion R = ½ log(Schur/C_xx)) are
 returned as logarithms of their magnitudes, so that huge candidate sets (large γ) never round them to
-zero (the failure of BoTorch's GIBBON in pytorch/botorch issue #3368), and `signed_log_gain` joins them
+zero (the failure of BoTorch's GIBBON in meta-pytorch/botorch issue #3368), and `signed_log_gain` joins them
 into one strictly increasing, never-zero transform of the greedy gain Q + w R for the optimizer.
 """
 

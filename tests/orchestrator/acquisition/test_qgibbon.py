@@ -138,7 +138,7 @@ def test_no_zero_or_nan_for_gamma_from_minus_40_to_40():
         assert torch.isfinite(grad).all()
         if log_r is None:  # with a constant repulsion 1e-3 ≫ Q the slope through Q alone is ~Q/1e-3 and may underflow
             assert (grad != 0).all()
-    # the naive float formula (BoTorch-style 1 − ρ²r(γ+r), pytorch/botorch#3368) rounds to exactly zero here
+    # the naive float formula (BoTorch-style 1 − ρ²r(γ+r), meta-pytorch/botorch#3368) rounds to exactly zero here
     with np.errstate(divide="ignore", invalid="ignore"):  # Φ(γ) underflows at the far left; only γ > 10 is used
         r = torch.as_tensor(stats.norm.pdf(gamma.numpy()) / stats.norm.cdf(gamma.numpy()))
     naive = -0.5 * torch.log(1 - (1 / 1.5) * r * (gamma + r))
