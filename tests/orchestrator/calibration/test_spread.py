@@ -95,3 +95,37 @@ def test_attach_and_options() -> None:
         build_calibrator("online", spread_max=0.5)
     with pytest.raises(ConfigError, match="need `spread` other than 'off'"):
         build_calibrator("online", spread="off", spread_eta=0.1)
+
+
+def test_thompson_batch_spreads_out_when_calibrated() -> None:
+    """An over-confident model (posterior std 10x too small): one-step-ahead misses drive s up to about 10, and
+    the Thompson batch, whose paths become mu + s (path - mu), spreads out over the cube."""
+    from orchestrator.acquisition.thompson import ThompsonSampling
+    from tests.orchestrator.acquisition.proposer_contract import PartsSurrogate, random_parts
+
+    parts = random_parts(2, m=30, seed=0)
+    parts.outputscale = parts.outputscale * 1e-2  # same posterior mean, std / 10
+    parts.u_covar = parts.u_covar * 1e-2
+    model = PartsSurrogate(parts, family="asymmetric_laplace", tau=0.5, log_scale=math.log(1e-3))
+    g = torch.Generator().manual_seed(5)
+    cal = build_calibrator("online", spread_eta=0.5)
+    for _ in range(40):
+        x = torch.rand(1, 2, generator=g, dtype=torch.float64)
+        fc = model.forecast(x)
+        y = fc.mu_f + 10 * fc.var_f.sqrt() * torch.randn(1, generator=g, dtype=torch.float64)  # the truth is 10x wider
+        cal.update(fc, y, X=x)
+    assert float(cal.spread(torch.zeros(1, 2, dtype=torch.float64))) > 5.0
+
+    def batch(calibrated: bool) -> torch.Tensor:
+        ts = ThompsonSampling(num_features=256, raw_samples=512, num_restarts=4, maxiter=50)
+        if calibrated:
+            attach(cal, ts)
+        return ts.propose(model, 8, seed=11)
+
+    def mean_pairwise(X: torch.Tensor) -> float:
+        return float(torch.pdist(X).mean())
+
+    plain, calibrated = batch(False), batch(True)
+    print(f"mean pairwise distance: plain {mean_pairwise(plain):.3f}, calibrated {mean_pairwise(calibrated):.3f}")
+    assert not torch.allclose(plain, calibrated)
+    assert mean_pairwise(calibrated) > 3 * mean_pairwise(plain)
