@@ -40,7 +40,10 @@ class ExactGP(Surrogate):
 
     family = "gaussian"
 
-    def __init__(self, tau: float = 0.5, warm_start: bool = True) -> None:
+    def __init__(self, tau: float = 0.5, warm_start: bool = True, **unknown: Any) -> None:
+        if unknown:
+            raise ConfigError(f"unknown model option(s) {sorted(unknown)} for exact-gp; valid options: "
+                              "['tau', 'warm_start']")
         self.tau = check_tau(tau)
         if not isinstance(warm_start, bool):
             raise ConfigError(f"`warm_start` must be true or false; got {warm_start!r}")

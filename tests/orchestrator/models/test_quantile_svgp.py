@@ -391,3 +391,24 @@ def test_quantile_recovery(tau):
     print(f"tau={tau}: RMSE/range quantile SVGP {q_rmse / span:.4f}, HetGP {h_rmse / span:.4f}")
     assert q_rmse < 0.1 * span, (q_rmse, span)
     assert h_rmse > 1.2 * q_rmse, (h_rmse, q_rmse)
+
+
+def test_elbo_terms(fitted, data):
+    """KL terms equal torch's Gaussian KL against the prior at Z; the minibatch loss is unbiased (N/|B| scaling)."""
+    model = fitted.model
+    X, Y = data
+    Y_std = (Y - fitted.outcome_transform[0]) / fitted.outcome_transform[1]
+    with torch.no_grad():
+        model.marginals(X[:5])
+        kl = float(model.kl_divergence())
+        a, LS, L = model.unwhitened()
+        expected = 0.0
+        for k in range(2):
+            q = torch.distributions.MultivariateNormal(a[k], covariance_matrix=LS[k] @ LS[k].T)
+            p = torch.distributions.MultivariateNormal(torch.zeros_like(a[k]), scale_tril=L[k])
+            expected += float(torch.distributions.kl_divergence(q, p))
+        assert kl == pytest.approx(expected, rel=1e-6)
+        full = float(fitted._loss(X, Y_std, X.shape[0]))
+        parts = [float(fitted._loss(X[i:i + 50], Y_std[i:i + 50], X.shape[0])) for i in range(0, 300, 50)]
+        assert sum(parts) / len(parts) == pytest.approx(full, rel=1e-10)
+        assert max(parts) - min(parts) > 1e-3  # the minibatches do differ
