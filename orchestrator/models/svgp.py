@@ -290,17 +290,21 @@ class _PredictiveCache:
 
     def posterior(self, X: Tensor, full_cov: bool) -> tuple[Tensor, Tensor]:
         """Mean `... x n` and covariance `... x n x n` (or variance `... x n`) at `... x n x d`."""
-        Kzx = matern52(self.Z, X, self.lengthscale, self.outputscale)  # ... x m x n
-        L = self.L.expand(*Kzx.shape[:-2], *self.L.shape)
-        W = torch.linalg.solve_triangular(L, Kzx, upper=False)
-        mean = self.constant + (W * self.La.unsqueeze(-1)).sum(-2)
+        # all points in one triangular solve: `m x N` with N = prod(...) * n (no per-batch copies of L)
+        shape = X.shape[:-1]
+        Kzx = matern52(self.Z, X.reshape(-1, X.shape[-1]), self.lengthscale, self.outputscale)  # m x N
+        W = torch.linalg.solve_triangular(self.L, Kzx, upper=False)
         V = self.B.transpose(-1, -2) @ W
+        mean = (self.constant + self.La @ W).reshape(shape)
         if full_cov:
+            m = W.shape[0]
+            Wb = W.reshape(m, *shape).movedim(0, -2)  # ... x m x n
+            Vb = V.reshape(m, *shape).movedim(0, -2)
             Kxx = matern52(X, X, self.lengthscale, self.outputscale)
-            cov = Kxx - W.transpose(-1, -2) @ W + V.transpose(-1, -2) @ V
+            cov = Kxx - Wb.transpose(-1, -2) @ Wb + Vb.transpose(-1, -2) @ Vb
             return mean, 0.5 * (cov + cov.transpose(-1, -2))
-        var = self.outputscale - (W * W).sum(-2) + (V * V).sum(-2)
-        return mean, var.clamp_min(MIN_VARIANCE)
+        var = self.outputscale - (W * W).sum(0) + (V * V).sum(0)
+        return mean, var.reshape(shape).clamp_min(MIN_VARIANCE)
 
 
 class TwoLatentSVGPSurrogate(Surrogate):
