@@ -21,7 +21,7 @@ from tests.integration.conftest import finished_counts
 pytestmark = pytest.mark.ray
 
 REPO = Path(__file__).resolve().parents[2]
-BUDGET = 60
+BUDGET = 40
 
 
 def _events(run_dir):
@@ -47,11 +47,11 @@ def test_sigkill_driver_and_actor_then_resume(ray_local, tmp_path):
     run_dir = str(tmp_path / "killed")
     cfg = {
         "name": "killed",
-        "objective": {"name": "sleep", "options": {"mean_s": 0.25, "cv": 0.5, "num_cpus": 1}},
+        "objective": {"name": "sleep", "options": {"mean_s": 0.2, "cv": 0.5, "num_cpus": 1}},
         "tau": 0.3,
-        "model": {"type": "quantile", "options": {"num_inducing": 16, "max_steps": 100, "warm_max_steps": 50}},
-        "proposer": {"type": "thompson", "options": {"num_features": 256, "raw_samples": 256, "num_restarts": 2,
-                                                     "maxiter": 30}},
+        "model": {"type": "quantile", "options": {"num_inducing": 16, "max_steps": 60, "warm_max_steps": 20}},
+        "proposer": {"type": "thompson", "options": {"num_features": 128, "raw_samples": 128, "num_restarts": 1,
+                                                     "maxiter": 20}},
         "batch_size": 10,
         "initial_design": 12,
         "budget": BUDGET,
@@ -67,7 +67,7 @@ def test_sigkill_driver_and_actor_then_resume(ray_local, tmp_path):
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         # mid-run: after the model has taken over and some of its proposals are done
-        _wait_for(lambda: len(finished_counts(_events(run_dir))) >= 25, 120, "25 finished evaluations")
+        _wait_for(lambda: len(finished_counts(_events(run_dir))) >= 18, 120, "18 finished evaluations")
         actor = ray.get_actor(actor_name(run_dir), namespace=NAMESPACE)
         actor_pid = ray.get(actor.pid.remote(), timeout=30)
     finally:

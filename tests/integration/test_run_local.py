@@ -16,8 +16,8 @@ from tests.integration.conftest import finished_counts, span_utilization
 pytestmark = pytest.mark.ray
 
 #: fast model settings for CI; the benchmark uses the defaults
-MODEL = {"type": "quantile", "options": {"num_inducing": 16, "max_steps": 100, "warm_max_steps": 50}}
-PROPOSER = {"type": "thompson", "options": {"num_features": 256, "raw_samples": 256, "num_restarts": 2, "maxiter": 30}}
+MODEL = {"type": "quantile", "options": {"num_inducing": 16, "max_steps": 60, "warm_max_steps": 20}}
+PROPOSER = {"type": "thompson", "options": {"num_features": 128, "raw_samples": 128, "num_restarts": 1, "maxiter": 20}}
 
 
 def _config(tmp_path, name, **over):

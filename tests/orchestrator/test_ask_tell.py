@@ -174,6 +174,15 @@ class SpyProposer(Proposer):
         return torch.rand(q, X_observed.shape[-1], generator=generator, dtype=torch.float64)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """These models are tiny: one intra-op thread is much faster than two on a shared 2-core machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture
 def spy_model(monkeypatch):
     """The real `build_model`, with every fit's training data recorded."""
@@ -197,11 +206,11 @@ def spy_model(monkeypatch):
 
 def _fast_model():
     """Small quantile SVGP options so a fit is quick on a busy 2-core machine."""
-    return {"num_inducing": 16, "max_steps": 100, "warm_max_steps": 50}
+    return {"num_inducing": 16, "max_steps": 60, "warm_max_steps": 20}
 
 
 #: small Thompson-sampling settings for the same reason (the proposer has its own tests)
-FAST_TS = {"num_features": 256, "raw_samples": 256, "num_restarts": 2, "maxiter": 30}
+FAST_TS = {"num_features": 128, "raw_samples": 128, "num_restarts": 1, "maxiter": 20}
 
 
 def test_model_phase_pending_points_reach_the_proposer_and_failures_do_not_reach_the_model(spy_model, monkeypatch):
@@ -230,29 +239,22 @@ def test_model_phase_pending_points_reach_the_proposer_and_failures_do_not_reach
     assert SpyProposer.calls[-1][1].shape == (5, 2)
 
 
-def test_thompson_loop_improves_and_minimize_reports_user_units():
-    opt = AskTellOptimizer(SMALL, direction="minimize", tau=0.3, initial_design=10, seed=1,
+def test_thompson_loop_minimize_calibrator_and_best_in_user_units():
+    opt = AskTellOptimizer(SMALL, direction="minimize", tau=0.3, initial_design=10, seed=1, calibrator="online",
                            model_options=_fast_model(), proposer_options=FAST_TS)
     rng = np.random.default_rng(0)
-    for _ in range(2):
-        trials = opt.ask(8 if opt.num_completed else 10)
-        for t in reversed(trials):
-            opt.tell(t.trial_id, -f_true(t.params) + 0.05 * rng.standard_normal())
+    first = opt.ask(10)
+    for t in reversed(first):
+        opt.tell(t.trial_id, -f_true(t.params) + 0.05 * rng.standard_normal())
+    assert opt.calibrator.num_updates == 0  # Sobol points carry no forecast
+    batch = opt.ask(6)
+    assert all(t.source == "model" and t.forecast["tau"] == pytest.approx(0.7) for t in batch)  # 1 - tau
+    for t in batch[::-1]:
+        opt.tell(t.trial_id, -f_true(t.params) + 0.05 * rng.standard_normal())
+    assert opt.calibrator.num_updates == 6  # each with the forecast recorded at proposal time
     diag = opt.fit()
-    assert diag["n"] == 18 and diag["seconds"] > 0
+    assert diag["n"] == 16 and diag["seconds"] > 0
     params, value = opt.best()
     assert value == pytest.approx(diag["best_predicted"])
     assert -0.2 < value < 1.0  # predicted 0.3-quantile of the minimized outcome, user units (minimum is 0)
     opt.space.validate(params)
-
-
-def test_calibrator_is_updated_with_the_recorded_forecast():
-    opt = AskTellOptimizer(SMALL, calibrator="online", initial_design=8, seed=2, model_options=_fast_model(),
-                           proposer_options=FAST_TS)
-    for t in opt.ask(8):
-        opt.tell(t.trial_id, f_true(t.params))
-    assert opt.calibrator.num_updates == 0  # Sobol points carry no forecast
-    batch = opt.ask(3)
-    for t in batch:
-        opt.tell(t.trial_id, f_true(t.params))
-    assert opt.calibrator.num_updates == 3
