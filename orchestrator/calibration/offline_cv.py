@@ -7,8 +7,9 @@ running max), or paper 000's online recalibrator replayed over the PITs in tempo
 calibrated CDF is F~ = R(F), so the level map is R^-1. Splits: leave-one-out, or time-series one-step-ahead
 splits (train on the first i points, test on point i+1, for the last `n_splits` points). The sigma-rescaling
 mode (§1.6 (a1)) keeps mu and scales sigma by s, s^2 = mean_i z_i^2 of the out-of-fold standardized residuals.
-Refits need the data: `update` stores each completed (x, y) and `fit(X, Y)` replaces them; the recalibrator
-is rebuilt lazily, at most every `refit_every` results.
+Refits need the data: `update` stores each completed (x, y) and rebuilds the recalibrator (with fold refits)
+every `refit_every` results; `fit(X, Y)` replaces the data (e.g. with the initial design) and rebuilds now.
+Reading the map never refits, so acquisitions stay cheap.
 """
 
 from __future__ import annotations
@@ -142,6 +143,7 @@ class OfflineCVCalibrator(Calibrator):
         self.X = x if self.X.numel() == 0 else torch.cat([self.X, x])
         self.Y = torch.cat([self.Y, y.reshape(1).to(torch.float64)])
         self._since += 1
+        self._maybe_refit()
 
     def fit(self, X: Tensor, Y: Tensor) -> None:
         """Replace the data by all completed results (`n x d`, `n`, acquisition order) and recalibrate now."""
@@ -209,21 +211,18 @@ class OfflineCVCalibrator(Calibrator):
     # ------------------------------------------------------------------ the map
     def map_levels(self, p: Tensor) -> Tensor:
         """R^-1(p): base level whose quantile is the calibrated p-quantile."""
-        self._maybe_refit()
         if self._map is None:
             return torch.as_tensor(p, dtype=torch.float64).clone()
         return self._map.inverse(p)
 
     def unmap_levels(self, u: Tensor) -> Tensor:
         """R(u): calibrated CDF value of a base PIT u."""
-        self._maybe_refit()
         if self._map is None:
             return torch.as_tensor(u, dtype=torch.float64).clone()
         return self._map(u)
 
     def sigma_scale(self) -> float:
         """s of the sigma route: (a1) in sigma mode, the (a2) fit of the map otherwise."""
-        self._maybe_refit()
         return self._scale if self._map is not None else 1.0
 
     # ------------------------------------------------------------------ state (data and PITs; the map is rebuilt without refits)
