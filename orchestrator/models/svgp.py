@@ -463,19 +463,18 @@ class TwoLatentSVGPSurrogate(Surrogate):
         Z = self._selector(X, generator=self._generator, init=init)
         t1 = time.perf_counter()
         model = self._project(Z, y_mean, y_std) if warm else self._cold_model(Z, Y_std)
-        self.model, self._y_mean, self._y_std, self._caches = model, y_mean, y_std, {}
         t2 = time.perf_counter()
-        info = self._train(X, Y_std, warm)
+        info = self._train(model, X, Y_std, warm)
+        # the fitted model replaces the previous one only now (predictions meanwhile use the previous fit)
+        self.model, self._y_mean, self._y_std, self._caches = model, y_mean, y_std, {}
         self._n_fit = int(X.shape[0])
-        self._caches = {}
         t3 = time.perf_counter()
         info.update({"seconds": t3 - t0, "select_seconds": t1 - t0, "init_seconds": t2 - t1,
                      "train_seconds": t3 - t2, "warm": float(warm), "num_inducing": float(Z.shape[0])})
         return info
 
-    def _train(self, X: Tensor, Y: Tensor, warm: bool) -> dict[str, float]:
+    def _train(self, model: TwoLatentSVGP, X: Tensor, Y: Tensor, warm: bool) -> dict[str, float]:
         opt = self.options
-        model = self.model
         n = X.shape[0]
         b = min(opt.batch_size, n)
         batches_per_pass = math.ceil(n / b)
@@ -499,7 +498,7 @@ class TwoLatentSVGPSurrogate(Surrogate):
                 idx = order[pos:pos + b]
                 pos += b
                 adam.zero_grad(set_to_none=True)
-                loss = self._loss(X[idx], Y[idx], n)
+                loss = self._loss(X[idx], Y[idx], n, model)
                 loss.backward()
                 adam.step()
                 total += float(loss.detach())
@@ -516,9 +515,9 @@ class TwoLatentSVGPSurrogate(Surrogate):
         return {"iterations": float(step), "epochs": float(math.ceil(step / steps_per_epoch)),
                 "loss": float(epoch_loss), "stopped_early": float(stopped)}
 
-    def _loss(self, Xb: Tensor, Yb: Tensor, n: int) -> Tensor:
+    def _loss(self, Xb: Tensor, Yb: Tensor, n: int, model: TwoLatentSVGP | None = None) -> Tensor:
         """Negative ELBO per datum: -(n/|B| sum_B E[log p] - KL_f - KL_g + log prior) / n (spec §1.5)."""
-        model = self.model
+        model = self.model if model is None else model
         mean, var = model.marginals(Xb)
         ell = self.likelihood.expected_log_prob_moments(Yb, mean[0], var[0], mean[1], var[1]).sum()
         elbo = ell * (n / Xb.shape[0]) - model.kl_divergence() + model.log_prior()
