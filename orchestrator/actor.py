@@ -136,6 +136,7 @@ class CentralActor:
             calibrator_options=dict(cfg.calibrator.options),
         )
         self.opt.defer_calibration = not cfg.synchronous
+        self.opt.prepare()
         if max_concurrent is None:
             max_concurrent = cfg.max_concurrent or default_max_concurrent(self.resources)
         self.max_concurrent = int(max_concurrent)
@@ -177,7 +178,7 @@ class CentralActor:
         finished: set[str] = set()
         n_completed = n_failed = 0
         for ev in events:
-            if ev.kind == "proposed":
+            if ev.kind == "proposed" and ev.trial_id not in self.opt._trials:
                 info = ev.info or {}
                 self.opt.restore_trial(
                     ev.trial_id, ev.params or {}, ev.x or [], ev.batch_id if ev.batch_id is not None else -1,
@@ -188,6 +189,8 @@ class CentralActor:
                 self._attempts[ev.trial_id] = max(self._attempts.get(ev.trial_id, 0), ev.attempt + 1)
             elif ev.kind in ("completed", "failed") and ev.trial_id not in finished:
                 finished.add(ev.trial_id)
+                if ev.trial_id not in self.opt._trials:  # its "proposed" record was lost (damaged segment)
+                    self._restore_from(ev)
                 if ev.kind == "completed":
                     self.opt.tell(ev.trial_id, ev.value)
                     n_completed += 1
@@ -195,9 +198,17 @@ class CentralActor:
                     self.opt.tell(ev.trial_id, None, error=ev.error or "exception")
                     n_failed += 1
         self.n_completed, self.n_failed = n_completed, n_failed
+        # the Sobol fillers of `_fill_before_first_model` belong to the run's start only, not to a resume
+        self._model_batches = len({ev.batch_id for ev in events if ev.kind == "proposed" and (ev.info or {}).get("source") == "model"})
         # trials proposed (maybe started) that never finished go first, in proposal order
         self._queue.extend(self.opt.pending())
         self.resumed_unfinished = len(self._queue)
+
+    def _restore_from(self, ev: Any) -> None:
+        """Re-register a trial from one of its own events (they all carry params and x)."""
+        x = ev.x if ev.x else self.opt.space.to_unit([ev.params or {}])[0].tolist()
+        self.opt.restore_trial(ev.trial_id, ev.params or {}, x, ev.batch_id if ev.batch_id is not None else -1,
+                               source="unknown")
 
     # ------------------------------------------------------------------ status
     @property

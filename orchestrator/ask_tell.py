@@ -174,6 +174,16 @@ class AskTellOptimizer:
 
         return build_calibrator(self.calibrator_name, **self.calibrator_options)
 
+    def prepare(self) -> None:
+        """Import the model's and proposer's code and build the proposer now rather than at the first fit.
+
+        The central actor calls this when it is created, so heavy imports (GPyTorch, BoTorch) do not compete
+        with its dispatch loop for the interpreter while the first evaluations start.
+        """
+        self._build_model()
+        if self._proposer is None:
+            self._proposer = self._build_proposer()
+
     # ------------------------------------------------------------------ properties
     @property
     def model(self) -> Any:

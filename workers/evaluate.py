@@ -156,17 +156,27 @@ def _call(objective: Objective, params: Mapping[str, Any], seed: int) -> dict[st
     }
 
 
+_LIBC: Any = None
+
+
+def _libc() -> Any:
+    """The C library, loaded once in the worker (so a forked child need not load it)."""
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+    return _LIBC
+
+
 def _die_with_parent(parent_pid: int) -> None:
     """Linux: have the kernel SIGKILL this child when the Ray worker that forked it dies.
 
     Otherwise an orphaned evaluation keeps the worker's sockets open and Ray notices the lost worker late.
     """
     try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
         PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except Exception:  # pragma: no cover - not Linux
         return
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
@@ -188,6 +198,10 @@ def _child_main(conn: Any, objective: Objective, params: Mapping[str, Any], seed
 
 
 def _run_in_child(objective: Objective, params: Mapping[str, Any], seed: int, timeout_s: float) -> dict[str, Any]:
+    try:
+        _libc()
+    except Exception:  # pragma: no cover - not Linux
+        pass
     ctx = multiprocessing.get_context("fork")
     parent_conn, child_conn = ctx.Pipe(duplex=False)
     started = time.time()
