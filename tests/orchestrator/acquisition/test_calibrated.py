@@ -197,7 +197,7 @@ class TestAcquisitionProposerContract(ProposerContract):
 def test_proposer_with_each_calibrator(calibrator: str, acq: str) -> None:
     X, Y = _data(9, d=2)
     m = make_gp(X, Y, lengthscale=0.3, noise=0.01)
-    cal = build_calibrator(calibrator, **({"ratio_steps": 16, "num_labels": 16} if calibrator == "conformal" else {}))
+    cal = build_calibrator(calibrator, **({"ratio_steps": 8, "num_labels": 8} if calibrator == "conformal" else {}))
     prop = attach(cal, AcquisitionProposer(acq, num_restarts=2, raw_samples=32, maxiter=20))
     Xn = prop.propose(m, 2, X_observed=X, seed=0)
     assert Xn.shape == (2, 2)

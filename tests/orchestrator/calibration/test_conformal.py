@@ -61,7 +61,7 @@ def test_exchangeable_coverage_beats_misspecified_credible_interval() -> None:
     """IID data, GP with noise 10x too small: the 1 - alpha credible interval under-covers, the conformal set
     covers >= 1 - alpha (marginally, up to Monte-Carlo error) (checklist item 2)."""
     g = torch.Generator().manual_seed(1)
-    alpha, reps, n = 0.2, 100, 12
+    alpha, reps, n = 0.2, 60, 12
     conf_hits, cred_hits = 0, 0
     for _ in range(reps):
         X = torch.rand(n + 1, 1, generator=g, dtype=torch.float64)
@@ -76,7 +76,7 @@ def test_exchangeable_coverage_beats_misspecified_credible_interval() -> None:
     conf, cred = conf_hits / reps, cred_hits / reps
     print(f"conformal coverage {conf:.3f}, credible coverage {cred:.3f}")
     assert cred < 0.65
-    assert conf >= 1 - alpha - 0.07
+    assert conf >= 1 - alpha - 0.08  # Monte-Carlo error of 60 repeats: sd ~0.05
 
 
 def test_masks_and_weights() -> None:
@@ -116,7 +116,7 @@ def test_density_ratio_starts_at_one_and_learns() -> None:
     Xt = 0.5 * torch.rand(40, 2, generator=g, dtype=torch.float64)
     assert torch.allclose(est(Xt), torch.ones(40, dtype=torch.float64))
     Xq = 0.5 + 0.5 * torch.rand(40, 2, generator=g, dtype=torch.float64)
-    est.fit(Xt, Xq, steps=200, lr=1e-2)
+    est.fit(Xt, Xq, steps=60, lr=3e-2)
     assert est(Xq).mean() > 3 * est(Xt).mean()
 
 

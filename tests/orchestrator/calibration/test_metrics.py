@@ -22,7 +22,7 @@ from orchestrator.models.predictive import Forecast
 @pytest.mark.parametrize("family,tau", [("gaussian", 0.5), ("asymmetric_laplace", 0.2), ("asymmetric_gaussian", 0.7)])
 def test_coverage_from_pits_matches_intervals(family: str, tau: float) -> None:
     g = torch.Generator().manual_seed(0)
-    n = 6  # quantile bisection is the slow part
+    n = 3 if family == "asymmetric_gaussian" else 6  # quantile bisection (x quadrature for AG) is the slow part
     fc = Forecast(family, tau, torch.randn(n, generator=g), torch.rand(n, generator=g) * 0.3, torch.randn(n, generator=g) * 0.3,
                   torch.rand(n, generator=g) * 0.1)
     y = fc.mean() + 1.5 * fc.variance().sqrt() * torch.randn(n, generator=g, dtype=torch.float64)

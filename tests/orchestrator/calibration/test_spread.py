@@ -22,7 +22,7 @@ def test_global_spread_learns_the_missing_width() -> None:
     g = torch.Generator().manual_seed(0)
     cal = build_calibrator("online", spread_eta=0.05)
     X = torch.rand(1, 2, dtype=torch.float64)
-    us, T = [], 1500
+    us, T = [], 800
     for t in range(T):
         fc = _fc(0.0, 1.0)
         y = 3.0 * torch.randn(1, generator=g, dtype=torch.float64)  # truth 3x wider than the f-posterior
