@@ -190,6 +190,15 @@ def run_setting(s: Setting, args: argparse.Namespace) -> list[dict[str, Any]]:
     botorch_adam_steps(bt, X, Y, args.fit_steps)
 
     rows = []
+    if "thompson" in args.tasks:
+        rows.extend(_time_thompson(s, args, qb, bt, X, raw, restarts, common))
+    if "refit" in args.tasks:
+        rows.extend(_time_refit(args, qb, bt, X_all, Y_all, common))
+    return rows
+
+
+def _time_thompson(s: Setting, args, qb, bt, X, raw: int, restarts: int, common: dict) -> list[dict[str, Any]]:
+    rows = []
     ts = ThompsonSampling(num_features=args.num_features, raw_samples=raw, num_restarts=restarts, maxiter=args.maxiter)
     _, t_q, mem_q = timed(lambda: ts.propose(qb, s.q, X_observed=X, seed=args.seed))
     _, t_b, mem_b = timed(lambda: botorch_thompson(bt, s.q, s.d, raw, restarts, args.maxiter))
@@ -197,7 +206,11 @@ def run_setting(s: Setting, args: argparse.Namespace) -> list[dict[str, Any]]:
                  "ratio_qbatch_to_botorch": t_q / t_b, "target": TARGET_PROPOSAL})
     rows.append({**common, "task": "thompson_batch", "library": "botorch", "seconds": t_b, "peak_mib": mem_b,
                  "ratio_qbatch_to_botorch": float("nan"), "target": float("nan")})
+    return rows
 
+
+def _time_refit(args, qb, bt, X_all, Y_all, common: dict) -> list[dict[str, Any]]:
+    rows = []
     _, t_q, mem_q = timed(lambda: qb.fit(X_all, Y_all))
     _, t_b, mem_b = timed(lambda: botorch_adam_steps(bt, X_all, Y_all, args.fit_steps))
     rows.append({**common, "task": f"warm_refit_+{NEW_POINTS}", "library": "qbatch", "seconds": t_q,
@@ -207,7 +220,7 @@ def run_setting(s: Setting, args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def print_table(rows: list[dict[str, Any]]) -> None:
+def print_table(rows: list[dict[str, Any]], memory_growth: bool = True) -> None:
     head = f"{'n':>6} {'d':>3} {'m':>4} {'q':>5}  {'task':<16} {'qbatch s':>9} {'botorch s':>9} {'ratio':>7} " \
            f"{'target':>7} {'qb MiB':>8} {'bt MiB':>8}"
     print(head)
@@ -220,7 +233,9 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             target_txt = f"<={target:g}" + (" ok" if qb["ratio_qbatch_to_botorch"] <= target else " MISS")
         print(f"{qb['n']:>6} {qb['d']:>3} {qb['m']:>4} {qb['q']:>5}  {qb['task']:<16} {qb['seconds']:>9.3f} "
               f"{bt['seconds']:>9.3f} {qb['ratio_qbatch_to_botorch']:>7.3f} {target_txt:>7} "
-              f"{qb['peak_mib']:>8.1f} {bt['peak_mib']:>8.1f}")
+              f"{qb['peak_mib']:>8.1f} {bt['peak_mib']:>8.1f}", flush=True)
+    if not memory_growth:
+        return
     # memory vs n: peak at the largest n over the smallest n, for settings that differ only in n
     by_key: dict[tuple, dict[int, float]] = {}
     for r in rows:
@@ -246,6 +261,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                    help="qbatch's random Fourier features (BoTorch's PathwiseThompsonSampling always uses its default 1024)")
     p.add_argument("--fit-steps", type=int, default=100, help="BoTorch full-batch Adam steps per fit")
     p.add_argument("--cold-steps", type=int, default=500, help="qbatch cold-fit step cap (stage only, not timed)")
+    p.add_argument("--tasks", nargs="+", choices=("thompson", "refit"), default=["thompson", "refit"],
+                   help="which timings to run (default both)")
     p.add_argument("--tau", type=float, default=0.8)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=0)
@@ -265,24 +282,31 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         settings = [Setting(*g) for g in GRID]
 
     rows: list[dict[str, Any]] = []
+    args.out.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # BoTorch input-scaling and optimizer warnings would flood the table
         for s in settings:
             print(f"running n={s.n} d={s.d} m={s.m} q={s.q} ...", flush=True)
-            rows.extend(run_setting(s, args))
-    print()
+            new = run_setting(s, args)
+            rows.extend(new)
+            print_table(new, memory_growth=False)
+            write_results(rows, args.out)  # after every setting, so a long run that is stopped keeps its rows
+    print("\nall settings:")
     print_table(rows)
-    args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "proposal_latency.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
+    print(f"\nwrote {args.out / 'proposal_latency.csv'} and .parquet")
+    return rows
+
+
+def write_results(rows: list[dict[str, Any]], out: Path) -> None:
+    """`out`/proposal_latency.csv and .parquet with one row per (setting, task, library)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.Table.from_pylist(rows), args.out / "proposal_latency.parquet")
-    print(f"\nwrote {args.out / 'proposal_latency.csv'} and .parquet")
-    return rows
+    with open(out / "proposal_latency.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    pq.write_table(pa.Table.from_pylist(rows), out / "proposal_latency.parquet")
 
 
 if __name__ == "__main__":
