@@ -165,6 +165,7 @@ class TestFunction(SyntheticObjective):
         bounds: override of the domain, `d` pairs (low, high).
     """
 
+    __test__ = False  # not a pytest test class despite its name
     direction = "minimize"
     default_bounds: tuple[tuple[float, float], ...] = ()
     #: known global optimizers of the noise-free f on the default domain

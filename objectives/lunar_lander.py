@@ -99,7 +99,9 @@ class LunarLander(Objective):
             try:
                 import gymnasium
             except ImportError as exc:  # pragma: no cover - depends on the installation
-                raise ObjectiveError("the lunar-lander objective needs gymnasium[box2d]: pip install 'qbatch[lander]'") from exc
+                raise ObjectiveError(
+                    "the lunar-lander objective needs gymnasium[box2d]: pip install 'qbatch[lander]'"
+                ) from exc
             try:
                 self._env = gymnasium.make(self.env_id, max_episode_steps=self.steps_limit)
             except Exception as exc:
@@ -137,7 +139,9 @@ class LunarLander(Objective):
         reward, steps, timed_out = self.episode(self.params_to_gains(params), seed)
         return EvalResult(value=reward, metrics={"steps": float(steps), "timed_out": float(timed_out)})
 
-    def empirical_quantile(self, params: Mapping[str, Any], tau: float, n_episodes: int = 100, seed0: int = 10**6) -> float:
+    def empirical_quantile(
+        self, params: Mapping[str, Any], tau: float, n_episodes: int = 100, seed0: int = 10**6
+    ) -> float:
         """Empirical tau-quantile of the reward over `n_episodes` episodes with seeds ``seed0, seed0+1, ...``.
 
         The paper scores a recommendation by this quantity with 100 episodes (quantile-expectile-bo.md §4.2).
