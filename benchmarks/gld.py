@@ -286,6 +286,8 @@ def summarize(rows: Sequence[dict]) -> tuple[list[dict], list[dict], list[dict]]
                                "beats": bool(c["mean_diff"] < 0)})
         row = {"d": s[0], "tau": s[1], "batch": s[2]}
         present = [b for b in BASELINES if by_method.get(b)]
+        if not present or not quantile:
+            continue  # the target needs a quantile method and at least one of its baselines
         for a in quantile:
             row[f"{a}_beats_all"] = bool(present) and all(
                 paired_comparison(by_method[a], by_method[b])["mean_diff"] < 0 for b in present)
