@@ -177,9 +177,10 @@ def _objective_options(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--slots", type=int, default=16)
-    p.add_argument("--evals", type=int, default=640)
-    p.add_argument("--tune-evals", type=int, default=160,
-                   help="evaluations for each Ray Tune run (its U does not grow with length; 640 takes ~20 min)")
+    p.add_argument("--evals", type=int, default=None, help="evaluations per qbatch / plain run (default 640; --quick 96)")
+    p.add_argument("--tune-evals", type=int, default=None,
+                   help="evaluations for each Ray Tune run (default 160, --quick 48: Tune's U does not grow with "
+                        "length, and 640 takes ~20 min)")
     p.add_argument("--mean", type=float, default=2.0, help="mean evaluation time in seconds")
     p.add_argument("--cv", type=float, default=0.5, help="coefficient of variation of evaluation times")
     p.add_argument("--dim", type=int, default=4)
@@ -193,8 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="bench-out/utilization")
     args = p.parse_args(argv)
     if args.quick:
-        args.evals, args.tune_evals, args.mean = 96, 48, 0.5
-        args.batch_size, args.initial_design = 32, 16
+        args.mean, args.batch_size, args.initial_design = 0.5, 32, 16
+    if args.evals is None:
+        args.evals = 96 if args.quick else 640
+    if args.tune_evals is None:
+        args.tune_evals = 48 if args.quick else 160
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
