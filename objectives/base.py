@@ -116,4 +116,6 @@ def check_params(space: Mapping[str, Mapping[str, Any]], params: Mapping[str, An
             raise ObjectiveError(f"parameter {name!r}={v!r} must be an integer")
         step = spec.get("step", 1)
         if kind == "int" and (round(float(v)) - lo) % step:
-            raise ObjectiveError(f"parameter {name!r}={v!r} is not on the grid {lo}:{hi}:{step}")
+            raise ObjectiveError(
+                f"parameter {name!r}={v!r} is not on the grid {lo}, {lo + step}, ..., {hi} (step {step})"
+            )

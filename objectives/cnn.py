@@ -138,17 +138,6 @@ class CNNTraining(Objective):
                 )
         return self._data
 
-    def check_params(self, params: Mapping[str, Any]) -> None:
-        """The base checks (names, bounds, integers), plus: integers must lie on the table's step grid."""
-        super().check_params(params)
-        for name, spec in self.space.items():
-            step = spec.get("step", 1)
-            if spec["type"] == "int" and step > 1 and (float(params[name]) - spec["low"]) % step != 0:
-                raise ObjectiveError(
-                    f"parameter {name!r}={params[name]!r} is not on the grid {spec['low']}, "
-                    f"{spec['low'] + step}, ..., {spec['high']} (step {step})"
-                )
-
     def _device(self) -> Any:
         import torch
 

@@ -15,6 +15,7 @@ Exit status:
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 import sys
 from typing import Any, Sequence
@@ -82,7 +83,8 @@ def _cmd_resume(args: argparse.Namespace) -> int:
 
 def _runner() -> Any:
     try:
-        import orchestrator.runner as runner
+        # import_module returns the sys.modules entry (`import a.b as c` would read the package attribute)
+        runner = importlib.import_module("orchestrator.runner")
     except ImportError as exc:
         raise QbatchError(f"cannot import orchestrator.runner (Ray and the run driver): {exc}") from None
     return runner

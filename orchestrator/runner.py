@@ -48,15 +48,33 @@ def _check_objective(cfg: Any) -> Any:
     return objective
 
 
-def _ensure_ray(address: str | None, num_cpus: int | None) -> None:
+def _ensure_ray(address: str | None, num_cpus: int | None) -> bool:
+    """Connect to `address` or start a local Ray unless one is running; True when this call started it."""
     import ray
 
     if ray.is_initialized():
-        return
+        return False
     if address:
         ray.init(address=address, include_dashboard=False if address == "local" else None)
     else:
         ray.init(num_cpus=num_cpus, include_dashboard=False)
+    return True
+
+
+def _absolute(run_dir: str) -> str:
+    """Local run directories are made absolute: the actor's worker process has another working directory."""
+    return run_dir if "://" in run_dir else os.path.abspath(run_dir)
+
+
+def _drive_and_release(started_ray: bool, *args: Any) -> dict[str, Any]:
+    """`_drive`, then shut down the local Ray this call started (a Ray the caller started stays up)."""
+    try:
+        return _drive(*args)
+    finally:
+        if started_ray:
+            import ray
+
+            ray.shutdown()
 
 
 def run_experiment(
@@ -94,12 +112,12 @@ def run_experiment(
 
     cfg = load_config(config)
     _check_objective(cfg)
-    rd = cfg.resolve_run_dir(run_dir)
+    rd = _absolute(cfg.resolve_run_dir(run_dir))
     if RunStore.exists(rd):
         raise ConfigError(f"`run_dir` {rd!r} already holds a run; use `qbatch resume {rd}` or choose another run_dir")
-    _ensure_ray(address, num_cpus)
+    started = _ensure_ray(address, num_cpus)
     RunStore.create(rd, cfg.to_dict())
-    return _drive(rd, cfg, max_concurrent, progress, out, actor_options)
+    return _drive_and_release(started, rd, cfg, max_concurrent, progress, out, actor_options)
 
 
 def resume_experiment(
@@ -125,8 +143,8 @@ def resume_experiment(
         print(f"qbatch: damaged log in {run_dir}: {line}", file=out)
     cfg = load_config(store.config)
     _check_objective(cfg)
-    _ensure_ray(address, num_cpus)
-    return _drive(run_dir, cfg, max_concurrent, progress, out, actor_options)
+    started = _ensure_ray(address, num_cpus)
+    return _drive_and_release(started, _absolute(run_dir), cfg, max_concurrent, progress, out, actor_options)
 
 
 def _drive(
@@ -183,6 +201,7 @@ def _drive(
         except Exception:
             pass
     summary["actor_restarts"] = restarts
+    summary["report_dir"] = _write_report(run_dir, out)
     _report(summary, out)
     if summary["status"] == "aborted":
         raise RunAbortedError(summary["message"])
@@ -203,6 +222,18 @@ def _show(bar: Any, st: Mapping[str, Any]) -> None:
     bar.refresh()
 
 
+def _write_report(run_dir: str, out: TextIO) -> str | None:
+    """Plots and summary tables of the finished run (what `qbatch report` writes); a failure here loses nothing."""
+    from orchestrator.report import write_report
+
+    try:
+        _, paths = write_report(run_dir)
+    except Exception as exc:  # the results are in the log; the report can be redone with `qbatch report`
+        print(f"qbatch: could not write the report ({type(exc).__name__}: {exc}); run `qbatch report {run_dir}`", file=out)
+        return None
+    return os.path.dirname(next(iter(paths.values()))) if paths else None
+
+
 def _report(summary: Mapping[str, Any], out: TextIO) -> None:
     best = summary.get("best_predicted")
     label = "best point (highest posterior mean of the target among observed points)"
@@ -218,3 +249,5 @@ def _report(summary: Mapping[str, Any], out: TextIO) -> None:
     if best is not None:
         print(f"qbatch: {label}: value {best['value']:.6g} at {best['params']}", file=out)
     print(f"qbatch: results in {os.path.abspath(summary['run_dir'])}", file=out)
+    if summary.get("report_dir"):
+        print(f"qbatch: plots and summary tables in {summary['report_dir']}", file=out)
