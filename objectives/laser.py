@@ -24,6 +24,7 @@ Noise streams are seeded by ``(seed, point)`` like the other objectives here.
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Mapping
@@ -133,6 +134,9 @@ class LaserSimulator(SyntheticObjective):
         min_repeats: a replicate group needs this many shots to enter the noise fit.
         alpha_max: cap on |alpha| (skew-normal MLE diverges on small groups).
         energy_range: rows outside this open interval of pulse energy are dropped.
+        measurement_s: seconds one evaluation takes, as on the machine, where a setting is held while
+            shots are recorded (the simulator itself answers in microseconds). 0 (default) adds no delay;
+            the quickstart uses 1 s so the streaming pipeline has something to overlap.
     """
 
     name = "laser"
@@ -147,6 +151,7 @@ class LaserSimulator(SyntheticObjective):
         min_repeats: int = 5,
         alpha_max: float = 8.0,
         energy_range: tuple[float, float] = (0.2, 6.0),
+        measurement_s: float = 0.0,
     ) -> None:
         if isinstance(n_gp_max, bool) or not isinstance(n_gp_max, int) or n_gp_max < 10:
             raise ObjectiveError(f"n_gp_max must be an integer >= 10; got {n_gp_max!r}")
@@ -156,6 +161,13 @@ class LaserSimulator(SyntheticObjective):
             raise ObjectiveError(f"alpha_max must be a positive number; got {alpha_max!r}")
         if len(tuple(energy_range)) != 2 or not float(energy_range[0]) < float(energy_range[1]):
             raise ObjectiveError(f"energy_range must be (low, high) with low < high; got {energy_range!r}")
+        if (
+            isinstance(measurement_s, bool)
+            or not isinstance(measurement_s, (int, float))
+            or not (math.isfinite(measurement_s) and measurement_s >= 0)
+        ):
+            raise ObjectiveError(f"measurement_s must be a number of seconds >= 0; got {measurement_s!r}")
+        self.measurement_s = float(measurement_s)
         self.model_seed, self.n_gp_max, self.min_repeats = int(model_seed), n_gp_max, min_repeats
         self.alpha_max = float(alpha_max)
         self.csv_path = None if csv_path is None else Path(csv_path)
@@ -340,7 +352,10 @@ class LaserSimulator(SyntheticObjective):
 
     def evaluate(self, params: Mapping[str, Any], seed: int) -> float:
         x = self.to_array(params)
-        return float(self.sample_array(x[None], point_rng(seed, x))[0, 0])
+        value = float(self.sample_array(x[None], point_rng(seed, x))[0, 0])
+        if self.measurement_s:
+            time.sleep(self.measurement_s)
+        return value
 
     def quantile(self, params: Mapping[str, Any], tau: float) -> float:
         return float(self.quantile_array(self.to_array(params)[None], tau)[0])

@@ -228,8 +228,14 @@ class AskTellOptimizer:
             return self._stack(self._obs_x), torch.tensor(self._obs_y, **self._tk)
 
     def can_fit(self) -> bool:
-        """Whether enough results are in for a model fit (`initial_design`, at least 2)."""
-        return len(self._obs_y) >= max(2, self.initial_design)
+        """Whether a model fit is due: the proposer uses a model and `initial_design` (at least 2) results are in."""
+        return self.needs_model() and len(self._obs_y) >= max(2, self.initial_design)
+
+    def needs_model(self) -> bool:
+        """Whether the proposer reads a surrogate (Sobol and random search do not: no fit is ever made for them)."""
+        if self._proposer is None:
+            self._proposer = self._build_proposer()
+        return bool(getattr(self._proposer, "requires_model", True))
 
     def uses_model(self) -> bool:
         """Whether the next `ask` proposes with the model (else it continues the Sobol design)."""
@@ -254,7 +260,10 @@ class AskTellOptimizer:
         """
         if isinstance(q, bool) or not isinstance(q, int) or q < 1:
             raise TrialError(f"q must be an integer >= 1; got {q!r}")
-        if design or (self._model is None and not (fit and self.can_fit())) or self._n_sobol < self.initial_design:
+        model_free = not self.needs_model()
+        if design or self._n_sobol < self.initial_design or (
+            not model_free and self._model is None and not (fit and self.can_fit())
+        ):
             with self._lock:  # a Sobol draw is cheap: it does not wait for a model-based `ask` in another thread
                 return self._ask(q, fit=False, sobol=True)
         with self._ask_lock:
@@ -271,12 +280,14 @@ class AskTellOptimizer:
             X_pending = self._stack([t.x for t in self._pending.values()])
             X_observed = self._stack(self._obs_x)
             model = self._model
-        if sobol or self._n_sobol < self.initial_design or model is None:
-            X, source, forecasts = self._sobol(q), "sobol", [None] * q
+        forecasts: list[dict | None] = [None] * q
+        if sobol or self._n_sobol < self.initial_design or (model is None and self.needs_model()):
+            X, source = self._sobol(q), "sobol"
         else:
             X, source = self._propose(model, q, batch_id, X_pending, X_observed), "model"
-        X = self._dedupe(X, X_pending, batch_id)
-        if source == "model":
+        if not getattr(self._proposer, "allows_repeats", False):  # GPR-EI repeats its point on purpose
+            X = self._dedupe(X, X_pending, batch_id)
+        if source == "model" and model is not None:
             with torch.no_grad():
                 forecasts = model.forecast(X.to(**self._tk)).to_records()
         trials = []
@@ -304,7 +315,8 @@ class AskTellOptimizer:
         if self._proposer is None:
             self._proposer = self._build_proposer()
         X = self._proposer.propose(
-            model, q, X_pending=X_pending, X_observed=X_observed, seed=trial_seed(self.seed, f"batch-{batch_id}")
+            model, q, X_pending=X_pending, X_observed=X_observed, seed=trial_seed(self.seed, f"batch-{batch_id}"),
+            dim=self.space.dim,
         )
         return self.space.snap(X.detach().to(**self._tk))
 

@@ -39,8 +39,8 @@ __all__ = [
     "load_config_text",
 ]
 
-MODEL_TYPES = ("quantile", "expectile", "heteroscedastic", "exact-gp")
-PROPOSER_TYPES = ("thompson", "qgibbon")
+MODEL_TYPES = ("quantile", "expectile", "heteroscedastic", "exact-gp", "gpr-replicates")
+PROPOSER_TYPES = ("thompson", "qgibbon", "sobol", "random", "qlognei", "gpr-ei", "calibrated")
 CALIBRATOR_TYPES = ("none", "online", "online-interval", "offline-cv", "locbo", "conformal")
 DIRECTIONS = ("maximize", "minimize")
 MAX_BATCH = 4096

@@ -22,6 +22,7 @@ PROPOSERS: dict[str, str] = {
     "random": "orchestrator.acquisition.baselines:RandomProposer",
     "qlognei": "orchestrator.acquisition.baselines:LogNEIProposer",
     "gpr-ei": "orchestrator.acquisition.baselines:ReplicatedEIProposer",
+    "calibrated": "orchestrator.acquisition.calibrated:AcquisitionProposer",
 }
 
 

@@ -3,6 +3,8 @@ energies and the skew of the repeated shots; exact quantiles match draws; the sy
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -137,3 +139,18 @@ def test_simulators_pickle(synthetic, fitted):
         p = sim.params_of(sim.initial_data()[0][7])
         assert clone(p, seed=3) == sim(p, seed=3)
         assert clone.quantile(p, 0.2) == sim.quantile(p, 0.2)
+
+
+def test_measurement_time_delays_but_does_not_change_the_value():
+    from objectives.laser import LaserSimulator
+
+    slow = LaserSimulator(measurement_s=0.2)
+    fast = LaserSimulator()
+    params = {n: float((lo + hi) / 2) for n, (lo, hi) in zip(fast.names, fast.bounds)}
+    t0 = time.perf_counter()
+    v = slow.evaluate(params, seed=7)
+    assert time.perf_counter() - t0 >= 0.2
+    assert v == fast.evaluate(params, seed=7)
+    for bad in (-1.0, float("nan"), "1", True):
+        with pytest.raises(ObjectiveError, match="measurement_s"):
+            LaserSimulator(measurement_s=bad)

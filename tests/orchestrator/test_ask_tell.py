@@ -258,3 +258,33 @@ def test_thompson_loop_minimize_calibrator_and_best_in_user_units():
     assert value == pytest.approx(diag["best_predicted"])
     assert -0.2 < value < 1.0  # predicted 0.3-quantile of the minimized outcome, user units (minimum is 0)
     opt.space.validate(params)
+
+
+def test_model_free_proposer_never_fits_and_proposes_after_the_design():
+    """Random search after the initial design: no surrogate is ever built or fitted for it."""
+    opt = AskTellOptimizer(SMALL, proposer="random", initial_design=4, seed=2)
+    for t in opt.ask(4):
+        opt.tell(t.trial_id, f_true(t.params))
+    assert not opt.can_fit()
+    trials = opt.ask(6)
+    assert opt.model is None and [t.source for t in trials] == ["model"] * 6
+    assert all(t.forecast is None for t in trials)
+    for t in trials:
+        opt.space.validate(t.params)
+    sobol_next = AskTellOptimizer(SMALL, initial_design=4, seed=2)
+    sobol_next.ask(4)
+    assert [t.params for t in trials] != [t.params for t in sobol_next.ask(6)]  # not the Sobol continuation
+
+
+def test_proposer_that_repeats_on_purpose_is_not_deduplicated():
+    """GPR-EI (spec §4.4) evaluates one point r times; ask must keep those replicates."""
+    space = {"k": {"type": "int", "low": 0, "high": 50}, "a": {"type": "float", "low": 0.0, "high": 1.0}}
+    opt = AskTellOptimizer(space, model="gpr-replicates", proposer="gpr-ei", initial_design=6, seed=0,
+                           tau=0.5)
+    rng = np.random.default_rng(0)
+    for _ in range(2):
+        for t in opt.ask(6):
+            opt.tell(t.trial_id, -((t.params["k"] - 20) ** 2) / 100 + 0.1 * rng.standard_normal())
+    trials = opt.ask(4)
+    keys = {(t.params["k"], round(t.params["a"], 9)) for t in trials}
+    assert [t.source for t in trials] == ["model"] * 4 and len(keys) == 1, keys
