@@ -1,0 +1,746 @@
+"""Lunar lander: maximize the 10% and 2% reward quantiles of the 6-gain heuristic controller (paper 003 §4.2).
+
+Reproduces quantile-expectile-bo.md §4.2 / Table 1 with qbatch's objective `lunar-lander`
+(objectives/lunar_lander.py: one LunarLander-v3 episode per evaluation, 6 gains in [0, 1.2]^6). Each method
+is built exactly as the central actor builds it: a config dict validated by `orchestrator.config.load_config`,
+the objective by `objectives.registry.load_objective`, the space by `cfg.build_space`, then
+`orchestrator.ask_tell.AskTellOptimizer` with the config's model/proposer/tau/seed. The optimization runs in
+**synchronous batches in this process**: ask B points, fly B episodes, tell B results, refit, repeat (the
+orchestrator's `synchronous: true` protocol, the paper's, minus Ray: the actor wraps the same optimizer).
+
+Methods (model + proposer): quantile-ts (quantile SVGP + Thompson sampling), gpr-ei (gpr-replicates + gpr-ei:
+each batch is ONE point flown B times; initial design round(n0/B) Sobol points x B replicates, spec §4.4),
+hetgp-ts (heteroscedastic SVGP + Thompson sampling on the plug-in quantile), qlognei (exact GP of the mean +
+BoTorch qLogNEI; optional, not in the paper's table).
+
+Protocol (spec §4.2): tau in {0.1, 0.02} (separate optimizations), 300 initial, 1500 total, batch 25 (A12:
+blank in the paper, 25 in the pubcode's analysis), 10 runs. Run r of every method uses config seed r.
+Recommendation (spec §1.7) = `AskTellOptimizer.best()` after each fit: the observed input with the highest
+posterior mean of the target. Its TRUE quantile is estimated by flying `--episodes` fresh episodes (default
+200; the paper used 100, too few for a 2% quantile) with the recommended gains, on held-out seeds 2^31 + i
+(trial seeds are crc32 values < 2^31, so never the same episodes), the same seeds for every recommendation
+(common random numbers), and taking the empirical tau-quantile (`LunarLander.empirical_quantile`, numpy's
+linear rule). This is done for the recommendations in force at the checkpoints (every `--eval-every`
+evaluations from the initial design, default 150, plus 750 and the end), as the run reaches them; every
+recommendation is estimated once (cached by its gains).
+
+Long runs: each run saves a checkpoint (optimizer state, rows, timings; `OUT/runs/<run>.ckpt.pt`) after every
+batch and its result file `OUT/runs/<run>.csv` as soon as it finishes. `--resume` skips finished runs and
+continues checkpointed ones from their last batch (bit-identical to an uninterrupted run: every random stream
+is seeded from the config seed, the model's generator state is in the checkpoint). `--time-limit S` starts no
+new batch after S seconds (runs in flight pause at a checkpoint, runs not started are left), then writes the
+tables from the finished runs: a command limit of 9 minutes is met with `--time-limit 420 --resume`, repeated.
+
+Usage:
+    python benchmarks/lander.py --quick                                  # CI smoke run (~15 s)
+    python benchmarks/lander.py --workers 16 --resume --time-limit 420  # full: 3 methods x 2 taus x 10 runs
+    python benchmarks/lander.py --methods quantile-ts gpr-ei --taus 0.1 --runs 0-4 --workers 2
+Results in --out (default results/lander/): runs/*.csv (one per method x tau x run, named with the protocol
+and a hash of the method's settings), lander.csv + lander.parquet (every checkpoint of the finished runs),
+table1.csv/.parquet (mean (std) over runs at 750 and 1500 evaluations, shaped like the paper's Table 1, with
+the paper's figures beside), summary.csv/.parquet (mean, std, 95% CI at the end, with the issue's target),
+lander_tau<tau>.png (true quantile of the recommendation vs evaluations, mean +- 95% CI over runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+import warnings
+import zlib
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks._common import format_table, mean_ci, plot_curves, read_table, write_table  # noqa: E402
+
+MODE = "synchronous batches, in-process AskTellOptimizer built from a validated config (the orchestrator's " \
+       "synchronous protocol without Ray)"
+#: held-out episode seeds for the true quantile: trial seeds are < 2^31 (orchestrator.ask_tell.trial_seed)
+EVAL_SEED0 = 2**31
+#: the paper's Table 1 (spec §4.2): (tau, method) -> {n_evals: (mean, std)}
+PAPER_TABLE1: dict[tuple[float, str], dict[int, tuple[float, float]]] = {
+    (0.1, "gpr-ei"): {750: (94.6, 106.1), 1500: (159.5, 110.9)},
+    (0.1, "hetgp-ts"): {750: (-38.7, 17.5), 1500: (-18.7, 4.2)},
+    (0.1, "quantile-ts"): {750: (204.3, 53.8), 1500: (255.2, 8.0)},
+    (0.02, "gpr-ei"): {750: (141.8, 82.9), 1500: (187.4, 80.6)},
+    (0.02, "hetgp-ts"): {750: (-35.1, 31.9), 1500: (-19.2, 25.2)},
+    (0.02, "quantile-ts"): {750: (193.8, 56.4), 1500: (238.9, 14.6)},
+}
+#: issue 8's acceptance target: 10%-quantile reward of quantile TS at 1500 evaluations
+TARGET = {"tau": 0.1, "method": "quantile-ts", "min_reward": 240.0}
+#: the paper's protocol (spec §4.2); the target is judged only on runs of this protocol
+FULL: dict[str, Any] = {"taus": [0.1, 0.02], "initial": 300, "budget": 1500, "batch": 25, "runs": "10",
+                        "episodes": 200, "eval_every": 150}
+
+
+@dataclass(frozen=True)
+class Method:
+    """A benchmarked method: qbatch model and proposer names with their options."""
+
+    model: str
+    proposer: str
+    model_options: dict = field(default_factory=dict)
+    proposer_options: dict = field(default_factory=dict)
+    #: GPR-EI: each batch is one point evaluated `batch` times, and so is each initial design point
+    replicate: bool = False
+
+
+METHODS: dict[str, Method] = {
+    "quantile-ts": Method("quantile", "thompson"),
+    "gpr-ei": Method("gpr-replicates", "gpr-ei", replicate=True),
+    "hetgp-ts": Method("heteroscedastic", "thompson"),
+    "qlognei": Method("exact-gp", "qlognei"),
+}
+DEFAULT_METHODS = ("quantile-ts", "gpr-ei", "hetgp-ts")
+#: smoke-run settings; options given on the command line override these
+QUICK: dict[str, Any] = {
+    "taus": [0.1],
+    "initial": 20,
+    "budget": 40,
+    "batch": 10,
+    "runs": "2",
+    "methods": ["quantile-ts", "gpr-ei"],
+    "episodes": 20,
+    "eval_every": 10,
+    # smoke only: short SVGP training and a cheap Thompson search so the run stays well under 30 s
+    "model_options": {
+        "quantile": {"max_steps": 150, "warm_max_steps": 30, "num_inducing": 16},
+        "heteroscedastic": {"max_steps": 150, "warm_max_steps": 30, "num_inducing": 16},
+    },
+    "proposer_options": {"thompson": {"raw_samples": 256, "num_restarts": 2, "num_features": 256}},
+}
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """One optimization protocol: quantile level, design size, budget, batch size."""
+
+    tau: float
+    initial: int
+    budget: int
+    batch: int
+
+    def checkpoints(self, eval_every: int) -> list[int]:
+        """Evaluation counts at which the recommendation's true quantile is estimated."""
+        pts = set(range(self.initial, self.budget + 1, eval_every)) | {self.initial, self.budget}
+        pts |= {n for n in (750,) if self.initial <= n <= self.budget}
+        return sorted(pts)
+
+
+def replicate_seed(seed: int, r: int) -> int:
+    """Evaluation seed of replicate `r` >= 1 of a trial whose own seed is `seed` (as benchmarks/gld.py)."""
+    return zlib.crc32(f"{seed}:rep{r}".encode()) & 0x7FFFFFFF
+
+
+def config_tag(payload: Any) -> str:
+    """A short stable hash of a JSON-able value (names result files after the settings they ran with)."""
+    return f"{zlib.crc32(json.dumps(payload, sort_keys=True, default=str).encode()) & 0xFFFFFFFF:08x}"
+
+
+# ---------------------------------------------------------------------------------------------------- building
+#: objectives built in this process, by (name, options): deterministic, so runs may share one
+_OBJECTIVES: dict[str, Any] = {}
+
+
+def build_optimizer(raw_config: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    """(config, objective, optimizer) built exactly as `orchestrator.actor.CentralActor.__init__` builds them.
+
+    The objective is built once per process for a given (name, options) and reused by later runs.
+
+    Raises:
+        ConfigError: the config is invalid (one line naming the key).
+    """
+    from objectives.registry import load_objective
+    from orchestrator.ask_tell import AskTellOptimizer
+    from orchestrator.config import load_config
+
+    cfg = load_config(dict(raw_config))
+    key = json.dumps([cfg.objective.name, dict(cfg.objective.options)], sort_keys=True, default=str)
+    if key not in _OBJECTIVES:  # one build per process (the laser simulator fits GPs; runs reuse it)
+        _OBJECTIVES[key] = load_objective(cfg.objective.name, dict(cfg.objective.options))
+    objective = _OBJECTIVES[key]
+    opt = AskTellOptimizer(
+        cfg.build_space(objective.space),
+        model=cfg.model.type,
+        tau=cfg.tau,
+        proposer=cfg.proposer.type,
+        calibrator=cfg.calibrator.type,
+        direction=cfg.resolve_direction(objective.direction),
+        initial_design=cfg.initial_design,
+        seed=cfg.seed,
+        model_options=dict(cfg.model.options),
+        proposer_options=dict(cfg.proposer.options),
+        calibrator_options=dict(cfg.calibrator.options),
+    )
+    opt.defer_calibration = not cfg.synchronous
+    return cfg, objective, opt
+
+
+def method_config(
+    name: str, proto: Protocol, run: int, objective: Mapping[str, Any], model_options: Mapping[str, Any],
+    proposer_options: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The experiment config (ORCH_API.md schema) of one method run."""
+    m = METHODS[name]
+    n0 = max(2, round(proto.initial / proto.batch)) if m.replicate else proto.initial
+    return {
+        "name": f"{objective['name']}-{name}",
+        "objective": dict(objective),
+        "tau": proto.tau,
+        "model": {"type": m.model, "options": {**m.model_options, **model_options.get(m.model, {})}},
+        "proposer": {"type": m.proposer, "options": {**m.proposer_options, **proposer_options.get(m.proposer, {})}},
+        "batch_size": proto.batch,
+        "initial_design": n0,
+        "budget": proto.budget,
+        "synchronous": True,
+        "seed": int(run),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------- runs
+class BatchRun:
+    """One synchronous BO run that can be checkpointed between batches (subclasses: the benchmarks).
+
+    `start()` evaluates the initial design and fits; `step()` asks, evaluates and tells one batch and refits;
+    `done` says the budget is spent; `get_state()`/`set_state()` (plain values and tensors) carry everything
+    the next step needs, so a run continued from a checkpoint equals an uninterrupted one. `key` identifies
+    the settings: a checkpoint of other settings is never continued. `times` holds cumulative seconds
+    (`drive` adds each step's wall-clock `run_s` and CPU `cpu_s`; they are part of the state).
+    """
+
+    key: str = ""
+    times: dict[str, float]
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def done(self) -> bool:
+        raise NotImplementedError
+
+    def get_state(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        raise NotImplementedError
+
+
+def save_checkpoint(path: Path, state: Mapping[str, Any]) -> None:
+    """Write `state` with `torch.save` atomically (a killed process leaves the previous checkpoint intact)."""
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(dict(state), tmp)
+    os.replace(tmp, path)
+
+
+def drive(run: BatchRun, checkpoint: Path | None, deadline: float | None = None,
+          stop_after: int | None = None) -> tuple[str, float]:
+    """Run `run` to its end, or pause at a checkpoint; returns (status, seconds spent in this call).
+
+    Continues from `checkpoint` when it holds a state with the run's key. Saves a checkpoint after the start
+    and after every batch. Pauses (status "paused") before a batch once `deadline` (time.time()) has passed
+    or `stop_after` start/batch steps were made in this call; at least one step is made per call.
+    Status "done" when the budget is spent (the checkpoint is then removed by the caller).
+    """
+    import torch
+
+    t0 = time.perf_counter()
+    steps = 0
+    state = None
+
+    def timed(fn: Callable[[], None]) -> None:
+        """Run one step, adding its wall-clock and CPU seconds to the run's `run_s` and `cpu_s`."""
+        w, c = time.perf_counter(), time.process_time()
+        fn()
+        run.times["run_s"] = run.times.get("run_s", 0.0) + time.perf_counter() - w
+        run.times["cpu_s"] = run.times.get("cpu_s", 0.0) + time.process_time() - c
+
+    if checkpoint is not None and checkpoint.exists():
+        try:
+            state = torch.load(checkpoint, weights_only=True)
+        except Exception as exc:  # a corrupt checkpoint is started over, not fatal
+            print(f"[bench] ignoring unreadable checkpoint {checkpoint}: {exc}", flush=True)
+        if state is not None and state.get("key") != run.key:
+            print(f"[bench] checkpoint {checkpoint.name} is for other settings: starting over", flush=True)
+            state = None
+    if state is not None:
+        run.set_state(state["run"])
+    else:
+        timed(run.start)
+        steps += 1
+        if checkpoint is not None:
+            save_checkpoint(checkpoint, {"key": run.key, "run": run.get_state()})
+    while not run.done:
+        if steps and ((deadline is not None and time.time() > deadline) or (stop_after and steps >= stop_after)):
+            return "paused", time.perf_counter() - t0
+        timed(run.step)
+        steps += 1
+        if checkpoint is not None:
+            save_checkpoint(checkpoint, {"key": run.key, "run": run.get_state()})
+    return "done", time.perf_counter() - t0
+
+
+class LanderRun(BatchRun):
+    """One method, one tau, one run of the lunar lander protocol (see the module docstring)."""
+
+    def __init__(self, name: str, proto: Protocol, run: int, episodes: int, eval_every: int,
+                 model_options: Mapping[str, Any], proposer_options: Mapping[str, Any],
+                 objective_options: Mapping[str, Any] | None = None) -> None:
+        self.name, self.proto, self.run, self.episodes = name, proto, run, episodes
+        self.replicate = METHODS[name].replicate
+        raw = method_config(name, proto, run, {"name": "lunar-lander", "options": dict(objective_options or {})},
+                            model_options, proposer_options)
+        self.key = json.dumps([raw, episodes, eval_every], sort_keys=True, default=str)
+        self.cfg, self.obj, self.opt = build_optimizer(raw)
+        self.checkpoints = proto.checkpoints(eval_every)
+        self.n = 0
+        self.batches: list[dict] = []  # one per fit: the recommendation and the checkpoints it covers
+        self.q_cache: dict[str, float] = {}
+        self.times = {"fit_s": 0.0, "propose_s": 0.0, "eval_s": 0.0, "quantile_s": 0.0, "run_s": 0.0, "cpu_s": 0.0}
+
+    # --- evaluation
+    def _fly(self, params: Mapping[str, Any], seed: int) -> tuple[Any, str | None]:
+        """One episode's reward, or (None, the error): a failing evaluation is a failed trial."""
+        try:
+            return getattr(self.obj.evaluate(params, seed), "value", None), None
+        except Exception as exc:
+            return None, f"{type(exc).__name__}: {exc}"
+
+    def _evaluate(self, trials: Sequence[Any], reps: int = 1) -> None:
+        t0 = time.perf_counter()
+        for t in trials:
+            y, error = self._fly(t.params, t.seed)
+            self.opt.tell(t.trial_id, y, error=error)
+            for r in range(1, reps):  # GPR-EI's initial design: the same point flown `reps` times (spec §4.4)
+                self.opt.tell_point(t.params, self._fly(t.params, replicate_seed(t.seed, r))[0])
+        self.n += len(trials) * reps
+        self.times["eval_s"] += time.perf_counter() - t0
+
+    def _fit_and_record(self) -> None:
+        t0 = time.perf_counter()
+        self.opt.fit()
+        self.times["fit_s"] += time.perf_counter() - t0
+        params, predicted = self.opt.best()
+        # the checkpoints this recommendation is in force at: up to the next batch's end (or the budget)
+        nxt = min(self.cfg.budget, self.n + self.cfg.batch_size) if self.n < self.cfg.budget else self.n + 1
+        covers = [c for c in self.checkpoints if self.n <= c < nxt]
+        key = json.dumps(params, sort_keys=True)
+        if covers and key not in self.q_cache:
+            t0 = time.perf_counter()
+            self.q_cache[key] = self.obj.empirical_quantile(params, self.proto.tau, self.episodes, EVAL_SEED0)
+            self.times["quantile_s"] += time.perf_counter() - t0
+        self.batches.append({"batch_end": self.n, "params": key, "predicted": float(predicted), "covers": covers,
+                             "q_true": self.q_cache.get(key, float("nan")), "fit_s": self.times["fit_s"],
+                             "propose_s": self.times["propose_s"], "eval_s": self.times["eval_s"],
+                             "failures": self.opt.num_failed})
+
+    # --- BatchRun
+    def start(self) -> None:
+        # GPR-EI (spec §4.4): round(n0 / B) Sobol points, each flown B times; the others: n0 Sobol points
+        self._evaluate(self.opt.ask(self.cfg.initial_design), self.cfg.batch_size if self.replicate else 1)
+        self._fit_and_record()
+
+    def step(self) -> None:
+        t0 = time.perf_counter()
+        # GPR-EI's proposer repeats its one EI point q times (distinct trials, distinct episode seeds)
+        trials = self.opt.ask(min(self.cfg.batch_size, self.cfg.budget - self.n), fit=False)
+        self.times["propose_s"] += time.perf_counter() - t0
+        self._evaluate(trials)
+        self._fit_and_record()
+
+    @property
+    def done(self) -> bool:
+        return self.n >= self.cfg.budget
+
+    def get_state(self) -> dict[str, Any]:
+        return {"opt": self.opt.get_state(), "n": self.n, "batches": [dict(b) for b in self.batches],
+                "q_cache": dict(self.q_cache), "times": dict(self.times)}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        self.opt.set_state(state["opt"])
+        self.n = int(state["n"])
+        self.batches = [dict(b) for b in state["batches"]]
+        self.q_cache = {str(k): float(v) for k, v in state["q_cache"].items()}
+        self.times = {k: float(v) for k, v in state["times"].items()}
+
+    def rows(self, base: Mapping[str, Any]) -> list[dict]:
+        """One row per checkpoint reached: the recommendation in force and its true quantile."""
+        rows = []
+        for b in self.batches:
+            for c in b["covers"]:
+                rows.append({**base, "n_evals": c, "batch_end": b["batch_end"], "params": b["params"],
+                             "predicted": b["predicted"], "q_true": b["q_true"], "fit_s": b["fit_s"],
+                             "propose_s": b["propose_s"], "eval_s": b["eval_s"], "failures": b["failures"],
+                             "error": ""})
+        if rows:
+            rows[-1].update(run_s=self.times["run_s"], cpu_s=self.times["cpu_s"], quantile_s=self.times["quantile_s"])
+        return rows
+
+
+def _limited(threads: int) -> Any:
+    """Torch and BLAS/OpenMP thread pools limited to `threads` (one run per process, `--workers` processes)."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    torch.set_num_threads(threads)
+    return threadpool_limits(threads)
+
+
+def run_one(
+    name: str, proto: Protocol, run: int, episodes: int, eval_every: int, model_options: Mapping[str, Any],
+    proposer_options: Mapping[str, Any], threads: int = 1, objective_options: Mapping[str, Any] | None = None,
+    checkpoint: Path | None = None, deadline: float | None = None, stop_after: int | None = None,
+) -> tuple[str, list[dict]]:
+    """One method, one tau, one run: ("done", a row per checkpoint), ("paused", []) or ("skipped", []).
+
+    "skipped": `deadline` had passed before the run started. A run that raises gives ("done", one row with
+    the error); `--resume` runs it again.
+    """
+    if deadline is not None and time.time() > deadline:
+        return "skipped", []
+    base = {"method": name, "tau": proto.tau, "run": run, "batch": proto.batch, "initial": proto.initial,
+            "budget": proto.budget, "episodes": episodes, "mode": MODE}
+    with _limited(threads), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        try:
+            lander = LanderRun(name, proto, run, episodes, eval_every, model_options, proposer_options,
+                               objective_options)
+            status, seconds = drive(lander, checkpoint, deadline, stop_after)
+        except Exception as exc:  # one failing run must not lose the others
+            traceback.print_exc()
+            return "done", [{**base, "n_evals": 0, "params": "{}", "q_true": float("nan"),
+                             "error": f"{type(exc).__name__}: {exc}"}]
+    if status != "done":
+        print(f"[lander] {name} tau={proto.tau:g} run {run}: paused at {lander.n} evaluations", flush=True)
+        return status, []
+    rows = lander.rows(base)
+    t = lander.times
+    print(f"[lander] {name} tau={proto.tau:g} run {run}: final q_true {rows[-1]['q_true']:.1f} ({t['run_s']:.0f} s, "
+          f"CPU {t['cpu_s']:.0f} s: "
+          f"fit {t['fit_s']:.0f}, propose {t['propose_s']:.0f}, episodes {t['eval_s']:.0f}, true quantiles "
+          f"{t['quantile_s']:.0f})", flush=True)
+    return status, rows
+
+
+# ---------------------------------------------------------------------------------------------------- jobs
+@dataclass
+class Job:
+    """One run to do: `fn(*args, checkpoint=..., deadline=...)` writing `<stem>.csv` when done."""
+
+    stem: Path
+    fn: Callable[..., tuple[str, list[dict]]]
+    args: tuple
+
+    @property
+    def csv(self) -> Path:
+        return self.stem.with_name(self.stem.name + ".csv")
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.stem.with_name(self.stem.name + ".ckpt.pt")
+
+    def finished(self) -> bool:
+        """Whether the run's result file exists without an error row."""
+        return self.csv.exists() and not any(r.get("error") for r in read_table(self.csv))
+
+
+def run_jobs(jobs: Sequence[Job], workers: int, resume: bool, deadline: float | None, tag: str) -> dict[str, int]:
+    """Run the jobs (in order; `workers` processes), writing each result file as its run finishes.
+
+    Without `resume` every job starts over (its checkpoint is deleted); with it, finished jobs are skipped
+    and checkpointed ones continue. Returns the count of jobs per status.
+    """
+    todo = []
+    counts = {"done": 0, "paused": 0, "skipped": 0, "finished before": 0}
+    for job in jobs:
+        if resume and job.finished():
+            counts["finished before"] += 1
+            continue
+        if not resume:
+            job.checkpoint.unlink(missing_ok=True)
+        todo.append(job)
+
+    def record(job: Job, status: str, rows: list[dict]) -> None:
+        counts[status] += 1
+        if status == "done":
+            write_table(rows, job.stem, parquet=False)
+            job.checkpoint.unlink(missing_ok=True)
+
+    if workers == 1:
+        for job in todo:
+            record(job, *job.fn(*job.args, checkpoint=job.checkpoint, deadline=deadline))
+    elif todo:
+        import multiprocessing as mp
+
+        # children inherit the environment: one BLAS/OpenMP thread each unless the caller chose otherwise
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(var, "1")
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+            futures = {pool.submit(job.fn, *job.args, checkpoint=job.checkpoint, deadline=deadline): job
+                       for job in todo}
+            for fut in as_completed(futures):
+                record(futures[fut], *fut.result())
+    print(f"[{tag}] runs: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v), flush=True)
+    return counts
+
+
+# ---------------------------------------------------------------------------------------------------- analysis
+def _std(vals: Sequence[float]) -> float:
+    import numpy as np
+
+    return float(np.std(vals, ddof=1)) if len(vals) > 1 else float("nan")
+
+
+def is_full(args: argparse.Namespace) -> bool:
+    """Whether the protocol is the paper's (the issue's targets are judged on such runs only)."""
+    return (args.initial, args.budget, args.batch) == (FULL["initial"], FULL["budget"], FULL["batch"])
+
+
+def table1(rows: Sequence[dict], checkpoints: Sequence[int]) -> list[dict]:
+    """Paper 003 Table 1 shape: per (tau, method), mean (std) over runs of the true quantile at `checkpoints`."""
+    out = []
+    for tau in sorted({r["tau"] for r in rows}, reverse=True):
+        for m in METHODS:
+            sel = [r for r in rows if r["tau"] == tau and r["method"] == m and not r["error"]]
+            if not sel:
+                continue
+            row: dict[str, Any] = {"level": f"{tau * 100:g}%", "method": m, "runs": len({r["run"] for r in sel})}
+            for c in checkpoints:
+                vals = [r["q_true"] for r in sel if r["n_evals"] == c]
+                if vals:
+                    row[f"{c} obs"] = f"{mean_ci(vals)[0]:.1f} ({_std(vals):.1f})"
+            for c, (pm, ps) in PAPER_TABLE1.get((tau, m), {}).items():
+                row[f"paper {c}"] = f"{pm} ({ps})"
+            out.append(row)
+    return out
+
+
+def summarize(rows: Sequence[dict], full: bool) -> list[dict]:
+    """Mean +- 95% CI over runs of the final true quantile, per (tau, method), with the target check."""
+    out = []
+    for tau in sorted({r["tau"] for r in rows}, reverse=True):
+        for m in METHODS:
+            sel = [r for r in rows if r["tau"] == tau and r["method"] == m and not r["error"]]
+            if not sel:
+                continue
+            last = max(r["n_evals"] for r in sel)
+            fin = [r for r in sel if r["n_evals"] == last]
+            vals = [r["q_true"] for r in fin]
+            mean, half, k = mean_ci(vals)
+            row = {"tau": tau, "method": m, "n_evals": last, "runs": k, "q_true_mean": mean, "q_true_std": _std(vals),
+                   "q_true_ci95": half, "q_true_min": min(vals), "q_true_max": max(vals),
+                   "run_s_mean": mean_ci([r["run_s"] for r in fin])[0], "cpu_s_mean": mean_ci([r["cpu_s"] for r in fin])[0]}
+            if full and tau == TARGET["tau"] and m == TARGET["method"]:
+                row["target"] = f">= {TARGET['min_reward']:g}: {'met' if mean >= TARGET['min_reward'] else 'MISSED'}"
+            out.append(row)
+    return out
+
+
+def curves_by_method(rows: Sequence[dict], methods: Sequence[str], key: str, select: Callable[[dict], bool]) -> dict:
+    """label -> (x values, per-run value lists) for `plot_curves`: runs that reached every x only."""
+    curves = {}
+    for m in methods:
+        runs: dict[int, dict[int, float]] = {}
+        for r in rows:
+            if r["method"] == m and not r["error"] and select(r):
+                runs.setdefault(r["run"], {})[r["n_evals"]] = r[key]
+        xs = sorted({n for pts in runs.values() for n in pts})
+        reps = [[pts[x] for x in xs] for pts in runs.values() if all(x in pts for x in xs)]
+        if reps:
+            curves[m] = (xs, reps)
+    return curves
+
+
+def make_plots(rows: Sequence[dict], out: Path) -> list[Path]:
+    """One PNG per tau: true quantile of the recommendation vs evaluations, mean +- 95% CI over runs."""
+    paths = []
+    for tau in sorted({r["tau"] for r in rows}):
+        curves = curves_by_method(rows, list(METHODS), "q_true", lambda r: r["tau"] == tau)
+        if curves:
+            paths.append(plot_curves(
+                curves, out / f"lander_tau{tau:g}.png", logy=False,
+                ylabel=f"{tau * 100:g}% reward quantile of x_hat",
+                title=f"Lunar lander, {tau * 100:g}% quantile (mean +- 95% CI over runs)"))
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+def parse_runs(spec: str) -> list[int]:
+    """`--runs`: a count (10 = runs 0..9), a range (0-9) or a list (1,4,7)."""
+    try:
+        if "-" in spec:
+            a, b = spec.split("-")
+            runs = list(range(int(a), int(b) + 1))
+        elif "," in spec:
+            runs = [int(p) for p in spec.split(",")]
+        else:
+            runs = list(range(int(spec)))
+    except ValueError:
+        raise SystemExit(f"--runs: a count (10), a range (0-9) or a list (1,4,7); got {spec!r}") from None
+    if not runs or min(runs) < 0:
+        raise SystemExit(f"--runs: {spec!r} selects no run (a count >= 1; run 0 alone is 0-0)")
+    return runs
+
+
+def add_common_args(ap: argparse.ArgumentParser, out: str) -> None:
+    """The options both benchmarks share: runs, options, parallelism, resume and time limit."""
+    ap.add_argument("--runs", "--seeds", dest="runs",
+                    help="count (10 = runs 0..9), range 0-9, or list 1,4,7; run r uses config seed r (default 10)")
+    ap.add_argument("--model-options", type=json.loads, default={},
+                    help='JSON: model name -> options, e.g. {"quantile": {"num_inducing": 64}}')
+    ap.add_argument("--proposer-options", type=json.loads, default={},
+                    help='JSON: proposer name -> options, e.g. {"thompson": {"num_features": 500}}')
+    ap.add_argument("--workers", type=int, default=1, help="parallel processes (one run each)")
+    ap.add_argument("--threads", type=int, default=1, help="torch/BLAS threads per process")
+    ap.add_argument("--resume", action="store_true",
+                    help="skip finished runs in OUT/runs and continue checkpointed ones")
+    ap.add_argument("--time-limit", type=float,
+                    help="seconds after which no new batch starts (runs pause at a checkpoint; use with --resume)")
+    ap.add_argument("--out", default=out, help="output directory")
+
+
+def merge_options(quick: Mapping[str, Mapping[str, Any]], given: Mapping[str, Any], flag: str) -> dict:
+    """`given` (name -> options) over `quick`, per name; a non-mapping is one clear error naming `flag`."""
+    if not isinstance(given, Mapping) or not all(isinstance(v, Mapping) for v in given.values()):
+        raise SystemExit(f'{flag}: a JSON object of name -> options, e.g. {{"quantile": {{"num_inducing": 64}}}}; '
+                         f"got {given!r}")
+    return {k: {**quick.get(k, {}), **given.get(k, {})} for k in {*quick, *given}}
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="CI smoke run: tau 0.1, 2 runs, quantile-ts and gpr-ei, 20 + 2 x 10 evaluations, "
+                         "20 episodes per true quantile, short fits (options given explicitly still apply)")
+    ap.add_argument("--methods", nargs="+", choices=sorted(METHODS),
+                    help=f"methods (default: {' '.join(DEFAULT_METHODS)})")
+    ap.add_argument("--taus", nargs="+", type=float, help="quantile levels (default: 0.1 0.02)")
+    ap.add_argument("--initial", type=int, help="initial design size (300)")
+    ap.add_argument("--budget", type=int, help="total evaluations (1500)")
+    ap.add_argument("--batch", type=int, help="batch size (25, spec A12)")
+    ap.add_argument("--episodes", type=int, help="fresh episodes per true-quantile estimate (200)")
+    ap.add_argument("--eval-every", type=int, help="true-quantile checkpoints every N evaluations (150)")
+    add_common_args(ap, str(REPO / "results" / "lander"))
+    args = ap.parse_args(argv)
+    defaults = QUICK if args.quick else {**FULL, "methods": list(DEFAULT_METHODS)}
+    for k in ("taus", "initial", "budget", "batch", "runs", "episodes", "eval_every", "methods"):
+        if getattr(args, k) is None:
+            setattr(args, k, defaults[k])
+    quick_opts = (QUICK["model_options"], QUICK["proposer_options"]) if args.quick else ({}, {})
+    args.model_options = merge_options(quick_opts[0], args.model_options, "--model-options")
+    args.proposer_options = merge_options(quick_opts[1], args.proposer_options, "--proposer-options")
+    args.runs = parse_runs(str(args.runs))
+    if args.workers < 1 or args.threads < 1 or args.episodes < 2 or args.eval_every < 1:
+        ap.error("--workers, --threads, --eval-every must be >= 1 and --episodes >= 2")
+    for t in args.taus:
+        if not 0 < t < 1:
+            ap.error(f"--taus: each level must be in (0, 1); got {t}")
+    if not 1 <= args.initial <= args.budget or args.batch < 1:
+        ap.error(f"need 1 <= --initial ({args.initial}) <= --budget ({args.budget}) and --batch >= 1")
+    if args.time_limit is not None and args.time_limit < 0:
+        ap.error(f"--time-limit must be >= 0 seconds; got {args.time_limit}")
+    return args
+
+
+def _as_types(r: dict, ints: Sequence[str], floats: Sequence[str]) -> dict:
+    """A row read back from CSV with its numeric columns converted (missing -> 0 / NaN)."""
+    r = dict(r)
+    for k in ints:
+        r[k] = int(float(r[k])) if r.get(k) not in (None, "") else 0
+    for k in floats:
+        r[k] = float(r[k]) if r.get(k) not in (None, "") else float("nan")
+    r["error"] = r.get("error") or ""
+    return r
+
+
+def make_jobs(args: argparse.Namespace) -> list[Job]:
+    """The runs `args` ask for, run-major (a time limit leaves the same runs finished for every method and tau).
+
+    Result files are named with the protocol and a hash of the method's settings, so runs of other settings
+    in the same OUT are never mixed in or resumed.
+    """
+    jobs = []
+    for r in args.runs:
+        for tau in args.taus:
+            p = Protocol(tau, args.initial, args.budget, args.batch)
+            for m in args.methods:
+                settings = method_config(m, p, 0, {"name": "lunar-lander", "options": {}}, args.model_options,
+                                         args.proposer_options)
+                tag = config_tag([settings, args.episodes, args.eval_every])
+                stem = Path(args.out) / "runs" / f"{m}-tau{tau:g}-n{args.initial}-{args.budget}-b{args.batch}-{tag}-r{r}"
+                jobs.append(Job(stem, run_one, (m, p, r, args.episodes, args.eval_every, args.model_options,
+                                                args.proposer_options, args.threads)))
+    return jobs
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    out = Path(args.out)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    deadline = None if args.time_limit is None else time.time() + args.time_limit
+    print(f"[lander] {MODE}; methods {args.methods}; taus {args.taus}; runs {args.runs}; initial {args.initial}, "
+          f"budget {args.budget}, batch {args.batch}; true quantile from {args.episodes} fresh episodes "
+          f"(seeds {EVAL_SEED0}+i)", flush=True)
+    t_start = time.perf_counter()
+    jobs = make_jobs(args)
+    counts = run_jobs(jobs, args.workers, args.resume, deadline, "lander")
+
+    rows = []
+    for job in jobs:
+        if job.csv.exists():
+            for r in read_table(job.csv):
+                r = _as_types({**r, "tau": float(r["tau"]), "run": int(r["run"])},
+                              ("n_evals", "batch_end", "batch", "initial", "budget", "episodes", "failures"),
+                              ("q_true", "predicted", "fit_s", "propose_s", "eval_s", "run_s", "cpu_s", "quantile_s"))
+                rows.append(r)
+    rows.sort(key=lambda r: (-r["tau"], list(METHODS).index(r["method"]), r["run"], r["n_evals"]))
+    missing = len(jobs) - len({(r["method"], r["tau"], r["run"]) for r in rows})
+    t1, summary, plots = [], [], []
+    if rows:
+        write_table(rows, out / "lander")
+        half = [c for c in (750,) if args.initial <= c < args.budget]
+        t1 = table1(rows, half + [args.budget])
+        summary = summarize(rows, is_full(args))
+        if t1:
+            write_table(t1, out / "table1")
+        if summary:
+            write_table(summary, out / "summary")
+        plots = make_plots(rows, out)
+
+    print(f"\n[lander] {MODE}")
+    print(f"\nTable 1 shape: true {'/'.join(f'{t * 100:g}%' for t in args.taus)} reward quantile of the recommended "
+          f"controller, mean (std) over runs ({args.episodes} fresh episodes per estimate):")
+    print(format_table(t1))
+    print("\nFinal true quantile (mean, std, 95% CI half-width over runs):")
+    print(format_table(summary, ["tau", "method", "n_evals", "runs", "q_true_mean", "q_true_std", "q_true_ci95",
+                                 "q_true_min", "q_true_max", "run_s_mean", "cpu_s_mean"] +
+                       (["target"] if any("target" in s for s in summary) else [])))
+    errors = [r for r in rows if r["error"]]
+    if errors:
+        print(f"\n{len(errors)} failed runs: " + "; ".join(f"{r['method']} tau={r['tau']:g} run {r['run']}: "
+                                                      f"{r['error']}" for r in errors))
+    if missing:
+        print(f"\n[lander] {missing} of {len(jobs)} runs not finished ({counts['paused']} paused at a checkpoint, "
+              f"{counts['skipped']} not started): run again with --resume")
+    print(f"\n[lander] wrote {out} ({len(rows)} rows, {len(plots)} plots) in {time.perf_counter() - t_start:.1f} s")
+    return {"rows": rows, "table1": t1, "summary": summary, "plots": plots, "missing": missing, "counts": counts}
+
+
+if __name__ == "__main__":
+    main()

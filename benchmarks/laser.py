@@ -1,0 +1,445 @@
+"""Laser (FEL) tuning: quantile TS and Q-GIBBON against GPR-EI on the 16-D LCLS simulator (paper 003 §4.5).
+
+Reproduces quantile-expectile-bo.md §4.3 (the paper's §4.5 / Fig. 4) with qbatch's objective `laser`
+(objectives/laser.py, `LaserSimulator`: a GP of the pulse energy with skew-normal noise whose scale and shape
+are GPs too, all fitted to the LCLS measurements). The simulator is built from `--csv` (default
+/work/shared/data/lcls/data.csv, `LaserSimulator.from_csv`); when that file is missing, or with
+`--synthetic`, the synthetic simulator of the same form is used instead (recorded in column `simulator`).
+
+Each method is built exactly as the central actor builds it (benchmarks/lander.py `build_optimizer`: config
+validated by `load_config`, objective by `load_objective`, `AskTellOptimizer`), and run in **synchronous
+batches in this process** (the orchestrator's `synchronous: true` protocol without Ray).
+
+Protocol (spec §4.3): 400 initial points, then 12 batches of 100, 10 runs. With the CSV the initial points
+are 400 of the CSV's measured settings drawn at random (run r: rows chosen by seed r, the same rows for every
+method), registered with the optimizer as its initial design and evaluated by the SIMULATOR (so every
+observation follows the law the distance is measured against; `--initial-y measured` tells the measured pulse
+energies instead). With the synthetic simulator (no measured settings) the initial design is qbatch's own
+scrambled Sobol design of 400 points. tau = 0.1 (A15: blank in the paper; 0.1 as examples/laser.yaml).
+
+Methods: quantile-ts (quantile SVGP + Thompson sampling), qgibbon (quantile SVGP + Q-GIBBON, repulsion
+"paper"), gpr-ei (gpr-replicates + gpr-ei: each batch is ONE point measured 100 times; the initial data are
+not replicated), optionally hetgp-ts (heteroscedastic SVGP + Thompson) and qlognei (exact GP + qLogNEI).
+Recommendation (spec §1.7) = `AskTellOptimizer.best()` after each fit. Metric: distance of its EXACT
+tau-quantile (`LaserSimulator.quantile`) from the optimum q* = max(`LaserSimulator.optimum(tau)` (multi-start
+L-BFGS-B), the best exact quantile of any point any run evaluated), absolute (mJ) and relative (% of q*).
+
+Long runs are checkpointed after every batch and continued by `--resume`; `--time-limit S` pauses them after
+S seconds (see benchmarks/lander.py: the same machinery).
+
+Usage:
+    python benchmarks/laser.py --quick                          # CI smoke run (~20 s)
+    python benchmarks/laser.py --workers 16 --resume --time-limit 420   # full: 3 methods x 10 runs
+    python benchmarks/laser.py --methods quantile-ts gpr-ei --runs 0-4 --workers 2
+Results in --out (default results/laser/): runs/*.csv (one per method x run; named with the protocol and a
+hash of the settings), laser.csv + laser.parquet (every checkpoint: one per batch), summary.csv/.parquet
+(final distance, mean +- 95% CI, with the issue's target), laser_rel.png / laser_abs.png (distance vs
+evaluations, mean +- 95% CI over runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+import warnings
+import zlib
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks._common import format_table, mean_ci, plot_curves, read_table, write_table  # noqa: E402
+from benchmarks.lander import (  # noqa: E402
+    BatchRun, Job, Method, _as_types, _limited, _std, add_common_args, build_optimizer, config_tag,
+    curves_by_method, drive, merge_options, parse_runs, run_jobs,
+)
+
+MODE = "synchronous batches, in-process AskTellOptimizer built from a validated config (the orchestrator's " \
+       "synchronous protocol without Ray)"
+DEFAULT_CSV = "/work/shared/data/lcls/data.csv"
+METHODS: dict[str, Method] = {
+    "quantile-ts": Method("quantile", "thompson"),
+    "qgibbon": Method("quantile", "qgibbon", proposer_options={"repulsion": "paper"}),
+    "gpr-ei": Method("gpr-replicates", "gpr-ei", replicate=True),
+    "hetgp-ts": Method("heteroscedastic", "thompson"),
+    "qlognei": Method("exact-gp", "qlognei"),
+}
+DEFAULT_METHODS = ("quantile-ts", "qgibbon", "gpr-ei")
+#: issue 8's acceptance target: quantile TS within 5% of the optimum quantile at the end (full protocol)
+TARGET = {"method": "quantile-ts", "max_rel_pct": 5.0}
+#: the paper's protocol (spec §4.3)
+FULL: dict[str, Any] = {"initial": 400, "batches": 12, "batch": 100, "runs": "10"}
+#: smoke-run settings; options given on the command line override these
+QUICK: dict[str, Any] = {
+    "initial": 40,
+    "batches": 2,
+    "batch": 10,
+    "runs": "2",
+    "methods": ["quantile-ts", "qgibbon", "gpr-ei"],
+    # smoke only: a smaller energy-GP subsample, short SVGP training, cheap acquisition searches
+    "objective_options": {"n_gp_max": 100},
+    "model_options": {
+        "quantile": {"max_steps": 100, "warm_max_steps": 30, "num_inducing": 16},
+        "heteroscedastic": {"max_steps": 100, "warm_max_steps": 30, "num_inducing": 16},
+    },
+    "proposer_options": {"thompson": {"raw_samples": 512, "num_restarts": 2, "num_features": 256},
+                         "qgibbon": {"raw_samples": 128, "num_restarts": 2, "maxiter": 20, "num_max_samples": 5}},
+}
+
+
+def method_config(
+    name: str, tau: float, initial: int, budget: int, batch: int, run: int, objective: Mapping[str, Any],
+    model_options: Mapping[str, Any], proposer_options: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The experiment config (ORCH_API.md schema) of one method run."""
+    m = METHODS[name]
+    return {
+        "name": f"laser-{name}",
+        "objective": dict(objective),
+        "tau": tau,
+        "model": {"type": m.model, "options": {**m.model_options, **model_options.get(m.model, {})}},
+        "proposer": {"type": m.proposer, "options": {**m.proposer_options, **proposer_options.get(m.proposer, {})}},
+        "batch_size": batch,
+        "initial_design": initial,
+        "budget": budget,
+        "synchronous": True,
+        "seed": int(run),
+    }
+
+
+def initial_rows(n_rows: int, initial: int, run: int) -> list[int]:
+    """The measured rows of run `run`'s initial design (the same for every method)."""
+    import numpy as np
+
+    if initial > n_rows:
+        raise SystemExit(f"--initial ({initial}) exceeds the {n_rows} measured settings of the CSV")
+    return sorted(np.random.default_rng([int(run), 0x1A5E]).choice(n_rows, size=initial, replace=False).tolist())
+
+
+class LaserRun(BatchRun):
+    """One method, one run of the laser protocol (see the module docstring)."""
+
+    def __init__(self, name: str, tau: float, initial: int, batches: int, batch: int, run: int,
+                 objective: Mapping[str, Any], initial_y: str, model_options: Mapping[str, Any],
+                 proposer_options: Mapping[str, Any]) -> None:
+        self.tau, self.initial, self.run, self.initial_y = tau, initial, run, initial_y
+        self.budget = initial + batches * batch
+        raw = method_config(name, tau, initial, self.budget, batch, run, objective, model_options, proposer_options)
+        self.key = json.dumps([{**raw, "objective": portable(objective)}, initial_y], sort_keys=True, default=str)
+        self.cfg, self.sim, self.opt = build_optimizer(raw)
+        self.synthetic = "csv_path" not in objective["options"]
+        _, self.q_opt = self.sim.optimum(tau)  # cached per simulator (one per process)
+        self.n = 0
+        self.q_eval_max = float("-inf")  # best exact quantile of the points this run evaluated
+        self.records: list[dict] = []
+        self.times = {"fit_s": 0.0, "propose_s": 0.0, "run_s": 0.0, "cpu_s": 0.0}
+
+    def _note_evaluated(self, X: Any) -> None:
+        import numpy as np
+
+        if len(X):
+            self.q_eval_max = max(self.q_eval_max, float(self.sim.quantile_array(np.asarray(X), self.tau).max()))
+
+    def _evaluate(self, trials: Sequence[Any]) -> None:
+        X = []
+        for t in trials:
+            try:
+                y, error = self.sim.evaluate(t.params, t.seed), None
+            except Exception as exc:  # a failing evaluation is a failed trial, as in the orchestrator
+                y, error = None, f"{type(exc).__name__}: {exc}"
+            if self.opt.tell(t.trial_id, y, error=error) == "completed":
+                X.append(self.sim.to_array(t.params))
+        self._note_evaluated(X)
+        self.n += len(trials)
+
+    def _fit_and_record(self) -> None:
+        t0 = time.perf_counter()
+        self.opt.fit()
+        self.times["fit_s"] += time.perf_counter() - t0
+        params, predicted = self.opt.best()
+        self.records.append({"n_evals": self.n, "params": json.dumps(params), "predicted": float(predicted),
+                             "q_rec": self.sim.quantile(params, self.tau), "fit_s": self.times["fit_s"], "propose_s": self.times["propose_s"],
+                             "failures": self.opt.num_failed})
+
+    def start(self) -> None:
+        from orchestrator.ask_tell import trial_seed
+
+        if self.synthetic:
+            self._evaluate(self.opt.ask(self.initial))
+        else:
+            X_data, y_data = self.sim.initial_data()
+            picked = initial_rows(len(X_data), self.initial, self.run)
+            trials = []
+            for i, j in enumerate(picked):
+                # registered as the optimizer's initial design: its Sobol counter reaches `initial`, so the
+                # next `ask` proposes with the model
+                params = self.sim.params_of(X_data[j])
+                tid = f"data-{i}"
+                trials.append(self.opt.restore_trial(tid, params, self.opt.space.to_unit([params])[0], -1,
+                                                     seed=trial_seed(self.cfg.seed, tid), source="data",
+                                                     sobol_index=i))
+            if self.initial_y == "measured":
+                for t, j in zip(trials, picked):
+                    self.opt.tell(t.trial_id, float(y_data[j]))
+                self._note_evaluated(X_data[picked])
+                self.n += len(picked)
+            else:
+                self._evaluate(trials)
+        self._fit_and_record()
+
+    def step(self) -> None:
+        t0 = time.perf_counter()
+        trials = self.opt.ask(min(self.cfg.batch_size, self.budget - self.n), fit=False)
+        self.times["propose_s"] += time.perf_counter() - t0
+        self._evaluate(trials)
+        self._fit_and_record()
+
+    @property
+    def done(self) -> bool:
+        return self.n >= self.budget
+
+    def get_state(self) -> dict[str, Any]:
+        return {"opt": self.opt.get_state(), "n": self.n, "q_eval_max": self.q_eval_max,
+                "records": [dict(r) for r in self.records], "times": dict(self.times)}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        self.opt.set_state(state["opt"])
+        self.n, self.q_eval_max = int(state["n"]), float(state["q_eval_max"])
+        self.records = [dict(r) for r in state["records"]]
+        self.times = {k: float(v) for k, v in state["times"].items()}
+
+    def rows(self, base: Mapping[str, Any]) -> list[dict]:
+        """One row per fit (after the initial design and after each batch); `q_eval_max` is the run's final."""
+        rows = [{**base, **r, "q_opt_lbfgs": self.q_opt, "q_eval_max": self.q_eval_max, "error": ""}
+                for r in self.records]
+        rows[-1].update(run_s=self.times["run_s"], cpu_s=self.times["cpu_s"])
+        return rows
+
+
+def run_one(
+    name: str, tau: float, initial: int, batches: int, batch: int, run: int, objective: Mapping[str, Any],
+    initial_y: str, model_options: Mapping[str, Any], proposer_options: Mapping[str, Any], threads: int = 1,
+    checkpoint: Path | None = None, deadline: float | None = None, stop_after: int | None = None,
+) -> tuple[str, list[dict]]:
+    """One method, one run: ("done", a row per fit), ("paused", []) or ("skipped", []) as lander.run_one."""
+    if deadline is not None and time.time() > deadline:
+        return "skipped", []
+    synthetic = "csv_path" not in objective["options"]
+    base = {"method": name, "tau": tau, "run": run, "batch": batch, "initial": initial,
+            "budget": initial + batches * batch,
+            "simulator": "synthetic" if synthetic else f"csv:{objective['options']['csv_path']}",
+            "initial_source": "sobol" if synthetic else f"measured settings, {initial_y} outcomes", "mode": MODE}
+    with _limited(threads), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        try:
+            laser = LaserRun(name, tau, initial, batches, batch, run, objective, initial_y, model_options,
+                             proposer_options)
+            status, _ = drive(laser, checkpoint, deadline, stop_after)
+        except Exception as exc:  # one failing run must not lose the others
+            traceback.print_exc()
+            return "done", [{**base, "n_evals": 0, "params": "{}", "q_rec": float("nan"),
+                             "error": f"{type(exc).__name__}: {exc}"}]
+    if status != "done":
+        print(f"[laser] {name} run {run}: paused at {laser.n} evaluations", flush=True)
+        return status, []
+    rows = laser.rows(base)
+    t = laser.times
+    print(f"[laser] {name} run {run}: final q(x_hat) {rows[-1]['q_rec']:.4f} vs optimum {laser.q_opt:.4f} "
+          f"({t['run_s']:.0f} s, CPU {t['cpu_s']:.0f} s: fit {t['fit_s']:.0f}, propose {t['propose_s']:.0f})", flush=True)
+    return status, rows
+
+
+# ---------------------------------------------------------------------------------------------------- analysis
+def add_distances(rows: list[dict]) -> float:
+    """Fill `q_star`, `distance` and `distance_pct` in place; returns q*.
+
+    q* = max(the L-BFGS-B optimum, the best exact quantile of any point evaluated in these runs).
+    """
+    good = [r for r in rows if not r["error"]]
+    q_star = max([r["q_opt_lbfgs"] for r in good] + [r["q_eval_max"] for r in good], default=float("nan"))
+    for r in rows:
+        r["q_star"] = q_star
+        r["distance"] = q_star - r["q_rec"]
+        r["distance_pct"] = 100.0 * r["distance"] / abs(q_star)
+    return q_star
+
+
+def summarize(rows: Sequence[dict], full: bool) -> list[dict]:
+    """Final distance to the optimum per method: mean, std, 95% CI over runs, with the target check."""
+    out = []
+    for m in METHODS:
+        sel = [r for r in rows if r["method"] == m and not r["error"]]
+        if not sel:
+            continue
+        last = max(r["n_evals"] for r in sel)
+        fin = [r for r in sel if r["n_evals"] == last]
+        d_mean, d_half, k = mean_ci([r["distance"] for r in fin])
+        p_mean, p_half, _ = mean_ci([r["distance_pct"] for r in fin])
+        row = {"method": m, "n_evals": last, "runs": k, "q_rec_mean": mean_ci([r["q_rec"] for r in fin])[0],
+               "q_star": fin[0]["q_star"], "distance_mean": d_mean, "distance_ci95": d_half,
+               "distance_pct_mean": p_mean, "distance_pct_std": _std([r["distance_pct"] for r in fin]),
+               "distance_pct_ci95": p_half, "distance_pct_max": max(r["distance_pct"] for r in fin),
+               "run_s_mean": mean_ci([r["run_s"] for r in fin])[0], "cpu_s_mean": mean_ci([r["cpu_s"] for r in fin])[0]}
+        if full and m == TARGET["method"]:
+            row["target"] = f"<= {TARGET['max_rel_pct']:g}%: {'met' if p_mean <= TARGET['max_rel_pct'] else 'MISSED'}"
+        out.append(row)
+    return out
+
+
+def make_plots(rows: Sequence[dict], out: Path) -> list[Path]:
+    """Relative and absolute distance to the optimum vs evaluations, mean +- 95% CI over runs."""
+    paths = []
+    for key, fname, ylabel in (("distance_pct", "laser_rel.png", "q* - q(x_hat), % of q*"),
+                               ("distance", "laser_abs.png", "q* - q(x_hat) (mJ)")):
+        curves = curves_by_method(rows, list(METHODS), key, lambda r: True)
+        if curves:
+            paths.append(plot_curves(curves, out / fname, logy=False, ylabel=ylabel,
+                                     title=f"Laser, tau={rows[0]['tau']:g}: distance to the optimum quantile "
+                                           f"(mean +- 95% CI over runs)"))
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="CI smoke run: 2 runs, 3 methods, 40 + 2 x 10 evaluations, a smaller simulator fit, "
+                         "short fits (options given explicitly still apply)")
+    ap.add_argument("--methods", nargs="+", choices=sorted(METHODS),
+                    help=f"methods (default: {' '.join(DEFAULT_METHODS)})")
+    ap.add_argument("--tau", type=float, default=0.1, help="quantile level (0.1; A15)")
+    ap.add_argument("--initial", type=int, help="initial points (400)")
+    ap.add_argument("--batches", type=int, help="BO batches after the initial points (12)")
+    ap.add_argument("--batch", type=int, help="batch size (100)")
+    ap.add_argument("--csv", help=f"LCLS-format CSV for LaserSimulator.from_csv (default {DEFAULT_CSV}; the "
+                                  "synthetic simulator when the default is missing, an error when a given one is)")
+    ap.add_argument("--synthetic", action="store_true", help="use the synthetic simulator (also when --csv is missing)")
+    ap.add_argument("--initial-y", choices=("simulated", "measured"), default="simulated",
+                    help="outcomes of the initial measured settings: drawn from the simulator (default) or the CSV's")
+    ap.add_argument("--objective-options", type=json.loads,
+                    help='JSON: extra LaserSimulator options, e.g. {"n_gp_max": 400}')
+    add_common_args(ap, str(REPO / "results" / "laser"))
+    args = ap.parse_args(argv)
+    defaults = QUICK if args.quick else {**FULL, "methods": list(DEFAULT_METHODS), "objective_options": {}}
+    for k in ("initial", "batches", "batch", "runs", "methods"):
+        if getattr(args, k) is None:
+            setattr(args, k, defaults[k])
+    if args.objective_options is not None and not isinstance(args.objective_options, dict):
+        raise SystemExit(f'--objective-options: a JSON object, e.g. {{"n_gp_max": 400}}; got {args.objective_options!r}')
+    args.objective_options = {**defaults["objective_options"], **(args.objective_options or {})}
+    quick_opts = (QUICK["model_options"], QUICK["proposer_options"]) if args.quick else ({}, {})
+    args.model_options = merge_options(quick_opts[0], args.model_options, "--model-options")
+    args.proposer_options = merge_options(quick_opts[1], args.proposer_options, "--proposer-options")
+    args.runs = parse_runs(str(args.runs))
+    if args.workers < 1 or args.threads < 1 or args.batches < 0 or args.batch < 1 or args.initial < 2:
+        ap.error("--workers, --threads, --batch must be >= 1, --batches >= 0, --initial >= 2")
+    if not 0 < args.tau < 1:
+        ap.error(f"--tau must be in (0, 1); got {args.tau}")
+    if args.time_limit is not None and args.time_limit < 0:
+        ap.error(f"--time-limit must be >= 0 seconds; got {args.time_limit}")
+    return args
+
+
+def make_jobs(args: argparse.Namespace, objective: Mapping[str, Any]) -> list[Job]:
+    """The runs `args` ask for, run-major (a time limit leaves the same runs finished for every method), their
+    result files named with the simulator, the protocol and a hash of the settings."""
+    budget = args.initial + args.batches * args.batch
+    sim_tag = "syn" if "csv_path" not in objective["options"] else "csv"
+    jobs = []
+    for r in args.runs:
+        for m in args.methods:
+            settings = method_config(m, args.tau, args.initial, budget, args.batch, 0, portable(objective),
+                                     args.model_options, args.proposer_options)
+            tag = config_tag([settings, args.initial_y])
+            name = f"{m}-{sim_tag}-tau{args.tau:g}-n{args.initial}+{args.batches}x{args.batch}-{tag}-r{r}"
+            jobs.append(Job(Path(args.out) / "runs" / name, run_one,
+                            (m, args.tau, args.initial, args.batches, args.batch, r, objective, args.initial_y,
+                             args.model_options, args.proposer_options, args.threads)))
+    return jobs
+
+
+def objective_of(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """The objective config ({"name": "laser", "options"}) of `args` and a line describing the simulator."""
+    options = dict(args.objective_options)
+    csv = Path(args.csv or DEFAULT_CSV)
+    if args.csv is not None and not args.synthetic and not csv.is_file():
+        raise SystemExit(f"--csv: no such file {args.csv!r} (leave --csv out to fall back to the synthetic simulator)")
+    if not args.synthetic and csv.is_file():
+        options["csv_path"] = str(csv.resolve())
+        simulator = f"LCLS CSV {options['csv_path']}; initial points: {args.initial} measured settings " \
+                    f"drawn at random per run ({args.initial_y} outcomes)"
+    else:
+        if not args.synthetic:
+            print(f"[laser] {csv} is missing: falling back to the synthetic simulator", flush=True)
+        simulator = f"synthetic simulator; initial points: a scrambled Sobol design of {args.initial}"
+    return {"name": "laser", "options": options}, simulator
+
+
+def portable(objective: Mapping[str, Any]) -> dict[str, Any]:
+    """`objective` with its CSV path replaced by the file's name and content checksum: result-file names and
+    checkpoint keys then survive moving the repository (e.g. to another machine between `--resume`s)."""
+    options = dict(objective["options"])
+    if "csv_path" in options:
+        path = Path(options.pop("csv_path"))
+        options["csv"] = f"{path.name}:{zlib.crc32(path.read_bytes()) & 0xFFFFFFFF:08x}"
+    return {**objective, "options": options}
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    out = Path(args.out)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    deadline = None if args.time_limit is None else time.time() + args.time_limit
+    objective, simulator = objective_of(args)
+    print(f"[laser] {MODE}; {simulator}; tau {args.tau:g}; methods {args.methods}; runs {args.runs}; "
+          f"{args.initial} + {args.batches} x {args.batch} evaluations", flush=True)
+    t_start = time.perf_counter()
+    jobs = make_jobs(args, objective)
+    counts = run_jobs(jobs, args.workers, args.resume, deadline, "laser")
+
+    rows = []
+    for job in jobs:
+        if job.csv.exists():
+            for r in read_table(job.csv):
+                rows.append(_as_types({**r, "tau": float(r["tau"]), "run": int(r["run"])},
+                                      ("n_evals", "batch", "initial", "budget", "failures"),
+                                      ("q_rec", "q_opt_lbfgs", "q_eval_max", "predicted", "fit_s", "propose_s",
+                                       "run_s", "cpu_s")))
+    rows.sort(key=lambda r: (list(METHODS).index(r["method"]), r["run"], r["n_evals"]))
+    missing = len(jobs) - len({(r["method"], r["run"]) for r in rows})
+    q_star, summary, plots = float("nan"), [], []
+    if rows:
+        q_star = add_distances(rows)
+        write_table(rows, out / "laser")
+        full = (args.initial, args.batches, args.batch) == (FULL["initial"], FULL["batches"], FULL["batch"])
+        summary = summarize(rows, full)
+        if summary:
+            write_table(summary, out / "summary")
+        plots = make_plots(rows, out)
+
+    print(f"\n[laser] {MODE}; {simulator}")
+    q_lbfgs = next((r["q_opt_lbfgs"] for r in rows if not r["error"]), float("nan"))
+    print(f"optimum q* = {q_star:.4f} (L-BFGS-B optimum {q_lbfgs:.4f}; raised to the best evaluated point if higher)")
+    print(f"\nFinal distance of the recommendation's exact {args.tau:g}-quantile from q* (over runs):")
+    print(format_table(summary, ["method", "n_evals", "runs", "q_rec_mean", "q_star", "distance_mean",
+                                 "distance_ci95", "distance_pct_mean", "distance_pct_std", "distance_pct_ci95",
+                                 "distance_pct_max", "run_s_mean", "cpu_s_mean"] +
+                       (["target"] if any("target" in s for s in summary) else [])))
+    errors = [r for r in rows if r["error"]]
+    if errors:
+        print(f"\n{len(errors)} failed runs: " + "; ".join(f"{r['method']} run {r['run']}: {r['error']}" for r in errors))
+    if missing:
+        print(f"\n[laser] {missing} of {len(jobs)} runs not finished ({counts['paused']} paused at a checkpoint, "
+              f"{counts['skipped']} not started): run again with --resume")
+    print(f"\n[laser] wrote {out} ({len(rows)} rows, {len(plots)} plots) in {time.perf_counter() - t_start:.1f} s")
+    return {"rows": rows, "summary": summary, "plots": plots, "q_star": q_star, "missing": missing, "counts": counts}
+
+
+if __name__ == "__main__":
+    main()

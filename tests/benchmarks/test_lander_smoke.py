@@ -1,0 +1,150 @@
+"""Smoke run of benchmarks/lander.py (`--quick`: tau = 0.1, 2 runs, quantile TS and GPR-EI, 20 + 2 x 10
+episodes, true quantiles from 20 fresh episodes): the checkpoint table's rows, the true quantiles against
+fresh episodes of the objective, the Table-1-shaped table, the summary and the plot; a run paused at a
+checkpoint and continued by `--resume` equals the uninterrupted run; `--resume` skips finished runs and
+`--time-limit` leaves unstarted ones. The full protocol (300 + 1200 evaluations, 10 runs) never runs here."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "lander.py"
+CHECKPOINTS = [20, 30, 40]
+
+
+@pytest.fixture(scope="module")
+def mod():
+    spec = importlib.util.spec_from_file_location("lander_benchmark", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up in sys.modules
+    threads = torch.get_num_threads()
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        torch.set_num_threads(threads)
+        sys.modules.pop(spec.name, None)
+
+
+@pytest.fixture(scope="module")
+def quick(mod, tmp_path_factory):
+    out = tmp_path_factory.mktemp("lander")
+    threads = torch.get_num_threads()
+    try:
+        result = mod.main(["--quick", "--threads", "1", "--out", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    return out, result
+
+
+def test_lander_quick(mod, quick, capsys):
+    out, result = quick
+    q = mod.QUICK
+    (tau,) = q["taus"]
+    runs = mod.parse_runs(q["runs"])
+    table = pq.read_table(out / "lander.parquet").to_pylist()
+    expected = {(m, r, n) for m in q["methods"] for r in runs for n in CHECKPOINTS}
+    assert {(r["method"], r["run"], r["n_evals"]) for r in table} == expected and len(table) == len(expected)
+    assert (out / "lander.csv").read_text().count("\n") == len(table) + 1
+    assert len(list((out / "runs").glob("*.csv"))) == len(q["methods"]) * len(runs)
+    assert not list((out / "runs").glob("*.ckpt.pt"))  # finished runs leave no checkpoint
+
+    from objectives.lunar_lander import LunarLander
+
+    lander = LunarLander()
+    for r in table:
+        assert r["tau"] == tau and r["error"] in ("", None) and "synchronous" in r["mode"]
+        assert r["episodes"] == q["episodes"] and r["failures"] == 0
+        assert r["batch_end"] == r["n_evals"]  # every checkpoint is a batch end here
+        params = json.loads(r["params"])
+        assert set(params) == set(lander.space)
+        assert all(0.0 <= v <= 1.2 for v in params.values())
+        assert np.isfinite(r["q_true"]) and np.isfinite(r["predicted"])
+        assert r["fit_s"] > 0 and r["eval_s"] > 0
+    # the true quantile is the empirical quantile of fresh, held-out episodes at the recommended gains
+    for r in (r for r in table if r["n_evals"] == 40):
+        w = lander.params_to_gains(json.loads(r["params"]))
+        rewards = [lander.episode(w, mod.EVAL_SEED0 + i)[0] for i in range(q["episodes"])]
+        assert r["q_true"] == pytest.approx(float(np.quantile(rewards, tau)), rel=1e-9, abs=1e-9)
+        assert r["run_s"] >= r["fit_s"] + r["propose_s"]
+
+    t1 = pq.read_table(out / "table1.parquet").to_pylist()
+    assert [(t["level"], t["method"], t["runs"]) for t in t1] == [("10%", m, 2) for m in q["methods"]]
+    for t in t1:
+        finals = [r["q_true"] for r in table if r["method"] == t["method"] and r["n_evals"] == 40]
+        assert t["40 obs"] == f"{np.mean(finals):.1f} ({np.std(finals, ddof=1):.1f})"
+        assert t["paper 1500"]  # the paper's figure sits next to ours
+    summary = pq.read_table(out / "summary.parquet").to_pylist()
+    assert sorted(s["method"] for s in summary) == sorted(q["methods"])
+    for s in summary:
+        finals = [r["q_true"] for r in table if r["method"] == s["method"] and r["n_evals"] == 40]
+        assert s["runs"] == 2 and s["q_true_mean"] == pytest.approx(float(np.mean(finals)))
+        assert math.isfinite(s["q_true_ci95"]) and s["n_evals"] == 40
+        assert "target" not in s or s["target"] is None  # the 240 target applies to the full protocol only
+    assert (out / "lander_tau0.1.png").stat().st_size > 1000
+    assert len(result["rows"]) == len(table) and result["missing"] == 0
+    assert result["counts"]["done"] == len(q["methods"]) * len(runs)
+
+
+def test_lander_resume_continues_a_checkpoint_exactly(mod, quick, tmp_path, capsys):
+    ref_out, ref = quick
+    argv = ["--quick", "--runs", "0-0", "--threads", "1", "--out", str(tmp_path)]
+    jobs = mod.make_jobs(mod.parse_args(argv))
+    assert [j.args[0] for j in jobs] == mod.QUICK["methods"]
+    # pause each run: after the initial design (stop_after=1) and after one more batch (stop_after=2)
+    for job, k in zip(jobs, (1, 2)):
+        status, rows = job.fn(*job.args, checkpoint=job.checkpoint, stop_after=k)
+        assert status == "paused" and rows == [] and job.checkpoint.exists() and not job.csv.exists()
+    result = mod.main(argv + ["--resume"])
+    assert result["counts"]["done"] == len(jobs) and result["missing"] == 0
+    assert not list((tmp_path / "runs").glob("*.ckpt.pt"))
+    mine = {(r["method"], r["n_evals"]): r for r in result["rows"]}
+    theirs = {(r["method"], r["n_evals"]): r for r in ref["rows"] if r["run"] == 0}
+    assert set(mine) == set(theirs)
+    for k, r in mine.items():  # the same recommendations and true quantiles as the uninterrupted runs
+        assert (r["params"], r["q_true"], r["predicted"]) == (theirs[k]["params"], theirs[k]["q_true"],
+                                                              theirs[k]["predicted"])
+    # a resumed command skips finished runs and rewrites the same tables
+    again = mod.main(argv + ["--resume"])
+    assert again["counts"]["finished before"] == len(jobs) and again["counts"]["done"] == 0
+    assert [r["q_true"] for r in again["rows"]] == [r["q_true"] for r in result["rows"]]
+
+
+def test_lander_time_limit_leaves_runs_for_resume(mod, tmp_path, capsys):
+    result = mod.main(["--quick", "--time-limit", "0", "--threads", "1", "--out", str(tmp_path)])
+    assert result["counts"]["skipped"] == 4 and result["missing"] == 4 and result["rows"] == []
+    assert "run again with --resume" in capsys.readouterr().out
+    assert not (tmp_path / "lander.csv").exists() and not list((tmp_path / "runs").iterdir())
+
+
+def test_lander_config_errors_name_the_key(mod, tmp_path):
+    from orchestrator.errors import ConfigError
+
+    proto = mod.Protocol(0.1, 20, 40, 10)
+    raw = mod.method_config("quantile-ts", proto, 0, {"name": "lunar-lander", "options": {}},
+                            {"quantile": {"num_inducing": 0}}, {})
+    _, _, opt = mod.build_optimizer(raw)
+    with pytest.raises(ConfigError, match="num_inducing"):
+        opt.prepare()
+    raw = mod.method_config("gpr-ei", proto, 0, {"name": "lunar-lander", "options": {}}, {}, {})
+    assert raw["initial_design"] == 2 and raw["batch_size"] == 10  # round(20 / 10) replicated points
+    raw["batch_size"] = 0
+    with pytest.raises(ConfigError, match="batch_size"):
+        mod.build_optimizer(raw)
+    with pytest.raises(SystemExit, match="--runs"):
+        mod.main(["--runs", "0", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--model-options"):
+        mod.main(["--quick", "--model-options", "[1]", "--out", str(tmp_path)])
+    # explicit options override the quick ones, per model
+    args = mod.parse_args(["--quick", "--model-options", '{"quantile": {"num_inducing": 8}}', "--runs", "0-0"])
+    assert args.model_options["quantile"] == {**mod.QUICK["model_options"]["quantile"], "num_inducing": 8}
+    assert args.runs == [0] and args.budget == mod.QUICK["budget"]

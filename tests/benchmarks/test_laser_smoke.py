@@ -1,0 +1,139 @@
+"""Smoke runs of benchmarks/laser.py: `--quick` (40 initial points + 2 batches of 10, 2 runs, quantile TS,
+Q-GIBBON and GPR-EI) on the LCLS-fitted simulator when the CSV is present (else the synthetic one), checking
+the checkpoint table's rows, the exact quantiles and distances against `LaserSimulator`, the initial design
+(measured settings), the summary and the plots; a run paused at a checkpoint and continued by `--resume`
+equals the uninterrupted one; and the fallback to the synthetic simulator when the CSV is missing. The full
+protocol (400 + 12 x 100, 10 runs) never runs in tests."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "laser.py"
+CSV = Path("/work/shared/data/lcls/data.csv")
+
+
+@pytest.fixture(scope="module")
+def mod():
+    spec = importlib.util.spec_from_file_location("laser_benchmark", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    threads = torch.get_num_threads()
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        torch.set_num_threads(threads)
+        sys.modules.pop(spec.name, None)
+
+
+def _main(mod, argv):
+    threads = torch.get_num_threads()
+    try:
+        return mod.main(argv)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def quick(mod, tmp_path_factory):
+    out = tmp_path_factory.mktemp("laser")
+    argv = ["--quick", "--threads", "1", "--out", str(out)]
+    return out, _main(mod, argv if CSV.is_file() else argv + ["--synthetic"])
+
+
+def _check_table(mod, out: Path, methods, runs, sim, tau: float) -> list[dict]:
+    q = mod.QUICK
+    table = pq.read_table(out / "laser.parquet").to_pylist()
+    checkpoints = [q["initial"] + k * q["batch"] for k in range(q["batches"] + 1)]  # 40, 50, 60
+    expected = {(m, r, n) for m in methods for r in runs for n in checkpoints}
+    assert {(r["method"], r["run"], r["n_evals"]) for r in table} == expected and len(table) == len(expected)
+    assert (out / "laser.csv").read_text().count("\n") == len(table) + 1
+    _, q_opt = sim.optimum(tau)
+    for r in table:
+        assert r["error"] in ("", None) and "synchronous" in r["mode"] and r["failures"] == 0
+        params = json.loads(r["params"])
+        # exact quantile of the recommendation, distance to q*, and q* >= the simulator's optimum
+        assert r["q_rec"] == pytest.approx(sim.quantile(params, tau), rel=1e-9, abs=1e-12)
+        assert r["q_opt_lbfgs"] == pytest.approx(q_opt, rel=1e-9)
+        assert r["q_star"] >= q_opt - 1e-12 and r["q_star"] >= r["q_eval_max"] - 1e-12
+        assert math.isfinite(r["q_eval_max"]) and r["q_eval_max"] >= r["q_rec"] - 1e-12  # x_hat was evaluated
+        assert r["distance"] == pytest.approx(r["q_star"] - r["q_rec"], rel=1e-9, abs=1e-12)
+        assert r["distance"] >= -1e-12
+        assert r["distance_pct"] == pytest.approx(100 * r["distance"] / abs(r["q_star"]), rel=1e-9, abs=1e-12)
+    summary = pq.read_table(out / "summary.parquet").to_pylist()
+    assert sorted(s["method"] for s in summary) == sorted(methods)
+    for s in summary:
+        finals = [r["distance_pct"] for r in table if r["method"] == s["method"] and r["n_evals"] == checkpoints[-1]]
+        assert s["runs"] == len(runs) and s["distance_pct_mean"] == pytest.approx(float(np.mean(finals)))
+        assert "target" not in s or s["target"] is None  # the 5% target applies to the full protocol only
+    for name in ("laser_rel.png", "laser_abs.png"):
+        assert (out / name).stat().st_size > 1000
+    return table
+
+
+def test_laser_quick(mod, quick, capsys):
+    from objectives.laser import LaserSimulator
+
+    out, result = quick
+    q = mod.QUICK
+    if CSV.is_file():
+        sim = LaserSimulator.from_csv(CSV, **q["objective_options"])
+    else:
+        sim = LaserSimulator(**q["objective_options"])
+    runs = mod.parse_runs(q["runs"])
+    table = _check_table(mod, out, q["methods"], runs, sim, 0.1)
+    assert {r["simulator"] for r in table} == ({f"csv:{CSV.resolve()}"} if CSV.is_file() else {"synthetic"})
+    if CSV.is_file():
+        # the initial design is the run's measured settings: with 40 points and nothing else told, the first
+        # recommendation is one of them
+        X, _ = sim.initial_data()
+        for r in (r for r in table if r["n_evals"] == q["initial"]):
+            rows = mod.initial_rows(len(X), q["initial"], r["run"])
+            x = sim.to_array(json.loads(r["params"]))
+            assert np.abs(X[rows] - x).max(axis=1).min() < 1e-9
+        assert {r["initial_source"] for r in table} == {"measured settings, simulated outcomes"}
+    assert len(result["rows"]) == len(table) and result["missing"] == 0
+    assert not list((out / "runs").glob("*.ckpt.pt"))
+
+
+def test_laser_resume_continues_a_checkpoint_exactly(mod, quick, tmp_path, capsys):
+    _, ref = quick
+    argv = ["--quick", "--methods", "quantile-ts", "--runs", "0-0", "--threads", "1", "--out", str(tmp_path)]
+    if not CSV.is_file():
+        argv.append("--synthetic")
+    args = mod.parse_args(argv)
+    (job,) = mod.make_jobs(args, mod.objective_of(args)[0])
+    status, rows = job.fn(*job.args, checkpoint=job.checkpoint, stop_after=2)  # initial design + 1 batch
+    assert status == "paused" and rows == [] and job.checkpoint.exists() and not job.csv.exists()
+    result = _main(mod, argv + ["--resume"])
+    assert result["counts"]["done"] == 1 and result["missing"] == 0 and not job.checkpoint.exists()
+    theirs = {r["n_evals"]: r for r in ref["rows"] if r["method"] == "quantile-ts" and r["run"] == 0}
+    assert {r["n_evals"] for r in result["rows"]} == set(theirs)
+    for r in result["rows"]:
+        t = theirs[r["n_evals"]]
+        assert (r["params"], r["q_rec"], r["predicted"], r["q_eval_max"]) == (t["params"], t["q_rec"],
+                                                                               t["predicted"], t["q_eval_max"])
+
+
+def test_laser_falls_back_to_synthetic(mod, tmp_path, capsys, monkeypatch):
+    from objectives.laser import LaserSimulator
+
+    argv = ["--quick", "--methods", "quantile-ts", "--runs", "0-0", "--threads", "1", "--out", str(tmp_path)]
+    with pytest.raises(SystemExit, match="--csv: no such file"):  # a CSV asked for must exist
+        _main(mod, argv + ["--csv", str(tmp_path / "missing.csv")])
+    monkeypatch.setattr(mod, "DEFAULT_CSV", str(tmp_path / "missing.csv"))  # the default one may be absent
+    _main(mod, argv)
+    printed = capsys.readouterr().out
+    assert "missing: falling back to the synthetic simulator" in printed and "Sobol design" in printed
+    table = _check_table(mod, tmp_path, ["quantile-ts"], [0], LaserSimulator(**mod.QUICK["objective_options"]), 0.1)
+    assert {r["simulator"] for r in table} == {"synthetic"} and {r["initial_source"] for r in table} == {"sobol"}
