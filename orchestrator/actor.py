@@ -24,6 +24,12 @@ Every proposal is logged with the model's forecast at that point (model units: a
 ``direction: minimize``), every refit with {"seconds", "n", "best_params", "best_predicted"}. The actor
 rebuilds itself from the log when created on an existing run directory (resume, or a restart after a
 crash): it replays proposals and results and re-queues trials that never finished.
+
+The evaluation tasks are submitted through the run's `EvaluationPool` (workers/pool.py), which the driver
+creates: a Ray task fate-shares with the process that submitted it, so tasks owned by this actor would die
+with it. After a restart the actor adopts the evaluations the pool still holds (running, or finished while
+it was down) instead of re-running them (issue 7 item 3). An evaluation whose worker is frozen and cannot
+enforce its own timeout is cancelled at a deadline and recorded as a failed 'timeout' trial (`_expired`).
 """
 
 from __future__ import annotations
@@ -98,6 +104,9 @@ class CentralActor:
             `max(max_concurrent, batch_size // 2)`).
         refit_interval_s: least time between two background refits (leaves CPU to the evaluations).
         isolate: how a worker runs the objective ("process" or "thread", workers/evaluate.py).
+        pool: handle of the run's `EvaluationPool` actor (workers/pool.py), created by the driver: it owns
+            the evaluation tasks so they survive a restart of this actor. None: this actor submits them
+            itself (they then die with it).
     """
 
     def __init__(
@@ -107,6 +116,7 @@ class CentralActor:
         queue_low: int | None = None,
         refit_interval_s: float = 0.5,
         isolate: str = "process",
+        pool: Any = None,
     ) -> None:
         from objectives.base import Objective
         from objectives.registry import load_objective
@@ -143,6 +153,7 @@ class CentralActor:
         self.queue_low = int(queue_low) if queue_low is not None else max(self.max_concurrent, cfg.batch_size // 2)
         self.refit_interval_s = float(refit_interval_s)
         self.isolate = isolate
+        self.pool = pool
         self.budget = cfg.budget
 
         self._lock = threading.RLock()  # queue, in-flight table, counters
@@ -203,6 +214,29 @@ class CentralActor:
         # trials proposed (maybe started) that never finished go first, in proposal order
         self._queue.extend(self.opt.pending())
         self.resumed_unfinished = len(self._queue)
+        self.readopted = self._readopt(finished) if self.pool is not None else 0
+
+    def _readopt(self, finished: set[str]) -> int:
+        """After a restart: evaluations the pool still holds (running, or finished while this actor was down)
+        are waited on again instead of re-dispatched; held results already in the log are released."""
+        import ray
+
+        held = ray.get(self.pool.held.remote(), timeout=120)
+        stale = [tid for tid in held if tid in finished]
+        if stale:
+            self.pool.release.remote(stale)
+        adopted = 0
+        keep: collections.deque[Trial] = collections.deque()
+        for trial in self._queue:
+            if trial.trial_id in held:
+                ref, attempt, submitted = held[trial.trial_id]
+                self._inflight[ref] = (trial, submitted, attempt)
+                self._attempts[trial.trial_id] = max(self._attempts.get(trial.trial_id, 0), attempt + 1)
+                adopted += 1
+            else:
+                keep.append(trial)
+        self._queue = keep
+        return adopted
 
     def _restore_from(self, ev: Any) -> None:
         """Re-register a trial from one of its own events (they all carry params and x)."""
@@ -250,6 +284,11 @@ class CentralActor:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def inflight(self) -> dict[str, float]:
+        """Trials being evaluated now: trial_id -> dispatch time."""
+        with self._lock:
+            return {trial.trial_id: t for trial, t, _ in self._inflight.values()}
 
     def stop(self) -> None:
         """Ask `run` to return after the current step (in-flight evaluations are left to finish)."""
@@ -311,40 +350,76 @@ class CentralActor:
 
     def _dispatch(self) -> None:
         with self._lock:
-            while self._queue and len(self._inflight) < self.max_concurrent and self.n_done + len(self._inflight) < self.budget:
+            batch: list[tuple[Trial, int]] = []
+            while (self._queue and len(self._inflight) + len(batch) < self.max_concurrent
+                   and self.n_done + len(self._inflight) + len(batch) < self.budget):
                 trial = self._queue.popleft()
                 attempt = self._attempts.get(trial.trial_id, 0)
                 self._attempts[trial.trial_id] = attempt + 1
-                ref = submit_evaluation(
-                    self.objective_spec, trial.trial_id, trial.params, trial.seed, resources=self.resources,
-                    timeout_s=self.cfg.timeout_s, max_retries=self.cfg.max_retries, isolate=self.isolate,
-                )
+                batch.append((trial, attempt))
+            if batch:
+                try:
+                    refs = self._submit(batch)
+                except Exception:  # the pool is restarting: put the trials back, try again on the next pass
+                    self._queue.extendleft(t for t, _ in reversed(batch))
+                    time.sleep(0.2)
+                    return
                 now = time.time()
                 if self._first_dispatch is None:
                     self._first_dispatch = now
-                self._inflight[ref] = (trial, now, attempt)
-                self._started_buf.append(self._event("started", trial, time=now, attempt=attempt))
+                for (trial, attempt), ref in zip(batch, refs):
+                    self._inflight[ref] = (trial, now, attempt)
+                    self._started_buf.append(self._event("started", trial, time=now, attempt=attempt))
         if len(self._queue) < self.low_water():
             self._wake_planners()
+
+    def _submit(self, batch: list[tuple[Trial, int]]) -> list[Any]:
+        """Start the evaluations of `batch` ((trial, attempt) pairs); returns their refs in order."""
+        if self.pool is None:
+            return [
+                submit_evaluation(
+                    self.objective_spec, t.trial_id, t.params, t.seed, resources=self.resources,
+                    timeout_s=self.cfg.timeout_s, max_retries=self.cfg.max_retries, isolate=self.isolate,
+                )
+                for t, _ in batch
+            ]
+        import ray
+
+        items = [(t.trial_id, attempt, dict(t.params), int(t.seed)) for t, attempt in batch]
+        return ray.get(self.pool.submit.remote(items), timeout=60)
 
     def _collect(self, timeout: float) -> None:
         import ray
 
         refs = list(self._inflight)
         ready, rest = ray.wait(refs, num_returns=1, timeout=timeout)
-        if not ready:
-            return
-        if rest:
-            more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
+        if ready and rest:
+            more, rest = ray.wait(rest, num_returns=len(rest), timeout=0)
             ready = ready + more
+        expired = self._expired(rest)
+        if not ready and not expired:
+            return
         results = []
+        orphaned = []
+        for ref in expired:
+            trial, dispatched, attempt = self._inflight[ref]
+            results.append((ref, trial, attempt, _timeout_record(trial, dispatched, self.cfg.timeout_s)))
         for ref in ready:
             trial, dispatched, attempt = self._inflight[ref]
             try:
                 rec = ray.get(ref)
+            except ray.exceptions.OwnerDiedError:  # the pool died and its tasks with it: never recorded, run again
+                orphaned.append((ref, trial))
+                continue
             except Exception as exc:  # the worker or node died and Ray's retries ran out, or a bug
                 rec = _lost_record(trial, exc, dispatched)
             results.append((ref, trial, attempt, rec))
+        if orphaned:
+            with self._lock:
+                for ref, trial in orphaned:
+                    del self._inflight[ref]
+                    if not self.opt.is_told(trial.trial_id):
+                        self._queue.appendleft(trial)
         events = []
         for _, trial, attempt, rec in results:
             if self.opt.is_told(trial.trial_id):  # exactly once by trial id
@@ -360,6 +435,8 @@ class CentralActor:
                 traceback=rec.get("traceback"), info=info,
             ))
         self._append(events)  # durable before anything is acknowledged
+        if self.pool is not None and results:
+            self.pool.release.remote([trial.trial_id for _, trial, _, _ in results])
         with self._lock:
             for ref, trial, _, rec in results:
                 del self._inflight[ref]
@@ -379,6 +456,33 @@ class CentralActor:
                     self._eval_ema = dt if self._eval_ema is None else 0.95 * self._eval_ema + 0.05 * dt
             self._check_guard()
         self._wake_planners()
+
+    def _expired(self, refs: list[Any]) -> list[Any]:
+        """Evaluations past their deadline, cancelled (force: the worker process is killed).
+
+        `timeout_s` is enforced inside the worker (workers/evaluate.py); this is the backstop for a worker
+        that cannot enforce it because it is frozen itself (SIGSTOP, hung NFS, a swap storm). The deadline
+        counts from dispatch and allows every Ray retry its full timeout plus a grace period, so with
+        `max_concurrent` within the cluster's capacity (the default) a healthy evaluation never reaches it.
+        """
+        limit = self.cfg.timeout_s
+        if not refs or not math.isfinite(limit):
+            return []
+        deadline = (1 + self.cfg.max_retries) * limit + max(5.0, 0.25 * limit)
+        now = time.time()
+        expired = [ref for ref in refs if now - self._inflight[ref][1] > deadline]
+        if expired:
+            import ray
+
+            if self.pool is not None:
+                self.pool.cancel.remote([self._inflight[ref][0].trial_id for ref in expired])
+            else:
+                for ref in expired:
+                    try:
+                        ray.cancel(ref, force=True)
+                    except Exception:  # already finished or its worker is gone: nothing left to stop
+                        pass
+        return expired
 
     def _check_guard(self) -> None:
         guard = self.cfg.failure_guard
@@ -528,6 +632,26 @@ class CentralActor:
             if batch:
                 self.store.append(batch)
             self._last_flush = time.time()
+
+
+def _timeout_record(trial: Trial, dispatched: float, timeout_s: float) -> dict[str, Any]:
+    """A failed 'timeout' record for an evaluation that gave no result long past its deadline."""
+    now = time.time()
+    return {
+        "trial_id": trial.trial_id,
+        "status": "failed",
+        "value": None,
+        "error": "timeout",
+        "traceback": None,
+        "message": f"no result {now - dispatched:.0f} s after dispatch (timeout_s={timeout_s:g}); the worker "
+        "did not enforce its timeout (frozen?) and was cancelled",
+        "started_at": dispatched,
+        "ended_at": now,
+        "metrics": {},
+        "node_id": None,
+        "pid": None,
+        "child_pid": None,
+    }
 
 
 def _lost_record(trial: Trial, exc: BaseException, dispatched: float) -> dict[str, Any]:

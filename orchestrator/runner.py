@@ -7,7 +7,9 @@ starts with `ray.init(num_cpus=..., include_dashboard=False)`; `address` connect
 instead. Run tests and local runs inside `scripts/loopback` so a local Ray binds to loopback only.
 
 The central actor (orchestrator/actor.py) is created with `max_restarts`: if it dies it is restarted,
-rebuilds its state from the event log and the driver simply calls `run` again. If the driver itself dies,
+rebuilds its state from the event log and the driver simply calls `run` again. The evaluation tasks are
+owned by a separate `EvaluationPool` actor (workers/pool.py) that the driver creates, so they keep running
+through such a restart and their results wait for the new actor. If the driver itself dies,
 `resume_experiment(run_dir)` replays the log and re-dispatches every trial that was proposed or started but
 never finished; completed results are never repeated (ingestion is exactly-once by trial id).
 """
@@ -21,6 +23,7 @@ from typing import Any, Mapping, TextIO
 
 from orchestrator.actor import CentralActor, RunAbortedError
 from orchestrator.errors import ConfigError
+from workers.pool import EvaluationPool
 
 __all__ = ["NAMESPACE", "RunAbortedError", "actor_name", "resume_experiment", "run_experiment"]
 
@@ -28,6 +31,8 @@ __all__ = ["NAMESPACE", "RunAbortedError", "actor_name", "resume_experiment", "r
 NAMESPACE = "qbatch"
 #: restarts of a crashed central actor before the run gives up (each restart replays the log)
 ACTOR_RESTARTS = 3
+#: the address a local Ray started by qbatch binds to
+LOCAL_IP = "127.0.0.1"
 
 
 def actor_name(run_dir: str) -> str:
@@ -57,8 +62,34 @@ def _ensure_ray(address: str | None, num_cpus: int | None) -> bool:
     if address:
         ray.init(address=address, include_dashboard=False if address == "local" else None)
     else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False)
+        _init_local_ray(num_cpus)
     return True
+
+
+def _init_local_ray(num_cpus: int | None) -> None:
+    """Start a new local Ray that listens on loopback only (issue 7 item 9).
+
+    `address="local"` starts a fresh instance even when RAY_ADDRESS or a `ray start` on this machine names
+    another cluster (a local run never sends the user's objective elsewhere). Ray resolves a node IP of
+    127.0.0.1 to the machine's reachable address unless multi-node clusters are disabled, which is exactly
+    what a local run is; the switch is set while Ray's processes start (they inherit it) and then restored.
+    """
+    import ray
+    from ray._private import ray_constants
+
+    env_key = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+    saved_env, saved_const = os.environ.get(env_key), getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    os.environ[env_key] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address=LOCAL_IP)
+    finally:
+        if saved_env is None:
+            os.environ.pop(env_key, None)
+        else:
+            os.environ[env_key] = saved_env
+        if saved_const is not None:
+            ray_constants.ENABLE_RAY_CLUSTER = saved_const
 
 
 def _absolute(run_dir: str) -> str:
@@ -108,16 +139,20 @@ def run_experiment(
         RunAbortedError: the failure-rate guard stopped the run.
     """
     from orchestrator.config import load_config
-    from orchestrator.store import RunStore
+    from orchestrator.store import RunStore, StoreError
 
     cfg = load_config(config)
-    _check_objective(cfg)
+    objective = _check_objective(cfg)
     rd = _absolute(cfg.resolve_run_dir(run_dir))
     if RunStore.exists(rd):
         raise ConfigError(f"`run_dir` {rd!r} already holds a run; use `qbatch resume {rd}` or choose another run_dir")
+    try:
+        RunStore.check_new(rd)  # before Ray starts: never write a run among a folder's other files
+    except StoreError as exc:
+        raise ConfigError(str(exc)) from None
     started = _ensure_ray(address, num_cpus)
     RunStore.create(rd, cfg.to_dict())
-    return _drive_and_release(started, rd, cfg, max_concurrent, progress, out, actor_options)
+    return _drive_and_release(started, rd, cfg, objective.resources, max_concurrent, progress, out, actor_options)
 
 
 def resume_experiment(
@@ -142,14 +177,17 @@ def resume_experiment(
     for line in store.damage:
         print(f"qbatch: damaged log in {run_dir}: {line}", file=out)
     cfg = load_config(store.config)
-    _check_objective(cfg)
+    objective = _check_objective(cfg)
     started = _ensure_ray(address, num_cpus)
-    return _drive_and_release(started, _absolute(run_dir), cfg, max_concurrent, progress, out, actor_options)
+    return _drive_and_release(
+        started, _absolute(run_dir), cfg, objective.resources, max_concurrent, progress, out, actor_options
+    )
 
 
 def _drive(
     run_dir: str,
     cfg: Any,
+    resources: Any,
     max_concurrent: int | None,
     progress: bool,
     out: TextIO | None,
@@ -158,11 +196,19 @@ def _drive(
     import ray
 
     out = out or sys.stdout
+    actor_options = dict(actor_options or {})
+    # the driver owns the evaluation tasks' owner, so evaluations survive a crash of the central actor
+    pool = ray.remote(EvaluationPool).options(
+        num_cpus=0, max_restarts=-1, name=actor_name(run_dir) + ":pool", namespace=NAMESPACE
+    ).remote(
+        (cfg.objective.name, dict(cfg.objective.options)), resources, timeout_s=cfg.timeout_s,
+        max_retries=cfg.max_retries, isolate=actor_options.get("isolate", "process"),
+    )
     Actor = ray.remote(CentralActor)
     actor = Actor.options(
         num_cpus=0, max_concurrency=4, max_restarts=ACTOR_RESTARTS, name=actor_name(run_dir), namespace=NAMESPACE
     ).remote(
-        run_dir, max_concurrent=max_concurrent or cfg.max_concurrent, **dict(actor_options or {})
+        run_dir, max_concurrent=max_concurrent or cfg.max_concurrent, pool=pool, **actor_options
     )
     bar = None
     if progress:
@@ -196,10 +242,11 @@ def _drive(
     finally:
         if bar is not None:
             bar.close()
-        try:
-            ray.kill(actor)
-        except Exception:
-            pass
+        for handle in (actor, pool):
+            try:
+                ray.kill(handle)
+            except Exception:
+                pass
     summary["actor_restarts"] = restarts
     summary["report_dir"] = _write_report(run_dir, out)
     _report(summary, out)

@@ -383,6 +383,20 @@ def _backend(run_dir: str, filesystem: pafs.FileSystem | None) -> tuple[Any, str
 
 
 # ---------------------------------------------------------------------------------------- the store
+
+def _check_new(backend: Any, shown: str) -> None:
+    if backend.exists("config.yaml") or backend.listdir("events"):
+        raise StoreError(f"`run_dir` {shown} already holds a run; resume it or choose another run_dir")
+    if backend.exists("") and not backend.isdir(""):
+        raise StoreError(f"`run_dir` {shown} is a file, not a folder")
+    others = backend.listdir("")
+    if others:
+        shown_files = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        raise StoreError(
+            f"`run_dir` {shown} is a folder that already holds other files ({shown_files}); "
+            "a new run needs a new or empty folder"
+        )
+
 class RunStore:
     """A run directory: `config.yaml`, the event log under `events/`, checkpoints under `checkpoints/`.
 
@@ -424,8 +438,7 @@ class RunStore:
         if not isinstance(config, Mapping):
             raise StoreError(f"config must be a dict; got {type(config).__name__}")
         backend, shown = _backend(run_dir, filesystem)
-        if backend.exists("config.yaml") or backend.listdir("events"):
-            raise StoreError(f"{shown} already holds a run; resume it or choose another run_dir")
+        _check_new(backend, shown)
         try:
             text = yaml.safe_dump(_plain(dict(config), "config"), sort_keys=False)
         except yaml.YAMLError as exc:
@@ -455,6 +468,13 @@ class RunStore:
         store = cls(backend, shown, config)
         store.events()
         return store
+
+    @staticmethod
+    def check_new(run_dir: str, filesystem: pafs.FileSystem | None = None) -> None:
+        """Raise `StoreError` unless `run_dir` is absent or an empty folder (a new run never writes among
+        other files: `run_dir: .` or a home folder is refused, and an existing run is resumed, not re-created)."""
+        backend, shown = _backend(run_dir, filesystem)
+        _check_new(backend, shown)
 
     @staticmethod
     def exists(run_dir: str, filesystem: pafs.FileSystem | None = None) -> bool:

@@ -94,16 +94,6 @@ def test_control_plain_ray_in_the_lan_namespace_binds_beyond_loopback(tmp_path):
     assert set(res["listen"]) - LOOPBACK, res["listen"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="bug: orchestrator/runner.py _ensure_ray passes _node_ip_address='127.0.0.1', but ray.init rewrites "
-    "a loopback address to the machine's reachable IP (ray/_private/worker.py: services.resolve_ip_for_localhost), "
-    "so the node registers 10.77.0.1 and gcs_server, raylet and workers listen on '::' (all interfaces). Fix "
-    "(checked by hand in this namespace: node 127.0.0.1, every socket on 127.0.0.1): before ray.init, set "
-    "ray._private.ray_constants.ENABLE_RAY_CLUSTER = False (and os.environ['RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER'] "
-    "= '0' for a Ray imported later), which makes Ray resolve the node IP to 127.0.0.1.",
-)
 def test_local_run_registers_and_listens_on_loopback_only(tmp_path):
     cfg = {
         "name": "loopback",
@@ -120,15 +110,6 @@ def test_local_run_registers_and_listens_on_loopback_only(tmp_path):
     assert set(res["listen"]) <= LOOPBACK, f"listening on {sorted(set(res['listen']) - LOOPBACK)}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="bug: a local run calls ray.init() without address, and Ray then joins the cluster named by RAY_ADDRESS "
-    "or by /tmp/ray/ray_current_cluster (written by any `ray start` or ray.cluster_utils.Cluster on the machine): "
-    "with num_cpus it fails ('When connecting to an existing cluster, num_cpus and num_gpus must not be "
-    "provided'), without (the CLI) it runs the user's objective on that cluster, or hangs when it is gone. "
-    "Fix: orchestrator/runner.py _ensure_ray starts the local Ray with ray.init(address='local', ...).",
-)
 def test_local_run_starts_its_own_ray_despite_ray_address(tmp_path, monkeypatch):
     import ray
 

@@ -127,15 +127,6 @@ def test_property_relative_run_dir_never_climbs_out(run_dir):
 
 
 @pytest.mark.ray
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="bug: a run_dir that names an existing folder holding other files but no run (e.g. '.', a home "
-    "folder, '/') is accepted: qbatch writes config.yaml, events/, checkpoints/ and report/ among the user's "
-    "files (RunStore.create only refuses a folder that already holds a run). Fix: in run_experiment (or "
-    "RunStore.create), refuse an existing non-empty folder that is not a run with a ConfigError naming "
-    "`run_dir` (or `--run-dir`), before Ray starts; resume is the way into an existing run.",
-)
 def test_run_dir_that_is_a_non_empty_folder_is_refused(tmp_path):
     import ray
 

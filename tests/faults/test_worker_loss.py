@@ -133,14 +133,6 @@ def test_worker_killed_on_every_attempt_exhausts_the_retries(ray_local, tmp_path
     assert summary["failed"] == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a frozen Ray worker (SIGSTOP: hung NFS, swap storm, stopped container) is never timed out. "
-    "`timeout_s` is enforced inside the worker (workers/evaluate.py polls the child's pipe), so when the "
-    "worker itself stops nothing ends the evaluation and the run waits forever. Fix: the central actor "
-    "(or the EvaluationPool) keeps a deadline per in-flight evaluation (dispatch time + timeout_s + grace), "
-    "and past it calls ray.cancel(ref, force=True) and records a failed 'timeout' trial exactly once.",
-)
 def test_frozen_ray_worker_is_timed_out(ray_local, tmp_path):
     cfg = fault_config(tmp_path, "freeze-worker", budget=6, timeout_s=2.0, objective_options={"sleep_s": 0.5})
     pid_dir = cfg["objective"]["options"]["pid_dir"]

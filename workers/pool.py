@@ -1,0 +1,101 @@
+"""The owner of a run's evaluation tasks: evaluations outlive a crash of the central actor.
+
+Issue 7 item 3 (actor loss). In Ray a task fate-shares with the process that submitted it: if the central
+actor submitted the evaluations itself, its death would kill every running evaluation, and results that
+finished while it restarts would be lost. So the driver creates one `EvaluationPool` actor per run (no
+CPUs, no model, nothing that can run out of memory) and the central actor submits through it. The pool
+submits the Ray tasks (workers/evaluate.py), keeps their `ObjectRef`s until the central actor says the
+result is durably logged (`release`), and hands the refs back: the central actor waits on them directly
+(as a borrower), so streaming costs no extra hop per result.
+
+When the central actor dies and Ray restarts it, the new instance replays the log and asks the pool what
+is still held (`held`): evaluations that are still running, and those that finished while it was down,
+whose results wait in the pool until they are collected. They are ingested exactly once (by trial id)
+and never re-run. If the pool itself dies, its tasks die with it; the central actor sees the owner's
+death on those refs and puts the trials back in the queue (they were never recorded).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping, Sequence
+
+from objectives.base import Resources
+from workers.evaluate import submit_evaluation
+
+__all__ = ["EvaluationPool"]
+
+
+class EvaluationPool:
+    """Submits and holds the evaluation tasks of one run; create it with
+    `ray.remote(EvaluationPool).options(num_cpus=0, max_restarts=-1)` from the driver, never from the
+    central actor (an actor's creator owns it, and the point is not to share the central actor's fate).
+
+    Args:
+        objective: the objective as `submit_evaluation` takes it (an `Objective` or a `(name, options)` spec).
+        resources: the objective's `Resources`.
+        timeout_s, max_retries, isolate: as in `submit_evaluation`.
+    """
+
+    def __init__(
+        self,
+        objective: Any,
+        resources: Resources,
+        timeout_s: float = 600.0,
+        max_retries: int = 1,
+        isolate: str = "process",
+    ) -> None:
+        import ray
+
+        # one copy in the object store, shared by every task (an ObjectRef argument is resolved by Ray)
+        self._objective = ray.put(objective)
+        self._resources = resources
+        self._timeout_s = float(timeout_s)
+        self._max_retries = int(max_retries)
+        self._isolate = isolate
+        self._held: dict[str, tuple[Any, int, float]] = {}  # trial_id -> (ref, attempt, submitted at)
+
+    def submit(self, items: Sequence[tuple[str, int, Mapping[str, Any], int]]) -> list[Any]:
+        """Start one evaluation per `(trial_id, attempt, params, seed)`; returns their refs, in order.
+
+        A trial already held (submitted and not released) is not started twice: its existing ref is returned.
+        """
+        refs = []
+        for trial_id, attempt, params, seed in items:
+            if trial_id not in self._held:
+                ref = submit_evaluation(
+                    self._objective, trial_id, params, seed, resources=self._resources, timeout_s=self._timeout_s,
+                    max_retries=self._max_retries, isolate=self._isolate,
+                )
+                self._held[trial_id] = (ref, int(attempt), time.time())
+            refs.append(self._held[trial_id][0])
+        return refs
+
+    def release(self, trial_ids: Sequence[str]) -> int:
+        """Forget results the central actor has logged durably (frees them in the object store)."""
+        n = 0
+        for tid in trial_ids:
+            n += self._held.pop(tid, None) is not None
+        return n
+
+    def cancel(self, trial_ids: Sequence[str]) -> int:
+        """Force-cancel evaluations past their deadline (kills a frozen worker) and forget them."""
+        import ray
+
+        n = 0
+        for tid in trial_ids:
+            entry = self._held.pop(tid, None)
+            if entry is not None:
+                n += 1
+                try:
+                    ray.cancel(entry[0], force=True)
+                except Exception:  # finished meanwhile, or its worker is already gone
+                    pass
+        return n
+
+    def held(self) -> dict[str, tuple[Any, int, float]]:
+        """Every evaluation not yet released: trial_id -> (ref, attempt, submitted at); running or finished."""
+        return dict(self._held)
+
+    def size(self) -> int:
+        return len(self._held)
