@@ -9,7 +9,8 @@ and the count of finished evaluations come from `status()`) is read when `--comp
 evaluations are done and at the end: it must stay bounded, i.e. grow by far less than proportionally to the
 evaluations (`--max-ratio`, `--max-kb-per-eval`).
 
-Reported per run: wall and span seconds, evaluations per second over the span, the exact-once audit of the
+`load_memory_trace_<isolate>.csv` holds the actor's resident set against the evaluations done, sampled
+every 0.25 s. Reported per run: wall and span seconds, evaluations per second over the span, the exact-once audit of the
 event log (each trial id has exactly one completed/failed record; `lost` = budget - trials with a record,
 `duplicated` = records beyond the first per trial), the actor's and the evaluation pool's peak RSS, and the
 number of log segments. A plain Ray loop (the same sleeping task refilled with `ray.wait`, no qbatch) on the
@@ -105,6 +106,8 @@ class MemorySampler(threading.Thread):
         self.done_at_mark: int | None = None
         self.actor_rss_kb = float("nan")
         self.pool_hwm_kb = 0.0
+        self.trace: list[tuple[float, int, float, float]] = []  # (seconds, done, actor VmRSS KiB, VmHWM KiB)
+        self.t0 = time.time()
 
     def run(self) -> None:
         import ray
@@ -128,6 +131,8 @@ class MemorySampler(threading.Thread):
                 if mem is not None:
                     self.actor_hwm_kb = max(self.actor_hwm_kb, mem[0])
                     self.actor_rss_kb = mem[1]
+                    if done is not None:
+                        self.trace.append((time.time() - self.t0, done, mem[1], mem[0]))
                     if self.actor_hwm_at_mark_kb is None and done is not None and done >= self.mark:
                         self.actor_hwm_at_mark_kb, self.done_at_mark = mem[0], done
             if self.pool_pid is not None:
@@ -194,6 +199,10 @@ def run_qbatch(args: argparse.Namespace, n: int, isolate: str) -> dict[str, Any]
         sampler.join(timeout=60)
     audit = audit_log(run_dir, n)
     span = audit["span_s"]
+    with open(Path(args.out) / f"load_memory_trace_{isolate}.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["seconds", "done", "actor_rss_mb", "actor_hwm_mb"])
+        w.writerows([(f"{t:.2f}", d, f"{r / _KB:.1f}", f"{h / _KB:.1f}") for t, d, r, h in sampler.trace])
     mb = lambda kb: kb / _KB if kb else float("nan")  # noqa: E731
     return {
         "system": "qbatch",

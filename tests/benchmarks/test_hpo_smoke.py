@@ -1,0 +1,124 @@
+"""Smoke run of benchmarks/hpo.py (`--quick`: CNN on digits and online LDA on the Lee corpus, quantile TS vs
+qLogNEI vs random search, 2 seeds, 3 initial + one batch of 2 evaluations, cheap objective settings): the
+checkpoint table's rows, best-found values re-evaluated against the real objectives, the shared initial
+design, the summary, the paired comparisons, the plots, config validation and a reproducible rerun."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "hpo.py"
+
+
+def _load(monkeypatch):
+    spec = importlib.util.spec_from_file_location("hpo_benchmark", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, mod)  # dataclasses look their module up in sys.modules
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_hpo_quick(tmp_path, capsys, monkeypatch):
+    mod = _load(monkeypatch)
+    threads = torch.get_num_threads()
+    try:
+        result = mod.main(["--quick", "--threads", "1", "--out", str(tmp_path)])
+    finally:
+        torch.set_num_threads(threads)
+    printed = capsys.readouterr().out
+    assert "synchronous" in printed and "Best found" in printed and "Paired over seeds" in printed
+
+    q = mod.QUICK
+    proto = mod.Protocol(q["initial"], q["budget"], q["batch"])
+    checkpoints = proto.checkpoints()
+    assert checkpoints == [3, 5]
+    table = pq.read_table(tmp_path / "hpo.parquet").to_pylist()
+    expected = {(t, m, s, n) for t in q["tasks"] for m in q["methods"] for s in q["seeds"] for n in checkpoints}
+    assert {(r["task"], r["method"], r["seed"], r["n_evals"]) for r in table} == expected
+    assert len(table) == len(expected)
+    assert (tmp_path / "hpo.csv").read_text().count("\n") == len(table) + 1
+
+    runs: dict[tuple, list[dict]] = {}
+    for r in table:
+        assert r["error"] in ("", None) and r["failures"] == 0 and "synchronous" in r["mode"]
+        assert math.isfinite(r["best_value"])
+        if r["task"] == "cnn":
+            assert 0.0 <= r["best_value"] <= 1.0  # a classification error
+        else:
+            assert 1.0 < r["best_value"] < 1e5  # a perplexity
+        runs.setdefault((r["task"], r["method"], r["seed"]), []).append(r)
+    for rows in runs.values():
+        rows.sort(key=lambda r: r["n_evals"])
+        assert rows[1]["best_value"] <= rows[0]["best_value"]  # best-so-far never gets worse
+    # every method of a (task, seed) starts from the same Sobol design with the same evaluation seeds
+    for t in q["tasks"]:
+        for s in q["seeds"]:
+            first = {runs[(t, m, s)][0]["best_value"] for m in q["methods"]}
+            assert len(first) == 1, (t, s, first)
+            assert runs[(t, q["methods"][-1], s)][-1]["cached_evals"] == q["initial"]
+    # model-based runs carry a recommendation; random search never fits
+    for (t, m, s), rows in runs.items():
+        assert (json.loads(rows[-1]["recommended"]) == {}) == (m == "random")
+    # the recorded best is a real evaluation: re-run the objective at best_params with best_seed
+    from objectives.registry import load_objective
+
+    for t in q["tasks"]:
+        r = runs[(t, "quantile-ts", 0)][-1]
+        obj = load_objective(q["objectives"][t]["name"], q["objectives"][t]["options"])
+        value = obj.evaluate(json.loads(r["best_params"]), r["best_seed"])
+        assert float(getattr(value, "value", value)) == pytest.approx(r["best_value"], rel=1e-12)
+
+    summary = pq.read_table(tmp_path / "summary.parquet").to_pylist()
+    assert {(s["task"], s["method"]) for s in summary} == {(t, m) for t in q["tasks"] for m in q["methods"]}
+    for s in summary:
+        finals = [runs[(s["task"], s["method"], seed)][-1]["best_value"] for seed in q["seeds"]]
+        assert s["seeds"] == len(q["seeds"]) and s["n_evals"] == q["budget"]
+        assert s["best_mean"] == pytest.approx(float(np.mean(finals)))
+        assert s["best_min"] == pytest.approx(min(finals))
+    paired = pq.read_table(tmp_path / "paired.parquet").to_pylist()
+    pairs = {("quantile-ts", "qlognei"), ("quantile-ts", "random"), ("qlognei", "random")}
+    assert {(p["task"], p["method"], p["versus"]) for p in paired} == {(t, a, b) for t in q["tasks"] for a, b in pairs}
+    for p in paired:
+        diffs = [runs[(p["task"], p["method"], s)][-1]["best_value"] - runs[(p["task"], p["versus"], s)][-1]["best_value"]
+                 for s in q["seeds"]]
+        assert p["n"] == len(q["seeds"]) and p["mean_diff"] == pytest.approx(float(np.mean(diffs)), abs=1e-12)
+    for t in q["tasks"]:
+        assert (tmp_path / f"hpo_{t}.png").stat().st_size > 1000
+    assert len(result["rows"]) == len(table)
+
+    # reproducible from config and seed: a fresh rerun (empty evaluation cache) gives the same rows
+    mod._EVALS.clear()
+    torch.set_num_threads(1)
+    try:
+        again = mod.optimize("qlognei", "lda", proto, 1, q["objectives"]["lda"], q["model_options"], q["proposer_options"])
+    finally:
+        torch.set_num_threads(threads)
+    before = sorted(runs[("lda", "qlognei", 1)], key=lambda r: r["n_evals"])
+    assert [(r["n_evals"], r["best_value"], r["best_params"], r["recommended"]) for r in again] == [
+        (r["n_evals"], r["best_value"], r["best_params"], r["recommended"]) for r in before]
+
+
+def test_hpo_config_errors(monkeypatch):
+    """A bad setting is one ConfigError naming its key, before anything runs."""
+    from orchestrator.errors import ConfigError
+
+    mod = _load(monkeypatch)
+    proto = mod.Protocol(3, 5, 2)
+    bad_space = {"name": "lda", "options": {"max_passes": 1},
+                 "space": {"minibatch": {"type": "int", "low": 1, "high": 4096, "step": 1}}}
+    with pytest.raises(ConfigError, match=r"space\.minibatch"):
+        mod.build_optimizer(mod.method_config("random", "lda", proto, 0, bad_space, {}, {}))
+    with pytest.raises(ConfigError, match=r"tau"):
+        mod.build_optimizer(mod.method_config("random", "lda", mod.Protocol(3, 5, 2, tau=1.5), 0,
+                                              {"name": "lda", "options": {}}, {}, {}))
+    with pytest.raises(SystemExit):
+        mod.parse_args(["--initial", "9", "--budget", "4"])
