@@ -34,8 +34,34 @@ Writes one row per (function, method, repetition) (runs.csv/.parquet), the summa
 .parquet, table.txt) and one PNG per function (best-so-far regret vs step, mean +- 95% CI over repetitions)
 to `--out` (default results/calibration/). The noisy-Ackley run writes noisy_ackley_steps.csv/.parquet (one
 row per method x seed x step), noisy_ackley_runs.csv/.parquet, noisy_ackley_summary.csv/.parquet,
-noisy_ackley_paired.csv/.parquet (LOCBO vs the others, paired over seeds) and noisy_ackley.png. GLD quantile
-problems with Thompson batches are not part of this script yet.
+noisy_ackley_paired.csv/.parquet (LOCBO vs the others, paired over seeds) and noisy_ackley.png.
+
+GLD quantile problems with Thompson batches (`--gld`, issue 5): the quantile SVGP (model "quantile") with
+Thompson sampling (proposer "thompson") maximises the tau-quantile of GLD problems (objectives.gld) through
+`orchestrator.ask_tell.AskTellOptimizer` in synchronous batches (as benchmarks/gld.py: ask B, evaluate B, tell B,
+refit, recommend with `best()`; simple regret q* - q_tau(x_hat) from the exact GLD quantile, q* the L-BFGS-B
+optimum raised to the best exact quantile evaluated by any calibrator on the problem). Calibrators none, online
+and locbo. Thompson sampling samples f, so a calibrator reaches its proposals only through the spread factor of
+orchestrator/calibration/spread.py (the path mu + s(x)(path - mu)): `online` brings the global s_t, `locbo` the
+local s_t(x) (their default `spread` modes); the online level map R_t and LOCBO's threshold lambda_t(x) do not
+change the proposals (offline-cv and conformal would also act only through s_t and are left out). Per problem the
+initial Sobol design (seeded by the problem) and the first fit are computed once and shared by every calibrator,
+and the proposer's seeds are the same, so the runs are paired (the first Thompson batch is identical: s = 1 before
+any result). Each proposed point's y is scored against the forecast recorded when its batch was proposed, with
+the calibrator's state at proposal time: the model's forecast ("model"), through the level map R_t ("recal", the
+identity for none and locbo) and with var_f scaled by s_t(x)^2 ("spread", what Thompson sampling used); reported
+are the coverage of the central 50/80/90% intervals and paper 000's calibration score (per run, then averaged over
+problems). Defaults d = 3, tau = 0.75, batch 10, initial 50 d, 10 problems, and a REDUCED budget of 350
+evaluations (paper 003: 250 d = 750) so that the default run takes ~14 minutes on one core; `--problems`,
+`--budget`, `--initial`, `--batch`, `--tau`, `--dim` change them. `--gld --quick`: 2 problems, 20 + 2 x 10
+evaluations, a short SVGP training (~10 s). Writes gld_checkpoints (one row per calibrator x problem x batch, with
+the recommendation and its regret), gld_points (one row per proposed point: y, s(x), the recorded forecast, PITs),
+gld_runs (one row per calibrator x problem), gld_summary (one row per calibrator: regret mean and 95% CI, paired
+difference against none with its CI, wins and Wilcoxon p, coverages and scores), each as .csv and .parquet,
+gld_table.txt and gld_calibration.png (regret vs evaluations, mean +- 95% CI over problems).
+
+    python benchmarks/calibration.py --gld --quick            # smoke run (~10 s)
+    python benchmarks/calibration.py --gld                    # d 3, tau 0.75, batch 10, 10 problems, budget 350
 """
 
 from __future__ import annotations
@@ -321,6 +347,306 @@ def summarise_noisy_ackley(runs: list[dict[str, Any]]) -> tuple[list[dict[str, A
     return summary, paired
 
 
+# ------------------------------------------------------------------------- GLD quantile problems (Thompson batches)
+#: GLD calibrators: config name and options. Thompson sampling on the quantile SVGP samples f, not y, so a level
+#: map cannot reach it: a calibrator acts on the proposals only through its spread factor s_t / s_t(x)
+#: (orchestrator.calibration.spread, wired by `attach`): `online` carries the global s_t (its default spread),
+#: `locbo` the local s_t(x) (its default); LOCBO's own threshold lambda_t(x) and the online level map R_t do not
+#: change which points Thompson sampling proposes, they only recalibrate the reported forecast
+GLD_METHODS: dict[str, tuple[str, dict[str, Any]]] = {
+    "none": ("none", {}),
+    "online": ("online", {}),
+    "locbo": ("locbo", {}),
+}
+#: default setting: paper 003's d = 3, tau = 0.75, batch 10, initial 50 d, but a budget of 350 evaluations (150 Sobol +
+#: 20 Thompson batches; the paper's 250 d = 750 would take ~3x longer): ~14 minutes for 10 problems on one core
+GLD_DEFAULT = {"dim": 3, "tau": 0.75, "batch": 10, "problems": 10, "budget": 350}
+#: smoke run: 2 problems, 20 Sobol points, two Thompson batches of 10, a short SVGP training
+GLD_QUICK = {"dim": 3, "tau": 0.75, "batch": 10, "problems": 2, "initial": 20, "budget": 40,
+             "model_options": {"max_steps": 150, "warm_max_steps": 20, "num_inducing": 16}}
+#: forecasts scored per proposed point: the model's, the calibrator's level map R_t applied to it (identity for
+#: none and locbo), and the model's with var_f scaled by s_t(x)^2 (the spread Thompson sampling used)
+GLD_FORECASTS = ("model", "recal", "spread")
+GLD_MODE = "synchronous batches, in-process AskTellOptimizer (the orchestrator's synchronous protocol without Ray)"
+
+
+def _gld_first_fit(problem: Any, tau: float, n0: int, problem_id: int, model_options: dict) -> tuple[dict, list]:
+    """Initial Sobol design (seeded by the problem) evaluated and fitted once; its state is shared by every
+    calibrator of the problem, so the runs are paired from the same design and first fit."""
+    from orchestrator.ask_tell import AskTellOptimizer
+
+    opt = AskTellOptimizer(problem.space, model="quantile", tau=tau, proposer="thompson", calibrator="none",
+                           initial_design=n0, seed=problem_id, model_options=model_options)
+    trials = opt.ask(n0)
+    for t in trials:
+        opt.tell(t.trial_id, problem.evaluate(t.params, t.seed))
+    opt.fit()
+    return opt.get_state(), [t.x.tolist() for t in trials]
+
+
+def run_gld(method: str, problem: Any, problem_id: int, tau: float, batch: int, n0: int, budget: int,
+            model_options: dict, first: tuple[dict, list]) -> tuple[list[dict], list[dict], list[list[float]]]:
+    """One quantile-SVGP + Thompson run with calibrator `method` on one GLD problem.
+
+    Synchronous batches: ask `batch` points (each carries the forecast recorded when it was proposed), evaluate
+    them, score the forecasts against the observed y with the calibrator's state at proposal time (it changes only
+    when results are told), tell them (the calibrator updates on each), refit, recommend with `best()`.
+
+    Returns:
+        checkpoint rows (regret filled in by the caller), one row per proposed point (PITs), every evaluated point.
+    """
+    from orchestrator.ask_tell import AskTellOptimizer
+    from orchestrator.calibration.spread import scaled_forecast
+    from orchestrator.models.predictive import Forecast
+
+    cal_name, cal_opts = GLD_METHODS[method]
+    opt = AskTellOptimizer(problem.space, model="quantile", tau=tau, proposer="thompson", calibrator=cal_name,
+                           calibrator_options=cal_opts, initial_design=n0, seed=problem_id, model_options=model_options)
+    opt.set_state(first[0])
+    evaluated = [list(x) for x in first[1]]
+    n, t_start = len(evaluated), time.perf_counter()
+    checkpoints: list[dict] = []
+    points: list[dict] = []
+
+    def record() -> None:
+        params, predicted = opt.best()
+        cal = opt.calibrator
+        checkpoints.append({"method": method, "problem": problem_id, "n_evals": n,
+                            "x_rec": json.dumps([params[k] for k in problem.space]), "predicted": float(predicted),
+                            "s_center": float(cal.spread_tracker(torch.full((1, problem.dim), 0.5, dtype=torch.float64))[0])
+                            if cal is not None and cal.spread_tracker is not None else 1.0,
+                            "elapsed_s": time.perf_counter() - t_start})
+
+    record()
+    step = 0
+    while n < budget:
+        step += 1
+        trials = opt.ask(min(batch, budget - n))
+        if any(t.forecast is None for t in trials):
+            raise RuntimeError(f"batch {step} was not proposed by the model (no forecast recorded)")
+        fc = Forecast.from_records([t.forecast for t in trials])
+        X = torch.stack([t.x for t in trials]).to(torch.float64)
+        y = torch.tensor([problem.evaluate(t.params, t.seed) for t in trials], dtype=torch.float64)
+        cal = opt.calibrator  # state as at proposal time: nothing was told since `ask`
+        s = cal.spread(X) if cal is not None else torch.ones(len(trials), dtype=torch.float64)
+        u = {"model": fc.cdf(y).reshape(-1),
+             "recal": (cal.recalibrate(fc).cdf(y) if cal is not None else fc.cdf(y)).reshape(-1),
+             "spread": scaled_forecast(fc, s).cdf(y).reshape(-1)}
+        for i, t in enumerate(trials):
+            points.append({"method": method, "problem": problem_id, "step": step, "n_obs": n, "trial_id": t.trial_id,
+                           "x": json.dumps(t.x.tolist()), "y": float(y[i]), "spread": float(s[i]),
+                           "forecast": json.dumps(t.forecast),
+                           **{f"u_{k}": float(u[k][i].clamp(0.0, 1.0)) for k in GLD_FORECASTS}})
+        for t, v in zip(trials, y.tolist()):
+            opt.tell(t.trial_id, v)
+            evaluated.append(t.x.tolist())
+        n += len(trials)
+        opt.fit()
+        record()
+    return checkpoints, points, evaluated
+
+
+def _gld_run_row(method: str, problem_id: int, checkpoints: list[dict], points: list[dict]) -> dict[str, Any]:
+    """One row per (calibrator, problem): final regret, BO-average regret, coverage and score per forecast."""
+    from orchestrator.calibration import calibration_score, interval_coverage
+
+    cps = sorted(checkpoints, key=lambda r: r["n_evals"])
+    row: dict[str, Any] = {"method": method, "problem": problem_id, "n_evals": cps[-1]["n_evals"],
+                           "final_regret": cps[-1]["regret"],
+                           "bo_avg_regret": float(np.mean([c["regret"] for c in cps[1:]] or [cps[0]["regret"]])),
+                           "n_pits": len(points), "final_s_center": cps[-1]["s_center"],
+                           "seconds": cps[-1]["elapsed_s"]}
+    for k in GLD_FORECASTS:
+        u = torch.tensor([p[f"u_{k}"] for p in points], dtype=torch.float64)
+        cov = interval_coverage(u)
+        for c, v in cov.items():
+            row[f"cov{int(round(100 * c))}_{k}"] = v
+        row[f"cal_score_{k}"] = calibration_score(u) if len(points) else float("nan")
+    return row
+
+
+def summarise_gld(runs: list[dict[str, Any]], methods: Sequence[str]) -> list[dict[str, Any]]:
+    """One summary row per calibrator: final regret mean and 95% CI over problems, paired difference against
+    `none` (mean, CI, wins, Wilcoxon p), and the per-run coverages and calibration scores averaged over problems."""
+    by = {m: {r["problem"]: r for r in runs if r["method"] == m} for m in methods}
+    out = []
+    for m in methods:
+        rs = list(by[m].values())
+        if not rs:
+            continue
+        mean, half, n = mean_ci([r["final_regret"] for r in rs])
+        avg, avg_half, _ = mean_ci([r["bo_avg_regret"] for r in rs])
+        row: dict[str, Any] = {"method": m, "problems": n, "n_evals": max(r["n_evals"] for r in rs),
+                               "regret_mean": mean, "regret_ci95": half,
+                               "regret_median": float(np.median([r["final_regret"] for r in rs])),
+                               "bo_avg_regret_mean": avg, "bo_avg_regret_ci95": avg_half}
+        if m != "none" and by.get("none"):
+            c = paired_comparison({p: r["final_regret"] for p, r in by[m].items()},
+                                  {p: r["final_regret"] for p, r in by["none"].items()})
+            ca = paired_comparison({p: r["bo_avg_regret"] for p, r in by[m].items()},
+                                   {p: r["bo_avg_regret"] for p, r in by["none"].items()})
+            row.update(diff_vs_none=c["mean_diff"], diff_ci95=c["ci"], wins_vs_none=c["wins"], ties_vs_none=c["ties"],
+                       p_wilcoxon=c["p_wilcoxon"],
+                       significant=bool(not math.isnan(c["ci"]) and abs(c["mean_diff"]) > c["ci"]),
+                       avg_diff_vs_none=ca["mean_diff"], avg_diff_ci95=ca["ci"], avg_p_wilcoxon=ca["p_wilcoxon"])
+        else:
+            row.update(diff_vs_none=float("nan"), diff_ci95=float("nan"), wins_vs_none=float("nan"),
+                       ties_vs_none=float("nan"), p_wilcoxon=float("nan"), significant=False,
+                       avg_diff_vs_none=float("nan"), avg_diff_ci95=float("nan"), avg_p_wilcoxon=float("nan"))
+        for k in GLD_FORECASTS:
+            for c in ("cov50", "cov80", "cov90", "cal_score"):
+                row[f"{c}_{k}"] = float(np.mean([r[f"{c}_{k}"] for r in rs]))
+        row["final_s_center"] = float(np.mean([r["final_s_center"] for r in rs]))
+        row["seconds"] = float(np.mean([r["seconds"] for r in rs]))
+        out.append(row)
+    return out
+
+
+def format_gld_table(summary: list[dict[str, Any]], label: str) -> str:
+    """Paper 000's Table 1 layout (objective, method, metric (SE-like spread), fraction beating none), with the
+    final simple regret (mean +- 95% CI half-width), the paired difference against none and its Wilcoxon p, and
+    paper 000's calibration score of the model's forecast and of the calibrated ones (recal: level map R_t;
+    spread: var_f x s_t(x)^2, what Thompson sampling used)."""
+    head = (f"{'Objective':<20} {'Method':<8} {'Final regret (↓)':<20} {'Frac. beats none (↑)':<21} "
+            f"{'Δ vs none (95% CI)':<22} {'Wilcoxon p':<11} {'Cal. model':<11} {'Cal. recal.':<12} {'Cal. spread':<11}")
+    lines = [head, "-" * len(head)]
+    for s in summary:
+        ci = "" if math.isnan(s["regret_ci95"]) else f" ± {s['regret_ci95']:.3f}"
+        frac = "—" if math.isnan(s["wins_vs_none"]) else f"{s['wins_vs_none']:.2f}"
+        diff = "—" if math.isnan(s["diff_vs_none"]) else (
+            f"{s['diff_vs_none']:+.3f}" + ("" if math.isnan(s["diff_ci95"]) else f" ± {s['diff_ci95']:.3f}"))
+        p = "—" if math.isnan(s["p_wilcoxon"]) else f"{s['p_wilcoxon']:.3f}"
+        lines.append(f"{label:<20} {s['method']:<8} {s['regret_mean']:.3f}{ci:<14} {frac:<21} {diff:<22} {p:<11} "
+                     f"{s['cal_score_model']:<11.4f} {s['cal_score_recal']:<12.4f} {s['cal_score_spread']:<11.4f}")
+    return "\n".join(lines)
+
+
+def _write_gld(out: Path, label: str, methods: Sequence[str], checkpoints: list[dict], points: list[dict],
+               runs: list[dict], setting: dict[str, Any], final: bool) -> list[dict[str, Any]]:
+    """Write every table and the plot (after each problem, so an interrupted run keeps what it finished);
+    print the two tables when `final`."""
+    summary = summarise_gld(runs, methods)
+    for s in summary:
+        s.update(objective=label, **setting)
+    write_table(checkpoints, out / "gld_checkpoints")
+    write_table(points, out / "gld_points")
+    write_table(runs, out / "gld_runs")
+    write_table(summary, out / "gld_summary")
+    table = format_gld_table(summary, label)
+    cov_cols = ["method", "problems"] + [f"cov{c}_{k}" for k in GLD_FORECASTS for c in (50, 80, 90)] + ["final_s_center"]
+    cov_table = format_rows(summary, cov_cols, digits=3)
+    (out / "gld_table.txt").write_text(table + "\n\n" + cov_table + "\n")
+    evals = sorted({c["n_evals"] for c in checkpoints})
+    problems = sorted({r["problem"] for r in runs})
+    curves = {}
+    for m in methods:
+        reps = []
+        for pid in problems:
+            d = {c["n_evals"]: c["regret"] for c in checkpoints if c["method"] == m and c["problem"] == pid}
+            reps.append([max(d[e], 1e-12) for e in evals])
+        curves[m] = (evals, reps)
+    plot_curves(curves, out / "gld_calibration.png", xlabel="evaluations", ylabel="simple regret q* - q_tau(x_hat)",
+                title=f"{label}: quantile TS, calibrators vs none (mean +- 95% CI over {len(problems)} problems)")
+    if final:
+        print(f"\nGLD quantile problems, quantile SVGP + Thompson batches ({label}, initial {setting['initial']}, budget "
+              f"{setting['budget']}, {len(problems)} problems): final simple regret mean ± 95% CI half-width; Frac. beats "
+              f"none = paired wins (ties count as losses); Δ = paired mean difference (negative = calibrator better); "
+              f"calibration score of paper 000 (0 = calibrated) of the one-step-ahead forecasts at the proposed "
+              f"points, averaged over problems:")
+        print(table)
+        print("\nOne-step-ahead coverage of the central 50/80/90% predictive intervals of y at the proposed points "
+              "(model = the model's forecast; recal = through the calibrator's level map R_t; spread = var_f x "
+              "s_t(x)^2; final_s_center = s_t(x) at the cube's centre after the last batch):")
+        print(cov_table)
+        print("\nPaired BO-average regret (per problem, mean over the checkpoints after the initial design), vs none:")
+        print(format_rows(summary, ["method", "bo_avg_regret_mean", "bo_avg_regret_ci95", "avg_diff_vs_none",
+                                    "avg_diff_ci95", "avg_p_wilcoxon", "seconds"]))
+    return summary
+
+
+def main_gld(a: argparse.Namespace) -> int:
+    """The `--gld` experiment: quantile SVGP + Thompson batches on GLD problems, each calibrator against none."""
+    from objectives.gld import GLDProblem
+
+    methods = a.methods or list(GLD_METHODS)
+    unknown = [m for m in methods if m not in GLD_METHODS]
+    if unknown:
+        raise SystemExit(f"--methods: {unknown} are not GLD calibrators; choose from {list(GLD_METHODS)}")
+    if "none" not in methods:
+        methods = ["none"] + methods  # every comparison is against the uncalibrated run
+    q = GLD_QUICK if a.quick else GLD_DEFAULT
+    dim = q["dim"] if a.quick or a.dim is None else a.dim
+    tau = q["tau"] if a.quick or a.tau is None else a.tau
+    batch = q["batch"] if a.quick or a.batch is None else a.batch
+    problems = list(range(q["problems"])) if a.quick or a.problems is None else _gld_problems(a.problems)
+    initial = q.get("initial", 50 * dim) if a.quick or a.initial is None else a.initial
+    budget = q["budget"] if a.quick or a.budget is None else a.budget
+    model_options = dict(q.get("model_options", {})) if a.quick else {}
+    if dim < 1 or batch < 1 or initial < 2 or not (0 < tau < 1) or not problems:
+        raise SystemExit(f"--gld needs --dim >= 1, --batch >= 1, --initial >= 2, --tau in (0, 1) and a problem; "
+                         f"got {dim}, {batch}, {initial}, {tau}, {problems}")
+    if budget <= initial:
+        raise SystemExit(f"--budget ({budget}) must exceed --initial ({initial}): no Thompson batch would run")
+    label = f"gld-d{dim}-tau{tau:g}-b{batch}"
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"[gld-calibration] {GLD_MODE}; quantile SVGP + Thompson; calibrators {methods}; {label}; problems "
+          f"{problems}; initial {initial}, budget {budget}{' (quick: short SVGP training)' if a.quick else ''}",
+          flush=True)
+    t_all = time.perf_counter()
+    setting = dict(d=dim, tau=tau, batch=batch, initial=initial, budget=budget)
+    checkpoints: list[dict] = []
+    points: list[dict] = []
+    runs: list[dict] = []
+    for pid in problems:
+        problem = GLDProblem(dim=dim, problem=pid)
+        _, q_opt = problem.optimum(tau)
+        t0 = time.perf_counter()
+        first = _gld_first_fit(problem, tau, initial, pid, model_options)
+        print(f"[gld-calibration] problem {pid}: initial design and first fit {time.perf_counter() - t0:.1f} s", flush=True)
+        per: dict[str, tuple[list[dict], list[dict]]] = {}
+        evaluated_all = [x for x in first[1]]
+        for m in methods:
+            cps, pts, ev = run_gld(m, problem, pid, tau, batch, initial, budget, model_options, first)
+            per[m] = (cps, pts)
+            evaluated_all += ev[len(first[1]):]
+        q_eval = float(problem.quantile_unit(np.asarray(evaluated_all), tau).max())
+        q_star = max(q_opt, q_eval)
+        for m in methods:
+            cps, pts = per[m]
+            for c in cps:
+                c["q_rec"] = float(problem.quantile_unit(np.asarray([json.loads(c["x_rec"])]), tau)[0])
+                c["q_star"], c["q_star_lbfgs"] = q_star, q_opt
+                c["regret"] = q_star - c["q_rec"]
+                c.update(d=dim, tau=tau, batch=batch)
+            checkpoints += cps
+            points += pts
+            runs.append(_gld_run_row(m, pid, cps, pts))
+            r = runs[-1]
+            print(f"[gld-calibration] problem {pid} {m:<7}: final regret {r['final_regret']:.4f}, cov80 model "
+                  f"{r['cov80_model']:.2f} / spread {r['cov80_spread']:.2f}, s(centre) {r['final_s_center']:.2f} "
+                  f"({r['seconds']:.1f} s)", flush=True)
+        if pid != problems[-1]:
+            _write_gld(out, label, methods, checkpoints, points, runs, setting, final=False)
+    _write_gld(out, label, methods, checkpoints, points, runs, setting, final=True)
+    print(f"\n[gld-calibration] wrote {out} ({len(runs)} runs, {len(points)} scored points) in "
+          f"{time.perf_counter() - t_all:.1f} s")
+    return 0
+
+
+def _gld_problems(spec: str) -> list[int]:
+    """--problems: a count (10 = problems 0..9), a range (0-9) or a list (1,4,7)."""
+    try:
+        if "-" in spec:
+            lo, hi = spec.split("-")
+            return list(range(int(lo), int(hi) + 1))
+        if "," in spec:
+            return [int(p) for p in spec.split(",")]
+        return list(range(int(spec)))
+    except ValueError:
+        raise SystemExit(f"--problems: a count (10), a range (0-9) or a list (1,4,7); got {spec!r}") from None
+
+
 def _worker_init(threads: int) -> None:
     torch.set_num_threads(threads)
     warnings.filterwarnings("ignore")
@@ -399,6 +725,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--noisy-ackley", action="store_true",
                    help="paper 002's noisy-Ackley experiment (LOCBO) instead of paper 000's functions")
+    p.add_argument("--gld", action="store_true",
+                   help="GLD quantile problems: quantile SVGP + Thompson batches, calibrators none/online/locbo")
+    p.add_argument("--problems", default=None, help="--gld: count (10), range (0-9) or list (1,4,7); default 10")
+    p.add_argument("--budget", type=int, default=None, help="--gld: total evaluations per run (default 350)")
+    p.add_argument("--initial", type=int, default=None, help="--gld: initial Sobol design (default 50 d)")
+    p.add_argument("--batch", type=int, default=None, help="--gld: Thompson batch size (default 10)")
+    p.add_argument("--tau", type=float, default=None, help="--gld: quantile level (default 0.75)")
+    p.add_argument("--dim", type=int, default=None, help="--gld: dimension d (default 3)")
     p.add_argument("--functions", nargs="+", default=None, choices=sorted(FUNCTIONS))
     p.add_argument("--methods", nargs="+", default=None,
                    help=f"paper 000: {list(METHODS)} (default all); noisy Ackley: {list(ACKLEY_METHODS)} "
@@ -418,8 +752,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--threads and --workers must be >= 1; got {a.threads}, {a.workers}")
     torch.set_num_threads(a.threads)
     warnings.filterwarnings("ignore")
+    if a.noisy_ackley and a.gld:
+        p.error("--noisy-ackley and --gld are separate experiments; pick one")
     if a.noisy_ackley:
         return main_noisy_ackley(a)
+    if a.gld:
+        return main_gld(a)
     methods = a.methods or list(METHODS)
     unknown = [m for m in methods if m not in METHODS]
     if unknown:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import json
 import math
 import sys
 from pathlib import Path
@@ -113,3 +114,100 @@ def test_noisy_ackley_bad_method(monkeypatch, tmp_path):
     mod = _load(monkeypatch)
     with pytest.raises(SystemExit, match="online"):  # names the noisy-Ackley methods
         mod.main(["--noisy-ackley", "--methods", "online", "--out", str(tmp_path)])
+
+
+def test_gld_thompson_quick(tmp_path, capsys, monkeypatch, one_thread):
+    """`--gld --quick`: quantile SVGP + Thompson batches on 2 GLD problems, calibrators none / online / locbo."""
+    mod = _load(monkeypatch)
+    assert mod.main(["--gld", "--quick", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "Final regret" in printed and "Frac. beats none" in printed and "Wilcoxon p" in printed
+
+    from objectives.gld import GLDProblem
+    from orchestrator.ask_tell import trial_seed
+    from orchestrator.calibration import calibration_score, interval_coverage
+    from orchestrator.calibration.spread import scaled_forecast
+    from orchestrator.models.predictive import Forecast
+    from orchestrator.space import SearchSpace
+
+    q = mod.GLD_QUICK
+    methods, problems = list(mod.GLD_METHODS), list(range(q["problems"]))
+    n_bo = q["budget"] - q["initial"]
+    runs = pq.read_table(tmp_path / "gld_runs.parquet").to_pylist()
+    assert sorted((r["method"], r["problem"]) for r in runs) == sorted((m, p) for m in methods for p in problems)
+    assert (tmp_path / "gld_runs.csv").read_text().count("\n") == len(runs) + 1
+
+    points = pq.read_table(tmp_path / "gld_points.parquet").to_pylist()
+    cps = pq.read_table(tmp_path / "gld_checkpoints.parquet").to_pylist()
+    gld = {p: GLDProblem(dim=q["dim"], problem=p) for p in problems}
+    for r in runs:
+        pts = [p for p in points if p["method"] == r["method"] and p["problem"] == r["problem"]]
+        assert len(pts) == r["n_pits"] == n_bo
+        for p in pts:  # each scored y is the objective at the proposed point with the trial's seed
+            prob = gld[r["problem"]]
+            params = SearchSpace.from_description(prob.space).from_unit(torch.tensor([json.loads(p["x"])], dtype=torch.float64))[0]
+            assert p["y"] == prob.evaluate(params, trial_seed(r["problem"], p["trial_id"]))
+            assert all(0.0 <= p[f"u_{k}"] <= 1.0 for k in mod.GLD_FORECASTS) and p["spread"] > 0
+            # the PITs of the forecast recorded at proposal time, as is and with var_f scaled by the spread s^2
+            fc = Forecast.from_records([json.loads(p["forecast"])])
+            assert p["u_model"] == pytest.approx(float(fc.cdf(torch.tensor([p["y"]]))[0]), abs=1e-6)
+            assert p["u_spread"] == pytest.approx(float(scaled_forecast(fc, p["spread"]).cdf(torch.tensor([p["y"]]))[0]),
+                                                  abs=1e-6)
+            if r["method"] == "none":  # no calibration: the three forecasts are the model's
+                assert p["u_recal"] == pytest.approx(p["u_model"]) and p["u_spread"] == pytest.approx(p["u_model"])
+                assert p["spread"] == 1.0
+        for k in mod.GLD_FORECASTS:  # coverages and scores recomputed from the recorded PITs
+            u = torch.tensor([p[f"u_{k}"] for p in pts], dtype=torch.float64)
+            cov = interval_coverage(u)
+            for c, v in cov.items():
+                assert 0.0 <= r[f"cov{int(round(100 * c))}_{k}"] <= 1.0
+                assert r[f"cov{int(round(100 * c))}_{k}"] == pytest.approx(v)
+            assert r[f"cal_score_{k}"] == pytest.approx(calibration_score(u)) and math.isfinite(r[f"cal_score_{k}"])
+        run_cps = sorted((c for c in cps if c["method"] == r["method"] and c["problem"] == r["problem"]),
+                         key=lambda c: c["n_evals"])
+        assert [c["n_evals"] for c in run_cps] == list(range(q["initial"], q["budget"] + 1, q["batch"]))
+        for c in run_cps:  # simple regret from the exact GLD quantile of the recommendation
+            x = np.asarray([json.loads(c["x_rec"])])
+            assert c["q_rec"] == pytest.approx(float(gld[r["problem"]].quantile_unit(x, q["tau"])[0]))
+            assert c["regret"] == pytest.approx(c["q_star"] - c["q_rec"]) and c["regret"] >= -1e-9
+        assert r["final_regret"] == run_cps[-1]["regret"] and math.isfinite(r["bo_avg_regret"])
+    for p in problems:  # paired: same initial design and first fit, and (s = 1 before any result) the same first batch
+        first = {m: [c["x_rec"] for c in cps if c["method"] == m and c["problem"] == p and c["n_evals"] == q["initial"]]
+                 for m in methods}
+        assert all(len(v) == 1 and v == first["none"] for v in first.values())
+        batch1 = {m: [pt["x"] for pt in points if pt["method"] == m and pt["problem"] == p and pt["step"] == 1]
+                  for m in methods}
+        assert all(v == batch1["none"] and len(v) == q["batch"] for v in batch1.values())
+    # the calibrators did act: s != 1 moved the spread forecast's PITs, and online's level map moved its own
+    assert any(pt["spread"] != 1.0 and pt["u_spread"] != pytest.approx(pt["u_model"]) for pt in points)
+    assert any(pt["u_recal"] != pytest.approx(pt["u_model"]) for pt in points if pt["method"] == "online")
+
+    summary = pq.read_table(tmp_path / "gld_summary.parquet").to_pylist()
+    assert [s["method"] for s in summary] == methods
+    assert len(list(csv.DictReader(open(tmp_path / "gld_summary.csv")))) == len(methods)
+    base = {r["problem"]: r["final_regret"] for r in runs if r["method"] == "none"}
+    for s in summary:
+        finals = {r["problem"]: r["final_regret"] for r in runs if r["method"] == s["method"]}
+        assert s["problems"] == len(problems) and s["regret_mean"] == pytest.approx(float(np.mean(list(finals.values()))))
+        assert math.isfinite(s["regret_ci95"])
+        for k in mod.GLD_FORECASTS:
+            for c in ("cov50", "cov80", "cov90"):
+                assert 0.0 <= s[f"{c}_{k}"] <= 1.0
+            assert math.isfinite(s[f"cal_score_{k}"])
+        if s["method"] == "none":
+            assert math.isnan(s["diff_vs_none"])
+        else:
+            diffs = [finals[p] - base[p] for p in problems]
+            assert s["diff_vs_none"] == pytest.approx(float(np.mean(diffs)))
+            assert s["wins_vs_none"] == pytest.approx(float(np.mean([d < 0 for d in diffs])))
+            assert math.isfinite(s["diff_ci95"])
+    assert (tmp_path / "gld_table.txt").read_text().count("gld-d3-tau0.75-b10") == len(methods)
+    assert (tmp_path / "gld_calibration.png").stat().st_size > 1000
+
+
+def test_gld_bad_arguments(monkeypatch, tmp_path):
+    mod = _load(monkeypatch)
+    with pytest.raises(SystemExit, match="locbo"):  # names the GLD calibrators
+        mod.main(["--gld", "--methods", "offline-cv", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--budget"):
+        mod.main(["--gld", "--initial", "30", "--budget", "30", "--out", str(tmp_path)])
