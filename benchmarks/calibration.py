@@ -546,7 +546,7 @@ def _write_gld(out: Path, label: str, methods: Sequence[str], checkpoints: list[
             reps.append([max(d[e], 1e-12) for e in evals])
         curves[m] = (evals, reps)
     plot_curves(curves, out / "gld_calibration.png", xlabel="evaluations", ylabel="simple regret q* - q_tau(x_hat)",
-                title=f"{label}: quantile TS, calibrators vs none (mean +- 95% CI over {len(problems)} problems)")
+                title=f"{label}: quantile TS, mean +- 95% CI, {len(problems)} problems")
     if final:
         print(f"\nGLD quantile problems, quantile SVGP + Thompson batches ({label}, initial {setting['initial']}, budget "
               f"{setting['budget']}, {len(problems)} problems): final simple regret mean ± 95% CI half-width; Frac. beats "
