@@ -193,3 +193,24 @@ def plot_curves(
 def as_float_rows(rows: Iterable[Mapping[str, Any]], keys: Sequence[str]) -> list[dict[str, Any]]:
     """Copy `rows` converting the named keys to float (for tables read back from CSV)."""
     return [{**r, **{k: float(r[k]) for k in keys if k in r}} for r in rows]
+
+
+def parse_index_list(spec: str, flag: str, example: int = 10) -> list[int]:
+    """`--runs` / `--seeds` / `--problems`: a count (10 = 0..9), a range (0-9) or a list (1,4,7); indices >= 0.
+
+    Raises SystemExit with one line naming `flag` for anything else.
+    """
+    spec = str(spec)
+    try:
+        if "-" in spec:
+            a, b = spec.split("-")
+            out = list(range(int(a), int(b) + 1))
+        elif "," in spec:
+            out = [int(p) for p in spec.split(",")]
+        else:
+            out = list(range(int(spec)))
+    except ValueError:
+        raise SystemExit(f"{flag}: a count ({example}), a range (0-{example - 1}) or a list (1,4,7); got {spec!r}") from None
+    if not out or min(out) < 0:
+        raise SystemExit(f"{flag}: {spec!r} selects nothing (a count >= 1, or indices >= 0; index 0 alone is 0-0)")
+    return out

@@ -54,7 +54,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._common import format_table, mean_ci, paired_comparison, plot_curves, read_table, write_table  # noqa: E402
+from benchmarks._common import format_table, mean_ci, paired_comparison, parse_index_list, plot_curves, read_table, write_table  # noqa: E402
 
 MODE = "synchronous batches, in-process AskTellOptimizer (the orchestrator's synchronous protocol without Ray)"
 
@@ -338,16 +338,7 @@ def _parse_settings(items: Sequence[str]) -> list[tuple[int, float, int]]:
 
 
 def _parse_problems(spec: str) -> list[int]:
-    try:
-        if "-" in spec:
-            a, b = spec.split("-")
-            return list(range(int(a), int(b) + 1))
-        if "," in spec:
-            return [int(p) for p in spec.split(",")]
-        return list(range(int(spec)))
-    except ValueError:
-        raise SystemExit(f"--problems: a count (10), a range (0-9) or a list (1,4,7); got {spec!r}") from None
-
+    return parse_index_list(spec, "--problems")
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -55,7 +55,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._common import format_table, mean_ci, paired_comparison, plot_curves, read_table, write_table  # noqa: E402
+from benchmarks._common import format_table, mean_ci, paired_comparison, parse_index_list, plot_curves, read_table, write_table  # noqa: E402
 
 MODE = "synchronous batches, in-process AskTellOptimizer built from a validated config (the orchestrator's " \
        "synchronous protocol without Ray)"
@@ -373,20 +373,7 @@ def make_plots(rows: Sequence[dict], out: Path) -> list[Path]:
 
 # ---------------------------------------------------------------------------------------------------- CLI
 def _parse_seeds(spec: str) -> list[int]:
-    try:
-        if "-" in spec:
-            a, b = spec.split("-")
-            seeds = list(range(int(a), int(b) + 1))
-        elif "," in spec:
-            seeds = [int(p) for p in spec.split(",")]
-        else:
-            seeds = list(range(int(spec)))
-    except ValueError:
-        raise SystemExit(f"--seeds: a count (5), a range (0-4) or a list (1,4,7); got {spec!r}") from None
-    if not seeds or min(seeds) < 0:
-        raise SystemExit(f"--seeds: {spec!r} must select at least one seed >= 0")
-    return seeds
-
+    return parse_index_list(spec, "--seeds", example=5)
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])

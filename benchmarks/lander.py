@@ -61,7 +61,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._common import format_table, mean_ci, plot_curves, read_table, write_table  # noqa: E402
+from benchmarks._common import format_table, mean_ci, parse_index_list, plot_curves, read_table, write_table  # noqa: E402
 
 MODE = "synchronous batches, in-process AskTellOptimizer built from a validated config (the orchestrator's " \
        "synchronous protocol without Ray)"
@@ -583,20 +583,7 @@ def make_plots(rows: Sequence[dict], out: Path) -> list[Path]:
 # ---------------------------------------------------------------------------------------------------- CLI
 def parse_runs(spec: str) -> list[int]:
     """`--runs`: a count (10 = runs 0..9), a range (0-9) or a list (1,4,7)."""
-    try:
-        if "-" in spec:
-            a, b = spec.split("-")
-            runs = list(range(int(a), int(b) + 1))
-        elif "," in spec:
-            runs = [int(p) for p in spec.split(",")]
-        else:
-            runs = list(range(int(spec)))
-    except ValueError:
-        raise SystemExit(f"--runs: a count (10), a range (0-9) or a list (1,4,7); got {spec!r}") from None
-    if not runs or min(runs) < 0:
-        raise SystemExit(f"--runs: {spec!r} selects no run (a count >= 1; run 0 alone is 0-0)")
-    return runs
-
+    return parse_index_list(spec, "--runs")
 
 def add_common_args(ap: argparse.ArgumentParser, out: str) -> None:
     """The options both benchmarks share: runs, options, parallelism, resume and time limit."""
