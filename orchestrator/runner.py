@@ -92,6 +92,23 @@ def _init_local_ray(num_cpus: int | None) -> None:
             ray_constants.ENABLE_RAY_CLUSTER = saved_const
 
 
+def _wait_for_actor(actor: Any, timeout_s: float = 600.0) -> int:
+    """Wait until the central actor answers again (after a restart it has replayed the log); its pid.
+
+    Raises the actor's error when it is dead for good (restarts exhausted) or still unreachable after `timeout_s`.
+    """
+    import ray
+
+    t0 = time.time()
+    while True:
+        try:
+            return ray.get(actor.pid.remote(), timeout=60)
+        except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
+            if time.time() - t0 > timeout_s:
+                raise
+            time.sleep(0.5)
+
+
 def _absolute(run_dir: str) -> str:
     """Local run directories are made absolute: the actor's worker process has another working directory."""
     return run_dir if "://" in run_dir else os.path.abspath(run_dir)
@@ -216,6 +233,7 @@ def _drive(
 
         bar = tqdm(total=cfg.budget, desc=cfg.name, unit="eval", file=sys.stderr, dynamic_ncols=True)
     restarts = 0
+    actor_pid = ray.get(actor.pid.remote())
     ref = actor.run.remote()
     summary: dict[str, Any] | None = None
     try:
@@ -232,11 +250,12 @@ def _drive(
             try:
                 summary = ray.get(ref)
             except ray.exceptions.RayActorError:
-                restarts += 1
-                if restarts > ACTOR_RESTARTS:
-                    raise
-                time.sleep(1.0)
-                ref = actor.run.remote()  # the restarted actor has replayed the log
+                # the actor crashed (Ray restarts it: it replays the log) or was unreachable for a moment;
+                # a restart is a new process, so compare pids rather than count errors
+                pid = _wait_for_actor(actor)
+                if pid != actor_pid:
+                    restarts, actor_pid = restarts + 1, pid
+                ref = actor.run.remote()
         if bar is not None:
             _show(bar, summary)
     finally:
