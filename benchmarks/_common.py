@@ -9,6 +9,7 @@ plots (matplotlib, Agg backend) of a curve's mean with its confidence band.
 from __future__ import annotations
 
 import csv
+import json
 import math
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -214,3 +215,28 @@ def parse_index_list(spec: str, flag: str, example: int = 10) -> list[int]:
     if not out or min(out) < 0:
         raise SystemExit(f"{flag}: {spec!r} selects nothing (a count >= 1, or indices >= 0; index 0 alone is 0-0)")
     return out
+
+
+#: objectives built in this process, by (name, options): deterministic, so runs may share one
+_OBJECTIVES: dict[str, Any] = {}
+
+
+def build_optimizer(raw_config: Mapping[str, Any]) -> tuple[Any, Any, Any, str]:
+    """(config, objective, optimizer, objective key) built as `orchestrator.actor.CentralActor` builds them:
+    the config validated by `load_config`, the objective by `load_objective`, then
+    `AskTellOptimizer.from_config`. The objective is built once per process for a given (name, options)
+    (the laser simulator fits GPs) and reused by later runs; `key` names it.
+
+    Raises:
+        ConfigError: the config is invalid (one line naming the key).
+    """
+    from objectives.registry import load_objective
+    from orchestrator.ask_tell import AskTellOptimizer
+    from orchestrator.config import load_config
+
+    cfg = load_config(dict(raw_config))
+    key = json.dumps([cfg.objective.name, dict(cfg.objective.options)], sort_keys=True, default=str)
+    if key not in _OBJECTIVES:
+        _OBJECTIVES[key] = load_objective(cfg.objective.name, dict(cfg.objective.options))
+    objective = _OBJECTIVES[key]
+    return cfg, objective, AskTellOptimizer.from_config(cfg, objective), key

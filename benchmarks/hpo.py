@@ -55,7 +55,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._common import format_table, mean_ci, paired_comparison, parse_index_list, plot_curves, read_table, write_table  # noqa: E402
+from benchmarks._common import (  # noqa: E402
+    build_optimizer, format_table, mean_ci, paired_comparison, parse_index_list, plot_curves, read_table, write_table,
+)
 
 MODE = "synchronous batches, in-process AskTellOptimizer built from a validated config (the orchestrator's " \
        "synchronous protocol without Ray)"
@@ -125,8 +127,6 @@ class Protocol:
 
 
 # ---------------------------------------------------------------------------------------------------- runs
-#: objectives built in this process, by (name, options)
-_OBJECTIVES: dict[str, Any] = {}
 #: evaluation cache: (objective key, params, seed) -> (value or None, error)
 _EVALS: dict[str, tuple[Any, str]] = {}
 
@@ -150,38 +150,6 @@ def method_config(name: str, task: str, proto: Protocol, seed: int, objective: M
     if objective.get("space"):
         cfg["space"] = {k: dict(v) for k, v in objective["space"].items()}
     return cfg
-
-
-def build_optimizer(raw_config: Mapping[str, Any]) -> tuple[Any, Any, Any, str]:
-    """(config, objective, optimizer, objective key) built as `orchestrator.actor.CentralActor` builds them.
-
-    Raises:
-        ConfigError: the config is invalid (one line naming the key).
-    """
-    from objectives.registry import load_objective
-    from orchestrator.ask_tell import AskTellOptimizer
-    from orchestrator.config import load_config
-
-    cfg = load_config(dict(raw_config))
-    key = json.dumps([cfg.objective.name, dict(cfg.objective.options)], sort_keys=True, default=str)
-    if key not in _OBJECTIVES:
-        _OBJECTIVES[key] = load_objective(cfg.objective.name, dict(cfg.objective.options))
-    objective = _OBJECTIVES[key]
-    opt = AskTellOptimizer(
-        cfg.build_space(objective.space),
-        model=cfg.model.type,
-        tau=cfg.tau,
-        proposer=cfg.proposer.type,
-        calibrator=cfg.calibrator.type,
-        direction=cfg.resolve_direction(objective.direction),
-        initial_design=cfg.initial_design,
-        seed=cfg.seed,
-        model_options=dict(cfg.model.options),
-        proposer_options=dict(cfg.proposer.options),
-        calibrator_options=dict(cfg.calibrator.options),
-    )
-    opt.defer_calibration = not cfg.synchronous
-    return cfg, objective, opt, key
 
 
 def evaluate_cached(objective: Any, key: str, params: Mapping[str, Any], seed: int) -> tuple[Any, str, bool]:

@@ -61,6 +61,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from benchmarks._common import build_optimizer as build_shared  # noqa: E402
 from benchmarks._common import format_table, mean_ci, parse_index_list, plot_curves, read_table, write_table  # noqa: E402
 
 MODE = "synchronous batches, in-process AskTellOptimizer built from a validated config (the orchestrator's " \
@@ -148,41 +149,10 @@ def config_tag(payload: Any) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------- building
-#: objectives built in this process, by (name, options): deterministic, so runs may share one
-_OBJECTIVES: dict[str, Any] = {}
-
-
 def build_optimizer(raw_config: Mapping[str, Any]) -> tuple[Any, Any, Any]:
-    """(config, objective, optimizer) built exactly as `orchestrator.actor.CentralActor.__init__` builds them.
-
-    The objective is built once per process for a given (name, options) and reused by later runs.
-
-    Raises:
-        ConfigError: the config is invalid (one line naming the key).
-    """
-    from objectives.registry import load_objective
-    from orchestrator.ask_tell import AskTellOptimizer
-    from orchestrator.config import load_config
-
-    cfg = load_config(dict(raw_config))
-    key = json.dumps([cfg.objective.name, dict(cfg.objective.options)], sort_keys=True, default=str)
-    if key not in _OBJECTIVES:  # one build per process (the laser simulator fits GPs; runs reuse it)
-        _OBJECTIVES[key] = load_objective(cfg.objective.name, dict(cfg.objective.options))
-    objective = _OBJECTIVES[key]
-    opt = AskTellOptimizer(
-        cfg.build_space(objective.space),
-        model=cfg.model.type,
-        tau=cfg.tau,
-        proposer=cfg.proposer.type,
-        calibrator=cfg.calibrator.type,
-        direction=cfg.resolve_direction(objective.direction),
-        initial_design=cfg.initial_design,
-        seed=cfg.seed,
-        model_options=dict(cfg.model.options),
-        proposer_options=dict(cfg.proposer.options),
-        calibrator_options=dict(cfg.calibrator.options),
-    )
-    opt.defer_calibration = not cfg.synchronous
+    """(config, objective, optimizer) built exactly as the central actor builds them (`_common.build_optimizer`;
+    the objective is built once per process for a given (name, options))."""
+    cfg, objective, opt, _ = build_shared(raw_config)
     return cfg, objective, opt
 
 

@@ -130,22 +130,8 @@ class CentralActor:
         objective: Objective = load_objective(cfg.objective.name, dict(cfg.objective.options))
         self.objective_spec = (cfg.objective.name, dict(cfg.objective.options))
         self.resources = objective.resources
-        self.direction = cfg.resolve_direction(objective.direction)
-        space = cfg.build_space(objective.space)
-        self.opt = AskTellOptimizer(
-            space,
-            model=cfg.model.type,
-            tau=cfg.tau,
-            proposer=cfg.proposer.type,
-            calibrator=cfg.calibrator.type,
-            direction=self.direction,
-            initial_design=cfg.initial_design,
-            seed=cfg.seed,
-            model_options=dict(cfg.model.options),
-            proposer_options=dict(cfg.proposer.options),
-            calibrator_options=dict(cfg.calibrator.options),
-        )
-        self.opt.defer_calibration = not cfg.synchronous
+        self.opt = AskTellOptimizer.from_config(cfg, objective)
+        self.direction = self.opt.direction
         self.opt.prepare()
         if max_concurrent is None:
             max_concurrent = cfg.max_concurrent or default_max_concurrent(self.resources)

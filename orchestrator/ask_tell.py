@@ -151,6 +151,27 @@ class AskTellOptimizer:
         self.defer_calibration = False
         self._calib_queue: list[tuple[dict, float, Tensor]] = []
 
+    @classmethod
+    def from_config(cls, cfg: Any, objective: Any) -> "AskTellOptimizer":
+        """The optimizer of a validated `ExperimentConfig` for `objective` (its space and direction, with the
+        config's overrides), as the central actor runs it. Calibration updates are deferred to
+        `flush_calibration` unless the config is synchronous."""
+        opt = cls(
+            cfg.build_space(objective.space),
+            model=cfg.model.type,
+            tau=cfg.tau,
+            proposer=cfg.proposer.type,
+            calibrator=cfg.calibrator.type,
+            direction=cfg.resolve_direction(objective.direction),
+            initial_design=cfg.initial_design,
+            seed=cfg.seed,
+            model_options=dict(cfg.model.options),
+            proposer_options=dict(cfg.proposer.options),
+            calibrator_options=dict(cfg.calibrator.options),
+        )
+        opt.defer_calibration = not cfg.synchronous
+        return opt
+
     # ------------------------------------------------------------------ factories
     def _build_model(self) -> Any:
         from orchestrator.models import build_model
