@@ -74,7 +74,7 @@ import time
 import warnings
 import zlib
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -708,8 +708,8 @@ def main_noisy_ackley(a: argparse.Namespace) -> int:
                    for s in range(seeds)]) for m in methods}
     plot = plot_curves(curves, out / "noisy_ackley.png", xlabel="BO step", ylabel="simple regret (eq. 41)",
                        title=f"Noisy Ackley (paper 002 V-C), mean +- 95% CI over {seeds} seeds")
-    print(f"\nNoisy Ackley (locbo.md §3.2): simple regret max f - f(x_t*), t* = argmax of noisy y; mean and 95% CI "
-          f"half-width over seeds; mean_regret = averaged over steps 1..T; miscoverage of the (1 - alpha) set:")
+    print("\nNoisy Ackley (locbo.md §3.2): simple regret max f - f(x_t*), t* = argmax of noisy y; mean and 95% CI "
+          "half-width over seeds; mean_regret = averaged over steps 1..T; miscoverage of the (1 - alpha) set:")
     print(format_rows(summary, ["method", "seeds", "steps", "final_regret", "final_ci95", "final_median",
                                 "mean_regret", "mean_ci95", "miscoverage", "alpha", "seconds"]))
     if paired:

@@ -6,26 +6,14 @@ shared initial design, summary, paired comparison, plot). The full protocols nev
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "calibration.py"
-
-
-def _load(monkeypatch):
-    spec = importlib.util.spec_from_file_location("calibration_benchmark", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, mod)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture
@@ -35,8 +23,8 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def test_calibration_benchmark_smoke(tmp_path, capsys, monkeypatch, one_thread):
-    mod = _load(monkeypatch)
+def test_calibration_benchmark_smoke(tmp_path, capsys, load_benchmark, one_thread):
+    mod = load_benchmark("calibration")
     rc = mod.main(["--functions", "forrester", "--reps", "1", "--steps", "2", "--restarts", "2", "--raw-samples", "32",
                    "--out", str(tmp_path)])
     assert rc == 0
@@ -56,8 +44,8 @@ def test_calibration_benchmark_smoke(tmp_path, capsys, monkeypatch, one_thread):
     assert (tmp_path / "calibration_forrester.png").stat().st_size > 1000
 
 
-def test_noisy_ackley_quick(tmp_path, capsys, monkeypatch, one_thread):
-    mod = _load(monkeypatch)
+def test_noisy_ackley_quick(tmp_path, capsys, load_benchmark, one_thread):
+    mod = load_benchmark("calibration")
     assert mod.main(["--noisy-ackley", "--quick", "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     assert "Noisy Ackley" in printed and "Paired over seeds" in printed
@@ -110,15 +98,15 @@ def test_noisy_ackley_quick(tmp_path, capsys, monkeypatch, one_thread):
     assert (tmp_path / "noisy_ackley.png").stat().st_size > 1000
 
 
-def test_noisy_ackley_bad_method(monkeypatch, tmp_path):
-    mod = _load(monkeypatch)
+def test_noisy_ackley_bad_method(load_benchmark, tmp_path):
+    mod = load_benchmark("calibration")
     with pytest.raises(SystemExit, match="online"):  # names the noisy-Ackley methods
         mod.main(["--noisy-ackley", "--methods", "online", "--out", str(tmp_path)])
 
 
-def test_gld_thompson_quick(tmp_path, capsys, monkeypatch, one_thread):
+def test_gld_thompson_quick(tmp_path, capsys, load_benchmark, one_thread):
     """`--gld --quick`: quantile SVGP + Thompson batches on 2 GLD problems, calibrators none / online / locbo."""
-    mod = _load(monkeypatch)
+    mod = load_benchmark("calibration")
     assert mod.main(["--gld", "--quick", "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     assert "Final regret" in printed and "Frac. beats none" in printed and "Wilcoxon p" in printed
@@ -205,8 +193,8 @@ def test_gld_thompson_quick(tmp_path, capsys, monkeypatch, one_thread):
     assert (tmp_path / "gld_calibration.png").stat().st_size > 1000
 
 
-def test_gld_bad_arguments(monkeypatch, tmp_path):
-    mod = _load(monkeypatch)
+def test_gld_bad_arguments(load_benchmark, tmp_path):
+    mod = load_benchmark("calibration")
     with pytest.raises(SystemExit, match="locbo"):  # names the GLD calibrators
         mod.main(["--gld", "--methods", "offline-cv", "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="--budget"):

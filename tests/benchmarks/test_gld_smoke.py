@@ -4,26 +4,19 @@ comparison and the plot. The full grid never runs in tests."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gld.py"
 
 
 @pytest.mark.benchmark
-def test_gld_quick(tmp_path, capsys, monkeypatch):
-    spec = importlib.util.spec_from_file_location("gld_benchmark", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, mod)  # dataclasses look their module up in sys.modules
-    spec.loader.exec_module(mod)
+def test_gld_quick(tmp_path, capsys, load_benchmark):
+    mod = load_benchmark("gld")
     threads = torch.get_num_threads()
     try:
         result = mod.main(["--quick", "--threads", "1", "--out", str(tmp_path)])

@@ -5,30 +5,18 @@ design, the summary, the paired comparisons, the plots, config validation and a 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "hpo.py"
 
 
-def _load(monkeypatch):
-    spec = importlib.util.spec_from_file_location("hpo_benchmark", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, mod)  # dataclasses look their module up in sys.modules
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_hpo_quick(tmp_path, capsys, monkeypatch):
-    mod = _load(monkeypatch)
+def test_hpo_quick(tmp_path, capsys, load_benchmark):
+    mod = load_benchmark("hpo")
     threads = torch.get_num_threads()
     try:
         result = mod.main(["--quick", "--threads", "1", "--out", str(tmp_path)])
@@ -107,11 +95,11 @@ def test_hpo_quick(tmp_path, capsys, monkeypatch):
         (r["n_evals"], r["best_value"], r["best_params"], r["recommended"]) for r in before]
 
 
-def test_hpo_config_errors(monkeypatch):
+def test_hpo_config_errors(load_benchmark):
     """A bad setting is one ConfigError naming its key, before anything runs."""
     from orchestrator.errors import ConfigError
 
-    mod = _load(monkeypatch)
+    mod = load_benchmark("hpo")
     proto = mod.Protocol(3, 5, 2)
     bad_space = {"name": "lda", "options": {"max_passes": 1},
                  "space": {"minibatch": {"type": "int", "low": 1, "high": 4096, "step": 1}}}

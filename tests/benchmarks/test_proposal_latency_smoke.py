@@ -4,24 +4,17 @@ the printed table, and the CSV/Parquet rows. The full grid never runs in tests."
 from __future__ import annotations
 
 import csv
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "proposal_latency.py"
 
 
 @pytest.mark.benchmark
-def test_proposal_latency_quick(tmp_path, capsys, monkeypatch):
-    spec = importlib.util.spec_from_file_location("proposal_latency", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, mod)  # dataclasses look their module up in sys.modules
-    spec.loader.exec_module(mod)
+def test_proposal_latency_quick(tmp_path, capsys, load_benchmark):
+    mod = load_benchmark("proposal_latency")
     threads = torch.get_num_threads()
     try:
         rows = mod.main(["--quick", "--threads", "1", "--out", str(tmp_path)])

@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "qgibbon_latency.py"
-
 
 @pytest.mark.benchmark
-def test_qgibbon_latency_quick(tmp_path):
-    spec = importlib.util.spec_from_file_location("qgibbon_latency", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+def test_qgibbon_latency_quick(tmp_path, load_benchmark):
+    mod = load_benchmark("qgibbon_latency")
     rows = mod.main(["--quick", "--q", "3", "--out", str(tmp_path)])
     assert [r["method"] for r in rows] == ["qbatch.QGibbon", "botorch.qLowerBoundMaxValueEntropy(sequential)"]
     with open(tmp_path / "latency.csv") as fh:
