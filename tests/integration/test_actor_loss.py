@@ -15,20 +15,13 @@ import pytest
 
 from orchestrator.runner import NAMESPACE, actor_name, run_experiment
 from orchestrator.store import RunStore
+from tests.faults.conftest import wait_for
 from tests.integration.conftest import finished_counts
 
 pytestmark = pytest.mark.ray
 
 BUDGET = 30
 
-
-def _wait_for(cond, timeout: float, what: str) -> None:
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def test_killed_actor_restarts_and_keeps_the_evaluations_that_finished_while_it_was_down(ray_local, tmp_path):
@@ -63,10 +56,10 @@ def test_killed_actor_restarts_and_keeps_the_evaluations_that_finished_while_it_
     def events():
         return RunStore.open(run_dir).events() if RunStore.exists(run_dir) else []
 
-    _wait_for(lambda: len(finished_counts(events())) >= 8, 120, "8 finished evaluations")
+    wait_for(lambda: len(finished_counts(events())) >= 8, 120, "8 finished evaluations", period=0.1)
     actor = ray.get_actor(actor_name(run_dir), namespace=NAMESPACE)
     actor_pid = ray.get(actor.pid.remote(), timeout=30)
-    _wait_for(lambda: len(ray.get(actor.inflight.remote())) >= 3, 30, "evaluations in flight")
+    wait_for(lambda: len(ray.get(actor.inflight.remote())) >= 3, 30, "evaluations in flight", period=0.1)
     running = ray.get(actor.inflight.remote())
     t_kill = time.time()
     os.kill(actor_pid, signal.SIGKILL)

@@ -16,6 +16,7 @@ import pytest
 
 from orchestrator.runner import NAMESPACE, actor_name, resume_experiment
 from orchestrator.store import RunStore
+from tests.faults.conftest import wait_for
 from tests.integration.conftest import finished_counts
 
 pytestmark = pytest.mark.ray
@@ -30,15 +31,6 @@ def _events(run_dir):
     except Exception:
         return []
 
-
-def _wait_for(predicate, timeout, what):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        v = predicate()
-        if v:
-            return v
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def test_sigkill_driver_and_actor_then_resume(ray_local, tmp_path):
@@ -67,7 +59,7 @@ def test_sigkill_driver_and_actor_then_resume(ray_local, tmp_path):
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         # mid-run: after the model has taken over and some of its proposals are done
-        _wait_for(lambda: len(finished_counts(_events(run_dir))) >= 18, 120, "18 finished evaluations")
+        wait_for(lambda: len(finished_counts(_events(run_dir))) >= 18, 120, "18 finished evaluations", period=0.2)
         actor = ray.get_actor(actor_name(run_dir), namespace=NAMESPACE)
         actor_pid = ray.get(actor.pid.remote(), timeout=30)
     finally:
@@ -77,8 +69,8 @@ def test_sigkill_driver_and_actor_then_resume(ray_local, tmp_path):
         os.kill(actor_pid, signal.SIGKILL)  # Ray may already have reaped it with its driver's job
     except ProcessLookupError:
         pass
-    _wait_for(lambda: not Path(f"/proc/{actor_pid}").exists() or "zombie" in Path(f"/proc/{actor_pid}/status").read_text(),
-              30, "the actor process to die")
+    wait_for(lambda: not Path(f"/proc/{actor_pid}").exists() or "zombie" in Path(f"/proc/{actor_pid}/status").read_text(),
+              30, "the actor process to die", period=0.2)
     time.sleep(1.0)  # let in-flight events of the dead actor settle (none can be written any more)
 
     before = _events(run_dir)
