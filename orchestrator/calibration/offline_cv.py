@@ -9,7 +9,10 @@ splits (train on the first i points, test on point i+1, for the last `n_splits` 
 mode (§1.6 (a1)) keeps mu and scales sigma by s, s^2 = mean_i z_i^2 of the out-of-fold standardized residuals.
 Refits need the data: `update` stores each completed (x, y) and rebuilds the recalibrator (with fold refits)
 every `refit_every` results; `fit(X, Y)` replaces the data (e.g. with the initial design) and rebuilds now.
-Reading the map never refits, so acquisitions stay cheap.
+Reading the map never refits, so acquisitions stay cheap. Refits reuse earlier folds: a time-series fold
+trains on a prefix of the data, which appending results never changes, so its forecast is kept and reused
+(only the newest fold is fitted at each step); a LOO fold's model is kept and refitted warm-started from
+its previous hyperparameters.
 """
 
 from __future__ import annotations
@@ -34,7 +37,12 @@ MIN_TRAIN = 2
 
 
 def cv_forecasts(
-    model_factory: Callable[[], Any], X: Tensor, Y: Tensor, splits: str = "loo", n_splits: int | None = None
+    model_factory: Callable[[], Any],
+    X: Tensor,
+    Y: Tensor,
+    splits: str = "loo",
+    n_splits: int | None = None,
+    cache: dict[int, Any] | None = None,
 ) -> tuple[Forecast, Tensor, Tensor]:
     """Out-of-fold forecasts (CREATE_SPLITS + refits of §1.3).
 
@@ -43,6 +51,10 @@ def cv_forecasts(
         X: `n x d` points in acquisition order; Y: `n` values.
         splits: "loo" or "time-series".
         n_splits: time-series only: number of one-step-ahead splits (default n - MIN_TRAIN, i.e. all).
+        cache: optional dict kept by the caller between calls (fold index -> entry). Time-series: the
+            fold's training prefix and its forecast, reused when the prefix is unchanged (the same fit would
+            give the same forecast). LOO: the fold's model, refitted warm-started (models whose `fit`
+            starts from their previous hyperparameters, as ExactGP by default).
 
     Returns:
         (forecasts of the held-out points, their `y`, their indices), in temporal order.
@@ -60,10 +72,22 @@ def cv_forecasts(
         train = torch.arange(n) != i if splits == "loo" else torch.arange(n) < i
         if int(train.sum()) < MIN_TRAIN:
             continue
-        model = model_factory()
+        if splits == "time-series" and cache is not None and i in cache:
+            Xc, Yc, recs = cache[i]
+            if Xc.shape == X[:i].shape and torch.equal(Xc, X[:i]) and torch.equal(Yc, Y[:i]):
+                records.extend(recs)
+                idx.append(i)
+                continue
+        model = cache[i] if splits == "loo" and cache is not None and i in cache else model_factory()
         model.fit(X[train], Y[train])
-        records.extend(model.forecast(X[i : i + 1]).to_records())
+        recs = model.forecast(X[i : i + 1]).to_records()
+        if cache is not None:
+            cache[i] = (X[:i].clone(), Y[:i].clone(), recs) if splits == "time-series" else model
+        records.extend(recs)
         idx.append(i)
+    if cache is not None:
+        for k in set(cache) - set(idx):  # folds no longer in the split set
+            del cache[k]
     if not records:
         raise InputDataError(f"cross-validation needs at least {MIN_TRAIN + 1} observations; got {n}")
     index = torch.tensor(idx)
@@ -134,6 +158,7 @@ class OfflineCVCalibrator(Calibrator):
         self._scale = 1.0
         self.pits = torch.empty(0, dtype=torch.float64)
         self._z_rms = 1.0
+        self._folds: dict[int, Any] = {}  # cv_forecasts' cache (not state: rebuilt by the next refit)
 
     # ------------------------------------------------------------------ data
     def _update_one(self, forecast: Forecast, y: Tensor, x: Tensor | None) -> None:
@@ -148,6 +173,7 @@ class OfflineCVCalibrator(Calibrator):
     def fit(self, X: Tensor, Y: Tensor) -> None:
         """Replace the data by all completed results (`n x d`, `n`, acquisition order) and recalibrate now."""
         self.X, self.Y = X.to(torch.float64).clone(), Y.to(torch.float64).reshape(-1).clone()
+        self._folds = {}  # LOO models were fitted to other data; time-series prefixes are checked anyway
         self._refit()
 
     def _maybe_refit(self) -> None:
@@ -159,7 +185,7 @@ class OfflineCVCalibrator(Calibrator):
         if self.Y.numel() < self.min_points:
             self._map, self._scale = None, 1.0
             return
-        fc, y, _ = cv_forecasts(self.model_factory, self.X, self.Y, self.splits, self.n_splits)
+        fc, y, _ = cv_forecasts(self.model_factory, self.X, self.Y, self.splits, self.n_splits, self._folds)
         self.pits = fc.cdf(y).clamp(0.0, 1.0)
         z = (y - fc.mean()) / fc.variance().clamp_min(1e-300).sqrt()
         self._z_rms = float(z.pow(2).mean().sqrt())
@@ -233,6 +259,7 @@ class OfflineCVCalibrator(Calibrator):
     def _set_state(self, state: dict[str, Any]) -> None:
         self.X, self.Y = state["X"].clone().to(torch.float64), state["Y"].clone().to(torch.float64)
         self._since = int(state["since"])
+        self._folds = {}
         self.pits, self._z_rms = state["pits"].clone().to(torch.float64), float(state["z_rms"])
         self._map, self._scale = None, 1.0
         if bool(state["fitted"]):

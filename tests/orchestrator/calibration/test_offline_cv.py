@@ -91,3 +91,37 @@ def test_with_exact_gp_and_state(tmp_path) -> None:
         build_calibrator("offline-cv", regressor="mlp")
     with pytest.raises(ConfigError, match="calibrator.options.splits"):
         build_calibrator("offline-cv", splits="kfold")
+
+
+def test_fold_cache_reuses_time_series_folds_and_warm_starts_loo() -> None:
+    """The cache is exact for time-series folds (a prefix's fit is reused, so one new fit per appended result)
+    and keeps one model per LOO fold; with fixed hyperparameters both equal the uncached forecasts."""
+    X, Y = _data(14, seed=3)
+    calls = []
+
+    def factory() -> FixedGP:
+        calls.append(1)
+        return overconfident()
+
+    for splits, n_splits in (("time-series", 5), ("loo", None)):
+        cache: dict = {}
+        cv_forecasts(factory, X[:13], Y[:13], splits, n_splits, cache)
+        calls.clear()
+        fc, y, idx = cv_forecasts(factory, X, Y, splits, n_splits, cache)
+        ref, y_ref, idx_ref = cv_forecasts(overconfident, X, Y, splits, n_splits)
+        assert idx.tolist() == idx_ref.tolist()
+        torch.testing.assert_close(fc.mean(), ref.mean())
+        torch.testing.assert_close(fc.variance(), ref.variance())
+        torch.testing.assert_close(y, y_ref)
+        # time-series: only the fold that tests the new point is fitted; LOO: one new model, for the new point
+        assert len(calls) == 1, (splits, len(calls))
+        assert sorted(cache) == idx.tolist()  # folds that left the split set are dropped
+    # a changed prefix is refitted, not reused
+    cache = {}
+    cv_forecasts(factory, X, Y, "time-series", 5, cache)
+    calls.clear()
+    Y2 = Y.clone()
+    Y2[0] += 1.0
+    fc, _, _ = cv_forecasts(factory, X, Y2, "time-series", 5, cache)
+    assert len(calls) == 5
+    torch.testing.assert_close(fc.mean(), cv_forecasts(overconfident, X, Y2, "time-series", 5)[0].mean())
