@@ -1,9 +1,10 @@
 """One evaluation of an objective as a Ray task: resources, timeout, retries, failures as records.
 
 ARCHITECTURE.md "The path of one evaluation", step 3, and issue 4 item 2 / issue 7 item 5. Each
-evaluation runs the objective in a forked child process of the Ray worker (``isolate="process"``), so
-a hang past `timeout_s` is killed and a crash of the objective (``os.abort``, a segfault) cannot take
-the worker down. ``isolate="thread"`` runs it in a thread instead (no fork; a hung thread is abandoned,
+evaluation runs the objective in a child process of the Ray worker (``isolate="process"``), so a hang
+past `timeout_s` is killed and a crash of the objective (``os.abort``, a segfault) cannot take the
+worker down. The child (the worker's "sandbox") is forked once per objective and serves the worker's
+evaluations one after another, as Ray reuses its workers; a killed or crashed one is replaced. ``isolate="thread"`` runs it in a thread instead (no fork; a hung thread is abandoned,
 not killed). Whatever happens - an exception, a NaN, inf, None, a string, an array, a timeout, a crash -
 the task returns one plain record (a dict); only the loss of the Ray worker or node itself surfaces as a
 Ray error, which Ray retries (`max_retries`) and the central actor records as "worker-lost". A result is
@@ -16,6 +17,7 @@ objective call).
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import multiprocessing
@@ -183,42 +185,89 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _child_main(conn: Any, objective: Objective, params: Mapping[str, Any], seed: int, parent_pid: int) -> None:
+def _sandbox_main(conn: Any, parent_end: Any, objective: Objective, parent_pid: int) -> None:
+    """The sandbox child's loop: evaluate each `(params, seed)` received, answer with its payload."""
     try:
+        parent_end.close()  # else the worker closing its end would never reach this child as EOF
         _die_with_parent(parent_pid)
-        payload = _call(objective, params, seed)
-        try:
-            conn.send(payload)
-        except Exception as exc:  # an unpicklable metric or message
-            payload = {**payload, "metrics": {}, "message": f"result not transferable: {exc}"}
-            conn.send(payload)
-        conn.close()
+        while True:
+            try:
+                params, seed = conn.recv()
+            except (EOFError, OSError):  # the worker closed the pipe or exited
+                break
+            payload = _call(objective, params, seed)
+            try:
+                conn.send(payload)
+            except Exception as exc:  # an unpicklable metric or message
+                conn.send({**payload, "metrics": {}, "message": f"result not transferable: {exc}"})
     finally:
         os._exit(0)
 
 
-def _run_in_child(objective: Objective, params: Mapping[str, Any], seed: int, timeout_s: float) -> dict[str, Any]:
-    try:
-        _libc()
-    except Exception:  # pragma: no cover - not Linux
-        pass
-    ctx = multiprocessing.get_context("fork")
-    parent_conn, child_conn = ctx.Pipe(duplex=False)
-    started = time.time()
-    proc = ctx.Process(target=_child_main, args=(child_conn, objective, params, seed, os.getpid()), daemon=True)
-    proc.start()
-    child_conn.close()
-    payload: dict[str, Any] | None = None
-    try:
-        if parent_conn.poll(timeout_s):
-            try:
-                payload = parent_conn.recv()
-            except (EOFError, OSError):
-                payload = None  # the child died before it could answer
-        else:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.join()
-            ended = time.time()
+class _Sandbox:
+    """A child process of this worker that runs its evaluations one at a time (``isolate="process"``).
+
+    The child is forked when first needed and again whenever the objective object changes, so it inherits
+    the objective without pickling it (user objectives may hold closures, models, open datasets). It then
+    serves evaluation after evaluation: no fork per evaluation, whose cost in a worker with torch loaded
+    (copying page tables, then copy-on-write faults in the child) delays every result by milliseconds.
+    A hang past the timeout kills it and a crash ends it; the next evaluation forks a fresh one.
+    """
+
+    def __init__(self) -> None:
+        self.proc: Any = None
+        self.conn: Any = None
+        self.objective: Objective | None = None  # held, so `id` identifies it while the child lives
+        self.lock = threading.Lock()
+
+    def _fork(self, objective: Objective) -> None:
+        self.close()
+        try:
+            _libc()
+        except Exception:  # pragma: no cover - not Linux
+            pass
+        ctx = multiprocessing.get_context("fork")
+        parent_conn, child_conn = ctx.Pipe(duplex=True)
+        proc = ctx.Process(target=_sandbox_main, args=(child_conn, parent_conn, objective, os.getpid()), daemon=True)
+        # the child inherits the worker's objects frozen: its garbage collector then never walks (and so never
+        # copies on write) the worker's heap
+        gc.freeze()
+        try:
+            proc.start()
+        finally:
+            gc.unfreeze()
+        child_conn.close()
+        self.proc, self.conn, self.objective = proc, parent_conn, objective
+
+    def close(self, kill: bool = False, wait: bool = False) -> None:
+        """End the child: close its pipe (it exits) or kill it; reaped here (`wait`) or beside."""
+        proc, conn = self.proc, self.conn
+        self.proc = self.conn = self.objective = None
+        if conn is not None:
+            conn.close()
+        if proc is not None:
+            if kill:
+                try:
+                    os.kill(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if wait:
+                _reap(proc)
+            else:
+                threading.Thread(target=_reap, args=(proc,), name="qbatch-reap", daemon=True).start()
+
+    def run(self, objective: Objective, params: Mapping[str, Any], seed: int, timeout_s: float) -> dict[str, Any]:
+        if self.proc is None or self.objective is not objective or not self.proc.is_alive():
+            self._fork(objective)
+        proc = self.proc
+        started = time.time()
+        try:
+            self.conn.send((dict(params), seed))
+            answered = self.conn.poll(timeout_s)
+        except (BrokenPipeError, EOFError, OSError):  # died between evaluations: read as a crash below
+            answered = True
+        if not answered:
+            self.close(kill=True, wait=True)
             return {
                 "status": "failed",
                 "value": None,
@@ -226,17 +275,19 @@ def _run_in_child(objective: Objective, params: Mapping[str, Any], seed: int, ti
                 "traceback": f"the evaluation ran past timeout_s={timeout_s:g} s and was killed (pid {proc.pid})",
                 "message": f"timeout after {timeout_s:g} s",
                 "started_at": started,
-                "ended_at": ended,
+                "ended_at": time.time(),
                 "metrics": {},
                 "child_pid": proc.pid,
             }
-    finally:
-        parent_conn.close()
-    proc.join(timeout=10.0)
-    if proc.is_alive():  # answered but did not exit: do not leave it behind
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.join()
-    if payload is None:
+        try:
+            payload = self.conn.recv()
+        except (EOFError, OSError):
+            payload = None
+        if payload is not None:
+            payload["child_pid"] = proc.pid
+            return payload
+        # no answer: the child died first (os.abort, a segfault, killed)
+        self.close(kill=True, wait=True)
         ended = time.time()
         code = proc.exitcode
         what = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
@@ -251,8 +302,34 @@ def _run_in_child(objective: Objective, params: Mapping[str, Any], seed: int, ti
             "metrics": {},
             "child_pid": proc.pid,
         }
-    payload["child_pid"] = proc.pid
-    return payload
+
+
+_SANDBOX = _Sandbox()
+
+
+def _run_in_child(objective: Objective, params: Mapping[str, Any], seed: int, timeout_s: float) -> dict[str, Any]:
+    """Evaluate in this worker's sandbox child (a private one if another thread is using it)."""
+    if _SANDBOX.lock.acquire(blocking=False):
+        try:
+            return _SANDBOX.run(objective, params, seed, timeout_s)
+        finally:
+            _SANDBOX.lock.release()
+    private = _Sandbox()
+    try:
+        return private.run(objective, params, seed, timeout_s)
+    finally:
+        private.close()
+
+
+def _reap(proc: Any, grace_s: float = 10.0) -> None:
+    """Wait for a child that was told to exit (or killed); kill it if it lingers."""
+    proc.join(timeout=grace_s)
+    if proc.is_alive():
+        try:
+            os.kill(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.join()
 
 
 def _run_in_thread(objective: Objective, params: Mapping[str, Any], seed: int, timeout_s: float) -> dict[str, Any]:

@@ -199,3 +199,41 @@ def test_killed_worker_is_retried_and_without_retries_surfaces_as_worker_crash(r
     ref = submit_evaluation(obj, "0-1", {"x": 0.1}, 0, resources=Resources(num_cpus=0.5), max_retries=0)
     with pytest.raises(ray.exceptions.WorkerCrashedError):
         ray.get(ref, timeout=90)
+
+
+class Counting(Objective):
+    """Counts its calls in the process that runs it; returns the count."""
+
+    space = SPACE
+
+    def __init__(self):
+        self.calls = 0
+
+    def evaluate(self, params, seed):
+        self.calls += 1
+        return float(self.calls)
+
+
+def test_sandbox_child_serves_evaluations_and_is_replaced_after_a_hang_or_crash():
+    """One child per objective serves evaluation after evaluation (no fork each time); its state never
+    reaches the worker; a hang or a crash ends it and the next evaluation gets a fresh child."""
+    obj = Counting()
+    first = evaluate_once(obj, "0-0", {"x": 0.1}, seed=0)
+    second = evaluate_once(obj, "0-1", {"x": 0.2}, seed=1)
+    assert first["child_pid"] == second["child_pid"] != os.getpid()
+    assert (first["value"], second["value"]) == (1.0, 2.0) and obj.calls == 0  # counted in the child only
+    other = evaluate_once(Counting(), "1-0", {"x": 0.1}, seed=0)  # another objective: another child
+    assert other["child_pid"] != first["child_pid"] and other["value"] == 1.0
+    with pytest.raises(ProcessLookupError):  # the first child exited once it was replaced
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            os.kill(first["child_pid"], 0)
+            time.sleep(0.05)
+    hanging = Hanging()
+    rec = evaluate_once(hanging, "2-0", {"x": 0.1}, seed=0, timeout_s=0.3)
+    assert rec["error"] == "timeout"
+    crash = evaluate_once(Aborting(), "3-0", {"x": 0.1}, seed=0, timeout_s=20)
+    assert crash["error"] == "crash"
+    after = evaluate_once(obj, "0-2", {"x": 0.3}, seed=2)
+    assert after["status"] == "completed" and after["value"] == 1.0  # a fresh child: fresh state
+    assert after["child_pid"] not in (first["child_pid"], rec["child_pid"], crash["child_pid"])
