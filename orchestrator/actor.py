@@ -5,9 +5,9 @@ run's `AskTellOptimizer` (observations, model, calibrator, proposer) and its `Ru
 method is the dispatch loop, in the actor's main worker thread:
 
 - keep `max_concurrent` evaluations in flight, each a Ray task (workers/evaluate.py);
-- wait for results one at a time (``ray.wait(num_returns=1)``, plus any others already done), write them
-  durably to the event log, only then tell the optimizer (exactly once per trial id), and hand the freed
-  slot the next point of the queue at once.
+- wait for results one at a time (``ray.wait(num_returns=1)``, plus any others already done), hand each
+  freed slot the next point of the queue at once, then write the results durably to the event log and only
+  then tell the optimizer (exactly once per trial id).
 
 Model work never holds up that loop. In the default asynchronous mode two background threads of the
 actor do it. The *proposer thread* proposes the next batch as soon as the queue falls below its low-water
@@ -37,6 +37,7 @@ from __future__ import annotations
 import collections
 import math
 import os
+import sys
 import threading
 import time
 import traceback
@@ -50,6 +51,8 @@ __all__ = ["CentralActor", "RunAbortedError", "default_max_concurrent", "slots_f
 
 #: seconds the dispatch loop waits for a result before it looks at the queue again
 _WAIT_S = 0.05
+#: the actor process's GIL switch interval while the planner threads run (Python's default: 5 ms)
+_SWITCH_INTERVAL_S = 0.0005
 #: buffered "started" events are flushed at least this often (they ride along with result writes otherwise)
 _FLUSH_S = 1.0
 
@@ -285,6 +288,9 @@ class CentralActor:
     def run(self) -> dict[str, Any]:
         """Drive the run to its budget. Returns a summary; `status`/"aborted" says if the guard stopped it."""
         if not self.cfg.synchronous:
+            # the planner threads run long Python stretches of model code: hand the interpreter back to the
+            # dispatch loop sooner than the default 5 ms, so a result's freed slot is refilled promptly
+            sys.setswitchinterval(_SWITCH_INTERVAL_S)
             self._planners = [
                 threading.Thread(target=self._planner_loop, args=(role,), name=f"qbatch-{role}", daemon=True)
                 for role in ("propose", "refit")
@@ -334,10 +340,13 @@ class CentralActor:
         with self._lock:
             return self.budget - self.n_done - len(self._inflight) - len(self._queue)
 
-    def _dispatch(self) -> None:
+    def _dispatch(self, freed: int = 0) -> None:
+        """Start queued trials in the free slots. `freed`: in-flight evaluations whose results have arrived
+        but are not yet logged (`_collect` refills their slots before the durable write; they still count
+        against the budget until they are told)."""
         with self._lock:
             batch: list[tuple[Trial, int]] = []
-            while (self._queue and len(self._inflight) + len(batch) < self.max_concurrent
+            while (self._queue and len(self._inflight) - freed + len(batch) < self.max_concurrent
                    and self.n_done + len(self._inflight) + len(batch) < self.budget):
                 trial = self._queue.popleft()
                 attempt = self._attempts.get(trial.trial_id, 0)
@@ -406,6 +415,8 @@ class CentralActor:
                     del self._inflight[ref]
                     if not self.opt.is_told(trial.trial_id):
                         self._queue.appendleft(trial)
+        # refill the freed slots first: the next evaluations need neither the write nor the tell below
+        self._dispatch(freed=len(results))
         events = []
         for _, trial, attempt, rec in results:
             if self.opt.is_told(trial.trial_id):  # exactly once by trial id
