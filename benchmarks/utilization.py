@@ -17,9 +17,15 @@ Slots: Ray starts with `num_cpus = slots` (16) even on a 2-core machine, and eac
 CPU, so exactly `slots` evaluations run at once in every system. The evaluations only sleep, so 16 of them
 need no cores; the model, Ray's own processes and Tune's bookkeeping share the real cores.
 
+A single U is one draw of the tail (the slots idling while the last evaluations finish): on this load its
+run-to-run spread is a standard deviation of ~0.012 even for a perfect scheduler. `--repeats R` runs every
+system R times (seeds seed .. seed+R-1) and compares means; the summary adds the "ideal (simulated)" row, a
+zero-overhead greedy scheduler on the same load (`ideal_utilization`), which bounds every system.
+
 Usage (inside scripts/loopback):
     python benchmarks/utilization.py --out bench-out            # 640 evaluations, Tune with --tune-evals 160
     python benchmarks/utilization.py --quick --out /tmp/u        # 96 evaluations of ~0.5 s
+Writes utilization.csv (one row per system and repeat) and summary.csv (per system: mean U, 95% CI, ratios).
 Targets (issue 4): qbatch U >= 0.9, >= 3x Ray Tune's best, within 0.05 of the plain Ray loop.
 """
 
@@ -54,13 +60,36 @@ def span_utilization(intervals: list[tuple[float, float]], slots: int) -> tuple[
     return busy / (slots * span), busy, span
 
 
+def ideal_utilization(n: int, slots: int, mean_s: float, cv: float, reps: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """(mean, std) of U for a zero-overhead greedy scheduler on the same load (simulated).
+
+    `n` lognormal evaluation times (mean `mean_s`, coefficient of variation `cv`) start in order on the
+    first free of `slots` slots, each the instant a slot frees. What is left below U = 1 is the tail: the
+    slots idling while the last evaluations finish. It bounds every real system, and its spread from one
+    draw of durations to the next is the noise of a single measured U.
+    """
+    from objectives.timing import lognormal_params
+
+    mu, sigma = lognormal_params(mean_s, cv)
+    rng = np.random.default_rng(seed)
+    us = np.empty(reps)
+    for r in range(reps):
+        d = rng.lognormal(mu, sigma, n)
+        free = np.zeros(slots)
+        for k in range(n):
+            i = int(np.argmin(free))
+            free[i] += d[k]
+        us[r] = d.sum() / (slots * free.max())
+    return float(us.mean()), float(us.std(ddof=1))
+
+
 # ----------------------------------------------------------------------------- qbatch
 def run_qbatch(args: argparse.Namespace, n: int, synchronous: bool) -> dict[str, Any]:
     from orchestrator.runner import run_experiment
     from orchestrator.store import RunStore
 
     name = "qbatch-sync" if synchronous else "qbatch"
-    run_dir = str(Path(args.out) / f"{name}-run-{int(time.time())}")
+    run_dir = str(Path(args.out) / f"{name}-run-{args.run_seed}-{int(time.time())}")
     cfg = {
         "name": name,
         "objective": {"name": "sleep", "options": _objective_options(args)},
@@ -73,7 +102,7 @@ def run_qbatch(args: argparse.Namespace, n: int, synchronous: bool) -> dict[str,
         "max_concurrent": args.slots,
         "synchronous": synchronous,
         "timeout_s": 120,
-        "seed": args.seed,
+        "seed": args.run_seed,
         "run_dir": run_dir,
     }
     t0 = time.time()
@@ -108,11 +137,11 @@ def run_plain(args: argparse.Namespace, n: int) -> dict[str, Any]:
         value = obj.evaluate(params, seed).value
         return value, t0, time.time()
 
-    rng = np.random.default_rng(args.seed)
+    rng = np.random.default_rng(args.run_seed)
     names = list(obj.space)
 
     def submit(i: int) -> Any:
-        return evaluate.remote({k: float(v) for k, v in zip(names, rng.random(len(names)))}, args.seed * 100_003 + i)
+        return evaluate.remote({k: float(v) for k, v in zip(names, rng.random(len(names)))}, args.run_seed * 100_003 + i)
 
     t0 = time.time()
     inflight = [submit(i) for i in range(min(args.slots, n))]
@@ -145,14 +174,14 @@ def run_tune(args: argparse.Namespace, n: int, reuse: bool) -> dict[str, Any]:
         tune.report({"value": value, "eval_start": t0, "eval_end": time.time()})
 
     space = {k: tune.uniform(0.0, 1.0) for k in obj.space}
-    searcher = OptunaSearch(metric="value", mode="max", sampler=optuna.samplers.GPSampler(seed=args.seed))
+    searcher = OptunaSearch(metric="value", mode="max", sampler=optuna.samplers.GPSampler(seed=args.run_seed))
     search_alg = ConcurrencyLimiter(searcher, max_concurrent=args.slots)
     tuner = tune.Tuner(
         tune.with_resources(trainable, {"cpu": 1}),
         param_space=space,
         tune_config=tune.TuneConfig(search_alg=search_alg, num_samples=n, reuse_actors=reuse,
                                     max_concurrent_trials=args.slots),
-        run_config=tune.RunConfig(name=f"tune-{'reuse' if reuse else 'fresh'}-{int(time.time())}",
+        run_config=tune.RunConfig(name=f"tune-{'reuse' if reuse else 'fresh'}-{args.run_seed}-{int(time.time())}",
                                   storage_path=str(Path(args.out).resolve() / "tune"), verbose=0),
     )
     t0 = time.time()
@@ -188,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--initial-design", type=int, default=32)
     p.add_argument("--queue-low", type=int, default=None, help="actor's queue_low (default max(slots, B/2))")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs of every system (seeds seed, seed+1, ...): one U is a single draw of the tail (see "
+                        "the ideal-scheduler row), so compare means")
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {','.join(SYSTEMS)}")
     p.add_argument("--quick", action="store_true", help="96 evaluations of ~0.5 s (Tune: 48)")
     p.add_argument("--no-progress", action="store_true")
@@ -208,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     ray.init(num_cpus=args.slots, include_dashboard=False, log_to_driver=False)
+    if args.repeats < 1:
+        p.error("--repeats must be >= 1")
     rows = []
     try:
         # start the worker processes and import the evaluation code once, so no system pays that start-up
@@ -220,52 +254,89 @@ def main(argv: list[str] | None = None) -> int:
             return i
 
         ray.get([ray.remote(num_cpus=1)(_warm).remote(i) for i in range(args.slots)])
-        for system in systems:
-            n = args.tune_evals if system.startswith("tune") else args.evals
-            print(f"[utilization] {system}: {n} evaluations, {args.slots} slots ...", file=sys.stderr, flush=True)
-            if system == "qbatch":
-                res = run_qbatch(args, n, synchronous=False)
-            elif system == "qbatch-sync":
-                res = run_qbatch(args, n, synchronous=True)
-            elif system == "plain-ray":
-                res = run_plain(args, n)
-            else:
-                res = run_tune(args, n, reuse=(system == "tune-reuse"))
-            u, busy, span = span_utilization(res["intervals"], args.slots)
-            row = {"system": system, "evaluations": len(res["intervals"]), "failed": res["failed"], "slots": args.slots,
-                   "mean_s": args.mean, "cv": args.cv, "U": u, "busy_s": busy, "span_s": span, "wall_s": res["wall_s"],
-                   "refits": res.get("refits", ""), "refit_s_median": res.get("refit_s_median", ""),
-                   "proposal_s_median": res.get("proposal_s_median", ""), "best": res.get("best", "")}
-            rows.append(row)
-            print(f"[utilization] {system}: U = {u:.3f} (busy {busy:.0f} s over {span:.0f} s x {args.slots})",
-                  file=sys.stderr, flush=True)
+        for rep in range(args.repeats):
+            args.run_seed = args.seed + rep
+            for system in systems:
+                n = args.tune_evals if system.startswith("tune") else args.evals
+                print(f"[utilization] {system} (repeat {rep}): {n} evaluations, {args.slots} slots ...",
+                      file=sys.stderr, flush=True)
+                if system == "qbatch":
+                    res = run_qbatch(args, n, synchronous=False)
+                elif system == "qbatch-sync":
+                    res = run_qbatch(args, n, synchronous=True)
+                elif system == "plain-ray":
+                    res = run_plain(args, n)
+                else:
+                    res = run_tune(args, n, reuse=(system == "tune-reuse"))
+                u, busy, span = span_utilization(res["intervals"], args.slots)
+                row = {"system": system, "repeat": rep, "evaluations": len(res["intervals"]), "failed": res["failed"],
+                       "slots": args.slots, "mean_s": args.mean, "cv": args.cv, "U": u, "busy_s": busy, "span_s": span,
+                       "wall_s": res["wall_s"], "refits": res.get("refits", ""),
+                       "refit_s_median": res.get("refit_s_median", ""),
+                       "proposal_s_median": res.get("proposal_s_median", ""), "best": res.get("best", "")}
+                rows.append(row)
+                print(f"[utilization] {system}: U = {u:.3f} (busy {busy:.0f} s over {span:.0f} s x {args.slots})",
+                      file=sys.stderr, flush=True)
     finally:
         ray.shutdown()
 
-    by = {r["system"]: r["U"] for r in rows}
-    tune_best = max([by[s] for s in ("tune", "tune-reuse") if s in by], default=float("nan"))
-    for r in rows:
-        r["U_over_tune_best"] = r["U"] / tune_best if tune_best == tune_best and tune_best > 0 else ""
-        r["U_minus_plain"] = r["U"] - by["plain-ray"] if "plain-ray" in by else ""
+    def ratios(by: dict[str, float], target: dict[str, Any]) -> None:
+        tune_best = max([by[s] for s in ("tune", "tune-reuse") if s in by], default=float("nan"))
+        target["U_over_tune_best"] = target["U"] / tune_best if tune_best == tune_best and tune_best > 0 else ""
+        target["U_minus_plain"] = target["U"] - by["plain-ray"] if "plain-ray" in by else ""
+
+    for rep in range(args.repeats):
+        by = {r["system"]: r["U"] for r in rows if r["repeat"] == rep}
+        for r in rows:
+            if r["repeat"] == rep:
+                ratios(by, r)
     path = Path(args.out) / "utilization.csv"
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
 
-    print(f"\n{'system':<12} {'evals':>6} {'U':>6} {'span s':>8} {'wall s':>8}")
-    for r in rows:
-        print(f"{r['system']:<12} {r['evaluations']:>6} {r['U']:>6.3f} {r['span_s']:>8.1f} {r['wall_s']:>8.1f}")
+    # per system over the repeats: mean U, its 95% CI, and the ratios of the means
+    summary = []
+    for system in systems:
+        us = np.array([r["U"] for r in rows if r["system"] == system])
+        half = 1.96 * us.std(ddof=1) / math.sqrt(len(us)) if len(us) > 1 else float("nan")
+        summary.append({"system": system, "runs": len(us), "evaluations": args.tune_evals if system.startswith("tune")
+                        else args.evals, "U": float(us.mean()), "U_ci95": half, "U_min": float(us.min()),
+                        "U_max": float(us.max())})
+    by = {r["system"]: r["U"] for r in summary}
+    for r in summary:
+        ratios(by, r)
+    ideal_n = args.evals
+    ideal_mean, ideal_std = ideal_utilization(ideal_n, args.slots, args.mean, args.cv, seed=args.seed)
+    summary.append({"system": "ideal (simulated)", "runs": 2000, "evaluations": ideal_n, "U": ideal_mean,
+                    "U_ci95": 1.96 * ideal_std / math.sqrt(2000), "U_min": ideal_mean - 1.96 * ideal_std,
+                    "U_max": ideal_mean + 1.96 * ideal_std, "U_over_tune_best": "", "U_minus_plain": ""})
+    spath = Path(args.out) / "summary.csv"
+    with open(spath, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(summary[0]))
+        w.writeheader()
+        w.writerows(summary)
+
+    print(f"\n{'system':<18} {'runs':>5} {'evals':>6} {'U mean':>7} {'± 95%':>7} {'min':>6} {'max':>6}")
+    for r in summary:
+        ci = "" if r["U_ci95"] != r["U_ci95"] else f"{r['U_ci95']:.3f}"
+        print(f"{r['system']:<18} {r['runs']:>5} {r['evaluations']:>6} {r['U']:>7.3f} {ci:>7} {r['U_min']:>6.3f} "
+              f"{r['U_max']:>6.3f}")
+    print(f"(ideal: a zero-overhead greedy scheduler on the same load, {ideal_n} evaluations; the band is the "
+          f"spread of one run, std {ideal_std:.3f})")
     if "qbatch" in by:
         q = by["qbatch"]
         print(f"\nqbatch U = {q:.3f} (target >= 0.9)")
+        tune_best = max([by[s] for s in ("tune", "tune-reuse") if s in by], default=float("nan"))
         if tune_best == tune_best:
             print(f"qbatch / Ray Tune best = {q / tune_best:.2f}x (target >= 3x)")
         if "plain-ray" in by:
             print(f"plain Ray loop U = {by['plain-ray']:.3f}; qbatch - plain = {q - by['plain-ray']:+.3f} (target >= -0.05)")
         if "qbatch-sync" in by:
             print(f"qbatch synchronous U = {by['qbatch-sync']:.3f}; streaming / synchronous = {q / by['qbatch-sync']:.2f}x")
-    print(f"CSV: {path}")
+        print(f"qbatch / ideal = {q / ideal_mean:.3f}")
+    print(f"CSV: {path} (per run), {spath} (per system)")
     return 0
 
 

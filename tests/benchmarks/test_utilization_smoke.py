@@ -27,3 +27,18 @@ def test_utilization_benchmark_quick(tmp_path):
         assert 0.0 < float(r["U"]) <= 1.0 + 1e-9, r
         assert r["U_over_tune_best"] and r["U_minus_plain"], r
     assert "qbatch / Ray Tune best" in proc.stdout
+    summary = {r["system"]: r for r in csv.DictReader(open(tmp_path / "summary.csv"))}
+    assert list(summary) == ["qbatch", "qbatch-sync", "plain-ray", "tune", "tune-reuse", "ideal (simulated)"]
+    assert float(summary["qbatch"]["U"]) == pytest.approx(float(rows[0]["U"]))
+    assert 0.5 < float(summary["ideal (simulated)"]["U"]) < 1.0
+
+
+def test_ideal_scheduler_reference():
+    """The zero-overhead reference: equal durations fill whole rounds (U = 1) and one extra evaluation
+    leaves the other slots idle for a whole round; lognormal tails sit in between."""
+    from benchmarks.utilization import ideal_utilization
+
+    assert ideal_utilization(32, 16, 2.0, 1e-9, reps=5)[0] == pytest.approx(1.0)
+    assert ideal_utilization(17, 16, 2.0, 1e-9, reps=5)[0] == pytest.approx(17 / 32)
+    mean, std = ideal_utilization(640, 16, 2.0, 0.5, reps=200)
+    assert 0.93 < mean < 0.99 and 0.003 < std < 0.03
