@@ -6,9 +6,15 @@ learned online from one-step-ahead central predictive intervals, in the adaptive
 calibrated-bo.md §1.5 (ACI, q_{t+1} = q_t + eta(p - err)) applied to log s:
 
     e_t = 1{ y_t outside the central c-interval of the forecast with var_f scaled by s_t(x_t)^2 }
-    log s_{t+1}(.) = log s_t(.) + eta_t (e_t - (1 - c)) k(x_t, .)
+    r_t = s_t^2 var_f / Var_s[y]   (the share of the predictive variance of y that s controls)
+    log s_{t+1}(.) = log s_t(.) + eta_t r_t (e_t - (1 - c)) k(x_t, .)
 
 A miss widens, a hit narrows; the long-run miss rate tends to 1 - c while s stays inside its clip range.
+r_t is the chain rule of that online gradient step: ACI's update is a gradient step of the interval's
+quantile loss in the log width w, and d log w / d log s = r_t for a Gaussian predictive. Without it, when the
+noise dominates the predictive of y, s cannot move the coverage and ACI would walk s to a clip end on the
+noise model's own error (the GLD benchmark of issue 5 saw s drift to 0.66 and remove exploration); with it,
+s stays near the model's own spread where y says nothing about f.
 Global mode: k = 1 (one scalar). Local mode: the LOCBO-style threshold c_t + g_t(x) of locbo.md §1.3, with
 k(x, x') = exp(-|x - x'|^2 / l^2) added to the global term, decaying by (1 - lambda_reg eta_t) per step.
 s(x) is clipped to [SPREAD_MIN, SPREAD_MAX] (named constants below; not in any paper).
@@ -111,6 +117,13 @@ class SpreadTracker:
         u = scaled_forecast(forecast, s).cdf(torch.as_tensor(y, dtype=torch.float64).reshape(-1))
         return (2 * u - 1).abs() > self.coverage
 
+    @staticmethod
+    def sensitivity(forecast: Forecast, s: Tensor | float) -> float:
+        """r = s^2 var_f / Var[y] of the first point of `forecast` with f widened by s: d log(width)/d log s."""
+        scaled = scaled_forecast(forecast[:1], s)
+        total = float(scaled.variance()[0])
+        return float(scaled.var_f[0]) / total if total > 0 else 1.0
+
     def update(self, forecast: Forecast, y: Tensor, x: Tensor | None = None) -> None:
         """One result: `forecast` of one point, scalar `y`, its `d` point `x` (required in local mode)."""
         if self.mode == "local" and x is None:
@@ -120,7 +133,7 @@ class SpreadTracker:
         lo, hi = math.log(self.s_min), math.log(self.s_max)
         s = self(xs)[0] if xs is not None else torch.tensor(math.exp(min(max(self.log_s, lo), hi)), dtype=torch.float64)
         e = float(self.miss(forecast, y, s)[0])
-        grad = e - (1.0 - self.coverage)
+        grad = (e - (1.0 - self.coverage)) * self.sensitivity(forecast, s)
         # the global term is kept inside the clip range so that a long run of misses cannot wind it up
         if self.mode == "global":
             self.log_s = min(max(self.log_s + self.eta * grad, lo), hi)

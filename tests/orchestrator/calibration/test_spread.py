@@ -38,11 +38,32 @@ def test_global_spread_learns_the_missing_width() -> None:
 def test_spread_is_clipped() -> None:
     tr = SpreadTracker(eta=1.0)
     for _ in range(50):
-        tr.update(_fc(0.0, 1e-10), torch.tensor(5.0))  # hopeless: always missed
+        tr.update(_fc(0.0, 1e-2), torch.tensor(5.0))  # always missed, even at s = 10
     assert float(tr(torch.zeros(1, 1))) == pytest.approx(SPREAD_MAX)
     for _ in range(500):
         tr.update(_fc(0.0, 1.0), torch.tensor(0.0))  # always covered
     assert float(tr(torch.zeros(1, 1))) == pytest.approx(SPREAD_MIN)
+
+
+def test_noise_dominated_forecasts_leave_the_spread_alone() -> None:
+    """When the noise dominates the predictive of y, s barely moves the interval: the step is weighted by
+    r = s^2 var_f / Var[y], so a noise model that is a little too wide no longer walks s to its lower clip
+    (the unweighted ACI step would: it is checked here too, so the test can fail both ways)."""
+    g = torch.Generator().manual_seed(3)
+    fc = _fc(0.0, 0.01, sigma=1.0)  # Var[y] ~ var_f + c_v sigma^2, c_v ~ 4 here: r ~ 0.003
+    # draws of the forecast's own shape with their levels squeezed into [0.2, 0.8]: always covered
+    ys = fc.quantile(0.2 + 0.6 * torch.rand(2000, generator=g, dtype=torch.float64)).reshape(-1)
+    assert ys.shape == (2000,)
+    tr = SpreadTracker(eta=0.1)
+    for y in ys[:1000]:
+        tr.update(fc, y.reshape(1))
+    assert 0.9 < float(tr(torch.zeros(1, 1))) < 1.1
+    assert SpreadTracker.sensitivity(fc, 1.0) < 0.01 and SpreadTracker.sensitivity(_fc(0.0, 1.0), 1.0) > 0.99
+    unweighted = SpreadTracker(eta=0.1)
+    unweighted.sensitivity = lambda forecast, s: 1.0  # the plain ACI step
+    for y in ys[1000:]:
+        unweighted.update(fc, y.reshape(1))
+    assert float(unweighted(torch.zeros(1, 1))) == pytest.approx(SPREAD_MIN)
 
 
 def test_local_spread_separates_regions() -> None:
