@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
 import platform
 import sys
 import time

@@ -158,7 +158,7 @@ def _cmd_objectives(args: argparse.Namespace) -> int:
     width = max(len(n) for n in table)
     for name, desc in table.items():
         print(f"{name.ljust(width)}  {desc}")
-    print(f"\nor a user objective as 'package.module:name' (an Objective subclass, factory or instance)")
+    print("\nor a user objective as 'package.module:name' (an Objective subclass, factory or instance)")
     return EXIT_OK
 
 

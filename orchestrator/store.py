@@ -19,7 +19,6 @@ from __future__ import annotations
 import errno
 import io
 import json
-import math
 import os
 import re
 import time

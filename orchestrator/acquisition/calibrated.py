@@ -24,7 +24,7 @@ from botorch.optim import optimize_acqf
 from torch import Tensor
 
 from orchestrator.acquisition.base import DUPLICATE_TOL, Proposer, min_distance
-from orchestrator.errors import ConfigError, InputDataError, UnsupportedError
+from orchestrator.errors import ConfigError, UnsupportedError
 
 __all__ = [
     "AcquisitionProposer",
@@ -57,7 +57,7 @@ def gaussian_predictive(model: Any, X: Tensor, X_pending: Tensor | None = None) 
     if X.ndim < 2 or X.shape[-2] != 1:
         raise UnsupportedError(f"analytic calibrated acquisitions take `b x 1 x d` inputs; got {tuple(X.shape)}")
     x = X.squeeze(-2)
-    b, d = x.shape[0] if x.ndim > 1 else 1, x.shape[-1]
+    d = x.shape[-1]
     x = x.reshape(-1, d)
     m = 0 if X_pending is None else X_pending.shape[0]
     Xc = x.unsqueeze(-2) if m == 0 else torch.cat([X_pending.to(x).expand(x.shape[0], m, d), x.unsqueeze(-2)], dim=-2)

@@ -17,7 +17,6 @@ its previous hyperparameters.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable
 
 import numpy as np

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from orchestrator.models.predictive import Forecast
 
 __all__ = ["FAMILIES", "SparseLatentParts", "Surrogate", "check_training_data", "TKWARGS"]
 
