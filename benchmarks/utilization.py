@@ -20,7 +20,9 @@ need no cores; the model, Ray's own processes and Tune's bookkeeping share the r
 A single U is one draw of the tail (the slots idling while the last evaluations finish): on this load its
 run-to-run spread is a standard deviation of ~0.012 even for a perfect scheduler. `--repeats R` runs every
 system R times (seeds seed .. seed+R-1) and compares means; the summary adds the "ideal (simulated)" row, a
-zero-overhead greedy scheduler on the same load (`ideal_utilization`), which bounds every system.
+zero-overhead greedy scheduler on the same load (`ideal_utilization`), which bounds every system, and every
+run gets U_ideal_same_draw, the U a zero-overhead scheduler reaches with that run's own durations in its
+start order: U / U_ideal_same_draw ("efficiency") removes the tail's luck from the comparison.
 
 Usage (inside scripts/loopback):
     python benchmarks/utilization.py --out bench-out            # 640 evaluations, Tune with --tune-evals 160
@@ -37,7 +39,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -59,6 +61,15 @@ def span_utilization(intervals: list[tuple[float, float]], slots: int) -> tuple[
     return busy / (slots * span), busy, span
 
 
+def greedy_utilization(durations: Sequence[float], slots: int) -> float:
+    """U of a zero-overhead greedy schedule of `durations` in this order: each starts the instant a slot frees."""
+    free = np.zeros(slots)
+    for d in durations:
+        i = int(np.argmin(free))
+        free[i] += d
+    return float(np.sum(durations) / (slots * free.max())) if len(durations) else float("nan")
+
+
 def ideal_utilization(n: int, slots: int, mean_s: float, cv: float, reps: int = 2000, seed: int = 0) -> tuple[float, float]:
     """(mean, std) of U for a zero-overhead greedy scheduler on the same load (simulated).
 
@@ -71,14 +82,7 @@ def ideal_utilization(n: int, slots: int, mean_s: float, cv: float, reps: int = 
 
     mu, sigma = lognormal_params(mean_s, cv)
     rng = np.random.default_rng(seed)
-    us = np.empty(reps)
-    for r in range(reps):
-        d = rng.lognormal(mu, sigma, n)
-        free = np.zeros(slots)
-        for k in range(n):
-            i = int(np.argmin(free))
-            free[i] += d[k]
-        us[r] = d.sum() / (slots * free.max())
+    us = np.array([greedy_utilization(rng.lognormal(mu, sigma, n), slots) for _ in range(reps)])
     return float(us.mean()), float(us.std(ddof=1))
 
 
@@ -268,14 +272,19 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     res = run_tune(args, n, reuse=(system == "tune-reuse"))
                 u, busy, span = span_utilization(res["intervals"], args.slots)
+                # the same durations, in the same start order, on a zero-overhead scheduler: what this run's
+                # draw of evaluation times allowed (the tail's luck), so U / U_ideal is the system's own share
+                order = sorted(res["intervals"])
+                u_ideal = greedy_utilization([e - s_ for s_, e in order], args.slots)
                 row = {"system": system, "repeat": rep, "evaluations": len(res["intervals"]), "failed": res["failed"],
-                       "slots": args.slots, "mean_s": args.mean, "cv": args.cv, "U": u, "busy_s": busy, "span_s": span,
+                       "slots": args.slots, "mean_s": args.mean, "cv": args.cv, "U": u, "U_ideal_same_draw": u_ideal,
+                       "efficiency": u / u_ideal, "busy_s": busy, "span_s": span,
                        "wall_s": res["wall_s"], "refits": res.get("refits", ""),
                        "refit_s_median": res.get("refit_s_median", ""),
                        "proposal_s_median": res.get("proposal_s_median", ""), "best": res.get("best", "")}
                 rows.append(row)
-                print(f"[utilization] {system}: U = {u:.3f} (busy {busy:.0f} s over {span:.0f} s x {args.slots})",
-                      file=sys.stderr, flush=True)
+                print(f"[utilization] {system}: U = {u:.3f} (busy {busy:.0f} s over {span:.0f} s x {args.slots}; "
+                      f"ideal for these durations {u_ideal:.3f})", file=sys.stderr, flush=True)
     finally:
         ray.shutdown()
 
@@ -300,9 +309,10 @@ def main(argv: list[str] | None = None) -> int:
     for system in systems:
         us = np.array([r["U"] for r in rows if r["system"] == system])
         half = 1.96 * us.std(ddof=1) / math.sqrt(len(us)) if len(us) > 1 else float("nan")
+        eff = np.array([r["efficiency"] for r in rows if r["system"] == system])
         summary.append({"system": system, "runs": len(us), "evaluations": args.tune_evals if system.startswith("tune")
                         else args.evals, "U": float(us.mean()), "U_ci95": half, "U_min": float(us.min()),
-                        "U_max": float(us.max())})
+                        "U_max": float(us.max()), "efficiency": float(eff.mean())})
     by = {r["system"]: r["U"] for r in summary}
     for r in summary:
         ratios(by, r)
@@ -310,20 +320,22 @@ def main(argv: list[str] | None = None) -> int:
     ideal_mean, ideal_std = ideal_utilization(ideal_n, args.slots, args.mean, args.cv, seed=args.seed)
     summary.append({"system": "ideal (simulated)", "runs": 2000, "evaluations": ideal_n, "U": ideal_mean,
                     "U_ci95": 1.96 * ideal_std / math.sqrt(2000), "U_min": ideal_mean - 1.96 * ideal_std,
-                    "U_max": ideal_mean + 1.96 * ideal_std, "U_over_tune_best": "", "U_minus_plain": ""})
+                    "U_max": ideal_mean + 1.96 * ideal_std, "efficiency": 1.0, "U_over_tune_best": "",
+                    "U_minus_plain": ""})
     spath = Path(args.out) / "summary.csv"
     with open(spath, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(summary[0]))
         w.writeheader()
         w.writerows(summary)
 
-    print(f"\n{'system':<18} {'runs':>5} {'evals':>6} {'U mean':>7} {'± 95%':>7} {'min':>6} {'max':>6}")
+    print(f"\n{'system':<18} {'runs':>5} {'evals':>6} {'U mean':>7} {'± 95%':>7} {'min':>6} {'max':>6} {'U/ideal':>8}")
     for r in summary:
         ci = "" if r["U_ci95"] != r["U_ci95"] else f"{r['U_ci95']:.3f}"
         print(f"{r['system']:<18} {r['runs']:>5} {r['evaluations']:>6} {r['U']:>7.3f} {ci:>7} {r['U_min']:>6.3f} "
-              f"{r['U_max']:>6.3f}")
+              f"{r['U_max']:>6.3f} {r['efficiency']:>8.3f}")
     print(f"(ideal: a zero-overhead greedy scheduler on the same load, {ideal_n} evaluations; the band is the "
-          f"spread of one run, std {ideal_std:.3f})")
+          f"spread of one run, std {ideal_std:.3f}. U/ideal: each run's U over that of a zero-overhead scheduler "
+          f"given the run's own durations in its start order, averaged over runs)")
     if "qbatch" in by:
         q = by["qbatch"]
         print(f"\nqbatch U = {q:.3f} (target >= 0.9)")
