@@ -242,13 +242,13 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    ray.init(num_cpus=args.slots, include_dashboard=False, log_to_driver=False)
     if args.repeats < 1:
         p.error("--repeats must be >= 1")
+    ray.init(num_cpus=args.slots, include_dashboard=False, log_to_driver=False)
     rows = []
     try:
-        # start the worker processes and import the evaluation code once, so no system pays that start-up
-        # inside its span (every system then runs on the same warm pool of workers)
+        # start the worker processes and import the evaluation code, so no system pays that start-up inside
+        # its span (every system runs on the same warm pool of workers)
         def _warm(i: int) -> int:
             import objectives.timing  # noqa: F401
             import workers.evaluate  # noqa: F401
@@ -256,10 +256,12 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(1.0)  # hold the slot so every slot gets its own worker
             return i
 
-        ray.get([ray.remote(num_cpus=1)(_warm).remote(i) for i in range(args.slots)])
         for rep in range(args.repeats):
             args.run_seed = args.seed + rep
             for system in systems:
+                # again before every system: Tune's trial actors leave fewer idle task workers behind, and a
+                # system that had to start workers (two at a time) would pay it in its ramp-up
+                ray.get([ray.remote(num_cpus=1)(_warm).remote(i) for i in range(args.slots)])
                 n = args.tune_evals if system.startswith("tune") else args.evals
                 print(f"[utilization] {system} (repeat {rep}): {n} evaluations, {args.slots} slots ...",
                       file=sys.stderr, flush=True)
