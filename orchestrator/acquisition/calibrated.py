@@ -366,8 +366,8 @@ class AcquisitionProposer(Proposer):
             temp = a.std().clamp_min(1e-12)
             probs = torch.softmax((a - a.max()) / temp, 0)
             idx = torch.multinomial(probs, 256, replacement=True, generator=generator)
-            ratio = DensityRatioEstimator(d)
-            ratio.fit(parts.X, sob[idx], steps=cal.ratio_steps, seed=seed)
+            ratio = DensityRatioEstimator(d, seed=seed)
+            ratio.fit(parts.X, sob[idx], steps=cal.ratio_steps)
             ratio.requires_grad_(False)
         kw = {"temp": cal.temp, "num_labels": cal.num_labels, "ratio": ratio}
         if self.acquisition == "ucb":

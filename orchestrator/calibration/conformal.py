@@ -213,17 +213,24 @@ class DensityRatioEstimator(torch.nn.Module):
     layer zero-initialised so that r = 1 (uniform weights) before training; r = exp(logit) clamped >= RATIO_FLOOR.
     """
 
-    def __init__(self, d: int, hidden: int = 64) -> None:
+    def __init__(self, d: int, hidden: int = 64, seed: int = 0) -> None:
         super().__init__()
-        self.net = torch.nn.Sequential(
-            torch.nn.Linear(d, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1)
-        ).to(torch.float64)
+        # the hidden layers' random initialization is drawn from `seed`, never from (or into) the global
+        # generator: proposals are reproducible from the run's seed and the caller's random state is untouched
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.net = torch.nn.Sequential(
+                torch.nn.Linear(d, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+                torch.nn.Linear(hidden, 1),
+            ).to(torch.float64)
         torch.nn.init.zeros_(self.net[-1].weight)
         torch.nn.init.zeros_(self.net[-1].bias)
 
-    def fit(self, X_train: Tensor, X_query: Tensor, steps: int = 256, lr: float = 1e-3, weight_decay: float = 1e-4, seed: int = 0) -> float:
-        """Full-batch Adam on BCE (train = 0, query = 1, pos_weight = #neg/#pos); returns the final loss."""
-        torch.manual_seed(seed)
+    def fit(self, X_train: Tensor, X_query: Tensor, steps: int = 256, lr: float = 1e-3, weight_decay: float = 1e-4) -> float:
+        """Full-batch Adam on BCE (train = 0, query = 1, pos_weight = #neg/#pos); returns the final loss.
+
+        Deterministic given the initialization (no sampling).
+        """
         X = torch.cat([X_train, X_query]).to(torch.float64)
         t = torch.cat([torch.zeros(X_train.shape[0]), torch.ones(X_query.shape[0])]).to(torch.float64)
         pos_weight = torch.tensor(X_train.shape[0] / max(X_query.shape[0], 1), dtype=torch.float64)

@@ -120,6 +120,29 @@ def test_density_ratio_starts_at_one_and_learns() -> None:
     assert est(Xq).mean() > 3 * est(Xt).mean()
 
 
+def test_density_ratio_is_reproducible_and_leaves_the_global_generator_alone() -> None:
+    """Its initialization comes from its seed, not the global generator (conformal EI runs differed between
+    processes with the same seed before), and building or fitting it does not reseed the caller."""
+    g = torch.Generator().manual_seed(4)
+    Xt = torch.rand(30, 3, generator=g, dtype=torch.float64)
+    Xq = torch.rand(30, 3, generator=g, dtype=torch.float64) ** 2
+
+    def fitted(seed: int) -> torch.Tensor:
+        est = DensityRatioEstimator(3, seed=seed)
+        est.fit(Xt, Xq, steps=20, lr=1e-2)
+        return est(Xq).detach()
+
+    torch.manual_seed(123)
+    a = fitted(7)
+    after = torch.rand(3)
+    torch.manual_seed(999)  # a different global state must not matter
+    b = fitted(7)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert not torch.allclose(a, fitted(8))
+    torch.manual_seed(123)
+    torch.testing.assert_close(torch.rand(3), after)  # the caller's stream went on as if nothing happened
+
+
 def test_calibrator_schedule_and_state(tmp_path) -> None:
     cal = build_calibrator("conformal")
     assert cal.alpha(27) == pytest.approx(1 / math.sqrt(27))
