@@ -31,6 +31,7 @@ Usage:
     python benchmarks/laser.py --quick                          # CI smoke run (~20 s)
     python benchmarks/laser.py --workers 16 --resume --time-limit 420   # full: 3 methods x 10 runs
     python benchmarks/laser.py --methods quantile-ts gpr-ei --runs 0-4 --workers 2
+    python benchmarks/laser.py --peak        # the optimum's neighbourhood: is q* a broad hump or a spike?
 Results in --out (default results/laser/): runs/*.csv (one per method x run; named with the protocol and a
 hash of the settings), laser.csv + laser.parquet (every checkpoint: one per batch), summary.csv/.parquet
 (final distance, mean +- 95% CI, with the issue's target), laser_rel.png / laser_abs.png (distance vs
@@ -314,6 +315,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--methods", nargs="+", choices=sorted(METHODS),
                     help=f"methods (default: {' '.join(DEFAULT_METHODS)})")
     ap.add_argument("--tau", type=float, default=0.1, help="quantile level (0.1; A15)")
+    ap.add_argument("--peak", action="store_true",
+                    help="no optimization: the fitted fields and the quantile around the simulator's optimum")
     ap.add_argument("--initial", type=int, help="initial points (400)")
     ap.add_argument("--batches", type=int, help="BO batches after the initial points (12)")
     ap.add_argument("--batch", type=int, help="batch size (100)")
@@ -381,6 +384,53 @@ def objective_of(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     return {"name": "laser", "options": options}, simulator
 
 
+def peak_profile(sim: Any, tau: float, radii: Sequence[float] = (0.01, 0.03, 0.1, 0.2, 0.4), n_dirs: int = 200,
+                 seed: int = 0) -> list[dict]:
+    """The exact tau-quantile around the simulator's optimum: for each radius r (unit-cube units), `n_dirs`
+    random directions, points clipped to the box; mean/min/max of q, and the mean of the fields (mean energy,
+    omega, alpha). Row r = 0 is the optimum itself, with the distance to the nearest measured setting."""
+    import numpy as np
+
+    params, q_star = sim.optimum(tau)
+    x = np.array([params[n] for n in sim.names])
+    z = sim._to_unit(x[None])[0]
+    X_data, _ = sim.initial_data()
+    nearest = float(np.sqrt(((sim._to_unit(X_data) - z) ** 2).sum(axis=1)).min())
+    _, om, al = sim.sn_params(x[None])
+    rows = [{"radius": 0.0, "q_mean": q_star, "q_min": q_star, "q_max": q_star,
+             "mean_energy": float(sim.mean_array(x[None])[0]), "omega": float(om[0]), "alpha": float(al[0]),
+             "nearest_measured": nearest, "box_edge_coords": int(((z < 1e-3) | (z > 1 - 1e-3)).sum())}]
+    rng = np.random.default_rng(seed)
+    for r in radii:
+        U = rng.standard_normal((n_dirs, len(z)))
+        U /= np.linalg.norm(U, axis=1, keepdims=True)
+        Xs = sim._from_unit(np.clip(z + r * U, 0.0, 1.0))
+        q = sim.quantile_array(Xs, tau)
+        _, om, al = sim.sn_params(Xs)
+        rows.append({"radius": float(r), "q_mean": float(q.mean()), "q_min": float(q.min()), "q_max": float(q.max()),
+                     "mean_energy": float(sim.mean_array(Xs).mean()), "omega": float(om.mean()),
+                     "alpha": float(al.mean()), "nearest_measured": float("nan"), "box_edge_coords": -1})
+    return rows
+
+
+def run_peak(args: argparse.Namespace) -> list[dict]:
+    """`--peak`: print the fitted fields' kernels and the quantile profile around q*; writes peak.csv."""
+    from objectives.registry import load_objective
+
+    objective, simulator = objective_of(args)
+    sim = load_objective(objective["name"], objective["options"])
+    print(f"[laser] {simulator}; tau {args.tau:g}")
+    for name in ("mean", "log_omega", "alpha_raw"):
+        kernel = getattr(getattr(sim._fields, name, None), "kernel", None)
+        print(f"  {name:<10} kernel: {kernel if kernel is not None else type(sim._fields).__name__}")
+    rows = peak_profile(sim, args.tau)
+    print(format_table(rows))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_table(rows, out / "peak")
+    return rows
+
+
 def portable(objective: Mapping[str, Any]) -> dict[str, Any]:
     """`objective` with its CSV path replaced by the file's name and content checksum: result-file names and
     checkpoint keys then survive moving the repository (e.g. to another machine between `--resume`s)."""
@@ -393,6 +443,8 @@ def portable(objective: Mapping[str, Any]) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.peak:
+        return {"peak": run_peak(args)}
     out = Path(args.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     deadline = None if args.time_limit is None else time.time() + args.time_limit

@@ -137,3 +137,15 @@ def test_laser_falls_back_to_synthetic(mod, tmp_path, capsys, monkeypatch):
     assert "missing: falling back to the synthetic simulator" in printed and "Sobol design" in printed
     table = _check_table(mod, tmp_path, ["quantile-ts"], [0], LaserSimulator(**mod.QUICK["objective_options"]), 0.1)
     assert {r["simulator"] for r in table} == {"synthetic"} and {r["initial_source"] for r in table} == {"sobol"}
+
+
+def test_laser_peak_profile(mod, tmp_path, capsys):
+    """`--peak` on the real data (when shipped) or the synthetic simulator: the optimum is a local maximum of
+    the exact quantile (no nearby point beats it), the profile falls off with the radius, and peak.csv lands."""
+    argv = ["--peak", "--out", str(tmp_path)] + ([] if Path(mod.DEFAULT_CSV).is_file() else ["--synthetic"])
+    rows = _main(mod, argv)["peak"]
+    assert [r["radius"] for r in rows] == [0.0, 0.01, 0.03, 0.1, 0.2, 0.4]
+    q_star = rows[0]["q_mean"]
+    assert rows[1]["q_max"] <= q_star + 1e-6
+    assert rows[-1]["q_mean"] < rows[1]["q_mean"] <= q_star
+    assert (tmp_path / "peak.csv").is_file() and "kernel" in capsys.readouterr().out
