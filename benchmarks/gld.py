@@ -17,7 +17,8 @@ if one beats it (recorded in column `q_star`).
 Methods (model + proposer): quantile-ts (quantile + thompson), qgibbon (quantile + qgibbon, repulsion
 "paper" = w 1), qgibbon-rescaled (repulsion 1/(k-1)^2), gpr-ei (gpr-replicates + gpr-ei: each batch is ONE
 point evaluated B times, initial design round(n0/B) Sobol points x B replicates, spec §4.4), hetgp-ts
-(heteroscedastic + thompson on the path quantile), qlognei (exact-gp + BoTorch qLogNEI), sobol, random.
+(heteroscedastic + thompson on the path quantile), qlognei (exact-gp + BoTorch qLogNEI, the q points optimized
+jointly as BoTorch's `optimize_acqf` does by default), sobol, random.
 All methods of one (setting, problem) share the problem seed, so the model-based methods on the same model
 start from the SAME initial design and first fit (computed once and shared, which is only a speed-up).
 
@@ -76,7 +77,10 @@ METHODS: dict[str, Method] = {
     "qgibbon-rescaled": Method("quantile", "qgibbon", proposer_options={"repulsion": "rescaled"}),
     "gpr-ei": Method("gpr-replicates", "gpr-ei", replicate=True),
     "hetgp-ts": Method("heteroscedastic", "thompson"),
-    "qlognei": Method("exact-gp", "qlognei"),
+    # BoTorch's default joint optimization of the q points (optimize_acqf(sequential=False)), as its tutorials run
+    # it: 2.6x faster than sequential greedy at q = 10 and 10x at q = 50 (d = 6, n = 1000), for a batch value
+    # within 0.04 of greedy's in log-EI; the greedy mode made qLogNEI alone cost days on the full grid
+    "qlognei": Method("exact-gp", "qlognei", proposer_options={"sequential": False}),
     "sobol": Method("exact-gp", "sobol"),
     "random": Method("exact-gp", "random"),
 }
