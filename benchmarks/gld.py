@@ -20,7 +20,8 @@ point evaluated B times, initial design round(n0/B) Sobol points x B replicates,
 (heteroscedastic + thompson on the path quantile), qlognei (exact-gp + BoTorch qLogNEI, the q points optimized
 jointly as BoTorch's `optimize_acqf` does by default), sobol, random.
 All methods of one (setting, problem) share the problem seed, so the model-based methods on the same model
-start from the SAME initial design and first fit (computed once and shared, which is only a speed-up).
+start from the SAME initial design and first fit (each run computes it from the seed; runs of several methods in
+one call share it, which is only a speed-up).
 
 Settings: d in {3, 6}, tau in {0.75, 0.95}, batch in {10, 50}; initial 50 d, budget 250 d; 10 problems.
 
@@ -29,8 +30,9 @@ Usage:
     python benchmarks/gld.py --settings 3:0.75:10 --methods quantile-ts qgibbon --problems 10
     python benchmarks/gld.py --settings 3:0.75:10 --budget 300 --problems 0-9   # a reduced budget
     python benchmarks/gld.py --quick                           # CI smoke run (~1 minute)
-Results in --out (default results/gld/): runs/*.csv (one per setting x problem, written as they finish;
---resume skips those present), gld.csv + gld.parquet (every checkpoint), summary.csv (final regret, mean
+Results in --out (default results/gld/): runs/*.csv (one per setting x problem x method, written as they finish;
+--resume skips the methods already finished, so a grid can be filled in over several sessions and methods added
+later; q* of a problem is the best over all of its runs), gld.csv + gld.parquet (every checkpoint), summary.csv (final regret, mean
 and 95% CI per setting x method), paired.csv (paired over problems), gld_<setting>.png (regret vs
 evaluations, mean +- 95% CI).
 """
@@ -190,7 +192,11 @@ def _run_method(
 def run_problem(
     setting: Setting, problem_id: int, methods: Sequence[str], model_options: dict, threads: int = 1
 ) -> list[dict]:
-    """All `methods` on one GLD problem; returns checkpoint rows with exact quantiles and regrets."""
+    """`methods` on one GLD problem; returns checkpoint rows with exact quantiles and regrets.
+
+    q* here is the L-BFGS optimum raised to the best exact quantile of any point these methods evaluated;
+    `merge_rows` raises it further to the best over every job that ran on the problem.
+    """
     import numpy as np
     import torch
 
@@ -230,6 +236,39 @@ def run_problem(
         row.setdefault("error", "")
         row["mode"] = MODE
     return rows
+
+
+def job_path(runs: Path, setting: Setting, problem: int, method: str) -> Path:
+    """Result file of one (setting, problem, method) run (without the .csv suffix)."""
+    return runs / f"{setting.label}-p{problem}-{method}"
+
+
+def done_methods(runs: Path, setting: Setting, problem: int) -> set[str]:
+    """Methods that already finished on (setting, problem) without an error, in any result file: one per method
+    (`job_path`), or one per problem holding several methods (the layout before per-method jobs)."""
+    done = set()
+    for path in runs.glob(f"{setting.label}-p{problem}*.csv"):
+        stem = path.name[:-len(".csv")]
+        if stem != f"{setting.label}-p{problem}" and not stem.startswith(f"{setting.label}-p{problem}-"):
+            continue  # e.g. p1 must not match p10
+        done |= {r["method"] for r in read_table(path) if not r.get("error") and int(r["n_evals"]) == setting.budget}
+    return done
+
+
+def merge_rows(rows: Sequence[dict]) -> list[dict]:
+    """Rows of every job, one per (setting, problem, method, checkpoint) (a later file's row replaces an earlier
+    one's), with q* of a problem the best over all of its jobs and regret = q* - q_tau(x_hat) against it."""
+    unique: dict[tuple, dict] = {}
+    for r in rows:
+        unique[(r["d"], r["tau"], r["batch"], r["problem"], r["method"], r["n_evals"])] = dict(r)
+    q_star: dict[tuple, float] = {}
+    for r in unique.values():
+        k = (r["d"], r["tau"], r["batch"], r["problem"])
+        q_star[k] = max(q_star.get(k, -math.inf), r["q_star"])
+    for r in unique.values():
+        r["q_star"] = q_star[(r["d"], r["tau"], r["batch"], r["problem"])]
+        r["regret"] = r["q_star"] - r["q_rec"]
+    return list(unique.values())
 
 
 # ---------------------------------------------------------------------------------------------------- analysis
@@ -383,27 +422,30 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(f"[gld] {MODE}; methods {methods}; {len(settings)} settings x {len(problems)} problems", flush=True)
     t_start = time.perf_counter()
 
+    # one job per (setting, problem, method), so a grid can be filled in over several sessions and a method added
+    # later; --resume skips the methods a result file already holds
+    runs = out / "runs"
     jobs = []
     for s in settings:
         for p in problems:
-            path = out / "runs" / f"{s.label}-p{p}"
-            if args.resume and path.with_name(path.name + ".csv").exists():
-                continue
-            jobs.append((s, p, path))
+            done = done_methods(runs, s, p) if args.resume else set()
+            jobs += [(s, p, m, job_path(runs, s, p, m)) for m in methods if m not in done]
+    print(f"[gld] {len(jobs)} (setting, problem, method) runs to do", flush=True)
     if args.workers == 1:
-        for s, p, path in jobs:
-            write_table(run_problem(s, p, methods, model_options, args.threads), path, parquet=False)
+        for s, p, m, path in jobs:
+            write_table(run_problem(s, p, [m], model_options, args.threads), path, parquet=False)
     else:
         import multiprocessing as mp
 
         with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as pool:
-            futures = {pool.submit(run_problem, s, p, methods, model_options, args.threads): path for s, p, path in jobs}
+            futures = {pool.submit(run_problem, s, p, [m], model_options, args.threads): path
+                       for s, p, m, path in jobs}
             for fut in as_completed(futures):
                 write_table(fut.result(), futures[fut], parquet=False)
 
     rows = []
     wanted = {(s.d, s.tau, s.batch) for s in settings}
-    for path in sorted((out / "runs").glob("*.csv")):
+    for path in sorted(runs.glob("*.csv"), key=lambda p: p.stat().st_mtime):
         for r in read_table(path):
             r = {**r, "d": int(r["d"]), "tau": float(r["tau"]), "batch": int(r["batch"]), "problem": int(r["problem"]),
                  "n_evals": int(r["n_evals"])}
@@ -411,6 +453,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 r[k] = float(r[k])
             if (r["d"], r["tau"], r["batch"]) in wanted and r["problem"] in problems and r["method"] in methods:
                 rows.append(r)
+    rows = merge_rows(rows)
     rows.sort(key=lambda r: (r["d"], r["tau"], r["batch"], list(METHODS).index(r["method"]), r["problem"], r["n_evals"]))
     write_table(rows, out / "gld")
     summary, paired, target = summarize(rows)

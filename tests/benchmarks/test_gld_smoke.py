@@ -1,28 +1,52 @@
 """Smoke run of benchmarks/gld.py (`--quick`: d = 3, tau = 0.75, batch 10, 2 problems, 3 methods, 40
 evaluations): the checkpoint table's rows, regrets against the exact GLD quantile, the summary, the paired
-comparison and the plot. The full grid never runs in tests."""
+comparison and the plot; and the same run repeated in a fresh process gives the same recommendations (issue 8:
+runs are reproducible from their config and seed). The full grid never runs in tests."""
 
 from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
 
+from tests.benchmarks.conftest import BENCHMARKS
 
 
-@pytest.mark.benchmark
-def test_gld_quick(tmp_path, capsys, load_benchmark):
-    mod = load_benchmark("gld")
-    threads = torch.get_num_threads()
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    """The quick run, in this process (after whatever the suite ran before: any use of global random state
+    would show up as a difference from the fresh process of the reproducibility test)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gld_benchmark", BENCHMARKS / "gld.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
     try:
-        result = mod.main(["--quick", "--threads", "1", "--out", str(tmp_path)])
+        spec.loader.exec_module(mod)
+        out = tmp_path_factory.mktemp("gld_quick")
+        threads = torch.get_num_threads()
+        try:
+            import contextlib
+            import io
+
+            with contextlib.redirect_stdout(io.StringIO()) as printed:
+                result = mod.main(["--quick", "--threads", "1", "--out", str(out)])
+        finally:
+            torch.set_num_threads(threads)
+        yield mod, out, result, printed.getvalue()
     finally:
-        torch.set_num_threads(threads)
-    printed = capsys.readouterr().out
+        sys.modules.pop(spec.name, None)
+
+
+def test_gld_quick(quick):
+    mod, tmp_path, result, printed = quick
     assert "synchronous" in printed and "Final simple regret" in printed and "Paired over problems" in printed
 
     q = mod.QUICK
@@ -58,3 +82,21 @@ def test_gld_quick(tmp_path, capsys, load_benchmark):
     assert {(p["method"], p["versus"]) for p in paired} == {("quantile-ts", "gpr-ei"), ("quantile-ts", "sobol")}
     assert (tmp_path / f"gld_d{d}-tau{tau:g}-b{batch}.png").stat().st_size > 1000
     assert len(result["rows"]) == len(table)
+
+
+def test_gld_run_is_reproducible_in_a_fresh_process(quick, tmp_path):
+    """Same config and seed, another process: every checkpoint's recommended point, its predicted and exact
+    quantile are equal, bit for bit, to the in-process run's (quantile TS, the method of the issue's target)."""
+    _, _, result, _ = quick
+    out = tmp_path / "again"
+    subprocess.run([sys.executable, str(BENCHMARKS / "gld.py"), "--quick", "--methods", "quantile-ts",
+                    "--threads", "1", "--out", str(out)], check=True, capture_output=True, timeout=600,
+                   cwd=Path(BENCHMARKS).parent)
+    again = pq.read_table(out / "gld.parquet").to_pylist()
+    key = lambda r: (r["problem"], r["n_evals"])  # noqa: E731
+    mine = {key(r): r for r in result["rows"] if r["method"] == "quantile-ts"}
+    theirs = {key(r): r for r in again}
+    assert set(mine) == set(theirs) and len(mine) >= 6
+    for k, r in mine.items():
+        assert (r["x_rec"], r["predicted"], r["q_rec"]) == (theirs[k]["x_rec"], theirs[k]["predicted"],
+                                                            theirs[k]["q_rec"]), k
