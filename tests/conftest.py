@@ -11,6 +11,19 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("QBATCH_SHARED", REPO.parent / "shared"))
 
 
+@pytest.fixture
+def one_thread():
+    """One intra-op torch thread for the test: small GP algebra runs faster on one, and with two threads on cores
+    that other processes keep busy, OpenMP's spinning barriers made one test 10x slower (38 CPU-minutes instead of
+    4). Modules opt in with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
     """The project's ../shared folder; tests that need it skip with a reason when it is absent."""

@@ -16,13 +16,6 @@ import torch
 
 
 
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_calibration_benchmark_smoke(tmp_path, capsys, load_benchmark, one_thread):
     mod = load_benchmark("calibration")
     rc = mod.main(["--functions", "forrester", "--reps", "1", "--steps", "2", "--restarts", "2", "--raw-samples", "32",

@@ -12,7 +12,6 @@ import torch
 
 
 
-@pytest.mark.benchmark
 def test_proposal_latency_quick(tmp_path, capsys, load_benchmark):
     mod = load_benchmark("proposal_latency")
     threads = torch.get_num_threads()

@@ -7,7 +7,6 @@ import csv
 import pytest
 
 
-@pytest.mark.benchmark
 def test_qgibbon_latency_quick(tmp_path, load_benchmark):
     mod = load_benchmark("qgibbon_latency")
     rows = mod.main(["--quick", "--q", "3", "--out", str(tmp_path)])

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from orchestrator.acquisition import PROPOSERS, build_proposer
-from orchestrator.acquisition.base import DUPLICATE_TOL, Proposer, min_distance
+from orchestrator.acquisition.base import Proposer, min_distance
 from orchestrator.acquisition.baselines import (
     LogNEIProposer,
     RandomProposer,
@@ -25,13 +25,7 @@ from tests.orchestrator.acquisition.proposer_contract import PartsSurrogate, Pro
 TK = {"dtype": torch.float64}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small GP algebra runs faster on one thread, above all on the shared 2-core CI machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class TestSobolContract(ProposerContract):

@@ -27,6 +27,7 @@ from orchestrator.models.base import SparseLatentParts, Surrogate
 from tests.orchestrator.acquisition.proposer_contract import PartsSurrogate, ProposerContract, random_parts
 
 TK = {"dtype": torch.float64}
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class FixedGP(Surrogate):

@@ -29,13 +29,7 @@ from tests.orchestrator.acquisition.proposer_contract import PartsSurrogate, Pro
 TK = {"dtype": torch.float64}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The proposer runs many small ops; extra intra-op threads only add contention on shared CI cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_model(family: str = "asymmetric_laplace", tau: float = 0.75, d: int = 2, log_sigma: float = -1.0,

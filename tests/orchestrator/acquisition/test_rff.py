@@ -22,13 +22,7 @@ TK = {"dtype": torch.float64}
 Z_MAX = 4.5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Many small tensor ops: extra intra-op threads only add contention on the shared CI cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("nu", SUPPORTED_NU)

@@ -20,13 +20,7 @@ from test_rff import Z_MAX, _moment_z_scores
 TK = {"dtype": torch.float64}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Many small tensor ops: extra intra-op threads only add contention on the shared CI cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _cheap(**kw) -> ThompsonSampling:

@@ -17,13 +17,7 @@ from tests.orchestrator.acquisition.proposer_contract import PartsSurrogate
 TK = {"dtype": torch.float64}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small GP algebra runs faster on one thread, above all on the shared 2-core CI machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _replicated(
