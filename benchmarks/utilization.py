@@ -5,7 +5,7 @@ one's end; busy time is measured inside each evaluation around the objective cal
 system. The load is `objectives.timing.SleepObjective`: lognormal evaluation times (default mean 2 s,
 CV 0.5) around a cheap analytic value, so a slot is "busy" exactly while an evaluation sleeps.
 
-Systems, all in one run on one local Ray:
+Systems, all in one run, each repeat on a fresh local Ray:
   qbatch        the central actor with the full quantile SVGP and Thompson batches, streaming (default mode)
   qbatch-sync   the same in the papers' synchronous protocol (propose B, wait for all B, refit)
   plain-ray     model-free: random points as plain Ray tasks, refilled by ray.wait(num_returns=1) - the
@@ -244,20 +244,23 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.repeats < 1:
         p.error("--repeats must be >= 1")
-    ray.init(num_cpus=args.slots, include_dashboard=False, log_to_driver=False)
     rows = []
-    try:
-        # start the worker processes and import the evaluation code, so no system pays that start-up inside
-        # its span (every system runs on the same warm pool of workers)
-        def _warm(i: int) -> int:
-            import objectives.timing  # noqa: F401
-            import workers.evaluate  # noqa: F401
 
-            time.sleep(1.0)  # hold the slot so every slot gets its own worker
-            return i
+    # start the worker processes and import the evaluation code, so no system pays that start-up inside
+    # its span (every system runs on the same warm pool of workers)
+    def _warm(i: int) -> int:
+        import objectives.timing  # noqa: F401
+        import workers.evaluate  # noqa: F401
 
-        for rep in range(args.repeats):
-            args.run_seed = args.seed + rep
+        time.sleep(1.0)  # hold the slot so every slot gets its own worker
+        return i
+
+    for rep in range(args.repeats):
+        args.run_seed = args.seed + rep
+        # a fresh Ray per repeat: in one long session Ray Tune's U fell from repeat to repeat (0.323, 0.286,
+        # 0.213), so later repeats measured what earlier runs left behind rather than the system
+        ray.init(num_cpus=args.slots, include_dashboard=False, log_to_driver=False)
+        try:
             for system in systems:
                 # again before every system: Tune's trial actors leave fewer idle task workers behind, and a
                 # system that had to start workers (two at a time) would pay it in its ramp-up
@@ -287,8 +290,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 print(f"[utilization] {system}: U = {u:.3f} (busy {busy:.0f} s over {span:.0f} s x {args.slots}; "
                       f"ideal for these durations {u_ideal:.3f})", file=sys.stderr, flush=True)
-    finally:
-        ray.shutdown()
+        finally:
+            ray.shutdown()
 
     def ratios(by: dict[str, float], target: dict[str, Any]) -> None:
         tune_best = max([by[s] for s in ("tune", "tune-reuse") if s in by], default=float("nan"))
