@@ -100,3 +100,44 @@ def test_gld_run_is_reproducible_in_a_fresh_process(quick, tmp_path):
     for k, r in mine.items():
         assert (r["x_rec"], r["predicted"], r["q_rec"]) == (theirs[k]["x_rec"], theirs[k]["predicted"],
                                                             theirs[k]["q_rec"]), k
+
+
+def test_resume_and_merge_of_per_method_files(load_benchmark, tmp_path):
+    """--resume counts a method as done when any file of its (setting, problem) holds its final checkpoint
+    without an error (old one-file-per-problem layout included, p1 never matching p10); merging keeps one row
+    per checkpoint (the later file wins) and measures every regret against the best q* of the problem's runs."""
+    mod = load_benchmark("gld")
+    from benchmarks._common import read_table, write_table
+
+    s = mod.Setting(3, 0.75, 10, 20, 40)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+
+    def row(method, problem, n, q_star, q_rec, error=""):
+        return {"method": method, "d": 3, "tau": 0.75, "batch": 10, "problem": problem, "n_evals": n,
+                "q_star": q_star, "q_rec": q_rec, "regret": q_star - q_rec, "error": error}
+
+    write_table([row("quantile-ts", 1, 20, 1.0, 0.5), row("quantile-ts", 1, 40, 1.0, 0.9),
+                 row("gpr-ei", 1, 40, 1.0, 0.8)], runs / f"{s.label}-p1", parquet=False)  # old layout
+    write_table([row("hetgp-ts", 1, 40, 1.2, 0.7)], mod.job_path(runs, s, 1, "hetgp-ts"), parquet=False)
+    write_table([row("qlognei", 1, 20, 1.0, 0.1), row("qlognei", 1, 0, 1.0, float("nan"), "RuntimeError: x")],
+                mod.job_path(runs, s, 1, "qlognei"), parquet=False)  # unfinished and failed: not done
+    write_table([row("qgibbon", 10, 40, 2.0, 1.0)], mod.job_path(runs, s, 10, "qgibbon"), parquet=False)
+    assert mod.done_methods(runs, s, 1) == {"quantile-ts", "gpr-ei", "hetgp-ts"}
+    assert mod.done_methods(runs, s, 10) == {"qgibbon"} and mod.done_methods(runs, s, 2) == set()
+
+    rows = []
+    for path in sorted(runs.glob("*.csv")):
+        for r in read_table(path):
+            rows.append({**r, "d": int(r["d"]), "tau": float(r["tau"]), "batch": int(r["batch"]),
+                         "problem": int(r["problem"]), "n_evals": int(r["n_evals"]),
+                         "q_star": float(r["q_star"]), "q_rec": float(r["q_rec"])})
+    rows.append(row("gpr-ei", 1, 40, 1.0, 0.85))  # a rerun of a checkpoint: replaces the earlier row
+    merged = mod.merge_rows(rows)
+    by = {(r["problem"], r["method"], r["n_evals"]): r for r in merged}
+    assert len(merged) == len(rows) - 1
+    assert by[(1, "gpr-ei", 40)]["q_rec"] == 0.85
+    for (p, _, _), r in by.items():
+        assert r["q_star"] == (1.2 if p == 1 else 2.0)  # the best q* over the problem's runs
+        if r["q_rec"] == r["q_rec"]:
+            assert r["regret"] == pytest.approx(r["q_star"] - r["q_rec"])
