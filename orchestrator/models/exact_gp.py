@@ -1,8 +1,8 @@
 """Exact GP baseline (`model: exact-gp`): one latent f with homoscedastic Gaussian noise.
 
 A BoTorch `SingleTaskGP` with a constant mean and a Matern-5/2 ARD kernel, fitted by maximising the exact
-marginal likelihood (`fit_gpytorch_mll`), on standardized outcomes. It speaks the `Surrogate` interface of
-quantile-expectile-bo.md §1 with family "gaussian": g = log noise std is a constant (zero posterior
+marginal likelihood (`fit_gpytorch_mll`, with the fallback chain of `mll_fit`), on standardized outcomes.
+It speaks the `Surrogate` interface of quantile-expectile-bo.md §1 with family "gaussian": g = log noise std is a constant (zero posterior
 variance), `tau` is the plug-in quantile level (§1.7), and `sparse_parts("f")` expresses the exact posterior
 in the sparse form with Z = the training inputs, so the pathwise Thompson sampler of §2 works unchanged.
 """
@@ -14,7 +14,6 @@ import time
 from typing import Any
 
 import torch
-from botorch.fit import fit_gpytorch_mll
 from botorch.models import SingleTaskGP
 from gpytorch.kernels import MaternKernel, ScaleKernel
 from gpytorch.mlls import ExactMarginalLogLikelihood
@@ -23,6 +22,7 @@ from torch import Tensor
 from orchestrator.errors import ConfigError, InputDataError
 from orchestrator.models.base import TKWARGS, SparseLatentParts, Surrogate, check_training_data
 from orchestrator.models.likelihoods import check_tau
+from orchestrator.models.mll_fit import fit_exact_mll
 from orchestrator.models.svgp import JITTER_REL, MIN_VARIANCE, MIN_Y_STD
 
 __all__ = ["ExactGP"]
@@ -74,19 +74,24 @@ class ExactGP(Surrogate):
         y_mean = float(Y.mean())
         y_std = float(Y.std()) if Y.shape[0] > 1 else 1.0
         y_std = y_std if y_std > MIN_Y_STD else 1.0
-        model = self._build(X, (Y - y_mean) / y_std)
         warm = self.model is not None and self.warm_start
-        if warm:
-            old = {k: v for k, v in self.model.state_dict().items() if "raw_" in k}
-            model.load_state_dict(old, strict=False)
-        mll = ExactMarginalLogLikelihood(model.likelihood, model)
-        fit_gpytorch_mll(mll)
+        previous = {k: v for k, v in self.model.state_dict().items() if "raw_" in k} if warm else None
+
+        def build(warm_start: bool) -> ExactMarginalLogLikelihood:
+            model = self._build(X, (Y - y_mean) / y_std)
+            if warm_start:
+                model.load_state_dict(previous, strict=False)
+            return ExactMarginalLogLikelihood(model.likelihood, model)
+
+        mll, step = fit_exact_mll(build, warm, name="exact-gp")
+        model = mll.model
         model.train()
         with torch.no_grad():
             loss = -float(mll(model(X), model.train_targets))  # negative MLL per datum
         model.eval()
         self.model, self._X, self._Y, self._y_mean, self._y_std, self._parts = model, X, Y, y_mean, y_std, None
-        return {"iterations": math.nan, "loss": loss, "seconds": time.perf_counter() - t0, "warm": float(warm)}
+        return {"iterations": math.nan, "loss": loss, "seconds": time.perf_counter() - t0, "warm": float(warm),
+                "fit_fallback": float(step)}
 
     # --- Surrogate interface -------------------------------------------------------------------------------
     @property

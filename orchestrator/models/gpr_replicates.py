@@ -183,18 +183,20 @@ class ReplicateQuantileGP(Surrogate):
             Y: `n` outcomes to maximize.
 
         Returns:
-            {"seconds", "unique", "mll", "mean_noise"}.
+            {"seconds", "unique", "mll", "mean_noise", "fit_fallback"} (the step of `mll_fit.FIT_STEPS`
+            that produced the hyperparameters).
 
         Raises:
             InputDataError: bad rows (named), or fewer than 2 unique inputs.
         """
-        from botorch.fit import fit_gpytorch_mll
         from botorch.models import SingleTaskGP
         from gpytorch.constraints import GreaterThan
         from gpytorch.kernels import MaternKernel, ScaleKernel
         from gpytorch.means import ConstantMean
         from gpytorch.mlls import ExactMarginalLogLikelihood
         from gpytorch.priors import LogNormalPrior
+
+        from orchestrator.models.mll_fit import fit_exact_mll
 
         t0 = time.perf_counter()
         X = torch.as_tensor(X).to(**TKWARGS)
@@ -219,27 +221,28 @@ class ReplicateQuantileGP(Surrogate):
         d = Z.shape[-1]
         ls_prior = LogNormalPrior(math.log(0.2), 1.0) if self.use_priors else None
         os_prior = LogNormalPrior(0.0, 1.0) if self.use_priors else None
-        covar = ScaleKernel(
-            MaternKernel(nu=2.5, ard_num_dims=d, lengthscale_prior=ls_prior), outputscale_prior=os_prior,
-            outputscale_constraint=GreaterThan(1e-6),
-        )
-        gp = SingleTaskGP(
-            Z, q.unsqueeze(-1), train_Yvar=noise.unsqueeze(-1), covar_module=covar, mean_module=ConstantMean(),
-            outcome_transform=None,
-        ).to(**TKWARGS)
-        if self._hyper is not None and self._hyper["lengthscale"].shape[-1] == d:
-            # warm start from the previous fit
-            gp.mean_module.constant = self._hyper["constant"]
-            gp.covar_module.base_kernel.lengthscale = self._hyper["lengthscale"]
-            gp.covar_module.outputscale = self._hyper["outputscale"]
-        else:
-            gp.covar_module.base_kernel.lengthscale = torch.full((1, d), 0.2, **TKWARGS)
-            gp.covar_module.outputscale = torch.tensor(0.5, **TKWARGS)
-        mll = ExactMarginalLogLikelihood(gp.likelihood, gp)
-        try:
-            fit_gpytorch_mll(mll)
-        except Exception as exc:  # botorch raises ModelFittingError after its retries
-            raise InputDataError(f"ReplicateQuantileGP: hyperparameter fit failed on {Z.shape[0]} points: {exc}") from exc
+        warm = self._hyper is not None and self._hyper["lengthscale"].shape[-1] == d
+
+        def build(warm_start: bool) -> ExactMarginalLogLikelihood:
+            covar = ScaleKernel(
+                MaternKernel(nu=2.5, ard_num_dims=d, lengthscale_prior=ls_prior), outputscale_prior=os_prior,
+                outputscale_constraint=GreaterThan(1e-6),
+            )
+            gp = SingleTaskGP(
+                Z, q.unsqueeze(-1), train_Yvar=noise.unsqueeze(-1), covar_module=covar,
+                mean_module=ConstantMean(), outcome_transform=None,
+            ).to(**TKWARGS)
+            if warm_start:  # from the previous fit
+                gp.mean_module.constant = self._hyper["constant"]
+                gp.covar_module.base_kernel.lengthscale = self._hyper["lengthscale"]
+                gp.covar_module.outputscale = self._hyper["outputscale"]
+            else:
+                gp.covar_module.base_kernel.lengthscale = torch.full((1, d), 0.2, **TKWARGS)
+                gp.covar_module.outputscale = torch.tensor(0.5, **TKWARGS)
+            return ExactMarginalLogLikelihood(gp.likelihood, gp)
+
+        mll, step = fit_exact_mll(build, warm, name="gpr-replicates")
+        gp = mll.model
         mll.train()
         with torch.no_grad():
             mll_value = float(mll(gp(Z), q))
@@ -258,6 +261,7 @@ class ReplicateQuantileGP(Surrogate):
             "unique": float(Z.shape[0]),
             "mll": mll_value,
             "mean_noise": float(noise.mean()),
+            "fit_fallback": float(step),
         }
 
     def _set_fitted(
