@@ -30,6 +30,7 @@ Usage:
     python benchmarks/gld.py --settings 3:0.75:10 --methods quantile-ts qgibbon --problems 10
     python benchmarks/gld.py --settings 3:0.75:10 --budget 300 --problems 0-9   # a reduced budget
     python benchmarks/gld.py --quick                           # CI smoke run (~1 minute)
+    python benchmarks/gld.py --tables-only --out results/gld_full  # tables and plots from the files there
 Results in --out (default results/gld/): runs/*.csv (one per setting x problem x method, written as they finish;
 --resume skips the methods already finished, so a grid can be filled in over several sessions and methods added
 later; q* of a problem is the best over all of its runs), gld.csv + gld.parquet (every checkpoint), summary.csv (final regret, mean
@@ -395,6 +396,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--workers", type=int, default=1, help="parallel processes (one problem each)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
     ap.add_argument("--resume", action="store_true", help="skip (setting, problem) files already in OUT/runs")
+    ap.add_argument("--tables-only", action="store_true",
+                    help="run nothing: rebuild the tables and plots from the result files in OUT/runs (the "
+                         "selected settings, problems and methods that have files)")
     ap.add_argument("--out", default=str(REPO / "results" / "gld"), help="output directory")
     args = ap.parse_args(argv)
     if args.workers < 1 or args.threads < 1:
@@ -430,6 +434,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         for p in problems:
             done = done_methods(runs, s, p) if args.resume else set()
             jobs += [(s, p, m, job_path(runs, s, p, m)) for m in methods if m not in done]
+    if args.tables_only:
+        jobs = []
     print(f"[gld] {len(jobs)} (setting, problem, method) runs to do", flush=True)
     if args.workers == 1:
         for s, p, m, path in jobs:

@@ -102,6 +102,25 @@ def test_gld_run_is_reproducible_in_a_fresh_process(quick, tmp_path):
                                                             theirs[k]["q_rec"]), k
 
 
+def test_tables_only_rebuilds_the_tables_from_the_run_files_and_runs_nothing(quick, tmp_path):
+    import contextlib
+    import io
+    import shutil
+
+    mod, out, result, _ = quick
+    copy = tmp_path / "copy"
+    shutil.copytree(out / "runs", copy / "runs")
+    files = sorted(p.name for p in (copy / "runs").iterdir())
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        # one method of the quick run left out of the selection, one extra method with no files
+        again = mod.main(["--quick", "--tables-only", "--methods", "quantile-ts", "gpr-ei", "random",
+                          "--out", str(copy)])
+    assert "0 (setting, problem, method) runs to do" in printed.getvalue()
+    assert sorted(p.name for p in (copy / "runs").iterdir()) == files
+    assert again["rows"] == [r for r in result["rows"] if r["method"] in ("quantile-ts", "gpr-ei")]
+    assert {s["method"] for s in again["summary"]} == {"quantile-ts", "gpr-ei"}
+
+
 def test_resume_and_merge_of_per_method_files(load_benchmark, tmp_path):
     """--resume counts a method as done when any file of its (setting, problem) holds its final checkpoint
     without an error (old one-file-per-problem layout included, p1 never matching p10); merging keeps one row
