@@ -256,6 +256,19 @@ def done_methods(runs: Path, setting: Setting, problem: int) -> set[str]:
     return done
 
 
+def read_run_file(path: Path) -> list[dict]:
+    """The checkpoint rows of one result file, with their numeric columns parsed from the CSV's strings."""
+    rows = []
+    for r in read_table(path):
+        r = {**r, "d": int(r["d"]), "tau": float(r["tau"]), "batch": int(r["batch"]), "problem": int(r["problem"]),
+             "n_evals": int(r["n_evals"])}
+        for k in ("regret", "q_rec", "q_star", "q_star_lbfgs", "predicted", "fit_s", "propose_s", "elapsed_s"):
+            if k in r:
+                r[k] = float(r[k])
+        rows.append(r)
+    return rows
+
+
 def merge_rows(rows: Sequence[dict]) -> list[dict]:
     """Rows of every job, one per (setting, problem, method, checkpoint) (a later file's row replaces an earlier
     one's), with q* of a problem the best over all of its jobs and regret = q* - q_tau(x_hat) against it."""
@@ -430,12 +443,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     # later; --resume skips the methods a result file already holds
     runs = out / "runs"
     jobs = []
-    for s in settings:
-        for p in problems:
-            done = done_methods(runs, s, p) if args.resume else set()
-            jobs += [(s, p, m, job_path(runs, s, p, m)) for m in methods if m not in done]
-    if args.tables_only:
-        jobs = []
+    if not args.tables_only:
+        for s in settings:
+            for p in problems:
+                done = done_methods(runs, s, p) if args.resume else set()
+                jobs += [(s, p, m, job_path(runs, s, p, m)) for m in methods if m not in done]
     print(f"[gld] {len(jobs)} (setting, problem, method) runs to do", flush=True)
     if args.workers == 1:
         for s, p, m, path in jobs:
@@ -452,11 +464,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     rows = []
     wanted = {(s.d, s.tau, s.batch) for s in settings}
     for path in sorted(runs.glob("*.csv"), key=lambda p: p.stat().st_mtime):
-        for r in read_table(path):
-            r = {**r, "d": int(r["d"]), "tau": float(r["tau"]), "batch": int(r["batch"]), "problem": int(r["problem"]),
-                 "n_evals": int(r["n_evals"])}
-            for k in ("regret", "q_rec", "q_star", "q_star_lbfgs", "predicted", "fit_s", "propose_s", "elapsed_s"):
-                r[k] = float(r[k])
+        for r in read_run_file(path):
             if (r["d"], r["tau"], r["batch"]) in wanted and r["problem"] in problems and r["method"] in methods:
                 rows.append(r)
     rows = merge_rows(rows)

@@ -126,7 +126,7 @@ def test_resume_and_merge_of_per_method_files(load_benchmark, tmp_path):
     without an error (old one-file-per-problem layout included, p1 never matching p10); merging keeps one row
     per checkpoint (the later file wins) and measures every regret against the best q* of the problem's runs."""
     mod = load_benchmark("gld")
-    from benchmarks._common import read_table, write_table
+    from benchmarks._common import write_table
 
     s = mod.Setting(3, 0.75, 10, 20, 40)
     runs = tmp_path / "runs"
@@ -145,12 +145,7 @@ def test_resume_and_merge_of_per_method_files(load_benchmark, tmp_path):
     assert mod.done_methods(runs, s, 1) == {"quantile-ts", "gpr-ei", "hetgp-ts"}
     assert mod.done_methods(runs, s, 10) == {"qgibbon"} and mod.done_methods(runs, s, 2) == set()
 
-    rows = []
-    for path in sorted(runs.glob("*.csv")):
-        for r in read_table(path):
-            rows.append({**r, "d": int(r["d"]), "tau": float(r["tau"]), "batch": int(r["batch"]),
-                         "problem": int(r["problem"]), "n_evals": int(r["n_evals"]),
-                         "q_star": float(r["q_star"]), "q_rec": float(r["q_rec"])})
+    rows = [r for path in sorted(runs.glob("*.csv")) for r in mod.read_run_file(path)]
     rows.append(row("gpr-ei", 1, 40, 1.0, 0.85))  # a rerun of a checkpoint: replaces the earlier row
     merged = mod.merge_rows(rows)
     by = {(r["problem"], r["method"], r["n_evals"]): r for r in merged}
