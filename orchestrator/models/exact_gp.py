@@ -2,9 +2,10 @@
 
 A BoTorch `SingleTaskGP` with a constant mean and a Matern-5/2 ARD kernel, fitted by maximising the exact
 marginal likelihood (`fit_gpytorch_mll`, with the fallback chain of `mll_fit`), on standardized outcomes.
-It speaks the `Surrogate` interface of quantile-expectile-bo.md §1 with family "gaussian": g = log noise std is a constant (zero posterior
-variance), `tau` is the plug-in quantile level (§1.7), and `sparse_parts("f")` expresses the exact posterior
-in the sparse form with Z = the training inputs, so the pathwise Thompson sampler of §2 works unchanged.
+It speaks the `Surrogate` interface of quantile-expectile-bo.md §1 with family "gaussian": g = log noise
+std is a constant (zero posterior variance), `tau` is the plug-in quantile level (§1.7), and
+`sparse_parts("f")` expresses the exact posterior in the sparse form with Z = the training inputs, so the
+pathwise Thompson sampler of §2 works unchanged.
 """
 
 from __future__ import annotations

@@ -41,17 +41,16 @@ def fit_exact_mll(build: Callable[[bool], MarginalLogLikelihood], warm: bool,
     Returns:
         The fitted mll (in eval mode) and the index of the step that produced it in `FIT_STEPS`.
     """
-    steps = [(True, {})] if warm else []
-    steps += [(False, {}), (False, {"max_attempts": 1, "warning_handler": lambda w: True})]
+    lenient = {"max_attempts": 1, "warning_handler": lambda w: True}
+    steps = [(0, True, {}), (1, False, {}), (2, False, lenient)][0 if warm else 1:]
     errors = []
-    for warm_start, kwargs in steps:
+    for step, warm_start, kwargs in steps:
         mll = build(warm_start)
         try:
             fit_gpytorch_mll(mll, **kwargs)
         except ModelFittingError as exc:
             errors.append(str(exc))
             continue
-        step = 0 if warm_start else (1 if not kwargs else 2)
         return mll, step
     mll = build(False)
     warnings.warn(f"{name}: every marginal-likelihood fit failed ({'; '.join(errors)}); the default "
