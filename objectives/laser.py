@@ -10,7 +10,7 @@ Built from a CSV in the format of the LCLS data (`LaserSimulator.from_csv`):
   2. fit a GP m(x) to the pulse energy (scikit-learn, Matérn-5/2 ARD + white noise, on a seeded subsample);
   3. group repeated shots by rounding the inputs to 4 decimals; in each group with at least `min_repeats`
      shots fit (xi, omega, alpha) by maximum likelihood (`scipy.stats.skewnorm.fit`), with |alpha| capped;
-  4. fit GPs to log omega and to alpha over the group centres.
+  4. fit GPs to log omega and to alpha over the group centres (isotropic lengthscale >= `noise_lengthscale_min`).
 A14 (does xi carry the signal or is it added to m?): xi carries it, and is *derived* so that the simulated
 mean equals the energy GP: ``xi(x) = m(x) - omega(x) delta(alpha(x)) sqrt(2/pi)``, ``delta = alpha/sqrt(1+alpha^2)``.
 The group estimates of xi are not modelled separately (they are m minus the same offset at the groups, up to
@@ -61,7 +61,7 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 class _GPMean:
     """Posterior mean of a fitted scikit-learn GP, on unit-cube inputs, in the target's units."""
 
-    def __init__(self, Z: np.ndarray, y: np.ndarray, ard: bool, seed: int) -> None:
+    def __init__(self, Z: np.ndarray, y: np.ndarray, ard: bool, seed: int, lengthscale_min: float = 1e-2) -> None:
         from sklearn.exceptions import ConvergenceWarning
         from sklearn.gaussian_process import GaussianProcessRegressor
         from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
@@ -69,8 +69,9 @@ class _GPMean:
         self.y_mean, self.y_std = float(np.mean(y)), float(np.std(y)) or 1.0
         ys = (y - self.y_mean) / self.y_std
         d = Z.shape[1]
+        init = max(0.5, lengthscale_min)
         kernel = ConstantKernel(1.0, (1e-2, 1e2)) * Matern(
-            length_scale=np.full(d, 0.5) if ard else 0.5, length_scale_bounds=(1e-2, 1e3), nu=2.5
+            length_scale=np.full(d, init) if ard else init, length_scale_bounds=(lengthscale_min, 1e3), nu=2.5
         ) + WhiteKernel(0.1, (1e-6, 1e1))
         # one BLAS thread: small Cholesky factorisations run faster so on a busy machine
         with warnings.catch_warnings(), threadpool_limits(limits=1):
@@ -134,6 +135,9 @@ class LaserSimulator(SyntheticObjective):
         min_repeats: a replicate group needs this many shots to enter the noise fit.
         alpha_max: cap on |alpha| (skew-normal MLE diverges on small groups).
         energy_range: rows outside this open interval of pulse energy are dropped.
+        noise_lengthscale_min: lower bound on the (isotropic, unit-cube) lengthscale of the log-omega and
+            alpha GPs. The default 0.01 lets maximum likelihood place a bump at each replicate group's centre
+            (0.05 on the LCLS data); 0.3 or more makes the noise fields smooth over the 21 groups.
         measurement_s: seconds one evaluation takes, as on the machine, where a setting is held while
             shots are recorded (the simulator itself answers in microseconds). 0 (default) adds no delay;
             the quickstart uses 1 s so the streaming pipeline has something to overlap.
@@ -152,6 +156,7 @@ class LaserSimulator(SyntheticObjective):
         alpha_max: float = 8.0,
         energy_range: tuple[float, float] = (0.2, 6.0),
         measurement_s: float = 0.0,
+        noise_lengthscale_min: float = 1e-2,
     ) -> None:
         if isinstance(n_gp_max, bool) or not isinstance(n_gp_max, int) or n_gp_max < 10:
             raise ObjectiveError(f"n_gp_max must be an integer >= 10; got {n_gp_max!r}")
@@ -167,6 +172,13 @@ class LaserSimulator(SyntheticObjective):
             or not (math.isfinite(measurement_s) and measurement_s >= 0)
         ):
             raise ObjectiveError(f"measurement_s must be a number of seconds >= 0; got {measurement_s!r}")
+        if (
+            isinstance(noise_lengthscale_min, bool)
+            or not isinstance(noise_lengthscale_min, (int, float))
+            or not (math.isfinite(noise_lengthscale_min) and 0 < noise_lengthscale_min < 1e3)
+        ):
+            raise ObjectiveError(f"noise_lengthscale_min must be a number in (0, 1000); got {noise_lengthscale_min!r}")
+        self.noise_lengthscale_min = float(noise_lengthscale_min)
         self.measurement_s = float(measurement_s)
         self.model_seed, self.n_gp_max, self.min_repeats = int(model_seed), n_gp_max, min_repeats
         self.alpha_max = float(alpha_max)
@@ -258,9 +270,11 @@ class LaserSimulator(SyntheticObjective):
         }
         if len(centres) >= 3:
             C = np.array(centres)
-            log_omega_gp = _GPMean(C, np.log(np.array(omegas)), ard=False, seed=self.model_seed)
+            ls_min = self.noise_lengthscale_min
+            log_omega_gp = _GPMean(C, np.log(np.array(omegas)), ard=False, seed=self.model_seed, lengthscale_min=ls_min)
             a = np.clip(np.array(alphas) / self.alpha_max, -0.95, 0.95)
-            alpha_gp = _GPMean(C, self.alpha_max * np.arctanh(a), ard=False, seed=self.model_seed)
+            alpha_gp = _GPMean(C, self.alpha_max * np.arctanh(a), ard=False, seed=self.model_seed,
+                               lengthscale_min=ls_min)
             self._fields = _FittedFields(energy_gp, log_omega_gp, alpha_gp)
         else:
             # too few replicate groups to model the noise: Gaussian noise at the energy GP's noise level

@@ -98,6 +98,22 @@ def test_synthetic_optimum_beats_random_settings(synthetic):
     assert synthetic.optimum(0.5) is synthetic.optimum(0.5)
 
 
+def test_noise_lengthscale_bound_smooths_only_the_noise_fields(fitted, lcls_csv):
+    """`noise_lengthscale_min` bounds the log-omega and alpha GPs' lengthscales; the energy field is untouched."""
+    default_ls = [getattr(fitted._fields, f).kernel.k2.length_scale for f in ("log_omega", "alpha_raw")]
+    assert min(default_ls) < 0.3  # maximum likelihood puts a bump at each replicate group
+    smooth = LaserSimulator.from_csv(lcls_csv, noise_lengthscale_min=0.3)
+    for f in ("log_omega", "alpha_raw"):
+        assert getattr(smooth._fields, f).kernel.k2.length_scale >= 0.3 - 1e-12
+    X, _ = fitted.initial_data()
+    np.testing.assert_allclose(smooth.mean_array(X[:200]), fitted.mean_array(X[:200]), rtol=1e-12)
+    # the smoother skewness field varies less over the measured settings than the default's bumps
+    assert np.std(smooth.sn_params(X)[2]) < np.std(fitted.sn_params(X)[2])
+    for bad in (0, -1.0, float("nan"), "0.3", True):
+        with pytest.raises(ObjectiveError, match="noise_lengthscale_min"):
+            LaserSimulator(noise_lengthscale_min=bad)
+
+
 def test_bad_csv_errors_name_the_problem(tmp_path):
     with pytest.raises(ObjectiveError, match="not a file"):
         LaserSimulator(csv_path=tmp_path / "missing.csv")
