@@ -110,6 +110,10 @@ class CentralActor:
         pool: handle of the run's `EvaluationPool` actor (workers/pool.py), created by the driver: it owns
             the evaluation tasks so they survive a restart of this actor. None: this actor submits them
             itself (they then die with it).
+        max_refit_failures: a refit that raises is logged (a "refit" event with ``failed: true``, the error
+            and its traceback) and the run goes on with the previous model, or with further Sobol points
+            before the first one; it is retried once new results are in. This many failures in a row stop
+            the run (status "aborted", every result kept): the cause is then more likely a bug than data.
     """
 
     def __init__(
@@ -120,6 +124,7 @@ class CentralActor:
         refit_interval_s: float = 0.5,
         isolate: str = "process",
         pool: Any = None,
+        max_refit_failures: int = 5,
     ) -> None:
         from objectives.base import Objective
         from objectives.registry import load_objective
@@ -141,6 +146,9 @@ class CentralActor:
         self.max_concurrent = int(max_concurrent)
         self.queue_low = int(queue_low) if queue_low is not None else max(self.max_concurrent, cfg.batch_size // 2)
         self.refit_interval_s = float(refit_interval_s)
+        if isinstance(max_refit_failures, bool) or not isinstance(max_refit_failures, int) or max_refit_failures < 1:
+            raise QbatchError(f"max_refit_failures must be an integer >= 1; got {max_refit_failures!r}")
+        self.max_refit_failures = max_refit_failures
         self.isolate = isolate
         self.pool = pool
         self.budget = cfg.budget
@@ -163,6 +171,9 @@ class CentralActor:
         self._abort: str | None = None
         self._last_fit_end = 0.0
         self._refits = 0
+        self._refit_failures = 0  # in this session
+        self._failed_in_a_row = 0
+        self._failed_fit_n = -1  # results the last failed refit saw (-1: the last refit did not fail)
         self._proposal_s: list[float] = []
         self._model_batches = 0  # model-based batches proposed in this session
         self._prop_ema: float | None = None  # moving average of model-based proposal seconds
@@ -263,6 +274,7 @@ class CentralActor:
                 "evals_per_s": self._n_done_session / span if span > 0 else 0.0,
                 "utilization": self._busy_s / (self.max_concurrent * span) if span > 0 else 0.0,
                 "refits": self._refits,
+                "refit_failures": self._refit_failures,
                 "low_water": self.low_water(),
                 "elapsed_s": now - self.started_at,
                 "phase": "model" if self.opt.model is not None else "initial design",
@@ -568,6 +580,7 @@ class CentralActor:
             and self.opt.can_fit()
             and (self.opt.model is None or self.opt.num_stale > 0)
             and time.time() - self._last_fit_end >= self.refit_interval_s
+            and self.opt.num_completed != self._failed_fit_n  # after a failed fit: retry on new results only
         ):
             self._refit()
             return True
@@ -594,13 +607,38 @@ class CentralActor:
         with self._lock:
             self._queue.extend(trials)
 
-    def _refit(self) -> None:
-        diag = self.opt.fit()
-        self._last_fit_end = time.time()
-        self._refits += 1
+    def _refit(self) -> bool:
+        """Refit the surrogate and log it. A fit that raises leaves the current model in place (the optimizer
+        swaps a new one in only when its fit succeeds), is logged with its traceback, and returns False;
+        `max_refit_failures` in a row abort the run."""
         from orchestrator.store import Event
 
+        t0 = time.perf_counter()
+        n = self.opt.num_completed
+        try:
+            diag = self.opt.fit()
+        except Exception as exc:
+            self._last_fit_end = time.time()
+            self._refit_failures += 1
+            self._failed_in_a_row += 1
+            self._failed_fit_n = n
+            error = f"{type(exc).__name__}: {exc}"
+            info = {"failed": True, "error": error[:2000], "traceback": traceback.format_exc()[-8000:], "n": n,
+                    "failed_in_a_row": self._failed_in_a_row, "elapsed_s": time.perf_counter() - t0,
+                    "kept": "previous model" if self.opt.model is not None else "Sobol design (no model yet)"}
+            self._append([Event("refit", info=info)])
+            print(f"qbatch: refit on {n} results failed ({self._failed_in_a_row} in a row): {error}; the run goes "
+                  f"on with the {info['kept']}", file=sys.stderr, flush=True)
+            if self._failed_in_a_row >= self.max_refit_failures:
+                self._abort = (f"{self._failed_in_a_row} refits in a row failed (max_refit_failures="
+                               f"{self.max_refit_failures}); the last on {n} results: {error}")
+                self._wake_planners()
+            return False
+        self._last_fit_end = time.time()
+        self._refits += 1
+        self._failed_in_a_row, self._failed_fit_n = 0, -1
         self._append([Event("refit", info=diag)])
+        return True
 
     def _sync_step(self) -> None:
         """Papers' protocol: all of the last batch is in; refit, then propose the next batch of B."""
@@ -611,7 +649,8 @@ class CentralActor:
             self._propose(min(self.cfg.initial_design - self.opt._n_sobol, remaining))
             return
         if self.opt.can_fit() and (self.opt.model is None or self.opt.num_stale > 0):
-            self._refit()
+            if not self._refit() and self._abort:
+                return
         self._propose(min(self.cfg.batch_size, remaining))
 
     # ------------------------------------------------------------------ log

@@ -128,6 +128,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
         f"model        proposal latency p50 {_f(m.proposal_latency_p50)} s, p95 {_f(m.proposal_latency_p95)} s; "
         f"{m.n_refits} refits (mean {_f(m.refit_mean_s)} s); queue depth max {m.queue_depth_max}"
     )
+    if m.n_refit_failures:
+        print(f"refits       {m.n_refit_failures} failed (the run went on with the model before); last: {m.last_refit_error}")
     failures = ", ".join(f"{k}: {v}" for k, v in sorted(m.failures.items())) or "none"
     print(f"failures     {failures}")
     for line in m.damage:

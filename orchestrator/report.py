@@ -9,6 +9,8 @@ running actor. What is read (ORCH_API.md, "Event `info` keys"):
   `max_concurrent`, else the largest number of evaluations observed running at once (`slots_source` says which).
 * proposal latency p50/p95: `propose_s` of "refit" events if any carries it, else the `proposal_seconds`
   (or `latency_s`) of "proposed" events, once per batch; refit time: `seconds` (or `fit_s`) of "refit" events.
+  A "refit" event with `failed: true` is a fit that raised (the actor went on with the previous model): it is
+  counted apart (`n_refit_failures`, with the last `error`), not as a refit.
 * queue depth over time: trials proposed but not yet started.
 * best so far: the best observed value (max or min per direction) and, where "refit" events carry it, the
   model's predicted tau-level at its recommendation (`best_predicted`, `best_params`).
@@ -75,6 +77,8 @@ class RunMetrics:
     n_calibration: int = 0
     pit: list[float] = field(default_factory=list)
     damage: list[str] = field(default_factory=list)
+    n_refit_failures: int = 0
+    last_refit_error: str | None = None
 
     def summary_rows(self) -> list[tuple[str, str]]:
         """(metric, value) rows of the summary table."""
@@ -105,6 +109,7 @@ class RunMetrics:
             ("refit time mean [s]", f(self.refit_mean_s)),
             ("refit time p95 [s]", f(self.refit_p95_s)),
             ("refits", str(self.n_refits)),
+            ("refits failed", str(self.n_refit_failures) + (f" (last: {self.last_refit_error})" if self.last_refit_error else "")),
             ("queue depth max", str(self.queue_depth_max)),
             ("queue depth mean", f(self.queue_depth_mean)),
             ("failures", ", ".join(f"{k}: {v}" for k, v in sorted(self.failures.items())) or "none"),
@@ -130,6 +135,11 @@ def _short(d: Mapping | None, limit: int = 160) -> str:
         return "-"
     text = ", ".join(f"{k}={_fmt(v) if isinstance(v, float) else v}" for k, v in d.items())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _failed_refit(ev: Event) -> bool:
+    """A "refit" event the actor logged for a fit that raised (the run went on with the previous model)."""
+    return bool((ev.info or {}).get("failed"))
 
 
 def _info_number(info: Mapping | None, keys: Sequence[str]) -> float | None:
@@ -306,6 +316,7 @@ def compute_metrics(
 
     completed = [t for t in trials if t.status == "completed" and t.value is not None and math.isfinite(t.value)]
     best = max(completed, key=lambda t: sign * t.value) if completed else None
+    failed_refits = [ev for ev in events if ev.kind == "refit" and _failed_refit(ev)]
 
     best_pred, best_pred_params = math.nan, None
     fit_times, latencies = [], []
@@ -372,7 +383,9 @@ def compute_metrics(
         n_proposals=len(latencies),
         refit_mean_s=float(np.mean(fit_times)) if fit_times else math.nan,
         refit_p95_s=_percentile(fit_times, 95),
-        n_refits=sum(ev.kind == "refit" for ev in events),
+        n_refits=sum(ev.kind == "refit" and not _failed_refit(ev) for ev in events),
+        n_refit_failures=len(failed_refits),
+        last_refit_error=(failed_refits[-1].info or {}).get("error") if failed_refits else None,
         queue_depth_max=int(qd.max()) if len(qd) else 0,
         queue_depth_mean=_time_weighted_mean(qt, qd),
         failures=dict(Counter(t.error or "unknown" for t in trials if t.status == "failed")),

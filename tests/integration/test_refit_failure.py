@@ -1,0 +1,124 @@
+"""A refit that raises does not end the run: it is logged with its traceback and the run goes on with the
+previous model (or the Sobol design before the first one); failures in a row past `max_refit_failures` stop
+the run with every result kept (orchestrator/actor.py `CentralActor._refit`).
+
+The central actor runs in this process here (its evaluations are real Ray tasks on the module's local Ray),
+so the optimizer's `fit` can be made to raise: no built-in model fails on demand.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from orchestrator.actor import CentralActor
+from orchestrator.config import load_config
+from orchestrator.report import compute_metrics
+from orchestrator.store import RunStore
+from tests.integration.conftest import finished_counts
+
+pytestmark = pytest.mark.ray
+
+MODEL = {"type": "quantile", "options": {"num_inducing": 16, "max_steps": 60, "warm_max_steps": 20}}
+PROPOSER = {"type": "thompson", "options": {"num_features": 128, "raw_samples": 128, "num_restarts": 1, "maxiter": 20}}
+
+
+def _actor(tmp_path, name: str, **over) -> CentralActor:
+    cfg = {
+        "name": name,
+        "objective": {"name": "sleep", "options": {"mean_s": 0.2, "cv": 0.5, "num_cpus": 1}},
+        "tau": 0.2,
+        "model": MODEL,
+        "proposer": PROPOSER,
+        "batch_size": 8,
+        "initial_design": 8,
+        "budget": 40,
+        "max_concurrent": 4,
+        "seed": 3,
+        "run_dir": str(tmp_path / name),
+    }
+    actor_options = over.pop("actor_options", {})
+    cfg.update(over)
+    RunStore.create(cfg["run_dir"], load_config(cfg).to_dict())
+    return CentralActor(cfg["run_dir"], isolate="thread", **actor_options)
+
+
+@pytest.fixture(autouse=True)
+def _switch_interval():
+    """`CentralActor.run` shortens the interpreter's switch interval (its own process's, normally): restore it."""
+    before = sys.getswitchinterval()
+    yield
+    sys.setswitchinterval(before)
+
+
+def _failing_fit(actor: CentralActor, fail_calls) -> list[int]:
+    """Make the optimizer's fit raise on the given call numbers (1-based; a callable decides)."""
+    real_fit, calls = actor.opt.fit, []
+
+    def fit():
+        calls.append(len(calls) + 1)
+        if fail_calls(calls[-1]):
+            raise RuntimeError(f"injected: Cholesky failed on call {calls[-1]}")
+        return real_fit()
+
+    actor.opt.fit = fit
+    return calls
+
+
+@pytest.mark.parametrize(
+    "synchronous, budget, mean_s",
+    # streaming: long enough that the model (once a fit succeeds) proposes before the Sobol fill-in ends
+    [(False, 60, 0.5), (True, 40, 0.1)],
+    ids=["streaming", "synchronous"],
+)
+def test_a_failing_refit_is_logged_and_the_run_goes_on(ray_local, tmp_path, synchronous, budget, mean_s):
+    actor = _actor(tmp_path, f"flaky-{synchronous}", synchronous=synchronous, budget=budget,
+                   objective={"name": "sleep", "options": {"mean_s": mean_s, "cv": 0.5, "num_cpus": 1}})
+    calls = _failing_fit(actor, lambda k: k in (1, 3))
+    summary = actor.run()
+    assert summary["status"] == "finished", summary["message"]
+    events = RunStore.open(actor.run_dir).events()
+    assert set(finished_counts(events).values()) == {1} and len(finished_counts(events)) == budget
+    refits = [e for e in events if e.kind == "refit"]
+    failed = [e for e in refits if (e.info or {}).get("failed")]
+    assert len(failed) == 2 and summary["refit_failures"] == 2
+    assert "injected: Cholesky failed on call 1" in failed[0].info["error"]
+    assert "Traceback" in failed[0].info["traceback"] and "RuntimeError" in failed[0].info["traceback"]
+    # the first fit failed: no model yet, so further Sobol points; the second failure kept the model
+    assert failed[0].info["kept"].startswith("Sobol") and failed[1].info["kept"] == "previous model"
+    assert failed[0].info["n"] >= 8
+    assert any((e.info or {}).get("source") == "model" for e in events if e.kind == "proposed")
+    assert len(calls) >= 4 and summary["refits"] == len(calls) - 2
+    m = compute_metrics(events, load_config(RunStore.open(actor.run_dir).config).to_dict())
+    assert m.n_refit_failures == 2 and m.n_refits == len(refits) - 2
+    assert "call 3" in m.last_refit_error
+
+
+def test_a_failed_refit_is_retried_only_on_new_results(ray_local, tmp_path):
+    actor = _actor(tmp_path, "retry", actor_options={"refit_interval_s": 0.0})
+    calls = _failing_fit(actor, lambda k: True)
+    actor.opt.ask(8)  # the initial design, told by hand: no evaluation runs, so no new results arrive
+    for i, t in enumerate(actor.opt.pending()):
+        actor.opt.tell(t.trial_id, float(i))
+    assert actor._refit_step() is True and len(calls) == 1
+    for _ in range(5):
+        assert actor._refit_step() is False  # the same 8 results: no hot retry loop
+    assert len(calls) == 1 and actor.status()["refit_failures"] == 1 and actor._abort is None
+    [t] = actor.opt.ask(1, fit=False)
+    actor.opt.tell(t.trial_id, 9.0)
+    assert actor._refit_step() is True and len(calls) == 2
+
+
+def test_refits_failing_in_a_row_stop_the_run_and_keep_every_result(ray_local, tmp_path):
+    actor = _actor(tmp_path, "broken", synchronous=True, actor_options={"max_refit_failures": 2})
+    _failing_fit(actor, lambda k: True)
+    summary = actor.run()
+    assert summary["status"] == "aborted"
+    assert "2 refits in a row failed (max_refit_failures=2)" in summary["message"]
+    assert "injected: Cholesky failed on call 2" in summary["message"]
+    events = RunStore.open(actor.run_dir).events()
+    done = finished_counts(events)
+    assert set(done.values()) == {1} and len(done) == summary["done"] == 16  # the design and one more batch
+    with pytest.raises(Exception, match="max_refit_failures"):
+        CentralActor(actor.run_dir, max_refit_failures=0)
