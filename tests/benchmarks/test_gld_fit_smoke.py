@@ -40,7 +40,7 @@ def test_gld_fit_quick(tmp_path, capsys, load_benchmark):
         assert s["rmse"] == pytest.approx(np.mean(vals)) and s["problems"] == 2
     paired = pq.read_table(tmp_path / "paired.parquet").to_pylist()
     assert {(p["metric"], p["vs"]) for p in paired} == {(m, o) for m in ("rmse", "regret")
-                                                        for o in ("heteroscedastic", "exact-gp")}
+                                                        for o in ("quantile-dim", "heteroscedastic", "exact-gp")}
     for p in paired:
         assert p["n"] == 40 and p["pairs"] == 2
         q = {r["problem"]: r[p["metric"]] for r in fits if r["model"] == "quantile"}

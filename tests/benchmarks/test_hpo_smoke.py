@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from itertools import combinations
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -73,7 +74,8 @@ def test_hpo_quick(tmp_path, capsys, load_benchmark):
         assert s["best_mean"] == pytest.approx(float(np.mean(finals)))
         assert s["best_min"] == pytest.approx(min(finals))
     paired = pq.read_table(tmp_path / "paired.parquet").to_pylist()
-    pairs = {("quantile-ts", "qlognei"), ("quantile-ts", "random"), ("qlognei", "random")}
+    pairs = set(combinations(q["methods"], 2))  # every pair, in the order of METHODS
+    assert ("quantile-ts", "qlognei") in pairs and ("quantile-ts-dim", "random") in pairs
     assert {(p["task"], p["method"], p["versus"]) for p in paired} == {(t, a, b) for t in q["tasks"] for a, b in pairs}
     for p in paired:
         diffs = [runs[(p["task"], p["method"], s)][-1]["best_value"] - runs[(p["task"], p["versus"], s)][-1]["best_value"]
