@@ -41,7 +41,8 @@ def actor_name(run_dir: str) -> str:
 
 
 def _check_objective(cfg: Any) -> Any:
-    """Build the objective and the (overridden) space before Ray starts; errors name the config key."""
+    """Build the objective, the (overridden) space, the model and the proposer before Ray starts; errors name
+    the config key."""
     from objectives.registry import load_objective
 
     try:
@@ -50,6 +51,11 @@ def _check_objective(cfg: Any) -> Any:
         raise ConfigError(f"`objective`: {str(exc).splitlines()[0]}") from None
     cfg.build_space(objective.space)
     cfg.resolve_direction(objective.direction)
+    # build the model and the proposer once here: a bad option of either is a ConfigError naming it now,
+    # not an actor that fails to start (or a refit that fails) after Ray is up and the run directory exists
+    from orchestrator.ask_tell import AskTellOptimizer
+
+    AskTellOptimizer.from_config(cfg, objective).prepare()
     return objective
 
 
