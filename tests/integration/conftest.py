@@ -16,6 +16,32 @@ import pytest
 NUM_CPUS = 4
 
 
+#: fast model and proposer settings for CI runs; the benchmarks use the defaults
+FAST_MODEL = {"type": "quantile", "options": {"num_inducing": 16, "max_steps": 60, "warm_max_steps": 20}}
+FAST_PROPOSER = {"type": "thompson", "options": {"num_features": 128, "raw_samples": 128, "num_restarts": 1,
+                                                 "maxiter": 20}}
+
+
+def run_config(tmp_path, name: str, **over) -> dict:
+    """A run of the sleep objective (0.3 s evaluations, one CPU each) on 4 slots with the fast model: tau 0.2,
+    batches and initial design of 20, budget 200, seed 1, in `tmp_path/name`; `over` replaces keys."""
+    cfg = {
+        "name": name,
+        "objective": {"name": "sleep", "options": {"mean_s": 0.3, "cv": 0.5, "num_cpus": 1}},
+        "tau": 0.2,
+        "model": FAST_MODEL,
+        "proposer": FAST_PROPOSER,
+        "batch_size": 20,
+        "initial_design": 20,
+        "budget": 200,
+        "max_concurrent": 4,
+        "seed": 1,
+        "run_dir": str(tmp_path / name),
+    }
+    cfg.update(over)
+    return cfg
+
+
 def span_utilization(events: Iterable, slots: int) -> float:
     """U = busy evaluation time / (slots x span), span = first started_at to last ended_at (issue 4)."""
     recs = [e for e in events if e.kind in ("completed", "failed") and e.started_at is not None]

@@ -16,30 +16,17 @@ from orchestrator.actor import CentralActor
 from orchestrator.config import load_config
 from orchestrator.report import compute_metrics
 from orchestrator.store import RunStore
-from tests.integration.conftest import finished_counts
+from tests.integration.conftest import finished_counts, run_config
 
 pytestmark = pytest.mark.ray
 
-MODEL = {"type": "quantile", "options": {"num_inducing": 16, "max_steps": 60, "warm_max_steps": 20}}
-PROPOSER = {"type": "thompson", "options": {"num_features": 128, "raw_samples": 128, "num_restarts": 1, "maxiter": 20}}
-
 
 def _actor(tmp_path, name: str, **over) -> CentralActor:
-    cfg = {
-        "name": name,
-        "objective": {"name": "sleep", "options": {"mean_s": 0.2, "cv": 0.5, "num_cpus": 1}},
-        "tau": 0.2,
-        "model": MODEL,
-        "proposer": PROPOSER,
-        "batch_size": 8,
-        "initial_design": 8,
-        "budget": 40,
-        "max_concurrent": 4,
-        "seed": 3,
-        "run_dir": str(tmp_path / name),
-    }
+    # a short run: 0.2 s evaluations, batches and initial design of 8, budget 40
+    over = {"objective": {"name": "sleep", "options": {"mean_s": 0.2, "cv": 0.5, "num_cpus": 1}},
+            "batch_size": 8, "initial_design": 8, "budget": 40, "seed": 3, **over}
     actor_options = over.pop("actor_options", {})
-    cfg.update(over)
+    cfg = run_config(tmp_path, name, **over)
     RunStore.create(cfg["run_dir"], load_config(cfg).to_dict())
     return CentralActor(cfg["run_dir"], isolate="thread", **actor_options)
 

@@ -11,31 +11,9 @@ import pytest
 from orchestrator.errors import ConfigError
 from orchestrator.runner import RunAbortedError, run_experiment
 from orchestrator.store import RunStore
-from tests.integration.conftest import finished_counts, span_utilization
+from tests.integration.conftest import finished_counts, run_config, span_utilization
 
 pytestmark = pytest.mark.ray
-
-#: fast model settings for CI; the benchmark uses the defaults
-MODEL = {"type": "quantile", "options": {"num_inducing": 16, "max_steps": 60, "warm_max_steps": 20}}
-PROPOSER = {"type": "thompson", "options": {"num_features": 128, "raw_samples": 128, "num_restarts": 1, "maxiter": 20}}
-
-
-def _config(tmp_path, name, **over):
-    cfg = {
-        "name": name,
-        "objective": {"name": "sleep", "options": {"mean_s": 0.3, "cv": 0.5, "num_cpus": 1}},
-        "tau": 0.2,
-        "model": MODEL,
-        "proposer": PROPOSER,
-        "batch_size": 20,
-        "initial_design": 20,
-        "budget": 200,
-        "max_concurrent": 4,
-        "seed": 1,
-        "run_dir": str(tmp_path / name),
-    }
-    cfg.update(over)
-    return cfg
 
 
 def _check_log(run_dir, budget, slots, min_util):
@@ -53,7 +31,7 @@ def _check_log(run_dir, budget, slots, min_util):
 
 
 def _run_streaming(tmp_path, budget, mean_s, min_util=0.7):
-    cfg = _config(tmp_path, f"stream{budget}", budget=budget,
+    cfg = run_config(tmp_path, f"stream{budget}", budget=budget,
                   objective={"name": "sleep", "options": {"mean_s": mean_s, "cv": 0.5, "num_cpus": 1}})
     out = io.StringIO()
     summary = run_experiment(cfg, progress=False, out=out)
@@ -95,7 +73,7 @@ def test_streaming_run_200_evaluations_of_one_second(ray_local, tmp_path):
 
 
 def test_synchronous_mode_waits_for_the_whole_batch(ray_local, tmp_path):
-    cfg = _config(tmp_path, "sync", synchronous=True, budget=28, batch_size=8, initial_design=12,
+    cfg = run_config(tmp_path, "sync", synchronous=True, budget=28, batch_size=8, initial_design=12,
                   objective={"name": "sleep", "options": {"mean_s": 0.05, "cv": 0.5, "num_cpus": 1}})
     run_experiment(cfg, progress=False, out=io.StringIO())
     events = RunStore.open(cfg["run_dir"]).events()
@@ -121,7 +99,7 @@ def test_synchronous_mode_waits_for_the_whole_batch(ray_local, tmp_path):
 
 
 def test_failure_guard_stops_the_run_with_a_clear_message(ray_local, tmp_path):
-    cfg = _config(tmp_path, "guard", budget=100, initial_design=100,
+    cfg = run_config(tmp_path, "guard", budget=100, initial_design=100,
                   failure_guard={"max_failure_rate": 0.5, "min_trials": 10},
                   objective={"name": "sleep", "options": {"mean_s": 0.01, "fail_rate": 0.9, "num_cpus": 1}})
     with pytest.raises(RunAbortedError, match=r"failure guard: \d+ of \d+ evaluations failed .*'nan'"):
@@ -143,7 +121,7 @@ def test_bad_config_fails_before_ray_and_creates_no_run_dir(tmp_path):
         ({"model": {"type": "quantile", "options": {"lengthscale_prior": "wide"}}}, "`lengthscale_prior`.*'wide'"),
         ({"proposer": {"type": "thompson", "options": {"raw_sample": 8}}}, "raw_sample"),
     ]:
-        cfg = _config(tmp_path, "bad", **over)
+        cfg = run_config(tmp_path, "bad", **over)
         with pytest.raises(ConfigError, match=match):
             run_experiment(cfg, progress=False)
         assert not os.path.exists(cfg["run_dir"])
