@@ -383,7 +383,7 @@ def compute_metrics(
         n_proposals=len(latencies),
         refit_mean_s=float(np.mean(fit_times)) if fit_times else math.nan,
         refit_p95_s=_percentile(fit_times, 95),
-        n_refits=sum(ev.kind == "refit" and not _failed_refit(ev) for ev in events),
+        n_refits=sum(ev.kind == "refit" for ev in events) - len(failed_refits),
         n_refit_failures=len(failed_refits),
         last_refit_error=(failed_refits[-1].info or {}).get("error") if failed_refits else None,
         queue_depth_max=int(qd.max()) if len(qd) else 0,

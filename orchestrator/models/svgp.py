@@ -148,9 +148,7 @@ class SVGPOptions:
             raise ConfigError(f"`min_delta` must be a non-negative number; got {self.min_delta!r}")
         if not isinstance(self.plateau_factor, (int, float)) or not (0 < self.plateau_factor < 1):
             raise ConfigError(f"`plateau_factor` must be in (0, 1); got {self.plateau_factor!r}")
-        if self.lengthscale_prior not in LENGTHSCALE_PRIORS:
-            raise ConfigError(f"`lengthscale_prior` must be one of {list(LENGTHSCALE_PRIORS)}; got "
-                              f"{self.lengthscale_prior!r}")
+        check_lengthscale_prior(self.lengthscale_prior)
         for name in ("use_priors", "kmeans_warm_start"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"`{name}` must be true or false; got {getattr(self, name)!r}")
@@ -169,6 +167,13 @@ class SVGPOptions:
 LENGTHSCALE_PRIORS = ("spec", "dim-scaled")
 
 
+def check_lengthscale_prior(kind: Any) -> str:
+    """`kind` if it names a lengthscale prior; else a ConfigError naming the option and the valid names."""
+    if kind not in LENGTHSCALE_PRIORS:
+        raise ConfigError(f"`lengthscale_prior` must be one of {list(LENGTHSCALE_PRIORS)}; got {kind!r}")
+    return kind
+
+
 def lengthscale_prior_params(kind: str, d: int) -> tuple[float, float, float]:
     """(loc, scale, default initial value) of the LogNormal lengthscale prior `kind` in `d` dimensions.
 
@@ -176,12 +181,10 @@ def lengthscale_prior_params(kind: str, d: int) -> tuple[float, float, float]:
     sqrt 3) (Hvarfner, Hellsten & Nardi 2024, "Vanilla Bayesian optimization performs great in high
     dimensions"; BoTorch's default kernel prior), initial value its mode exp(loc - scale^2).
     """
-    if kind == "spec":
+    if check_lengthscale_prior(kind) == "spec":
         return math.log(0.2), 1.0, 0.2
-    if kind == "dim-scaled":
-        loc, scale = math.sqrt(2.0) + 0.5 * math.log(d), math.sqrt(3.0)
-        return loc, scale, math.exp(loc - scale**2)
-    raise ConfigError(f"`lengthscale_prior` must be one of {list(LENGTHSCALE_PRIORS)}; got {kind!r}")
+    loc, scale = math.sqrt(2.0) + 0.5 * math.log(d), math.sqrt(3.0)  # "dim-scaled"
+    return loc, scale, math.exp(loc - scale**2)
 
 
 class TwoLatentSVGP(gpytorch.Module):
