@@ -16,32 +16,20 @@ import pytest
 from orchestrator.runner import NAMESPACE, actor_name, run_experiment
 from orchestrator.store import RunStore
 from tests.faults.conftest import wait_for
-from tests.integration.conftest import finished_counts
+from tests.integration.conftest import finished_counts, run_config
 
 pytestmark = pytest.mark.ray
 
 BUDGET = 30
 
 
-
 def test_killed_actor_restarts_and_keeps_the_evaluations_that_finished_while_it_was_down(ray_local, tmp_path):
     import ray
 
-    run_dir = str(tmp_path / "actor-loss")
-    cfg = {
-        "name": "actor-loss",
-        # 2.5 s evaluations: longer than the kill-to-first-ingest gap is not needed; they finish during the restart
-        "objective": {"name": "sleep", "options": {"mean_s": 2.5, "cv": 0.0, "num_cpus": 0.5}},
-        "tau": 0.5,
-        "model": {"type": "quantile", "options": {"num_inducing": 16, "max_steps": 60, "warm_max_steps": 20}},
-        "proposer": {"type": "thompson", "options": {"num_features": 128, "raw_samples": 128, "num_restarts": 1,
-                                                     "maxiter": 20}},
-        "batch_size": 6,
-        "initial_design": 8,
-        "budget": BUDGET,
-        "max_concurrent": 6,
-        "run_dir": run_dir,
-    }
+    # 2.5 s evaluations: they finish during the restart
+    cfg = run_config(tmp_path, "actor-loss", objective={"name": "sleep", "options": {"mean_s": 2.5, "cv": 0.0,
+                     "num_cpus": 0.5}}, tau=0.5, batch_size=6, initial_design=8, budget=BUDGET, max_concurrent=6)
+    run_dir = cfg["run_dir"]
     box: dict = {}
 
     def drive() -> None:

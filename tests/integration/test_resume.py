@@ -17,13 +17,12 @@ import pytest
 from orchestrator.runner import NAMESPACE, actor_name, resume_experiment
 from orchestrator.store import RunStore
 from tests.faults.conftest import wait_for
-from tests.integration.conftest import finished_counts
+from tests.integration.conftest import finished_counts, run_config
 
 pytestmark = pytest.mark.ray
 
 REPO = Path(__file__).resolve().parents[2]
 BUDGET = 40
-
 
 def _events(run_dir):
     try:
@@ -36,20 +35,9 @@ def _events(run_dir):
 def test_sigkill_driver_and_actor_then_resume(ray_local, tmp_path):
     import ray
 
-    run_dir = str(tmp_path / "killed")
-    cfg = {
-        "name": "killed",
-        "objective": {"name": "sleep", "options": {"mean_s": 0.2, "cv": 0.5, "num_cpus": 1}},
-        "tau": 0.3,
-        "model": {"type": "quantile", "options": {"num_inducing": 16, "max_steps": 60, "warm_max_steps": 20}},
-        "proposer": {"type": "thompson", "options": {"num_features": 128, "raw_samples": 128, "num_restarts": 1,
-                                                     "maxiter": 20}},
-        "batch_size": 10,
-        "initial_design": 12,
-        "budget": BUDGET,
-        "max_concurrent": 4,
-        "run_dir": run_dir,
-    }
+    cfg = run_config(tmp_path, "killed", objective={"name": "sleep", "options": {"mean_s": 0.2, "cv": 0.5,
+                     "num_cpus": 1}}, tau=0.3, batch_size=10, initial_design=12, budget=BUDGET)
+    run_dir = cfg["run_dir"]
     code = (
         "import json, sys; from orchestrator.runner import run_experiment; "
         f"run_experiment(json.loads(sys.argv[1]), address={ray_local!r}, progress=False)"
