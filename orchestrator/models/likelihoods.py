@@ -117,10 +117,21 @@ def _lognormal_factor(k: float, mu_g: Tensor, var_g: Tensor) -> Tensor:
 
 
 class _TwoLatentLikelihood(Likelihood):
-    """Base of the likelihoods on (f, g): `forward` gives the law of y, `expected_log_prob` a closed form."""
+    """Base of the likelihoods on (f, g): `forward` gives the law of y, `expected_log_prob` a closed form.
 
-    def __init__(self) -> None:
+    A subclass names its `family` (models/distributions.py); `forward` is the law of y for that family at
+    level `tau`, with loc f and scale e^g.
+    """
+
+    family: str
+
+    def __init__(self, tau: float) -> None:
         super().__init__()
+        self.tau = check_tau(tau)
+
+    def forward(self, function_samples: Tensor, *args: Any, **kwargs: Any) -> Distribution:
+        f, g = _split_latents(function_samples)
+        return TwoLatentNoise(self.family, f, g.exp(), self.tau)
 
     def log_prob_latent(self, y: Tensor, f: Tensor, g: Tensor) -> Tensor:
         """log p(y | f, sigma = e^g), elementwise (broadcasting)."""
@@ -152,14 +163,6 @@ class AsymmetricLaplaceLikelihood(_TwoLatentLikelihood):
 
     family = "asymmetric_laplace"
 
-    def __init__(self, tau: float) -> None:
-        super().__init__()
-        self.tau = check_tau(tau)
-
-    def forward(self, function_samples: Tensor, *args: Any, **kwargs: Any) -> Distribution:
-        f, g = _split_latents(function_samples)
-        return TwoLatentNoise(self.family, f, g.exp(), self.tau)
-
     def expected_log_prob_moments(
         self, y: Tensor, mu_f: Tensor, var_f: Tensor, mu_g: Tensor, var_g: Tensor
     ) -> Tensor:
@@ -182,14 +185,6 @@ class AsymmetricGaussianLikelihood(_TwoLatentLikelihood):
     """
 
     family = "asymmetric_gaussian"
-
-    def __init__(self, tau: float) -> None:
-        super().__init__()
-        self.tau = check_tau(tau)
-
-    def forward(self, function_samples: Tensor, *args: Any, **kwargs: Any) -> Distribution:
-        f, g = _split_latents(function_samples)
-        return TwoLatentNoise(self.family, f, g.exp(), self.tau)
 
     def expected_log_prob_moments(
         self, y: Tensor, mu_f: Tensor, var_f: Tensor, mu_g: Tensor, var_g: Tensor
@@ -218,8 +213,7 @@ class HeteroscedasticGaussianLikelihood(_TwoLatentLikelihood):
     family = "gaussian"
 
     def __init__(self, tau: float = 0.5) -> None:
-        super().__init__()
-        self.tau = check_tau(tau)
+        super().__init__(tau)
 
     def forward(self, function_samples: Tensor, *args: Any, **kwargs: Any) -> Distribution:
         f, g = _split_latents(function_samples)
