@@ -11,6 +11,8 @@ from __future__ import annotations
 import csv
 import json
 import math
+import zlib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -23,7 +25,27 @@ __all__ = [
     "write_table",
     "read_table",
     "plot_curves",
+    "Method",
+    "replicate_seed",
 ]
+
+
+@dataclass(frozen=True)
+class Method:
+    """A benchmarked method: qbatch model and proposer names with their options."""
+
+    model: str
+    proposer: str
+    model_options: dict = field(default_factory=dict)
+    proposer_options: dict = field(default_factory=dict)
+    #: GPR-EI (spec §4.4): each batch is one point evaluated `batch` times (the GLD and lander benchmarks
+    #: replicate the initial design points too; the laser's initial data are measured settings, not replicated)
+    replicate: bool = False
+
+
+def replicate_seed(seed: int, r: int) -> int:
+    """Evaluation seed of replicate `r` >= 1 of a trial whose own seed is `seed`."""
+    return zlib.crc32(f"{seed}:rep{r}".encode()) & 0x7FFFFFFF
 
 
 def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float, int]:

@@ -47,9 +47,8 @@ import sys
 import time
 import traceback
 import warnings
-import zlib
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -57,21 +56,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._common import format_table, mean_ci, paired_comparison, parse_index_list, plot_curves, read_table, write_table  # noqa: E402
+from benchmarks._common import (  # noqa: E402
+    Method, format_table, mean_ci, paired_comparison, parse_index_list, plot_curves, read_table, replicate_seed,
+    write_table,
+)
 
 MODE = "synchronous batches, in-process AskTellOptimizer (the orchestrator's synchronous protocol without Ray)"
-
-
-@dataclass(frozen=True)
-class Method:
-    """A benchmarked method: qbatch model and proposer names with their options."""
-
-    model: str
-    proposer: str
-    model_options: dict = field(default_factory=dict)
-    proposer_options: dict = field(default_factory=dict)
-    #: GPR-EI: each batch is one point evaluated `batch` times
-    replicate: bool = False
 
 
 METHODS: dict[str, Method] = {
@@ -114,11 +104,6 @@ class Setting:
     @property
     def label(self) -> str:
         return f"d{self.d}-tau{self.tau:g}-b{self.batch}"
-
-
-def replicate_seed(seed: int, r: int) -> int:
-    """Evaluation seed of replicate `r` >= 1 of a trial whose own seed is `seed`."""
-    return zlib.crc32(f"{seed}:rep{r}".encode()) & 0x7FFFFFFF
 
 
 def _run_method(
@@ -252,7 +237,7 @@ def done_methods(runs: Path, setting: Setting, problem: int) -> set[str]:
         stem = path.name[:-len(".csv")]
         if stem != f"{setting.label}-p{problem}" and not stem.startswith(f"{setting.label}-p{problem}-"):
             continue  # e.g. p1 must not match p10
-        done |= {r["method"] for r in read_table(path) if not r.get("error") and int(r["n_evals"]) == setting.budget}
+        done |= {r["method"] for r in read_run_file(path) if not r.get("error") and r["n_evals"] == setting.budget}
     return done
 
 

@@ -47,7 +47,7 @@ import time
 import traceback
 import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -57,21 +57,11 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._common import (  # noqa: E402
-    build_optimizer, format_table, mean_ci, paired_comparison, parse_index_list, plot_curves, read_table, write_table,
+    Method, build_optimizer, format_table, mean_ci, paired_comparison, parse_index_list, plot_curves, read_table, write_table,
 )
 
 MODE = "synchronous batches, in-process AskTellOptimizer built from a validated config (the orchestrator's " \
        "synchronous protocol without Ray)"
-
-
-@dataclass(frozen=True)
-class Method:
-    """A benchmarked method: qbatch model and proposer names with their options."""
-
-    model: str
-    proposer: str
-    model_options: dict = field(default_factory=dict)
-    proposer_options: dict = field(default_factory=dict)
 
 
 METHODS: dict[str, Method] = {

@@ -53,7 +53,7 @@ import traceback
 import warnings
 import zlib
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -62,7 +62,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._common import build_optimizer as build_shared  # noqa: E402
-from benchmarks._common import format_table, mean_ci, parse_index_list, plot_curves, read_table, write_table  # noqa: E402
+from benchmarks._common import (  # noqa: E402
+    Method, format_table, mean_ci, parse_index_list, plot_curves, read_table, replicate_seed, write_table,
+)
 
 MODE = "synchronous batches, in-process AskTellOptimizer built from a validated config (the orchestrator's " \
        "synchronous protocol without Ray)"
@@ -82,18 +84,6 @@ TARGET = {"tau": 0.1, "method": "quantile-ts", "min_reward": 240.0}
 #: the paper's protocol (spec §4.2); the target is judged only on runs of this protocol
 FULL: dict[str, Any] = {"taus": [0.1, 0.02], "initial": 300, "budget": 1500, "batch": 25, "runs": "10",
                         "episodes": 200, "eval_every": 150}
-
-
-@dataclass(frozen=True)
-class Method:
-    """A benchmarked method: qbatch model and proposer names with their options."""
-
-    model: str
-    proposer: str
-    model_options: dict = field(default_factory=dict)
-    proposer_options: dict = field(default_factory=dict)
-    #: GPR-EI: each batch is one point evaluated `batch` times, and so is each initial design point
-    replicate: bool = False
 
 
 METHODS: dict[str, Method] = {
@@ -136,11 +126,6 @@ class Protocol:
         pts = set(range(self.initial, self.budget + 1, eval_every)) | {self.initial, self.budget}
         pts |= {n for n in (750,) if self.initial <= n <= self.budget}
         return sorted(pts)
-
-
-def replicate_seed(seed: int, r: int) -> int:
-    """Evaluation seed of replicate `r` >= 1 of a trial whose own seed is `seed` (as benchmarks/gld.py)."""
-    return zlib.crc32(f"{seed}:rep{r}".encode()) & 0x7FFFFFFF
 
 
 def config_tag(payload: Any) -> str:

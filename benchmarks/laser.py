@@ -54,9 +54,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._common import format_table, mean_ci, plot_curves, read_table, write_table  # noqa: E402
+from benchmarks._common import Method, format_table, mean_ci, plot_curves, read_table, write_table  # noqa: E402
 from benchmarks.lander import (  # noqa: E402
-    BatchRun, Job, Method, _as_types, _limited, _std, add_common_args, build_optimizer, config_tag,
+    BatchRun, Job, _as_types, _limited, _std, add_common_args, build_optimizer, config_tag,
     curves_by_method, drive, merge_options, parse_runs, run_jobs,
 )
 
