@@ -17,14 +17,6 @@ from orchestrator.models.exact_gp import ExactGP
 TK = {"dtype": torch.float64}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def data():
     g = torch.Generator().manual_seed(0)

@@ -16,14 +16,6 @@ from orchestrator.models.quantile_svgp import QuantileSVGP
 TK = {"dtype": torch.float64}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _mean(X):
     return 5.0 + 2.0 * torch.sin(3 * X[:, 0])
 

@@ -18,14 +18,6 @@ from orchestrator.models.svgp import matern52
 
 TK = {"dtype": torch.float64}
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Small GP algebra is much faster single-threaded on a busy 2-core CI machine; restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 # --- a heteroscedastic, skewed 2-D problem with a closed-form quantile -----------------------------------
 # y = f(x) + s(x) * eps, eps = (exp(Z) - e^{1/2}) / sd (centred, unit-variance log-normal), so
