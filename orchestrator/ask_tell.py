@@ -17,6 +17,7 @@ posterior mean of the target. The central Ray actor (orchestrator/actor.py) wrap
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 import zlib
@@ -132,11 +133,13 @@ class AskTellOptimizer:
         self._lock = threading.RLock()  # observation/trial state; never held during a fit or a proposal
         self._ask_lock = threading.Lock()  # one `ask` at a time (the Sobol counter, the proposer)
         self._trials: dict[str, Trial] = {}
+        self._seq: dict[str, int] = {}  # trial id -> position in ask order (the order of `_trials`)
         self._pending: dict[str, Trial] = {}
         self._told: dict[str, str] = {}  # trial_id -> "completed" | "failed"
         self._obs_ids: list[str] = []
         self._obs_x: list[Tensor] = []
         self._obs_y: list[float] = []  # model units (sign applied)
+        self._obs_seq: list[int] = []  # `_seq` of each observation: the observations are kept in ask order
         self.failures: list[dict[str, Any]] = []
         self._n_sobol = 0
         self._next_batch = 0
@@ -244,7 +247,11 @@ class AskTellOptimizer:
             raise TrialError(f"unknown trial id {trial_id!r}") from None
 
     def observations(self) -> tuple[Tensor, Tensor]:
-        """Completed results: `n x d` unit-cube points and `n` values in model units (sign applied)."""
+        """Completed results: `n x d` unit-cube points and `n` values in model units (sign applied).
+
+        Rows are in the order the trials were asked, whatever order their results came in, so the same
+        config and seed give the same fits and proposals in a synchronous run.
+        """
         with self._lock:
             return self._stack(self._obs_x), torch.tensor(self._obs_y, **self._tk)
 
@@ -319,7 +326,7 @@ class AskTellOptimizer:
                 t = Trial(tid, params[i], X[i].clone(), batch_id, forecasts[i], trial_seed(self.seed, tid), source)
                 if source == "sobol":
                     t.info["sobol_index"] = self._n_sobol - q + i
-                self._trials[tid] = t
+                self._add_trial(t)
                 self._pending[tid] = t
                 trials.append(t)
         return trials
@@ -405,9 +412,14 @@ class AskTellOptimizer:
                 return "failed"
             y = self.sign * float(v)
             self._told[trial_id] = "completed"
-            self._obs_ids.append(trial_id)
-            self._obs_x.append(trial.x)
-            self._obs_y.append(y)
+            # in ask order, not arrival order: a synchronous run's fits must not depend on which result of a
+            # batch came in first (the SVGP's minibatches and k-means inducing points see the data's order)
+            seq = self._seq[trial_id]
+            i = bisect.bisect_right(self._obs_seq, seq)
+            self._obs_seq.insert(i, seq)
+            self._obs_ids.insert(i, trial_id)
+            self._obs_x.insert(i, trial.x)
+            self._obs_y.insert(i, y)
             if self._calibrator is not None and trial.forecast is not None:
                 self._calib_queue.append((trial.forecast, y, trial.x))
         if not self.defer_calibration:
@@ -444,7 +456,7 @@ class AskTellOptimizer:
             tid = f"user-{self._n_user}"
             self._n_user += 1
             t = Trial(tid, dict(params), X[0], -1, None, trial_seed(self.seed, tid), "user")
-            self._trials[tid] = t
+            self._add_trial(t)
         return self.tell(tid, value)
 
     # ------------------------------------------------------------------ model
@@ -537,7 +549,7 @@ class AskTellOptimizer:
             if sobol_index is not None:
                 t.info["sobol_index"] = int(sobol_index)
                 self._n_sobol = max(self._n_sobol, int(sobol_index) + 1)
-            self._trials[trial_id] = t
+            self._add_trial(t)
             self._pending[trial_id] = t
             if batch_id >= 0:
                 self._next_batch = max(self._next_batch, int(batch_id) + 1)
@@ -588,16 +600,18 @@ class AskTellOptimizer:
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Restore from `get_state`. Without a model state the next `ask` refits from the observations."""
         with self._lock:
-            self._trials = {}
+            self._trials, self._seq = {}, {}
             for r in state["trials"]:
                 t = Trial(r["trial_id"], dict(r["params"]), torch.tensor(r["x"], **self._tk), int(r["batch_id"]),
                           r["forecast"], int(r["seed"]), r["source"], dict(r.get("info", {})))
-                self._trials[t.trial_id] = t
+                self._add_trial(t)
             self._pending = {tid: self._trials[tid] for tid in state["pending"]}
             self._told = dict(state["told"])
-            self._obs_ids = list(state["obs_ids"])
+            obs = sorted(zip(state["obs_ids"], state["obs_y"]), key=lambda o: self._seq[o[0]])  # ask order
+            self._obs_ids = [tid for tid, _ in obs]
+            self._obs_seq = [self._seq[tid] for tid in self._obs_ids]
             self._obs_x = [self._trials[tid].x for tid in self._obs_ids]
-            self._obs_y = [float(v) for v in state["obs_y"]]
+            self._obs_y = [float(v) for _, v in obs]
             self.failures = [dict(f) for f in state["failures"]]
             self._n_sobol = int(state["n_sobol"])
             self._next_batch = int(state["next_batch"])
@@ -615,6 +629,11 @@ class AskTellOptimizer:
                 self._proposer.set_state(state["proposer"])
 
     # ------------------------------------------------------------------ helpers
+    def _add_trial(self, t: Trial) -> None:
+        """Register a new trial (caller holds `_lock`); its `_seq` is its place in ask order."""
+        self._trials[t.trial_id] = t
+        self._seq[t.trial_id] = len(self._seq)
+
     def _stack(self, xs: Sequence[Tensor]) -> Tensor:
         if not xs:
             return torch.empty(0, self.space.dim, **self._tk)
