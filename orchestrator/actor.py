@@ -16,9 +16,10 @@ mark (`low_water`: enough points to keep every slot busy through 1.5 recent prop
 *refit thread* refits the surrogate whenever new results are in: it fits a copy (warm-started from the
 current posterior) and swaps it in when ready, so proposals never wait for a fit. Until the first model
 is ready, free slots get further Sobol points rather than idling. Only the proposer thread touches the
-calibrator: the dispatch loop queues each (forecast, y) pair and the proposer thread applies them in
-completion order. With ``synchronous: true`` the loop follows the papers' protocol instead: propose B,
-evaluate all B, refit, repeat (all in the loop's thread).
+calibrator: the dispatch loop queues each (forecast, y) pair and the proposer thread applies those queued
+since its last proposal, in ask order. With ``synchronous: true`` the loop follows the papers' protocol
+instead: propose B, evaluate all B, refit, repeat (all in the loop's thread); such a run is reproducible
+from its config and seed, since neither the model nor the calibrator sees the order results came in.
 
 Every proposal is logged with the model's forecast at that point (model units: after the sign flip of
 ``direction: minimize``), every refit with {"seconds", "n", "best_params", "best_predicted"}. The actor
@@ -523,7 +524,7 @@ class CentralActor:
 
     def _propose_step(self) -> bool:
         """Propose when the queue is low (before it runs dry). Returns whether it did something."""
-        self.opt.flush_calibration()  # only this thread touches the calibrator (in completion order)
+        self.opt.flush_calibration()  # only this thread touches the calibrator
         remaining = self._remaining_to_propose()
         if remaining <= 0:
             return False

@@ -149,16 +149,17 @@ class AskTellOptimizer:
         self._best: tuple[dict, float] | None = None
         self._proposer: Any = None
         self._calibrator: Any = self._build_calibrator()
-        #: when True, `tell` queues calibrator updates and `flush_calibration` applies them (the central
-        #: actor sets this so only its planner thread touches the calibrator); applied in completion order
+        #: when True, `tell` queues calibrator updates and `flush_calibration` applies them, each flush in ask
+        #: order (the central actor sets this: only its proposing thread touches the calibrator, and what a
+        #: synchronous batch teaches the calibrator does not depend on the order its results came in)
         self.defer_calibration = False
-        self._calib_queue: list[tuple[dict, float, Tensor]] = []
+        self._calib_queue: list[tuple[int, dict, float, Tensor]] = []
 
     @classmethod
     def from_config(cls, cfg: Any, objective: Any) -> "AskTellOptimizer":
         """The optimizer of a validated `ExperimentConfig` for `objective` (its space and direction, with the
         config's overrides), as the central actor runs it. Calibration updates are deferred to
-        `flush_calibration` unless the config is synchronous."""
+        `flush_calibration` (which `ask` calls before proposing)."""
         opt = cls(
             cfg.build_space(objective.space),
             model=cfg.model.type,
@@ -172,7 +173,7 @@ class AskTellOptimizer:
             proposer_options=dict(cfg.proposer.options),
             calibrator_options=dict(cfg.calibrator.options),
         )
-        opt.defer_calibration = not cfg.synchronous
+        opt.defer_calibration = True
         return opt
 
     # ------------------------------------------------------------------ factories
@@ -421,7 +422,7 @@ class AskTellOptimizer:
             self._obs_x.insert(i, trial.x)
             self._obs_y.insert(i, y)
             if self._calibrator is not None and trial.forecast is not None:
-                self._calib_queue.append((trial.forecast, y, trial.x))
+                self._calib_queue.append((seq, trial.forecast, y, trial.x))
         if not self.defer_calibration:
             self.flush_calibration()
         return "completed"
@@ -431,16 +432,17 @@ class AskTellOptimizer:
         return trial_id in self._told
 
     def flush_calibration(self) -> int:
-        """Apply queued calibrator updates (forecast recorded at proposal, observed y) in completion order."""
+        """Apply the queued calibrator updates (forecast recorded at proposal, observed y) as one update, in
+        the order their trials were asked."""
         with self._lock:
-            todo, self._calib_queue = self._calib_queue, []
+            todo, self._calib_queue = sorted(self._calib_queue, key=lambda u: u[0]), []
         if not todo or self._calibrator is None:
             return 0
         from orchestrator.models.predictive import Forecast
 
-        forecast = Forecast.from_records([f for f, _, _ in todo])
-        y = torch.tensor([v for _, v, _ in todo], **self._tk)
-        self._calibrator.update(forecast, y, X=torch.stack([x for _, _, x in todo]).to(**self._tk))
+        forecast = Forecast.from_records([f for _, f, _, _ in todo])
+        y = torch.tensor([v for _, _, v, _ in todo], **self._tk)
+        self._calibrator.update(forecast, y, X=torch.stack([x for _, _, _, x in todo]).to(**self._tk))
         return len(todo)
 
     def tell_many(self, trial_ids: Sequence[str], values: Sequence[Any]) -> list[str]:

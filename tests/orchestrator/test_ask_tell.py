@@ -267,24 +267,30 @@ def test_the_order_results_come_in_does_not_change_the_fit_or_the_next_batch():
     the workers' timing) must not reach the model, whose minibatches and k-means inducing points see the
     data's order; nor may a state round trip reorder the observations."""
 
+    def make():
+        opt = AskTellOptimizer(SMALL, tau=0.3, initial_design=8, seed=2, calibrator="online",
+                               model_options=_fast_model(), proposer_options=FAST_TS)
+        opt.defer_calibration = True  # as the central actor runs it (`from_config`)
+        return opt
+
     def run(order):
-        opt = AskTellOptimizer(SMALL, tau=0.3, initial_design=8, seed=2, model_options=_fast_model(),
-                               proposer_options=FAST_TS)
+        opt = make()
         rng = np.random.default_rng(0)
-        for _ in range(2):
+        for _ in range(3):
             batch = opt.ask(8)
             values = [f_true(t.params) + 0.1 * rng.standard_normal() for t in batch]
             for i in order:
                 opt.tell(batch[i].trial_id, values[i])
-        twin = AskTellOptimizer(SMALL, tau=0.3, initial_design=8, seed=2, model_options=_fast_model(),
-                                proposer_options=FAST_TS)
+        twin = make()
         twin.set_state(opt.get_state())
-        return opt.observations(), [t.x for t in opt.ask(4)], twin.observations()
+        return opt.observations(), [t.x for t in opt.ask(4)], opt.calibrator.get_state(), twin.observations()
 
-    (X0, Y0), next0, (Xt, Yt) = run(list(range(8)))
-    (X1, Y1), next1, _ = run([3, 0, 7, 5, 1, 6, 2, 4])
+    (X0, Y0), next0, cal0, (Xt, Yt) = run(list(range(8)))
+    (X1, Y1), next1, cal1, _ = run([3, 0, 7, 5, 1, 6, 2, 4])
     assert torch.equal(X0, X1) and torch.equal(Y0, Y1)
     assert torch.equal(torch.stack(next0), torch.stack(next1))
+    assert cal0["num_updates"] == cal1["num_updates"] == 16  # two model batches carry forecasts
+    assert repr(cal0) == repr(cal1)  # the calibrator learned the same from either order
     assert torch.equal(Xt, X0) and torch.equal(Yt, Y0)
 
 
