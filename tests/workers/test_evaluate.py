@@ -6,7 +6,6 @@ path: resources, node id, a crashing objective, and Ray's retry of a killed work
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import time
