@@ -578,6 +578,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, help="batch size (25, spec A12)")
     ap.add_argument("--episodes", type=int, help="fresh episodes per true-quantile estimate (200)")
     ap.add_argument("--eval-every", type=int, help="true-quantile checkpoints every N evaluations (150)")
+    ap.add_argument("--objective-options", type=json.loads, default={},
+                    help='JSON: LunarLander options, e.g. {"timeout_penalty": -100} (the pubcode\'s sign, A11)')
     add_common_args(ap, str(REPO / "results" / "lander"))
     args = ap.parse_args(argv)
     defaults = QUICK if args.quick else {**FULL, "methods": list(DEFAULT_METHODS)}
@@ -587,6 +589,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     quick_opts = (QUICK["model_options"], QUICK["proposer_options"]) if args.quick else ({}, {})
     args.model_options = merge_options(quick_opts[0], args.model_options, "--model-options")
     args.proposer_options = merge_options(quick_opts[1], args.proposer_options, "--proposer-options")
+    if not isinstance(args.objective_options, dict):
+        ap.error(f'--objective-options: a JSON object, e.g. {{"timeout_penalty": -100}}; got {args.objective_options!r}')
     args.runs = parse_runs(str(args.runs))
     if args.workers < 1 or args.threads < 1 or args.episodes < 2 or args.eval_every < 1:
         ap.error("--workers, --threads, --eval-every must be >= 1 and --episodes >= 2")
@@ -622,12 +626,12 @@ def make_jobs(args: argparse.Namespace) -> list[Job]:
         for tau in args.taus:
             p = Protocol(tau, args.initial, args.budget, args.batch)
             for m in args.methods:
-                settings = method_config(m, p, 0, {"name": "lunar-lander", "options": {}}, args.model_options,
-                                         args.proposer_options)
+                objective = {"name": "lunar-lander", "options": dict(args.objective_options)}
+                settings = method_config(m, p, 0, objective, args.model_options, args.proposer_options)
                 tag = config_tag([settings, args.episodes, args.eval_every])
                 stem = Path(args.out) / "runs" / f"{m}-tau{tau:g}-n{args.initial}-{args.budget}-b{args.batch}-{tag}-r{r}"
                 jobs.append(Job(stem, run_one, (m, p, r, args.episodes, args.eval_every, args.model_options,
-                                                args.proposer_options, args.threads)))
+                                                args.proposer_options, args.threads, args.objective_options)))
     return jobs
 
 

@@ -148,3 +148,22 @@ def test_lander_config_errors_name_the_key(mod, tmp_path):
     args = mod.parse_args(["--quick", "--model-options", '{"quantile": {"num_inducing": 8}}', "--runs", "0-0"])
     assert args.model_options["quantile"] == {**mod.QUICK["model_options"]["quantile"], "num_inducing": 8}
     assert args.runs == [0] and args.budget == mod.QUICK["budget"]
+
+
+def test_lander_objective_options_reach_the_objective_and_name_the_run_files(mod, tmp_path, capsys):
+    """`--objective-options` (e.g. the pubcode's timeout sign, A11) builds the runs' objective and gives their
+    result files another settings hash, so `--resume` never mixes them with runs of the default objective."""
+    default = mod.make_jobs(mod.parse_args(["--quick", "--out", str(tmp_path)]))
+    a11 = mod.make_jobs(mod.parse_args(["--quick", "--objective-options", '{"timeout_penalty": -100}',
+                                        "--out", str(tmp_path)]))
+    assert len(default) == len(a11) and all(j.stem != k.stem for j, k in zip(default, a11))
+    assert a11[0].args[-1] == {"timeout_penalty": -100}
+    run = mod.LanderRun("quantile-ts", mod.Protocol(0.1, 20, 40, 10), 0, 20, 10, {}, {},
+                        {"timeout_penalty": -100})
+    assert run.obj.timeout_penalty == -100.0
+    with pytest.raises(SystemExit):
+        mod.parse_args(["--objective-options", "[1]"])
+    assert "--objective-options: a JSON object" in capsys.readouterr().err
+    from objectives.base import ObjectiveError
+    with pytest.raises(ObjectiveError, match="timeout_penalty"):
+        mod.LanderRun("quantile-ts", mod.Protocol(0.1, 20, 40, 10), 0, 20, 10, {}, {}, {"timeout_penalty": "x"})
