@@ -587,6 +587,8 @@ class AskTellOptimizer:
                 "n_user": self._n_user,
                 "model_n": self._model_n,
                 "best": None if self._best is None else [dict(self._best[0]), self._best[1]],
+                # calibrator updates told but not yet applied (`defer_calibration`), by trial id
+                "calib_queue": [[tid, float(y)] for tid, y in self._queued_calibration()],
             }
             if self._model is not None:
                 try:
@@ -619,6 +621,8 @@ class AskTellOptimizer:
             self._next_batch = int(state["next_batch"])
             self._n_user = int(state["n_user"])
             self._best = None if state.get("best") is None else (dict(state["best"][0]), float(state["best"][1]))
+            self._calib_queue = [(self._seq[tid], self._trials[tid].forecast, float(y), self._trials[tid].x)
+                                 for tid, y in state.get("calib_queue", [])]
             self._model, self._model_n = None, 0
             if state.get("model") is not None:
                 model = self._build_model()
@@ -631,6 +635,11 @@ class AskTellOptimizer:
                 self._proposer.set_state(state["proposer"])
 
     # ------------------------------------------------------------------ helpers
+    def _queued_calibration(self) -> list[tuple[str, float]]:
+        """(trial id, y) of the calibrator updates waiting for `flush_calibration` (caller holds `_lock`)."""
+        ids = {seq: tid for tid, seq in self._seq.items()}
+        return [(ids[seq], y) for seq, _, y, _ in self._calib_queue]
+
     def _add_trial(self, t: Trial) -> None:
         """Register a new trial (caller holds `_lock`); its `_seq` is its place in ask order."""
         self._trials[t.trial_id] = t

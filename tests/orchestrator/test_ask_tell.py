@@ -285,6 +285,19 @@ def test_the_order_results_come_in_does_not_change_the_fit_or_the_next_batch():
         twin.set_state(opt.get_state())
         return opt.observations(), [t.x for t in opt.ask(4)], opt.calibrator.get_state(), twin.observations()
 
+    # calibrator updates told but not yet applied survive a state round trip
+    opt = make()
+    batch = opt.ask(8)
+    for t in batch:
+        opt.tell(t.trial_id, f_true(t.params))
+    opt.fit()
+    for t in opt.ask(4):
+        opt.tell(t.trial_id, f_true(t.params))
+    twin = make()
+    twin.set_state(opt.get_state())
+    assert twin.flush_calibration() == opt.flush_calibration() == 4
+    assert repr(twin.calibrator.get_state()) == repr(opt.calibrator.get_state())
+
     (X0, Y0), next0, cal0, (Xt, Yt) = run(list(range(8)))
     (X1, Y1), next1, cal1, _ = run([3, 0, 7, 5, 1, 6, 2, 4])
     assert torch.equal(X0, X1) and torch.equal(Y0, Y1)
