@@ -176,15 +176,6 @@ class SpyProposer(Proposer):
         return torch.rand(q, X_observed.shape[-1], generator=generator, dtype=torch.float64)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """These models are tiny: one intra-op thread is much faster than two on a shared 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture
 def spy_model(monkeypatch):
     """The real `build_model`, with every fit's training data recorded."""

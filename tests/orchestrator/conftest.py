@@ -1,4 +1,4 @@
-"""Shared fixtures of the model tests: every module here runs its GP algebra on one torch thread."""
+"""Shared fixtures of the orchestrator tests: every module here runs its GP algebra on one torch thread."""
 
 from __future__ import annotations
 
