@@ -522,6 +522,36 @@ def curves_by_method(rows: Sequence[dict], methods: Sequence[str], key: str, sel
     return curves
 
 
+def cross_levels(rows: Sequence[dict], levels: Sequence[float], episodes: int,
+                 objective_options: Mapping[str, Any]) -> list[dict]:
+    """Each finished run's FINAL recommendation scored at every level in `levels` (not only the one it was
+    optimized for): `episodes` fresh episodes on the held-out seeds EVAL_SEED0 + i (the same ones as the
+    run's own estimate, so the entry at the run's level equals its q_true), their empirical quantiles, mean
+    reward and fraction of episodes below 0 reward. Answers "does the good region at one level exist for the
+    other?": e.g. whether the 2% runs miss controllers that the 10% runs find."""
+    import numpy as np
+
+    from objectives.lunar_lander import LunarLander
+
+    obj = LunarLander(**dict(objective_options))
+    final = {}
+    for r in rows:  # the last checkpoint of every run
+        k = (r["tau"], r["method"], r["run"])
+        if not r["error"] and (k not in final or r["n_evals"] > final[k]["n_evals"]):
+            final[k] = r
+    out, cache = [], {}
+    for (tau, method, run), r in sorted(final.items(), key=lambda kv: (-kv[0][0], kv[0][1], kv[0][2])):
+        if r["params"] not in cache:
+            w = obj.params_to_gains(json.loads(r["params"]))
+            cache[r["params"]] = np.array([obj.episode(w, EVAL_SEED0 + i)[0] for i in range(int(episodes))])
+        rewards = cache[r["params"]]
+        row = {"tau": tau, "method": method, "run": run, "n_evals": r["n_evals"], "episodes": int(episodes)}
+        row.update({f"q{lv * 100:g}": float(np.quantile(rewards, lv)) for lv in levels})
+        row.update({"mean_reward": float(rewards.mean()), "p_below_0": float(np.mean(rewards < 0))})
+        out.append(row)
+    return out
+
+
 def make_plots(rows: Sequence[dict], out: Path) -> list[Path]:
     """One PNG per tau: true quantile of the recommendation vs evaluations, mean +- 95% CI over runs."""
     paths = []
@@ -580,6 +610,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--eval-every", type=int, help="true-quantile checkpoints every N evaluations (150)")
     ap.add_argument("--objective-options", type=json.loads, default={},
                     help='JSON: LunarLander options, e.g. {"timeout_penalty": -100} (the pubcode\'s sign, A11)')
+    ap.add_argument("--cross-levels", nargs="+", type=float, metavar="LEVEL",
+                    help="also score every finished run's final recommendation at these reward quantile levels "
+                         "(--episodes fresh episodes; OUT/levels.csv), e.g. 0.02 0.1")
     add_common_args(ap, str(REPO / "results" / "lander"))
     args = ap.parse_args(argv)
     defaults = QUICK if args.quick else {**FULL, "methods": list(DEFAULT_METHODS)}
@@ -594,9 +627,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.runs = parse_runs(str(args.runs))
     if args.workers < 1 or args.threads < 1 or args.episodes < 2 or args.eval_every < 1:
         ap.error("--workers, --threads, --eval-every must be >= 1 and --episodes >= 2")
-    for t in args.taus:
+    for t in [*args.taus, *(args.cross_levels or [])]:
         if not 0 < t < 1:
-            ap.error(f"--taus: each level must be in (0, 1); got {t}")
+            ap.error(f"--taus, --cross-levels: each level must be in (0, 1); got {t}")
     if not 1 <= args.initial <= args.budget or args.batch < 1:
         ap.error(f"need 1 <= --initial ({args.initial}) <= --budget ({args.budget}) and --batch >= 1")
     if args.time_limit is not None and args.time_limit < 0:
@@ -677,6 +710,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(format_table(summary, ["tau", "method", "n_evals", "runs", "q_true_mean", "q_true_std", "q_true_ci95",
                                  "q_true_min", "q_true_max", "run_s_mean", "cpu_s_mean"] +
                        (["target"] if any("target" in s for s in summary) else [])))
+    levels = []
+    if args.cross_levels and rows:
+        levels = cross_levels(rows, args.cross_levels, args.episodes, args.objective_options)
+        write_table(levels, out / "levels")
+        print(f"\nFinal recommendations at every level (true reward quantiles over {args.episodes} fresh episodes; "
+              "p_below_0 = fraction of episodes with negative reward):")
+        print(format_table(levels))
     errors = [r for r in rows if r["error"]]
     if errors:
         print(f"\n{len(errors)} failed runs: " + "; ".join(f"{r['method']} tau={r['tau']:g} run {r['run']}: "
@@ -685,7 +725,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"\n[lander] {missing} of {len(jobs)} runs not finished ({counts['paused']} paused at a checkpoint, "
               f"{counts['skipped']} not started): run again with --resume")
     print(f"\n[lander] wrote {out} ({len(rows)} rows, {len(plots)} plots) in {time.perf_counter() - t_start:.1f} s")
-    return {"rows": rows, "table1": t1, "summary": summary, "plots": plots, "missing": missing, "counts": counts}
+    return {"rows": rows, "table1": t1, "summary": summary, "plots": plots, "missing": missing, "counts": counts,
+            "levels": levels}
 
 
 if __name__ == "__main__":

@@ -167,3 +167,24 @@ def test_lander_objective_options_reach_the_objective_and_name_the_run_files(mod
     from objectives.base import ObjectiveError
     with pytest.raises(ObjectiveError, match="timeout_penalty"):
         mod.LanderRun("quantile-ts", mod.Protocol(0.1, 20, 40, 10), 0, 20, 10, {}, {}, {"timeout_penalty": "x"})
+
+
+def test_lander_cross_levels_scores_the_final_recommendations_on_the_runs_own_episodes(mod, quick, capsys):
+    """`--cross-levels` (run on the finished quick runs: `--resume` skips them) scores each run's final
+    recommendation at other levels on the same held-out episodes: the entry at the run's own level is its
+    recorded q_true, a lower level is never above a higher one, and one row per finished run is written."""
+    out, result = quick
+    again = mod.main(["--quick", "--threads", "1", "--resume", "--cross-levels", "0.02", "0.1", "0.5",
+                      "--out", str(out)])
+    assert again["counts"]["finished before"] == len(mod.make_jobs(mod.parse_args(["--quick", "--out", str(out)])))
+    levels = again["levels"]
+    finals = {(r["method"], r["run"]): r for r in result["rows"] if r["n_evals"] == mod.QUICK["budget"]}
+    assert {(r["method"], r["run"]) for r in levels} == set(finals) and len(levels) == len(finals)
+    for r in levels:
+        assert r["q10"] == pytest.approx(finals[(r["method"], r["run"])]["q_true"], abs=1e-9)
+        assert r["q2"] <= r["q10"] <= r["q50"] and 0.0 <= r["p_below_0"] <= 1.0
+    assert pq.read_table(out / "levels.parquet").num_rows == len(levels)
+    assert "Final recommendations at every level" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        mod.parse_args(["--cross-levels", "1.5"])
+    assert "--cross-levels" in capsys.readouterr().err
