@@ -98,7 +98,12 @@ class SVGPOptions:
             BoTorch's default), mode 0.36 at d = 3, 0.50 at d = 6, 0.82 at d = 16. With few observations in
             several dimensions the fit sits near the prior's mode, and 0.074 there leaves the model knowing
             nothing between its points (benchmarks/hpo.py, README).
-        outputscale_init: initial outputscale of both latents in standardized units (Var(Y)/2 = 0.5).
+        outputscale_init: initial outputscale of both latents as a fraction of the variance of Y as the model
+            sees it (0.5: Var(Y)/2, the pubcode's, spec §1.3; with standardized outcomes, 0.5).
+        y_scale: None (default): the model sees standardized outcomes (Y - mean) / std. A positive number s:
+            the model sees Y / s, neither centred nor standardized, the pubcode's convention (spec §1.3: no
+            standardization, lunar-lander rewards divided by 300). The hyperpriors are in the units the model
+            sees, so this changes how wide the outputscale prior LogNormal(0, 1) is against the data.
         use_priors: add the hyperpriors s^2 ~ LogNormal(0, 1) and the lengthscale prior to the loss
             (spec §1.3, ambiguity A2: GPyTorch adds registered priors).
         kmeans_iter: k-means restarts for the inducing inputs (cold fits).
@@ -122,6 +127,7 @@ class SVGPOptions:
     lengthscale_init: float | None = None
     lengthscale_prior: str = "spec"
     outputscale_init: float = 0.5
+    y_scale: float | None = None
     use_priors: bool = True
     kmeans_iter: int = 1
     kmeans_warm_start: bool = True
@@ -138,9 +144,9 @@ class SVGPOptions:
                 raise ConfigError(f"`{name}` must be a positive integer; got {value!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ConfigError(f"`seed` must be an integer; got {self.seed!r}")
-        for name in ("lr", "min_lr", "lengthscale_init", "outputscale_init"):
+        for name in ("lr", "min_lr", "lengthscale_init", "outputscale_init", "y_scale"):
             value = getattr(self, name)
-            if name == "lengthscale_init" and value is None:
+            if name in ("lengthscale_init", "y_scale") and value is None:
                 continue
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not (0 < value < math.inf):
                 raise ConfigError(f"`{name}` must be a positive number; got {value!r}")
@@ -161,6 +167,12 @@ class SVGPOptions:
         if unknown:
             raise ConfigError(f"unknown model option(s) {unknown}; valid options: {sorted(valid)}")
         return cls(**options)
+
+
+def _variance(Y: Tensor) -> float:
+    """Sample variance of `Y`, 1 for fewer than two points or a constant Y (the standardized convention)."""
+    v = float(Y.var()) if Y.shape[0] > 1 else 1.0
+    return v if v > MIN_Y_STD**2 else 1.0
 
 
 #: names of the lengthscale priors (`SVGPOptions.lengthscale_prior`)
@@ -433,11 +445,14 @@ class TwoLatentSVGPSurrogate(Surrogate):
 
     # --- fitting -----------------------------------------------------------------------------------------
     def _initial_constants(self, Y_std: Tensor) -> tuple[float, float]:
-        """Initial constant means (f, g) in standardized units: the empirical tau-quantile of Y for f (the mean
-        for the Gaussian family), and g such that the noise variance is half of Var(Y_std) = 1."""
+        """Initial constant means (f, g) in the model's units: the empirical tau-quantile of Y for f (the mean
+        for the Gaussian family), and g such that the noise variance is half of Var(Y_std) (1 when
+        standardized)."""
         m_factor, v_factor = D.noise_constants(self.family, self.tau)
-        c_f = 0.0 if self.family == "gaussian" else float(torch.quantile(Y_std, self.tau))
-        c_g = 0.5 * math.log(0.5 / v_factor)
+        raw = self.options.y_scale is not None  # standardized: mean 0 and variance 1 exactly
+        center = float(Y_std.mean()) if raw else 0.0
+        c_f = center if self.family == "gaussian" else float(torch.quantile(Y_std, self.tau))
+        c_g = 0.5 * math.log(0.5 * (_variance(Y_std) if raw else 1.0) / v_factor)
         return c_f, c_g
 
     def _project(self, Z_new: Tensor, y_mean: float, y_std: float) -> TwoLatentSVGP:
@@ -476,6 +491,9 @@ class TwoLatentSVGPSurrogate(Surrogate):
         c_f, c_g = self._initial_constants(Y_std)
         with torch.no_grad():
             model.mean_module.constant.copy_(torch.tensor([c_f, c_g], **TKWARGS))
+            if opt.y_scale is not None:  # s^2 = outputscale_init * Var(Y) as the model sees it (1 standardized)
+                model.covar_module.outputscale = torch.full(
+                    (2,), max(opt.outputscale_init * _variance(Y_std), 2 * MIN_OUTPUTSCALE), **TKWARGS)
             model.set_variational(torch.zeros(2, Z.shape[0], **TKWARGS), model.kzz_chol())
         return model
 
@@ -492,9 +510,12 @@ class TwoLatentSVGPSurrogate(Surrogate):
         t0 = time.perf_counter()
         X = X.to(**TKWARGS)
         Y = Y.to(**TKWARGS)
-        y_mean = float(Y.mean())
-        y_std = float(Y.std()) if Y.shape[0] > 1 else 1.0
-        y_std = y_std if y_std > MIN_Y_STD else 1.0
+        if self.options.y_scale is None:
+            y_mean = float(Y.mean())
+            y_std = float(Y.std()) if Y.shape[0] > 1 else 1.0
+            y_std = y_std if y_std > MIN_Y_STD else 1.0
+        else:
+            y_mean, y_std = 0.0, float(self.options.y_scale)
         Y_std = (Y - y_mean) / y_std
         warm = self.model is not None
         init = self.model.Z if warm and self.options.kmeans_warm_start else None

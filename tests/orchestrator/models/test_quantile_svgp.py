@@ -454,3 +454,30 @@ def test_dim_scaled_prior_generalizes_from_few_points_in_6d():
         print(kind, "held-out correlation", round(corr[kind], 3), "lengthscales",
               model.model.lengthscale[0].reshape(-1).tolist())
     assert corr["dim-scaled"] > 0.6 and corr["dim-scaled"] > corr["spec"] + 0.2
+
+
+def test_y_scale_fits_y_over_s_without_standardizing(data):
+    """`y_scale: s` (the pubcode's convention, spec §1.3): the model sees Y / s, not centred. So a fit of Y with
+    y_scale = s is the fit of Y / s with y_scale = 1, scaled back by s in every prediction; the cold start puts
+    the outputscales at outputscale_init * Var(Y / s) and the noise at half of it; the default still
+    standardizes."""
+    X, Y = data
+    opts = {"num_inducing": 16, "max_steps": 60, "seed": 3}
+    scaled, unit = QuantileSVGP(tau=0.8, y_scale=300.0, **opts), QuantileSVGP(tau=0.8, y_scale=1.0, **opts)
+    scaled.fit(X, Y)
+    unit.fit(X, Y / 300.0)
+    assert scaled.outcome_transform == (0.0, 300.0) and unit.outcome_transform == (0.0, 1.0)
+    Xt = torch.rand(50, 3, generator=torch.Generator().manual_seed(9), **TK)
+    torch.testing.assert_close(scaled.predict_quantiles(Xt, [0.1, 0.8]), 300.0 * unit.predict_quantiles(Xt, [0.1, 0.8]))
+    # the cold start, in the model's units
+    Ys = Y / 300.0
+    cold = QuantileSVGP(tau=0.8, y_scale=300.0, outputscale_init=0.5, **opts)._cold_model(X[:16], Ys)
+    torch.testing.assert_close(cold.outputscale, torch.full((2,), 0.5 * float(Ys.var()), **TK))
+    assert cold.constant[0].item() == pytest.approx(float(torch.quantile(Ys, 0.8)))
+    std = QuantileSVGP(tau=0.8, **opts)
+    assert std.options.y_scale is None
+    std.fit(X, Y)
+    assert std.outcome_transform == pytest.approx((float(Y.mean()), float(Y.std())))
+    for bad in (0, -2.0, "300", True, math.inf):
+        with pytest.raises(ConfigError, match="`y_scale`"):
+            QuantileSVGP(tau=0.5, y_scale=bad)
