@@ -542,8 +542,7 @@ def cross_levels(rows: Sequence[dict], levels: Sequence[float], episodes: int,
     out, cache = [], {}
     for (tau, method, run), r in sorted(final.items(), key=lambda kv: (-kv[0][0], kv[0][1], kv[0][2])):
         if r["params"] not in cache:
-            w = obj.params_to_gains(json.loads(r["params"]))
-            cache[r["params"]] = np.array([obj.episode(w, EVAL_SEED0 + i)[0] for i in range(int(episodes))])
+            cache[r["params"]] = obj.episode_rewards(json.loads(r["params"]), episodes, EVAL_SEED0)
         rewards = cache[r["params"]]
         row = {"tau": tau, "method": method, "run": run, "n_evals": r["n_evals"], "episodes": int(episodes)}
         row.update({f"q{lv * 100:g}": float(np.quantile(rewards, lv)) for lv in levels})

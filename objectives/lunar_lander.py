@@ -148,6 +148,9 @@ class LunarLander(Objective):
         """
         if not (0.0 < float(tau) < 1.0):
             raise ObjectiveError(f"quantile level tau must be in (0, 1); got {tau!r}")
+        return float(np.quantile(self.episode_rewards(params, n_episodes, seed0), tau))
+
+    def episode_rewards(self, params: Mapping[str, Any], n_episodes: int = 100, seed0: int = 10**6) -> np.ndarray:
+        """Rewards of `n_episodes` episodes with seeds ``seed0, seed0+1, ...`` (what `empirical_quantile` reads)."""
         w = self.params_to_gains(params)
-        rewards = [self.episode(w, seed0 + i)[0] for i in range(int(n_episodes))]
-        return float(np.quantile(rewards, tau))
+        return np.array([self.episode(w, seed0 + i)[0] for i in range(int(n_episodes))])

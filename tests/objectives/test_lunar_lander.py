@@ -86,3 +86,7 @@ def test_empirical_quantile_over_episodes(lander):
     q10 = lander.empirical_quantile(p, 0.1, n_episodes=10)
     q90 = lander.empirical_quantile(p, 0.9, n_episodes=10)
     assert np.isfinite(q10) and q10 <= q90
+    # the rewards behind it: one episode per seed seed0 + i, in order
+    rewards = lander.episode_rewards(p, n_episodes=10, seed0=10**6)
+    assert rewards.shape == (10,) and q10 == float(np.quantile(rewards, 0.1))
+    assert rewards[3] == lander.episode(lander.params_to_gains(p), 10**6 + 3)[0]
