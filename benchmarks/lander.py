@@ -39,7 +39,9 @@ Results in --out (default results/lander/): runs/*.csv (one per method x tau x r
 and a hash of the method's settings), lander.csv + lander.parquet (every checkpoint of the finished runs),
 table1.csv/.parquet (mean (std) over runs at 750 and 1500 evaluations, shaped like the paper's Table 1, with
 the paper's figures beside), summary.csv/.parquet (mean, std, 95% CI at the end, with the issue's target),
-lander_tau<tau>.png (true quantile of the recommendation vs evaluations, mean +- 95% CI over runs).
+lander_tau<tau>.png (true quantile of the recommendation vs evaluations, mean +- 95% CI over runs); with
+--cross-levels, levels.csv (each final recommendation at other reward levels); with --cross-env ENV_ID,
+envs.csv (each final recommendation flown in ENV_ID too, e.g. gym:LunarLander-v2, the paper's environment).
 """
 
 from __future__ import annotations
@@ -522,6 +524,16 @@ def curves_by_method(rows: Sequence[dict], methods: Sequence[str], key: str, sel
     return curves
 
 
+def final_recommendations(rows: Sequence[dict]) -> list[dict]:
+    """The last checkpoint of every finished run (no error), ordered by tau (descending), method and run."""
+    final: dict[tuple, dict] = {}
+    for r in rows:
+        k = (r["tau"], r["method"], r["run"])
+        if not r["error"] and (k not in final or r["n_evals"] > final[k]["n_evals"]):
+            final[k] = r
+    return [final[k] for k in sorted(final, key=lambda k: (-k[0], k[1], k[2]))]
+
+
 def cross_levels(rows: Sequence[dict], levels: Sequence[float], episodes: int,
                  objective_options: Mapping[str, Any]) -> list[dict]:
     """Each finished run's FINAL recommendation scored at every level in `levels` (not only the one it was
@@ -534,19 +546,44 @@ def cross_levels(rows: Sequence[dict], levels: Sequence[float], episodes: int,
     from objectives.lunar_lander import LunarLander
 
     obj = LunarLander(**dict(objective_options))
-    final = {}
-    for r in rows:  # the last checkpoint of every run
-        k = (r["tau"], r["method"], r["run"])
-        if not r["error"] and (k not in final or r["n_evals"] > final[k]["n_evals"]):
-            final[k] = r
     out, cache = [], {}
-    for (tau, method, run), r in sorted(final.items(), key=lambda kv: (-kv[0][0], kv[0][1], kv[0][2])):
+    for r in final_recommendations(rows):
         if r["params"] not in cache:
             cache[r["params"]] = obj.episode_rewards(json.loads(r["params"]), episodes, EVAL_SEED0)
         rewards = cache[r["params"]]
-        row = {"tau": tau, "method": method, "run": run, "n_evals": r["n_evals"], "episodes": int(episodes)}
+        row = {"tau": r["tau"], "method": r["method"], "run": r["run"], "n_evals": r["n_evals"],
+               "episodes": int(episodes)}
         row.update({f"q{lv * 100:g}": float(np.quantile(rewards, lv)) for lv in levels})
         row.update({"mean_reward": float(rewards.mean()), "p_below_0": float(np.mean(rewards < 0))})
+        out.append(row)
+    return out
+
+
+def cross_env(rows: Sequence[dict], env_id: str, episodes: int, objective_options: Mapping[str, Any]) -> list[dict]:
+    """Each finished run's FINAL recommendation flown in the runs' environment and in `env_id` (e.g.
+    "gym:LunarLander-v2", the paper's, from the legacy gym package) on the same held-out seeds EVAL_SEED0 + i:
+    the run's reward quantile, the mean reward and the crash fraction in each, the share of seeds whose two
+    rewards agree to 1e-6, and a two-sample Kolmogorov-Smirnov p-value. Answers "would the paper's
+    environment have scored our recommendations differently?"."""
+    import numpy as np
+    from scipy.stats import ks_2samp
+
+    from objectives.lunar_lander import LunarLander
+
+    ours = LunarLander(**dict(objective_options))
+    other = LunarLander(**{**dict(objective_options), "env_id": env_id})
+    out = []
+    for r in final_recommendations(rows):
+        params = json.loads(r["params"])
+        a = ours.episode_rewards(params, episodes, EVAL_SEED0)
+        b = other.episode_rewards(params, episodes, EVAL_SEED0)
+        row = {"tau": r["tau"], "method": r["method"], "run": r["run"], "episodes": int(episodes),
+               "env": ours.env_id, "other_env": env_id}
+        for name, x in (("env", a), ("other", b)):
+            row.update({f"q_{name}": float(np.quantile(x, r["tau"])), f"mean_{name}": float(x.mean()),
+                        f"p_below_0_{name}": float(np.mean(x < 0))})
+        row.update({"same_seed_equal": float(np.mean(np.abs(a - b) <= 1e-6)),
+                    "ks_p": float(ks_2samp(a, b).pvalue)})
         out.append(row)
     return out
 
@@ -612,6 +649,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--cross-levels", nargs="+", type=float, metavar="LEVEL",
                     help="also score every finished run's final recommendation at these reward quantile levels "
                          "(--episodes fresh episodes; OUT/levels.csv), e.g. 0.02 0.1")
+    ap.add_argument("--cross-env", metavar="ENV_ID",
+                    help="also fly every finished run's final recommendation in this environment on the same "
+                         "episodes (OUT/envs.csv), e.g. gym:LunarLander-v2 (the paper's; pip install gym==0.26.2)")
     add_common_args(ap, str(REPO / "results" / "lander"))
     args = ap.parse_args(argv)
     defaults = QUICK if args.quick else {**FULL, "methods": list(DEFAULT_METHODS)}
@@ -629,6 +669,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for t in [*args.taus, *(args.cross_levels or [])]:
         if not 0 < t < 1:
             ap.error(f"--taus, --cross-levels: each level must be in (0, 1); got {t}")
+    if args.cross_env is not None:
+        from objectives.base import ObjectiveError
+        from objectives.lunar_lander import LunarLander
+
+        try:  # fail before any run starts, naming the flag
+            LunarLander(**{**args.objective_options, "env_id": args.cross_env})._get_env()
+        except (ObjectiveError, TypeError) as exc:
+            ap.error(f"--cross-env {args.cross_env!r}: {exc}")
     if not 1 <= args.initial <= args.budget or args.batch < 1:
         ap.error(f"need 1 <= --initial ({args.initial}) <= --budget ({args.budget}) and --batch >= 1")
     if args.time_limit is not None and args.time_limit < 0:
@@ -716,6 +764,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"\nFinal recommendations at every level (true reward quantiles over {args.episodes} fresh episodes; "
               "p_below_0 = fraction of episodes with negative reward):")
         print(format_table(levels))
+    envs = []
+    if args.cross_env and rows:
+        envs = cross_env(rows, args.cross_env, args.episodes, args.objective_options)
+        write_table(envs, out / "envs")
+        print(f"\nFinal recommendations in two environments ({args.episodes} episodes on the same seeds; q = the "
+              "run's reward quantile; same_seed_equal = share of seeds with equal rewards):")
+        print(format_table(envs))
     errors = [r for r in rows if r["error"]]
     if errors:
         print(f"\n{len(errors)} failed runs: " + "; ".join(f"{r['method']} tau={r['tau']:g} run {r['run']}: "
@@ -725,7 +780,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
               f"{counts['skipped']} not started): run again with --resume")
     print(f"\n[lander] wrote {out} ({len(rows)} rows, {len(plots)} plots) in {time.perf_counter() - t_start:.1f} s")
     return {"rows": rows, "table1": t1, "summary": summary, "plots": plots, "missing": missing, "counts": counts,
-            "levels": levels}
+            "levels": levels, "envs": envs}
 
 
 if __name__ == "__main__":

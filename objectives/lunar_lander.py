@@ -13,13 +13,15 @@ made parameters ``w`` in [0, 1.2]^6:
 
 So ``w = (0.5, 1.0, 0.5, 0.5, 0.0, 0.5)`` (`GYMNASIUM_HEURISTIC`) reproduces gymnasium's heuristic exactly.
 One evaluation is one episode of ``LunarLander-v3`` (the paper's v2 no longer exists in gymnasium 1.x), reset
-with the evaluation's seed. Step limit 1000. A11: an episode still flying at the limit gets a penalty of
+with the evaluation's seed; ``env_id="gym:LunarLander-v2"`` flies the paper's v2 from the legacy ``gym`` package
+(0.26, ``pip install gym==0.26.2``) instead, to check that the version does not matter. Step limit 1000. A11: an episode still flying at the limit gets a penalty of
 100 *subtracted* (the pubcode's ``total -= timeout_reward`` with ``timeout_reward = -100`` adds 100, which is
 read as a sign bug: a hovering lander must not be rewarded). The reward is returned as is (not /300).
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 from typing import Any, Mapping, Sequence
 
@@ -31,6 +33,8 @@ __all__ = ["GYMNASIUM_HEURISTIC", "LunarLander", "heuristic_controller_6d"]
 
 #: the six gains that reproduce gymnasium's `heuristic`
 GYMNASIUM_HEURISTIC: tuple[float, ...] = (0.5, 1.0, 0.5, 0.5, 0.0, 0.5)
+#: `env_id` prefix that selects the legacy ``gym`` package instead of gymnasium
+LEGACY_PREFIX = "gym:"
 _NAMES = ("angle_gain", "angular_speed_gain", "hover_gain", "vertical_speed_gain", "contact_angle", "contact_damping")
 
 
@@ -62,7 +66,8 @@ class LunarLander(Objective):
     Args:
         steps_limit: maximum number of steps of an episode (1000 in the paper).
         timeout_penalty: subtracted from the reward of an episode that reaches the limit (A11; 100).
-        env_id: gymnasium environment id.
+        env_id: gymnasium environment id, or ``"gym:<id>"`` for an environment of the legacy ``gym`` package
+            (0.26 API: ``reset(seed=...)`` and five-valued ``step``), e.g. ``"gym:LunarLander-v2"``.
         upper: upper bound of every gain (1.2 in the pubcode).
     """
 
@@ -96,16 +101,19 @@ class LunarLander(Objective):
 
     def _get_env(self) -> Any:
         if self._env is None:
+            legacy = self.env_id.startswith(LEGACY_PREFIX)
+            package, env_id = ("gym", self.env_id[len(LEGACY_PREFIX):]) if legacy else ("gymnasium", self.env_id)
             try:
-                import gymnasium
-            except ImportError as exc:  # pragma: no cover - depends on the installation
-                raise ObjectiveError(
-                    "the lunar-lander objective needs gymnasium[box2d]: pip install 'qbatch[lander]'"
-                ) from exc
+                gym = importlib.import_module(package)
+            except ImportError as exc:
+                hint = "pip install gym==0.26.2" if legacy else "pip install 'qbatch[lander]'"
+                raise ObjectiveError(f"env_id={self.env_id!r} needs the {package!r} package: {hint}") from exc
+            # gym 0.26's passive checker calls numpy aliases that numpy 2 removed; the episode loop checks itself
+            options = {"disable_env_checker": True} if legacy else {}
             try:
-                self._env = gymnasium.make(self.env_id, max_episode_steps=self.steps_limit)
+                self._env = gym.make(env_id, max_episode_steps=self.steps_limit, **options)
             except Exception as exc:
-                raise ObjectiveError(f"cannot make gymnasium environment env_id={self.env_id!r}: {exc}") from exc
+                raise ObjectiveError(f"cannot make {package} environment env_id={self.env_id!r}: {exc}") from exc
         return self._env
 
     def params_to_gains(self, params: Mapping[str, Any]) -> np.ndarray:

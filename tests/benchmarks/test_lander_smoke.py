@@ -188,3 +188,25 @@ def test_lander_cross_levels_scores_the_final_recommendations_on_the_runs_own_ep
     with pytest.raises(SystemExit):
         mod.parse_args(["--cross-levels", "1.5"])
     assert "--cross-levels" in capsys.readouterr().err
+
+
+def test_lander_cross_env_flies_the_final_recommendations_in_the_papers_gym_v2(mod, quick, capsys):
+    """`--cross-env gym:LunarLander-v2` flies each finished run's final recommendation in the paper's environment
+    (the legacy gym package) on the same held-out episodes: the entry in our environment is the run's recorded
+    q_true, and v2 gives the same rewards seed by seed except for v2's rare non-determinism (gym 0.26 keeps
+    the Box2D world across resets). An environment that cannot be made is refused before any run starts."""
+    pytest.importorskip("gym", reason="--cross-env gym:... needs the legacy gym package (test extra)")
+    out, result = quick
+    again = mod.main(["--quick", "--threads", "1", "--resume", "--cross-env", "gym:LunarLander-v2", "--out", str(out)])
+    envs = again["envs"]
+    finals = {(r["method"], r["run"]): r for r in result["rows"] if r["n_evals"] == mod.QUICK["budget"]}
+    assert {(r["method"], r["run"]) for r in envs} == set(finals) and len(envs) == len(finals)
+    for r in envs:
+        assert r["q_env"] == pytest.approx(finals[(r["method"], r["run"])]["q_true"], abs=1e-9)
+        assert r["env"] == "LunarLander-v3" and r["other_env"] == "gym:LunarLander-v2"
+        assert r["same_seed_equal"] >= 0.8 and 0.0 <= r["ks_p"] <= 1.0
+    assert pq.read_table(out / "envs.parquet").num_rows == len(envs)
+    assert "Final recommendations in two environments" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        mod.parse_args(["--cross-env", "gym:NoSuchEnv-v0"])
+    assert "--cross-env" in capsys.readouterr().err

@@ -90,3 +90,27 @@ def test_empirical_quantile_over_episodes(lander):
     rewards = lander.episode_rewards(p, n_episodes=10, seed0=10**6)
     assert rewards.shape == (10,) and q10 == float(np.quantile(rewards, 0.1))
     assert rewards[3] == lander.episode(lander.params_to_gains(p), 10**6 + 3)[0]
+
+
+def test_legacy_gym_v2_flies_the_same_episodes_as_gymnasium_v3(lander):
+    """`env_id="gym:LunarLander-v2"` flies the paper's environment from the legacy gym package: with the same
+    gains and seeds the rewards equal gymnasium v3's (v3 changed only wind seeding, observation bounds,
+    decorative particles and the world's reset, which makes v2 rarely non-deterministic)."""
+    pytest.importorskip("gym", reason="the legacy gym package (test extra) flies LunarLander-v2")
+    v2 = LunarLander(env_id="gym:LunarLander-v2")
+    good = [1.135, 1.172, 0.186, 0.492, 0.0, 0.756]  # a recorded 10%-TS recommendation: crashes rarely
+    for w in (GYMNASIUM_HEURISTIC, good, [0.2, 0.0, 1.2, 0.0, 0.6, 0.0]):
+        a = np.array([lander.episode(w, seed)[0] for seed in range(12)])
+        b = np.array([v2.episode(w, seed)[0] for seed in range(12)])
+        assert np.mean(np.isclose(a, b, atol=1e-6)) >= 0.75, (w, a, b)
+    assert pickle.loads(pickle.dumps(v2)).env_id == "gym:LunarLander-v2"
+
+
+def test_legacy_env_id_without_gym_or_unknown_names_the_env_id(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "gym", None)  # what an installation without the legacy package sees
+    with pytest.raises(ObjectiveError, match=r"env_id='gym:LunarLander-v2'.*pip install gym==0.26.2"):
+        LunarLander(env_id="gym:LunarLander-v2").episode(GYMNASIUM_HEURISTIC, 0)
+    with pytest.raises(ObjectiveError, match="env_id='NoSuchLander-v0'"):
+        LunarLander(env_id="NoSuchLander-v0").episode(GYMNASIUM_HEURISTIC, 0)
