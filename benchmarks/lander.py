@@ -757,20 +757,22 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(format_table(summary, ["tau", "method", "n_evals", "runs", "q_true_mean", "q_true_std", "q_true_ci95",
                                  "q_true_min", "q_true_max", "run_s_mean", "cpu_s_mean"] +
                        (["target"] if any("target" in s for s in summary) else [])))
-    levels = []
-    if args.cross_levels and rows:
-        levels = cross_levels(rows, args.cross_levels, args.episodes, args.objective_options)
-        write_table(levels, out / "levels")
-        print(f"\nFinal recommendations at every level (true reward quantiles over {args.episodes} fresh episodes; "
-              "p_below_0 = fraction of episodes with negative reward):")
-        print(format_table(levels))
-    envs = []
-    if args.cross_env and rows:
-        envs = cross_env(rows, args.cross_env, args.episodes, args.objective_options)
-        write_table(envs, out / "envs")
-        print(f"\nFinal recommendations in two environments ({args.episodes} episodes on the same seeds; q = the "
-              "run's reward quantile; same_seed_equal = share of seeds with equal rewards):")
-        print(format_table(envs))
+    # the optional re-scorings of the final recommendations: (result key and table stem, asked?, scorer, title)
+    extras: dict[str, list[dict]] = {}
+    for stem, asked, score, title in (
+        ("levels", args.cross_levels,
+         lambda: cross_levels(rows, args.cross_levels, args.episodes, args.objective_options),
+         f"at every level (true reward quantiles over {args.episodes} fresh episodes; "
+         "p_below_0 = fraction of episodes with negative reward)"),
+        ("envs", args.cross_env, lambda: cross_env(rows, args.cross_env, args.episodes, args.objective_options),
+         f"in two environments ({args.episodes} episodes on the same seeds; q = the run's reward quantile; "
+         "same_seed_equal = share of seeds with equal rewards)"),
+    ):
+        extras[stem] = score() if asked and rows else []
+        if extras[stem]:
+            write_table(extras[stem], out / stem)
+            print(f"\nFinal recommendations {title}:")
+            print(format_table(extras[stem]))
     errors = [r for r in rows if r["error"]]
     if errors:
         print(f"\n{len(errors)} failed runs: " + "; ".join(f"{r['method']} tau={r['tau']:g} run {r['run']}: "
@@ -780,7 +782,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
               f"{counts['skipped']} not started): run again with --resume")
     print(f"\n[lander] wrote {out} ({len(rows)} rows, {len(plots)} plots) in {time.perf_counter() - t_start:.1f} s")
     return {"rows": rows, "table1": t1, "summary": summary, "plots": plots, "missing": missing, "counts": counts,
-            "levels": levels, "envs": envs}
+            **extras}
 
 
 if __name__ == "__main__":
