@@ -13,10 +13,11 @@ made parameters ``w`` in [0, 1.2]^6:
 
 So ``w = (0.5, 1.0, 0.5, 0.5, 0.0, 0.5)`` (`GYMNASIUM_HEURISTIC`) reproduces gymnasium's heuristic exactly.
 One evaluation is one episode of ``LunarLander-v3`` (the paper's v2 no longer exists in gymnasium 1.x), reset
-with the evaluation's seed; ``env_id="gym:LunarLander-v2"`` flies the paper's v2 from the legacy ``gym`` package
-(0.26, ``pip install gym==0.26.2``) instead, to check that the version does not matter. Step limit 1000. A11: an episode still flying at the limit gets a penalty of
-100 *subtracted* (the pubcode's ``total -= timeout_reward`` with ``timeout_reward = -100`` adds 100, which is
-read as a sign bug: a hovering lander must not be rewarded). The reward is returned as is (not /300).
+with the evaluation's seed; ``env_id="gym:LunarLander-v2"`` flies the paper's v2 from the legacy ``gym``
+package (0.26, ``pip install gym==0.26.2``) instead, to check that the version does not matter. Step limit
+1000. A11: an episode still flying at the limit gets a penalty of 100 *subtracted* (the pubcode's
+``total -= timeout_reward`` with ``timeout_reward = -100`` adds 100, which is read as a sign bug: a hovering
+lander must not be rewarded). The reward is returned as is (not /300).
 """
 
 from __future__ import annotations
