@@ -534,8 +534,18 @@ def final_recommendations(rows: Sequence[dict]) -> list[dict]:
     return [final[k] for k in sorted(final, key=lambda k: (-k[0], k[1], k[2]))]
 
 
+def held_out_rewards(obj: Any, params: str, episodes: int, cache: dict) -> Any:
+    """Rewards of `episodes` episodes of the recommendation `params` (its JSON) on the held-out seeds
+    EVAL_SEED0 + i, memoized in `cache` by (environment, params, episodes): `--cross-levels` and `--cross-env`
+    share one cache, so our own environment's episodes are flown once."""
+    key = (obj.env_id, params, int(episodes))
+    if key not in cache:
+        cache[key] = obj.episode_rewards(json.loads(params), episodes, EVAL_SEED0)
+    return cache[key]
+
+
 def cross_levels(rows: Sequence[dict], levels: Sequence[float], episodes: int,
-                 objective_options: Mapping[str, Any]) -> list[dict]:
+                 objective_options: Mapping[str, Any], cache: dict | None = None) -> list[dict]:
     """Each finished run's FINAL recommendation scored at every level in `levels` (not only the one it was
     optimized for): `episodes` fresh episodes on the held-out seeds EVAL_SEED0 + i (the same ones as the
     run's own estimate, so the entry at the run's level equals its q_true), their empirical quantiles, mean
@@ -546,11 +556,10 @@ def cross_levels(rows: Sequence[dict], levels: Sequence[float], episodes: int,
     from objectives.lunar_lander import LunarLander
 
     obj = LunarLander(**dict(objective_options))
-    out, cache = [], {}
+    cache = {} if cache is None else cache
+    out = []
     for r in final_recommendations(rows):
-        if r["params"] not in cache:
-            cache[r["params"]] = obj.episode_rewards(json.loads(r["params"]), episodes, EVAL_SEED0)
-        rewards = cache[r["params"]]
+        rewards = held_out_rewards(obj, r["params"], episodes, cache)
         row = {"tau": r["tau"], "method": r["method"], "run": r["run"], "n_evals": r["n_evals"],
                "episodes": int(episodes)}
         row.update({f"q{lv * 100:g}": float(np.quantile(rewards, lv)) for lv in levels})
@@ -559,7 +568,8 @@ def cross_levels(rows: Sequence[dict], levels: Sequence[float], episodes: int,
     return out
 
 
-def cross_env(rows: Sequence[dict], env_id: str, episodes: int, objective_options: Mapping[str, Any]) -> list[dict]:
+def cross_env(rows: Sequence[dict], env_id: str, episodes: int, objective_options: Mapping[str, Any],
+              cache: dict | None = None) -> list[dict]:
     """Each finished run's FINAL recommendation flown in the runs' environment and in `env_id` (e.g.
     "gym:LunarLander-v2", the paper's, from the legacy gym package) on the same held-out seeds EVAL_SEED0 + i:
     the run's reward quantile, the mean reward and the crash fraction in each, the share of seeds whose two
@@ -572,11 +582,11 @@ def cross_env(rows: Sequence[dict], env_id: str, episodes: int, objective_option
 
     ours = LunarLander(**dict(objective_options))
     other = LunarLander(**{**dict(objective_options), "env_id": env_id})
+    cache = {} if cache is None else cache
     out = []
     for r in final_recommendations(rows):
-        params = json.loads(r["params"])
-        a = ours.episode_rewards(params, episodes, EVAL_SEED0)
-        b = other.episode_rewards(params, episodes, EVAL_SEED0)
+        a = held_out_rewards(ours, r["params"], episodes, cache)
+        b = other.episode_rewards(json.loads(r["params"]), episodes, EVAL_SEED0)  # always flown: never cached
         row = {"tau": r["tau"], "method": r["method"], "run": r["run"], "episodes": int(episodes),
                "env": ours.env_id, "other_env": env_id}
         for name, x in (("env", a), ("other", b)):
@@ -674,7 +684,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         from objectives.lunar_lander import LunarLander
 
         try:  # fail before any run starts, naming the flag
-            LunarLander(**{**args.objective_options, "env_id": args.cross_env})._get_env()
+            LunarLander(**{**args.objective_options, "env_id": args.cross_env}).make_env()
         except (ObjectiveError, TypeError) as exc:
             ap.error(f"--cross-env {args.cross_env!r}: {exc}")
     if not 1 <= args.initial <= args.budget or args.batch < 1:
@@ -759,12 +769,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                        (["target"] if any("target" in s for s in summary) else [])))
     # the optional re-scorings of the final recommendations: (result key and table stem, asked?, scorer, title)
     extras: dict[str, list[dict]] = {}
+    held_out: dict = {}  # our environment's held-out episodes, flown once for both scorings
     for stem, asked, score, title in (
         ("levels", args.cross_levels,
-         lambda: cross_levels(rows, args.cross_levels, args.episodes, args.objective_options),
+         lambda: cross_levels(rows, args.cross_levels, args.episodes, args.objective_options, held_out),
          f"at every level (true reward quantiles over {args.episodes} fresh episodes; "
          "p_below_0 = fraction of episodes with negative reward)"),
-        ("envs", args.cross_env, lambda: cross_env(rows, args.cross_env, args.episodes, args.objective_options),
+        ("envs", args.cross_env,
+         lambda: cross_env(rows, args.cross_env, args.episodes, args.objective_options, held_out),
          f"in two environments ({args.episodes} episodes on the same seeds; q = the run's reward quantile; "
          "same_seed_equal = share of seeds with equal rewards)"),
     ):

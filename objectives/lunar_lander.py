@@ -100,7 +100,9 @@ class LunarLander(Objective):
         state["_env"] = None
         return state
 
-    def _get_env(self) -> Any:
+    def make_env(self) -> Any:
+        """The (cached) environment `env_id` names, made on first use; raises `ObjectiveError` naming `env_id`
+        when its package is missing or the id is unknown (call it to check an `env_id` before flying)."""
         if self._env is None:
             legacy = self.env_id.startswith(LEGACY_PREFIX)
             package, env_id = ("gym", self.env_id[len(LEGACY_PREFIX):]) if legacy else ("gymnasium", self.env_id)
@@ -132,7 +134,7 @@ class LunarLander(Objective):
         """Fly one episode with gains `w` from ``env.reset(seed=seed)``: (reward, steps, timed_out)."""
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise ObjectiveError(f"seed must be an integer; got {seed!r}")
-        env = self._get_env()
+        env = self.make_env()
         s, _ = env.reset(seed=int(seed) % 2**63)
         total, steps = 0.0, 0
         while True:

@@ -215,3 +215,24 @@ def test_lander_cross_env_flies_the_final_recommendations_in_another_environment
     with pytest.raises(SystemExit):
         mod.parse_args(["--cross-env", "NoSuchLander-v0"])
     assert "--cross-env" in capsys.readouterr().err
+
+
+def test_lander_cross_levels_and_cross_env_fly_our_environment_once(mod, quick, monkeypatch):
+    """With both re-scorings asked, each final recommendation's held-out episodes in our own environment are
+    flown once and shared (the second environment's are always flown, even when it is ours again)."""
+    from objectives.lunar_lander import LunarLander
+
+    out, _ = quick
+    calls: list[str] = []
+    real = LunarLander.episode_rewards
+
+    def spy(self, params, n_episodes=100, seed0=10**6):
+        calls.append(self.env_id)
+        return real(self, params, n_episodes, seed0)
+
+    monkeypatch.setattr(LunarLander, "episode_rewards", spy)
+    again = mod.main(["--quick", "--threads", "1", "--resume", "--methods", "quantile-ts", "--runs", "1",
+                      "--cross-levels", "0.1", "--cross-env", "LunarLander-v3", "--out", str(out)])
+    assert len(again["levels"]) == len(again["envs"]) == 1
+    assert again["levels"][0]["q10"] == pytest.approx(again["envs"][0]["q_env"], abs=1e-9)
+    assert calls == ["LunarLander-v3", "LunarLander-v3"]  # ours once (levels, reused by envs), the other once
