@@ -2,8 +2,10 @@
 
 Used by the reproduction benchmarks of issue 8 (benchmarks/gld.py and the others): Student-t confidence
 intervals of a mean over repetitions (problems, runs, seeds), paired differences between two methods over
-the same repetitions, a plain-text table printer, and writers for CSV + Parquet (pyarrow) tables and PNG
-plots (matplotlib, Agg backend) of a curve's mean with its confidence band.
+the same repetitions, a plain-text table printer, writers for CSV + Parquet (pyarrow) tables and PNG
+plots (matplotlib, Agg backend) of a curve's mean with its confidence band, and the checkpointed run
+(`BatchRun` + `drive`): a synchronous BO run saved after every batch, so a long run pauses at a time limit
+and a later `--resume` continues it exactly.
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
+import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -27,6 +31,9 @@ __all__ = [
     "plot_curves",
     "Method",
     "replicate_seed",
+    "BatchRun",
+    "drive",
+    "save_checkpoint",
 ]
 
 
@@ -262,3 +269,91 @@ def build_optimizer(raw_config: Mapping[str, Any]) -> tuple[Any, Any, Any, str]:
         _OBJECTIVES[key] = load_objective(cfg.objective.name, dict(cfg.objective.options))
     objective = _OBJECTIVES[key]
     return cfg, objective, AskTellOptimizer.from_config(cfg, objective), key
+
+
+# ---------------------------------------------------------------------------------------------------- checkpointed runs
+class BatchRun:
+    """One synchronous BO run that can be checkpointed between batches (subclasses: the benchmarks).
+
+    `start()` evaluates the initial design and fits; `step()` asks, evaluates and tells one batch and refits;
+    `done` says the budget is spent; `get_state()`/`set_state()` (plain values and tensors) carry everything
+    the next step needs, so a run continued from a checkpoint equals an uninterrupted one. `key` identifies
+    the settings: a checkpoint of other settings is never continued. `times` holds cumulative seconds
+    (`drive` adds each step's wall-clock `run_s` and CPU `cpu_s`; they are part of the state).
+    """
+
+    key: str = ""
+    times: dict[str, float]
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def done(self) -> bool:
+        raise NotImplementedError
+
+    def get_state(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        raise NotImplementedError
+
+
+def save_checkpoint(path: Path, state: Mapping[str, Any]) -> None:
+    """Write `state` with `torch.save` atomically (a killed process leaves the previous checkpoint intact)."""
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(dict(state), tmp)
+    os.replace(tmp, path)
+
+
+def drive(run: BatchRun, checkpoint: Path | None, deadline: float | None = None,
+          stop_after: int | None = None) -> tuple[str, float]:
+    """Run `run` to its end, or pause at a checkpoint; returns (status, seconds spent in this call).
+
+    Continues from `checkpoint` when it holds a state with the run's key. Saves a checkpoint after the start
+    and after every batch. Pauses (status "paused") before a batch once `deadline` (time.time()) has passed
+    or `stop_after` start/batch steps were made in this call; at least one step is made per call.
+    Status "done" when the budget is spent (the checkpoint is then removed by the caller).
+    """
+    import torch
+
+    t0 = time.perf_counter()
+    steps = 0
+    state = None
+
+    def timed(fn: Callable[[], None]) -> None:
+        """Run one step, adding its wall-clock and CPU seconds to the run's `run_s` and `cpu_s`."""
+        w, c = time.perf_counter(), time.process_time()
+        fn()
+        run.times["run_s"] = run.times.get("run_s", 0.0) + time.perf_counter() - w
+        run.times["cpu_s"] = run.times.get("cpu_s", 0.0) + time.process_time() - c
+
+    if checkpoint is not None and checkpoint.exists():
+        try:
+            state = torch.load(checkpoint, weights_only=True)
+        except Exception as exc:  # a corrupt checkpoint is started over, not fatal
+            print(f"[bench] ignoring unreadable checkpoint {checkpoint}: {exc}", flush=True)
+        if state is not None and state.get("key") != run.key:
+            print(f"[bench] checkpoint {checkpoint.name} is for other settings: starting over", flush=True)
+            state = None
+    if state is not None:
+        run.set_state(state["run"])
+    else:
+        timed(run.start)
+        steps += 1
+        if checkpoint is not None:
+            save_checkpoint(checkpoint, {"key": run.key, "run": run.get_state()})
+    while not run.done:
+        if steps and ((deadline is not None and time.time() > deadline) or (stop_after and steps >= stop_after)):
+            return "paused", time.perf_counter() - t0
+        timed(run.step)
+        steps += 1
+        if checkpoint is not None:
+            save_checkpoint(checkpoint, {"key": run.key, "run": run.get_state()})
+    return "done", time.perf_counter() - t0

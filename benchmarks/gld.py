@@ -31,6 +31,11 @@ Usage:
     python benchmarks/gld.py --settings 3:0.75:10 --budget 300 --problems 0-9   # a reduced budget
     python benchmarks/gld.py --quick                           # CI smoke run (~1 minute)
     python benchmarks/gld.py --tables-only --out results/gld_full  # tables and plots from the files there
+    python benchmarks/gld.py --settings 6:0.75:10 --methods qlognei --resume --time-limit 420  # in pieces
+Long runs: each run saves a checkpoint (optimizer state, rows, evaluated points, timings;
+`OUT/runs/<run>.ckpt.pt`) after every batch, removed when the run finishes. `--resume` continues it
+(bit-identical to an uninterrupted run); `--time-limit S` starts no batch after S seconds, so a run longer
+than a command or a session (qLogNEI at d = 6) is finished in pieces.
 Results in --out (default results/gld/): runs/*.csv (one per setting x problem x method, written as they finish;
 --resume skips the methods already finished, so a grid can be filled in over several sessions and methods added
 later; q* of a problem is the best over all of its runs), gld.csv + gld.parquet (every checkpoint), summary.csv (final regret, mean
@@ -57,8 +62,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._common import (  # noqa: E402
-    Method, format_table, mean_ci, paired_comparison, parse_index_list, plot_curves, read_table, replicate_seed,
-    write_table,
+    BatchRun, Method, drive, format_table, mean_ci, paired_comparison, parse_index_list, plot_curves, read_table,
+    replicate_seed, write_table,
 )
 
 MODE = "synchronous batches, in-process AskTellOptimizer (the orchestrator's synchronous protocol without Ray)"
@@ -106,88 +111,134 @@ class Setting:
         return f"d{self.d}-tau{self.tau:g}-b{self.batch}"
 
 
-def _run_method(
-    name: str, method: Method, setting: Setting, problem: Any, problem_id: int, cache: dict, model_options: dict
-) -> tuple[list[dict], list[list[float]]]:
-    """One BO run; returns checkpoint rows (regret filled in later) and every evaluated point."""
-    from orchestrator.ask_tell import AskTellOptimizer
+class GLDRun(BatchRun):
+    """One method on one GLD problem in one setting, checkpointable between batches (`_common.drive`).
 
-    d, tau, B = setting.d, setting.tau, setting.batch
-    m_opts = {**method.model_options, **model_options.get(method.model, {})}
-    p_opts = dict(method.proposer_options)
-    if method.proposer == "sobol":
-        p_opts.setdefault("seed", problem_id)  # one Sobol sequence: initial design and batches
-    n0 = max(2, round(setting.initial / B)) if method.replicate else setting.initial
-    opt = AskTellOptimizer(
-        problem.space, model=method.model, tau=tau, proposer=method.proposer, initial_design=n0, seed=problem_id,
-        model_options=m_opts, proposer_options=p_opts,
-    )
-    evaluated: list[list[float]] = []
-    fit_s = propose_s = 0.0
+    `start()` evaluates the initial design and fits (or, for a model-based method, takes them from `cache`
+    when another method of this process already made them with the same model: only a speed-up); `step()`
+    asks one batch (GPR-EI: one point evaluated B times), evaluates it, refits and records the recommendation.
+    The state carries the optimizer, the rows, every evaluated point and the cumulative timings, so a run
+    continued from a checkpoint equals an uninterrupted one (the GLD outcomes depend only on the trial seeds).
+    """
 
-    def evaluate(trials: Sequence[Any], reps: int) -> int:
+    def __init__(self, name: str, setting: Setting, problem: Any, problem_id: int, model_options: dict,
+                 cache: dict | None = None) -> None:
+        from orchestrator.ask_tell import AskTellOptimizer
+
+        self.name, self.method, self.setting = name, METHODS[name], setting
+        self.problem, self.problem_id = problem, problem_id
+        self.cache = {} if cache is None else cache
+        method = self.method
+        self.m_opts = {**method.model_options, **model_options.get(method.model, {})}
+        p_opts = dict(method.proposer_options)
+        if method.proposer == "sobol":
+            p_opts.setdefault("seed", problem_id)  # one Sobol sequence: initial design and batches
+        self.n0 = max(2, round(setting.initial / setting.batch)) if method.replicate else setting.initial
+        self.opt = AskTellOptimizer(
+            problem.space, model=method.model, tau=setting.tau, proposer=method.proposer, initial_design=self.n0,
+            seed=problem_id, model_options=self.m_opts, proposer_options=p_opts,
+        )
+        self.key = json.dumps([name, setting.label, setting.initial, setting.budget, problem_id, self.m_opts, p_opts],
+                              sort_keys=True, default=str)
+        self.n = 0
+        self.rows: list[dict] = []
+        self.evaluated: list[list[float]] = []
+        self.times = {"fit_s": 0.0, "propose_s": 0.0}
+        self._step_t0 = time.perf_counter()
+
+    def _evaluate(self, trials: Sequence[Any], reps: int) -> None:
         for t in trials:
             for r in range(reps):
-                y = problem.evaluate(t.params, t.seed if r == 0 else replicate_seed(t.seed, r))
+                y = self.problem.evaluate(t.params, t.seed if r == 0 else replicate_seed(t.seed, r))
                 if r == 0:
-                    opt.tell(t.trial_id, y)
+                    self.opt.tell(t.trial_id, y)
                 else:
-                    opt.tell_point(t.params, y)
-            evaluated.append(t.x.tolist())
-        return len(trials) * reps
+                    self.opt.tell_point(t.params, y)
+            self.evaluated.append(t.x.tolist())
+        self.n += len(trials) * reps
 
-    t_start = time.perf_counter()
-    key = None if method.replicate else (method.model, json.dumps(m_opts, sort_keys=True))
-    if key is not None and key in cache:
-        opt.set_state(cache[key]["state"])
-        n, fit_s = cache[key]["n"], cache[key]["fit_s"]
-        evaluated.extend(cache[key]["evaluated"])
-    else:
-        n = evaluate(opt.ask(n0), B if method.replicate else 1)
+    def _fit(self) -> None:
         t0 = time.perf_counter()
-        opt.fit()
-        fit_s = time.perf_counter() - t0
-        if key is not None:
-            cache[key] = {"state": opt.get_state(), "n": n, "fit_s": fit_s, "evaluated": list(evaluated)}
-    rows = []
+        self.opt.fit()
+        self.times["fit_s"] += time.perf_counter() - t0
 
-    def record() -> None:
-        params, predicted = opt.best()
-        rows.append({
-            "method": name, "d": d, "tau": tau, "batch": B, "problem": problem_id, "n_evals": n,
-            "x_rec": json.dumps([params[k] for k in problem.space]), "predicted": float(predicted),
-            "fit_s": fit_s, "propose_s": propose_s, "elapsed_s": time.perf_counter() - t_start,
+    def _record(self) -> None:
+        params, predicted = self.opt.best()
+        s = self.setting
+        self.rows.append({
+            "method": self.name, "d": s.d, "tau": s.tau, "batch": s.batch, "problem": self.problem_id,
+            "n_evals": self.n, "x_rec": json.dumps([params[k] for k in self.problem.space]),
+            "predicted": float(predicted), "fit_s": self.times["fit_s"], "propose_s": self.times["propose_s"],
+            # wall-clock of the run so far, across pauses (`drive` adds each finished step's to run_s)
+            "elapsed_s": self.times.get("run_s", 0.0) + time.perf_counter() - self._step_t0,
         })
 
-    record()
-    while n < setting.budget:
-        t0 = time.perf_counter()
-        if method.replicate:
-            trials, reps = opt.ask(1), min(B, setting.budget - n)
+    def start(self) -> None:
+        self._step_t0 = time.perf_counter()
+        method = self.method
+        key = None if method.replicate else (method.model, json.dumps(self.m_opts, sort_keys=True))
+        if key is not None and key in self.cache:
+            hit = self.cache[key]
+            self.opt.set_state(hit["state"])
+            self.n, self.times["fit_s"] = hit["n"], hit["fit_s"]
+            self.evaluated.extend(hit["evaluated"])
         else:
-            trials, reps = opt.ask(min(B, setting.budget - n)), 1
-        propose_s += time.perf_counter() - t0
-        n += evaluate(trials, reps)
+            self._evaluate(self.opt.ask(self.n0), self.setting.batch if method.replicate else 1)
+            self._fit()
+            if key is not None:
+                self.cache[key] = {"state": self.opt.get_state(), "n": self.n, "fit_s": self.times["fit_s"],
+                                   "evaluated": list(self.evaluated)}
+        self._record()
+
+    def step(self) -> None:
+        self._step_t0 = time.perf_counter()
+        B, left = self.setting.batch, self.setting.budget - self.n
         t0 = time.perf_counter()
-        opt.fit()
-        fit_s += time.perf_counter() - t0
-        record()
-    return rows, evaluated
+        if self.method.replicate:
+            trials, reps = self.opt.ask(1), min(B, left)
+        else:
+            trials, reps = self.opt.ask(min(B, left)), 1
+        self.times["propose_s"] += time.perf_counter() - t0
+        self._evaluate(trials, reps)
+        self._fit()
+        self._record()
+
+    @property
+    def done(self) -> bool:
+        return self.n >= self.setting.budget
+
+    def get_state(self) -> dict[str, Any]:
+        return {"opt": self.opt.get_state(), "n": self.n, "rows": [dict(r) for r in self.rows],
+                "evaluated": [list(x) for x in self.evaluated], "times": dict(self.times)}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.opt.set_state(state["opt"])
+        self.n = int(state["n"])
+        self.rows = [dict(r) for r in state["rows"]]
+        self.evaluated = [list(x) for x in state["evaluated"]]
+        self.times = {k: float(v) for k, v in state["times"].items()}
 
 
 def run_problem(
-    setting: Setting, problem_id: int, methods: Sequence[str], model_options: dict, threads: int = 1
-) -> list[dict]:
-    """`methods` on one GLD problem; returns checkpoint rows with exact quantiles and regrets.
+    setting: Setting, problem_id: int, methods: Sequence[str], model_options: dict, threads: int = 1,
+    checkpoint: Path | None = None, deadline: float | None = None, stop_after: int | None = None,
+) -> tuple[str, list[dict]]:
+    """`methods` on one GLD problem; returns ("done", checkpoint rows with exact quantiles and regrets), or
+    ("paused", []) / ("skipped", []) when `deadline` (time.time()) or `stop_after` steps stopped it first.
 
-    q* here is the L-BFGS optimum raised to the best exact quantile of any point these methods evaluated;
-    `merge_rows` raises it further to the best over every job that ran on the problem.
+    With `checkpoint` (one method only) the run is saved there after every batch and continued from it
+    (`_common.drive`). q* here is the L-BFGS optimum raised to the best exact quantile of any point these
+    methods evaluated; `merge_rows` raises it further to the best over every job that ran on the problem.
     """
     import numpy as np
     import torch
 
     from objectives.gld import GLDProblem
 
+    if checkpoint is not None and len(methods) != 1:
+        raise ValueError(f"a checkpoint holds one method's run; got methods {list(methods)}")
+    if deadline is not None and time.time() > deadline:
+        return "skipped", []
     torch.set_num_threads(threads)
     warnings.filterwarnings("ignore", category=UserWarning)
     warnings.filterwarnings("ignore", category=RuntimeWarning)
@@ -199,9 +250,13 @@ def run_problem(
     for name in methods:
         t0 = time.perf_counter()
         try:
-            r, ev = _run_method(name, METHODS[name], setting, problem, problem_id, cache, model_options)
-            rows += r
-            evaluated_all += ev
+            run = GLDRun(name, setting, problem, problem_id, model_options, cache)
+            status, _ = drive(run, checkpoint, deadline, stop_after)
+            if status != "done":
+                print(f"[gld] {setting.label} problem {problem_id} {name}: paused at {run.n} evaluations", flush=True)
+                return status, []
+            rows += run.rows
+            evaluated_all += run.evaluated
             err = ""
         except Exception as exc:  # one failing method must not lose the others' results
             err = f"{type(exc).__name__}: {exc}"
@@ -221,12 +276,17 @@ def run_problem(
         row["regret"] = q_star - row["q_rec"]
         row.setdefault("error", "")
         row["mode"] = MODE
-    return rows
+    return "done", rows
 
 
 def job_path(runs: Path, setting: Setting, problem: int, method: str) -> Path:
     """Result file of one (setting, problem, method) run (without the .csv suffix)."""
     return runs / f"{setting.label}-p{problem}-{method}"
+
+
+def checkpoint_path(stem: Path) -> Path:
+    """The mid-run checkpoint of the run whose result file is `stem`.csv (removed when the run finishes)."""
+    return stem.with_name(stem.name + ".ckpt.pt")
 
 
 def done_methods(runs: Path, setting: Setting, problem: int) -> set[str]:
@@ -393,7 +453,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help='JSON: model name -> options, e.g. {"quantile": {"num_inducing": 64}}')
     ap.add_argument("--workers", type=int, default=1, help="parallel processes (one problem each)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    ap.add_argument("--resume", action="store_true", help="skip (setting, problem) files already in OUT/runs")
+    ap.add_argument("--resume", action="store_true",
+                    help="skip the runs whose result files are in OUT/runs and continue checkpointed ones")
+    ap.add_argument("--time-limit", type=float,
+                    help="seconds: start no batch after this; unfinished runs keep a checkpoint for --resume")
     ap.add_argument("--tables-only", action="store_true",
                     help="run nothing: rebuild the tables and plots from the result files in OUT/runs (the "
                          "selected settings, problems and methods that have files)")
@@ -401,6 +464,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.workers < 1 or args.threads < 1:
         ap.error("--workers and --threads must be >= 1")
+    if args.time_limit is not None and args.time_limit < 0:
+        ap.error(f"--time-limit must be >= 0 seconds; got {args.time_limit}")
     return args
 
 
@@ -434,17 +499,33 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 done = done_methods(runs, s, p) if args.resume else set()
                 jobs += [(s, p, m, job_path(runs, s, p, m)) for m in methods if m not in done]
     print(f"[gld] {len(jobs)} (setting, problem, method) runs to do", flush=True)
+    deadline = None if args.time_limit is None else time.time() + args.time_limit
+    counts = {"done": 0, "paused": 0, "skipped": 0}
+
+    def record(path: Path, status: str, result: list[dict]) -> None:
+        counts[status] += 1
+        if status == "done":
+            write_table(result, path, parquet=False)
+            checkpoint_path(path).unlink(missing_ok=True)
+
+    for *_, path in jobs:
+        if not args.resume:  # a fresh start: an old checkpoint is not continued
+            checkpoint_path(path).unlink(missing_ok=True)
     if args.workers == 1:
         for s, p, m, path in jobs:
-            write_table(run_problem(s, p, [m], model_options, args.threads), path, parquet=False)
+            record(path, *run_problem(s, p, [m], model_options, args.threads, checkpoint_path(path), deadline))
     else:
         import multiprocessing as mp
 
         with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as pool:
-            futures = {pool.submit(run_problem, s, p, [m], model_options, args.threads): path
-                       for s, p, m, path in jobs}
+            futures = {pool.submit(run_problem, s, p, [m], model_options, args.threads, checkpoint_path(path),
+                                   deadline): path for s, p, m, path in jobs}
             for fut in as_completed(futures):
-                write_table(fut.result(), futures[fut], parquet=False)
+                record(futures[fut], *fut.result())
+    missing = counts["paused"] + counts["skipped"]
+    if missing:
+        print(f"[gld] {missing} of {len(jobs)} runs not finished ({counts['paused']} paused at a checkpoint, "
+              f"{counts['skipped']} not started): run again with --resume", flush=True)
 
     rows = []
     wanted = {(s.d, s.tau, s.batch) for s in settings}
@@ -483,7 +564,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if either:
             print(f"  any quantile method: {sum(either)}/{len(either)} settings (target: >= 75%)")
     print(f"\n[gld] wrote {out} ({len(rows)} rows, {len(plots)} plots) in {time.perf_counter() - t_start:.1f} s")
-    return {"rows": rows, "summary": summary, "paired": paired, "target": target, "plots": plots}
+    return {"rows": rows, "summary": summary, "paired": paired, "target": target, "plots": plots, "counts": counts,
+            "missing": missing}
 
 
 if __name__ == "__main__":

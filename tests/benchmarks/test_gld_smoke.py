@@ -155,3 +155,48 @@ def test_resume_and_merge_of_per_method_files(load_benchmark, tmp_path):
         assert r["q_star"] == (1.2 if p == 1 else 2.0)  # the best q* over the problem's runs
         if r["q_rec"] == r["q_rec"]:
             assert r["regret"] == pytest.approx(r["q_star"] - r["q_rec"])
+
+
+def test_gld_resume_continues_a_checkpoint_exactly(quick, tmp_path):
+    """A GLD run paused at a checkpoint (after the initial design, or after one batch) and continued by
+    `--resume` gives the uninterrupted run's recommendations bit for bit; the checkpoints are removed once
+    the runs finish. `--time-limit 0` starts nothing and says how to go on."""
+    import contextlib
+    import io
+
+    mod, _, result, _ = quick
+    q = mod.QUICK
+    (d, tau, batch), = q["settings"]
+    s = mod.Setting(d, tau, batch, q["initial"], q["budget"])
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    threads = torch.get_num_threads()
+    try:
+        saved = {}
+        for method, k in (("quantile-ts", 1), ("gpr-ei", 2)):
+            ckpt = mod.checkpoint_path(mod.job_path(runs, s, 0, method))
+            status, rows = mod.run_problem(s, 0, [method], q["model_options"], 1, ckpt, stop_after=k)
+            assert status == "paused" and rows == [] and ckpt.exists()
+            saved[method] = torch.load(ckpt, weights_only=True)["run"]["rows"]
+            assert len(saved[method]) == k
+        with pytest.raises(ValueError, match="one method"):
+            mod.run_problem(s, 0, ["quantile-ts", "gpr-ei"], {}, 1, ckpt)
+        with contextlib.redirect_stdout(io.StringIO()) as printed:
+            skipped = mod.main(["--quick", "--threads", "1", "--resume", "--time-limit", "0", "--out", str(tmp_path)])
+        assert skipped["counts"]["skipped"] == 6 and skipped["missing"] == 6 and skipped["rows"] == []
+        assert "run again with --resume" in printed.getvalue()
+        with contextlib.redirect_stdout(io.StringIO()):
+            again = mod.main(["--quick", "--threads", "1", "--resume", "--out", str(tmp_path)])
+    finally:
+        torch.set_num_threads(threads)
+    assert again["counts"]["done"] == 6 and again["missing"] == 0
+    assert not list(runs.glob("*.ckpt.pt"))
+    key = lambda r: (r["method"], r["problem"], r["n_evals"])  # noqa: E731
+    mine, theirs = {key(r): r for r in again["rows"]}, {key(r): r for r in result["rows"]}
+    assert set(mine) == set(theirs)
+    for method, rows in saved.items():  # continued, not started over: the checkpoint's rows, timings included
+        for r in rows:
+            assert mine[(method, 0, r["n_evals"])]["elapsed_s"] == r["elapsed_s"]
+    for k, r in mine.items():
+        assert (r["x_rec"], r["predicted"], r["q_rec"], r["regret"]) == (
+            theirs[k]["x_rec"], theirs[k]["predicted"], theirs[k]["q_rec"], theirs[k]["regret"]), k
