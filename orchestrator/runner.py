@@ -280,17 +280,25 @@ def _drive(
     return summary
 
 
+def progress_fields(st: Mapping[str, Any]) -> dict[str, Any]:
+    """The progress bar's fields from the actor's progress summary. The best single observation (`best_y`)
+    and the recommendation's predicted tau-level (`rec`, from the last fit; "-" before it) are shown apart,
+    as `qbatch status` does: for a noisy objective the first is mostly noise and the second is the figure that
+    counts, and one field switching from the first to the second would seem to fall when the model arrives."""
+    observed, predicted = st.get("best_observed"), st.get("best_predicted")
+    return {
+        "best_y": "-" if observed is None else f"{observed['value']:.4g}",
+        "rec": "-" if predicted is None else f"{predicted['value']:.4g}",
+        "evals_s": f"{st['evals_per_s']:.2f}",
+        "util": f"{st['utilization']:.2f}",
+        "running": st["inflight"],
+        "failed": st["failed"],
+    }
+
+
 def _show(bar: Any, st: Mapping[str, Any]) -> None:
     bar.n = st["done"]
-    best = st.get("best_predicted") or st.get("best_observed")
-    bar.set_postfix(
-        best="-" if best is None else f"{best['value']:.4g}",
-        evals_s=f"{st['evals_per_s']:.2f}",
-        util=f"{st['utilization']:.2f}",
-        running=st["inflight"],
-        failed=st["failed"],
-        refresh=False,
-    )
+    bar.set_postfix(progress_fields(st), refresh=False)
     bar.refresh()
 
 
