@@ -200,3 +200,23 @@ def test_gld_resume_continues_a_checkpoint_exactly(quick, tmp_path):
     for k, r in mine.items():
         assert (r["x_rec"], r["predicted"], r["q_rec"], r["regret"]) == (
             theirs[k]["x_rec"], theirs[k]["predicted"], theirs[k]["q_rec"], theirs[k]["regret"]), k
+
+
+def test_target_compares_only_baselines_run_on_every_problem(load_benchmark):
+    """A baseline with fewer problems than the quantile method (an unfinished qLogNEI) is listed as partial and
+    left out of the comparison, and a setting counts as complete only with all three baselines in full."""
+    mod = load_benchmark("gld")
+
+    def row(method, problem, regret):
+        return {"method": method, "d": 6, "tau": 0.75, "batch": 10, "problem": problem, "n_evals": 40,
+                "regret": regret, "error": ""}
+
+    rows = [row("quantile-ts", p, 0.1) for p in range(3)] + [row("hetgp-ts", p, 0.2) for p in range(3)]
+    rows += [row("gpr-ei", p, 0.3) for p in range(3)] + [row("qlognei", 0, 0.05)]  # qLogNEI on one problem
+    _, _, target = mod.summarize(rows)
+    (t,) = target
+    assert t["baselines_present"] == "gpr-ei,hetgp-ts" and t["baselines_partial"] == "qlognei"
+    assert t["quantile-ts_beats_all"] is True and t["complete"] is False
+    rows += [row("qlognei", p, 0.05) for p in (1, 2)]  # now in full, and ahead of quantile TS
+    (t,) = mod.summarize(rows)[2]
+    assert t["complete"] is True and t["baselines_partial"] == "" and t["quantile-ts_beats_all"] is False
