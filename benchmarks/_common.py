@@ -5,7 +5,8 @@ intervals of a mean over repetitions (problems, runs, seeds), paired differences
 the same repetitions, a plain-text table printer, writers for CSV + Parquet (pyarrow) tables and PNG
 plots (matplotlib, Agg backend) of a curve's mean with its confidence band, and the checkpointed run
 (`BatchRun` + `drive`): a synchronous BO run saved after every batch, so a long run pauses at a time limit
-and a later `--resume` continues it exactly.
+and a later `--resume` continues it exactly, and the job runner (`Job` + `run_jobs`) that runs many such runs
+in one process or a pool and writes each result file as its run finishes.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import math
 import os
 import time
 import zlib
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -34,6 +36,9 @@ __all__ = [
     "BatchRun",
     "drive",
     "save_checkpoint",
+    "Job",
+    "run_jobs",
+    "limited_threads",
 ]
 
 
@@ -357,3 +362,89 @@ def drive(run: BatchRun, checkpoint: Path | None, deadline: float | None = None,
         if checkpoint is not None:
             save_checkpoint(checkpoint, {"key": run.key, "run": run.get_state()})
     return "done", time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------------------------------------------- jobs
+def limited_threads(threads: int) -> Any:
+    """Torch and BLAS/OpenMP thread pools limited to `threads` (one run per process, `--workers` processes)."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    torch.set_num_threads(threads)
+    return threadpool_limits(threads)
+
+
+def checkpoint_path(stem: Path) -> Path:
+    """The mid-run checkpoint of the run whose result file is `stem`.csv (removed when the run finishes)."""
+    return stem.with_name(stem.name + ".ckpt.pt")
+
+
+@dataclass
+class Job:
+    """One run to do: `fn(*args, checkpoint=..., deadline=...)` returning (status, rows), written to `<stem>.csv`.
+
+    `fn` returns ("done", rows), ("paused", []) or ("skipped", []) (see `drive`). `finished_rule`, when given,
+    decides whether the run is already finished (GLD counts a method finished by any result file of its problem
+    that holds the final checkpoint); by default a run is finished when its result file exists without an error.
+    """
+
+    stem: Path
+    fn: Callable[..., tuple[str, list[dict]]]
+    args: tuple
+    finished_rule: Callable[[], bool] | None = None
+
+    @property
+    def csv(self) -> Path:
+        return self.stem.with_name(self.stem.name + ".csv")
+
+    @property
+    def checkpoint(self) -> Path:
+        return checkpoint_path(self.stem)
+
+    def finished(self) -> bool:
+        """Whether the run need not be run again (`finished_rule`, else: a result file without an error row)."""
+        if self.finished_rule is not None:
+            return self.finished_rule()
+        return self.csv.exists() and not any(r.get("error") for r in read_table(self.csv))
+
+
+def run_jobs(jobs: Sequence[Job], workers: int, resume: bool, deadline: float | None, tag: str) -> dict[str, int]:
+    """Run the jobs (in order; `workers` processes), writing each result file as its run finishes.
+
+    Without `resume` every job starts over (its checkpoint is deleted); with it, finished jobs are skipped
+    and checkpointed ones continue. Returns the count of jobs per status ("done", "paused", "skipped",
+    "finished before").
+    """
+    todo = []
+    counts = {"done": 0, "paused": 0, "skipped": 0, "finished before": 0}
+    for job in jobs:
+        if resume and job.finished():
+            counts["finished before"] += 1
+            continue
+        if not resume:
+            job.checkpoint.unlink(missing_ok=True)
+        todo.append(job)
+    print(f"[{tag}] {len(todo)} runs to do ({counts['finished before']} finished before)", flush=True)
+
+    def record(job: Job, status: str, rows: list[dict]) -> None:
+        counts[status] += 1
+        if status == "done":
+            write_table(rows, job.stem, parquet=False)
+            job.checkpoint.unlink(missing_ok=True)
+
+    if workers == 1:
+        for job in todo:
+            record(job, *job.fn(*job.args, checkpoint=job.checkpoint, deadline=deadline))
+    elif todo:
+        import multiprocessing as mp
+
+        # children inherit the environment: one BLAS/OpenMP thread each unless the caller chose otherwise
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(var, "1")
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+            futures = {pool.submit(job.fn, *job.args, checkpoint=job.checkpoint, deadline=deadline): job
+                       for job in todo}
+            for fut in as_completed(futures):
+                record(futures[fut], *fut.result())
+    print(f"[{tag}] runs: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v), flush=True)
+    return counts

@@ -46,13 +46,13 @@ evaluations, mean +- 95% CI).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
 import time
 import traceback
 import warnings
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -62,8 +62,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._common import (  # noqa: E402
-    BatchRun, Method, drive, format_table, mean_ci, paired_comparison, parse_index_list, plot_curves, read_table,
-    replicate_seed, write_table,
+    BatchRun, Job, Method, drive, format_table, mean_ci, paired_comparison, parse_index_list, plot_curves,
+    read_table, replicate_seed, run_jobs, write_table,
 )
 
 MODE = "synchronous batches, in-process AskTellOptimizer (the orchestrator's synchronous protocol without Ray)"
@@ -284,9 +284,9 @@ def job_path(runs: Path, setting: Setting, problem: int, method: str) -> Path:
     return runs / f"{setting.label}-p{problem}-{method}"
 
 
-def checkpoint_path(stem: Path) -> Path:
-    """The mid-run checkpoint of the run whose result file is `stem`.csv (removed when the run finishes)."""
-    return stem.with_name(stem.name + ".ckpt.pt")
+def _method_done(runs: Path, setting: Setting, problem: int, method: str) -> bool:
+    """Whether `method` finished on (setting, problem): the GLD job's rule for `--resume` (see `done_methods`)."""
+    return method in done_methods(runs, setting, problem)
 
 
 def done_methods(runs: Path, setting: Setting, problem: int) -> set[str]:
@@ -496,42 +496,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     t_start = time.perf_counter()
 
     # one job per (setting, problem, method), so a grid can be filled in over several sessions and a method added
-    # later; --resume skips the methods a result file already holds
+    # later; --resume skips the methods a result file already holds (`done_methods`, old layout included)
     runs = out / "runs"
-    jobs = []
-    if not args.tables_only:
-        for s in settings:
-            for p in problems:
-                done = done_methods(runs, s, p) if args.resume else set()
-                jobs += [(s, p, m, job_path(runs, s, p, m)) for m in methods if m not in done]
-    print(f"[gld] {len(jobs)} (setting, problem, method) runs to do", flush=True)
+    jobs = [] if args.tables_only else [
+        Job(job_path(runs, s, p, m), run_problem, (s, p, [m], model_options, args.threads),
+            finished_rule=functools.partial(_method_done, runs, s, p, m))
+        for s in settings for p in problems for m in methods
+    ]
     deadline = None if args.time_limit is None else time.time() + args.time_limit
-    counts = {"done": 0, "paused": 0, "skipped": 0}
-
-    def record(path: Path, status: str, result: list[dict]) -> None:
-        counts[status] += 1
-        if status == "done":
-            write_table(result, path, parquet=False)
-            checkpoint_path(path).unlink(missing_ok=True)
-
-    for *_, path in jobs:
-        if not args.resume:  # a fresh start: an old checkpoint is not continued
-            checkpoint_path(path).unlink(missing_ok=True)
-    if args.workers == 1:
-        for s, p, m, path in jobs:
-            record(path, *run_problem(s, p, [m], model_options, args.threads, checkpoint_path(path), deadline))
-    else:
-        import multiprocessing as mp
-
-        with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as pool:
-            futures = {pool.submit(run_problem, s, p, [m], model_options, args.threads, checkpoint_path(path),
-                                   deadline): path for s, p, m, path in jobs}
-            for fut in as_completed(futures):
-                record(futures[fut], *fut.result())
+    counts = run_jobs(jobs, args.workers, args.resume, deadline, "gld")
     missing = counts["paused"] + counts["skipped"]
     if missing:
-        print(f"[gld] {missing} of {len(jobs)} runs not finished ({counts['paused']} paused at a checkpoint, "
-              f"{counts['skipped']} not started): run again with --resume", flush=True)
+        print(f"[gld] {missing} of {len(jobs) - counts['finished before']} runs not finished ({counts['paused']} "
+              f"paused at a checkpoint, {counts['skipped']} not started): run again with --resume", flush=True)
 
     rows = []
     wanted = {(s.d, s.tau, s.batch) for s in settings}

@@ -48,13 +48,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 import traceback
 import warnings
 import zlib
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -65,8 +63,8 @@ if str(REPO) not in sys.path:
 
 from benchmarks._common import build_optimizer as build_shared  # noqa: E402
 from benchmarks._common import (  # noqa: E402
-    BatchRun, Method, drive, format_table, mean_ci, parse_index_list, plot_curves, read_table, replicate_seed,
-    write_table,
+    BatchRun, Job, Method, drive, format_table, limited_threads, mean_ci, parse_index_list, plot_curves, read_table,
+    replicate_seed, run_jobs, write_table,
 )
 
 MODE = "synchronous batches, in-process AskTellOptimizer built from a validated config (the orchestrator's " \
@@ -263,15 +261,6 @@ class LanderRun(BatchRun):
         return rows
 
 
-def _limited(threads: int) -> Any:
-    """Torch and BLAS/OpenMP thread pools limited to `threads` (one run per process, `--workers` processes)."""
-    import torch
-    from threadpoolctl import threadpool_limits
-
-    torch.set_num_threads(threads)
-    return threadpool_limits(threads)
-
-
 def run_one(
     name: str, proto: Protocol, run: int, episodes: int, eval_every: int, model_options: Mapping[str, Any],
     proposer_options: Mapping[str, Any], threads: int = 1, objective_options: Mapping[str, Any] | None = None,
@@ -286,7 +275,7 @@ def run_one(
         return "skipped", []
     base = {"method": name, "tau": proto.tau, "run": run, "batch": proto.batch, "initial": proto.initial,
             "budget": proto.budget, "episodes": episodes, "mode": MODE}
-    with _limited(threads), warnings.catch_warnings():
+    with limited_threads(threads), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         warnings.simplefilter("ignore", RuntimeWarning)
         try:
@@ -307,68 +296,6 @@ def run_one(
           f"fit {t['fit_s']:.0f}, propose {t['propose_s']:.0f}, episodes {t['eval_s']:.0f}, true quantiles "
           f"{t['quantile_s']:.0f})", flush=True)
     return status, rows
-
-
-# ---------------------------------------------------------------------------------------------------- jobs
-@dataclass
-class Job:
-    """One run to do: `fn(*args, checkpoint=..., deadline=...)` writing `<stem>.csv` when done."""
-
-    stem: Path
-    fn: Callable[..., tuple[str, list[dict]]]
-    args: tuple
-
-    @property
-    def csv(self) -> Path:
-        return self.stem.with_name(self.stem.name + ".csv")
-
-    @property
-    def checkpoint(self) -> Path:
-        return self.stem.with_name(self.stem.name + ".ckpt.pt")
-
-    def finished(self) -> bool:
-        """Whether the run's result file exists without an error row."""
-        return self.csv.exists() and not any(r.get("error") for r in read_table(self.csv))
-
-
-def run_jobs(jobs: Sequence[Job], workers: int, resume: bool, deadline: float | None, tag: str) -> dict[str, int]:
-    """Run the jobs (in order; `workers` processes), writing each result file as its run finishes.
-
-    Without `resume` every job starts over (its checkpoint is deleted); with it, finished jobs are skipped
-    and checkpointed ones continue. Returns the count of jobs per status.
-    """
-    todo = []
-    counts = {"done": 0, "paused": 0, "skipped": 0, "finished before": 0}
-    for job in jobs:
-        if resume and job.finished():
-            counts["finished before"] += 1
-            continue
-        if not resume:
-            job.checkpoint.unlink(missing_ok=True)
-        todo.append(job)
-
-    def record(job: Job, status: str, rows: list[dict]) -> None:
-        counts[status] += 1
-        if status == "done":
-            write_table(rows, job.stem, parquet=False)
-            job.checkpoint.unlink(missing_ok=True)
-
-    if workers == 1:
-        for job in todo:
-            record(job, *job.fn(*job.args, checkpoint=job.checkpoint, deadline=deadline))
-    elif todo:
-        import multiprocessing as mp
-
-        # children inherit the environment: one BLAS/OpenMP thread each unless the caller chose otherwise
-        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-            os.environ.setdefault(var, "1")
-        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
-            futures = {pool.submit(job.fn, *job.args, checkpoint=job.checkpoint, deadline=deadline): job
-                       for job in todo}
-            for fut in as_completed(futures):
-                record(futures[fut], *fut.result())
-    print(f"[{tag}] runs: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v), flush=True)
-    return counts
 
 
 # ---------------------------------------------------------------------------------------------------- analysis

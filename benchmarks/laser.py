@@ -54,10 +54,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._common import Method, format_table, mean_ci, plot_curves, read_table, write_table  # noqa: E402
+from benchmarks._common import (  # noqa: E402
+    BatchRun, Job, Method, drive, format_table, limited_threads, mean_ci, plot_curves, read_table, run_jobs,
+    write_table,
+)
 from benchmarks.lander import (  # noqa: E402
-    BatchRun, Job, _as_types, _limited, _std, add_common_args, build_optimizer, config_tag,
-    curves_by_method, drive, merge_options, parse_runs, run_jobs,
+    _as_types, _std, add_common_args, build_optimizer, config_tag, curves_by_method, merge_options, parse_runs,
 )
 
 MODE = "synchronous batches, in-process AskTellOptimizer built from a validated config (the orchestrator's " \
@@ -235,7 +237,7 @@ def run_one(
             "budget": initial + batches * batch,
             "simulator": "synthetic" if synthetic else f"csv:{objective['options']['csv_path']}",
             "initial_source": "sobol" if synthetic else f"measured settings, {initial_y} outcomes", "mode": MODE}
-    with _limited(threads), warnings.catch_warnings():
+    with limited_threads(threads), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         warnings.simplefilter("ignore", RuntimeWarning)
         try:

@@ -115,7 +115,7 @@ def test_tables_only_rebuilds_the_tables_from_the_run_files_and_runs_nothing(qui
         # one method of the quick run left out of the selection, one extra method with no files
         again = mod.main(["--quick", "--tables-only", "--methods", "quantile-ts", "gpr-ei", "random",
                           "--out", str(copy)])
-    assert "0 (setting, problem, method) runs to do" in printed.getvalue()
+    assert "[gld] 0 runs to do" in printed.getvalue()
     assert sorted(p.name for p in (copy / "runs").iterdir()) == files
     assert again["rows"] == [r for r in result["rows"] if r["method"] in ("quantile-ts", "gpr-ei")]
     assert {s["method"] for s in again["summary"]} == {"quantile-ts", "gpr-ei"}
@@ -164,6 +164,8 @@ def test_gld_resume_continues_a_checkpoint_exactly(quick, tmp_path):
     import contextlib
     import io
 
+    from benchmarks._common import checkpoint_path
+
     mod, _, result, _ = quick
     q = mod.QUICK
     (d, tau, batch), = q["settings"]
@@ -174,7 +176,7 @@ def test_gld_resume_continues_a_checkpoint_exactly(quick, tmp_path):
     try:
         saved = {}
         for method, k in (("quantile-ts", 1), ("gpr-ei", 2)):
-            ckpt = mod.checkpoint_path(mod.job_path(runs, s, 0, method))
+            ckpt = checkpoint_path(mod.job_path(runs, s, 0, method))
             status, rows = mod.run_problem(s, 0, [method], q["model_options"], 1, ckpt, stop_after=k)
             assert status == "paused" and rows == [] and ckpt.exists()
             saved[method] = torch.load(ckpt, weights_only=True)["run"]["rows"]

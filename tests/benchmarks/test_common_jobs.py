@@ -1,0 +1,58 @@
+"""The benchmarks' shared job runner (`benchmarks._common.Job`, `run_jobs`): which runs it starts, continues or
+skips, and what it writes. GLD, lander and laser all run their grids through it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks._common import Job, checkpoint_path, read_table, run_jobs, write_table
+
+CALLS: list[tuple] = []
+
+
+def fake_run(name: str, status: str, checkpoint: Path | None = None, deadline: float | None = None):
+    """A run that records its call and whether it found a checkpoint to continue."""
+    CALLS.append((name, checkpoint is not None and checkpoint.exists(), deadline))
+    rows = [{"name": name, "value": 1.0, "error": ""}] if status == "done" else []
+    return status, rows
+
+
+def _jobs(runs: Path, statuses: dict[str, str], rules: dict | None = None) -> list[Job]:
+    rules = rules or {}
+    return [Job(runs / n, fake_run, (n, st), finished_rule=rules.get(n)) for n, st in statuses.items()]
+
+
+def test_run_jobs_writes_done_runs_and_starts_over_without_resume(tmp_path, capsys):
+    CALLS.clear()
+    checkpoint_path(tmp_path / "a").write_bytes(b"stale")
+    checkpoint_path(tmp_path / "b").write_bytes(b"stale")
+    counts = run_jobs(_jobs(tmp_path, {"a": "done", "b": "paused"}), 1, resume=False, deadline=12.5, tag="t")
+    assert counts == {"done": 1, "paused": 1, "skipped": 0, "finished before": 0}
+    assert CALLS == [("a", False, 12.5), ("b", False, 12.5)]  # no old checkpoint was continued
+    assert read_table(tmp_path / "a.csv")[0]["name"] == "a" and not (tmp_path / "b.csv").exists()
+    assert not checkpoint_path(tmp_path / "a").exists()  # a finished run's checkpoint is removed
+    assert "[t] 2 runs to do (0 finished before)" in capsys.readouterr().out
+
+
+def test_resume_skips_finished_runs_and_continues_checkpoints(tmp_path):
+    CALLS.clear()
+    write_table([{"name": "a", "value": 1.0, "error": ""}], tmp_path / "a", parquet=False)  # finished
+    write_table([{"name": "b", "value": 0.0, "error": "RuntimeError: x"}], tmp_path / "b", parquet=False)
+    checkpoint_path(tmp_path / "c").write_bytes(b"half")
+    counts = run_jobs(_jobs(tmp_path, {"a": "done", "b": "done", "c": "done"}), 1, resume=True, deadline=None,
+                      tag="t")
+    assert counts == {"done": 2, "paused": 0, "skipped": 0, "finished before": 1}
+    assert CALLS == [("b", False, None), ("c", True, None)]  # a failed run is run again; c continues
+    assert read_table(tmp_path / "b.csv")[0]["error"] == ""
+
+
+def test_a_finished_rule_replaces_the_result_file_check(tmp_path):
+    """GLD counts a method finished from any result file of its problem (`done_methods`): the rule decides, a
+    missing result file of the job's own name does not."""
+    CALLS.clear()
+    write_table([{"name": "b", "value": 1.0, "error": ""}], tmp_path / "b", parquet=False)
+    rules = {"a": lambda: True, "b": lambda: False}
+    counts = run_jobs(_jobs(tmp_path, {"a": "done", "b": "skipped"}, rules), 1, resume=True, deadline=0.0, tag="t")
+    assert counts == {"done": 0, "paused": 0, "skipped": 1, "finished before": 1}
+    assert [c[0] for c in CALLS] == ["b"]
+    assert read_table(tmp_path / "b.csv")[0]["value"] == "1.0"  # a skipped run leaves the old file alone
