@@ -281,14 +281,16 @@ class BatchRun:
     """One synchronous BO run that can be checkpointed between batches (subclasses: the benchmarks).
 
     `start()` evaluates the initial design and fits; `step()` asks, evaluates and tells one batch and refits;
-    `done` says the budget is spent; `get_state()`/`set_state()` (plain values and tensors) carry everything
-    the next step needs, so a run continued from a checkpoint equals an uninterrupted one. `key` identifies
+    `done` says the budget is spent; `get_state()`/`set_state()` (plain values and tensors: the optimizer's
+    state, `n`, `times` and the subclass's `records_state()`) carry everything the next step needs, so a run continued from a checkpoint equals an uninterrupted one. `key` identifies
     the settings: a checkpoint of other settings is never continued. `times` holds cumulative seconds
     (`drive` adds each step's wall-clock `run_s` and CPU `cpu_s`; they are part of the state).
     """
 
     key: str = ""
     times: dict[str, float]
+    n: int
+    opt: Any  # an AskTellOptimizer (its get_state/set_state carry the model and proposer)
 
     def start(self) -> None:
         raise NotImplementedError
@@ -301,9 +303,20 @@ class BatchRun:
         raise NotImplementedError
 
     def get_state(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """The optimizer's state (`self.opt`), the evaluation count `n`, `times` and the subclass's own records."""
+        return {"opt": self.opt.get_state(), "n": self.n, "times": dict(self.times), **self.records_state()}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
+        self.opt.set_state(state["opt"])
+        self.n = int(state["n"])
+        self.times = {k: float(v) for k, v in state["times"].items()}
+        self.set_records_state(state)
+
+    def records_state(self) -> dict[str, Any]:
+        """What the subclass records besides the optimizer (plain values, copied)."""
+        raise NotImplementedError
+
+    def set_records_state(self, state: Mapping[str, Any]) -> None:
         raise NotImplementedError
 
 

@@ -207,16 +207,12 @@ class GLDRun(BatchRun):
     def done(self) -> bool:
         return self.n >= self.setting.budget
 
-    def get_state(self) -> dict[str, Any]:
-        return {"opt": self.opt.get_state(), "n": self.n, "rows": [dict(r) for r in self.rows],
-                "evaluated": [list(x) for x in self.evaluated], "times": dict(self.times)}
+    def records_state(self) -> dict[str, Any]:
+        return {"rows": [dict(r) for r in self.rows], "evaluated": [list(x) for x in self.evaluated]}
 
-    def set_state(self, state: dict[str, Any]) -> None:
-        self.opt.set_state(state["opt"])
-        self.n = int(state["n"])
+    def set_records_state(self, state: dict[str, Any]) -> None:
         self.rows = [dict(r) for r in state["rows"]]
         self.evaluated = [list(x) for x in state["evaluated"]]
-        self.times = {k: float(v) for k, v in state["times"].items()}
 
 
 def run_problem(

@@ -236,16 +236,12 @@ class LanderRun(BatchRun):
     def done(self) -> bool:
         return self.n >= self.cfg.budget
 
-    def get_state(self) -> dict[str, Any]:
-        return {"opt": self.opt.get_state(), "n": self.n, "batches": [dict(b) for b in self.batches],
-                "q_cache": dict(self.q_cache), "times": dict(self.times)}
+    def records_state(self) -> dict[str, Any]:
+        return {"batches": [dict(b) for b in self.batches], "q_cache": dict(self.q_cache)}
 
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        self.opt.set_state(state["opt"])
-        self.n = int(state["n"])
+    def set_records_state(self, state: Mapping[str, Any]) -> None:
         self.batches = [dict(b) for b in state["batches"]]
         self.q_cache = {str(k): float(v) for k, v in state["q_cache"].items()}
-        self.times = {k: float(v) for k, v in state["times"].items()}
 
     def rows(self, base: Mapping[str, Any]) -> list[dict]:
         """One row per checkpoint reached: the recommendation in force and its true quantile."""

@@ -206,15 +206,12 @@ class LaserRun(BatchRun):
     def done(self) -> bool:
         return self.n >= self.budget
 
-    def get_state(self) -> dict[str, Any]:
-        return {"opt": self.opt.get_state(), "n": self.n, "q_eval_max": self.q_eval_max,
-                "records": [dict(r) for r in self.records], "times": dict(self.times)}
+    def records_state(self) -> dict[str, Any]:
+        return {"q_eval_max": self.q_eval_max, "records": [dict(r) for r in self.records]}
 
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        self.opt.set_state(state["opt"])
-        self.n, self.q_eval_max = int(state["n"]), float(state["q_eval_max"])
+    def set_records_state(self, state: Mapping[str, Any]) -> None:
+        self.q_eval_max = float(state["q_eval_max"])
         self.records = [dict(r) for r in state["records"]]
-        self.times = {k: float(v) for k, v in state["times"].items()}
 
     def rows(self, base: Mapping[str, Any]) -> list[dict]:
         """One row per fit (after the initial design and after each batch); `q_eval_max` is the run's final."""
