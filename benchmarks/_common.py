@@ -16,6 +16,8 @@ import json
 import math
 import os
 import time
+import traceback
+import warnings
 import zlib
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -39,6 +41,7 @@ __all__ = [
     "Job",
     "run_jobs",
     "limited_threads",
+    "drive_guarded",
 ]
 
 
@@ -390,6 +393,27 @@ def limited_threads(threads: int) -> Any:
 def checkpoint_path(stem: Path) -> Path:
     """The mid-run checkpoint of the run whose result file is `stem`.csv (removed when the run finishes)."""
     return stem.with_name(stem.name + ".ckpt.pt")
+
+
+def drive_guarded(make_run: Callable[[], BatchRun], checkpoint: Path | None, deadline: float | None,
+                  stop_after: int | None, threads: int, label: str) -> tuple[str, BatchRun | None, str]:
+    """Build a run and `drive` it with `threads` threads, UserWarning and RuntimeWarning silenced.
+
+    Returns (status, run, error): an exception (building or running) gives ("done", None, "Type: message"), so
+    one failing run of a grid does not lose the others; a pause is printed with `label`.
+    """
+    with limited_threads(threads), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        try:
+            run = make_run()
+            status, _ = drive(run, checkpoint, deadline, stop_after)
+        except Exception as exc:  # one failing run must not lose the others
+            traceback.print_exc()
+            return "done", None, f"{type(exc).__name__}: {exc}"
+    if status != "done":
+        print(f"{label}: paused at {run.n} evaluations", flush=True)
+    return status, run, ""
 
 
 @dataclass

@@ -50,8 +50,6 @@ import argparse
 import json
 import sys
 import time
-import traceback
-import warnings
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,7 +61,7 @@ if str(REPO) not in sys.path:
 
 from benchmarks._common import build_optimizer as build_shared  # noqa: E402
 from benchmarks._common import (  # noqa: E402
-    BatchRun, Job, Method, drive, format_table, limited_threads, mean_ci, parse_index_list, plot_curves, read_table,
+    BatchRun, Job, Method, drive_guarded, format_table, mean_ci, parse_index_list, plot_curves, read_table,
     replicate_seed, run_jobs, write_table,
 )
 
@@ -271,19 +269,12 @@ def run_one(
         return "skipped", []
     base = {"method": name, "tau": proto.tau, "run": run, "batch": proto.batch, "initial": proto.initial,
             "budget": proto.budget, "episodes": episodes, "mode": MODE}
-    with limited_threads(threads), warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        warnings.simplefilter("ignore", RuntimeWarning)
-        try:
-            lander = LanderRun(name, proto, run, episodes, eval_every, model_options, proposer_options,
-                               objective_options)
-            status, seconds = drive(lander, checkpoint, deadline, stop_after)
-        except Exception as exc:  # one failing run must not lose the others
-            traceback.print_exc()
-            return "done", [{**base, "n_evals": 0, "params": "{}", "q_true": float("nan"),
-                             "error": f"{type(exc).__name__}: {exc}"}]
+    status, lander, error = drive_guarded(
+        lambda: LanderRun(name, proto, run, episodes, eval_every, model_options, proposer_options, objective_options),
+        checkpoint, deadline, stop_after, threads, f"[lander] {name} tau={proto.tau:g} run {run}")
+    if error:
+        return "done", [{**base, "n_evals": 0, "params": "{}", "q_true": float("nan"), "error": error}]
     if status != "done":
-        print(f"[lander] {name} tau={proto.tau:g} run {run}: paused at {lander.n} evaluations", flush=True)
         return status, []
     rows = lander.rows(base)
     t = lander.times

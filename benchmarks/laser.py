@@ -44,8 +44,6 @@ import argparse
 import json
 import sys
 import time
-import traceback
-import warnings
 import zlib
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -55,7 +53,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._common import (  # noqa: E402
-    BatchRun, Job, Method, drive, format_table, limited_threads, mean_ci, plot_curves, read_table, run_jobs,
+    BatchRun, Job, Method, drive_guarded, format_table, mean_ci, plot_curves, read_table, run_jobs,
     write_table,
 )
 from benchmarks.lander import (  # noqa: E402
@@ -234,19 +232,13 @@ def run_one(
             "budget": initial + batches * batch,
             "simulator": "synthetic" if synthetic else f"csv:{objective['options']['csv_path']}",
             "initial_source": "sobol" if synthetic else f"measured settings, {initial_y} outcomes", "mode": MODE}
-    with limited_threads(threads), warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        warnings.simplefilter("ignore", RuntimeWarning)
-        try:
-            laser = LaserRun(name, tau, initial, batches, batch, run, objective, initial_y, model_options,
-                             proposer_options)
-            status, _ = drive(laser, checkpoint, deadline, stop_after)
-        except Exception as exc:  # one failing run must not lose the others
-            traceback.print_exc()
-            return "done", [{**base, "n_evals": 0, "params": "{}", "q_rec": float("nan"),
-                             "error": f"{type(exc).__name__}: {exc}"}]
+    status, laser, error = drive_guarded(
+        lambda: LaserRun(name, tau, initial, batches, batch, run, objective, initial_y, model_options,
+                         proposer_options),
+        checkpoint, deadline, stop_after, threads, f"[laser] {name} run {run}")
+    if error:
+        return "done", [{**base, "n_evals": 0, "params": "{}", "q_rec": float("nan"), "error": error}]
     if status != "done":
-        print(f"[laser] {name} run {run}: paused at {laser.n} evaluations", flush=True)
         return status, []
     rows = laser.rows(base)
     t = laser.times

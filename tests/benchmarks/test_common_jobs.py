@@ -1,11 +1,12 @@
-"""The benchmarks' shared job runner (`benchmarks._common.Job`, `run_jobs`): which runs it starts, continues or
-skips, and what it writes. GLD, lander and laser all run their grids through it."""
+"""The benchmarks' shared job runner (`benchmarks._common.Job`, `run_jobs`, `drive_guarded`): which runs it
+starts, continues or skips, what it writes, and how a failing run is kept from losing the others. GLD, lander
+and laser all run their grids through it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks._common import Job, checkpoint_path, read_table, run_jobs, write_table
+from benchmarks._common import BatchRun, Job, checkpoint_path, drive_guarded, read_table, run_jobs, write_table
 
 CALLS: list[tuple] = []
 
@@ -56,3 +57,34 @@ def test_a_finished_rule_replaces_the_result_file_check(tmp_path):
     assert counts == {"done": 0, "paused": 0, "skipped": 1, "finished before": 1}
     assert [c[0] for c in CALLS] == ["b"]
     assert read_table(tmp_path / "b.csv")[0]["value"] == "1.0"  # a skipped run leaves the old file alone
+
+
+class CountingRun(BatchRun):
+    """Three steps of one evaluation each; raises at step `fail_at` (None: never)."""
+
+    key = "counting"
+
+    def __init__(self, fail_at: int | None = None):
+        self.n, self.times, self.fail_at = 0, {}, fail_at
+
+    def start(self) -> None:
+        self.step()
+
+    def step(self) -> None:
+        if self.n == self.fail_at:
+            raise ValueError(f"boom at {self.n}")
+        self.n += 1
+
+    @property
+    def done(self) -> bool:
+        return self.n >= 3
+
+
+def test_drive_guarded_turns_an_exception_into_an_error_and_reports_a_pause(tmp_path, capsys):
+    status, run, error = drive_guarded(lambda: CountingRun(fail_at=1), None, None, None, 1, "[t] r0")
+    assert (status, run, error) == ("done", None, "ValueError: boom at 1")
+    status, run, error = drive_guarded(lambda: CountingRun(), None, None, 2, 1, "[t] r1")
+    assert (status, run.n, error) == ("paused", 2, "")
+    assert "[t] r1: paused at 2 evaluations" in capsys.readouterr().out
+    status, run, error = drive_guarded(lambda: CountingRun(), None, None, None, 1, "[t] r2")
+    assert (status, run.n, error) == ("done", 3, "")
