@@ -20,8 +20,7 @@ point evaluated B times, initial design round(n0/B) Sobol points x B replicates,
 (heteroscedastic + thompson on the path quantile), qlognei (exact-gp + BoTorch qLogNEI, the q points optimized
 jointly as BoTorch's `optimize_acqf` does by default), sobol, random.
 All methods of one (setting, problem) share the problem seed, so the model-based methods on the same model
-start from the SAME initial design and first fit (each run computes it from the seed; runs of several methods in
-one call share it, which is only a speed-up).
+start from the SAME initial design and first fit (each run computes it from the seed).
 
 Settings: d in {3, 6}, tau in {0.75, 0.95}, batch in {10, 50}; initial 50 d, budget 250 d; 10 problems.
 
@@ -51,7 +50,6 @@ import json
 import math
 import sys
 import time
-import traceback
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,8 +60,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._common import (  # noqa: E402
-    BatchRun, Job, Method, drive, format_table, mean_ci, paired_comparison, parse_index_list, plot_curves,
-    read_table, replicate_seed, run_jobs, write_table,
+    BatchRun, Job, Method, drive_guarded, format_table, limited_threads, mean_ci, paired_comparison,
+    parse_index_list, plot_curves, read_table, replicate_seed, run_jobs, write_table,
 )
 
 MODE = "synchronous batches, in-process AskTellOptimizer (the orchestrator's synchronous protocol without Ray)"
@@ -114,20 +112,16 @@ class Setting:
 class GLDRun(BatchRun):
     """One method on one GLD problem in one setting, checkpointable between batches (`_common.drive`).
 
-    `start()` evaluates the initial design and fits (or, for a model-based method, takes them from `cache`
-    when another method of this process already made them with the same model: only a speed-up); `step()`
-    asks one batch (GPR-EI: one point evaluated B times), evaluates it, refits and records the recommendation.
+    `start()` evaluates the initial design and fits; `step()` asks one batch (GPR-EI: one point evaluated B times), evaluates it, refits and records the recommendation.
     The state carries the optimizer, the rows, every evaluated point and the cumulative timings, so a run
     continued from a checkpoint equals an uninterrupted one (the GLD outcomes depend only on the trial seeds).
     """
 
-    def __init__(self, name: str, setting: Setting, problem: Any, problem_id: int, model_options: dict,
-                 cache: dict | None = None) -> None:
+    def __init__(self, name: str, setting: Setting, problem: Any, problem_id: int, model_options: dict) -> None:
         from orchestrator.ask_tell import AskTellOptimizer
 
         self.name, self.method, self.setting = name, METHODS[name], setting
         self.problem, self.problem_id = problem, problem_id
-        self.cache = {} if cache is None else cache
         method = self.method
         self.m_opts = {**method.model_options, **model_options.get(method.model, {})}
         p_opts = dict(method.proposer_options)
@@ -175,19 +169,8 @@ class GLDRun(BatchRun):
 
     def start(self) -> None:
         self._step_t0 = time.perf_counter()
-        method = self.method
-        key = None if method.replicate else (method.model, json.dumps(self.m_opts, sort_keys=True))
-        if key is not None and key in self.cache:
-            hit = self.cache[key]
-            self.opt.set_state(hit["state"])
-            self.n, self.times["fit_s"] = hit["n"], hit["fit_s"]
-            self.evaluated.extend(hit["evaluated"])
-        else:
-            self._evaluate(self.opt.ask(self.n0), self.setting.batch if method.replicate else 1)
-            self._fit()
-            if key is not None:
-                self.cache[key] = {"state": self.opt.get_state(), "n": self.n, "fit_s": self.times["fit_s"],
-                                   "evaluated": list(self.evaluated)}
+        self._evaluate(self.opt.ask(self.n0), self.setting.batch if self.method.replicate else 1)
+        self._fit()
         self._record()
 
     def step(self) -> None:
@@ -216,53 +199,43 @@ class GLDRun(BatchRun):
 
 
 def run_problem(
-    setting: Setting, problem_id: int, methods: Sequence[str], model_options: dict, threads: int = 1,
+    setting: Setting, problem_id: int, method: str, model_options: dict, threads: int = 1,
     checkpoint: Path | None = None, deadline: float | None = None, stop_after: int | None = None,
 ) -> tuple[str, list[dict]]:
-    """`methods` on one GLD problem; returns ("done", checkpoint rows with exact quantiles and regrets), or
+    """`method` on one GLD problem; returns ("done", checkpoint rows with exact quantiles and regrets), or
     ("paused", []) / ("skipped", []) when `deadline` (time.time()) or `stop_after` steps stopped it first.
 
-    With `checkpoint` (one method only) the run is saved there after every batch and continued from it
-    (`_common.drive`). q* here is the L-BFGS optimum raised to the best exact quantile of any point these
-    methods evaluated; `merge_rows` raises it further to the best over every job that ran on the problem.
+    With `checkpoint` the run is saved there after every batch and continued from it (`_common.drive`). A run
+    that raises gives ("done", one row with the error). q* here is the L-BFGS optimum raised to the best exact
+    quantile of any point the run evaluated; `merge_rows` raises it further to the best over every job that ran
+    on the problem.
     """
     import numpy as np
-    import torch
 
     from objectives.gld import GLDProblem
 
-    if checkpoint is not None and len(methods) != 1:
-        raise ValueError(f"a checkpoint holds one method's run; got methods {list(methods)}")
     if deadline is not None and time.time() > deadline:
         return "skipped", []
-    torch.set_num_threads(threads)
-    warnings.filterwarnings("ignore", category=UserWarning)
-    warnings.filterwarnings("ignore", category=RuntimeWarning)
-    problem = GLDProblem(dim=setting.d, problem=problem_id)
-    _, q_opt = problem.optimum(setting.tau)
-    cache: dict = {}
-    rows: list[dict] = []
-    evaluated_all: list[list[float]] = []
-    for name in methods:
-        t0 = time.perf_counter()
-        try:
-            run = GLDRun(name, setting, problem, problem_id, model_options, cache)
-            status, _ = drive(run, checkpoint, deadline, stop_after)
-            if status != "done":
-                print(f"[gld] {setting.label} problem {problem_id} {name}: paused at {run.n} evaluations", flush=True)
-                return status, []
-            rows += run.rows
-            evaluated_all += run.evaluated
-            err = ""
-        except Exception as exc:  # one failing method must not lose the others' results
-            err = f"{type(exc).__name__}: {exc}"
-            traceback.print_exc()
-            rows.append({"method": name, "d": setting.d, "tau": setting.tau, "batch": setting.batch,
-                         "problem": problem_id, "n_evals": 0, "x_rec": "[]", "predicted": float("nan"),
-                         "fit_s": float("nan"), "propose_s": float("nan"), "elapsed_s": time.perf_counter() - t0,
-                         "error": err})
-        print(f"[gld] {setting.label} problem {problem_id} {name}: {time.perf_counter() - t0:.1f} s {err}", flush=True)
-    q_eval = float(problem.quantile_unit(np.asarray(evaluated_all), setting.tau).max()) if evaluated_all else -math.inf
+    with limited_threads(threads), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        problem = GLDProblem(dim=setting.d, problem=problem_id)
+        _, q_opt = problem.optimum(setting.tau)
+    t0 = time.perf_counter()
+    label = f"[gld] {setting.label} problem {problem_id} {method}"
+    status, run, error = drive_guarded(lambda: GLDRun(method, setting, problem, problem_id, model_options),
+                                       checkpoint, deadline, stop_after, threads, label)
+    if status != "done":
+        return status, []
+    if error:
+        rows = [{"method": method, "d": setting.d, "tau": setting.tau, "batch": setting.batch, "problem": problem_id,
+                 "n_evals": 0, "x_rec": "[]", "predicted": float("nan"), "fit_s": float("nan"),
+                 "propose_s": float("nan"), "elapsed_s": time.perf_counter() - t0, "error": error}]
+        evaluated: list[list[float]] = []
+    else:
+        rows, evaluated = run.rows, run.evaluated
+    print(f"{label}: {time.perf_counter() - t0:.1f} s {error}", flush=True)
+    q_eval = float(problem.quantile_unit(np.asarray(evaluated), setting.tau).max()) if evaluated else -math.inf
     q_star = max(q_opt, q_eval)
     for row in rows:
         x = json.loads(row["x_rec"])
@@ -495,7 +468,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     # later; --resume skips the methods a result file already holds (`done_methods`, old layout included)
     runs = out / "runs"
     jobs = [] if args.tables_only else [
-        Job(job_path(runs, s, p, m), run_problem, (s, p, [m], model_options, args.threads),
+        Job(job_path(runs, s, p, m), run_problem, (s, p, m, model_options, args.threads),
             finished_rule=functools.partial(_method_done, runs, s, p, m))
         for s in settings for p in problems for m in methods
     ]

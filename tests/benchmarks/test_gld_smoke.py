@@ -177,12 +177,10 @@ def test_gld_resume_continues_a_checkpoint_exactly(quick, tmp_path):
         saved = {}
         for method, k in (("quantile-ts", 1), ("gpr-ei", 2)):
             ckpt = checkpoint_path(mod.job_path(runs, s, 0, method))
-            status, rows = mod.run_problem(s, 0, [method], q["model_options"], 1, ckpt, stop_after=k)
+            status, rows = mod.run_problem(s, 0, method, q["model_options"], 1, ckpt, stop_after=k)
             assert status == "paused" and rows == [] and ckpt.exists()
             saved[method] = torch.load(ckpt, weights_only=True)["run"]["rows"]
             assert len(saved[method]) == k
-        with pytest.raises(ValueError, match="one method"):
-            mod.run_problem(s, 0, ["quantile-ts", "gpr-ei"], {}, 1, ckpt)
         with contextlib.redirect_stdout(io.StringIO()) as printed:
             skipped = mod.main(["--quick", "--threads", "1", "--resume", "--time-limit", "0", "--out", str(tmp_path)])
         assert skipped["counts"]["skipped"] == 6 and skipped["missing"] == 6 and skipped["rows"] == []
@@ -222,3 +220,15 @@ def test_target_compares_only_baselines_run_on_every_problem(load_benchmark):
     rows += [row("qlognei", p, 0.05) for p in (1, 2)]  # now in full, and ahead of quantile TS
     (t,) = mod.summarize(rows)[2]
     assert t["complete"] is True and t["baselines_partial"] == "" and t["quantile-ts_beats_all"] is False
+
+
+def test_a_failing_gld_run_becomes_an_error_row(load_benchmark, capsys):
+    """A run that raises (here: a bad model option) gives one row with the error, which `--resume` does not
+    count as finished, instead of losing the grid's other runs."""
+    mod = load_benchmark("gld")
+    s = mod.Setting(3, 0.75, 10, 20, 40)
+    status, rows = mod.run_problem(s, 0, "quantile-ts", {"quantile": {"bogus_option": 1}}, 1)
+    assert status == "done" and len(rows) == 1
+    assert rows[0]["error"].startswith("ConfigError: unknown model option(s) ['bogus_option']")
+    assert rows[0]["n_evals"] == 0 and rows[0]["q_star"] == rows[0]["q_star_lbfgs"]
+    assert "problem 0 quantile-ts" in capsys.readouterr().out
