@@ -38,6 +38,7 @@ __all__ = [
     "BatchRun",
     "drive",
     "save_checkpoint",
+    "checkpoint_evaluations",
     "Job",
     "run_jobs",
     "limited_threads",
@@ -331,6 +332,18 @@ def save_checkpoint(path: Path, state: Mapping[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     torch.save(dict(state), tmp)
     os.replace(tmp, path)
+
+
+def checkpoint_evaluations(path: Path) -> int | None:
+    """How many evaluations the run saved at `path` has made (None: no checkpoint, or an unreadable one)."""
+    import torch
+
+    if not path.exists():
+        return None
+    try:
+        return int(torch.load(path, weights_only=True)["run"]["n"])
+    except Exception:  # a corrupt checkpoint is started over by `drive`; it reports nothing here
+        return None
 
 
 def drive(run: BatchRun, checkpoint: Path | None, deadline: float | None = None,

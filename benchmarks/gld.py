@@ -60,7 +60,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._common import (  # noqa: E402
-    BatchRun, Job, Method, drive_guarded, format_table, limited_threads, mean_ci, paired_comparison,
+    BatchRun, Job, Method, checkpoint_evaluations, drive_guarded, format_table, limited_threads, mean_ci, paired_comparison,
     parse_index_list, plot_curves, read_table, replicate_seed, run_jobs, write_table,
 )
 
@@ -467,17 +467,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     # one job per (setting, problem, method), so a grid can be filled in over several sessions and a method added
     # later; --resume skips the methods a result file already holds (`done_methods`, old layout included)
     runs = out / "runs"
-    jobs = [] if args.tables_only else [
-        Job(job_path(runs, s, p, m), run_problem, (s, p, m, model_options, args.threads),
-            finished_rule=functools.partial(_method_done, runs, s, p, m))
-        for s in settings for p in problems for m in methods
-    ]
+    grid = [Job(job_path(runs, s, p, m), run_problem, (s, p, m, model_options, args.threads),
+                finished_rule=functools.partial(_method_done, runs, s, p, m))
+            for s in settings for p in problems for m in methods]
+    jobs = [] if args.tables_only else grid
     deadline = None if args.time_limit is None else time.time() + args.time_limit
     counts = run_jobs(jobs, args.workers, args.resume, deadline, "gld")
     missing = counts["paused"] + counts["skipped"]
     if missing:
         print(f"[gld] {missing} of {len(jobs) - counts['finished before']} runs not finished ({counts['paused']} "
               f"paused at a checkpoint, {counts['skipped']} not started): run again with --resume", flush=True)
+    paused = [(job.stem.name, n, job.args[0].budget) for job in grid if (n := checkpoint_evaluations(job.checkpoint))]
 
     rows = []
     wanted = {(s.d, s.tau, s.batch) for s in settings}
@@ -515,9 +515,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         either = [any(t.get(f"{m}_beats_all", False) for m in QUANTILE_METHODS) for t in target if t["complete"]]
         print(f"  any quantile method, settings with all of {', '.join(BASELINES)} on every problem: "
               f"{sum(either)}/{len(either)} (target: >= 75% of the full grid)")
+    if paused:
+        print("\n[gld] runs paused at a checkpoint (--resume continues them): "
+              + ", ".join(f"{name} at {n} of {budget}" for name, n, budget in paused))
     print(f"\n[gld] wrote {out} ({len(rows)} rows, {len(plots)} plots) in {time.perf_counter() - t_start:.1f} s")
     return {"rows": rows, "summary": summary, "paired": paired, "target": target, "plots": plots, "counts": counts,
-            "missing": missing}
+            "missing": missing, "paused": paused}
 
 
 if __name__ == "__main__":

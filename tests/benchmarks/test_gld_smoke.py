@@ -185,6 +185,9 @@ def test_gld_resume_continues_a_checkpoint_exactly(quick, tmp_path):
             skipped = mod.main(["--quick", "--threads", "1", "--resume", "--time-limit", "0", "--out", str(tmp_path)])
         assert skipped["counts"]["skipped"] == 6 and skipped["missing"] == 6 and skipped["rows"] == []
         assert "run again with --resume" in printed.getvalue()
+        # the two paused runs are listed with their progress (initial design 20, then GPR-EI's one batch of 10)
+        assert sorted(skipped["paused"]) == [(f"{s.label}-p0-gpr-ei", 30, 40), (f"{s.label}-p0-quantile-ts", 20, 40)]
+        assert f"{s.label}-p0-quantile-ts at 20 of 40" in printed.getvalue()
         with contextlib.redirect_stdout(io.StringIO()):
             again = mod.main(["--quick", "--threads", "1", "--resume", "--out", str(tmp_path)])
     finally:
