@@ -159,6 +159,7 @@ class CentralActor:
         self._wakes = {"propose": threading.Event(), "refit": threading.Event()}  # wake the planner threads
         self._stop = threading.Event()
         self._queue: collections.deque[Trial] = collections.deque()
+        self._reserved = 0  # trials being proposed now (asked for, not yet queued): part of the budget
         self._inflight: dict[Any, tuple[Trial, float, int]] = {}
         self._attempts: dict[str, int] = {}
         self._started_buf: list[Any] = []
@@ -350,8 +351,9 @@ class CentralActor:
         return st
 
     def _remaining_to_propose(self) -> int:
+        """Budget not yet spoken for: done, in flight, queued, or being proposed right now (`_reserved`)."""
         with self._lock:
-            return self.budget - self.n_done - len(self._inflight) - len(self._queue)
+            return self.budget - self.n_done - len(self._inflight) - len(self._queue) - self._reserved
 
     def _dispatch(self, freed: int = 0) -> None:
         """Start queued trials in the free slots. `freed`: in-flight evaluations whose results have arrived
@@ -588,6 +590,24 @@ class CentralActor:
         return False
 
     def _propose(self, q: int, design: bool = False) -> None:
+        """Ask for up to `q` trials, log them and queue them. The dispatch loop (Sobol points before the first
+        model) and the proposer thread may both propose: each reserves its share of the budget under the lock
+        first, so that their batches together never pass the budget."""
+        with self._lock:
+            q = min(q, self._remaining_to_propose())
+            if q <= 0:
+                return
+            self._reserved += q
+        trials: list[Trial] = []
+        try:
+            trials = self._ask_and_log(q, design)
+        finally:  # queued only once logged; the reservation ends either way
+            with self._lock:
+                self._queue.extend(trials)
+                self._reserved -= q
+
+    def _ask_and_log(self, q: int, design: bool) -> list[Trial]:
+        """`_propose`'s work: ask for `q` trials and log them (a trial is logged before it can be dispatched)."""
         t0 = time.perf_counter()
         pending = self.opt.num_pending
         trials = self.opt.ask(q, fit=False, design=design)
@@ -604,9 +624,8 @@ class CentralActor:
             if self.direction == "minimize":
                 info["forecast_units"] = "negated (direction: minimize)"
             events.append(self._event("proposed", t, info=info, forecast=t.forecast))
-        self._append(events)  # a trial is logged before it can be dispatched
-        with self._lock:
-            self._queue.extend(trials)
+        self._append(events)
+        return trials
 
     def _refit(self) -> bool:
         """Refit the surrogate and log it. A fit that raises leaves the current model in place (the optimizer

@@ -1,0 +1,75 @@
+"""The central actor never proposes past the budget, even when its two proposers overlap
+(orchestrator/actor.py `CentralActor._propose`).
+
+Before the first model-based batch is queued, the dispatch loop fills free slots with Sobol points itself
+(`_fill_before_first_model`) while the proposer thread may be proposing. A batch asked for but not yet
+queued used to be invisible to the other's budget count, so a run could log a batch more than its budget,
+and those trials were never evaluated. The actor runs in this process here, with its Ray submission
+replaced by a stub, so the two proposers can be interleaved at the exact point of the race.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from orchestrator.actor import CentralActor
+from orchestrator.config import load_config
+from orchestrator.store import RunStore
+
+
+def _actor(tmp_path, budget: int = 8) -> CentralActor:
+    cfg = {"name": "budget", "objective": {"name": "forrester", "options": {}}, "batch_size": 4,
+           "initial_design": 4, "budget": budget, "max_concurrent": 4, "seed": 1, "run_dir": str(tmp_path / "run")}
+    RunStore.create(cfg["run_dir"], load_config(cfg).to_dict())
+    actor = CentralActor(cfg["run_dir"], max_concurrent=4, pool=None)
+    refs = itertools.count()
+    actor._submit = lambda batch: [f"ref{next(refs)}" for _ in batch]  # no Ray: the evaluations are told by hand
+    return actor
+
+
+def _finish_inflight(actor: CentralActor) -> None:
+    for ref, (trial, _, _) in list(actor._inflight.items()):
+        del actor._inflight[ref]
+        actor.opt.tell(trial.trial_id, 1.0)
+        actor.n_completed += 1
+
+
+def test_overlapping_proposals_stay_within_the_budget(tmp_path):
+    actor = _actor(tmp_path, budget=8)
+    actor._propose(4)  # the initial design, evaluated
+    actor._dispatch()
+    _finish_inflight(actor)
+    assert actor.n_done == 4 and actor._remaining_to_propose() == 4
+
+    logged = actor._append
+    raced = []
+
+    def append_then_race(events):
+        """The dispatch loop runs while the proposer thread is between its ask and its enqueue."""
+        logged(events)
+        if events and events[0].kind == "proposed" and not raced:
+            raced.append(True)
+            actor._fill_before_first_model()
+
+    actor._append = append_then_race
+    assert actor._propose_step() is True and raced
+    proposed = [e for e in RunStore.open(actor.run_dir).events() if e.kind == "proposed"]
+    assert len(proposed) == actor.budget  # 12 before the fix: 4 design + 4 proposer + 4 filler
+    assert len(actor._queue) + len(actor._inflight) == 4 and actor._reserved == 0
+    assert actor._remaining_to_propose() == 0
+
+
+def test_a_failed_proposal_releases_its_reservation(tmp_path):
+    actor = _actor(tmp_path, budget=8)
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("injected proposal failure")
+
+    actor.opt.ask = fail
+    try:
+        actor._propose(4)
+    except RuntimeError:
+        pass
+    else:
+        raise AssertionError("the proposal's error must reach the caller (the planner thread reports it)")
+    assert actor._reserved == 0 and not actor._queue and actor._remaining_to_propose() == 8
