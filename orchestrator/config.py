@@ -24,6 +24,7 @@ import numpy as np
 import yaml
 
 from orchestrator.errors import ConfigError, SpaceError
+from workers.evaluate import MAX_TIMEOUT_S
 
 __all__ = [
     "CALIBRATOR_TYPES",
@@ -283,7 +284,7 @@ _TABLE: dict[str, Any] = {
     "budget": _Key(_int(1, 100_000_000), 200),
     "max_concurrent": _Key(_optional(_int(1, 1_000_000)), None),
     "synchronous": _Key(_bool, False),
-    "timeout_s": _Key(_float(0.0, math.inf, True, True), 600.0),
+    "timeout_s": _Key(_float(0.0, MAX_TIMEOUT_S, True, False), 600.0),
     "max_retries": _Key(_int(0, 100), 1),
     "failure_guard": {
         "max_failure_rate": _Key(_float(0.0, 1.0, True, False), 0.5),

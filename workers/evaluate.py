@@ -32,6 +32,9 @@ import numpy as np
 
 from objectives.base import EvalResult, Objective, Resources
 
+#: longest `timeout_s` (about 11.6 days): the wait on the evaluation's child process overflows past about 24 days
+MAX_TIMEOUT_S = 1_000_000.0
+
 __all__ = [
     "FAILURE_REASONS",
     "classify_value",
@@ -77,7 +80,12 @@ def classify_value(value: Any) -> tuple[float | None, str | None, str | None]:
             return None, "array", f"the objective returned an array of shape {tuple(shape)}, not one number"
     if not isinstance(value, (int, float, np.integer, np.floating)):
         return None, "non-numeric", f"the objective returned a {type(value).__name__}, not a number"
-    x = float(value)
+    try:
+        x = float(value)
+    except OverflowError:  # an int (or int-like) beyond the float range
+        return None, "inf", "the objective returned a number too large for a float"
+    except (TypeError, ValueError) as exc:
+        return None, "non-numeric", f"the objective's {type(value).__name__} is not a number ({_describe(exc)})"
     if math.isnan(x):
         return None, "nan", "the objective returned NaN"
     if math.isinf(x):
@@ -85,17 +93,41 @@ def classify_value(value: Any) -> tuple[float | None, str | None, str | None]:
     return x, None, None
 
 
+def _finite_float(v: Any) -> float | None:
+    """`v` as a finite float, or None (NaN, inf, or an int beyond the float range)."""
+    try:
+        x = float(v)
+    except (OverflowError, TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
 def _clean_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Keep JSON-encodable metric values (finite numbers, strings); drop the rest with a note."""
+    """Keep JSON-encodable metric values (finite numbers, strings); drop the rest."""
     out: dict[str, Any] = {}
     for k, v in dict(metrics or {}).items():
         if isinstance(v, (bool, np.bool_)):
             out[str(k)] = bool(v)
-        elif isinstance(v, (int, float, np.integer, np.floating)) and math.isfinite(float(v)):
-            out[str(k)] = float(v)
+        elif isinstance(v, (int, float, np.integer, np.floating)) and (x := _finite_float(v)) is not None:
+            out[str(k)] = x
         elif isinstance(v, str):
             out[str(k)] = v
     return out
+
+
+def _describe(exc: BaseException) -> str:
+    """`Type: message` of an exception, even when its `__str__` raises."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:  # noqa: BLE001 - a broken __str__ of user code
+        return f"{type(exc).__name__}: <unprintable: its __str__ raised>"
+
+
+def _format_traceback(exc: BaseException) -> str:
+    try:
+        return "".join(tb_module.format_exception(type(exc), exc, exc.__traceback__))
+    except Exception:  # noqa: BLE001 - a broken __str__ of user code
+        return "".join(tb_module.format_tb(exc.__traceback__)) + _describe(exc)
 
 
 # --------------------------------------------------------------------------- objective loading
@@ -126,15 +158,19 @@ def _call(objective: Objective, params: Mapping[str, Any], seed: int) -> dict[st
             "status": "failed",
             "value": None,
             "error": "exception",
-            "traceback": "".join(tb_module.format_exception(type(exc), exc, exc.__traceback__)),
-            "message": f"{type(exc).__name__}: {exc}",
+            "traceback": _format_traceback(exc),
+            "message": _describe(exc),
             "started_at": started,
             "ended_at": ended,
             "metrics": {},
         }
     ended = time.time()
-    value, reason, message = classify_value(raw)
-    metrics = _clean_metrics(raw.metrics) if isinstance(raw, EvalResult) else {}
+    try:
+        value, reason, message = classify_value(raw)
+        metrics = _clean_metrics(raw.metrics) if isinstance(raw, EvalResult) else {}
+    except Exception as exc:  # noqa: BLE001 - a returned object whose conversion raises is a failed trial
+        value, metrics = None, {}
+        reason, message = "non-numeric", f"the objective's return value could not be read: {_describe(exc)}"
     if reason is not None:
         return {
             "status": "failed",
@@ -375,8 +411,8 @@ def evaluate_once(
     """
     if isolate not in ("process", "thread"):
         raise ValueError(f"isolate must be 'process' or 'thread'; got {isolate!r}")
-    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
-        raise ValueError(f"timeout_s must be a number > 0; got {timeout_s!r}")
+    if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s <= MAX_TIMEOUT_S):
+        raise ValueError(f"timeout_s must be a number in (0, {MAX_TIMEOUT_S:g}]; got {timeout_s!r}")
     obj = _resolve_objective(objective)
     runner = _run_in_child if isolate == "process" else _run_in_thread
     record = runner(obj, params, int(seed), float(timeout_s))

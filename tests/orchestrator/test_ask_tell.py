@@ -98,14 +98,14 @@ def test_partial_and_out_of_order_tells():
 
 
 def test_hostile_values_become_failures_that_never_reach_the_observations():
-    opt = AskTellOptimizer(SMALL, initial_design=8)
-    trials = opt.ask(8)
-    bad = [float("nan"), float("inf"), -float("inf"), None, "1.0", np.array([1.0, 2.0])]
+    opt = AskTellOptimizer(SMALL, initial_design=9)
+    trials = opt.ask(9)
+    bad = [float("nan"), float("inf"), -float("inf"), None, "1.0", np.array([1.0, 2.0]), 10**400]
     for t, v in zip(trials, bad):
         assert opt.tell(t.trial_id, v) == "failed"
-    assert opt.tell(trials[6].trial_id, 5.0, error="timeout") == "failed"
-    assert opt.tell(trials[7].trial_id, np.float32(0.25)) == "completed"
-    assert [f["error"] for f in opt.failures] == ["nan", "inf", "inf", "none", "non-numeric", "array", "timeout"]
+    assert opt.tell(trials[7].trial_id, 5.0, error="timeout") == "failed"
+    assert opt.tell(trials[8].trial_id, np.float32(0.25)) == "completed"
+    assert [f["error"] for f in opt.failures] == ["nan", "inf", "inf", "none", "non-numeric", "array", "inf", "timeout"]
     X, Y = opt.observations()
     assert Y.tolist() == [0.25] and X.shape == (1, 2)
     assert opt.num_pending == 0

@@ -39,6 +39,27 @@ class Raising(Objective):
         raise RuntimeError("boom at x=%s" % params["x"])
 
 
+class UnprintableError(Exception):
+    def __str__(self):
+        raise RuntimeError("no str")
+
+
+class RaisingUnprintable(Objective):
+    """Raises an exception whose `__str__` raises too (the record must still be written)."""
+
+    space = SPACE
+
+    def evaluate(self, params, seed):
+        raise UnprintableError()
+
+
+class BadFloat(float):
+    """A float subclass whose conversion fails with an error that is not a TypeError."""
+
+    def __float__(self):
+        raise RuntimeError("cannot convert")
+
+
 class Hanging(Objective):
     space = SPACE
 
@@ -81,6 +102,10 @@ HOSTILE = [
     (Returning(np.array([1.0, 2.0])), "array", "shape (2,)"),
     (Returning([1.0]), "array", "array"),
     (Returning(EvalResult(float("nan"))), "nan", "NaN"),
+    # found in review: these escaped the record (the sandbox child died: "crash"; the thread died: "timeout")
+    (Returning(10**400), "inf", "too large for a float"),
+    (RaisingUnprintable(), "exception", "UnprintableError"),
+    (Returning(BadFloat(1.0)), "non-numeric", "RuntimeError: cannot convert"),
 ]
 
 
@@ -135,6 +160,9 @@ def test_valid_values_pass(value, expected):
 def test_metrics_are_kept_and_cleaned():
     rec = evaluate_once(Returning(EvalResult(1.0, {"loss": 0.5, "bad": float("nan"), "obj": object()})), "0-0", {"x": 0.1}, 0)
     assert rec["metrics"] == {"loss": 0.5}
+    # an integer metric beyond the float range is dropped; the value is kept
+    rec = evaluate_once(Returning(EvalResult(1.0, {"n": 10**400, "k": 3})), "0-0", {"x": 0.1}, 0)
+    assert rec["status"] == "completed" and rec["value"] == 1.0 and rec["metrics"] == {"k": 3.0}
 
 
 def test_registry_spec_and_bad_arguments():
@@ -144,6 +172,9 @@ def test_registry_spec_and_bad_arguments():
         evaluate_once(Raising(), "0-0", {"x": 0.1}, 0, isolate="fiber")
     with pytest.raises(ValueError, match="timeout_s must be"):
         evaluate_once(Raising(), "0-0", {"x": 0.1}, 0, timeout_s=0)
+    # past about 24 days the wait on the child overflows: refused up front, not a failed evaluation
+    with pytest.raises(ValueError, match=r"timeout_s must be a number in \(0, 1e\+06\]; got 3000000"):
+        evaluate_once(Raising(), "0-0", {"x": 0.1}, 0, timeout_s=3e6)
     with pytest.raises(ValueError, match="max_retries must be"):
         task_options(Resources(), max_retries=-1)
     opts = task_options(Resources(num_cpus=0.5, num_gpus=0, memory=10**8, custom={"sensor": 1}), max_retries=2)
