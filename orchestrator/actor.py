@@ -158,6 +158,9 @@ class CentralActor:
         self._store_lock = threading.Lock()  # RunStore is written from the loop and the planner
         self._wakes = {"propose": threading.Event(), "refit": threading.Event()}  # wake the planner threads
         self._stop = threading.Event()
+        self._run_lock = threading.Lock()  # held by the one running `run` loop
+        self._finished = threading.Event()  # the loop has ended; `_final` is its summary
+        self._final: dict[str, Any] = {}
         self._queue: collections.deque[Trial] = collections.deque()
         self._reserved = 0  # trials being proposed now (asked for, not yet queued): part of the budget
         self._inflight: dict[Any, tuple[Trial, float, int]] = {}
@@ -299,8 +302,25 @@ class CentralActor:
         self._wake_planners()
 
     # ------------------------------------------------------------------ the loop
-    def run(self) -> dict[str, Any]:
-        """Drive the run to its budget. Returns a summary; `status`/"aborted" says if the guard stopped it."""
+    def run(self, wait_s: float = 60.0) -> dict[str, Any]:
+        """Drive the run to its budget. Returns a summary; `status`/"aborted" says if the guard stopped it.
+
+        One loop per actor: a second call (a driver that lost its reference for a moment calls again) waits up
+        to `wait_s` for the running loop and returns its summary, or {"status": "running"} (call again); a call
+        after the loop ended returns its summary. Two loops would ingest the same results twice.
+        """
+        if not self._run_lock.acquire(blocking=False):
+            return self._final if self._finished.wait(wait_s) else {"status": "running"}
+        try:
+            if self._finished.is_set():
+                return self._final
+            self._final = self._run_loop()
+            self._finished.set()
+            return self._final
+        finally:
+            self._run_lock.release()
+
+    def _run_loop(self) -> dict[str, Any]:
         if not self.cfg.synchronous:
             # the planner threads run long Python stretches of model code: hand the interpreter back to the
             # dispatch loop sooner than the default 5 ms, so a result's freed slot is refilled promptly

@@ -255,6 +255,8 @@ def _drive(
                 continue
             try:
                 summary = ray.get(ref)
+                if summary.get("status") == "running":  # a call after an error waited on the live loop: again
+                    summary, ref = None, actor.run.remote()
             except ray.exceptions.RayActorError:
                 # the actor crashed (Ray restarts it: it replays the log) or was unreachable for a moment;
                 # a restart is a new process, so compare pids rather than count errors

@@ -1,5 +1,5 @@
-"""The central actor never proposes past the budget, even when its two proposers overlap
-(orchestrator/actor.py `CentralActor._propose`).
+"""Guards of the central actor against its own concurrency (orchestrator/actor.py): it never proposes past the
+budget when its two proposers overlap (`_propose`), and it never runs two dispatch loops (`run`).
 
 Before the first model-based batch is queued, the dispatch loop fills free slots with Sobol points itself
 (`_fill_before_first_model`) while the proposer thread may be proposing. A batch asked for but not yet
@@ -11,6 +11,7 @@ replaced by a stub, so the two proposers can be interleaved at the exact point o
 from __future__ import annotations
 
 import itertools
+import threading
 
 from orchestrator.actor import CentralActor
 from orchestrator.config import load_config
@@ -73,3 +74,31 @@ def test_a_failed_proposal_releases_its_reservation(tmp_path):
     else:
         raise AssertionError("the proposal's error must reach the caller (the planner thread reports it)")
     assert actor._reserved == 0 and not actor._queue and actor._remaining_to_propose() == 8
+
+
+def test_a_second_run_call_waits_for_the_running_loop_instead_of_starting_another(tmp_path):
+    """The driver calls `run` again after an actor error; when the actor was only unreachable for a moment its
+    loop is still running, and a second loop would ingest the same results twice."""
+    actor = _actor(tmp_path)
+    gate, loops, first = threading.Event(), [], []
+
+    def loop():
+        loops.append(1)
+        gate.wait(30)
+        return {"status": "finished", "done": 8}
+
+    actor._run_loop = loop
+    t = threading.Thread(target=lambda: first.append(actor.run()))
+    t.start()
+    while not loops:
+        threading.Event().wait(0.01)
+    assert actor.run(wait_s=0.05) == {"status": "running"}  # not finished within wait_s: call again
+    waiting = []
+    w = threading.Thread(target=lambda: waiting.append(actor.run(wait_s=30)))
+    w.start()
+    gate.set()
+    t.join(30)
+    w.join(30)
+    assert first == waiting == [{"status": "finished", "done": 8}]
+    assert actor.run(wait_s=0.05) == {"status": "finished", "done": 8}  # after the end: its summary
+    assert loops == [1]
