@@ -24,7 +24,10 @@ from its config and seed, since neither the model nor the calibrator sees the or
 Every proposal is logged with the model's forecast at that point (model units: after the sign flip of
 ``direction: minimize``), every refit with {"seconds", "n", "best_params", "best_predicted"}. The actor
 rebuilds itself from the log when created on an existing run directory (resume, or a restart after a
-crash): it replays proposals and results and re-queues trials that never finished.
+crash): it replays proposals and results and re-queues trials that never finished. After every refit the
+model is saved to ``checkpoints/model``; a resumed actor proposes from that model while it refits on the
+replayed results, rather than filling slots with Sobol points through a cold first fit (the log stays the
+record: a missing or unreadable checkpoint only means a cold refit).
 
 The evaluation tasks are submitted through the run's `EvaluationPool` (workers/pool.py), which the driver
 creates: a Ray task fate-shares with the process that submitted it, so tasks owned by this actor would die
@@ -56,6 +59,8 @@ _WAIT_S = 0.05
 _SWITCH_INTERVAL_S = 0.0005
 #: buffered "started" events are flushed at least this often (they ride along with result writes otherwise)
 _FLUSH_S = 1.0
+#: the checkpoint (run directory, `checkpoints/`) of the last fitted model, rewritten after every refit
+MODEL_CHECKPOINT = "model"
 
 
 class RunAbortedError(QbatchError):
@@ -185,6 +190,7 @@ class CentralActor:
         self._eval_ema: float | None = None  # moving average of evaluation seconds
         self.started_at = time.time()
         self._replay()
+        self.model_restored = self._restore_model()
 
     # ------------------------------------------------------------------ replay (resume / restart)
     def _replay(self) -> None:
@@ -220,6 +226,33 @@ class CentralActor:
         self._queue.extend(self.opt.pending())
         self.resumed_unfinished = len(self._queue)
         self.readopted = self._readopt(finished) if self.pool is not None else 0
+
+    def _restore_model(self) -> bool:
+        """After a resume or restart: the last fitted model from `checkpoints/model`, so proposals continue from
+        it while the refit on the replayed results runs beside (no cold start). The log stays the record: an
+        unreadable or mismatched checkpoint is skipped with a warning and the model is refitted from the log."""
+        if self.opt.num_completed == 0:
+            return False
+        try:
+            ckpt = self.store.load_checkpoint(MODEL_CHECKPOINT)
+            if ckpt is None:
+                return False
+            self.opt.restore_model(ckpt)
+        except Exception as exc:  # noqa: BLE001 - the model is refitted from the log instead
+            print(f"qbatch: model checkpoint of {self.run_dir} not used ({type(exc).__name__}: {exc}); the model is "
+                  "refitted from the log", file=sys.stderr, flush=True)
+            return False
+        return True
+
+    def _save_model(self) -> None:
+        """Checkpoint the model just fitted (`checkpoints/model`); a failed write is reported, never fatal."""
+        try:
+            ckpt = self.opt.model_checkpoint()
+            if ckpt is not None:
+                self.store.save_checkpoint(MODEL_CHECKPOINT, ckpt)
+        except Exception as exc:  # noqa: BLE001 - a full disk must not stop the run; the log holds every result
+            print(f"qbatch: could not save the model checkpoint ({type(exc).__name__}: {exc}); a resume will refit "
+                  "from the log", file=sys.stderr, flush=True)
 
     def _readopt(self, finished: set[str]) -> int:
         """After a restart: evaluations the pool still holds (running, or finished while this actor was down)
@@ -286,6 +319,7 @@ class CentralActor:
                 "pid": os.getpid(),
                 "aborted": self._abort,
                 "duplicates_ignored": self._duplicates,
+                "model_restored": self.model_restored,
             }
 
     def pid(self) -> int:
@@ -678,6 +712,7 @@ class CentralActor:
         self._refits += 1
         self._failed_in_a_row, self._failed_fit_n = 0, -1
         self._append([Event("refit", info=diag)])
+        self._save_model()
         return True
 
     def _sync_step(self) -> None:

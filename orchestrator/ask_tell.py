@@ -504,6 +504,42 @@ class AskTellOptimizer:
         diag.update(seconds=seconds, n=n, best_params=best_params, best_predicted=best_pred)
         return diag
 
+    def model_checkpoint(self) -> dict[str, Any] | None:
+        """The fitted model's state for a checkpoint (tensors and plain values), or None (no model yet, or a
+        model without state dicts). `restore_model` puts it back in place of a refit."""
+        with self._lock:
+            model, n, best = self._model, self._model_n, self._best
+        if model is None:
+            return None
+        try:
+            state = model.get_state()
+        except NotImplementedError:
+            return None
+        return {"model": state, "model_n": n, "model_type": self.model_name, "tau": self.tau,
+                "best": None if best is None else [dict(best[0]), float(best[1])]}
+
+    def restore_model(self, checkpoint: Mapping[str, Any]) -> None:
+        """Use a `model_checkpoint` as the current model (a resumed run proposes from it while it refits).
+
+        Raises:
+            QbatchError: the checkpoint is of another model or level, or saw more results than this optimizer
+                holds (it belongs to another run).
+        """
+        if checkpoint.get("model_type") != self.model_name or float(checkpoint.get("tau", -1)) != self.tau:
+            raise QbatchError(f"the model checkpoint is of model {checkpoint.get('model_type')!r} at tau "
+                              f"{checkpoint.get('tau')!r}; this run fits {self.model_name!r} at tau {self.tau!r}")
+        n = int(checkpoint["model_n"])
+        with self._lock:
+            if n > len(self._obs_y):
+                raise QbatchError(f"the model checkpoint saw {n} results; the log holds {len(self._obs_y)}")
+        model = self._build_model()
+        model.set_state(checkpoint["model"])
+        best = checkpoint.get("best")
+        with self._lock:
+            self._model, self._model_n = model, n
+            if best is not None:
+                self._best = (dict(best[0]), float(best[1]))
+
     def best(self) -> tuple[dict, float]:
         """Recommended point and its value in the user's units.
 

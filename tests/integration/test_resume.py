@@ -68,6 +68,10 @@ def test_sigkill_driver_and_actor_then_resume(ray_local, tmp_path):
 
     summary = resume_experiment(run_dir, progress=False, out=io.StringIO())
     assert summary["status"] == "finished"
+    # a model fitted before the kill (if its first fit ended in time) is restored from checkpoints/model, and
+    # none is made up when there was none (tests/orchestrator/test_actor_checkpoint.py tests the restore itself)
+    fitted_before = any(e.kind == "refit" and not (e.info or {}).get("failed") for e in before)
+    assert summary["model_restored"] is fitted_before
 
     after = _events(run_dir)
     counts = finished_counts(after)
@@ -81,3 +85,18 @@ def test_sigkill_driver_and_actor_then_resume(ray_local, tmp_path):
     assert len(proposed_ids) == len(set(proposed_ids)), "trial ids stay unique across the resume"
     refits = [e for e in after if e.kind == "refit" and e.time > max(x.time for x in before)]
     assert refits and refits[-1].info["n"] >= len([e for e in done_before.values() if e.kind == "completed"])
+
+
+def test_resume_proposes_from_the_checkpointed_model(ray_local, tmp_path):
+    """Every refit saves checkpoints/model; an actor rebuilt on the run directory restores it (through Ray, as
+    `qbatch resume` builds it) instead of refitting cold. Here the run has finished, so the resume only
+    rebuilds the actor and reports."""
+    from orchestrator.runner import run_experiment
+
+    cfg = run_config(tmp_path, "ckpt", objective={"name": "sleep", "options": {"mean_s": 0.05, "cv": 0.5,
+                     "num_cpus": 1}}, batch_size=5, initial_design=8, budget=30)
+    first = run_experiment(cfg, address=ray_local, progress=False, out=io.StringIO())
+    assert first["status"] == "finished" and first["model_restored"] is False
+    assert (Path(cfg["run_dir"]) / "checkpoints" / "model.pt").is_file()
+    again = resume_experiment(cfg["run_dir"], address=ray_local, progress=False, out=io.StringIO())
+    assert again["status"] == "finished" and again["model_restored"] is True and again["done"] == 30

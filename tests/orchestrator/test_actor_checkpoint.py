@@ -1,0 +1,111 @@
+"""The central actor checkpoints its model after every refit, and an actor rebuilt on the run directory
+(resume, restart) proposes from that model instead of starting cold (orchestrator/actor.py
+`_save_model`/`_restore_model`, ask_tell.py `model_checkpoint`/`restore_model`).
+
+The actor runs in this process with its Ray submission replaced by a stub; results are logged as the
+dispatch loop logs them, so a second actor on the same directory replays them as a resume does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+import torch
+
+from objectives.registry import load_objective
+from orchestrator.actor import MODEL_CHECKPOINT, CentralActor
+from orchestrator.config import load_config
+from orchestrator.store import RunStore
+
+
+FORRESTER = load_objective("forrester", {})
+
+
+def _config(tmp_path, **over):
+    cfg = {"name": "ckpt", "objective": {"name": "forrester", "options": {}}, "batch_size": 4,
+           "initial_design": 8, "budget": 40, "max_concurrent": 4, "seed": 2, "run_dir": str(tmp_path / "run"),
+           "model": {"type": "quantile", "options": {"max_steps": 150, "warm_max_steps": 30, "num_inducing": 8}}}
+    cfg.update(over)
+    return cfg
+
+
+def _open(run_dir: str) -> CentralActor:
+    actor = CentralActor(run_dir, max_concurrent=4, pool=None)
+    refs = itertools.count()
+    actor._submit = lambda batch: [f"ref{next(refs)}" for _ in batch]
+    return actor
+
+
+def _evaluate_queued(actor: CentralActor) -> None:
+    """Dispatch the queue and log and tell a result for every trial, as `_collect` does."""
+    while actor._queue:
+        actor._dispatch()
+        now = time.time()
+        events, told = [], []
+        for ref, (trial, _, attempt) in list(actor._inflight.items()):
+            y = float(FORRESTER(trial.params, trial.seed))
+            events.append(actor._event("completed", trial, time=now, value=y, started_at=now, ended_at=now,
+                                       attempt=attempt, info={"metrics": {}}))
+            told.append((ref, trial, y))
+        actor._append(events)
+        for ref, trial, y in told:
+            del actor._inflight[ref]
+            actor.opt.tell(trial.trial_id, y)
+            actor.n_completed += 1
+
+
+@pytest.fixture
+def fitted(tmp_path):
+    cfg = _config(tmp_path)
+    RunStore.create(cfg["run_dir"], load_config(cfg).to_dict())
+    actor = _open(cfg["run_dir"])
+    actor._propose(8)
+    _evaluate_queued(actor)
+    assert actor._refit() is True
+    return cfg, actor
+
+
+def test_every_refit_saves_the_model_and_a_new_actor_proposes_from_it(fitted):
+    cfg, actor = fitted
+    saved = RunStore.open(cfg["run_dir"]).load_checkpoint(MODEL_CHECKPOINT)
+    assert saved["model_n"] == 8 and saved["model_type"] == "quantile"
+
+    again = _open(cfg["run_dir"])  # a resume: the log replayed, the model restored, no refit
+    assert again.model_restored and again.opt.model is not None and again.opt.num_stale == 0
+    assert again.opt.best() == actor.opt.best()
+    X = torch.linspace(0, 1, 7, dtype=torch.float64).unsqueeze(-1)
+    for a, b in zip(actor.opt.model.posterior_f(X, full_cov=False), again.opt.model.posterior_f(X, full_cov=False)):
+        assert torch.equal(a, b)
+    assert again._propose_step() is True  # a model-based batch at once, not Sobol fillers
+    assert {t.source for t in again._queue} == {"model"}
+
+    # new results make the restored model stale; the next refit saves a newer checkpoint
+    _evaluate_queued(again)
+    assert again.opt.num_stale == 4 and again._refit() is True
+    assert RunStore.open(cfg["run_dir"]).load_checkpoint(MODEL_CHECKPOINT)["model_n"] == 12
+
+
+def test_an_unusable_checkpoint_means_a_cold_refit_not_a_failed_resume(fitted, capsys):
+    cfg, _ = fitted
+    store = RunStore.open(cfg["run_dir"])
+    ckpt = store.load_checkpoint(MODEL_CHECKPOINT)
+    store.save_checkpoint(MODEL_CHECKPOINT, {**ckpt, "model_n": 99})  # more results than the log holds
+    again = _open(cfg["run_dir"])
+    assert not again.model_restored and again.opt.model is None and again.opt.num_completed == 8
+    assert "saw 99 results; the log holds 8" in capsys.readouterr().err
+    store.save_checkpoint(MODEL_CHECKPOINT, {"model_n": "torn"})
+    assert not _open(cfg["run_dir"]).model_restored
+    assert again._refit() is True and again.opt.model is not None  # the cold refit
+
+
+def test_a_checkpoint_of_another_model_is_not_restored(fitted):
+    cfg, _ = fitted
+    store = RunStore.open(cfg["run_dir"])
+    ckpt = store.load_checkpoint(MODEL_CHECKPOINT)
+    store.save_checkpoint(MODEL_CHECKPOINT, {**ckpt, "model_type": "expectile"})
+    again = _open(cfg["run_dir"])
+    assert not again.model_restored and again.opt.model is None
+    store.save_checkpoint(MODEL_CHECKPOINT, {**ckpt, "tau": 0.9})
+    assert not _open(cfg["run_dir"]).model_restored
