@@ -642,12 +642,13 @@ class RunStore:
 
             buf = io.BytesIO()
             torch.save(dict(state), buf)
-            self._fs.write_atomic(f"checkpoints/{name}.pt", buf.getvalue())
-            self._fs.delete(f"checkpoints/{name}.json")
+            new, old, data = "pt", "json", buf.getvalue()
         else:
-            data = json.dumps(state, allow_nan=True).encode()
-            self._fs.write_atomic(f"checkpoints/{name}.json", data)
-            self._fs.delete(f"checkpoints/{name}.pt")
+            new, old, data = "json", "pt", json.dumps(state, allow_nan=True).encode()
+        # the other format's file goes first: `load_checkpoint` prefers .pt, so a crash between the two steps
+        # must leave no checkpoint (a cold start) rather than a stale one that would be loaded as current
+        self._fs.delete(f"checkpoints/{name}.{old}")
+        self._fs.write_atomic(f"checkpoints/{name}.{new}", data)
 
     def load_checkpoint(self, name: str) -> dict | None:
         """The state saved under `name`, or None if there is none. Never unpickles code.

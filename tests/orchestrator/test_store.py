@@ -195,6 +195,21 @@ def test_checkpoints_round_trip(supplier):
     assert supplier.reopen().load_checkpoint("actor") == {"step": 4}
 
 
+def test_a_crash_while_switching_checkpoint_format_leaves_no_stale_checkpoint(supplier, monkeypatch):
+    """A .pt checkpoint replaced by a JSON one: were the write to die before the old file is removed, the
+    stale .pt (which loads first) would pass for the current state. The old file goes first instead."""
+    s = supplier.make()
+    s.save_checkpoint("model", {"w": torch.ones(2), "step": 1})
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(s._fs, "write_atomic", crash)
+    with pytest.raises(OSError):
+        s.save_checkpoint("model", {"step": 2})
+    assert supplier.reopen().load_checkpoint("model") is None
+
+
 # ------------------------------------------------------------------ local-disk guarantees
 def _listdir(supplier: Supplier, rel: str) -> list[str]:
     s = supplier.reopen()
