@@ -32,15 +32,19 @@ class FloatParam:
 
     def to_unit(self, v: Any) -> float:
         v = _number(self.name, v)
-        _check_in(self.name, v, self.low, self.high)
-        if self.log:
+        if self.log:  # the tolerance is relative to each bound: on a log scale 0 is infinitely far from low
+            if not (self.low * (1 - 1e-9) <= v <= self.high * (1 + 1e-9)):
+                raise SpaceError(f"parameter {self.name!r}={v!r} is outside [{self.low}, {self.high}]")
+            v = min(max(v, self.low), self.high)
             return (math.log(v) - math.log(self.low)) / (math.log(self.high) - math.log(self.low))
+        v = _check_in(self.name, v, self.low, self.high)
         return (v - self.low) / (self.high - self.low)
 
     def from_unit(self, u: float) -> float:
         u = min(max(float(u), 0.0), 1.0)
-        if self.log:
-            return float(math.exp(math.log(self.low) + u * (math.log(self.high) - math.log(self.low))))
+        if self.log:  # exp(log(.)) may land a few ulps outside the bounds: keep the value inside them
+            v = math.exp(math.log(self.low) + u * (math.log(self.high) - math.log(self.low)))
+            return float(min(max(v, self.low), self.high))
         return float(self.low + u * (self.high - self.low))
 
     def describe(self) -> dict[str, Any]:
@@ -76,15 +80,19 @@ class IntParam:
     def values(self) -> np.ndarray:
         return np.arange(int(self.low), int(self.high) + 1, int(self.step))
 
+    @property
+    def size(self) -> int:
+        """How many values the grid holds (without building it: a range may hold billions)."""
+        return (int(self.high) - int(self.low)) // int(self.step) + 1
+
     def to_unit(self, v: Any) -> float:
-        x = _number(self.name, v)
-        _check_in(self.name, x, self.low, self.high)
+        x = _check_in(self.name, _number(self.name, v), self.low, self.high, rel_tol=0.0)
         if x != round(x) or (round(x) - self.low) % self.step:
             raise SpaceError(f"parameter {self.name!r}={v!r} is not on the grid {self.low}:{self.high}:{self.step}")
         if self.log:
             lo, hi = math.log(self.low - 0.5 if self.low > 0.5 else self.low), math.log(self.high + 0.5)
             return (math.log(x) - lo) / (hi - lo)
-        k = len(self.values)
+        k = self.size
         return (((x - self.low) / self.step) + 0.5) / k
 
     def from_unit(self, u: float) -> int:
@@ -92,7 +100,7 @@ class IntParam:
         if self.log:
             lo, hi = math.log(self.low - 0.5 if self.low > 0.5 else self.low), math.log(self.high + 0.5)
             return int(min(max(round(math.exp(lo + u * (hi - lo))), self.low), self.high))
-        k = len(self.values)
+        k = self.size
         i = min(int(u * k), k - 1)
         return int(self.low + i * self.step)
 
@@ -147,10 +155,12 @@ def _check_bounds(name: str, low: Any, high: Any, log: bool) -> None:
         raise SpaceError(f"parameter {name!r}: a log parameter needs low > 0; got low={low}")
 
 
-def _check_in(name: str, v: float, low: float, high: float) -> None:
-    tol = 1e-9 * max(1.0, abs(low), abs(high))
+def _check_in(name: str, v: float, low: float, high: float, rel_tol: float = 1e-9) -> float:
+    """`v` clamped into [low, high]; a value further out than `rel_tol` of the bounds' magnitude raises."""
+    tol = rel_tol * max(abs(low), abs(high))
     if not (low - tol <= v <= high + tol):
         raise SpaceError(f"parameter {name!r}={v!r} is outside [{low}, {high}]")
+    return min(max(v, low), high)
 
 
 class SearchSpace:
@@ -197,16 +207,17 @@ class SearchSpace:
                 raise SpaceError(
                     f"parameter {name!r}: unknown key(s) {sorted(unknown)} for type {kind!r}; allowed {sorted(allowed[kind])}"
                 )
+            log = spec.get("log", False)
+            if not isinstance(log, (bool, np.bool_)):
+                raise SpaceError(f"parameter {name!r}: log must be true or false; got {log!r}")
             try:
                 if kind == "float":
-                    params.append(FloatParam(name, spec["low"], spec["high"], bool(spec.get("log", False))))
+                    params.append(FloatParam(name, spec["low"], spec["high"], bool(log)))
                 elif kind == "int":
-                    params.append(
-                        IntParam(name, spec["low"], spec["high"], spec.get("step", 1), bool(spec.get("log", False)))
-                    )
+                    params.append(IntParam(name, spec["low"], spec["high"], spec.get("step", 1), bool(log)))
                 else:
                     choices = spec["choices"]
-                    if isinstance(choices, (str, bytes)) or not isinstance(choices, Iterable):
+                    if isinstance(choices, (str, bytes, Mapping)) or not isinstance(choices, Iterable):
                         raise SpaceError(f"parameter {name!r}: choices must be a list; got {choices!r}")
                     params.append(ChoiceParam(name, tuple(choices)))
             except KeyError as exc:

@@ -119,3 +119,47 @@ def test_choice_distinguishes_bool_from_int():
 
 def test_describe_round_trips(space):
     assert SearchSpace.from_description(space.describe()).describe() == space.describe()
+
+
+# ------------------------------------------------------------------ found in review
+def test_log_float_bounds_map_exactly_and_never_outside():
+    """exp(log(.)) lands a few ulps outside the bounds (CNN's learning rate [1e-7, 0.1]: 0.10000000000000006 at
+    u = 1); the values stay inside, and to_unit of a value within the tolerance stays in the unit cube."""
+    p = FloatParam("lr", 1e-7, 0.1, log=True)
+    assert p.from_unit(1.0) == 0.1 and p.from_unit(0.0) == 1e-7
+    for u in torch.rand(2000, dtype=torch.float64).tolist() + [0.0, 1.0]:
+        v = p.from_unit(u)
+        assert 1e-7 <= v <= 0.1 and 0.0 <= p.to_unit(v) <= 1.0
+    tiny = FloatParam("x", 1e-12, 1e-10, log=True)
+    with pytest.raises(SpaceError, match=r"'x'=1e-09 is outside"):
+        tiny.to_unit(1e-9)  # the tolerance scales with the bounds, not with 1
+    with pytest.raises(SpaceError, match=r"'y'=0.0 is outside"):
+        FloatParam("y", 1e-10, 1.0, log=True).to_unit(0.0)  # was a bare 'math domain error'
+
+
+def test_int_values_outside_the_range_are_refused_exactly():
+    with pytest.raises(SpaceError, match=r"'n'=-1(\.0)? is outside"):
+        IntParam("n", 0, 10**9).to_unit(-1)  # was mapped to -5e-10, outside the unit cube
+    with pytest.raises(SpaceError, match=r"'k'=0(\.0)? is outside"):
+        IntParam("k", 1, 10**10, log=True).to_unit(0)  # was a bare 'math domain error'
+
+
+def test_a_huge_int_range_is_not_materialized():
+    """`to_unit`/`from_unit` count the grid instead of building it: 10**12 values would take terabytes."""
+    p = IntParam("n", 0, 10**12, step=2)
+    assert p.size == 5 * 10**11 + 1
+    assert p.from_unit(1.0) == 10**12 and p.from_unit(0.0) == 0
+    assert 0.0 < p.to_unit(10**12) < 1.0
+    space = SearchSpace([p])
+    assert space.sobol(200).shape == (200, 1)
+
+
+@pytest.mark.parametrize("log", ["false", 2, None])
+def test_log_must_be_a_boolean(log):
+    with pytest.raises(SpaceError, match=r"parameter 'x': log must be true or false"):
+        SearchSpace.from_description({"x": {"type": "float", "low": 0.1, "high": 1.0, "log": log}})
+
+
+def test_choices_given_as_a_mapping_are_refused():
+    with pytest.raises(SpaceError, match="choices must be a list"):
+        SearchSpace.from_description({"c": {"type": "choice", "choices": {"a": 1, "b": 2}}})
