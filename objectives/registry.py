@@ -53,6 +53,10 @@ def _import_target(path: str) -> Any:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ObjectiveError(f"cannot import module {module_name!r} of objective {path!r}: {exc}") from exc
+    except Exception as exc:  # the user's module fails while it loads (SyntaxError, a raise at import time)
+        raise ObjectiveError(
+            f"module {module_name!r} of objective {path!r} fails to import: {type(exc).__name__}: {exc}"
+        ) from exc
     try:
         return getattr(module, attr)
     except AttributeError:

@@ -91,7 +91,10 @@ def _float(lo: float, hi: float, lo_open: bool, hi_open: bool) -> Check:
     def check(key: str, v: Any) -> float:
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
             raise _fail(key, must, v)
-        x = float(v)
+        try:
+            x = float(v)
+        except OverflowError:  # an integer beyond the float range
+            raise _fail(key, must, v) from None
         ok = math.isfinite(x) and (x > lo if lo_open else x >= lo) and (x < hi if hi_open else x <= hi)
         if not ok:
             raise _fail(key, must, v)
@@ -219,7 +222,7 @@ def check_run_dir(key: str, v: Any) -> str:
     m = _SCHEME_RE.match(v)
     path = m.group(2) if m else v
     parts = re.split(r"[/\\]", path)
-    if ".." in parts:
+    if ".." in parts or not path.strip("/\\ "):  # `s3://` alone names no folder
         raise _fail(key, must, v)
     return v
 
@@ -481,6 +484,13 @@ def _check_narrowing(key: str, new: dict[str, Any], old: Mapping[str, Any]) -> N
             raise ConfigError(f"`{key}` must stay within the objective's range: {kind} in [{lo}, {hi}]; got {_show(new)}")
     if old_type == "int" and new_type == "float":
         raise ConfigError(f"`{key}` must be an int or choice parameter (the objective's is an integer); got {_show(new)}")
+    step = old.get("step", 1)
+    if old_type == "int" and step != 1:  # the objective accepts only its own grid: every value must be on it
+        off_grid = [v for v in values if (round(float(v)) - lo) % step]
+        new_step = new.get("step", 1) if new_type == "int" else step
+        if off_grid or (isinstance(new_step, int) and not isinstance(new_step, bool) and new_step % step):
+            raise ConfigError(f"`{key}` must stay on the objective's grid {lo}:{hi}:{step} (values on it, a step "
+                              f"that is a multiple of {step}); got {_show(new)}")
 
 
 def _to_plain(v: Any) -> Any:
@@ -555,8 +565,8 @@ def _load_mapping(raw: Any, source: str | None) -> ExperimentConfig:
     except RecursionError:
         raise ConfigError(f"{source + ': ' if source else ''}the config is nested too deeply") from None
     name = v["name"]
-    if name is None:
-        name = re.sub(r"[^A-Za-z0-9_.-]", "-", v["objective"]["name"]).lstrip(".-") or "run"
+    if name is None:  # from the objective, made to pass `_name` (a saved config is loaded again on resume)
+        name = re.sub(r"[^A-Za-z0-9_.-]", "-", v["objective"]["name"]).lstrip("._-")[:100] or "run"
     return ExperimentConfig(
         name=name,
         objective=ObjectiveConfig(**v["objective"]),

@@ -122,6 +122,10 @@ def test_user_objectives_by_path(tmp_path, monkeypatch):
         load_objective("my_obj:Quad", {"colour": "red"})
     with pytest.raises(ObjectiveError, match="has no attribute 'Nope'"):
         load_objective("my_obj:Nope")
+    # a user module that fails while it loads is an ObjectiveError naming it, not a bare SyntaxError
+    (tmp_path / "broken_obj.py").write_text("def f(:\n    pass\n")
+    with pytest.raises(ObjectiveError, match="module 'broken_obj' of objective 'broken_obj:X' fails to import: SyntaxError"):
+        load_objective("broken_obj:X")
 
 
 def test_registry_errors_name_the_problem():

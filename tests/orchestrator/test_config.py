@@ -155,6 +155,8 @@ def test_type_lists_match_the_registries():
         ({"timeout_s": float("inf")}, r"^`timeout_s` must be a number in \(0, 1e\+06\]; got inf$"),
         ({"timeout_s": float("nan")}, r"^`timeout_s` must be a number in \(0, 1e\+06\]; got nan$"),
         ({"timeout_s": 3e6}, r"^`timeout_s` must be a number in \(0, 1e\+06\]; got 3000000\.0$"),
+        ({"tau": 10**400}, r"^`tau` must be a number in \(0, 1\); got 1000"),
+        ({"run_dir": "s3://"}, r"^`run_dir` must be a local path or a filesystem URI"),
         ({"max_retries": -1}, r"^`max_retries` must be an integer in \[0, 100\]; got -1$"),
         ({"max_concurrent": 0}, r"^`max_concurrent` must be an integer in \[1, 1000000\]; got 0$"),
         ({"synchronous": "yes"}, r"^`synchronous` must be true or false; got 'yes'$"),
@@ -236,6 +238,26 @@ def test_build_space_applies_narrowing_overrides():
             load_config({"objective": "forrester", "space": override}).build_space(objective_space)
     assert cfg.resolve_direction("minimize") == "minimize"
     assert load_config({"objective": "forrester", "direction": "maximize"}).resolve_direction("minimize") == "maximize"
+
+
+def test_an_int_override_stays_on_the_objectives_grid():
+    """CNN's batch_size takes 32:512:32; an override off that grid passed the config, and then every Sobol point
+    failed the objective's own check, so the failure guard stopped the run (found in review)."""
+    grid = {"batch_size": {"type": "int", "low": 32, "high": 512, "step": 32}}
+    for ok in ({"type": "int", "low": 64, "high": 256, "step": 64}, {"type": "choice", "choices": [64, 128]}):
+        load_config({"objective": "cnn", "space": {"batch_size": ok}}).build_space(grid)
+    for bad in ({"type": "int", "low": 64, "high": 256}, {"type": "choice", "choices": [50, 100]},
+                {"type": "int", "low": 64, "high": 256, "step": 48}, {"type": "int", "low": 50, "high": 242, "step": 32}):
+        with pytest.raises(ConfigError, match=r"^`space\.batch_size` must stay on the objective's grid 32:512:32"):
+            load_config({"objective": "cnn", "space": {"batch_size": bad}}).build_space(grid)
+
+
+@pytest.mark.parametrize("objective", ["_mypkg.obj:Thing", "a" * 95 + ".mod:Objective"])
+def test_a_name_made_from_the_objective_loads_again(objective):
+    """Without `name`, the run is named after the objective; that name must pass the name rules, since the saved
+    config is loaded again by the actor and by `qbatch resume` (a leading '_' or 100+ characters did not)."""
+    cfg = load_config({"objective": objective})
+    assert load_config(cfg.to_dict()).name == cfg.name and len(cfg.name) <= 100
 
 
 # ------------------------------------------------------------------ YAML and files
