@@ -14,6 +14,7 @@ Space description: an ordered ``dict`` from parameter name to a spec dict, one o
 from __future__ import annotations
 
 import math
+import numbers
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -34,6 +35,20 @@ class Resources:
     memory: int | None = None  # bytes
     custom: Mapping[str, float] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        """Refuse what Ray would refuse at every submission (the run would retry it forever, evaluating nothing)."""
+        for key in ("num_cpus", "num_gpus"):
+            _check_quantity(key, getattr(self, key))
+        if self.memory is not None:
+            _check_quantity("memory", self.memory)
+        if not isinstance(self.custom, Mapping):
+            raise ObjectiveError(f"custom resources must be a mapping of name to quantity; got {self.custom!r}")
+        for name, q in self.custom.items():
+            if not isinstance(name, str) or not name or name in ("CPU", "GPU"):
+                raise ObjectiveError(f"custom resource name {name!r} is not allowed (a non-empty name other than "
+                                     "'CPU' and 'GPU': those are num_cpus and num_gpus)")
+            _check_quantity(f"custom resource {name!r}", q)
+
     def to_ray_options(self) -> dict[str, Any]:
         opts: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}
         if self.memory is not None:
@@ -41,6 +56,11 @@ class Resources:
         if self.custom:
             opts["resources"] = dict(self.custom)
         return opts
+
+
+def _check_quantity(key: str, q: Any) -> None:
+    if isinstance(q, bool) or not isinstance(q, numbers.Real) or not math.isfinite(q) or q < 0:
+        raise ObjectiveError(f"{key} must be a finite number >= 0; got {q!r}")
 
 
 @dataclass

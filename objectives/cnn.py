@@ -18,6 +18,9 @@ from typing import Any, Mapping
 from objectives.base import EvalResult, Objective, ObjectiveError, Resources
 from objectives.datasets import IMAGE_DATASETS, ImageDataset, load_image_dataset
 
+#: image side of each data set (digits 8x8, CIFAR-10 and SVHN 32x32): `conv_layers` halvings must leave >= 1
+_IMAGE_SIDE = {"digits": 8, "cifar10": 32, "svhn": 32}
+
 __all__ = ["CNNTraining", "CNN_SPACE"]
 
 #: the search space of the papers' Table 6 [A] / Table 1 [B], verbatim bounds
@@ -116,6 +119,10 @@ class CNNTraining(Objective):
         self.resources = Resources(num_cpus=float(num_cpus), num_gpus=float(num_gpus))
         if dataset != "digits" and data_dir is None:
             raise ObjectiveError(f"option 'data_dir' is required for dataset {dataset!r} (nothing is downloaded)")
+        if dataset == "digits" and data_dir is not None:
+            raise ObjectiveError("option 'data_dir' must be None for dataset 'digits' (it ships with scikit-learn)")
+        # the known image sides: a too deep network is refused here, before any run starts
+        self._check_side(_IMAGE_SIDE[dataset])
         self._data: ImageDataset | None = None
         self._tensors: dict[str, Any] = {}
 
@@ -130,13 +137,16 @@ class CNNTraining(Objective):
     def data(self) -> ImageDataset:
         """The data set, loaded on first use."""
         if self._data is None:
-            self._data = load_image_dataset(self.dataset, self.data_dir)
-            min_side = min(self._data.image_shape[1:])
-            if min_side < 2**self.conv_layers:
-                raise ObjectiveError(
-                    f"option 'conv_layers'={self.conv_layers} pools {self.dataset!r} images of side {min_side} below 1x1"
-                )
+            data = load_image_dataset(self.dataset, self.data_dir)
+            self._check_side(min(data.image_shape[1:]))  # before caching: every later access must fail too
+            self._data = data
         return self._data
+
+    def _check_side(self, side: int) -> None:
+        if side < 2**self.conv_layers:
+            raise ObjectiveError(
+                f"option 'conv_layers'={self.conv_layers} pools {self.dataset!r} images of side {side} below 1x1"
+            )
 
     def _device(self) -> Any:
         import torch

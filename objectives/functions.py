@@ -263,7 +263,11 @@ class TestFunction(SyntheticObjective):
 
 
 class _BoTorchFunction(TestFunction):
-    """A `TestFunction` evaluated through a BoTorch synthetic test problem."""
+    """A `TestFunction` evaluated through a BoTorch synthetic test problem.
+
+    The problem is built on the function's default bounds: its formula does not depend on them, and BoTorch
+    refuses custom bounds that leave out the known optimum, which a user's `bounds` may well do.
+    """
 
     def _make_problem(self) -> Any:
         raise NotImplementedError
@@ -313,7 +317,7 @@ class Ackley(_BoTorchFunction):
     def _make_problem(self) -> Any:
         from botorch.test_functions.synthetic import Ackley as _A
 
-        return _A(dim=self.dim, bounds=[tuple(b) for b in self.bounds])
+        return _A(dim=self.dim, bounds=[tuple(b) for b in self.default_bounds])
 
 
 class Alpine(TestFunction):
@@ -349,7 +353,7 @@ class SixHumpCamel(_BoTorchFunction):
     def _make_problem(self) -> Any:
         from botorch.test_functions.synthetic import SixHumpCamel as _S
 
-        return _S(bounds=[tuple(b) for b in self.bounds])
+        return _S(bounds=[tuple(b) for b in self.default_bounds])
 
 
 class Cosines(TestFunction):
@@ -379,7 +383,7 @@ class Beale(_BoTorchFunction):
     def _make_problem(self) -> Any:
         from botorch.test_functions.synthetic import Beale as _B
 
-        return _B(bounds=[tuple(b) for b in self.bounds])
+        return _B(bounds=[tuple(b) for b in self.default_bounds])
 
 
 class McCormick(TestFunction):
@@ -440,7 +444,7 @@ class Dropwave(_BoTorchFunction):
     def _make_problem(self) -> Any:
         from botorch.test_functions.synthetic import DropWave as _D
 
-        return _D(bounds=[tuple(b) for b in self.bounds])
+        return _D(bounds=[tuple(b) for b in self.default_bounds])
 
 
 class NoisyAckley(_BoTorchFunction):
@@ -472,7 +476,7 @@ class NoisyAckley(_BoTorchFunction):
     def _make_problem(self) -> Any:
         from botorch.test_functions.synthetic import Ackley as _A
 
-        return _A(dim=2, bounds=[tuple(b) for b in self.bounds])
+        return _A(dim=2, bounds=[tuple(b) for b in self.default_bounds])
 
     def f(self, X: np.ndarray) -> np.ndarray:
         # BoTorch applies `negate` in forward(), not in evaluate_true(): negate here

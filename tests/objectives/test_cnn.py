@@ -138,7 +138,16 @@ def test_bad_options_are_named(tmp_path: Path) -> None:
     with pytest.raises(ObjectiveError, match=r"option 'device'"):
         CNNTraining(device="tpu")
     with pytest.raises(ObjectiveError, match=r"option 'conv_layers'=4 pools 'digits' images of side 8"):
-        CNNTraining(conv_layers=4)(GOOD, seed=0)
+        CNNTraining(conv_layers=4)  # refused when built, before a run starts
+    with pytest.raises(ObjectiveError, match=r"option 'data_dir' must be None for dataset 'digits'"):
+        CNNTraining(data_dir=tmp_path)
+    # the loaded images are checked too, on every access: the worker keeps the objective for many evaluations,
+    # and a failed first check used to leave the data cached, so later ones hit a bare ZeroDivisionError
+    deep = CNNTraining(conv_layers=3)
+    deep.conv_layers = 4  # as if the files held smaller images than the data set's known size
+    for _ in range(2):
+        with pytest.raises(ObjectiveError, match=r"option 'conv_layers'=4 pools 'digits' images of side 8"):
+            deep.data
     obj = CNNTraining(dataset="cifar10", data_dir=tmp_path / "absent")
     with pytest.raises(ObjectiveError, match="absent"):
         obj(GOOD, seed=0)

@@ -155,3 +155,19 @@ def test_objectives_package_imports_nothing_from_orchestrator_or_workers():
     for f in ("functions.py", "gld.py", "laser.py", "lunar_lander.py"):
         src = (REPO / "objectives" / f).read_text()
         assert "import orchestrator" not in src and "from orchestrator" not in src and "workers" not in src, f
+
+
+def test_resources_refuse_what_ray_would_refuse_at_every_submission():
+    """Ray rejects a negative quantity or a custom resource named CPU/GPU when a task is submitted; the run
+    then retried its submissions forever. They are refused when the objective is built, naming the option."""
+    from objectives.base import Resources
+
+    for bad, match in (({"custom": {"CPU": 1}}, "custom resource name 'CPU'"),
+                       ({"custom": {"sensor": -1}}, "custom resource 'sensor' must be a finite number >= 0"),
+                       ({"num_gpus": float("nan")}, "num_gpus must be a finite number >= 0"),
+                       ({"memory": -5}, "memory must be a finite number >= 0")):
+        with pytest.raises(ObjectiveError, match=match):
+            Resources(**bad)
+    with pytest.raises(ObjectiveError, match="custom resource 'sensor'"):
+        load_objective("sleep", {"custom_resources": {"sensor": -1}})
+    assert Resources(num_cpus=0.5, custom={"sensor": 1}).to_ray_options()["resources"] == {"sensor": 1}
