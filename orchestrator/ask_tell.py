@@ -18,6 +18,7 @@ posterior mean of the target. The central Ray actor (orchestrator/actor.py) wrap
 from __future__ import annotations
 
 import bisect
+import itertools
 import threading
 import time
 import zlib
@@ -421,7 +422,7 @@ class AskTellOptimizer:
             self._obs_ids.insert(i, trial_id)
             self._obs_x.insert(i, trial.x)
             self._obs_y.insert(i, y)
-            if self._calibrator is not None and trial.forecast is not None:
+            if self._calibrator is not None and (trial.forecast is not None or self._calibrator.needs_every_result):
                 self._calib_queue.append((seq, trial.forecast, y, trial.x))
         if not self.defer_calibration:
             self.flush_calibration()
@@ -440,9 +441,15 @@ class AskTellOptimizer:
             return 0
         from orchestrator.models.predictive import Forecast
 
-        forecast = Forecast.from_records([f for _, f, _, _ in todo])
-        y = torch.tensor([v for _, _, v, _ in todo], **self._tk)
-        self._calibrator.update(forecast, y, X=torch.stack([x for _, _, _, x in todo]).to(**self._tk))
+        # runs of results with and without a forecast, in ask order (the latter only for `needs_every_result`)
+        for has_forecast, run in itertools.groupby(todo, key=lambda u: u[1] is not None):
+            run = list(run)
+            y = torch.tensor([v for _, _, v, _ in run], **self._tk)
+            X = torch.stack([x for _, _, _, x in run]).to(**self._tk)
+            if has_forecast:
+                self._calibrator.update(Forecast.from_records([f for _, f, _, _ in run]), y, X=X)
+            else:
+                self._calibrator.observe(y, X)
         return len(todo)
 
     def tell_many(self, trial_ids: Sequence[str], values: Sequence[Any]) -> list[str]:

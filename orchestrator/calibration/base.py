@@ -123,6 +123,9 @@ class Calibrator(ABC):
     name: str = "base"
     #: whether `update` needs the unit-cube point X of each result (localized calibrators)
     needs_x: bool = False
+    #: whether results without a recorded forecast (the initial design, user points) must reach `observe`:
+    #: a calibrator that makes its own forecasts (offline-cv's cross-validation) works on all of the data
+    needs_every_result: bool = False
 
     def __init__(self, spread: Any = None) -> None:
         self.spread_tracker = spread
@@ -154,6 +157,10 @@ class Calibrator(ABC):
 
     def _update_one(self, forecast: Forecast, y: Tensor, x: Tensor | None) -> None:
         """One result: `forecast` of one point, scalar `y`, `d` point `x` (or None)."""
+
+    def observe(self, y: Tensor | Sequence[float], X: Tensor) -> None:
+        """Results that carry no forecast (`n` values at `n x d` points), for `needs_every_result` calibrators;
+        the others learn only from forecasts and ignore them."""
 
     # ------------------------------------------------------------------ the current map
     def map_levels(self, p: Tensor) -> Tensor:

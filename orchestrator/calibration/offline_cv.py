@@ -17,7 +17,7 @@ its previous hyperparameters.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -112,6 +112,7 @@ class OfflineCVCalibrator(Calibrator):
 
     name = "offline-cv"
     needs_x = True
+    needs_every_result = True  # D is every result, the Sobol design included (calibrated-bo.md §1.3-1.4)
 
     def __init__(
         self,
@@ -168,6 +169,14 @@ class OfflineCVCalibrator(Calibrator):
         self.Y = torch.cat([self.Y, y.reshape(1).to(torch.float64)])
         self._since += 1
         self._maybe_refit()
+
+    def observe(self, y: Tensor | Sequence[float], X: Tensor) -> None:
+        """Results without a forecast (the initial design): added to the data like any other (the forecasts of
+        `update` are not used: this calibrator makes its own, out of fold)."""
+        y = torch.as_tensor(y, dtype=torch.float64).reshape(-1)
+        X = torch.as_tensor(X, dtype=torch.float64).reshape(y.shape[0], -1)
+        for i in range(y.shape[0]):
+            self._update_one(None, y[i], X[i])
 
     def fit(self, X: Tensor, Y: Tensor) -> None:
         """Replace the data by all completed results (`n x d`, `n`, acquisition order) and recalibrate now."""

@@ -125,3 +125,31 @@ def test_fold_cache_reuses_time_series_folds_and_warm_starts_loo() -> None:
     fc, _, _ = cv_forecasts(factory, X, Y2, "time-series", 5, cache)
     assert len(calls) == 5
     torch.testing.assert_close(fc.mean(), cv_forecasts(overconfident, X, Y2, "time-series", 5)[0].mean())
+
+
+def test_the_initial_design_reaches_the_recalibrator_through_ask_tell() -> None:
+    """calibrated-bo.md §1.3-1.4: CALIBRATE(M, D) runs over all of D and R is built right after the initial
+    design. Sobol results carry no forecast, and only results with one used to reach the calibrator, so R stayed
+    the identity through the design and its folds were fitted on BO points alone (found in review)."""
+    import math
+
+    from orchestrator.ask_tell import AskTellOptimizer
+
+    opt = AskTellOptimizer({"x": {"type": "float", "low": 0.0, "high": 1.0}}, model="exact-gp", proposer="calibrated",
+                           calibrator="offline-cv", initial_design=6, seed=0, calibrator_options={"spread": "off"},
+                           proposer_options={"num_restarts": 2, "raw_samples": 32, "maxiter": 20})
+    for rnd in range(4):
+        for t in opt.ask(3):
+            opt.tell(t.trial_id, math.sin(6 * t.params["x"]))
+        opt.flush_calibration()
+        cal = opt.calibrator
+        X, Y = opt.observations()
+        assert cal.X.shape[0] == X.shape[0] == 3 * (rnd + 1)  # every result, in ask order
+        assert torch.equal(cal.Y, Y) and torch.equal(cal.X, X)
+        assert cal._map is not None  # recalibrated from the design on (min_points = 3)
+    state = cal.get_state()
+    again = AskTellOptimizer({"x": {"type": "float", "low": 0.0, "high": 1.0}}, model="exact-gp",
+                             proposer="calibrated", calibrator="offline-cv", initial_design=6, seed=0,
+                             calibrator_options={"spread": "off"})
+    again.set_state(opt.get_state())
+    assert torch.equal(again.calibrator.Y, cal.Y) and state["Y"] is not None
