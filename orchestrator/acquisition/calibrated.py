@@ -67,13 +67,17 @@ def gaussian_predictive(model: Any, X: Tensor, X_pending: Tensor | None = None) 
                 f"calibrated EI/PI/UCB need a Gaussian-likelihood surrogate (exact-gp or heteroscedastic); got family {model.family!r}"
             )
         mean, cov = model.posterior_f(Xc, full_cov=True)
-        mu_g, _ = model.posterior_g(Xc, full_cov=False)
-        noise = torch.exp(2 * mu_g)
+        mu_g, var_g = model.posterior_g(Xc, full_cov=False)
+        # E[sigma^2] = exp(2 mu_g + 2 s_g^2) over the posterior of g: the variance `Forecast` gives the
+        # calibrators, so the level map is applied to the predictive it was learned on (exact GP: s_g = 0)
+        noise = torch.exp(2 * mu_g + 2 * var_g)
     else:  # a BoTorch model with a Gaussian likelihood
         post = model.posterior(Xc)
         mean = post.mean.squeeze(-1)
         cov = post.distribution.covariance_matrix if m > 0 else post.variance.squeeze(-1).unsqueeze(-1)
-        noise = model.likelihood.noise.reshape(-1)[0].expand_as(mean)
+        # in the posterior's units: the likelihood's noise is in the model's (outcome-transformed) units
+        noisy = model.posterior(Xc, observation_noise=True)
+        noise = (noisy.variance - post.variance).squeeze(-1).clamp_min(0.0)
     mu = mean[..., -1]
     if m == 0:
         var_f = cov[..., -1, -1] if cov.ndim == mean.ndim + 1 else cov[..., -1]

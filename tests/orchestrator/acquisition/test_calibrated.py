@@ -255,3 +255,37 @@ def test_forrester_calibrated_bo_reaches_global_minimum_more_often() -> None:
         hits[name] = sum(m < -6.0 for m in mins)
     print(f"global minimum reached: uncalibrated {hits['none']}/20, calibrated {hits['online']}/20")
     assert hits["online"] > hits["none"]
+
+
+# ------------------------------------------------------------------ found in review
+def test_heteroscedastic_noise_is_the_mean_of_sigma_squared_over_g() -> None:
+    """The acquisition's predictive variance equals the `Forecast` variance the calibrators learned from:
+    var_f + E[sigma^2], E[sigma^2] = exp(2 mu_g + 2 s_g^2) (it used exp(2 mu_g), narrower when s_g > 0)."""
+    from orchestrator.models import build_model
+
+    torch.manual_seed(1)
+    X = torch.rand(60, 1, dtype=torch.float64)
+    Y = torch.sin(6 * X[:, 0]) + (0.05 + 0.5 * X[:, 0]) * torch.randn(60, dtype=torch.float64)
+    model = build_model("heteroscedastic", max_steps=200)
+    model.fit(X, Y)
+    x = torch.rand(5, 1, 1, dtype=torch.float64)
+    mu, var_f, noise = gaussian_predictive(model, x)
+    fc = model.forecast(x.squeeze(-2))
+    loc, scale = model.outcome_transform
+    assert torch.allclose((var_f + noise) * scale**2, fc.variance(), rtol=1e-6)
+    _, var_g = model.posterior_g(x.squeeze(-2), full_cov=False)
+    assert (var_g > 1e-4).all()  # the case that differed
+
+
+def test_a_botorch_model_with_an_outcome_transform_gives_noise_in_its_posterior_units() -> None:
+    """For a plain BoTorch SingleTaskGP (Standardize by default) the likelihood's noise is in standardized units,
+    the posterior in original ones: the noise is read off the posterior with and without observation noise."""
+    from botorch.models import SingleTaskGP
+
+    torch.manual_seed(0)
+    X = torch.rand(10, 1, dtype=torch.float64)
+    Y = 50 * torch.sin(6 * X) + 100 + torch.randn(10, 1, dtype=torch.float64)
+    gp = SingleTaskGP(X, Y)
+    x = torch.rand(3, 1, 1, dtype=torch.float64)
+    _, var_f, noise = gaussian_predictive(gp, x)
+    assert torch.allclose(var_f + noise, gp.posterior(x, observation_noise=True).variance.reshape(-1), rtol=1e-8)
