@@ -164,7 +164,14 @@ class LaserSimulator(SyntheticObjective):
             raise ObjectiveError(f"min_repeats must be an integer >= 3; got {min_repeats!r}")
         if not isinstance(alpha_max, (int, float)) or not (math.isfinite(alpha_max) and alpha_max > 0):
             raise ObjectiveError(f"alpha_max must be a positive number; got {alpha_max!r}")
-        if len(tuple(energy_range)) != 2 or not float(energy_range[0]) < float(energy_range[1]):
+        if isinstance(model_seed, bool) or not isinstance(model_seed, int) or not 0 <= model_seed < 2**32:
+            raise ObjectiveError(f"model_seed must be an integer in [0, 2**32); got {model_seed!r}")
+        try:
+            lo_e, hi_e = (float(v) for v in energy_range)
+            ok = math.isfinite(lo_e) and math.isfinite(hi_e) and lo_e < hi_e
+        except (TypeError, ValueError):  # not a pair of numbers
+            ok = False
+        if not ok or any(isinstance(v, (bool, str)) for v in energy_range):
             raise ObjectiveError(f"energy_range must be (low, high) with low < high; got {energy_range!r}")
         if (
             isinstance(measurement_s, bool)

@@ -170,3 +170,12 @@ def test_measurement_time_delays_but_does_not_change_the_value():
     for bad in (-1.0, float("nan"), "1", True):
         with pytest.raises(ObjectiveError, match="measurement_s"):
             LaserSimulator(measurement_s=bad)
+
+
+@pytest.mark.parametrize("kw,name", [({"model_seed": -1}, "model_seed"), ({"model_seed": "a"}, "model_seed"),
+                                     ({"model_seed": 1.7}, "model_seed"), ({"energy_range": ("lo", 6)}, "energy_range"),
+                                     ({"energy_range": None}, "energy_range"), ({"energy_range": (6.0, 0.2)}, "energy_range")])
+def test_bad_options_name_the_option(kw, name):
+    """These gave bare numpy/int() errors that did not say which option was wrong, or (1.7) were truncated."""
+    with pytest.raises(ObjectiveError, match=name):
+        LaserSimulator(**kw)
