@@ -424,9 +424,12 @@ class CentralActor:
             if batch:
                 try:
                     refs = self._submit(batch)
-                except Exception:  # the pool is restarting: put the trials back, try again on the next pass
+                except Exception as exc:  # put the trials back: they stay logged as proposed, never lost
                     self._queue.extendleft(t for t, _ in reversed(batch))
-                    time.sleep(0.2)
+                    if not _is_transient(exc):  # a submission Ray refuses would be refused forever
+                        self._abort = f"evaluations cannot be submitted: {type(exc).__name__}: {exc}"
+                        return
+                    time.sleep(0.2)  # the pool is restarting: try again on the next pass
                     return
                 now = time.time()
                 if self._first_dispatch is None:
@@ -743,6 +746,17 @@ class CentralActor:
             if batch:
                 self.store.append(batch)
             self._last_flush = time.time()
+
+
+def _is_transient(exc: BaseException) -> bool:
+    """Whether a failed submission may succeed later: the evaluation pool is restarting or slow to answer."""
+    import ray
+
+    transient = (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)
+    unavailable = getattr(ray.exceptions, "ActorUnavailableError", None)
+    if unavailable is not None:
+        transient = transient + (unavailable,)
+    return isinstance(exc, transient)
 
 
 def _timeout_record(trial: Trial, dispatched: float, timeout_s: float) -> dict[str, Any]:

@@ -102,3 +102,30 @@ def test_a_second_run_call_waits_for_the_running_loop_instead_of_starting_anothe
     assert first == waiting == [{"status": "finished", "done": 8}]
     assert actor.run(wait_s=0.05) == {"status": "finished", "done": 8}  # after the end: its summary
     assert loops == [1]
+
+
+def test_a_submission_ray_refuses_stops_the_run_instead_of_retrying_forever(tmp_path):
+    """A refused submission (e.g. resource options Ray rejects) was taken for a restarting pool and retried every
+    0.2 s forever, with nothing in flight. Now it stops the run; the trials stay queued and logged as proposed."""
+    import ray.exceptions
+
+    actor = _actor(tmp_path)
+    actor._propose(4)
+
+    def refuse(batch):
+        raise ValueError("The quantity of resource sensor cannot be negative")
+
+    actor._submit = refuse
+    actor._dispatch()
+    assert actor._abort and "cannot be submitted: ValueError: The quantity of resource sensor" in actor._abort
+    assert len(actor._queue) == 4 and not actor._inflight
+
+    restarting = _actor(tmp_path / "second")
+    restarting._propose(4)
+
+    def pool_restarting(batch):
+        raise ray.exceptions.RayActorError()
+
+    restarting._submit = pool_restarting
+    restarting._dispatch()  # transient: put back, tried again on the next pass
+    assert restarting._abort is None and len(restarting._queue) == 4
