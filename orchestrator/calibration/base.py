@@ -133,7 +133,12 @@ class Calibrator(ABC):
 
     # ------------------------------------------------------------------ online updates
     def update(self, forecast: Forecast, y: Tensor | float | Sequence[float], X: Tensor | None = None) -> None:
-        """Consume completed results in completion order.
+        """Consume completed results, one at a time, in the order given (the optimizer gives ask order).
+
+        Each result is scored against the level (online) or threshold (LOCBO) left by the results before it,
+        also within one batch: the online guarantee holds for any ordering (calibrated-bo.md §4.2). Scoring a
+        whole batch at the level it was proposed with, then applying its steps (§4.3), is the alternative; with
+        batches of 100 and the default step sizes the threshold moves by a few tenths within a batch.
 
         Args:
             forecast: the forecast recorded when the point(s) were proposed (`n` points; n = 1 per result
