@@ -48,6 +48,7 @@ import argparse
 import functools
 import json
 import math
+import statistics
 import sys
 import time
 import warnings
@@ -343,7 +344,7 @@ def summarize(rows: Sequence[dict]) -> tuple[list[dict], list[dict], list[dict]]
             avg_mean, avg_half, _ = mean_ci(list(_bo_average(rows, s, m).values()))
             summary.append({"d": s[0], "tau": s[1], "batch": s[2], "method": m, "n_evals": n_evals,
                             "problems": n, "regret_mean": mean, "regret_ci95": half,
-                            "regret_median": float(sorted(by_method[m].values())[n // 2]) if n else float("nan"),
+                            "regret_median": float(statistics.median(by_method[m].values())) if n else float("nan"),
                             "bo_avg_regret_mean": avg_mean, "bo_avg_regret_ci95": avg_half})
         quantile = [m for m in QUANTILE_METHODS if by_method.get(m)]
         others = [m for m in methods if m not in quantile] + [m for m in quantile]
