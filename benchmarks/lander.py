@@ -61,8 +61,8 @@ if str(REPO) not in sys.path:
 
 from benchmarks._common import build_optimizer as build_shared  # noqa: E402
 from benchmarks._common import (  # noqa: E402
-    BatchRun, Job, Method, drive_guarded, format_table, mean_ci, parse_index_list, plot_curves, read_table,
-    replicate_seed, run_jobs, write_table,
+    BatchRun, Job, Method, drive_guarded, format_table, mean_ci, paired_comparison, parse_index_list, plot_curves,
+    read_table, replicate_seed, run_jobs, write_table,
 )
 
 MODE = "synchronous batches, in-process AskTellOptimizer built from a validated config (the orchestrator's " \
@@ -337,6 +337,31 @@ def summarize(rows: Sequence[dict], full: bool) -> list[dict]:
     return out
 
 
+def paired_with(rows: Sequence[dict], base_dir: Path, checkpoints: Sequence[int]) -> list[dict]:
+    """This run's true quantiles against another recorded run folder's, paired by (level, method, run number)
+    at each checkpoint: mean difference (this - other; higher reward is better) with its 95% CI, the runs
+    ahead, and the Wilcoxon p. How a variant (other options) compares with the default on the same seeds."""
+    base: dict[tuple, float] = {}
+    for f in sorted((base_dir / "runs").glob("*.csv")):
+        for r in read_table(f):
+            if not r.get("error"):
+                base[(float(r["tau"]), r["method"], int(float(r["n_evals"])), int(r["run"]))] = float(r["q_true"])
+    out = []
+    for tau in sorted({r["tau"] for r in rows}, reverse=True):
+        for m in METHODS:
+            for c in checkpoints:
+                mine = {r["run"]: r["q_true"] for r in rows
+                        if r["tau"] == tau and r["method"] == m and r["n_evals"] == c and not r["error"]}
+                theirs = {k[3]: v for k, v in base.items() if k[:3] == (tau, m, c)}
+                if not mine or not theirs:
+                    continue
+                pc = paired_comparison(mine, theirs)
+                out.append({"tau": tau, "method": m, "n_evals": c, "runs": pc["n"], "mean_diff": pc["mean_diff"],
+                            "ci95": pc["ci"], "ahead": round((1 - pc["wins"] - pc["ties"]) * pc["n"]),
+                            "p_wilcoxon": pc["p_wilcoxon"]})
+    return out
+
+
 def curves_by_method(rows: Sequence[dict], methods: Sequence[str], key: str, select: Callable[[dict], bool]) -> dict:
     """label -> (x values, per-run value lists) for `plot_curves`: runs that reached every x only."""
     curves = {}
@@ -490,8 +515,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--cross-env", metavar="ENV_ID",
                     help="also fly every finished run's final recommendation in this environment on the same "
                          "episodes (OUT/envs.csv), e.g. gym:LunarLander-v2 (the paper's; pip install gym==0.26.2)")
+    ap.add_argument("--paired-with", metavar="DIR",
+                    help="also compare every finished run with the same method, level and run number in another "
+                         "run folder (e.g. benchmarks/results/lander_full), at 750 evaluations and at the budget "
+                         "(OUT/paired_with.csv)")
     add_common_args(ap, str(REPO / "results" / "lander"))
     args = ap.parse_args(argv)
+    if args.paired_with is not None and not (Path(args.paired_with) / "runs").is_dir():
+        ap.error(f"--paired-with {args.paired_with!r}: no runs/ folder there")
     defaults = QUICK if args.quick else {**FULL, "methods": list(DEFAULT_METHODS)}
     for k in ("taus", "initial", "budget", "batch", "runs", "episodes", "eval_every", "methods"):
         if getattr(args, k) is None:
@@ -598,20 +629,26 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     # the optional re-scorings of the final recommendations: (result key and table stem, asked?, scorer, title)
     extras: dict[str, list[dict]] = {}
     held_out: dict = {}  # our environment's held-out episodes, flown once for both scorings
+    checkpoints = [c for c in (750,) if args.initial <= c < args.budget] + [args.budget]
     for stem, asked, score, title in (
+        ("paired_with", args.paired_with,
+         lambda: paired_with(rows, Path(args.paired_with), checkpoints),
+         f"True quantiles against {args.paired_with}, paired by run (mean_diff = this - other, with its 95% CI; "
+         "ahead = runs where this is higher; Wilcoxon p)"),
         ("levels", args.cross_levels,
          lambda: cross_levels(rows, args.cross_levels, args.episodes, args.objective_options, held_out),
-         f"at every level (true reward quantiles over {args.episodes} fresh episodes; "
+         f"Final recommendations at every level (true reward quantiles over {args.episodes} fresh episodes; "
          "p_below_0 = fraction of episodes with negative reward)"),
         ("envs", args.cross_env,
          lambda: cross_env(rows, args.cross_env, args.episodes, args.objective_options, held_out),
-         f"in two environments ({args.episodes} episodes on the same seeds; q = the run's reward quantile; "
+         f"Final recommendations in two environments ({args.episodes} episodes on the same seeds; q = the run's "
+         "reward quantile; "
          "same_seed_equal = share of seeds with equal rewards)"),
     ):
         extras[stem] = score() if asked and rows else []
         if extras[stem]:
             write_table(extras[stem], out / stem)
-            print(f"\nFinal recommendations {title}:")
+            print(f"\n{title}:")
             print(format_table(extras[stem]))
     errors = [r for r in rows if r["error"]]
     if errors:

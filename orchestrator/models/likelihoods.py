@@ -7,7 +7,8 @@ function samples with a trailing dimension of 2 (`... x n x 2`) or as a distribu
 `MultitaskMultivariateNormal`, or anything whose `mean`/`variance` end in a dimension of 2).
 
 Ambiguity A1: the asymmetric Gaussian uses exp(-rho^e_tau(u)) without a factor 1/2, as in the spec's main
-formula, so at tau = 0.5 it is N(f, sigma^2 / 2). The alternative only rescales sigma by sqrt(2).
+formula; rho^e_0.5(u) = u^2 / 2, so at tau = 0.5 it is N(f, sigma^2). The alternative, exp(-rho^e_tau(u) / 2),
+would give N(f, 2 sigma^2): it only rescales sigma by sqrt(2).
 """
 
 from __future__ import annotations

@@ -236,3 +236,31 @@ def test_lander_cross_levels_and_cross_env_fly_our_environment_once(mod, quick, 
     assert len(again["levels"]) == len(again["envs"]) == 1
     assert again["levels"][0]["q10"] == pytest.approx(again["envs"][0]["q_env"], abs=1e-9)
     assert calls == ["LunarLander-v3", "LunarLander-v3"]  # ours once (levels, reused by envs), the other once
+
+
+def test_lander_paired_with_compares_runs_of_another_folder_by_run_number(mod, quick, tmp_path, capsys):
+    """`--paired-with DIR` pairs each finished run with the same method, level and run number in another folder
+    (how the README's variants are compared with the default): against a copy of itself every difference is 0,
+    and a shifted copy gives exactly the shift with every run ahead."""
+    import shutil
+
+    from benchmarks._common import read_table, write_table
+
+    out, result = quick
+    other = tmp_path / "other"
+    shutil.copytree(out / "runs", other / "runs")
+    for f in (other / "runs").glob("*.csv"):
+        write_table([{**r, "q_true": float(r["q_true"]) - 5.0} for r in read_table(f)], f.with_suffix(""), parquet=False)
+    same = mod.main(["--quick", "--threads", "1", "--resume", "--time-limit", "0", "--out", str(out),
+                     "--paired-with", str(out)])["paired_with"]
+    shifted = mod.main(["--quick", "--threads", "1", "--resume", "--time-limit", "0", "--out", str(out),
+                        "--paired-with", str(other)])["paired_with"]
+    methods = {r["method"] for r in result["rows"]}
+    assert {r["method"] for r in same} == methods and all(r["n_evals"] == mod.QUICK["budget"] for r in same)
+    for a, b in zip(same, shifted):
+        assert a["runs"] == b["runs"] == 2 and a["mean_diff"] == 0.0 and a["ahead"] == 0
+        assert b["mean_diff"] == pytest.approx(5.0) and b["ahead"] == 2
+    assert "True quantiles against" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        mod.parse_args(["--paired-with", str(tmp_path / "nowhere")])
+    assert "no runs/ folder there" in capsys.readouterr().err
