@@ -94,7 +94,12 @@ class ExactGPParts:
             noise = float(torch.exp(2 * mu_g.reshape(-1)[0]))
             ls, os_ = parts.lengthscale.detach().to(torch.float64), parts.outputscale.detach().to(torch.float64)
             return cls(X.detach(), y.detach(), float(parts.constant_mean), lambda A, B: _matern52(A, B, ls, os_), noise)
-        # BoTorch SingleTaskGP (model space: targets after its outcome transform)
+        # BoTorch SingleTaskGP, in its model space: its posterior must be in the same units (no outcome transform)
+        if getattr(model, "outcome_transform", None) is not None:
+            raise UnsupportedError(
+                "conformal sets work in the GP's own units: build the SingleTaskGP with outcome_transform=None "
+                "(standardize y yourself); with a transform its posterior and its training targets differ in units"
+            )
         X = model.train_inputs[0].detach()
         y = model.train_targets.detach().reshape(-1)
         covar = model.covar_module

@@ -18,7 +18,7 @@ from orchestrator.calibration.conformal import (
     conformal_masks,
     conformal_weights,
 )
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, UnsupportedError
 
 
 def _gp(X: torch.Tensor, y: torch.Tensor, lengthscale: float, noise: float):
@@ -156,3 +156,14 @@ def test_calibrator_schedule_and_state(tmp_path) -> None:
         build_calibrator("conformal", alpha=0.0)
     with pytest.raises(ConfigError, match="calibrator.options.num_labels"):
         build_calibrator("conformal", num_labels=0)
+
+
+def test_a_botorch_gp_with_an_outcome_transform_is_refused():
+    """Its posterior is in the data's units, its training targets in standardized ones: conformal scores mixing
+    them would be wrong by the transform's scale (found in review). It must be built without a transform."""
+    from botorch.models import SingleTaskGP
+
+    X = torch.rand(8, 1, dtype=torch.float64)
+    gp = SingleTaskGP(X, 100 + 50 * torch.sin(6 * X))
+    with pytest.raises(UnsupportedError, match="outcome_transform=None"):
+        ExactGPParts.from_model(gp)
