@@ -47,6 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from benchmarks._common import mean_ci  # noqa: E402
 from objectives.timing import SleepObjective  # noqa: E402
 
 SYSTEMS = ("qbatch", "qbatch-sync", "plain-ray", "tune", "tune-reuse")
@@ -227,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="96 evaluations of ~0.5 s (Tune: 48)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--out", default="bench-out/utilization")
+    p.add_argument("--from-csv", metavar="CSV",
+                   help="run nothing: summarize a recorded utilization.csv (the per-run rows) into OUT")
     args = p.parse_args(argv)
     if args.quick:
         args.mean, args.batch_size, args.initial_design = 0.5, 32, 16
@@ -239,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown system(s) {unknown}; choose from {list(SYSTEMS)}")
     Path(args.out).mkdir(parents=True, exist_ok=True)
+    if args.from_csv:
+        rows = read_rows(args.from_csv)
+        return summarize(rows, [s for s in systems if any(r["system"] == s for r in rows)], args)
 
     import ray
 
@@ -293,12 +299,35 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             ray.shutdown()
 
+    return summarize(rows, systems, args)
+
+
+def read_rows(path: str) -> list[dict[str, Any]]:
+    """The per-run rows of a recorded utilization.csv, numbers parsed."""
+    rows = []
+    with open(path, newline="") as fh:
+        for r in csv.DictReader(fh):
+            for k, v in r.items():
+                if k != "system" and v not in ("", None):
+                    try:
+                        r[k] = int(v) if v.lstrip("-").isdigit() else float(v)
+                    except ValueError:
+                        pass
+            rows.append(r)
+    return rows
+
+
+def summarize(rows: list[dict[str, Any]], systems: list[str], args: argparse.Namespace) -> int:
+    """Per system over the repeats: mean U with its 95% Student-t interval, the ratios of the means; printed and
+    written to OUT/summary.csv (and the per-run rows, with their per-repeat ratios, to OUT/utilization.csv)."""
+    repeats = sorted({r["repeat"] for r in rows})
+
     def ratios(by: dict[str, float], target: dict[str, Any]) -> None:
         tune_best = max([by[s] for s in ("tune", "tune-reuse") if s in by], default=float("nan"))
         target["U_over_tune_best"] = target["U"] / tune_best if tune_best == tune_best and tune_best > 0 else ""
         target["U_minus_plain"] = target["U"] - by["plain-ray"] if "plain-ray" in by else ""
 
-    for rep in range(args.repeats):
+    for rep in repeats:
         by = {r["system"]: r["U"] for r in rows if r["repeat"] == rep}
         for r in rows:
             if r["repeat"] == rep:
@@ -313,10 +342,10 @@ def main(argv: list[str] | None = None) -> int:
     summary = []
     for system in systems:
         us = np.array([r["U"] for r in rows if r["system"] == system])
-        half = 1.96 * us.std(ddof=1) / math.sqrt(len(us)) if len(us) > 1 else float("nan")
+        _, half, _ = mean_ci(us.tolist())  # Student-t: 3 repeats have 2 degrees of freedom, not a normal's
         eff = np.array([r["efficiency"] for r in rows if r["system"] == system])
-        summary.append({"system": system, "runs": len(us), "evaluations": args.tune_evals if system.startswith("tune")
-                        else args.evals, "U": float(us.mean()), "U_ci95": half, "U_min": float(us.min()),
+        evals = max(r["evaluations"] for r in rows if r["system"] == system)
+        summary.append({"system": system, "runs": len(us), "evaluations": evals, "U": float(us.mean()), "U_ci95": half, "U_min": float(us.min()),
                         "U_max": float(us.max()), "efficiency": float(eff.mean())})
     by = {r["system"]: r["U"] for r in summary}
     for r in summary:

@@ -44,3 +44,26 @@ def test_ideal_scheduler_reference():
     assert ideal_utilization(17, 16, 2.0, 1e-9, reps=5)[0] == pytest.approx(17 / 32)
     mean, std = ideal_utilization(640, 16, 2.0, 0.5, reps=200)
     assert 0.93 < mean < 0.99 and 0.003 < std < 0.03
+
+
+def test_summary_of_recorded_runs_uses_a_student_t_interval(tmp_path):
+    """`--from-csv` summarizes recorded per-run rows without running anything; with 3 repeats the 95% interval
+    of the mean uses t(2) = 4.30, not the normal's 1.96 (which made the README's intervals 2.2x too narrow)."""
+    import math
+
+    import numpy as np
+    from scipy import stats
+
+    rec = REPO / "benchmarks" / "results" / "utilization_fresh" / "utilization.csv"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "utilization.py"), "--systems",
+           "qbatch,qbatch-sync,plain-ray,tune-reuse", "--from-csv", str(rec), "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = list(csv.DictReader(open(rec)))
+    summary = {r["system"]: r for r in csv.DictReader(open(tmp_path / "summary.csv"))}
+    for system in ("qbatch", "qbatch-sync", "plain-ray", "tune-reuse"):
+        us = np.array([float(r["U"]) for r in runs if r["system"] == system])
+        half = stats.t.ppf(0.975, len(us) - 1) * us.std(ddof=1) / math.sqrt(len(us))
+        assert float(summary[system]["U_ci95"]) == pytest.approx(half)
+        assert int(summary[system]["evaluations"]) == 640
+    assert "qbatch / Ray Tune best = 2.67x" in proc.stdout
