@@ -284,6 +284,19 @@ def read_run_file(path: Path) -> list[dict]:
     return rows
 
 
+def _at_budget(rows: Sequence[dict], budgets: dict[tuple, int]) -> tuple[list[dict], list[str]]:
+    """The rows of runs whose last checkpoint is their setting's budget, and the names of the runs left out:
+    a run of another budget in the same folder would otherwise be compared as if it were final."""
+    last: dict[tuple, int] = {}
+    for r in rows:
+        k = (r["d"], r["tau"], r["batch"], r["problem"], r["method"])
+        last[k] = max(last.get(k, 0), r["n_evals"])
+    other = sorted(k for k, n in last.items() if n != budgets[k[:3]] and n > 0)
+    drop = set(other)
+    keep = [r for r in rows if (r["d"], r["tau"], r["batch"], r["problem"], r["method"]) not in drop]
+    return keep, [f"d{d}-tau{t:g}-b{b}-p{p}-{m}" for d, t, b, p, m in other]
+
+
 def merge_rows(rows: Sequence[dict]) -> list[dict]:
     """Rows of every job, one per (setting, problem, method, checkpoint) (a later file's row replaces an earlier
     one's), with q* of a problem the best over all of its jobs and regret = q* - q_tau(x_hat) against it."""
@@ -481,11 +494,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     paused = [(job.stem.name, n, job.args[0].budget) for job in grid if (n := checkpoint_evaluations(job.checkpoint))]
 
     rows = []
-    wanted = {(s.d, s.tau, s.batch) for s in settings}
+    budgets = {(s.d, s.tau, s.batch): s.budget for s in settings}
     for path in sorted(runs.glob("*.csv"), key=lambda p: p.stat().st_mtime):
         for r in read_run_file(path):
-            if (r["d"], r["tau"], r["batch"]) in wanted and r["problem"] in problems and r["method"] in methods:
+            if (r["d"], r["tau"], r["batch"]) in budgets and r["problem"] in problems and r["method"] in methods:
                 rows.append(r)
+    rows, other = _at_budget(rows, budgets)
+    if other:
+        print(f"[gld] left out {len(other)} runs that ended at another budget (the file names do not hold the "
+              f"budget; use another --out for other budgets): {', '.join(other[:5])}{' ...' if len(other) > 5 else ''}",
+              flush=True)
     rows = merge_rows(rows)
     rows.sort(key=lambda r: (r["d"], r["tau"], r["batch"], list(METHODS).index(r["method"]), r["problem"], r["n_evals"]))
     write_table(rows, out / "gld")

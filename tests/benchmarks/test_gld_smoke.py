@@ -248,3 +248,18 @@ def test_the_summary_median_is_the_median(load_benchmark):
     [row] = summary
     assert row["regret_median"] == pytest.approx(0.25) and row["regret_mean"] == pytest.approx(0.25)
     assert row["problems"] == 4 and row["n_evals"] == 40
+
+
+def test_runs_of_another_budget_are_left_out_of_the_tables(load_benchmark):
+    """File names do not hold the budget, so a run of another budget in the same folder would be compared as if
+    its last checkpoint were final; it is left out (and named) instead. A failed run (error row, n = 0) stays."""
+    mod = load_benchmark("gld")
+
+    def row(method, problem, n, error=""):
+        return {"method": method, "d": 3, "tau": 0.75, "batch": 10, "problem": problem, "n_evals": n, "error": error}
+
+    rows = [row("quantile-ts", 0, 20), row("quantile-ts", 0, 40), row("gpr-ei", 0, 20), row("gpr-ei", 0, 30),
+            row("hetgp-ts", 0, 0, "RuntimeError: x")]
+    keep, other = mod._at_budget(rows, {(3, 0.75, 10): 40})
+    assert {(r["method"], r["n_evals"]) for r in keep} == {("quantile-ts", 20), ("quantile-ts", 40), ("hetgp-ts", 0)}
+    assert other == ["d3-tau0.75-b10-p0-gpr-ei"]
