@@ -84,7 +84,7 @@ def classify_value(value: Any) -> tuple[float | None, str | None, str | None]:
         x = float(value)
     except OverflowError:  # an int (or int-like) beyond the float range
         return None, "inf", "the objective returned a number too large for a float"
-    except (TypeError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - a number type of user code whose conversion raises
         return None, "non-numeric", f"the objective's {type(value).__name__} is not a number ({_describe(exc)})"
     if math.isnan(x):
         return None, "nan", "the objective returned NaN"
@@ -97,7 +97,7 @@ def _finite_float(v: Any) -> float | None:
     """`v` as a finite float, or None (NaN, inf, or an int beyond the float range)."""
     try:
         x = float(v)
-    except (OverflowError, TypeError, ValueError):
+    except Exception:  # noqa: BLE001 - beyond the float range, or a number type of user code that raises
         return None
     return x if math.isfinite(x) else None
 

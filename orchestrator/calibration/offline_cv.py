@@ -164,19 +164,22 @@ class OfflineCVCalibrator(Calibrator):
     def _update_one(self, forecast: Forecast, y: Tensor, x: Tensor | None) -> None:
         if x is None:
             raise InputDataError("offline-cv refits the model on folds and needs the point x of each result")
-        x = x.reshape(1, -1).to(torch.float64)
-        self.X = x if self.X.numel() == 0 else torch.cat([self.X, x])
-        self.Y = torch.cat([self.Y, y.reshape(1).to(torch.float64)])
-        self._since += 1
-        self._maybe_refit()
+        self._add(x.reshape(1, -1), y.reshape(1))
 
     def observe(self, y: Tensor | Sequence[float], X: Tensor) -> None:
         """Results without a forecast (the initial design): added to the data like any other (the forecasts of
-        `update` are not used: this calibrator makes its own, out of fold)."""
+        `update` are not used: this calibrator makes its own, out of fold), then one refit for all of them."""
         y = torch.as_tensor(y, dtype=torch.float64).reshape(-1)
-        X = torch.as_tensor(X, dtype=torch.float64).reshape(y.shape[0], -1)
-        for i in range(y.shape[0]):
-            self._update_one(None, y[i], X[i])
+        if y.numel():
+            self._add(torch.as_tensor(X).reshape(y.shape[0], -1), y)
+
+    def _add(self, X: Tensor, y: Tensor) -> None:
+        """Append `n` results (`n x d`, `n`) and recalibrate if `refit_every` new ones have come in."""
+        X, y = X.to(torch.float64), y.to(torch.float64)
+        self.X = X if self.X.numel() == 0 else torch.cat([self.X, X])
+        self.Y = torch.cat([self.Y, y])
+        self._since += y.shape[0]
+        self._maybe_refit()
 
     def fit(self, X: Tensor, Y: Tensor) -> None:
         """Replace the data by all completed results (`n x d`, `n`, acquisition order) and recalibrate now."""

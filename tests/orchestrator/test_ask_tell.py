@@ -111,6 +111,20 @@ def test_hostile_values_become_failures_that_never_reach_the_observations():
     assert opt.num_pending == 0
 
 
+def test_a_number_type_whose_conversion_raises_is_a_failure_not_an_exception():
+    """`tell` classifies the value itself (no worker around it in library use): a float subclass whose
+    `__float__` raises is a recorded 'non-numeric' failure, naming the error."""
+
+    class BadFloat(float):
+        def __float__(self):
+            raise RuntimeError("cannot convert")
+
+    opt = AskTellOptimizer(SMALL, initial_design=2)
+    t = opt.ask(1)[0]
+    assert opt.tell(t.trial_id, BadFloat(1.0)) == "failed"
+    assert opt.failures[-1]["error"] == "non-numeric" and "RuntimeError: cannot convert" in opt.failures[-1]["message"]
+
+
 def test_minimize_negates_at_the_edge():
     opt = AskTellOptimizer(SMALL, direction="minimize", tau=0.2, initial_design=4)
     assert opt.model_tau == pytest.approx(0.8)
