@@ -286,8 +286,9 @@ class BatchRun:
 
     `start()` evaluates the initial design and fits; `step()` asks, evaluates and tells one batch and refits;
     `done` says the budget is spent; `get_state()`/`set_state()` (plain values and tensors: the optimizer's
-    state, `n`, `times` and the subclass's `records_state()`) carry everything the next step needs, so a run continued from a checkpoint equals an uninterrupted one. `key` identifies
-    the settings: a checkpoint of other settings is never continued. `times` holds cumulative seconds
+    state, `n`, `times` and the subclass's `records_state()`) carry everything the next step needs, so a run
+    continued from a checkpoint equals an uninterrupted one. `key` identifies the settings: a checkpoint of
+    other settings is never continued. `times` holds cumulative seconds
     (`drive` adds each step's wall-clock `run_s` and CPU `cpu_s`; they are part of the state).
     """
 

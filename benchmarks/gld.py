@@ -61,8 +61,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._common import (  # noqa: E402
-    BatchRun, Job, Method, checkpoint_evaluations, drive_guarded, format_table, limited_threads, mean_ci, paired_comparison,
-    parse_index_list, plot_curves, read_table, replicate_seed, run_jobs, write_table,
+    BatchRun, Job, Method, checkpoint_evaluations, drive_guarded, format_table, limited_threads, mean_ci,
+    paired_comparison, parse_index_list, plot_curves, read_table, replicate_seed, run_jobs, write_table,
 )
 
 MODE = "synchronous batches, in-process AskTellOptimizer (the orchestrator's synchronous protocol without Ray)"
@@ -113,7 +113,8 @@ class Setting:
 class GLDRun(BatchRun):
     """One method on one GLD problem in one setting, checkpointable between batches (`_common.drive`).
 
-    `start()` evaluates the initial design and fits; `step()` asks one batch (GPR-EI: one point evaluated B times), evaluates it, refits and records the recommendation.
+    `start()` evaluates the initial design and fits; `step()` asks one batch (GPR-EI: one point evaluated B
+    times), evaluates it, refits and records the recommendation.
     The state carries the optimizer, the rows, every evaluated point and the cumulative timings, so a run
     continued from a checkpoint equals an uninterrupted one (the GLD outcomes depend only on the trial seeds).
     """

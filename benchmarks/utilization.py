@@ -47,7 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._common import mean_ci  # noqa: E402
+from benchmarks._common import mean_ci, read_table  # noqa: E402
 from objectives.timing import SleepObjective  # noqa: E402
 
 SYSTEMS = ("qbatch", "qbatch-sync", "plain-ray", "tune", "tune-reuse")
@@ -304,16 +304,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def read_rows(path: str) -> list[dict[str, Any]]:
     """The per-run rows of a recorded utilization.csv, numbers parsed."""
-    rows = []
-    with open(path, newline="") as fh:
-        for r in csv.DictReader(fh):
-            for k, v in r.items():
-                if k != "system" and v not in ("", None):
-                    try:
-                        r[k] = int(v) if v.lstrip("-").isdigit() else float(v)
-                    except ValueError:
-                        pass
-            rows.append(r)
+    rows = read_table(path)
+    for r in rows:
+        for k, v in r.items():
+            if k != "system" and v not in ("", None):
+                try:
+                    r[k] = int(v) if v.lstrip("-").isdigit() else float(v)
+                except ValueError:
+                    pass
     return rows
 
 
@@ -345,8 +343,9 @@ def summarize(rows: list[dict[str, Any]], systems: list[str], args: argparse.Nam
         _, half, _ = mean_ci(us.tolist())  # Student-t: 3 repeats have 2 degrees of freedom, not a normal's
         eff = np.array([r["efficiency"] for r in rows if r["system"] == system])
         evals = max(r["evaluations"] for r in rows if r["system"] == system)
-        summary.append({"system": system, "runs": len(us), "evaluations": evals, "U": float(us.mean()), "U_ci95": half, "U_min": float(us.min()),
-                        "U_max": float(us.max()), "efficiency": float(eff.mean())})
+        summary.append({"system": system, "runs": len(us), "evaluations": evals, "U": float(us.mean()),
+                        "U_ci95": half, "U_min": float(us.min()), "U_max": float(us.max()),
+                        "efficiency": float(eff.mean())})
     by = {r["system"]: r["U"] for r in summary}
     for r in summary:
         ratios(by, r)

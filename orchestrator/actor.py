@@ -752,11 +752,8 @@ def _is_transient(exc: BaseException) -> bool:
     """Whether a failed submission may succeed later: the evaluation pool is restarting or slow to answer."""
     import ray
 
-    transient = (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)
-    unavailable = getattr(ray.exceptions, "ActorUnavailableError", None)
-    if unavailable is not None:
-        transient = transient + (unavailable,)
-    return isinstance(exc, transient)
+    # ActorUnavailableError (a moment of unreachability) is a RayActorError
+    return isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError))
 
 
 def _timeout_record(trial: Trial, dispatched: float, timeout_s: float) -> dict[str, Any]:
