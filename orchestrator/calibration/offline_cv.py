@@ -7,8 +7,8 @@ running max), or paper 000's online recalibrator replayed over the PITs in tempo
 calibrated CDF is F~ = R(F), so the level map is R^-1. Splits: leave-one-out, or time-series one-step-ahead
 splits (train on the first i points, test on point i+1, for the last `n_splits` points). The sigma-rescaling
 mode (§1.6 (a1)) keeps mu and scales sigma by s, s^2 = mean_i z_i^2 of the out-of-fold standardized residuals.
-Refits need the data: `update` stores each completed (x, y) and rebuilds the recalibrator (with fold refits)
-every `refit_every` results; `fit(X, Y)` replaces the data (e.g. with the initial design) and rebuilds now.
+Refits need the data: `update` stores the completed (x, y) of a batch and rebuilds the recalibrator (with fold
+refits) once when `refit_every` or more results have come in; `fit(X, Y)` replaces the data (e.g. with the initial design) and rebuilds now.
 Reading the map never refits, so acquisitions stay cheap. Refits reuse earlier folds: a time-series fold
 trains on a prefix of the data, which appending results never changes, so its forecast is kept and reused
 (only the newest fold is fitted at each step); a LOO fold's model is kept and refitted warm-started from
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from orchestrator.calibration.base import Calibrator, LevelMap
+from orchestrator.calibration.base import Calibrator, LevelMap, as_observations
 from orchestrator.errors import ConfigError, InputDataError
 from orchestrator.models.predictive import Forecast
 
@@ -161,6 +161,22 @@ class OfflineCVCalibrator(Calibrator):
         self._folds: dict[int, Any] = {}  # cv_forecasts' cache (not state: rebuilt by the next refit)
 
     # ------------------------------------------------------------------ data
+    def update(self, forecast: Forecast, y: Tensor | float | Sequence[float], X: Tensor | None = None) -> None:
+        """Append the `n` results (ask order) and recalibrate once for all of them.
+
+        The recorded forecasts are not used: this calibrator makes its own, out of fold. Taking a batch's results
+        one by one, as `Calibrator.update` does, would refit the folds after each point and throw that work
+        away at the next one. The spread factor, if any, still steps once per result.
+        """
+        forecast, yt, X = as_observations(forecast, y, X)
+        if X is None:
+            raise InputDataError("offline-cv refits the model on folds and needs the point x of each result")
+        if self.spread_tracker is not None:
+            for i in range(yt.shape[0]):
+                self.spread_tracker.update(forecast[i], yt[i], X[i])
+        self.num_updates += yt.shape[0]
+        self._add(X.reshape(yt.shape[0], -1), yt)
+
     def _update_one(self, forecast: Forecast, y: Tensor, x: Tensor | None) -> None:
         if x is None:
             raise InputDataError("offline-cv refits the model on folds and needs the point x of each result")

@@ -153,3 +153,33 @@ def test_the_initial_design_reaches_the_recalibrator_through_ask_tell() -> None:
                              calibrator_options={"spread": "off"})
     again.set_state(opt.get_state())
     assert torch.equal(again.calibrator.Y, cal.Y) and state["Y"] is not None
+
+
+def test_a_batch_of_results_is_one_recalibration() -> None:
+    """`update` with a batch of k results refits the LOO folds once, not k times (each per-point refit was
+    thrown away by the next one; found in review), and ends on the map of a refit over all of the data."""
+    X, Y = _data(20, seed=4)
+    fits = []
+
+    class Counting(FixedGP):
+        def fit(self, X, Y, *args, **kwargs):  # noqa: N803
+            fits.append(X.shape[0])
+            return super().fit(X, Y, *args, **kwargs)
+
+    def factory() -> FixedGP:
+        return Counting(lengthscale=0.15, noise=0.01)
+
+    cal = build_calibrator("offline-cv", model_factory=factory, splits="loo", spread="off")
+    cal.fit(X[:12], Y[:12])
+    fits.clear()
+    model = overconfident()
+    model.fit(X[:12], Y[:12])
+    cal.update(model.forecast(X[12:]), Y[12:], X=X[12:])
+    assert fits == [19] * 20  # one LOO refit over the 20 points (per point: 13 + 14 + ... + 20 = 132 fits)
+    assert cal.num_updates == 8 and cal.Y.numel() == 20
+    ref = build_calibrator("offline-cv", model_factory=overconfident, splits="loo", spread="off")
+    ref.fit(X, Y)
+    p = torch.linspace(0.05, 0.95, 7, **TK)
+    torch.testing.assert_close(cal.map_levels(p), ref.map_levels(p))
+    with pytest.raises(InputDataError, match="needs the point x"):
+        cal.update(model.forecast(X[:2]), Y[:2])
