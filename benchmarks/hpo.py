@@ -33,7 +33,7 @@ Usage:
     python benchmarks/hpo.py --tasks cnn lda --seeds 5 --initial 10 --budget 50 --batch 5
     python benchmarks/hpo.py --tasks cnn --cnn-epochs 6 --seeds 0-9 --workers 4 --resume
 Results in --out (default results/hpo/): runs/*.csv (one per task x method x seed, written as they finish;
---resume skips those present), hpo.csv + hpo.parquet (every checkpoint), summary.csv/.parquet, paired.csv/
+--resume skips those present with the same protocol), hpo.csv + hpo.parquet (every checkpoint), summary.csv/.parquet, paired.csv/
 .parquet, hpo_<task>.png (best found vs evaluations, mean +- 95% CI over seeds).
 """
 
@@ -355,7 +355,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help='JSON: proposer name -> options, e.g. {"qlognei": {"num_restarts": 4}}')
     ap.add_argument("--workers", type=int, default=1, help="parallel processes (one (task, seed) each)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    ap.add_argument("--resume", action="store_true", help="skip runs whose file is already in OUT/runs")
+    ap.add_argument("--resume", action="store_true",
+                    help="skip runs whose file in OUT/runs holds this protocol's rows (others are run again)")
     ap.add_argument("--out", default=str(REPO / "results" / "hpo"), help="output directory")
     args = ap.parse_args(argv)
     if args.workers < 1 or args.threads < 1:
@@ -386,6 +387,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def recorded(path: Path, args: argparse.Namespace) -> list[dict]:
+    """The rows of run file `path` that belong to this invocation: a selected (task, method, seed), run under
+    this protocol (initial, budget, batch; a failed run's row counts under any) and with these objective
+    options. `--resume` skips a run only when its file has such rows: a file of another protocol is run again
+    (and replaced), not skipped and then left out of the tables."""
+    if not path.exists():
+        return []
+    wanted = {(t, m, s) for t in args.tasks for m in args.methods for s in args.seeds}
+    rows = []
+    for r in read_table(path):
+        r = {**r, "seed": int(r["seed"]), "n_evals": int(r["n_evals"])}
+        for k in ("initial", "budget", "batch", "failures", "cached_evals", "best_seed"):
+            r[k] = int(float(r[k])) if r.get(k) not in (None, "") else 0
+        for k in ("best_value", "predicted", "fit_s", "propose_s", "eval_s", "run_s", "tau"):
+            r[k] = float(r[k]) if r.get(k) not in (None, "") else math.nan
+        r["error"] = r.get("error") or ""
+        same = (r["initial"], r["budget"], r["batch"]) == (args.initial, args.budget, args.batch) or r["error"]
+        if (r["task"], r["method"], r["seed"]) in wanted and same \
+                and r.get("objective") == json.dumps(args.objectives[r["task"]], sort_keys=True):
+            rows.append(r)
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     out = Path(args.out)
@@ -401,7 +425,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     jobs = []
     for task in args.tasks:
         for s in args.seeds:
-            todo = [m for m in args.methods if not (args.resume and path_of(task, m, s).with_suffix(".csv").exists())]
+            todo = [m for m in args.methods if not (args.resume and recorded(path_of(task, m, s).with_suffix(".csv"), args))]
             if todo:
                 jobs.append((task, s, todo))
     job_args = (proto,)
@@ -425,20 +449,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             for fut in as_completed(futures):
                 save(fut.result())
 
-    rows = []
-    wanted = {(t, m, s) for t in args.tasks for m in args.methods for s in args.seeds}
-    for path in sorted((out / "runs").glob("*.csv")):
-        for r in read_table(path):
-            r = {**r, "seed": int(r["seed"]), "n_evals": int(r["n_evals"])}
-            for k in ("initial", "budget", "batch", "failures", "cached_evals", "best_seed"):
-                r[k] = int(float(r[k])) if r.get(k) not in (None, "") else 0
-            for k in ("best_value", "predicted", "fit_s", "propose_s", "eval_s", "run_s", "tau"):
-                r[k] = float(r[k]) if r.get(k) not in (None, "") else math.nan
-            r["error"] = r.get("error") or ""
-            same = (r["initial"], r["budget"], r["batch"]) == (args.initial, args.budget, args.batch) or r["error"]
-            if (r["task"], r["method"], r["seed"]) in wanted and same \
-                    and r.get("objective") == json.dumps(args.objectives[r["task"]], sort_keys=True):
-                rows.append(r)
+    rows = [r for path in sorted((out / "runs").glob("*.csv")) for r in recorded(path, args)]
     rows.sort(key=lambda r: (args.tasks.index(r["task"]), list(METHODS).index(r["method"]), r["seed"], r["n_evals"]))
     write_table(rows, out / "hpo")
     summary, paired = summarize(rows)

@@ -112,3 +112,24 @@ def test_hpo_config_errors(load_benchmark):
                                               {"name": "lda", "options": {}}, {}, {}))
     with pytest.raises(SystemExit):
         mod.parse_args(["--initial", "9", "--budget", "4"])
+
+
+def test_hpo_resume_reruns_a_run_of_another_protocol(tmp_path, load_benchmark):
+    """`--resume` skips a run only when its file holds this protocol's rows. A file of another protocol (here a
+    budget of 99) used to be skipped and then left out of the tables: the run was silently missing."""
+    from benchmarks._common import read_table, write_table
+
+    mod = load_benchmark("hpo")
+    argv = ["--quick", "--tasks", "lda", "--methods", "random", "--threads", "1", "--out", str(tmp_path)]
+    threads = torch.get_num_threads()
+    try:
+        mod.main(argv)
+        s0, s1 = tmp_path / "runs" / "lda-random-s0.csv", tmp_path / "runs" / "lda-random-s1.csv"
+        write_table([{**r, "budget": 99} for r in read_table(s0)], s0.with_suffix(""), parquet=False)
+        kept = s1.stat().st_mtime_ns
+        result = mod.main(argv + ["--resume"])
+    finally:
+        torch.set_num_threads(threads)
+    assert {(r["seed"], r["n_evals"]) for r in result["rows"]} == {(s, n) for s in (0, 1) for n in (3, 5)}
+    assert {int(float(r["budget"])) for r in read_table(s0)} == {mod.QUICK["budget"]}  # run again, replaced
+    assert s1.stat().st_mtime_ns == kept  # a matching run is skipped
