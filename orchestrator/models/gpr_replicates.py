@@ -315,15 +315,20 @@ class ReplicateQuantileGP(Surrogate):
             raise InputDataError(f"latent must be 'f' or 'g'; got {latent!r}")
         self._require_fit()
         h = self._hyper
+        # the consumers (Thompson paths, acquisitions) use K~ = K + jitter I, so q(u) is written with K~ too:
+        # then K~^-1 u_mean = (K + N)^-1 r and K~ - u_covar = K~ (K + N)^-1 K~, which give posterior_f exactly at
+        # any x. u_covar = K~ (K + N)^-1 (N - jitter I) is PSD only for jitter <= min N: hence the cap
+        jitter = min(SPARSE_JITTER_REL * float(h["outputscale"]), 0.5 * float(self._noise.min()))
         K = matern52(self._Z, self._Z, h["lengthscale"], h["outputscale"])
-        W = torch.cholesky_solve(K, self._L)  # (K + N)^-1 K
-        u_mean = K @ self._alpha
-        u_covar = K - K @ W
+        K_j = K + jitter * torch.eye(K.shape[0], dtype=K.dtype)
+        W = torch.cholesky_solve(K_j, self._L)  # (K + N)^-1 K~
+        u_mean = K_j @ self._alpha
+        u_covar = K_j - K_j @ W
         u_covar = 0.5 * (u_covar + u_covar.T)
         return SparseLatentParts(
             constant_mean=h["constant"].clone(), lengthscale=h["lengthscale"].reshape(-1).clone(),
             outputscale=h["outputscale"].clone(), Z=self._Z.clone(), u_mean=u_mean, u_covar=u_covar, nu=2.5,
-            jitter=SPARSE_JITTER_REL * float(h["outputscale"]),
+            jitter=jitter,
         )
 
     # ----------------------------------------------------------------------------------------- state

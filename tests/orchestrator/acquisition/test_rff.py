@@ -88,6 +88,29 @@ def test_paths_match_sparse_posterior_mean_and_covariance() -> None:
     assert _moment_z_scores(bad(X.expand(s, -1, -1)), mean, cov)[1] > 2 * Z_MAX
 
 
+def test_paths_of_an_exact_gp_on_noiseless_data_have_the_posterior_covariance() -> None:
+    """Exact GP on noiseless data: the noise sits at its floor and the jitter of K~ = K + jitter I is a sizeable
+    share of the posterior variance. The prior draw at Z must have covariance K~ too; drawn with k(Z, Z) alone the
+    paths fell 18-24% short of the posterior variance (found in review)."""
+    from orchestrator.models.exact_gp import ExactGP
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(40, 1, generator=g, **TK)
+    model = ExactGP()
+    model.fit(X, torch.sin(6 * X[:, 0]))
+    parts = model.sparse_parts("f")
+    Xt = torch.tensor([[0.123], [0.5], [0.777]], **TK)
+    mean, cov = model.posterior_f(Xt)
+    mean, cov = mean.detach(), cov.detach()
+    k = matern_kernel(parts.lengthscale, parts.outputscale, parts.nu).forward
+    A = torch.linalg.solve(k(parts.Z, parts.Z) + parts.jitter * torch.eye(40, **TK), k(Xt, parts.Z).mT).mT
+    assert (parts.jitter * A.square().sum(-1) / cov.diagonal()).min() > 0.1  # the jitter term matters here
+    s = 4000
+    paths = MatheronPaths(parts, s, 400, generator=torch.Generator().manual_seed(1), shared_features=False)
+    zm, zc = _moment_z_scores(paths(Xt.expand(s, -1, -1)).detach(), mean, cov)
+    assert zm < Z_MAX and zc < Z_MAX, (zm, zc)
+
+
 def test_shared_feature_paths_match_rff_conditional_posterior() -> None:
     """Shared (ω, β) (A3): given the features, paths are Gaussian with the posterior of the RFF-approximate prior."""
     d, s = 2, 2000
@@ -100,6 +123,8 @@ def test_shared_feature_paths_match_rff_conditional_posterior() -> None:
     A = torch.linalg.solve(K, k(X, parts.Z).mT).mT
     phi_x, phi_z = paths.features(X), paths.features(parts.Z)
     kt_xx, kt_xz, kt_zz = phi_x @ phi_x.mT, phi_x @ phi_z.mT, phi_z @ phi_z.mT
+    # the prior draw at Z carries the jitter too (its covariance is K~ = K + jitter I, as the update's solve)
+    kt_zz = kt_zz + parts.jitter * torch.eye(8, **TK)
     cov = kt_xx - kt_xz @ A.mT - A @ kt_xz.mT + A @ kt_zz @ A.mT + A @ parts.u_covar @ A.mT
     mean = parts.constant_mean + A @ parts.u_mean
     zm, zc = _moment_z_scores(vals, mean, cov)

@@ -6,6 +6,7 @@ import io
 import math
 
 import gpytorch
+import numpy as np
 import pytest
 import torch
 
@@ -404,6 +405,24 @@ def test_elbo_terms(fitted, data):
         parts = [float(fitted._loss(X[i:i + 50], Y_std[i:i + 50], X.shape[0])) for i in range(0, 300, 50)]
         assert sum(parts) / len(parts) == pytest.approx(full, rel=1e-10)
         assert max(parts) - min(parts) > 1e-3  # the minibatches do differ
+        # the loss itself, recomposed from independent pieces: E[log p] by 2-D Gauss-Hermite quadrature of the
+        # likelihood's log-density, the KL above, and the spec §1.3 hyperpriors on both latents' kernels. The
+        # unbiasedness check alone passes with the KL dropped or its sign flipped (found in review)
+        from gpytorch.priors import LogNormalPrior
+
+        n, B = X.shape[0], torch.arange(0, 300, 3)[:60]
+        mean, var = model.marginals(X[B])
+        t, w = np.polynomial.hermite.hermgauss(20)
+        t, w = torch.as_tensor(t, **TK) * math.sqrt(2), torch.as_tensor(w, **TK) / math.sqrt(math.pi)
+        F = mean[0][:, None, None] + var[0].sqrt()[:, None, None] * t[None, :, None]
+        G = mean[1][:, None, None] + var[1].sqrt()[:, None, None] * t[None, None, :]
+        ell = (fitted.likelihood.log_prob_latent(Y_std[B][:, None, None], F, G) * w[:, None] * w[None, :]).sum()
+        kern = model.covar_module
+        log_prior = (LogNormalPrior(0.0, 1.0).log_prob(kern.outputscale).sum()
+                     + LogNormalPrior(math.log(0.2), 1.0).log_prob(kern.base_kernel.lengthscale).sum())
+        ref = -(float(ell) * n / B.numel() - expected + float(log_prior)) / n
+        assert float(fitted._loss(X[B], Y_std[B], n)) == pytest.approx(ref, abs=1e-3)
+        assert expected / n > 0.02  # so a missing or flipped KL would be seen
 
 
 def test_lengthscale_priors_and_their_initial_values():
