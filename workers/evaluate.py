@@ -61,7 +61,7 @@ FAILURE_REASONS = (
 def classify_value(value: Any) -> tuple[float | None, str | None, str | None]:
     """Turn an objective's return value into `(value, reason, message)`; reason is None when valid.
 
-    Accepts a finite real number (Python, NumPy scalar, or a one-element 0-d tensor) or an `EvalResult`
+    Accepts a finite real number (Python, NumPy scalar, or a 0-d tensor or array) or an `EvalResult`
     holding one. Everything else is a failure with a reason from `FAILURE_REASONS`.
     """
     if isinstance(value, EvalResult):
@@ -73,11 +73,15 @@ def classify_value(value: Any) -> tuple[float | None, str | None, str | None]:
     if isinstance(value, (str, bytes)):
         return None, "non-numeric", f"the objective returned a string ({value[:80]!r}), not a number"
     if isinstance(value, (list, tuple, np.ndarray)) or type(value).__name__ == "Tensor":
-        shape = getattr(value, "shape", (len(value),) if hasattr(value, "__len__") else ())
-        if type(value).__name__ == "Tensor" and value.numel() == 1 and value.ndim == 0:
-            value = value.item()
-        else:
-            return None, "array", f"the objective returned an array of shape {tuple(shape)}, not one number"
+        # (`getattr(value, "shape", (len(value),))` evaluated len() of a 0-d array or tensor, which raises)
+        shape = tuple(value.shape) if hasattr(value, "shape") else (len(value),)
+        if len(shape) == 0 and hasattr(value, "item"):  # a 0-d tensor or array holds one number
+            try:
+                item = value.item()
+            except Exception as exc:  # noqa: BLE001 - e.g. a 0-d object array of user code
+                return None, "non-numeric", f"the objective's 0-d {type(value).__name__} is not a number ({_describe(exc)})"
+            return classify_value(item)
+        return None, "array", f"the objective returned an array of shape {shape}, not one number"
     if not isinstance(value, (int, float, np.integer, np.floating)):
         return None, "non-numeric", f"the objective returned a {type(value).__name__}, not a number"
     try:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from objectives.base import EvalResult, Objective, Resources
 from workers.evaluate import FAILURE_REASONS, classify_value, evaluate_once, submit_evaluation, task_options
@@ -148,7 +149,9 @@ def test_abort_in_the_objective_is_a_crash_record():
 
 @pytest.mark.parametrize(
     "value,expected",
-    [(1, 1.0), (np.float32(2.5), 2.5), (np.int64(3), 3.0), (EvalResult(4.0, {"t": 1.0}), 4.0), (-0.0, 0.0)],
+    [(1, 1.0), (np.float32(2.5), 2.5), (np.int64(3), 3.0), (EvalResult(4.0, {"t": 1.0}), 4.0), (-0.0, 0.0),
+     # 0-d arrays and tensors are one number (len() of one raised TypeError: a failed trial; found in review)
+     (np.array(0.25), 0.25), (torch.tensor(0.25), 0.25), (EvalResult(np.array(1.5)), 1.5)],
 )
 def test_valid_values_pass(value, expected):
     v, reason, _ = classify_value(value)
@@ -267,3 +270,10 @@ def test_sandbox_child_serves_evaluations_and_is_replaced_after_a_hang_or_crash(
     after = evaluate_once(obj, "0-2", {"x": 0.3}, seed=2)
     assert after["status"] == "completed" and after["value"] == 1.0  # a fresh child: fresh state
     assert after["child_pid"] not in (first["child_pid"], rec["child_pid"], crash["child_pid"])
+
+
+@pytest.mark.parametrize("value,reason", [(np.array(float("nan")), "nan"), (np.array(True), "non-numeric"),
+                                          (torch.tensor([0.25]), "array"), (np.zeros((0,)), "array"),
+                                          (np.array(None, dtype=object), "none")])
+def test_zero_d_and_one_element_arrays_are_classified(value, reason):
+    assert classify_value(value)[1] == reason
