@@ -21,8 +21,8 @@ import sys
 import time
 from typing import Any, Mapping, TextIO
 
-from orchestrator.actor import CentralActor, RunAbortedError
-from orchestrator.errors import ConfigError
+from orchestrator.actor import CentralActor, RunAbortedError, default_max_concurrent
+from orchestrator.errors import ConfigError, QbatchError
 from workers.pool import EvaluationPool
 
 __all__ = ["NAMESPACE", "RunAbortedError", "actor_name", "resume_experiment", "run_experiment"]
@@ -131,6 +131,22 @@ def _drive_and_release(started_ray: bool, *args: Any) -> dict[str, Any]:
             ray.shutdown()
 
 
+def _check_feasible(started_ray: bool, resources: Any) -> None:
+    """Raise `QbatchError` (one line, naming the request) when no alive node can run one evaluation.
+
+    The central actor makes the same check when it is built, but there it surfaced as a Ray traceback and came
+    after the run directory was created, which then blocked a rerun with the same `run_dir`.
+    """
+    try:
+        default_max_concurrent(resources)
+    except QbatchError:
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+        raise
+
+
 def run_experiment(
     config: str | os.PathLike | Mapping[str, Any] | Any,
     address: str | None = None,
@@ -174,6 +190,7 @@ def run_experiment(
     except StoreError as exc:
         raise ConfigError(str(exc)) from None
     started = _ensure_ray(address, num_cpus)
+    _check_feasible(started, objective.resources)  # before the run directory exists: a rerun is not blocked
     RunStore.create(rd, cfg.to_dict())
     return _drive_and_release(started, rd, cfg, objective.resources, max_concurrent, progress, out, actor_options)
 
@@ -202,6 +219,7 @@ def resume_experiment(
     cfg = load_config(store.config)
     objective = _check_objective(cfg)
     started = _ensure_ray(address, num_cpus)
+    _check_feasible(started, objective.resources)
     return _drive_and_release(
         started, _absolute(run_dir), cfg, objective.resources, max_concurrent, progress, out, actor_options
     )

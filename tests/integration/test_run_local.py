@@ -144,3 +144,22 @@ def test_bad_config_fails_before_ray_and_creates_no_run_dir(tmp_path):
         with pytest.raises(ConfigError, match=match):
             run_experiment(cfg, progress=False)
         assert not os.path.exists(cfg["run_dir"])
+
+
+def test_resources_no_node_has_fail_before_the_run_dir_exists(ray_local, tmp_path):
+    """An objective asking for what no node offers (the README's CNN-on-GPU config on a CPU-only machine) gets
+    one QbatchError naming the request, before the run directory is created, and resume says the same. The check
+    ran only in the central actor, after the run directory was created: the run hung (this test timed out at 10 min without the check) and the directory blocked a rerun (found in review)."""
+    from orchestrator.errors import QbatchError
+    from orchestrator.runner import resume_experiment
+
+    over = {"objective": {"name": "sleep", "options": {"mean_s": 0.01, "custom_resources": {"laser_hutch": 1}}}}
+    small = dict(budget=4, initial_design=4, batch_size=4)
+    cfg = run_config(tmp_path, "nogpu", **small, **over)
+    with pytest.raises(QbatchError, match=r"no node of the cluster can run one evaluation asking for .*'laser_hutch': 1"):
+        run_experiment(cfg, progress=False, out=io.StringIO())
+    assert not os.path.exists(cfg["run_dir"])
+    ok = run_config(tmp_path, "nogpu-resume", **small, objective={"name": "sleep", "options": {"mean_s": 0.01}})
+    RunStore.create(ok["run_dir"], {**ok, **over})
+    with pytest.raises(QbatchError, match="no node of the cluster"):
+        resume_experiment(ok["run_dir"], progress=False, out=io.StringIO())
