@@ -293,7 +293,12 @@ def _drive(
             except Exception:
                 pass
     summary["actor_restarts"] = restarts
-    summary["report_dir"] = _write_report(run_dir, out)
+    summary["report_dir"], metrics = _write_report(run_dir, out)
+    if metrics is not None:
+        # the live figure spans this session up to the final refit; the report's (what summary.csv says) spans
+        # the whole run from the first evaluation start to the last end: one number for one run
+        summary["utilization_live"] = summary["utilization"]
+        summary["utilization"] = metrics.utilization
     _report(summary, out)
     if summary["status"] == "aborted":
         raise RunAbortedError(summary["message"])
@@ -322,16 +327,17 @@ def _show(bar: Any, st: Mapping[str, Any]) -> None:
     bar.refresh()
 
 
-def _write_report(run_dir: str, out: TextIO) -> str | None:
-    """Plots and summary tables of the finished run (what `qbatch report` writes); a failure here loses nothing."""
+def _write_report(run_dir: str, out: TextIO) -> tuple[str | None, Any]:
+    """Plots and summary tables of the finished run (what `qbatch report` writes) and its `RunMetrics`; a failure
+    here loses nothing (then `(None, None)`)."""
     from orchestrator.report import write_report
 
     try:
-        _, paths = write_report(run_dir)
+        metrics, paths = write_report(run_dir)
     except Exception as exc:  # the results are in the log; the report can be redone with `qbatch report`
         print(f"qbatch: could not write the report ({type(exc).__name__}: {exc}); run `qbatch report {run_dir}`", file=out)
-        return None
-    return os.path.dirname(next(iter(paths.values()))) if paths else None
+        return None, None
+    return (os.path.dirname(next(iter(paths.values()))) if paths else None), metrics
 
 
 def _report(summary: Mapping[str, Any], out: TextIO) -> None:
