@@ -394,7 +394,9 @@ class CentralActor:
             self._abort = f"the planner failed: {self._planner_error}"
         elif not self._abort and self.opt.model is not None and self.opt.num_stale > 0:
             self.opt.flush_calibration()
-            self._refit()  # the final recommendation uses every result (after the evaluation span)
+            # the final recommendation uses every result (after the evaluation span) and a fit from scratch too:
+            # a warm start can stay in the basin of a fit on the first few results (`AskTellOptimizer.fit`)
+            self._refit(restart=True)
         return self._summary()
 
     def _summary(self) -> dict[str, Any]:
@@ -684,16 +686,16 @@ class CentralActor:
         self._append(events)
         return trials
 
-    def _refit(self) -> bool:
+    def _refit(self, restart: bool = False) -> bool:
         """Refit the surrogate and log it. A fit that raises leaves the current model in place (the optimizer
         swaps a new one in only when its fit succeeds), is logged with its traceback, and returns False;
-        `max_refit_failures` in a row abort the run."""
+        `max_refit_failures` in a row abort the run. `restart`: see `AskTellOptimizer.fit`."""
         from orchestrator.store import Event
 
         t0 = time.perf_counter()
         n = self.opt.num_completed
         try:
-            diag = self.opt.fit()
+            diag = self.opt.fit(restart=restart)
         except Exception as exc:
             self._last_fit_end = time.time()
             self._refit_failures += 1

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 import threading
 import time
 import zlib
@@ -72,6 +73,18 @@ class Trial:
 def trial_seed(seed: int, trial_id: str) -> int:
     """Deterministic per-trial evaluation seed in [0, 2^31)."""
     return zlib.crc32(f"{int(seed)}:{trial_id}".encode()) & 0x7FFFFFFF
+
+
+def _training_loss(model: Any, X: torch.Tensor, Y: torch.Tensor, diag: Mapping[str, Any]) -> float:
+    """A fitted model's training loss per datum on all of (X, Y), for `AskTellOptimizer.fit(restart=True)`: the
+    full-data negative ELBO of a variational model (its fit reports the last epoch's minibatch average), else
+    the loss its fit reported (the exact GP's is the full negative marginal likelihood); NaN when it has none."""
+    if hasattr(model, "elbo"):
+        try:
+            return -float(model.elbo(X, Y))
+        except Exception:
+            return math.nan
+    return float(diag.get("loss", math.nan))
 
 
 class AskTellOptimizer:
@@ -469,11 +482,18 @@ class AskTellOptimizer:
         return self.tell(tid, value)
 
     # ------------------------------------------------------------------ model
-    def fit(self) -> dict[str, Any]:
+    def fit(self, restart: bool = False) -> dict[str, Any]:
         """Fit (warm-started) the surrogate on all completed results; return diagnostics.
 
+        Args:
+            restart: also fit from scratch (the model's default start) and keep whichever fit ends with the
+                lower training loss (negative marginal likelihood or ELBO per datum). A warm start can stay in
+                the basin an early fit found on little data (e.g. a lengthscale that explains the later points
+                as noise); the end of a run asks for this, so that the final recommendation is not that basin's.
+
         Returns:
-            ``{"seconds", "n", "best_params", "best_predicted", ...model diagnostics}``.
+            ``{"seconds", "n", "best_params", "best_predicted", ...model diagnostics}``; with `restart`, also
+            ``"loss_warm"``, ``"loss_cold"`` and ``"restart_kept"`` (``"warm"`` or ``"cold"``).
 
         Raises:
             InputDataError: fewer than 2 completed results.
@@ -496,6 +516,14 @@ class AskTellOptimizer:
             except NotImplementedError:  # a model without state dicts refits cold
                 model = self._build_model()
         diag = dict(model.fit(X, Y) or {})
+        if restart and current is not None:
+            cold = self._build_model()
+            cold_diag = dict(cold.fit(X, Y) or {})
+            lw, lc = _training_loss(model, X, Y, diag), _training_loss(cold, X, Y, cold_diag)
+            kept = "cold" if math.isfinite(lc) and not lw <= lc else "warm"  # a NaN warm loss loses
+            if kept == "cold":
+                model, diag = cold, cold_diag
+            diag.update(loss_warm=lw, loss_cold=lc, restart_kept=kept)
         with torch.no_grad():
             target = model.objective_mean(X)
         loc, scale = model.outcome_transform

@@ -98,7 +98,10 @@ def test_synchronous_mode_waits_for_the_whole_batch(ray_local, tmp_path):
         kinds_between.append(e.kind)
     last_proposal = max(i for i, k in enumerate(kinds_between) if k == "proposed")
     assert kinds_between[:last_proposal].count("refit") == 2  # one before each model batch
-    assert kinds_between[-1] == "refit"  # and a final one for the recommendation
+    assert kinds_between[-1] == "refit"  # and a final one for the recommendation, which also refits from scratch
+    final = [e for e in events if e.kind == "refit"][-1].info
+    assert final["restart_kept"] == ("warm" if final["loss_warm"] <= final["loss_cold"] else "cold")
+    assert all("restart_kept" not in e.info for e in events if e.kind == "refit" and e is not events[-1])
 
 
 def test_synchronous_run_is_reproducible_from_its_config_and_seed(ray_local, tmp_path):
