@@ -55,7 +55,12 @@ def _check_objective(cfg: Any) -> Any:
     # not an actor that fails to start (or a refit that fails) after Ray is up and the run directory exists
     from orchestrator.ask_tell import AskTellOptimizer
 
-    AskTellOptimizer.from_config(cfg, objective).prepare()
+    opt = AskTellOptimizer.from_config(cfg, objective)
+    for key, build in (("model", opt._build_model), ("proposer", opt._build_proposer)):
+        try:
+            build()
+        except ConfigError as exc:  # the component names the option; the config key says where it is
+            raise ConfigError(f"`{key}.options`: {str(exc).splitlines()[0]}") from None
     return objective
 
 

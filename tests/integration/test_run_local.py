@@ -142,9 +142,9 @@ def test_bad_config_fails_before_ray_and_creates_no_run_dir(tmp_path):
         ({"batch_size": 0}, "batch_size.*got 0"),
         ({"objective": {"name": "sleep", "options": {"dim": 0}}}, "objective.*'dim' must be an integer >= 1"),
         ({"space": {"x9": {"type": "float", "low": 0, "high": 1}}}, "space.x9"),
-        ({"model": {"type": "quantile", "options": {"num_inducng": 8}}}, "unknown model option.*'num_inducng'"),
-        ({"model": {"type": "quantile", "options": {"lengthscale_prior": "wide"}}}, "`lengthscale_prior`.*'wide'"),
-        ({"proposer": {"type": "thompson", "options": {"raw_sample": 8}}}, "raw_sample"),
+        ({"model": {"type": "quantile", "options": {"num_inducng": 8}}}, "^`model.options`: unknown model option.*'num_inducng'"),
+        ({"model": {"type": "quantile", "options": {"lengthscale_prior": "wide"}}}, "^`model.options`: `lengthscale_prior`.*'wide'"),
+        ({"proposer": {"type": "thompson", "options": {"raw_sample": 8}}}, "^`proposer.options`: .*raw_sample"),
     ]:
         cfg = run_config(tmp_path, "bad", **over)
         with pytest.raises(ConfigError, match=match):
