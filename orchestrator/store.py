@@ -188,7 +188,9 @@ def _encode(events: Sequence[Event], first_seq: int) -> pa.Table:
             v = getattr(ev, name)
             if v is not None and not isinstance(v, str):
                 raise StoreError(f"{w}.{name} must be a string or None; got {v!r:.60}")
-            cols[name].append(v)
+            # lone surrogates (an undecodable file name in a message) are not UTF-8: Parquet refused the whole
+            # segment, and with it the other results of the batch, on every resume again
+            cols[name].append(None if v is None else v.encode("utf-8", "backslashreplace").decode("utf-8"))
         cols["pid"].append(_opt_number(ev.pid, f"{w}.pid", int))
         cols["started_at"].append(_opt_number(ev.started_at, f"{w}.started_at", float))
         cols["ended_at"].append(_opt_number(ev.ended_at, f"{w}.ended_at", float))

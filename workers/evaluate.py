@@ -119,19 +119,25 @@ def _clean_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
     return out
 
 
+def printable(text: str) -> str:
+    """`text` as valid UTF-8: lone surrogates (an undecodable file name in a message, e.g. from `os.listdir`)
+    become `\\udcff` escapes, which the log, a terminal and JSON all take."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _describe(exc: BaseException) -> str:
     """`Type: message` of an exception, even when its `__str__` raises."""
     try:
-        return f"{type(exc).__name__}: {exc}"
+        return printable(f"{type(exc).__name__}: {exc}")
     except Exception:  # noqa: BLE001 - a broken __str__ of user code
         return f"{type(exc).__name__}: <unprintable: its __str__ raised>"
 
 
 def _format_traceback(exc: BaseException) -> str:
     try:
-        return "".join(tb_module.format_exception(type(exc), exc, exc.__traceback__))
+        return printable("".join(tb_module.format_exception(type(exc), exc, exc.__traceback__)))
     except Exception:  # noqa: BLE001 - a broken __str__ of user code
-        return "".join(tb_module.format_tb(exc.__traceback__)) + _describe(exc)
+        return printable("".join(tb_module.format_tb(exc.__traceback__))) + _describe(exc)
 
 
 # --------------------------------------------------------------------------- objective loading

@@ -274,6 +274,18 @@ def test_invalid_event_names_field_and_writes_nothing(tmp_path):
     assert ev.value == 1.5 and ev.x == [0.5, 0.25] and ev.params == {"k": 3}
 
 
+def test_text_that_is_not_utf8_is_written_escaped(tmp_path):
+    """A lone surrogate (an undecodable file name in an objective's message) is not UTF-8: Parquet refused the
+    whole segment, so the batch's other results were lost and every resume crashed again (found in review)."""
+    bad = "ValueError: cannot parse /data/run-" + os.fsdecode(b"\xff") + ".csv"
+    s = RunStore.create(str(tmp_path / "r"), CONFIG)
+    s.append([Event("failed", "0-0", error="exception", traceback=bad, node_id=bad),
+              Event("completed", "0-1", value=1.0)])
+    got = RunStore.open(str(tmp_path / "r")).events()
+    assert [e.trial_id for e in got] == ["0-0", "0-1"]
+    assert got[0].traceback == got[0].node_id == "ValueError: cannot parse /data/run-\\udcff.csv"
+
+
 def test_two_writers_never_overwrite_a_segment(tmp_path):
     a = RunStore.create(str(tmp_path / "r"), CONFIG)
     b = RunStore.open(str(tmp_path / "r"))

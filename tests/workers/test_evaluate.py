@@ -45,6 +45,15 @@ class UnprintableError(Exception):
         raise RuntimeError("no str")
 
 
+class RaisingUndecodable(Objective):
+    """Raises with a file name that has an undecodable byte (as `os.listdir` returns it: a lone surrogate)."""
+
+    space = SPACE
+
+    def evaluate(self, params, seed):
+        raise ValueError("cannot parse " + os.fsdecode(b"/data/run-\xff.csv"))
+
+
 class RaisingUnprintable(Objective):
     """Raises an exception whose `__str__` raises too (the record must still be written)."""
 
@@ -106,6 +115,8 @@ HOSTILE = [
     # found in review: these escaped the record (the sandbox child died: "crash"; the thread died: "timeout")
     (Returning(10**400), "inf", "too large for a float"),
     (RaisingUnprintable(), "exception", "UnprintableError"),
+    # found in review: a lone surrogate in the message made the log refuse the segment (the run crashed)
+    (RaisingUndecodable(), "exception", "cannot parse /data/run-\\udcff.csv"),
     (Returning(BadFloat(1.0)), "non-numeric", "RuntimeError: cannot convert"),
 ]
 
