@@ -173,6 +173,11 @@ class CentralActor:
         self._started_buf: list[Any] = []
         self._last_flush = time.time()
         self._busy_s = 0.0  # evaluation time of results ingested in this session
+        # backstop deadlines (`_expired`): start times the pool reported, when they were last asked for, and the
+        # start of each evaluation found expired (for its timeout record)
+        self._starts: dict[str, float] | None = None
+        self._starts_asked = -math.inf
+        self._started_at: dict[str, float] = {}
         self._first_dispatch: float | None = None
         self._n_done_session = 0
         self._duplicates = 0
@@ -472,7 +477,8 @@ class CentralActor:
         orphaned = []
         for ref in expired:
             trial, dispatched, attempt = self._inflight[ref]
-            results.append((ref, trial, attempt, _timeout_record(trial, dispatched, self.cfg.timeout_s)))
+            started = self._started_at.pop(trial.trial_id, dispatched)
+            results.append((ref, trial, attempt, _timeout_record(trial, started, self.cfg.timeout_s)))
         for ref in ready:
             trial, dispatched, attempt = self._inflight[ref]
             try:
@@ -532,16 +538,32 @@ class CentralActor:
         """Evaluations past their deadline, cancelled (force: the worker process is killed).
 
         `timeout_s` is enforced inside the worker (workers/evaluate.py); this is the backstop for a worker
-        that cannot enforce it because it is frozen itself (SIGSTOP, hung NFS, a swap storm). The deadline
-        counts from dispatch and allows every Ray retry its full timeout plus a grace period, so with
-        `max_concurrent` within the cluster's capacity (the default) a healthy evaluation never reaches it.
+        that cannot enforce it because it is frozen itself (SIGSTOP, hung NFS, a swap storm). Through the pool,
+        each attempt reports when it starts running, and the deadline, `timeout_s` plus a grace period, counts
+        from there: an evaluation that waits in Ray's queue (more in flight than the cluster runs at once, a
+        node lost) is never cut short. Without start reports (no pool, or the pool does not answer) it counts
+        from dispatch and allows every Ray retry its full timeout.
         """
         limit = self.cfg.timeout_s
         if not refs or not math.isfinite(limit):
             return []
-        deadline = (1 + self.cfg.max_retries) * limit + max(5.0, 0.25 * limit)
+        grace = max(5.0, 0.25 * limit)
         now = time.time()
-        expired = [ref for ref in refs if now - self._inflight[ref][1] > deadline]
+        late = [ref for ref in refs if now - self._inflight[ref][1] > limit + grace]  # none can expire sooner
+        if not late:
+            return []
+        starts = self._start_times([self._inflight[ref][0].trial_id for ref in late], now)
+        expired = []
+        for ref in late:
+            trial, dispatched, _ = self._inflight[ref]
+            if starts is None:
+                over = now - dispatched > (1 + self.cfg.max_retries) * limit + grace
+            else:
+                start = starts.get(trial.trial_id)
+                over = start is not None and now - start > limit + grace  # not started: still queued
+            if over:
+                self._started_at[trial.trial_id] = dispatched if starts is None else starts[trial.trial_id]
+                expired.append(ref)
         if expired:
             import ray
 
@@ -554,6 +576,21 @@ class CentralActor:
                     except Exception:  # already finished or its worker is gone: nothing left to stop
                         pass
         return expired
+
+    def _start_times(self, trial_ids: list[str], now: float) -> dict[str, float] | None:
+        """When each evaluation's latest attempt started (from the pool; at most one query a second), or None
+        when there are no start reports (no pool, or it did not answer within 10 s)."""
+        if self.pool is None:
+            return None
+        if now - self._starts_asked >= 1.0:
+            import ray
+
+            self._starts_asked = now
+            try:
+                self._starts = ray.get(self.pool.started_at.remote(trial_ids), timeout=10.0)
+            except Exception:  # the pool is restarting or gone (its refs then fail on their own)
+                self._starts = None
+        return self._starts
 
     def _check_guard(self) -> None:
         guard = self.cfg.failure_guard
@@ -758,8 +795,9 @@ def _is_transient(exc: BaseException) -> bool:
     return isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError))
 
 
-def _timeout_record(trial: Trial, dispatched: float, timeout_s: float) -> dict[str, Any]:
-    """A failed 'timeout' record for an evaluation that gave no result long past its deadline."""
+def _timeout_record(trial: Trial, started: float, timeout_s: float) -> dict[str, Any]:
+    """A failed 'timeout' record for an evaluation that gave no result long past its deadline (`started`: when
+    its latest attempt started, or its dispatch when that is unknown)."""
     now = time.time()
     return {
         "trial_id": trial.trial_id,
@@ -767,9 +805,9 @@ def _timeout_record(trial: Trial, dispatched: float, timeout_s: float) -> dict[s
         "value": None,
         "error": "timeout",
         "traceback": None,
-        "message": f"no result {now - dispatched:.0f} s after dispatch (timeout_s={timeout_s:g}); the worker "
+        "message": f"no result {now - started:.0f} s after it started (timeout_s={timeout_s:g}); the worker "
         "did not enforce its timeout (frozen?) and was cancelled",
-        "started_at": dispatched,
+        "started_at": started,
         "ended_at": now,
         "metrics": {},
         "node_id": None,

@@ -449,7 +449,13 @@ def _evaluation_task(
     seed: int,
     timeout_s: float,
     isolate: str,
+    report_start: Any = None,
 ) -> dict[str, Any]:
+    if report_start is not None:  # the pool's handle: tell it when this attempt starts (it may have been queued)
+        try:
+            report_start.started.remote(trial_id, time.time())
+        except Exception:  # noqa: BLE001 - the pool is gone: its owner sees that on the ref, not here
+            pass
     return evaluate_once(objective, trial_id, params, seed, timeout_s, isolate)
 
 
@@ -489,6 +495,7 @@ def submit_evaluation(
     timeout_s: float = 600.0,
     max_retries: int = 1,
     isolate: str = "process",
+    report_start: Any = None,
 ) -> Any:
     """Launch one evaluation as a Ray task; returns its `ObjectRef` (resolves to the record).
 
@@ -497,7 +504,9 @@ def submit_evaluation(
         trial_id, params, seed, timeout_s, isolate: as in `evaluate_once`.
         resources: the objective's `Resources` (num_cpus, num_gpus, memory, custom).
         max_retries: Ray retries when the worker process or node dies.
+        report_start: an actor handle whose `started(trial_id, time)` each attempt calls when it starts
+            (the `EvaluationPool`: a task may wait in Ray's queue long after it was submitted).
     """
     return evaluation_task().options(**task_options(resources, max_retries)).remote(
-        objective, trial_id, dict(params), int(seed), float(timeout_s), isolate
+        objective, trial_id, dict(params), int(seed), float(timeout_s), isolate, report_start
     )

@@ -11,7 +11,8 @@ result is durably logged (`release`), and hands the refs back: the central actor
 When the central actor dies and Ray restarts it, the new instance replays the log and asks the pool what
 is still held (`held`): evaluations that are still running, and those that finished while it was down,
 whose results wait in the pool until they are collected. They are ingested exactly once (by trial id)
-and never re-run. If the pool itself dies, its tasks die with it; the central actor sees the owner's
+and never re-run. Each task reports to the pool when its attempt starts running (`started`), so the central
+actor's backstop deadline for a frozen worker counts from then, not from submission. If the pool itself dies, its tasks die with it; the central actor sees the owner's
 death on those refs and puts the trials back in the queue (they were never recorded).
 """
 
@@ -54,6 +55,8 @@ class EvaluationPool:
         self._max_retries = int(max_retries)
         self._isolate = isolate
         self._held: dict[str, tuple[Any, int, float]] = {}  # trial_id -> (ref, attempt, submitted at)
+        self._started: dict[str, float] = {}  # trial_id -> when its latest attempt started running
+        self._me = ray.get_runtime_context().current_actor if ray.is_initialized() else None
 
     def submit(self, items: Sequence[tuple[str, int, Mapping[str, Any], int]]) -> list[Any]:
         """Start one evaluation per `(trial_id, attempt, params, seed)`; returns their refs, in order.
@@ -65,7 +68,7 @@ class EvaluationPool:
             if trial_id not in self._held:
                 ref = submit_evaluation(
                     self._objective, trial_id, params, seed, resources=self._resources, timeout_s=self._timeout_s,
-                    max_retries=self._max_retries, isolate=self._isolate,
+                    max_retries=self._max_retries, isolate=self._isolate, report_start=self._me,
                 )
                 self._held[trial_id] = (ref, int(attempt), time.time())
             refs.append(self._held[trial_id][0])
@@ -76,7 +79,17 @@ class EvaluationPool:
         n = 0
         for tid in trial_ids:
             n += self._held.pop(tid, None) is not None
+            self._started.pop(tid, None)
         return n
+
+    def started(self, trial_id: str, at: float) -> None:
+        """Called by an evaluation task when an attempt starts running (after any wait in Ray's queue)."""
+        if trial_id in self._held:
+            self._started[trial_id] = max(at, self._started.get(trial_id, at))
+
+    def started_at(self, trial_ids: Sequence[str]) -> dict[str, float]:
+        """When the latest attempt of each of `trial_ids` started; those still queued are left out."""
+        return {tid: self._started[tid] for tid in trial_ids if tid in self._started}
 
     def cancel(self, trial_ids: Sequence[str]) -> int:
         """Force-cancel evaluations past their deadline (kills a frozen worker) and forget them."""
@@ -85,6 +98,7 @@ class EvaluationPool:
         n = 0
         for tid in trial_ids:
             entry = self._held.pop(tid, None)
+            self._started.pop(tid, None)
             if entry is not None:
                 n += 1
                 try:

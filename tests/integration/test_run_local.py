@@ -169,3 +169,18 @@ def test_resources_no_node_has_fail_before_the_run_dir_exists(ray_local, tmp_pat
     RunStore.create(ok["run_dir"], {**ok, **over})
     with pytest.raises(QbatchError, match="no node of the cluster"):
         resume_experiment(ok["run_dir"], progress=False, out=io.StringIO())
+
+
+def test_evaluations_waiting_in_rays_queue_are_not_timed_out(ray_local, tmp_path):
+    """More in flight than the cluster runs at once (max_concurrent 32 on 4 CPUs): evaluations of 1 s under
+    timeout_s = 1.5 wait up to 7 s in Ray's queue. The backstop deadline counted from dispatch (1.5 + 5 s) and
+    cancelled healthy queued evaluations as 'timeout' (5 of 14 in review); it counts from each attempt's start."""
+    cfg = run_config(tmp_path, "queued", timeout_s=1.5, max_retries=0, max_concurrent=32, budget=32,
+                     initial_design=32, batch_size=32,
+                     objective={"name": "sleep", "options": {"mean_s": 1.0, "cv": 0.0, "num_cpus": 1}})
+    summary = run_experiment(cfg, progress=False, out=io.StringIO())
+    events = RunStore.open(cfg["run_dir"]).events()
+    failed = [e for e in events if e.kind == "failed"]
+    assert failed == [] and summary["completed"] == 32, [(e.error, (e.info or {}).get("message")) for e in failed]
+    starts = [e.started_at for e in events if e.kind == "completed"]
+    assert max(starts) - min(starts) > 1.5 + 5.0, "no evaluation waited past the old deadline: the test shows nothing"
