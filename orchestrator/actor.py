@@ -137,7 +137,10 @@ class CentralActor:
         from orchestrator.config import load_config
         from orchestrator.store import RunStore
 
+        if isinstance(max_refit_failures, bool) or not isinstance(max_refit_failures, int) or max_refit_failures < 1:
+            raise QbatchError(f"max_refit_failures must be an integer >= 1; got {max_refit_failures!r}")
         self.store = RunStore.open(run_dir)
+        self.store.lock_writer()  # one writer per log: a second resume of a running run stops here
         self.run_dir = run_dir
         self.cfg = load_config(self.store.config)
         cfg = self.cfg
@@ -152,8 +155,6 @@ class CentralActor:
         self.max_concurrent = int(max_concurrent)
         self.queue_low = int(queue_low) if queue_low is not None else max(self.max_concurrent, cfg.batch_size // 2)
         self.refit_interval_s = float(refit_interval_s)
-        if isinstance(max_refit_failures, bool) or not isinstance(max_refit_failures, int) or max_refit_failures < 1:
-            raise QbatchError(f"max_refit_failures must be an integer >= 1; got {max_refit_failures!r}")
         self.max_refit_failures = max_refit_failures
         self.isolate = isolate
         self.pool = pool

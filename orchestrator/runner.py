@@ -218,10 +218,14 @@ def resume_experiment(
     from orchestrator.store import RunStore
 
     store = RunStore.open(run_dir)
+    RunStore.check_writer_free(run_dir)  # before Ray starts; the central actor takes the lock itself
     out = out or sys.stdout
     for line in store.damage:
         print(f"qbatch: damaged log in {run_dir}: {line}", file=out)
-    cfg = load_config(store.config)
+    try:
+        cfg = load_config(store.config)
+    except ConfigError as exc:  # the stored config was edited by hand: say which file holds the bad key
+        raise ConfigError(f"{os.path.join(store.run_dir, 'config.yaml')}: {exc}") from None
     objective = _check_objective(cfg)
     started = _ensure_ray(address, num_cpus)
     _check_feasible(started, objective.resources)

@@ -21,6 +21,7 @@ import io
 import json
 import os
 import re
+import socket
 import time
 import uuid
 from collections import Counter
@@ -49,6 +50,8 @@ __all__ = [
 EVENT_KINDS = ("proposed", "started", "completed", "failed", "refit")
 #: auto-compaction: once this many segments hold fewer than `_SMALL_ROWS` events each, merge them
 _COMPACT_FILES = 64
+#: the run's writer lock file (`RunStore.lock_writer`)
+_WRITER_LOCK = "writer.lock"
 _SMALL_ROWS = 1024
 #: rows per Parquet row group: a damaged row group loses at most this many events
 _ROW_GROUP = 256
@@ -390,7 +393,9 @@ def _check_new(backend: Any, shown: str) -> None:
         raise StoreError(f"`run_dir` {shown} already holds a run; resume it or choose another run_dir")
     if backend.exists("") and not backend.isdir(""):
         raise StoreError(f"`run_dir` {shown} is a file, not a folder")
-    others = backend.listdir("")
+    # empty `events/` and `checkpoints/` are what a `create` that died before writing config.yaml leaves behind
+    others = [n for n in backend.listdir("")
+              if not (n in ("events", "checkpoints") and backend.isdir(n) and not backend.listdir(n))]
     if others:
         shown_files = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
         raise StoreError(
@@ -413,6 +418,7 @@ class RunStore:
 
     def __init__(self, backend: Any, run_dir: str, config: dict) -> None:
         self._fs = backend
+        self._writer_lock: Any = None  # the open lock file while this store holds the writer lock
         self.run_dir = run_dir
         self.config = config
         self.damage: list[str] = []
@@ -482,6 +488,52 @@ class RunStore:
         """Whether `run_dir` holds a run (a `config.yaml`)."""
         backend, _ = _backend(run_dir, filesystem)
         return backend.exists("config.yaml")
+
+    # ------------------------------------------------------------------ one writer
+    def lock_writer(self) -> None:
+        """Take the run's writer lock (a local folder: an exclusive `flock` on `writer.lock`, which the OS frees
+        when this process ends, a crash included); held until `unlock_writer` or the process's end.
+
+        Two writers of one log would each number their segments on from what they had read, and a reader keeps
+        one of two events with the same number: a second `qbatch resume` of a running run lost results silently.
+        On another pyarrow filesystem there is no lock (one writer at a time is then the user's to keep).
+
+        Raises:
+            StoreError: another process holds the lock; the message names its pid and host.
+        """
+        if self._writer_lock is not None or not isinstance(self._fs, _Local):
+            return
+        try:
+            import fcntl
+        except ImportError:  # not POSIX
+            return
+        f = open(self._fs.path(_WRITER_LOCK), "a+")
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            f.close()
+            raise StoreError(f"{self.run_dir} is being written by another run ({holder}); wait for it to end or "
+                             "stop it before resuming") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}")
+        f.flush()
+        self._writer_lock = f
+
+    def unlock_writer(self) -> None:
+        """Release the writer lock (if held)."""
+        f, self._writer_lock = self._writer_lock, None
+        if f is not None:
+            f.close()  # closing the file frees the flock
+
+    @staticmethod
+    def check_writer_free(run_dir: str, filesystem: pafs.FileSystem | None = None) -> None:
+        """Raise `StoreError` if another process holds `run_dir`'s writer lock (see `lock_writer`)."""
+        store = RunStore(*_backend(run_dir, filesystem), {})
+        store.lock_writer()
+        store.unlock_writer()
 
     @property
     def durable_fsync(self) -> bool:

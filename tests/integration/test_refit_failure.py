@@ -43,11 +43,11 @@ def _failing_fit(actor: CentralActor, fail_calls) -> list[int]:
     """Make the optimizer's fit raise on the given call numbers (1-based; a callable decides)."""
     real_fit, calls = actor.opt.fit, []
 
-    def fit():
+    def fit(**kwargs):
         calls.append(len(calls) + 1)
         if fail_calls(calls[-1]):
             raise RuntimeError(f"injected: Cholesky failed on call {calls[-1]}")
-        return real_fit()
+        return real_fit(**kwargs)
 
     actor.opt.fit = fit
     return calls

@@ -100,3 +100,40 @@ def test_resume_proposes_from_the_checkpointed_model(ray_local, tmp_path):
     assert (Path(cfg["run_dir"]) / "checkpoints" / "model.pt").is_file()
     again = resume_experiment(cfg["run_dir"], address=ray_local, progress=False, out=io.StringIO())
     assert again["status"] == "finished" and again["model_restored"] is True and again["done"] == 30
+
+
+def test_a_second_resume_of_a_running_run_is_refused_and_loses_nothing(ray_local, tmp_path):
+    """Two writers of one log lost results silently (found in review); the central actor holds the run's
+    writer lock, so a resume while the run goes on is one error naming the holder, before Ray is touched."""
+    import threading
+
+    from orchestrator.runner import run_experiment
+    from orchestrator.store import StoreError
+
+    cfg = run_config(tmp_path, "busy", budget=12, batch_size=4, initial_design=4,
+                     objective={"name": "sleep", "options": {"mean_s": 0.5, "cv": 0.0, "num_cpus": 1}})
+    done = {}
+    t = threading.Thread(target=lambda: done.update(run_experiment(cfg, progress=False, out=io.StringIO())))
+    t.start()
+    try:
+        wait_for(lambda: any(e.kind == "started" or e.kind == "completed" for e in _events(cfg["run_dir"])), 60,
+                 "the run to start")
+        with pytest.raises(StoreError, match="being written by another run \\(pid \\d+ on "):
+            resume_experiment(cfg["run_dir"], progress=False, out=io.StringIO())
+    finally:
+        t.join(120)
+    assert done["status"] == "finished" and done["completed"] == 12
+    counts = finished_counts(RunStore.open(cfg["run_dir"]).events())
+    assert len(counts) == 12 and set(counts.values()) == {1}
+    RunStore.check_writer_free(cfg["run_dir"])  # the finished run's actor let go of it
+
+
+def test_a_bad_stored_config_names_its_file(ray_local, tmp_path):
+    from orchestrator.errors import ConfigError
+
+    cfg = run_config(tmp_path, "edited", budget=4, batch_size=4, initial_design=4)
+    RunStore.create(cfg["run_dir"], cfg)
+    path = os.path.join(cfg["run_dir"], "config.yaml")
+    Path(path).write_text(Path(path).read_text().replace("budget: 4", "budget: thirty"))
+    with pytest.raises(ConfigError, match=rf"^{path}: `budget` must be an integer .*got 'thirty'"):
+        resume_experiment(cfg["run_dir"], progress=False, out=io.StringIO())

@@ -31,8 +31,16 @@ def _config(tmp_path, **over):
     return cfg
 
 
+_OPEN: list[CentralActor] = []
+
+
 def _open(run_dir: str) -> CentralActor:
+    """A central actor on `run_dir`, as after a restart: the previous one's process, and so its writer lock, is
+    gone (here it is released by hand, both living in this process)."""
+    while _OPEN:
+        _OPEN.pop().store.unlock_writer()
     actor = CentralActor(run_dir, max_concurrent=4, pool=None)
+    _OPEN.append(actor)
     refs = itertools.count()
     actor._submit = lambda batch: [f"ref{next(refs)}" for _ in batch]
     return actor

@@ -295,6 +295,66 @@ def test_two_writers_never_overwrite_a_segment(tmp_path):
     assert [e.trial_id for e in RunStore.open(str(tmp_path / "r")).events()] == ["x"]
 
 
+def test_one_writer_at_a_time_and_a_dead_writer_frees_the_lock(tmp_path):
+    """Two writers of one log number their segments on from what each has read, and a reader kept one of two
+    events with the same number: a second resume of a running run lost results silently (found in review).
+    The writer lock refuses the second writer, naming the first; the OS frees it when its process dies."""
+    import signal
+    import subprocess
+    import sys
+
+    rd = str(tmp_path / "r")
+    a = RunStore.create(rd, CONFIG)
+    a.lock_writer()
+    b = RunStore.open(rd)
+    with pytest.raises(StoreError, match=rf"being written by another run \(pid {os.getpid()} on "):
+        b.lock_writer()
+    with pytest.raises(StoreError, match="being written by another run"):
+        RunStore.check_writer_free(rd)
+    a.unlock_writer()
+    RunStore.check_writer_free(rd)
+    b.lock_writer()
+    b.append([Event("proposed", "x")])
+    b.unlock_writer()
+    code = ("import sys, time; from orchestrator.store import RunStore; s = RunStore.open(sys.argv[1]); s.lock_writer(); "
+            "print('locked', flush=True); time.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", code, rd], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "locked"
+        with pytest.raises(StoreError, match=rf"pid {child.pid} on "):
+            RunStore.check_writer_free(rd)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    RunStore.check_writer_free(rd)  # a crash leaves no stale lock
+    assert [e.trial_id for e in RunStore.open(rd).events()] == ["x"]
+
+
+def test_a_create_that_died_before_its_config_leaves_a_folder_a_new_run_may_use(tmp_path, monkeypatch):
+    """`create` makes events/ and checkpoints/ before config.yaml; a failure in between (ENOSPC) left a folder
+    that was neither a run (resume refused) nor new (run refused): the user had to delete it (found in review)."""
+    rd = str(tmp_path / "r")
+    real = store_mod._Local.write_atomic
+
+    def full_disk(self, rel, data, exclusive=False):
+        if rel == "config.yaml":
+            raise OSError(28, "No space left on device")
+        return real(self, rel, data, exclusive)
+
+    monkeypatch.setattr(store_mod._Local, "write_atomic", full_disk)
+    with pytest.raises(OSError):
+        RunStore.create(rd, CONFIG)
+    monkeypatch.setattr(store_mod._Local, "write_atomic", real)
+    assert sorted(os.listdir(rd)) == ["checkpoints", "events"]
+    RunStore.check_new(rd)
+    RunStore.create(rd, CONFIG).append([Event("proposed", "x")])
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "events").mkdir()
+    (tmp_path / "other" / "events" / "notes.txt").write_text("mine")
+    with pytest.raises(StoreError, match="already holds"):
+        RunStore.check_new(str(tmp_path / "other"))
+
+
 def test_truncated_segment_keeps_others_and_reports_exact_loss(tmp_path):
     s = RunStore.create(str(tmp_path / "r"), CONFIG)
     s.append(_base_events(3))  # seq 0-2
