@@ -540,17 +540,18 @@ class CentralActor:
 
         `timeout_s` is enforced inside the worker (workers/evaluate.py); this is the backstop for a worker
         that cannot enforce it because it is frozen itself (SIGSTOP, hung NFS, a swap storm). Through the pool,
-        each attempt reports when it starts running, and the deadline, `timeout_s` plus a grace period, counts
-        from there: an evaluation that waits in Ray's queue (more in flight than the cluster runs at once, a
-        node lost) is never cut short. Without start reports (no pool, or the pool does not answer) it counts
-        from dispatch and allows every Ray retry its full timeout.
+        each attempt reports when it starts running, and the deadline counts from the latest start: an evaluation
+        that waits in Ray's queue (more in flight than the cluster runs at once) is never cut short. It allows
+        every Ray retry its full timeout plus a grace period, since a retry after a lost worker may itself wait
+        in the queue before it reports its start. Without start reports (no pool, or the pool does not answer)
+        the same deadline counts from dispatch.
         """
         limit = self.cfg.timeout_s
         if not refs or not math.isfinite(limit):
             return []
-        grace = max(5.0, 0.25 * limit)
+        deadline = (1 + self.cfg.max_retries) * limit + max(5.0, 0.25 * limit)
         now = time.time()
-        late = [ref for ref in refs if now - self._inflight[ref][1] > limit + grace]  # none can expire sooner
+        late = [ref for ref in refs if now - self._inflight[ref][1] > deadline]  # none can expire sooner
         if not late:
             return []
         starts = self._start_times([self._inflight[ref][0].trial_id for ref in late], now)
@@ -558,10 +559,10 @@ class CentralActor:
         for ref in late:
             trial, dispatched, _ = self._inflight[ref]
             if starts is None:
-                over = now - dispatched > (1 + self.cfg.max_retries) * limit + grace
+                over = True  # past the deadline counted from dispatch
             else:
                 start = starts.get(trial.trial_id)
-                over = start is not None and now - start > limit + grace  # not started: still queued
+                over = start is not None and now - start > deadline  # not started: still queued
             if over:
                 self._started_at[trial.trial_id] = dispatched if starts is None else starts[trial.trial_id]
                 expired.append(ref)
