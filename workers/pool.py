@@ -12,8 +12,9 @@ When the central actor dies and Ray restarts it, the new instance replays the lo
 is still held (`held`): evaluations that are still running, and those that finished while it was down,
 whose results wait in the pool until they are collected. They are ingested exactly once (by trial id)
 and never re-run. Each task reports to the pool when its attempt starts running (`started`), so the central
-actor's backstop deadline for a frozen worker counts from then, not from submission. If the pool itself dies, its tasks die with it; the central actor sees the owner's
-death on those refs and puts the trials back in the queue (they were never recorded).
+actor's backstop deadline for a frozen worker counts from then, not from submission. If the pool itself dies,
+its tasks die with it; the central actor sees the owner's death on those refs and puts the trials back in the
+queue (they were never recorded).
 """
 
 from __future__ import annotations
