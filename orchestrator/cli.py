@@ -72,6 +72,11 @@ def _cmd_resume(args: argparse.Namespace) -> int:
         raise _UsageError(str(exc)) from None
     if not exists:
         raise _UsageError(f"no run at {args.run_dir}: config.yaml not found")
+    try:  # a run that cannot be opened, or one another process is writing: nothing is started (exit 2)
+        RunStore.open(args.run_dir)
+        RunStore.check_writer_free(args.run_dir)
+    except StoreError as exc:
+        raise _UsageError(str(exc)) from None
     runner = _runner()
     try:
         runner.resume_experiment(args.run_dir, address=args.address)
@@ -145,7 +150,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
         store = RunStore.open(args.run_dir)
     except StoreError as exc:
         raise _UsageError(str(exc)) from None
-    metrics, paths = write_report(args.run_dir, out_dir=args.out, store=store)
+    try:
+        metrics, paths = write_report(args.run_dir, out_dir=args.out, store=store)
+    except OSError as exc:  # --out (or the default report folder) cannot be written
+        where = f"`--out` {args.out}" if args.out else "the report folder"
+        raise _UsageError(f"{where}: {exc.strerror or exc} ({exc.filename})") from None
     print(format_summary(metrics))
     print()
     for name, path in paths.items():

@@ -49,6 +49,10 @@ def _check_objective(cfg: Any) -> Any:
         objective = load_objective(cfg.objective.name, dict(cfg.objective.options))
     except ValueError as exc:
         raise ConfigError(f"`objective`: {str(exc).splitlines()[0]}") from None
+    except Exception as exc:  # an option the objective does not check (a type, a size): no traceback
+        msg = str(exc).splitlines()[0] if str(exc) else ""
+        raise ConfigError(f"`objective.options` of {cfg.objective.name!r} ({dict(cfg.objective.options)}) were "
+                          f"refused: {type(exc).__name__}: {msg}"[:600]) from None
     cfg.build_space(objective.space)
     cfg.resolve_direction(objective.direction)
     # build the model and the proposer once here: a bad option of either is a ConfigError naming it now,
@@ -71,7 +75,10 @@ def _ensure_ray(address: str | None, num_cpus: int | None) -> bool:
     if ray.is_initialized():
         return False
     if address:
-        ray.init(address=address, include_dashboard=False if address == "local" else None)
+        try:
+            ray.init(address=address, include_dashboard=False if address == "local" else None)
+        except ValueError as exc:  # e.g. "Invalid address format"
+            raise ConfigError(f"`--address` {address!r}: {str(exc).splitlines()[0]}") from None
     else:
         _init_local_ray(num_cpus)
     return True

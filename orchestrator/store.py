@@ -389,10 +389,17 @@ def _backend(run_dir: str, filesystem: pafs.FileSystem | None) -> tuple[Any, str
 # ---------------------------------------------------------------------------------------- the store
 
 def _check_new(backend: Any, shown: str) -> None:
-    if backend.exists("config.yaml") or backend.listdir("events"):
-        raise StoreError(f"`run_dir` {shown} already holds a run; resume it or choose another run_dir")
     if backend.exists("") and not backend.isdir(""):
         raise StoreError(f"`run_dir` {shown} is a file, not a folder")
+    if backend.exists("config.yaml") or backend.listdir("events"):
+        raise StoreError(f"`run_dir` {shown} already holds a run; resume it or choose another run_dir")
+    if isinstance(backend, _Local) and not backend.exists(""):
+        # can it be created? (checked now, before Ray starts; the probe folder is removed again)
+        try:
+            os.makedirs(backend.root)
+            os.rmdir(backend.root)
+        except OSError as exc:
+            raise StoreError(f"`run_dir` {shown} cannot be created: {exc.strerror or exc}") from None
     # empty `events/` and `checkpoints/` are what a `create` that died before writing config.yaml leaves behind
     others = [n for n in backend.listdir("")
               if not (n in ("events", "checkpoints") and backend.isdir(n) and not backend.listdir(n))]

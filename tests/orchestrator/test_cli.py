@@ -213,3 +213,33 @@ def test_property_hostile_config_never_half_made(key, value, tmp_path_factory, m
         assert rc == 2 and not fake.calls
         assert len(err.splitlines()) == 1 and err.startswith("qbatch: error: ")
         assert [p.name for p in root.iterdir()] == ["c.yaml"]  # no run directory, nothing half-made
+
+
+def test_bad_paths_options_and_busy_runs_are_usage_errors(tmp_path, monkeypatch, capsys):
+    """Found in review: each of these was a traceback with exit 1 (and a bad run_dir started Ray first)."""
+    monkeypatch.chdir(tmp_path)
+    good = _write(tmp_path / "good.yaml", GOOD)
+
+    def one_line(rc, *texts):
+        err = capsys.readouterr().err
+        assert rc == 2 and len(err.splitlines()) == 1 and err.startswith("qbatch: error: "), err
+        for t in texts:
+            assert t in err, err
+
+    (tmp_path / "afile").write_text("x")
+    one_line(cli.main(["run", str(good), "--run-dir", str(tmp_path / "afile")]), "is a file, not a folder")
+    one_line(cli.main(["run", str(good), "--run-dir", "/proc/qbatch-run"]), "/proc/qbatch-run cannot be created")
+    assert not os.path.exists("/proc/qbatch-run")
+    bad_obj = _write(tmp_path / "cnn.yaml", GOOD | {"objective": {"name": "cnn", "options": {"num_cpus": float("inf")}}})
+    one_line(cli.main(["run", str(bad_obj)]), "`objective.options` of 'cnn'", "'num_cpus': inf", "OverflowError")
+    assert not (tmp_path / "runs").exists()
+    one_line(cli.main(["run", str(good), "--address", "not an address"]), "`--address` 'not an address'")
+
+    _finished_run(tmp_path / "run")
+    one_line(cli.main(["report", str(tmp_path / "run"), "--out", str(tmp_path / "afile")]), "`--out`")
+    holder = RunStore.open(str(tmp_path / "run"))
+    holder.lock_writer()
+    one_line(cli.main(["resume", str(tmp_path / "run")]), "being written by another run")
+    holder.unlock_writer()
+    (tmp_path / "run" / "config.yaml").write_text("objective: [")
+    one_line(cli.main(["resume", str(tmp_path / "run")]), "config.yaml is not valid YAML")
