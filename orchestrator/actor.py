@@ -174,11 +174,9 @@ class CentralActor:
         self._started_buf: list[Any] = []
         self._last_flush = time.time()
         self._busy_s = 0.0  # evaluation time of results ingested in this session
-        # backstop deadlines (`_expired`): start times the pool reported, when they were last asked for, and the
-        # start of each evaluation found expired (for its timeout record)
+        # backstop deadlines (`_expired`): start times the pool reported, and when they were last asked for
         self._starts: dict[str, float] | None = None
         self._starts_asked = -math.inf
-        self._started_at: dict[str, float] = {}
         self._first_dispatch: float | None = None
         self._n_done_session = 0
         self._duplicates = 0
@@ -476,9 +474,8 @@ class CentralActor:
             return
         results = []
         orphaned = []
-        for ref in expired:
-            trial, dispatched, attempt = self._inflight[ref]
-            started = self._started_at.pop(trial.trial_id, dispatched)
+        for ref, started in expired.items():
+            trial, _, attempt = self._inflight[ref]
             results.append((ref, trial, attempt, _timeout_record(trial, started, self.cfg.timeout_s)))
         for ref in ready:
             trial, dispatched, attempt = self._inflight[ref]
@@ -535,8 +532,9 @@ class CentralActor:
             self._check_guard()
         self._wake_planners()
 
-    def _expired(self, refs: list[Any]) -> list[Any]:
-        """Evaluations past their deadline, cancelled (force: the worker process is killed).
+    def _expired(self, refs: list[Any]) -> dict[Any, float]:
+        """Evaluations past their deadline, cancelled (force: the worker process is killed): ref -> when its
+        latest attempt started (its dispatch when that is unknown).
 
         `timeout_s` is enforced inside the worker (workers/evaluate.py); this is the backstop for a worker
         that cannot enforce it because it is frozen itself (SIGSTOP, hung NFS, a swap storm). Through the pool,
@@ -548,14 +546,14 @@ class CentralActor:
         """
         limit = self.cfg.timeout_s
         if not refs or not math.isfinite(limit):
-            return []
+            return {}
         deadline = (1 + self.cfg.max_retries) * limit + max(5.0, 0.25 * limit)
         now = time.time()
         late = [ref for ref in refs if now - self._inflight[ref][1] > deadline]  # none can expire sooner
         if not late:
-            return []
+            return {}
         starts = self._start_times([self._inflight[ref][0].trial_id for ref in late], now)
-        expired = []
+        expired: dict[Any, float] = {}
         for ref in late:
             trial, dispatched, _ = self._inflight[ref]
             if starts is None:
@@ -564,8 +562,7 @@ class CentralActor:
                 start = starts.get(trial.trial_id)
                 over = start is not None and now - start > deadline  # not started: still queued
             if over:
-                self._started_at[trial.trial_id] = dispatched if starts is None else starts[trial.trial_id]
-                expired.append(ref)
+                expired[ref] = dispatched if starts is None else starts[trial.trial_id]
         if expired:
             import ray
 

@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from orchestrator.errors import QbatchError
+from workers.evaluate import printable
 
 __all__ = [
     "EVENT_KINDS",
@@ -193,7 +194,7 @@ def _encode(events: Sequence[Event], first_seq: int) -> pa.Table:
                 raise StoreError(f"{w}.{name} must be a string or None; got {v!r:.60}")
             # lone surrogates (an undecodable file name in a message) are not UTF-8: Parquet refused the whole
             # segment, and with it the other results of the batch, on every resume again
-            cols[name].append(None if v is None else v.encode("utf-8", "backslashreplace").decode("utf-8"))
+            cols[name].append(None if v is None else printable(v))
         cols["pid"].append(_opt_number(ev.pid, f"{w}.pid", int))
         cols["started_at"].append(_opt_number(ev.started_at, f"{w}.started_at", float))
         cols["ended_at"].append(_opt_number(ev.ended_at, f"{w}.ended_at", float))
