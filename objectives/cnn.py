@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from objectives.base import EvalResult, Objective, ObjectiveError, Resources
 from objectives.datasets import IMAGE_DATASETS, ImageDataset, load_image_dataset
+from objectives.options import check_choice, check_float, check_int, check_path
 
 #: image side of each data set (digits 8x8, CIFAR-10 and SVHN 32x32): `conv_layers` halvings must leave >= 1
 _IMAGE_SIDE = {"digits": 8, "cifar10": 32, "svhn": 32}
@@ -93,22 +94,20 @@ class CNNTraining(Objective):
         momentum: float = 0.9,
         conv_layers: int = 2,
     ) -> None:
-        if dataset not in IMAGE_DATASETS:
-            raise ObjectiveError(f"option 'dataset' must be one of {list(IMAGE_DATASETS)}; got {dataset!r}")
-        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-            raise ObjectiveError(f"option 'epochs' must be an integer >= 1; got {epochs!r}")
+        check_choice("dataset", dataset, IMAGE_DATASETS)
+        check_int("epochs", epochs, 1)
         if device not in (None, "cpu", "cuda") and not (isinstance(device, str) and device.startswith("cuda:")):
             raise ObjectiveError(f"option 'device' must be None, 'cpu', 'cuda' or 'cuda:N'; got {device!r}")
-        if not (isinstance(num_cpus, (int, float)) and num_cpus > 0):
-            raise ObjectiveError(f"option 'num_cpus' must be a positive number; got {num_cpus!r}")
-        if not (isinstance(num_gpus, (int, float)) and num_gpus >= 0):
-            raise ObjectiveError(f"option 'num_gpus' must be a number >= 0; got {num_gpus!r}")
-        if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1):
-            raise ObjectiveError(f"option 'num_threads' must be None or an integer >= 1; got {num_threads!r}")
-        if not (isinstance(momentum, (int, float)) and 0.0 <= momentum < 1.0):
-            raise ObjectiveError(f"option 'momentum' must be in [0, 1); got {momentum!r}")
-        if isinstance(conv_layers, bool) or not isinstance(conv_layers, int) or not 1 <= conv_layers <= 4:
-            raise ObjectiveError(f"option 'conv_layers' must be an integer in [1, 4]; got {conv_layers!r}")
+        num_cpus = check_float("num_cpus", num_cpus, 0.0, low_open=True)
+        num_gpus = check_float("num_gpus", num_gpus, 0.0)
+        if isinstance(device, str) and device.startswith("cuda") and num_gpus == 0:
+            # Ray gives a task that asks for no GPU an empty CUDA_VISIBLE_DEVICES: every evaluation would fail
+            raise ObjectiveError(f"option 'device'={device!r} needs option 'num_gpus' > 0 (Ray hides the GPUs "
+                                 "from an evaluation that asks for none); got num_gpus=0")
+        check_int("num_threads", num_threads, 1, optional=True)
+        momentum = check_float("momentum", momentum, 0.0, 1.0, high_open=True)
+        check_int("conv_layers", conv_layers, 1, 4)
+        data_dir = check_path("data_dir", data_dir)
         self.dataset = dataset
         self.data_dir = None if data_dir is None else str(data_dir)
         self.epochs = epochs

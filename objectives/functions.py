@@ -30,6 +30,7 @@ from scipy.stats import norm, qmc
 from threadpoolctl import threadpool_limits
 
 from objectives.base import ObjectiveError, SyntheticObjective, check_params
+from objectives.options import check_bool, check_bounds, check_float, check_int
 
 __all__ = [
     "Ackley",
@@ -178,19 +179,10 @@ class TestFunction(SyntheticObjective):
         heteroscedastic: bool = False,
         bounds: Sequence[Sequence[float]] | None = None,
     ) -> None:
-        if isinstance(noise_std, bool) or not isinstance(noise_std, (int, float)) or not (
-            math.isfinite(noise_std) and noise_std >= 0
-        ):
-            raise ObjectiveError(f"noise_std must be a finite number >= 0; got {noise_std!r}")
-        self.noise_std = float(noise_std)
-        self.heteroscedastic = bool(heteroscedastic)
+        self.noise_std = check_float("noise_std", noise_std, 0.0)
+        self.heteroscedastic = check_bool("heteroscedastic", heteroscedastic)
         self._custom_bounds = bounds is not None
-        bnds = self.default_bounds if bounds is None else tuple(tuple(map(float, b)) for b in bounds)
-        if len(bnds) != self.dim:
-            raise ObjectiveError(f"bounds must have {self.dim} (low, high) pairs for {self.name}; got {len(bnds)}")
-        for i, b in enumerate(bnds):
-            if len(b) != 2 or not (b[0] < b[1]):
-                raise ObjectiveError(f"bounds[{i}] must be (low, high) with low < high; got {b!r}")
+        bnds = self.default_bounds if bounds is None else check_bounds("bounds", bounds, self.dim)
         self.bounds = np.asarray(bnds, dtype=np.float64)
         self.space = {
             f"x{i}": {"type": "float", "low": float(lo), "high": float(hi), "log": False}
@@ -466,11 +458,7 @@ class NoisyAckley(_BoTorchFunction):
     optimal_value = 0.0
 
     def __init__(self, noise_scale: float = 1.0, bounds: Sequence[Sequence[float]] | None = None) -> None:
-        if isinstance(noise_scale, bool) or not isinstance(noise_scale, (int, float)) or not (
-            math.isfinite(noise_scale) and noise_scale >= 0
-        ):
-            raise ObjectiveError(f"noise_scale must be a finite number >= 0; got {noise_scale!r}")
-        self.noise_scale = float(noise_scale)
+        self.noise_scale = check_float("noise_scale", noise_scale, 0.0)
         super().__init__(noise_std=self.noise_scale, heteroscedastic=self.noise_scale > 0, bounds=bounds)
 
     def _make_problem(self) -> Any:
@@ -488,5 +476,4 @@ class NoisyAckley(_BoTorchFunction):
 
 
 def _check_dim(dim: Any) -> None:
-    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
-        raise ObjectiveError(f"dim must be a positive integer; got {dim!r}")
+    check_int("dim", dim, 1)

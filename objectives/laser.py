@@ -35,6 +35,7 @@ from scipy.stats import skewnorm
 from threadpoolctl import threadpool_limits
 
 from objectives.base import ObjectiveError, SyntheticObjective, check_params
+from objectives.options import check_float, check_int, check_path, check_range
 from objectives.functions import check_tau, maximize_on_box, point_rng
 from objectives.gld import MaternRFF
 
@@ -158,38 +159,16 @@ class LaserSimulator(SyntheticObjective):
         measurement_s: float = 0.0,
         noise_lengthscale_min: float = 1e-2,
     ) -> None:
-        if isinstance(n_gp_max, bool) or not isinstance(n_gp_max, int) or n_gp_max < 10:
-            raise ObjectiveError(f"n_gp_max must be an integer >= 10; got {n_gp_max!r}")
-        if isinstance(min_repeats, bool) or not isinstance(min_repeats, int) or min_repeats < 3:
-            raise ObjectiveError(f"min_repeats must be an integer >= 3; got {min_repeats!r}")
-        if not isinstance(alpha_max, (int, float)) or not (math.isfinite(alpha_max) and alpha_max > 0):
-            raise ObjectiveError(f"alpha_max must be a positive number; got {alpha_max!r}")
-        if isinstance(model_seed, bool) or not isinstance(model_seed, int) or not 0 <= model_seed < 2**32:
-            raise ObjectiveError(f"model_seed must be an integer in [0, 2**32); got {model_seed!r}")
-        try:
-            lo_e, hi_e = (float(v) for v in energy_range)
-            ok = math.isfinite(lo_e) and math.isfinite(hi_e) and lo_e < hi_e
-        except (TypeError, ValueError):  # not a pair of numbers
-            ok = False
-        if not ok or any(isinstance(v, (bool, str)) for v in energy_range):
-            raise ObjectiveError(f"energy_range must be (low, high) with low < high; got {energy_range!r}")
-        if (
-            isinstance(measurement_s, bool)
-            or not isinstance(measurement_s, (int, float))
-            or not (math.isfinite(measurement_s) and measurement_s >= 0)
-        ):
-            raise ObjectiveError(f"measurement_s must be a number of seconds >= 0; got {measurement_s!r}")
-        if (
-            isinstance(noise_lengthscale_min, bool)
-            or not isinstance(noise_lengthscale_min, (int, float))
-            or not (math.isfinite(noise_lengthscale_min) and 0 < noise_lengthscale_min < 1e3)
-        ):
-            raise ObjectiveError(f"noise_lengthscale_min must be a number in (0, 1000); got {noise_lengthscale_min!r}")
-        self.noise_lengthscale_min = float(noise_lengthscale_min)
-        self.measurement_s = float(measurement_s)
-        self.model_seed, self.n_gp_max, self.min_repeats = int(model_seed), n_gp_max, min_repeats
-        self.alpha_max = float(alpha_max)
-        self.csv_path = None if csv_path is None else Path(csv_path)
+        self.n_gp_max = check_int("n_gp_max", n_gp_max, 10)
+        self.min_repeats = check_int("min_repeats", min_repeats, 3)
+        self.alpha_max = check_float("alpha_max", alpha_max, 0.0, low_open=True)
+        self.model_seed = check_int("model_seed", model_seed, 0, 2**32 - 1)
+        energy_range = check_range("energy_range", energy_range)
+        self.measurement_s = check_float("measurement_s", measurement_s, 0.0)
+        self.noise_lengthscale_min = check_float(
+            "noise_lengthscale_min", noise_lengthscale_min, 0.0, 1e3, low_open=True, high_open=True
+        )
+        self.csv_path = check_path("csv_path", csv_path, kind="file")
         self._optimum_cache: dict[float, tuple[dict[str, Any], float]] = {}
         self._ppf_splines: dict[float, CubicSpline] = {}
         self.groups: dict[str, np.ndarray] = {}
@@ -217,20 +196,18 @@ class LaserSimulator(SyntheticObjective):
     def _build_from_csv(self, path: Path, energy_range: tuple[float, float]) -> None:
         import csv
 
-        if not path.is_file():
-            raise ObjectiveError(f"laser csv_path={str(path)!r} is not a file")
         try:
             with open(path, newline="") as fh:
                 reader = csv.reader(fh)
                 header = [h.strip() for h in next(reader, [])]
                 lines = [row for row in reader if row]
         except (OSError, UnicodeDecodeError, csv.Error) as exc:
-            raise ObjectiveError(f"cannot read laser csv_path={str(path)!r}: {exc}") from exc
+            raise ObjectiveError(f"cannot read option 'csv_path'={str(path)!r}: {exc}") from exc
         quads = [c for c in header if c.startswith("QUAD:") and c.endswith("BCTRL")]
         if ENERGY_COLUMN not in header:
-            raise ObjectiveError(f"laser CSV {str(path)!r} lacks the energy column {ENERGY_COLUMN!r}")
+            raise ObjectiveError(f"option 'csv_path': {str(path)!r} lacks the energy column {ENERGY_COLUMN!r}")
         if not quads:
-            raise ObjectiveError(f"laser CSV {str(path)!r} has no 'QUAD:*BCTRL' input columns")
+            raise ObjectiveError(f"option 'csv_path': {str(path)!r} has no 'QUAD:*BCTRL' input columns")
         cols = [header.index(c) for c in quads + [ENERGY_COLUMN]]
         data = np.empty((len(lines), len(cols)))
         for i, row in enumerate(lines):
@@ -241,13 +218,13 @@ class LaserSimulator(SyntheticObjective):
                     data[i, j] = np.nan
                 if not np.isfinite(data[i, j]):
                     raise ObjectiveError(
-                        f"laser CSV {str(path)!r}: data row {i} (line {i + 2}) has a missing or non-numeric "
+                        f"option 'csv_path': {str(path)!r}: data row {i} (line {i + 2}) has a missing or non-numeric "
                         f"{header[c]!r}: {row[c] if c < len(row) else ''!r}"
                     )
         lo_e, hi_e = energy_range
         data = data[(data[:, -1] > lo_e) & (data[:, -1] < hi_e)]
         if len(data) < 20:
-            raise ObjectiveError(f"laser CSV {str(path)!r}: only {len(data)} rows with {lo_e} < energy < {hi_e}")
+            raise ObjectiveError(f"option 'csv_path': {str(path)!r}: only {len(data)} rows with {lo_e} < energy < {hi_e} (option 'energy_range')")
         X, y = data[:, :-1], data[:, -1]
         self.names = quads
         lo, hi = X.min(axis=0), X.max(axis=0)

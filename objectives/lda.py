@@ -21,6 +21,7 @@ import numpy as np
 
 from objectives.base import EvalResult, Objective, ObjectiveError, Resources
 from objectives.datasets import TEXT_CORPORA, TextCorpus, load_text_corpus
+from objectives.options import check_choice, check_float, check_int, check_path
 
 __all__ = ["LDA_SPACE", "OnlineLDA", "heldout_log_bound"]
 
@@ -124,22 +125,17 @@ class OnlineLDA(Objective):
         max_df: float = 0.5,
         num_cpus: float = 1.0,
     ) -> None:
-        if corpus not in TEXT_CORPORA:
-            raise ObjectiveError(f"option 'corpus' must be one of {list(TEXT_CORPORA)}; got {corpus!r}")
+        check_choice("corpus", corpus, TEXT_CORPORA)
+        data_dir = check_path("data_dir", data_dir)
         if corpus != "lee" and data_dir is None:
             raise ObjectiveError(f"option 'data_dir' is required for corpus {corpus!r} (nothing is downloaded)")
         for key, v, lo in (("num_topics", num_topics, 2), ("max_passes", max_passes, 1), ("vocab_size", vocab_size, 10), ("min_df", min_df, 1)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise ObjectiveError(f"option {key!r} must be an integer >= {lo}; got {v!r}")
-        for key, v in (("n_train", n_train), ("n_test", n_test)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise ObjectiveError(f"option {key!r} must be None or an integer >= 1; got {v!r}")
-        if not (isinstance(tol, (int, float)) and 0.0 <= tol < 1.0):
-            raise ObjectiveError(f"option 'tol' must be in [0, 1); got {tol!r}")
-        if not (isinstance(max_df, (int, float)) and 0.0 < max_df <= 1.0):
-            raise ObjectiveError(f"option 'max_df' must be in (0, 1]; got {max_df!r}")
-        if not (isinstance(num_cpus, (int, float)) and num_cpus > 0):
-            raise ObjectiveError(f"option 'num_cpus' must be a positive number; got {num_cpus!r}")
+            check_int(key, v, lo)
+        check_int("n_train", n_train, 1, optional=True)
+        check_int("n_test", n_test, 1, optional=True)
+        tol = check_float("tol", tol, 0.0, 1.0, high_open=True)
+        max_df = check_float("max_df", max_df, 0.0, 1.0, low_open=True)
+        num_cpus = check_float("num_cpus", num_cpus, 0.0, low_open=True)
         self.corpus = corpus
         self.data_dir = None if data_dir is None else str(data_dir)
         self.num_topics = num_topics

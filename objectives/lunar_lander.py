@@ -23,12 +23,12 @@ lander must not be rewarded). The reward is returned as is (not /300).
 from __future__ import annotations
 
 import importlib
-import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from objectives.base import EvalResult, Objective, ObjectiveError, Resources, check_params
+from objectives.options import check_float, check_int, check_str
 
 __all__ = ["GYMNASIUM_HEURISTIC", "LunarLander", "heuristic_controller_6d"]
 
@@ -84,13 +84,11 @@ class LunarLander(Objective):
         env_id: str = "LunarLander-v3",
         upper: float = 1.2,
     ) -> None:
-        if isinstance(steps_limit, bool) or not isinstance(steps_limit, int) or steps_limit < 1:
-            raise ObjectiveError(f"steps_limit must be a positive integer; got {steps_limit!r}")
-        if not isinstance(timeout_penalty, (int, float)) or not math.isfinite(timeout_penalty):
-            raise ObjectiveError(f"timeout_penalty must be a finite number; got {timeout_penalty!r}")
-        if not isinstance(upper, (int, float)) or not (math.isfinite(upper) and upper > 0):
-            raise ObjectiveError(f"upper must be a positive number; got {upper!r}")
-        self.steps_limit, self.timeout_penalty, self.env_id = int(steps_limit), float(timeout_penalty), str(env_id)
+        self.steps_limit = check_int("steps_limit", steps_limit, 1)
+        self.timeout_penalty = check_float("timeout_penalty", timeout_penalty)
+        upper = check_float("upper", upper, 0.0, low_open=True)
+        self.env_id = check_str("env_id", env_id)
+        self._check_env_id()  # an unknown id fails here, not as every evaluation of the run
         self.space = {n: {"type": "float", "low": 0.0, "high": float(upper), "log": False} for n in _NAMES}
         self._env: Any = None
 
@@ -100,23 +98,38 @@ class LunarLander(Objective):
         state["_env"] = None
         return state
 
+    def _package(self) -> tuple[Any, str]:
+        """The module (gymnasium, or gym for a ``gym:`` id) and the bare id `env_id` names."""
+        legacy = self.env_id.startswith(LEGACY_PREFIX)
+        package, env_id = ("gym", self.env_id[len(LEGACY_PREFIX):]) if legacy else ("gymnasium", self.env_id)
+        try:
+            return importlib.import_module(package), env_id
+        except ImportError as exc:
+            hint = "pip install gym==0.26.2" if legacy else "pip install 'qbatch[lander]'"
+            raise ObjectiveError(f"option 'env_id'={self.env_id!r} needs the {package!r} package: {hint}") from exc
+
+    def _check_env_id(self) -> None:
+        """Raise `ObjectiveError` naming `env_id` when its package is missing or does not register the id."""
+        gym, env_id = self._package()
+        try:
+            gym.spec(env_id)
+        except Exception as exc:  # gymnasium.error.NameNotFound, VersionNotFound, ...
+            raise ObjectiveError(
+                f"option 'env_id'={self.env_id!r} is not an environment of {gym.__name__!r}: {exc}"
+            ) from None
+
     def make_env(self) -> Any:
         """The (cached) environment `env_id` names, made on first use; raises `ObjectiveError` naming `env_id`
         when its package is missing or the id is unknown (call it to check an `env_id` before flying)."""
         if self._env is None:
-            legacy = self.env_id.startswith(LEGACY_PREFIX)
-            package, env_id = ("gym", self.env_id[len(LEGACY_PREFIX):]) if legacy else ("gymnasium", self.env_id)
-            try:
-                gym = importlib.import_module(package)
-            except ImportError as exc:
-                hint = "pip install gym==0.26.2" if legacy else "pip install 'qbatch[lander]'"
-                raise ObjectiveError(f"env_id={self.env_id!r} needs the {package!r} package: {hint}") from exc
+            gym, env_id = self._package()
+            legacy = gym.__name__ == "gym"
             # gym 0.26's passive checker calls numpy aliases that numpy 2 removed; the episode loop checks itself
             options = {"disable_env_checker": True} if legacy else {}
             try:
                 self._env = gym.make(env_id, max_episode_steps=self.steps_limit, **options)
             except Exception as exc:
-                raise ObjectiveError(f"cannot make {package} environment env_id={self.env_id!r}: {exc}") from exc
+                raise ObjectiveError(f"cannot make {gym.__name__} environment env_id={self.env_id!r}: {exc}") from exc
         return self._env
 
     def params_to_gains(self, params: Mapping[str, Any]) -> np.ndarray:

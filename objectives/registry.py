@@ -8,6 +8,7 @@ dependencies (gensim, gymnasium, torch) load on demand. A user objective is give
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any, Mapping
 
 from objectives.base import Objective, ObjectiveError
@@ -63,6 +64,19 @@ def _import_target(path: str) -> Any:
         raise ObjectiveError(f"module {module_name!r} has no attribute {attr!r} (objective {path!r})") from None
 
 
+def _unknown_options(target: Any, options: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """(options `target` does not take, the ones it takes); nothing is unknown to a factory taking ``**kwargs``
+    or one whose signature cannot be read."""
+    try:
+        params = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        return [], []
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return [], []
+    accepted = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return sorted(k for k in options if k not in accepted), accepted
+
+
 def load_objective(name: str, options: Mapping[str, Any] | None = None) -> Objective:
     """Build an objective from a built-in name or a ``package.module:name`` path, with keyword options."""
     options = dict(options or {})
@@ -81,6 +95,9 @@ def load_objective(name: str, options: Mapping[str, Any] | None = None) -> Objec
         return target
     if not callable(target):
         raise ObjectiveError(f"objective {name!r} is neither an Objective nor a factory")
+    unknown, accepted = _unknown_options(target, options)
+    if unknown:
+        raise ObjectiveError(f"bad options for objective {name!r}: unknown option(s) {unknown}; it takes {accepted}")
     try:
         obj = target(**options)
     except TypeError as exc:

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from objectives.base import EvalResult, Objective, ObjectiveError, Resources
+from objectives.options import check_float, check_int
 
 __all__ = ["SleepObjective", "lognormal_params"]
 
@@ -54,16 +55,11 @@ class SleepObjective(Objective):
         int_param: int = 0,
         fail_rate: float = 0.0,
     ) -> None:
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
-            raise ObjectiveError(f"option 'dim' must be an integer >= 1; got {dim!r}")
-        for key, v in (("mean_s", mean_s), ("cv", cv), ("noise", noise), ("num_cpus", num_cpus)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise ObjectiveError(f"option {key!r} must be a finite number >= 0; got {v!r}")
-        if isinstance(fail_rate, bool) or not isinstance(fail_rate, (int, float)) or not 0.0 <= fail_rate <= 1.0:
-            raise ObjectiveError(f"option 'fail_rate' must be a number in [0, 1]; got {fail_rate!r}")
-        self.fail_rate = float(fail_rate)
-        if isinstance(int_param, bool) or not isinstance(int_param, int) or int_param < 0:
-            raise ObjectiveError(f"option 'int_param' must be an integer >= 0; got {int_param!r}")
+        dim = check_int("dim", dim, 1)
+        mean_s, cv, noise, num_cpus = (check_float(k, v, 0.0) for k, v in
+                                       (("mean_s", mean_s), ("cv", cv), ("noise", noise), ("num_cpus", num_cpus)))
+        self.fail_rate = check_float("fail_rate", fail_rate, 0.0, 1.0)
+        int_param = check_int("int_param", int_param, 0)
         self.dim = dim
         self.mean_s = float(mean_s)
         self.cv = float(cv)
@@ -71,7 +67,12 @@ class SleepObjective(Objective):
         self.space = {f"x{i}": {"type": "float", "low": 0.0, "high": 1.0} for i in range(dim)}
         if int_param:
             self.space["k"] = {"type": "int", "low": 0, "high": int(int_param)}
-        self.resources = Resources(num_cpus=float(num_cpus), custom=dict(custom_resources or {}))
+        if custom_resources is not None and not isinstance(custom_resources, Mapping):
+            raise ObjectiveError(f"option 'custom_resources' must be a mapping of name to quantity; got {custom_resources!r}")
+        try:
+            self.resources = Resources(num_cpus=num_cpus, custom=dict(custom_resources or {}))
+        except ObjectiveError as exc:
+            raise ObjectiveError(f"option 'custom_resources': {exc}") from None
 
     def delay(self, rng: np.random.Generator) -> float:
         """One random delay in seconds."""

@@ -151,9 +151,19 @@ def test_bad_options_are_named(tmp_path: Path) -> None:
     obj = CNNTraining(dataset="cifar10", data_dir=tmp_path / "absent")
     with pytest.raises(ObjectiveError, match="absent"):
         obj(GOOD, seed=0)
+    # device 'cuda' with no GPU asked of Ray: every evaluation would fail (Ray hides the GPUs), so refused now
+    for device in ("cuda", "cuda:1"):
+        with pytest.raises(ObjectiveError, match=rf"option 'device'='{device}' needs option 'num_gpus' > 0"):
+            CNNTraining(device=device)
     if not torch.cuda.is_available():
         with pytest.raises(ObjectiveError, match=r"option 'device'='cuda' but no CUDA device"):
-            CNNTraining(device="cuda")(GOOD, seed=0)
+            CNNTraining(device="cuda", num_gpus=1)(GOOD, seed=0)
+    # types are not coerced: the value and the option are named
+    for key, value, match in (("epochs", 2.0, "an integer >= 1"), ("num_gpus", True, "a finite number >= 0"),
+                              ("num_cpus", float("inf"), "a finite number > 0"), ("momentum", 1.0, r"a finite number in \[0, 1\)"),
+                              ("num_threads", 0, "None or an integer >= 1"), ("data_dir", 5, "None or a path")):
+        with pytest.raises(ObjectiveError, match=rf"option '{key}' must be {match}; got {value!r}"):
+            CNNTraining(**{key: value})
 
 
 def test_resources_default_cpu_and_optional_gpu() -> None:

@@ -107,10 +107,22 @@ def test_legacy_gym_v2_flies_the_same_episodes_as_gymnasium_v3(lander):
 
 
 def test_legacy_env_id_without_gym_or_unknown_names_the_env_id(monkeypatch):
+    """A missing package or an unknown id is refused when the objective is built (before a run starts), not
+    by every evaluation of the run; a bad type or a bad number names its option too."""
     import sys
 
+    for bad in ("NoSuchLander-v0", "gym:NoSuchLander-v0", "LunarLander-v99"):
+        with pytest.raises(ObjectiveError, match=f"option 'env_id'='{bad}' is not an environment of"):
+            LunarLander(env_id=bad)
+    with pytest.raises(ObjectiveError, match="option 'env_id' must be a non-empty string; got 3"):
+        LunarLander(env_id=3)
+    with pytest.raises(ObjectiveError, match=r"option 'steps_limit' must be an integer >= 1; got 1.5"):
+        LunarLander(steps_limit=1.5)
+    with pytest.raises(ObjectiveError, match=r"option 'upper' must be a finite number > 0; got True"):
+        LunarLander(upper=True)
+    built = LunarLander(env_id="gym:LunarLander-v2")
     monkeypatch.setitem(sys.modules, "gym", None)  # what an installation without the legacy package sees
-    with pytest.raises(ObjectiveError, match=r"env_id='gym:LunarLander-v2'.*pip install gym==0.26.2"):
-        LunarLander(env_id="gym:LunarLander-v2").episode(GYMNASIUM_HEURISTIC, 0)
-    with pytest.raises(ObjectiveError, match="env_id='NoSuchLander-v0'"):
-        LunarLander(env_id="NoSuchLander-v0").episode(GYMNASIUM_HEURISTIC, 0)
+    with pytest.raises(ObjectiveError, match=r"option 'env_id'='gym:LunarLander-v2' needs.*pip install gym==0.26.2"):
+        LunarLander(env_id="gym:LunarLander-v2")
+    with pytest.raises(ObjectiveError, match=r"option 'env_id'='gym:LunarLander-v2' needs.*pip install gym==0.26.2"):
+        built.episode(GYMNASIUM_HEURISTIC, 0)  # a worker without the package: the evaluation fails, naming it

@@ -231,7 +231,16 @@ def test_bad_paths_options_and_busy_runs_are_usage_errors(tmp_path, monkeypatch,
     one_line(cli.main(["run", str(good), "--run-dir", "/proc/qbatch-run"]), "/proc/qbatch-run cannot be created")
     assert not os.path.exists("/proc/qbatch-run")
     bad_obj = _write(tmp_path / "cnn.yaml", GOOD | {"objective": {"name": "cnn", "options": {"num_cpus": float("inf")}}})
-    one_line(cli.main(["run", str(bad_obj)]), "`objective.options` of 'cnn'", "'num_cpus': inf", "OverflowError")
+    one_line(cli.main(["run", str(bad_obj)]), "`objective`: option 'num_cpus' must be a finite number > 0; got inf")
+    # a user objective whose constructor raises something other than ValueError: one line naming the options
+    (tmp_path / "user_obj.py").write_text(
+        "from objectives.functions import Forrester\n"
+        "def make(width=1.0):\n"
+        "    return Forrester(bounds=[(0.0, 10.0 ** width)])\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    user = _write(tmp_path / "user.yaml", GOOD | {"objective": {"name": "user_obj:make", "options": {"width": 400}}})
+    one_line(cli.main(["run", str(user)]), "`objective.options` of 'user_obj:make'", "'width': 400", "OverflowError")
     assert not (tmp_path / "runs").exists()
     one_line(cli.main(["run", str(good), "--address", "not an address"]), "`--address` 'not an address'")
 
