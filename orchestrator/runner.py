@@ -17,6 +17,7 @@ never finished; completed results are never repeated (ingestion is exactly-once 
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 from typing import Any, Mapping, TextIO
@@ -75,6 +76,7 @@ def _ensure_ray(address: str | None, num_cpus: int | None) -> bool:
     if ray.is_initialized():
         return False
     if address:
+        _check_reachable(address)
         try:
             ray.init(address=address, include_dashboard=False if address == "local" else None)
         except ValueError as exc:  # e.g. "Invalid address format"
@@ -82,6 +84,33 @@ def _ensure_ray(address: str | None, num_cpus: int | None) -> bool:
     else:
         _init_local_ray(num_cpus)
     return True
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Refuse a ``host:port`` (or ``ray://host:port``) address where nothing accepts a connection.
+
+    Ray itself retries such an address for minutes (its GCS client) before it fails with a timeout; one TCP
+    connect tells the user at once. "auto" and "local" are Ray's to resolve; a malformed address is left to
+    Ray's parser, whose error the caller reports.
+    """
+    if address in ("auto", "local"):
+        return
+    target = address.split("://", 1)[1] if "://" in address else address
+    host, sep, port = target.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return
+    host = host.strip("[]")
+    if not 0 < int(port) < 65536:
+        raise ConfigError(f"`--address` {address!r}: port {port} is not in 1-65535")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:  # refused, unreachable, unknown host, timeout
+        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        raise ConfigError(
+            f"`--address` {address!r}: nothing answers at {host}:{port} ({reason}); is the cluster's head "
+            "running (`ray start --head`), and is this its address?"
+        ) from None
 
 
 def _init_local_ray(num_cpus: int | None) -> None:

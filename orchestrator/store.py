@@ -395,10 +395,16 @@ def _check_new(backend: Any, shown: str) -> None:
     if backend.exists("config.yaml") or backend.listdir("events"):
         raise StoreError(f"`run_dir` {shown} already holds a run; resume it or choose another run_dir")
     if isinstance(backend, _Local) and not backend.exists(""):
-        # can it be created? (checked now, before Ray starts; the probe folder is removed again)
+        # can it be created? (checked now, before Ray starts; the probe folder and any parents it needed
+        # are removed again: a refused run leaves nothing behind)
+        missing, p = [], os.path.abspath(backend.root)
+        while not os.path.lexists(p) and os.path.dirname(p) != p:
+            missing.append(p)
+            p = os.path.dirname(p)
         try:
             os.makedirs(backend.root)
-            os.rmdir(backend.root)
+            for made in missing:  # deepest first
+                os.rmdir(made)
         except OSError as exc:
             raise StoreError(f"`run_dir` {shown} cannot be created: {exc.strerror or exc}") from None
     # empty `events/` and `checkpoints/` are what a `create` that died before writing config.yaml leaves behind
@@ -629,17 +635,25 @@ class RunStore:
         return [ev for _, ev in pairs if wanted is None or ev.kind in wanted]
 
     def _read_all(self) -> list[tuple[int, Event]]:
-        names = [n for n in self._fs.listdir("events") if _SEGMENT_RE.match(n)]
+        # sorted: where segments overlap (a compaction that died before deleting its inputs) the same
+        # segment wins on every read
+        names = sorted(n for n in self._fs.listdir("events") if _SEGMENT_RE.match(n))
         segments: dict[str, tuple[int, int, int]] = {}
         damaged: dict[str, tuple[int, int, str]] = {}
         rows: dict[int, Event] = {}
+        source: dict[int, str] = {}
+        conflicts: dict[str, dict[str, list[int]]] = {}  # segment -> the segment whose rows won -> seqs
         for name in names:
             m = _SEGMENT_RE.match(name)
             first, last = int(m.group(1)), int(m.group(2))
             decoded, problem = self._read_segment(name)
             for seq, ev in decoded:
-                if first <= seq <= last:
-                    rows.setdefault(seq, ev)
+                if not first <= seq <= last:
+                    continue
+                if seq not in rows:
+                    rows[seq], source[seq] = ev, name
+                elif repr(rows[seq]) != repr(ev):  # overlaps must repeat a row exactly: else two writers
+                    conflicts.setdefault(name, {}).setdefault(source[seq], []).append(seq)
             if problem is not None:
                 damaged[name] = (first, last, problem)
             segments[name] = (first, last, len(decoded))
@@ -660,7 +674,14 @@ class RunStore:
                 + (f" with sequence number(s) {_ranges(lost)}" if lost else "")
                 + f", kept {last - first + 1 - len(lost)}"
             )
-        self._damaged = set(damaged)
+        for name, by_winner in sorted(conflicts.items()):
+            for winner, seqs in sorted(by_winner.items()):
+                self.damage.append(
+                    f"events/{name}: {len(seqs)} event(s) with sequence number(s) {_ranges(seqs)} differ from "
+                    f"those in events/{winner} (two writers on one run?); kept events/{winner}'s"
+                )
+        # a conflicting segment is never compacted: compaction would drop its rows without a trace
+        self._damaged = set(damaged) | set(conflicts)
         self._segments = segments
         all_last = [last for first, last, _ in segments.values()]
         self._next_seq = max([self._next_seq - 1, *all_last]) + 1 if all_last else self._next_seq

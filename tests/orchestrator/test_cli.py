@@ -10,8 +10,10 @@ Ray is in engineer B's tests.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -243,6 +245,16 @@ def test_bad_paths_options_and_busy_runs_are_usage_errors(tmp_path, monkeypatch,
     one_line(cli.main(["run", str(user)]), "`objective.options` of 'user_obj:make'", "'width': 400", "OverflowError")
     assert not (tmp_path / "runs").exists()
     one_line(cli.main(["run", str(good), "--address", "not an address"]), "`--address` 'not an address'")
+    # nothing listens there: Ray would retry for minutes; one connect attempt refuses it at once
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{sock.getsockname()[1]}"
+    t0 = time.monotonic()
+    for addr in (dead, "ray://" + dead):
+        one_line(cli.main(["run", str(good), "--address", addr]), f"`--address` '{addr}': nothing answers at {dead}")
+    assert time.monotonic() - t0 < 30
+    one_line(cli.main(["run", str(good), "--address", "127.0.0.1:70000"]), "port 70000 is not in 1-65535")
+    assert not (tmp_path / "runs").exists()
 
     _finished_run(tmp_path / "run")
     one_line(cli.main(["report", str(tmp_path / "run"), "--out", str(tmp_path / "afile")]), "`--out`")

@@ -355,6 +355,54 @@ def test_a_create_that_died_before_its_config_leaves_a_folder_a_new_run_may_use(
         RunStore.check_new(str(tmp_path / "other"))
 
 
+def test_check_new_leaves_no_folder_behind(tmp_path):
+    """`check_new` probes that a run dir can be made: it used to leave the missing parents (e.g. `runs/`)
+    behind, so a run refused afterwards (a bad `--address`) had created something."""
+    RunStore.check_new(str(tmp_path / "runs" / "a" / "b"))
+    assert os.listdir(tmp_path) == []
+    (tmp_path / "keep").mkdir()
+    RunStore.check_new(str(tmp_path / "keep" / "new"))
+    assert os.listdir(tmp_path) == ["keep"] and os.listdir(tmp_path / "keep") == []
+
+
+def test_conflicting_overlap_of_two_writers_is_reported_and_never_compacted(tmp_path):
+    """Two writers that opened the log at the same length write different events under the same sequence
+    numbers (segment names differ when their batches do). Overlaps are otherwise exact copies (a compaction
+    that died before deleting its inputs); a conflicting one is damage: named, the same winner on every
+    read, and left out of compaction so the losing rows stay on disk."""
+    rd = str(tmp_path / "r")
+    first = RunStore.create(rd, CONFIG)
+    first.append(_base_events(3))  # seq 0-2
+    second = RunStore.open(rd)
+    first.append([Event("completed", "0-0", value=1.0)])  # seq 3
+    second.append([Event("completed", "0-0", value=2.0), Event("completed", "0-1", value=5.0)])  # seq 3-4
+    reader = RunStore.open(rd)
+    values = [e.value for e in reader.events(["completed"])]
+    assert values == [1.0, 5.0]  # seq 3 from seg-3-3 (sorted first), seq 4 only in the second writer's
+    assert reader.damage == [
+        "events/seg-000000000003-000000000004.parquet: 1 event(s) with sequence number(s) 3 differ from those in "
+        "events/seg-000000000003-000000000003.parquet (two writers on one run?); kept "
+        "events/seg-000000000003-000000000003.parquet's"
+    ]
+    reader.compact()
+    assert "seg-000000000003-000000000004.parquet" in os.listdir(os.path.join(rd, "events"))
+    again = RunStore.open(rd)
+    assert [e.value for e in again.events(["completed"])] == [1.0, 5.0] and len(again.damage) == 1
+    # an exact overlap is no damage
+    exact = str(tmp_path / "exact")
+    s = RunStore.create(exact, CONFIG)
+    s.append(_base_events(2))
+    s.append([Event("completed", "0-0", value=1.0, time=7.0)])
+    seg = os.path.join(exact, "events", "seg-000000000002-000000000002.parquet")
+    with open(seg, "rb") as fh:
+        data = fh.read()
+    with open(os.path.join(exact, "events", "seg-000000000002-000000000003.parquet"), "wb") as fh:
+        fh.write(data)  # the same row 2, in a segment that promises 2-3 (3 missing: that is damage of its own)
+    o = RunStore.open(exact)
+    assert [e.value for e in o.events(["completed"])] == [1.0]
+    assert not any("differ" in line for line in o.damage)
+
+
 def test_truncated_segment_keeps_others_and_reports_exact_loss(tmp_path):
     s = RunStore.create(str(tmp_path / "r"), CONFIG)
     s.append(_base_events(3))  # seq 0-2
