@@ -213,6 +213,15 @@ class AskTellOptimizer:
 
         return build_calibrator(self.calibrator_name, **self.calibrator_options)
 
+    def check_options(self) -> None:
+        """Build the model and the proposer once and drop them: a bad option is a `ConfigError` naming its
+        config section (`` `model.options`: ...``) now, not an error at the first fit."""
+        for key, build in (("model", self._build_model), ("proposer", self._build_proposer)):
+            try:
+                build()
+            except ConfigError as exc:  # the component names the option; the config key says where it is
+                raise ConfigError(f"`{key}.options`: {str(exc).splitlines()[0]}") from None
+
     def prepare(self) -> None:
         """Import the model's and proposer's code and build the proposer now rather than at the first fit.
 

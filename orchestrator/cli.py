@@ -20,7 +20,7 @@ import math
 import sys
 from typing import Any, Sequence
 
-from orchestrator.errors import ConfigError, QbatchError
+from orchestrator.errors import ConfigError, QbatchError, UsageError
 
 __all__ = ["EXIT_OK", "EXIT_RUN_FAILED", "EXIT_USAGE", "EXIT_INTERRUPTED", "main"]
 
@@ -31,10 +31,6 @@ EXIT_INTERRUPTED = 130
 
 _EPILOG = """exit status: 0 success; 1 the run stopped with an error; 2 bad usage, bad config or no run at
 RUN_DIR (nothing started, nothing created); 130 interrupted (resume with `qbatch resume RUN_DIR`)."""
-
-
-class _UsageError(QbatchError):
-    """Bad command-line input found after parsing (exit status 2)."""
 
 
 def _error(msg: str) -> None:
@@ -51,9 +47,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         taken = RunStore.exists(run_dir)
     except StoreError as exc:
-        raise _UsageError(str(exc)) from None
+        raise UsageError(str(exc)) from None
     if taken:
-        raise _UsageError(f"{run_dir} already holds a run; continue it with `qbatch resume {run_dir}` or choose another --run-dir")
+        raise UsageError(f"{run_dir} already holds a run; continue it with `qbatch resume {run_dir}` or choose another --run-dir")
     runner = _runner()
     try:
         runner.run_experiment(config, address=args.address, run_dir=run_dir)
@@ -64,19 +60,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
-    from orchestrator.store import RunStore, StoreError
-
-    try:
-        exists = RunStore.exists(args.run_dir)
-    except StoreError as exc:
-        raise _UsageError(str(exc)) from None
-    if not exists:
-        raise _UsageError(f"no run at {args.run_dir}: config.yaml not found")
-    try:  # a run that cannot be opened, or one another process is writing: nothing is started (exit 2)
-        RunStore.open(args.run_dir)
-        RunStore.check_writer_free(args.run_dir)
-    except StoreError as exc:
-        raise _UsageError(str(exc)) from None
+    # the runner opens the run (reading its log once) and checks it is not being written before Ray starts;
+    # what it refuses there is a UsageError: exit 2, nothing started
     runner = _runner()
     try:
         runner.resume_experiment(args.run_dir, address=args.address)
@@ -108,7 +93,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     try:
         store = RunStore.open(args.run_dir)
     except StoreError as exc:
-        raise _UsageError(str(exc)) from None
+        raise UsageError(str(exc)) from None
     m = compute_metrics(store.events(), store.config, damage=store.damage, with_calibration=False)
     c = m.counts
     done = c["completed"] + c["failed"]
@@ -149,12 +134,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
     try:
         store = RunStore.open(args.run_dir)
     except StoreError as exc:
-        raise _UsageError(str(exc)) from None
+        raise UsageError(str(exc)) from None
     try:
         metrics, paths = write_report(args.run_dir, out_dir=args.out, store=store)
     except OSError as exc:  # --out (or the default report folder) cannot be written
         where = f"`--out` {args.out}" if args.out else "the report folder"
-        raise _UsageError(f"{where}: {exc.strerror or exc} ({exc.filename})") from None
+        raise UsageError(f"{where}: {exc.strerror or exc} ({exc.filename})") from None
     print(format_summary(metrics))
     print()
     for name, path in paths.items():
@@ -212,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, _UsageError) as exc:
+    except (ConfigError, UsageError) as exc:
         _error(str(exc))
         return EXIT_USAGE
     except QbatchError as exc:

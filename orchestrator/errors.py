@@ -5,7 +5,7 @@ All qbatch errors derive from `QbatchError` (STYLE.md §4.6), so callers can cat
 
 from __future__ import annotations
 
-__all__ = ["QbatchError", "ConfigError", "SpaceError", "InputDataError", "UnsupportedError"]
+__all__ = ["QbatchError", "ConfigError", "SpaceError", "InputDataError", "UnsupportedError", "UsageError"]
 
 
 class QbatchError(Exception):
@@ -26,3 +26,8 @@ class InputDataError(QbatchError, ValueError):
 
 class UnsupportedError(QbatchError, NotImplementedError):
     """A combination of options that qbatch does not support."""
+
+
+class UsageError(QbatchError):
+    """A request that cannot be carried out as given, refused before anything starts (a run directory that is
+    missing, busy or not new; an address where no cluster answers). The CLI exits 2 on it."""

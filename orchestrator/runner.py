@@ -23,7 +23,7 @@ import time
 from typing import Any, Mapping, TextIO
 
 from orchestrator.actor import CentralActor, RunAbortedError, default_max_concurrent
-from orchestrator.errors import ConfigError, QbatchError
+from orchestrator.errors import ConfigError, QbatchError, UsageError
 from workers.pool import EvaluationPool
 
 __all__ = ["NAMESPACE", "RunAbortedError", "actor_name", "resume_experiment", "run_experiment"]
@@ -60,12 +60,7 @@ def _check_objective(cfg: Any) -> Any:
     # not an actor that fails to start (or a refit that fails) after Ray is up and the run directory exists
     from orchestrator.ask_tell import AskTellOptimizer
 
-    opt = AskTellOptimizer.from_config(cfg, objective)
-    for key, build in (("model", opt._build_model), ("proposer", opt._build_proposer)):
-        try:
-            build()
-        except ConfigError as exc:  # the component names the option; the config key says where it is
-            raise ConfigError(f"`{key}.options`: {str(exc).splitlines()[0]}") from None
+    AskTellOptimizer.from_config(cfg, objective).check_options()
     return objective
 
 
@@ -101,13 +96,13 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
         return
     host = host.strip("[]")
     if not 0 < int(port) < 65536:
-        raise ConfigError(f"`--address` {address!r}: port {port} is not in 1-65535")
+        raise UsageError(f"`--address` {address!r}: port {port} is not in 1-65535")
     try:
         with socket.create_connection((host, int(port)), timeout=timeout_s):
             pass
     except OSError as exc:  # refused, unreachable, unknown host, timeout
         reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-        raise ConfigError(
+        raise UsageError(
             f"`--address` {address!r}: nothing answers at {host}:{port} ({reason}); is the cluster's head "
             "running (`ray start --head`), and is this its address?"
         ) from None
@@ -249,6 +244,10 @@ def resume_experiment(
     """Finish an interrupted run: replay its log, re-dispatch unfinished trials, run to the budget.
 
     Args and Returns as in `run_experiment`; the config is the one stored in `run_dir`.
+
+    Raises:
+        RunDirError: (a `UsageError`, before Ray starts) no run at `run_dir`, its config.yaml is not YAML, or
+            another process is writing it.
     """
     from orchestrator.config import load_config
     from orchestrator.store import RunStore

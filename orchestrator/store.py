@@ -34,12 +34,13 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import yaml
 
-from orchestrator.errors import QbatchError
+from orchestrator.errors import QbatchError, UsageError
 from workers.evaluate import printable
 
 __all__ = [
     "EVENT_KINDS",
     "Event",
+    "RunDirError",
     "RunStore",
     "StoreError",
     "TrialRecord",
@@ -86,6 +87,11 @@ _JSON_FIELDS = ("params", "forecast", "info")
 
 class StoreError(QbatchError):
     """A run directory is missing, already used, or an event/checkpoint cannot be stored as given."""
+
+
+class RunDirError(StoreError, UsageError):
+    """The run directory cannot be used as asked: no run there, not new, busy, or its config.yaml unreadable.
+    Raised before anything is written or started."""
 
 
 @dataclass
@@ -371,7 +377,7 @@ class _Arrow:
 
 def _backend(run_dir: str, filesystem: pafs.FileSystem | None) -> tuple[Any, str]:
     if not isinstance(run_dir, str) or not run_dir or "\x00" in run_dir:
-        raise StoreError(f"run_dir must be a non-empty path or URI; got {run_dir!r}")
+        raise RunDirError(f"run_dir must be a non-empty path or URI; got {run_dir!r}")
     if filesystem is not None:
         if isinstance(filesystem, pafs.LocalFileSystem):
             return _Local(run_dir), os.path.abspath(run_dir)
@@ -381,7 +387,7 @@ def _backend(run_dir: str, filesystem: pafs.FileSystem | None) -> tuple[Any, str
     try:
         fs, path = pafs.FileSystem.from_uri(run_dir)
     except (pa.ArrowException, ValueError, OSError) as exc:
-        raise StoreError(f"cannot open run_dir {run_dir!r}: {exc}") from None
+        raise RunDirError(f"cannot open run_dir {run_dir!r}: {exc}") from None
     if isinstance(fs, pafs.LocalFileSystem):
         return _Local(path), run_dir
     return _Arrow(fs, path), run_dir
@@ -391,9 +397,9 @@ def _backend(run_dir: str, filesystem: pafs.FileSystem | None) -> tuple[Any, str
 
 def _check_new(backend: Any, shown: str) -> None:
     if backend.exists("") and not backend.isdir(""):
-        raise StoreError(f"`run_dir` {shown} is a file, not a folder")
+        raise RunDirError(f"`run_dir` {shown} is a file, not a folder")
     if backend.exists("config.yaml") or backend.listdir("events"):
-        raise StoreError(f"`run_dir` {shown} already holds a run; resume it or choose another run_dir")
+        raise RunDirError(f"`run_dir` {shown} already holds a run; resume it or choose another run_dir")
     if isinstance(backend, _Local) and not backend.exists(""):
         # can it be created? (checked now, before Ray starts; the probe folder and any parents it needed
         # are removed again: a refused run leaves nothing behind)
@@ -406,13 +412,13 @@ def _check_new(backend: Any, shown: str) -> None:
             for made in missing:  # deepest first
                 os.rmdir(made)
         except OSError as exc:
-            raise StoreError(f"`run_dir` {shown} cannot be created: {exc.strerror or exc}") from None
+            raise RunDirError(f"`run_dir` {shown} cannot be created: {exc.strerror or exc}") from None
     # empty `events/` and `checkpoints/` are what a `create` that died before writing config.yaml leaves behind
     others = [n for n in backend.listdir("")
               if not (n in ("events", "checkpoints") and backend.isdir(n) and not backend.listdir(n))]
     if others:
         shown_files = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
-        raise StoreError(
+        raise RunDirError(
             f"`run_dir` {shown} is a folder that already holds other files ({shown_files}); "
             "a new run needs a new or empty folder"
         )
@@ -479,13 +485,13 @@ class RunStore:
         """
         backend, shown = _backend(run_dir, filesystem)
         if not backend.exists("config.yaml"):
-            raise StoreError(f"no run at {shown}: config.yaml not found")
+            raise RunDirError(f"no run at {shown}: config.yaml not found")
         try:
             config = yaml.safe_load(backend.read("config.yaml").decode())
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            raise StoreError(f"{shown}/config.yaml is not valid YAML: {str(exc).splitlines()[0]}") from None
+            raise RunDirError(f"{shown}/config.yaml is not valid YAML: {str(exc).splitlines()[0]}") from None
         if not isinstance(config, dict):
-            raise StoreError(f"{shown}/config.yaml must hold a mapping; got {type(config).__name__}")
+            raise RunDirError(f"{shown}/config.yaml must hold a mapping; got {type(config).__name__}")
         store = cls(backend, shown, config)
         store.events()
         return store
@@ -528,7 +534,7 @@ class RunStore:
             f.seek(0)
             holder = f.read().strip() or "unknown"
             f.close()
-            raise StoreError(f"{self.run_dir} is being written by another run ({holder}); wait for it to end or "
+            raise RunDirError(f"{self.run_dir} is being written by another run ({holder}); wait for it to end or "
                              "stop it before resuming") from None
         f.seek(0)
         f.truncate()
