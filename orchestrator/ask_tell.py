@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from orchestrator.errors import ConfigError, InputDataError, QbatchError
+from orchestrator.errors import ConfigError, InputDataError, QbatchError, UnsupportedError
 from orchestrator.space import SearchSpace
 from workers.evaluate import classify_value
 
@@ -73,6 +73,12 @@ class Trial:
 def trial_seed(seed: int, trial_id: str) -> int:
     """Deterministic per-trial evaluation seed in [0, 2^31)."""
     return zlib.crc32(f"{int(seed)}:{trial_id}".encode()) & 0x7FFFFFFF
+
+
+def _under(key: str, exc: BaseException) -> str:
+    """The first line of `exc`, prefixed by the config key it is about unless it already names it."""
+    msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return msg if msg.startswith(f"`{key}") else f"`{key}`: {msg}"
 
 
 def _training_loss(model: Any, X: torch.Tensor, Y: torch.Tensor, diag: Mapping[str, Any]) -> float:
@@ -127,8 +133,8 @@ class AskTellOptimizer:
             initial_design = max(2 * self.space.dim + 2, 5)
         if isinstance(initial_design, bool) or not isinstance(initial_design, int) or initial_design < 1:
             raise ConfigError(f"`initial_design` must be an integer >= 1; got {initial_design!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ConfigError(f"`seed` must be an integer; got {seed!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+            raise ConfigError(f"`seed` must be an integer in [0, 2**63); got {seed!r}")
         self.direction = direction
         self.sign = 1.0 if direction == "maximize" else -1.0
         self.tau = float(tau)
@@ -168,6 +174,7 @@ class AskTellOptimizer:
         #: synchronous batch teaches the calibrator does not depend on the order its results came in)
         self.defer_calibration = False
         self._calib_queue: list[tuple[int, dict, float, Tensor]] = []
+        self.check_options()  # a bad model/proposer/calibrator option or combination fails here, not after the design
 
     @classmethod
     def from_config(cls, cfg: Any, objective: Any) -> "AskTellOptimizer":
@@ -194,6 +201,9 @@ class AskTellOptimizer:
     def _build_model(self) -> Any:
         from orchestrator.models import build_model
 
+        if "tau" in self.model_options:
+            raise ConfigError("`tau` is not a model option: set the top-level `tau` (the optimizer's level)")
+
         return build_model(self.model_name, tau=self.model_tau, **self.model_options)
 
     def _build_proposer(self) -> Any:
@@ -214,13 +224,27 @@ class AskTellOptimizer:
         return build_calibrator(self.calibrator_name, **self.calibrator_options)
 
     def check_options(self) -> None:
-        """Build the model and the proposer once and drop them: a bad option is a `ConfigError` naming its
-        config section (`` `model.options`: ...``) now, not an error at the first fit."""
-        for key, build in (("model", self._build_model), ("proposer", self._build_proposer)):
+        """Build the model, the calibrator and the proposer once and check that they work together: a bad option
+        or combination is a `ConfigError` naming its config section now, not an error at the first model batch
+        (after the initial design was spent). The built objects are dropped."""
+        try:
+            model = self._build_model()
+        except ConfigError as exc:  # the component names the option; the config key says where it is
+            raise ConfigError(_under("model.options", exc)) from None
+        try:
+            proposer = self._build_proposer()
+        except UnsupportedError as exc:  # `attach`: the proposer has no hook for a calibrator
+            raise ConfigError(f"`calibrator.type` {self.calibrator_name!r} does not work with `proposer.type` "
+                              f"{self.proposer_name!r}: {str(exc).splitlines()[0]}") from None
+        except ConfigError as exc:
+            raise ConfigError(_under("proposer.options", exc)) from None
+        if proposer.requires_model:
             try:
-                build()
-            except ConfigError as exc:  # the component names the option; the config key says where it is
-                raise ConfigError(f"`{key}.options`: {str(exc).splitlines()[0]}") from None
+                proposer.check_model(model)
+            except (UnsupportedError, ConfigError) as exc:
+                raise ConfigError(f"`proposer.type` {self.proposer_name!r} with `model.type` {self.model_name!r}"
+                                  f"{'' if self.calibrator_name in (None, 'none') else f' and `calibrator.type` {self.calibrator_name!r}'}"
+                                  f": {str(exc).splitlines()[0]}") from None
 
     def prepare(self) -> None:
         """Import the model's and proposer's code and build the proposer now rather than at the first fit.

@@ -60,8 +60,36 @@ def _check_objective(cfg: Any) -> Any:
     # not an actor that fails to start (or a refit that fails) after Ray is up and the run directory exists
     from orchestrator.ask_tell import AskTellOptimizer
 
-    AskTellOptimizer.from_config(cfg, objective).check_options()
+    AskTellOptimizer.from_config(cfg, objective)  # its constructor checks the model, proposer and calibrator
     return objective
+
+
+#: `actor_options` keys `run_experiment` / `resume_experiment` pass on to `CentralActor`
+ACTOR_OPTIONS = ("queue_low", "refit_interval_s", "isolate", "max_refit_failures")
+
+
+def _check_run_args(max_concurrent: Any, num_cpus: Any, actor_options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Check the keyword arguments of `run_experiment` / `resume_experiment` before Ray starts or the run
+    directory is made (a bad one used to fail in the actor, leaving a run dir that blocked a rerun)."""
+    for key, v in (("max_concurrent", max_concurrent), ("num_cpus", num_cpus)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ConfigError(f"`{key}` must be None or an integer >= 1; got {v!r}")
+    opts = dict(actor_options or {})
+    unknown = sorted(set(opts) - set(ACTOR_OPTIONS))
+    if unknown:
+        raise ConfigError(f"unknown `actor_options` {unknown}; valid: {list(ACTOR_OPTIONS)}")
+    if opts.get("isolate", "process") not in ("process", "thread"):
+        raise ConfigError(f"`actor_options.isolate` must be 'process' or 'thread'; got {opts['isolate']!r}")
+    q = opts.get("queue_low")
+    if q is not None and (isinstance(q, bool) or not isinstance(q, int) or q < 0):
+        raise ConfigError(f"`actor_options.queue_low` must be None or an integer >= 0; got {q!r}")
+    r = opts.get("refit_interval_s", 0.5)
+    if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r < float("inf"):
+        raise ConfigError(f"`actor_options.refit_interval_s` must be a finite number >= 0; got {r!r}")
+    m = opts.get("max_refit_failures", 5)
+    if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+        raise ConfigError(f"`actor_options.max_refit_failures` must be an integer >= 0; got {m!r}")
+    return opts
 
 
 def _ensure_ray(address: str | None, num_cpus: int | None) -> bool:
@@ -204,7 +232,8 @@ def run_experiment(
         max_concurrent: overrides the config's `max_concurrent`.
         progress: show a live progress bar (best value, evaluations/s, utilization).
         out: where the final lines go (default stdout).
-        actor_options: extra keyword arguments of `CentralActor` (queue_low, refit_interval_s, isolate).
+        actor_options: extra keyword arguments of `CentralActor` (`ACTOR_OPTIONS`: queue_low, refit_interval_s,
+            isolate, max_refit_failures); checked, with `max_concurrent` and `num_cpus`, before Ray starts.
 
     Returns:
         The actor's final summary (counts, best, utilization, run_dir).
@@ -216,6 +245,7 @@ def run_experiment(
     from orchestrator.config import load_config
     from orchestrator.store import RunStore, StoreError
 
+    actor_options = _check_run_args(max_concurrent, num_cpus, actor_options)
     cfg = load_config(config)
     objective = _check_objective(cfg)
     rd = _absolute(cfg.resolve_run_dir(run_dir))
@@ -252,6 +282,7 @@ def resume_experiment(
     from orchestrator.config import load_config
     from orchestrator.store import RunStore
 
+    actor_options = _check_run_args(max_concurrent, num_cpus, actor_options)
     store = RunStore.open(run_dir)
     RunStore.check_writer_free(run_dir)  # before Ray starts; the central actor takes the lock itself
     out = out or sys.stdout
@@ -293,7 +324,8 @@ def _drive(
     actor = Actor.options(
         num_cpus=0, max_concurrency=4, max_restarts=ACTOR_RESTARTS, name=actor_name(run_dir), namespace=NAMESPACE
     ).remote(
-        run_dir, max_concurrent=max_concurrent or cfg.max_concurrent, pool=pool, **actor_options
+        run_dir, max_concurrent=max_concurrent if max_concurrent is not None else cfg.max_concurrent, pool=pool,
+        **actor_options
     )
     bar = None
     if progress:

@@ -260,7 +260,7 @@ class _Local:
         return os.path.isdir(self.path(rel))
 
     def makedirs(self, rel: str) -> None:
-        os.makedirs(self.path(rel), exist_ok=True)
+        _makedirs(self.path(rel))
 
     def listdir(self, rel: str) -> list[str]:
         try:
@@ -395,24 +395,46 @@ def _backend(run_dir: str, filesystem: pafs.FileSystem | None) -> tuple[Any, str
 
 # ---------------------------------------------------------------------------------------- the store
 
+def _makedirs(path: str) -> None:
+    """`os.makedirs(path, exist_ok=True)`, retried when a parent vanishes meanwhile (another run's
+    `_check_new` probe removing the new parent they share)."""
+    for attempt in range(5):
+        try:
+            os.makedirs(path, exist_ok=True)
+            return
+        except FileNotFoundError:
+            if attempt == 4:
+                raise
+
+
+def _remove_empty(paths: Sequence[str]) -> None:
+    """Remove each folder of `paths` (deepest first) that is still empty; others are left alone."""
+    for made in paths:
+        try:
+            os.rmdir(made)
+        except OSError:  # not empty (a sibling's run), already gone, or never made
+            pass
+
+
 def _check_new(backend: Any, shown: str) -> None:
     if backend.exists("") and not backend.isdir(""):
         raise RunDirError(f"`run_dir` {shown} is a file, not a folder")
     if backend.exists("config.yaml") or backend.listdir("events"):
         raise RunDirError(f"`run_dir` {shown} already holds a run; resume it or choose another run_dir")
     if isinstance(backend, _Local) and not backend.exists(""):
-        # can it be created? (checked now, before Ray starts; the probe folder and any parents it needed
-        # are removed again: a refused run leaves nothing behind)
+        # can it be created? (checked now, before Ray starts; the probe folder and any parents it made are
+        # removed again, best effort: a refused run leaves nothing behind, and a sibling run being created
+        # at the same time under the same new parent keeps it)
         missing, p = [], os.path.abspath(backend.root)
         while not os.path.lexists(p) and os.path.dirname(p) != p:
             missing.append(p)
             p = os.path.dirname(p)
         try:
-            os.makedirs(backend.root)
-            for made in missing:  # deepest first
-                os.rmdir(made)
+            _makedirs(backend.root)
         except OSError as exc:
+            _remove_empty(missing)
             raise RunDirError(f"`run_dir` {shown} cannot be created: {exc.strerror or exc}") from None
+        _remove_empty(missing)
     # empty `events/` and `checkpoints/` are what a `create` that died before writing config.yaml leaves behind
     others = [n for n in backend.listdir("")
               if not (n in ("events", "checkpoints") and backend.isdir(n) and not backend.listdir(n))]
@@ -593,6 +615,12 @@ class RunStore:
         names = [n for n in names if n in self._segments and n not in self._damaged]
         if len(names) < 2:
             return 0
+        first, last = min(self._segments[n][0] for n in names), max(self._segments[n][1] for n in names)
+        merged = f"seg-{first:012d}-{last:012d}.parquet"
+        if merged not in names and merged in self._segments and merged not in self._damaged:
+            # a merge of these segments written before a crash (it is no longer small, so auto-compaction did
+            # not pick it): merge it in, or the new merge would collide with it and drop the rows only it holds
+            names.append(merged)
         tables, readable = [], []
         for n in names:
             try:
@@ -686,8 +714,9 @@ class RunStore:
                     f"events/{name}: {len(seqs)} event(s) with sequence number(s) {_ranges(seqs)} differ from "
                     f"those in events/{winner} (two writers on one run?); kept events/{winner}'s"
                 )
-        # a conflicting segment is never compacted: compaction would drop its rows without a trace
-        self._damaged = set(damaged) | set(conflicts)
+        # a conflicting segment is never compacted: compaction would drop its rows without a trace;
+        # nor is the segment that won: renamed by a merge, it could sort after the loser and stop winning
+        self._damaged = set(damaged) | set(conflicts) | {w for by in conflicts.values() for w in by}
         self._segments = segments
         all_last = [last for first, last, _ in segments.values()]
         self._next_seq = max([self._next_seq - 1, *all_last]) + 1 if all_last else self._next_seq

@@ -38,6 +38,14 @@ class Proposer(ABC):
     ) -> Tensor:
         """Return `q x d` distinct points in `[0, 1]^d`, none within `DUPLICATE_TOL` of `X_pending` or `X_observed`."""
 
+    def check_model(self, model: Surrogate) -> None:
+        """Raise `UnsupportedError` (or `ConfigError`) when this proposer cannot use `model`.
+
+        `model` may be unfitted: only what its class fixes (`family`, `num_outputs_latent`) is read, so a
+        run checks its model-proposer-calibrator combination before it starts, not at its first model batch.
+        The default accepts every model.
+        """
+
     def propose(
         self,
         model: Surrogate | None,

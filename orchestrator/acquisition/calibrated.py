@@ -321,11 +321,33 @@ class AcquisitionProposer(Proposer):
         for key, v in (("num_restarts", num_restarts), ("raw_samples", raw_samples), ("maxiter", maxiter)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"`proposer.options.{key}` must be an integer >= 1; got {v!r}")
+        for key, v in (("beta", beta), ("xi", xi)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ConfigError(f"`proposer.options.{key}` must be a finite number >= 0; got {v!r}")
         self.acquisition = acquisition
         self.calibrator = calibrator
         self.route = route
         self.beta, self.xi = float(beta), float(xi)
         self.num_restarts, self.raw_samples, self.maxiter = num_restarts, raw_samples, maxiter
+
+    def check_model(self, model: Any) -> None:
+        """EI/PI/UCB read a Gaussian predictive; LOCBO defines EI only; conformal sets need an exact GP and
+        define EI and UCB (the checks `build` makes at the first model batch, made before the run)."""
+        from orchestrator.models.base import Surrogate
+
+        if isinstance(model, Surrogate) and model.family != "gaussian":
+            raise UnsupportedError(
+                f"calibrated EI/PI/UCB need a Gaussian-likelihood surrogate (model exact-gp or heteroscedastic); "
+                f"got {type(model).__name__} (family {model.family!r})"
+            )
+        name = getattr(self.calibrator, "name", "none")
+        if name == "locbo" and self.acquisition != "ei":
+            raise ConfigError(f"calibrator 'locbo' defines EI only; got `proposer.options.acquisition` {self.acquisition!r}")
+        if name == "conformal":
+            if self.acquisition == "pi":
+                raise ConfigError("calibrator 'conformal' defines EI and UCB; got `proposer.options.acquisition` 'pi'")
+            if isinstance(model, Surrogate) and model.num_outputs_latent != 1:
+                raise UnsupportedError(f"conformal sets need an exact Gaussian GP (model exact-gp); got {type(model).__name__}")
 
     def build(self, model: Any, X_observed: Tensor, generator: torch.Generator | None = None) -> AcquisitionFunction:
         """The acquisition for the current model and calibrator (incumbent: best posterior mean at X_observed)."""

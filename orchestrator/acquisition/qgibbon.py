@@ -314,8 +314,19 @@ class QGibbon(Proposer):
         self.maxiter = maxiter
         self.repulsion = repulsion
         self.spread = spread
-        self.floor_max_values = bool(floor_max_values)
+        if not isinstance(floor_max_values, bool):
+            raise ConfigError(f"qgibbon.floor_max_values must be true or false; got {floor_max_values!r}")
+        self.floor_max_values = floor_max_values
         self.last_diagnostics: dict[str, Any] = {}
+
+    def check_model(self, model: Surrogate) -> None:
+        """Q-GIBBON needs a quantile or expectile likelihood with a GP on the noise latent g (spec §3)."""
+        family = getattr(model, "family", None)
+        if family not in SUPPORTED_FAMILIES or model.num_outputs_latent != 2:
+            raise UnsupportedError(
+                f"QGibbon needs a two-latent quantile or expectile model (model quantile or expectile); got "
+                f"{type(model).__name__} (family {family!r}). Use proposer thompson with this model."
+            )
 
     def acquisition(
         self, model: Surrogate, X_observed: Tensor, generator: torch.Generator, X_pending: Tensor | None = None

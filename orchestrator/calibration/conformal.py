@@ -288,12 +288,15 @@ class ConformalCalibrator(Calibrator):
         super().__init__(spread)
         if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha <= 1):
             raise ConfigError(f"`calibrator.options.alpha` must be None or in (0, 1]; got {alpha!r}")
-        for key, v, ok in (("alpha_power", alpha_power, alpha_power > 0), ("alpha_min", alpha_min, 0 < alpha_min < 1), ("temp", temp, temp > 0)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not ok:
+        for key, v, ok in (("alpha_power", alpha_power, lambda v: v > 0), ("alpha_min", alpha_min, lambda v: 0 < v < 1),
+                           ("temp", temp, lambda v: v > 0)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not ok(v):
                 raise ConfigError(f"`calibrator.options.{key}` is out of range; got {v!r}")
         for key, v in (("num_labels", num_labels), ("ratio_steps", ratio_steps)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"`calibrator.options.{key}` must be an integer >= 1; got {v!r}")
+        if not isinstance(density_ratio, bool):
+            raise ConfigError(f"`calibrator.options.density_ratio` must be true or false; got {density_ratio!r}")
         self.alpha_fixed = None if alpha is None else float(alpha)
         self.alpha_power, self.alpha_min, self.temp = float(alpha_power), float(alpha_min), float(temp)
         self.num_labels, self.density_ratio, self.ratio_steps = num_labels, bool(density_ratio), ratio_steps

@@ -14,7 +14,7 @@ standardized units of a Gaussian-likelihood GP: mu, var_f = sigma_f^2 and noise_
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -155,8 +155,11 @@ def locbo_expected_improvement(
     return inside + tail
 
 
-def _check(key: str, value: Any, ok: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok:
+def _check(key: str, value: Any, ok: Callable[[float], bool], allow_inf: bool = False) -> float:
+    """`value` as a float if it is a number (not a bool, not a string; finite unless `allow_inf`) for which
+    `ok` holds."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value)
+            or (math.isinf(value) and not allow_inf) or not ok(value)):
         raise ConfigError(f"`calibrator.options.{key}` is out of range; got {value!r}")
     return float(value)
 
@@ -189,12 +192,12 @@ class LOCBOCalibrator(Calibrator):
         spread: Any = None,
     ) -> None:
         super().__init__(spread)
-        self.alpha = _check("alpha", alpha, 0 < alpha < 1)
-        self.kappa = _check("kappa", kappa, kappa >= 0 and math.isfinite(kappa))
-        self.lengthscale = _check("lengthscale", lengthscale, lengthscale > 0)
-        self.lambda_reg = _check("lambda_reg", lambda_reg, lambda_reg >= 0 and math.isfinite(lambda_reg))
-        self.eta0 = _check("eta0", eta0, eta0 > 0 and math.isfinite(eta0))
-        self.decay = _check("decay", decay, decay >= 0 and math.isfinite(decay))
+        self.alpha = _check("alpha", alpha, lambda v: 0 < v < 1)
+        self.kappa = _check("kappa", kappa, lambda v: v >= 0)
+        self.lengthscale = _check("lengthscale", lengthscale, lambda v: v > 0, allow_inf=True)  # inf: one global threshold
+        self.lambda_reg = _check("lambda_reg", lambda_reg, lambda v: v >= 0)
+        self.eta0 = _check("eta0", eta0, lambda v: v > 0)
+        self.decay = _check("decay", decay, lambda v: v >= 0)
         self.c = self.alpha
         self.t = 0
         self.misses = 0

@@ -148,6 +148,12 @@ class OfflineCVCalibrator(Calibrator):
 
                 return build_model(model, **opts)
 
+            try:  # once now: a bad `model` or `model_options` is refused before the run, not at its first refit
+                model_factory()
+            except ConfigError as exc:
+                raise ConfigError(f"`calibrator.options` (model {model!r}, model_options {opts}): "
+                                  f"{str(exc).splitlines()[0]}") from None
+
         self.model_factory = model_factory
         self.splits, self.n_splits, self.regressor, self.mode = splits, n_splits, regressor, mode
         self.refit_every, self.min_points, self.eta = refit_every, min_points, float(eta)

@@ -72,15 +72,15 @@ class SpreadTracker:
         if mode not in ("global", "local"):
             raise ConfigError(f"`calibrator.options.spread` must be one of ['global', 'local', 'off']; got {mode!r}")
         for key, v, ok in (
-            ("spread_coverage", coverage, 0 < coverage < 1),
-            ("spread_eta", eta, eta > 0),
-            ("spread_lengthscale", lengthscale, lengthscale > 0),
-            ("spread_decay", decay, decay >= 0),
-            ("spread_lambda_reg", lambda_reg, lambda_reg >= 0),
-            ("spread_min", s_min, 0 < s_min <= 1),
-            ("spread_max", s_max, s_max >= 1),
+            ("spread_coverage", coverage, lambda v: 0 < v < 1),
+            ("spread_eta", eta, lambda v: v > 0),
+            ("spread_lengthscale", lengthscale, lambda v: v > 0),
+            ("spread_decay", decay, lambda v: v >= 0),
+            ("spread_lambda_reg", lambda_reg, lambda v: v >= 0),
+            ("spread_min", s_min, lambda v: 0 < v <= 1),
+            ("spread_max", s_max, lambda v: v >= 1),
         ):
-            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and ok):
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and ok(v)):
                 raise ConfigError(f"`calibrator.options.{key}` is out of range; got {v!r}")
         self.mode = mode
         self.coverage = float(coverage)

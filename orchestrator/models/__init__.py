@@ -65,7 +65,8 @@ def build_model(name: str, **options: Any) -> Surrogate:
     Args:
         name: the model's config name.
         **options: constructor options, e.g. `tau=0.1, num_inducing=256` (see `SVGPOptions` for the SVGPs
-            and `ExactGP` for the exact GP). Unknown options raise `ConfigError` naming them.
+            and `ExactGP` for the exact GP; `tau` is the config's top-level key, passed here by the optimizer).
+            Unknown options raise `ConfigError` naming them.
 
     Raises:
         ConfigError: unknown name (the message lists the valid ones) or a bad option.
@@ -73,4 +74,7 @@ def build_model(name: str, **options: Any) -> Surrogate:
     if name not in MODELS:
         raise ConfigError(f"unknown model {name!r}; valid models: {sorted(MODELS)}")
     module, cls = MODELS[name]
-    return getattr(importlib.import_module(module), cls)(**options)
+    try:
+        return getattr(importlib.import_module(module), cls)(**options)
+    except TypeError as exc:  # an unknown option
+        raise ConfigError(f"bad option for model {name!r}: {exc}") from None

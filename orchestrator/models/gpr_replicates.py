@@ -137,8 +137,8 @@ class ReplicateQuantileGP(Surrogate):
             raise ConfigError(f"`min_noise` must be a positive number; got {min_noise!r}")
         if not isinstance(use_priors, bool):
             raise ConfigError(f"`use_priors` must be true or false; got {use_priors!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ConfigError(f"`seed` must be an integer; got {seed!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**62:
+            raise ConfigError(f"`seed` must be an integer in [0, 2**62); got {seed!r}")
         self.num_bootstrap, self.min_noise, self.use_priors, self.seed = num_bootstrap, float(min_noise), use_priors, seed
         self._hyper: dict[str, Tensor] | None = None  # constant, lengthscale (1 x d), outputscale
         self._Z: Tensor | None = None

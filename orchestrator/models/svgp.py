@@ -142,17 +142,17 @@ class SVGPOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"`{name}` must be a positive integer; got {value!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ConfigError(f"`seed` must be an integer; got {self.seed!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise ConfigError(f"`seed` must be an integer in [0, 2**63); got {self.seed!r}")
         for name in ("lr", "min_lr", "lengthscale_init", "outputscale_init", "y_scale"):
             value = getattr(self, name)
             if name in ("lengthscale_init", "y_scale") and value is None:
                 continue
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not (0 < value < math.inf):
                 raise ConfigError(f"`{name}` must be a positive number; got {value!r}")
-        if not isinstance(self.min_delta, (int, float)) or not (0 <= self.min_delta < math.inf):
+        if isinstance(self.min_delta, bool) or not isinstance(self.min_delta, (int, float)) or not (0 <= self.min_delta < math.inf):
             raise ConfigError(f"`min_delta` must be a non-negative number; got {self.min_delta!r}")
-        if not isinstance(self.plateau_factor, (int, float)) or not (0 < self.plateau_factor < 1):
+        if isinstance(self.plateau_factor, bool) or not isinstance(self.plateau_factor, (int, float)) or not (0 < self.plateau_factor < 1):
             raise ConfigError(f"`plateau_factor` must be in (0, 1); got {self.plateau_factor!r}")
         check_lengthscale_prior(self.lengthscale_prior)
         for name in ("use_priors", "kmeans_warm_start"):

@@ -232,7 +232,7 @@ def test_a_failing_gld_run_becomes_an_error_row(load_benchmark, capsys):
     s = mod.Setting(3, 0.75, 10, 20, 40)
     status, rows = mod.run_problem(s, 0, "quantile-ts", {"quantile": {"bogus_option": 1}}, 1)
     assert status == "done" and len(rows) == 1
-    assert rows[0]["error"].startswith("ConfigError: unknown model option(s) ['bogus_option']")
+    assert rows[0]["error"].startswith("ConfigError: `model.options`: unknown model option(s) ['bogus_option']")
     assert rows[0]["n_evals"] == 0 and rows[0]["q_star"] == rows[0]["q_star_lbfgs"]
     assert "problem 0 quantile-ts" in capsys.readouterr().out
 

@@ -23,7 +23,7 @@ import yaml
 
 from orchestrator import store as store_mod
 from orchestrator.errors import QbatchError
-from orchestrator.store import Event, RunStore, StoreError, status_counts, trials_table
+from orchestrator.store import Event, RunDirError, RunStore, StoreError, status_counts, trials_table
 
 CONFIG = {"name": "t", "objective": {"name": "forrester", "options": {}}, "tau": 0.2, "batch_size": 4}
 MODES = ["fresh", "resumed", "torn", "torn-segment", "file-uri", "subtree-fs", "mock-fs"]
@@ -401,6 +401,63 @@ def test_conflicting_overlap_of_two_writers_is_reported_and_never_compacted(tmp_
     o = RunStore.open(exact)
     assert [e.value for e in o.events(["completed"])] == [1.0]
     assert not any("differ" in line for line in o.damage)
+
+
+def test_conflict_winner_keeps_winning_after_a_later_writer_compacts(tmp_path):
+    """Found in review: a later (single) writer's auto-compaction merged the winning segment into one named
+    after the loser, so the replay changed from one read to the next. Neither side of a conflict is merged."""
+    rd = str(tmp_path / "r")
+    a = RunStore.create(rd, CONFIG)
+    a.append([Event("proposed", f"p-{i}", time=1.0) for i in range(1024)])  # a large segment: never "small"
+    b = RunStore.open(rd)
+    a.append([Event("completed", "p-0", value=1.0, time=2.0)])
+    b.append([Event("completed", "p-0", value=2.0, time=2.0), Event("completed", "p-1", value=5.0, time=2.0)])
+    w = RunStore.open(rd)
+    w.compact_files = 4
+    for i in range(8):
+        w.append([Event("refit", time=3.0 + i)])
+        r = RunStore.open(rd)
+        assert [e.value for e in r.events(["completed"])] == [1.0, 5.0] and len(r.damage) == 1
+    names = os.listdir(os.path.join(rd, "events"))
+    assert {"seg-000000001024-000000001024.parquet", "seg-000000001024-000000001025.parquet"} <= set(names)
+
+
+def test_append_after_a_crash_between_a_merge_and_its_deletes(tmp_path, monkeypatch):
+    """Found in review: after such a crash the merge (no longer small) was left out of the next
+    auto-compaction, whose merge of the same sources then collided with it by name: the append raised
+    'already exists' with its batch already on disk. The old merge is now merged in."""
+    rd = str(tmp_path / "r")
+    w = RunStore.create(rd, CONFIG)
+
+    class Crash(Exception):
+        pass
+
+    for i in range(store_mod._COMPACT_FILES):
+        if i == store_mod._COMPACT_FILES - 1:
+            def boom(rel):
+                raise Crash()
+            monkeypatch.setattr(w._fs, "delete", boom)
+        try:
+            w.append([Event("proposed", f"t-{i}-{j}", time=1.0) for j in range(20)])
+        except Crash:
+            pass
+    w = RunStore.open(rd)
+    assert w.damage == []
+    w.append([Event("proposed", f"u-{j}", time=1.0) for j in range(1024)])
+    w.append([Event("refit", time=2.0)])  # triggers the auto-compaction that collided
+    again = RunStore.open(rd)
+    assert again.damage == [] and len(again.events()) == store_mod._COMPACT_FILES * 20 + 1025
+
+
+def test_check_new_cleans_up_after_a_refusal_and_beside_a_sibling(tmp_path):
+    long = tmp_path / "np" / ("a" * 300) / "run"  # makedirs makes `np` and then fails on the long name
+    with pytest.raises(RunDirError, match="cannot be created"):
+        RunStore.check_new(str(long))
+    assert os.listdir(tmp_path) == []
+    # a sibling run under the same new parent keeps it
+    (tmp_path / "runs" / "sibling").mkdir(parents=True)
+    RunStore.check_new(str(tmp_path / "runs" / "mine"))
+    assert sorted(os.listdir(tmp_path / "runs")) == ["sibling"]
 
 
 def test_truncated_segment_keeps_others_and_reports_exact_loss(tmp_path):

@@ -1,0 +1,108 @@
+"""Model, proposer, calibrator and run-argument checks made before a run starts (review findings: each of
+these used to pass validation, start Ray, make the run directory, spend the initial design and only then fail
+at the first model batch, or crash with a Python traceback)."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.ask_tell import AskTellOptimizer
+from orchestrator.config import load_config, load_config_text
+from orchestrator.errors import ConfigError
+from orchestrator.runner import _check_objective, _check_run_args
+
+BASE = {"objective": "forrester", "budget": 6, "initial_design": 4, "batch_size": 2}
+CAL = {"type": "calibrated"}
+
+
+@pytest.mark.parametrize(
+    "patch, match",
+    [
+        ({"proposer": "calibrated"}, r"`proposer.type` 'calibrated' with `model.type` 'quantile': .*Gaussian-likelihood"),
+        ({"proposer": "calibrated", "model": "gpr-replicates"}, r"Gaussian-likelihood"),
+        ({"proposer": "qgibbon", "model": "exact-gp"}, r"`proposer.type` 'qgibbon' with `model.type` 'exact-gp'"),
+        ({"proposer": "qgibbon", "model": "heteroscedastic"}, r"two-latent quantile or expectile"),
+        ({"proposer": "qgibbon", "model": "gpr-replicates"}, r"two-latent quantile or expectile"),
+        ({"proposer": {**CAL, "options": {"acquisition": "ucb"}}, "model": "exact-gp", "calibrator": "locbo"},
+         r"and `calibrator.type` 'locbo': calibrator 'locbo' defines EI only"),
+        ({"proposer": {**CAL, "options": {"acquisition": "pi"}}, "model": "exact-gp", "calibrator": "conformal"},
+         r"calibrator 'conformal' defines EI and UCB"),
+        ({"proposer": "calibrated", "model": "heteroscedastic", "calibrator": "conformal"}, r"exact Gaussian GP"),
+        ({"proposer": "sobol", "calibrator": "online"},
+         r"`calibrator.type` 'online' does not work with `proposer.type` 'sobol'"),
+        ({"proposer": "qlognei", "calibrator": "online"}, r"does not work with `proposer.type` 'qlognei'"),
+        ({"model": {"type": "quantile", "options": {"tau": 0.3}}}, r"`model.options`: `tau` is not a model option"),
+        ({"model": {"type": "gpr-replicates", "options": {"num_inducing": 5}}}, r"`model.options`: bad option .*num_inducing"),
+        ({"model": {"type": "quantile", "options": {"seed": 2**64}}}, r"`seed` must be an integer in \[0, 2\*\*63\)"),
+        ({"model": {"type": "quantile", "options": {"min_delta": True}}}, r"`min_delta` must be a non-negative number; got True"),
+        ({"calibrator": {"type": "locbo", "options": {"alpha": "0.2"}}, "proposer": "calibrated", "model": "exact-gp"},
+         r"`calibrator.options.alpha` is out of range; got '0.2'"),
+        ({"calibrator": {"type": "conformal", "options": {"density_ratio": "no"}}, "proposer": "calibrated",
+          "model": "exact-gp"}, r"`calibrator.options.density_ratio` must be true or false; got 'no'"),
+        ({"calibrator": {"type": "online", "options": {"spread_coverage": "0.8"}}},
+         r"`calibrator.options.spread_coverage` is out of range; got '0.8'"),
+        ({"calibrator": {"type": "offline-cv", "options": {"model": "quantil"}}}, r"calibrator.options.*unknown model 'quantil'"),
+        ({"calibrator": {"type": "offline-cv", "options": {"model_options": {"foo": 1}}}}, r"calibrator.options.*\['foo'\]"),
+        ({"proposer": {"type": "qgibbon", "options": {"floor_max_values": "no"}}}, r"floor_max_values must be true or false"),
+        ({"proposer": {**CAL, "options": {"beta": True}}, "model": "exact-gp"}, r"`proposer.options.beta` must be a finite"),
+        ({"proposer": {**CAL, "options": {"xi": float("nan")}}, "model": "exact-gp"}, r"`proposer.options.xi` must be a finite"),
+    ],
+)
+def test_bad_combinations_and_options_are_config_errors_before_the_run(patch, match):
+    with pytest.raises(ConfigError, match=match):
+        _check_objective(load_config({**BASE, **patch}))
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [
+        {"proposer": "calibrated", "model": "exact-gp", "calibrator": "conformal"},
+        {"proposer": "calibrated", "model": "heteroscedastic", "calibrator": "online"},
+        {"proposer": "calibrated", "model": "exact-gp", "calibrator": "locbo"},
+        {"proposer": "qgibbon", "model": "expectile", "calibrator": "online"},
+        {"proposer": "thompson", "model": "gpr-replicates"},
+        {"proposer": "gpr-ei", "model": "gpr-replicates"},
+        {"proposer": "qlognei", "model": "exact-gp"},
+        {"proposer": "sobol"},
+        {"calibrator": "offline-cv"},
+    ],
+)
+def test_working_combinations_pass(patch):
+    _check_objective(load_config({**BASE, **patch}))
+
+
+def test_the_library_optimizer_checks_at_construction():
+    space = {"x": {"type": "float", "low": 0.0, "high": 1.0}}
+    with pytest.raises(ConfigError, match="unknown model 'quantil'"):
+        AskTellOptimizer(space, model="quantil")
+    with pytest.raises(ConfigError, match="`tau` is not a model option"):
+        AskTellOptimizer(space, model_options={"tau": 0.3})
+    with pytest.raises(ConfigError, match=r"`seed` must be an integer in \[0, 2\*\*63\)"):
+        AskTellOptimizer(space, seed=2**70)
+    with pytest.raises(ConfigError, match="qgibbon"):
+        AskTellOptimizer(space, model="exact-gp", proposer="qgibbon")
+
+
+def test_yaml_exponent_floats_are_numbers():
+    """PyYAML (YAML 1.1) reads `1e-3` as a string; `lr: 1e-3` was refused as "got '1e-3'"."""
+    cfg = load_config_text("objective: forrester\ntau: 1e-1\nmodel: {type: quantile, options: {lr: 1e-3, min_lr: 2E-5}}\n")
+    assert cfg.tau == 0.1 and cfg.model.options == {"lr": 1e-3, "min_lr": 2e-5}
+    assert load_config_text("objective: forrester\nname: 1e3x\n").name == "1e3x"  # not a number: stays text
+    import yaml
+
+    assert yaml.safe_load("a: 1e-3") == {"a": "1e-3"}  # the global SafeLoader is untouched
+
+
+def test_run_arguments_are_checked_before_ray_starts():
+    assert _check_run_args(None, None, None) == {}
+    assert _check_run_args(2, 4, {"isolate": "thread", "queue_low": 0}) == {"isolate": "thread", "queue_low": 0}
+    for args, match in [
+        ((0, None, None), r"`max_concurrent` must be None or an integer >= 1; got 0"),
+        ((2.5, None, None), r"`max_concurrent` must be None or an integer >= 1; got 2.5"),
+        ((None, True, None), r"`num_cpus` must be None or an integer >= 1; got True"),
+        ((None, None, {"queue_lo": 3}), r"unknown `actor_options` \['queue_lo'\]"),
+        ((None, None, {"isolate": "fork"}), r"`actor_options.isolate` must be 'process' or 'thread'"),
+        ((None, None, {"refit_interval_s": -1}), r"`actor_options.refit_interval_s`"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            _check_run_args(*args)
