@@ -26,6 +26,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from orchestrator.acquisition import PROPOSERS as _PROPOSER_REGISTRY
+from orchestrator.models import MODELS as _MODEL_REGISTRY
+
 __all__ = [
     "mean_ci",
     "paired_comparison",
@@ -257,6 +260,25 @@ def parse_index_list(spec: str, flag: str, example: int = 10) -> list[int]:
 
 #: objectives built in this process, by (name, options): deterministic, so runs may share one
 _OBJECTIVES: dict[str, Any] = {}
+
+
+#: the names `--model-options` / `--proposer-options` may key (the orchestrator's registries)
+MODELS = tuple(_MODEL_REGISTRY)
+PROPOSERS = tuple(_PROPOSER_REGISTRY)
+
+
+def merge_options(
+    quick: Mapping[str, Mapping[str, Any]], given: Any, flag: str, known: Sequence[str]
+) -> dict[str, dict[str, Any]]:
+    """`given` (name -> options, from a JSON flag) over `quick`, per name. A non-mapping, or a name that is not
+    in `known` (a misspelled model is otherwise ignored without a word), is one clear error naming `flag`."""
+    if not isinstance(given, Mapping) or not all(isinstance(v, Mapping) for v in given.values()):
+        raise SystemExit(f'{flag}: a JSON object of name -> options, e.g. {{"quantile": {{"num_inducing": 64}}}}; '
+                         f"got {given!r}")
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise SystemExit(f"{flag}: unknown name(s) {unknown}; valid: {sorted(known)}")
+    return {k: {**quick.get(k, {}), **given.get(k, {})} for k in {*quick, *given}}
 
 
 def build_optimizer(raw_config: Mapping[str, Any]) -> tuple[Any, Any, Any, str]:

@@ -61,8 +61,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._common import (  # noqa: E402
-    BatchRun, Job, Method, checkpoint_evaluations, drive_guarded, format_table, limited_threads, mean_ci,
-    paired_comparison, parse_index_list, plot_curves, read_table, replicate_seed, run_jobs, write_table,
+    MODELS, BatchRun, Job, Method, checkpoint_evaluations, drive_guarded, format_table, limited_threads, mean_ci,
+    merge_options, paired_comparison, parse_index_list, plot_curves, read_table, replicate_seed, run_jobs,
+    write_table,
 )
 
 MODE = "synchronous batches, in-process AskTellOptimizer (the orchestrator's synchronous protocol without Ray)"
@@ -456,6 +457,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.error("--workers and --threads must be >= 1")
     if args.time_limit is not None and args.time_limit < 0:
         ap.error(f"--time-limit must be >= 0 seconds; got {args.time_limit}")
+    args.model_options = merge_options(QUICK["model_options"] if args.quick else {}, args.model_options,
+                                       "--model-options", MODELS)
     return args
 
 
@@ -463,13 +466,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     out = Path(args.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    if args.quick:
+    if args.quick:  # the quick options, with the ones given explicitly over them
         triples, problems, methods = QUICK["settings"], QUICK["problems"], QUICK["methods"]
-        initial, budget, model_options = QUICK["initial"], QUICK["budget"], QUICK["model_options"]
+        initial, budget = QUICK["initial"], QUICK["budget"]
     else:
         triples = _parse_settings(args.settings) if args.settings else FULL_SETTINGS
         problems, methods = _parse_problems(args.problems), list(METHODS)
-        initial, budget, model_options = args.initial, args.budget, args.model_options
+        initial, budget = args.initial, args.budget
+    model_options = args.model_options
     if args.methods:
         methods = list(args.methods)
     settings = [Setting(d, tau, b, initial or 50 * d, budget or 250 * d) for d, tau, b in triples]

@@ -57,7 +57,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._common import (  # noqa: E402
-    Method, build_optimizer, format_table, mean_ci, paired_comparison, parse_index_list, plot_curves, read_table, write_table,
+    MODELS, PROPOSERS, Method, build_optimizer, format_table, mean_ci, merge_options, paired_comparison,
+    parse_index_list, plot_curves, read_table, write_table,
 )
 
 MODE = "synchronous batches, in-process AskTellOptimizer built from a validated config (the orchestrator's " \
@@ -361,14 +362,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.workers < 1 or args.threads < 1:
         ap.error("--workers and --threads must be >= 1")
+    args.model_options = merge_options(QUICK["model_options"] if args.quick else {}, args.model_options,
+                                       "--model-options", MODELS)
+    args.proposer_options = merge_options(QUICK["proposer_options"] if args.quick else {}, args.proposer_options,
+                                          "--proposer-options", PROPOSERS)
     if args.quick:
         args.tasks = args.tasks or QUICK["tasks"]
         args.seeds = QUICK["seeds"]
         args.initial, args.budget, args.batch = QUICK["initial"], QUICK["budget"], QUICK["batch"]
         args.methods = args.methods or QUICK["methods"]
         args.objectives = {t: QUICK["objectives"][t] for t in args.tasks}
-        args.model_options = {**QUICK["model_options"], **args.model_options}
-        args.proposer_options = {**QUICK["proposer_options"], **args.proposer_options}
     else:
         args.tasks = args.tasks or list(FULL_OBJECTIVES)
         args.seeds = _parse_seeds(args.seeds)

@@ -61,8 +61,8 @@ if str(REPO) not in sys.path:
 
 from benchmarks._common import build_optimizer as build_shared  # noqa: E402
 from benchmarks._common import (  # noqa: E402
-    BatchRun, Job, Method, drive_guarded, format_table, mean_ci, paired_comparison, parse_index_list, plot_curves,
-    read_table, replicate_seed, run_jobs, write_table,
+    MODELS, PROPOSERS, BatchRun, Job, Method, drive_guarded, format_table, mean_ci, merge_options, paired_comparison,
+    parse_index_list, plot_curves, read_table, replicate_seed, run_jobs, write_table,
 )
 
 MODE = "synchronous batches, in-process AskTellOptimizer built from a validated config (the orchestrator's " \
@@ -486,14 +486,6 @@ def add_common_args(ap: argparse.ArgumentParser, out: str) -> None:
     ap.add_argument("--out", default=out, help="output directory")
 
 
-def merge_options(quick: Mapping[str, Mapping[str, Any]], given: Mapping[str, Any], flag: str) -> dict:
-    """`given` (name -> options) over `quick`, per name; a non-mapping is one clear error naming `flag`."""
-    if not isinstance(given, Mapping) or not all(isinstance(v, Mapping) for v in given.values()):
-        raise SystemExit(f'{flag}: a JSON object of name -> options, e.g. {{"quantile": {{"num_inducing": 64}}}}; '
-                         f"got {given!r}")
-    return {k: {**quick.get(k, {}), **given.get(k, {})} for k in {*quick, *given}}
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true",
@@ -528,8 +520,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if getattr(args, k) is None:
             setattr(args, k, defaults[k])
     quick_opts = (QUICK["model_options"], QUICK["proposer_options"]) if args.quick else ({}, {})
-    args.model_options = merge_options(quick_opts[0], args.model_options, "--model-options")
-    args.proposer_options = merge_options(quick_opts[1], args.proposer_options, "--proposer-options")
+    args.model_options = merge_options(quick_opts[0], args.model_options, "--model-options", MODELS)
+    args.proposer_options = merge_options(quick_opts[1], args.proposer_options, "--proposer-options", PROPOSERS)
     if not isinstance(args.objective_options, dict):
         ap.error(f'--objective-options: a JSON object, e.g. {{"timeout_penalty": -100}}; got {args.objective_options!r}')
     args.runs = parse_runs(str(args.runs))

@@ -53,11 +53,11 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._common import (  # noqa: E402
-    BatchRun, Job, Method, drive_guarded, format_table, mean_ci, plot_curves, read_table, run_jobs,
-    write_table,
+    MODELS, PROPOSERS, BatchRun, Job, Method, drive_guarded, format_table, mean_ci, merge_options, plot_curves,
+    read_table, run_jobs, write_table,
 )
 from benchmarks.lander import (  # noqa: E402
-    _as_types, _std, add_common_args, build_optimizer, config_tag, curves_by_method, merge_options, parse_runs,
+    _as_types, _std, add_common_args, build_optimizer, config_tag, curves_by_method, parse_runs,
 )
 
 MODE = "synchronous batches, in-process AskTellOptimizer built from a validated config (the orchestrator's " \
@@ -328,8 +328,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         raise SystemExit(f'--objective-options: a JSON object, e.g. {{"n_gp_max": 400}}; got {args.objective_options!r}')
     args.objective_options = {**defaults["objective_options"], **(args.objective_options or {})}
     quick_opts = (QUICK["model_options"], QUICK["proposer_options"]) if args.quick else ({}, {})
-    args.model_options = merge_options(quick_opts[0], args.model_options, "--model-options")
-    args.proposer_options = merge_options(quick_opts[1], args.proposer_options, "--proposer-options")
+    args.model_options = merge_options(quick_opts[0], args.model_options, "--model-options", MODELS)
+    args.proposer_options = merge_options(quick_opts[1], args.proposer_options, "--proposer-options", PROPOSERS)
     args.runs = parse_runs(str(args.runs))
     if args.workers < 1 or args.threads < 1 or args.batches < 0 or args.batch < 1 or args.initial < 2:
         ap.error("--workers, --threads, --batch must be >= 1, --batches >= 0, --initial >= 2")

@@ -88,3 +88,26 @@ def test_drive_guarded_turns_an_exception_into_an_error_and_reports_a_pause(tmp_
     assert "[t] r1: paused at 2 evaluations" in capsys.readouterr().out
     status, run, error = drive_guarded(lambda: CountingRun(), None, None, None, 1, "[t] r2")
     assert (status, run.n, error) == ("done", 3, "")
+
+
+def test_option_flags_refuse_unknown_names_in_every_benchmark(load_benchmark):
+    """Found in review: `--model-options '{"quantil": {...}}'` was ignored without a word (lander, laser, gld,
+    hpo), gld's `--quick` dropped the user's options, and hpo took `[1]` until every job failed."""
+    import pytest
+
+    from benchmarks._common import merge_options
+
+    assert merge_options({"quantile": {"a": 1}}, {"quantile": {"b": 2}}, "--model-options", ["quantile"]) == {
+        "quantile": {"a": 1, "b": 2}}
+    for name in ("gld", "hpo", "lander", "laser"):
+        mod = load_benchmark(name)
+        with pytest.raises(SystemExit, match=r"--model-options: unknown name\(s\) \['quantil'\]"):
+            mod.parse_args(["--quick", "--model-options", '{"quantil": {"num_inducing": 8}}'])
+        with pytest.raises(SystemExit, match="--model-options: a JSON object"):
+            mod.parse_args(["--model-options", "[1]"])
+    gld = load_benchmark("gld")
+    args = gld.parse_args(["--quick", "--model-options", '{"quantile": {"num_inducing": 8}}'])
+    assert args.model_options["quantile"] == {**gld.QUICK["model_options"]["quantile"], "num_inducing": 8}
+    hpo = load_benchmark("hpo")
+    with pytest.raises(SystemExit, match=r"--proposer-options: unknown name\(s\) \['qlogne'\]"):
+        hpo.parse_args(["--proposer-options", '{"qlogne": {}}'])
