@@ -601,7 +601,23 @@ class RunStore:
         self._next_seq = last + 1
         small = [n for n, (_, _, rows) in self._segments.items() if rows < _SMALL_ROWS]
         if len(small) >= self.compact_files:
+            if self._foreign_overlap():  # another writer wrote over this one's numbers: re-read (finds the
+                self.events()            # conflict, which is then never merged) before compacting
+                small = [n for n, (_, _, rows) in self._segments.items() if rows < _SMALL_ROWS]
             self.compact(small)
+
+    def _foreign_overlap(self) -> bool:
+        """Whether a segment this store has not read overlaps the sequence numbers of one it has (one listing,
+        no reads: the cheap test before an auto-compaction)."""
+        known = [(first, last) for first, last, _ in self._segments.values()]
+        for name in self._fs.listdir("events"):
+            m = _SEGMENT_RE.match(name)
+            if m is None or name in self._segments:
+                continue
+            first, last = int(m.group(1)), int(m.group(2))
+            if any(first <= k_last and k_first <= last for k_first, k_last in known):
+                return True
+        return False
 
     def compact(self, names: Sequence[str] | None = None) -> int:
         """Merge segments (default: all intact ones) into one; returns how many files were merged.

@@ -422,6 +422,27 @@ def test_conflict_winner_keeps_winning_after_a_later_writer_compacts(tmp_path):
     assert {"seg-000000001024-000000001024.parquet", "seg-000000001024-000000001025.parquet"} <= set(names)
 
 
+def test_a_long_lived_writer_does_not_compact_a_conflict_it_never_read(tmp_path):
+    """The first writer keeps appending after a second one wrote over its numbers; its auto-compaction must
+    not merge its side of the conflict (the merge would sort after the other side and flip the replay)."""
+    rd = str(tmp_path / "r")
+    a = RunStore.create(rd, CONFIG)
+    a.compact_files = 4
+    a.append([Event("proposed", f"p-{i}", time=1.0) for i in range(1024)])
+    b = RunStore.open(rd)
+    a.append([Event("completed", "p-0", value=1.0, time=2.0)])
+    b.append([Event("completed", "p-0", value=2.0, time=2.0), Event("completed", "p-1", value=5.0, time=2.0)])
+    a.append([Event("refit", time=3.0)])  # seq 1025 in a's count: a second conflict, with b's p-1
+    first = RunStore.open(rd)
+    assert [e.value for e in first.events(["completed"])] == [1.0, 5.0] and len(first.damage) == 2
+    for i in range(8):  # a's auto-compaction (every 4 small segments) runs twice
+        a.append([Event("refit", time=4.0 + i)])
+        r = RunStore.open(rd)
+        assert [e.value for e in r.events(["completed"])] == [1.0, 5.0] and r.damage == first.damage
+    names = os.listdir(os.path.join(rd, "events"))
+    assert {"seg-000000001024-000000001024.parquet", "seg-000000001025-000000001025.parquet"} <= set(names)
+
+
 def test_append_after_a_crash_between_a_merge_and_its_deletes(tmp_path, monkeypatch):
     """Found in review: after such a crash the merge (no longer small) was left out of the next
     auto-compaction, whose merge of the same sources then collided with it by name: the append raised
