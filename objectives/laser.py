@@ -224,7 +224,8 @@ class LaserSimulator(SyntheticObjective):
         lo_e, hi_e = energy_range
         data = data[(data[:, -1] > lo_e) & (data[:, -1] < hi_e)]
         if len(data) < 20:
-            raise ObjectiveError(f"option 'csv_path': {str(path)!r}: only {len(data)} rows with {lo_e} < energy < {hi_e} (option 'energy_range')")
+            raise ObjectiveError(f"option 'csv_path': {str(path)!r}: only {len(data)} rows with "
+                                 f"{lo_e} < energy < {hi_e} (option 'energy_range')")
         X, y = data[:, :-1], data[:, -1]
         self.names = quads
         lo, hi = X.min(axis=0), X.max(axis=0)

@@ -351,6 +351,7 @@ class AcquisitionProposer(Proposer):
 
     def build(self, model: Any, X_observed: Tensor, generator: torch.Generator | None = None) -> AcquisitionFunction:
         """The acquisition for the current model and calibrator (incumbent: best posterior mean at X_observed)."""
+        self.check_model(model)
         cal = self.calibrator
         name = getattr(cal, "name", "none")
         d = X_observed.shape[-1]
@@ -360,9 +361,7 @@ class AcquisitionProposer(Proposer):
             best = float(mu.max())
         else:
             best = 0.0
-        if name == "locbo":
-            if self.acquisition != "ei":
-                raise ConfigError(f"calibrator 'locbo' defines EI only; got `proposer.options.acquisition` {self.acquisition!r}")
+        if name == "locbo":  # EI only (check_model)
             return LOCBOExpectedImprovement(model, best, cal)
         if name == "conformal":
             return self._conformal(model, X_observed, best, generator)
@@ -398,9 +397,7 @@ class AcquisitionProposer(Proposer):
         kw = {"temp": cal.temp, "num_labels": cal.num_labels, "ratio": ratio}
         if self.acquisition == "ucb":
             return ConformalUpperConfidenceBound(parts, alpha, **kw)
-        if self.acquisition == "ei":
-            return ConformalExpectedImprovement(parts, best, alpha, **kw)
-        raise ConfigError("calibrator 'conformal' defines EI and UCB; got `proposer.options.acquisition` 'pi'")
+        return ConformalExpectedImprovement(parts, best, alpha, **kw)  # EI or UCB only (check_model)
 
     def _propose(self, model: Any, q: int, X_pending: Tensor, X_observed: Tensor, generator: torch.Generator) -> Tensor:
         d = X_observed.shape[-1] if X_observed.numel() else X_pending.shape[-1]

@@ -109,6 +109,18 @@ class _SparseLatents:
         return self.kernel(X, X2) - a @ Da2
 
 
+def _check_model(model: Surrogate) -> str:
+    """The family of `model`; raises `UnsupportedError` unless it is a quantile or expectile likelihood with a
+    GP on the noise latent g (spec §3). Reads only class-level facts, so an unfitted model can be checked."""
+    family = getattr(model, "family", None)
+    if family not in SUPPORTED_FAMILIES or model.num_outputs_latent != 2:
+        raise UnsupportedError(
+            f"QGibbon needs a two-latent quantile or expectile model (model quantile or expectile); got "
+            f"{type(model).__name__} (family {family!r}). Use proposer thompson with this model."
+        )
+    return family
+
+
 class QGibbonAcquisition:
     """The Q-GIBBON state of one batch: cached latents, g* samples, the pending set and chol(C_PP).
 
@@ -128,12 +140,7 @@ class QGibbonAcquisition:
         spread: Spread | None = None,
         jitter: float = 0.0,
     ) -> None:
-        family = getattr(model, "family", None)
-        if family not in SUPPORTED_FAMILIES:
-            raise UnsupportedError(
-                f"QGibbon needs a quantile or expectile model (family in {SUPPORTED_FAMILIES}); got family "
-                f"{family!r}. Use proposer: thompson for the heteroscedastic or exact GP."
-            )
+        family = _check_model(model)
         if repulsion not in REPULSION_MODES:
             raise ConfigError(f"qgibbon.repulsion must be one of {REPULSION_MODES}; got {repulsion!r}")
         self.c_m, self.c_v = noise_constants(family, model.tau)
@@ -320,13 +327,7 @@ class QGibbon(Proposer):
         self.last_diagnostics: dict[str, Any] = {}
 
     def check_model(self, model: Surrogate) -> None:
-        """Q-GIBBON needs a quantile or expectile likelihood with a GP on the noise latent g (spec §3)."""
-        family = getattr(model, "family", None)
-        if family not in SUPPORTED_FAMILIES or model.num_outputs_latent != 2:
-            raise UnsupportedError(
-                f"QGibbon needs a two-latent quantile or expectile model (model quantile or expectile); got "
-                f"{type(model).__name__} (family {family!r}). Use proposer thompson with this model."
-            )
+        _check_model(model)
 
     def acquisition(
         self, model: Surrogate, X_observed: Tensor, generator: torch.Generator, X_pending: Tensor | None = None

@@ -11,14 +11,15 @@ tensors (`get_state`/`set_state`), so a resume restores it or rebuilds it by rep
 
 from __future__ import annotations
 
+import math
 from abc import ABC
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from orchestrator.errors import InputDataError
+from orchestrator.errors import ConfigError, InputDataError
 from orchestrator.models.predictive import Forecast
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "LEVEL_EPS",
     "LevelMap",
     "as_observations",
+    "check_option",
     "monotone_interp",
 ]
 
@@ -35,6 +37,16 @@ __all__ = [
 #: a level pushed outside (0, 1) (calibrated-bo.md §1.5 Lemma 3: q in [-eta, 1 + eta]) gives a wide
 #: but finite quantile; the spec leaves this clip open ("[not in paper]")
 LEVEL_EPS = 1e-6
+
+
+def check_option(key: str, value: Any, ok: Callable[[float], bool], allow_inf: bool = False) -> float:
+    """`calibrator.options.<key>` as a float: a number (not a bool, not a string; finite unless `allow_inf`)
+    for which `ok` holds, else one `ConfigError` naming the key and the value. `ok` runs only on numbers, so
+    a string never reaches a comparison."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value)
+            or (math.isinf(value) and not allow_inf) or not ok(value)):
+        raise ConfigError(f"`calibrator.options.{key}` is out of range; got {value!r}")
+    return float(value)
 
 
 def as_observations(forecast: Forecast, y: Tensor | float | Sequence[float], X: Tensor | None = None) -> tuple[Forecast, Tensor, Tensor | None]:

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from orchestrator.calibration.base import Calibrator
+from orchestrator.calibration.base import Calibrator, check_option
 from orchestrator.calibration.locbo import denoise_coefficients
 from orchestrator.errors import ConfigError, InputDataError, UnsupportedError
 
@@ -288,10 +288,9 @@ class ConformalCalibrator(Calibrator):
         super().__init__(spread)
         if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha <= 1):
             raise ConfigError(f"`calibrator.options.alpha` must be None or in (0, 1]; got {alpha!r}")
-        for key, v, ok in (("alpha_power", alpha_power, lambda v: v > 0), ("alpha_min", alpha_min, lambda v: 0 < v < 1),
-                           ("temp", temp, lambda v: v > 0)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not ok(v):
-                raise ConfigError(f"`calibrator.options.{key}` is out of range; got {v!r}")
+        alpha_power = check_option("alpha_power", alpha_power, lambda v: v > 0)
+        alpha_min = check_option("alpha_min", alpha_min, lambda v: 0 < v < 1)
+        temp = check_option("temp", temp, lambda v: v > 0)
         for key, v in (("num_labels", num_labels), ("ratio_steps", ratio_steps)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"`calibrator.options.{key}` must be an integer >= 1; got {v!r}")

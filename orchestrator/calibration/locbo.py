@@ -14,14 +14,14 @@ standardized units of a Gaussian-likelihood GP: mu, var_f = sigma_f^2 and noise_
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from orchestrator.calibration.base import Calibrator
-from orchestrator.errors import ConfigError, InputDataError
+from orchestrator.calibration.base import Calibrator, check_option
+from orchestrator.errors import InputDataError
 from orchestrator.models.predictive import Forecast
 
 __all__ = [
@@ -155,15 +155,6 @@ def locbo_expected_improvement(
     return inside + tail
 
 
-def _check(key: str, value: Any, ok: Callable[[float], bool], allow_inf: bool = False) -> float:
-    """`value` as a float if it is a number (not a bool, not a string; finite unless `allow_inf`) for which
-    `ok` holds."""
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value)
-            or (math.isinf(value) and not allow_inf) or not ok(value)):
-        raise ConfigError(f"`calibrator.options.{key}` is out of range; got {value!r}")
-    return float(value)
-
-
 class LOCBOCalibrator(Calibrator):
     """`calibrator.type: locbo`: the localized online-CP threshold lambda_t(x) of paper 002.
 
@@ -192,12 +183,12 @@ class LOCBOCalibrator(Calibrator):
         spread: Any = None,
     ) -> None:
         super().__init__(spread)
-        self.alpha = _check("alpha", alpha, lambda v: 0 < v < 1)
-        self.kappa = _check("kappa", kappa, lambda v: v >= 0)
-        self.lengthscale = _check("lengthscale", lengthscale, lambda v: v > 0, allow_inf=True)  # inf: one global threshold
-        self.lambda_reg = _check("lambda_reg", lambda_reg, lambda v: v >= 0)
-        self.eta0 = _check("eta0", eta0, lambda v: v > 0)
-        self.decay = _check("decay", decay, lambda v: v >= 0)
+        self.alpha = check_option("alpha", alpha, lambda v: 0 < v < 1)
+        self.kappa = check_option("kappa", kappa, lambda v: v >= 0)
+        self.lengthscale = check_option("lengthscale", lengthscale, lambda v: v > 0, allow_inf=True)  # inf: one global threshold
+        self.lambda_reg = check_option("lambda_reg", lambda_reg, lambda v: v >= 0)
+        self.eta0 = check_option("eta0", eta0, lambda v: v > 0)
+        self.decay = check_option("decay", decay, lambda v: v >= 0)
         self.c = self.alpha
         self.t = 0
         self.misses = 0

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from orchestrator.calibration.base import check_option
 from orchestrator.errors import ConfigError, InputDataError
 from orchestrator.models.predictive import Forecast
 
@@ -80,8 +81,7 @@ class SpreadTracker:
             ("spread_min", s_min, lambda v: 0 < v <= 1),
             ("spread_max", s_max, lambda v: v >= 1),
         ):
-            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and ok(v)):
-                raise ConfigError(f"`calibrator.options.{key}` is out of range; got {v!r}")
+            check_option(key, v, ok)
         self.mode = mode
         self.coverage = float(coverage)
         self.eta = float(eta)
