@@ -46,6 +46,7 @@ __all__ = [
     "run_jobs",
     "limited_threads",
     "drive_guarded",
+    "preflight",
 ]
 
 
@@ -300,6 +301,28 @@ def build_optimizer(raw_config: Mapping[str, Any]) -> tuple[Any, Any, Any, str]:
         _OBJECTIVES[key] = load_objective(cfg.objective.name, dict(cfg.objective.options))
     objective = _OBJECTIVES[key]
     return cfg, objective, AskTellOptimizer.from_config(cfg, objective), key
+
+
+def preflight(builds: Mapping[str, Callable[[], Any]], tag: str) -> None:
+    """Build every method once before any run starts: `builds` maps a label (the method) to a function that builds
+    its optimizer as a run would. A bad option (a `QbatchError` such as ConfigError, or an `ObjectiveError`)
+    ends the benchmark here with one line naming the method and the key, before any evaluation; without this
+    check every run of the grid would fail on its own and be recorded as an error row, and the command would
+    still exit 0.
+
+    Raises:
+        SystemExit: with that line, for the first method that does not build.
+    """
+    from objectives.base import ObjectiveError
+    from orchestrator.errors import QbatchError
+
+    for label, build in builds.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            try:
+                build()
+            except (QbatchError, ObjectiveError) as exc:
+                raise SystemExit(f"[{tag}] {label}: {exc}") from None
 
 
 # ---------------------------------------------------------------------------------------------------- checkpointed runs

@@ -62,8 +62,8 @@ if str(REPO) not in sys.path:
 
 from benchmarks._common import (  # noqa: E402
     MODELS, BatchRun, Job, Method, checkpoint_evaluations, drive_guarded, format_table, limited_threads, mean_ci,
-    merge_options, paired_comparison, parse_index_list, plot_curves, read_table, replicate_seed, run_jobs,
-    write_table,
+    merge_options, paired_comparison, parse_index_list, plot_curves, preflight, read_table, replicate_seed,
+    run_jobs, write_table,
 )
 
 MODE = "synchronous batches, in-process AskTellOptimizer (the orchestrator's synchronous protocol without Ray)"
@@ -490,6 +490,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 finished_rule=functools.partial(_method_done, runs, s, p, m))
             for s in settings for p in problems for m in methods]
     jobs = [] if args.tables_only else grid
+    if jobs:  # the methods' optimizers on the first setting's first problem: a bad option stops here
+        from objectives.gld import GLDProblem
+
+        first = GLDProblem(dim=settings[0].d, problem=problems[0])
+        preflight({m: functools.partial(GLDRun, m, settings[0], first, problems[0], model_options) for m in methods},
+                  "gld")
     deadline = None if args.time_limit is None else time.time() + args.time_limit
     counts = run_jobs(jobs, args.workers, args.resume, deadline, "gld")
     missing = counts["paused"] + counts["skipped"]

@@ -40,6 +40,7 @@ Results in --out (default results/hpo/): runs/*.csv (one per task x method x see
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -58,7 +59,7 @@ if str(REPO) not in sys.path:
 
 from benchmarks._common import (  # noqa: E402
     MODELS, PROPOSERS, Method, build_optimizer, format_table, mean_ci, merge_options, paired_comparison,
-    parse_index_list, plot_curves, read_table, write_table,
+    parse_index_list, plot_curves, preflight, read_table, write_table,
 )
 
 MODE = "synchronous batches, in-process AskTellOptimizer built from a validated config (the orchestrator's " \
@@ -421,6 +422,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(f"[hpo] {MODE}; tasks {args.tasks}; methods {args.methods}; seeds {args.seeds}; initial {args.initial}, "
           f"budget {args.budget}, batch {args.batch}; objectives {json.dumps(args.objectives)}", flush=True)
     t_start = time.perf_counter()
+    preflight({f"{task} {m}": functools.partial(build_optimizer, method_config(
+        m, task, proto, 0, args.objectives[task], args.model_options, args.proposer_options))
+        for task in args.tasks for m in args.methods}, "hpo")
 
     def path_of(task: str, m: str, s: int) -> Path:
         return out / "runs" / f"{task}-{m}-s{s}"

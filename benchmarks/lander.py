@@ -47,6 +47,7 @@ envs.csv (each final recommendation flown in ENV_ID too, e.g. gym:LunarLander-v2
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -62,7 +63,7 @@ if str(REPO) not in sys.path:
 from benchmarks._common import build_optimizer as build_shared  # noqa: E402
 from benchmarks._common import (  # noqa: E402
     MODELS, PROPOSERS, BatchRun, Job, Method, drive_guarded, format_table, mean_ci, merge_options, paired_comparison,
-    parse_index_list, plot_curves, read_table, replicate_seed, run_jobs, write_table,
+    parse_index_list, plot_curves, preflight, read_table, replicate_seed, run_jobs, write_table,
 )
 
 MODE = "synchronous batches, in-process AskTellOptimizer built from a validated config (the orchestrator's " \
@@ -585,6 +586,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
           f"budget {args.budget}, batch {args.batch}; true quantile from {args.episodes} fresh episodes "
           f"(seeds {EVAL_SEED0}+i)", flush=True)
     t_start = time.perf_counter()
+    objective = {"name": "lunar-lander", "options": dict(args.objective_options)}
+    preflight({f"{m} tau {tau:g}": functools.partial(
+        build_optimizer, method_config(m, Protocol(tau, args.initial, args.budget, args.batch), 0, objective,
+                                       args.model_options, args.proposer_options))
+        for tau in args.taus for m in args.methods}, "lander")
     jobs = make_jobs(args)
     counts = run_jobs(jobs, args.workers, args.resume, deadline, "lander")
 

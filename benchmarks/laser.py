@@ -41,6 +41,7 @@ evaluations, mean +- 95% CI over runs).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -54,7 +55,7 @@ if str(REPO) not in sys.path:
 
 from benchmarks._common import (  # noqa: E402
     MODELS, PROPOSERS, BatchRun, Job, Method, drive_guarded, format_table, mean_ci, merge_options, plot_curves,
-    read_table, run_jobs, write_table,
+    preflight, read_table, run_jobs, write_table,
 )
 from benchmarks.lander import (  # noqa: E402
     _as_types, _std, add_common_args, build_optimizer, config_tag, curves_by_method, parse_runs,
@@ -443,6 +444,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(f"[laser] {MODE}; {simulator}; tau {args.tau:g}; methods {args.methods}; runs {args.runs}; "
           f"{args.initial} + {args.batches} x {args.batch} evaluations", flush=True)
     t_start = time.perf_counter()
+    budget = args.initial + args.batches * args.batch
+    preflight({m: functools.partial(build_optimizer, method_config(
+        m, args.tau, args.initial, budget, args.batch, 0, objective, args.model_options, args.proposer_options))
+        for m in args.methods}, "laser")
     jobs = make_jobs(args, objective)
     counts = run_jobs(jobs, args.workers, args.resume, deadline, "laser")
 

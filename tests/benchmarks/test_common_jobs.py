@@ -111,3 +111,24 @@ def test_option_flags_refuse_unknown_names_in_every_benchmark(load_benchmark):
     hpo = load_benchmark("hpo")
     with pytest.raises(SystemExit, match=r"--proposer-options: unknown name\(s\) \['qlogne'\]"):
         hpo.parse_args(["--proposer-options", '{"qlogne": {}}'])
+
+
+def test_a_bad_option_stops_every_benchmark_before_any_run(load_benchmark, tmp_path):
+    """Noted in the ninth session: a bad model or proposer option failed every run of the grid on its own, each
+    recorded as an error row, and the command exited 0. `preflight` builds each method once before the grid:
+    one error naming the method and the key, and no run file."""
+    import pytest
+
+    for name in ("gld", "hpo", "lander", "laser"):
+        mod = load_benchmark(name)
+        out = tmp_path / name
+        with pytest.raises(SystemExit, match=rf"\[{name}\] .*num_inducng"):
+            mod.main(["--quick", "--out", str(out), "--model-options", '{"quantile": {"num_inducng": 8}}'])
+        assert not list((out / "runs").glob("*.csv")), name
+    lander = load_benchmark("lander")
+    with pytest.raises(SystemExit, match=r"\[lander\] quantile-ts tau 0.1: .*option 'steps_limit'"):
+        lander.main(["--quick", "--out", str(tmp_path / "l2"), "--objective-options", '{"steps_limit": "long"}'])
+    laser = load_benchmark("laser")
+    with pytest.raises(SystemExit, match=r"\[laser\] quantile-ts: .*raw_samples"):
+        laser.main(["--quick", "--out", str(tmp_path / "l3"), "--proposer-options",
+                    '{"thompson": {"raw_samples": -1}}'])
