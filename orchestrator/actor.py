@@ -59,6 +59,9 @@ _WAIT_S = 0.05
 _SWITCH_INTERVAL_S = 0.0005
 #: buffered "started" events are flushed at least this often (they ride along with result writes otherwise)
 _FLUSH_S = 1.0
+#: when a run aborts (failure guard, refit failures, planner error), how long the evaluations still in flight
+#: may take to finish and be logged; any still running then stay "started" in the log and a resume runs them
+_ABORT_DRAIN_S = 60.0
 #: the checkpoint (run directory, `checkpoints/`) of the last fitted model, rewritten after every refit
 MODEL_CHECKPOINT = "model"
 
@@ -183,6 +186,7 @@ class CentralActor:
         self._planners: list[threading.Thread] = []
         self._planner_error: str | None = None
         self._abort: str | None = None
+        self._log_failed = False  # an append to the event log raised (disk full, storage gone): stop, write nothing
         self._last_fit_end = 0.0
         self._refits = 0
         self._refit_failures = 0  # in this session
@@ -371,37 +375,59 @@ class CentralActor:
                 t.start()
         try:
             while not self._stop.is_set():
-                self._dispatch()
-                if self.n_done >= self.budget and not self._inflight:
+                try:
+                    self._dispatch()
+                    if self.n_done >= self.budget and not self._inflight:
+                        break
+                    if self._abort or self._planner_error:
+                        break
+                    if not self.cfg.synchronous:
+                        self._fill_before_first_model()
+                    if self._inflight:
+                        self._collect(_WAIT_S)
+                    elif self.cfg.synchronous:
+                        self._sync_step()
+                    else:
+                        self._wake_planners()
+                        time.sleep(0.005)
+                    if self._started_buf and time.time() - self._last_flush > _FLUSH_S:
+                        self._append([])
+                except _LogWriteError:  # `_abort` says what failed; nothing more can be recorded
                     break
-                if self._abort or self._planner_error:
-                    break
-                if not self.cfg.synchronous:
-                    self._fill_before_first_model()
-                if self._inflight:
-                    self._collect(_WAIT_S)
-                elif self.cfg.synchronous:
-                    self._sync_step()
-                else:
-                    self._wake_planners()
-                    time.sleep(0.005)
-                if self._started_buf and time.time() - self._last_flush > _FLUSH_S:
-                    self._append([])
         finally:
             self._stop.set()
             self._wake_planners()
             for t in self._planners:
                 t.join(timeout=600)
-            if self._started_buf:
-                self._append([])
-        if self._planner_error:
+            if self._started_buf and not self._log_failed:
+                try:
+                    self._append([])
+                except _LogWriteError:
+                    pass
+        if self._planner_error and not self._log_failed:
             self._abort = f"the planner failed: {self._planner_error}"
+        if self._abort and self._inflight and not self._log_failed:
+            try:
+                self._drain(_ABORT_DRAIN_S)
+            except _LogWriteError:
+                pass
         elif not self._abort and self.opt.model is not None and self.opt.num_stale > 0:
             self.opt.flush_calibration()
             # the final recommendation uses every result (after the evaluation span) and a fit from scratch too:
             # a warm start can stay in the basin of a fit on the first few results (`AskTellOptimizer.fit`)
             self._refit(restart=True)
         return self._summary()
+
+    def _drain(self, limit_s: float) -> None:
+        """After an abort: log the results of the evaluations in flight as they finish, for up to `limit_s`
+        seconds, starting nothing new (`_dispatch` refuses once `_abort` is set). A result that is finished is
+        never dropped; an evaluation still running after the limit stays "started" and a resume runs it again."""
+        deadline = time.time() + limit_s
+        while self._inflight and (left := deadline - time.time()) > 0:
+            self._collect(min(left, 1.0))
+        if self._inflight:
+            self._abort += (f"; {len(self._inflight)} evaluations still running after {limit_s:g} s were left "
+                            "unrecorded (`qbatch resume` runs them again)")
 
     def _summary(self) -> dict[str, Any]:
         st = self.status()
@@ -419,6 +445,8 @@ class CentralActor:
         """Start queued trials in the free slots. `freed`: in-flight evaluations whose results have arrived
         but are not yet logged (`_collect` refills their slots before the durable write; they still count
         against the budget until they are told)."""
+        if self._abort:  # an aborting run starts nothing new (its evaluations in flight are drained)
+            return
         with self._lock:
             batch: list[tuple[Trial, int]] = []
             while (self._queue and len(self._inflight) - freed + len(batch) < self.max_concurrent
@@ -493,8 +521,12 @@ class CentralActor:
                     del self._inflight[ref]
                     if not self.opt.is_told(trial.trial_id):
                         self._queue.appendleft(trial)
-        # refill the freed slots first: the next evaluations need neither the write nor the tell below
-        self._dispatch(freed=len(results))
+        # refill the freed slots first: the next evaluations need neither the write nor the tell below; unless
+        # these results trip the failure guard (the run stops: nothing new may start)
+        new = {trial.trial_id: rec for _, trial, _, rec in results if not self.opt.is_told(trial.trial_id)}
+        if not self._guard_trips(self.n_done + len(new),
+                                 self.n_failed + sum(rec["status"] != "completed" for rec in new.values())):
+            self._dispatch(freed=len(results))
         events = []
         for _, trial, attempt, rec in results:
             if self.opt.is_told(trial.trial_id):  # exactly once by trial id
@@ -591,10 +623,15 @@ class CentralActor:
                 self._starts = None
         return self._starts
 
+    def _guard_trips(self, n_done: int, n_failed: int) -> bool:
+        """Whether `n_failed` failures in `n_done` results stop the run (`failure_guard`)."""
+        guard = self.cfg.failure_guard
+        return n_done >= guard.min_trials and n_done > 0 and n_failed / n_done > guard.max_failure_rate
+
     def _check_guard(self) -> None:
         guard = self.cfg.failure_guard
         n = self.n_done
-        if n >= guard.min_trials and self.n_failed / n > guard.max_failure_rate:
+        if self._guard_trips(n, self.n_failed):
             reasons = collections.Counter(f["error"] for f in self.opt.failures)
             self._abort = (
                 f"failure guard: {self.n_failed} of {n} evaluations failed "
@@ -615,6 +652,8 @@ class CentralActor:
                 if not step():
                     self._wakes[role].wait(0.1)
                     self._wakes[role].clear()
+        except _LogWriteError:  # `_abort` says what failed
+            self._wake_planners()
         except Exception:
             self._planner_error = f"{role}: {traceback.format_exc()}"
             self._wake_planners()
@@ -777,13 +816,35 @@ class CentralActor:
                      x=[float(v) for v in trial.x.tolist()], **fields)
 
     def _append(self, events: list[Any]) -> None:
+        """Write `events` (after the buffered "started" ones) to the log, durably.
+
+        Raises:
+            _LogWriteError: the write failed (e.g. the disk is full); `_abort` then says so and the run stops.
+        """
         with self._store_lock:
+            if self._log_failed:
+                raise _LogWriteError(self._abort or "the run log cannot be written")
             with self._lock:
                 buf, self._started_buf = self._started_buf, []
             batch = buf + list(events)
             if batch:
-                self.store.append(batch)
+                try:
+                    self.store.append(batch)
+                except OSError as exc:
+                    self._log_failed = True
+                    lost = sum(e.kind in ("completed", "failed") for e in events)
+                    self._abort = (
+                        f"writing the run log in {self.run_dir} failed ({type(exc).__name__}: {exc})"
+                        + (f"; the {lost} results being written were not recorded" if lost else "")
+                        + f". Everything logged before is kept: once the cause is fixed, `qbatch resume "
+                        f"{self.run_dir}` finishes the run (evaluations whose results are not in the log run again)")
+                    self._wake_planners()
+                    raise _LogWriteError(self._abort) from exc
             self._last_flush = time.time()
+
+
+class _LogWriteError(QbatchError):
+    """An append to the run's event log failed; the actor stops the run (its message is `_abort`)."""
 
 
 def _is_transient(exc: BaseException) -> bool:

@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from orchestrator.errors import ConfigError, InputDataError, QbatchError, UnsupportedError
+from orchestrator.errors import ConfigError, InputDataError, ModelFitError, QbatchError, UnsupportedError
 from orchestrator.space import SearchSpace
 from workers.evaluate import classify_value
 
@@ -530,6 +530,7 @@ class AskTellOptimizer:
 
         Raises:
             InputDataError: fewer than 2 completed results.
+            ModelFitError: the fitted posterior is not finite (the current model stays in use).
         """
         if not self.defer_calibration:
             self.flush_calibration()
@@ -537,6 +538,10 @@ class AskTellOptimizer:
         n = Y.shape[0]
         if n < 2:
             raise InputDataError(f"a model fit needs at least 2 completed results; have {n}")
+        if not math.isfinite(float(Y.std())):  # the outcomes' spread overflows float64: no model can standardize
+            raise ModelFitError(
+                f"the outcomes of the {n} results span [{float(Y.min()):g}, {float(Y.max()):g}], too wide for a model "
+                "in float64 (their variance overflows); rescale the objective's values. The previous model is kept")
         t0 = time.perf_counter()
         with self._lock:
             current = self._model
@@ -560,6 +565,13 @@ class AskTellOptimizer:
         with torch.no_grad():
             target = model.objective_mean(X)
         loc, scale = model.outcome_transform
+        bad = int((~torch.isfinite(target)).sum())
+        if bad or not (math.isfinite(float(loc)) and math.isfinite(float(scale))):
+            # a NaN posterior would propose from noise and recommend "nan": refuse it, keep the current model
+            raise ModelFitError(
+                f"the {self.model_name} fit on {n} results is not finite (posterior mean not finite at {bad} of "
+                f"{n} observed points, outcome transform loc={float(loc):g}, scale={float(scale):g}; outcomes "
+                f"span [{float(Y.min()):g}, {float(Y.max()):g}]); the previous model is kept")
         i = int(torch.argmax(target))
         best_pred = self.sign * float(loc + scale * float(target[i]))
         best_params = self.space.from_unit(X[i : i + 1])[0]

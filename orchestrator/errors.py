@@ -5,7 +5,9 @@ All qbatch errors derive from `QbatchError` (STYLE.md §4.6), so callers can cat
 
 from __future__ import annotations
 
-__all__ = ["QbatchError", "ConfigError", "SpaceError", "InputDataError", "UnsupportedError", "UsageError"]
+__all__ = [
+    "QbatchError", "ConfigError", "SpaceError", "InputDataError", "UnsupportedError", "UsageError", "ModelFitError",
+]
 
 
 class QbatchError(Exception):
@@ -31,3 +33,8 @@ class UnsupportedError(QbatchError, NotImplementedError):
 class UsageError(QbatchError):
     """A request that cannot be carried out as given, refused before anything starts (a run directory that is
     missing, busy or not new; an address where no cluster answers). The CLI exits 2 on it."""
+
+
+class ModelFitError(QbatchError, RuntimeError):
+    """A model fit ended in a posterior that is not finite (e.g. outcomes too large for float64 arithmetic);
+    the fit is not used and the previous model stays in place."""

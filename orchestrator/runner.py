@@ -87,8 +87,8 @@ def _check_run_args(max_concurrent: Any, num_cpus: Any, actor_options: Mapping[s
     if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r < float("inf"):
         raise ConfigError(f"`actor_options.refit_interval_s` must be a finite number >= 0; got {r!r}")
     m = opts.get("max_refit_failures", 5)
-    if isinstance(m, bool) or not isinstance(m, int) or m < 0:
-        raise ConfigError(f"`actor_options.max_refit_failures` must be an integer >= 0; got {m!r}")
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:  # the actor's own check, before Ray starts
+        raise ConfigError(f"`actor_options.max_refit_failures` must be an integer >= 1; got {m!r}")
     return opts
 
 

@@ -106,16 +106,33 @@ def _finite_float(v: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
+#: longest message, traceback and metric string a record keeps (every read of the log loads them: `status`,
+#: `report`, a resume); longer ones keep their head and tail
+MAX_MESSAGE_CHARS = 2_000
+MAX_TRACEBACK_CHARS = 20_000
+MAX_METRIC_CHARS = 2_000
+
+
+def cap(text: str, limit: int) -> str:
+    """`text`, or its head and tail with the number of characters cut between them when it exceeds `limit`."""
+    if len(text) <= limit:
+        return text
+    head = limit // 4
+    tail = limit - head
+    return f"{text[:head]}\n... [{len(text) - limit} characters cut] ...\n{text[-tail:]}"
+
+
 def _clean_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Keep JSON-encodable metric values (finite numbers, strings); drop the rest."""
+    """Keep JSON-encodable metric values (finite numbers, strings, capped); drop the rest."""
     out: dict[str, Any] = {}
     for k, v in dict(metrics or {}).items():
+        key = cap(str(k), MAX_METRIC_CHARS)
         if isinstance(v, (bool, np.bool_)):
-            out[str(k)] = bool(v)
+            out[key] = bool(v)
         elif isinstance(v, (int, float, np.integer, np.floating)) and (x := _finite_float(v)) is not None:
-            out[str(k)] = x
+            out[key] = x
         elif isinstance(v, str):
-            out[str(k)] = v
+            out[key] = cap(v, MAX_METRIC_CHARS)
     return out
 
 
@@ -128,16 +145,17 @@ def printable(text: str) -> str:
 def _describe(exc: BaseException) -> str:
     """`Type: message` of an exception, even when its `__str__` raises."""
     try:
-        return printable(f"{type(exc).__name__}: {exc}")
+        return cap(printable(f"{type(exc).__name__}: {exc}"), MAX_MESSAGE_CHARS)
     except Exception:  # noqa: BLE001 - a broken __str__ of user code
         return f"{type(exc).__name__}: <unprintable: its __str__ raised>"
 
 
 def _format_traceback(exc: BaseException) -> str:
     try:
-        return printable("".join(tb_module.format_exception(type(exc), exc, exc.__traceback__)))
+        text = printable("".join(tb_module.format_exception(type(exc), exc, exc.__traceback__)))
     except Exception:  # noqa: BLE001 - a broken __str__ of user code
-        return printable("".join(tb_module.format_tb(exc.__traceback__))) + _describe(exc)
+        text = printable("".join(tb_module.format_tb(exc.__traceback__))) + _describe(exc)
+    return cap(text, MAX_TRACEBACK_CHARS)
 
 
 # --------------------------------------------------------------------------- objective loading
@@ -236,6 +254,12 @@ def _sandbox_main(conn: Any, parent_end: Any, objective: Objective, parent_pid: 
     try:
         parent_end.close()  # else the worker closing its end would never reach this child as EOF
         _die_with_parent(parent_pid)
+        # its own process group: a timeout kills the whole group, so an external simulator the objective
+        # started (a subprocess still running) dies with it instead of living on beside the next evaluation
+        try:
+            os.setpgid(0, 0)
+        except OSError:  # pragma: no cover - not permitted here: the kill below falls back to the child alone
+            pass
         while True:
             try:
                 params, seed = conn.recv()
@@ -248,6 +272,21 @@ def _sandbox_main(conn: Any, parent_end: Any, objective: Objective, parent_pid: 
                 conn.send({**payload, "metrics": {}, "message": f"result not transferable: {exc}"})
     finally:
         os._exit(0)
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL the sandbox child `pid` and its process group (what the objective started: `_sandbox_main` makes
+    the child a group leader); the child alone if it has not become one yet."""
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+            return
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 class _Sandbox:
@@ -293,10 +332,7 @@ class _Sandbox:
             conn.close()
         if proc is not None:
             if kill:
-                try:
-                    os.kill(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                _kill_group(proc.pid)
             if wait:
                 _reap(proc)
             else:

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from objectives.base import Objective, ObjectiveError, Resources
 
-__all__ = ["PidRecorder", "read_pid_files"]
+__all__ = ["PidRecorder", "SlowSuccesses", "read_pid_files"]
 
 
 class PidRecorder(Objective):
@@ -59,6 +59,37 @@ class PidRecorder(Objective):
             json.dump(record, f)
         os.replace(path + ".tmp", path)  # the test never sees a half-written file
         time.sleep(self.sleep_s)
+        return -sum((float(params[f"x{i}"]) - 0.3) ** 2 for i in range(self.dim))
+
+
+class SlowSuccesses(PidRecorder):
+    """Fails at once where `x0 < fail_below`; elsewhere sleeps `sleep_s` and returns (the failure guard test).
+
+    Every evaluation writes its `PidRecorder` file when it starts; a successful one also writes
+    ``done-<pid>-<ns>.json`` with its parameters just before it returns, so the test knows which results
+    existed and can look for each of them in the log.
+    """
+
+    name = "slow-successes"
+
+    def __init__(self, pid_dir: str, sleep_s: float = 1.5, fail_below: float = 0.6, num_cpus: float = 0.5) -> None:
+        super().__init__(pid_dir, sleep_s=sleep_s, dim=2, num_cpus=num_cpus)
+        self.fail_below = float(fail_below)
+
+    def evaluate(self, params: Mapping[str, Any], seed: int) -> float:
+        os.makedirs(self.pid_dir, exist_ok=True)
+        start = os.path.join(self.pid_dir, f"{os.getpid()}-{time.monotonic_ns()}.json")
+        with open(start + ".tmp", "w") as f:
+            json.dump({"pid": os.getpid(), "ppid": os.getppid(), "params": {k: float(v) for k, v in params.items()},
+                       "seed": int(seed), "time": time.time()}, f)
+        os.replace(start + ".tmp", start)
+        if float(params["x0"]) < self.fail_below:
+            raise RuntimeError(f"x0 = {params['x0']} < {self.fail_below}")
+        time.sleep(self.sleep_s)
+        done = os.path.join(self.pid_dir, f"done-{os.getpid()}-{time.monotonic_ns()}.done")
+        with open(done + ".tmp", "w") as f:
+            json.dump({k: float(v) for k, v in params.items()}, f)
+        os.replace(done + ".tmp", done)
         return -sum((float(params[f"x{i}"]) - 0.3) ** 2 for i in range(self.dim))
 
 

@@ -109,3 +109,36 @@ def test_refits_failing_in_a_row_stop_the_run_and_keep_every_result(ray_local, t
     assert set(done.values()) == {1} and len(done) == summary["done"] == 16  # the design and one more batch
     with pytest.raises(Exception, match="max_refit_failures"):
         CentralActor(actor.run_dir, max_refit_failures=0)
+
+
+@pytest.mark.parametrize("synchronous", [False, True], ids=["streaming", "synchronous"])
+def test_a_log_that_cannot_be_written_stops_the_run_with_a_clear_message(ray_local, tmp_path, synchronous):
+    """Found in review: a full disk made the append raise inside the actor, and `qbatch run` ended in a
+    40-line RayTaskError traceback with no resume hint. Now the run stops with one message naming the run
+    directory, the error and `qbatch resume`; what was logged before stays, and a resume finishes the run."""
+    import errno
+
+    actor = _actor(tmp_path, f"full-{synchronous}", synchronous=synchronous)
+    real_append, calls = actor.store.append, []
+
+    def append(events):
+        calls.append(len(events))
+        if len(calls) > 6:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_append(events)
+
+    actor.store.append = append
+    summary = actor.run()
+    assert summary["status"] == "aborted"
+    assert f"writing the run log in {actor.run_dir} failed (OSError: [Errno 28] No space left on device)" \
+        in summary["message"]
+    assert f"qbatch resume {actor.run_dir}" in summary["message"]
+    assert len(calls) == 7, "nothing was written after the failure"
+    done = finished_counts(RunStore.open(actor.run_dir).events())
+    assert set(done.values()) <= {1} and len(done) < 40
+    actor.store.unlock_writer()
+    again = CentralActor(actor.run_dir, isolate="thread")
+    summary = again.run()
+    assert summary["status"] == "finished", summary["message"]
+    done = finished_counts(RunStore.open(actor.run_dir).events())
+    assert set(done.values()) == {1} and len(done) == 40

@@ -184,3 +184,32 @@ def test_evaluations_waiting_in_rays_queue_are_not_timed_out(ray_local, tmp_path
     assert failed == [] and summary["completed"] == 32, [(e.error, (e.info or {}).get("message")) for e in failed]
     starts = [e.started_at for e in events if e.kind == "completed"]
     assert max(starts) - min(starts) > 1.5 + 5.0, "no evaluation waited past the old deadline: the test shows nothing"
+
+
+def test_failure_guard_logs_every_finished_evaluation_and_starts_nothing_after(ray_local, tmp_path):
+    """Found in review: when the guard tripped, the slots freed by the tripping results were refilled first,
+    and the loop stopped with evaluations in flight; results that finished then never reached the log (7
+    values returned, 6 logged). Now an aborting run starts nothing new and logs what is in flight."""
+    import glob
+    import json
+
+    pid_dir = str(tmp_path / "pids")
+    cfg = run_config(tmp_path, "guard-drain", budget=40, initial_design=40, proposer="sobol",
+                     failure_guard={"max_failure_rate": 0.3, "min_trials": 6},
+                     objective={"name": "tests.faults.objectives:SlowSuccesses",
+                                "options": {"pid_dir": pid_dir, "sleep_s": 1.5, "num_cpus": 1}})
+    with pytest.raises(RunAbortedError, match="failure guard"):
+        run_experiment(cfg, progress=False, out=io.StringIO())
+    events = RunStore.open(cfg["run_dir"]).events()
+    completed = [e for e in events if e.kind == "completed"]
+    finished = completed + [e for e in events if e.kind == "failed"]
+    returned = []
+    for path in glob.glob(os.path.join(pid_dir, "done-*.done")):
+        with open(path) as f:
+            returned.append(json.load(f))
+    started = glob.glob(os.path.join(pid_dir, "*.json"))
+    assert returned, "some evaluations succeeded"
+    logged = [{k: round(float(v), 9) for k, v in e.params.items()} for e in completed]
+    for params in returned:  # every value the objective returned is in the log
+        assert {k: round(v, 9) for k, v in params.items()} in logged
+    assert len(started) == len(finished), "every evaluation that started was logged; none started after the trip"

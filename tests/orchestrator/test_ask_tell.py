@@ -396,3 +396,30 @@ def test_fit_with_restart_compares_full_data_elbos_of_the_svgp():
     assert out["restart_kept"] == ("warm" if out["loss_warm"] <= out["loss_cold"] else "cold")
     X, Y = opt.observations()
     assert -opt._model.elbo(X, Y) == pytest.approx(min(out["loss_warm"], out["loss_cold"]))
+
+
+def test_a_fit_that_is_not_finite_is_refused_and_the_model_kept(monkeypatch):
+    """Found in review: an objective returning 1e200 (finite, so a valid result) made the standardization
+    overflow; the fit "succeeded" with a NaN posterior, 30 points were proposed from it and the recommendation
+    was nan. Now such a fit raises ModelFitError (a refit failure for the actor) and the model in use stays."""
+    from orchestrator.errors import ModelFitError
+
+    opt = AskTellOptimizer(SMALL, initial_design=8, seed=0, model_options=_fast_model())
+    trials = opt.ask(8)
+    for i, t in enumerate(trials):
+        opt.tell(t.trial_id, float(i))
+    opt.fit()
+    model, best = opt.model, opt.best()
+    t = opt.ask(1, fit=False)[0]
+    opt.tell(t.trial_id, 1e200)
+    with pytest.raises(ModelFitError, match=r"span \[0, 1e\+200\], too wide"):
+        opt.fit()
+    assert opt.model is model and opt.best() == best
+    # a posterior that comes out NaN for another reason is refused the same way
+    opt2 = AskTellOptimizer(SMALL, initial_design=8, seed=0, model_options=_fast_model())
+    for i, t in enumerate(opt2.ask(8)):
+        opt2.tell(t.trial_id, float(i))
+    monkeypatch.setattr(type(model), "objective_mean", lambda self, X: torch.full((X.shape[0],), math.nan))
+    with pytest.raises(ModelFitError, match="posterior mean not finite at 8 of 8 observed points"):
+        opt2.fit()
+    assert opt2.model is None

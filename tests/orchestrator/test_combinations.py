@@ -103,6 +103,8 @@ def test_run_arguments_are_checked_before_ray_starts():
         ((None, None, {"queue_lo": 3}), r"unknown `actor_options` \['queue_lo'\]"),
         ((None, None, {"isolate": "fork"}), r"`actor_options.isolate` must be 'process' or 'thread'"),
         ((None, None, {"refit_interval_s": -1}), r"`actor_options.refit_interval_s`"),
+        # found in review: 0 passed here, then the actor refused it inside Ray and left a run dir behind
+        ((None, None, {"max_refit_failures": 0}), r"`actor_options.max_refit_failures` must be an integer >= 1"),
     ]:
         with pytest.raises(ConfigError, match=match):
             _check_run_args(*args)

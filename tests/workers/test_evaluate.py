@@ -16,7 +16,10 @@ import pytest
 import torch
 
 from objectives.base import EvalResult, Objective, Resources
-from workers.evaluate import FAILURE_REASONS, classify_value, evaluate_once, submit_evaluation, task_options
+from workers.evaluate import (
+    FAILURE_REASONS, MAX_MESSAGE_CHARS, MAX_METRIC_CHARS, MAX_TRACEBACK_CHARS, classify_value, evaluate_once,
+    submit_evaluation, task_options,
+)
 
 SPACE = {"x": {"type": "float", "low": 0.0, "high": 1.0}}
 
@@ -150,6 +153,46 @@ def test_timeout_is_a_failed_record(isolate):
     if isolate == "process":  # the hung child was killed, not left behind
         with pytest.raises(ProcessLookupError):
             os.kill(rec["child_pid"], 0)
+
+
+class HangingSimulator(Objective):
+    """Runs an external program that hangs (`sleep 60`) and waits for it, writing its pid to `pid_file`."""
+
+    space = SPACE
+
+    def __init__(self, pid_file):
+        self.pid_file = str(pid_file)
+
+    def evaluate(self, params, seed):
+        import subprocess
+
+        proc = subprocess.Popen(["sleep", "60"])
+        Path(self.pid_file).write_text(str(proc.pid))
+        proc.wait()
+        return 1.0
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie waiting to be reaped counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_timeout_kills_what_the_objective_started(tmp_path):
+    """Found in review: a timeout killed the sandbox child only; the simulator it had started (here `sleep 60`)
+    lived on, re-parented, beside the next evaluations on the same CPUs."""
+    pid_file = tmp_path / "sim.pid"
+    rec = evaluate_once(HangingSimulator(pid_file), "0-0", {"x": 0.1}, seed=0, timeout_s=1.0)
+    assert rec["error"] == "timeout"
+    sim = int(pid_file.read_text())
+    deadline = time.time() + 10
+    while _running(sim) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not _running(sim), "the hung simulator outlived its evaluation's timeout"
+    assert evaluate_once(Returning(2.0), "1-0", {"x": 0.1}, seed=0)["value"] == 2.0  # the worker is fine
 
 
 def test_abort_in_the_objective_is_a_crash_record():
@@ -288,3 +331,33 @@ def test_sandbox_child_serves_evaluations_and_is_replaced_after_a_hang_or_crash(
                                           (np.array(None, dtype=object), "none")])
 def test_zero_d_and_one_element_arrays_are_classified(value, reason):
     assert classify_value(value)[1] == reason
+
+
+class Verbose(Objective):
+    """Raises with a 1 MB message (`raise_it`), or returns a value with a 1 MB string metric."""
+
+    space = SPACE
+
+    def __init__(self, raise_it):
+        self.raise_it = raise_it
+
+    def evaluate(self, params, seed):
+        if self.raise_it:
+            raise ValueError("m" * 1_000_000 + " END")
+        return EvalResult(1.0, metrics={"log": "x" * 1_000_000 + " END", "k" * 5000: 2.0})
+
+
+def test_huge_messages_tracebacks_and_metrics_are_capped():
+    """Found in review: a 64 MB exception message and a 64 MB metric string went into the log whole, and every
+    read of the log (status, report, resume) loads them. Each keeps its head and tail now."""
+    rec = evaluate_once(Verbose(True), "0-0", {"x": 0.1}, seed=0)
+    assert rec["error"] == "exception"
+    assert len(rec["message"]) <= MAX_MESSAGE_CHARS + 100 and rec["message"].endswith(" END")
+    assert len(rec["traceback"]) <= MAX_TRACEBACK_CHARS + 100 and "characters cut" in rec["traceback"]
+    assert "in evaluate" in rec["traceback"]  # the head keeps where it was raised
+    rec = evaluate_once(Verbose(False), "0-1", {"x": 0.1}, seed=0)
+    assert rec["status"] == "completed" and rec["value"] == 1.0
+    log = rec["metrics"]["log"]
+    assert len(log) <= MAX_METRIC_CHARS + 100 and log.startswith("xxx") and log.endswith(" END")
+    assert all(len(k) <= MAX_METRIC_CHARS + 100 for k in rec["metrics"]) and 2.0 in rec["metrics"].values()
+
