@@ -172,26 +172,19 @@ class HangingSimulator(Objective):
         return 1.0
 
 
-def _running(pid: int) -> bool:
-    """Whether `pid` is a live process (a zombie waiting to be reaped counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_timeout_kills_what_the_objective_started(tmp_path):
     """Found in review: a timeout killed the sandbox child only; the simulator it had started (here `sleep 60`)
     lived on, re-parented, beside the next evaluations on the same CPUs."""
+    from tests.faults.conftest import alive
+
     pid_file = tmp_path / "sim.pid"
     rec = evaluate_once(HangingSimulator(pid_file), "0-0", {"x": 0.1}, seed=0, timeout_s=1.0)
     assert rec["error"] == "timeout"
     sim = int(pid_file.read_text())
     deadline = time.time() + 10
-    while _running(sim) and time.time() < deadline:
+    while alive(sim) and time.time() < deadline:
         time.sleep(0.05)
-    assert not _running(sim), "the hung simulator outlived its evaluation's timeout"
+    assert not alive(sim), "the hung simulator outlived its evaluation's timeout"
     assert evaluate_once(Returning(2.0), "1-0", {"x": 0.1}, seed=0)["value"] == 2.0  # the worker is fine
 
 
