@@ -22,7 +22,8 @@ instead: propose B, evaluate all B, refit, repeat (all in the loop's thread); su
 from its config and seed, since neither the model nor the calibrator sees the order results came in.
 
 Every proposal is logged with the model's forecast at that point (model units: after the sign flip of
-``direction: minimize``), every refit with {"seconds", "n", "best_params", "best_predicted"}. The actor
+``direction: minimize``) and the run's slot count, every refit with {"seconds", "n", "best_params",
+"best_predicted", "slots", "direction"} (the report's utilization counts the slots the run had). The actor
 rebuilds itself from the log when created on an existing run directory (resume, or a restart after a
 crash): it replays proposals and results and re-queues trials that never finished. After every refit the
 model is saved to ``checkpoints/model``; a resumed actor proposes from that model while it refits on the
@@ -358,6 +359,9 @@ class CentralActor:
                 return self._final
             self._final = self._run_loop()
             self._finished.set()
+            # nothing is written after the loop: free the writer lock now, so a resume started the moment the
+            # driver has the summary is not refused while this process is still being killed
+            self.store.unlock_writer()
             return self._final
         finally:
             self._run_lock.release()
@@ -411,10 +415,11 @@ class CentralActor:
                 self._drain(_ABORT_DRAIN_S)
             except _LogWriteError:
                 pass
-        elif not self._abort and self.opt.model is not None and self.opt.num_stale > 0:
+        elif not self._abort and self.opt.can_fit() and (self.opt.model is None or self.opt.num_stale > 0):
             self.opt.flush_calibration()
             # the final recommendation uses every result (after the evaluation span) and a fit from scratch too:
-            # a warm start can stay in the basin of a fit on the first few results (`AskTellOptimizer.fit`)
+            # a warm start can stay in the basin of a fit on the first few results (`AskTellOptimizer.fit`);
+            # a run that ended before its first model batch (a budget near `initial_design`) is fitted here too
             self._refit(restart=True)
         return self._summary()
 
@@ -752,7 +757,8 @@ class CentralActor:
             self._prop_ema = seconds if self._prop_ema is None else 0.7 * self._prop_ema + 0.3 * seconds
         events = []
         for t in trials:
-            info = {"source": t.source, "seed": t.seed, "proposal_seconds": seconds, "q": q, "pending": pending}
+            info = {"source": t.source, "seed": t.seed, "proposal_seconds": seconds, "q": q, "pending": pending,
+                    "slots": self.max_concurrent}
             if "sobol_index" in t.info:
                 info["sobol_index"] = t.info["sobol_index"]
             if self.direction == "minimize":
@@ -778,6 +784,7 @@ class CentralActor:
             self._failed_fit_n = n
             error = f"{type(exc).__name__}: {exc}"
             info = {"failed": True, "error": error[:2000], "traceback": traceback.format_exc()[-8000:], "n": n,
+                    "slots": self.max_concurrent, "direction": self.direction,
                     "failed_in_a_row": self._failed_in_a_row, "elapsed_s": time.perf_counter() - t0,
                     "kept": "previous model" if self.opt.model is not None else "Sobol design (no model yet)"}
             self._append([Event("refit", info=info)])
@@ -791,7 +798,8 @@ class CentralActor:
         self._last_fit_end = time.time()
         self._refits += 1
         self._failed_in_a_row, self._failed_fit_n = 0, -1
-        self._append([Event("refit", info=diag)])
+        # the slots and the direction this session ran with: the report's utilization and best value read them
+        self._append([Event("refit", info={**diag, "slots": self.max_concurrent, "direction": self.direction})])
         self._save_model()
         return True
 

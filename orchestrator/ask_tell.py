@@ -333,6 +333,8 @@ class AskTellOptimizer:
 
         Raises:
             TrialError: `q` is not an integer >= 1.
+            ModelFitError: with `fit`, the refit was refused (see `fit`); `ask(q, fit=False)` proposes from the
+                current model, or continues the Sobol design before the first one.
         """
         if isinstance(q, bool) or not isinstance(q, int) or q < 1:
             raise TrialError(f"q must be an integer >= 1; got {q!r}")
@@ -362,7 +364,7 @@ class AskTellOptimizer:
         else:
             X, source = self._propose(model, q, batch_id, X_pending, X_observed), "model"
         if not getattr(self._proposer, "allows_repeats", False):  # GPR-EI repeats its point on purpose
-            X = self._dedupe(X, X_pending, batch_id)
+            X = self._dedupe(X, X_pending, X_observed, batch_id)
         if source == "model" and model is not None:
             with torch.no_grad():
                 forecasts = model.forecast(X.to(**self._tk)).to_records()
@@ -396,8 +398,9 @@ class AskTellOptimizer:
         )
         return self.space.snap(X.detach().to(**self._tk))
 
-    def _dedupe(self, X: Tensor, X_pending: Tensor, batch_id: int) -> Tensor:
-        """Replace points that snapping made equal to a pending point or to an earlier point of the batch.
+    def _dedupe(self, X: Tensor, X_pending: Tensor, X_observed: Tensor, batch_id: int) -> Tensor:
+        """Replace points that snapping made equal to a pending or observed point or to an earlier point of the
+        batch.
 
         With discrete parameters two proposals can round onto the same grid point. A duplicate is replaced
         by a random snapped point that is new; when none is found (a small discrete space is exhausted)
@@ -408,7 +411,7 @@ class AskTellOptimizer:
         if all(isinstance(p, FloatParam) for p in self.space.params):
             return X  # snapping is the identity; the proposer already returns distinct points
         gen = torch.Generator().manual_seed(trial_seed(self.seed, f"dedupe-{batch_id}"))
-        taken = [X_pending] if X_pending.shape[0] else []
+        taken = [t for t in (X_pending, X_observed) if t.shape[0]]
         out = X.clone()
         for i in range(out.shape[0]):
             others = torch.cat(taken + [out[:i]]) if (taken or i) else out[:0]
@@ -505,12 +508,20 @@ class AskTellOptimizer:
         return [self.tell(t, v) for t, v in zip(trial_ids, values)]
 
     def tell_point(self, params: Mapping[str, Any], value: Any) -> str:
-        """Add a result at a point that was not asked (e.g. earlier data). Errors name the bad parameter."""
+        """Add a result at a point that was not asked (e.g. earlier data). Errors name the bad parameter.
+
+        The point is kept in the parameters' own types, as `ask` gives them: `{"layers": 2.0}` for an int
+        parameter is recorded (and recommended by `best`) as 2, a float given as 1 as 1.0.
+        """
+        from orchestrator.space import FloatParam
+
         X = self.space.to_unit([params])
+        typed = {p.name: float(params[p.name]) if isinstance(p, FloatParam) else p.from_unit(p.to_unit(params[p.name]))
+                 for p in self.space.params}
         with self._lock:
             tid = f"user-{self._n_user}"
             self._n_user += 1
-            t = Trial(tid, dict(params), X[0], -1, None, trial_seed(self.seed, tid), "user")
+            t = Trial(tid, typed, X[0], -1, None, trial_seed(self.seed, tid), "user")
             self._add_trial(t)
         return self.tell(tid, value)
 

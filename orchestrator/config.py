@@ -441,7 +441,9 @@ class ExperimentConfig:
         """The objective's space with this config's overrides applied, as a `SearchSpace`.
 
         An override may replace a parameter by a narrower one that the objective still accepts: numeric
-        bounds inside the objective's, no fractional values for an integer parameter, choices a subset.
+        bounds inside the objective's, no fractional values for an integer parameter, choices a subset. An
+        override of the same type (or without `type`) changes only the keys it gives: `{low, high}` keeps the
+        objective's `log` and `step`; another type replaces the parameter.
 
         Raises:
             ConfigError: naming `space.<param>` when an override names no parameter of the objective or
@@ -457,8 +459,11 @@ class ExperimentConfig:
                     f"`{key}` is not a parameter of objective {self.objective.name!r}; its parameters are: "
                     f"{', '.join(merged)}"
                 )
-            _check_narrowing(key, dict(spec), merged[name])
-            merged[name] = dict(spec)
+            old, new = merged[name], dict(spec)
+            if new.get("type", old.get("type", "float")) == old.get("type", "float"):
+                new = {**old, **new}  # an override of the same type keeps what it does not restate (log, step)
+            _check_narrowing(key, new, old)
+            merged[name] = new
         try:
             return SearchSpace.from_description(merged)
         except SpaceError as exc:

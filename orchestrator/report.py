@@ -24,6 +24,7 @@ import csv
 import io
 import math
 import os
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -171,7 +172,9 @@ def resolve_direction(config: Mapping[str, Any], events: Sequence[Event]) -> str
         target = _import_target(BUILTIN_OBJECTIVES[name][0] if name in BUILTIN_OBJECTIVES else name)
         d = getattr(target, "direction", "maximize")
         return d if d in ("maximize", "minimize") else "maximize"
-    except Exception:  # noqa: BLE001 -- an objective that cannot be imported here: qbatch's default
+    except Exception as exc:  # noqa: BLE001 -- an objective that cannot be imported here: qbatch's default
+        warnings.warn(f"the run's config does not record its direction and objective {name!r} cannot be imported "
+                      f"here ({type(exc).__name__}: {exc}); reading it as 'maximize'", stacklevel=2)
         return "maximize"
 
 

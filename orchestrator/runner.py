@@ -257,7 +257,9 @@ def run_experiment(
         raise ConfigError(str(exc)) from None
     started = _ensure_ray(address, num_cpus)
     _check_feasible(started, objective.resources)  # before the run directory exists: a rerun is not blocked
-    RunStore.create(rd, cfg.to_dict())
+    # the direction as resolved (the objective's own when the config leaves it out): `status` and `report` read it
+    # from the run's config, and cannot always import a user objective to ask it
+    RunStore.create(rd, {**cfg.to_dict(), "direction": cfg.resolve_direction(objective.direction)})
     return _drive_and_release(started, rd, cfg, objective.resources, max_concurrent, progress, out, actor_options)
 
 
@@ -418,7 +420,7 @@ def _write_report(run_dir: str, out: TextIO) -> tuple[str | None, Any]:
 
 def _report(summary: Mapping[str, Any], out: TextIO) -> None:
     best = summary.get("best_predicted")
-    label = "best point (highest posterior mean of the target among observed points)"
+    label = "best point (the best posterior mean of the target among observed points)"
     if best is None:
         best, label = summary.get("best_observed"), "best observed point"
     print(

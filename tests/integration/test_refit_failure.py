@@ -136,9 +136,22 @@ def test_a_log_that_cannot_be_written_stops_the_run_with_a_clear_message(ray_loc
     assert len(calls) == 7, "nothing was written after the failure"
     done = finished_counts(RunStore.open(actor.run_dir).events())
     assert set(done.values()) <= {1} and len(done) < 40
-    actor.store.unlock_writer()
-    again = CentralActor(actor.run_dir, isolate="thread")
+    again = CentralActor(actor.run_dir, isolate="thread")  # the aborted run freed its writer lock
     summary = again.run()
     assert summary["status"] == "finished", summary["message"]
     done = finished_counts(RunStore.open(actor.run_dir).events())
     assert set(done.values()) == {1} and len(done) == 40
+
+
+def test_a_run_that_ends_before_its_first_model_batch_is_still_fitted_at_the_end(ray_local, tmp_path):
+    """Found in review: with a budget just above `initial_design` the run ended without any fit and printed the
+    best single observation, though the README promises a final fit on every result for the recommendation."""
+    actor = _actor(tmp_path, "short", budget=10, initial_design=8, batch_size=8,
+                   objective={"name": "sleep", "options": {"mean_s": 0.05, "cv": 0.5, "num_cpus": 1}})
+    summary = actor.run()
+    assert summary["status"] == "finished" and summary["done"] == 10
+    # the writer lock is free once `run` returns (a resume right after was refused while Ray killed the actor)
+    RunStore.check_writer_free(actor.run_dir)
+    refits = [e for e in RunStore.open(actor.run_dir).events() if e.kind == "refit"]
+    assert refits and refits[-1].info["n"] == 10 and not refits[-1].info.get("failed")
+    assert summary["best_predicted"] is not None

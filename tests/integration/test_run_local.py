@@ -213,3 +213,29 @@ def test_failure_guard_logs_every_finished_evaluation_and_starts_nothing_after(r
     for params in returned:  # every value the objective returned is in the log
         assert {k: round(v, 9) for k, v in params.items()} in logged
     assert len(started) == len(finished), "every evaluation that started was logged; none started after the trip"
+
+
+def test_the_log_records_slots_and_direction_for_status_and_report(ray_local, tmp_path):
+    """Found in review: with `max_concurrent` left out, the report counted slots from the largest number of
+    evaluations seen running at once (1 in a synchronous run of batch 1, U 0.81 with a slot idle all along,
+    the live bar said 0.32); it reads `info["slots"]`, which the actor never wrote. And a user objective's
+    `direction: minimize` was not in the stored config, so `status` from another folder, unable to import
+    the objective, called the worst value the best. Both are now in the log."""
+    from orchestrator.report import compute_metrics, resolve_direction
+
+    cfg = run_config(tmp_path, "slots", budget=5, initial_design=2, batch_size=1, synchronous=True, proposer="random",
+                     objective={"name": "sleep", "options": {"mean_s": 0.2, "cv": 0.1, "num_cpus": 1}},
+                     max_concurrent=None, direction="minimize")
+    del cfg["direction"]  # the objective's own (sleep maximizes) is what the stored config must say
+    summary = run_experiment(cfg, progress=False, out=io.StringIO())
+    store = RunStore.open(cfg["run_dir"])
+    assert store.config["direction"] == "maximize"
+    events = store.events()
+    m = compute_metrics(events, store.config)
+    slots = summary["max_concurrent"]
+    assert slots > 2 and (m.slots, m.slots_source) == (slots, "recorded")  # at most 2 ran at once here
+    assert m.utilization == pytest.approx(m.busy_s / (slots * m.span_s)) and m.utilization < 0.5
+    # a run recorded before this fix, of an objective that cannot be imported here: said, not silent
+    config = {**store.config, "direction": None, "objective": {"name": "no.such.module:Objective"}}
+    with pytest.warns(UserWarning, match="cannot be imported"):
+        assert resolve_direction(config, events) == "maximize"

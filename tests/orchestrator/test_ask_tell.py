@@ -153,6 +153,37 @@ def test_snapped_duplicates_are_replaced_until_the_space_is_exhausted():
         opt.space.validate(t.params)
 
 
+def test_a_discrete_model_batch_never_repeats_an_observed_point():
+    """Found in review: Thompson points avoid observed points in the unit cube, but snapping onto an int/choice
+    grid put them back on observed ones (the second model batch repeated (relu, layers=5) with 21 of the 32
+    points unseen); `ask` promises points that are neither pending nor observed while any are left."""
+    space = {"layers": {"type": "int", "low": 1, "high": 8},
+             "act": {"type": "choice", "choices": ["relu", "tanh", "gelu", "silu"]}}
+    opt = AskTellOptimizer(space, tau=0.5, initial_design=4, seed=0, model_options=_fast_model(),
+                           proposer_options=FAST_TS)
+    seen, sources = set(), []
+    for _ in range(5):
+        batch = opt.ask(4)
+        keys = [(t.params["layers"], t.params["act"]) for t in batch]
+        assert not seen & set(keys) and len(set(keys)) == 4
+        for t, k in zip(batch, keys):
+            opt.tell(t.trial_id, -(k[0] - 5) ** 2 - ["relu", "tanh", "gelu", "silu"].index(k[1]))
+            seen.add(k)
+            sources.append(t.source)
+    assert sources.count("model") == 16
+
+
+def test_tell_point_keeps_each_parameter_in_its_own_type():
+    """Found in review: `tell_point({"layers": 2.0, ...})` kept 2.0 and `best()` recommended layers=2.0."""
+    space = {"layers": {"type": "int", "low": 1, "high": 8}, "lr": {"type": "float", "low": 1e-4, "high": 1.0, "log": True},
+             "act": {"type": "choice", "choices": ["relu", "tanh"]}}
+    opt = AskTellOptimizer(space)
+    opt.tell_point({"layers": 2.0, "lr": 1, "act": "tanh"}, 1.0)
+    params, _ = opt.best()
+    assert params == {"layers": 2, "lr": 1.0, "act": "tanh"}
+    assert type(params["layers"]) is int and type(params["lr"]) is float
+
+
 def test_tell_point_validates_and_records():
     opt = AskTellOptimizer(SMALL)
     assert opt.tell_point({"a": 0.1, "b": 1.0}, 2.0) == "completed"

@@ -244,9 +244,10 @@ def test_an_int_override_stays_on_the_objectives_grid():
     """CNN's batch_size takes 32:512:32; an override off that grid passed the config, and then every Sobol point
     failed the objective's own check, so the failure guard stopped the run (found in review)."""
     grid = {"batch_size": {"type": "int", "low": 32, "high": 512, "step": 32}}
-    for ok in ({"type": "int", "low": 64, "high": 256, "step": 64}, {"type": "choice", "choices": [64, 128]}):
+    for ok in ({"type": "int", "low": 64, "high": 256, "step": 64}, {"type": "choice", "choices": [64, 128]},
+               {"type": "int", "low": 64, "high": 256}, {"low": 64, "high": 256}):  # the last two keep step 32
         load_config({"objective": "cnn", "space": {"batch_size": ok}}).build_space(grid)
-    for bad in ({"type": "int", "low": 64, "high": 256}, {"type": "choice", "choices": [50, 100]},
+    for bad in ({"type": "int", "low": 64, "high": 256, "step": 1}, {"type": "choice", "choices": [50, 100]},
                 {"type": "int", "low": 64, "high": 256, "step": 48}, {"type": "int", "low": 50, "high": 242, "step": 32}):
         with pytest.raises(ConfigError, match=r"^`space\.batch_size` must stay on the objective's grid 32:512:32"):
             load_config({"objective": "cnn", "space": {"batch_size": bad}}).build_space(grid)
@@ -397,3 +398,20 @@ def test_table_has_a_check_and_default_for_every_key():
             node = node[p]
         assert isinstance(node, _Key) and callable(node.check)
     assert math.isclose(load_config({"objective": "forrester"}).tau, 0.5)
+
+
+def test_a_bounds_override_keeps_the_objectives_log_scale_and_step():
+    """Found in review: `learning_rate: {low: 1e-4, high: 1e-2}` made cnn's log-scale learning rate linear
+    without a word, and an int override had to restate `type` and `step`. An override of the same type (or
+    without one) now changes only the keys it gives."""
+    objective_space = {"lr": {"type": "float", "low": 1e-6, "high": 1.0, "log": True},
+                       "bs": {"type": "int", "low": 32, "high": 512, "step": 32}}
+
+    def built(override):
+        return load_config({"objective": "cnn", "space": override}).build_space(objective_space).describe()
+
+    assert built({"lr": {"low": 1e-4, "high": 1e-2}})["lr"] == {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}
+    assert built({"lr": {"low": 1e-4, "high": 1e-2, "log": False}})["lr"]["log"] is False
+    assert built({"bs": {"low": 64, "high": 128}})["bs"] == {"type": "int", "low": 64, "high": 128, "step": 32, "log": False}
+    assert built({"bs": {"type": "choice", "choices": [64, 256]}})["bs"] == {"type": "choice", "choices": [64, 256]}
+
