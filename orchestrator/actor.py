@@ -360,8 +360,10 @@ class CentralActor:
             self._final = self._run_loop()
             self._finished.set()
             # nothing is written after the loop: free the writer lock now, so a resume started the moment the
-            # driver has the summary is not refused while this process is still being killed
-            self.store.unlock_writer()
+            # driver has the summary is not refused while this process is still being killed (unless a planner
+            # thread outlived its join: it may still write, and the lock goes with the process)
+            if not any(t.is_alive() for t in self._planners):
+                self.store.unlock_writer()
             return self._final
         finally:
             self._run_lock.release()
@@ -420,7 +422,10 @@ class CentralActor:
             # the final recommendation uses every result (after the evaluation span) and a fit from scratch too:
             # a warm start can stay in the basin of a fit on the first few results (`AskTellOptimizer.fit`);
             # a run that ended before its first model batch (a budget near `initial_design`) is fitted here too
-            self._refit(restart=True)
+            try:
+                self._refit(restart=True, final=True)
+            except _LogWriteError:  # `_abort` says what failed
+                pass
         return self._summary()
 
     def _drain(self, limit_s: float) -> None:
@@ -767,10 +772,11 @@ class CentralActor:
         self._append(events)
         return trials
 
-    def _refit(self, restart: bool = False) -> bool:
+    def _refit(self, restart: bool = False, final: bool = False) -> bool:
         """Refit the surrogate and log it. A fit that raises leaves the current model in place (the optimizer
         swaps a new one in only when its fit succeeds), is logged with its traceback, and returns False;
-        `max_refit_failures` in a row abort the run. `restart`: see `AskTellOptimizer.fit`."""
+        `max_refit_failures` in a row abort the run, except for the `final` fit after the last result (the run
+        is done: its recommendation is then the previous model's). `restart`: see `AskTellOptimizer.fit`."""
         from orchestrator.store import Event
 
         t0 = time.perf_counter()
@@ -790,7 +796,7 @@ class CentralActor:
             self._append([Event("refit", info=info)])
             print(f"qbatch: refit on {n} results failed ({self._failed_in_a_row} in a row): {error}; the run goes "
                   f"on with the {info['kept']}", file=sys.stderr, flush=True)
-            if self._failed_in_a_row >= self.max_refit_failures:
+            if self._failed_in_a_row >= self.max_refit_failures and not final:
                 self._abort = (f"{self._failed_in_a_row} refits in a row failed (max_refit_failures="
                                f"{self.max_refit_failures}); the last on {n} results: {error}")
                 self._wake_planners()

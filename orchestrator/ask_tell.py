@@ -402,25 +402,37 @@ class AskTellOptimizer:
         """Replace points that snapping made equal to a pending or observed point or to an earlier point of the
         batch.
 
-        With discrete parameters two proposals can round onto the same grid point. A duplicate is replaced
-        by a random snapped point that is new; when none is found (a small discrete space is exhausted)
-        the repeat is kept: for a noisy objective a repeated evaluation is still informative.
+        With discrete parameters proposals can round onto taken grid points. A duplicate is replaced by a
+        random snapped point that is new; when none is found, or the grid holds no untaken point (a small
+        discrete space is exhausted), the repeat is kept: for a noisy objective a repeated evaluation is still
+        informative. Points are compared by their snapped coordinates (rounded to `DUPLICATE_TOL`) in a set,
+        so the cost is linear in the observations, whatever q.
         """
         from orchestrator.space import FloatParam
 
         if all(isinstance(p, FloatParam) for p in self.space.params):
             return X  # snapping is the identity; the proposer already returns distinct points
+        grid = math.prod(p.size if hasattr(p, "size") else len(p.choices)  # None: a float parameter
+                         for p in self.space.params if not isinstance(p, FloatParam))
+        grid = None if any(isinstance(p, FloatParam) for p in self.space.params) else grid
+        digits = round(-math.log10(DUPLICATE_TOL))
+
+        def key(row: Tensor) -> tuple[float, ...]:
+            return tuple(round(v, digits) for v in row.tolist())
+
+        taken = {key(r) for part in (X_pending, X_observed) for r in part}
         gen = torch.Generator().manual_seed(trial_seed(self.seed, f"dedupe-{batch_id}"))
-        taken = [t for t in (X_pending, X_observed) if t.shape[0]]
         out = X.clone()
         for i in range(out.shape[0]):
-            others = torch.cat(taken + [out[:i]]) if (taken or i) else out[:0]
-            if others.shape[0] and (out[i] - others).abs().amax(-1).min() <= DUPLICATE_TOL:
-                for _ in range(_REPLACE_TRIES):
-                    cand = self.space.snap(torch.rand(1, self.space.dim, generator=gen, dtype=torch.float64))[0]
-                    if (cand - others).abs().amax(-1).min() > DUPLICATE_TOL:
-                        out[i] = cand
+            k = key(out[i])
+            if k in taken and (grid is None or len(taken) < grid):
+                cands = self.space.snap(torch.rand(_REPLACE_TRIES, self.space.dim, generator=gen, dtype=torch.float64))
+                for cand in cands:
+                    ck = key(cand)
+                    if ck not in taken:
+                        out[i], k = cand, ck
                         break
+            taken.add(k)
         return out
 
     def forecast(self, X: Tensor) -> list[dict | None]:
@@ -513,11 +525,12 @@ class AskTellOptimizer:
         The point is kept in the parameters' own types, as `ask` gives them: `{"layers": 2.0}` for an int
         parameter is recorded (and recommended by `best`) as 2, a float given as 1 as 1.0.
         """
-        from orchestrator.space import FloatParam
+        from orchestrator.space import FloatParam, IntParam
 
         X = self.space.to_unit([params])
-        typed = {p.name: float(params[p.name]) if isinstance(p, FloatParam) else p.from_unit(p.to_unit(params[p.name]))
-                 for p in self.space.params}
+        typed = {p.name: float(params[p.name]) if isinstance(p, FloatParam)
+                 else int(params[p.name]) if isinstance(p, IntParam)  # on the grid: checked by to_unit above
+                 else p.from_unit(p.to_unit(params[p.name])) for p in self.space.params}
         with self._lock:
             tid = f"user-{self._n_user}"
             self._n_user += 1

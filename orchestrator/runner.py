@@ -257,9 +257,12 @@ def run_experiment(
         raise ConfigError(str(exc)) from None
     started = _ensure_ray(address, num_cpus)
     _check_feasible(started, objective.resources)  # before the run directory exists: a rerun is not blocked
-    # the direction as resolved (the objective's own when the config leaves it out): `status` and `report` read it
-    # from the run's config, and cannot always import a user objective to ask it
-    RunStore.create(rd, {**cfg.to_dict(), "direction": cfg.resolve_direction(objective.direction)})
+    # the direction and the space as resolved (the objective's own where the config leaves them out): `status`
+    # and `report` read the direction from the run's config, and cannot always import a user objective to ask
+    # it; the space is pinned, so a resume maps the logged points the same way whatever changes in between
+    # (the objective's defaults, or how an override is read)
+    RunStore.create(rd, {**cfg.to_dict(), "direction": cfg.resolve_direction(objective.direction),
+                         "space": cfg.build_space(objective.space).describe()})
     return _drive_and_release(started, rd, cfg, objective.resources, max_concurrent, progress, out, actor_options)
 
 

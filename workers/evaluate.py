@@ -277,10 +277,11 @@ def _sandbox_main(conn: Any, parent_end: Any, objective: Objective, parent_pid: 
 def _kill_group(pid: int) -> None:
     """SIGKILL the sandbox child `pid` and its process group (what the objective started: `_sandbox_main` makes
     the child a group leader); the child alone if it has not become one yet."""
+    # a group with the child's pid as its id can only be the child's own (Linux reuses no pid while a group of
+    # that id exists), even when the child was reaped already and only what it started is left in it
     try:
-        if os.getpgid(pid) == pid:
-            os.killpg(pid, signal.SIGKILL)
-            return
+        os.killpg(pid, signal.SIGKILL)
+        return
     except (ProcessLookupError, PermissionError):
         pass
     try:

@@ -155,3 +155,33 @@ def test_a_run_that_ends_before_its_first_model_batch_is_still_fitted_at_the_end
     refits = [e for e in RunStore.open(actor.run_dir).events() if e.kind == "refit"]
     assert refits and refits[-1].info["n"] == 10 and not refits[-1].info.get("failed")
     assert summary["best_predicted"] is not None
+
+
+def test_the_final_fit_neither_aborts_a_finished_run_nor_escapes_when_it_cannot_be_logged(ray_local, tmp_path):
+    """Found in review of this change: the end-of-run fit counted toward `max_refit_failures` (a run with every
+    evaluation done reported "aborted"), and a failed write of its refit event escaped `run()` as a traceback
+    with the writer lock still held."""
+    import errno
+
+    actor = _actor(tmp_path, "final-fails", budget=10, initial_design=8, batch_size=8,
+                   objective={"name": "sleep", "options": {"mean_s": 0.05, "cv": 0.5, "num_cpus": 1}},
+                   actor_options={"max_refit_failures": 1})
+    _failing_fit(actor, lambda k: True)
+    summary = actor.run()
+    assert summary["status"] == "finished" and summary["done"] == 10, summary["message"]
+    RunStore.check_writer_free(actor.run_dir)
+
+    actor = _actor(tmp_path, "final-unlogged", budget=10, initial_design=8, batch_size=8,
+                   objective={"name": "sleep", "options": {"mean_s": 0.05, "cv": 0.5, "num_cpus": 1}})
+    real_append = actor.store.append
+
+    def append(events):
+        if any(e.kind == "refit" and (e.info or {}).get("n") == 10 for e in events):  # the final fit's
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_append(events)
+
+    actor.store.append = append
+    summary = actor.run()
+    assert summary["status"] == "aborted" and "No space left on device" in summary["message"]
+    assert summary["done"] == 10
+    RunStore.check_writer_free(actor.run_dir)

@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from orchestrator.config import load_config
 from orchestrator.errors import ConfigError
 from orchestrator.runner import RunAbortedError, run_experiment
 from orchestrator.store import RunStore
@@ -230,6 +231,9 @@ def test_the_log_records_slots_and_direction_for_status_and_report(ray_local, tm
     summary = run_experiment(cfg, progress=False, out=io.StringIO())
     store = RunStore.open(cfg["run_dir"])
     assert store.config["direction"] == "maximize"
+    # the space is pinned in the run's config, every parameter as the run used it
+    assert store.config["space"] == load_config(cfg).build_space(
+        {"x0": {"type": "float", "low": 0.0, "high": 1.0}, "x1": {"type": "float", "low": 0.0, "high": 1.0}}).describe()
     events = store.events()
     m = compute_metrics(events, store.config)
     slots = summary["max_concurrent"]
