@@ -408,13 +408,14 @@ class AskTellOptimizer:
         informative. Points are compared by their snapped coordinates (rounded to `DUPLICATE_TOL`) in a set,
         so the cost is linear in the observations, whatever q.
         """
-        from orchestrator.space import FloatParam
+        from orchestrator.space import FloatParam, IntParam
 
-        if all(isinstance(p, FloatParam) for p in self.space.params):
+        floats = [isinstance(p, FloatParam) for p in self.space.params]
+        if all(floats):
             return X  # snapping is the identity; the proposer already returns distinct points
-        grid = math.prod(p.size if hasattr(p, "size") else len(p.choices)  # None: a float parameter
-                         for p in self.space.params if not isinstance(p, FloatParam))
-        grid = None if any(isinstance(p, FloatParam) for p in self.space.params) else grid
+        # how many points the space holds: None (unbounded) with a float parameter
+        grid = None if any(floats) else math.prod(
+            p.size if isinstance(p, IntParam) else len(p.choices) for p in self.space.params)
         digits = round(-math.log10(DUPLICATE_TOL))
 
         def key(row: Tensor) -> tuple[float, ...]:
