@@ -141,6 +141,11 @@ def build_optimizer(raw_config: Mapping[str, Any]) -> tuple[Any, Any, Any]:
     return cfg, objective, opt
 
 
+def lander_objective(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The objective config of every run (the runs, their result-file tags and the preflight build the same)."""
+    return {"name": "lunar-lander", "options": dict(options or {})}
+
+
 def method_config(
     name: str, proto: Protocol, run: int, objective: Mapping[str, Any], model_options: Mapping[str, Any],
     proposer_options: Mapping[str, Any],
@@ -171,7 +176,7 @@ class LanderRun(BatchRun):
                  objective_options: Mapping[str, Any] | None = None) -> None:
         self.name, self.proto, self.run, self.episodes = name, proto, run, episodes
         self.replicate = METHODS[name].replicate
-        raw = method_config(name, proto, run, {"name": "lunar-lander", "options": dict(objective_options or {})},
+        raw = method_config(name, proto, run, lander_objective(objective_options),
                             model_options, proposer_options)
         self.key = json.dumps([raw, episodes, eval_every], sort_keys=True, default=str)
         self.cfg, self.obj, self.opt = build_optimizer(raw)
@@ -568,7 +573,7 @@ def make_jobs(args: argparse.Namespace) -> list[Job]:
         for tau in args.taus:
             p = Protocol(tau, args.initial, args.budget, args.batch)
             for m in args.methods:
-                objective = {"name": "lunar-lander", "options": dict(args.objective_options)}
+                objective = lander_objective(args.objective_options)
                 settings = method_config(m, p, 0, objective, args.model_options, args.proposer_options)
                 tag = config_tag([settings, args.episodes, args.eval_every])
                 stem = Path(args.out) / "runs" / f"{m}-tau{tau:g}-n{args.initial}-{args.budget}-b{args.batch}-{tag}-r{r}"
@@ -586,7 +591,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
           f"budget {args.budget}, batch {args.batch}; true quantile from {args.episodes} fresh episodes "
           f"(seeds {EVAL_SEED0}+i)", flush=True)
     t_start = time.perf_counter()
-    objective = {"name": "lunar-lander", "options": dict(args.objective_options)}
+    objective = lander_objective(args.objective_options)
     preflight({f"{m} tau {tau:g}": functools.partial(
         build_optimizer, method_config(m, Protocol(tau, args.initial, args.budget, args.batch), 0, objective,
                                        args.model_options, args.proposer_options))
