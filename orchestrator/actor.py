@@ -45,12 +45,11 @@ import os
 import sys
 import threading
 import time
-import traceback
 from typing import Any, Mapping
 
 from orchestrator.ask_tell import AskTellOptimizer, Trial
 from orchestrator.errors import QbatchError
-from workers.evaluate import submit_evaluation
+from workers.evaluate import describe_exception, format_exception_traceback, submit_evaluation
 
 __all__ = ["CentralActor", "RunAbortedError", "default_max_concurrent", "slots_for"]
 
@@ -664,8 +663,8 @@ class CentralActor:
                     self._wakes[role].clear()
         except _LogWriteError:  # `_abort` says what failed
             self._wake_planners()
-        except Exception:
-            self._planner_error = f"{role}: {traceback.format_exc()}"
+        except Exception as exc:
+            self._planner_error = f"{role}: {format_exception_traceback(exc)}"
             self._wake_planners()
 
     def _propose_step(self) -> bool:
@@ -788,8 +787,10 @@ class CentralActor:
             self._refit_failures += 1
             self._failed_in_a_row += 1
             self._failed_fit_n = n
-            error = f"{type(exc).__name__}: {exc}"
-            info = {"failed": True, "error": error[:2000], "traceback": traceback.format_exc()[-8000:], "n": n,
+            # capped like an objective's failure (head and tail kept), and safe from an exception whose
+            # __str__ raises
+            error = describe_exception(exc)
+            info = {"failed": True, "error": error, "traceback": format_exception_traceback(exc), "n": n,
                     "slots": self.max_concurrent, "direction": self.direction,
                     "failed_in_a_row": self._failed_in_a_row, "elapsed_s": time.perf_counter() - t0,
                     "kept": "previous model" if self.opt.model is not None else "Sobol design (no model yet)"}

@@ -79,7 +79,7 @@ def classify_value(value: Any) -> tuple[float | None, str | None, str | None]:
             try:
                 item = value.item()
             except Exception as exc:  # noqa: BLE001 - e.g. a 0-d object array of user code
-                return None, "non-numeric", f"the objective's 0-d {type(value).__name__} is not a number ({_describe(exc)})"
+                return None, "non-numeric", f"the objective's 0-d {type(value).__name__} is not a number ({describe_exception(exc)})"
             return classify_value(item)
         return None, "array", f"the objective returned an array of shape {shape}, not one number"
     if not isinstance(value, (int, float, np.integer, np.floating)):
@@ -89,7 +89,7 @@ def classify_value(value: Any) -> tuple[float | None, str | None, str | None]:
     except OverflowError:  # an int (or int-like) beyond the float range
         return None, "inf", "the objective returned a number too large for a float"
     except Exception as exc:  # noqa: BLE001 - a number type of user code whose conversion raises
-        return None, "non-numeric", f"the objective's {type(value).__name__} is not a number ({_describe(exc)})"
+        return None, "non-numeric", f"the objective's {type(value).__name__} is not a number ({describe_exception(exc)})"
     if math.isnan(x):
         return None, "nan", "the objective returned NaN"
     if math.isinf(x):
@@ -142,7 +142,7 @@ def printable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _describe(exc: BaseException) -> str:
+def describe_exception(exc: BaseException) -> str:
     """`Type: message` of an exception, even when its `__str__` raises."""
     try:
         return cap(printable(f"{type(exc).__name__}: {exc}"), MAX_MESSAGE_CHARS)
@@ -150,11 +150,11 @@ def _describe(exc: BaseException) -> str:
         return f"{type(exc).__name__}: <unprintable: its __str__ raised>"
 
 
-def _format_traceback(exc: BaseException) -> str:
+def format_exception_traceback(exc: BaseException) -> str:
     try:
         text = printable("".join(tb_module.format_exception(type(exc), exc, exc.__traceback__)))
     except Exception:  # noqa: BLE001 - a broken __str__ of user code
-        text = printable("".join(tb_module.format_tb(exc.__traceback__))) + _describe(exc)
+        text = printable("".join(tb_module.format_tb(exc.__traceback__))) + describe_exception(exc)
     return cap(text, MAX_TRACEBACK_CHARS)
 
 
@@ -186,8 +186,8 @@ def _call(objective: Objective, params: Mapping[str, Any], seed: int) -> dict[st
             "status": "failed",
             "value": None,
             "error": "exception",
-            "traceback": _format_traceback(exc),
-            "message": _describe(exc),
+            "traceback": format_exception_traceback(exc),
+            "message": describe_exception(exc),
             "started_at": started,
             "ended_at": ended,
             "metrics": {},
@@ -198,7 +198,7 @@ def _call(objective: Objective, params: Mapping[str, Any], seed: int) -> dict[st
         metrics = _clean_metrics(raw.metrics) if isinstance(raw, EvalResult) else {}
     except Exception as exc:  # noqa: BLE001 - a returned object whose conversion raises is a failed trial
         value, metrics = None, {}
-        reason, message = "non-numeric", f"the objective's return value could not be read: {_describe(exc)}"
+        reason, message = "non-numeric", f"the objective's return value could not be read: {describe_exception(exc)}"
     if reason is not None:
         return {
             "status": "failed",

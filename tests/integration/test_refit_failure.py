@@ -97,6 +97,39 @@ def test_a_failed_refit_is_retried_only_on_new_results(ray_local, tmp_path):
     assert actor._refit_step() is True and len(calls) == 2
 
 
+def test_a_refit_failure_is_logged_capped_even_when_its_message_is_huge_or_unprintable(ray_local, tmp_path):
+    """Found in review: the refit event kept `error[:2000]` (the tail, often the useful part, cut) and an
+    exception whose `__str__` raises escaped `_refit` and stopped the refit thread as a planner error. Now it is
+    capped like an objective's failure (head and tail kept) and an unprintable one is still a logged failure."""
+    from workers.evaluate import MAX_MESSAGE_CHARS
+
+    class Unprintable(RuntimeError):
+        def __str__(self):
+            raise ValueError("no str")
+
+    actor = _actor(tmp_path, "huge", actor_options={"refit_interval_s": 0.0})
+    errors = iter([RuntimeError("head " + "x" * 1_000_000 + " tail"), Unprintable()])
+
+    def fit(**kwargs):
+        raise next(errors)
+
+    actor.opt.fit = fit
+    actor.opt.ask(8)
+    for i, t in enumerate(actor.opt.pending()):
+        actor.opt.tell(t.trial_id, float(i))
+    assert actor._refit_step() is True
+    [t] = actor.opt.ask(1, fit=False)
+    actor.opt.tell(t.trial_id, 9.0)
+    assert actor._refit_step() is True  # the unprintable one did not escape
+    failed = [e.info for e in RunStore.open(actor.run_dir).events() if e.kind == "refit"]
+    assert len(failed) == 2 and all(info["failed"] for info in failed)
+    assert len(failed[0]["error"]) < MAX_MESSAGE_CHARS + 100
+    assert failed[0]["error"].startswith("RuntimeError: head") and failed[0]["error"].endswith(" tail")
+    assert "characters cut" in failed[0]["error"] and len(failed[0]["traceback"]) < 21_000
+    assert failed[1]["error"] == "Unprintable: <unprintable: its __str__ raised>"
+    assert actor.status()["refit_failures"] == 2 and actor._abort is None
+
+
 def test_refits_failing_in_a_row_stop_the_run_and_keep_every_result(ray_local, tmp_path):
     actor = _actor(tmp_path, "broken", synchronous=True, actor_options={"max_refit_failures": 2})
     _failing_fit(actor, lambda k: True)
