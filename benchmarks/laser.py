@@ -123,6 +123,11 @@ def initial_rows(n_rows: int, initial: int, run: int) -> list[int]:
     return sorted(np.random.default_rng([int(run), 0x1A5E]).choice(n_rows, size=initial, replace=False).tolist())
 
 
+def protocol_budget(initial: int, batches: int, batch: int) -> int:
+    """Evaluations of one run of the protocol: the initial design, then `batches` batches of `batch`."""
+    return initial + batches * batch
+
+
 class LaserRun(BatchRun):
     """One method, one run of the laser protocol (see the module docstring)."""
 
@@ -130,7 +135,7 @@ class LaserRun(BatchRun):
                  objective: Mapping[str, Any], initial_y: str, model_options: Mapping[str, Any],
                  proposer_options: Mapping[str, Any]) -> None:
         self.tau, self.initial, self.run, self.initial_y = tau, initial, run, initial_y
-        self.budget = initial + batches * batch
+        self.budget = protocol_budget(initial, batches, batch)
         raw = method_config(name, tau, initial, self.budget, batch, run, objective, model_options, proposer_options)
         self.key = json.dumps([{**raw, "objective": portable(objective)}, initial_y], sort_keys=True, default=str)
         self.cfg, self.sim, self.opt = build_optimizer(raw)
@@ -230,7 +235,7 @@ def run_one(
         return "skipped", []
     synthetic = "csv_path" not in objective["options"]
     base = {"method": name, "tau": tau, "run": run, "batch": batch, "initial": initial,
-            "budget": initial + batches * batch,
+            "budget": protocol_budget(initial, batches, batch),
             "simulator": "synthetic" if synthetic else f"csv:{objective['options']['csv_path']}",
             "initial_source": "sobol" if synthetic else f"measured settings, {initial_y} outcomes", "mode": MODE}
     status, laser, error = drive_guarded(
@@ -344,7 +349,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def make_jobs(args: argparse.Namespace, objective: Mapping[str, Any]) -> list[Job]:
     """The runs `args` ask for, run-major (a time limit leaves the same runs finished for every method), their
     result files named with the simulator, the protocol and a hash of the settings."""
-    budget = args.initial + args.batches * args.batch
+    budget = protocol_budget(args.initial, args.batches, args.batch)
     sim_tag = "syn" if "csv_path" not in objective["options"] else "csv"
     jobs = []
     for r in args.runs:
@@ -444,7 +449,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(f"[laser] {MODE}; {simulator}; tau {args.tau:g}; methods {args.methods}; runs {args.runs}; "
           f"{args.initial} + {args.batches} x {args.batch} evaluations", flush=True)
     t_start = time.perf_counter()
-    budget = args.initial + args.batches * args.batch
+    budget = protocol_budget(args.initial, args.batches, args.batch)
     preflight({m: functools.partial(build_optimizer, method_config(
         m, args.tau, args.initial, budget, args.batch, 0, objective, args.model_options, args.proposer_options))
         for m in args.methods}, "laser")
