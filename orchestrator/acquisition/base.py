@@ -13,13 +13,28 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from orchestrator.errors import InputDataError
+from orchestrator.errors import InputDataError, UnsupportedError
 from orchestrator.models.base import Surrogate
 
-__all__ = ["Proposer", "DUPLICATE_TOL"]
+__all__ = ["Proposer", "DUPLICATE_TOL", "check_target_is_f"]
 
 #: two unit-cube points closer than this (max-norm) count as the same point
 DUPLICATE_TOL = 1e-6
+
+
+def check_target_is_f(model: Any, proposer: str) -> None:
+    """Refuse `model` for a proposer that optimizes the latent f alone when f is not the run's target.
+
+    The heteroscedastic model's f is the mean; its target, and so its recommendation, is the plug-in quantile
+    mu_f + Phi^-1(tau) e^(mu_g) (spec §1.7), which has another argmax unless tau = 0.5. (An exact GP's plug-in
+    differs from f by a constant; the quantile and expectile models' f is the target.)
+    """
+    tau = float(getattr(model, "tau", 0.5))
+    if isinstance(model, Surrogate) and model.family == "gaussian" and model.num_outputs_latent == 2 and tau != 0.5:
+        raise UnsupportedError(
+            f"{proposer} optimizes the model's f, which for {type(model).__name__} is the mean, while the run's "
+            "target is its tau-quantile (the plug-in mu_f + Phi^-1(tau) exp(mu_g)): it would ignore tau. Use "
+            "proposer 'thompson' (it samples that plug-in quantile) or tau 0.5 (the mean)")
 
 
 class Proposer(ABC):

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from orchestrator.acquisition.base import DUPLICATE_TOL, Proposer, min_distance
+from orchestrator.acquisition.base import DUPLICATE_TOL, Proposer, check_target_is_f, min_distance
 from orchestrator.errors import ConfigError
 from orchestrator.models.base import Surrogate
 
@@ -214,6 +214,9 @@ class LogNEIProposer(_BoTorchProposer):
         if not isinstance(sequential, bool):
             raise ConfigError(f"qlognei.sequential must be true or false; got {sequential!r}")
         self.sequential = sequential
+
+    def check_model(self, model: Surrogate) -> None:
+        check_target_is_f(model, "qLogNEI")
 
     def _propose(
         self, model: Surrogate | None, q: int, X_pending: Tensor, X_observed: Tensor, generator: torch.Generator

@@ -23,7 +23,7 @@ from botorch.acquisition import AcquisitionFunction
 from botorch.optim import optimize_acqf
 from torch import Tensor
 
-from orchestrator.acquisition.base import DUPLICATE_TOL, Proposer, min_distance
+from orchestrator.acquisition.base import DUPLICATE_TOL, Proposer, check_target_is_f, min_distance
 from orchestrator.errors import ConfigError, UnsupportedError
 
 __all__ = [
@@ -340,6 +340,7 @@ class AcquisitionProposer(Proposer):
                 f"calibrated EI/PI/UCB need a Gaussian-likelihood surrogate (model exact-gp or heteroscedastic); "
                 f"got {type(model).__name__} (family {model.family!r})"
             )
+        check_target_is_f(model, f"calibrated {self.acquisition.upper()}")
         name = getattr(self.calibrator, "name", "none")
         if name == "locbo" and self.acquisition != "ei":
             raise ConfigError(f"calibrator 'locbo' defines EI only; got `proposer.options.acquisition` {self.acquisition!r}")

@@ -28,6 +28,10 @@ CAL = {"type": "calibrated"}
         ({"proposer": {**CAL, "options": {"acquisition": "pi"}}, "model": "exact-gp", "calibrator": "conformal"},
          r"calibrator 'conformal' defines EI and UCB"),
         ({"proposer": "calibrated", "model": "heteroscedastic", "calibrator": "conformal"}, r"exact Gaussian GP"),
+        # found in review: both optimize HetGP's f, the mean, whatever tau; its recommendation is the tau-quantile
+        ({"proposer": "qlognei", "model": "heteroscedastic", "tau": 0.2},
+         r"qLogNEI optimizes the model's f, which for HeteroscedasticSVGP is the mean.*tau-quantile.*ignore tau"),
+        ({"proposer": "calibrated", "model": "heteroscedastic", "tau": 0.9}, r"calibrated EI optimizes the model's f"),
         ({"proposer": "sobol", "calibrator": "online"},
          r"`calibrator.type` 'online' does not work with `proposer.type` 'sobol'"),
         ({"proposer": "qlognei", "calibrator": "online"}, r"does not work with `proposer.type` 'qlognei'"),
@@ -63,6 +67,8 @@ def test_bad_combinations_and_options_are_config_errors_before_the_run(patch, ma
         {"proposer": "thompson", "model": "gpr-replicates"},
         {"proposer": "gpr-ei", "model": "gpr-replicates"},
         {"proposer": "qlognei", "model": "exact-gp"},
+        {"proposer": "qlognei", "model": "exact-gp", "tau": 0.1},  # the plug-in quantile is the mean + a constant
+        {"proposer": "qlognei", "model": "heteroscedastic"},  # tau 0.5: the target is the mean
         {"proposer": "sobol"},
         {"calibrator": "offline-cv"},
     ],
