@@ -19,6 +19,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+import numpy as np
+
 __all__ = ["EvalResult", "Objective", "ObjectiveError", "Resources", "SyntheticObjective"]
 
 
@@ -111,6 +113,9 @@ class SyntheticObjective(Objective):
         """(params, value) of the best tau-quantile over the space (max, or min if direction is minimize)."""
 
 
+_BOOLS = (bool, np.bool_)
+
+
 def check_params(space: Mapping[str, Mapping[str, Any]], params: Mapping[str, Any]) -> None:
     """Validate `params` against a plain space description; errors name the parameter."""
     missing = [k for k in space if k not in params]
@@ -123,10 +128,12 @@ def check_params(space: Mapping[str, Mapping[str, Any]], params: Mapping[str, An
         v = params[name]
         kind = spec.get("type", "float")
         if kind == "choice":
-            if v not in spec["choices"]:
+            # True == 1 in Python: a bool matches only a bool choice, a number only a number
+            if not any(v == c and isinstance(v, _BOOLS) == isinstance(c, _BOOLS) for c in spec["choices"]):
                 raise ObjectiveError(f"parameter {name!r}={v!r} is not one of {list(spec['choices'])}")
             continue
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
+        # any real number, NumPy's included (np.int64 from a pandas frame, np.float32 from a float32 tensor)
+        if isinstance(v, _BOOLS) or not isinstance(v, numbers.Real) or not math.isfinite(float(v)):
             raise ObjectiveError(f"parameter {name!r} must be a finite number; got {v!r}")
         lo, hi = spec["low"], spec["high"]
         tol = 1e-9 * max(1.0, abs(lo), abs(hi))

@@ -171,3 +171,27 @@ def test_resources_refuse_what_ray_would_refuse_at_every_submission():
     with pytest.raises(ObjectiveError, match="custom resource 'sensor'"):
         load_objective("sleep", {"custom_resources": {"sensor": -1}})
     assert Resources(num_cpus=0.5, custom={"sensor": 1}).to_ray_options()["resources"] == {"sensor": 1}
+
+
+def test_params_accept_numpy_numbers_and_a_bool_is_not_a_numeric_choice():
+    """Found in review: np.int64 (a pandas frame's ints) and np.float32 (a float32 tensor's) were refused as "must
+    be a finite number"; np.float64 passed only because it subclasses float. And `True` was taken for the choice
+    1 (True == 1)."""
+    import numpy as np
+
+    from objectives.base import check_params
+
+    cnn = load_objective("cnn")
+    params = {"batch_size": np.int64(64), "learning_rate": np.float32(0.01), "lr_decay": 1e-5, "l2": 1e-5,
+              "fc_units": np.int32(256), "conv_channels": 128}
+    cnn.check_params(params)
+    assert load_objective("forrester")({"x0": np.float32(0.5)}, 0) == pytest.approx(0.9092974268256817)
+    for bad in (np.bool_(True), True, "0.5", float("nan"), np.float32("inf")):
+        with pytest.raises(ObjectiveError, match="'x0' must be a finite number"):
+            load_objective("forrester").check_params({"x0": bad})
+    space = {"k": {"type": "choice", "choices": [1, 2]}, "b": {"type": "choice", "choices": [True, False]}}
+    check_params(space, {"k": np.int64(2), "b": False})
+    with pytest.raises(ObjectiveError, match=r"'k'=True is not one of \[1, 2\]"):
+        check_params(space, {"k": True, "b": True})
+    with pytest.raises(ObjectiveError, match=r"'b'=1 is not one of \[True, False\]"):
+        check_params(space, {"k": 1, "b": 1})
