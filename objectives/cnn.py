@@ -16,7 +16,7 @@ import time
 from typing import Any, Mapping
 
 from objectives.base import EvalResult, Objective, ObjectiveError, Resources
-from objectives.datasets import IMAGE_DATASETS, ImageDataset, load_image_dataset
+from objectives.datasets import IMAGE_DATASETS, DatasetError, ImageDataset, check_image_source, load_image_dataset
 from objectives.options import check_choice, check_float, check_int, check_path
 
 #: image side of each data set (digits 8x8, CIFAR-10 and SVHN 32x32): `conv_layers` halvings must leave >= 1
@@ -66,7 +66,8 @@ class CNNTraining(Objective):
     Args:
         dataset: ``"digits"`` (scikit-learn's 8x8 digits, built in; the default), ``"cifar10"`` or
             ``"svhn"`` (read from `data_dir`; see `objectives.datasets`).
-        data_dir: local directory of CIFAR-10 or SVHN files; nothing is ever downloaded.
+        data_dir: local directory of CIFAR-10 or SVHN files; nothing is ever downloaded. Its files are checked
+            when the objective is built (the machine that starts a run needs the path too: a shared folder).
         epochs: passes over the training set (6 by default: on digits, 1-10 s per evaluation on one
             CPU core, and test error ~0.02-0.05 at good settings).
         device: ``None`` (a GPU when the evaluation has one, else the CPU), ``"cpu"`` or ``"cuda"``.
@@ -120,6 +121,10 @@ class CNNTraining(Objective):
             raise ObjectiveError(f"option 'data_dir' is required for dataset {dataset!r} (nothing is downloaded)")
         if dataset == "digits" and data_dir is not None:
             raise ObjectiveError("option 'data_dir' must be None for dataset 'digits' (it ships with scikit-learn)")
+        try:  # the files are there (not read): a wrong folder is refused now, not at every evaluation
+            check_image_source(dataset, data_dir)
+        except DatasetError as exc:
+            raise DatasetError(f"option 'data_dir': {exc}") from None
         # the known image sides: a too deep network is refused here, before any run starts
         self._check_side(_IMAGE_SIDE[dataset])
         self._data: ImageDataset | None = None

@@ -20,6 +20,8 @@ from objectives.base import ObjectiveError
 
 __all__ = [
     "DatasetError",
+    "check_image_source",
+    "check_text_source",
     "ImageDataset",
     "TextCorpus",
     "IMAGE_DATASETS",
@@ -224,6 +226,31 @@ def load_svhn(data_dir: str | os.PathLike[str]) -> ImageDataset:
     return ImageDataset("svhn", X_tr, y_tr, X_te, y_te, num_classes=10, pixel_scale=255.0)
 
 
+def check_image_source(name: str, data_dir: str | os.PathLike[str] | None = None) -> None:
+    """Check, without reading them, that the files `load_image_dataset(name, data_dir)` needs are there.
+
+    Objectives call it when they are built, so a wrong `data_dir` is refused before a run starts rather
+    than at every evaluation. The check runs where the objective is built (the machine that starts the
+    run): a path must exist there as well as on the workers.
+
+    Raises:
+        DatasetError: naming the directory or the file that is missing.
+    """
+    if name == "digits":
+        if data_dir is not None:
+            raise DatasetError("dataset 'digits' ships with scikit-learn and takes no data_dir")
+    elif name in ("cifar10", "svhn"):
+        if data_dir is None:
+            raise DatasetError(f"dataset {name!r} needs data_dir (a local directory; nothing is downloaded)")
+        what = "CIFAR-10" if name == "cifar10" else "SVHN"
+        d = _require_dir(data_dir, what)
+        names = (*CIFAR10_TRAIN_FILES, CIFAR10_TEST_FILE) if name == "cifar10" else (SVHN_TRAIN_FILE, SVHN_TEST_FILE)
+        for filename in names:
+            _require_file(d, filename, what)
+    else:
+        raise DatasetError(f"unknown image dataset {name!r}; choose one of {list(IMAGE_DATASETS)}")
+
+
 def load_image_dataset(name: str, data_dir: str | os.PathLike[str] | None = None) -> ImageDataset:
     """Load an image data set by name: ``"digits"`` (built in), ``"cifar10"`` or ``"svhn"`` (need `data_dir`)."""
     if name == "digits":
@@ -312,18 +339,45 @@ def load_newsgroups(
     Raises:
         DatasetError: naming the directory that is missing or holds no documents.
     """
-    d = _require_dir(data_dir, "20 Newsgroups")
-    parts = [d / NEWSGROUPS_TRAIN_DIR, d / NEWSGROUPS_TEST_DIR]
-    present = [p for p in parts if p.is_dir()]
-    if not present:
-        raise DatasetError(
-            f"20 Newsgroups directory {str(d)!r} holds neither {NEWSGROUPS_TRAIN_DIR!r} nor {NEWSGROUPS_TEST_DIR!r}"
-        )
+    d = Path(data_dir).expanduser()
+    present = _newsgroup_parts(d)
     files = sorted(f for p in present for f in p.glob("*/*") if f.is_file())
     if not files:
         raise DatasetError(f"20 Newsgroups directory {str(d)!r} has no documents under {[p.name for p in present]}")
     docs = [_read_newsgroup_file(f) for f in files]
     return _split_fixed(docs, n_train, n_test, split_seed, "20newsgroups")
+
+
+def _newsgroup_parts(data_dir: str | os.PathLike[str]) -> list[Path]:
+    """The bydate folders present in `data_dir` (at least one, else DatasetError)."""
+    d = _require_dir(data_dir, "20 Newsgroups")
+    present = [p for p in (d / NEWSGROUPS_TRAIN_DIR, d / NEWSGROUPS_TEST_DIR) if p.is_dir()]
+    if not present:
+        raise DatasetError(
+            f"20 Newsgroups directory {str(d)!r} holds neither {NEWSGROUPS_TRAIN_DIR!r} nor {NEWSGROUPS_TEST_DIR!r}"
+        )
+    return present
+
+
+def check_text_source(name: str, data_dir: str | os.PathLike[str] | None = None, **split: int | None) -> None:
+    """Check what `load_text_corpus(name, data_dir, **split)` needs before any evaluation: the bundled Lee
+    corpus and its split sizes (the file is small: it is read and split), or the 20 Newsgroups folder layout
+    (its documents are not read here, so its split sizes are checked when it loads).
+
+    Raises:
+        DatasetError: naming the option, the directory or the file that is wrong.
+    """
+    if name == "lee":
+        load_text_corpus(name, data_dir, **split)
+    elif name == "20newsgroups":
+        if data_dir is None:
+            raise DatasetError("corpus '20newsgroups' needs data_dir (a local directory; nothing is downloaded)")
+        try:
+            _newsgroup_parts(data_dir)
+        except DatasetError as exc:
+            raise DatasetError(f"option 'data_dir': {exc}") from None
+    else:
+        raise DatasetError(f"unknown text corpus {name!r}; choose one of {list(TEXT_CORPORA)}")
 
 
 def load_text_corpus(name: str, data_dir: str | os.PathLike[str] | None = None, **split: int | None) -> TextCorpus:

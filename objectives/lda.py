@@ -20,7 +20,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from objectives.base import EvalResult, Objective, ObjectiveError, Resources
-from objectives.datasets import TEXT_CORPORA, TextCorpus, load_text_corpus
+from objectives.datasets import TEXT_CORPORA, TextCorpus, check_text_source, load_text_corpus
 from objectives.options import check_choice, check_float, check_int, check_path
 
 __all__ = ["LDA_SPACE", "OnlineLDA", "heldout_log_bound"]
@@ -94,7 +94,8 @@ class OnlineLDA(Objective):
     Args:
         corpus: ``"lee"`` (gensim's Lee background corpus, 233 distinct train / 60 test; the default) or
             ``"20newsgroups"`` (from `data_dir`, 11,000 train / 2,200 test as in the papers).
-        data_dir: local 20 Newsgroups directory (``20news-bydate-train``/``-test`` inside).
+        data_dir: local 20 Newsgroups directory (``20news-bydate-train``/``-test`` inside), checked when the
+            objective is built (the machine that starts a run needs the path too: a shared folder).
         num_topics: number of topics K.
         max_passes: most passes over the training documents.
         tol: relative change of the training bound below which training has converged.
@@ -136,6 +137,9 @@ class OnlineLDA(Objective):
         tol = check_float("tol", tol, 0.0, 1.0, high_open=True)
         max_df = check_float("max_df", max_df, 0.0, 1.0, low_open=True)
         num_cpus = check_float("num_cpus", num_cpus, 0.0, low_open=True)
+        # the corpus is there and (Lee) splits as asked: refused now, not at every evaluation
+        check_text_source(corpus, data_dir, **{k: v for k, v in (("n_train", n_train), ("n_test", n_test))
+                                               if v is not None})
         self.corpus = corpus
         self.data_dir = None if data_dir is None else str(data_dir)
         self.num_topics = num_topics

@@ -148,8 +148,19 @@ def test_bad_options_are_named(tmp_path: Path) -> None:
     for _ in range(2):
         with pytest.raises(ObjectiveError, match=r"option 'conv_layers'=4 pools 'digits' images of side 8"):
             deep.data
-    obj = CNNTraining(dataset="cifar10", data_dir=tmp_path / "absent")
-    with pytest.raises(ObjectiveError, match="absent"):
+    # found in review: a wrong data folder passed the config check and failed every evaluation; now refused
+    # when built (the README: every key is checked before Ray starts), naming the option and what is missing
+    with pytest.raises(ObjectiveError, match=r"option 'data_dir': CIFAR-10 directory '.*absent' does not exist"):
+        CNNTraining(dataset="cifar10", data_dir=tmp_path / "absent")
+    with pytest.raises(ObjectiveError, match=r"option 'data_dir': SVHN file '.*train_32x32.mat' is missing"):
+        CNNTraining(dataset="svhn", data_dir=tmp_path)
+    for name in ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5"):
+        (tmp_path / name).write_bytes(b"")
+    with pytest.raises(ObjectiveError, match=r"option 'data_dir': CIFAR-10 file '.*test_batch' is missing"):
+        CNNTraining(dataset="cifar10", data_dir=tmp_path)
+    (tmp_path / "test_batch").write_bytes(b"not a pickle")
+    obj = CNNTraining(dataset="cifar10", data_dir=tmp_path)  # the files are there; their format is read later
+    with pytest.raises(ObjectiveError, match="test_batch|data_batch"):
         obj(GOOD, seed=0)
     # device 'cuda' with no GPU asked of Ray: every evaluation would fail (Ray hides the GPUs), so refused now
     for device in ("cuda", "cuda:1"):

@@ -119,6 +119,13 @@ def test_bad_options_are_named() -> None:
         OnlineLDA(num_topics=1)
     with pytest.raises(ObjectiveError, match=r"option 'max_df'"):
         OnlineLDA(max_df=0.0)
+    # found in review: these passed the config check and failed at every evaluation
+    with pytest.raises(ObjectiveError, match=r"lee: n_test must be in \[1, 292\] for 293 documents; got 500"):
+        OnlineLDA(n_test=500)
+    with pytest.raises(ObjectiveError, match=r"lee: n_train \+ n_test must be at most 293 documents; got 300 \+ 60"):
+        OnlineLDA(n_train=300)
+    with pytest.raises(ObjectiveError, match=r"corpus 'lee' ships with gensim and takes no data_dir"):
+        OnlineLDA(data_dir="/tmp")
 
 
 def test_20newsgroups_layout_end_to_end(tmp_path: Path) -> None:
@@ -139,8 +146,12 @@ def test_20newsgroups_layout_end_to_end(tmp_path: Path) -> None:
     assert math.isfinite(res.value)
     assert res.value < 16  # 16 equally likely words would give 16; two clean topics do better
     assert "from" not in set(obj.matrices["vocabulary"])  # headers dropped
-    with pytest.raises(ObjectiveError, match="missing_news"):
-        OnlineLDA(corpus="20newsgroups", data_dir=tmp_path / "missing_news")({"minibatch": 4, "kappa": 0.7, "tau0": 2}, 0)
+    # refused when built, before a run starts (found in review: it failed every evaluation instead)
+    with pytest.raises(ObjectiveError, match=r"option 'data_dir': 20 Newsgroups directory '.*missing_news' does not"):
+        OnlineLDA(corpus="20newsgroups", data_dir=tmp_path / "missing_news")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ObjectiveError, match=r"option 'data_dir': .* holds neither '20news-bydate-train'"):
+        OnlineLDA(corpus="20newsgroups", data_dir=tmp_path / "empty")
 
 
 def test_registry_and_pickling(lda: OnlineLDA) -> None:
