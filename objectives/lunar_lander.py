@@ -88,9 +88,9 @@ class LunarLander(Objective):
         self.timeout_penalty = check_float("timeout_penalty", timeout_penalty)
         upper = check_float("upper", upper, 0.0, low_open=True)
         self.env_id = check_str("env_id", env_id)
+        self._env: Any = None
         self._check_env_id()  # an unknown id fails here, not as every evaluation of the run
         self.space = {n: {"type": "float", "low": 0.0, "high": float(upper), "log": False} for n in _NAMES}
-        self._env: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
         # the Box2D world does not pickle; a copy (e.g. on a Ray worker) makes its own
@@ -117,6 +117,18 @@ class LunarLander(Objective):
             raise ObjectiveError(
                 f"option 'env_id'={self.env_id!r} is not an environment of {gym.__name__!r}: {exc}"
             ) from None
+        # the controller reads LunarLander's 8-value state and fires one of its 4 discrete engines: another
+        # environment (LunarLanderContinuous, CartPole) failed every episode with a bare IndexError
+        env = self.make_env()
+        obs, act = env.observation_space, env.action_space
+        if tuple(getattr(obs, "shape", ()) or ()) != (8,) or getattr(act, "n", None) != 4:
+            self._env = None
+            env.close()
+            raise ObjectiveError(
+                f"option 'env_id'={self.env_id!r} is not a LunarLander with discrete engines: the heuristic "
+                f"controller needs an 8-value observation and 4 discrete actions; got observations of shape "
+                f"{getattr(obs, 'shape', None)} and actions {type(act).__name__}"
+                f"({getattr(act, 'n', None) or getattr(act, 'shape', None)})")
 
     def make_env(self) -> Any:
         """The (cached) environment `env_id` names, made on first use; raises `ObjectiveError` naming `env_id`

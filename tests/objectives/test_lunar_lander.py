@@ -116,6 +116,12 @@ def test_legacy_env_id_without_gym_or_unknown_names_the_env_id(monkeypatch):
             LunarLander(env_id=bad)
     with pytest.raises(ObjectiveError, match="option 'env_id' must be a non-empty string; got 3"):
         LunarLander(env_id=3)
+    # found in review: any registered environment was taken, then every episode failed with a bare IndexError
+    for other, got in (("LunarLanderContinuous-v3", r"shape \(8,\) and actions Box\(\(2,\)\)"),
+                       ("CartPole-v1", r"shape \(4,\) and actions Discrete\(2\)")):
+        with pytest.raises(ObjectiveError, match=rf"option 'env_id'='{other}' is not a LunarLander with discrete "
+                                                 rf"engines: .*; got observations of {got}"):
+            LunarLander(env_id=other)
     with pytest.raises(ObjectiveError, match=r"option 'steps_limit' must be an integer >= 1; got 1.5"):
         LunarLander(steps_limit=1.5)
     with pytest.raises(ObjectiveError, match=r"option 'upper' must be a finite number > 0; got True"):
@@ -125,4 +131,5 @@ def test_legacy_env_id_without_gym_or_unknown_names_the_env_id(monkeypatch):
     with pytest.raises(ObjectiveError, match=r"option 'env_id'='gym:LunarLander-v2' needs.*pip install gym==0.26.2"):
         LunarLander(env_id="gym:LunarLander-v2")
     with pytest.raises(ObjectiveError, match=r"option 'env_id'='gym:LunarLander-v2' needs.*pip install gym==0.26.2"):
-        built.episode(GYMNASIUM_HEURISTIC, 0)  # a worker without the package: the evaluation fails, naming it
+        # a worker without the package (a copy: the built one has made its environment): the evaluation fails
+        pickle.loads(pickle.dumps(built)).episode(GYMNASIUM_HEURISTIC, 0)
