@@ -3,7 +3,7 @@
 Reproduces quantile-expectile-bo.md §4.3 (the paper's §4.5 / Fig. 4) with qbatch's objective `laser`
 (objectives/laser.py, `LaserSimulator`: a GP of the pulse energy with skew-normal noise whose scale and shape
 are GPs too, all fitted to the LCLS measurements). The simulator is built from `--csv` (default
-/work/shared/data/lcls/data.csv, `LaserSimulator.from_csv`); when that file is missing, or with
+data/lcls/data.csv in the project's ../shared folder, or in $QBATCH_SHARED; `LaserSimulator.from_csv`); when that file is missing, or with
 `--synthetic`, the synthetic simulator of the same form is used instead (recorded in column `simulator`).
 
 Each method is built exactly as the central actor builds it (benchmarks/lander.py `build_optimizer`: config
@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import sys
 import time
 import zlib
@@ -60,10 +61,12 @@ from benchmarks._common import (  # noqa: E402
 from benchmarks.lander import (  # noqa: E402
     _as_types, _std, add_common_args, build_optimizer, config_tag, curves_by_method, parse_runs,
 )
+from objectives.laser import MEASUREMENT_OPTIONS  # noqa: E402
 
 MODE = "synchronous batches, in-process AskTellOptimizer built from a validated config (the orchestrator's " \
        "synchronous protocol without Ray)"
-DEFAULT_CSV = "/work/shared/data/lcls/data.csv"
+#: the LCLS measurements in the shared folder beside the repository (as the tests find it)
+DEFAULT_CSV = str(Path(os.environ.get("QBATCH_SHARED", REPO.parent / "shared")) / "data" / "lcls" / "data.csv")
 METHODS: dict[str, Method] = {
     "quantile-ts": Method("quantile", "thompson"),
     "qgibbon": Method("quantile", "qgibbon", proposer_options={"repulsion": "paper"}),
@@ -332,7 +335,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             setattr(args, k, defaults[k])
     if args.objective_options is not None and not isinstance(args.objective_options, dict):
         raise SystemExit(f'--objective-options: a JSON object, e.g. {{"n_gp_max": 400}}; got {args.objective_options!r}')
-    args.objective_options = {**defaults["objective_options"], **(args.objective_options or {})}
+    args.user_objective_options = dict(args.objective_options or {})
+    args.objective_options = {**defaults["objective_options"], **args.user_objective_options}
     quick_opts = (QUICK["model_options"], QUICK["proposer_options"]) if args.quick else ({}, {})
     args.model_options = merge_options(quick_opts[0], args.model_options, "--model-options", MODELS)
     args.proposer_options = merge_options(quick_opts[1], args.proposer_options, "--proposer-options", PROPOSERS)
@@ -377,6 +381,9 @@ def objective_of(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     else:
         if not args.synthetic:
             print(f"[laser] {csv} is missing: falling back to the synthetic simulator", flush=True)
+        # the quick mode's fit options are for the measurements; options the user gave stay (and are refused)
+        user = getattr(args, "user_objective_options", {})
+        options = {k: v for k, v in options.items() if k not in MEASUREMENT_OPTIONS or k in user}
         simulator = f"synthetic simulator; initial points: a scrambled Sobol design of {args.initial}"
     return {"name": "laser", "options": options}, simulator
 

@@ -126,6 +126,12 @@ class _FittedFields:
         return self.mean(Z), self.log_omega(Z), self.alpha_raw(Z)
 
 
+#: options that shape the fit to the measurements (`csv_path`), with their defaults; the synthetic simulator
+#: refuses other values
+MEASUREMENT_OPTIONS: dict[str, Any] = {"n_gp_max": 400, "min_repeats": 5, "energy_range": (0.2, 6.0),
+                                       "noise_lengthscale_min": 1e-2}
+
+
 class LaserSimulator(SyntheticObjective):
     """16-D FEL tuning simulator with skew-normal noise; maximise the pulse energy's tau-quantile.
 
@@ -169,6 +175,13 @@ class LaserSimulator(SyntheticObjective):
             "noise_lengthscale_min", noise_lengthscale_min, 0.0, 1e3, low_open=True, high_open=True
         )
         self.csv_path = check_path("csv_path", csv_path, kind="file")
+        if self.csv_path is None:  # they shape the fit to the measurements; the synthetic fields ignore them
+            given = {"n_gp_max": n_gp_max, "min_repeats": min_repeats, "energy_range": tuple(map(float, energy_range)),
+                     "noise_lengthscale_min": noise_lengthscale_min}
+            unused = [k for k in MEASUREMENT_OPTIONS if given[k] != MEASUREMENT_OPTIONS[k]]
+            if unused:
+                raise ObjectiveError(f"option(s) {unused} apply to a simulator fitted to measurements (option "
+                                     "'csv_path'); the synthetic simulator (no csv_path) would ignore them")
         self._optimum_cache: dict[float, tuple[dict[str, Any], float]] = {}
         self._ppf_splines: dict[float, CubicSpline] = {}
         self.groups: dict[str, np.ndarray] = {}

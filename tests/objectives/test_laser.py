@@ -179,3 +179,12 @@ def test_bad_options_name_the_option(kw, name):
     """These gave bare numpy/int() errors that did not say which option was wrong, or (1.7) were truncated."""
     with pytest.raises(ObjectiveError, match=name):
         LaserSimulator(**kw)
+
+
+def test_measurement_options_without_a_csv_are_refused():
+    """Found in review: energy_range, n_gp_max, min_repeats and noise_lengthscale_min shape the fit to the
+    measurements; without csv_path they were taken and ignored (the same value came back whatever they were)."""
+    with pytest.raises(ObjectiveError, match=r"option\(s\) \['min_repeats', 'energy_range'\] apply to a simulator "
+                                             r"fitted to measurements \(option 'csv_path'\)"):
+        LaserSimulator(energy_range=[0.2, 0.3], min_repeats=99)
+    LaserSimulator(energy_range=(0.2, 6), n_gp_max=400)  # the defaults, restated, are fine
