@@ -443,8 +443,8 @@ class NoisyAckley(_BoTorchFunction):
     """Negated 2-D Ackley on [-10, 10]^2 with noise N(0, (||x|| + 10) / 20), to maximize (locbo.md §3.2).
 
     The second argument is the noise *variance*: the LOCBO code draws ``normal(0, sqrt((||x|| + 10) / 20))``.
-    The std therefore grows from 0.71 at the optimum to 1.0 at the corners. ``noise_scale`` multiplies the
-    noise (1: the paper's; 0: the noise-free variant of Fig. 5a).
+    The std therefore grows from 0.71 at the optimum to 1.0 at the face centres and 1.10 at the corners.
+    ``noise_scale`` multiplies the noise (1: the paper's; 0: the noise-free variant of Fig. 5a).
 
     Args:
         noise_scale: factor on the noise std (>= 0).
