@@ -79,11 +79,21 @@ class ImageDataset:
         """`(c, h, w)` of one image."""
         return tuple(int(s) for s in self.X_train.shape[1:])  # type: ignore[return-value]
 
-    def channel_stats(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per-channel mean and standard deviation of the training images, in [0, 1] pixel units."""
-        x = self.X_train.astype(np.float64) / self.pixel_scale
-        mean = x.mean(axis=(0, 2, 3))
-        std = x.std(axis=(0, 2, 3))
+    def channel_stats(self, chunk: int = 256) -> tuple[np.ndarray, np.ndarray]:
+        """Per-channel mean and standard deviation of the training images, in [0, 1] pixel units.
+
+        Sums over `chunk` images at a time: a float64 copy of the whole set (1.2 GB for CIFAR-10's 50,000
+        uint8 images, in every CNN evaluation's worker) is never made.
+        """
+        total = np.zeros(self.X_train.shape[1])
+        squares = np.zeros(self.X_train.shape[1])
+        for i in range(0, len(self.X_train), chunk):
+            x = self.X_train[i : i + chunk].astype(np.float64) / self.pixel_scale
+            total += x.sum(axis=(0, 2, 3))
+            squares += np.einsum("nchw,nchw->c", x, x)
+        count = max(1, self.X_train.shape[0] * self.X_train.shape[2] * self.X_train.shape[3])
+        mean = total / count
+        std = np.sqrt(np.maximum(squares / count - mean * mean, 0.0))
         return mean, np.maximum(std, 1e-6)
 
 
