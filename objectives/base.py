@@ -93,8 +93,11 @@ class Objective(ABC):
         """Evaluate at `params` (names of `space` to values) with random `seed`."""
 
     def __call__(self, params: Mapping[str, Any], seed: int = 0) -> float | EvalResult:
+        # one rule for every objective (NumPy and torch seeders refuse negatives or 2**64 each in their own words)
+        if isinstance(seed, _BOOLS) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**63:
+            raise ObjectiveError(f"seed must be an integer in [0, 2**63); got {seed!r}")
         self.check_params(params)
-        return self.evaluate(params, seed)
+        return self.evaluate(params, int(seed))
 
     def check_params(self, params: Mapping[str, Any]) -> None:
         """Raise `ObjectiveError` naming the first missing, unknown or out-of-space parameter."""

@@ -62,7 +62,7 @@ def test_same_seed_same_value(lda: OnlineLDA) -> None:
     params = {"minibatch": 16, "kappa": 0.7, "tau0": 4}
     a, b = lda(params, seed=5), lda(params, seed=5)
     assert a.value == b.value and a.metrics == {**b.metrics, "train_time_s": a.metrics["train_time_s"]}
-    assert lda(params, seed=5 - 2**32).value == a.value  # seeds are taken modulo 2**32; negatives work
+    assert lda(params, seed=5 + 2**32).value == a.value  # seeds are taken modulo 2**32 (negatives are refused)
 
 
 def test_perplexity_is_hoffmans_bound_without_the_topic_term(lda: OnlineLDA) -> None:

@@ -195,3 +195,17 @@ def test_params_accept_numpy_numbers_and_a_bool_is_not_a_numeric_choice():
         check_params(space, {"k": True, "b": True})
     with pytest.raises(ObjectiveError, match=r"'b'=1 is not one of \[True, False\]"):
         check_params(space, {"k": 1, "b": 1})
+
+
+def test_one_seed_rule_for_every_objective():
+    """Found in review: seed -1 gave the sleep objective a bare NumPy ValueError, 2**64 the CNN a torch
+    "Overflow when unpacking long long", while GLD, laser and LDA took any integer."""
+    import numpy as np
+
+    for name, params in (("sleep", {"x0": 0.3, "x1": 0.3}), ("forrester", {"x0": 0.5}), ("gld", {"x0": .5, "x1": .5, "x2": .5})):
+        obj = load_objective(name, {"mean_s": 0.0} if name == "sleep" else {})
+        for bad in (-1, 2**63, 2**64, 1.0, True, "3"):
+            with pytest.raises(ObjectiveError, match=rf"seed must be an integer in \[0, 2\*\*63\); got {re.escape(repr(bad))}"):
+                obj(params, bad)
+        obj(params, np.int64(7))
+        obj(params, 2**63 - 1)
