@@ -4,7 +4,8 @@ Gaussian-likelihood surrogates only (the exact GP, or a BoTorch GP): the predict
 N(mu, sigma~^2) with sigma~^2 = sigma_f^2 + sigma^2, in standardized units, maximization.
 - calibrated-bo.md §1.6 (a), sigma-rescaling: sigma~ -> s sigma~ with the calibrator's global s, closed forms.
 - §1.6 (b), recalibrated-quantile route: Q~(p) = mu + sigma~ Phi^-1(R(p)); PI = 1 - R^-1(Phi((f* + xi - mu)/sigma~)),
-  EI = (1/K) sum_k max(0, Q~(p_k) - f*) with p_k = (k - 1/2)/K, UCB = Q~(Phi(beta)). R does not depend on x.
+  EI = int_{p*}^1 (Q~(p) - f*) dp with p* = F~(f*), by K midpoint levels on [p*, 1] (the spec's levels on [0, 1]
+  give EI 0 more than 2.7 sd below f*), UCB = Q~(Phi(beta)). R does not depend on x.
 - locbo.md §1.6: EI under the denoised calibrated posterior of f (calibration/locbo.py).
 - conformal-bo.md §1.7: EI / UCB averaged over GPs conditioned on candidate labels with conformal weights.
 `AcquisitionProposer` optimizes any of them with `botorch.optim.optimize_acqf`, one point at a time for q > 1
@@ -37,7 +38,7 @@ __all__ = [
     "gaussian_predictive",
 ]
 
-#: levels p_k = (k - 1/2)/K of the quantile-route EI
+#: midpoint levels of the quantile-route EI on [F~(f*), 1]
 EI_LEVELS = 128
 #: floor on predictive std (training points of a noiseless model)
 MIN_STD = 1e-9
@@ -148,10 +149,15 @@ class CalibratedExpectedImprovement(_GaussianAcquisition):
         if self.calibrator is None or self.route == "sigma":
             z = (mu - target) / sd
             return sd * (z * torch.special.ndtr(z) + _phi(z))
-        p = (torch.arange(EI_LEVELS, dtype=mu.dtype) + 0.5) / EI_LEVELS
-        zq = torch.special.ndtri(self._levels(p))
-        q = mu.unsqueeze(-1) + sd.unsqueeze(-1) * zq
-        return (q - target).clamp_min(0.0).mean(-1)
+        # EI = int_{p*}^1 (Q~(p) - target) dp with p* = F~(target): K midpoint levels on [p*, 1] (spec §1.6 b
+        # puts them on [0, 1], where every level misses a point more than 2.7 sd below the target: EI 0, no
+        # gradient). The mass above the target, 1 - p*, comes from the upper tail so that it keeps its digits.
+        upper = torch.special.log_ndtr((mu - target) / sd).exp()  # 1 - Phi(z_target)
+        tail = (1 - self._cdf_map(1 - upper)).clamp(0.0, 1.0)
+        u = (torch.arange(EI_LEVELS, dtype=mu.dtype, device=mu.device) + 0.5) / EI_LEVELS
+        p = (1 - tail).unsqueeze(-1) + tail.unsqueeze(-1) * u
+        q = mu.unsqueeze(-1) + sd.unsqueeze(-1) * torch.special.ndtri(self._levels(p))
+        return tail * (q - target).clamp_min(0.0).mean(-1)
 
 
 class CalibratedProbabilityOfImprovement(_GaussianAcquisition):
