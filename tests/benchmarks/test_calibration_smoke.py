@@ -192,3 +192,25 @@ def test_gld_bad_arguments(load_benchmark, tmp_path):
         mod.main(["--gld", "--methods", "offline-cv", "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="--budget"):
         mod.main(["--gld", "--initial", "30", "--budget", "30", "--out", str(tmp_path)])
+
+
+def test_fraction_beats_none_ties_minima_equal_to_four_digits(load_benchmark):
+    """Found in review: a 1e-9 tolerance scored runs that all sat at Forrester's global minimum by the last digits
+    of the optimizer (a run 9 steps to the minimum "beat" one that took 7). Minima equal to 4 significant digits
+    now tie, and the tie goes to fewer steps."""
+    mod = load_benchmark("calibration")
+
+    def row(method, seed, minimum, steps):
+        return {"function": "forrester", "method": method, "seed": seed, "minimum": minimum, "steps_to_minimum": steps,
+                "auc": 0.0, "cal_score_model": 0.0, "cal_score_recalibrated": 0.0, "seconds": 0.0}
+
+    rows = [row("none", s, -6.020740, 7) for s in range(4)]
+    rows += [row("online", 0, -6.020744, 9),  # 4e-6 lower but slower: a tie lost on steps
+             row("online", 1, -6.020736, 8),  # 4e-6 higher and slower: a tie lost on steps
+             row("online", 2, -6.030000, 20),  # lower by 0.01: a win
+             row("online", 3, -6.000000, 1)]  # higher by 0.02: a loss
+    [online] = [r for r in mod.summarise(rows) if r["method"] == "online"]
+    assert online["fraction_beats_none"] == 0.25
+    rows[5] = row("online", 1, -6.020736, 5)  # faster: the tie is won on steps
+    [online] = [r for r in mod.summarise(rows) if r["method"] == "online"]
+    assert online["fraction_beats_none"] == 0.5
