@@ -5,7 +5,7 @@ N(mu, sigma~^2) with sigma~^2 = sigma_f^2 + sigma^2, in standardized units, maxi
 - calibrated-bo.md §1.6 (a), sigma-rescaling: sigma~ -> s sigma~ with the calibrator's global s, closed forms.
 - §1.6 (b), recalibrated-quantile route: Q~(p) = mu + sigma~ Phi^-1(R(p)); PI = 1 - R^-1(Phi((f* + xi - mu)/sigma~)),
   EI = int_{p*}^1 (Q~(p) - f*) dp with p* = F~(f*), by K midpoint levels on [p*, 1] (the spec's levels on [0, 1]
-  give EI 0 more than 2.7 sd below f*), UCB = Q~(Phi(beta)). R does not depend on x.
+  give EI 0 more than 2.7 sd below f*; these reach about 8 sd), UCB = Q~(Phi(beta)). R does not depend on x.
 - locbo.md §1.6: EI under the denoised calibrated posterior of f (calibration/locbo.py).
 - conformal-bo.md §1.7: EI / UCB averaged over GPs conditioned on candidate labels with conformal weights.
 `AcquisitionProposer` optimizes any of them with `botorch.optim.optimize_acqf`, one point at a time for q > 1
@@ -40,6 +40,8 @@ __all__ = [
 
 #: midpoint levels of the quantile-route EI on [F~(f*), 1]
 EI_LEVELS = 128
+#: clip of the recalibrated levels in that EI (Phi^-1(1 - 1e-15) = 7.9: the quantiles stay finite)
+EI_LEVEL_EPS = 1e-15
 #: floor on predictive std (training points of a noiseless model)
 MIN_STD = 1e-9
 
@@ -112,13 +114,15 @@ class _GaussianAcquisition(AcquisitionFunction):
             sd = sd * self.calibrator.sigma_scale()
         return mu, sd, var_f
 
-    def _levels(self, p: Tensor) -> Tensor:
-        """R(p): the calibrator's map (identity without one or on the sigma route), clipped inside (0, 1)."""
+    def _levels(self, p: Tensor, eps: float | None = None) -> Tensor:
+        """R(p): the calibrator's map (identity without one or on the sigma route), clipped to [eps, 1 - eps]
+        (default `LEVEL_EPS`)."""
         from orchestrator.calibration.base import LEVEL_EPS
 
         if self.calibrator is None or self.route == "sigma":
             return p
-        return self.calibrator.map_levels(p).clamp(LEVEL_EPS, 1 - LEVEL_EPS)
+        eps = LEVEL_EPS if eps is None else eps
+        return self.calibrator.map_levels(p).clamp(eps, 1 - eps)
 
     def _cdf_map(self, u: Tensor) -> Tensor:
         if self.calibrator is None or self.route == "sigma":
@@ -151,12 +155,14 @@ class CalibratedExpectedImprovement(_GaussianAcquisition):
             return sd * (z * torch.special.ndtr(z) + _phi(z))
         # EI = int_{p*}^1 (Q~(p) - target) dp with p* = F~(target): K midpoint levels on [p*, 1] (spec §1.6 b
         # puts them on [0, 1], where every level misses a point more than 2.7 sd below the target: EI 0, no
-        # gradient). The mass above the target, 1 - p*, comes from the upper tail so that it keeps its digits.
+        # gradient). Levels are clipped at EI_LEVEL_EPS, not LEVEL_EPS (which would end the tail at 4.75 sd);
+        # in float64, 1 - p* = 1 - F~(target) keeps few digits past about 7 sd and none past 8.2 sd, where EI
+        # is 0 (the closed form there is below 1e-15 sd).
         upper = torch.special.log_ndtr((mu - target) / sd).exp()  # 1 - Phi(z_target)
         tail = (1 - self._cdf_map(1 - upper)).clamp(0.0, 1.0)
         u = (torch.arange(EI_LEVELS, dtype=mu.dtype, device=mu.device) + 0.5) / EI_LEVELS
         p = (1 - tail).unsqueeze(-1) + tail.unsqueeze(-1) * u
-        q = mu.unsqueeze(-1) + sd.unsqueeze(-1) * torch.special.ndtri(self._levels(p))
+        q = mu.unsqueeze(-1) + sd.unsqueeze(-1) * torch.special.ndtri(self._levels(p, EI_LEVEL_EPS))
         return tail * (q - target).clamp_min(0.0).mean(-1)
 
 
