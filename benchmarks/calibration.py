@@ -163,7 +163,7 @@ def run_one(fn: str, method: str, seed: int, steps: int, restarts: int, raw: int
     }
 
 
-#: minima closer than this (relative, at least absolute) tie in "fraction beats none"
+#: minima closer than this, relative to none's, tie in "fraction beats none"
 TIE_RTOL = 1e-4
 
 
@@ -182,7 +182,7 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     continue
                 # the same minimum to 4 significant digits is a tie (runs at a global minimum differ by the
                 # optimizer's last digits), broken by the steps taken to reach it
-                tol = TIE_RTOL * max(1.0, abs(b["minimum"]))
+                tol = TIE_RTOL * abs(b["minimum"]) + 1e-12
                 better = r["minimum"] < b["minimum"] - tol or (
                     abs(r["minimum"] - b["minimum"]) <= tol and r["steps_to_minimum"] < b["steps_to_minimum"]
                 )

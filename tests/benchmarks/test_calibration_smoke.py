@@ -214,3 +214,6 @@ def test_fraction_beats_none_ties_minima_equal_to_four_digits(load_benchmark):
     rows[5] = row("online", 1, -6.020736, 5)  # faster: the tie is won on steps
     [online] = [r for r in mod.summarise(rows) if r["method"] == "online"]
     assert online["fraction_beats_none"] == 0.5
+    # relative, also below 1 (Powers' minima are about 1e-3): 10% apart is no tie
+    rows = [row("none", 0, 0.0010, 3), row("online", 0, 0.0009, 9)]
+    assert [r for r in mod.summarise(rows) if r["method"] == "online"][0]["fraction_beats_none"] == 1.0
