@@ -66,8 +66,10 @@ class CNNTraining(Objective):
     Args:
         dataset: ``"digits"`` (scikit-learn's 8x8 digits, built in; the default), ``"cifar10"`` or
             ``"svhn"`` (read from `data_dir`; see `objectives.datasets`).
-        data_dir: local directory of CIFAR-10 or SVHN files; nothing is ever downloaded. Its files are checked
-            when the objective is built (the machine that starts a run needs the path too: a shared folder).
+        data_dir: local directory of CIFAR-10 or SVHN files; nothing is ever downloaded.
+        check_data: check that `data_dir` holds the dataset's files when the objective is built, i.e. before a
+            run starts (the driver and the central actor build it too). False for a folder that exists only on
+            the worker nodes of a cluster: a missing file then fails each evaluation instead.
         epochs: passes over the training set (6 by default: on digits, 1-10 s per evaluation on one
             CPU core, and test error ~0.02-0.05 at good settings).
         device: ``None`` (a GPU when the evaluation has one, else the CPU), ``"cpu"`` or ``"cuda"``.
@@ -98,6 +100,7 @@ class CNNTraining(Objective):
         momentum: float = 0.9,
         conv_layers: int = 2,
         memory: int | None = None,
+        check_data: bool = True,
     ) -> None:
         check_choice("dataset", dataset, IMAGE_DATASETS)
         check_int("epochs", epochs, 1)
@@ -126,10 +129,14 @@ class CNNTraining(Objective):
             raise ObjectiveError(f"option 'data_dir' is required for dataset {dataset!r} (nothing is downloaded)")
         if dataset == "digits" and data_dir is not None:
             raise ObjectiveError("option 'data_dir' must be None for dataset 'digits' (it ships with scikit-learn)")
+        if not isinstance(check_data, bool):
+            raise ObjectiveError(f"option 'check_data' must be true or false; got {check_data!r}")
         try:  # the files are there (not read): a wrong folder is refused now, not at every evaluation
-            check_image_source(dataset, data_dir)
+            if check_data:
+                check_image_source(dataset, data_dir)
         except DatasetError as exc:
-            raise DatasetError(f"option 'data_dir': {exc}") from None
+            raise DatasetError(f"option 'data_dir': {exc} (option 'check_data': false if it exists only on the "
+                               "worker nodes)") from None
         # the known image sides: a too deep network is refused here, before any run starts
         self._check_side(_IMAGE_SIDE[dataset])
         self._data: ImageDataset | None = None

@@ -94,8 +94,10 @@ class OnlineLDA(Objective):
     Args:
         corpus: ``"lee"`` (gensim's Lee background corpus, 233 distinct train / 60 test; the default) or
             ``"20newsgroups"`` (from `data_dir`, 11,000 train / 2,200 test as in the papers).
-        data_dir: local 20 Newsgroups directory (``20news-bydate-train``/``-test`` inside), checked when the
-            objective is built (the machine that starts a run needs the path too: a shared folder).
+        data_dir: local 20 Newsgroups directory (``20news-bydate-train``/``-test`` inside).
+        check_data: check the corpus when the objective is built, i.e. before a run starts (the driver and the
+            central actor build it too): 20 Newsgroups' folder layout, Lee's split sizes. False for a folder that
+            exists only on the worker nodes of a cluster: a problem then fails each evaluation instead.
         num_topics: number of topics K.
         max_passes: most passes over the training documents.
         tol: relative change of the training bound below which training has converged.
@@ -125,6 +127,7 @@ class OnlineLDA(Objective):
         min_df: int = 2,
         max_df: float = 0.5,
         num_cpus: float = 1.0,
+        check_data: bool = True,
     ) -> None:
         check_choice("corpus", corpus, TEXT_CORPORA)
         data_dir = check_path("data_dir", data_dir)
@@ -137,9 +140,13 @@ class OnlineLDA(Objective):
         tol = check_float("tol", tol, 0.0, 1.0, high_open=True)
         max_df = check_float("max_df", max_df, 0.0, 1.0, low_open=True)
         num_cpus = check_float("num_cpus", num_cpus, 0.0, low_open=True)
-        # the corpus is there and (Lee) splits as asked: refused now, not at every evaluation
-        check_text_source(corpus, data_dir, **{k: v for k, v in (("n_train", n_train), ("n_test", n_test))
-                                               if v is not None})
+        if not isinstance(check_data, bool):
+            raise ObjectiveError(f"option 'check_data' must be true or false; got {check_data!r}")
+        if corpus == "lee" and data_dir is not None:
+            raise ObjectiveError("option 'data_dir' must be None for corpus 'lee' (it ships with gensim)")
+        if check_data:  # the corpus is there and (Lee) splits as asked: refused now, not at every evaluation
+            check_text_source(corpus, data_dir, **{k: v for k, v in (("n_train", n_train), ("n_test", n_test))
+                                                   if v is not None})
         self.corpus = corpus
         self.data_dir = None if data_dir is None else str(data_dir)
         self.num_topics = num_topics

@@ -118,8 +118,13 @@ class LunarLander(Objective):
                 f"option 'env_id'={self.env_id!r} is not an environment of {gym.__name__!r}: {exc}"
             ) from None
         # the controller reads LunarLander's 8-value state and fires one of its 4 discrete engines: another
-        # environment (LunarLanderContinuous, CartPole) failed every episode with a bare IndexError
-        env = self.make_env()
+        # environment (LunarLanderContinuous, CartPole) failed every episode with a bare IndexError. Where the
+        # environment cannot be made (Box2D missing on the node that starts the run, not on the workers),
+        # the evaluations make it and say why they cannot
+        try:
+            env = self.make_env()
+        except ObjectiveError:
+            return
         obs, act = env.observation_space, env.action_space
         if tuple(getattr(obs, "shape", ()) or ()) != (8,) or getattr(act, "n", None) != 4:
             self._env = None

@@ -150,8 +150,12 @@ def test_bad_options_are_named(tmp_path: Path) -> None:
             deep.data
     # found in review: a wrong data folder passed the config check and failed every evaluation; now refused
     # when built (the README: every key is checked before Ray starts), naming the option and what is missing
-    with pytest.raises(ObjectiveError, match=r"option 'data_dir': CIFAR-10 directory '.*absent' does not exist"):
+    with pytest.raises(ObjectiveError, match=r"option 'data_dir': CIFAR-10 directory '.*absent' does not exist.*"
+                                             r"'check_data': false if it exists only on the worker nodes"):
         CNNTraining(dataset="cifar10", data_dir=tmp_path / "absent")
+    far = CNNTraining(dataset="cifar10", data_dir=tmp_path / "absent", check_data=False)  # a worker-only folder
+    with pytest.raises(ObjectiveError, match="absent"):
+        far(GOOD, seed=0)  # ... that this machine lacks: the evaluation fails, naming it
     with pytest.raises(ObjectiveError, match=r"option 'data_dir': SVHN file '.*train_32x32.mat' is missing"):
         CNNTraining(dataset="svhn", data_dir=tmp_path)
     for name in ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5"):

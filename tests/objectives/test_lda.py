@@ -124,8 +124,14 @@ def test_bad_options_are_named() -> None:
         OnlineLDA(n_test=500)
     with pytest.raises(ObjectiveError, match=r"lee: n_train \+ n_test must be at most 293 documents; got 300 \+ 60"):
         OnlineLDA(n_train=300)
-    with pytest.raises(ObjectiveError, match=r"corpus 'lee' ships with gensim and takes no data_dir"):
-        OnlineLDA(data_dir="/tmp")
+    with pytest.raises(ObjectiveError, match=r"option 'data_dir' must be None for corpus 'lee'"):
+        OnlineLDA(data_dir="/tmp", check_data=False)  # refused whatever check_data says: it is no data check
+    # a folder only the worker nodes have: check_data false builds the objective; a load fails the evaluation
+    far = OnlineLDA(corpus="20newsgroups", data_dir="/only/on/the/workers", check_data=False)
+    with pytest.raises(ObjectiveError, match="/only/on/the/workers"):
+        far({"minibatch": 4, "kappa": 0.7, "tau0": 2}, 0)
+    with pytest.raises(ObjectiveError, match=r"option 'check_data' must be true or false; got 'no'"):
+        OnlineLDA(check_data="no")
 
 
 def test_20newsgroups_layout_end_to_end(tmp_path: Path) -> None:

@@ -133,3 +133,20 @@ def test_legacy_env_id_without_gym_or_unknown_names_the_env_id(monkeypatch):
     with pytest.raises(ObjectiveError, match=r"option 'env_id'='gym:LunarLander-v2' needs.*pip install gym==0.26.2"):
         # a worker without the package (a copy: the built one has made its environment): the evaluation fails
         pickle.loads(pickle.dumps(built)).episode(GYMNASIUM_HEURISTIC, 0)
+
+
+def test_an_environment_this_node_cannot_make_is_left_to_the_workers(monkeypatch):
+    """The spaces are checked where the environment can be made. Found in review: Box2D missing on the node that
+    starts the run (or hosts the central actor), not on the workers, must not refuse the objective; the
+    evaluations then make the environment themselves, or fail naming env_id."""
+    import gymnasium
+
+    def no_box2d(*args, **kwargs):
+        raise gymnasium.error.DependencyNotInstalled("Box2D is not installed")
+
+    monkeypatch.setattr(gymnasium, "make", no_box2d)
+    lander = LunarLander()
+    with pytest.raises(ObjectiveError, match=r"cannot make gymnasium environment env_id='LunarLander-v3'.*Box2D"):
+        lander.episode(GYMNASIUM_HEURISTIC, 0)
+    monkeypatch.undo()
+    assert np.isfinite(pickle.loads(pickle.dumps(lander)).episode(GYMNASIUM_HEURISTIC, 0)[0])
