@@ -139,7 +139,9 @@ def check_params(space: Mapping[str, Mapping[str, Any]], params: Mapping[str, An
         if isinstance(v, _BOOLS) or not isinstance(v, numbers.Real) or not math.isfinite(float(v)):
             raise ObjectiveError(f"parameter {name!r} must be a finite number; got {v!r}")
         lo, hi = spec["low"], spec["high"]
-        tol = 1e-9 * max(1.0, abs(lo), abs(hi))
+        # float32 (and half) bounds round: np.float32(0.3) is 1.2e-8 above 0.3
+        eps = float(np.finfo(v.dtype).eps) if isinstance(v, np.floating) else 1e-9
+        tol = max(1e-9, eps) * max(1.0, abs(lo), abs(hi))
         if not (lo - tol <= float(v) <= hi + tol):
             raise ObjectiveError(f"parameter {name!r}={v!r} is outside [{lo}, {hi}]")
         if kind == "int" and float(v) != round(float(v)):

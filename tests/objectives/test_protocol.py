@@ -186,6 +186,11 @@ def test_params_accept_numpy_numbers_and_a_bool_is_not_a_numeric_choice():
               "fc_units": np.int32(256), "conv_channels": 128}
     cnn.check_params(params)
     assert load_objective("forrester")({"x0": np.float32(0.5)}, 0) == pytest.approx(0.9092974268256817)
+    check_params({"x": {"type": "float", "low": 0.1, "high": 0.3}}, {"x": np.float32(0.3)})  # 0.3 + 1.2e-8
+    with pytest.raises(ObjectiveError, match=r"'x'=np.float32\(0.31\) is outside \[0.1, 0.3\]"):
+        check_params({"x": {"type": "float", "low": 0.1, "high": 0.3}}, {"x": np.float32(0.31)})
+    with pytest.raises(ObjectiveError, match=r"is outside"):
+        check_params({"x": {"type": "float", "low": 0.1, "high": 0.3}}, {"x": 0.3 + 1e-8})  # a float64 stays tight
     for bad in (np.bool_(True), True, "0.5", float("nan"), np.float32("inf")):
         with pytest.raises(ObjectiveError, match="'x0' must be a finite number"):
             load_objective("forrester").check_params({"x0": bad})
