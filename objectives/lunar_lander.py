@@ -57,6 +57,11 @@ def heuristic_controller_6d(s: Sequence[float], w: Sequence[float]) -> int:
     return 0
 
 
+def _missing_dependency(exc: BaseException | None) -> bool:
+    """Whether `exc` says a package the environment needs is not installed (gym's DependencyNotInstalled)."""
+    return isinstance(exc, ImportError) or type(exc).__name__ == "DependencyNotInstalled"
+
+
 class LunarLander(Objective):
     """Reward of one LunarLander episode flown by the 6-gain heuristic controller (maximize).
 
@@ -118,22 +123,14 @@ class LunarLander(Objective):
                 f"option 'env_id'={self.env_id!r} is not an environment of {gym.__name__!r}: {exc}"
             ) from None
         # the controller reads LunarLander's 8-value state and fires one of its 4 discrete engines: another
-        # environment (LunarLanderContinuous, CartPole) failed every episode with a bare IndexError. Where the
-        # environment cannot be made (Box2D missing on the node that starts the run, not on the workers),
-        # the evaluations make it and say why they cannot
+        # environment (LunarLanderContinuous, CartPole) failed every episode with a bare IndexError. `make_env`
+        # checks that wherever the environment is made; where a dependency is missing here (Box2D on the node
+        # that starts the run, not on the worker nodes), each evaluation makes it, checks it and says what is wrong
         try:
-            env = self.make_env()
-        except ObjectiveError:
-            return
-        obs, act = env.observation_space, env.action_space
-        if tuple(getattr(obs, "shape", ()) or ()) != (8,) or getattr(act, "n", None) != 4:
-            self._env = None
-            env.close()
-            raise ObjectiveError(
-                f"option 'env_id'={self.env_id!r} is not a LunarLander with discrete engines: the heuristic "
-                f"controller needs an 8-value observation and 4 discrete actions; got observations of shape "
-                f"{getattr(obs, 'shape', None)} and actions {type(act).__name__}"
-                f"({getattr(act, 'n', None) or getattr(act, 'shape', None)})")
+            self.make_env()
+        except ObjectiveError as exc:
+            if not _missing_dependency(exc.__cause__):
+                raise
 
     def make_env(self) -> Any:
         """The (cached) environment `env_id` names, made on first use; raises `ObjectiveError` naming `env_id`
@@ -144,9 +141,18 @@ class LunarLander(Objective):
             # gym 0.26's passive checker calls numpy aliases that numpy 2 removed; the episode loop checks itself
             options = {"disable_env_checker": True} if legacy else {}
             try:
-                self._env = gym.make(env_id, max_episode_steps=self.steps_limit, **options)
+                env = gym.make(env_id, max_episode_steps=self.steps_limit, **options)
             except Exception as exc:
                 raise ObjectiveError(f"cannot make {gym.__name__} environment env_id={self.env_id!r}: {exc}") from exc
+            obs, act = env.observation_space, env.action_space
+            if tuple(getattr(obs, "shape", ()) or ()) != (8,) or getattr(act, "n", None) != 4:
+                env.close()
+                raise ObjectiveError(
+                    f"option 'env_id'={self.env_id!r} is not a LunarLander with discrete engines: the heuristic "
+                    f"controller needs an 8-value observation and 4 discrete actions; got observations of shape "
+                    f"{getattr(obs, 'shape', None)} and actions {type(act).__name__}"
+                    f"({getattr(act, 'n', None) or getattr(act, 'shape', None)})")
+            self._env = env
         return self._env
 
     def params_to_gains(self, params: Mapping[str, Any]) -> np.ndarray:

@@ -148,5 +148,15 @@ def test_an_environment_this_node_cannot_make_is_left_to_the_workers(monkeypatch
     lander = LunarLander()
     with pytest.raises(ObjectiveError, match=r"cannot make gymnasium environment env_id='LunarLander-v3'.*Box2D"):
         lander.episode(GYMNASIUM_HEURISTIC, 0)
+    other = LunarLander(env_id="LunarLanderContinuous-v3")  # not checkable here ...
     monkeypatch.undo()
     assert np.isfinite(pickle.loads(pickle.dumps(lander)).episode(GYMNASIUM_HEURISTIC, 0)[0])
+    with pytest.raises(ObjectiveError, match="is not a LunarLander with discrete engines"):
+        pickle.loads(pickle.dumps(other)).episode(GYMNASIUM_HEURISTIC, 0)  # ... so the worker checks it
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the environment's constructor failed")
+
+    monkeypatch.setattr(gymnasium, "make", broken)  # any other failure is no missing dependency: refused now
+    with pytest.raises(ObjectiveError, match="cannot make gymnasium environment.*constructor failed"):
+        LunarLander()

@@ -187,7 +187,7 @@ def test_params_accept_numpy_numbers_and_a_bool_is_not_a_numeric_choice():
     cnn.check_params(params)
     assert load_objective("forrester")({"x0": np.float32(0.5)}, 0) == pytest.approx(0.9092974268256817)
     check_params({"x": {"type": "float", "low": 0.1, "high": 0.3}}, {"x": np.float32(0.3)})  # 0.3 + 1.2e-8
-    with pytest.raises(ObjectiveError, match=r"'x'=np.float32\(0.31\) is outside \[0.1, 0.3\]"):
+    with pytest.raises(ObjectiveError, match=r"'x'=(np\.float32\()?0\.31\)? is outside \[0\.1, 0\.3\]"):
         check_params({"x": {"type": "float", "low": 0.1, "high": 0.3}}, {"x": np.float32(0.31)})
     with pytest.raises(ObjectiveError, match=r"is outside"):
         check_params({"x": {"type": "float", "low": 0.1, "high": 0.3}}, {"x": 0.3 + 1e-8})  # a float64 stays tight
