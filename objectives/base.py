@@ -94,7 +94,7 @@ class Objective(ABC):
 
     def __call__(self, params: Mapping[str, Any], seed: int = 0) -> float | EvalResult:
         # one rule for every objective (NumPy and torch seeders refuse negatives or 2**64 each in their own words)
-        if isinstance(seed, _BOOLS) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**63:
+        if is_bool(seed) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**63:
             raise ObjectiveError(f"seed must be an integer in [0, 2**63); got {seed!r}")
         self.check_params(params)
         return self.evaluate(params, int(seed))
@@ -116,7 +116,18 @@ class SyntheticObjective(Objective):
         """(params, value) of the best tau-quantile over the space (max, or min if direction is minimize)."""
 
 
-_BOOLS = (bool, np.bool_)
+def is_bool(value: Any) -> bool:
+    """Whether `value` is a bool, Python's or NumPy's (both are numbers to `isinstance` checks)."""
+    return isinstance(value, (bool, np.bool_))
+
+
+def is_choice(value: Any, choices: Any) -> bool:
+    """Whether `value` is one of `choices`: a bool matches only a bool (True == 1 in Python), and a value
+    whose == gives no truth value (an array) matches none."""
+    try:
+        return any(is_bool(c) == is_bool(value) and bool(c == value) for c in choices)
+    except (TypeError, ValueError):
+        return False
 
 
 def check_params(space: Mapping[str, Mapping[str, Any]], params: Mapping[str, Any]) -> None:
@@ -131,12 +142,11 @@ def check_params(space: Mapping[str, Mapping[str, Any]], params: Mapping[str, An
         v = params[name]
         kind = spec.get("type", "float")
         if kind == "choice":
-            # True == 1 in Python: a bool matches only a bool choice, a number only a number
-            if not any(v == c and isinstance(v, _BOOLS) == isinstance(c, _BOOLS) for c in spec["choices"]):
+            if not is_choice(v, spec["choices"]):
                 raise ObjectiveError(f"parameter {name!r}={v!r} is not one of {list(spec['choices'])}")
             continue
         # any real number, NumPy's included (np.int64 from a pandas frame, np.float32 from a float32 tensor)
-        if isinstance(v, _BOOLS) or not isinstance(v, numbers.Real) or not math.isfinite(float(v)):
+        if is_bool(v) or not isinstance(v, numbers.Real) or not math.isfinite(float(v)):
             raise ObjectiveError(f"parameter {name!r} must be a finite number; got {v!r}")
         lo, hi = spec["low"], spec["high"]
         # float32 (and half) bounds round: np.float32(0.3) is 1.2e-8 above 0.3

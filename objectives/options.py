@@ -17,7 +17,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from objectives.base import ObjectiveError
+from objectives.base import ObjectiveError, is_bool, is_choice
 
 __all__ = [
     "check_bool",
@@ -33,10 +33,6 @@ __all__ = [
 
 def _refuse(key: str, what: str, value: Any) -> ObjectiveError:
     return ObjectiveError(f"option {key!r} must be {what}; got {value!r}")
-
-
-def _is_bool(v: Any) -> bool:
-    return isinstance(v, (bool, np.bool_))
 
 
 def _describe(kind: str, low: Any, high: Any, low_open: bool, high_open: bool) -> str:
@@ -56,7 +52,7 @@ def check_int(key: str, value: Any, low: int | None = None, high: int | None = N
     what = _describe("an integer", low, high, False, False)
     if optional:
         what = "None or " + what
-    if _is_bool(value) or not isinstance(value, (int, np.integer)):
+    if is_bool(value) or not isinstance(value, (int, np.integer)):
         raise _refuse(key, what, value)
     if (low is not None and value < low) or (high is not None and value > high):
         raise _refuse(key, what, value)
@@ -79,7 +75,7 @@ def check_float(
     what = _describe("a finite number", low, high, low_open, high_open)
     if optional:
         what = "None or " + what
-    if _is_bool(value) or not isinstance(value, numbers.Real):
+    if is_bool(value) or not isinstance(value, numbers.Real):
         raise _refuse(key, what, value)
     v = float(value)
     if not math.isfinite(v):
@@ -93,7 +89,7 @@ def check_float(
 
 def check_bool(key: str, value: Any) -> bool:
     """`value` as a bool: true or false only (a string such as "no" is refused, not read as True)."""
-    if not _is_bool(value):
+    if not is_bool(value):
         raise _refuse(key, "true or false", value)
     return bool(value)
 
@@ -108,11 +104,7 @@ def check_str(key: str, value: Any) -> str:
 def check_choice(key: str, value: Any, choices: Iterable[Any]) -> Any:
     """`value`, which must be one of `choices`."""
     choices = list(choices)
-    try:
-        ok = any(_is_bool(c) == _is_bool(value) and bool(c == value) for c in choices)
-    except (TypeError, ValueError):  # e.g. an array, whose == is elementwise
-        ok = False
-    if not ok:
+    if not is_choice(value, choices):
         raise _refuse(key, f"one of {choices}", value)
     return value
 
@@ -140,7 +132,7 @@ def check_range(key: str, value: Any) -> tuple[float, float]:
         raise _refuse(key, what, value)
     lo, hi = value
     for v in (lo, hi):
-        if _is_bool(v) or not isinstance(v, numbers.Real) or not math.isfinite(float(v)):
+        if is_bool(v) or not isinstance(v, numbers.Real) or not math.isfinite(float(v)):
             raise _refuse(key, what, value)
     if not float(lo) < float(hi):
         raise _refuse(key, what, value)
