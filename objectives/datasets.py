@@ -44,6 +44,9 @@ CIFAR10_TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
 CIFAR10_TEST_FILE = "test_batch"
 SVHN_TRAIN_FILE = "train_32x32.mat"
 SVHN_TEST_FILE = "test_32x32.mat"
+#: the local image datasets: display name and the files their loaders read (train first)
+_IMAGE_FILES = {"cifar10": ("CIFAR-10", (*CIFAR10_TRAIN_FILES, CIFAR10_TEST_FILE)),
+                "svhn": ("SVHN", (SVHN_TRAIN_FILE, SVHN_TEST_FILE))}
 NEWSGROUPS_TRAIN_DIR = "20news-bydate-train"
 NEWSGROUPS_TEST_DIR = "20news-bydate-test"
 
@@ -120,6 +123,14 @@ def _require_file(directory: Path, filename: str, what: str) -> Path:
     return p
 
 
+def _required_files(name: str, data_dir: str | os.PathLike[str]) -> list[Path]:
+    """The files of local image dataset `name` in `data_dir`, in `_IMAGE_FILES` order; DatasetError naming the
+    directory or the first file that is missing."""
+    what, filenames = _IMAGE_FILES[name]
+    d = _require_dir(data_dir, what)
+    return [_require_file(d, filename, what) for filename in filenames]
+
+
 def load_digits(test_fraction: float = 0.3, split_seed: int = 0) -> ImageDataset:
     """scikit-learn's handwritten digits (1797 images, `1 x 8 x 8`, 10 classes), stratified fixed split.
 
@@ -183,8 +194,7 @@ def load_cifar10(data_dir: str | os.PathLike[str]) -> ImageDataset:
     Raises:
         DatasetError: naming the directory or the file that is missing or malformed.
     """
-    d = _require_dir(data_dir, "CIFAR-10")
-    paths = [_require_file(d, name, "CIFAR-10") for name in (*CIFAR10_TRAIN_FILES, CIFAR10_TEST_FILE)]
+    paths = _required_files("cifar10", data_dir)
     parts = [_read_cifar_batch(p) for p in paths]
     X_tr = np.concatenate([x for x, _ in parts[:-1]])
     y_tr = np.concatenate([y for _, y in parts[:-1]])
@@ -228,12 +238,22 @@ def load_svhn(data_dir: str | os.PathLike[str]) -> ImageDataset:
     Raises:
         DatasetError: naming the directory or the file that is missing or malformed.
     """
-    d = _require_dir(data_dir, "SVHN")
-    tr = _require_file(d, SVHN_TRAIN_FILE, "SVHN")
-    te = _require_file(d, SVHN_TEST_FILE, "SVHN")
+    tr, te = _required_files("svhn", data_dir)
     X_tr, y_tr = _read_svhn_mat(tr)
     X_te, y_te = _read_svhn_mat(te)
     return ImageDataset("svhn", X_tr, y_tr, X_te, y_te, num_classes=10, pixel_scale=255.0)
+
+
+def _check_image_args(name: str, data_dir: str | os.PathLike[str] | None) -> None:
+    """DatasetError unless `name` is a known image dataset given a `data_dir` exactly when it needs one."""
+    if name == "digits":
+        if data_dir is not None:
+            raise DatasetError("dataset 'digits' ships with scikit-learn and takes no data_dir")
+    elif name in _IMAGE_FILES:
+        if data_dir is None:
+            raise DatasetError(f"dataset {name!r} needs data_dir (a local directory; nothing is downloaded)")
+    else:
+        raise DatasetError(f"unknown image dataset {name!r}; choose one of {list(IMAGE_DATASETS)}")
 
 
 def check_image_source(name: str, data_dir: str | os.PathLike[str] | None = None) -> None:
@@ -246,32 +266,17 @@ def check_image_source(name: str, data_dir: str | os.PathLike[str] | None = None
     Raises:
         DatasetError: naming the directory or the file that is missing.
     """
-    if name == "digits":
-        if data_dir is not None:
-            raise DatasetError("dataset 'digits' ships with scikit-learn and takes no data_dir")
-    elif name in ("cifar10", "svhn"):
-        if data_dir is None:
-            raise DatasetError(f"dataset {name!r} needs data_dir (a local directory; nothing is downloaded)")
-        what = "CIFAR-10" if name == "cifar10" else "SVHN"
-        d = _require_dir(data_dir, what)
-        names = (*CIFAR10_TRAIN_FILES, CIFAR10_TEST_FILE) if name == "cifar10" else (SVHN_TRAIN_FILE, SVHN_TEST_FILE)
-        for filename in names:
-            _require_file(d, filename, what)
-    else:
-        raise DatasetError(f"unknown image dataset {name!r}; choose one of {list(IMAGE_DATASETS)}")
+    _check_image_args(name, data_dir)
+    if name in _IMAGE_FILES:
+        _required_files(name, data_dir)
 
 
 def load_image_dataset(name: str, data_dir: str | os.PathLike[str] | None = None) -> ImageDataset:
     """Load an image data set by name: ``"digits"`` (built in), ``"cifar10"`` or ``"svhn"`` (need `data_dir`)."""
+    _check_image_args(name, data_dir)
     if name == "digits":
-        if data_dir is not None:
-            raise DatasetError("dataset 'digits' ships with scikit-learn and takes no data_dir")
         return load_digits()
-    if name in ("cifar10", "svhn"):
-        if data_dir is None:
-            raise DatasetError(f"dataset {name!r} needs data_dir (a local directory; nothing is downloaded)")
-        return load_cifar10(data_dir) if name == "cifar10" else load_svhn(data_dir)
-    raise DatasetError(f"unknown image dataset {name!r}; choose one of {list(IMAGE_DATASETS)}")
+    return load_cifar10(data_dir) if name == "cifar10" else load_svhn(data_dir)
 
 
 def _split_fixed(docs: list[str], n_train: int | None, n_test: int, split_seed: int, what: str) -> TextCorpus:
@@ -369,6 +374,18 @@ def _newsgroup_parts(data_dir: str | os.PathLike[str]) -> list[Path]:
     return present
 
 
+def _check_text_args(name: str, data_dir: str | os.PathLike[str] | None) -> None:
+    """DatasetError unless `name` is a known corpus given a `data_dir` exactly when it needs one."""
+    if name == "lee":
+        if data_dir is not None:
+            raise DatasetError("corpus 'lee' ships with gensim and takes no data_dir")
+    elif name == "20newsgroups":
+        if data_dir is None:
+            raise DatasetError("corpus '20newsgroups' needs data_dir (a local directory; nothing is downloaded)")
+    else:
+        raise DatasetError(f"unknown text corpus {name!r}; choose one of {list(TEXT_CORPORA)}")
+
+
 def check_text_source(name: str, data_dir: str | os.PathLike[str] | None = None, **split: int | None) -> None:
     """Check what `load_text_corpus(name, data_dir, **split)` needs before any evaluation: the bundled Lee
     corpus and its split sizes (the file is small: it is read and split), or the 20 Newsgroups folder layout
@@ -377,27 +394,19 @@ def check_text_source(name: str, data_dir: str | os.PathLike[str] | None = None,
     Raises:
         DatasetError: naming the option, the directory or the file that is wrong.
     """
+    _check_text_args(name, data_dir)
     if name == "lee":
-        load_text_corpus(name, data_dir, **split)
-    elif name == "20newsgroups":
-        if data_dir is None:
-            raise DatasetError("corpus '20newsgroups' needs data_dir (a local directory; nothing is downloaded)")
-        try:
-            _newsgroup_parts(data_dir)
-        except DatasetError as exc:
-            raise DatasetError(f"option 'data_dir': {exc}") from None
-    else:
-        raise DatasetError(f"unknown text corpus {name!r}; choose one of {list(TEXT_CORPORA)}")
+        load_lee(**split)  # type: ignore[arg-type]
+        return
+    try:
+        _newsgroup_parts(data_dir)  # type: ignore[arg-type]
+    except DatasetError as exc:
+        raise DatasetError(f"option 'data_dir': {exc}") from None
 
 
 def load_text_corpus(name: str, data_dir: str | os.PathLike[str] | None = None, **split: int | None) -> TextCorpus:
     """Load a text corpus by name: ``"lee"`` (built in) or ``"20newsgroups"`` (needs `data_dir`)."""
+    _check_text_args(name, data_dir)
     if name == "lee":
-        if data_dir is not None:
-            raise DatasetError("corpus 'lee' ships with gensim and takes no data_dir")
         return load_lee(**split)  # type: ignore[arg-type]
-    if name == "20newsgroups":
-        if data_dir is None:
-            raise DatasetError("corpus '20newsgroups' needs data_dir (a local directory; nothing is downloaded)")
-        return load_newsgroups(data_dir, **split)  # type: ignore[arg-type]
-    raise DatasetError(f"unknown text corpus {name!r}; choose one of {list(TEXT_CORPORA)}")
+    return load_newsgroups(data_dir, **split)  # type: ignore[arg-type]
