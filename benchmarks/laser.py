@@ -3,8 +3,9 @@
 Reproduces quantile-expectile-bo.md §4.3 (the paper's §4.5 / Fig. 4) with qbatch's objective `laser`
 (objectives/laser.py, `LaserSimulator`: a GP of the pulse energy with skew-normal noise whose scale and shape
 are GPs too, all fitted to the LCLS measurements). The simulator is built from `--csv` (default
-data/lcls/data.csv in the project's ../shared folder, or in $QBATCH_SHARED; `LaserSimulator.from_csv`); when that file is missing, or with
-`--synthetic`, the synthetic simulator of the same form is used instead (recorded in column `simulator`).
+data/lcls/data.csv in the project's ../shared folder, or in $QBATCH_SHARED; `LaserSimulator.from_csv`);
+when that file is missing, or with `--synthetic`, the synthetic simulator of the same form is used instead
+(recorded in column `simulator`).
 
 Each method is built exactly as the central actor builds it (benchmarks/lander.py `build_optimizer`: config
 validated by `load_config`, objective by `load_objective`, `AskTellOptimizer`), and run in **synchronous
@@ -382,8 +383,7 @@ def objective_of(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         if not args.synthetic:
             print(f"[laser] {csv} is missing: falling back to the synthetic simulator", flush=True)
         # the quick mode's fit options are for the measurements; options the user gave stay (and are refused)
-        user = getattr(args, "user_objective_options", {})
-        options = {k: v for k, v in options.items() if k not in MEASUREMENT_OPTIONS or k in user}
+        options = {k: v for k, v in options.items() if k not in MEASUREMENT_OPTIONS or k in args.user_objective_options}
         simulator = f"synthetic simulator; initial points: a scrambled Sobol design of {args.initial}"
     return {"name": "laser", "options": options}, simulator
 

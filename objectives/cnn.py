@@ -131,12 +131,12 @@ class CNNTraining(Objective):
             raise ObjectiveError("option 'data_dir' must be None for dataset 'digits' (it ships with scikit-learn)")
         if not isinstance(check_data, bool):
             raise ObjectiveError(f"option 'check_data' must be true or false; got {check_data!r}")
-        try:  # the files are there (not read): a wrong folder is refused now, not at every evaluation
-            if check_data:
+        if check_data:  # the files are there (not read): a wrong folder is refused now, not at every evaluation
+            try:
                 check_image_source(dataset, data_dir)
-        except DatasetError as exc:
-            raise DatasetError(f"option 'data_dir': {exc} (option 'check_data': false if it exists only on the "
-                               "worker nodes)") from None
+            except DatasetError as exc:
+                raise DatasetError(f"option 'data_dir': {exc} (option 'check_data': false if it exists only on "
+                                   "the worker nodes)") from None
         # the known image sides: a too deep network is refused here, before any run starts
         self._check_side(_IMAGE_SIDE[dataset])
         self._data: ImageDataset | None = None

@@ -158,12 +158,12 @@ class LaserSimulator(SyntheticObjective):
         self,
         csv_path: str | Path | None = None,
         model_seed: int = 0,
-        n_gp_max: int = 400,
-        min_repeats: int = 5,
+        n_gp_max: int = MEASUREMENT_OPTIONS["n_gp_max"],
+        min_repeats: int = MEASUREMENT_OPTIONS["min_repeats"],
         alpha_max: float = 8.0,
-        energy_range: tuple[float, float] = (0.2, 6.0),
+        energy_range: tuple[float, float] = MEASUREMENT_OPTIONS["energy_range"],
         measurement_s: float = 0.0,
-        noise_lengthscale_min: float = 1e-2,
+        noise_lengthscale_min: float = MEASUREMENT_OPTIONS["noise_lengthscale_min"],
     ) -> None:
         self.n_gp_max = check_int("n_gp_max", n_gp_max, 10)
         self.min_repeats = check_int("min_repeats", min_repeats, 3)
