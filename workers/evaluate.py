@@ -249,10 +249,43 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+def _guard_group() -> None:
+    """Fork a guard that SIGKILLs this process group once the calling sandbox child has ended, however it ends.
+
+    The kernel kills the sandbox with its Ray worker (`_die_with_parent`), but not what the objective started
+    in the sandbox's group (a simulator's processes, a Pool): re-parented to init, those would run on beside
+    the evaluations of a resumed run. The guard is a separate process because the sandbox itself may be
+    SIGKILLed, or stuck in C code where no Python signal handler or thread would run.
+    """
+    sandbox = os.getpid()
+    try:
+        pid = os.fork()
+    except OSError:  # pragma: no cover - out of processes: run without the guard
+        return
+    if pid:
+        return
+    try:  # the guard: only system calls from here on (the sandbox may have had threads when it forked)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+        os.closerange(3, 1 << 20)  # hold none of the worker's sockets or the sandbox's pipe open
+        try:
+            _libc().prctl(1, signal.SIGUSR1, 0, 0, 0)  # PR_SET_PDEATHSIG: SIGUSR1 when the sandbox ends
+        except Exception:  # pragma: no cover - not Linux: no guard
+            os._exit(0)
+        if os.getppid() == sandbox:  # else the sandbox ended before prctl took effect
+            signal.sigwait({signal.SIGUSR1})
+        os.killpg(0, signal.SIGKILL)  # the group, this guard included
+    finally:
+        os._exit(0)
+
+
 def _sandbox_main(conn: Any, parent_end: Any, objective: Objective, parent_pid: int) -> None:
     """The sandbox child's loop: evaluate each `(params, seed)` received, answer with its payload."""
     try:
         parent_end.close()  # else the worker closing its end would never reach this child as EOF
+        # multiprocessing marks this child daemonic (so the worker never waits for it at exit) and refuses
+        # daemonic processes children; the objective may start a Pool or a DataLoader with workers. Here, in
+        # the child, the flag only gates that refusal: `_die_with_parent` and `_kill_group` do the cleanup
+        multiprocessing.current_process().daemon = False
         _die_with_parent(parent_pid)
         # its own process group: a timeout kills the whole group, so an external simulator the objective
         # started (a subprocess still running) dies with it instead of living on beside the next evaluation
@@ -260,6 +293,8 @@ def _sandbox_main(conn: Any, parent_end: Any, objective: Objective, parent_pid: 
             os.setpgid(0, 0)
         except OSError:  # pragma: no cover - not permitted here: the kill below falls back to the child alone
             pass
+        else:
+            _guard_group()
         while True:
             try:
                 params, seed = conn.recv()

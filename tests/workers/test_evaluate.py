@@ -188,6 +188,66 @@ def test_timeout_kills_what_the_objective_started(tmp_path):
     assert evaluate_once(Returning(2.0), "1-0", {"x": 0.1}, seed=0)["value"] == 2.0  # the worker is fine
 
 
+def _square(v):
+    return v * v
+
+
+class PoolUsing(Objective):
+    """Uses a process pool, as a simulator or a DataLoader with workers does."""
+
+    space = SPACE
+
+    def evaluate(self, params, seed):
+        import multiprocessing
+
+        with multiprocessing.get_context("fork").Pool(2) as pool:
+            return float(sum(pool.map(_square, [params["x"], 1.0])))
+
+
+@pytest.mark.parametrize("isolate", ["process", "thread"])
+def test_objective_may_start_a_process_pool(isolate):
+    """Found in review: the sandbox child was a daemonic multiprocessing.Process, and Python refuses children to
+    those, so every evaluation of an objective with a Pool (or a DataLoader with workers) failed."""
+    rec = evaluate_once(PoolUsing(), "0-0", {"x": 0.5}, seed=0, timeout_s=60, isolate=isolate)
+    assert rec["status"] == "completed", rec["message"]
+    assert rec["value"] == 1.25
+
+
+def test_worker_death_kills_what_the_objective_started(tmp_path):
+    """Found in review: when the Ray worker died (Ctrl-C on the driver, a node's raylet killing it) the kernel
+    killed the sandbox child (PR_SET_PDEATHSIG), but the simulator the objective had started lived on,
+    re-parented to init, and `qbatch resume` started it a second time beside it."""
+    import subprocess
+    import sys
+
+    from tests.faults.conftest import alive
+
+    pid_file = tmp_path / "sim.pid"
+    # a stand-in for the Ray worker: a process that evaluates in its sandbox child, then is SIGKILLed
+    worker = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys; from tests.workers.test_evaluate import HangingSimulator; "
+         "from workers.evaluate import evaluate_once; "
+         "evaluate_once(HangingSimulator(sys.argv[1]), '0-0', {'x': 0.1}, seed=0, timeout_s=600)", str(pid_file)],
+        cwd=Path(__file__).resolve().parents[2])
+    try:
+        deadline = time.time() + 60
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.time() < deadline and worker.poll() is None, "the evaluation never started its simulator"
+            time.sleep(0.05)
+        sim = int(pid_file.read_text())
+        assert alive(sim)
+    finally:
+        worker.kill()
+        worker.wait()
+    deadline = time.time() + 10
+    while alive(sim) and time.time() < deadline:
+        time.sleep(0.05)
+    if alive(sim):
+        os.kill(sim, signal.SIGKILL)
+        pytest.fail("the simulator outlived the worker that ran its evaluation")
+
+
 def test_abort_in_the_objective_is_a_crash_record():
     rec = evaluate_once(Aborting(), "0-0", {"x": 0.1}, seed=0, timeout_s=20)
     assert rec["status"] == "failed" and rec["error"] == "crash"
