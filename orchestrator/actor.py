@@ -172,6 +172,7 @@ class CentralActor:
         self._final: dict[str, Any] = {}
         self._queue: collections.deque[Trial] = collections.deque()
         self._reserved = 0  # trials being proposed now (asked for, not yet queued): part of the budget
+        self._reserved_sobol = 0  # the part of `_reserved` being proposed as Sobol points
         self._inflight: dict[Any, tuple[Trial, float, int]] = {}
         self._attempts: dict[str, int] = {}
         self._started_buf: list[Any] = []
@@ -676,20 +677,16 @@ class CentralActor:
         with self._lock:
             queued = len(self._queue)
         low = self.low_water()
-        if self.opt.model is not None and self.opt._n_sobol >= self.cfg.initial_design:
-            if queued >= low:
-                return False
-            q = min(self.cfg.batch_size, remaining)
-        elif self.opt._n_sobol < self.cfg.initial_design:  # the initial design
-            if queued >= low:
-                return False
+        if queued >= low:
+            return False
+        if self.opt._n_sobol < self.cfg.initial_design:  # the initial design
             q = min(self.cfg.initial_design - self.opt._n_sobol, self.cfg.batch_size, remaining)
+        elif self.opt.model is not None or not self.opt.needs_model():  # Sobol or random search: no model
+            q = min(self.cfg.batch_size, remaining)
         else:
-            # waiting for the first model: keep the queue at its low-water mark with further Sobol points, so
-            # the slots stay busy during the first fit and the first model-based proposal
-            if queued >= low:
-                return False
-            q = min(low - queued, remaining)
+            # waiting for the first model: the dispatch loop gives free slots further Sobol points meanwhile
+            # (`_fill_before_first_model`); queued ones would hold the first model batch up behind them
+            return False
         self._propose(q)
         return True
 
@@ -700,9 +697,10 @@ class CentralActor:
         the queued initial design lasts; the space-filling design simply continues meanwhile. Later
         proposals are kept ahead of the queue by `low_water` instead, so the budget goes to the model.
         """
-        if self._model_batches or self._queue or self.opt._n_sobol < self.cfg.initial_design:
-            return
-        with self._lock:
+        with self._lock:  # Sobol points being proposed (the initial design's last ones) will fill slots too
+            if (self._model_batches or self._queue or self._reserved_sobol or not self.opt.needs_model()
+                    or self.opt._n_sobol < self.cfg.initial_design):
+                return
             free = self.max_concurrent - len(self._inflight)
         q = min(free, self._remaining_to_propose())
         if q > 0:
@@ -741,6 +739,8 @@ class CentralActor:
             if q <= 0:
                 return
             self._reserved += q
+            sobol = design or self.opt._n_sobol < self.cfg.initial_design
+            self._reserved_sobol += q if sobol else 0
         trials: list[Trial] = []
         try:
             trials = self._ask_and_log(q, design)
@@ -748,6 +748,7 @@ class CentralActor:
             with self._lock:
                 self._queue.extend(trials)
                 self._reserved -= q
+                self._reserved_sobol -= q if sobol else 0
 
     def _ask_and_log(self, q: int, design: bool) -> list[Trial]:
         """`_propose`'s work: ask for `q` trials and log them (a trial is logged before it can be dispatched)."""

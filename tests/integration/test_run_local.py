@@ -76,6 +76,28 @@ def test_streaming_run_200_evaluations_of_one_second(ray_local, tmp_path):
     print(f"\nutilization (4 slots, 200 x 1 s): {u:.3f}")
 
 
+def test_sobol_points_past_the_initial_design_only_fill_free_slots(ray_local, tmp_path):
+    """README: `initial_design` Sobol points, then further ones only for slots that would idle until the first
+    model batch is ready. Found in review: the proposer thread topped the queue up to its low-water mark (at
+    least batch_size / 2) with Sobol points at once, and the first model batch waited behind them: 28 of 30
+    evaluations were Sobol points with 2-second evaluations."""
+    cfg = run_config(tmp_path, "fillers", budget=30, initial_design=6, batch_size=40, max_concurrent=2,
+                     objective={"name": "sleep", "options": {"mean_s": 1.0, "cv": 0.0, "num_cpus": 1}})
+    summary = run_experiment(cfg, progress=False, out=io.StringIO())
+    assert summary["status"] == "finished"
+    events = RunStore.open(cfg["run_dir"]).events()
+    proposed = {e.trial_id: e for e in events if e.kind == "proposed"}
+    started = {}
+    for e in events:
+        if e.kind == "started":
+            started.setdefault(e.trial_id, e.time)
+    fillers = [e for e in proposed.values() if e.info["source"] == "sobol"][cfg["initial_design"]:]
+    for e in fillers:  # proposed for a free slot, so started at once, not queued
+        assert started[e.trial_id] - e.time < 0.5, f"Sobol filler {e.trial_id} waited in the queue"
+    model = sum(e.info["source"] == "model" for e in proposed.values())
+    assert model >= cfg["budget"] // 2, f"only {model} of {cfg['budget']} points came from the model"
+
+
 def test_synchronous_mode_waits_for_the_whole_batch(ray_local, tmp_path):
     cfg = run_config(tmp_path, "sync", synchronous=True, budget=28, batch_size=8, initial_design=12,
                   objective={"name": "sleep", "options": {"mean_s": 0.05, "cv": 0.5, "num_cpus": 1}})

@@ -53,11 +53,53 @@ def test_overlapping_proposals_stay_within_the_budget(tmp_path):
             actor._fill_before_first_model()
 
     actor._append = append_then_race
-    assert actor._propose_step() is True and raced
+    actor._propose(4)  # as the proposer thread proposes the first model batch
+    assert raced
     proposed = [e for e in RunStore.open(actor.run_dir).events() if e.kind == "proposed"]
     assert len(proposed) == actor.budget  # 12 before the fix: 4 design + 4 proposer + 4 filler
     assert len(actor._queue) + len(actor._inflight) == 4 and actor._reserved == 0
     assert actor._remaining_to_propose() == 0
+
+
+def test_sobol_fillers_only_for_free_slots_and_only_while_a_model_is_awaited(tmp_path):
+    """Found in review: the proposer thread topped the queue up with Sobol points while the first model was
+    fitted, and the dispatch loop filled slots while the initial design's last points were being queued."""
+    actor = _actor(tmp_path, budget=12)
+    actor.max_concurrent = 2
+    logged = actor._append
+    raced = []
+
+    def append_then_fill(events):
+        logged(events)
+        if not raced:  # the dispatch loop runs while the initial design is between its ask and its enqueue
+            raced.append(actor._fill_before_first_model())
+
+    actor._append = append_then_fill
+    assert actor._propose_step() is True and raced
+    actor._append = logged
+    assert len(actor._queue) == 4 and actor.opt._n_sobol == 4, "no filler beside the initial design"
+    actor._dispatch()
+    _finish_inflight(actor)
+    actor._dispatch()
+    assert actor._propose_step() is False, "no model yet: the proposer waits for it"
+    _finish_inflight(actor)
+    assert not actor._queue
+    actor._fill_before_first_model()  # the queue ran dry with both slots free
+    assert len(actor._queue) + len(actor._inflight) == 2 and actor.opt._n_sobol == 6
+
+
+def test_random_search_takes_no_sobol_fillers(tmp_path):
+    actor = _actor(tmp_path, budget=12)
+    actor.opt = type(actor.opt)(actor.opt.space, proposer="random", initial_design=4, seed=1)
+    assert actor._propose_step() is True  # the design
+    actor._dispatch()
+    _finish_inflight(actor)
+    actor._dispatch()
+    _finish_inflight(actor)
+    actor._fill_before_first_model()
+    assert actor.opt._n_sobol == 4 and not actor._queue
+    assert actor._propose_step() is True
+    assert {t.source for t in actor._queue} == {"model"}  # the proposer's points, not the design's
 
 
 def test_a_failed_proposal_releases_its_reservation(tmp_path):
