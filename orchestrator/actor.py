@@ -229,6 +229,8 @@ class CentralActor:
                     self.opt.tell(ev.trial_id, None, error=ev.error or "exception")
                     n_failed += 1
         self.n_completed, self.n_failed = n_completed, n_failed
+        # the failure guard judges this session's results: a run it stopped is resumed once the cause is fixed
+        self._guard_base = (n_completed + n_failed, n_failed)
         # the Sobol fillers of `_fill_before_first_model` belong to the run's start only, not to a resume
         self._model_batches = len({ev.batch_id for ev in events if ev.kind == "proposed" and (ev.info or {}).get("source") == "model"})
         # trials proposed (maybe started) that never finished go first, in proposal order
@@ -634,18 +636,21 @@ class CentralActor:
         return self._starts
 
     def _guard_trips(self, n_done: int, n_failed: int) -> bool:
-        """Whether `n_failed` failures in `n_done` results stop the run (`failure_guard`)."""
+        """Whether `n_failed` failures in `n_done` results (run totals) stop the run (`failure_guard`): only the
+        results of this session count, those replayed from the log at a resume do not."""
         guard = self.cfg.failure_guard
-        return n_done >= guard.min_trials and n_done > 0 and n_failed / n_done > guard.max_failure_rate
+        n, f = n_done - self._guard_base[0], n_failed - self._guard_base[1]
+        return n >= guard.min_trials and n > 0 and f / n > guard.max_failure_rate
 
     def _check_guard(self) -> None:
         guard = self.cfg.failure_guard
-        n = self.n_done
-        if self._guard_trips(n, self.n_failed):
-            reasons = collections.Counter(f["error"] for f in self.opt.failures)
+        if self._guard_trips(self.n_done, self.n_failed):
+            n, f = self.n_done - self._guard_base[0], self.n_failed - self._guard_base[1]
+            reasons = collections.Counter(x["error"] for x in self.opt.failures[self._guard_base[1]:])
+            since = " since the resume" if self._guard_base[0] else ""
             self._abort = (
-                f"failure guard: {self.n_failed} of {n} evaluations failed "
-                f"({self.n_failed / n:.0%} > failure_guard.max_failure_rate={guard.max_failure_rate:g}); "
+                f"failure guard: {f} of {n} evaluations failed{since} "
+                f"({f / n:.0%} > failure_guard.max_failure_rate={guard.max_failure_rate:g}); "
                 f"reasons {dict(reasons)}; see the 'failed' events in {self.run_dir} for tracebacks"
             )
 

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from objectives.base import Objective, ObjectiveError, Resources
 
-__all__ = ["PidRecorder", "SlowSuccesses", "read_pid_files"]
+__all__ = ["FailsWhileFileExists", "PidRecorder", "SlowSuccesses", "read_pid_files"]
 
 
 class PidRecorder(Objective):
@@ -60,6 +60,24 @@ class PidRecorder(Objective):
         os.replace(path + ".tmp", path)  # the test never sees a half-written file
         time.sleep(self.sleep_s)
         return -sum((float(params[f"x{i}"]) - 0.3) ** 2 for i in range(self.dim))
+
+
+class FailsWhileFileExists(Objective):
+    """Raises while the file `flag` exists (a missing data file, say, that the user then fixes); otherwise
+    returns `-(x - 0.3)^2` (the failure guard's resume test)."""
+
+    name = "fails-while-file-exists"
+    space = {"x": {"type": "float", "low": 0.0, "high": 1.0}}
+    noisy = False
+
+    def __init__(self, flag: str) -> None:
+        self.flag = str(flag)
+        self.resources = Resources(num_cpus=0.5)
+
+    def evaluate(self, params: Mapping[str, Any], seed: int) -> float:
+        if os.path.exists(self.flag):
+            raise FileNotFoundError(f"data not ready ({self.flag} exists)")
+        return -(float(params["x"]) - 0.3) ** 2
 
 
 class SlowSuccesses(PidRecorder):

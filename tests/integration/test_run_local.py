@@ -158,6 +158,28 @@ def test_failure_guard_stops_the_run_with_a_clear_message(ray_local, tmp_path):
     assert len(finished_counts(events)) < 100
 
 
+def test_failure_guard_counts_the_resumed_sessions_results_only(ray_local, tmp_path):
+    """README: the guard stops a run, and `qbatch resume` finishes it once the cause is fixed. Found in review:
+    the guard counted the failures logged before the resume too, so each resume stopped again after one round
+    of results, blaming failures that were already fixed."""
+    from orchestrator.runner import resume_experiment
+
+    flag = tmp_path / "data-not-ready"
+    flag.touch()
+    cfg = run_config(tmp_path, "guard-resume", budget=30, initial_design=5, batch_size=10, max_concurrent=2,
+                     proposer="random", failure_guard={"max_failure_rate": 0.5, "min_trials": 10},
+                     objective={"name": "tests.faults.objectives:FailsWhileFileExists",
+                                "options": {"flag": str(flag)}})
+    with pytest.raises(RunAbortedError, match="failure guard"):
+        run_experiment(cfg, progress=False, out=io.StringIO())
+    n_failed = sum(e.kind == "failed" for e in RunStore.open(cfg["run_dir"]).events())
+    assert n_failed >= 10
+    flag.unlink()  # the user fixes the cause
+    summary = resume_experiment(cfg["run_dir"], progress=False, out=io.StringIO())
+    assert summary["status"] == "finished" and summary["done"] == 30
+    assert summary["failed"] == n_failed and summary["completed"] == 30 - n_failed
+
+
 def test_bad_config_fails_before_ray_and_creates_no_run_dir(tmp_path):
     for over, match in [
         ({"objective": {"name": "no-such-objective"}}, "objective.name.*got 'no-such-objective'"),
