@@ -298,11 +298,40 @@ def resume_experiment(
     except ConfigError as exc:  # the stored config was edited by hand: say which file holds the bad key
         raise ConfigError(f"{os.path.join(store.run_dir, 'config.yaml')}: {exc}") from None
     objective = _check_objective(cfg)
+    try:
+        _check_log_matches_space(store.events(), cfg.build_space(objective.space))
+    except ConfigError as exc:
+        raise ConfigError(f"{os.path.join(store.run_dir, 'config.yaml')}: {exc}") from None
     started = _ensure_ray(address, num_cpus)
     _check_feasible(started, objective.resources)
     return _drive_and_release(
         started, _absolute(run_dir), cfg, objective.resources, max_concurrent, progress, out, actor_options
     )
+
+
+def _check_log_matches_space(events: Any, space: Any) -> None:
+    """Raise `ConfigError` naming the parameter when a logged proposal's unit coordinates no longer map to its
+    logged parameters under `space`: the space was edited in config.yaml since the run began, and a resume
+    would train the model on relabelled points."""
+    import math
+
+    for ev in events:
+        if ev.kind != "proposed" or not ev.params or not ev.x:
+            continue
+        if sorted(ev.params) != sorted(space.names) or len(ev.x) != space.dim:
+            raise ConfigError(f"`space`: the run's logged trials have the parameters {sorted(ev.params)}, this "
+                              f"space has {sorted(space.names)}; the space of a started run cannot change")
+        for p, u in zip(space.params, ev.x):
+            logged, now = ev.params[p.name], p.from_unit(float(u))
+            if isinstance(now, float) and isinstance(logged, (int, float)) and not isinstance(logged, bool):
+                same = math.isclose(logged, now, rel_tol=1e-9, abs_tol=1e-12)
+            else:  # an int or a choice: the same value (a bool matches only a bool)
+                same = isinstance(logged, bool) == isinstance(now, bool) and logged == now
+            if not same:
+                raise ConfigError(
+                    f"`space.{p.name}` no longer matches the run's log: trial {ev.trial_id} was logged with "
+                    f"{p.name}={logged!r} at unit coordinate {float(u):.6g}, which this space reads as {now!r}; "
+                    "the space of a started run cannot change (start a new run for a new space)")
 
 
 def _drive(

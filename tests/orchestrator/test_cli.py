@@ -267,3 +267,52 @@ def test_bad_paths_options_and_busy_runs_are_usage_errors(tmp_path, monkeypatch,
     holder.unlock_writer()
     (tmp_path / "run" / "config.yaml").write_text("objective: [")
     one_line(cli.main(["resume", str(tmp_path / "run")]), "config.yaml is not valid YAML")
+
+
+def test_resume_refuses_a_space_edited_since_the_run_began(tmp_path, monkeypatch, capsys):
+    """Found in review: after `space.x.high` was edited in config.yaml from 1 to 0.5, a resume went on and the
+    model trained on relabelled points (the logged x = 0.8 read as 0.4). Every logged point must map back to
+    its logged coordinates under the stored space, else the resume is refused before Ray starts."""
+    from orchestrator import runner
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray was started")
+
+    monkeypatch.setattr(runner, "_ensure_ray", no_ray)
+    run = tmp_path / "run"
+    cfg = GOOD | {"space": {"x0": {"type": "float", "low": 0.0, "high": 1.0}}}  # as `run` stores it
+    store = RunStore.create(str(run), cfg)
+    store.append([Event("proposed", f"0-{i}", time=1.0, batch_id=0, params={"x0": v}, x=[v])
+                  for i, v in enumerate([0.1, 0.8, 0.35])])
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg | {"budget": 12}))  # more budget: allowed
+    with pytest.raises(AssertionError, match="Ray was started"):
+        cli.main(["resume", str(run)])
+    for space, text in [({"x0": {"type": "float", "low": 0.0, "high": 0.5}}, "`space.x0`"),
+                        ({"x0": {"type": "float", "low": 0.01, "high": 1.0, "log": True}}, "`space.x0`"),
+                        ({"x0": {"type": "int", "low": 0, "high": 1}}, "`space.x0`")]:
+        (run / "config.yaml").write_text(yaml.safe_dump(cfg | {"budget": 12, "space": space}))
+        assert cli.main(["resume", str(run)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("qbatch: error: ") and text in err and "config.yaml" in err, err
+
+
+def test_the_space_check_accepts_every_parameter_kind_after_a_parquet_round_trip(tmp_path):
+    """No false alarm from `_check_log_matches_space`: points of int (stepped, log), log-float and choice
+    parameters (str, bool, None, list, mixed numbers), logged and read back, match their own space."""
+    import numpy as np
+
+    from orchestrator.runner import _check_log_matches_space
+    from orchestrator.space import SearchSpace
+
+    desc = {"lr": {"type": "float", "low": 1e-5, "high": 1e-1, "log": True},
+            "units": {"type": "int", "low": 32, "high": 512, "step": 32},
+            "depth": {"type": "int", "low": 1, "high": 1000, "log": True},
+            "act": {"type": "choice", "choices": ["relu", True, None, [1, 2], 1, 2.5]}}
+    space = SearchSpace.from_description(desc)
+    X = np.random.default_rng(0).random((200, 4))
+    X[0], X[1] = 0.0, 1.0
+    points = space.from_unit(X)
+    store = RunStore.create(str(tmp_path / "run"), GOOD | {"space": desc})
+    store.append([Event("proposed", f"0-{i}", time=1.0, batch_id=0, params=p, x=x.tolist())
+                  for i, (p, x) in enumerate(zip(points, X))])
+    _check_log_matches_space(RunStore.open(str(tmp_path / "run")).events(), space)
