@@ -228,8 +228,6 @@ def check_run_dir(key: str, v: Any) -> str:
 
 
 def _space(key: str, v: Any) -> Mapping[str, Any]:
-    from orchestrator.space import SearchSpace
-
     if v is None:
         v = {}
     if not isinstance(v, Mapping):
@@ -242,14 +240,35 @@ def _space(key: str, v: Any) -> Mapping[str, Any]:
         if not isinstance(spec, Mapping):
             raise _fail(sub, "a parameter spec mapping (type, low, high, ... or choices)", spec)
         spec = _plain(sub, spec, [_MAX_NODES])
-        try:
-            SearchSpace.from_description({name: spec})
-        except SpaceError as exc:
-            raise ConfigError(f"`{sub}`: {_one_line(str(exc))}") from None
-        except (TypeError, ValueError, OverflowError) as exc:  # e.g. comparisons of odd YAML values
-            raise ConfigError(f"`{sub}` is not a valid parameter spec: {_one_line(str(exc))}") from None
+        kind = spec.get("type")
+        required = {"float": {"low", "high"}, "int": {"low", "high"}, "choice": {"choices"}}.get(kind)
+        if required is None or not required <= set(spec):
+            # a partial override (the objective's spec fills the rest, `build_space`): its key names now
+            unknown = set(spec) - _SPEC_KEYS
+            if unknown or (kind is not None and required is None):
+                raise ConfigError(
+                    f"`{sub}`: " + (f"unknown key(s) {sorted(unknown)}; allowed {sorted(_SPEC_KEYS)}" if unknown
+                                    else f"type must be one of ['choice', 'float', 'int']; got {kind!r}"))
+        else:
+            _check_param_spec(sub, name, spec)
         out[name] = spec
     return MappingProxyType(out)
+
+
+#: the keys of a parameter spec of any type (orchestrator/space.py checks them per type)
+_SPEC_KEYS = frozenset({"type", "low", "high", "log", "step", "choices"})
+
+
+def _check_param_spec(key: str, name: str, spec: Mapping[str, Any]) -> None:
+    """Raise `ConfigError` naming `key` if `spec` is not a complete, valid parameter spec."""
+    from orchestrator.space import SearchSpace
+
+    try:
+        SearchSpace.from_description({name: spec})
+    except SpaceError as exc:
+        raise ConfigError(f"`{key}`: {_one_line(str(exc))}") from None
+    except (TypeError, ValueError, OverflowError) as exc:  # e.g. comparisons of odd YAML values
+        raise ConfigError(f"`{key}` is not a valid parameter spec: {_one_line(str(exc))}") from None
 
 
 # ---------------------------------------------------------------------------------------- the table
@@ -462,6 +481,7 @@ class ExperimentConfig:
             old, new = merged[name], dict(spec)
             if new.get("type", old.get("type", "float")) == old.get("type", "float"):
                 new = {**old, **new}  # an override of the same type keeps what it does not restate (log, step)
+            _check_param_spec(key, name, new)
             _check_narrowing(key, new, old)
             merged[name] = new
         try:
@@ -471,9 +491,11 @@ class ExperimentConfig:
 
 
 def _check_narrowing(key: str, new: dict[str, Any], old: Mapping[str, Any]) -> None:
+    from objectives.base import is_choice  # the objective's own test of a choice: a bool matches only a bool
+
     old_type, new_type = old.get("type", "float"), new.get("type", "float")
     if old_type == "choice":
-        extra = [c for c in new.get("choices", []) if c not in old["choices"]] if new_type == "choice" else None
+        extra = [c for c in new.get("choices", []) if not is_choice(c, old["choices"])] if new_type == "choice" else None
         if new_type != "choice" or extra:
             raise ConfigError(f"`{key}` must be a choice among a subset of {list(old['choices'])}; got {_show(new)}")
         return

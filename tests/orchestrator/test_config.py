@@ -253,6 +253,40 @@ def test_an_int_override_stays_on_the_objectives_grid():
             load_config({"objective": "cnn", "space": {"batch_size": bad}}).build_space(grid)
 
 
+def test_an_override_restates_only_what_it_changes():
+    """README: an override keeps what it does not restate. Found in review: each override was checked as a
+    complete float spec before the merge, so `{low, high, step}` for the CNN's int `fc_units` was refused
+    ("unknown key(s) ['step'] for type 'float'"), and `{low: 1e-4}` or `{log: false}` alone were refused too."""
+    space = {"fc_units": {"type": "int", "low": 16, "high": 512, "step": 16},
+             "lr": {"type": "float", "low": 1e-5, "high": 1e-1, "log": True}}
+    for override, want in [
+        ({"fc_units": {"low": 256, "high": 512, "step": 32}}, {"type": "int", "low": 256, "high": 512, "step": 32}),
+        ({"lr": {"low": 1e-4}}, {"type": "float", "low": 1e-4, "high": 1e-1, "log": True}),
+        ({"fc_units": {"type": "choice", "choices": [64, 128]}}, {"type": "choice", "choices": [64, 128]}),
+    ]:
+        got = load_config({"objective": "forrester", "space": override}).build_space(space).describe()
+        name = next(iter(override))
+        assert {k: got[name][k] for k in want} == want
+    for override, pattern in [
+        ({"fc_units": {"low": 16, "hgh": 64}}, r"^`space\.fc_units`: unknown key\(s\) \['hgh'\]"),
+        ({"fc_units": {"type": "int", "low": 17}}, r"^`space\.fc_units`: .*multiple of step 16"),
+        ({"lr": {"type": "int", "low": 1}}, r"^`space\.lr`: .*missing key 'high'"),
+        ({"lr": {"low": 0.5}}, r"^`space\.lr`: .*low must be < high"),
+    ]:
+        with pytest.raises(ConfigError, match=pattern):
+            load_config({"objective": "forrester", "space": override}).build_space(space)
+
+
+def test_a_choice_override_is_a_subset_by_the_objectives_own_test():
+    """Found in review: choices [1, 0] passed as a subset of [true, false] (True == 1 in Python), then every
+    evaluation failed the objective's check ("parameter 'flag'=0 is not one of [True, False])."""
+    space = {"flag": {"type": "choice", "choices": [True, False]}}
+    with pytest.raises(ConfigError, match=r"^`space\.flag` must be a choice among a subset of \[True, False\]"):
+        load_config({"objective": "forrester", "space": {"flag": {"type": "choice", "choices": [1, 0]}}}
+                    ).build_space(space)
+    load_config({"objective": "forrester", "space": {"flag": {"type": "choice", "choices": [True]}}}).build_space(space)
+
+
 @pytest.mark.parametrize("objective", ["_mypkg.obj:Thing", "a" * 95 + ".mod:Objective"])
 def test_a_name_made_from_the_objective_loads_again(objective):
     """Without `name`, the run is named after the objective; that name must pass the name rules, since the saved
