@@ -44,7 +44,8 @@ optimum raised to the best exact quantile evaluated by any calibrator on the pro
 and locbo. Thompson sampling samples f, so a calibrator reaches its proposals only through the spread factor of
 orchestrator/calibration/spread.py (the path mu + s(x)(path - mu)): `online` brings the global s_t, `locbo` the
 local s_t(x) (their default `spread` modes); the online level map R_t and LOCBO's threshold lambda_t(x) do not
-change the proposals (offline-cv and conformal would also act only through s_t and are left out). Per problem the
+change the proposals (offline-cv would also act only through s_t and is left out; conformal works only inside
+the calibrated EI/UCB and is refused with Thompson sampling). Per problem the
 initial Sobol design (seeded by the problem) and the first fit are computed once and shared by every calibrator,
 and the proposer's seeds are the same, so the runs are paired (the first Thompson batch is identical: s = 1 before
 any result). Each proposed point's y is scored against the forecast recorded when its batch was proposed, with

@@ -270,6 +270,9 @@ class ReplicatedEIProposer(_BoTorchProposer):
     #: the batch repeats one point on purpose: callers must not de-duplicate it
     allows_repeats = True
 
+    def check_model(self, model: Surrogate) -> None:
+        check_target_is_f(model, "GPR-EI")
+
     def _propose(
         self, model: Surrogate | None, q: int, X_pending: Tensor, X_observed: Tensor, generator: torch.Generator
     ) -> Tensor:

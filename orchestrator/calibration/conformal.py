@@ -273,6 +273,9 @@ class ConformalCalibrator(Calibrator):
     """
 
     name = "conformal"
+    #: its settings act only inside an acquisition (`proposer.type: calibrated`); a Thompson or Q-GIBBON
+    #: proposer would use its spread tracker alone, and every one of these options would change nothing
+    acquisition_only = True
 
     def __init__(
         self,

@@ -168,15 +168,20 @@ def attach(calibrator: Any, proposer: Any) -> Any:
     - Proposers with a `spread` attribute (Thompson sampling, Q-GIBBON) get `proposer.spread = calibrator.spread`,
       or None when the calibrator has no spread tracker (`none`, or `spread: off`).
     - Proposers with a `calibrator` attribute (`AcquisitionProposer`) get the calibrator itself.
+    - A calibrator marked `acquisition_only` (conformal) is refused by the others: its options would do nothing.
 
     Returns:
         the proposer.
 
     Raises:
-        UnsupportedError: the proposer has neither hook.
+        UnsupportedError: the proposer has neither hook, or only a `spread` hook for an `acquisition_only` calibrator.
     """
     from orchestrator.errors import UnsupportedError
 
+    if getattr(calibrator, "acquisition_only", False) and not hasattr(proposer, "calibrator"):
+        raise UnsupportedError(
+            f"calibrator {calibrator.name!r} acts only inside the acquisition of proposer 'calibrated' (EI or UCB); "
+            f"{type(proposer).__name__} would use its spread factor alone, which 'online-interval' gives")
     hooked = False
     if hasattr(proposer, "calibrator"):
         proposer.calibrator = calibrator

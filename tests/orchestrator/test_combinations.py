@@ -35,6 +35,12 @@ CAL = {"type": "calibrated"}
         ({"proposer": "sobol", "calibrator": "online"},
          r"`calibrator.type` 'online' does not work with `proposer.type` 'sobol'"),
         ({"proposer": "qlognei", "calibrator": "online"}, r"does not work with `proposer.type` 'qlognei'"),
+        # found in review: accepted, and then conformal's options changed nothing (only a spread factor acted)
+        ({"proposer": "thompson", "model": "exact-gp", "calibrator": "conformal"},
+         r"`calibrator.type` 'conformal' does not work with `proposer.type` 'thompson': .*'online-interval'"),
+        ({"proposer": "qgibbon", "calibrator": "conformal"}, r"does not work with `proposer.type` 'qgibbon'"),
+        # found in review: GPR-EI optimizes HetGP's f, the mean, whatever tau
+        ({"proposer": "gpr-ei", "model": "heteroscedastic", "tau": 0.1}, r"GPR-EI optimizes the model's f"),
         ({"model": {"type": "quantile", "options": {"tau": 0.3}}}, r"`model.options`: `tau` is not a model option"),
         ({"model": {"type": "gpr-replicates", "options": {"num_inducing": 5}}}, r"`model.options`: bad option .*num_inducing"),
         ({"model": {"type": "quantile", "options": {"seed": 2**64}}}, r"`seed` must be an integer in \[0, 2\*\*63\)"),
