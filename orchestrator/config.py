@@ -548,10 +548,13 @@ def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bo
 
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-# YAML 1.1 (PyYAML) reads `1e-3` and `2E5` as strings: it wants a dot in a float. Read them as YAML 1.2 and
-# JSON do, so `lr: 1e-3` is a number (the resolver is added to this loader only, not to yaml.SafeLoader).
+# YAML 1.1 (PyYAML) reads `1e-3`, `2E5` and `1.5e3` as strings: it wants a dot and a signed exponent in a
+# float. Read them as YAML 1.2 and JSON do, so `lr: 1e-3` is a number (the resolver is added to this loader
+# only, not to yaml.SafeLoader); PyYAML's own forms (`1.5e+3`, `.5`) resolve before this one.
 _UniqueKeyLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"), list("-+0123456789")
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"),
 )
 
 
