@@ -78,7 +78,8 @@ def trial_seed(seed: int, trial_id: str) -> int:
 def _under(key: str, exc: BaseException) -> str:
     """The first line of `exc`, prefixed by the config key it is about unless it already names it."""
     msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return msg if msg.startswith(f"`{key}") else f"`{key}`: {msg}"
+    section = key.split(".")[0]
+    return msg if msg.startswith((f"`{key}", f"`{section}.type`")) else f"`{key}`: {msg}"
 
 
 def _training_loss(model: Any, X: torch.Tensor, Y: torch.Tensor, diag: Mapping[str, Any]) -> float:
@@ -227,6 +228,10 @@ class AskTellOptimizer:
         """Build the model, the calibrator and the proposer once and check that they work together: a bad option
         or combination is a `ConfigError` naming its config section now, not an error at the first model batch
         (after the initial design was spent). The built objects are dropped."""
+        from orchestrator.models import MODELS
+
+        if self.model_name not in MODELS:
+            raise ConfigError(f"`model.type` must be one of {sorted(MODELS)}; got {self.model_name!r}")
         try:
             model = self._build_model()
         except ConfigError as exc:  # the component names the option; the config key says where it is

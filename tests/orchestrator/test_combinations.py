@@ -85,8 +85,11 @@ def test_working_combinations_pass(patch):
 
 def test_the_library_optimizer_checks_at_construction():
     space = {"x": {"type": "float", "low": 0.0, "high": 1.0}}
-    with pytest.raises(ConfigError, match="unknown model 'quantil'"):
+    # found in review: these named `model.options` and `proposer.options`, not the key that was wrong
+    with pytest.raises(ConfigError, match=r"^`model.type` must be one of .*; got 'quantil'$"):
         AskTellOptimizer(space, model="quantil")
+    with pytest.raises(ConfigError, match=r"^`proposer.type` must be one of .*; got 'thompsn'$"):
+        AskTellOptimizer(space, proposer="thompsn")
     with pytest.raises(ConfigError, match="`tau` is not a model option"):
         AskTellOptimizer(space, model_options={"tau": 0.3})
     with pytest.raises(ConfigError, match=r"`seed` must be an integer in \[0, 2\*\*63\)"):
@@ -103,6 +106,12 @@ def test_yaml_exponent_floats_are_numbers():
     import yaml
 
     assert yaml.safe_load("a: 1e-3") == {"a": "1e-3"}  # the global SafeLoader is untouched
+    # found in review: a dot and an unsigned exponent (1.5e3) stayed a string, so `timeout_s: 1.5e3` was refused
+    for text, value in [("1.5e3", 1500.0), ("1.0e0", 1.0), ("-2.5E-3", -2.5e-3), (".5e2", 50.0), ("1.5e+3", 1500.0),
+                        ("7", 7), ("1.5e", "1.5e"), ("e3", "e3"), ("1.2.3e4", "1.2.3e4")]:
+        got = load_config_text(f"objective: {{name: forrester, options: {{v: {text}}}}}\n").objective.options["v"]
+        assert got == value and type(got) is type(value), text
+    assert load_config_text("objective: forrester\ntimeout_s: 1.5e3\n").timeout_s == 1500.0
 
 
 def test_run_arguments_are_checked_before_ray_starts():
