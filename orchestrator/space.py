@@ -116,12 +116,13 @@ class ChoiceParam:
     def __post_init__(self) -> None:
         if len(self.choices) < 1:
             raise SpaceError(f"parameter {self.name!r}: choices must not be empty")
-        if len(set(map(repr, self.choices))) != len(self.choices):
+        # by `to_unit`'s test: of 1 and 1.0 only the first could ever be chosen by a unit coordinate's bin
+        if any(_same_choice(a, b) for i, a in enumerate(self.choices) for b in self.choices[i + 1:]):
             raise SpaceError(f"parameter {self.name!r}: duplicate choices in {list(self.choices)}")
 
     def to_unit(self, v: Any) -> float:
         for i, c in enumerate(self.choices):
-            if v == c and isinstance(v, bool) == isinstance(c, bool):
+            if _same_choice(v, c):
                 return (i + 0.5) / len(self.choices)
         raise SpaceError(f"parameter {self.name!r}={v!r} is not one of {list(self.choices)}")
 
@@ -134,6 +135,14 @@ class ChoiceParam:
 
 
 Parameter = FloatParam | IntParam | ChoiceParam
+
+
+def _same_choice(a: Any, b: Any) -> bool:
+    """Whether choice values `a` and `b` are the same: equal, and a bool only equals a bool (True == 1)."""
+    try:
+        return isinstance(a, bool) == isinstance(b, bool) and bool(a == b)
+    except (TypeError, ValueError):  # no truth value (an array)
+        return False
 
 
 def _number(name: str, v: Any) -> float:

@@ -74,6 +74,8 @@ def test_sobol_is_reproducible_and_space_filling(space):
         ({"a": {"type": "int", "low": 0.5, "high": 10}}, "'a': low must be an integer"),
         ({"a": {"type": "choice", "choices": []}}, "'a': choices must not be empty"),
         ({"a": {"type": "choice", "choices": [1, 1]}}, "'a': duplicate choices"),
+        # found in review: 1.0's bin could never be chosen (to_unit maps 1.0 to 1's), yet both were accepted
+        ({"a": {"type": "choice", "choices": [1, "x", 1.0]}}, "'a': duplicate choices"),
         ({"a": {"type": "vector", "low": 0, "high": 1}}, "'a': type must be one of"),
         ({"a": {"type": "float", "low": 0, "high": 1, "lg": True}}, "'a': unknown key\\(s\\) \\['lg'\\]"),
         ({"a": {"type": "float", "low": 0}}, "'a': missing key 'high'"),
