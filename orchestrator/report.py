@@ -450,16 +450,19 @@ def write_report(
         ("best_vs_time", times - t0, ptimes - t0, "wall time since the run started [s]"),
     ):
         fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
-        if len(x):
+        observed = bool(np.isfinite(best).any())
+        if observed:
             ax.step(x, best, where="post", label="best observed value", color="C0")
         if len(px):
             ax.plot(px, pvals, "o-", ms=3, label=f"model's predicted {label} at its recommendation", color="C1")
-        if not len(x) and not len(px):
-            ax.text(0.5, 0.5, "no finished evaluations yet", ha="center", va="center", transform=ax.transAxes)
+        if not observed and not len(px):
+            text = (f"no successful evaluation: all {len(x)} finished ones failed (see trials.csv)" if len(x)
+                    else "no finished evaluations yet")
+            ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(f"outcome ({metrics.direction})")
         ax.set_title(f"{metrics.name}: best so far (target: {label}, tau={_fmt(metrics.tau)})")
-        if len(x) or len(px):
+        if observed or len(px):
             ax.legend(loc="best", fontsize=8)
         ax.grid(alpha=0.3)
         paths[key] = _save(fig, plt, out_dir, f"{key}.png")

@@ -189,3 +189,26 @@ def test_report_of_a_run_without_results(tmp_path):
     for key in ("best_vs_evaluations", "best_vs_time", "utilization"):
         _check_png(Path(paths[key]))
     assert "coverage" not in paths
+
+
+def test_report_of_a_run_whose_every_evaluation_failed(tmp_path, monkeypatch):
+    """Found in review: the best-so-far plots of such a run had empty axes and a legend for a "best observed
+    value" that does not exist; they say what happened instead."""
+    import matplotlib.axes
+
+    cfg = load_config({"objective": "forrester", "direction": "maximize", "budget": 3}).to_dict()
+    store = RunStore.create(str(tmp_path / "run"), cfg)
+    evs = []
+    for i in range(3):
+        evs.append(Event("proposed", f"0-{i}", time=1.0, params={"x": 0.1 * i}))
+        evs.append(Event("failed", f"0-{i}", time=3.0 + i, started_at=2.0, ended_at=3.0 + i, error="nan"))
+    store.append(evs)
+    texts, legends = [], []
+    text, legend = matplotlib.axes.Axes.text, matplotlib.axes.Axes.legend
+    monkeypatch.setattr(matplotlib.axes.Axes, "text", lambda ax, x, y, s, *a, **k: texts.append(s) or text(ax, x, y, s, *a, **k))
+    monkeypatch.setattr(matplotlib.axes.Axes, "legend", lambda ax, *a, **k: legends.append(ax.get_title()) or legend(ax, *a, **k))
+    _, paths = write_report(str(tmp_path / "run"), out_dir=str(tmp_path / "out"))
+    assert texts.count("no successful evaluation: all 3 finished ones failed (see trials.csv)") == 2
+    assert not [t for t in legends if "best so far" in t]
+    for key in ("best_vs_evaluations", "best_vs_time"):
+        _check_png(Path(paths[key]))
