@@ -544,7 +544,9 @@ class CentralActor:
             if self.opt.is_told(trial.trial_id):  # exactly once by trial id
                 continue
             kind = rec["status"]
-            info = {"metrics": rec.get("metrics") or {}, "child_pid": rec.get("child_pid")}
+            # `session`: when this actor started; the report sums utilization's span over sessions (a resume or
+            # a restart starts one), so the time a stopped run waited for `qbatch resume` is not idle slot time
+            info = {"metrics": rec.get("metrics") or {}, "child_pid": rec.get("child_pid"), "session": self.started_at}
             if rec.get("message"):
                 info["message"] = rec["message"]
             events.append(self._event(

@@ -4,8 +4,10 @@ Everything here is derived from the Parquet log (orchestrator/store.py) and `con
 running actor. What is read (ORCH_API.md, "Event `info` keys"):
 
 * utilization U = busy evaluation time / (slots x wall time) over the span from the first evaluation start
-  to the last evaluation end. Busy time sums `ended_at - started_at` of each trial's accepted (first)
-  completed/failed event. `slots` is the latest `info["slots"]` the actor recorded, else the config's
+  to the last evaluation end of each actor session (`info["session"]` of the results; a resume or an actor
+  restart starts one), the sessions' spans joined, so the time between a stop and its `qbatch resume` does not
+  count (a log without sessions is one). Busy time sums `ended_at - started_at` of each trial's accepted
+  (first) completed/failed event. `slots` is the latest `info["slots"]` the actor recorded, else the config's
   `max_concurrent`, else the largest number of evaluations observed running at once (`slots_source` says which).
 * proposal latency p50/p95: `propose_s` of "refit" events if any carries it, else the `proposal_seconds`
   (or `latency_s`) of "proposed" events, once per batch; refit time: `seconds` (or `fit_s`) of "refit" events.
@@ -224,6 +226,24 @@ def intervals(trials: Sequence[TrialRecord]) -> np.ndarray:
     return arr[arr[:, 1] >= arr[:, 0]]
 
 
+def session_span(trials: Sequence[TrialRecord]) -> float:
+    """Seconds covered by the sessions' spans (first start to last end of the finished trials each session
+    recorded, `info["session"]`; one span for results without it), overlaps counted once."""
+    spans: dict[Any, tuple[float, float]] = {}
+    for t in trials:
+        if t.status in ("completed", "failed") and t.started_at is not None and t.ended_at is not None \
+                and t.ended_at >= t.started_at:
+            key = (t.info or {}).get("session")
+            lo, hi = spans.get(key, (math.inf, -math.inf))
+            spans[key] = (min(lo, t.started_at), max(hi, t.ended_at))
+    total, reach = 0.0, -math.inf
+    for lo, hi in sorted(spans.values()):
+        lo = max(lo, reach)
+        if hi > lo:
+            total, reach = total + hi - lo, hi
+    return total
+
+
 def max_concurrency(iv: np.ndarray) -> int:
     """Most intervals open at once (an end at the same instant as a start frees the slot first)."""
     if len(iv) == 0:
@@ -345,7 +365,7 @@ def compute_metrics(
         latencies = list(per_batch.values())
 
     iv = intervals(trials)
-    span = float(iv[:, 1].max() - iv[:, 0].min()) if len(iv) else math.nan
+    span = session_span(trials) if len(iv) else math.nan
     busy = float((iv[:, 1] - iv[:, 0]).sum()) if len(iv) else 0.0
     recorded = [int(ev.info["slots"]) for ev in events if ev.info and isinstance(ev.info.get("slots"), int) and ev.info["slots"] > 0]
     if recorded:

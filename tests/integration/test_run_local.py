@@ -178,6 +178,9 @@ def test_failure_guard_counts_the_resumed_sessions_results_only(ray_local, tmp_p
     summary = resume_experiment(cfg["run_dir"], progress=False, out=io.StringIO())
     assert summary["status"] == "finished" and summary["done"] == 30
     assert summary["failed"] == n_failed and summary["completed"] == 30 - n_failed
+    # each result names its actor session, so the report's utilization leaves out the wait for the resume
+    results = [e for e in RunStore.open(cfg["run_dir"]).events() if e.kind in ("completed", "failed")]
+    assert len({e.info["session"] for e in results}) == 2
 
 
 def test_bad_config_fails_before_ray_and_creates_no_run_dir(tmp_path):

@@ -212,3 +212,30 @@ def test_report_of_a_run_whose_every_evaluation_failed(tmp_path, monkeypatch):
     assert not [t for t in legends if "best so far" in t]
     for key in ("best_vs_evaluations", "best_vs_time"):
         _check_png(Path(paths[key]))
+
+
+def test_utilization_of_a_resumed_run_leaves_out_the_time_between_sessions(tmp_path):
+    """Found in review: a run stopped and resumed later reported U = 0.37 (and 1.22 evaluations/s) because its
+    span ran across the 25 s it waited for `qbatch resume`, though the slots were busy in both sessions."""
+    cfg = load_config({"objective": "forrester", "direction": "maximize", "budget": 8, "max_concurrent": 2}).to_dict()
+    store = RunStore.create(str(tmp_path / "run"), cfg)
+    evs = []
+    for i, (session, start) in enumerate([(100.0, 100.0), (100.0, 100.0), (100.0, 101.0), (100.0, 101.0),
+                                         (500.0, 600.0), (500.0, 600.0), (500.0, 601.0), (500.0, 601.0)]):
+        tid = f"{i // 2}-{i % 2}"
+        evs.append(Event("proposed", tid, time=start, params={"x": 0.1 * i}))
+        evs.append(Event("completed", tid, time=start + 1, value=float(i), started_at=start, ended_at=start + 1,
+                         info={"session": session}))
+    store.append(evs)
+    m = compute_metrics(RunStore.open(str(tmp_path / "run")).events(), cfg)
+    assert m.span_s == pytest.approx(4.0) and m.utilization == pytest.approx(1.0)
+    assert m.evals_per_s == pytest.approx(2.0)
+    for ev in evs:  # a log without sessions (older runs) is one span
+        ev.info = None
+    assert compute_metrics(evs, cfg).span_s == pytest.approx(502.0)
+    # an evaluation adopted by a restarted actor may start before its session's other results: counted once
+    evs[-1].info = {"session": 2.0}
+    evs[-1].started_at = 599.0
+    for ev in evs[:-1]:
+        ev.info = {"session": 1.0}
+    assert compute_metrics(evs, cfg).span_s == pytest.approx(502.0)
