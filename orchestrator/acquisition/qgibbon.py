@@ -281,7 +281,8 @@ class QGibbon(Proposer):
         raw_samples: random candidates scored at each greedy step to pick the starts (spec §2 step 5 quotes
             trieste's max(5000, 1000·d) raw and 10·d starts; at q = 100 greedy steps that is too slow, so the
             defaults are BoTorch-like 1024 raw and 10 starts).
-        num_restarts: L-BFGS-B starts per greedy step (optimized together, batched).
+        num_restarts: L-BFGS-B starts per greedy step from the raw candidates (optimized together, batched),
+            plus as many of the previous step's optima.
         maxiter: L-BFGS-B iterations per start.
         repulsion: "paper" (default, w = 1, eq 12) or "rescaled" (w = 1/|P|², trieste and the authors' code;
             it can collapse large batches onto replicates); the GLD benchmark (issue 8) decides the default.
@@ -363,6 +364,7 @@ class QGibbon(Proposer):
         t_setup = time.perf_counter() - t0
         chosen: list[Tensor] = []
         gains, log_qs, log_rs = [], [], []
+        carry = torch.empty(0, d, **tk)  # the previous greedy step's local optima
         for _ in range(q):
             raw = torch.rand(self.raw_samples, d, generator=generator, dtype=torch.float64).to(**tk)
             with torch.no_grad():
@@ -372,9 +374,12 @@ class QGibbon(Proposer):
             with torch.no_grad():
                 raw_val = T.signed_log_gain(log_q, None if log_r is None else log_r + log_w, log_delta)
             top = raw_val.topk(self.num_restarts).indices
+            # adding a point changes the gain only near it, so the last step's other optima stay good starts:
+            # where the gain is positive on a small part of the cube, random candidates may all miss it
             X_opt, v_opt = maximize_lbfgsb(
-                lambda X, idx: acq.objective(X, log_delta), raw[top], maxiter=self.maxiter
+                lambda X, idx: acq.objective(X, log_delta), torch.cat([raw[top], carry]), maxiter=self.maxiter
             )
+            carry = X_opt[v_opt.topk(min(self.num_restarts, v_opt.shape[0])).indices].detach()
             X_next = self._best_new(
                 torch.cat([X_opt, raw]), torch.cat([v_opt, raw_val]), acq.X_P, X_observed
             )
