@@ -7,6 +7,7 @@ pending point, an observed point, or another point of the same batch.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -112,8 +113,23 @@ class Proposer(ABC):
         pass
 
 
-def min_distance(X: Tensor, others: Tensor) -> Tensor:
-    """Max-norm distance from each row of `X` (`n x d`) to its nearest row of `others` (`m x d`); inf if m = 0."""
+def min_distance(X: Tensor, others: Tensor, bound: float = math.inf) -> Tensor:
+    """Max-norm distance from each row of `X` (`n x d`) to its nearest row of `others` (`m x d`); inf if m = 0.
+
+    Small inputs are compared pairwise; larger ones through a k-d tree of `others`, in O(n + m) memory
+    (pairwise, 1,000 candidates against 20,000 observed points in 16-D took 2.6 s and a 2.6 GB temporary).
+    A distance above `bound` may come back as inf: a duplicate test passes its tolerance, and the tree
+    search then stops early (0.005 s instead of 0.06 s there). No gradient: the callers test for duplicates."""
     if others.shape[0] == 0:
-        return torch.full(X.shape[:1], float("inf"), dtype=X.dtype, device=X.device)
-    return (X.unsqueeze(-2) - others.unsqueeze(-3)).abs().amax(-1).amin(-1)
+        return torch.full(X.shape[:1], math.inf, dtype=X.dtype, device=X.device)
+    if X.shape[0] * others.shape[0] <= _PAIRWISE_MAX:
+        return (X.unsqueeze(-2) - others.unsqueeze(-3)).abs().amax(-1).amin(-1).detach()
+    from scipy.spatial import cKDTree
+
+    dist, _ = cKDTree(others.detach().cpu().numpy()).query(
+        X.detach().cpu().numpy(), k=1, p=math.inf, distance_upper_bound=bound)
+    return torch.as_tensor(dist, dtype=X.dtype, device=X.device)
+
+
+#: pairs compared directly by `min_distance`; above it, a k-d tree
+_PAIRWISE_MAX = 1 << 14

@@ -45,7 +45,7 @@ def _replace_taken(X: Tensor, taken: Tensor, generator: torch.Generator) -> Tens
     for i in range(out.shape[0]):
         others = torch.cat([taken, out[:i]])
         for _ in range(_REPLACE_TRIES):
-            if float(min_distance(out[i : i + 1], others)[0]) > DUPLICATE_TOL:
+            if float(min_distance(out[i : i + 1], others, bound=2 * DUPLICATE_TOL)[0]) > DUPLICATE_TOL:
                 break
             out[i] = torch.rand(out.shape[1], generator=generator, dtype=out.dtype).to(out.device)
     return out

@@ -440,7 +440,7 @@ class AcquisitionProposer(Proposer):
         sob = torch.quasirandom.SobolEngine(d, scramble=True, seed=seed).draw(max(self.raw_samples, 64)).to(torch.float64)
         with torch.no_grad():
             vals = acq(sob.unsqueeze(-2))
-        vals = torch.where(min_distance(sob, taken) < DUPLICATE_TOL, torch.full_like(vals, -math.inf), vals)
+        vals = torch.where(min_distance(sob, taken, bound=2 * DUPLICATE_TOL) < DUPLICATE_TOL, torch.full_like(vals, -math.inf), vals)
         return sob[int(vals.argmax())].reshape(1, d)
 
     def get_state(self) -> dict[str, Any]:

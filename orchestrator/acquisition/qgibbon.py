@@ -406,7 +406,7 @@ class QGibbon(Proposer):
         """The best candidate that repeats no pending, chosen, or observed point (max-norm > DUPLICATE_TOL)."""
         others = torch.cat([X_P, X_observed.to(X_P)])
         order = vals.argsort(descending=True)
-        ok = min_distance(cands[order], others) > DUPLICATE_TOL
+        ok = min_distance(cands[order], others, bound=2 * DUPLICATE_TOL) > DUPLICATE_TOL
         if not ok.any():
             raise RuntimeError("QGibbon found no candidate that differs from the pending and observed points")
         return cands[order[ok.nonzero()[0, 0]]].detach()

@@ -23,7 +23,7 @@ import torch
 from scipy.spatial import cKDTree
 from torch import Tensor
 
-from orchestrator.acquisition.base import DUPLICATE_TOL, Proposer
+from orchestrator.acquisition.base import DUPLICATE_TOL, Proposer, min_distance
 from orchestrator.acquisition.optimize import DEFAULT_CHUNK_BYTES, METHODS, chunk_rows, maximize_lbfgsb, top_k_shared
 from orchestrator.acquisition.rff import MatheronPaths
 from orchestrator.errors import ConfigError, InputDataError
@@ -306,10 +306,5 @@ def _first_free(rejected: Tensor) -> Tensor:
 
 
 def _near(X: Tensor, others: Tensor) -> Tensor:
-    """`n` mask: rows of `X` (`n x d`) within max-norm `DUPLICATE_TOL` of a row of `others` (`m x d`), via a k-d tree."""
-    if others.shape[0] == 0:
-        return torch.zeros(X.shape[0], dtype=torch.bool, device=X.device)
-    dist, _ = cKDTree(others.detach().cpu().numpy()).query(
-        X.detach().cpu().numpy(), k=1, p=float("inf"), distance_upper_bound=2 * DUPLICATE_TOL
-    )
-    return torch.as_tensor(dist < DUPLICATE_TOL, device=X.device)
+    """`n` mask: rows of `X` (`n x d`) within max-norm `DUPLICATE_TOL` of a row of `others` (`m x d`)."""
+    return min_distance(X, others, bound=2 * DUPLICATE_TOL) < DUPLICATE_TOL
