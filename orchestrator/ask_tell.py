@@ -211,6 +211,8 @@ class AskTellOptimizer:
         from orchestrator.acquisition import build_proposer
 
         proposer = build_proposer(self.proposer_name, **self.proposer_options)
+        if hasattr(proposer, "snap") and self.space.has_grid:  # a proposer that can reason on the grid
+            proposer.snap = self.space.snap
         if self._calibrator is not None:
             from orchestrator.calibration import attach
 

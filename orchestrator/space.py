@@ -274,6 +274,11 @@ class SearchSpace:
             raise SpaceError(f"row {bad} of the unit-cube points is not finite: {arr[bad].tolist()}")
         return [{p.name: p.from_unit(u) for p, u in zip(self.params, row)} for row in arr]
 
+    @property
+    def has_grid(self) -> bool:
+        """Whether some parameter takes discrete values (int or choice), so that `snap` rounds."""
+        return any(not isinstance(p, FloatParam) for p in self.params)
+
     def snap(self, X: Tensor) -> Tensor:
         """Round unit-cube points onto the representable grid (int steps, choices); floats unchanged."""
         return self.to_unit(self.from_unit(X), dtype=X.dtype, device=X.device)

@@ -325,6 +325,10 @@ class QGibbon(Proposer):
         if not isinstance(floor_max_values, bool):
             raise ConfigError(f"qgibbon.floor_max_values must be true or false; got {floor_max_values!r}")
         self.floor_max_values = floor_max_values
+        #: rounding onto the search space's grid (`SearchSpace.snap`; set by the optimizer for int and choice
+        #: parameters): each greedy step then scores, de-duplicates and adds its candidates where they will be
+        #: evaluated, so no later rounding moves a point onto a taken grid cell
+        self.snap: Callable[[Tensor], Tensor] | None = None
         self.last_diagnostics: dict[str, Any] = {}
 
     def check_model(self, model: Surrogate) -> None:
@@ -380,9 +384,12 @@ class QGibbon(Proposer):
                 lambda X, idx: acq.objective(X, log_delta), torch.cat([raw[top], carry]), maxiter=self.maxiter
             )
             carry = X_opt[v_opt.topk(min(self.num_restarts, v_opt.shape[0])).indices].detach()
-            X_next = self._best_new(
-                torch.cat([X_opt, raw]), torch.cat([v_opt, raw_val]), acq.X_P, X_observed
-            )
+            cands, vals = torch.cat([X_opt.detach(), raw]), torch.cat([v_opt, raw_val])
+            if self.snap is not None:
+                cands = self.snap(cands).to(**tk)
+                with torch.no_grad():
+                    vals = acq.objective(cands, log_delta)
+            X_next = self._best_new(cands, vals, acq.X_P, X_observed)
             with torch.no_grad():
                 lq, lr, _ = acq.log_parts(X_next.unsqueeze(0))
                 gains.append(float(acq.gain(X_next.unsqueeze(0))))

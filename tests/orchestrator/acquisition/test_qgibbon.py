@@ -395,3 +395,35 @@ def test_min_distance_through_its_tree_matches_the_pairwise_distances():
     assert torch.isinf(min_distance(X, others[:0])).all()
     bounded = min_distance(X, others, bound=2 * DUPLICATE_TOL)
     assert torch.equal(bounded[:3], got[:3]) and torch.isinf(bounded[3:]).all()
+
+
+def test_on_a_grid_the_batch_is_chosen_where_it_will_be_evaluated(monkeypatch):
+    """Found in review: Q-GIBBON built its batch from unrounded points, so rounding onto int and choice grids
+    made 8-17 of 100 points repeat taken cells, and the optimizer replaced them by random points. With the
+    space's `snap` it scores, de-duplicates and adds each point at its grid cell: nothing is replaced."""
+    import orchestrator.ask_tell as AT
+
+    space = {f"i{k}": {"type": "int", "low": 0, "high": 7} for k in range(4)}
+    space["c"] = {"type": "choice", "choices": ["a", "b", "c"]}
+
+    def value(p, seed):
+        x = [p[f"i{k}"] / 7 for k in range(4)] + [{"a": 0.0, "b": 0.5, "c": 1.0}[p["c"]]]
+        return -sum((v - 0.6) ** 2 for v in x) + 0.1 * float(torch.randn(1, generator=torch.Generator().manual_seed(seed)))
+
+    replaced = []
+    dedupe = AT.AskTellOptimizer._dedupe
+
+    def counting(self, X, *args):
+        out = dedupe(self, X, *args)
+        replaced.append(int(((out - X).abs().amax(-1) > 1e-9).sum()))
+        return out
+
+    monkeypatch.setattr(AT.AskTellOptimizer, "_dedupe", counting)
+    opt = AT.AskTellOptimizer(space, model="quantile", tau=0.5, proposer="qgibbon", initial_design=40, seed=0,
+                              model_options={"num_inducing": 40, "max_steps": 300},
+                              proposer_options={"raw_samples": 256, "num_restarts": 4, "maxiter": 50})
+    assert opt._build_proposer().snap is not None
+    for q in (40, 100, 100):
+        for t in opt.ask(q):
+            opt.tell(t.trial_id, value(t.params, t.seed))
+    assert replaced[1:] == [0, 0], replaced
