@@ -101,7 +101,7 @@ class RunMetrics:
             ("best observed params", _short(self.best_params)),
             ("best predicted tau-level (model)", f(self.best_predicted)),
             ("recommended params (model)", _short(self.best_predicted_params)),
-            ("wall time (first start to last end) [s]", f(self.span_s)),
+            ("wall time (first start to last end, per session) [s]", f(self.span_s)),
             ("busy evaluation time [s]", f(self.busy_s)),
             (f"slots ({self.slots_source})", str(self.slots)),
             ("utilization U", f(self.utilization)),
