@@ -24,7 +24,7 @@ from orchestrator.errors import ConfigError, InputDataError
 from orchestrator.models.base import TKWARGS, SparseLatentParts, Surrogate, check_training_data
 from orchestrator.models.likelihoods import check_tau
 from orchestrator.models.mll_fit import fit_exact_mll
-from orchestrator.models.svgp import JITTER_REL, MIN_VARIANCE, MIN_Y_STD
+from orchestrator.models.svgp import JITTER_REL, MIN_VARIANCE, standardization
 
 __all__ = ["ExactGP"]
 
@@ -72,9 +72,7 @@ class ExactGP(Surrogate):
                                  f"got shape {tuple(X.shape)}")
         t0 = time.perf_counter()
         X, Y = X.to(**TKWARGS), Y.to(**TKWARGS)
-        y_mean = float(Y.mean())
-        y_std = float(Y.std()) if Y.shape[0] > 1 else 1.0
-        y_std = y_std if y_std > MIN_Y_STD else 1.0
+        y_mean, y_std = standardization(Y)
         warm = self.model is not None and self.warm_start
         previous = {k: v for k, v in self.model.state_dict().items() if "raw_" in k} if warm else None
 

@@ -169,6 +169,19 @@ class SVGPOptions:
         return cls(**options)
 
 
+def standardization(Y: Tensor) -> tuple[float, float]:
+    """(mean, std) that standardize the outcomes `Y`: std 1 for fewer than two points or a constant Y (a spread
+    at roundoff level, <= 1e-12 |mean|); any real spread is kept, however small (outcomes of order 1e-10 are
+    not constant: replacing their std by 1 flattened them and the recommendation went to a cube corner)."""
+    y_mean = float(Y.mean())
+    y_std = float(Y.std()) if Y.shape[0] > 1 else 0.0
+    return y_mean, (y_std if y_std > ROUNDOFF_REL * abs(y_mean) and y_std > 0.0 else 1.0)
+
+
+#: relative spread below which outcomes count as constant (`standardization`)
+ROUNDOFF_REL = 1e-12
+
+
 def _variance(Y: Tensor) -> float:
     """Sample variance of `Y`, 1 for fewer than two points or a constant Y (the standardized convention)."""
     v = float(Y.var()) if Y.shape[0] > 1 else 1.0
@@ -511,9 +524,7 @@ class TwoLatentSVGPSurrogate(Surrogate):
         X = X.to(**TKWARGS)
         Y = Y.to(**TKWARGS)
         if self.options.y_scale is None:
-            y_mean = float(Y.mean())
-            y_std = float(Y.std()) if Y.shape[0] > 1 else 1.0
-            y_std = y_std if y_std > MIN_Y_STD else 1.0
+            y_mean, y_std = standardization(Y)
         else:
             y_mean, y_std = 0.0, float(self.options.y_scale)
         Y_std = (Y - y_mean) / y_std
