@@ -181,3 +181,28 @@ def test_bad_inputs_name_the_row() -> None:
         model.posterior_f(X)
     with pytest.raises(Exception, match="num_bootstrap"):
         ReplicateQuantileGP(tau=0.5, num_bootstrap=1)
+
+
+def test_the_final_restart_compares_warm_and_cold_fits_of_the_same_bootstrap():
+    """Found in review: the fit reported no `loss`, so `fit(restart=True)` compared NaN with NaN and always kept
+    the warm fit (logging `restart_kept: warm` as if it had compared); and the warm and the cold fit drew
+    different bootstrap quantiles (seeded by the fit count), so their losses would not have compared."""
+    from orchestrator.ask_tell import AskTellOptimizer
+
+    space = {"a": {"type": "float", "low": 0.0, "high": 1.0}, "b": {"type": "float", "low": 0.0, "high": 1.0}}
+    g = torch.Generator().manual_seed(2)
+    opt = AskTellOptimizer(space, model="gpr-replicates", tau=0.7, proposer="gpr-ei", initial_design=3)
+    for x in torch.rand(4, 2, generator=g).tolist():
+        for _ in range(5):
+            opt.tell_point({"a": x[0], "b": x[1]}, 5 * x[0] + float(torch.randn(1, generator=g)))
+    opt.fit()
+    for x in torch.rand(40, 2, generator=g).tolist():
+        for _ in range(5):
+            opt.tell_point({"a": x[0], "b": x[1]},
+                           math.sin(15 * x[0]) * math.cos(11 * x[1]) + 0.2 * float(torch.randn(1, generator=g)))
+    d = opt.fit(restart=True)
+    assert math.isfinite(d["loss_warm"]) and math.isfinite(d["loss_cold"])
+    assert d["restart_kept"] == ("cold" if d["loss_cold"] < d["loss_warm"] else "warm")
+    X, Y = opt.observations()
+    cold = ReplicateQuantileGP(tau=0.7).fit(X, Y)  # a fresh model on the same data: the same bootstrap draw
+    assert cold["loss"] == pytest.approx(d["loss_cold"], rel=1e-9)
