@@ -628,18 +628,22 @@ class AskTellOptimizer:
         except NotImplementedError:
             return None
         return {"model": state, "model_n": n, "model_type": self.model_name, "tau": self.tau,
+                "model_tau": self.model_tau, "model_options": dict(self.model_options),
                 "best": None if best is None else [dict(best[0]), float(best[1])]}
 
     def restore_model(self, checkpoint: Mapping[str, Any]) -> None:
         """Use a `model_checkpoint` as the current model (a resumed run proposes from it while it refits).
 
         Raises:
-            QbatchError: the checkpoint is of another model or level, or saw more results than this optimizer
-                holds (it belongs to another run).
+            QbatchError: the checkpoint is of another model, level (tau and direction) or model options (an
+                edited config.yaml: its settings would otherwise carry on through every warm refit), or saw
+                more results than this optimizer holds (it belongs to another run).
         """
-        if checkpoint.get("model_type") != self.model_name or float(checkpoint.get("tau", -1)) != self.tau:
-            raise QbatchError(f"the model checkpoint is of model {checkpoint.get('model_type')!r} at tau "
-                              f"{checkpoint.get('tau')!r}; this run fits {self.model_name!r} at tau {self.tau!r}")
+        theirs = (checkpoint.get("model_type"), checkpoint.get("model_tau"), checkpoint.get("model_options"))
+        if theirs != (self.model_name, self.model_tau, self.model_options):
+            raise QbatchError(f"the model checkpoint is of model {theirs[0]!r} at level {theirs[1]!r} with options "
+                              f"{theirs[2]!r}; this run fits {self.model_name!r} at level {self.model_tau!r} "
+                              f"(tau {self.tau!r}, {self.direction}) with options {self.model_options!r}")
         n = int(checkpoint["model_n"])
         with self._lock:
             if n > len(self._obs_y):

@@ -26,6 +26,7 @@ FORRESTER = load_objective("forrester", {})
 def _config(tmp_path, **over):
     cfg = {"name": "ckpt", "objective": {"name": "forrester", "options": {}}, "batch_size": 4,
            "initial_design": 8, "budget": 40, "max_concurrent": 4, "seed": 2, "run_dir": str(tmp_path / "run"),
+           "tau": 0.3,
            "model": {"type": "quantile", "options": {"max_steps": 150, "warm_max_steps": 30, "num_inducing": 8}}}
     cfg.update(over)
     return cfg
@@ -115,5 +116,29 @@ def test_a_checkpoint_of_another_model_is_not_restored(fitted):
     store.save_checkpoint(MODEL_CHECKPOINT, {**ckpt, "model_type": "expectile"})
     again = _open(cfg["run_dir"])
     assert not again.model_restored and again.opt.model is None
-    store.save_checkpoint(MODEL_CHECKPOINT, {**ckpt, "tau": 0.9})
+    store.save_checkpoint(MODEL_CHECKPOINT, {**ckpt, "model_tau": 0.9})
     assert not _open(cfg["run_dir"]).model_restored
+
+
+@pytest.mark.parametrize("edit", ["model options", "direction"])
+def test_a_checkpoint_made_under_other_settings_is_not_restored(fitted, edit):
+    """Found in review: config keys but the space may change before a resume, yet a restored checkpoint brought
+    its own tau and model options, and every warm refit copied them on: num_inducing 8 -> 24 stayed 8, and
+    after a change of direction the model kept fitting the old level (0.3 instead of 0.7) of a negated outcome."""
+    import yaml
+
+    cfg, actor = fitted
+    path = f"{cfg['run_dir']}/config.yaml"
+    stored = yaml.safe_load(open(path))
+    if edit == "model options":
+        stored["model"]["options"]["num_inducing"] = 6
+    else:
+        stored["direction"] = "maximize" if actor.opt.direction == "minimize" else "minimize"
+    with open(path, "w") as f:
+        yaml.safe_dump(stored, f)
+    again = _open(cfg["run_dir"])
+    assert not again.model_restored and again.opt.model is None
+    assert again._refit() is True
+    assert again.opt.model.tau == again.opt.model_tau
+    if edit == "model options":
+        assert again.opt.model.options.num_inducing == 6
