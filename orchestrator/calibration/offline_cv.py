@@ -42,6 +42,7 @@ def cv_forecasts(
     splits: str = "loo",
     n_splits: int | None = None,
     cache: dict[int, Any] | None = None,
+    warm_from: Any = None,
 ) -> tuple[Forecast, Tensor, Tensor]:
     """Out-of-fold forecasts (CREATE_SPLITS + refits of §1.3).
 
@@ -52,8 +53,9 @@ def cv_forecasts(
         n_splits: time-series only: number of one-step-ahead splits (default n - MIN_TRAIN, i.e. all).
         cache: optional dict kept by the caller between calls (fold index -> entry). Time-series: the
             fold's training prefix and its forecast, reused when the prefix is unchanged (the same fit would
-            give the same forecast). LOO: the fold's model, refitted warm-started (models whose `fit`
-            starts from their previous hyperparameters, as ExactGP by default).
+            give the same forecast). Not used by LOO.
+        warm_from: LOO: a model fitted to all of (X, Y) whose state starts every fold's fit (a warm start that
+            depends on the data only, not on the history of fits: a restored calibrator maps the same).
 
     Returns:
         (forecasts of the held-out points, their `y`, their indices), in temporal order.
@@ -77,11 +79,13 @@ def cv_forecasts(
                 records.extend(recs)
                 idx.append(i)
                 continue
-        model = cache[i] if splits == "loo" and cache is not None and i in cache else model_factory()
+        model = model_factory()
+        if splits == "loo" and warm_from is not None:
+            model.set_state(warm_from.get_state())
         model.fit(X[train], Y[train])
         recs = model.forecast(X[i : i + 1]).to_records()
-        if cache is not None:
-            cache[i] = (X[:i].clone(), Y[:i].clone(), recs) if splits == "time-series" else model
+        if cache is not None and splits == "time-series":
+            cache[i] = (X[:i].clone(), Y[:i].clone(), recs)
         records.extend(recs)
         idx.append(i)
     if cache is not None:
@@ -164,7 +168,7 @@ class OfflineCVCalibrator(Calibrator):
         self._scale = 1.0
         self.pits = torch.empty(0, dtype=torch.float64)
         self._z_rms = 1.0
-        self._folds: dict[int, Any] = {}  # cv_forecasts' cache (not state: rebuilt by the next refit)
+        self._folds: dict[int, Any] = {}  # cv_forecasts' time-series cache (not state: the same fits rebuild it)
 
     # ------------------------------------------------------------------ data
     def update(self, forecast: Forecast, y: Tensor | float | Sequence[float], X: Tensor | None = None) -> None:
@@ -206,7 +210,6 @@ class OfflineCVCalibrator(Calibrator):
     def fit(self, X: Tensor, Y: Tensor) -> None:
         """Replace the data by all completed results (`n x d`, `n`, acquisition order) and recalibrate now."""
         self.X, self.Y = X.to(torch.float64).clone(), Y.to(torch.float64).reshape(-1).clone()
-        self._folds = {}  # LOO models were fitted to other data; time-series prefixes are checked anyway
         self._refit()
 
     def _maybe_refit(self) -> None:
@@ -218,7 +221,15 @@ class OfflineCVCalibrator(Calibrator):
         if self.Y.numel() < self.min_points:
             self._map, self._scale = None, 1.0
             return
-        fc, y, _ = cv_forecasts(self.model_factory, self.X, self.Y, self.splits, self.n_splits, self._folds)
+        warm = None
+        if self.splits == "loo":  # every fold starts from a cold fit to all the data (deterministic given it)
+            warm = self.model_factory()
+            warm.fit(self.X, self.Y)
+            try:
+                warm.get_state()
+            except NotImplementedError:  # a model without state: cold folds
+                warm = None
+        fc, y, _ = cv_forecasts(self.model_factory, self.X, self.Y, self.splits, self.n_splits, self._folds, warm)
         self.pits = fc.cdf(y).clamp(0.0, 1.0)
         z = (y - fc.mean()) / fc.variance().clamp_min(1e-300).sqrt()
         self._z_rms = float(z.pow(2).mean().sqrt())
