@@ -410,10 +410,10 @@ class QGibbon(Proposer):
 
     @staticmethod
     def _best_new(cands: Tensor, vals: Tensor, X_P: Tensor, X_observed: Tensor) -> Tensor:
-        """The best candidate that repeats no pending, chosen, or observed point (max-norm > DUPLICATE_TOL)."""
+        """The best candidate that repeats no pending, chosen, or observed point (max-norm > DUPLICATE_TOL); the
+        best candidate when every one repeats (a grid whose cells are all taken: the optimizer then keeps the
+        repeat, as it does for any proposer once a discrete space is used up)."""
         others = torch.cat([X_P, X_observed.to(X_P)])
         order = vals.argsort(descending=True)
         ok = min_distance(cands[order], others, bound=2 * DUPLICATE_TOL) > DUPLICATE_TOL
-        if not ok.any():
-            raise RuntimeError("QGibbon found no candidate that differs from the pending and observed points")
-        return cands[order[ok.nonzero()[0, 0]]].detach()
+        return cands[order[ok.nonzero()[0, 0] if ok.any() else 0]].detach()

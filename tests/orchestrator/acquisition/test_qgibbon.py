@@ -427,3 +427,20 @@ def test_on_a_grid_the_batch_is_chosen_where_it_will_be_evaluated(monkeypatch):
         for t in opt.ask(q):
             opt.tell(t.trial_id, value(t.params, t.seed))
     assert replaced[1:] == [0, 0], replaced
+
+
+def test_a_used_up_grid_gets_repeats_not_an_error():
+    """Found in review of the grid snapping: once every cell of a small int/choice space was taken, no snapped
+    candidate was new and Q-GIBBON raised, which stops an actor's run; the optimizer keeps repeats there."""
+    import orchestrator.ask_tell as AT
+
+    space = {"i": {"type": "int", "low": 0, "high": 5}, "c": {"type": "choice", "choices": ["a", "b"]}}  # 12 cells
+    opt = AT.AskTellOptimizer(space, model="quantile", tau=0.5, proposer="qgibbon", initial_design=8, seed=0,
+                              model_options={"num_inducing": 8, "max_steps": 100},
+                              proposer_options={"raw_samples": 64, "num_restarts": 2, "maxiter": 20})
+    seen = set()
+    for q in (8, 4, 4, 4):
+        for t in opt.ask(q):
+            seen.add((t.params["i"], t.params["c"]))
+            opt.tell(t.trial_id, -((t.params["i"] / 5 - 0.6) ** 2) + (0.1 if t.params["c"] == "a" else 0.0))
+    assert len(seen) == 12 and opt.num_completed == 20
