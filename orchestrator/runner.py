@@ -315,6 +315,8 @@ def _check_log_matches_space(events: Any, space: Any) -> None:
     would train the model on relabelled points."""
     import math
 
+    from orchestrator.store import _plain  # the log's JSON form of a value (a tuple choice comes back a list)
+
     for ev in events:
         if ev.kind != "proposed" or not ev.params or not ev.x:
             continue
@@ -322,7 +324,7 @@ def _check_log_matches_space(events: Any, space: Any) -> None:
             raise ConfigError(f"`space`: the run's logged trials have the parameters {sorted(ev.params)}, this "
                               f"space has {sorted(space.names)}; the space of a started run cannot change")
         for p, u in zip(space.params, ev.x):
-            logged, now = ev.params[p.name], p.from_unit(float(u))
+            logged, now = ev.params[p.name], _plain(p.from_unit(float(u)), p.name)
             if isinstance(now, float) and isinstance(logged, (int, float)) and not isinstance(logged, bool):
                 same = math.isclose(logged, now, rel_tol=1e-9, abs_tol=1e-12)
             else:  # an int or a choice: the same value (a bool matches only a bool)
