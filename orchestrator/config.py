@@ -241,7 +241,8 @@ def _space(key: str, v: Any) -> Mapping[str, Any]:
             raise _fail(sub, "a parameter spec mapping (type, low, high, ... or choices)", spec)
         spec = _plain(sub, spec, [_MAX_NODES])
         kind = spec.get("type")
-        required = {"float": {"low", "high"}, "int": {"low", "high"}, "choice": {"choices"}}.get(kind)
+        required = {"float": {"low", "high"}, "int": {"low", "high"}, "choice": {"choices"}}.get(kind) \
+            if isinstance(kind, str) else None
         if required is None or not required <= set(spec):
             # a partial override (the objective's spec fills the rest, `build_space`): its key names now
             unknown = set(spec) - _SPEC_KEYS

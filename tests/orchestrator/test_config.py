@@ -272,6 +272,8 @@ def test_an_override_restates_only_what_it_changes():
         ({"fc_units": {"type": "int", "low": 17}}, r"^`space\.fc_units`: .*multiple of step 16"),
         ({"lr": {"type": "int", "low": 1}}, r"^`space\.lr`: .*missing key 'high'"),
         ({"lr": {"low": 0.5}}, r"^`space\.lr`: .*low must be < high"),
+        ({"fc_units": {"log": True}}, r"^`space\.fc_units`: .*a log int parameter must have step 1"),
+        ({"fc_units": {"type": ["int"]}}, r"^`space\.fc_units`: type must be one of .*got \['int'\]"),
     ]:
         with pytest.raises(ConfigError, match=pattern):
             load_config({"objective": "forrester", "space": override}).build_space(space)
