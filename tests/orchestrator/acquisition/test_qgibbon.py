@@ -395,6 +395,11 @@ def test_min_distance_through_its_tree_matches_the_pairwise_distances():
     assert torch.isinf(min_distance(X, others[:0])).all()
     bounded = min_distance(X, others, bound=2 * DUPLICATE_TOL)
     assert torch.equal(bounded[:3], got[:3]) and torch.isinf(bounded[3:]).all()
+    # a few rows against many: compared directly, in chunks (a tree per call cost 30x for one row)
+    many = torch.rand(40000, 5, generator=g, dtype=torch.float64)
+    few = torch.cat([many[:2], torch.rand(8, 5, generator=g, dtype=torch.float64)])
+    want = torch.stack([(x - many).abs().amax(-1).min() for x in few])
+    assert torch.equal(min_distance(few, many), want) and (want[:2] == 0).all()
 
 
 def test_on_a_grid_the_batch_is_chosen_where_it_will_be_evaluated(monkeypatch):
