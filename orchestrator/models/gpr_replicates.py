@@ -30,7 +30,7 @@ from orchestrator.errors import ConfigError, InputDataError, UnsupportedError
 from orchestrator.models.base import TKWARGS, SparseLatentParts, Surrogate, check_training_data
 from orchestrator.models.distributions import al_constants
 from orchestrator.models.likelihoods import check_tau
-from orchestrator.models.svgp import matern52
+from orchestrator.models.svgp import matern52, standardization
 
 __all__ = ["ReplicateQuantileGP", "group_replicates", "bootstrap_quantiles"]
 
@@ -215,8 +215,7 @@ class ReplicateQuantileGP(Surrogate):
         pooled = float((resid**2).sum() / dof) if dof > 0 else float(Y.var()) if Y.numel() > 1 else 1.0
         var_raw = torch.where(counts > 1, var_raw, torch.full_like(var_raw, pooled))
 
-        loc = float(q_raw.mean())
-        scale = max(float(q_raw.std()), MIN_Y_STD)
+        loc, scale = standardization(q_raw)
         q = (q_raw - loc) / scale
         noise = (var_raw / scale**2).clamp_min(self.min_noise)
 

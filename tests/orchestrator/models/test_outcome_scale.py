@@ -16,7 +16,7 @@ SPACE = {"a": {"type": "float", "low": 0.0, "high": 1.0}}
 def _fit_best(model: str, scale: float):
     xs = torch.linspace(0, 1, 25, dtype=torch.float64)
     y = -4 * (xs - 0.7) ** 2 + 0.02 * torch.randn(25, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    opts = {"num_inducing": 12, "max_steps": 300} if model != "exact-gp" else {}
+    opts = {"num_inducing": 12, "max_steps": 300} if model not in ("exact-gp", "gpr-replicates") else {}
     opt = AskTellOptimizer(SPACE, model=model, tau=0.5, initial_design=5, model_options=opts)
     for x, v in zip(xs.tolist(), (scale * y).tolist()):
         opt.tell_point({"a": x}, v)
@@ -25,7 +25,7 @@ def _fit_best(model: str, scale: float):
     return params["a"], value / scale
 
 
-@pytest.mark.parametrize("model", ["quantile", "exact-gp", "heteroscedastic"])
+@pytest.mark.parametrize("model", ["quantile", "exact-gp", "heteroscedastic", "gpr-replicates"])
 def test_the_fit_does_not_depend_on_the_outcome_scale(model):
     a1, v1 = _fit_best(model, 1.0)
     for scale in (1e-10, 1e-13, 1e8):
