@@ -231,8 +231,6 @@ class CentralActor:
         self.n_completed, self.n_failed = n_completed, n_failed
         # the failure guard judges this session's results: a run it stopped is resumed once the cause is fixed
         self._guard_base = (n_completed + n_failed, n_failed)
-        # the Sobol fillers of `_fill_before_first_model` belong to the run's start only, not to a resume
-        self._model_batches = len({ev.batch_id for ev in events if ev.kind == "proposed" and (ev.info or {}).get("source") == "model"})
         # trials proposed (maybe started) that never finished go first, in proposal order
         self._queue.extend(self.opt.pending())
         self.resumed_unfinished = len(self._queue)
@@ -705,8 +703,10 @@ class CentralActor:
         proposals are kept ahead of the queue by `low_water` instead, so the budget goes to the model.
         """
         with self._lock:  # Sobol points being proposed (the initial design's last ones) will fill slots too
-            if (self._model_batches or self._queue or self._reserved_sobol or not self.opt.needs_model()
-                    or self.opt._n_sobol < self.cfg.initial_design):
+            # at a resume with a restored model the first model batch comes at once; without one (no usable
+            # checkpoint) the slots would idle through the cold refit: they get Sobol points as at a start
+            if (self._model_batches or self.model_restored or self._queue or self._reserved_sobol
+                    or not self.opt.needs_model() or self.opt._n_sobol < self.cfg.initial_design):
                 return
             free = self.max_concurrent - len(self._inflight)
         q = min(free, self._remaining_to_propose())

@@ -640,6 +640,8 @@ class AskTellOptimizer:
                 more results than this optimizer holds (it belongs to another run).
         """
         theirs = (checkpoint.get("model_type"), checkpoint.get("model_tau"), checkpoint.get("model_options"))
+        if "model_tau" not in checkpoint:  # written before 2026-11-25: it recorded the user's tau only
+            theirs = (theirs[0], self.model_tau if checkpoint.get("tau") == self.tau else None, self.model_options)
         if theirs != (self.model_name, self.model_tau, self.model_options):
             raise QbatchError(f"the model checkpoint is of model {theirs[0]!r} at level {theirs[1]!r} with options "
                               f"{theirs[2]!r}; this run fits {self.model_name!r} at level {self.model_tau!r} "

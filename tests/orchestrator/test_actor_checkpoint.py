@@ -97,13 +97,18 @@ def test_every_refit_saves_the_model_and_a_new_actor_proposes_from_it(fitted):
 
 
 def test_an_unusable_checkpoint_means_a_cold_refit_not_a_failed_resume(fitted, capsys):
-    cfg, _ = fitted
+    cfg, actor = fitted
+    actor._propose(4)  # a model batch in the log
+    _evaluate_queued(actor)
     store = RunStore.open(cfg["run_dir"])
     ckpt = store.load_checkpoint(MODEL_CHECKPOINT)
     store.save_checkpoint(MODEL_CHECKPOINT, {**ckpt, "model_n": 99})  # more results than the log holds
     again = _open(cfg["run_dir"])
-    assert not again.model_restored and again.opt.model is None and again.opt.num_completed == 8
-    assert "saw 99 results; the log holds 8" in capsys.readouterr().err
+    assert not again.model_restored and again.opt.model is None and again.opt.num_completed == 12
+    assert "saw 99 results; the log holds 12" in capsys.readouterr().err
+    # found in review: without a model the slots idled through the cold refit; they get Sobol points meanwhile
+    again._fill_before_first_model()
+    assert len(again._inflight) == 4 and {t.source for t, _, _ in again._inflight.values()} == {"sobol"}
     store.save_checkpoint(MODEL_CHECKPOINT, {"model_n": "torn"})
     assert not _open(cfg["run_dir"]).model_restored
     assert again._refit() is True and again.opt.model is not None  # the cold refit
@@ -117,6 +122,12 @@ def test_a_checkpoint_of_another_model_is_not_restored(fitted):
     again = _open(cfg["run_dir"])
     assert not again.model_restored and again.opt.model is None
     store.save_checkpoint(MODEL_CHECKPOINT, {**ckpt, "model_tau": 0.9})
+    assert not _open(cfg["run_dir"]).model_restored
+    # a checkpoint written before the level and options were recorded is restored at the same tau
+    old = {k: v for k, v in ckpt.items() if k not in ("model_tau", "model_options")}
+    store.save_checkpoint(MODEL_CHECKPOINT, old)
+    assert _open(cfg["run_dir"]).model_restored
+    store.save_checkpoint(MODEL_CHECKPOINT, {**old, "tau": 0.9})
     assert not _open(cfg["run_dir"]).model_restored
 
 
