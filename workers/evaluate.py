@@ -250,30 +250,41 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def _guard_group() -> None:
-    """Fork a guard that SIGKILLs this process group once the calling sandbox child has ended, however it ends.
+    """Start a guard that SIGKILLs this process group once the calling sandbox child has ended, however it ends.
 
     The kernel kills the sandbox with its Ray worker (`_die_with_parent`), but not what the objective started
     in the sandbox's group (a simulator's processes, a Pool): re-parented to init, those would run on beside
     the evaluations of a resumed run. The guard is a separate process because the sandbox itself may be
-    SIGKILLed, or stuck in C code where no Python signal handler or thread would run.
+    SIGKILLed, or stuck in C code where no Python signal handler or thread would run. It is forked twice, so
+    that it is not the sandbox's child (an objective that reaps all its children, `os.wait()` until none is
+    left, would wait for it forever), and it watches the sandbox through a pidfd, so that no signal the
+    objective sends its group can wake it; it ignores the catchable ones. Linux 5.3+ (pidfd); none elsewhere.
     """
-    sandbox = os.getpid()
     try:
-        pid = os.fork()
+        pidfd = os.pidfd_open(os.getpid())
+    except (AttributeError, OSError):  # pragma: no cover - no pidfd here: run without the guard
+        return
+    try:
+        middle = os.fork()
     except OSError:  # pragma: no cover - out of processes: run without the guard
+        os.close(pidfd)
         return
-    if pid:
+    if middle:
+        os.close(pidfd)
+        os.waitpid(middle, 0)
         return
-    try:  # the guard: only system calls from here on (the sandbox may have had threads when it forked)
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
-        os.closerange(3, 1 << 20)  # hold none of the worker's sockets or the sandbox's pipe open
-        try:
-            _libc().prctl(1, signal.SIGUSR1, 0, 0, 0)  # PR_SET_PDEATHSIG: SIGUSR1 when the sandbox ends
-        except Exception:  # pragma: no cover - not Linux: no guard
-            os._exit(0)
-        if os.getppid() == sandbox:  # else the sandbox ended before prctl took effect
-            signal.sigwait({signal.SIGUSR1})
-        os.killpg(0, signal.SIGKILL)  # the group, this guard included
+    try:  # the middle process: fork the guard and leave (only system calls: the sandbox may have had threads)
+        if os.fork() == 0:
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+                        signal.SIGUSR2):
+                signal.signal(sig, signal.SIG_IGN)
+            os.closerange(3, pidfd)  # hold none of the worker's sockets or the sandbox's pipe open
+            os.closerange(pidfd + 1, 1 << 20)
+            import select
+
+            while not select.select([pidfd], [], [])[0]:  # readable once the sandbox has ended
+                pass
+            os.killpg(0, signal.SIGKILL)  # the group, this guard included
     finally:
         os._exit(0)
 

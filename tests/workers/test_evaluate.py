@@ -414,3 +414,39 @@ def test_huge_messages_tracebacks_and_metrics_are_capped():
     assert len(log) <= MAX_METRIC_CHARS + 100 and log.startswith("xxx") and log.endswith(" END")
     assert all(len(k) <= MAX_METRIC_CHARS + 100 for k in rec["metrics"]) and 2.0 in rec["metrics"].values()
 
+
+
+class SignalsItsGroup(Objective):
+    """A simulator that signals its process group with SIGUSR1 (the evaluation handles it)."""
+
+    space = SPACE
+
+    def evaluate(self, params, seed):
+        signal.signal(signal.SIGUSR1, lambda *args: None)
+        os.killpg(0, signal.SIGUSR1)
+        time.sleep(0.3)
+        return 1.0
+
+
+class ReapsAllChildren(Objective):
+    """Starts a helper, then reaps every child it has (a common clean-up idiom)."""
+
+    space = SPACE
+
+    def evaluate(self, params, seed):
+        import subprocess
+
+        subprocess.Popen(["true"])
+        while True:
+            try:
+                os.wait()
+            except ChildProcessError:
+                return 1.0
+
+
+@pytest.mark.parametrize("objective", [SignalsItsGroup(), ReapsAllChildren()], ids=["sigusr1", "wait-all"])
+def test_the_group_guard_stays_out_of_the_objectives_way(objective):
+    """Found in review of the guard process: it woke on any SIGUSR1 sent to the group and killed the evaluation,
+    and as the sandbox's child it kept `os.wait()`-until-none-left loops waiting until the timeout."""
+    rec = evaluate_once(objective, "0-0", {"x": 0.1}, seed=0, timeout_s=10)
+    assert rec["status"] == "completed", (rec["error"], rec["message"])
