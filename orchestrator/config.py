@@ -228,6 +228,8 @@ def check_run_dir(key: str, v: Any) -> str:
 
 
 def _space(key: str, v: Any) -> Mapping[str, Any]:
+    from orchestrator.space import REQUIRED_KEYS, SPEC_KEYS
+
     if v is None:
         v = {}
     if not isinstance(v, Mapping):
@@ -241,23 +243,19 @@ def _space(key: str, v: Any) -> Mapping[str, Any]:
             raise _fail(sub, "a parameter spec mapping (type, low, high, ... or choices)", spec)
         spec = _plain(sub, spec, [_MAX_NODES])
         kind = spec.get("type")
-        required = {"float": {"low", "high"}, "int": {"low", "high"}, "choice": {"choices"}}.get(kind) \
-            if isinstance(kind, str) else None
+        required = REQUIRED_KEYS.get(kind) if isinstance(kind, str) else None
         if required is None or not required <= set(spec):
             # a partial override (the objective's spec fills the rest, `build_space`): its key names now
-            unknown = set(spec) - _SPEC_KEYS
+            known = frozenset().union(*SPEC_KEYS.values())
+            unknown = set(spec) - known
             if unknown or (kind is not None and required is None):
                 raise ConfigError(
-                    f"`{sub}`: " + (f"unknown key(s) {sorted(unknown)}; allowed {sorted(_SPEC_KEYS)}" if unknown
-                                    else f"type must be one of ['choice', 'float', 'int']; got {kind!r}"))
+                    f"`{sub}`: " + (f"unknown key(s) {sorted(unknown)}; allowed {sorted(known)}" if unknown
+                                    else f"type must be one of {sorted(SPEC_KEYS)}; got {kind!r}"))
         else:
             _check_param_spec(sub, name, spec)
         out[name] = spec
     return MappingProxyType(out)
-
-
-#: the keys of a parameter spec of any type (orchestrator/space.py checks them per type)
-_SPEC_KEYS = frozenset({"type", "low", "high", "log", "step", "choices"})
 
 
 def _check_param_spec(key: str, name: str, spec: Mapping[str, Any]) -> None:

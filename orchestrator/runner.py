@@ -315,6 +315,7 @@ def _check_log_matches_space(events: Any, space: Any) -> None:
     would train the model on relabelled points."""
     import math
 
+    from objectives.base import is_choice
     from orchestrator.store import _plain  # the log's JSON form of a value (a tuple choice comes back a list)
 
     for ev in events:
@@ -328,7 +329,7 @@ def _check_log_matches_space(events: Any, space: Any) -> None:
             if isinstance(now, float) and isinstance(logged, (int, float)) and not isinstance(logged, bool):
                 same = math.isclose(logged, now, rel_tol=1e-9, abs_tol=1e-12)
             else:  # an int or a choice: the same value (a bool matches only a bool)
-                same = isinstance(logged, bool) == isinstance(now, bool) and logged == now
+                same = is_choice(logged, (now,))
             if not same:
                 raise ConfigError(
                     f"`space.{p.name}` no longer matches the run's log: trial {ev.trial_id} was logged with "

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from objectives.base import is_choice  # the objectives' own test: a bool matches only a bool
 from orchestrator.errors import SpaceError
 
 __all__ = ["FloatParam", "IntParam", "ChoiceParam", "Parameter", "SearchSpace"]
@@ -117,12 +118,12 @@ class ChoiceParam:
         if len(self.choices) < 1:
             raise SpaceError(f"parameter {self.name!r}: choices must not be empty")
         # by `to_unit`'s test: of 1 and 1.0 only the first could ever be chosen by a unit coordinate's bin
-        if any(_same_choice(a, b) for i, a in enumerate(self.choices) for b in self.choices[i + 1:]):
+        if any(is_choice(a, self.choices[i + 1:]) for i, a in enumerate(self.choices)):
             raise SpaceError(f"parameter {self.name!r}: duplicate choices in {list(self.choices)}")
 
     def to_unit(self, v: Any) -> float:
         for i, c in enumerate(self.choices):
-            if _same_choice(v, c):
+            if is_choice(v, (c,)):
                 return (i + 0.5) / len(self.choices)
         raise SpaceError(f"parameter {self.name!r}={v!r} is not one of {list(self.choices)}")
 
@@ -136,13 +137,15 @@ class ChoiceParam:
 
 Parameter = FloatParam | IntParam | ChoiceParam
 
-
-def _same_choice(a: Any, b: Any) -> bool:
-    """Whether choice values `a` and `b` are the same: equal, and a bool only equals a bool (True == 1)."""
-    try:
-        return isinstance(a, bool) == isinstance(b, bool) and bool(a == b)
-    except (TypeError, ValueError):  # no truth value (an array)
-        return False
+#: the keys a parameter spec of each type may have, and those it must have
+SPEC_KEYS: dict[str, frozenset[str]] = {
+    "float": frozenset({"type", "low", "high", "log"}),
+    "int": frozenset({"type", "low", "high", "step", "log"}),
+    "choice": frozenset({"type", "choices"}),
+}
+REQUIRED_KEYS: dict[str, frozenset[str]] = {
+    "float": frozenset({"low", "high"}), "int": frozenset({"low", "high"}), "choice": frozenset({"choices"}),
+}
 
 
 def _number(name: str, v: Any) -> float:
@@ -204,12 +207,8 @@ class SearchSpace:
             if not isinstance(spec, Mapping):
                 raise SpaceError(f"parameter {name!r}: spec must be a mapping; got {spec!r}")
             kind = spec.get("type", "float")
-            allowed = {
-                "float": {"type", "low", "high", "log"},
-                "int": {"type", "low", "high", "step", "log"},
-                "choice": {"type", "choices"},
-            }
-            if kind not in allowed:
+            allowed = SPEC_KEYS
+            if not isinstance(kind, str) or kind not in allowed:
                 raise SpaceError(f"parameter {name!r}: type must be one of {sorted(allowed)}; got {kind!r}")
             unknown = set(spec) - allowed[kind]
             if unknown:
