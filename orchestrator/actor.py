@@ -686,7 +686,7 @@ class CentralActor:
             return False
         if self.opt._n_sobol < self.cfg.initial_design:  # the initial design
             q = min(self.cfg.initial_design - self.opt._n_sobol, self.cfg.batch_size, remaining)
-        elif self.opt.model is not None or not self.opt.needs_model():  # Sobol or random search: no model
+        elif self.opt.model is not None or not self.opt.needs_model():  # a model, or a proposer without one
             q = min(self.cfg.batch_size, remaining)
         else:
             # waiting for the first model: the dispatch loop gives free slots further Sobol points meanwhile
