@@ -174,8 +174,8 @@ def botorch_thompson(model, q: int, d: int, raw_samples: int, restarts: int, max
 def run_setting(s: Setting, args: argparse.Namespace) -> list[dict[str, Any]]:
     X_all, Y_all = make_data(s.n + NEW_POINTS, s.d, seed=args.seed)
     X, Y = X_all[: s.n], Y_all[: s.n]
-    raw = args.raw_samples or default_raw_samples(s.d)
     restarts = args.restarts or default_num_restarts(s.d, s.q)
+    raw = args.raw_samples or default_raw_samples(s.d, restarts)
     common = {"n": s.n, "d": s.d, "m": s.m, "q": s.q, "raw_samples": raw, "num_restarts": restarts,
               "maxiter": args.maxiter, "num_features": args.num_features, "threads": torch.get_num_threads(),
               "machine": f"{platform.machine()} {psutil.cpu_count()} cpus", "torch": torch.__version__}

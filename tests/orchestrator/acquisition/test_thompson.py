@@ -83,6 +83,9 @@ def test_defaults_follow_trieste_and_stay_bounded_for_large_batches() -> None:
     assert default_num_restarts(8, 1) == 80  # trieste's 10·d starts for one path
     assert default_num_restarts(16, 1000) == 4  # q·restarts capped at 4096 problems
     assert default_num_restarts(16, 4096) == 2
+    # fewer starts than 10·d: more candidates to pick them from (up to 4x)
+    assert default_raw_samples(6, 60) == 6000 and default_raw_samples(6, 8) == 24_000
+    assert default_raw_samples(8, 40) == 16_000 and default_raw_samples(16, 2) == 64_000
 
 
 def test_colliding_paths_move_to_distinct_points_never_dropped() -> None:
