@@ -215,27 +215,25 @@ def predicted_series(events: Sequence[Event], trials: Sequence[TrialRecord]) -> 
     return np.array(ns, dtype=float), np.array(ts, dtype=float), np.array(vs, dtype=float)
 
 
+def _timed(trials: Sequence[TrialRecord]) -> list[TrialRecord]:
+    """Finished trials with both times, ending no earlier than they started."""
+    return [t for t in trials if t.status in ("completed", "failed") and t.started_at is not None
+            and t.ended_at is not None and t.ended_at >= t.started_at]
+
+
 def intervals(trials: Sequence[TrialRecord]) -> np.ndarray:
     """`k x 2` (started_at, ended_at) of finished trials with both times."""
-    rows = [
-        (t.started_at, t.ended_at)
-        for t in trials
-        if t.status in ("completed", "failed") and t.started_at is not None and t.ended_at is not None
-    ]
-    arr = np.array(rows, dtype=float).reshape(-1, 2)
-    return arr[arr[:, 1] >= arr[:, 0]]
+    return np.array([(t.started_at, t.ended_at) for t in _timed(trials)], dtype=float).reshape(-1, 2)
 
 
 def session_span(trials: Sequence[TrialRecord]) -> float:
     """Seconds covered by the sessions' spans (first start to last end of the finished trials each session
     recorded, `info["session"]`; one span for results without it), overlaps counted once."""
     spans: dict[Any, tuple[float, float]] = {}
-    for t in trials:
-        if t.status in ("completed", "failed") and t.started_at is not None and t.ended_at is not None \
-                and t.ended_at >= t.started_at:
-            key = (t.info or {}).get("session")
-            lo, hi = spans.get(key, (math.inf, -math.inf))
-            spans[key] = (min(lo, t.started_at), max(hi, t.ended_at))
+    for t in _timed(trials):
+        key = (t.info or {}).get("session")
+        lo, hi = spans.get(key, (math.inf, -math.inf))
+        spans[key] = (min(lo, t.started_at), max(hi, t.ended_at))
     total, reach = 0.0, -math.inf
     for lo, hi in sorted(spans.values()):
         lo = max(lo, reach)

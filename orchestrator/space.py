@@ -207,13 +207,12 @@ class SearchSpace:
             if not isinstance(spec, Mapping):
                 raise SpaceError(f"parameter {name!r}: spec must be a mapping; got {spec!r}")
             kind = spec.get("type", "float")
-            allowed = SPEC_KEYS
-            if not isinstance(kind, str) or kind not in allowed:
-                raise SpaceError(f"parameter {name!r}: type must be one of {sorted(allowed)}; got {kind!r}")
-            unknown = set(spec) - allowed[kind]
+            if not isinstance(kind, str) or kind not in SPEC_KEYS:
+                raise SpaceError(f"parameter {name!r}: type must be one of {sorted(SPEC_KEYS)}; got {kind!r}")
+            unknown = set(spec) - SPEC_KEYS[kind]
             if unknown:
                 raise SpaceError(
-                    f"parameter {name!r}: unknown key(s) {sorted(unknown)} for type {kind!r}; allowed {sorted(allowed[kind])}"
+                    f"parameter {name!r}: unknown key(s) {sorted(unknown)} for type {kind!r}; allowed {sorted(SPEC_KEYS[kind])}"
                 )
             log = spec.get("log", False)
             if not isinstance(log, (bool, np.bool_)):

@@ -22,6 +22,7 @@ import json
 import math
 import multiprocessing
 import os
+import select
 import signal
 import threading
 import time
@@ -273,15 +274,13 @@ def _guard_group() -> None:
         os.close(pidfd)
         os.waitpid(middle, 0)
         return
-    try:  # the middle process: fork the guard and leave (only system calls: the sandbox may have had threads)
+    try:  # the middle process: fork the guard and leave (the objective has not run: one thread, nothing locked)
         if os.fork() == 0:
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
                         signal.SIGUSR2):
                 signal.signal(sig, signal.SIG_IGN)
             os.closerange(3, pidfd)  # hold none of the worker's sockets or the sandbox's pipe open
             os.closerange(pidfd + 1, 1 << 20)
-            import select
-
             while not select.select([pidfd], [], [])[0]:  # readable once the sandbox has ended
                 pass
             os.killpg(0, signal.SIGKILL)  # the group, this guard included
