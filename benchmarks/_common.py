@@ -12,6 +12,7 @@ in one process or a pool and writes each result file as its run finishes.
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
 import os
@@ -38,6 +39,9 @@ __all__ = [
     "plot_curves",
     "Method",
     "replicate_seed",
+    "config_tag",
+    "code_version",
+    "code_mix_note",
     "BatchRun",
     "drive",
     "save_checkpoint",
@@ -61,6 +65,48 @@ class Method:
     #: GPR-EI (spec §4.4): each batch is one point evaluated `batch` times (the GLD and lander benchmarks
     #: replicate the initial design points too; the laser's initial data are measured settings, not replicated)
     replicate: bool = False
+
+
+@functools.lru_cache(maxsize=None)
+def code_version() -> str:
+    """The code a result comes from: the repository's git commit (`+dirty` when tracked files differ from it;
+    "unknown" outside a git checkout) and the torch, gpytorch and botorch versions. Result rows record it
+    (column `code`), so a table that mixes runs of several versions says so (`code_mix_note`)."""
+    import subprocess
+
+    import botorch
+    import gpytorch
+    import torch
+
+    repo = str(Path(__file__).resolve().parents[1])
+    try:
+        sha = subprocess.run(["git", "-C", repo, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
+                             timeout=30, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", repo, "diff", "--quiet", "HEAD", "--"], capture_output=True,
+                               timeout=30).returncode != 0
+        commit = sha + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        commit = "unknown"
+    return f"{commit} torch {torch.__version__} gpytorch {gpytorch.__version__} botorch {botorch.__version__}"
+
+
+def code_mix_note(rows: Iterable[Mapping[str, Any]]) -> str:
+    """"" when `rows` come from one code version (`code_version`); else one line naming each version with its
+    row count (rows written before the column count as "unrecorded")."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        v = r.get("code") or "unrecorded"
+        counts[v] = counts.get(v, 0) + 1
+    if len(counts) < 2:
+        return ""
+    return (f"the table mixes results of {len(counts)} code versions (column `code`): "
+            + "; ".join(f"{v}: {n} rows" for v, n in sorted(counts.items())))
+
+
+def config_tag(payload: Any) -> str:
+    """A short stable hash of a JSON-able value (names result files, or tags rows, after the settings they ran
+    with)."""
+    return f"{zlib.crc32(json.dumps(payload, sort_keys=True, default=str).encode()) & 0xFFFFFFFF:08x}"
 
 
 def replicate_seed(seed: int, r: int) -> int:
@@ -525,7 +571,7 @@ def run_jobs(jobs: Sequence[Job], workers: int, resume: bool, deadline: float | 
     def record(job: Job, status: str, rows: list[dict]) -> None:
         counts[status] += 1
         if status == "done":
-            write_table(rows, job.stem, parquet=False)
+            write_table([{**r, "code": code_version()} for r in rows], job.stem, parquet=False)
             job.checkpoint.unlink(missing_ok=True)
 
     if workers == 1:

@@ -54,16 +54,16 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._common import (  # noqa: E402
-    MODELS, BatchRun, Job, Method, checkpoint_evaluations, drive_guarded, format_table, limited_threads, mean_ci,
-    merge_options, paired_comparison, parse_index_list, plot_curves, preflight, read_table, replicate_seed,
-    run_jobs, write_table,
+    MODELS, BatchRun, Job, Method, checkpoint_evaluations, code_mix_note, config_tag, drive_guarded, format_table,
+    limited_threads, mean_ci, merge_options, paired_comparison, parse_index_list, plot_curves, preflight, read_table,
+    replicate_seed, run_jobs, write_table,
 )
 
 MODE = "synchronous batches, in-process AskTellOptimizer (the orchestrator's synchronous protocol without Ray)"
@@ -111,6 +111,15 @@ class Setting:
         return f"d{self.d}-tau{self.tau:g}-b{self.batch}"
 
 
+def settings_tag(method: str, initial: int, model_options: Mapping[str, Any]) -> str:
+    """Hash of what a run's result depends on beyond its file name (setting label, problem, method) and budget:
+    the initial design size and the method's model and proposer options. Every row records it (`settings`), and
+    `--resume` and the tables take only the runs made with the settings asked for (a folder may hold others)."""
+    m = METHODS[method]
+    return config_tag({"initial": int(initial), "model_options": {**m.model_options, **model_options.get(m.model, {})},
+                       "proposer_options": dict(m.proposer_options)})
+
+
 class GLDRun(BatchRun):
     """One method on one GLD problem in one setting, checkpointable between batches (`_common.drive`).
 
@@ -137,6 +146,7 @@ class GLDRun(BatchRun):
         )
         self.key = json.dumps([name, setting.label, setting.initial, setting.budget, problem_id, self.m_opts, p_opts],
                               sort_keys=True, default=str)
+        self.tag = settings_tag(name, setting.initial, model_options)
         self.n = 0
         self.rows: list[dict] = []
         self.evaluated: list[list[float]] = []
@@ -164,7 +174,8 @@ class GLDRun(BatchRun):
         s = self.setting
         self.rows.append({
             "method": self.name, "d": s.d, "tau": s.tau, "batch": s.batch, "problem": self.problem_id,
-            "n_evals": self.n, "x_rec": json.dumps([params[k] for k in self.problem.space]),
+            "initial": s.initial, "settings": self.tag, "n_evals": self.n,
+            "x_rec": json.dumps([params[k] for k in self.problem.space]),
             "predicted": float(predicted), "fit_s": self.times["fit_s"], "propose_s": self.times["propose_s"],
             # wall-clock of the run so far, across pauses (`drive` adds each finished step's to run_s)
             "elapsed_s": self.times.get("run_s", 0.0) + time.perf_counter() - self._step_t0,
@@ -232,6 +243,7 @@ def run_problem(
         return status, []
     if error:
         rows = [{"method": method, "d": setting.d, "tau": setting.tau, "batch": setting.batch, "problem": problem_id,
+                 "initial": setting.initial, "settings": settings_tag(method, setting.initial, model_options),
                  "n_evals": 0, "x_rec": "[]", "predicted": float("nan"), "fit_s": float("nan"),
                  "propose_s": float("nan"), "elapsed_s": time.perf_counter() - t0, "error": error}]
         evaluated: list[list[float]] = []
@@ -256,20 +268,24 @@ def job_path(runs: Path, setting: Setting, problem: int, method: str) -> Path:
     return runs / f"{setting.label}-p{problem}-{method}"
 
 
-def _method_done(runs: Path, setting: Setting, problem: int, method: str) -> bool:
+def _method_done(runs: Path, setting: Setting, problem: int, method: str, model_options: Mapping[str, Any]) -> bool:
     """Whether `method` finished on (setting, problem): the GLD job's rule for `--resume` (see `done_methods`)."""
-    return method in done_methods(runs, setting, problem)
+    return method in done_methods(runs, setting, problem, model_options)
 
 
-def done_methods(runs: Path, setting: Setting, problem: int) -> set[str]:
-    """Methods that already finished on (setting, problem) without an error, in any result file: one per method
-    (`job_path`), or one per problem holding several methods (the layout before per-method jobs)."""
+def done_methods(
+    runs: Path, setting: Setting, problem: int, model_options: Mapping[str, Any] | None = None,
+) -> set[str]:
+    """Methods that already finished on (setting, problem) without an error, with the settings asked for
+    (`setting.initial` and `model_options`: `settings_tag`), in any result file: one per method (`job_path`), or
+    one per problem holding several methods (the layout before per-method jobs)."""
     done = set()
     for path in runs.glob(f"{setting.label}-p{problem}*.csv"):
         stem = path.name[:-len(".csv")]
         if stem != f"{setting.label}-p{problem}" and not stem.startswith(f"{setting.label}-p{problem}-"):
             continue  # e.g. p1 must not match p10
-        done |= {r["method"] for r in read_run_file(path) if not r.get("error") and r["n_evals"] == setting.budget}
+        done |= {r["method"] for r in read_run_file(path) if not r.get("error") and r["n_evals"] == setting.budget
+                 and r["settings"] == settings_tag(r["method"], setting.initial, model_options or {})}
     return done
 
 
@@ -279,6 +295,9 @@ def read_run_file(path: Path) -> list[dict]:
     for r in read_table(path):
         r = {**r, "d": int(r["d"]), "tau": float(r["tau"]), "batch": int(r["batch"]), "problem": int(r["problem"]),
              "n_evals": int(r["n_evals"])}
+        if not r.get("settings"):  # written before rows recorded their settings: every such run used the defaults
+            r["initial"], r["settings"] = 50 * r["d"], settings_tag(r["method"], 50 * r["d"], {})
+        r["initial"] = int(r["initial"])
         for k in ("regret", "q_rec", "q_star", "q_star_lbfgs", "predicted", "fit_s", "propose_s", "elapsed_s"):
             if k in r:
                 r[k] = float(r[k])
@@ -437,7 +456,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="CI smoke run: d=3, tau=0.75, 2 problems, 3 methods, tiny budget")
     ap.add_argument("--methods", nargs="+", choices=sorted(METHODS), help="methods (default: all)")
     ap.add_argument("--settings", nargs="+", help="d:tau:batch items (default: the full 2x2x2 grid)")
-    ap.add_argument("--problems", default="10", help="count (10 = problems 0..9), range 0-9, or list 1,4,7")
+    ap.add_argument("--problems", help="count (10 = problems 0..9; the default), range 0-9, or list 1,4,7")
     ap.add_argument("--initial", type=int, help="initial design size (default 50 d)")
     ap.add_argument("--budget", type=int, help="total evaluations (default 250 d)")
     ap.add_argument("--model-options", type=json.loads, default={},
@@ -466,16 +485,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     out = Path(args.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    if args.quick:  # the quick options, with the ones given explicitly over them
-        triples, problems, methods = QUICK["settings"], QUICK["problems"], QUICK["methods"]
-        initial, budget = QUICK["initial"], QUICK["budget"]
-    else:
-        triples = _parse_settings(args.settings) if args.settings else FULL_SETTINGS
-        problems, methods = _parse_problems(args.problems), list(METHODS)
-        initial, budget = args.initial, args.budget
+    # the quick options (or the full grid's), with the ones given explicitly over them
+    q = QUICK if args.quick else {"settings": FULL_SETTINGS, "problems": None, "methods": list(METHODS),
+                                  "initial": None, "budget": None}
+    triples = _parse_settings(args.settings) if args.settings else q["settings"]
+    problems = _parse_problems(args.problems) if args.problems else (q["problems"] or _parse_problems("10"))
+    methods = list(args.methods) if args.methods else q["methods"]
+    initial = args.initial if args.initial is not None else q["initial"]
+    budget = args.budget if args.budget is not None else q["budget"]
     model_options = args.model_options
-    if args.methods:
-        methods = list(args.methods)
     settings = [Setting(d, tau, b, initial or 50 * d, budget or 250 * d) for d, tau, b in triples]
     for s in settings:
         if s.budget < s.initial:
@@ -487,7 +505,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     # later; --resume skips the methods a result file already holds (`done_methods`, old layout included)
     runs = out / "runs"
     grid = [Job(job_path(runs, s, p, m), run_problem, (s, p, m, model_options, args.threads),
-                finished_rule=functools.partial(_method_done, runs, s, p, m))
+                finished_rule=functools.partial(_method_done, runs, s, p, m, model_options))
             for s in settings for p in problems for m in methods]
     jobs = [] if args.tables_only else grid
     if jobs:  # the methods' optimizers on the first setting's first problem: a bad option stops here
@@ -511,10 +529,20 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             if (r["d"], r["tau"], r["batch"]) in budgets and r["problem"] in problems and r["method"] in methods:
                 rows.append(r)
     rows, other = _at_budget(rows, budgets)
+    initials = {(s.d, s.tau, s.batch): s.initial for s in settings}
+    tags = {(k, m): settings_tag(m, n0, model_options) for k, n0 in initials.items() for m in methods}
+    foreign = sorted({f"d{r['d']}-tau{r['tau']:g}-b{r['batch']}-p{r['problem']}-{r['method']}" for r in rows
+                      if r["settings"] != tags[((r["d"], r["tau"], r["batch"]), r["method"])]})
+    rows = [r for r in rows if r["settings"] == tags[((r["d"], r["tau"], r["batch"]), r["method"])]]
+    if foreign:
+        print(f"[gld] left out {len(foreign)} runs made with other settings (initial design or options; column "
+              f"`settings`): {', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}", flush=True)
     if other:
         print(f"[gld] left out {len(other)} runs that ended at another budget (the file names do not hold the "
               f"budget; use another --out for other budgets): {', '.join(other[:5])}{' ...' if len(other) > 5 else ''}",
               flush=True)
+    if note := code_mix_note(rows):
+        print(f"[gld] {note}", flush=True)
     rows = merge_rows(rows)
     rows.sort(key=lambda r: (r["d"], r["tau"], r["batch"], list(METHODS).index(r["method"]), r["problem"], r["n_evals"]))
     write_table(rows, out / "gld")

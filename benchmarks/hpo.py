@@ -58,8 +58,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._common import (  # noqa: E402
-    MODELS, PROPOSERS, Method, build_optimizer, format_table, mean_ci, merge_options, paired_comparison,
-    parse_index_list, plot_curves, preflight, read_table, write_table,
+    MODELS, PROPOSERS, Method, build_optimizer, code_mix_note, code_version, config_tag, format_table, mean_ci,
+    merge_options, paired_comparison, parse_index_list, plot_curves, preflight, read_table, write_table,
 )
 
 MODE = "synchronous batches, in-process AskTellOptimizer built from a validated config (the orchestrator's " \
@@ -391,11 +391,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def settings_tag(method: str, task: str, args: argparse.Namespace, options: bool = True) -> str:
+    """Hash of the model and proposer options a run of `method` on `task` uses (`--model-options`,
+    `--proposer-options` over the method's own; `options=False`: the method's own only, which every run file
+    written before rows recorded it used)."""
+    cfg = method_config(method, task, Protocol(args.initial, args.budget, args.batch, args.tau), 0,
+                        args.objectives[task], args.model_options if options else {},
+                        args.proposer_options if options else {})
+    return config_tag([cfg["model"], cfg["proposer"]])
+
+
 def recorded(path: Path, args: argparse.Namespace) -> list[dict]:
     """The rows of run file `path` that belong to this invocation: a selected (task, method, seed), run under
-    this protocol (initial, budget, batch; a failed run's row counts under any) and with these objective
-    options. `--resume` skips a run only when its file has such rows: a file of another protocol is run again
-    (and replaced), not skipped and then left out of the tables."""
+    this protocol (initial, budget, batch; a failed run's row counts under any), with these objective
+    options and these model and proposer options (`settings_tag`). `--resume` skips a run only when its file
+    has such rows: a file of other settings is run again (and replaced), not skipped and then left out of the
+    tables."""
     if not path.exists():
         return []
     wanted = {(t, m, s) for t in args.tasks for m in args.methods for s in args.seeds}
@@ -409,7 +420,9 @@ def recorded(path: Path, args: argparse.Namespace) -> list[dict]:
         r["error"] = r.get("error") or ""
         same = (r["initial"], r["budget"], r["batch"]) == (args.initial, args.budget, args.batch) or r["error"]
         if (r["task"], r["method"], r["seed"]) in wanted and same \
-                and r.get("objective") == json.dumps(args.objectives[r["task"]], sort_keys=True):
+                and r.get("objective") == json.dumps(args.objectives[r["task"]], sort_keys=True) \
+                and (r.get("settings") or settings_tag(r["method"], r["task"], args, options=False)) \
+                == settings_tag(r["method"], r["task"], args):
             rows.append(r)
     return rows
 
@@ -441,7 +454,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     def save(result: list[list[dict]]) -> None:
         for rows in result:
             r0 = rows[0]
-            write_table(rows, path_of(r0["task"], r0["method"], r0["seed"]), parquet=False)
+            tag = settings_tag(r0["method"], r0["task"], args)
+            write_table([{**r, "settings": tag, "code": code_version()} for r in rows],
+                        path_of(r0["task"], r0["method"], r0["seed"]), parquet=False)
 
     if args.workers == 1:
         for task, s, todo in jobs:  # one process: each run is saved as soon as it ends
@@ -458,6 +473,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     rows = [r for path in sorted((out / "runs").glob("*.csv")) for r in recorded(path, args)]
     rows.sort(key=lambda r: (args.tasks.index(r["task"]), list(METHODS).index(r["method"]), r["seed"], r["n_evals"]))
+    if note := code_mix_note(rows):
+        print(f"[hpo] {note}", flush=True)
     write_table(rows, out / "hpo")
     summary, paired = summarize(rows)
     if summary:

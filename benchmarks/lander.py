@@ -51,7 +51,6 @@ import functools
 import json
 import sys
 import time
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -62,8 +61,9 @@ if str(REPO) not in sys.path:
 
 from benchmarks._common import build_optimizer as build_shared  # noqa: E402
 from benchmarks._common import (  # noqa: E402
-    MODELS, PROPOSERS, BatchRun, Job, Method, drive_guarded, format_table, mean_ci, merge_options, paired_comparison,
-    parse_index_list, plot_curves, preflight, read_table, replicate_seed, run_jobs, write_table,
+    MODELS, PROPOSERS, BatchRun, Job, Method, code_mix_note, config_tag, drive_guarded, format_table, mean_ci,
+    merge_options, paired_comparison, parse_index_list, plot_curves, preflight, read_table, replicate_seed, run_jobs,
+    write_table,
 )
 
 MODE = "synchronous batches, in-process AskTellOptimizer built from a validated config (the orchestrator's " \
@@ -126,11 +126,6 @@ class Protocol:
         pts = set(range(self.initial, self.budget + 1, eval_every)) | {self.initial, self.budget}
         pts |= {n for n in (750,) if self.initial <= n <= self.budget}
         return sorted(pts)
-
-
-def config_tag(payload: Any) -> str:
-    """A short stable hash of a JSON-able value (names result files after the settings they ran with)."""
-    return f"{zlib.crc32(json.dumps(payload, sort_keys=True, default=str).encode()) & 0xFFFFFFFF:08x}"
 
 
 # ---------------------------------------------------------------------------------------------------- building
@@ -608,6 +603,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                               ("q_true", "predicted", "fit_s", "propose_s", "eval_s", "run_s", "cpu_s", "quantile_s"))
                 rows.append(r)
     rows.sort(key=lambda r: (-r["tau"], list(METHODS).index(r["method"]), r["run"], r["n_evals"]))
+    if note := code_mix_note(rows):
+        print(f"[lander] {note}", flush=True)
     missing = len(jobs) - len({(r["method"], r["tau"], r["run"]) for r in rows})
     t1, summary, plots = [], [], []
     if rows:

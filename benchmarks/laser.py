@@ -56,11 +56,11 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._common import (  # noqa: E402
-    MODELS, PROPOSERS, BatchRun, Job, Method, drive_guarded, format_table, mean_ci, merge_options, plot_curves,
-    preflight, read_table, run_jobs, write_table,
+    MODELS, PROPOSERS, BatchRun, Job, Method, code_mix_note, config_tag, drive_guarded, format_table, mean_ci,
+    merge_options, plot_curves, preflight, read_table, run_jobs, write_table,
 )
 from benchmarks.lander import (  # noqa: E402
-    _as_types, _std, add_common_args, build_optimizer, config_tag, curves_by_method, parse_runs,
+    _as_types, _std, add_common_args, build_optimizer, curves_by_method, parse_runs,
 )
 from objectives.laser import MEASUREMENT_OPTIONS  # noqa: E402
 
@@ -472,6 +472,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                                       ("q_rec", "q_opt_lbfgs", "q_eval_max", "predicted", "fit_s", "propose_s",
                                        "run_s", "cpu_s")))
     rows.sort(key=lambda r: (list(METHODS).index(r["method"]), r["run"], r["n_evals"]))
+    if note := code_mix_note(rows):
+        print(f"[laser] {note}", flush=True)
     missing = len(jobs) - len({(r["method"], r["run"]) for r in rows})
     q_star, summary, plots = float("nan"), [], []
     if rows:

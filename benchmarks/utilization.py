@@ -349,8 +349,14 @@ def summarize(rows: list[dict[str, Any]], systems: list[str], args: argparse.Nam
     by = {r["system"]: r["U"] for r in summary}
     for r in summary:
         ratios(by, r)
-    ideal_n = args.evals
-    ideal_mean, ideal_std = ideal_utilization(ideal_n, args.slots, args.mean, args.cv, seed=args.seed)
+    # the ideal scheduler gets the load the rows were measured on (a recorded CSV's, not the command line's)
+    loads = {(int(r["slots"]), float(r["mean_s"]), float(r["cv"])) for r in rows}
+    if len(loads) != 1:
+        raise SystemExit(f"[utilization] the rows mix loads (slots, mean_s, cv): {sorted(loads)}; summarize "
+                         f"one load at a time")
+    (slots, mean_s, cv), = loads
+    ideal_n = max(int(r["evaluations"]) + int(r["failed"] or 0) for r in rows)
+    ideal_mean, ideal_std = ideal_utilization(ideal_n, slots, mean_s, cv, seed=args.seed)
     summary.append({"system": "ideal (simulated)", "runs": 2000, "evaluations": ideal_n, "U": ideal_mean,
                     "U_ci95": 1.96 * ideal_std / math.sqrt(2000), "U_min": ideal_mean - 1.96 * ideal_std,
                     "U_max": ideal_mean + 1.96 * ideal_std, "efficiency": 1.0, "U_over_tune_best": "",

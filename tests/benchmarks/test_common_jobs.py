@@ -6,6 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import botorch
+import gpytorch
+import torch
+
 from benchmarks._common import BatchRun, Job, checkpoint_path, drive_guarded, read_table, run_jobs, write_table
 
 CALLS: list[tuple] = []
@@ -132,3 +136,19 @@ def test_a_bad_option_stops_every_benchmark_before_any_run(load_benchmark, tmp_p
     with pytest.raises(SystemExit, match=r"\[laser\] quantile-ts: .*raw_samples"):
         laser.main(["--quick", "--out", str(tmp_path / "l3"), "--proposer-options",
                     '{"thompson": {"raw_samples": -1}}'])
+
+
+def test_result_rows_record_the_code_version(tmp_path):
+    """Every result file `run_jobs` writes records the code it came from (commit, dirty flag, library versions),
+    and `code_mix_note` names the versions a table mixes (rows without the column count as unrecorded)."""
+    from benchmarks._common import code_mix_note, code_version
+
+    CALLS.clear()
+    run_jobs(_jobs(tmp_path, {"a": "done"}), 1, resume=False, deadline=None, tag="t")
+    version = code_version()
+    assert read_table(tmp_path / "a.csv")[0]["code"] == version
+    assert version.split()[1:] == ["torch", torch.__version__, "gpytorch", gpytorch.__version__, "botorch",
+                                   botorch.__version__]
+    assert code_mix_note([{"code": version}, {"code": version}]) == ""
+    note = code_mix_note([{"code": version}, {"code": "abc"}, {}])
+    assert "3 code versions" in note and "unrecorded: 1 rows" in note

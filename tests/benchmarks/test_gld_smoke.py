@@ -137,7 +137,8 @@ def test_resume_and_merge_of_per_method_files(load_benchmark, tmp_path):
 
     def row(method, problem, n, q_star, q_rec, error=""):
         return {"method": method, "d": 3, "tau": 0.75, "batch": 10, "problem": problem, "n_evals": n,
-                "q_star": q_star, "q_rec": q_rec, "regret": q_star - q_rec, "error": error}
+                "q_star": q_star, "q_rec": q_rec, "regret": q_star - q_rec, "error": error,
+                "initial": 20, "settings": mod.settings_tag(method, 20, {})}
 
     write_table([row("quantile-ts", 1, 20, 1.0, 0.5), row("quantile-ts", 1, 40, 1.0, 0.9),
                  row("gpr-ei", 1, 40, 1.0, 0.8)], runs / f"{s.label}-p1", parquet=False)  # old layout
@@ -266,3 +267,49 @@ def test_runs_of_another_budget_are_left_out_of_the_tables(load_benchmark):
     keep, other = mod._at_budget(rows, {(3, 0.75, 10): 40})
     assert {(r["method"], r["n_evals"]) for r in keep} == {("quantile-ts", 20), ("quantile-ts", 40), ("hetgp-ts", 0)}
     assert other == ["d3-tau0.75-b10-p0-gpr-ei"]
+
+
+def test_runs_of_other_settings_are_neither_resumed_nor_tabulated(load_benchmark, tmp_path, capsys):
+    """A result file made with another initial design or other model options (same file name: the name holds
+    only the setting, problem and method) is not counted as done by `--resume` and is left out of the tables,
+    with a line saying so; a file written before rows recorded their settings counts as the defaults'."""
+    from benchmarks._common import write_table
+
+    mod = load_benchmark("gld")
+    s = mod.Setting(3, 0.75, 10, 20, 40)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    opts = {"quantile": {"num_inducing": 16}}
+
+    def row(method, problem, initial, options, **extra):
+        return {"method": method, "d": 3, "tau": 0.75, "batch": 10, "problem": problem, "n_evals": 40,
+                "q_star": 1.0, "q_rec": 0.5, "regret": 0.5, "error": "", "initial": initial,
+                "settings": mod.settings_tag(method, initial, options), **extra}
+
+    write_table([row("quantile-ts", 0, 20, opts)], mod.job_path(runs, s, 0, "quantile-ts"), parquet=False)
+    write_table([row("quantile-ts", 1, 20, {})], mod.job_path(runs, s, 1, "quantile-ts"), parquet=False)
+    write_table([row("gpr-ei", 0, 30, {})], mod.job_path(runs, s, 0, "gpr-ei"), parquet=False)
+    assert mod.done_methods(runs, s, 0, opts) == {"quantile-ts"}
+    assert mod.done_methods(runs, s, 0, {}) == set()  # other options, other initial design
+    assert mod.done_methods(runs, s, 1, {}) == {"quantile-ts"}
+    assert mod.settings_tag("gpr-ei", 20, opts) == mod.settings_tag("gpr-ei", 20, {})  # not its model's options
+    legacy = {k: v for k, v in row("sobol", 2, 150, {}).items() if k not in ("initial", "settings")}
+    write_table([legacy], mod.job_path(runs, s, 2, "sobol"), parquet=False)
+    assert mod.done_methods(runs, mod.Setting(3, 0.75, 10, 150, 40), 2) == {"sobol"}
+    assert mod.done_methods(runs, s, 2) == set()
+
+    capsys.readouterr()
+    result = mod.main(["--settings", "3:0.75:10", "--initial", "20", "--budget", "40", "--problems", "0-1",
+                       "--methods", "quantile-ts", "gpr-ei", "--tables-only", "--out", str(tmp_path)])
+    assert {(r["problem"], r["method"]) for r in result["rows"]} == {(1, "quantile-ts")}
+    assert "left out 2 runs made with other settings" in capsys.readouterr().out
+
+
+def test_quick_mode_takes_the_flags_given(load_benchmark, tmp_path):
+    """`--quick` fills in only what the command line leaves out: --settings, --problems, --initial and --budget
+    given with it are used (they were silently replaced by the quick values)."""
+    mod = load_benchmark("gld")
+    result = mod.main(["--quick", "--settings", "3:0.95:5", "--problems", "3-3", "--initial", "6", "--budget",
+                       "11", "--methods", "sobol", "--out", str(tmp_path)])
+    assert {(r["d"], r["tau"], r["batch"], r["problem"], r["initial"]) for r in result["rows"]} == {(3, 0.95, 5, 3, 6)}
+    assert max(r["n_evals"] for r in result["rows"]) == 11

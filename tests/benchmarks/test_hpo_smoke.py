@@ -133,3 +133,28 @@ def test_hpo_resume_reruns_a_run_of_another_protocol(tmp_path, load_benchmark):
     assert {(r["seed"], r["n_evals"]) for r in result["rows"]} == {(s, n) for s in (0, 1) for n in (3, 5)}
     assert {int(float(r["budget"])) for r in read_table(s0)} == {mod.QUICK["budget"]}  # run again, replaced
     assert s1.stat().st_mtime_ns == kept  # a matching run is skipped
+
+
+def test_hpo_counts_only_runs_of_the_same_model_and_proposer_options(tmp_path, load_benchmark):
+    """A run file made with other model or proposer options is not this invocation's: `--resume` runs it again
+    and the tables leave it out (it used to be reported as the new settings' result). Files written before rows
+    recorded their settings count as the methods' own options."""
+    from benchmarks._common import write_table
+
+    mod = load_benchmark("hpo")
+    base = ["--quick", "--tasks", "lda", "--methods", "quantile-ts", "--seeds", "1"]
+    args = mod.parse_args(base)
+    other = mod.parse_args(base + ["--model-options", '{"quantile": {"num_inducing": 5}}'])
+    assert mod.settings_tag("quantile-ts", "lda", args) != mod.settings_tag("quantile-ts", "lda", other)
+    row = {"task": "lda", "method": "quantile-ts", "seed": 0, "n_evals": args.budget, "initial": args.initial,
+           "budget": args.budget, "batch": args.batch, "tau": args.tau, "error": "",
+           "objective": json.dumps(args.objectives["lda"], sort_keys=True)}
+    path = tmp_path / "run"
+    write_table([{**row, "settings": mod.settings_tag("quantile-ts", "lda", args)}], path, parquet=False)
+    assert len(mod.recorded(path.with_suffix(".csv"), args)) == 1
+    assert mod.recorded(path.with_suffix(".csv"), other) == []
+    legacy = mod.parse_args(base)
+    legacy.model_options, legacy.proposer_options = {}, {}  # the method's own only (quick mode adds its own)
+    write_table([row], path, parquet=False)  # no `settings` column: the method's own options
+    assert len(mod.recorded(path.with_suffix(".csv"), legacy)) == 1
+    assert mod.recorded(path.with_suffix(".csv"), args) == []

@@ -67,3 +67,30 @@ def test_summary_of_recorded_runs_uses_a_student_t_interval(tmp_path):
         assert float(summary[system]["U_ci95"]) == pytest.approx(half)
         assert int(summary[system]["evaluations"]) == 640
     assert "qbatch / Ray Tune best = 2.67x" in proc.stdout
+
+
+def test_summary_of_recorded_runs_simulates_their_load(tmp_path):
+    """The "ideal (simulated)" row of `--from-csv` is simulated on the recorded runs' load (evaluations, slots,
+    mean duration, cv), not on the command line's defaults (640 x 16 slots x 2 s), which gave a wrong
+    qbatch / ideal ratio; rows of several loads are refused."""
+    from benchmarks.utilization import ideal_utilization
+
+    fields = ["system", "repeat", "evaluations", "failed", "slots", "mean_s", "cv", "U", "U_ideal_same_draw",
+              "efficiency", "busy_s", "span_s", "wall_s"]
+    rec = tmp_path / "rec.csv"
+    with open(rec, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(fields)
+        for rep, u in enumerate((0.80, 0.82, 0.81)):
+            w.writerow(["qbatch", rep, 94, 2, 8, 0.5, 0.3, u, 0.9, u / 0.9, 40.0, 6.0, 7.0])
+    cmd = [sys.executable, str(REPO / "benchmarks" / "utilization.py"), "--systems", "qbatch", "--from-csv",
+           str(rec), "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ideal = {r["system"]: r for r in csv.DictReader(open(tmp_path / "summary.csv"))}["ideal (simulated)"]
+    assert int(ideal["evaluations"]) == 96
+    assert float(ideal["U"]) == pytest.approx(ideal_utilization(96, 8, 0.5, 0.3, seed=0)[0])
+    with open(rec, "a", newline="") as fh:
+        csv.writer(fh).writerow(["qbatch", 3, 94, 2, 16, 0.5, 0.3, 0.8, 0.9, 0.9, 40.0, 6.0, 7.0])
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "mix loads" in proc.stdout + proc.stderr
