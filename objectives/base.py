@@ -87,6 +87,9 @@ class Objective(ABC):
     direction: str = "maximize"
     #: whether repeated evaluations at the same point differ
     noisy: bool = True
+    #: options that name files or folders: a run stores them as absolute paths (`~` expanded), so that
+    #: `qbatch resume` from another directory, and workers on other nodes, read the same files
+    path_options: tuple[str, ...] = ()
 
     @abstractmethod
     def evaluate(self, params: Mapping[str, Any], seed: int) -> float | EvalResult:

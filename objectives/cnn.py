@@ -84,6 +84,7 @@ class CNNTraining(Objective):
     """
 
     name = "cnn"
+    path_options = ("data_dir",)
     direction = "minimize"
     noisy = True
     space = CNN_SPACE

@@ -389,7 +389,8 @@ def _check_text_args(name: str, data_dir: str | os.PathLike[str] | None) -> None
 def check_text_source(name: str, data_dir: str | os.PathLike[str] | None = None, **split: int | None) -> None:
     """Check what `load_text_corpus(name, data_dir, **split)` needs before any evaluation: the bundled Lee
     corpus and its split sizes (the file is small: it is read and split), or the 20 Newsgroups folder layout
-    (its documents are not read here, so its split sizes are checked when it loads).
+    and its document count against the split sizes (files are counted, not read: duplicates dropped at load
+    can still make the split fail then).
 
     Raises:
         DatasetError: naming the option, the directory or the file that is wrong.
@@ -399,9 +400,19 @@ def check_text_source(name: str, data_dir: str | os.PathLike[str] | None = None,
         load_lee(**split)  # type: ignore[arg-type]
         return
     try:
-        _newsgroup_parts(data_dir)  # type: ignore[arg-type]
+        present = _newsgroup_parts(data_dir)  # type: ignore[arg-type]
     except DatasetError as exc:
         raise DatasetError(f"option 'data_dir': {exc}") from None
+    # the files are counted, not read: duplicates dropped at load can still make the split fail there
+    n_files = sum(1 for p in present for f in p.glob("*/*") if f.is_file())
+    n_train, n_test = split.get("n_train", 11000), split.get("n_test", 2200)
+    need = (n_train or 1) + (n_test or 0)
+    if n_files < need:
+        raise DatasetError(
+            f"option 'data_dir': {str(data_dir)!r} holds {n_files} documents under {[p.name for p in present]}; "
+            f"the split needs n_train + n_test = {need} (options 'n_train', 'n_test'; the defaults 11000 + 2200 "
+            f"need both bydate folders)"
+        )
 
 
 def load_text_corpus(name: str, data_dir: str | os.PathLike[str] | None = None, **split: int | None) -> TextCorpus:

@@ -151,6 +151,7 @@ class LaserSimulator(SyntheticObjective):
     """
 
     name = "laser"
+    path_options = ("csv_path",)
     direction = "maximize"
     noisy = True
 
@@ -213,7 +214,7 @@ class LaserSimulator(SyntheticObjective):
             with open(path, newline="") as fh:
                 reader = csv.reader(fh)
                 header = [h.strip() for h in next(reader, [])]
-                lines = [row for row in reader if row]
+                lines = [(reader.line_num, row) for row in reader if row]  # line numbers as in the file
         except (OSError, UnicodeDecodeError, csv.Error) as exc:
             raise ObjectiveError(f"cannot read option 'csv_path'={str(path)!r}: {exc}") from exc
         quads = [c for c in header if c.startswith("QUAD:") and c.endswith("BCTRL")]
@@ -223,7 +224,7 @@ class LaserSimulator(SyntheticObjective):
             raise ObjectiveError(f"option 'csv_path': {str(path)!r} has no 'QUAD:*BCTRL' input columns")
         cols = [header.index(c) for c in quads + [ENERGY_COLUMN]]
         data = np.empty((len(lines), len(cols)))
-        for i, row in enumerate(lines):
+        for i, (line, row) in enumerate(lines):
             for j, c in enumerate(cols):
                 try:
                     data[i, j] = float(row[c])
@@ -231,7 +232,7 @@ class LaserSimulator(SyntheticObjective):
                     data[i, j] = np.nan
                 if not np.isfinite(data[i, j]):
                     raise ObjectiveError(
-                        f"option 'csv_path': {str(path)!r}: data row {i} (line {i + 2}) has a missing or non-numeric "
+                        f"option 'csv_path': {str(path)!r}: data row {i} (line {line}) has a missing or non-numeric "
                         f"{header[c]!r}: {row[c] if c < len(row) else ''!r}"
                     )
         lo_e, hi_e = energy_range

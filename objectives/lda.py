@@ -110,6 +110,7 @@ class OnlineLDA(Objective):
     """
 
     name = "lda"
+    path_options = ("data_dir",)
     direction = "minimize"
     noisy = True
     space = LDA_SPACE
@@ -159,6 +160,8 @@ class OnlineLDA(Objective):
         self.max_df = float(max_df)
         self.resources = Resources(num_cpus=float(num_cpus), num_gpus=0.0)
         self._matrices: dict[str, Any] | None = None
+        if check_data and corpus == "lee":  # small: vectorized now, so a vocabulary option that prunes every
+            _ = self.matrices  # word ('min_df', 'max_df') is refused here, not at every evaluation
 
     # the vectorised corpus stays behind when the objective is shipped to a worker
     def __getstate__(self) -> dict[str, Any]:

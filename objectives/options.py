@@ -115,7 +115,7 @@ def check_path(key: str, value: Any, *, kind: str | None = None, optional: bool 
         return None
     if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
         raise _refuse(key, ("None or " if optional else "") + "a path", value)
-    path = Path(value)
+    path = Path(value).expanduser()
     if kind == "file" and not path.is_file():
         raise ObjectiveError(f"option {key!r}={os.fspath(value)!r} is not a file")
     if kind == "dir" and not path.is_dir():

@@ -41,6 +41,22 @@ def actor_name(run_dir: str) -> str:
     return "qbatch:" + os.path.abspath(run_dir) if "://" not in run_dir else "qbatch:" + run_dir
 
 
+def _with_absolute_paths(cfg: Any, objective: Any) -> Any:
+    """`cfg` with the objective's path options (`Objective.path_options`, e.g. the laser's `csv_path`) made
+    absolute against the current directory, `~` expanded: the run stores this config, and the actor, the workers
+    and `qbatch resume` rebuild the objective from it wherever they run."""
+    import dataclasses
+    from types import MappingProxyType
+
+    options = dict(cfg.objective.options)
+    for key in getattr(objective, "path_options", ()):
+        if isinstance(options.get(key), (str, os.PathLike)):
+            options[key] = os.path.abspath(os.path.expanduser(os.fspath(options[key])))
+    if options == dict(cfg.objective.options):
+        return cfg
+    return dataclasses.replace(cfg, objective=dataclasses.replace(cfg.objective, options=MappingProxyType(options)))
+
+
 def _check_objective(cfg: Any) -> Any:
     """Build the objective, the (overridden) space, the model and the proposer before Ray starts; errors name
     the config key."""
@@ -248,6 +264,7 @@ def run_experiment(
     actor_options = _check_run_args(max_concurrent, num_cpus, actor_options)
     cfg = load_config(config)
     objective = _check_objective(cfg)
+    cfg = _with_absolute_paths(cfg, objective)
     rd = _absolute(cfg.resolve_run_dir(run_dir))
     if RunStore.exists(rd):
         raise ConfigError(f"`run_dir` {rd!r} already holds a run; use `qbatch resume {rd}` or choose another run_dir")

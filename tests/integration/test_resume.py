@@ -137,3 +137,30 @@ def test_a_bad_stored_config_names_its_file(ray_local, tmp_path):
     Path(path).write_text(Path(path).read_text().replace("budget: 4", "budget: thirty"))
     with pytest.raises(ConfigError, match=rf"^{path}: `budget` must be an integer .*got 'thirty'"):
         resume_experiment(cfg["run_dir"], progress=False, out=io.StringIO())
+
+
+@pytest.mark.slow
+def test_a_relative_data_path_is_stored_absolute_and_resumes_from_anywhere(ray_local, tmp_path, lcls_csv,
+                                                                          monkeypatch):
+    """A path option given relative to the current directory (the laser's `csv_path`) is stored absolute in the
+    run's config.yaml, so `qbatch resume` from another directory (and workers elsewhere) read the same file; it
+    used to be stored as written, and the resume failed ("is not a file") or read another file."""
+    import shutil
+
+    import yaml
+
+    from orchestrator.runner import run_experiment
+
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(lcls_csv, work / "data.csv")
+    monkeypatch.chdir(work)
+    cfg = run_config(tmp_path, "relpath", objective={"name": "laser", "options": {"csv_path": "data.csv",
+                     "n_gp_max": 40}}, proposer={"type": "random"}, batch_size=4, initial_design=4, budget=4)
+    first = run_experiment(cfg, address=ray_local, progress=False, out=io.StringIO())
+    assert first["status"] == "finished" and first["done"] == 4
+    stored = yaml.safe_load((Path(cfg["run_dir"]) / "config.yaml").read_text())
+    assert stored["objective"]["options"]["csv_path"] == str(work / "data.csv")
+    monkeypatch.chdir(tmp_path)
+    again = resume_experiment(cfg["run_dir"], address=ray_local, progress=False, out=io.StringIO())
+    assert again["status"] == "finished" and again["done"] == 4

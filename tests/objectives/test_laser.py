@@ -130,6 +130,11 @@ def test_bad_csv_errors_name_the_problem(tmp_path):
     f2.write_text("\n".join(lines))
     with pytest.raises(ObjectiveError, match=r"data row 5 \(line 7\).*QUAD:LI21:271:BCTRL.*oops"):
         LaserSimulator(csv_path=f2)
+    lines.insert(2, "")  # blank lines are skipped, but the message names the file's own line number
+    lines.insert(3, "")
+    f2.write_text("\n".join(lines))
+    with pytest.raises(ObjectiveError, match=r"data row 5 \(line 9\).*QUAD:LI21:271:BCTRL.*oops"):
+        LaserSimulator(csv_path=f2)
 
 
 def test_small_csv_builds_with_gaussian_fallback(tmp_path):

@@ -158,6 +158,14 @@ def test_20newsgroups_layout_end_to_end(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(ObjectiveError, match=r"option 'data_dir': .* holds neither '20news-bydate-train'"):
         OnlineLDA(corpus="20newsgroups", data_dir=tmp_path / "empty")
+    # a split larger than the folder (here the defaults, 11000 + 2200, against 40 files) is refused when built:
+    # it failed every evaluation instead; so is a vocabulary option that leaves no word of the Lee corpus
+    with pytest.raises(ObjectiveError, match=r"holds 40 documents .* n_train \+ n_test = 13200"):
+        OnlineLDA(corpus="20newsgroups", data_dir=tmp_path)
+    with pytest.raises(ObjectiveError, match=r"holds 40 documents .* = 11040"):
+        OnlineLDA(corpus="20newsgroups", data_dir=tmp_path, n_test=40)
+    with pytest.raises(ObjectiveError, match=r"no vocabulary left.*'min_df'"):
+        OnlineLDA(min_df=1000)
 
 
 def test_registry_and_pickling(lda: OnlineLDA) -> None:

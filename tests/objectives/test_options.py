@@ -116,3 +116,24 @@ def test_every_option_of_every_builtin_refuses_a_wrong_type_by_name(name):
 def test_values_that_used_to_be_coerced_or_named_nothing(name, options, match):
     with pytest.raises(ObjectiveError, match=match):
         load_objective(name, options)
+
+
+def test_path_options_are_made_absolute_for_the_stored_config(tmp_path, monkeypatch, lcls_csv):
+    """The config a run stores holds the objective's path options absolute (`~` expanded), so the actor, the
+    workers and `qbatch resume` read the same file from any directory; `~` is accepted by every path option."""
+    import shutil
+
+    from orchestrator.config import load_config
+    from orchestrator.runner import _check_objective, _with_absolute_paths
+
+    shutil.copy(lcls_csv, tmp_path / "data.csv")
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config({"objective": {"name": "laser", "options": {"csv_path": "data.csv", "n_gp_max": 40}},
+                       "proposer": {"type": "random"}, "budget": 4, "initial_design": 4, "batch_size": 4})
+    out = _with_absolute_paths(cfg, _check_objective(cfg))
+    assert out.objective.options["csv_path"] == str(tmp_path / "data.csv")
+    assert out.to_dict()["objective"]["options"]["n_gp_max"] == 40
+    monkeypatch.setenv("HOME", str(tmp_path))
+    home = load_config({"objective": {"name": "laser", "options": {"csv_path": "~/data.csv", "n_gp_max": 40}},
+                        "proposer": {"type": "random"}, "budget": 4, "initial_design": 4, "batch_size": 4})
+    assert _with_absolute_paths(home, _check_objective(home)).objective.options["csv_path"] == str(tmp_path / "data.csv")
