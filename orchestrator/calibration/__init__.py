@@ -97,4 +97,9 @@ def build_calibrator(name: str, **options: Any) -> Calibrator:
         raise ConfigError(
             f"unknown `calibrator.options` {unknown} for type {name!r}; valid: {sorted(valid + ['spread'] + list(_SPREAD_KEYS))}"
         )
-    return cls(spread=tracker, **opts)
+    cal = cls(spread=tracker, **opts)
+    # what the config set, so `attach` can refuse options the chosen proposer would never read
+    cal.given_options = tuple(sorted(opts))
+    cal.given_spread_options = tuple(sorted(k for k in options if k in _SPREAD_KEYS
+                                            or k == "spread" and options[k] != "off"))
+    return cal

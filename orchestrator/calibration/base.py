@@ -53,7 +53,8 @@ def as_observations(forecast: Forecast, y: Tensor | float | Sequence[float], X: 
     """Check a (forecast, y[, X]) triple and return it with `y` as an `n` float64 tensor.
 
     Raises:
-        InputDataError: `forecast` is not a `Forecast`, lengths differ, y is not finite, or X has the wrong shape.
+        InputDataError: `forecast` is not a `Forecast`, lengths differ, y or the forecast's CDF at y is not finite,
+            or X has the wrong shape.
     """
     if not isinstance(forecast, Forecast):
         raise InputDataError(f"forecast must be an orchestrator.models.predictive.Forecast; got {type(forecast).__name__}")
@@ -64,6 +65,10 @@ def as_observations(forecast: Forecast, y: Tensor | float | Sequence[float], X: 
     if bad.any():
         i = int(bad.nonzero()[0])
         raise InputDataError(f"y[{i}] is not finite ({yt[i].item()}); failures must never reach a calibrator")
+    bad = ~torch.isfinite(torch.as_tensor(forecast.cdf(yt), dtype=torch.float64).reshape(-1))
+    if bad.any():  # a NaN PIT is read differently by each calibrator (above every level, a miss, a hit)
+        i = int(bad.nonzero()[0])
+        raise InputDataError(f"forecast {i} is not finite at y = {yt[i].item()} (its CDF there is not a number)")
     if X is not None:
         X = torch.as_tensor(X, dtype=torch.float64)
         X = X.reshape(1, -1) if X.ndim == 1 and len(forecast) == 1 else X

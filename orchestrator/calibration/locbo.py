@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from orchestrator.calibration.base import Calibrator, check_option
-from orchestrator.errors import InputDataError
+from orchestrator.errors import ConfigError, InputDataError
 from orchestrator.models.predictive import Forecast
 
 __all__ = [
@@ -189,6 +189,9 @@ class LOCBOCalibrator(Calibrator):
         self.lambda_reg = check_option("lambda_reg", lambda_reg, lambda v: v >= 0)
         self.eta0 = check_option("eta0", eta0, lambda v: v > 0)
         self.decay = check_option("decay", decay, lambda v: v >= 0)
+        if self.lambda_reg * self.eta0 >= 1:  # each step shrinks g by 1 - lambda_reg eta_t: it must stay in (0, 1]
+            raise ConfigError(f"`calibrator.options.lambda_reg` x `calibrator.options.eta0` must be < 1 (locbo.md "
+                              f"Lemma 1: eta_t < 1 / lambda_reg); got {lambda_reg!r} x {eta0!r}")
         self.c = self.alpha
         self.t = 0
         self.misses = 0

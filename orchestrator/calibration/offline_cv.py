@@ -17,13 +17,14 @@ its previous hyperparameters.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from orchestrator.calibration.base import Calibrator, LevelMap, as_observations
+from orchestrator.calibration.base import Calibrator, LevelMap, as_observations, check_option
 from orchestrator.errors import ConfigError, InputDataError
 from orchestrator.models.predictive import Forecast
 
@@ -160,7 +161,7 @@ class OfflineCVCalibrator(Calibrator):
 
         self.model_factory = model_factory
         self.splits, self.n_splits, self.regressor, self.mode = splits, n_splits, regressor, mode
-        self.refit_every, self.min_points, self.eta = refit_every, min_points, float(eta)
+        self.refit_every, self.min_points, self.eta = refit_every, min_points, check_option("eta", eta, lambda v: v > 0)
         self.X = torch.empty(0, 0, dtype=torch.float64)
         self.Y = torch.empty(0, dtype=torch.float64)
         self._since = 0
@@ -239,6 +240,10 @@ class OfflineCVCalibrator(Calibrator):
         """The level map from the stored out-of-fold PITs (or the (a1) scale in sigma mode); no refits."""
         u = self.pits
         if self.mode == "sigma":
+            if not (math.isfinite(self._z_rms) and self._z_rms > 1e-12):
+                # no out-of-fold error at all (e.g. every outcome equal): nothing to rescale by; identity
+                self._map, self._scale = None, 1.0
+                return
             self._scale = self._z_rms
             p = torch.as_tensor(_GRID)
             # calibrated CDF R(u) = Phi(Phi^-1(u)/s), so the level map R^-1(p) = Phi(s Phi^-1(p)) widens by s

@@ -33,13 +33,13 @@ DEFAULT_LEVELS: tuple[float, ...] = (0.01, 0.025) + tuple(round(0.05 * k, 2) for
 DEFAULT_ETA = 0.1
 
 
-def _check_levels(levels: Sequence[float]) -> np.ndarray:
+def _check_levels(levels: Sequence[float], key: str = "levels") -> np.ndarray:
     try:
         lv = np.unique(np.asarray([float(v) for v in levels], dtype=np.float64))
     except (TypeError, ValueError):
-        raise ConfigError(f"`calibrator.options.levels` must be a list of numbers in (0, 1); got {levels!r}") from None
+        raise ConfigError(f"`calibrator.options.{key}` must be a list of numbers in (0, 1); got {levels!r}") from None
     if lv.size == 0 or not np.all((lv > 0) & (lv < 1)):
-        raise ConfigError(f"`calibrator.options.levels` must be non-empty, each in (0, 1); got {list(levels)!r}")
+        raise ConfigError(f"`calibrator.options.{key}` must be non-empty, each in (0, 1); got {list(levels)!r}")
     return lv
 
 
@@ -160,7 +160,7 @@ class OnlineIntervalCalibrator(OnlineQuantileRecalibrator):
         self, coverages: Sequence[float] = (0.5, 0.8, 0.9), eta: float = DEFAULT_ETA, rearrangement: str = "isotonic",
         spread: Any = None,
     ) -> None:
-        cov = _check_levels(coverages)
+        cov = _check_levels(coverages, "coverages")
         self.coverages = cov
         super().__init__(levels=np.concatenate([(1 - cov) / 2, (1 + cov) / 2]), eta=eta, rearrangement=rearrangement, spread=spread)
 

@@ -82,6 +82,9 @@ class SpreadTracker:
             ("spread_max", s_max, lambda v: v >= 1),
         ):
             check_option(key, v, ok)
+        if lambda_reg * eta >= 1:  # each step shrinks the local term by 1 - lambda_reg eta_t: it must stay in (0, 1]
+            raise ConfigError(f"`calibrator.options.spread_lambda_reg` x `calibrator.options.spread_eta` must be < 1; "
+                              f"got {lambda_reg!r} x {eta!r}")
         self.mode = mode
         self.coverage = float(coverage)
         self.eta = float(eta)
@@ -169,6 +172,8 @@ def attach(calibrator: Any, proposer: Any) -> Any:
       or None when the calibrator has no spread tracker (`none`, or `spread: off`).
     - Proposers with a `calibrator` attribute (`AcquisitionProposer`) get the calibrator itself.
     - A calibrator marked `acquisition_only` (conformal) is refused by the others: its options would do nothing.
+    - Options the proposer would never read are refused: a calibrator's own options (`eta`, `levels`, `alpha`, ...)
+      or `spread: off` with a spread-only proposer, `spread`/`spread_*` with `AcquisitionProposer`.
 
     Returns:
         the proposer.
@@ -182,6 +187,20 @@ def attach(calibrator: Any, proposer: Any) -> Any:
         raise UnsupportedError(
             f"calibrator {calibrator.name!r} acts only inside the acquisition of proposer 'calibrated' (EI or UCB); "
             f"{type(proposer).__name__} would use its spread factor alone, which 'online-interval' gives")
+    given, given_spread = getattr(calibrator, "given_options", ()), getattr(calibrator, "given_spread_options", ())
+    if hasattr(proposer, "spread") and not hasattr(proposer, "calibrator"):
+        if given:
+            raise UnsupportedError(
+                f"`calibrator.options` {list(given)} act only inside the acquisition of proposer 'calibrated'; "
+                f"{type(proposer).__name__} uses the calibrator's spread factor alone (options 'spread', 'spread_*')")
+        if getattr(calibrator, "spread_tracker", None) is None and getattr(calibrator, "name", "none") != "none":
+            raise UnsupportedError(
+                f"with `spread: off` calibrator {calibrator.name!r} does nothing for {type(proposer).__name__}, "
+                f"which uses only the spread factor")
+    if hasattr(proposer, "calibrator") and not hasattr(proposer, "spread") and given_spread:
+        raise UnsupportedError(
+            f"`calibrator.options` {list(given_spread)} set the spread factor of Thompson sampling and Q-GIBBON; "
+            f"{type(proposer).__name__} does not use it")
     hooked = False
     if hasattr(proposer, "calibrator"):
         proposer.calibrator = calibrator

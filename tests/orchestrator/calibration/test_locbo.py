@@ -153,3 +153,16 @@ def test_localized_coverage_closer_to_nominal_per_region() -> None:
     assert abs(l_all - nominal) < 0.05
     assert err_global > 0.1  # one threshold cannot fit both regions
     assert err_local < 0.6 * err_global
+
+
+def test_a_decay_factor_outside_zero_one_is_refused() -> None:
+    """Each step multiplies the threshold's RKHS coefficients by 1 - lambda_reg eta_t; with lambda_reg eta0 >= 1 it
+    is <= 0 and they flip sign and grow (found in review: |coef| ~ 1e13 after 30 results). Refused, naming both
+    keys, for LOCBO and the local spread term."""
+    from orchestrator.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"`calibrator.options.lambda_reg` x `calibrator.options.eta0` must be < 1"):
+        build_calibrator("locbo", lambda_reg=1000.0)
+    with pytest.raises(ConfigError, match=r"spread_lambda_reg` x `calibrator.options.spread_eta` must be < 1"):
+        build_calibrator("online", spread="local", spread_lambda_reg=50.0, spread_eta=0.05)
+    build_calibrator("locbo", lambda_reg=100.0)  # 100 x 5e-3 = 0.5: fine

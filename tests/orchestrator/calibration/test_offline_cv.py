@@ -206,3 +206,18 @@ def test_a_batch_of_results_is_one_recalibration() -> None:
     torch.testing.assert_close(cal.map_levels(p), ref.map_levels(p))
     with pytest.raises(InputDataError, match="needs the point x"):
         cal.update(model.forecast(X[:2]), Y[:2])
+
+
+def test_sigma_mode_with_equal_outcomes_is_the_identity_and_eta_is_checked_when_built() -> None:
+    """Found in review: with every outcome equal the out-of-fold residuals are 0, the sigma map divided by 0 and
+    the acquisition became NaN (a plateaued objective does this); now no error means no rescaling. A bad `eta`
+    passed the config and failed at the first recalibration, or named no key."""
+    X = torch.linspace(0, 1, 6, dtype=torch.float64).reshape(-1, 1)
+    cal = build_calibrator("offline-cv", mode="sigma", splits="loo", spread="off")
+    cal.fit(X, torch.full((6,), 3.0, dtype=torch.float64))
+    assert cal.sigma_scale() == 1.0
+    levels = torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)
+    assert torch.allclose(torch.as_tensor(cal.map_levels(levels), dtype=torch.float64), levels)
+    for eta in (-1, 0, float("nan"), "abc", True):
+        with pytest.raises(ConfigError, match=r"`calibrator.options.eta` is out of range"):
+            build_calibrator("offline-cv", eta=eta)

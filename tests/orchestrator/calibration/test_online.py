@@ -239,3 +239,18 @@ def test_misspecified_gp_recalibrated_to_80_percent(misspec: str) -> None:
     print(f"{misspec}: uncalibrated 80% coverage {raw:.3f}, recalibrated {np.mean(covered):.3f}")
     assert abs(raw - 0.8) > 0.15, raw
     assert abs(np.mean(covered) - 0.8) <= 0.05, np.mean(covered)
+
+
+def test_bad_coverages_name_their_key_and_a_nan_forecast_is_refused() -> None:
+    """Found in review: a bad `coverages` of online-interval was reported as `levels` (not its key), and a forecast
+    whose CDF is NaN at y was taken: each calibrator read the NaN PIT differently."""
+    from orchestrator.errors import ConfigError, InputDataError
+    from orchestrator.models.predictive import Forecast
+
+    with pytest.raises(ConfigError, match=r"`calibrator.options.coverages` must be non-empty"):
+        build_calibrator("online-interval", coverages=[1.5])
+    T = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+    bad = Forecast("gaussian", 0.5, T([float("nan")]), T([0.0]), T([0.0]), 0.0)
+    for name in ("online", "locbo"):
+        with pytest.raises(InputDataError, match=r"forecast 0 is not finite at y = 0.5"):
+            build_calibrator(name).update(bad, T([0.5]), T([[0.2]]))

@@ -99,14 +99,31 @@ class _SpreadProposer:
     spread = None
 
 
+class _AcquisitionProposer:
+    """A proposer shape with the `calibrated` proposer's hook (the calibrator inside its acquisition)."""
+
+    calibrator = None
+
+
 def test_attach_and_options() -> None:
     p = _SpreadProposer()
     cal = build_calibrator("online")
     assert attach(cal, p) is p and p.spread == cal.spread
     attach(build_calibrator("none"), p)
     assert p.spread is None
-    attach(build_calibrator("online", spread="off"), p)
-    assert p.spread is None
+    # found in review: options the proposer never reads were accepted and changed nothing
+    with pytest.raises(UnsupportedError, match="with `spread: off` calibrator 'online' does nothing"):
+        attach(build_calibrator("online", spread="off"), p)
+    with pytest.raises(UnsupportedError, match=r"`calibrator.options` \['eta', 'levels'\] act only inside .*'calibrated'"):
+        attach(build_calibrator("online", eta=0.5, levels=[0.2, 0.8]), p)
+    with pytest.raises(UnsupportedError, match=r"\['alpha'\] act only inside"):
+        attach(build_calibrator("locbo", alpha=0.2, spread_eta=0.2), p)
+    attach(build_calibrator("locbo", spread="local", spread_eta=0.2), p)  # spread options: read by p
+    acq = _AcquisitionProposer()
+    with pytest.raises(UnsupportedError, match=r"\['spread', 'spread_eta'\] set the spread factor"):
+        attach(build_calibrator("online", spread="local", spread_eta=0.2), acq)
+    attach(build_calibrator("online", eta=0.5, spread="off"), acq)  # its own options: read by acq
+    assert acq.calibrator.eta == 0.5
     assert torch.all(build_calibrator("none").spread(torch.rand(3, 2)) == 1)
     with pytest.raises(UnsupportedError, match="no `spread` or `calibrator` hook"):
         attach(cal, object())
