@@ -224,7 +224,12 @@ class AskTellOptimizer:
             return None
         from orchestrator.calibration import build_calibrator
 
-        return build_calibrator(self.calibrator_name, **self.calibrator_options)
+        options = dict(self.calibrator_options)
+        if self.calibrator_name == "offline-cv" and not {"model", "model_factory"} & set(options):
+            # the folds refit the run's own model (calibrated-bo.md §1.3), unless the config names another
+            options["model"] = self.model_name
+            options["model_options"] = {"tau": self.model_tau, **self.model_options, **options.get("model_options", {})}
+        return build_calibrator(self.calibrator_name, **options)
 
     def check_options(self) -> None:
         """Build the model, the calibrator and the proposer once and check that they work together: a bad option

@@ -103,7 +103,9 @@ class OfflineCVCalibrator(Calibrator):
 
     Args:
         model_factory: callable returning a fresh `Surrogate` (default: `build_model(model, **model_options)`).
-        model: model name for the default factory ("exact-gp").
+        model: model name for the default factory ("exact-gp"). In a run (`AskTellOptimizer`) the default is the
+            run's own model, with its options and tau: the spec's folds refit "the same model class as M"
+            (calibrated-bo.md §1.3); set `model: exact-gp` for a cheaper stand-in of a heteroscedastic SVGP.
         model_options: options of the default factory.
         splits: "loo" (default, both papers' main text) or "time-series".
         n_splits: number of time-series splits (default: all).
@@ -118,6 +120,9 @@ class OfflineCVCalibrator(Calibrator):
     name = "offline-cv"
     needs_x = True
     needs_every_result = True  # D is every result, the Sobol design included (calibrated-bo.md §1.3-1.4)
+    #: its level map acts only inside the `calibrated` proposer's acquisition: Thompson sampling and Q-GIBBON
+    #: would read its spread factor alone (the online calibrator's) after paying for the fold refits
+    acquisition_only = True
 
     def __init__(
         self,

@@ -221,3 +221,21 @@ def test_sigma_mode_with_equal_outcomes_is_the_identity_and_eta_is_checked_when_
     for eta in (-1, 0, float("nan"), "abc", True):
         with pytest.raises(ConfigError, match=r"`calibrator.options.eta` is out of range"):
             build_calibrator("offline-cv", eta=eta)
+
+
+def test_the_folds_refit_the_runs_own_model_by_default() -> None:
+    """calibrated-bo.md §1.3: each fold refits "the same model class as M". In a run the default fold model is the
+    run's, with its options and tau (found in review: a heteroscedastic run's map was learned on exact-GP folds);
+    `model: exact-gp` still chooses the cheaper stand-in."""
+    from orchestrator.ask_tell import AskTellOptimizer
+    from orchestrator.models.exact_gp import ExactGP
+    from orchestrator.models.het_svgp import HeteroscedasticSVGP
+
+    space = {"x": {"type": "float", "low": 0.0, "high": 1.0}}
+    opt = AskTellOptimizer(space, model="heteroscedastic", proposer="calibrated", calibrator="offline-cv",
+                           model_options={"num_inducing": 7})
+    fold = opt.calibrator.model_factory()
+    assert isinstance(fold, HeteroscedasticSVGP) and fold.options.num_inducing == 7 and fold.tau == 0.5
+    opt = AskTellOptimizer(space, model="heteroscedastic", proposer="calibrated", calibrator="offline-cv",
+                           calibrator_options={"model": "exact-gp"})
+    assert isinstance(opt.calibrator.model_factory(), ExactGP)
