@@ -177,7 +177,8 @@ def conformal_masks(
 
 def conformal_interval(parts: ExactGPParts, x: Tensor, alpha: float, k: int = 256, weights: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Hard conformal set of each query on a `k`-label grid over mu -+ 6 sd, as [lowest, highest] accepted label
-    (NaN where nothing is accepted). Returns (`b`, `b`)."""
+    (NaN where nothing is accepted; -inf / +inf where a grid end is accepted, since the set may reach past it:
+    the grid is the GP's own predictive, too narrow when the GP is over-confident). Returns (`b`, `b`)."""
     _, _, _, (mu, var_f) = parts.augmented(x)
     sd = (var_f + parts.noise_var).sqrt()
     grid = mu.unsqueeze(-1) + sd.unsqueeze(-1) * torch.linspace(-6, 6, k, dtype=mu.dtype)
@@ -185,6 +186,8 @@ def conformal_interval(parts: ExactGPParts, x: Tensor, alpha: float, k: int = 25
     m = conformal_masks(parts, x, grid, w, alpha, None) > 0.5
     lo = torch.where(m, grid, torch.full_like(grid, math.inf)).amin(-1)
     hi = torch.where(m, grid, torch.full_like(grid, -math.inf)).amax(-1)
+    lo = torch.where(m[..., 0], torch.full_like(lo, -math.inf), lo)
+    hi = torch.where(m[..., -1], torch.full_like(hi, math.inf), hi)
     nan = torch.full_like(lo, math.nan)
     return torch.where(m.any(-1), lo, nan), torch.where(m.any(-1), hi, nan)
 

@@ -167,3 +167,24 @@ def test_a_botorch_gp_with_an_outcome_transform_is_refused():
     gp = SingleTaskGP(X, 100 + 50 * torch.sin(6 * X))
     with pytest.raises(UnsupportedError, match="outcome_transform=None"):
         ExactGPParts.from_model(gp)
+
+
+def test_interval_is_unbounded_where_the_set_reaches_the_label_grids_end() -> None:
+    """Found in review: with an over-confident GP (noise 0.01 against a true 0.64) the mask accepts labels past
+    the mu -+ 6 sd grid, and the interval cut at the grid missed 82 accepted true labels of 400 (covered 0.615 <
+    1 - alpha). An accepted grid end now gives an infinite end, so every accepted label lies inside."""
+    from orchestrator.calibration.conformal import _matern52, conformal_masks
+
+    g = torch.Generator().manual_seed(0)
+    ls, os_ = torch.tensor([0.3], dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64)
+    n, alpha, outside, accepted = 15, 0.2, 0, 0
+    for _ in range(60):
+        X = torch.rand(n + 1, 1, generator=g, dtype=torch.float64)
+        y = torch.sin(8 * X[:, 0]) * 1.5 + 0.8 * torch.randn(n + 1, generator=g, dtype=torch.float64)
+        parts = ExactGPParts(X[:n], y[:n], 0.0, lambda A, B: _matern52(A, B, ls, os_), 0.01)
+        lo, hi = conformal_interval(parts, X[n:], alpha, k=128)
+        w = torch.full((1, n + 1), 1.0 / (n + 1), dtype=torch.float64)
+        if conformal_masks(parts, X[n:], y[n:].reshape(1, 1), w, alpha, None)[0, 0] > 0.5:
+            accepted += 1
+            outside += int(not (float(lo) <= float(y[n]) <= float(hi)))
+    assert accepted >= 40 and outside == 0
