@@ -106,6 +106,14 @@ def default_max_concurrent(resources: Any) -> int:
     return total
 
 
+
+def _node_id() -> str | None:
+    """The Ray node this process runs on (None outside a Ray worker)."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+
+
 class CentralActor:
     """The run's brain; create it with `ray.remote(CentralActor).options(max_concurrency>=3, num_cpus=0)`.
 
@@ -326,6 +334,7 @@ class CentralActor:
                 "elapsed_s": now - self.started_at,
                 "phase": "model" if self.opt.model is not None else "initial design",
                 "pid": os.getpid(),
+                "node_id": _node_id(),
                 "aborted": self._abort,
                 "duplicates_ignored": self._duplicates,
                 "model_restored": self.model_restored,

@@ -667,7 +667,8 @@ class AskTellOptimizer:
         """Recommended point and its value in the user's units.
 
         With a model: the observed input maximizing the posterior mean of the target at the last fit, with
-        that predicted value (spec §1.7). Before the first fit: the best observed value.
+        that predicted value (spec §1.7); `ask` fits before proposing, so call `fit()` after the last `tell` to
+        include every result. Before the first fit: the best observed value.
 
         Raises:
             QbatchError: no completed result yet.

@@ -120,6 +120,8 @@ def _ensure_ray(address: str | None, num_cpus: int | None) -> bool:
             ray.init(address=address, include_dashboard=False if address == "local" else None)
         except ValueError as exc:  # e.g. "Invalid address format"
             raise ConfigError(f"`--address` {address!r}: {str(exc).splitlines()[0]}") from None
+        except ConnectionError as exc:  # "auto" with no Ray running on this machine
+            raise UsageError(f"`--address` {address!r}: {str(exc).splitlines()[0]}") from None
     else:
         _init_local_ray(num_cpus)
     return True
@@ -367,16 +369,22 @@ def _drive(
 
     out = out or sys.stdout
     actor_options = dict(actor_options or {})
-    # the driver owns the evaluation tasks' owner, so evaluations survive a crash of the central actor
+    # the driver owns the evaluation tasks' owner, so evaluations survive a crash of the central actor; both
+    # actors go to the driver's node (the head, in the README's cluster recipe) when it is alive, so the model's
+    # refits do not compete with evaluations on a worker (soft: elsewhere if that node is gone)
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
     pool = ray.remote(EvaluationPool).options(
-        num_cpus=0, max_restarts=-1, name=actor_name(run_dir) + ":pool", namespace=NAMESPACE
+        num_cpus=0, max_restarts=-1, name=actor_name(run_dir) + ":pool", namespace=NAMESPACE, scheduling_strategy=here
     ).remote(
         (cfg.objective.name, dict(cfg.objective.options)), resources, timeout_s=cfg.timeout_s,
         max_retries=cfg.max_retries, isolate=actor_options.get("isolate", "process"),
     )
     Actor = ray.remote(CentralActor)
     actor = Actor.options(
-        num_cpus=0, max_concurrency=4, max_restarts=ACTOR_RESTARTS, name=actor_name(run_dir), namespace=NAMESPACE
+        num_cpus=0, max_concurrency=4, max_restarts=ACTOR_RESTARTS, name=actor_name(run_dir), namespace=NAMESPACE,
+        scheduling_strategy=here,
     ).remote(
         run_dir, max_concurrent=max_concurrent if max_concurrent is not None else cfg.max_concurrent, pool=pool,
         **actor_options
@@ -484,6 +492,6 @@ def _report(summary: Mapping[str, Any], out: TextIO) -> None:
         print(f"qbatch: {summary['message']}", file=out)
     if best is not None:
         print(f"qbatch: {label}: value {best['value']:.6g} at {best['params']}", file=out)
-    print(f"qbatch: results in {os.path.abspath(summary['run_dir'])}", file=out)
+    print(f"qbatch: results in {_absolute(summary['run_dir'])}", file=out)
     if summary.get("report_dir"):
         print(f"qbatch: plots and summary tables in {summary['report_dir']}", file=out)

@@ -53,6 +53,8 @@ def test_evaluations_spread_over_nodes(cluster, tmp_path):
     nodes = collections.Counter(e.node_id for e in done)
     assert len(nodes) >= 2, nodes
     assert set(nodes) <= {cluster["plain"], cluster["sensor"], cluster["head"]}
+    # found in review: the central actor could land on a worker node, its refits competing with evaluations
+    assert summary["node_id"] == cluster["head"]
 
 
 def test_custom_resource_runs_only_where_it_exists(cluster, tmp_path):

@@ -252,6 +252,14 @@ def test_bad_paths_options_and_busy_runs_are_usage_errors(tmp_path, monkeypatch,
         one_line(cli.main(["run", str(good), "--address", addr]), f"`--address` '{addr}': nothing answers at {dead}")
     assert time.monotonic() - t0 < 30
     one_line(cli.main(["run", str(good), "--address", "127.0.0.1:70000"]), "port 70000 is not in 1-65535")
+    # `auto` with no Ray on this machine (the README's cluster command): one line, status 2, not a traceback
+    env = {**os.environ, "RAY_TMPDIR": str(tmp_path / "no-ray"), "PYTHONPATH": str(Path(__file__).parents[2])}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", str(good), "--address", "auto"],
+                          capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "qbatch: error: `--address` 'auto': Could not find any running Ray instance. Please specify the one to "
+        "connect to by setting `--address` flag or `RAY_ADDRESS` environment variable."], proc.stderr[-2000:]
     assert not (tmp_path / "runs").exists()
 
     _finished_run(tmp_path / "run")
@@ -317,3 +325,19 @@ def test_the_space_check_accepts_every_parameter_kind_after_a_parquet_round_trip
     store.append([Event("proposed", f"0-{i}", time=1.0, batch_id=0, params=p, x=x.tolist())
                   for i, (p, x) in enumerate(zip(points, X))])
     _check_log_matches_space(RunStore.open(str(tmp_path / "run")).events(), space)
+
+
+def test_the_end_of_run_lines_keep_a_uri_run_directory():
+    """Found in review: `results in` made a URI run directory 'absolute' against the working directory
+    (`/cwd/file:/tmp/r1`); a URI is printed as given, a local path made absolute."""
+    import io
+
+    from orchestrator.runner import _report
+
+    base = {"status": "finished", "done": 4, "completed": 4, "failed": 0, "utilization": 0.5}
+    out = io.StringIO()
+    _report({**base, "run_dir": "s3://bucket/qbatch-runs/r1"}, out)
+    assert "qbatch: results in s3://bucket/qbatch-runs/r1\n" in out.getvalue()
+    out = io.StringIO()
+    _report({**base, "run_dir": "runs/r1"}, out)
+    assert f"qbatch: results in {os.path.abspath('runs/r1')}\n" in out.getvalue()
