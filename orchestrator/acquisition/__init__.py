@@ -35,4 +35,7 @@ def build_proposer(name: str, **options: Any) -> Proposer:
     try:
         return cls(**options)
     except TypeError as exc:
-        raise ConfigError(f"bad `proposer.options` for {name!r}: {exc}") from None
+        from orchestrator.models import valid_options_note
+
+        note = valid_options_note(cls, exclude=("spread",))  # spread: set by the calibrator, not an option
+        raise ConfigError(f"bad `proposer.options` for {name!r}: {exc}{note}") from None

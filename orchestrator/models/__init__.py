@@ -59,6 +59,18 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def valid_options_note(cls: type, exclude: tuple[str, ...] = ("tau",)) -> str:
+    """"; valid options: [...]" from `cls`'s constructor signature, less `exclude` (tau: the config's top-level
+    key), or "" when it takes arbitrary keywords."""
+    import inspect
+
+    params = inspect.signature(cls.__init__).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return ""
+    names = [p.name for p in params if p.name not in ("self", *exclude) and p.kind is not p.VAR_POSITIONAL]
+    return f"; valid options: {sorted(names)}"
+
+
 def build_model(name: str, **options: Any) -> Surrogate:
     """Build the surrogate called `name` ("quantile", "expectile", "heteroscedastic", "exact-gp").
 
@@ -73,8 +85,9 @@ def build_model(name: str, **options: Any) -> Surrogate:
     """
     if name not in MODELS:
         raise ConfigError(f"unknown model {name!r}; valid models: {sorted(MODELS)}")
-    module, cls = MODELS[name]
+    module, attr = MODELS[name]
+    cls = getattr(importlib.import_module(module), attr)
     try:
-        return getattr(importlib.import_module(module), cls)(**options)
+        return cls(**options)
     except TypeError as exc:  # an unknown option
-        raise ConfigError(f"bad option for model {name!r}: {exc}") from None
+        raise ConfigError(f"bad option for model {name!r}: {exc}{valid_options_note(cls)}") from None

@@ -44,7 +44,7 @@ class ExactGP(Surrogate):
     def __init__(self, tau: float = 0.5, warm_start: bool = True, **unknown: Any) -> None:
         if unknown:
             raise ConfigError(f"unknown model option(s) {sorted(unknown)} for exact-gp; valid options: "
-                              "['tau', 'warm_start']")
+                              "['warm_start'] (tau is the config's top-level key)")
         self.tau = check_tau(tau)
         if not isinstance(warm_start, bool):
             raise ConfigError(f"`warm_start` must be true or false; got {warm_start!r}")

@@ -44,7 +44,12 @@ CAL = {"type": "calibrated"}
         # found in review: GPR-EI optimizes HetGP's f, the mean, whatever tau
         ({"proposer": "gpr-ei", "model": "heteroscedastic", "tau": 0.1}, r"GPR-EI optimizes the model's f"),
         ({"model": {"type": "quantile", "options": {"tau": 0.3}}}, r"`model.options`: `tau` is not a model option"),
-        ({"model": {"type": "gpr-replicates", "options": {"num_inducing": 5}}}, r"`model.options`: bad option .*num_inducing"),
+        ({"model": {"type": "gpr-replicates", "options": {"num_inducing": 5}}},
+         r"`model.options`: bad option .*num_inducing.*; valid options: \['min_noise', 'num_bootstrap', 'seed', 'use_priors'\]"),
+        # found in review: these named no valid option, and exact-gp's list held `tau`, which it then refused
+        ({"proposer": {"type": "thompson", "options": {"foo": 1}}},
+         r"bad `proposer.options` for 'thompson'.*'foo'; valid options: \['chunk_bytes', 'maxiter', 'method', "),
+        ({"model": {"type": "exact-gp", "options": {"foo": 1}}}, r"valid options: \['warm_start'\] \(tau is the"),
         ({"model": {"type": "quantile", "options": {"seed": 2**64}}}, r"`seed` must be an integer in \[0, 2\*\*63\)"),
         ({"model": {"type": "quantile", "options": {"min_delta": True}}}, r"`min_delta` must be a non-negative number; got True"),
         ({"calibrator": {"type": "locbo", "options": {"alpha": "0.2"}}, "proposer": "calibrated", "model": "exact-gp"},
