@@ -41,3 +41,37 @@ def test_reliability_rows_name_existing_tests():
     assert len(rows) >= 10
     missing = [r for r in rows if not (REPO / "tests" / r).exists()]
     assert not missing, missing
+
+
+
+def test_the_component_options_table_matches_the_constructors():
+    """Every row of the README's options table lists exactly the options its component's constructor takes
+    (`calibrator` and `model_factory` are Python-only, `spread` of a proposer is set by the calibrator, `tau` is
+    the top-level key)."""
+    import dataclasses
+    import importlib
+    import inspect
+
+    from orchestrator.acquisition import PROPOSERS
+    from orchestrator.calibration import _SPREAD_KEYS, CALIBRATORS
+    from orchestrator.models import MODELS
+    from orchestrator.models.svgp import SVGPOptions
+
+    def params(target: str) -> set[str]:
+        module, _, attr = target.partition(":")
+        sig = inspect.signature(getattr(importlib.import_module(module), attr).__init__)
+        return {p.name for p in sig.parameters.values() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+                and p.name not in ("self", "tau", "spread", "calibrator", "model_factory")}
+
+    values = {"ei", "pi", "ucb", "global", "local", "off"}  # the values an option's row names in brackets
+    rows = re.findall(r"^\| ((?:model|proposer|calibrator|every calibrator) [^|]*?) \| (.*?) \|$", README, re.M)
+    listed = {k: set(re.findall(r"`(\w+)`", v)) - values for k, v in rows}
+    assert len(listed) == 15
+    assert listed.pop("model `quantile`, `expectile`, `heteroscedastic`") == {f.name for f in dataclasses.fields(SVGPOptions)}
+    assert listed.pop("every calibrator but `none`") == {"spread"} | set(_SPREAD_KEYS)
+    for key, names in listed.items():
+        kind, name = key.split(" ")
+        name = name.strip("`")
+        target = {"model": lambda: ":".join(MODELS[name]), "proposer": lambda: PROPOSERS[name],
+                  "calibrator": lambda: CALIBRATORS[name][0]}[kind]()
+        assert names == params(target), key
