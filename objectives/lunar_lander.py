@@ -17,7 +17,9 @@ with the evaluation's seed; ``env_id="gym:LunarLander-v2"`` flies the paper's v2
 package (0.26, ``pip install gym==0.26.2``) instead, to check that the version does not matter. Step limit
 1000. A11: an episode still flying at the limit gets a penalty of 100 *subtracted* (the pubcode's
 ``total -= timeout_reward`` with ``timeout_reward = -100`` adds 100, which is read as a sign bug: a hovering
-lander must not be rewarded). The reward is returned as is (not /300).
+lander must not be rewarded; as read from the public code only, its branch ``steps > steps_limit`` is never
+reached, since gym's ``LunarLander-v2`` ends the episode at 1000 steps first, so it applies no penalty at
+all: ``timeout_penalty=0``). The reward is returned as is (not /300).
 """
 
 from __future__ import annotations
