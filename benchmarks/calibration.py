@@ -143,6 +143,7 @@ def run_one(fn: str, method: str, seed: int, steps: int, restarts: int, raw: int
     t0 = time.perf_counter()
     for t in range(steps):
         model.fit(X, Y)
+        prop.observed_y = Y  # LOCBO's incumbent: the best observation (locbo.md §1.6), as in a run
         x = prop.propose(model, 1, X_observed=X, seed=seed * 10_000 + t)
         y = -f(x)
         fc = model.forecast(x)
@@ -297,6 +298,7 @@ def run_noisy_ackley(method: str, seed: int, steps: int, restarts: int, raw: int
     t0 = time.perf_counter()
     for t in range(1, steps + 1):
         model.fit(X, Y)
+        prop.observed_y = Y  # LOCBO's incumbent: the best noisy observation (locbo.md §1.6), as in a run
         x = prop.propose(model, 1, X_observed=X, seed=seed * 10_000 + t)
         y = observe(x, n_init + t - 1)
         fc = model.forecast(x)

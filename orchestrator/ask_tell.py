@@ -404,6 +404,8 @@ class AskTellOptimizer:
     def _propose(self, model: Any, q: int, batch_id: int, X_pending: Tensor, X_observed: Tensor) -> Tensor:
         if self._proposer is None:
             self._proposer = self._build_proposer()
+        if hasattr(self._proposer, "observed_y"):  # LOCBO's incumbent is the best observed outcome
+            self._proposer.observed_y = torch.tensor(self._obs_y, dtype=torch.float64)
         X = self._proposer.propose(
             model, q, X_pending=X_pending, X_observed=X_observed, seed=trial_seed(self.seed, f"batch-{batch_id}"),
             dim=self.space.dim,

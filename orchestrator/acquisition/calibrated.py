@@ -338,6 +338,9 @@ class AcquisitionProposer(Proposer):
                 raise ConfigError(f"`proposer.options.{key}` must be a finite number >= 0; got {v!r}")
         self.acquisition = acquisition
         self.calibrator = calibrator
+        #: the outcomes observed so far, in the units the model is fitted to (before its standardization); the
+        #: optimizer sets them before each proposal, and LOCBO's incumbent is their best (locbo.md §1.6)
+        self.observed_y: Tensor | None = None
         self.route = route
         self.beta, self.xi = float(beta), float(xi)
         self.num_restarts, self.raw_samples, self.maxiter = num_restarts, raw_samples, maxiter
@@ -363,7 +366,8 @@ class AcquisitionProposer(Proposer):
                 raise UnsupportedError(f"conformal sets need an exact Gaussian GP (model exact-gp); got {type(model).__name__}")
 
     def build(self, model: Any, X_observed: Tensor, generator: torch.Generator | None = None) -> AcquisitionFunction:
-        """The acquisition for the current model and calibrator (incumbent: best posterior mean at X_observed)."""
+        """The acquisition for the current model and calibrator (incumbent: best posterior mean at X_observed;
+        LOCBO's: the best observed outcome, standardized, when `observed_y` is set)."""
         self.check_model(model)
         cal = self.calibrator
         name = getattr(cal, "name", "none")
@@ -374,7 +378,10 @@ class AcquisitionProposer(Proposer):
             best = float(mu.max())
         else:
             best = 0.0
-        if name == "locbo":  # EI only (check_model)
+        if name == "locbo":  # EI only (check_model); f* is the best standardized noisy y (locbo.md §1.6)
+            if self.observed_y is not None and self.observed_y.numel():
+                loc, scale = model.outcome_transform
+                best = float((self.observed_y.max() - loc) / scale)
             return LOCBOExpectedImprovement(model, best, cal)
         if name == "conformal":
             return self._conformal(model, X_observed, best, generator)

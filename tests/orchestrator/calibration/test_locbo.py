@@ -166,3 +166,27 @@ def test_a_decay_factor_outside_zero_one_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"spread_lambda_reg` x `calibrator.options.spread_eta` must be < 1"):
         build_calibrator("online", spread="local", spread_lambda_reg=50.0, spread_eta=0.05)
     build_calibrator("locbo", lambda_reg=100.0)  # 100 x 5e-3 = 0.5: fine
+
+
+def test_the_incumbent_is_the_best_standardized_noisy_outcome():
+    """locbo.md §1.6, checklist 10: LOCBO's EI improves on f* = the best standardized noisy y, not the largest
+    posterior mean (found in review: with noisy data it used 1e-5 where the best y standardized was 1.7). The
+    optimizer hands the proposer the observed outcomes before it proposes."""
+    from orchestrator.ask_tell import AskTellOptimizer
+
+    space = {"a": {"type": "float", "low": 0.0, "high": 1.0}, "b": {"type": "float", "low": 0.0, "high": 1.0}}
+    opt = AskTellOptimizer(space, model="exact-gp", proposer="calibrated", calibrator="locbo", initial_design=20,
+                           seed=0, proposer_options={"num_restarts": 2, "raw_samples": 32, "maxiter": 10})
+    g = torch.Generator().manual_seed(0)
+    for t in opt.ask(20):
+        x = torch.tensor([t.params["a"], t.params["b"]], dtype=torch.float64)
+        opt.tell(t.trial_id, float(-((x - 0.5) ** 2).sum() + 0.3 * torch.randn(1, generator=g, dtype=torch.float64)))
+    opt.ask(1)  # fits and proposes: the proposer now holds the observed outcomes
+    prop, model = opt._proposer, opt.model
+    Y = prop.observed_y
+    assert Y is not None and Y.shape == (20,)
+    X = torch.stack([t.x for t in opt._trials.values() if t.trial_id in opt._obs_ids])
+    loc, scale = model.outcome_transform
+    acq = prop.build(model, X)
+    assert float(acq.best_f) == pytest.approx(float((Y.max() - loc) / scale))
+    assert float(acq.best_f) > 1.0  # the noisy best, well above the posterior mean's maximum
