@@ -228,7 +228,8 @@ class AskTellOptimizer:
         if self.calibrator_name == "offline-cv" and not {"model", "model_factory"} & set(options):
             # the folds refit the run's own model (calibrated-bo.md §1.3), unless the config names another
             options["model"] = self.model_name
-            options["model_options"] = {"tau": self.model_tau, **self.model_options, **options.get("model_options", {})}
+            options["model_options"] = {"tau": self.model_tau, **self.model_options,
+                                        **options.get("model_options", {})}
         return build_calibrator(self.calibrator_name, **options)
 
     def check_options(self) -> None:

@@ -374,7 +374,10 @@ def _drive(
     # refits do not compete with evaluations on a worker (soft: elsewhere if that node is gone)
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    try:
+        here: Any = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    except Exception:  # no node of its own to name (e.g. a Ray client): Ray's default placement
+        here = "DEFAULT"
     pool = ray.remote(EvaluationPool).options(
         num_cpus=0, max_restarts=-1, name=actor_name(run_dir) + ":pool", namespace=NAMESPACE, scheduling_strategy=here
     ).remote(
