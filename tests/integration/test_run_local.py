@@ -95,7 +95,8 @@ def test_sobol_points_past_the_initial_design_only_fill_free_slots(ray_local, tm
     for e in fillers:  # proposed for a free slot, so started at once, not queued
         assert started[e.trial_id] - e.time < 0.5, f"Sobol filler {e.trial_id} waited in the queue"
     model = sum(e.info["source"] == "model" for e in proposed.values())
-    assert model >= cfg["budget"] // 2, f"only {model} of {cfg['budget']} points came from the model"
+    # about half come from the model on a quiet machine (12-16 with two benchmarks beside it); the bug left 2
+    assert model >= cfg["budget"] // 3, f"only {model} of {cfg['budget']} points came from the model"
 
 
 def test_synchronous_mode_waits_for_the_whole_batch(ray_local, tmp_path):
