@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from orchestrator.errors import ConfigError, InputDataError
+from orchestrator.errors import ConfigError, InputDataError, QbatchError
 from orchestrator.models.predictive import Forecast
 
 __all__ = [
@@ -229,8 +229,16 @@ class Calibrator(ABC):
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:
+        """Restore from `get_state`. A state saved with other options (`option_keys`) or with a spread factor
+        this calibrator lacks, or the reverse, raises `QbatchError` naming the keys: the state would otherwise
+        replace the options this calibrator was built with."""
         if state.get("name") != self.name:
             raise InputDataError(f"state belongs to calibrator {state.get('name')!r}, not {self.name!r}")
+        check_same_options(f"calibrator {self.name!r}", self._get_state(), state, self.option_keys)
+        if (self.spread_tracker is None) != ("spread" not in state):
+            raise QbatchError(f"calibrator {self.name!r}: the state was saved "
+                              f"{'with' if 'spread' in state else 'without'} a spread factor, this calibrator has "
+                              f"{'one' if self.spread_tracker is not None else 'none'} (option `spread`)")
         self.num_updates = int(state["num_updates"])
         self._set_state(state)
         if self.spread_tracker is not None and "spread" in state:
@@ -241,6 +249,24 @@ class Calibrator(ABC):
 
     def _set_state(self, state: dict[str, Any]) -> None:
         pass
+
+    #: the keys of `_get_state` that are options (fixed when built), not learned state
+    option_keys: tuple[str, ...] = ()
+
+
+def check_same_options(what: str, current: dict[str, Any], stored: dict[str, Any], keys: Sequence[str]) -> None:
+    """`QbatchError` naming the option keys whose values differ between `current` and `stored` states."""
+    def same(a: Any, b: Any) -> bool:
+        if torch.is_tensor(a) or torch.is_tensor(b):
+            a, b = torch.as_tensor(a), torch.as_tensor(b)
+            return a.shape == b.shape and bool(torch.equal(a.to(torch.float64), b.to(torch.float64)))
+        return a == b
+
+    differ = [k for k in keys if k in stored and not same(current[k], stored[k])]
+    if differ:
+        raise QbatchError(f"{what}: the state was saved with other options {differ} "
+                          f"({', '.join(f'{k}={stored[k]!r}' for k in differ)}); build it with those options to "
+                          f"restore it")
 
 
 class IdentityCalibrator(Calibrator):

@@ -312,6 +312,8 @@ class ConformalCalibrator(Calibrator):
             return self.alpha_fixed
         return min(1.0, max(max(n, 1) ** (-self.alpha_power), self.alpha_min))
 
+    option_keys = ("alpha_fixed",)
+
     def _get_state(self) -> dict[str, Any]:
         return {"alpha_fixed": -1.0 if self.alpha_fixed is None else self.alpha_fixed}
 

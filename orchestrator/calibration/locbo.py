@@ -239,6 +239,8 @@ class LOCBOCalibrator(Calibrator):
         self.c += step
         self.misses += int(e)
 
+    option_keys = ("alpha", "kappa", "lengthscale", "lambda_reg", "eta0", "decay")
+
     def _get_state(self) -> dict[str, Any]:
         return {
             "alpha": self.alpha, "kappa": self.kappa, "lengthscale": self.lengthscale, "lambda_reg": self.lambda_reg,

@@ -121,6 +121,8 @@ class OnlineQuantileRecalibrator(Calibrator):
         return self.q.copy()
 
     # ------------------------------------------------------------------ state
+    option_keys = ("levels", "eta", "rearrangement")
+
     def _get_state(self) -> dict[str, Any]:
         return {
             "levels": torch.tensor(self.levels),
@@ -197,6 +199,8 @@ class OnlineIntervalCalibrator(OnlineQuantileRecalibrator):
         lo, hi = self.interval_levels(coverage)
         u = forecast.cdf(torch.as_tensor(y, dtype=torch.float64).reshape(-1))
         return (u > lo) & (u <= hi)
+
+    option_keys = ("coverages", "eta", "rearrangement")
 
     def _get_state(self) -> dict[str, Any]:
         state = super()._get_state()

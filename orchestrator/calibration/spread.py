@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from orchestrator.calibration.base import check_option
+from orchestrator.calibration.base import check_option, check_same_options
 from orchestrator.errors import ConfigError, InputDataError
 from orchestrator.models.predictive import Forecast
 
@@ -158,6 +158,9 @@ class SpreadTracker:
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
+        """Restore from `get_state`; a state saved with other options raises `QbatchError` naming them."""
+        check_same_options("spread factor", self.get_state(), state,
+                           ("mode", "coverage", "eta", "lengthscale", "decay", "lambda_reg", "s_min", "s_max"))
         for k in ("mode", "coverage", "eta", "lengthscale", "decay", "lambda_reg", "s_min", "s_max", "log_s"):
             setattr(self, k, state[k] if k == "mode" else float(state[k]))
         self.t, self.misses = int(state["t"]), int(state["misses"])

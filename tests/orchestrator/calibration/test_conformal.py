@@ -149,7 +149,11 @@ def test_calibrator_schedule_and_state(tmp_path) -> None:
     assert cal.alpha(10_000) == pytest.approx(0.05)
     assert build_calibrator("conformal", alpha=0.3).alpha(100) == 0.3
     torch.save(cal.get_state(), tmp_path / "c.pt")
-    fresh = build_calibrator("conformal", alpha=0.3)
+    from orchestrator.errors import QbatchError
+
+    with pytest.raises(QbatchError, match=r"other options \['alpha_fixed'\]"):  # the state no longer overrides them
+        build_calibrator("conformal", alpha=0.3).set_state(torch.load(tmp_path / "c.pt", weights_only=True))
+    fresh = build_calibrator("conformal")
     fresh.set_state(torch.load(tmp_path / "c.pt", weights_only=True))
     assert fresh.alpha(27) == pytest.approx(1 / math.sqrt(27))
     with pytest.raises(ConfigError, match="calibrator.options.alpha"):

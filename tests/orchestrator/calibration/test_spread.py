@@ -167,3 +167,27 @@ def test_thompson_batch_spreads_out_when_calibrated() -> None:
     print(f"mean pairwise distance: plain {mean_pairwise(plain):.3f}, calibrated {mean_pairwise(calibrated):.3f}")
     assert not torch.allclose(plain, calibrated)
     assert mean_pairwise(calibrated) > 3 * mean_pairwise(plain)
+
+
+def test_a_state_saved_with_other_options_is_refused():
+    """Found in review: `set_state` silently replaced the options a calibrator was built with (alpha 0.05 -> 0.2,
+    spread local -> global, eta 0.5 -> 0.1 with 23 levels); now it names the options that differ, as a model
+    checkpoint of other options is refused. The same options restore, learned state included."""
+    from orchestrator.errors import QbatchError
+
+    T = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+    fc = Forecast("gaussian", 0.5, T([0.0]), T([0.0]), T([0.0]), 0.0)
+    for name, saved, other, keys in (
+        ("locbo", {"alpha": 0.2, "kappa": 3.0}, {"alpha": 0.05}, r"\['alpha', 'kappa'\]"),
+        ("online", {"eta": 0.1}, {"eta": 0.5, "levels": [0.2, 0.8]}, r"\['levels', 'eta'\]"),
+        ("online", {"spread": "local"}, {"spread": "global"}, r"spread factor: .*\['mode'\]"),
+        ("online", {"spread": "off"}, {}, r"saved without a spread factor"),
+    ):
+        cal = build_calibrator(name, **saved)
+        cal.update(fc, T([1.5]), T([[0.3, 0.3]]))
+        state = cal.get_state()
+        with pytest.raises(QbatchError, match=keys):
+            build_calibrator(name, **other).set_state(state)
+        again = build_calibrator(name, **saved)
+        again.set_state(state)
+        assert again.num_updates == 1
