@@ -438,6 +438,19 @@ def checkpoint_evaluations(path: Path) -> int | None:
         return None
 
 
+def checkpoint_codes(path: Path) -> list[str]:
+    """The code versions (`code_version`) of the sessions that advanced the run saved at `path`, oldest first;
+    a checkpoint from before they were recorded starts with "unrecorded" ([] without a readable checkpoint)."""
+    import torch
+
+    if not path.exists():
+        return []
+    try:
+        return [str(c) for c in torch.load(path, weights_only=True).get("codes", ["unrecorded"])]
+    except Exception:
+        return []
+
+
 def drive(run: BatchRun, checkpoint: Path | None, deadline: float | None = None,
           stop_after: int | None = None) -> tuple[str, float]:
     """Run `run` to its end, or pause at a checkpoint; returns (status, seconds spent in this call).
@@ -468,20 +481,24 @@ def drive(run: BatchRun, checkpoint: Path | None, deadline: float | None = None,
         if state is not None and state.get("key") != run.key:
             print(f"[bench] checkpoint {checkpoint.name} is for other settings: starting over", flush=True)
             state = None
+    # the code of every session that advances the run, so its result rows can say which code made them
+    codes = [str(c) for c in state.get("codes", ["unrecorded"])] if state is not None else []
+    if not codes or codes[-1] != code_version():
+        codes.append(code_version())
     if state is not None:
         run.set_state(state["run"])
     else:
         timed(run.start)
         steps += 1
         if checkpoint is not None:
-            save_checkpoint(checkpoint, {"key": run.key, "run": run.get_state()})
+            save_checkpoint(checkpoint, {"key": run.key, "run": run.get_state(), "codes": codes})
     while not run.done:
         if steps and ((deadline is not None and time.time() > deadline) or (stop_after and steps >= stop_after)):
             return "paused", time.perf_counter() - t0
         timed(run.step)
         steps += 1
         if checkpoint is not None:
-            save_checkpoint(checkpoint, {"key": run.key, "run": run.get_state()})
+            save_checkpoint(checkpoint, {"key": run.key, "run": run.get_state(), "codes": codes})
     return "done", time.perf_counter() - t0
 
 
@@ -571,7 +588,9 @@ def run_jobs(jobs: Sequence[Job], workers: int, resume: bool, deadline: float | 
     def record(job: Job, status: str, rows: list[dict]) -> None:
         counts[status] += 1
         if status == "done":
-            write_table([{**r, "code": code_version()} for r in rows], job.stem, parquet=False)
+            # a run continued from a checkpoint names the code of each session that advanced it
+            code = " then ".join(checkpoint_codes(job.checkpoint) or [code_version()])
+            write_table([{**r, "code": code} for r in rows], job.stem, parquet=False)
             job.checkpoint.unlink(missing_ok=True)
 
     if workers == 1:

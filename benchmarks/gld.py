@@ -208,7 +208,8 @@ class GLDRun(BatchRun):
         return {"rows": [dict(r) for r in self.rows], "evaluated": [list(x) for x in self.evaluated]}
 
     def set_records_state(self, state: dict[str, Any]) -> None:
-        self.rows = [dict(r) for r in state["rows"]]
+        # rows of a checkpoint from before rows held their settings: the checkpoint's key matched this run's
+        self.rows = [{"initial": self.setting.initial, "settings": self.tag, **r} for r in state["rows"]]
         self.evaluated = [list(x) for x in state["evaluated"]]
 
 

@@ -225,11 +225,10 @@ class AskTellOptimizer:
         from orchestrator.calibration import build_calibrator
 
         options = dict(self.calibrator_options)
-        if self.calibrator_name == "offline-cv" and not {"model", "model_factory"} & set(options):
-            # the folds refit the run's own model (calibrated-bo.md §1.3), unless the config names another
+        if self.calibrator_name == "offline-cv" and not {"model", "model_options", "model_factory"} & set(options):
+            # the folds refit the run's own model (calibrated-bo.md §1.3), unless the config names a fold model
             options["model"] = self.model_name
-            options["model_options"] = {"tau": self.model_tau, **self.model_options,
-                                        **options.get("model_options", {})}
+            options["model_options"] = {"tau": self.model_tau, **self.model_options}
         return build_calibrator(self.calibrator_name, **options)
 
     def check_options(self) -> None:
@@ -246,9 +245,12 @@ class AskTellOptimizer:
             raise ConfigError(_under("model.options", exc)) from None
         try:
             proposer = self._build_proposer()
-        except UnsupportedError as exc:  # `attach`: the proposer has no hook for a calibrator
+        except UnsupportedError as exc:  # `attach`: no hook for this calibrator, or options it would not read
+            msg = str(exc).splitlines()[0]
+            if msg.startswith("`calibrator.options`"):
+                raise ConfigError(f"{msg} (`proposer.type` {self.proposer_name!r})") from None
             raise ConfigError(f"`calibrator.type` {self.calibrator_name!r} does not work with `proposer.type` "
-                              f"{self.proposer_name!r}: {str(exc).splitlines()[0]}") from None
+                              f"{self.proposer_name!r}: {msg}") from None
         except ConfigError as exc:
             raise ConfigError(_under("proposer.options", exc)) from None
         if proposer.requires_model:

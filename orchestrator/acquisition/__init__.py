@@ -32,10 +32,13 @@ def build_proposer(name: str, **options: Any) -> Proposer:
         raise ConfigError(f"`proposer.type` must be one of {sorted(PROPOSERS)}; got {name!r}")
     module_name, _, attr = PROPOSERS[name].partition(":")
     cls = getattr(importlib.import_module(module_name), attr)
+    hooks = sorted({"spread", "calibrator"} & set(options))
+    if hooks:  # `attach` sets them from the calibrator; given here they would be ignored or break the proposer
+        raise ConfigError(f"`proposer.options` {hooks} are set by the `calibrator` section, not here")
     try:
         return cls(**options)
     except TypeError as exc:
         from orchestrator.models import valid_options_note
 
-        note = valid_options_note(cls, exclude=("spread",))  # spread: set by the calibrator, not an option
+        note = valid_options_note(cls, exclude=("spread", "calibrator"))  # set by `attach`, not options
         raise ConfigError(f"bad `proposer.options` for {name!r}: {exc}{note}") from None

@@ -254,8 +254,10 @@ class Calibrator(ABC):
     option_keys: tuple[str, ...] = ()
 
 
-def check_same_options(what: str, current: dict[str, Any], stored: dict[str, Any], keys: Sequence[str]) -> None:
-    """`QbatchError` naming the option keys whose values differ between `current` and `stored` states."""
+def check_same_options(what: str, current: dict[str, Any], stored: dict[str, Any], keys: Sequence[str],
+                       names: dict[str, str] | None = None) -> None:
+    """`QbatchError` naming the option keys whose values differ between `current` and `stored` states (by their
+    config names, `names`, where they differ from the state's keys)."""
     def same(a: Any, b: Any) -> bool:
         if torch.is_tensor(a) or torch.is_tensor(b):
             a, b = torch.as_tensor(a), torch.as_tensor(b)
@@ -264,9 +266,10 @@ def check_same_options(what: str, current: dict[str, Any], stored: dict[str, Any
 
     differ = [k for k in keys if k in stored and not same(current[k], stored[k])]
     if differ:
-        raise QbatchError(f"{what}: the state was saved with other options {differ} "
-                          f"({', '.join(f'{k}={stored[k]!r}' for k in differ)}); build it with those options to "
-                          f"restore it")
+        name = (names or {}).get
+        raise QbatchError(f"{what}: the state was saved with other options {[name(k, k) for k in differ]} "
+                          f"({', '.join(f'{name(k, k)}={stored[k]!r}' for k in differ)}); build it with those "
+                          f"options to restore it")
 
 
 class IdentityCalibrator(Calibrator):

@@ -46,6 +46,11 @@ def scaled_forecast(forecast: Forecast, s: Tensor | float) -> Forecast:
     return Forecast(forecast.family, forecast.tau, forecast.mu_f, forecast.var_f * s * s, forecast.mu_g, forecast.var_g)
 
 
+#: the config key (`calibrator.options.<key>`) of each SpreadTracker attribute
+CONFIG_KEYS = {"mode": "spread", "coverage": "spread_coverage", "eta": "spread_eta", "lengthscale": "spread_lengthscale",
+               "decay": "spread_decay", "lambda_reg": "spread_lambda_reg", "s_min": "spread_min", "s_max": "spread_max"}
+
+
 class SpreadTracker:
     """Online spread factor from one-step-ahead interval misses.
 
@@ -82,7 +87,7 @@ class SpreadTracker:
             ("spread_max", s_max, lambda v: v >= 1),
         ):
             check_option(key, v, ok)
-        if lambda_reg * eta >= 1:  # each step shrinks the local term by 1 - lambda_reg eta_t: it must stay in (0, 1]
+        if mode == "local" and lambda_reg * eta >= 1:  # each step shrinks the local term by 1 - lambda_reg eta_t
             raise ConfigError(f"`calibrator.options.spread_lambda_reg` x `calibrator.options.spread_eta` must be < 1; "
                               f"got {lambda_reg!r} x {eta!r}")
         self.mode = mode
@@ -160,7 +165,8 @@ class SpreadTracker:
     def set_state(self, state: dict[str, Any]) -> None:
         """Restore from `get_state`; a state saved with other options raises `QbatchError` naming them."""
         check_same_options("spread factor", self.get_state(), state,
-                           ("mode", "coverage", "eta", "lengthscale", "decay", "lambda_reg", "s_min", "s_max"))
+                           ("mode", "coverage", "eta", "lengthscale", "decay", "lambda_reg", "s_min", "s_max"),
+                           names=CONFIG_KEYS)
         for k in ("mode", "coverage", "eta", "lengthscale", "decay", "lambda_reg", "s_min", "s_max", "log_s"):
             setattr(self, k, state[k] if k == "mode" else float(state[k]))
         self.t, self.misses = int(state["t"]), int(state["misses"])
@@ -195,7 +201,8 @@ def attach(calibrator: Any, proposer: Any) -> Any:
         if given:
             raise UnsupportedError(
                 f"`calibrator.options` {list(given)} act only inside the acquisition of proposer 'calibrated'; "
-                f"{type(proposer).__name__} uses the calibrator's spread factor alone (options 'spread', 'spread_*')")
+                f"{type(proposer).__name__} uses the calibrator's spread factor alone (options 'spread', 'spread_*'): "
+                f"remove them (to resume a run made before this check, from its config.yaml)")
         if getattr(calibrator, "spread_tracker", None) is None and getattr(calibrator, "name", "none") != "none":
             raise UnsupportedError(
                 f"with `spread: off` calibrator {calibrator.name!r} does nothing for {type(proposer).__name__}, "
@@ -203,7 +210,8 @@ def attach(calibrator: Any, proposer: Any) -> Any:
     if hasattr(proposer, "calibrator") and not hasattr(proposer, "spread") and given_spread:
         raise UnsupportedError(
             f"`calibrator.options` {list(given_spread)} set the spread factor of Thompson sampling and Q-GIBBON; "
-            f"{type(proposer).__name__} does not use it")
+            f"{type(proposer).__name__} does not use it: remove them (to resume a run made before this check, from "
+            f"its config.yaml)")
     hooked = False
     if hasattr(proposer, "calibrator"):
         proposer.calibrator = calibrator

@@ -152,3 +152,40 @@ def test_result_rows_record_the_code_version(tmp_path):
     assert code_mix_note([{"code": version}, {"code": version}]) == ""
     note = code_mix_note([{"code": version}, {"code": "abc"}, {}])
     assert "3 code versions" in note and "unrecorded: 1 rows" in note
+
+
+class SavedCountingRun(CountingRun):
+    """A CountingRun that can be checkpointed (its state is its count)."""
+
+    def get_state(self) -> dict:
+        return {"n": self.n, "times": dict(self.times)}
+
+    def set_state(self, state: dict) -> None:
+        self.n, self.times = int(state["n"]), dict(state["times"])
+
+
+def counting_job(checkpoint: Path | None = None, deadline: float | None = None, stop_after: int | None = None):
+    """A checkpointed SavedCountingRun as a job: its rows name the evaluations made."""
+    status, run, _ = drive_guarded(lambda: SavedCountingRun(), checkpoint, deadline, stop_after, 1, "[t] c")
+    return status, ([{"n": run.n, "error": ""}] if status == "done" else [])
+
+
+def test_a_resumed_run_names_the_code_of_every_session_that_advanced_it(tmp_path):
+    """Found in review: a run continued from a checkpoint was labelled with the resuming code only, though its
+    first evaluations were made by older code. The checkpoint keeps the code of each session that advanced it;
+    one from before that was recorded counts as unrecorded."""
+    import torch as _torch
+
+    from benchmarks._common import code_version
+
+    job = Job(tmp_path / "c", counting_job, ())
+    assert counting_job(job.checkpoint, stop_after=1)[0] == "paused"
+    state = _torch.load(job.checkpoint, weights_only=True)
+    assert state["codes"] == [code_version()]
+    del state["codes"]  # as written before this change
+    _torch.save(state, job.checkpoint)
+    run_jobs([job], 1, resume=True, deadline=None, tag="t")
+    row = read_table(tmp_path / "c.csv")[0]
+    assert row["n"] == "3" and row["code"] == f"unrecorded then {code_version()}"
+    run_jobs([Job(tmp_path / "d", counting_job, ())], 1, resume=False, deadline=None, tag="t")
+    assert read_table(tmp_path / "d.csv")[0]["code"] == code_version()

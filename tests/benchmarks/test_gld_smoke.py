@@ -313,3 +313,18 @@ def test_quick_mode_takes_the_flags_given(load_benchmark, tmp_path):
                        "11", "--methods", "sobol", "--out", str(tmp_path)])
     assert {(r["d"], r["tau"], r["batch"], r["problem"], r["initial"]) for r in result["rows"]} == {(3, 0.95, 5, 3, 6)}
     assert max(r["n_evals"] for r in result["rows"]) == 11
+
+
+def test_rows_restored_from_an_older_checkpoint_take_the_runs_settings(load_benchmark):
+    """Found in review: rows restored from a checkpoint written before rows held their settings were tagged as
+    the defaults', so a resumed non-default run lost its early checkpoints from the tables. The checkpoint's key
+    already matched the run's settings, so they take the run's tag."""
+    from objectives.gld import GLDProblem
+
+    mod = load_benchmark("gld")
+    s = mod.Setting(3, 0.75, 10, 20, 40)
+    run = mod.GLDRun("sobol", s, GLDProblem(dim=3, problem=0), 0, {})
+    run.set_records_state({"rows": [{"method": "sobol", "n_evals": 20}], "evaluated": []})
+    assert run.rows == [{"initial": 20, "settings": mod.settings_tag("sobol", 20, {}), "method": "sobol",
+                         "n_evals": 20}]
+    assert mod.settings_tag("sobol", 20, {}) != mod.settings_tag("sobol", 150, {})

@@ -50,6 +50,12 @@ CAL = {"type": "calibrated"}
         ({"proposer": {"type": "thompson", "options": {"foo": 1}}},
          r"bad `proposer.options` for 'thompson'.*'foo'; valid options: \['chunk_bytes', 'maxiter', 'method', "),
         ({"model": {"type": "exact-gp", "options": {"foo": 1}}}, r"valid options: \['warm_start'\] \(tau is the"),
+        # found in review: accepted, and the proposer then held the string 'locbo' as its calibrator
+        ({"proposer": {**CAL, "options": {"calibrator": "locbo"}}, "model": "exact-gp"},
+         r"`proposer.options` \['calibrator'\] are set by the `calibrator` section"),
+        # an option the proposer never reads names the option, not a type mismatch, and how to resume
+        ({"calibrator": {"type": "online", "options": {"eta": 0.05}}},
+         r"^`calibrator.options` \['eta'\] act only inside .*config.yaml\) \(`proposer.type` 'thompson'\)$"),
         ({"model": {"type": "quantile", "options": {"seed": 2**64}}}, r"`seed` must be an integer in \[0, 2\*\*63\)"),
         ({"model": {"type": "quantile", "options": {"min_delta": True}}}, r"`min_delta` must be a non-negative number; got True"),
         ({"calibrator": {"type": "locbo", "options": {"alpha": "0.2"}}, "proposer": "calibrated", "model": "exact-gp"},

@@ -239,3 +239,16 @@ def test_the_folds_refit_the_runs_own_model_by_default() -> None:
     opt = AskTellOptimizer(space, model="heteroscedastic", proposer="calibrated", calibrator="offline-cv",
                            calibrator_options={"model": "exact-gp"})
     assert isinstance(opt.calibrator.model_factory(), ExactGP)
+
+
+def test_fold_model_options_without_a_model_keep_the_exact_gp_default() -> None:
+    """`model_options` alone are the default fold model's (the exact GP's), as before the run-model default
+    (found in review: they were merged into the run's heteroscedastic model and refused)."""
+    from orchestrator.ask_tell import AskTellOptimizer
+    from orchestrator.models.exact_gp import ExactGP
+
+    opt = AskTellOptimizer({"x": {"type": "float", "low": 0.0, "high": 1.0}}, model="heteroscedastic",
+                           proposer="calibrated", calibrator="offline-cv",
+                           calibrator_options={"model_options": {"warm_start": False}})
+    fold = opt.calibrator.model_factory()
+    assert isinstance(fold, ExactGP) and fold.warm_start is False

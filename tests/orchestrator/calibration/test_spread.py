@@ -180,7 +180,8 @@ def test_a_state_saved_with_other_options_is_refused():
     for name, saved, other, keys in (
         ("locbo", {"alpha": 0.2, "kappa": 3.0}, {"alpha": 0.05}, r"\['alpha', 'kappa'\]"),
         ("online", {"eta": 0.1}, {"eta": 0.5, "levels": [0.2, 0.8]}, r"\['levels', 'eta'\]"),
-        ("online", {"spread": "local"}, {"spread": "global"}, r"spread factor: .*\['mode'\]"),
+        ("online", {"spread": "local"}, {"spread": "global"}, r"spread factor: .*\['spread'\]"),
+        ("online", {"spread_eta": 0.5}, {}, r"spread factor: .*\['spread_eta'\] \(spread_eta=0.5\)"),
         ("online", {"spread": "off"}, {}, r"saved without a spread factor"),
     ):
         cal = build_calibrator(name, **saved)
@@ -191,3 +192,10 @@ def test_a_state_saved_with_other_options_is_refused():
         again = build_calibrator(name, **saved)
         again.set_state(state)
         assert again.num_updates == 1
+
+
+def test_the_decay_rule_applies_to_the_local_term_only():
+    """Global mode never reads spread_lambda_reg (found in review: it was refused there too)."""
+    build_calibrator("online", spread="global", spread_lambda_reg=20.0, spread_eta=0.1)
+    with pytest.raises(ConfigError, match=r"spread_lambda_reg` x `calibrator.options.spread_eta` must be < 1"):
+        build_calibrator("online", spread="local", spread_lambda_reg=20.0, spread_eta=0.1)
