@@ -113,6 +113,12 @@ class CNNTraining(Objective):
             # Ray gives a task that asks for no GPU an empty CUDA_VISIBLE_DEVICES: every evaluation would fail
             raise ObjectiveError(f"option 'device'={device!r} needs option 'num_gpus' > 0 (Ray hides the GPUs "
                                  "from an evaluation that asks for none); got num_gpus=0")
+        if isinstance(device, str) and device.startswith("cuda:"):
+            # Ray numbers the GPUs it gives a task from 0: a task of num_gpus g sees cuda:0 .. cuda:ceil(g)-1
+            index = device[len("cuda:"):]
+            if not index.isdigit() or int(index) >= math.ceil(num_gpus):
+                raise ObjectiveError(f"option 'device'={device!r}: an evaluation with num_gpus={num_gpus:g} sees "
+                                     f"cuda:0 to cuda:{math.ceil(num_gpus) - 1} (Ray numbers a task's GPUs from 0)")
         check_int("num_threads", num_threads, 1, optional=True)
         momentum = check_float("momentum", momentum, 0.0, 1.0, high_open=True)
         check_int("conv_layers", conv_layers, 1, 4)

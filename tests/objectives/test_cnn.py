@@ -170,6 +170,13 @@ def test_bad_options_are_named(tmp_path: Path) -> None:
     for device in ("cuda", "cuda:1"):
         with pytest.raises(ObjectiveError, match=rf"option 'device'='{device}' needs option 'num_gpus' > 0"):
             CNNTraining(device=device)
+    # found in review: 'cuda:1' with one GPU per evaluation names a device the task never sees (Ray gives it cuda:0)
+    with pytest.raises(ObjectiveError, match=r"option 'device'='cuda:1': an evaluation with num_gpus=1 sees cuda:0 to "
+                                             r"cuda:0"):
+        CNNTraining(device="cuda:1", num_gpus=1)
+    with pytest.raises(ObjectiveError, match=r"'cuda:x'"):
+        CNNTraining(device="cuda:x", num_gpus=1)
+    CNNTraining(device="cuda:1", num_gpus=2)
     if not torch.cuda.is_available():
         with pytest.raises(ObjectiveError, match=r"option 'device'='cuda' but no CUDA device"):
             CNNTraining(device="cuda", num_gpus=1)(GOOD, seed=0)
