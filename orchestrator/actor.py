@@ -106,7 +106,6 @@ def default_max_concurrent(resources: Any) -> int:
     return total
 
 
-
 def _node_id() -> str | None:
     """The Ray node this process runs on (None outside a Ray worker)."""
     import ray

@@ -53,7 +53,7 @@ def test_the_component_options_table_matches_the_constructors():
     import inspect
 
     from orchestrator.acquisition import PROPOSERS
-    from orchestrator.calibration import _SPREAD_KEYS, CALIBRATORS
+    from orchestrator.calibration import SPREAD_KEYS, CALIBRATORS
     from orchestrator.models import MODELS
     from orchestrator.models.svgp import SVGPOptions
 
@@ -68,7 +68,7 @@ def test_the_component_options_table_matches_the_constructors():
     listed = {k: set(re.findall(r"`(\w+)`", v)) - values for k, v in rows}
     assert len(listed) == 15
     assert listed.pop("model `quantile`, `expectile`, `heteroscedastic`") == {f.name for f in dataclasses.fields(SVGPOptions)}
-    assert listed.pop("every calibrator but `none`") == {"spread"} | set(_SPREAD_KEYS)
+    assert listed.pop("every calibrator but `none`") == {"spread"} | set(SPREAD_KEYS)
     for key, names in listed.items():
         kind, name = key.split(" ")
         name = name.strip("`")

@@ -23,7 +23,7 @@ from orchestrator.calibration.metrics import (
     running_coverage,
 )
 from orchestrator.calibration.online import OnlineIntervalCalibrator, OnlineQuantileRecalibrator
-from orchestrator.calibration.spread import SPREAD_MAX, SPREAD_MIN, SpreadTracker, attach
+from orchestrator.calibration.spread import SPREAD_KEYS, SPREAD_MAX, SPREAD_MIN, SpreadTracker, attach
 from orchestrator.errors import ConfigError
 
 __all__ = [
@@ -56,16 +56,6 @@ CALIBRATORS: dict[str, tuple[str, str]] = {
     "conformal": ("orchestrator.calibration.conformal:ConformalCalibrator", "global"),
 }
 
-_SPREAD_KEYS = {
-    "spread_coverage": "coverage",
-    "spread_eta": "eta",
-    "spread_lengthscale": "lengthscale",
-    "spread_decay": "decay",
-    "spread_lambda_reg": "lambda_reg",
-    "spread_min": "s_min",
-    "spread_max": "s_max",
-}
-
 
 def build_calibrator(name: str, **options: Any) -> Calibrator:
     """Instantiate the calibrator registered as `name` with keyword `options`.
@@ -84,7 +74,7 @@ def build_calibrator(name: str, **options: Any) -> Calibrator:
             raise ConfigError(f"`calibrator.options` must be empty for type 'none'; got keys {sorted(opts)}")
         return cls()
     mode = opts.pop("spread", default_mode)
-    spread_kw = {v: opts.pop(k) for k, v in _SPREAD_KEYS.items() if k in opts}
+    spread_kw = {v: opts.pop(k) for k, v in SPREAD_KEYS.items() if k in opts}
     if mode == "off":
         if spread_kw:
             raise ConfigError(f"`calibrator.options` {sorted(spread_kw)} need `spread` other than 'off'")
@@ -95,11 +85,11 @@ def build_calibrator(name: str, **options: Any) -> Calibrator:
     unknown = sorted(set(opts) - set(valid))
     if unknown:
         raise ConfigError(
-            f"unknown `calibrator.options` {unknown} for type {name!r}; valid: {sorted(valid + ['spread'] + list(_SPREAD_KEYS))}"
+            f"unknown `calibrator.options` {unknown} for type {name!r}; valid: {sorted(valid + ['spread'] + list(SPREAD_KEYS))}"
         )
     cal = cls(spread=tracker, **opts)
     # what the config set, so `attach` can refuse options the chosen proposer would never read
     cal.given_options = tuple(sorted(opts))
-    cal.given_spread_options = tuple(sorted(k for k in options if k in _SPREAD_KEYS
+    cal.given_spread_options = tuple(sorted(k for k in options if k in SPREAD_KEYS
                                             or k == "spread" and options[k] != "off"))
     return cal

@@ -32,7 +32,7 @@ from orchestrator.calibration.base import check_option, check_same_options
 from orchestrator.errors import ConfigError, InputDataError
 from orchestrator.models.predictive import Forecast
 
-__all__ = ["SpreadTracker", "SPREAD_MIN", "SPREAD_MAX", "attach", "scaled_forecast"]
+__all__ = ["SpreadTracker", "SPREAD_KEYS", "SPREAD_MIN", "SPREAD_MAX", "attach", "scaled_forecast"]
 
 #: lower clip of s(x): never shrink the posterior spread of f below a quarter of the model's
 SPREAD_MIN = 0.25
@@ -46,9 +46,18 @@ def scaled_forecast(forecast: Forecast, s: Tensor | float) -> Forecast:
     return Forecast(forecast.family, forecast.tau, forecast.mu_f, forecast.var_f * s * s, forecast.mu_g, forecast.var_g)
 
 
-#: the config key (`calibrator.options.<key>`) of each SpreadTracker attribute
-CONFIG_KEYS = {"mode": "spread", "coverage": "spread_coverage", "eta": "spread_eta", "lengthscale": "spread_lengthscale",
-               "decay": "spread_decay", "lambda_reg": "spread_lambda_reg", "s_min": "spread_min", "s_max": "spread_max"}
+#: `calibrator.options` key -> SpreadTracker argument (the mode is the option `spread` itself)
+SPREAD_KEYS = {
+    "spread_coverage": "coverage",
+    "spread_eta": "eta",
+    "spread_lengthscale": "lengthscale",
+    "spread_decay": "decay",
+    "spread_lambda_reg": "lambda_reg",
+    "spread_min": "s_min",
+    "spread_max": "s_max",
+}
+#: SpreadTracker option -> its config key: the state keys that are options, not learned
+CONFIG_KEYS = {"mode": "spread", **{attr: key for key, attr in SPREAD_KEYS.items()}}
 
 
 class SpreadTracker:
@@ -164,10 +173,8 @@ class SpreadTracker:
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Restore from `get_state`; a state saved with other options raises `QbatchError` naming them."""
-        check_same_options("spread factor", self.get_state(), state,
-                           ("mode", "coverage", "eta", "lengthscale", "decay", "lambda_reg", "s_min", "s_max"),
-                           names=CONFIG_KEYS)
-        for k in ("mode", "coverage", "eta", "lengthscale", "decay", "lambda_reg", "s_min", "s_max", "log_s"):
+        check_same_options("spread factor", self.get_state(), state, tuple(CONFIG_KEYS), names=CONFIG_KEYS)
+        for k in (*CONFIG_KEYS, "log_s"):
             setattr(self, k, state[k] if k == "mode" else float(state[k]))
         self.t, self.misses = int(state["t"]), int(state["misses"])
         self.centers = state["centers"].clone().to(torch.float64)
