@@ -86,6 +86,8 @@ METHODS: dict[str, Method] = {
 QUANTILE_METHODS = ("quantile-ts", "qgibbon", "qgibbon-rescaled")
 BASELINES = ("gpr-ei", "hetgp-ts", "qlognei")
 
+#: the paper's protocol: an initial design of 50·d, a budget of 250·d evaluations (spec §4.1)
+INITIAL_PER_DIM, BUDGET_PER_DIM = 50, 250
 FULL_SETTINGS = [(d, tau, b) for d in (3, 6) for tau in (0.75, 0.95) for b in (10, 50)]
 QUICK = {
     "settings": [(3, 0.75, 10)],
@@ -297,7 +299,8 @@ def read_run_file(path: Path) -> list[dict]:
         r = {**r, "d": int(r["d"]), "tau": float(r["tau"]), "batch": int(r["batch"]), "problem": int(r["problem"]),
              "n_evals": int(r["n_evals"])}
         if not r.get("settings"):  # written before rows recorded their settings: every such run used the defaults
-            r["initial"], r["settings"] = 50 * r["d"], settings_tag(r["method"], 50 * r["d"], {})
+            r["initial"] = INITIAL_PER_DIM * r["d"]
+            r["settings"] = settings_tag(r["method"], r["initial"], {})
         r["initial"] = int(r["initial"])
         for k in ("regret", "q_rec", "q_star", "q_star_lbfgs", "predicted", "fit_s", "propose_s", "elapsed_s"):
             if k in r:
@@ -495,7 +498,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     initial = args.initial if args.initial is not None else q["initial"]
     budget = args.budget if args.budget is not None else q["budget"]
     model_options = args.model_options
-    settings = [Setting(d, tau, b, initial or 50 * d, budget or 250 * d) for d, tau, b in triples]
+    settings = [Setting(d, tau, b, initial or INITIAL_PER_DIM * d, budget or BUDGET_PER_DIM * d)
+                for d, tau, b in triples]
     for s in settings:
         if s.budget < s.initial:
             raise SystemExit(f"--budget ({s.budget}) must be >= --initial ({s.initial}) for {s.label}")
@@ -530,11 +534,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             if (r["d"], r["tau"], r["batch"]) in budgets and r["problem"] in problems and r["method"] in methods:
                 rows.append(r)
     rows, other = _at_budget(rows, budgets)
-    initials = {(s.d, s.tau, s.batch): s.initial for s in settings}
-    tags = {(k, m): settings_tag(m, n0, model_options) for k, n0 in initials.items() for m in methods}
-    foreign = sorted({f"d{r['d']}-tau{r['tau']:g}-b{r['batch']}-p{r['problem']}-{r['method']}" for r in rows
-                      if r["settings"] != tags[((r["d"], r["tau"], r["batch"]), r["method"])]})
-    rows = [r for r in rows if r["settings"] == tags[((r["d"], r["tau"], r["batch"]), r["method"])]]
+    tags = {(s.d, s.tau, s.batch, m): settings_tag(m, s.initial, model_options) for s in settings for m in methods}
+    mine = [r["settings"] == tags[r["d"], r["tau"], r["batch"], r["method"]] for r in rows]
+    foreign = sorted({f"d{r['d']}-tau{r['tau']:g}-b{r['batch']}-p{r['problem']}-{r['method']}"
+                      for r, ok in zip(rows, mine) if not ok})
+    rows = [r for r, ok in zip(rows, mine) if ok]
     if foreign:
         print(f"[gld] left out {len(foreign)} runs made with other settings (initial design or options; column "
               f"`settings`): {', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}", flush=True)

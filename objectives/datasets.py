@@ -49,6 +49,8 @@ _IMAGE_FILES = {"cifar10": ("CIFAR-10", (*CIFAR10_TRAIN_FILES, CIFAR10_TEST_FILE
                 "svhn": ("SVHN", (SVHN_TRAIN_FILE, SVHN_TEST_FILE))}
 NEWSGROUPS_TRAIN_DIR = "20news-bydate-train"
 NEWSGROUPS_TEST_DIR = "20news-bydate-test"
+#: the papers' fixed split of 20 Newsgroups ([A] App. A.5): training and held-out documents
+NEWSGROUPS_SPLIT = (11000, 2200)
 
 
 class DatasetError(ObjectiveError):
@@ -333,8 +335,8 @@ def _read_newsgroup_file(path: Path) -> str:
 
 def load_newsgroups(
     data_dir: str | os.PathLike[str],
-    n_train: int | None = 11000,
-    n_test: int = 2200,
+    n_train: int | None = NEWSGROUPS_SPLIT[0],
+    n_test: int = NEWSGROUPS_SPLIT[1],
     split_seed: int = 0,
 ) -> TextCorpus:
     """20 Newsgroups from the standard "bydate" layout of plain text files (never downloads).
@@ -405,13 +407,13 @@ def check_text_source(name: str, data_dir: str | os.PathLike[str] | None = None,
         raise DatasetError(f"option 'data_dir': {exc}") from None
     # the files are counted, not read: duplicates dropped at load can still make the split fail there
     n_files = sum(1 for p in present for f in p.glob("*/*") if f.is_file())
-    n_train, n_test = split.get("n_train", 11000), split.get("n_test", 2200)
+    n_train, n_test = split.get("n_train", NEWSGROUPS_SPLIT[0]), split.get("n_test", NEWSGROUPS_SPLIT[1])
     need = (n_train or 1) + (n_test or 0)
     if n_files < need:
         raise DatasetError(
             f"option 'data_dir': {str(data_dir)!r} holds {n_files} documents under {[p.name for p in present]}; "
-            f"the split needs n_train + n_test = {need} (options 'n_train', 'n_test'; the defaults 11000 + 2200 "
-            f"need both bydate folders)"
+            f"the split needs n_train + n_test = {need} (options 'n_train', 'n_test'; the defaults "
+            f"{NEWSGROUPS_SPLIT[0]} + {NEWSGROUPS_SPLIT[1]} need both bydate folders)"
         )
 
 
