@@ -28,7 +28,11 @@ rebuilds itself from the log when created on an existing run directory (resume, 
 crash): it replays proposals and results and re-queues trials that never finished. After every refit the
 model is saved to ``checkpoints/model``; a resumed actor proposes from that model while it refits on the
 replayed results, rather than filling slots with Sobol points through a cold first fit (the log stays the
-record: a missing or unreadable checkpoint only means a cold refit).
+record: a missing or unreadable checkpoint only means a cold refit). The calibrator is saved to
+``checkpoints/calibrator`` with the trial ids it has learned whenever a proposal taught it more; a resumed
+actor restores it and teaches it only the replayed results it had not learned, so it goes on in the state
+the interrupted run left it in (learning every result again in one flush would end elsewhere: online OGD,
+LOCBO and time-series splits depend on the chunks).
 
 The evaluation tasks are submitted through the run's `EvaluationPool` (workers/pool.py), which the driver
 creates: a Ray task fate-shares with the process that submitted it, so tasks owned by this actor would die
@@ -64,6 +68,8 @@ _FLUSH_S = 1.0
 _ABORT_DRAIN_S = 60.0
 #: the checkpoint (run directory, `checkpoints/`) of the last fitted model, rewritten after every refit
 MODEL_CHECKPOINT = "model"
+#: the checkpoint of the calibrator and the results it has learned, rewritten when a proposal taught it more
+CALIBRATOR_CHECKPOINT = "calibrator"
 
 
 class RunAbortedError(QbatchError):
@@ -207,6 +213,8 @@ class CentralActor:
         self.started_at = time.time()
         self._replay()
         self.model_restored = self._restore_model()
+        self.calibrator_restored = self._restore_calibrator()
+        self._calib_saved = self.opt.num_calibrated
 
     # ------------------------------------------------------------------ replay (resume / restart)
     def _replay(self) -> None:
@@ -269,6 +277,35 @@ class CentralActor:
         except Exception as exc:  # noqa: BLE001 - a full disk must not stop the run; the log holds every result
             print(f"qbatch: could not save the model checkpoint ({type(exc).__name__}: {exc}); a resume will refit "
                   "from the log", file=sys.stderr, flush=True)
+
+    def _restore_calibrator(self) -> int:
+        """After a resume or restart: the calibrator as the last session left it (`checkpoints/calibrator`), with
+        only the results it had not learned yet left to teach it. Without a usable checkpoint it learns every
+        replayed result at the first flush (a warning says why when a checkpoint was there). Returns how many
+        results the restored calibrator had learned."""
+        if self.opt.calibrator is None or self.opt.num_completed == 0:
+            return 0
+        try:
+            ckpt = self.store.load_checkpoint(CALIBRATOR_CHECKPOINT)
+            return 0 if ckpt is None else self.opt.restore_calibrator(ckpt)
+        except Exception as exc:  # noqa: BLE001 - the calibrator learns the replayed results instead
+            print(f"qbatch: calibrator checkpoint of {self.run_dir} not used ({type(exc).__name__}: {exc}); the "
+                  "calibrator learns the replayed results again", file=sys.stderr, flush=True)
+            return 0
+
+    def _save_calibrator(self) -> None:
+        """Checkpoint the calibrator if it learned results since the last save; a failed write is reported,
+        never fatal (a resume then re-teaches it from the log). Called by the thread that flushes it."""
+        if self.opt.num_calibrated == self._calib_saved:
+            return
+        try:
+            ckpt = self.opt.calibrator_checkpoint()
+            if ckpt is not None:
+                self.store.save_checkpoint(CALIBRATOR_CHECKPOINT, ckpt)
+                self._calib_saved = len(ckpt["taught"])
+        except Exception as exc:  # noqa: BLE001 - the log holds every result
+            print(f"qbatch: could not save the calibrator checkpoint ({type(exc).__name__}: {exc}); a resume will "
+                  "re-teach it from the log", file=sys.stderr, flush=True)
 
     def _readopt(self, finished: set[str]) -> int:
         """After a restart: evaluations the pool still holds (running, or finished while this actor was down)
@@ -337,6 +374,7 @@ class CentralActor:
                 "aborted": self._abort,
                 "duplicates_ignored": self._duplicates,
                 "model_restored": self.model_restored,
+                "calibrator_restored": self.calibrator_restored,
             }
 
     def pid(self) -> int:
@@ -427,6 +465,7 @@ class CentralActor:
                 pass
         elif not self._abort and self.opt.can_fit() and (self.opt.model is None or self.opt.num_stale > 0):
             self.opt.flush_calibration()
+            self._save_calibrator()
             # the final recommendation uses every result (after the evaluation span) and a fit from scratch too:
             # a warm start can stay in the basin of a fit on the first few results (`AskTellOptimizer.fit`);
             # a run that ended before its first model batch (a budget near `initial_design`) is fitted here too
@@ -785,6 +824,8 @@ class CentralActor:
                 info["forecast_units"] = "negated (direction: minimize)"
             events.append(self._event("proposed", t, info=info, forecast=t.forecast))
         self._append(events)
+        if not design:  # this thread flushed the calibrator in `ask` (design points come from the dispatch loop)
+            self._save_calibrator()
         return trials
 
     def _refit(self, restart: bool = False, final: bool = False) -> bool:

@@ -174,7 +174,10 @@ class AskTellOptimizer:
         #: order (the central actor sets this: only its proposing thread touches the calibrator, and what a
         #: synchronous batch teaches the calibrator does not depend on the order its results came in)
         self.defer_calibration = False
-        self._calib_queue: list[tuple[int, dict, float, Tensor]] = []
+        self._calib_queue: list[tuple[int, str, dict | None, float, Tensor]] = []  # (seq, trial id, forecast, y, x)
+        #: trial ids the calibrator has learned from, in the order it did (`calibrator_checkpoint`)
+        self._calib_taught: list[str] = []
+        self._calib_lock = threading.Lock()  # a flush and a checkpoint of the calibrator do not interleave
         self.check_options()  # a bad model/proposer/calibrator option or combination fails here, not after the design
 
     @classmethod
@@ -502,7 +505,7 @@ class AskTellOptimizer:
             self._obs_x.insert(i, trial.x)
             self._obs_y.insert(i, y)
             if self._calibrator is not None and (trial.forecast is not None or self._calibrator.needs_every_result):
-                self._calib_queue.append((seq, trial.forecast, y, trial.x))
+                self._calib_queue.append((seq, trial_id, trial.forecast, y, trial.x))
         if not self.defer_calibration:
             self.flush_calibration()
         return "completed"
@@ -514,22 +517,80 @@ class AskTellOptimizer:
     def flush_calibration(self) -> int:
         """Apply the queued calibrator updates (forecast recorded at proposal, observed y) as one update, in
         the order their trials were asked."""
-        with self._lock:
-            todo, self._calib_queue = sorted(self._calib_queue, key=lambda u: u[0]), []
-        if not todo or self._calibrator is None:
-            return 0
-        from orchestrator.models.predictive import Forecast
+        with self._calib_lock:
+            with self._lock:
+                todo, self._calib_queue = sorted(self._calib_queue, key=lambda u: u[0]), []
+            if not todo or self._calibrator is None:
+                return 0
+            from orchestrator.models.predictive import Forecast
 
-        # runs of results with and without a forecast, in ask order (the latter only for `needs_every_result`)
-        for has_forecast, run in itertools.groupby(todo, key=lambda u: u[1] is not None):
-            run = list(run)
-            y = torch.tensor([v for _, _, v, _ in run], **self._tk)
-            X = torch.stack([x for _, _, _, x in run]).to(**self._tk)
-            if has_forecast:
-                self._calibrator.update(Forecast.from_records([f for _, f, _, _ in run]), y, X=X)
-            else:
-                self._calibrator.observe(y, X)
+            # runs of results with and without a forecast, in ask order (the latter only for `needs_every_result`)
+            for has_forecast, run in itertools.groupby(todo, key=lambda u: u[2] is not None):
+                run = list(run)
+                y = torch.tensor([u[3] for u in run], **self._tk)
+                X = torch.stack([u[4] for u in run]).to(**self._tk)
+                if has_forecast:
+                    self._calibrator.update(Forecast.from_records([u[2] for u in run]), y, X=X)
+                else:
+                    self._calibrator.observe(y, X)
+            self._calib_taught.extend(u[1] for u in todo)
         return len(todo)
+
+    @property
+    def num_calibrated(self) -> int:
+        """How many results the calibrator has learned from (0 without a calibrator)."""
+        return len(self._calib_taught)
+
+    def calibrator_checkpoint(self) -> dict[str, Any] | None:
+        """The calibrator's state and the trial ids it has learned from, or None without a calibrator.
+        `restore_calibrator` puts it back after a log replay in place of re-learning those results."""
+        if self._calibrator is None:
+            return None
+        with self._calib_lock:
+            return {"calibrator": self._calibrator.get_state(), "taught": list(self._calib_taught),
+                    "calibrator_type": self.calibrator_name}
+
+    def restore_calibrator(self, checkpoint: Mapping[str, Any]) -> int:
+        """Use a `calibrator_checkpoint` after the results were replayed into this optimizer (told, their
+        calibrator updates still queued): the calibrator takes the checkpoint's state and the queued updates
+        of the results it had learned are dropped; the others stay queued, applied at the next flush. A
+        resumed run's calibrator so ends where the interrupted run's was, not in the state of learning every
+        result again in one flush (online OGD, LOCBO and time-series splits depend on the chunks).
+
+        Returns:
+            the number of results the restored calibrator had learned.
+
+        Raises:
+            QbatchError: no calibrator here, a checkpoint of another calibrator or other options, or one that
+                learned results this optimizer holds no queued update for (another run, or a damaged log).
+        """
+        if self._calibrator is None:
+            raise QbatchError("this run has no calibrator to restore")
+        if checkpoint.get("calibrator_type") != self.calibrator_name:
+            raise QbatchError(f"the calibrator checkpoint is of calibrator {checkpoint.get('calibrator_type')!r}; "
+                              f"this run uses {self.calibrator_name!r}")
+        taught = [str(t) for t in checkpoint["taught"]]
+        with self._calib_lock:
+            with self._lock:
+                if self._calib_taught:
+                    raise QbatchError(f"the calibrator has learned {len(self._calib_taught)} results already; a "
+                                      "checkpoint is restored only right after the replay")
+                queued = {u[1] for u in self._calib_queue}
+                missing = [t for t in taught if t not in queued]
+                if missing or len(set(taught)) != len(taught):
+                    raise QbatchError(f"the calibrator checkpoint learned results the log does not hold (e.g. "
+                                      f"{(missing or taught)[0]!r})")
+            before = self._calibrator.get_state()
+            try:
+                self._calibrator.set_state(checkpoint["calibrator"])
+            except Exception:
+                self._calibrator.set_state(before)
+                raise
+            done = set(taught)
+            with self._lock:
+                self._calib_queue = [u for u in self._calib_queue if u[1] not in done]
+                self._calib_taught = taught
+        return len(taught)
 
     def tell_many(self, trial_ids: Sequence[str], values: Sequence[Any]) -> list[str]:
         """`tell` several results (any subset of the pending trials, in any order)."""
@@ -753,7 +814,8 @@ class AskTellOptimizer:
                 "model_n": self._model_n,
                 "best": None if self._best is None else [dict(self._best[0]), self._best[1]],
                 # calibrator updates told but not yet applied (`defer_calibration`), by trial id
-                "calib_queue": [[tid, float(y)] for tid, y in self._queued_calibration()],
+                "calib_queue": [[u[1], float(u[3])] for u in self._calib_queue],
+                "calib_taught": list(self._calib_taught),
             }
             if self._model is not None:
                 try:
@@ -786,8 +848,9 @@ class AskTellOptimizer:
             self._next_batch = int(state["next_batch"])
             self._n_user = int(state["n_user"])
             self._best = None if state.get("best") is None else (dict(state["best"][0]), float(state["best"][1]))
-            self._calib_queue = [(self._seq[tid], self._trials[tid].forecast, float(y), self._trials[tid].x)
+            self._calib_queue = [(self._seq[tid], tid, self._trials[tid].forecast, float(y), self._trials[tid].x)
                                  for tid, y in state.get("calib_queue", [])]
+            self._calib_taught = list(state.get("calib_taught", []))
             self._model, self._model_n = None, 0
             if state.get("model") is not None:
                 model = self._build_model()
@@ -800,11 +863,6 @@ class AskTellOptimizer:
                 self._proposer.set_state(state["proposer"])
 
     # ------------------------------------------------------------------ helpers
-    def _queued_calibration(self) -> list[tuple[str, float]]:
-        """(trial id, y) of the calibrator updates waiting for `flush_calibration` (caller holds `_lock`)."""
-        ids = {seq: tid for tid, seq in self._seq.items()}
-        return [(ids[seq], y) for seq, _, y, _ in self._calib_queue]
-
     def _add_trial(self, t: Trial) -> None:
         """Register a new trial (caller holds `_lock`); its `_seq` is its place in ask order."""
         self._trials[t.trial_id] = t

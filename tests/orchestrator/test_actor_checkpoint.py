@@ -153,3 +153,84 @@ def test_a_checkpoint_made_under_other_settings_is_not_restored(fitted, edit):
     assert again.opt.model.tau == again.opt.model_tau
     if edit == "model options":
         assert again.opt.model.options.num_inducing == 6
+
+
+# ---------------------------------------------------------------------------------------------- the calibrator
+def _same_state(a, b) -> bool:
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(_same_state, a, b))
+    if torch.is_tensor(a):
+        return torch.is_tensor(b) and a.shape == b.shape and bool(torch.equal(a, b))
+    return a == b
+
+
+@pytest.fixture
+def calibrated(tmp_path):
+    """A run with paper 000's online recalibrator (and the acquisition that reads its level map): two flushes
+    teach it two chunks of 4 model-based results (each saved), and 4 more are told but not taught when the
+    actor stops."""
+    cfg = _config(tmp_path, calibrator={"type": "online", "options": {}}, proposer={"type": "calibrated", "options": {}},
+                  model={"type": "exact-gp", "options": {}})
+    RunStore.create(cfg["run_dir"], load_config(cfg).to_dict())
+    actor = _open(cfg["run_dir"])
+    actor._propose(8)
+    _evaluate_queued(actor)
+    for _ in range(3):
+        assert actor._refit() is True
+        actor._propose(4)  # flushes what the previous batch taught, then saves the calibrator
+        _evaluate_queued(actor)
+    assert actor.opt.num_calibrated == 8
+    return cfg, actor
+
+
+def test_a_resumed_actor_restores_the_calibrator_it_had_not_relearns_every_result(calibrated):
+    """Found in review: a resume replays every result into one flush, so online OGD (and LOCBO, time-series
+    splits) ended in another state than the interrupted run's (level map off by up to 0.2). The calibrator is
+    checkpointed with the trial ids it learned; a resume restores it and teaches it only the others."""
+    from orchestrator.actor import CALIBRATOR_CHECKPOINT
+
+    cfg, actor = calibrated
+    saved = RunStore.open(cfg["run_dir"]).load_checkpoint(CALIBRATOR_CHECKPOINT)
+    assert len(saved["taught"]) == 8 and saved["calibrator_type"] == "online"
+    again = _open(cfg["run_dir"])
+    assert again.calibrator_restored == 8 and again.status()["calibrator_restored"] == 8
+    assert _same_state(again.opt.calibrator.get_state(), actor.opt.calibrator.get_state())
+    # the 4 results it had not learned are taught at the next flush, as the interrupted run would have
+    assert again.opt.flush_calibration() == 4 and actor.opt.flush_calibration() == 4
+    assert _same_state(again.opt.calibrator.get_state(), actor.opt.calibrator.get_state())
+
+    # without the checkpoint the replayed results are learned in one chunk: another calibrator (what it fixes)
+    store = RunStore.open(cfg["run_dir"])
+    store.save_checkpoint(CALIBRATOR_CHECKPOINT, {**saved, "taught": []})
+    cold = _open(cfg["run_dir"])
+    assert cold.opt.flush_calibration() == 12
+    assert not _same_state(cold.opt.calibrator.get_state(), actor.opt.calibrator.get_state())
+
+
+@pytest.mark.parametrize("damage", ["unknown trial", "other calibrator", "other options", "torn"])
+def test_an_unusable_calibrator_checkpoint_means_relearning_from_the_log(calibrated, damage, capsys):
+    import yaml
+
+    from orchestrator.actor import CALIBRATOR_CHECKPOINT
+
+    cfg, actor = calibrated
+    store = RunStore.open(cfg["run_dir"])
+    saved = store.load_checkpoint(CALIBRATOR_CHECKPOINT)
+    if damage == "unknown trial":  # learned a result the log does not hold (another run's checkpoint)
+        store.save_checkpoint(CALIBRATOR_CHECKPOINT, {**saved, "taught": saved["taught"] + ["99-0"]})
+    elif damage == "other calibrator":
+        store.save_checkpoint(CALIBRATOR_CHECKPOINT, {**saved, "calibrator_type": "locbo"})
+    elif damage == "other options":  # config.yaml edited before the resume
+        path = f"{cfg['run_dir']}/config.yaml"
+        stored = yaml.safe_load(open(path))
+        stored["calibrator"]["options"] = {"eta": 0.5}
+        with open(path, "w") as f:
+            yaml.safe_dump(stored, f)
+    else:
+        store.save_checkpoint(CALIBRATOR_CHECKPOINT, {"taught": "torn"})
+    again = _open(cfg["run_dir"])
+    assert again.calibrator_restored == 0 and again.opt.num_calibrated == 0
+    assert "calibrator checkpoint of" in capsys.readouterr().err
+    assert again.opt.flush_calibration() == 12  # every replayed result, as before checkpoints existed

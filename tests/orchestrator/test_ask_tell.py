@@ -333,6 +333,9 @@ def test_the_order_results_come_in_does_not_change_the_fit_or_the_next_batch():
     twin.set_state(opt.get_state())
     assert twin.flush_calibration() == opt.flush_calibration() == 4
     assert repr(twin.calibrator.get_state()) == repr(opt.calibrator.get_state())
+    # and so does the record of what it learned (the central actor's calibrator checkpoint)
+    assert twin.num_calibrated == opt.num_calibrated == 4
+    assert twin.calibrator_checkpoint()["taught"] == opt.calibrator_checkpoint()["taught"]
 
     (X0, Y0), next0, cal0, (Xt, Yt) = run(list(range(8)))
     (X1, Y1), next1, cal1, _ = run([3, 0, 7, 5, 1, 6, 2, 4])
