@@ -33,6 +33,20 @@ _MIN_STD_F = 1e-12
 _BISECT_STEPS = 80
 
 
+_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+
+
+def _log_exp_ndtr(lin: Tensor, u: Tensor, x: Tensor) -> Tensor:
+    """log(exp(lin) Phi(-x)) where lin = (x^2 - u^2) / 2, which equals log(phi(u) M(x)), M the Mills ratio
+    Phi(-x) / phi(x). For x >= 0 by the scaled complementary error function, M(x) =
+    sqrt(pi/2) erfcx(x / sqrt(2)): `lin` and log Phi(-x) would both be ~x^2/2 there and cancel (at 1e17 once the
+    noise scale is 1e-10 of f's spread). For x < 0 as written: Phi(-x) ~ 1 and `lin` holds no large part that
+    cancels, whereas u^2/2 may (f's spread tiny next to the noise)."""
+    pos = x.clamp_min(0)
+    mills = -0.5 * u * u + torch.log(torch.special.erfcx(pos / math.sqrt(2))) + 0.5 * math.log(math.pi / 2)
+    return torch.where(x >= 0, mills - _HALF_LOG_2PI, lin + log_ndtr(-x.clamp_max(0)))
+
+
 def _gauss_hermite(n: int, **tk: Any) -> tuple[Tensor, Tensor]:
     """Nodes z and weights w with sum_i w_i h(z_i) ~ E[h(Z)], Z ~ N(0, 1)."""
     x, w = np.polynomial.hermite.hermgauss(n)
@@ -142,10 +156,12 @@ class Forecast:
             t = self.tau
             a, b = (1 - t) / sigma, t / sigma
             d = yy - mu
-            # tau * E[exp(a(y-f)) 1{f>y}] and (1-tau) * E[exp(-b(y-f)) 1{f<=y}], each in log space
-            log1 = math.log(t) + a * d + 0.5 * (a * s) ** 2 + log_ndtr(-d / s - a * s)
-            log2 = math.log(1 - t) - b * d + 0.5 * (b * s) ** 2 + log_ndtr(d / s - b * s)
-            vals = torch.exp(log1) + torch.special.ndtr(d / s) - torch.exp(log2)
+            # tau * E[exp(a(y-f)) 1{f>y}] = tau exp(a d + (a s)^2/2) Phi(-x1), x1 = u + a s, u = d / s, and
+            # (1-tau) * E[exp(-b(y-f)) 1{f<=y}] = (1-tau) exp(-b d + (b s)^2/2) Phi(-x2), x2 = b s - u
+            u = d / s
+            log1 = math.log(t) + _log_exp_ndtr(a * d + 0.5 * (a * s) ** 2, u, u + a * s)
+            log2 = math.log(1 - t) + _log_exp_ndtr(-b * d + 0.5 * (b * s) ** 2, u, b * s - u)
+            vals = torch.exp(log1) + torch.special.ndtr(u) - torch.exp(log2)
         else:  # asymmetric_gaussian: y = f + e, e a two-piece normal (D.sample); each half is exact
             t = self.tau
             p_left = 0.5 * D.ag_normalizer(t) * math.sqrt(math.pi / (1 - t))

@@ -119,3 +119,35 @@ def test_ag_cdf_matches_adaptive_quadrature_over_f(tau, ratio):
         for y in (-1.7, -0.2, 0.0, 0.6, 2.1):
             # 32 Gauss-Hermite nodes in g in the code, 40 here: agree to 1e-6
             assert fc.cdf(torch.tensor([[y]], dtype=torch.float64)).item() == pytest.approx(reference(y, s_g), abs=2e-6)
+
+
+@pytest.mark.parametrize("tau,mu_g,var_g", [(0.5, -25.0, 0.0), (0.9, -25.0, 0.0), (0.9, -5.0, 2.5),
+                                             (0.99, -3.0, 4.0), (0.9, -1.0, 0.5)])
+def test_al_cdf_stays_finite_and_right_when_the_noise_is_tiny_next_to_f(tau, mu_g, var_g):
+    """Found in review: the asymmetric-Laplace CDF summed exp(a d + (a s)^2 / 2) Phi(-d/s - a s) in log space,
+    whose two parts cancel at 1e15-1e17 once sigma / s_f < ~1e-9 at a Gauss-Hermite node of g (at tau 0.9
+    already for mu_g = -5, var_g = 2.5): the CDF came out 0 or NaN, not monotone, and the median 90.7 for -0.2.
+    Against adaptive quadrature of E_g[E_f[F_AL(y | f, e^g)]] (f ~ N(0, 1))."""
+    from scipy import integrate, stats
+
+    fc = Forecast("asymmetric_laplace", tau, torch.zeros(1), torch.ones(1), torch.tensor([mu_g]),
+                  torch.tensor([var_g]))
+    ys = torch.tensor([-1.0, 0.0, 0.5, 2.0], dtype=torch.float64)
+    got = fc.cdf(ys.reshape(1, -1))[0]
+    zs, ws = np.polynomial.hermite.hermgauss(30) if var_g else (np.zeros(1), np.full(1, math.sqrt(math.pi)))
+
+    def reference(y):
+        total = 0.0
+        for z, w in zip(zs, ws):
+            sigma = math.exp(mu_g + math.sqrt(2 * var_g) * z)
+            inner = lambda f: stats.norm.pdf(f) * float(D.cdf(  # noqa: E731
+                "asymmetric_laplace", torch.tensor(y, dtype=torch.float64), torch.tensor(f, dtype=torch.float64),
+                torch.tensor(math.log(sigma), dtype=torch.float64), tau))
+            total += w / math.sqrt(math.pi) * integrate.quad(inner, -12, 12, points=[y], limit=200)[0]
+        return total
+
+    assert torch.isfinite(got).all() and torch.all(got.diff() >= 0), got
+    want = torch.tensor([reference(float(y)) for y in ys], dtype=torch.float64)
+    assert (got - want).abs().max().item() < 2e-3, (got, want)
+    q = fc.quantile([0.1, 0.5, 0.9])[0]
+    assert torch.all(q.diff() > 0) and (fc.cdf(q.reshape(1, -1))[0] - torch.tensor([0.1, 0.5, 0.9])).abs().max() < 1e-6
