@@ -95,8 +95,8 @@ class Proposer(ABC):
             d, tk = int(dim), {"dtype": torch.float64, "device": torch.device("cpu")}
         else:
             raise InputDataError(f"{type(self).__name__} needs `dim` when no model is given")
-        X_pending = torch.empty(0, d, **tk) if X_pending is None else X_pending.to(**tk).reshape(-1, d)
-        X_observed = torch.empty(0, d, **tk) if X_observed is None else X_observed.to(**tk).reshape(-1, d)
+        X_pending = _points("X_pending", X_pending, d, tk)
+        X_observed = _points("X_observed", X_observed, d, tk)
         gen = torch.Generator(device="cpu")
         gen.manual_seed(int(seed) if seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
         X = self._propose(model, q, X_pending, X_observed, gen)
@@ -111,6 +111,22 @@ class Proposer(ABC):
 
     def set_state(self, state: dict[str, Any]) -> None:
         pass
+
+
+def _points(name: str, X: Tensor | None, d: int, tk: dict[str, Any]) -> Tensor:
+    """`X` as an `m x d` tensor of unit-cube points (none: `0 x d`). `InputDataError` naming `name` and the first
+    bad row otherwise: reshaped, a `3 x 4` array for d = 2 became six made-up points that steered de-duplication,
+    Q-GIBBON's repulsion and the max-value grid."""
+    if X is None or X.numel() == 0:
+        return torch.empty(0, d, **tk)
+    X = torch.as_tensor(X).to(**tk)
+    if X.ndim != 2 or X.shape[-1] != d:
+        raise InputDataError(f"{name} must be an `m x {d}` tensor of points; got shape {tuple(X.shape)}")
+    bad = ~torch.isfinite(X).all(dim=-1) | ((X < 0) | (X > 1)).any(dim=-1)
+    if bad.any():
+        i = int(bad.nonzero()[0])
+        raise InputDataError(f"row {i} of {name} is not a point of the unit cube: {X[i].tolist()}")
+    return X
 
 
 def min_distance(X: Tensor, others: Tensor, bound: float = math.inf) -> Tensor:

@@ -220,6 +220,20 @@ class ProposerContract:
         with pytest.raises(InputDataError, match=re.escape(f"q must be an integer >= 1; got {bad_q!r}")):
             self.make_proposer().propose(model, bad_q)
 
+    def test_contract_bad_pending_or_observed_points_raise_naming_them(self) -> None:
+        """Found in review: `reshape(-1, d)` turned a `3 x 4` X_pending for d = 2 into six made-up points."""
+        d = self.dims[0]
+        model = self.make_model(d)
+        for role in ("X_pending", "X_observed"):
+            for bad, match in ((torch.rand(3, d + 2, dtype=torch.float64), rf"{role} must be an `m x {d}` tensor"),
+                               (torch.rand(2, 3, d, dtype=torch.float64), rf"{role} must be an `m x {d}` tensor"),
+                               (torch.full((2, d), 1.5, dtype=torch.float64), rf"row 0 of {role} is not a point"),
+                               (torch.full((2, d), math.nan, dtype=torch.float64), rf"row 0 of {role} is not a point")):
+                with pytest.raises(InputDataError, match=match):
+                    self.make_proposer().propose(model, 2, seed=1, dim=d, **{role: bad})
+        # no points, in any empty shape, are none
+        assert self.make_proposer().propose(model, 2, seed=1, dim=d, X_pending=torch.empty(0)).shape == (2, d)
+
     def test_contract_state_round_trip(self) -> None:
         proposer = self.make_proposer()
         state = proposer.get_state()
