@@ -364,6 +364,24 @@ class AcquisitionProposer(Proposer):
                 raise ConfigError("calibrator 'conformal' defines EI and UCB; got `proposer.options.acquisition` 'pi'")
             if isinstance(model, Surrogate) and model.num_outputs_latent != 1:
                 raise UnsupportedError(f"conformal sets need an exact Gaussian GP (model exact-gp); got {type(model).__name__}")
+        self._check_read_options(name)
+
+    def _check_read_options(self, calibrator: str) -> None:
+        """`ConfigError` for an option set away from its default that this acquisition and calibrator never read
+        (found in review: `xi` and `route` under locbo or conformal changed nothing): `xi` is EI's and PI's
+        margin, but LOCBO's and the conformal acquisitions have none; `route` picks how online and offline-cv
+        recalibrate; `beta` is UCB's weight."""
+        unread = {}
+        if self.xi != 0.0 and (self.acquisition == "ucb" or calibrator in ("locbo", "conformal")):
+            unread["xi"] = self.xi
+        if self.route != "quantile" and calibrator not in ("online", "online-interval", "offline-cv"):
+            unread["route"] = self.route
+        if self.beta != 2.0 and self.acquisition != "ucb":
+            unread["beta"] = self.beta
+        if unread:
+            raise ConfigError(f"`proposer.options` {sorted(unread)} ({', '.join(f'{k}={v!r}' for k, v in unread.items())}) "
+                              f"are not read by acquisition {self.acquisition!r} with calibrator {calibrator!r}; "
+                              "remove them")
 
     def build(self, model: Any, X_observed: Tensor, generator: torch.Generator | None = None) -> AcquisitionFunction:
         """The acquisition for the current model and calibrator (incumbent: best posterior mean at X_observed;

@@ -206,6 +206,28 @@ def test_proposer_with_each_calibrator(calibrator: str, acq: str) -> None:
         AcquisitionProposer("kg")
 
 
+@pytest.mark.parametrize("calibrator,acq,options,unread", [
+    ("locbo", "ei", {"xi": 2.0}, "xi"), ("locbo", "ei", {"route": "sigma"}, "route"),
+    ("conformal", "ei", {"xi": 1.0}, "xi"), ("conformal", "ucb", {"route": "sigma"}, "route"),
+    ("none", "ei", {"route": "sigma"}, "route"), ("online", "ucb", {"xi": 0.5}, "xi"),
+    ("online", "ei", {"beta": 3.0}, "beta"),
+])
+def test_options_the_acquisition_and_calibrator_never_read_are_refused(calibrator, acq, options, unread) -> None:
+    """Found in review: `xi` and `route` under locbo or conformal were accepted and changed no acquisition value."""
+    from orchestrator.ask_tell import AskTellOptimizer
+
+    space = {"a": {"type": "float", "low": 0.0, "high": 1.0}, "b": {"type": "float", "low": 0.0, "high": 1.0}}
+    with pytest.raises(ConfigError, match=rf"`proposer.options` \['{unread}'\] .* not read by acquisition '{acq}' "
+                                          rf"with calibrator '{calibrator}'"):
+        AskTellOptimizer(space, model="exact-gp", proposer="calibrated", calibrator=calibrator,
+                         proposer_options={"acquisition": acq, **options})
+    # where they are read they are taken
+    AskTellOptimizer(space, model="exact-gp", proposer="calibrated", calibrator="online",
+                     proposer_options={"acquisition": "ei", "xi": 0.5, "route": "sigma"})
+    AskTellOptimizer(space, model="exact-gp", proposer="calibrated", calibrator="conformal",
+                     proposer_options={"acquisition": "ucb", "beta": 3.0})
+
+
 # ------------------------------------------------------------------------------------------- Forrester BO
 def forrester(x: Tensor) -> Tensor:
     """(6x - 2)^2 sin(12x - 4) on [0, 1]; global minimum -6.0207 at x = 0.757, local -0.986 at x = 0.14."""
