@@ -146,7 +146,8 @@ class ThompsonSampling(Proposer):
             path becomes μ(x) + s(x)·(path(x) − μ(x)), μ = posterior mean of the target. Make it torch-
             differentiable (or piecewise constant) so L-BFGS-B sees its gradient. Not part of the state.
         method: "batched" (independent L-BFGS-B per start) or "joint" (one summed SciPy problem).
-        chunk_bytes: memory budget of one chunk of candidate scoring (bounds memory at q = 1000).
+        chunk_bytes: memory budget of one chunk of candidate scoring (bounds memory at q = 1000); the
+            L-BFGS-B evaluations, which keep autograd intermediates, get four times it.
 
     Raises:
         ConfigError: naming the option that is out of range.
@@ -232,6 +233,7 @@ class ThompsonSampling(Proposer):
             starts,
             maxiter=self.maxiter,
             method=self.method,
+            chunk_bytes=4 * self.chunk_bytes,  # the optimizer's default ratio to the scoring chunk (autograd)
             width=max(self.num_features, target.f.m),
         )
 

@@ -118,6 +118,28 @@ def test_batch_of_1000_in_16_dimensions_with_512_inducing_points() -> None:
     assert X.shape == (q, d) and dist.min() >= DUPLICATE_TOL
 
 
+def test_chunk_bytes_bounds_the_optimizer_evaluations_too(monkeypatch) -> None:
+    """Found in review: `chunk_bytes` chunked the candidate scoring only; L-BFGS-B evaluated all q x restarts
+    starts in chunks of its own 256 MiB default, whatever the option said."""
+    import orchestrator.acquisition.thompson as thompson
+    from orchestrator.acquisition.optimize import chunk_rows
+
+    rows: list[int] = []
+    real = thompson.maximize_lbfgsb
+
+    def spy(fun, X0, **kw):
+        def counted(X, idx):
+            rows.append(X.shape[0])
+            return fun(X, idx)
+        return real(counted, X0, **kw)
+
+    monkeypatch.setattr(thompson, "maximize_lbfgsb", spy)
+    model = PartsSurrogate(random_parts(2, m=10, seed=1))
+    budget = 64 * 1024  # bytes: 4 x 64 KiB over rows of width max(200, 10) doubles -> 163 rows per evaluation
+    _cheap(chunk_bytes=budget).propose(model, 60, seed=0)  # 60 x 3 = 180 starts
+    assert rows and max(rows) <= chunk_rows(200, 4 * budget) < 180
+
+
 def _mean_pairwise_distance(X: torch.Tensor) -> float:
     return torch.pdist(X).mean().item()
 
