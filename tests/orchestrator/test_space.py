@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -49,6 +50,18 @@ def test_log_float_is_uniform_in_log_space():
     p = FloatParam("lr", 1e-4, 1e-0, log=True)
     assert p.to_unit(1e-2) == pytest.approx(0.5)
     assert p.from_unit(0.25) == pytest.approx(1e-3)
+
+
+def test_log_int_is_uniform_in_log_space():
+    """Found in review: only round trips and reachability were tested for log ints, both of which hold for a
+    linear map too. Each value's cell runs from v - 0.5 to v + 0.5 in log space: 1..128 spans [0.5, 128.5)."""
+    p = IntParam("n", 1, 128, log=True)
+    assert p.from_unit(0.5) == round(math.sqrt(0.5 * 128.5)) == 8  # a linear map gives 64
+    values = [p.from_unit(u) for u in np.linspace(0, 1, 10_001)]
+    share = sum(v <= 4 for v in values) / len(values)  # [0.5, 4.5) of [0.5, 128.5) in log space
+    assert share == pytest.approx(math.log(9) / math.log(257), abs=2e-4)  # 10,001 points
+    assert p.to_unit(8) == pytest.approx(math.log(16) / math.log(257))
+    assert p.to_unit(1) == pytest.approx(math.log(2) / math.log(257))
 
 
 def test_sobol_is_reproducible_and_space_filling(space):

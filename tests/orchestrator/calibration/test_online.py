@@ -33,9 +33,13 @@ def test_coverage_bound_random_streams(eta: float, stream: str) -> None:
     T = 400
     u = {"uniform": rng.uniform(size=T), "skewed": rng.beta(0.3, 2.0, size=T), "constant": np.full(T, 0.97)}[stream]
     cal = OnlineQuantileRecalibrator(levels=LEVELS, eta=eta)
-    cal.update_pit(u)
-    dev = np.abs(cal.coverage() - LEVELS)
+    hits = np.zeros_like(LEVELS)  # counted here, from the levels before each step (not the code's own tally)
+    for v in u:
+        hits += v <= cal.raw_levels()
+        cal.update_pit(v)
+    dev = np.abs(hits / T - LEVELS)
     assert np.all(dev <= _bound(eta, T) + 1e-12), (dev.max(), _bound(eta, T))
+    assert np.array_equal(cal.coverage(), hits / T)
     q = cal.raw_levels()
     assert np.all(q >= -eta - 1e-12) and np.all(q <= 1 + eta + 1e-12)  # Lemma 3
 
@@ -48,15 +52,18 @@ def test_coverage_bound_adversarial_stream(eta: float) -> None:
     cal = OnlineQuantileRecalibrator(levels=LEVELS, eta=eta)
     rng = np.random.default_rng(3)
     k = int(np.flatnonzero(np.isclose(LEVELS, 0.3))[0])
+    hits = np.zeros_like(LEVELS)
     for t in range(T):
         qk = cal.raw_levels()[k]
         # counter the current level: below it when it is high, above it when it is low
         u = float(np.clip(qk - 1e-9, 0, 1)) if qk > 0.3 else float(np.clip(qk + 1e-9, 0, 1))
         if rng.uniform() < 0.2:
             u = float(rng.uniform())
+        hits += u <= cal.raw_levels()
         cal.update_pit(u)
-    dev = np.abs(cal.coverage() - LEVELS)
+    dev = np.abs(hits / T - LEVELS)
     assert np.all(dev <= _bound(eta, T) + 1e-12)
+    assert np.array_equal(cal.coverage(), hits / T)
 
 
 def test_crossing_levels_are_rearranged() -> None:
