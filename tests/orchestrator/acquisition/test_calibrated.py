@@ -169,7 +169,7 @@ def test_locbo_and_conformal_acquisitions_run_and_differ() -> None:
     x = torch.linspace(0, 1, 7, **TK).reshape(-1, 1, 1)
     loc = build_calibrator("locbo")
     ei_loc = LOCBOExpectedImprovement(m, 0.5, loc)(x)
-    assert ei_loc.shape == (7,) and (ei_loc >= 0).all()
+    assert ei_loc.shape == (7,) and (ei_loc >= 0).all()  # the values: the two tests below
     from orchestrator.calibration.conformal import ExactGPParts
 
     parts = ExactGPParts.from_model(m, Y_train=Y)
@@ -181,6 +181,68 @@ def test_locbo_and_conformal_acquisitions_run_and_differ() -> None:
     assert torch.isfinite(x.grad).all()
     with pytest.raises(UnsupportedError, match="Gaussian-likelihood surrogate"):
         gaussian_predictive(PartsSurrogate.random(1), x.detach())
+
+
+def test_conformal_ei_and_ucb_are_weighted_sums_over_botorch_conditioned_posteriors() -> None:
+    """conformal-bo.md §1.7 against an independent reference: for each candidate label y^_j, the posterior of
+    f(x) given D + (x, y^_j) from BoTorch's `condition_on_observations`, EI and UCB in closed form (scipy),
+    summed with the mixture weights and times (1 - ood). Found in review: only shapes were checked (dropping
+    EI's phi term or UCB's exploration term passed every test)."""
+    from scipy import stats
+
+    from orchestrator.calibration.conformal import ExactGPParts, candidate_labels
+
+    X, Y = _data(10)
+    m = make_gp(X, Y, lengthscale=0.2, noise=0.01)
+    parts = ExactGPParts.from_model(m, Y_train=Y)
+    x = torch.tensor([0.05, 0.33, 0.61, 0.97], **TK).reshape(-1, 1, 1)
+    best, alpha, k = 0.5, 0.3, 12
+    beta = stats.norm.ppf(1 - alpha / 2)
+    for acq, optimistic in ((ConformalExpectedImprovement(parts, best, alpha=alpha, num_labels=k), False),
+                            (ConformalUpperConfidenceBound(parts, alpha=alpha, num_labels=k), True)):
+        with torch.no_grad():
+            got = acq(x)
+            om, _, _, ood = acq._mixture(x, optimistic)
+            _, _, _, (mu, var_f) = parts.augmented(x.reshape(-1, 1))
+            labels, _ = candidate_labels(mu, var_f + parts.noise_var, k)
+            want = []
+            for i in range(x.shape[0]):
+                total = 0.0
+                for j in range(k):
+                    cond = m.gp.condition_on_observations(x[i], labels[i, j].reshape(1, 1))
+                    post = cond.posterior(x[i])
+                    mean, sd = float(post.mean), float(post.variance.sqrt())
+                    if optimistic:
+                        util = mean + beta * sd
+                    else:
+                        z = (mean - best) / sd
+                        util = sd * (z * stats.norm.cdf(z) + stats.norm.pdf(z))
+                    total += float(om[i, j]) * util
+                want.append((1 - float(ood[i])) * total)
+        assert torch.allclose(got, torch.tensor(want, **TK), rtol=1e-6, atol=1e-9), (type(acq).__name__, got, want)
+
+
+def test_locbo_ei_uses_the_learned_local_threshold() -> None:
+    """LOCBO's EI reads lambda_t(x) from the calibrator (locbo.md §1.5-1.6). Found in review: the test used a fresh
+    calibrator, whose threshold is alpha everywhere, so an EI that ignored it passed."""
+    from orchestrator.calibration.locbo import locbo_expected_improvement
+
+    X, Y = _data(10)
+    m = make_gp(X, Y, lengthscale=0.2, noise=0.01)
+    cal = build_calibrator("locbo")
+    x0 = torch.tensor([[0.4]], **TK)
+    for _ in range(6):  # outcomes far outside the forecast at x0: misses that move the threshold there
+        cal.update(m.forecast(x0), m.forecast(x0).mean() + 5.0, X=x0)
+    x = torch.tensor([0.1, 0.38, 0.4, 0.42, 0.9], **TK).reshape(-1, 1, 1)
+    lam = cal.threshold(x.reshape(-1, 1))
+    assert (lam - cal.alpha).abs().max() > 1e-3  # it learned something
+    ei = LOCBOExpectedImprovement(m, 0.5, cal)
+    mu, var_f, noise = gaussian_predictive(m, x)
+    with torch.no_grad():
+        got = ei(x)
+        assert torch.allclose(got, locbo_expected_improvement(mu, var_f, noise, lam, cal.alpha, 0.5), rtol=1e-10)
+        at_alpha = locbo_expected_improvement(mu, var_f, noise, torch.full_like(lam, cal.alpha), cal.alpha, 0.5)
+    assert (got - at_alpha).abs().max() > 1e-4
 
 
 class TestAcquisitionProposerContract(ProposerContract):
