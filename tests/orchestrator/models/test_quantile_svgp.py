@@ -355,10 +355,12 @@ def test_expectile_and_het_models_fit(data):
         assert torch.isfinite(mean).all() and (var > 0).all()
 
 
-def test_quantile_recovery_fast():
-    """Small version of the acceptance test: tau = 0.1, n = 500."""
-    tau = 0.1
-    X, Y = skewed_problem(500, seed=21)
+@pytest.mark.parametrize("tau,n", [(0.1, 500), (0.9, 1000)])
+def test_quantile_recovery_fast(tau, n):
+    """Small version of the acceptance test at both tails, the default suite's check of the spec's acceptance
+    (the full one, n = 2000 at tau 0.1, 0.5, 0.9 with default options, is marked slow). The upper tail of this
+    right-skewed noise needs more data: at tau 0.9, n = 1000 gives 3.6-9.1% over six data seeds (n = 500: 13%)."""
+    X, Y = skewed_problem(n, seed=21)
     q_model = QuantileSVGP(tau=tau, num_inducing=32, max_steps=400, seed=0)
     q_model.fit(X, Y)
     h_model = HeteroscedasticSVGP(tau=tau, num_inducing=32, max_steps=400, seed=0)
