@@ -54,6 +54,7 @@ from typing import Any, Mapping
 from orchestrator.ask_tell import AskTellOptimizer, Trial
 from orchestrator.errors import QbatchError
 from workers.evaluate import describe_exception, format_exception_traceback, submit_evaluation
+from workers.pool import exit_with_node
 
 __all__ = ["CentralActor", "RunAbortedError", "default_max_concurrent", "slots_for"]
 
@@ -155,6 +156,7 @@ class CentralActor:
 
         if isinstance(max_refit_failures, bool) or not isinstance(max_refit_failures, int) or max_refit_failures < 1:
             raise QbatchError(f"max_refit_failures must be an integer >= 1; got {max_refit_failures!r}")
+        exit_with_node("central actor")  # a killed driver's local Ray: free the writer lock at once, not in a minute
         self.store = RunStore.open(run_dir)
         self.store.lock_writer()  # one writer per log: a second resume of a running run stops here
         self.run_dir = run_dir

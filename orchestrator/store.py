@@ -557,7 +557,8 @@ class RunStore:
             holder = f.read().strip() or "unknown"
             f.close()
             raise RunDirError(f"{self.run_dir} is being written by another run ({holder}); wait for it to end or "
-                             "stop it before resuming") from None
+                             "stop it before resuming (the central actor of a run whose driver was killed ends "
+                             "within seconds)") from None
         f.seek(0)
         f.truncate()
         f.write(f"pid {os.getpid()} on {socket.gethostname()}")

@@ -19,13 +19,51 @@ queue (they were never recorded).
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 import time
 from typing import Any, Mapping, Sequence
 
 from objectives.base import Resources
 from workers.evaluate import submit_evaluation
 
-__all__ = ["EvaluationPool"]
+__all__ = ["EvaluationPool", "exit_with_node"]
+
+#: how often an actor checks that the Ray node process that started it is still there (`exit_with_node`)
+NODE_CHECK_S = 1.0
+
+
+def exit_with_node(what: str, check_s: float = NODE_CHECK_S) -> bool:
+    """In a Ray actor's process: exit as soon as the raylet that started it (its parent) is gone.
+
+    When a driver that started a local Ray is SIGKILLed, its raylet goes with it, but the actors lived on until
+    Ray's own checks ended them (seconds here, about a minute in a review's PID namespace); the central actor
+    kept the run's writer lock that long, and `qbatch resume` was refused as if another run were writing.
+    Whatever the actor was doing is safe to cut: every log write is atomic. Outside an actor (a driver, a test)
+    nothing is started. Returns whether the watch was started.
+    """
+    import ray
+
+    if not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
+        return False
+    watch_parent(what, check_s)
+    return True
+
+
+def watch_parent(what: str, check_s: float = NODE_CHECK_S) -> None:
+    """Start a daemon thread that ends this process (exit status 1, a line on stderr) once its parent process
+    is gone (it is then re-parented), checking every `check_s` seconds."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(check_s)
+        print(f"qbatch: the Ray node that ran the {what} is gone; the {what} exits (pid {os.getpid()})",
+              file=sys.stderr, flush=True)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="qbatch-node-watch", daemon=True).start()
 
 
 class EvaluationPool:
@@ -58,6 +96,7 @@ class EvaluationPool:
         self._held: dict[str, tuple[Any, int, float]] = {}  # trial_id -> (ref, attempt, submitted at)
         self._started: dict[str, float] = {}  # trial_id -> when its latest attempt started running
         self._me = ray.get_runtime_context().current_actor if ray.is_initialized() else None
+        exit_with_node("evaluation pool")
 
     def submit(self, items: Sequence[tuple[str, int, Mapping[str, Any], int]]) -> list[Any]:
         """Start one evaluation per `(trial_id, attempt, params, seed)`; returns their refs, in order.

@@ -87,6 +87,40 @@ def test_sigkill_driver_and_actor_then_resume(ray_local, tmp_path):
     assert refits and refits[-1].info["n"] >= len([e for e in done_before.values() if e.kind == "completed"])
 
 
+def test_a_driver_killed_with_its_own_local_ray_leaves_the_run_free_to_resume(ray_local, tmp_path):
+    """`qbatch run` with its own local Ray, SIGKILLed: its leftover actors end with their raylet (found in review:
+    the central actor lived on holding the writer lock, and `qbatch resume` was refused as if another run were
+    writing; `tests/workers/test_node_watch.py` tests the watch that ends them), and the run resumes to its
+    budget with every result once."""
+    budget = 24
+    cfg = run_config(tmp_path, "own-ray", objective={"name": "sleep", "options": {"mean_s": 0.1, "cv": 0.5,
+                     "num_cpus": 0.5}}, tau=0.3, batch_size=8, initial_design=8, budget=budget)
+    run_dir = cfg["run_dir"]
+    path = tmp_path / "own-ray.yaml"
+    path.write_text(json.dumps(cfg))  # JSON is YAML
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = str(REPO)
+    driver = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "run", str(path)],
+                              cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: len(finished_counts(_events(run_dir))) >= 10, 120, "10 finished evaluations", period=0.1)
+    finally:
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait()
+
+    def free() -> bool:
+        try:
+            RunStore.check_writer_free(run_dir)
+            return True
+        except Exception:
+            return False
+
+    wait_for(free, 15, "the writer lock to be freed (the leftover central actor to exit)", period=0.1)
+    summary = resume_experiment(run_dir, progress=False, out=io.StringIO())
+    counts = finished_counts(_events(run_dir))
+    assert summary["status"] == "finished" and len(counts) == budget and set(counts.values()) == {1}
+
+
 def test_resume_proposes_from_the_checkpointed_model(ray_local, tmp_path):
     """Every refit saves checkpoints/model; an actor rebuilt on the run directory restores it (through Ray, as
     `qbatch resume` builds it) instead of refitting cold. Here the run has finished, so the resume only
