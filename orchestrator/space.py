@@ -68,6 +68,9 @@ class IntParam:
             ):
                 raise SpaceError(f"parameter {self.name!r}: {key} must be an integer; got {v!r}")
         _check_bounds(self.name, self.low, self.high, self.log)
+        if max(abs(int(self.low)), abs(int(self.high))) > _MAX_EXACT_INT:  # the unit cube is float64
+            raise SpaceError(f"parameter {self.name!r}: an int parameter's bounds must lie within +-2**53 "
+                             f"({_MAX_EXACT_INT}), where float64 holds every integer; got low={self.low}, high={self.high}")
         if self.step < 1:
             raise SpaceError(f"parameter {self.name!r}: step must be >= 1; got {self.step}")
         if (self.high - self.low) % self.step:
@@ -157,12 +160,18 @@ def _number(name: str, v: Any) -> float:
     return x
 
 
+#: the largest integer up to which float64 (the unit cube's type) holds every integer exactly
+_MAX_EXACT_INT = 2**53
+
+
 def _check_bounds(name: str, low: Any, high: Any, log: bool) -> None:
     for key, v in (("low", low), ("high", high)):
         if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v):
             raise SpaceError(f"parameter {name!r}: {key} must be a finite number; got {v!r}")
     if not low < high:
         raise SpaceError(f"parameter {name!r}: low must be < high; got low={low}, high={high}")
+    if not math.isfinite(float(high) - float(low)):  # e.g. -1e308 .. 1e308: every point would map to +-inf
+        raise SpaceError(f"parameter {name!r}: high - low must be a finite float64; got low={low}, high={high}")
     if log and low <= 0:
         raise SpaceError(f"parameter {name!r}: a log parameter needs low > 0; got low={low}")
 

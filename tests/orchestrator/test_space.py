@@ -92,6 +92,10 @@ def test_sobol_is_reproducible_and_space_filling(space):
         ({"a": {"type": "vector", "low": 0, "high": 1}}, "'a': type must be one of"),
         ({"a": {"type": "float", "low": 0, "high": 1, "lg": True}}, "'a': unknown key\\(s\\) \\['lg'\\]"),
         ({"a": {"type": "float", "low": 0}}, "'a': missing key 'high'"),
+        # found in review: accepted, then every proposal was +-inf (a float) or off the grid (an int past 2**53)
+        ({"a": {"type": "float", "low": -1e308, "high": 1e308}}, "'a': high - low must be a finite float64"),
+        ({"a": {"type": "int", "low": 0, "high": 2**60 - 1}}, "'a': an int parameter's bounds must lie within"),
+        ({"a": {"type": "int", "low": -(2**53) - 2, "high": 0}}, "'a': an int parameter's bounds must lie within"),
     ],
 )
 def test_bad_spaces_raise_naming_the_parameter(desc, match):
