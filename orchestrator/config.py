@@ -227,6 +227,11 @@ def check_run_dir(key: str, v: Any) -> str:
     return v
 
 
+def _expand_home(run_dir: str) -> str:
+    """A local run directory's leading `~` expanded as a shell would (it made a folder named `~`)."""
+    return run_dir if _SCHEME_RE.match(run_dir) else os.path.expanduser(run_dir)
+
+
 def _space(key: str, v: Any) -> Mapping[str, Any]:
     from orchestrator.space import REQUIRED_KEYS, SPEC_KEYS
 
@@ -445,9 +450,9 @@ class ExperimentConfig:
             ConfigError: `override` is not a valid run directory (named as ``--run-dir``).
         """
         if override is not None:
-            return check_run_dir("--run-dir", override)
+            return _expand_home(check_run_dir("--run-dir", override))
         if self.run_dir is not None:
-            return self.run_dir
+            return _expand_home(self.run_dir)
         stamp = _dt.datetime.fromtimestamp(time.time() if now is None else now).strftime("%Y%m%d-%H%M%S")
         return os.path.join("runs", f"{self.name}-{stamp}")
 

@@ -198,8 +198,9 @@ def _wait_for_actor(actor: Any, timeout_s: float = 600.0) -> int:
 
 
 def _absolute(run_dir: str) -> str:
-    """Local run directories are made absolute: the actor's worker process has another working directory."""
-    return run_dir if "://" in run_dir else os.path.abspath(run_dir)
+    """Local run directories are made absolute (the actor's worker process has another working directory), a
+    leading `~` expanded as a shell would (it made a folder named `~` in the working directory)."""
+    return run_dir if "://" in run_dir else os.path.abspath(os.path.expanduser(run_dir))
 
 
 def _drive_and_release(started_ray: bool, *args: Any) -> dict[str, Any]:

@@ -113,9 +113,10 @@ def test_property_any_name_is_refused_or_stays_inside_runs(name):
 
 @settings(max_examples=300, deadline=None)
 @given(run_dir=st.lists(st.sampled_from(["..", ".", "a", "b.c", "", "...", "x..", "~"]), min_size=1, max_size=5)
-       .map("/".join).filter(lambda p: not p.startswith("/")))
+       .map("/".join).filter(lambda p: not p.startswith(("/", "~"))))
 def test_property_relative_run_dir_never_climbs_out(run_dir):
-    """A relative run_dir is refused (naming `run_dir`) or stays below the working directory."""
+    """A relative run_dir is refused (naming `run_dir`) or stays below the working directory (a leading `~` is
+    the home folder, as in a shell: the test below)."""
     try:
         cfg = load_config(BASE | {"name": "ok", "run_dir": run_dir})
     except ConfigError as exc:
@@ -147,3 +148,26 @@ def test_run_dir_that_is_a_non_empty_folder_is_refused(tmp_path):
         f"the run went ahead ({error!r}) and wrote {written[:5]} into the user's folder"
     )
     assert not written
+
+
+@pytest.mark.ray
+def test_a_run_dir_under_the_home_folder_is_expanded_not_made_below_the_working_directory(tmp_path, monkeypatch):
+    """Found in review: `run_dir: ~/runs/x` made a folder named `~` in the working directory; objective paths
+    expanded `~`, the run directory did not."""
+    import ray
+
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    cfg = BASE | {"name": "ok", "run_dir": "~/runs/x", "proposer": "sobol", "budget": 2, "initial_design": 2}
+    assert load_config(cfg).resolve_run_dir() == str(home / "runs" / "x")  # what `qbatch run` checks first
+    assert load_config(cfg).resolve_run_dir("~/y") == str(home / "y")  # --run-dir
+    try:
+        summary = run_experiment(cfg, num_cpus=1, progress=False, out=io.StringIO())
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+    assert summary["run_dir"] == str(home / "runs" / "x") and (home / "runs" / "x" / "config.yaml").exists()
+    assert not (work / "~").exists()
