@@ -9,7 +9,7 @@ Exit status:
     0    success
     1    the run stopped with an error (e.g. the failure-rate guard tripped, the runner failed)
     2    bad usage, bad config, or no run at RUN_DIR: nothing was started and nothing was created
-    130  interrupted (Ctrl-C); `qbatch resume RUN_DIR` continues the run
+    130  interrupted (Ctrl-C, or SIGTERM during a run); `qbatch resume RUN_DIR` continues the run
 """
 
 from __future__ import annotations

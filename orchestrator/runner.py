@@ -16,11 +16,14 @@ never finished; completed results are never repeated (ingestion is exactly-once 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import sys
+import threading
 import time
-from typing import Any, Mapping, TextIO
+from typing import Any, Iterator, Mapping, TextIO
 
 from orchestrator.actor import CentralActor, RunAbortedError, default_max_concurrent
 from orchestrator.errors import ConfigError, QbatchError, UsageError
@@ -203,10 +206,32 @@ def _absolute(run_dir: str) -> str:
     return run_dir if "://" in run_dir else os.path.abspath(os.path.expanduser(run_dir))
 
 
-def _drive_and_release(started_ray: bool, *args: Any) -> dict[str, Any]:
-    """`_drive`, then shut down the local Ray this call started (a Ray the caller started stays up)."""
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """While a run is driven, SIGTERM (what `timeout`, SLURM and systemd send) interrupts it as Ctrl-C does: a
+    `KeyboardInterrupt` in the main thread, so `qbatch` exits 130 with the resume hint. Ray's driver handler
+    (`sys.exit`) and its C++ failure handler (a stack dump) made it exit 1, "the run stopped with an error"
+    (found in review). The previous handler is put back afterwards; outside the main thread nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
     try:
-        return _drive(*args)
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def _drive_and_release(started_ray: bool, *args: Any) -> dict[str, Any]:
+    """`_drive` (SIGTERM interrupting it like Ctrl-C), then shut down the local Ray this call started (a Ray
+    the caller started stays up)."""
+    try:
+        with _sigterm_interrupts():
+            return _drive(*args)
     finally:
         if started_ray:
             import ray

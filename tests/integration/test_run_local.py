@@ -291,3 +291,23 @@ def test_the_log_records_slots_and_direction_for_status_and_report(ray_local, tm
     config = {**store.config, "direction": None, "objective": {"name": "no.such.module:Objective"}}
     with pytest.warns(UserWarning, match="cannot be imported"):
         assert resolve_direction(config, events) == "maximize"
+
+
+def test_sigterm_interrupts_a_run_like_ctrl_c_in_a_ray_driver(ray_local):
+    """Found in review: SIGTERM (timeout, SLURM, systemd) to `qbatch run` met Ray's driver handlers (sys.exit
+    and a C++ stack dump) and exited 1, "the run stopped with an error", with no resume hint. While a run is
+    driven it raises KeyboardInterrupt (exit 130 and the hint in the CLI); Ray's handler is back afterwards."""
+    import signal
+    import time
+
+    import ray
+
+    from orchestrator.runner import _sigterm_interrupts
+
+    assert ray.is_initialized()
+    ray_handler = signal.getsignal(signal.SIGTERM)  # installed by ray.init in this (driver) process
+    with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+        with _sigterm_interrupts():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler runs between bytecodes, long before this ends
+    assert signal.getsignal(signal.SIGTERM) is ray_handler
