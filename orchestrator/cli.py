@@ -52,7 +52,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(f"{run_dir} already holds a run; continue it with `qbatch resume {run_dir}` or choose another --run-dir")
     runner = _runner()
     try:
-        runner.run_experiment(config, address=args.address, run_dir=run_dir)
+        runner.run_experiment(args.config, address=args.address, run_dir=run_dir)  # errors name the file
     except KeyboardInterrupt:
         _error(f"interrupted; continue with `qbatch resume {run_dir}`")
         return EXIT_INTERRUPTED

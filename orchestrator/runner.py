@@ -291,8 +291,13 @@ def run_experiment(
 
     actor_options = _check_run_args(max_concurrent, num_cpus, actor_options)
     cfg = load_config(config)
-    objective = _check_objective(cfg)
-    cfg = _with_absolute_paths(cfg, objective)
+    try:
+        objective = _check_objective(cfg)
+        cfg = _with_absolute_paths(cfg, objective)
+    except ConfigError as exc:  # name the file, as the config's own checks do
+        if isinstance(config, (str, os.PathLike)):
+            raise ConfigError(f"{os.fspath(config)}: {exc}") from None
+        raise
     rd = _absolute(cfg.resolve_run_dir(run_dir))
     if RunStore.exists(rd):
         raise ConfigError(f"`run_dir` {rd!r} already holds a run; use `qbatch resume {rd}` or choose another run_dir")
@@ -342,8 +347,8 @@ def resume_experiment(
         cfg = load_config(store.config)
     except ConfigError as exc:  # the stored config was edited by hand: say which file holds the bad key
         raise ConfigError(f"{os.path.join(store.run_dir, 'config.yaml')}: {exc}") from None
-    objective = _check_objective(cfg)
     try:
+        objective = _check_objective(cfg)
         _check_log_matches_space(store.events(), cfg.build_space(objective.space))
     except ConfigError as exc:
         raise ConfigError(f"{os.path.join(store.run_dir, 'config.yaml')}: {exc}") from None
