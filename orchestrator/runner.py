@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import sys
@@ -198,6 +199,27 @@ def _wait_for_actor(actor: Any, timeout_s: float = 600.0) -> int:
             if time.time() - t0 > timeout_s:
                 raise
             time.sleep(0.5)
+
+
+def _actor_pid(actor: Any, run_dir: str, after_error: bool = False) -> int:
+    """The central actor's pid: at its start, or `after_error` once it answers again (`_wait_for_actor`). An actor
+    that could not start, or died for good (its restarts used up), is a `QbatchError` of one line naming the
+    cause and how to continue, not Ray's traceback (found in review)."""
+    import ray
+
+    try:
+        return _wait_for_actor(actor) if after_error else ray.get(actor.pid.remote())
+    except ray.exceptions.RayActorError as exc:
+        what = "died for good (its restarts are used up)" if after_error else "could not start"
+        raise QbatchError(f"the central actor of {run_dir} {what}: {_error_line(exc)}; every recorded result is in "
+                          f"the log, `qbatch resume {run_dir}` continues the run") from None
+
+
+def _error_line(exc: BaseException) -> str:
+    """The last `SomeError: message` line of an exception's text (Ray wraps the cause's traceback), else its first."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    causes = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception|Exit)\b.*:", ln)]
+    return (causes or lines or [type(exc).__name__])[-1 if causes else 0][:400]
 
 
 def _absolute(run_dir: str) -> str:
@@ -430,7 +452,7 @@ def _drive(
 
         bar = tqdm(total=cfg.budget, desc=cfg.name, unit="eval", file=sys.stderr, dynamic_ncols=True)
     restarts = 0
-    actor_pid = ray.get(actor.pid.remote())
+    actor_pid = _actor_pid(actor, run_dir)
     ref = actor.run.remote()
     summary: dict[str, Any] | None = None
     try:
@@ -451,7 +473,7 @@ def _drive(
             except ray.exceptions.RayActorError:
                 # the actor crashed (Ray restarts it: it replays the log) or was unreachable for a moment;
                 # a restart is a new process, so compare pids rather than count errors
-                pid = _wait_for_actor(actor)
+                pid = _actor_pid(actor, run_dir, after_error=True)
                 if pid != actor_pid:
                     restarts, actor_pid = restarts + 1, pid
                 ref = actor.run.remote()

@@ -311,3 +311,37 @@ def test_sigterm_interrupts_a_run_like_ctrl_c_in_a_ray_driver(ray_local):
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(5)  # the handler runs between bytecodes, long before this ends
     assert signal.getsignal(signal.SIGTERM) is ray_handler
+
+
+def test_a_central_actor_that_cannot_start_or_dies_for_good_is_one_line_not_a_traceback(ray_local):
+    """Found in review: Ray's RayActorError (with the cause's whole traceback) reached the user as a Python
+    traceback, exit 1 without the resume hint."""
+    import ray
+
+    from orchestrator.errors import QbatchError
+    from orchestrator.runner import _actor_pid
+
+    @ray.remote(num_cpus=0)
+    class Broken:
+        def __init__(self):
+            raise OSError("disk full while opening the log")
+
+        def pid(self):
+            return os.getpid()
+
+    with pytest.raises(QbatchError) as info:
+        _actor_pid(Broken.remote(), "/runs/x")
+    msg = str(info.value)
+    assert len(msg.splitlines()) == 1 and "could not start" in msg and "disk full while opening the log" in msg
+    assert "`qbatch resume /runs/x`" in msg
+
+    @ray.remote(num_cpus=0)
+    class Fine:
+        def pid(self):
+            return os.getpid()
+
+    actor = Fine.remote()
+    assert _actor_pid(actor, "/runs/x") > 0
+    ray.kill(actor, no_restart=True)
+    with pytest.raises(QbatchError, match="died for good"):
+        _actor_pid(actor, "/runs/x", after_error=True)
