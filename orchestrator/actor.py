@@ -130,9 +130,12 @@ class CentralActor:
             `max(max_concurrent, batch_size // 2)`).
         refit_interval_s: least time between two background refits (leaves CPU to the evaluations).
         isolate: how a worker runs the objective ("process" or "thread", workers/evaluate.py).
-        pool: handle of the run's `EvaluationPool` actor (workers/pool.py), created by the driver: it owns
-            the evaluation tasks so they survive a restart of this actor. None: this actor submits them
-            itself (they then die with it).
+        pool: the run's `EvaluationPool` actor (workers/pool.py), created by the driver: it owns the
+            evaluation tasks so they survive a restart of this actor. Its `(namespace, name)`, looked up at
+            each (re)start (the driver passes this: Ray keeps an actor handle passed as a constructor argument
+            in the object store, from where it cannot always restore it for a restarted actor,
+            ray-project/ray#53727, and warns so at every run), or its handle. None: this actor submits the
+            evaluations itself (they then die with it).
         max_refit_failures: a refit that raises is logged (a "refit" event with ``failed: true``, the error
             and its traceback) and the run goes on with the previous model, or with further Sobol points
             before the first one; it is retried once new results are in. This many failures in a row stop
@@ -175,6 +178,10 @@ class CentralActor:
         self.refit_interval_s = float(refit_interval_s)
         self.max_refit_failures = max_refit_failures
         self.isolate = isolate
+        if isinstance(pool, tuple):  # (namespace, name): looked up by every (re)start of this actor
+            import ray
+
+            pool = ray.get_actor(pool[1], namespace=pool[0])
         self.pool = pool
         self.budget = cfg.budget
 

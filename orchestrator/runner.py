@@ -432,7 +432,7 @@ def _drive(
         here: Any = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     except Exception:  # no node of its own to name (e.g. a Ray client): Ray's default placement
         here = "DEFAULT"
-    pool = ray.remote(EvaluationPool).options(
+    pool = ray.remote(EvaluationPool).options(  # the central actor finds it by name (CentralActor's `pool`)
         num_cpus=0, max_restarts=-1, name=actor_name(run_dir) + ":pool", namespace=NAMESPACE, scheduling_strategy=here
     ).remote(
         (cfg.objective.name, dict(cfg.objective.options)), resources, timeout_s=cfg.timeout_s,
@@ -443,8 +443,8 @@ def _drive(
         num_cpus=0, max_concurrency=4, max_restarts=ACTOR_RESTARTS, name=actor_name(run_dir), namespace=NAMESPACE,
         scheduling_strategy=here,
     ).remote(
-        run_dir, max_concurrent=max_concurrent if max_concurrent is not None else cfg.max_concurrent, pool=pool,
-        **actor_options
+        run_dir, max_concurrent=max_concurrent if max_concurrent is not None else cfg.max_concurrent,
+        pool=(NAMESPACE, actor_name(run_dir) + ":pool"), **actor_options
     )
     bar = None
     if progress:

@@ -345,3 +345,15 @@ def test_a_central_actor_that_cannot_start_or_dies_for_good_is_one_line_not_a_tr
     ray.kill(actor, no_restart=True)
     with pytest.raises(QbatchError, match="died for good"):
         _actor_pid(actor, "/runs/x", after_error=True)
+
+
+def test_the_central_actor_is_created_without_object_store_arguments(ray_local, tmp_path, capfd):
+    """Ray cannot always restore an object-store constructor argument for a restarted actor
+    (ray-project/ray#53727) and warned at every run that the central actor had one: the pool's handle. The
+    actor now gets the pool's name and looks it up at each (re)start."""
+    cfg = run_config(tmp_path, "args", budget=4, initial_design=4, proposer="sobol",
+                     objective={"name": "sleep", "options": {"mean_s": 0.01, "num_cpus": 1}})
+    capfd.readouterr()
+    run_experiment(cfg, progress=False, out=io.StringIO())
+    err = capfd.readouterr().err
+    assert "constructor arguments in the object store" not in err, err[-2000:]
