@@ -466,7 +466,7 @@ class CentralActor:
                 except _LogWriteError:
                     pass
         if self._planner_error and not self._log_failed:
-            self._abort = f"the planner failed: {self._planner_error}"
+            self._set_abort(f"the planner failed: {self._planner_error}", add=True)
         if self._abort and self._inflight and not self._log_failed:
             try:
                 self._drain(_ABORT_DRAIN_S)
@@ -527,7 +527,7 @@ class CentralActor:
                 except Exception as exc:  # put the trials back: they stay logged as proposed, never lost
                     self._queue.extendleft(t for t, _ in reversed(batch))
                     if not _is_transient(exc):  # a submission Ray refuses would be refused forever
-                        self._abort = f"evaluations cannot be submitted: {type(exc).__name__}: {exc}"
+                        self._set_abort(f"evaluations cannot be submitted: {type(exc).__name__}: {exc}")
                         return
                     time.sleep(0.2)  # the pool is restarting: try again on the next pass
                     return
@@ -698,13 +698,23 @@ class CentralActor:
         n, f = n_done - self._guard_base[0], n_failed - self._guard_base[1]
         return n >= guard.min_trials and n > 0 and f / n > guard.max_failure_rate
 
+    def _set_abort(self, message: str, add: bool = False) -> None:
+        """Stop the run for `message`. The first cause stands: a later one never replaces it (found in review: the
+        failure guard, tripped by the results drained after a planner error, overwrote the planner's traceback,
+        which only this message records) and is added to it only with `add` (a planner error, a failed log
+        write), once."""
+        if self._abort is None:
+            self._abort = message
+        elif add and message not in self._abort:
+            self._abort += f"; then {message}"
+
     def _check_guard(self) -> None:
         guard = self.cfg.failure_guard
         if self._guard_trips(self.n_done, self.n_failed):
             n, f = self.n_done - self._guard_base[0], self.n_failed - self._guard_base[1]
             reasons = collections.Counter(x["error"] for x in self.opt.failures[self._guard_base[1]:])
             since = " since the resume" if self._guard_base[0] else ""
-            self._abort = (
+            self._set_abort(
                 f"failure guard: {f} of {n} evaluations failed{since} "
                 f"({f / n:.0%} > failure_guard.max_failure_rate={guard.max_failure_rate:g}); "
                 f"reasons {dict(reasons)}; see the 'failed' events in {self.run_dir} for tracebacks"
@@ -864,8 +874,8 @@ class CentralActor:
             print(f"qbatch: refit on {n} results failed ({self._failed_in_a_row} in a row): {error}; the run goes "
                   f"on with the {info['kept']}", file=sys.stderr, flush=True)
             if self._failed_in_a_row >= self.max_refit_failures and not final:
-                self._abort = (f"{self._failed_in_a_row} refits in a row failed (max_refit_failures="
-                               f"{self.max_refit_failures}); the last on {n} results: {error}")
+                self._set_abort(f"{self._failed_in_a_row} refits in a row failed (max_refit_failures="
+                                f"{self.max_refit_failures}); the last on {n} results: {error}")
                 self._wake_planners()
             return False
         self._last_fit_end = time.time()
@@ -914,11 +924,12 @@ class CentralActor:
                 except OSError as exc:
                     self._log_failed = True
                     lost = sum(e.kind in ("completed", "failed") for e in events)
-                    self._abort = (
+                    self._set_abort(
                         f"writing the run log in {self.run_dir} failed ({type(exc).__name__}: {exc})"
                         + (f"; the {lost} results being written were not recorded" if lost else "")
                         + f". Everything logged before is kept: once the cause is fixed, `qbatch resume "
-                        f"{self.run_dir}` finishes the run (evaluations whose results are not in the log run again)")
+                        f"{self.run_dir}` finishes the run (evaluations whose results are not in the log run again)",
+                        add=True)
                     self._wake_planners()
                     raise _LogWriteError(self._abort) from exc
             self._last_flush = time.time()

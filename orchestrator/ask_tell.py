@@ -628,7 +628,8 @@ class AskTellOptimizer:
                 as noise); the end of a run asks for this, so that the final recommendation is not that basin's.
 
         Returns:
-            ``{"seconds", "n", "best_params", "best_predicted", ...model diagnostics}``; with `restart`, also
+            ``{"seconds", "n", "best_params", "best_predicted", "swapped", ...model diagnostics}`` (``swapped``:
+            False when a fit on more results ended first, whose model stays in use); with `restart`, also
             ``"loss_warm"``, ``"loss_cold"`` and ``"restart_kept"`` (``"warm"`` or ``"cold"``).
 
         Raises:
@@ -680,11 +681,15 @@ class AskTellOptimizer:
         best_params = self.space.from_unit(X[i : i + 1])[0]
         seconds = time.perf_counter() - t0
         with self._lock:
-            self._model = model
-            self._model_n = n
-            self._best = (best_params, best_pred)
+            # a fit on fewer results than the model in use ended after it (a refit that outlived the run's end,
+            # while the final fit ran): the newer model stays (found in review: the older one was swapped in)
+            swapped = n >= self._model_n
+            if swapped:
+                self._model = model
+                self._model_n = n
+                self._best = (best_params, best_pred)
         diag = {k: v for k, v in diag.items() if isinstance(v, (int, float, str, bool))}
-        diag.update(seconds=seconds, n=n, best_params=best_params, best_predicted=best_pred)
+        diag.update(seconds=seconds, n=n, best_params=best_params, best_predicted=best_pred, swapped=swapped)
         return diag
 
     def model_checkpoint(self) -> dict[str, Any] | None:

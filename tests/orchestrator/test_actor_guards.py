@@ -18,9 +18,10 @@ from orchestrator.config import load_config
 from orchestrator.store import RunStore
 
 
-def _actor(tmp_path, budget: int = 8) -> CentralActor:
+def _actor(tmp_path, budget: int = 8, **over) -> CentralActor:
     cfg = {"name": "budget", "objective": {"name": "forrester", "options": {}}, "batch_size": 4,
-           "initial_design": 4, "budget": budget, "max_concurrent": 4, "seed": 1, "run_dir": str(tmp_path / "run")}
+           "initial_design": 4, "budget": budget, "max_concurrent": 4, "seed": 1, "run_dir": str(tmp_path / "run"),
+           **over}
     RunStore.create(cfg["run_dir"], load_config(cfg).to_dict())
     actor = CentralActor(cfg["run_dir"], max_concurrent=4, pool=None)
     refs = itertools.count()
@@ -171,3 +172,45 @@ def test_a_submission_ray_refuses_stops_the_run_instead_of_retrying_forever(tmp_
     restarting._submit = pool_restarting
     restarting._dispatch()  # transient: put back, tried again on the next pass
     assert restarting._abort is None and len(restarting._queue) == 4
+
+
+def test_the_first_abort_cause_stands_and_a_planner_error_is_never_overwritten(tmp_path):
+    """Found in review: a planner error aborts the run, the evaluations in flight are drained, their results
+    trip the failure guard, and the guard's message replaced the planner's traceback (recorded nowhere else)."""
+    actor = _actor(tmp_path)
+    actor._set_abort("the planner failed: Traceback ... RuntimeError: bug in the proposer", add=True)
+    actor._set_abort("failure guard: 7 of 15 evaluations failed")
+    actor._set_abort("failure guard: 8 of 16 evaluations failed")
+    assert actor._abort == "the planner failed: Traceback ... RuntimeError: bug in the proposer"
+    actor._set_abort("writing the run log failed", add=True)
+    actor._set_abort("writing the run log failed", add=True)  # added once
+    assert actor._abort.endswith("; then writing the run log failed") and actor._abort.count("run log") == 1
+
+    # the real path: guard tripped by drained results after the planner error was recorded
+    other = _actor(tmp_path / "b", failure_guard={"max_failure_rate": 0.3, "min_trials": 2})
+    other._planner_error = "propose: Traceback ... RuntimeError: bug in the proposer"
+    other._set_abort(f"the planner failed: {other._planner_error}", add=True)
+    other.n_completed, other.n_failed = 1, 3
+    other.opt.failures.extend({"trial_id": f"x{i}", "error": "worker-lost"} for i in range(3))
+    other._check_guard()
+    assert other._abort.startswith("the planner failed: propose: Traceback")
+
+
+def test_a_refit_that_ends_after_a_newer_one_is_not_swapped_in(tmp_path):
+    """Found in review: a refit still running when the run ended (its join timed out) finished after the final
+    fit and swapped its older model in, and the checkpoint then said model_n 25 with 40 results logged. Here the
+    older fit (on the first 4 results) ends after the fit on all 8."""
+    actor = _actor(tmp_path, budget=12)
+    for _ in range(2):
+        actor._propose(4)
+        actor._dispatch()
+        _finish_inflight(actor)
+    opt = actor.opt
+    assert opt.fit()["n"] == 8 and opt._model_n == 8
+    newest, best = opt.model, opt.best()
+    X, Y = opt.observations()
+    opt.observations = lambda: (X[:4], Y[:4])  # what the slow fit had read when it started
+    diag = opt.fit()
+    del opt.observations
+    assert diag["n"] == 4 and diag["swapped"] is False
+    assert opt.model is newest and opt._model_n == 8 and opt.best() == best
