@@ -193,6 +193,7 @@ class CentralActor:
         self._finished = threading.Event()  # the loop has ended; `_final` is its summary
         self._final: dict[str, Any] = {}
         self._queue: collections.deque[Trial] = collections.deque()
+        self._submitting = 0  # trials taken from the queue whose submission has not returned (`_dispatch`)
         self._reserved = 0  # trials being proposed now (asked for, not yet queued): part of the budget
         self._reserved_sobol = 0  # the part of `_reserved` being proposed as Sobol points
         self._inflight: dict[Any, tuple[Trial, float, int]] = {}
@@ -503,9 +504,11 @@ class CentralActor:
         return st
 
     def _remaining_to_propose(self) -> int:
-        """Budget not yet spoken for: done, in flight, queued, or being proposed right now (`_reserved`)."""
+        """Budget not yet spoken for: done, in flight, being submitted, queued, or being proposed right now
+        (`_reserved`)."""
         with self._lock:
-            return self.budget - self.n_done - len(self._inflight) - len(self._queue) - self._reserved
+            return (self.budget - self.n_done - len(self._inflight) - len(self._queue) - self._submitting
+                    - self._reserved)
 
     def _dispatch(self, freed: int = 0) -> None:
         """Start queued trials in the free slots. `freed`: in-flight evaluations whose results have arrived
@@ -521,17 +524,24 @@ class CentralActor:
                 attempt = self._attempts.get(trial.trial_id, 0)
                 self._attempts[trial.trial_id] = attempt + 1
                 batch.append((trial, attempt))
-            if batch:
-                try:
-                    refs = self._submit(batch)
-                except Exception as exc:  # put the trials back: they stay logged as proposed, never lost
+            self._submitting = len(batch)  # still spoken for (`_remaining_to_propose`) while submitted
+        if batch:
+            # outside the lock: a restarting pool may take up to a minute to answer, and status(), the planners'
+            # budget checks and their log appends would wait that long on the lock (found in review)
+            try:
+                refs = self._submit(batch)
+            except Exception as exc:  # put the trials back: they stay logged as proposed, never lost
+                with self._lock:
                     self._queue.extendleft(t for t, _ in reversed(batch))
-                    if not _is_transient(exc):  # a submission Ray refuses would be refused forever
-                        self._set_abort(f"evaluations cannot be submitted: {type(exc).__name__}: {exc}")
-                        return
-                    time.sleep(0.2)  # the pool is restarting: try again on the next pass
+                    self._submitting = 0
+                if not _is_transient(exc):  # a submission Ray refuses would be refused forever
+                    self._set_abort(f"evaluations cannot be submitted: {type(exc).__name__}: {exc}")
                     return
-                now = time.time()
+                time.sleep(0.2)  # the pool is restarting: try again on the next pass
+                return
+            now = time.time()
+            with self._lock:
+                self._submitting = 0
                 if self._first_dispatch is None:
                     self._first_dispatch = now
                 for (trial, attempt), ref in zip(batch, refs):

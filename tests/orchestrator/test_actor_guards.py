@@ -214,3 +214,35 @@ def test_a_refit_that_ends_after_a_newer_one_is_not_swapped_in(tmp_path):
     del opt.observations
     assert diag["n"] == 4 and diag["swapped"] is False
     assert opt.model is newest and opt._model_n == 8 and opt.best() == best
+
+
+def test_a_slow_submission_blocks_neither_status_nor_the_budget_count(tmp_path):
+    """Found in review: `_dispatch` held the actor's lock while the pool answered (up to 60 s while it restarts),
+    so status(), the planners' budget checks and their log appends waited that long. The trials being submitted
+    still count against the budget."""
+    import time
+
+    actor = _actor(tmp_path, budget=8)
+    actor._propose(4)
+    entered, release = threading.Event(), threading.Event()
+    refs = itertools.count()
+
+    def slow_submit(batch):
+        entered.set()
+        release.wait(10)
+        return [f"slow{next(refs)}" for _ in batch]
+
+    actor._submit = slow_submit
+    worker = threading.Thread(target=actor._dispatch)
+    worker.start()
+    try:
+        assert entered.wait(10)
+        t0 = time.perf_counter()
+        st = actor.status()
+        assert time.perf_counter() - t0 < 1.0, "status() waited for the submission"
+        assert actor._remaining_to_propose() == 4  # the 4 being submitted are spoken for
+        assert st["inflight"] == 0 and st["queued"] == 0
+    finally:
+        release.set()
+        worker.join(10)
+    assert len(actor._inflight) == 4 and actor._remaining_to_propose() == 4 and actor._submitting == 0
