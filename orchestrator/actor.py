@@ -750,8 +750,9 @@ class CentralActor:
             self._wake_planners()
 
     def _propose_step(self) -> bool:
-        """Propose when the queue is low (before it runs dry). Returns whether it did something."""
-        self.opt.flush_calibration()  # only this thread touches the calibrator
+        """Propose when the queue is low (before it runs dry). Returns whether it did something. The calibrator
+        learns the results queued since the last proposal when the next one is asked (`AskTellOptimizer.ask`,
+        in this thread only), and is checkpointed then (`_ask_and_log`)."""
         remaining = self._remaining_to_propose()
         if remaining <= 0:
             return False

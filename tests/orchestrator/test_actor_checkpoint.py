@@ -234,3 +234,17 @@ def test_an_unusable_calibrator_checkpoint_means_relearning_from_the_log(calibra
     assert again.calibrator_restored == 0 and again.opt.num_calibrated == 0
     assert "calibrator checkpoint of" in capsys.readouterr().err
     assert again.opt.flush_calibration() == 12  # every replayed result, as before checkpoints existed
+
+
+def test_the_calibrator_learns_only_when_a_proposal_is_asked_so_each_lesson_is_checkpointed(calibrated):
+    """Found in review: the proposer thread flushed the calibrator at every poll (every 0.1 s) but saved it only
+    with a proposal, so a resume re-taught the results learned between; and the module says it learns "since
+    its last proposal"."""
+    from orchestrator.actor import CALIBRATOR_CHECKPOINT
+
+    cfg, actor = calibrated
+    actor._queue.extend(actor.opt.ask(actor.low_water(), fit=False, design=True))  # no proposal is due
+    assert actor._propose_step() is False and actor.opt.num_calibrated == 8  # the 4 told wait for the next ask
+    actor._queue.clear()
+    assert actor._propose_step() is True and actor.opt.num_calibrated == 12
+    assert len(RunStore.open(cfg["run_dir"]).load_checkpoint(CALIBRATOR_CHECKPOINT)["taught"]) == 12
