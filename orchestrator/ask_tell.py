@@ -629,7 +629,8 @@ class AskTellOptimizer:
 
         Returns:
             ``{"seconds", "n", "best_params", "best_predicted", "swapped", ...model diagnostics}`` (``swapped``:
-            False when a fit on more results ended first, whose model stays in use); with `restart`, also
+            False when a fit on more results ended first, whose model stays in use; then without the two
+            ``best_`` keys, which belong to the model in use); with `restart`, also
             ``"loss_warm"``, ``"loss_cold"`` and ``"restart_kept"`` (``"warm"`` or ``"cold"``).
 
         Raises:
@@ -689,7 +690,9 @@ class AskTellOptimizer:
                 self._model_n = n
                 self._best = (best_params, best_pred)
         diag = {k: v for k, v in diag.items() if isinstance(v, (int, float, str, bool))}
-        diag.update(seconds=seconds, n=n, best_params=best_params, best_predicted=best_pred, swapped=swapped)
+        diag.update(seconds=seconds, n=n, swapped=swapped)
+        if swapped:  # the recommendation of the model in use (a report reads the last refit's)
+            diag.update(best_params=best_params, best_predicted=best_pred)
         return diag
 
     def model_checkpoint(self) -> dict[str, Any] | None:
