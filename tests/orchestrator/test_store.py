@@ -7,6 +7,7 @@ filesystems (a SubTreeFileSystem over the local disk and pyarrow's in-memory moc
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import math
@@ -611,3 +612,56 @@ def test_property_damaged_segment_keeps_exact_intact_records(tmp_path_factory, m
         assert r.damage[0].endswith(f"kept {len(kept)}")
     else:
         assert r.damage == []
+
+
+def test_a_failed_auto_compaction_does_not_fail_an_append_whose_segment_is_durable(tmp_path, monkeypatch, capsys):
+    """Found in review: a compaction error (disk full writing the merged segment) came out of `append` after its
+    own segment was durable: the actor reported the results unrecorded, and a retry wrote them twice."""
+    s = RunStore.create(str(tmp_path / "r"), CONFIG)
+    s.compact_files = 3
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(s, "compact", full)
+    for i in range(4):
+        s.append([Event("completed", f"0-{i}", value=float(i))])  # the third and fourth try to compact
+    assert "compacting the log" in capsys.readouterr().err
+    events = RunStore.open(str(tmp_path / "r")).events()
+    assert [e.trial_id for e in events] == ["0-0", "0-1", "0-2", "0-3"]  # each once
+
+
+def test_an_unreadable_segment_is_reported_and_the_rest_of_the_log_read(tmp_path):
+    """Found in review: an I/O error reading one segment (a bad sector; here a folder with a segment's name)
+    made `events()` raise, so open, status, report and resume all failed instead of reporting that segment."""
+    s = RunStore.create(str(tmp_path / "r"), CONFIG)
+    for i in range(3):
+        s.append([Event("completed", f"0-{i}", value=float(i))])  # seq 0, 1, 2
+    seg = tmp_path / "r" / "events" / "seg-000000000001-000000000001.parquet"
+    seg.unlink()
+    seg.mkdir()
+    r = RunStore.open(str(tmp_path / "r"))
+    assert [e.trial_id for e in r.events()] == ["0-0", "0-2"]
+    assert len(r.damage) == 1 and "seg-000000000001-000000000001.parquet" in r.damage[0], r.damage
+    assert "unreadable (IsADirectoryError" in r.damage[0]
+
+
+def test_damaged_segments_do_not_make_every_append_compact(tmp_path, monkeypatch):
+    """Found in review: damaged segments counted as small ones to merge, which `compact` then skips: once as many
+    existed as `compact_files`, every append compacted (18.6 MB written for 1000 appends instead of 4.8)."""
+    s = RunStore.create(str(tmp_path / "r"), CONFIG)
+    for i in range(3):
+        s.append([Event("completed", f"0-{i}", value=float(i))])
+    for name in sorted(os.listdir(tmp_path / "r" / "events")):
+        (tmp_path / "r" / "events" / name).write_bytes(b"PAR1 torn")
+    r = RunStore.open(str(tmp_path / "r"))
+    assert len(r.damage) == 3
+    r.compact_files = 3
+    calls = []
+    real = r.compact
+    monkeypatch.setattr(r, "compact", lambda names=None: calls.append(list(names or [])) or real(names))
+    r.append([Event("completed", "1-0", value=1.0)])
+    r.append([Event("completed", "1-1", value=1.0)])
+    assert calls == []  # two intact small segments: nothing to merge yet
+    r.append([Event("completed", "1-2", value=1.0)])
+    assert len(calls) == 1 and len(calls[0]) == 3
