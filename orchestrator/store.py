@@ -261,7 +261,21 @@ class _Local:
         return os.path.isdir(self.path(rel))
 
     def makedirs(self, rel: str) -> None:
+        """Make the folder and its missing parents, each made one fsynced into its parent (top down): without
+        that a power loss could take a new run directory, and the events acknowledged in it, away (found in
+        review: `runs/` and the run directory itself were never fsynced into their parents)."""
+        path = self.path(rel)
+        missing = []
+        while not os.path.isdir(path) and os.path.dirname(path) != path:
+            missing.append(path)
+            path = os.path.dirname(path)
         _makedirs(self.path(rel))
+        for made in reversed(missing):
+            fd = os.open(os.path.dirname(made), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def listdir(self, rel: str) -> list[str]:
         try:

@@ -665,3 +665,20 @@ def test_damaged_segments_do_not_make_every_append_compact(tmp_path, monkeypatch
     assert calls == []  # two intact small segments: nothing to merge yet
     r.append([Event("completed", "1-2", value=1.0)])
     assert len(calls) == 1 and len(calls[0]) == 3
+
+
+def test_a_new_run_directory_is_fsynced_into_its_parents(tmp_path, monkeypatch):
+    """Found in review: the files and `events/`, `checkpoints/` were fsynced, but not the new run directory (nor
+    a new `runs/`) in its parent: after a power loss the whole run could be gone on some filesystems."""
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def spy(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    RunStore.create(str(tmp_path / "runs" / "r"), CONFIG)
+    for folder in (tmp_path, tmp_path / "runs", tmp_path / "runs" / "r"):  # each holds a new entry
+        assert str(folder) in synced, (folder, synced)
+    assert synced.index(str(tmp_path)) < synced.index(str(tmp_path / "runs"))  # top down
