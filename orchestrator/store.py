@@ -567,7 +567,15 @@ class RunStore:
         f = open(self._fs.path(_WRITER_LOCK), "a+")
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                # a filesystem without flock (Lustre mounted without -o flock: ENOSYS): no lock, as on other
+                # pyarrow filesystems, rather than refusing every run as if another were writing (found in review)
+                f.close()
+                print(f"qbatch: no writer lock on the filesystem of {self.run_dir} (flock: "
+                      f"{errno.errorcode.get(exc.errno, exc.errno)}); keep to one writer of this run at a time",
+                      file=sys.stderr, flush=True)
+                return
             f.seek(0)
             holder = f.read().strip() or "unknown"
             f.close()

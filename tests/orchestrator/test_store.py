@@ -682,3 +682,28 @@ def test_a_new_run_directory_is_fsynced_into_its_parents(tmp_path, monkeypatch):
     for folder in (tmp_path, tmp_path / "runs", tmp_path / "runs" / "r"):  # each holds a new entry
         assert str(folder) in synced, (folder, synced)
     assert synced.index(str(tmp_path)) < synced.index(str(tmp_path / "runs"))  # top down
+
+
+def test_a_filesystem_without_flock_runs_without_a_writer_lock_and_says_so(tmp_path, monkeypatch, capsys):
+    """Found in review: any flock error counted as "another run holds the lock", so on a filesystem without
+    flock (Lustre mounted without -o flock: ENOSYS) no run could start or resume."""
+    import fcntl
+
+    s = RunStore.create(str(tmp_path / "r"), CONFIG)
+
+    def no_flock(fd, op):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    s.lock_writer()  # no error
+    RunStore.check_writer_free(str(tmp_path / "r"))
+    err = capsys.readouterr().err
+    assert err.count("no writer lock on the filesystem") == 2 and "(flock: ENOSYS)" in err
+    s.append([Event("completed", "0-0", value=1.0)])
+
+    def held(fd, op):
+        raise OSError(errno.EWOULDBLOCK, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(fcntl, "flock", held)
+    with pytest.raises(RunDirError, match="is being written by another run"):
+        RunStore.open(str(tmp_path / "r")).lock_writer()
