@@ -803,7 +803,7 @@ class RunStore:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, name: str, state: dict) -> None:
-        """Save `state` atomically: `torch.save` if it holds tensors, JSON otherwise.
+        """Save `state` atomically: `torch.save` if it holds tensors (or int keys, tuples), JSON otherwise.
 
         Only tensors, dicts with string keys, lists, tuples, str, int, float, bool and None are accepted,
         which is exactly what `torch.load(weights_only=True)` reads back without unpickling code.
@@ -814,8 +814,7 @@ class RunStore:
         _check_checkpoint_name(name)
         if not isinstance(state, Mapping):
             raise StoreError(f"checkpoint {name!r} must be a dict; got {type(state).__name__}")
-        has_tensor = _check_state(state, f"checkpoint {name!r}")
-        if has_tensor:
+        if _check_state(state, f"checkpoint {name!r}"):  # tensors, int keys or tuples: JSON would not keep them
             import torch
 
             buf = io.BytesIO()
@@ -879,7 +878,9 @@ def _check_checkpoint_name(name: Any) -> None:
 
 
 def _check_state(value: Any, where: str) -> bool:
-    """Raise StoreError if `value` holds a type weights_only cannot load; return whether it holds tensors."""
+    """Raise StoreError if `value` holds a type weights_only cannot load; return whether JSON would not keep it
+    as it is: it holds tensors, or non-str keys or tuples, which JSON turns into strings and lists (found in
+    review: a checkpoint then came back changed, and keys 1 and "1" merged into one)."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return False
     if type(value).__module__.startswith("torch"):
@@ -892,12 +893,12 @@ def _check_state(value: Any, where: str) -> bool:
         for k, v in value.items():
             if not isinstance(k, (str, int)):
                 raise StoreError(f"{where} has a key {k!r} of type {type(k).__name__}; use str or int keys")
-            found = _check_state(v, f"{where}[{k!r}]") or found
+            found = _check_state(v, f"{where}[{k!r}]") or not isinstance(k, str) or found
         if not isinstance(value, dict):
             raise StoreError(f"{where} is a {type(value).__name__}; use a plain dict")
         return found
     if isinstance(value, (list, tuple)):
-        found = False
+        found = isinstance(value, tuple)
         for i, v in enumerate(value):
             found = _check_state(v, f"{where}[{i}]") or found
         return found

@@ -707,3 +707,14 @@ def test_a_filesystem_without_flock_runs_without_a_writer_lock_and_says_so(tmp_p
     monkeypatch.setattr(fcntl, "flock", held)
     with pytest.raises(RunDirError, match="is being written by another run"):
         RunStore.open(str(tmp_path / "r")).lock_writer()
+
+
+def test_a_checkpoint_comes_back_as_it_was_saved_without_tensors_too(tmp_path):
+    """Found in review: without a tensor a checkpoint was saved as JSON, which turned int keys into strings (keys 1
+    and "1" merged) and tuples into lists; with one it came back intact."""
+    s = RunStore.create(str(tmp_path / "r"), CONFIG)
+    state = {"per_batch": {0: 1.5, 1: 2.5, "1": "b"}, "shape": (2, 3), "plain": [1, "x", None]}
+    s.save_checkpoint("odd", state)
+    assert RunStore.open(str(tmp_path / "r")).load_checkpoint("odd") == state
+    s.save_checkpoint("plain", {"a": [1, 2.5], "b": {"c": None}})  # JSON keeps these: still JSON
+    assert (tmp_path / "r" / "checkpoints" / "plain.json").exists()
