@@ -22,7 +22,7 @@ from orchestrator import cli
 from orchestrator.config import load_config
 from orchestrator.errors import ConfigError
 from orchestrator.runner import run_experiment
-from orchestrator.store import StoreError
+from orchestrator.store import RunStore, StoreError
 
 BASE = {"objective": {"name": "forrester"}, "budget": 4, "batch_size": 2, "initial_design": 2}
 
@@ -150,12 +150,10 @@ def test_run_dir_that_is_a_non_empty_folder_is_refused(tmp_path):
     assert not written
 
 
-@pytest.mark.ray
 def test_a_run_dir_under_the_home_folder_is_expanded_not_made_below_the_working_directory(tmp_path, monkeypatch):
     """Found in review: `run_dir: ~/runs/x` made a folder named `~` in the working directory; objective paths
-    expanded `~`, the run directory did not."""
-    import ray
-
+    expanded `~`, the run directory did not. Here the home run directory already holds a run, so the run is
+    refused naming the expanded path, before Ray starts (before the fix it went on to `./~/runs/x`)."""
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
@@ -164,10 +162,7 @@ def test_a_run_dir_under_the_home_folder_is_expanded_not_made_below_the_working_
     cfg = BASE | {"name": "ok", "run_dir": "~/runs/x", "proposer": "sobol", "budget": 2, "initial_design": 2}
     assert load_config(cfg).resolve_run_dir() == str(home / "runs" / "x")  # what `qbatch run` checks first
     assert load_config(cfg).resolve_run_dir("~/y") == str(home / "y")  # --run-dir
-    try:
-        summary = run_experiment(cfg, num_cpus=1, progress=False, out=io.StringIO())
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-    assert summary["run_dir"] == str(home / "runs" / "x") and (home / "runs" / "x" / "config.yaml").exists()
+    RunStore.create(str(home / "runs" / "x"), load_config(cfg).to_dict())
+    with pytest.raises(ConfigError, match=f"`run_dir` '{home / 'runs' / 'x'}' already holds a run"):
+        run_experiment(cfg, num_cpus=1, progress=False, out=io.StringIO())
     assert not (work / "~").exists()
