@@ -161,6 +161,8 @@ def _opt_number(value: Any, where: str, kind: type) -> Any:
     if kind is int:
         if isinstance(value, (float, np.floating)) and not float(value).is_integer():
             raise StoreError(f"{where} must be an integer or None; got {value!r}")
+        if not -(2**63) <= value < 2**63:  # the column is int64 (pyarrow raised a bare OverflowError)
+            raise StoreError(f"{where} must fit in a signed 64-bit integer; got {value!r}")
         return int(value)
     return float(value)
 
@@ -175,6 +177,8 @@ def _encode(events: Sequence[Event], first_seq: int) -> pa.Table:
             raise StoreError(f"{w}.kind must be one of {list(EVENT_KINDS)}; got {ev.kind!r}")
         if not isinstance(ev.trial_id, str):
             raise StoreError(f"{w}.trial_id must be a string; got {ev.trial_id!r}")
+        if printable(ev.trial_id) != ev.trial_id:  # an id must come back as written (a lone surrogate would not)
+            raise StoreError(f"{w}.trial_id must be UTF-8 text; got {ev.trial_id!r}")
         if ev.kind != "refit" and not ev.trial_id:
             raise StoreError(f"{w}.trial_id must be non-empty for a {ev.kind!r} event")
         t = _opt_number(ev.time, f"{w}.time", float)
@@ -587,6 +591,15 @@ class RunStore:
         f.write(f"pid {os.getpid()} on {socket.gethostname()}")
         f.flush()
         self._writer_lock = f
+        # the only writer now: temporary files of writes a crash cut short are nobody's (found in review: they
+        # stayed in events/ for good)
+        for folder in ("", "events", "checkpoints"):
+            for name in self._fs.listdir(folder):
+                if name.startswith(".tmp-"):
+                    try:
+                        os.remove(self._fs.path(os.path.join(folder, name)))
+                    except OSError:
+                        pass
 
     def unlock_writer(self) -> None:
         """Release the writer lock (if held)."""

@@ -269,6 +269,13 @@ def test_invalid_event_names_field_and_writes_nothing(tmp_path):
         s.append([Event("completed", "a", value="1.0")])
     with pytest.raises(StoreError, match=r"info\['obj'\] holds a object"):
         s.append([Event("refit", info={"obj": object()})])
+    # found in review: these raised pyarrow's OverflowError / a UnicodeEncodeError, not a StoreError naming them
+    with pytest.raises(StoreError, match=r"events\[0\]\.pid must fit in a signed 64-bit integer; got 18446744073709551616"):
+        s.append([Event("completed", "a", value=1.0, pid=2**64)])
+    with pytest.raises(StoreError, match=r"events\[0\]\.batch_id must fit in a signed 64-bit integer"):
+        s.append([Event("proposed", "a", batch_id=1e20)])
+    with pytest.raises(StoreError, match=r"events\[0\]\.trial_id must be UTF-8 text"):
+        s.append([Event("proposed", "a\udcff")])
     assert os.listdir(tmp_path / "r" / "events") == []
     s.append([Event("completed", "a", value=np.float32(1.5), x=np.array([0.5, 0.25]), params={"k": np.int64(3)})])
     ev = RunStore.open(str(tmp_path / "r")).events()[0]
@@ -718,3 +725,19 @@ def test_a_checkpoint_comes_back_as_it_was_saved_without_tensors_too(tmp_path):
     assert RunStore.open(str(tmp_path / "r")).load_checkpoint("odd") == state
     s.save_checkpoint("plain", {"a": [1, 2.5], "b": {"c": None}})  # JSON keeps these: still JSON
     assert (tmp_path / "r" / "checkpoints" / "plain.json").exists()
+
+
+def test_the_writer_removes_temporary_files_a_crash_left(tmp_path):
+    """Found in review: a write cut short by a crash left its `.tmp-*` file in events/ for good."""
+    s = RunStore.create(str(tmp_path / "r"), CONFIG)
+    s.append(_base_events(2))
+    for folder in ("events", "checkpoints", ""):
+        (tmp_path / "r" / folder / ".tmp-deadbeef").write_bytes(b"PAR1 partial")
+    r = RunStore.open(str(tmp_path / "r"))
+    assert len(r.events()) == 2 and r.damage == []  # a reader leaves them (a writer may be mid-write)
+    assert (tmp_path / "r" / "events" / ".tmp-deadbeef").exists()
+    r.lock_writer()
+    for folder in ("events", "checkpoints", ""):
+        assert not (tmp_path / "r" / folder / ".tmp-deadbeef").exists()
+    assert len(RunStore.open(str(tmp_path / "r")).events()) == 2
+    r.unlock_writer()
