@@ -118,6 +118,10 @@ class ChoiceParam:
     choices: tuple[Any, ...]
 
     def __post_init__(self) -> None:
+        if isinstance(self.choices, (set, frozenset)):  # its order changes with PYTHONHASHSEED: so would the space
+            raise SpaceError(f"parameter {self.name!r}: choices must be a list or tuple; got a {type(self.choices).__name__}")
+        # numpy scalars as plain Python values: a trial's params go into JSON, the log and weights-only checkpoints
+        object.__setattr__(self, "choices", tuple(c.item() if isinstance(c, np.generic) else c for c in self.choices))
         if len(self.choices) < 1:
             raise SpaceError(f"parameter {self.name!r}: choices must not be empty")
         # by `to_unit`'s test: of 1 and 1.0 only the first could ever be chosen by a unit coordinate's bin
@@ -233,7 +237,8 @@ class SearchSpace:
                     params.append(IntParam(name, spec["low"], spec["high"], spec.get("step", 1), bool(log)))
                 else:
                     choices = spec["choices"]
-                    if isinstance(choices, (str, bytes, Mapping)) or not isinstance(choices, Iterable):
+                    if (isinstance(choices, (str, bytes, Mapping, set, frozenset))
+                            or not isinstance(choices, Iterable)):  # a set's order changes with PYTHONHASHSEED
                         raise SpaceError(f"parameter {name!r}: choices must be a list; got {choices!r}")
                     params.append(ChoiceParam(name, tuple(choices)))
             except KeyError as exc:

@@ -94,6 +94,8 @@ def test_sobol_is_reproducible_and_space_filling(space):
         ({"a": {"type": "float", "low": 0}}, "'a': missing key 'high'"),
         # found in review: accepted, then every proposal was +-inf (a float) or off the grid (an int past 2**53)
         ({"a": {"type": "float", "low": -1e308, "high": 1e308}}, "'a': high - low must be a finite float64"),
+        # found in review: a set's order (so each choice's unit cell) changed with PYTHONHASHSEED
+        ({"a": {"type": "choice", "choices": {"adam", "sgd"}}}, "'a': choices must be a list"),
         ({"a": {"type": "int", "low": 0, "high": 2**60 - 1}}, "'a': an int parameter's bounds must lie within"),
         ({"a": {"type": "int", "low": -(2**53) - 2, "high": 0}}, "'a': an int parameter's bounds must lie within"),
     ],
@@ -182,3 +184,17 @@ def test_log_must_be_a_boolean(log):
 def test_choices_given_as_a_mapping_are_refused():
     with pytest.raises(SpaceError, match="choices must be a list"):
         SearchSpace.from_description({"c": {"type": "choice", "choices": {"a": 1, "b": 2}}})
+
+
+def test_numpy_choices_come_back_as_plain_values():
+    """Found in review: `choices: np.linspace(...)` gave params of np.float64, which JSON and weights-only
+    checkpoints (get_state) refuse."""
+    import json
+
+    space = SearchSpace.from_description({"d": {"type": "choice", "choices": np.linspace(0, 0.5, 6)},
+                                          "w": {"type": "choice", "choices": np.array([32, 64])}})
+    params = space.from_unit(torch.tensor([[0.45, 0.9]], dtype=torch.float64))[0]
+    assert params == {"d": 0.2, "w": 64} and type(params["d"]) is float and type(params["w"]) is int
+    json.dumps(params)
+    with pytest.raises(SpaceError, match="choices must be a list or tuple; got a set"):
+        ChoiceParam("c", {1, 2})
