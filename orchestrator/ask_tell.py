@@ -18,6 +18,7 @@ posterior mean of the target. The central Ray actor (orchestrator/actor.py) wrap
 from __future__ import annotations
 
 import bisect
+import copy
 import itertools
 import math
 import threading
@@ -69,6 +70,12 @@ class Trial:
     source: str = "sobol"
     info: dict = field(default_factory=dict)
 
+    def copy(self) -> "Trial":
+        """A copy the caller may change (`ask`, `pending` and `trial` hand these out: editing a trial's params in
+        place, as a training script may do with its config, rewrote the optimizer's record; found in review)."""
+        return Trial(self.trial_id, copy.deepcopy(self.params), self.x.clone(), self.batch_id,
+                     copy.deepcopy(self.forecast), self.seed, self.source, copy.deepcopy(self.info))
+
 
 def trial_seed(seed: int, trial_id: str) -> int:
     """Deterministic per-trial evaluation seed in [0, 2^31)."""
@@ -105,8 +112,9 @@ class AskTellOptimizer:
         proposer: proposer name for `orchestrator.acquisition.build_proposer` ("thompson", "qgibbon").
         calibrator: calibrator name for `orchestrator.calibration.build_calibrator` ("none", "online", ...).
         direction: "maximize" or "minimize".
-        initial_design: number of Sobol points before the model takes over; also the number of completed
-            results needed for the first fit. Default `max(2 d + 2, 5)`.
+        initial_design: number of design points before the model takes over (Sobol points, and results
+            added with `tell_point` count as design points too); also the number of completed results needed
+            for the first fit. Default `max(2 d + 2, 5)`.
         seed: seeds the Sobol design, the proposer and the per-trial evaluation seeds.
         model_options, proposer_options, calibrator_options: keyword options of the factories.
     """
@@ -163,6 +171,7 @@ class AskTellOptimizer:
         self._obs_seq: list[int] = []  # `_seq` of each observation: the observations are kept in ask order
         self.failures: list[dict[str, Any]] = []
         self._n_sobol = 0
+        self._n_prior = 0  # completed results added with `tell_point`
         self._next_batch = 0
         self._n_user = 0
         self._model: Any = None
@@ -304,13 +313,15 @@ class AskTellOptimizer:
     def pending(self) -> list[Trial]:
         """Trials asked but not yet told, in the order they were asked."""
         with self._lock:
-            return list(self._pending.values())
+            return [t.copy() for t in self._pending.values()]
 
     def trial(self, trial_id: str) -> Trial:
-        try:
-            return self._trials[trial_id]
-        except KeyError:
-            raise TrialError(f"unknown trial id {trial_id!r}") from None
+        """A copy of the trial `trial_id` (asked, told or added with `tell_point`)."""
+        with self._lock:
+            try:
+                return self._trials[trial_id].copy()
+            except KeyError:
+                raise TrialError(f"unknown trial id {trial_id!r}") from None
 
     def observations(self) -> tuple[Tensor, Tensor]:
         """Completed results: `n x d` unit-cube points and `n` values in model units (sign applied).
@@ -318,8 +329,13 @@ class AskTellOptimizer:
         Rows are in the order the trials were asked, whatever order their results came in, so the same
         config and seed give the same fits and proposals in a synchronous run.
         """
+        X, Y, _ = self._snapshot()
+        return X, Y
+
+    def _snapshot(self) -> tuple[Tensor, Tensor, list[str]]:
+        """`observations` and the trial id of each row, taken together."""
         with self._lock:
-            return self._stack(self._obs_x), torch.tensor(self._obs_y, **self._tk)
+            return self._stack(self._obs_x), torch.tensor(self._obs_y, **self._tk), list(self._obs_ids)
 
     def can_fit(self) -> bool:
         """Whether a model fit is due: the proposer uses a model and `initial_design` (at least 2) results are in."""
@@ -333,7 +349,12 @@ class AskTellOptimizer:
 
     def uses_model(self) -> bool:
         """Whether the next `ask` proposes with the model (else it continues the Sobol design)."""
-        return self._n_sobol >= self.initial_design and (self._model is not None or self.can_fit())
+        return self._design_left() <= 0 and (self._model is not None or self.can_fit())
+
+    def _design_left(self) -> int:
+        """Design points still owed: `initial_design` less the Sobol points asked and the completed results
+        added with `tell_point` (found in review: 200 prior results still got a whole first batch of Sobol)."""
+        return self.initial_design - self._n_sobol - self._n_prior
 
     # ------------------------------------------------------------------ ask
     def ask(self, q: int, fit: bool = True, design: bool = False) -> list[Trial]:
@@ -357,7 +378,7 @@ class AskTellOptimizer:
         if isinstance(q, bool) or not isinstance(q, int) or q < 1:
             raise TrialError(f"q must be an integer >= 1; got {q!r}")
         model_free = not self.needs_model()
-        if design or self._n_sobol < self.initial_design or (
+        if design or self._design_left() > 0 or (
             not model_free and self._model is None and not (fit and self.can_fit())
         ):
             with self._lock:  # a Sobol draw is cheap: it does not wait for a model-based `ask` in another thread
@@ -368,7 +389,7 @@ class AskTellOptimizer:
     def _ask(self, q: int, fit: bool, sobol: bool = False) -> list[Trial]:
         if not sobol:
             self.flush_calibration()
-        if fit and self._n_sobol >= self.initial_design and self.can_fit() and (self._model is None or self.num_stale > 0):
+        if fit and self._design_left() <= 0 and self.can_fit() and (self._model is None or self.num_stale > 0):
             self.fit()
         with self._lock:
             batch_id = self._next_batch
@@ -377,7 +398,7 @@ class AskTellOptimizer:
             X_observed = self._stack(self._obs_x)
             model = self._model
         forecasts: list[dict | None] = [None] * q
-        if sobol or self._n_sobol < self.initial_design or (model is None and self.needs_model()):
+        if sobol or self._design_left() > 0 or (model is None and self.needs_model()):
             X, source = self._sobol(q), "sobol"
         else:
             X, source = self._propose(model, q, batch_id, X_pending, X_observed), "model"
@@ -396,7 +417,7 @@ class AskTellOptimizer:
                     t.info["sobol_index"] = self._n_sobol - q + i
                 self._add_trial(t)
                 self._pending[tid] = t
-                trials.append(t)
+                trials.append(t.copy())
         return trials
 
     def _sobol(self, q: int) -> Tensor:
@@ -596,6 +617,16 @@ class AskTellOptimizer:
         """`tell` several results (any subset of the pending trials, in any order)."""
         if len(trial_ids) != len(values):
             raise TrialError(f"got {len(trial_ids)} trial ids but {len(values)} values")
+        # every id checked before any is told: a typo in the middle left the first ones told, and the corrected
+        # call then failed on them (found in review)
+        seen: set[str] = set()
+        with self._lock:
+            for i, t in enumerate(trial_ids):
+                if not isinstance(t, str) or t not in self._trials:
+                    raise TrialError(f"trial_ids[{i}]: unknown trial id {t!r}; nothing was told")
+                if t in self._told or t in seen:
+                    raise TrialError(f"trial_ids[{i}]: trial {t!r} was already told; nothing was told")
+                seen.add(t)
         return [self.tell(t, v) for t, v in zip(trial_ids, values)]
 
     def tell_point(self, params: Mapping[str, Any], value: Any) -> str:
@@ -615,7 +646,11 @@ class AskTellOptimizer:
             self._n_user += 1
             t = Trial(tid, typed, X[0], -1, None, trial_seed(self.seed, tid), "user")
             self._add_trial(t)
-        return self.tell(tid, value)
+        status = self.tell(tid, value)
+        if status == "completed":
+            with self._lock:
+                self._n_prior += 1  # a design point (`initial_design`)
+        return status
 
     # ------------------------------------------------------------------ model
     def fit(self, restart: bool = False) -> dict[str, Any]:
@@ -639,7 +674,7 @@ class AskTellOptimizer:
         """
         if not self.defer_calibration:
             self.flush_calibration()
-        X, Y = self.observations()
+        X, Y, ids = self._snapshot()
         n = Y.shape[0]
         if n < 2:
             raise InputDataError(f"a model fit needs at least 2 completed results; have {n}")
@@ -679,7 +714,8 @@ class AskTellOptimizer:
                 f"span [{float(Y.min()):g}, {float(Y.max()):g}]); the previous model is kept")
         i = int(torch.argmax(target))
         best_pred = self.sign * float(loc + scale * float(target[i]))
-        best_params = self.space.from_unit(X[i : i + 1])[0]
+        with self._lock:  # as told (a log-scale float mapped back from x differs in its last digits)
+            best_params = dict(self._trials[ids[i]].params)
         seconds = time.perf_counter() - t0
         with self._lock:
             # a fit on fewer results than the model in use ended after it (a refit that outlived the run's end,
@@ -855,6 +891,7 @@ class AskTellOptimizer:
             self._n_sobol = int(state["n_sobol"])
             self._next_batch = int(state["next_batch"])
             self._n_user = int(state["n_user"])
+            self._n_prior = sum(st == "completed" and self._trials[tid].source == "user" for tid, st in self._told.items())
             self._best = None if state.get("best") is None else (dict(state["best"][0]), float(state["best"][1]))
             self._calib_queue = [(self._seq[tid], tid, self._trials[tid].forecast, float(y), self._trials[tid].x)
                                  for tid, y in state.get("calib_queue", [])]

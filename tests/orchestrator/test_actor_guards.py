@@ -208,10 +208,10 @@ def test_a_refit_that_ends_after_a_newer_one_is_not_swapped_in(tmp_path):
     opt = actor.opt
     assert opt.fit()["n"] == 8 and opt._model_n == 8
     newest, best = opt.model, opt.best()
-    X, Y = opt.observations()
-    opt.observations = lambda: (X[:4], Y[:4])  # what the slow fit had read when it started
+    X, Y, ids = opt._snapshot()
+    opt._snapshot = lambda: (X[:4], Y[:4], ids[:4])  # what the slow fit had read when it started
     diag = opt.fit()
-    del opt.observations
+    del opt._snapshot
     assert diag["n"] == 4 and diag["swapped"] is False and "best_predicted" not in diag  # the report's figure
     assert opt.model is newest and opt._model_n == 8 and opt.best() == best
 

@@ -457,3 +457,52 @@ def test_a_fit_that_is_not_finite_is_refused_and_the_model_kept(monkeypatch):
     with pytest.raises(ModelFitError, match="posterior mean not finite at 8 of 8 observed points"):
         opt2.fit()
     assert opt2.model is None
+
+
+# ------------------------------------------------------------------ found in a review of the library API
+def test_prior_results_count_toward_the_initial_design():
+    """200 results added with `tell_point` (an Optuna-style warm start) still got a whole first batch of Sobol."""
+    opt = AskTellOptimizer(SMALL, tau=0.5, initial_design=10, seed=0, model_options=_fast_model(),
+                           proposer_options=FAST_TS)
+    rng = np.random.default_rng(0)
+    for _ in range(6):
+        p = {"a": float(rng.uniform(-1, 1)), "b": float(rng.uniform(0, 2))}
+        opt.tell_point(p, f_true(p))
+    opt.tell_point({"a": 0.0, "b": 1.0}, float("nan"))  # a failed prior result is no design point
+    assert {t.source for t in opt.ask(4)} == {"sobol"}  # 6 + 4 = 10 design points
+    for t in opt.pending():
+        opt.tell(t.trial_id, f_true(t.params))
+    assert {t.source for t in opt.ask(4)} == {"model"}
+    twin = AskTellOptimizer(SMALL, tau=0.5, initial_design=10, seed=0, model_options=_fast_model(),
+                            proposer_options=FAST_TS)
+    twin.set_state(opt.get_state())
+    assert twin._design_left() == opt._design_left() == 0
+
+
+def test_best_is_a_point_as_told_and_trials_handed_out_are_copies():
+    """`best()` mapped the point back from its unit coordinates (lr 0.0010000000000000002 for a told 0.001), and
+    `ask` handed out the optimizer's own records, so editing a trial's params rewrote history."""
+    opt = AskTellOptimizer(SPACE, tau=0.5, initial_design=4, seed=1, model_options=_fast_model(),
+                           proposer_options=FAST_TS)
+    told = [{"lr": 1e-3, "width": 16, "act": "tanh", "drop": 0.1}, {"lr": 3e-2, "width": 64, "act": "relu", "drop": 0.3},
+            {"lr": 2e-4, "width": 8, "act": "relu", "drop": 0.0}, {"lr": 7e-3, "width": 32, "act": "tanh", "drop": 0.45}]
+    for i, p in enumerate(told):
+        opt.tell_point(p, float(i == 0))
+    opt.fit()
+    assert opt.best()[0] in told
+    trial = opt.ask(1)[0]
+    trial.params["lr"] = 99.0  # a training script editing its config
+    assert opt.pending()[0].params["lr"] != 99.0 and opt.trial(trial.trial_id).params["lr"] != 99.0
+    opt.pending()[0].params["width"] = -1
+    assert opt.trial(trial.trial_id).params["width"] != -1
+
+
+def test_tell_many_tells_nothing_when_one_id_is_bad():
+    """A typo in the middle left the first results told, and the corrected call then failed on them."""
+    opt = AskTellOptimizer(SMALL, tau=0.5, initial_design=4, seed=0)
+    ids = [t.trial_id for t in opt.ask(3)]
+    for bad in ([ids[0], "typo", ids[2]], [ids[0], ids[1], ids[0]]):
+        with pytest.raises(TrialError, match="nothing was told"):
+            opt.tell_many(bad, [1.0, 2.0, 3.0])
+        assert opt.num_pending == 3 and opt.num_completed == 0
+    assert opt.tell_many(ids, [1.0, 2.0, 3.0]) == ["completed"] * 3
