@@ -179,10 +179,12 @@ class AskTellOptimizer:
         self._best: tuple[dict, float] | None = None
         self._proposer: Any = None
         self._calibrator: Any = self._build_calibrator()
-        #: when True, `tell` queues calibrator updates and `flush_calibration` applies them, each flush in ask
-        #: order (the central actor sets this: only its proposing thread touches the calibrator, and what a
-        #: synchronous batch teaches the calibrator does not depend on the order its results came in)
-        self.defer_calibration = False
+        #: True (the default): `tell` queues calibrator updates and `flush_calibration` (called by `ask` and
+        #: `fit`) applies them, each flush in ask order, so what a batch teaches the calibrator does not depend
+        #: on the order its results were told (found in review: applied at each `tell`, the library's default
+        #: then, they taught it in arrival order); the central actor relies on it too (only its proposing
+        #: thread touches the calibrator). False applies each result at once, in the order told.
+        self.defer_calibration = True
         self._calib_queue: list[tuple[int, str, dict | None, float, Tensor]] = []  # (seq, trial id, forecast, y, x)
         #: trial ids the calibrator has learned from, in the order it did (`calibrator_checkpoint`)
         self._calib_taught: list[str] = []
@@ -207,7 +209,7 @@ class AskTellOptimizer:
             proposer_options=dict(cfg.proposer.options),
             calibrator_options=dict(cfg.calibrator.options),
         )
-        opt.defer_calibration = True
+        opt.defer_calibration = True  # (the default; the actor depends on it)
         return opt
 
     # ------------------------------------------------------------------ factories

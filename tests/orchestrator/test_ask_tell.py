@@ -289,6 +289,8 @@ def test_thompson_loop_minimize_calibrator_and_best_in_user_units():
     assert all(t.source == "model" and t.forecast["tau"] == pytest.approx(0.7) for t in batch)  # 1 - tau
     for t in batch[::-1]:
         opt.tell(t.trial_id, -f_true(t.params) + 0.05 * rng.standard_normal())
+    assert opt.calibrator.num_updates == 0  # queued: learned at the next ask or fit, in ask order
+    assert opt.flush_calibration() == 6
     assert opt.calibrator.num_updates == 6  # each with the forecast recorded at proposal time
     diag = opt.fit()
     assert diag["n"] == 16 and diag["seconds"] > 0
@@ -306,7 +308,8 @@ def test_the_order_results_come_in_does_not_change_the_fit_or_the_next_batch():
     def make():
         opt = AskTellOptimizer(SMALL, tau=0.3, initial_design=8, seed=2, calibrator="online",
                                model_options=_fast_model(), proposer_options=FAST_TS)
-        opt.defer_calibration = True  # as the central actor runs it (`from_config`)
+        assert opt.defer_calibration  # the default (found in review: it was off, and a library loop's
+        # calibrator learned each result in the order told)
         return opt
 
     def run(order):
