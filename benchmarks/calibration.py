@@ -412,6 +412,7 @@ def run_gld(method: str, problem: Any, problem_id: int, tau: float, batch: int, 
     cal_name, cal_opts = GLD_METHODS[method]
     opt = AskTellOptimizer(problem.space, model="quantile", tau=tau, proposer="thompson", calibrator=cal_name,
                            calibrator_options=cal_opts, initial_design=n0, seed=problem_id, model_options=model_options)
+    opt.defer_calibration = False  # the calibrator learns each result as it is told (the protocol above)
     opt.set_state(first[0])
     evaluated = [list(x) for x in first[1]]
     n, t_start = len(evaluated), time.perf_counter()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import copy
 import itertools
+import json
 import math
 import threading
 import time
@@ -861,6 +862,7 @@ class AskTellOptimizer:
                 "best": None if self._best is None else [dict(self._best[0]), self._best[1]],
                 # calibrator updates told but not yet applied (`defer_calibration`), by trial id
                 "calib_queue": [[u[1], float(u[3])] for u in self._calib_queue],
+                "settings": self._settings(),
                 "calib_taught": list(self._calib_taught),
             }
             if self._model is not None:
@@ -874,8 +876,29 @@ class AskTellOptimizer:
                 state["proposer"] = self._proposer.get_state()
         return state
 
+    def _settings(self) -> dict[str, Any]:
+        """What a state's trials and model mean (JSON form): the space, the direction, the level and the model.
+        The proposer and calibrator may differ (a benchmark starts every calibrator from one first fit; a
+        calibrator refuses another's state itself)."""
+        settings = {"space": self.space.describe(), "direction": self.direction, "tau": self.tau,
+                    "model_tau": self.model_tau, "model": self.model_name, "model_options": self.model_options}
+        return json.loads(json.dumps(settings, default=repr))
+
     def set_state(self, state: Mapping[str, Any]) -> None:
-        """Restore from `get_state`. Without a model state the next `ask` refits from the observations."""
+        """Restore from `get_state`. Without a model state the next `ask` refits from the observations.
+
+        Raises:
+            QbatchError: the state was saved by an optimizer with another space, direction, tau, model or model
+                options, naming the first that differs (found in review: a minimize state loaded into a maximize
+                optimizer flipped every value's sign, and one of another space relabelled its points).
+        """
+        theirs = state.get("settings")
+        if theirs is not None:  # (states saved before 2026-11-26 carry none)
+            ours = self._settings()
+            for key in ours:
+                if key in theirs and theirs[key] != ours[key]:
+                    raise QbatchError(f"the state was saved by an optimizer with {key}={theirs[key]!r}; this one has "
+                                      f"{key}={ours[key]!r}: build it with the same settings to restore the state")
         with self._lock:
             self._trials, self._seq = {}, {}
             for r in state["trials"]:

@@ -509,3 +509,24 @@ def test_tell_many_tells_nothing_when_one_id_is_bad():
             opt.tell_many(bad, [1.0, 2.0, 3.0])
         assert opt.num_pending == 3 and opt.num_completed == 0
     assert opt.tell_many(ids, [1.0, 2.0, 3.0]) == ["completed"] * 3
+
+
+@pytest.mark.parametrize("other", [{"direction": "minimize"}, {"tau": 0.9}, {"space": {"a": {"type": "float", "low": 0.0, "high": 100.0}, "b": SMALL["b"]}},
+                                   {"model": "expectile"}, {"model_options": {"num_inducing": 8}}])
+def test_a_state_of_an_optimizer_set_up_otherwise_is_refused(other):
+    """Found in review: a minimize state loaded into a maximize optimizer flipped the sign of every value, one of
+    another space relabelled its points, one at tau 0.1 kept proposing at 0.1 in a tau 0.9 optimizer."""
+    base = {"space": SMALL, "tau": 0.3, "initial_design": 4, "seed": 0, "model_options": _fast_model()}
+    opt = AskTellOptimizer(**base)
+    for t in opt.ask(4):
+        opt.tell(t.trial_id, f_true(t.params))
+    state = opt.get_state()
+    kwargs = {**base, **other}
+    space = kwargs.pop("space")
+    with pytest.raises(QbatchError, match=f"the state was saved by an optimizer with {next(iter(other))}="):
+        AskTellOptimizer(space, **kwargs).set_state(state)
+    same = AskTellOptimizer(SMALL, **{k: v for k, v in base.items() if k != "space"})
+    same.set_state(state)
+    assert same.best_observed() == opt.best_observed()
+    legacy = {k: v for k, v in state.items() if k != "settings"}  # saved before the settings were recorded
+    AskTellOptimizer(space, **kwargs).set_state(legacy)
