@@ -135,10 +135,24 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
     """Refuse a ``host:port`` (or ``ray://host:port``) address where nothing accepts a connection.
 
     Ray itself retries such an address for minutes (its GCS client) before it fails with a timeout; one TCP
-    connect tells the user at once. "auto" and "local" are Ray's to resolve; a malformed address is left to
-    Ray's parser, whose error the caller reports.
+    connect tells the user at once. "auto" is checked at the address Ray resolves it to (`_auto_ray_address`): a
+    driver killed before it shut its local Ray down leaves its record behind, and a Ray in another network
+    namespace shows its GCS process; "auto" then hung for minutes (found in a full test run). "local" is Ray's; a malformed
+    address is left to Ray's parser, whose error the caller reports.
     """
-    if address in ("auto", "local"):
+    if address == "auto":
+        found = _auto_ray_address()
+        if found:
+            try:
+                _check_reachable(found, timeout_s)
+            except UsageError:
+                raise UsageError(
+                    f"`--address` 'auto': the Ray it finds ({found}: RAY_ADDRESS, the address the last Ray on this "
+                    "machine recorded, or a running GCS process) does not answer; is that Ray gone (a run killed "
+                    "before it shut its Ray down leaves its record), or in another network namespace? Start one "
+                    "with `ray start --head`, or leave --address out for a local Ray") from None
+        return
+    if address == "local":
         return
     target = address.split("://", 1)[1] if "://" in address else address
     host, sep, port = target.rpartition(":")
@@ -156,6 +170,18 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
             f"`--address` {address!r}: nothing answers at {host}:{port} ({reason}); is the cluster's head "
             "running (`ray start --head`), and is this its address?"
         ) from None
+
+
+def _auto_ray_address() -> str | None:
+    """The address `ray.init("auto")` would connect to (RAY_ADDRESS, the one the last Ray on this machine
+    recorded, or a running GCS process's), or None when there is none (Ray then says so itself)."""
+    try:
+        from ray._private.services import get_ray_address_from_environment
+
+        found = get_ray_address_from_environment("auto", None)
+    except Exception:  # noqa: BLE001 - none found (Ray's ConnectionError), or a private Ray API that moved
+        return None
+    return found if isinstance(found, str) and found not in ("auto", "local", "") else None
 
 
 def _init_local_ray(num_cpus: int | None) -> None:

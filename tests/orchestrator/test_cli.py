@@ -255,6 +255,13 @@ def test_bad_paths_options_and_busy_runs_are_usage_errors(tmp_path, monkeypatch,
         one_line(cli.main(["run", str(good), "--address", addr]), f"`--address` '{addr}': nothing answers at {dead}")
     assert time.monotonic() - t0 < 30
     one_line(cli.main(["run", str(good), "--address", "127.0.0.1:70000"]), "port 70000 is not in 1-65535")
+    # `auto` resolving to a Ray that is gone (RAY_ADDRESS here; a killed run's record or a GCS process of another
+    # network namespace alike) hung for minutes in Ray's GCS client: found in a full test run
+    monkeypatch.setenv("RAY_ADDRESS", dead)
+    t0 = time.monotonic()
+    one_line(cli.main(["run", str(good), "--address", "auto"]), f"`--address` 'auto': the Ray it finds ({dead}")
+    assert time.monotonic() - t0 < 30
+    monkeypatch.delenv("RAY_ADDRESS")
     # `auto` with no Ray on this machine (the README's cluster command): one line, status 2, not a traceback
     env = {**os.environ, "RAY_TMPDIR": str(tmp_path / "no-ray"), "PYTHONPATH": str(Path(__file__).parents[2])}
     env.pop("RAY_ADDRESS", None)
