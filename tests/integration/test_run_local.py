@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import time
 
 import pytest
 
@@ -343,6 +344,12 @@ def test_a_central_actor_that_cannot_start_or_dies_for_good_is_one_line_not_a_tr
     actor = Fine.remote()
     assert _actor_pid(actor, "/runs/x") > 0
     ray.kill(actor, no_restart=True)
+    for _ in range(300):  # the kill is asynchronous: a call right after it may still be answered
+        try:
+            ray.get(actor.pid.remote(), timeout=10)
+        except ray.exceptions.RayActorError:
+            break
+        time.sleep(0.1)
     with pytest.raises(QbatchError, match="died for good"):
         _actor_pid(actor, "/runs/x", after_error=True)
 
