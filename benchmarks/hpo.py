@@ -403,7 +403,7 @@ def settings_tag(method: str, task: str, args: argparse.Namespace, options: bool
 
 def recorded(path: Path, args: argparse.Namespace) -> list[dict]:
     """The rows of run file `path` that belong to this invocation: a selected (task, method, seed), run under
-    this protocol (initial, budget, batch; a failed run's row counts under any), with these objective
+    this protocol (initial, budget, batch, tau; a failed run's row counts under any), with these objective
     options and these model and proposer options (`settings_tag`). `--resume` skips a run only when its file
     has such rows: a file of other settings is run again (and replaced), not skipped and then left out of the
     tables."""
@@ -418,7 +418,9 @@ def recorded(path: Path, args: argparse.Namespace) -> list[dict]:
         for k in ("best_value", "predicted", "fit_s", "propose_s", "eval_s", "run_s", "tau"):
             r[k] = float(r[k]) if r.get(k) not in (None, "") else math.nan
         r["error"] = r.get("error") or ""
-        same = (r["initial"], r["budget"], r["batch"]) == (args.initial, args.budget, args.batch) or r["error"]
+        # the level too (found in review: `--resume --tau 0.5` took runs at tau 0.9 for done and tabulated them)
+        same = (r["initial"], r["budget"], r["batch"], r["tau"]) == (args.initial, args.budget, args.batch, args.tau) \
+            or r["error"]
         if (r["task"], r["method"], r["seed"]) in wanted and same \
                 and r.get("objective") == json.dumps(args.objectives[r["task"]], sort_keys=True) \
                 and (r.get("settings") or settings_tag(r["method"], r["task"], args, options=False)) \

@@ -128,11 +128,15 @@ def test_hpo_resume_reruns_a_run_of_another_protocol(tmp_path, load_benchmark):
         write_table([{**r, "budget": 99} for r in read_table(s0)], s0.with_suffix(""), parquet=False)
         kept = s1.stat().st_mtime_ns
         result = mod.main(argv + ["--resume"])
+        assert {(r["seed"], r["n_evals"]) for r in result["rows"]} == {(s, n) for s in (0, 1) for n in (3, 5)}
+        assert {int(float(r["budget"])) for r in read_table(s0)} == {mod.QUICK["budget"]}  # run again, replaced
+        assert s1.stat().st_mtime_ns == kept  # a matching run is skipped
+        # found in review: another quantile level was not another protocol (`--resume --tau 0.9` skipped both)
+        result = mod.main(argv + ["--resume", "--tau", "0.9"])
+        assert {float(r["tau"]) for r in read_table(s0)} == {float(r["tau"]) for r in read_table(s1)} == {0.9}
+        assert {r["tau"] for r in result["rows"]} == {0.9}
     finally:
         torch.set_num_threads(threads)
-    assert {(r["seed"], r["n_evals"]) for r in result["rows"]} == {(s, n) for s in (0, 1) for n in (3, 5)}
-    assert {int(float(r["budget"])) for r in read_table(s0)} == {mod.QUICK["budget"]}  # run again, replaced
-    assert s1.stat().st_mtime_ns == kept  # a matching run is skipped
 
 
 def test_hpo_counts_only_runs_of_the_same_model_and_proposer_options(tmp_path, load_benchmark):
