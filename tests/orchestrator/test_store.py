@@ -223,8 +223,9 @@ def test_config_yaml_is_plain_yaml(tmp_path):
     assert s.durable_fsync
 
 
-def test_append_is_fsynced_before_return(tmp_path, monkeypatch):
-    s = RunStore.create(str(tmp_path / "r"), CONFIG)
+@pytest.fixture
+def fsynced(monkeypatch) -> list[str]:
+    """The paths `os.fsync` is called on from now on, in order."""
     synced: list[str] = []
     real_fsync = os.fsync
 
@@ -233,6 +234,13 @@ def test_append_is_fsynced_before_return(tmp_path, monkeypatch):
         return real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", spy)
+    return synced
+
+
+def test_append_is_fsynced_before_return(tmp_path, fsynced):
+    s = RunStore.create(str(tmp_path / "r"), CONFIG)
+    fsynced.clear()
+    synced = fsynced
     s.append(_base_events(2))
     seg = [n for n in os.listdir(tmp_path / "r" / "events") if n.startswith("seg-")]
     assert seg == ["seg-000000000000-000000000001.parquet"]
@@ -674,17 +682,10 @@ def test_damaged_segments_do_not_make_every_append_compact(tmp_path, monkeypatch
     assert len(calls) == 1 and len(calls[0]) == 3
 
 
-def test_a_new_run_directory_is_fsynced_into_its_parents(tmp_path, monkeypatch):
+def test_a_new_run_directory_is_fsynced_into_its_parents(tmp_path, fsynced):
     """Found in review: the files and `events/`, `checkpoints/` were fsynced, but not the new run directory (nor
     a new `runs/`) in its parent: after a power loss the whole run could be gone on some filesystems."""
-    synced: list[str] = []
-    real_fsync = os.fsync
-
-    def spy(fd):
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-        return real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", spy)
+    synced = fsynced
     RunStore.create(str(tmp_path / "runs" / "r"), CONFIG)
     for folder in (tmp_path, tmp_path / "runs", tmp_path / "runs" / "r"):  # each holds a new entry
         assert str(folder) in synced, (folder, synced)
