@@ -78,6 +78,13 @@ class Trial:
                      copy.deepcopy(self.forecast), self.seed, self.source, copy.deepcopy(self.info))
 
 
+def _plain_int(v: Any) -> Any:
+    """A numpy integer as a Python int; anything else as it is (the callers check it)."""
+    import numpy as np
+
+    return int(v) if isinstance(v, np.integer) else v
+
+
 def trial_seed(seed: int, trial_id: str) -> int:
     """Deterministic per-trial evaluation seed in [0, 2^31)."""
     return zlib.crc32(f"{int(seed)}:{trial_id}".encode()) & 0x7FFFFFFF
@@ -141,6 +148,8 @@ class AskTellOptimizer:
             raise ConfigError(f"`tau` must be a number in (0, 1); got {tau!r}")
         if initial_design is None:
             initial_design = max(2 * self.space.dim + 2, 5)
+        # numpy integers are integers too (the config accepts them; found in review: refused here)
+        initial_design, seed = _plain_int(initial_design), _plain_int(seed)
         if isinstance(initial_design, bool) or not isinstance(initial_design, int) or initial_design < 1:
             raise ConfigError(f"`initial_design` must be an integer >= 1; got {initial_design!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
@@ -378,6 +387,7 @@ class AskTellOptimizer:
             ModelFitError: with `fit`, the refit was refused (see `fit`); `ask(q, fit=False)` proposes from the
                 current model, or continues the Sobol design before the first one.
         """
+        q = _plain_int(q)
         if isinstance(q, bool) or not isinstance(q, int) or q < 1:
             raise TrialError(f"q must be an integer >= 1; got {q!r}")
         model_free = not self.needs_model()

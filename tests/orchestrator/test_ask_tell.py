@@ -530,3 +530,12 @@ def test_a_state_of_an_optimizer_set_up_otherwise_is_refused(other):
     assert same.best_observed() == opt.best_observed()
     legacy = {k: v for k, v in state.items() if k != "settings"}  # saved before the settings were recorded
     AskTellOptimizer(space, **kwargs).set_state(legacy)
+
+
+def test_numpy_integers_are_integers():
+    """Found in review: `ask(np.int64(2))`, `initial_design=np.int64(5)` and `seed=np.int64(1)` were refused,
+    though the config takes numpy integers."""
+    opt = AskTellOptimizer(SMALL, tau=0.5, initial_design=np.int64(5), seed=np.int64(1))
+    assert len(opt.ask(np.int64(2))) == 2 and opt.initial_design == 5 and type(opt.seed) is int
+    with pytest.raises(TrialError, match="q must be an integer >= 1; got 2.0"):
+        opt.ask(2.0)
