@@ -101,7 +101,23 @@ def load_objective(name: str, options: Mapping[str, Any] | None = None) -> Objec
     try:
         obj = target(**options)
     except TypeError as exc:
+        if not options and _required_positional(target):
+            # e.g. `def f(params, seed)`: an evaluation function, not a factory (found in review: "bad options"
+            # for a config that gave none)
+            raise ObjectiveError(
+                f"objective {name!r} is a callable that needs arguments ({exc}); an objective is an Objective "
+                "subclass, a factory that takes its options as keywords, or an instance: wrap an evaluation "
+                "function in an Objective subclass (objectives/base.py)") from exc
         raise ObjectiveError(f"bad options for objective {name!r}: {exc}") from exc
     if not isinstance(obj, Objective):
         raise ObjectiveError(f"objective {name!r} built a {type(obj).__name__}, not an Objective")
     return obj
+
+
+def _required_positional(target: Any) -> bool:
+    """Whether calling `target` needs a positional argument that has no default."""
+    try:
+        params = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)

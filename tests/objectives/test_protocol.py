@@ -106,6 +106,8 @@ def test_user_objectives_by_path(tmp_path, monkeypatch):
         NOT_AN_OBJECTIVE = 3
         def make_wrong():
             return "nope"
+        def plain(params, seed):
+            return params["x"]
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
     assert load_objective("my_obj:Quad", {"shift": 0.1})({"x": 0.1}) == 0.0
@@ -118,6 +120,10 @@ def test_user_objectives_by_path(tmp_path, monkeypatch):
         load_objective("my_obj:NOT_AN_OBJECTIVE")
     with pytest.raises(ObjectiveError, match="built a str, not an Objective"):
         load_objective("my_obj:make_wrong")
+    # found in review: an evaluation function was refused with "bad options" for a config that gave none
+    with pytest.raises(ObjectiveError, match="'my_obj:plain' is a callable that needs arguments .*wrap an evaluation "
+                                             "function in an Objective subclass"):
+        load_objective("my_obj:plain")
     with pytest.raises(ObjectiveError, match="bad options for objective 'my_obj:Quad'.*colour"):
         load_objective("my_obj:Quad", {"colour": "red"})
     with pytest.raises(ObjectiveError, match="has no attribute 'Nope'"):
