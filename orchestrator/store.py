@@ -794,10 +794,10 @@ class RunStore:
         """Decoded rows of one segment and a description of its damage (None if intact)."""
         try:
             data = self._fs.read(f"events/{name}")
-        except FileNotFoundError:  # merged away meanwhile: the caller lists again
-            raise
-        except OSError as exc:  # a bad sector, a folder of that name: this segment is damaged, not the log
+        except (IsADirectoryError, NotADirectoryError) as exc:  # no file to read: damage, not the log's failure
             return [], f"unreadable ({type(exc).__name__}: {_first_line(exc)})"
+        # any other OSError (merged away meanwhile: the caller lists again; a transient EIO, ESTALE, EMFILE) is
+        # raised: read as damage, its results would be dropped and a resume would run their trials again
         try:
             pf = pq.ParquetFile(io.BytesIO(data), page_checksum_verification=True)
         except Exception as exc:  # noqa: BLE001 -- any decoding failure means the footer is unusable

@@ -661,6 +661,26 @@ def test_an_unreadable_segment_is_reported_and_the_rest_of_the_log_read(tmp_path
     assert "unreadable (IsADirectoryError" in r.damage[0]
 
 
+def test_a_transient_read_error_is_raised_not_read_as_damage(tmp_path, monkeypatch):
+    """Found in a review of the fix above: read as damage, a transient EIO dropped that segment's results and a
+    resume ran their trials again (exactly-once broken); raised, the resume is refused and nothing is lost."""
+    s = RunStore.create(str(tmp_path / "r"), CONFIG)
+    for i in range(2):
+        s.append([Event("completed", f"0-{i}", value=float(i))])
+    real = store_mod._Local.read
+
+    def flaky(self, rel):
+        if rel.endswith("seg-000000000001-000000000001.parquet"):
+            raise OSError(errno.EIO, "Input/output error")
+        return real(self, rel)
+
+    monkeypatch.setattr(store_mod._Local, "read", flaky)
+    with pytest.raises(OSError, match="Input/output error"):
+        RunStore.open(str(tmp_path / "r"))
+    monkeypatch.setattr(store_mod._Local, "read", real)
+    assert [e.trial_id for e in RunStore.open(str(tmp_path / "r")).events()] == ["0-0", "0-1"]
+
+
 def test_damaged_segments_do_not_make_every_append_compact(tmp_path, monkeypatch):
     """Found in review: damaged segments counted as small ones to merge, which `compact` then skips: once as many
     existed as `compact_files`, every append compacted (18.6 MB written for 1000 appends instead of 4.8)."""
