@@ -98,6 +98,8 @@ def test_sobol_is_reproducible_and_space_filling(space):
         ({"a": {"type": "choice", "choices": {"adam", "sgd"}}}, "'a': choices must be a list"),
         ({"a": {"type": "int", "low": 0, "high": 2**60 - 1}}, "'a': an int parameter's bounds must lie within"),
         ({"a": {"type": "int", "low": -(2**53) - 2, "high": 0}}, "'a': an int parameter's bounds must lie within"),
+        # found in a review of that check: within the bounds, 2**53 values still moved off the grid (cells of 2**-54)
+        ({"a": {"type": "int", "low": -(2**52), "high": 2**52}}, "'a': an int parameter may hold at most 2\\*\\*52 values"),
     ],
 )
 def test_bad_spaces_raise_naming_the_parameter(desc, match):
@@ -198,3 +200,9 @@ def test_numpy_choices_come_back_as_plain_values():
     json.dumps(params)
     with pytest.raises(SpaceError, match="choices must be a list or tuple; got a set"):
         ChoiceParam("c", {1, 2})
+
+
+def test_an_int_range_of_2_to_the_52_values_round_trips():
+    p = IntParam("n", 0, 2**52 - 1)
+    for v in (0, 7, 12345, 2**51 + 3, 2**52 - 1):
+        assert p.from_unit(p.to_unit(v)) == v
