@@ -756,8 +756,8 @@ class CentralActor:
         remaining = self._remaining_to_propose()
         if remaining <= 0:
             return False
-        with self._lock:
-            queued = len(self._queue)
+        with self._lock:  # trials being submitted count as queued (found in review: an extra batch was proposed
+            queued = len(self._queue) + self._submitting  # while a restarting pool held a submission up)
         low = self.low_water()
         if queued >= low:
             return False
@@ -853,9 +853,9 @@ class CentralActor:
             if self.direction == "minimize":
                 info["forecast_units"] = "negated (direction: minimize)"
             events.append(self._event("proposed", t, info=info, forecast=t.forecast))
+        if not design:  # this thread flushed the calibrator in `ask` (design points come from the dispatch loop);
+            self._save_calibrator()  # saved first: a crash before the proposals' write leaves it current
         self._append(events)
-        if not design:  # this thread flushed the calibrator in `ask` (design points come from the dispatch loop)
-            self._save_calibrator()
         return trials
 
     def _refit(self, restart: bool = False, final: bool = False) -> bool:

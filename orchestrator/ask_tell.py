@@ -189,11 +189,12 @@ class AskTellOptimizer:
         self._best: tuple[dict, float] | None = None
         self._proposer: Any = None
         self._calibrator: Any = self._build_calibrator()
-        #: True (the default): `tell` queues calibrator updates and `flush_calibration` (called by `ask` and
-        #: `fit`) applies them, each flush in ask order, so what a batch teaches the calibrator does not depend
-        #: on the order its results were told (found in review: applied at each `tell`, the library's default
-        #: then, they taught it in arrival order); the central actor relies on it too (only its proposing
-        #: thread touches the calibrator). False applies each result at once, in the order told.
+        #: True (the default): `tell` queues calibrator updates and `flush_calibration` (called by `ask` before
+        #: a model-based proposal, or by you) applies them, each flush in ask order, so what a batch teaches the
+        #: calibrator does not depend on the order its results were told (found in review: applied at each
+        #: `tell`, the library's default then, they taught it in arrival order); `calibrator` may so hold
+        #: updates not yet applied (`fit` does not apply them: the central actor's refit thread must not touch
+        #: the calibrator, only its proposing thread). False applies each result at once, in the order told.
         self.defer_calibration = True
         self._calib_queue: list[tuple[int, str, dict | None, float, Tensor]] = []  # (seq, trial id, forecast, y, x)
         #: trial ids the calibrator has learned from, in the order it did (`calibrator_checkpoint`)

@@ -381,7 +381,8 @@ class AcquisitionProposer(Proposer):
         if unread:
             raise ConfigError(f"`proposer.options` {sorted(unread)} ({', '.join(f'{k}={v!r}' for k, v in unread.items())}) "
                               f"are not read by acquisition {self.acquisition!r} with calibrator {calibrator!r}; "
-                              "remove them")
+                              "remove them (to resume a run made before this check, from its config.yaml: they "
+                              "changed nothing in it)")
 
     def build(self, model: Any, X_observed: Tensor, generator: torch.Generator | None = None) -> AcquisitionFunction:
         """The acquisition for the current model and calibrator (incumbent: best posterior mean at X_observed;

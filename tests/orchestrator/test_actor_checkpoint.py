@@ -248,3 +248,19 @@ def test_the_calibrator_learns_only_when_a_proposal_is_asked_so_each_lesson_is_c
     actor._queue.clear()
     assert actor._propose_step() is True and actor.opt.num_calibrated == 12
     assert len(RunStore.open(cfg["run_dir"]).load_checkpoint(CALIBRATOR_CHECKPOINT)["taught"]) == 12
+
+
+def test_the_calibrator_checkpoint_is_written_before_the_proposals_it_preceded(calibrated, monkeypatch):
+    """Found in review: saved after the proposals' write, a crash between the two left the checkpoint one lesson
+    behind, and the resumed calibrator learned two batches in one flush."""
+    from orchestrator.actor import CALIBRATOR_CHECKPOINT
+
+    _, actor = calibrated
+    order = []
+    real_append, real_save = actor.store.append, actor.store.save_checkpoint
+    monkeypatch.setattr(actor.store, "append", lambda events: order.append(("append", {e.kind for e in events}))
+                        or real_append(events))
+    monkeypatch.setattr(actor.store, "save_checkpoint", lambda name, state: order.append(("save", name))
+                        or real_save(name, state))
+    actor._propose(4)
+    assert order.index(("save", CALIBRATOR_CHECKPOINT)) < order.index(("append", {"proposed"}))

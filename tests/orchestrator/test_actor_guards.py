@@ -246,3 +246,28 @@ def test_a_slow_submission_blocks_neither_status_nor_the_budget_count(tmp_path):
         release.set()
         worker.join(10)
     assert len(actor._inflight) == 4 and actor._remaining_to_propose() == 4 and actor._submitting == 0
+
+
+def test_trials_being_submitted_count_as_queued_for_the_next_proposal(tmp_path):
+    """Found in a review of the change above: while a submission waited on the pool, the proposer saw an empty
+    queue and proposed a batch more than the queue needed."""
+    actor = _actor(tmp_path, budget=12, proposer={"type": "random", "options": {}})
+    actor._propose(4)
+    entered, release = threading.Event(), threading.Event()
+    refs = itertools.count()
+
+    def slow_submit(batch):
+        entered.set()
+        release.wait(10)
+        return [f"slow{next(refs)}" for _ in batch]
+
+    actor._submit = slow_submit
+    worker = threading.Thread(target=actor._dispatch)
+    worker.start()
+    try:
+        assert entered.wait(10)
+        assert actor._propose_step() is False  # 4 being submitted: the queue is not low
+    finally:
+        release.set()
+        worker.join(10)
+    assert actor._propose_step() is True  # in flight now, the queue empty: the next batch is due
