@@ -10,6 +10,7 @@ replaced by a stub, so the two proposers can be interleaved at the exact point o
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 
@@ -216,6 +217,28 @@ def test_a_refit_that_ends_after_a_newer_one_is_not_swapped_in(tmp_path):
     assert opt.model is newest and opt._model_n == 8 and opt.best() == best
 
 
+@contextlib.contextmanager
+def _submission_held_up(actor: CentralActor):
+    """While inside: `actor._dispatch` runs in a thread and its pool submission waits (as on a restarting pool)."""
+    entered, release = threading.Event(), threading.Event()
+    refs = itertools.count()
+
+    def slow_submit(batch):
+        entered.set()
+        release.wait(10)
+        return [f"slow{next(refs)}" for _ in batch]
+
+    actor._submit = slow_submit
+    worker = threading.Thread(target=actor._dispatch)
+    worker.start()
+    try:
+        assert entered.wait(10)
+        yield
+    finally:
+        release.set()
+        worker.join(10)
+
+
 def test_a_slow_submission_blocks_neither_status_nor_the_budget_count(tmp_path):
     """Found in review: `_dispatch` held the actor's lock while the pool answered (up to 60 s while it restarts),
     so status(), the planners' budget checks and their log appends waited that long. The trials being submitted
@@ -224,27 +247,12 @@ def test_a_slow_submission_blocks_neither_status_nor_the_budget_count(tmp_path):
 
     actor = _actor(tmp_path, budget=8)
     actor._propose(4)
-    entered, release = threading.Event(), threading.Event()
-    refs = itertools.count()
-
-    def slow_submit(batch):
-        entered.set()
-        release.wait(10)
-        return [f"slow{next(refs)}" for _ in batch]
-
-    actor._submit = slow_submit
-    worker = threading.Thread(target=actor._dispatch)
-    worker.start()
-    try:
-        assert entered.wait(10)
+    with _submission_held_up(actor):
         t0 = time.perf_counter()
         st = actor.status()
         assert time.perf_counter() - t0 < 1.0, "status() waited for the submission"
         assert actor._remaining_to_propose() == 4  # the 4 being submitted are spoken for
         assert st["inflight"] == 0 and st["queued"] == 0
-    finally:
-        release.set()
-        worker.join(10)
     assert len(actor._inflight) == 4 and actor._remaining_to_propose() == 4 and actor._submitting == 0
 
 
@@ -253,21 +261,6 @@ def test_trials_being_submitted_count_as_queued_for_the_next_proposal(tmp_path):
     queue and proposed a batch more than the queue needed."""
     actor = _actor(tmp_path, budget=12, proposer={"type": "random", "options": {}})
     actor._propose(4)
-    entered, release = threading.Event(), threading.Event()
-    refs = itertools.count()
-
-    def slow_submit(batch):
-        entered.set()
-        release.wait(10)
-        return [f"slow{next(refs)}" for _ in batch]
-
-    actor._submit = slow_submit
-    worker = threading.Thread(target=actor._dispatch)
-    worker.start()
-    try:
-        assert entered.wait(10)
+    with _submission_held_up(actor):
         assert actor._propose_step() is False  # 4 being submitted: the queue is not low
-    finally:
-        release.set()
-        worker.join(10)
     assert actor._propose_step() is True  # in flight now, the queue empty: the next batch is due
