@@ -761,8 +761,8 @@ class CentralActor:
         low = self.low_water()
         if queued >= low:
             return False
-        if self.opt._n_sobol < self.cfg.initial_design:  # the initial design
-            q = min(self.cfg.initial_design - self.opt._n_sobol, self.cfg.batch_size, remaining)
+        if self.opt._design_left() > 0:  # the initial design
+            q = min(self.opt._design_left(), self.cfg.batch_size, remaining)
         elif self.opt.model is not None or not self.opt.needs_model():  # a model, or a proposer without one
             q = min(self.cfg.batch_size, remaining)
         else:
@@ -783,7 +783,7 @@ class CentralActor:
             # at a resume with a restored model the first model batch comes at once; without one (no usable
             # checkpoint) the slots would idle through the cold refit: they get Sobol points as at a start
             if (self._model_batches or self.model_restored or self._queue or self._reserved_sobol
-                    or not self.opt.needs_model() or self.opt._n_sobol < self.cfg.initial_design):
+                    or not self.opt.needs_model() or self.opt._design_left() > 0):
                 return
             free = self.max_concurrent - len(self._inflight)
         q = min(free, self._remaining_to_propose())
@@ -804,7 +804,7 @@ class CentralActor:
         """Refit on new results (on a copy; swapped in when ready). Returns whether it did something."""
         if (
             self._remaining_to_propose() > 0  # a refit only matters for proposals still to come
-            and self.opt._n_sobol >= self.cfg.initial_design
+            and self.opt._design_left() <= 0
             and self.opt.can_fit()
             and (self.opt.model is None or self.opt.num_stale > 0)
             and time.time() - self._last_fit_end >= self.refit_interval_s
@@ -823,7 +823,7 @@ class CentralActor:
             if q <= 0:
                 return
             self._reserved += q
-            sobol = design or self.opt._n_sobol < self.cfg.initial_design
+            sobol = design or self.opt._design_left() > 0
             self._reserved_sobol += q if sobol else 0
         trials: list[Trial] = []
         try:
@@ -902,8 +902,8 @@ class CentralActor:
         remaining = self._remaining_to_propose()
         if remaining <= 0 or self._queue:
             return
-        if self.opt._n_sobol < self.cfg.initial_design:
-            self._propose(min(self.cfg.initial_design - self.opt._n_sobol, remaining))
+        if self.opt._design_left() > 0:
+            self._propose(min(self.opt._design_left(), remaining))
             return
         if self.opt.can_fit() and (self.opt.model is None or self.opt.num_stale > 0):
             if not self._refit() and self._abort:
