@@ -458,8 +458,9 @@ def _drive(
         here: Any = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     except Exception:  # no node of its own to name (e.g. a Ray client): Ray's default placement
         here = "DEFAULT"
-    pool = ray.remote(EvaluationPool).options(  # the central actor finds it by name (CentralActor's `pool`)
-        num_cpus=0, max_restarts=-1, name=actor_name(run_dir) + ":pool", namespace=NAMESPACE, scheduling_strategy=here
+    pool_name = actor_name(run_dir) + ":pool"  # the central actor finds the pool by name (CentralActor's `pool`)
+    pool = ray.remote(EvaluationPool).options(
+        num_cpus=0, max_restarts=-1, name=pool_name, namespace=NAMESPACE, scheduling_strategy=here
     ).remote(
         (cfg.objective.name, dict(cfg.objective.options)), resources, timeout_s=cfg.timeout_s,
         max_retries=cfg.max_retries, isolate=actor_options.get("isolate", "process"),
@@ -470,7 +471,7 @@ def _drive(
         scheduling_strategy=here,
     ).remote(
         run_dir, max_concurrent=max_concurrent if max_concurrent is not None else cfg.max_concurrent,
-        pool=(NAMESPACE, actor_name(run_dir) + ":pool"), **actor_options
+        pool=(NAMESPACE, pool_name), **actor_options
     )
     bar = None
     if progress:

@@ -275,11 +275,7 @@ class _Local:
             path = os.path.dirname(path)
         _makedirs(self.path(rel))
         for made in reversed(missing):
-            fd = os.open(os.path.dirname(made), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _fsync_folder(os.path.dirname(made))
 
     def listdir(self, rel: str) -> list[str]:
         try:
@@ -292,11 +288,7 @@ class _Local:
             return f.read()
 
     def _fsync_dir(self, rel_dir: str) -> None:
-        fd = os.open(self.path(rel_dir), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync_folder(self.path(rel_dir))
 
     def write_atomic(self, rel: str, data: bytes, exclusive: bool = False) -> None:
         folder = os.path.dirname(rel)
@@ -413,6 +405,15 @@ def _backend(run_dir: str, filesystem: pafs.FileSystem | None) -> tuple[Any, str
 
 
 # ---------------------------------------------------------------------------------------- the store
+
+def _fsync_folder(path: str) -> None:
+    """fsync a folder, so the entries made in it are durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
 
 def _makedirs(path: str) -> None:
     """`os.makedirs(path, exist_ok=True)`, retried when a parent vanishes meanwhile (another run's
