@@ -18,6 +18,12 @@ _LAZY = {
     "IntParam": "orchestrator.space",
     "SearchSpace": "orchestrator.space",
     "AskTellOptimizer": "orchestrator.ask_tell",
+    "Trial": "orchestrator.ask_tell",
+    "TrialError": "orchestrator.ask_tell",
+    "ExperimentConfig": "orchestrator.config",
+    "load_config": "orchestrator.config",
+    "run_experiment": "orchestrator.runner",
+    "resume_experiment": "orchestrator.runner",
 }
 
 __all__ = ["ConfigError", "InputDataError", "QbatchError", "SpaceError", "UnsupportedError", *_LAZY]
@@ -27,3 +33,7 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
