@@ -163,17 +163,41 @@ def format_exception_traceback(exc: BaseException) -> str:
 _OBJECTIVE_CACHE: dict[str, Objective] = {}
 
 
+def _spec_key(spec: tuple[str, Mapping[str, Any]]) -> str:
+    name, options = spec
+    return json.dumps([name, dict(options or {})], sort_keys=True, default=str)
+
+
+def _load_spec(spec: tuple[str, Mapping[str, Any]]) -> Objective:
+    from objectives.registry import load_objective
+
+    name, options = spec
+    return load_objective(name, options)
+
+
 def _resolve_objective(objective: Objective | tuple[str, Mapping[str, Any]]) -> Objective:
     """An `Objective`, or a `(name, options)` spec loaded once per worker process and cached."""
     if isinstance(objective, Objective):
         return objective
-    name, options = objective
-    key = json.dumps([name, dict(options or {})], sort_keys=True, default=str)
+    key = _spec_key(objective)
     if key not in _OBJECTIVE_CACHE:
-        from objectives.registry import load_objective
-
-        _OBJECTIVE_CACHE[key] = load_objective(name, options)
+        _OBJECTIVE_CACHE[key] = _load_spec(objective)
     return _OBJECTIVE_CACHE[key]
+
+
+def _load_failure(exc: BaseException, started: float) -> dict[str, Any]:
+    """The record payload of an evaluation whose objective could not be built (a failed trial, as when the
+    worker raised it: the actor records a task's exception the same way)."""
+    return {
+        "status": "failed",
+        "value": None,
+        "error": "exception",
+        "traceback": format_exception_traceback(exc),
+        "message": f"loading the objective failed: {describe_exception(exc)}",
+        "started_at": started,
+        "ended_at": time.time(),
+        "metrics": {},
+    }
 
 
 def _call(objective: Objective, params: Mapping[str, Any], seed: int) -> dict[str, Any]:
@@ -288,8 +312,16 @@ def _guard_group() -> None:
         os._exit(0)
 
 
-def _sandbox_main(conn: Any, parent_end: Any, objective: Objective, parent_pid: int) -> None:
-    """The sandbox child's loop: evaluate each `(params, seed)` received, answer with its payload."""
+def _sandbox_main(
+    conn: Any, parent_end: Any, objective: Objective | tuple[str, Mapping[str, Any]], parent_pid: int
+) -> None:
+    """The sandbox child's loop: evaluate each `(params, seed)` received, answer with its payload.
+
+    A `(name, options)` spec is built here, in the child, and the child answers first with None (ready) or the
+    payload of the failure to build it: the worker then never runs objective code before it forks, which
+    matters because GNU OpenMP (torch's CPU thread pool) is not fork-safe: a child forked from a process that
+    ran a multi-threaded torch op deadlocks at its own first one (a user objective that warms up a model in its
+    constructor timed out at every evaluation; found in review)."""
     try:
         parent_end.close()  # else the worker closing its end would never reach this child as EOF
         # multiprocessing marks this child daemonic (so the worker never waits for it at exit) and refuses
@@ -305,6 +337,14 @@ def _sandbox_main(conn: Any, parent_end: Any, objective: Objective, parent_pid: 
             pass
         else:
             _guard_group()
+        if not isinstance(objective, Objective):
+            started = time.time()
+            try:
+                objective = _load_spec(objective)
+            except BaseException as exc:  # noqa: BLE001 - user code: its failure is the evaluation's record
+                conn.send(_load_failure(exc, started))
+                return
+            conn.send(None)
         while True:
             try:
                 params, seed = conn.recv()
@@ -338,8 +378,9 @@ def _kill_group(pid: int) -> None:
 class _Sandbox:
     """A child process of this worker that runs its evaluations one at a time (``isolate="process"``).
 
-    The child is forked when first needed and again whenever the objective object changes, so it inherits
-    the objective without pickling it (user objectives may hold closures, models, open datasets). It then
+    The child is forked when first needed and again whenever the objective changes. An `Objective` object is
+    inherited without pickling (user objectives may hold closures, models, open datasets); a `(name, options)`
+    spec, what the central actor sends, is built in the child (see `_sandbox_main`). The child then
     serves evaluation after evaluation: no fork per evaluation, whose cost in a worker with torch loaded
     (copying page tables, then copy-on-write faults in the child) delays every result by milliseconds.
     A hang past the timeout kills it and a crash ends it; the next evaluation forks a fresh one.
@@ -349,9 +390,17 @@ class _Sandbox:
         self.proc: Any = None
         self.conn: Any = None
         self.objective: Objective | None = None  # held, so `id` identifies it while the child lives
+        self.spec_key: str | None = None  # or the spec the child built its objective from
         self.lock = threading.Lock()
 
-    def _fork(self, objective: Objective) -> None:
+    def _serves(self, objective: Objective | tuple[str, Mapping[str, Any]]) -> bool:
+        if isinstance(objective, Objective):
+            return self.objective is objective
+        return self.spec_key is not None and self.spec_key == _spec_key(objective)
+
+    def _fork(self, objective: Objective | tuple[str, Mapping[str, Any]]) -> dict[str, Any] | None:
+        """Start a child for `objective`; for a spec, wait until the child has built it and return the failure
+        payload if it could not (the child has then exited), else None."""
         self.close()
         try:
             _libc()
@@ -368,12 +417,27 @@ class _Sandbox:
         finally:
             gc.unfreeze()
         child_conn.close()
-        self.proc, self.conn, self.objective = proc, parent_conn, objective
+        if isinstance(objective, Objective):
+            self.proc, self.conn, self.objective = proc, parent_conn, objective
+            return None
+        self.proc, self.conn, self.spec_key = proc, parent_conn, _spec_key(objective)
+        # building it is not timed (as it was not in the worker); a child that dies meanwhile ends the wait (EOF)
+        try:
+            failure = parent_conn.recv()
+        except (EOFError, OSError):
+            started = time.time()
+            self.close(kill=True, wait=True)
+            died = RuntimeError(f"the sandbox process died while building the objective (exit code {proc.exitcode})")
+            return {**_load_failure(died, started), "child_pid": proc.pid}
+        if failure is not None:
+            self.close(wait=True)
+            failure["child_pid"] = proc.pid
+        return failure
 
     def close(self, kill: bool = False, wait: bool = False) -> None:
         """End the child: close its pipe (it exits) or kill it; reaped here (`wait`) or beside."""
         proc, conn = self.proc, self.conn
-        self.proc = self.conn = self.objective = None
+        self.proc = self.conn = self.objective = self.spec_key = None
         if conn is not None:
             conn.close()
         if proc is not None:
@@ -384,9 +448,14 @@ class _Sandbox:
             else:
                 threading.Thread(target=_reap, args=(proc,), name="qbatch-reap", daemon=True).start()
 
-    def run(self, objective: Objective, params: Mapping[str, Any], seed: int, timeout_s: float) -> dict[str, Any]:
-        if self.proc is None or self.objective is not objective or not self.proc.is_alive():
-            self._fork(objective)
+    def run(
+        self, objective: Objective | tuple[str, Mapping[str, Any]], params: Mapping[str, Any], seed: int,
+        timeout_s: float,
+    ) -> dict[str, Any]:
+        if self.proc is None or not self._serves(objective) or not self.proc.is_alive():
+            failure = self._fork(objective)
+            if failure is not None:
+                return failure
         proc = self.proc
         started = time.time()
         try:
@@ -435,7 +504,9 @@ class _Sandbox:
 _SANDBOX = _Sandbox()
 
 
-def _run_in_child(objective: Objective, params: Mapping[str, Any], seed: int, timeout_s: float) -> dict[str, Any]:
+def _run_in_child(
+    objective: Objective | tuple[str, Mapping[str, Any]], params: Mapping[str, Any], seed: int, timeout_s: float
+) -> dict[str, Any]:
     """Evaluate in this worker's sandbox child (a private one if another thread is using it)."""
     if _SANDBOX.lock.acquire(blocking=False):
         try:
@@ -505,9 +576,10 @@ def evaluate_once(
         raise ValueError(f"isolate must be 'process' or 'thread'; got {isolate!r}")
     if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s <= MAX_TIMEOUT_S):
         raise ValueError(f"timeout_s must be a number in (0, {MAX_TIMEOUT_S:g}]; got {timeout_s!r}")
-    obj = _resolve_objective(objective)
-    runner = _run_in_child if isolate == "process" else _run_in_thread
-    record = runner(obj, params, int(seed), float(timeout_s))
+    if isolate == "process":  # a spec is built in the sandbox child (`_sandbox_main` says why)
+        record = _run_in_child(objective, params, int(seed), float(timeout_s))
+    else:
+        record = _run_in_thread(_resolve_objective(objective), params, int(seed), float(timeout_s))
     record.setdefault("child_pid", None)
     record.update(trial_id=trial_id, pid=os.getpid(), node_id=_node_id())
     return record

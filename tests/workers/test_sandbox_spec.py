@@ -1,0 +1,128 @@
+"""A `(name, options)` objective spec is built inside the sandbox child, never in the Ray worker that forks it.
+
+GNU OpenMP (torch's CPU thread pool) is not fork-safe: a child forked from a process that already ran a
+multi-threaded torch op deadlocks at its own first one. When the worker built the objective, a user objective
+that warmed up a model in its constructor timed out at every evaluation (found in review).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from workers.evaluate import evaluate_once
+
+REPO = Path(__file__).resolve().parents[2]
+
+USER_MODULE = textwrap.dedent(
+    '''
+    import os
+    import time
+
+    from objectives.base import Objective
+
+
+    class Recording(Objective):
+        """Writes the pid of the process that built it, one line per construction."""
+
+        space = {"x": {"type": "float", "low": 0.0, "high": 1.0}}
+
+        def __init__(self, log: str, fail: str = ""):
+            with open(log, "a") as f:
+                f.write(f"{os.getpid()}\\n")
+            if fail == "raise":
+                raise RuntimeError("no model file at /models/missing.pt")
+            if fail == "exit":
+                os._exit(3)
+
+        def evaluate(self, params, seed):
+            return float(params["x"])
+
+
+    class WarmTorch(Objective):
+        """Warms a model up with a two-thread matmul in its constructor, as a user objective may."""
+
+        space = {"x": {"type": "float", "low": 0.0, "high": 1.0}}
+
+        def __init__(self):
+            import torch
+
+            torch.set_num_threads(2)
+            self.w = torch.randn(600, 600)
+            (self.w @ self.w).sum()
+
+        def evaluate(self, params, seed):
+            import torch
+
+            torch.set_num_threads(2)
+            return float((self.w @ self.w).sum() * 0 + params["x"])
+    '''
+)
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    (tmp_path / "qbatch_user_objective.py").write_text(USER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    sys.modules.pop("qbatch_user_objective", None)
+
+
+def _builders(log: Path) -> list[int]:
+    return [int(line) for line in log.read_text().split()] if log.exists() else []
+
+
+def test_spec_is_built_once_in_the_sandbox_child(user_module):
+    log = user_module / "built.txt"
+    spec = ("qbatch_user_objective:Recording", {"log": str(log)})
+    first = evaluate_once(spec, "0-0", {"x": 0.25}, seed=0)
+    second = evaluate_once(spec, "0-1", {"x": 0.5}, seed=1)
+    assert (first["status"], first["value"], second["value"]) == ("completed", 0.25, 0.5)
+    assert first["child_pid"] == second["child_pid"] != os.getpid()
+    assert _builders(log) == [first["child_pid"]]  # built once, by the child, never by this process
+    # the same spec under thread isolation is built here (no fork involved)
+    threaded = evaluate_once(spec, "0-2", {"x": 0.75}, seed=2, isolate="thread")
+    assert threaded["value"] == 0.75 and _builders(log)[-1] == os.getpid()
+
+
+@pytest.mark.parametrize("fail,message", [
+    ("raise", r"loading the objective failed: RuntimeError: no model file at /models/missing.pt"),
+    ("exit", r"loading the objective failed: RuntimeError: the sandbox process died while building the objective "
+             r"\(exit code 3\)"),
+])
+def test_an_objective_that_cannot_be_built_is_a_failed_record_each_time(user_module, fail, message):
+    log = user_module / "built.txt"
+    spec = ("qbatch_user_objective:Recording", {"log": str(log), "fail": fail})
+    records = [evaluate_once(spec, f"0-{i}", {"x": 0.5}, seed=i, timeout_s=30) for i in range(2)]
+    for rec in records:
+        assert (rec["status"], rec["error"], rec["value"]) == ("failed", "exception", None)
+        assert pytest.approx(rec["ended_at"], abs=30) == rec["started_at"]
+        assert re.fullmatch(message, rec["message"]), rec["message"]
+    if fail == "raise":
+        assert "no model file" in records[0]["traceback"] and "Traceback" in records[0]["traceback"]
+    # each evaluation tried again in a fresh child (a file may have appeared meanwhile)
+    assert _builders(log) == [r["child_pid"] for r in records] and len(set(_builders(log))) == 2
+
+
+def test_objective_warmed_with_threaded_torch_does_not_deadlock_its_evaluations(user_module):
+    """In a fresh interpreter (this one may have used OpenMP already): before the fix, every evaluation
+    deadlocked in the forked child and ended as a timeout."""
+    code = textwrap.dedent(
+        """
+        from workers.evaluate import evaluate_once
+        spec = ("qbatch_user_objective:WarmTorch", {})
+        for i in range(2):
+            rec = evaluate_once(spec, f"0-{i}", {"x": 0.5}, seed=i, timeout_s=30)
+            print(rec["status"], rec["value"], rec["error"])
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(user_module), str(REPO)]), "OMP_NUM_THREADS": "2"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:2] == ["completed 0.5 None"] * 2, out.stdout
