@@ -5,7 +5,8 @@ Cosines, Beale, McCormick, Powers, cross-in-tray, drop-wave) with the domains of
 heteroscedastic Ackley of locbo.md §3.2. BoTorch's `botorch.test_functions.synthetic` problems are used where
 one exists (Ackley, Beale, SixHumpCamel, DropWave); the others follow GPyOpt / the SFU library.
 
-Noise. Every function takes ``noise_std`` (default 0: deterministic) and ``heteroscedastic``. With Gaussian
+Noise. Every function of paper 000 takes ``noise_std`` (default 0: deterministic) and ``heteroscedastic``
+(the noisy Ackley of paper 002 has its own ``noise_scale``, locbo.md §3.2). With Gaussian
 noise of std ``s(x)`` the exact tau-quantile is ``f(x) + s(x) * Phi^-1(tau)``. The heteroscedastic option
 makes the std grow linearly across the box, ``s(x) = noise_std * (0.2 + 1.6 * mean_i z_i)`` with ``z`` the
 point in the unit cube (like the pubcode's ``noise * sum(x)`` Branin of quantile-expectile-bo), so ``s``

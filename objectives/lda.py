@@ -254,5 +254,8 @@ class OnlineLDA(Objective):
                 "updates": float(lda.n_batch_iter_ - 1),
                 "converged": float(converged),
                 "train_perplexity": train_ppl,
+                # documents with no word of the vocabulary are dropped: how many were used
+                "train_docs": float(n),
+                "test_docs": float(X_test.shape[0]),
             },
         )

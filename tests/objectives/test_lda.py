@@ -184,3 +184,14 @@ def test_slowest_point_converges_within_a_minute(lda: OnlineLDA) -> None:
     res = lda({"minibatch": 1, "kappa": 0.5, "tau0": 32}, seed=0)
     assert time.perf_counter() - t0 < 60.0
     assert math.isfinite(res.value) and res.metrics["converged"] == 1.0
+
+
+def test_documents_without_a_vocabulary_word_are_dropped_and_counted() -> None:
+    """With a 10-word vocabulary some Lee documents have no word left: they are dropped, and the metrics say
+    how many documents were trained on and scored (before, the counts asked for were silently not met)."""
+    obj = OnlineLDA(vocab_size=10, max_passes=1)
+    corpus = obj.load_corpus()
+    res = obj({"minibatch": 64, "kappa": 0.7, "tau0": 4}, seed=0)
+    train_docs, test_docs = res.metrics["train_docs"], res.metrics["test_docs"]
+    assert (train_docs, test_docs) == (obj.matrices["train"].shape[0], obj.matrices["test"].shape[0])
+    assert 0 < train_docs < len(corpus.train) and 0 < test_docs <= len(corpus.test)
