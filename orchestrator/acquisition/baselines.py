@@ -67,8 +67,9 @@ class SobolProposer(Proposer):
     requires_model = False
 
     def __init__(self, seed: int | None = None) -> None:
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ConfigError(f"sobol.seed must be an integer or null; got {seed!r}")
+        # bounded as torch's generators take it: a larger seed passed here and broke the run at its first batch
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+            raise ConfigError(f"sobol.seed must be an integer in [0, 2**63) or null; got {seed!r}")
         self.seed = seed
 
     def _propose(

@@ -54,8 +54,11 @@ def test_registered_names_build() -> None:
         assert isinstance(build_proposer(name), cls)
     with pytest.raises(ConfigError, match="qlognei.mc_samples must be an integer >= 1; got 0"):
         build_proposer("qlognei", mc_samples=0)
-    with pytest.raises(ConfigError, match="sobol.seed must be an integer or null"):
-        build_proposer("sobol", seed="a")
+    for bad in ("a", -1, 2**63, 10**23):  # 10**23 passed and broke the run at its first batch (review)
+        with pytest.raises(ConfigError, match=r"sobol.seed must be an integer in \[0, 2\*\*63\) or null; got "):
+            build_proposer("sobol", seed=bad)
+    X = build_proposer("sobol", seed=2**63 - 1).propose(None, 3, dim=2)
+    assert X.shape == (3, 2)
 
 
 @pytest.mark.parametrize("cls", [SobolProposer, RandomProposer])
