@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import math
+import os
 import sys
 from typing import Any, Sequence
 
@@ -54,7 +55,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         runner.run_experiment(args.config, address=args.address, run_dir=run_dir)  # errors name the file
     except KeyboardInterrupt:
-        _error(f"interrupted; continue with `qbatch resume {run_dir}`")
+        try:
+            created = RunStore.exists(run_dir)
+        except StoreError:
+            created = True  # cannot tell: the hint is harmless where there is no run (resume says so)
+        if created:
+            _error(f"interrupted; continue with `qbatch resume {run_dir}`")
+        else:  # while Ray was starting: a resume hint would point at nothing (found in review)
+            _error(f"interrupted before the run was created at {run_dir}; nothing was written")
         return EXIT_INTERRUPTED
     return EXIT_OK  # the runner printed the best point and where the results are
 
@@ -86,14 +94,27 @@ def _f(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def _cmd_status(args: argparse.Namespace) -> int:
-    from orchestrator.report import compute_metrics
+def _open_run(run_dir: str) -> Any:
+    """The `RunStore` at `run_dir` for `status` and `report`, its config checked as `resume` checks it: a
+    hand-edited config.yaml (`budget: six`) made both commands end in a traceback (found in review)."""
+    from orchestrator.config import load_config
     from orchestrator.store import RunStore, StoreError
 
     try:
-        store = RunStore.open(args.run_dir)
+        store = RunStore.open(run_dir)
     except StoreError as exc:
         raise UsageError(str(exc)) from None
+    try:
+        load_config(store.config)
+    except ConfigError as exc:
+        raise UsageError(f"{os.path.join(store.run_dir, 'config.yaml')}: {exc}") from None
+    return store
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from orchestrator.report import compute_metrics
+
+    store = _open_run(args.run_dir)
     m = compute_metrics(store.events(), store.config, damage=store.damage, with_calibration=False)
     c = m.counts
     done = c["completed"] + c["failed"]
@@ -129,12 +150,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from orchestrator.report import format_summary, write_report
-    from orchestrator.store import RunStore, StoreError
 
-    try:
-        store = RunStore.open(args.run_dir)
-    except StoreError as exc:
-        raise UsageError(str(exc)) from None
+    store = _open_run(args.run_dir)
     try:
         metrics, paths = write_report(args.run_dir, out_dir=args.out, store=store)
     except OSError as exc:  # --out (or the default report folder) cannot be written
@@ -184,7 +201,7 @@ def _parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("report", help="write PNG plots and a summary table of a run", epilog=_EPILOG)
     rp.add_argument("run_dir", metavar="RUN_DIR")
-    rp.add_argument("--out", default=None, help="output folder (default: RUN_DIR/report)")
+    rp.add_argument("--out", default=None, help="output folder (default: RUN_DIR/report; ./report-NAME for a run directory given as a URI)")
     rp.set_defaults(func=_cmd_report)
 
     o = sub.add_parser("objectives", help="list the built-in objectives", epilog=_EPILOG)

@@ -278,10 +278,17 @@ class _Local:
             _fsync_folder(os.path.dirname(made))
 
     def listdir(self, rel: str) -> list[str]:
+        path = self.path(rel)
         try:
-            return sorted(os.listdir(self.path(rel)))
+            return sorted(os.listdir(path))
         except FileNotFoundError:
             return []
+        except NotADirectoryError:
+            # a file above it (`--run-dir /dev/null/x`): nothing there, as for a missing folder (creating the run
+            # then fails with its reason); a file in the folder's place (`events` a file) is damage to name
+            if not os.path.lexists(path):
+                return []
+            raise RunDirError(f"{path} is a file where the run directory needs a folder") from None
 
     def read(self, rel: str) -> bytes:
         with open(self.path(rel), "rb") as f:

@@ -10,6 +10,7 @@ Ray is in engineer B's tests.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -102,7 +103,11 @@ class _FakeRunner(types.ModuleType):
         self.behaviour = behaviour
 
     def _act(self, run_dir: str) -> dict:
-        if self.behaviour == "interrupt":
+        if self.behaviour == "interrupt":  # after the run was created
+            if not RunStore.exists(run_dir):
+                RunStore.create(run_dir, GOOD)
+            raise KeyboardInterrupt
+        if self.behaviour == "interrupt-early":  # while Ray was starting: nothing written yet
             raise KeyboardInterrupt
         if self.behaviour == "abort":
             raise QbatchError("failure rate 0.80 > 0.5 after 10 trials: stopping")
@@ -139,7 +144,10 @@ def test_run_and_resume_call_the_runner(tmp_path, monkeypatch, capsys):
     assert fake.calls[-1] == ("resume", str(tmp_path / "taken"), "10.0.0.1:6379")
 
 
-@pytest.mark.parametrize("behaviour, code, text", [("interrupt", 130, "qbatch resume"), ("abort", 1, "failure rate")])
+@pytest.mark.parametrize("behaviour, code, text", [
+    ("interrupt", 130, "qbatch resume"), ("abort", 1, "failure rate"),
+    ("interrupt-early", 130, "interrupted before the run was created at "),
+])
 def test_run_failures_map_to_exit_codes(behaviour, code, text, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "orchestrator.runner", _FakeRunner(behaviour))
     rc = cli.main(["run", str(_write(tmp_path / "good.yaml", GOOD)), "--run-dir", str(tmp_path / "r")])
@@ -285,6 +293,35 @@ def test_bad_paths_options_and_busy_runs_are_usage_errors(tmp_path, monkeypatch,
     holder.unlock_writer()
     (tmp_path / "run" / "config.yaml").write_text("objective: [")
     one_line(cli.main(["resume", str(tmp_path / "run")]), "config.yaml is not valid YAML")
+
+
+def test_damaged_run_directories_are_usage_errors(tmp_path, capsys):
+    """Found in review: each of these ended in a traceback with exit 1."""
+
+    def one_line(rc, text):
+        err = capsys.readouterr().err
+        assert rc == 2 and len(err.splitlines()) == 1 and err.startswith("qbatch: error: ") and text in err, err
+
+    good = _write(tmp_path / "good.yaml", GOOD)
+    (tmp_path / "afile").write_text("x")
+    one_line(cli.main(["run", str(good), "--run-dir", str(tmp_path / "afile" / "run")]),
+             f"`run_dir` {tmp_path / 'afile' / 'run'} cannot be created: Not a directory")
+    _finished_run(tmp_path / "run")
+    config = (tmp_path / "run" / "config.yaml").read_text()
+    for key, bad, text in (("budget", "six", "`budget` must be an integer"), ("tau", "abc", "`tau` must be a number"),
+                           ("objective", [1], "`objective`")):
+        edited = yaml.safe_load(config)
+        assert key in edited
+        (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump({**edited, key: bad}))
+        for cmd in ("status", "report"):
+            one_line(cli.main([cmd, str(tmp_path / "run")]), f"{tmp_path / 'run' / 'config.yaml'}: {text}")
+    (tmp_path / "run" / "config.yaml").write_text(config)
+    assert cli.main(["status", str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    shutil.rmtree(tmp_path / "run" / "events")
+    (tmp_path / "run" / "events").write_text("x")
+    for cmd in ("status", "report", "resume"):
+        one_line(cli.main([cmd, str(tmp_path / "run")]), f"{tmp_path / 'run' / 'events'} is a file where the run")
 
 
 def test_resume_refuses_a_space_edited_since_the_run_began(tmp_path, monkeypatch, capsys):
