@@ -150,6 +150,11 @@ class OfflineCVCalibrator(Calibrator):
                 raise ConfigError(f"`calibrator.options.{key}` must be an integer >= {lo}; got {v!r}")
         if n_splits is not None and (isinstance(n_splits, bool) or not isinstance(n_splits, int) or n_splits < 1):
             raise ConfigError(f"`calibrator.options.n_splits` must be an integer >= 1 or null; got {n_splits!r}")
+        if n_splits is not None and splits != "time-series":  # LOO holds out every point: it was silently ignored
+            raise ConfigError(
+                f"`calibrator.options.n_splits` is read only with splits 'time-series'; got n_splits {n_splits!r} "
+                f"with splits {splits!r} (leave-one-out holds out every point)"
+            )
         if model_factory is None:
             opts = dict(model_options or {})
 

@@ -91,6 +91,10 @@ def test_with_exact_gp_and_state(tmp_path) -> None:
         build_calibrator("offline-cv", regressor="mlp")
     with pytest.raises(ConfigError, match="calibrator.options.splits"):
         build_calibrator("offline-cv", splits="kfold")
+    # leave-one-out holds out every point: n_splits was silently ignored there (found in review)
+    with pytest.raises(ConfigError, match=r"`calibrator.options.n_splits` is read only with splits 'time-series'; "
+                                          r"got n_splits 3 with splits 'loo'"):
+        build_calibrator("offline-cv", n_splits=3)
 
 
 def test_fold_cache_reuses_time_series_folds() -> None:
