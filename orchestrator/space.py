@@ -71,11 +71,11 @@ class IntParam:
         if max(abs(int(self.low)), abs(int(self.high))) > _MAX_EXACT_INT:  # values pass through float64
             raise SpaceError(f"parameter {self.name!r}: an int parameter's bounds must lie within +-2**53 "
                              f"({_MAX_EXACT_INT}), where float64 holds every integer; got low={self.low}, high={self.high}")
+        if self.step < 1:  # before the division below (step 0 was a ZeroDivisionError; found in review)
+            raise SpaceError(f"parameter {self.name!r}: step must be >= 1; got {self.step}")
         if (int(self.high) - int(self.low)) // int(self.step) + 1 > _MAX_EXACT_INT // 2:  # cells of 1/size in [0, 1]
             raise SpaceError(f"parameter {self.name!r}: an int parameter may hold at most 2**52 values (each is a "
                              f"cell of the float64 unit interval); got low={self.low}, high={self.high}, step={self.step}")
-        if self.step < 1:
-            raise SpaceError(f"parameter {self.name!r}: step must be >= 1; got {self.step}")
         if (self.high - self.low) % self.step:
             raise SpaceError(
                 f"parameter {self.name!r}: high - low ({self.high} - {self.low}) must be a multiple of step {self.step}"

@@ -206,3 +206,16 @@ def test_an_int_range_of_2_to_the_52_values_round_trips():
     p = IntParam("n", 0, 2**52 - 1)
     for v in (0, 7, 12345, 2**51 + 3, 2**52 - 1):
         assert p.from_unit(p.to_unit(v)) == v
+
+
+@pytest.mark.parametrize("step", [0, -2])
+def test_a_step_below_one_is_refused_by_the_space_and_the_config(step):
+    """step 0 divided by zero in the value-count check before the step check ran (found in review)."""
+    from orchestrator.config import load_config
+    from orchestrator.errors import ConfigError
+
+    with pytest.raises(SpaceError, match=rf"parameter 'n': step must be >= 1; got {step}"):
+        IntParam("n", 0, 10, step=step)
+    cfg = {"objective": "forrester", "budget": 10, "space": {"x": {"type": "int", "low": 0, "high": 10, "step": step}}}
+    with pytest.raises(ConfigError, match=r"space\.x.*step must be >= 1"):
+        load_config(cfg)
