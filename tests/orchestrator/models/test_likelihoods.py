@@ -224,3 +224,21 @@ def test_tau_must_be_in_open_unit_interval(cls, tau):
 def test_function_samples_need_two_latents():
     with pytest.raises(InputDataError, match="dimension of 2"):
         AsymmetricLaplaceLikelihood(0.5)(torch.zeros(3, 4, 3, **TK))
+
+
+@pytest.mark.parametrize("cls", [AsymmetricLaplaceLikelihood, AsymmetricGaussianLikelihood, HeteroscedasticGaussianLikelihood])
+def test_expected_log_prob_stays_finite_where_the_scale_factor_overflows(cls):
+    """E[exp(-k g)] is capped at exp(60): at mu_g = -1000 (an optimizer's wild step) the uncapped factor is inf
+    and the expected log-likelihood -inf or NaN, which stalls the fit (mutation review). Below the cap the
+    closed form is untouched: at mu_g = -10 the AL value equals log tau(1-tau) - mu_g - e^{-mu_g} E[rho]."""
+    lik = cls(0.3)
+    t = lambda v: torch.tensor([v], **TK)  # noqa: E731
+    wild = lik.expected_log_prob_moments(t(1.0), t(0.0), t(1.0), t(-1000.0), t(0.0))
+    assert torch.isfinite(wild).all() and float(wild) < -1e20
+    if cls is AsymmetricLaplaceLikelihood:
+        m, s = 1.0, 1.0
+        z = m / s
+        e_rho = (0.3 - 0.5 * math.erfc(z / math.sqrt(2))) * m + s * math.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+        ref = math.log(0.3 * 0.7) + 10.0 - math.exp(10.0) * e_rho
+        got = lik.expected_log_prob_moments(t(1.0), t(0.0), t(1.0), t(-10.0), t(0.0))
+        assert float(got) == pytest.approx(ref, rel=1e-12)
