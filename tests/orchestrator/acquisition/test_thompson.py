@@ -293,3 +293,16 @@ def test_thompson_on_exact_gp_when_available() -> None:
     assert X.shape == (6, 2) and (min_distance(X, X_train) >= DUPLICATE_TOL).all()
     assert "exact-gp" in MODELS
 
+
+
+def test_restarts_at_one_optimum_are_rejected_together():
+    """Candidates of one path within SAME_OPTIMUM_TOL are restarts that reached one optimum: where that optimum
+    is pending (or taken by an earlier path), the path moves to its next distinct optimum, not to a restart
+    5e-6 from the pending point (mutation review: rejecting only the blocked candidate passed every test)."""
+    ts = ThompsonSampling()
+    tk = {"dtype": torch.float64}
+    cand = torch.tensor([[[0.5], [0.5 + 5e-6], [0.8]],       # path 0: its optimum 0.5 is pending
+                         [[0.8], [0.8 + 5e-6], [0.2]]], **tk)  # path 1: its optimum 0.8 is path 0's choice
+    forbidden = torch.tensor([[0.5]], **tk)
+    chosen = ts._select_distinct(None, cand, forbidden, torch.empty(0, 1, **tk), torch.Generator().manual_seed(0))
+    assert chosen.flatten().tolist() == [0.8, 0.2]
