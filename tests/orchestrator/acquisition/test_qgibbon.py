@@ -449,3 +449,25 @@ def test_a_used_up_grid_gets_repeats_not_an_error():
             seen.add((t.params["i"], t.params["c"]))
             opt.tell(t.trial_id, -((t.params["i"] / 5 - 0.6) ** 2) + (0.1 if t.params["c"] == "a" else 0.0))
     assert len(seen) == 12 and opt.num_completed == 20
+
+
+def test_on_a_grid_each_point_is_the_cell_of_largest_gain():
+    """With `snap`, candidates are scored again at their grid cells: the point chosen is the cell whose gain is
+    largest over all 16 cells of a 4 x 4 grid (g* drawn as the proposer draws it). Ranking candidates by their
+    value before rounding chose another cell in 7 of 12 seeds (mutation review)."""
+    k = 4
+
+    def snap(X):
+        return ((X * k).floor().clamp(max=k - 1) + 0.5) / k
+
+    cells = torch.cartesian_prod(*[(torch.arange(k, **TK) + 0.5) / k] * 2)
+    for seed in range(6):
+        model = make_model(seed=seed)
+        prop = QGibbon(grid_size=300, raw_samples=64, num_restarts=4, maxiter=30)
+        prop.snap = snap
+        X = prop.propose(model, 1, seed=seed)
+        acq = prop.acquisition(model, torch.empty(0, 2, **TK), torch.Generator().manual_seed(seed))
+        with torch.no_grad():
+            gains = torch.stack([acq.gain(c.unsqueeze(0)).reshape(()) for c in cells])
+        assert torch.equal(X[0], cells[gains.argmax()]), (seed, X, gains)
+        assert float(prop.last_diagnostics["gains"][0]) == pytest.approx(float(gains.max()), rel=1e-9)
