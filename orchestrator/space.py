@@ -308,9 +308,11 @@ class SearchSpace:
         if n < 0:
             raise SpaceError(f"n must be >= 0; got {n}")
         tkwargs.setdefault("dtype", torch.float64)
+        if n == 0:  # SobolEngine.draw(0) raises
+            return torch.empty(0, self.dim, **tkwargs)
         engine = torch.quasirandom.SobolEngine(self.dim, scramble=True, seed=seed)
         X = engine.draw(n, dtype=torch.float64).to(**tkwargs)
-        return self.snap(X) if n else X
+        return self.snap(X)
 
     def bounds(self, **tkwargs: Any) -> Tensor:
         """`2 x d` bounds of the unit cube (BoTorch convention)."""
