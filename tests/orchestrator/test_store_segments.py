@@ -29,26 +29,25 @@ def _seqs(path: str) -> list[int]:
 
 
 # ------------------------------------------------------------------ reading
-def test_rows_outside_a_segments_named_range_are_ignored(tmp_path):
+def _three_events_named(tmp_path, last: int) -> RunStore:
+    """A run whose one segment holds seqs 0-2 but is named as holding 0-`last`; opened again."""
     rd = str(tmp_path / "r")
     s = RunStore.create(rd, CONFIG)
     s.append([Event("proposed", f"t-{i}", time=1.0 + i) for i in range(3)])  # seq 0-2
     ev = os.path.join(rd, "events")
     os.rename(os.path.join(ev, "seg-000000000000-000000000002.parquet"),
-              os.path.join(ev, "seg-000000000000-000000000001.parquet"))
-    r = RunStore.open(rd)
+              os.path.join(ev, f"seg-000000000000-{last:012d}.parquet"))
+    return RunStore.open(rd)
+
+
+def test_rows_outside_a_segments_named_range_are_ignored(tmp_path):
+    r = _three_events_named(tmp_path, 1)
     assert [e.trial_id for e in r.events()] == ["t-0", "t-1"]
     assert r.damage == []
 
 
 def test_a_segment_with_fewer_rows_than_its_name_is_reported(tmp_path):
-    rd = str(tmp_path / "r")
-    s = RunStore.create(rd, CONFIG)
-    s.append([Event("proposed", f"t-{i}", time=1.0 + i) for i in range(3)])  # seq 0-2
-    ev = os.path.join(rd, "events")
-    os.rename(os.path.join(ev, "seg-000000000000-000000000002.parquet"),
-              os.path.join(ev, "seg-000000000000-000000000004.parquet"))
-    r = RunStore.open(rd)
+    r = _three_events_named(tmp_path, 4)
     assert [e.trial_id for e in r.events()] == ["t-0", "t-1", "t-2"]
     assert r.damage == [
         "events/seg-000000000000-000000000004.parquet: fewer rows than its name says; "
