@@ -27,11 +27,14 @@ import signal
 import threading
 import time
 import traceback as tb_module
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from objectives.base import EvalResult, Objective, Resources
+
+#: the runtime environment of evaluation tasks: their own Ray workers (`task_options`)
+EVALUATION_RUNTIME_ENV: dict[str, Any] = {"env_vars": {"QBATCH_EVALUATION_WORKER": "1"}}
 
 #: longest `timeout_s` (about 11.6 days): the wait on the evaluation's child process overflows past about 24 days
 MAX_TIMEOUT_S = 1_000_000.0
@@ -398,9 +401,11 @@ class _Sandbox:
             return self.objective is objective
         return self.spec_key is not None and self.spec_key == _spec_key(objective)
 
-    def _fork(self, objective: Objective | tuple[str, Mapping[str, Any]]) -> dict[str, Any] | None:
-        """Start a child for `objective`; for a spec, wait until the child has built it and return the failure
-        payload if it could not (the child has then exited), else None."""
+    def _fork(
+        self, objective: Objective | tuple[str, Mapping[str, Any]], build_timeout_s: float = MAX_TIMEOUT_S
+    ) -> dict[str, Any] | None:
+        """Start a child for `objective`; for a spec, wait until the child has built it (at most
+        `build_timeout_s`) and return the failure payload if it could not (the child is then gone), else None."""
         self.close()
         try:
             _libc()
@@ -421,11 +426,23 @@ class _Sandbox:
             self.proc, self.conn, self.objective = proc, parent_conn, objective
             return None
         self.proc, self.conn, self.spec_key = proc, parent_conn, _spec_key(objective)
-        # building it is not timed (as it was not in the worker); a child that dies meanwhile ends the wait (EOF)
+        # a child that dies meanwhile ends the wait (EOF); one that hangs is killed at the build's limit (unbounded,
+        # a hung constructor was cut only by the actor's backstop, as a "frozen" worker, at every trial: review)
+        started = time.time()
+        try:
+            built = parent_conn.poll(build_timeout_s)
+        except (EOFError, OSError):
+            built = True
+        if not built:
+            self.close(kill=True, wait=True)
+            text = (f"building the objective took longer than timeout_s={build_timeout_s:g} s and was killed (pid "
+                    f"{proc.pid}); a constructor that needs longer needs a larger timeout_s")
+            return {"status": "failed", "value": None, "error": "timeout", "traceback": text,
+                    "message": f"timeout after {build_timeout_s:g} s while building the objective",
+                    "started_at": started, "ended_at": time.time(), "metrics": {}, "child_pid": proc.pid}
         try:
             failure = parent_conn.recv()
         except (EOFError, OSError):
-            started = time.time()
             self.close(kill=True, wait=True)
             died = RuntimeError(f"the sandbox process died while building the objective (exit code {proc.exitcode})")
             return {**_load_failure(died, started), "child_pid": proc.pid}
@@ -450,12 +467,17 @@ class _Sandbox:
 
     def run(
         self, objective: Objective | tuple[str, Mapping[str, Any]], params: Mapping[str, Any], seed: int,
-        timeout_s: float,
+        timeout_s: float, on_built: Callable[[], None] | None = None,
     ) -> dict[str, Any]:
+        """Evaluate in the child (forked first if needed). A spec's build gets `timeout_s` of its own, then the
+        evaluation its full `timeout_s`; `on_built` is called after a build (the task re-reports its start, so
+        the central actor's backstop deadline counts from there)."""
         if self.proc is None or not self._serves(objective) or not self.proc.is_alive():
-            failure = self._fork(objective)
+            failure = self._fork(objective, timeout_s)
             if failure is not None:
                 return failure
+            if on_built is not None and not isinstance(objective, Objective):
+                on_built()
         proc = self.proc
         started = time.time()
         try:
@@ -505,17 +527,18 @@ _SANDBOX = _Sandbox()
 
 
 def _run_in_child(
-    objective: Objective | tuple[str, Mapping[str, Any]], params: Mapping[str, Any], seed: int, timeout_s: float
+    objective: Objective | tuple[str, Mapping[str, Any]], params: Mapping[str, Any], seed: int, timeout_s: float,
+    on_built: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Evaluate in this worker's sandbox child (a private one if another thread is using it)."""
     if _SANDBOX.lock.acquire(blocking=False):
         try:
-            return _SANDBOX.run(objective, params, seed, timeout_s)
+            return _SANDBOX.run(objective, params, seed, timeout_s, on_built)
         finally:
             _SANDBOX.lock.release()
     private = _Sandbox()
     try:
-        return private.run(objective, params, seed, timeout_s)
+        return private.run(objective, params, seed, timeout_s, on_built)
     finally:
         private.close()
 
@@ -558,6 +581,7 @@ def evaluate_once(
     seed: int,
     timeout_s: float = 600.0,
     isolate: str = "process",
+    on_built: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Evaluate one trial in this process (no Ray needed) and return its record.
 
@@ -568,6 +592,8 @@ def evaluate_once(
         seed: the evaluation's random seed.
         timeout_s: seconds before the evaluation is killed (process) or abandoned (thread).
         isolate: "process" (forked child, killable) or "thread".
+        on_built: called once a `(name, options)` spec has been built in a new sandbox child (the build has a
+            `timeout_s` of its own, before the evaluation's).
 
     Returns:
         The record dict described in the module docstring.
@@ -577,7 +603,7 @@ def evaluate_once(
     if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s <= MAX_TIMEOUT_S):
         raise ValueError(f"timeout_s must be a number in (0, {MAX_TIMEOUT_S:g}]; got {timeout_s!r}")
     if isolate == "process":  # a spec is built in the sandbox child (`_sandbox_main` says why)
-        record = _run_in_child(objective, params, int(seed), float(timeout_s))
+        record = _run_in_child(objective, params, int(seed), float(timeout_s), on_built)
     else:
         record = _run_in_thread(_resolve_objective(objective), params, int(seed), float(timeout_s))
     record.setdefault("child_pid", None)
@@ -605,12 +631,16 @@ def _evaluation_task(
     isolate: str,
     report_start: Any = None,
 ) -> dict[str, Any]:
-    if report_start is not None:  # the pool's handle: tell it when this attempt starts (it may have been queued)
-        try:
-            report_start.started.remote(trial_id, time.time())
-        except Exception:  # noqa: BLE001 - the pool is gone: its owner sees that on the ref, not here
-            pass
-    return evaluate_once(objective, trial_id, params, seed, timeout_s, isolate)
+    def report() -> None:
+        if report_start is not None:  # the pool's handle: tell it when this attempt starts (it may have been queued)
+            try:
+                report_start.started.remote(trial_id, time.time())
+            except Exception:  # noqa: BLE001 - the pool is gone: its owner sees that on the ref, not here
+                pass
+
+    report()
+    # again once a new sandbox has built the objective: the central actor's backstop then counts from there
+    return evaluate_once(objective, trial_id, params, seed, timeout_s, isolate, on_built=report)
 
 
 def task_options(resources: Resources, max_retries: int = 1) -> dict[str, Any]:
@@ -618,11 +648,16 @@ def task_options(resources: Resources, max_retries: int = 1) -> dict[str, Any]:
 
     `retry_exceptions` stays False: an exception of the objective is a result (a failed trial), not a
     reason to run it again; only the death of the worker process or its node makes Ray retry.
+
+    The runtime environment (one marker variable, merged into the job's) gives evaluations Ray workers of
+    their own: Ray reuses a worker only for tasks of the same runtime environment, so no evaluation lands in a
+    worker where the user's other tasks ran multi-threaded torch, which would deadlock the sandbox forked from
+    it (GNU OpenMP is not fork-safe; found in review, through the library API).
     """
     if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
         raise ValueError(f"max_retries must be an integer >= 0; got {max_retries!r}")
     opts = resources.to_ray_options()
-    opts.update(max_retries=max_retries, retry_exceptions=False)
+    opts.update(max_retries=max_retries, retry_exceptions=False, runtime_env=EVALUATION_RUNTIME_ENV)
     return opts
 
 

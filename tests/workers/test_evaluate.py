@@ -289,7 +289,7 @@ def test_registry_spec_and_bad_arguments():
         task_options(Resources(), max_retries=-1)
     opts = task_options(Resources(num_cpus=0.5, num_gpus=0, memory=10**8, custom={"sensor": 1}), max_retries=2)
     assert opts == {"num_cpus": 0.5, "num_gpus": 0, "memory": 10**8, "resources": {"sensor": 1}, "max_retries": 2,
-                    "retry_exceptions": False}
+                    "retry_exceptions": False, "runtime_env": {"env_vars": {"QBATCH_EVALUATION_WORKER": "1"}}}
 
 
 # ----------------------------------------------------------------------------- through Ray
@@ -450,3 +450,35 @@ def test_the_group_guard_stays_out_of_the_objectives_way(objective):
     and as the sandbox's child it kept `os.wait()`-until-none-left loops waiting until the timeout."""
     rec = evaluate_once(objective, "0-0", {"x": 0.1}, seed=0, timeout_s=10)
     assert rec["status"] == "completed", (rec["error"], rec["message"])
+
+
+class ThreadedTorch(Objective):
+    """Evaluates with a two-thread torch op (as a CNN does)."""
+
+    space = SPACE
+
+    def evaluate(self, params, seed):
+        torch.set_num_threads(2)
+        return float((torch.ones(400, 400, dtype=torch.float64) @ torch.ones(400, 400, dtype=torch.float64))[0, 0])
+
+
+@pytest.mark.ray
+def test_evaluations_never_run_in_a_worker_where_other_tasks_ran_threaded_torch(ray_local):
+    """GNU OpenMP is not fork-safe: a sandbox forked from a Ray worker that ran a multi-threaded torch op
+    deadlocks at its own first one. Through the library API a user's earlier Ray tasks left such workers, Ray
+    reused them for evaluations, and each evaluation timed out (found in review). Evaluations have workers of
+    their own (their runtime environment)."""
+    ray = ray_local
+
+    @ray.remote(num_cpus=1)
+    def users_task():
+        torch.set_num_threads(2)
+        (torch.ones(400, 400) @ torch.ones(400, 400)).sum()
+        return os.getpid()
+
+    used = set(ray.get([users_task.remote() for _ in range(6)], timeout=60))
+    refs = [submit_evaluation(ThreadedTorch(), f"0-{i}", {"x": 0.1}, i, resources=Resources(num_cpus=1), timeout_s=30)
+            for i in range(2)]
+    for rec in ray.get(refs, timeout=120):
+        assert (rec["status"], rec["value"], rec["error"]) == ("completed", 400.0, None), rec
+        assert rec["pid"] not in used

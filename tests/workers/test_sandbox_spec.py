@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -33,15 +34,21 @@ USER_MODULE = textwrap.dedent(
 
         space = {"x": {"type": "float", "low": 0.0, "high": 1.0}}
 
-        def __init__(self, log: str, fail: str = ""):
+        def __init__(self, log: str, fail: str = "", eval_s: float = 0.0):
+            self.eval_s = eval_s
             with open(log, "a") as f:
                 f.write(f"{os.getpid()}\\n")
             if fail == "raise":
                 raise RuntimeError("no model file at /models/missing.pt")
             if fail == "exit":
                 os._exit(3)
+            if fail == "hang":
+                time.sleep(120)
+            if fail == "slow":
+                time.sleep(1.0)
 
         def evaluate(self, params, seed):
+            time.sleep(self.eval_s)
             return float(params["x"])
 
 
@@ -126,3 +133,31 @@ def test_objective_warmed_with_threaded_torch_does_not_deadlock_its_evaluations(
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[:2] == ["completed 0.5 None"] * 2, out.stdout
+
+
+def test_a_hung_constructor_is_a_timeout_of_its_own_build(user_module):
+    """The build gets `timeout_s` of its own: a hung constructor is killed there and recorded as such (before, it
+    waited for the central actor's backstop and was recorded as a frozen worker, at every trial)."""
+    log = user_module / "built.txt"
+    calls = []
+    rec = evaluate_once(("qbatch_user_objective:Recording", {"log": str(log), "fail": "hang"}), "0-0", {"x": 0.5},
+                        seed=0, timeout_s=1.5, on_built=lambda: calls.append(1))
+    assert (rec["status"], rec["error"]) == ("failed", "timeout")
+    assert rec["message"] == "timeout after 1.5 s while building the objective"
+    assert "building the objective took longer than timeout_s=1.5 s" in rec["traceback"]
+    assert 1.5 <= rec["ended_at"] - rec["started_at"] < 4.0 and calls == []
+    with pytest.raises(ProcessLookupError):  # the hung child was killed
+        os.kill(rec["child_pid"], 0)
+
+
+def test_a_slow_constructor_is_built_once_and_reported_once(user_module):
+    """A build of 1 s and evaluations of 1 s, each within timeout_s = 1.8 s but not together: both evaluations
+    complete in one child (the evaluation's timeout counts after the build); `on_built` (the task's second start
+    report) is called once, after the build."""
+    log = user_module / "built.txt"
+    spec = ("qbatch_user_objective:Recording", {"log": str(log), "fail": "slow", "eval_s": 1.0})
+    calls = []
+    recs = [evaluate_once(spec, f"0-{i}", {"x": 0.5}, seed=i, timeout_s=1.8, on_built=lambda: calls.append(time.time()))
+            for i in range(2)]
+    assert [r["status"] for r in recs] == ["completed"] * 2 and len(calls) == 1
+    assert len(_builders(log)) == 1 and calls[0] <= recs[0]["started_at"]
