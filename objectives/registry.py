@@ -7,13 +7,15 @@ dependencies (gensim, gymnasium, torch) load on demand. A user objective is give
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
-from typing import Any, Mapping
+import sys
+from typing import Any, Iterator, Mapping
 
 from objectives.base import Objective, ObjectiveError
 
-__all__ = ["BUILTIN_OBJECTIVES", "available_objectives", "load_objective"]
+__all__ = ["BUILTIN_OBJECTIVES", "available_objectives", "inspect_objective", "load_objective"]
 
 #: name -> ("module:attribute", one-line description). Filled in by each objective module's author.
 BUILTIN_OBJECTIVES: dict[str, tuple[str, str]] = {
@@ -121,3 +123,23 @@ def _required_positional(target: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return any(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+
+
+@contextlib.contextmanager
+def _torch_threads_kept() -> Iterator[None]:
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    try:
+        yield
+    finally:
+        if before is not None and torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+def inspect_objective(name: str, options: Mapping[str, Any] | None = None) -> Objective:
+    """`load_objective` for a process that only reads the objective's space, direction and resources (the
+    driver, the central actor): torch's thread count is put back afterwards, since a constructor's
+    `torch.set_num_threads` is meant for its evaluations, and in the central actor it set the threads of every
+    model fit (found in review)."""
+    with _torch_threads_kept():
+        return load_objective(name, options)

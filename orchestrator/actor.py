@@ -153,7 +153,7 @@ class CentralActor:
         max_refit_failures: int = 5,
     ) -> None:
         from objectives.base import Objective
-        from objectives.registry import load_objective
+        from objectives.registry import inspect_objective
         from orchestrator.config import load_config
         from orchestrator.store import RunStore
 
@@ -165,7 +165,7 @@ class CentralActor:
         self.run_dir = run_dir
         self.cfg = load_config(self.store.config)
         cfg = self.cfg
-        objective: Objective = load_objective(cfg.objective.name, dict(cfg.objective.options))
+        objective: Objective = inspect_objective(cfg.objective.name, dict(cfg.objective.options))
         self.objective_spec = (cfg.objective.name, dict(cfg.objective.options))
         self.resources = objective.resources
         self.opt = AskTellOptimizer.from_config(cfg, objective)

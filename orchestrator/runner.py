@@ -64,10 +64,10 @@ def _with_absolute_paths(cfg: Any, objective: Any) -> Any:
 def _check_objective(cfg: Any) -> Any:
     """Build the objective, the (overridden) space, the model and the proposer before Ray starts; errors name
     the config key."""
-    from objectives.registry import load_objective
+    from objectives.registry import inspect_objective
 
     try:
-        objective = load_objective(cfg.objective.name, dict(cfg.objective.options))
+        objective = inspect_objective(cfg.objective.name, dict(cfg.objective.options))
     except ValueError as exc:
         raise ConfigError(f"`objective`: {str(exc).splitlines()[0]}") from None
     except Exception as exc:  # an option the objective does not check (a type, a size): no traceback
