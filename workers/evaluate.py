@@ -394,9 +394,12 @@ class _Sandbox:
         self.conn: Any = None
         self.objective: Objective | None = None  # held, so `id` identifies it while the child lives
         self.spec_key: str | None = None  # or the spec the child built its objective from
+        self.devices: tuple[str | None, ...] | None = None  # the accelerators the child was forked with
         self.lock = threading.Lock()
 
     def _serves(self, objective: Objective | tuple[str, Mapping[str, Any]]) -> bool:
+        if self.devices != _visible_devices():  # Ray gave this task other accelerators than the child has
+            return False
         if isinstance(objective, Objective):
             return self.objective is objective
         return self.spec_key is not None and self.spec_key == _spec_key(objective)
@@ -412,6 +415,7 @@ class _Sandbox:
         except Exception:  # pragma: no cover - not Linux
             pass
         ctx = multiprocessing.get_context("fork")
+        self.devices = _visible_devices()
         parent_conn, child_conn = ctx.Pipe(duplex=True)
         proc = ctx.Process(target=_sandbox_main, args=(child_conn, parent_conn, objective, os.getpid()), daemon=True)
         # the child inherits the worker's objects frozen: its garbage collector then never walks (and so never
@@ -521,6 +525,16 @@ class _Sandbox:
             "metrics": {},
             "child_pid": proc.pid,
         }
+
+
+#: what Ray sets per task to give it its GPUs (and other accelerators); a child keeps the value it was forked with
+_DEVICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+
+
+def _visible_devices() -> tuple[str | None, ...]:
+    """The accelerators Ray assigned to the current task. A kept sandbox child forked for an earlier task would
+    run on that task's GPU while this one's stayed idle (found in review), so a change forks a new child."""
+    return tuple(os.environ.get(k) for k in _DEVICE_VARIABLES)
 
 
 _SANDBOX = _Sandbox()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from objectives.base import Objective
 from workers.evaluate import evaluate_once
 
 REPO = Path(__file__).resolve().parents[2]
@@ -161,3 +162,23 @@ def test_a_slow_constructor_is_built_once_and_reported_once(user_module):
             for i in range(2)]
     assert [r["status"] for r in recs] == ["completed"] * 2 and len(calls) == 1
     assert len(_builders(log)) == 1 and calls[0] <= recs[0]["started_at"]
+
+
+class _SeesDevices(Objective):
+    space = {"x": {"type": "float", "low": 0.0, "high": 1.0}}
+
+    def evaluate(self, params, seed):
+        return float(os.environ.get("CUDA_VISIBLE_DEVICES", "-1"))
+
+
+def test_a_task_given_other_gpus_gets_a_new_sandbox(monkeypatch):
+    """Ray sets CUDA_VISIBLE_DEVICES per task; a kept sandbox child keeps the value it was forked with, so a
+    later task on the same worker given another GPU ran on the first one (found in review)."""
+    obj = _SeesDevices()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    a = evaluate_once(obj, "0-0", {"x": 0.5}, seed=0)
+    b = evaluate_once(obj, "0-1", {"x": 0.5}, seed=1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    c = evaluate_once(obj, "0-2", {"x": 0.5}, seed=2)
+    assert (a["value"], b["value"], c["value"]) == (0.0, 0.0, 1.0)
+    assert a["child_pid"] == b["child_pid"] != c["child_pid"]
