@@ -15,11 +15,12 @@ Exit status:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import math
 import os
 import sys
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from orchestrator.errors import ConfigError, QbatchError, UsageError
 
@@ -94,9 +95,10 @@ def _f(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def _open_run(run_dir: str) -> Any:
-    """The `RunStore` at `run_dir` for `status` and `report`, its config checked as `resume` checks it: a
-    hand-edited config.yaml (`budget: six`) made both commands end in a traceback (found in review)."""
+def _open_run(run_dir: str) -> tuple[Any, str | None]:
+    """The `RunStore` at `run_dir` for `status` and `report`, and what is wrong with its config.yaml for this
+    version (None if nothing). Read-only commands still show a run whose config an older version accepted
+    (`_config_read` turns a config that breaks them into one line, as `resume` words it)."""
     from orchestrator.config import load_config
     from orchestrator.store import RunStore, StoreError
 
@@ -107,15 +109,31 @@ def _open_run(run_dir: str) -> Any:
     try:
         load_config(store.config)
     except ConfigError as exc:
-        raise UsageError(f"{os.path.join(store.run_dir, 'config.yaml')}: {exc}") from None
-    return store
+        return store, f"{os.path.join(store.run_dir, 'config.yaml')}: {exc}"
+    return store, None
+
+
+@contextlib.contextmanager
+def _config_read(problem: str | None) -> Iterator[None]:
+    """A hand-edited config.yaml (`budget: six`) made `status` and `report` end in a traceback (found in review):
+    where the config is invalid and reading it fails, one line saying what is wrong with it; where it is
+    invalid but readable (written by an older version), a warning and the run as recorded."""
+    try:
+        yield
+    except (ValueError, TypeError, AttributeError, KeyError):
+        if problem is None:
+            raise
+        raise UsageError(problem) from None
+    if problem is not None:
+        print(f"qbatch: warning: {problem} (shown as recorded; `resume` would refuse it)", file=sys.stderr)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
     from orchestrator.report import compute_metrics
 
-    store = _open_run(args.run_dir)
-    m = compute_metrics(store.events(), store.config, damage=store.damage, with_calibration=False)
+    store, problem = _open_run(args.run_dir)
+    with _config_read(problem):
+        m = compute_metrics(store.events(), store.config, damage=store.damage, with_calibration=False)
     c = m.counts
     done = c["completed"] + c["failed"]
     width = 30
@@ -151,9 +169,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from orchestrator.report import format_summary, write_report
 
-    store = _open_run(args.run_dir)
+    store, problem = _open_run(args.run_dir)
     try:
-        metrics, paths = write_report(args.run_dir, out_dir=args.out, store=store)
+        with _config_read(problem):
+            metrics, paths = write_report(args.run_dir, out_dir=args.out, store=store)
     except OSError as exc:  # --out (or the default report folder) cannot be written
         where = f"`--out` {args.out}" if args.out else "the report folder"
         raise UsageError(f"{where}: {exc.strerror or exc} ({exc.filename})") from None

@@ -315,9 +315,16 @@ def test_damaged_run_directories_are_usage_errors(tmp_path, capsys):
         (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump({**edited, key: bad}))
         for cmd in ("status", "report"):
             one_line(cli.main([cmd, str(tmp_path / "run")]), f"{tmp_path / 'run' / 'config.yaml'}: {text}")
+    # a config an older version accepted (timeout_s past today's 1e6 cap) is still shown, with a warning
+    (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump({**yaml.safe_load(config), "timeout_s": 2e6}))
+    for cmd in ("status", "report"):
+        assert cli.main([cmd, str(tmp_path / "run")]) == 0
+        err = capsys.readouterr().err
+        assert err.startswith(f"qbatch: warning: {tmp_path / 'run' / 'config.yaml'}: `timeout_s` must be") and \
+            "shown as recorded" in err, err
     (tmp_path / "run" / "config.yaml").write_text(config)
     assert cli.main(["status", str(tmp_path / "run")]) == 0
-    capsys.readouterr()
+    assert capsys.readouterr().err == ""
     shutil.rmtree(tmp_path / "run" / "events")
     (tmp_path / "run" / "events").write_text("x")
     for cmd in ("status", "report", "resume"):
