@@ -15,7 +15,7 @@ from typing import Any, Iterator, Mapping
 
 from objectives.base import Objective, ObjectiveError
 
-__all__ = ["BUILTIN_OBJECTIVES", "available_objectives", "inspect_objective", "load_objective"]
+__all__ = ["BUILTIN_OBJECTIVES", "available_objectives", "import_objective_module", "inspect_objective", "load_objective"]
 
 #: name -> ("module:attribute", one-line description). Filled in by each objective module's author.
 BUILTIN_OBJECTIVES: dict[str, tuple[str, str]] = {
@@ -143,3 +143,13 @@ def inspect_objective(name: str, options: Mapping[str, Any] | None = None) -> Ob
     model fit (found in review)."""
     with _torch_threads_kept():
         return load_objective(name, options)
+
+
+def import_objective_module(name: str) -> None:
+    """Import the module that defines objective `name` (a built-in or ``package.module:name``) without building
+    the objective. The evaluation worker does this before it forks a sandbox, which then only builds: the
+    import (torch, a simulator's bindings) is paid once per worker and does not count against the build's
+    timeout. Errors propagate; the caller leaves them for the build to report."""
+    path = BUILTIN_OBJECTIVES[name][0] if name in BUILTIN_OBJECTIVES else name
+    if ":" in path:
+        importlib.import_module(path.split(":", 1)[0])

@@ -657,7 +657,11 @@ class CentralActor:
         limit = self.cfg.timeout_s
         if not refs or not math.isfinite(limit):
             return {}
-        deadline = (1 + self.cfg.max_retries) * limit + max(5.0, 0.25 * limit)
+        grace = max(5.0, 0.25 * limit)
+        # from an attempt's latest start report: the sandbox re-reports once it has built the objective
+        deadline = (1 + self.cfg.max_retries) * limit + grace
+        # from dispatch: each attempt may also build the objective first, with a timeout_s of its own
+        from_dispatch = 2 * (1 + self.cfg.max_retries) * limit + grace
         now = time.time()
         late = [ref for ref in refs if now - self._inflight[ref][1] > deadline]  # none can expire sooner
         if not late:
@@ -667,7 +671,7 @@ class CentralActor:
         for ref in late:
             trial, dispatched, _ = self._inflight[ref]
             if starts is None:
-                over = True  # past the deadline counted from dispatch
+                over = now - dispatched > from_dispatch
             else:
                 start = starts.get(trial.trial_id)
                 over = start is not None and now - start > deadline  # not started: still queued

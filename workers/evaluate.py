@@ -33,8 +33,10 @@ import numpy as np
 
 from objectives.base import EvalResult, Objective, Resources
 
-#: the runtime environment of evaluation tasks: their own Ray workers (`task_options`)
-EVALUATION_RUNTIME_ENV: dict[str, Any] = {"env_vars": {"QBATCH_EVALUATION_WORKER": "1"}}
+def evaluation_runtime_env(isolate: str = "process") -> dict[str, Any]:
+    """The runtime environment of evaluation tasks: Ray workers of their own (`task_options`), apart by
+    isolation mode too (a thread-isolated objective runs torch in the worker itself)."""
+    return {"env_vars": {"QBATCH_EVALUATION_WORKER": isolate}}
 
 #: longest `timeout_s` (about 11.6 days): the wait on the evaluation's child process overflows past about 24 days
 MAX_TIMEOUT_S = 1_000_000.0
@@ -408,8 +410,16 @@ class _Sandbox:
         self, objective: Objective | tuple[str, Mapping[str, Any]], build_timeout_s: float = MAX_TIMEOUT_S
     ) -> dict[str, Any] | None:
         """Start a child for `objective`; for a spec, wait until the child has built it (at most
-        `build_timeout_s`) and return the failure payload if it could not (the child is then gone), else None."""
+        `build_timeout_s`) and return the failure payload if it could not (the child is then gone), else None.
+        A spec's module is imported here first (once per worker, not timed: `import_objective_module`)."""
         self.close()
+        if not isinstance(objective, Objective):
+            try:
+                from objectives.registry import import_objective_module
+
+                import_objective_module(objective[0])
+            except (Exception, SystemExit):  # noqa: BLE001 - the child's build reports it, as a failed trial
+                pass
         try:
             _libc()
         except Exception:  # pragma: no cover - not Linux
@@ -429,7 +439,9 @@ class _Sandbox:
         if isinstance(objective, Objective):
             self.proc, self.conn, self.objective = proc, parent_conn, objective
             return None
-        self.proc, self.conn, self.spec_key = proc, parent_conn, _spec_key(objective)
+        # spec_key is set once the child is ready: until then this sandbox serves nothing (an interrupted wait
+        # left it claiming the spec, and the next evaluation read the late "ready" as its result: review)
+        self.proc, self.conn = proc, parent_conn
         # a child that dies meanwhile ends the wait (EOF); one that hangs is killed at the build's limit (unbounded,
         # a hung constructor was cut only by the actor's backstop, as a "frozen" worker, at every trial: review)
         started = time.time()
@@ -437,6 +449,9 @@ class _Sandbox:
             built = parent_conn.poll(build_timeout_s)
         except (EOFError, OSError):
             built = True
+        except BaseException:  # interrupted (KeyboardInterrupt in a library call): no child half-built left
+            self.close(kill=True, wait=True)
+            raise
         if not built:
             self.close(kill=True, wait=True)
             text = (f"building the objective took longer than timeout_s={build_timeout_s:g} s and was killed (pid "
@@ -453,7 +468,9 @@ class _Sandbox:
         if failure is not None:
             self.close(wait=True)
             failure["child_pid"] = proc.pid
-        return failure
+            return failure
+        self.spec_key = _spec_key(objective)
+        return None
 
     def close(self, kill: bool = False, wait: bool = False) -> None:
         """End the child: close its pipe (it exits) or kill it; reaped here (`wait`) or beside."""
@@ -657,7 +674,7 @@ def _evaluation_task(
     return evaluate_once(objective, trial_id, params, seed, timeout_s, isolate, on_built=report)
 
 
-def task_options(resources: Resources, max_retries: int = 1) -> dict[str, Any]:
+def task_options(resources: Resources, max_retries: int = 1, isolate: str = "process") -> dict[str, Any]:
     """Ray task options for one evaluation: the objective's resources plus retries of a lost worker/node.
 
     `retry_exceptions` stays False: an exception of the objective is a result (a failed trial), not a
@@ -666,12 +683,13 @@ def task_options(resources: Resources, max_retries: int = 1) -> dict[str, Any]:
     The runtime environment (one marker variable, merged into the job's) gives evaluations Ray workers of
     their own: Ray reuses a worker only for tasks of the same runtime environment, so no evaluation lands in a
     worker where the user's other tasks ran multi-threaded torch, which would deadlock the sandbox forked from
-    it (GNU OpenMP is not fork-safe; found in review, through the library API).
+    it (GNU OpenMP is not fork-safe; found in review, through the library API). Thread-isolated evaluations,
+    which run the objective in the worker itself, get workers apart from the process-isolated ones.
     """
     if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
         raise ValueError(f"max_retries must be an integer >= 0; got {max_retries!r}")
     opts = resources.to_ray_options()
-    opts.update(max_retries=max_retries, retry_exceptions=False, runtime_env=EVALUATION_RUNTIME_ENV)
+    opts.update(max_retries=max_retries, retry_exceptions=False, runtime_env=evaluation_runtime_env(isolate))
     return opts
 
 
@@ -710,6 +728,6 @@ def submit_evaluation(
         report_start: an actor handle whose `started(trial_id, time)` each attempt calls when it starts
             (the `EvaluationPool`: a task may wait in Ray's queue long after it was submitted).
     """
-    return evaluation_task().options(**task_options(resources, max_retries)).remote(
+    return evaluation_task().options(**task_options(resources, max_retries, isolate)).remote(
         objective, trial_id, dict(params), int(seed), float(timeout_s), isolate, report_start
     )

@@ -46,7 +46,7 @@ USER_MODULE = textwrap.dedent(
             if fail == "hang":
                 time.sleep(120)
             if fail == "slow":
-                time.sleep(1.0)
+                time.sleep(2.0)
 
         def evaluate(self, params, seed):
             time.sleep(self.eval_s)
@@ -152,13 +152,13 @@ def test_a_hung_constructor_is_a_timeout_of_its_own_build(user_module):
 
 
 def test_a_slow_constructor_is_built_once_and_reported_once(user_module):
-    """A build of 1 s and evaluations of 1 s, each within timeout_s = 1.8 s but not together: both evaluations
+    """A build of 2 s and evaluations of 2 s, each within timeout_s = 3.5 s but not together: both evaluations
     complete in one child (the evaluation's timeout counts after the build); `on_built` (the task's second start
     report) is called once, after the build."""
     log = user_module / "built.txt"
-    spec = ("qbatch_user_objective:Recording", {"log": str(log), "fail": "slow", "eval_s": 1.0})
+    spec = ("qbatch_user_objective:Recording", {"log": str(log), "fail": "slow", "eval_s": 2.0})
     calls = []
-    recs = [evaluate_once(spec, f"0-{i}", {"x": 0.5}, seed=i, timeout_s=1.8, on_built=lambda: calls.append(time.time()))
+    recs = [evaluate_once(spec, f"0-{i}", {"x": 0.5}, seed=i, timeout_s=3.5, on_built=lambda: calls.append(time.time()))
             for i in range(2)]
     assert [r["status"] for r in recs] == ["completed"] * 2 and len(calls) == 1
     assert len(_builders(log)) == 1 and calls[0] <= recs[0]["started_at"]
@@ -182,3 +182,53 @@ def test_a_task_given_other_gpus_gets_a_new_sandbox(monkeypatch):
     c = evaluate_once(obj, "0-2", {"x": 0.5}, seed=2)
     assert (a["value"], b["value"], c["value"]) == (0.0, 0.0, 1.0)
     assert a["child_pid"] == b["child_pid"] != c["child_pid"]
+
+
+def test_importing_the_objectives_module_is_not_part_of_the_builds_timeout(tmp_path, monkeypatch):
+    """The worker imports a spec's module before it forks (once per worker, untimed, as before the build moved
+    into the child); only the constructor counts against the build's timeout_s. A module that took 1.5 s to
+    import failed every trial at timeout_s = 1 (own-diff review)."""
+    (tmp_path / "qbatch_slow_import.py").write_text(textwrap.dedent(
+        """
+        import time
+
+        from objectives.base import Objective
+
+        time.sleep(1.5)
+
+
+        class Quick(Objective):
+            space = {"x": {"type": "float", "low": 0.0, "high": 1.0}}
+
+            def evaluate(self, params, seed):
+                return float(params["x"])
+        """
+    ))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        rec = evaluate_once(("qbatch_slow_import:Quick", {}), "0-0", {"x": 0.25}, seed=0, timeout_s=1.0)
+    finally:
+        sys.modules.pop("qbatch_slow_import", None)
+    assert (rec["status"], rec["value"]) == ("completed", 0.25), rec
+
+
+def test_an_interrupted_build_leaves_no_half_built_sandbox(user_module, monkeypatch):
+    """Ctrl-C while the sandbox builds (a library call): the child is killed and the next evaluation builds
+    afresh. The sandbox used to claim the spec already, and the next evaluation read the late "ready" message
+    as its result: a spurious crash record (own-diff review)."""
+    import multiprocessing.connection as mc
+
+    spec = ("qbatch_user_objective:Recording", {"log": str(user_module / "built.txt"), "fail": "slow"})
+    poll, interrupted = mc.Connection.poll, []
+
+    def interrupting_poll(self, timeout=0.0):
+        if not interrupted:
+            interrupted.append(True)
+            raise KeyboardInterrupt
+        return poll(self, timeout)
+
+    monkeypatch.setattr(mc.Connection, "poll", interrupting_poll)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate_once(spec, "0-0", {"x": 0.5}, seed=0, timeout_s=30)
+    rec = evaluate_once(spec, "0-1", {"x": 0.75}, seed=1, timeout_s=30)
+    assert (rec["status"], rec["value"]) == ("completed", 0.75), rec
