@@ -15,12 +15,11 @@ Exit status:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import math
 import os
 import sys
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 from orchestrator.errors import ConfigError, QbatchError, UsageError
 
@@ -97,8 +96,9 @@ def _f(v: Any) -> str:
 
 def _open_run(run_dir: str) -> tuple[Any, str | None]:
     """The `RunStore` at `run_dir` for `status` and `report`, and what is wrong with its config.yaml for this
-    version (None if nothing). Read-only commands still show a run whose config an older version accepted
-    (`_config_read` turns a config that breaks them into one line, as `resume` words it)."""
+    version (None if nothing), as `resume` words it. The read-only commands show the run as recorded with that
+    as a warning: a hand-edited config.yaml (`budget: six`) made them end in a traceback (found in review), and
+    refusing it would hide runs that an older version wrote and they used to show."""
     from orchestrator.config import load_config
     from orchestrator.store import RunStore, StoreError
 
@@ -113,17 +113,7 @@ def _open_run(run_dir: str) -> tuple[Any, str | None]:
     return store, None
 
 
-@contextlib.contextmanager
-def _config_read(problem: str | None) -> Iterator[None]:
-    """A hand-edited config.yaml (`budget: six`) made `status` and `report` end in a traceback (found in review):
-    where the config is invalid and reading it fails, one line saying what is wrong with it; where it is
-    invalid but readable (written by an older version), a warning and the run as recorded."""
-    try:
-        yield
-    except (ValueError, TypeError, AttributeError, KeyError):
-        if problem is None:
-            raise
-        raise UsageError(problem) from None
+def _warn_config(problem: str | None) -> None:
     if problem is not None:
         print(f"qbatch: warning: {problem} (shown as recorded; `resume` would refuse it)", file=sys.stderr)
 
@@ -132,8 +122,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
     from orchestrator.report import compute_metrics
 
     store, problem = _open_run(args.run_dir)
-    with _config_read(problem):
-        m = compute_metrics(store.events(), store.config, damage=store.damage, with_calibration=False)
+    _warn_config(problem)
+    m = compute_metrics(store.events(), store.config, damage=store.damage, with_calibration=False)
     c = m.counts
     done = c["completed"] + c["failed"]
     width = 30
@@ -170,9 +160,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from orchestrator.report import format_summary, write_report
 
     store, problem = _open_run(args.run_dir)
+    _warn_config(problem)
     try:
-        with _config_read(problem):
-            metrics, paths = write_report(args.run_dir, out_dir=args.out, store=store)
+        metrics, paths = write_report(args.run_dir, out_dir=args.out, store=store)
     except OSError as exc:  # --out (or the default report folder) cannot be written
         where = f"`--out` {args.out}" if args.out else "the report folder"
         raise UsageError(f"{where}: {exc.strerror or exc} ({exc.filename})") from None

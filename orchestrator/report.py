@@ -160,6 +160,19 @@ def _percentile(values: Sequence[float], q: float) -> float:
 
 
 # ---------------------------------------------------------------------------------------- direction
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _as(convert: Any, value: Any, default: Any) -> Any:
+    """`convert(value)`, or `default` where a hand-edited config.yaml holds something else (`budget: six`):
+    status and report show the run as recorded (the CLI warns about the config) instead of failing."""
+    try:
+        return convert(value)
+    except (TypeError, ValueError, OverflowError):
+        return default
+
+
 def resolve_direction(config: Mapping[str, Any], events: Sequence[Event]) -> str:
     """The run's direction: recorded by the actor in a refit event, else the config's, else the objective's."""
     for ev in reversed(events):
@@ -167,7 +180,7 @@ def resolve_direction(config: Mapping[str, Any], events: Sequence[Event]) -> str
             return ev.info["direction"]
     if config.get("direction") in ("maximize", "minimize"):
         return config["direction"]
-    name = (config.get("objective") or {}).get("name", "")
+    name = _mapping(config.get("objective")).get("name", "")
     try:  # import the objective's class only to read its `direction` attribute (no instance is built)
         from objectives.registry import BUILTIN_OBJECTIVES, _import_target
 
@@ -332,7 +345,7 @@ def compute_metrics(
     trials = trials_table(events)
     counts = status_counts(trials)
     direction = resolve_direction(config, events)
-    budget = int(config.get("budget") or 0)
+    budget = max(0, _as(int, config.get("budget") or 0, 0))
     sign = 1.0 if direction == "maximize" else -1.0
 
     completed = [t for t in trials if t.status == "completed" and t.value is not None and math.isfinite(t.value)]
@@ -382,9 +395,9 @@ def compute_metrics(
 
     return RunMetrics(
         name=str(config.get("name", "")),
-        objective=str((config.get("objective") or {}).get("name", "")),
+        objective=str(_mapping(config.get("objective")).get("name", "")),
         direction=direction,
-        tau=float(config.get("tau", math.nan)),
+        tau=_as(float, config.get("tau", math.nan), math.nan),
         budget=budget,
         counts=counts,
         progress=min(1.0, n_done / budget) if budget else math.nan,
@@ -458,7 +471,7 @@ def write_report(
     plt = _figure()
     trials = trials_table(events)
     t0 = min((ev.time for ev in events), default=0.0)
-    label = "tau-quantile" if (config.get("model") or {}).get("type", "quantile") != "expectile" else "tau-expectile"
+    label = "tau-quantile" if _mapping(config.get("model")).get("type", "quantile") != "expectile" else "tau-expectile"
     paths: dict[str, str] = {}
 
     n, times, best = best_so_far(trials, metrics.direction)
