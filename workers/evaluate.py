@@ -322,8 +322,9 @@ def _sandbox_main(
 ) -> None:
     """The sandbox child's loop: evaluate each `(params, seed)` received, answer with its payload.
 
-    A `(name, options)` spec is built here, in the child, and the child answers first with None (ready) or the
-    payload of the failure to build it: the worker then never runs objective code before it forks, which
+    A `(name, options)` spec is imported and built here, in the child, which answers first ("imported", then
+    "built", or "failed" with the failure's payload): the worker then never runs objective code (not even a
+    module's top level) before it forks, which
     matters because GNU OpenMP (torch's CPU thread pool) is not fork-safe: a child forked from a process that
     ran a multi-threaded torch op deadlocks at its own first one (a user objective that warms up a model in its
     constructor timed out at every evaluation; found in review)."""
@@ -343,13 +344,17 @@ def _sandbox_main(
         else:
             _guard_group()
         if not isinstance(objective, Objective):
+            from objectives.registry import import_objective_module
+
             started = time.time()
             try:
-                objective = _load_spec(objective)
+                import_objective_module(objective[0])  # not timed by the worker (the actor's backstop bounds it)
+                conn.send(("imported", None))
+                objective = _load_spec(objective)  # timed: timeout_s of its own
             except BaseException as exc:  # noqa: BLE001 - user code: its failure is the evaluation's record
-                conn.send(_load_failure(exc, started))
+                conn.send(("failed", _load_failure(exc, started)))
                 return
-            conn.send(None)
+            conn.send(("built", None))
         while True:
             try:
                 params, seed = conn.recv()
@@ -407,19 +412,13 @@ class _Sandbox:
         return self.spec_key is not None and self.spec_key == _spec_key(objective)
 
     def _fork(
-        self, objective: Objective | tuple[str, Mapping[str, Any]], build_timeout_s: float = MAX_TIMEOUT_S
+        self, objective: Objective | tuple[str, Mapping[str, Any]], build_timeout_s: float = MAX_TIMEOUT_S,
+        on_progress: Callable[[], None] | None = None,
     ) -> dict[str, Any] | None:
-        """Start a child for `objective`; for a spec, wait until the child has built it (at most
-        `build_timeout_s`) and return the failure payload if it could not (the child is then gone), else None.
-        A spec's module is imported here first (once per worker, not timed: `import_objective_module`)."""
+        """Start a child for `objective`. For a spec, wait until the child has imported its module (not timed
+        here), then built it (at most `build_timeout_s`), calling `on_progress` after each step; return the
+        failure payload if it could not (the child is then gone), else None."""
         self.close()
-        if not isinstance(objective, Objective):
-            try:
-                from objectives.registry import import_objective_module
-
-                import_objective_module(objective[0])
-            except (Exception, SystemExit):  # noqa: BLE001 - the child's build reports it, as a failed trial
-                pass
         try:
             _libc()
         except Exception:  # pragma: no cover - not Linux
@@ -442,34 +441,36 @@ class _Sandbox:
         # spec_key is set once the child is ready: until then this sandbox serves nothing (an interrupted wait
         # left it claiming the spec, and the next evaluation read the late "ready" as its result: review)
         self.proc, self.conn = proc, parent_conn
-        # a child that dies meanwhile ends the wait (EOF); one that hangs is killed at the build's limit (unbounded,
-        # a hung constructor was cut only by the actor's backstop, as a "frozen" worker, at every trial: review)
         started = time.time()
         try:
-            built = parent_conn.poll(build_timeout_s)
-        except (EOFError, OSError):
-            built = True
-        except BaseException:  # interrupted (KeyboardInterrupt in a library call): no child half-built left
-            self.close(kill=True, wait=True)
-            raise
-        if not built:
-            self.close(kill=True, wait=True)
-            text = (f"building the objective took longer than timeout_s={build_timeout_s:g} s and was killed (pid "
-                    f"{proc.pid}); a constructor that needs longer needs a larger timeout_s")
-            return {"status": "failed", "value": None, "error": "timeout", "traceback": text,
-                    "message": f"timeout after {build_timeout_s:g} s while building the objective",
-                    "started_at": started, "ended_at": time.time(), "metrics": {}, "child_pid": proc.pid}
-        try:
-            failure = parent_conn.recv()
+            step, failure = parent_conn.recv()  # the import; a child that dies meanwhile ends the wait (EOF)
+            if step == "imported":
+                if on_progress is not None:
+                    on_progress()
+                # the build has a limit of its own (unbounded, a hung constructor was cut only by the actor's
+                # backstop, as a "frozen" worker, at every trial: review)
+                if not parent_conn.poll(build_timeout_s):
+                    self.close(kill=True, wait=True)
+                    text = (f"building the objective took longer than timeout_s={build_timeout_s:g} s and was killed "
+                            f"(pid {proc.pid}); a constructor that needs longer needs a larger timeout_s")
+                    return {"status": "failed", "value": None, "error": "timeout", "traceback": text,
+                            "message": f"timeout after {build_timeout_s:g} s while building the objective",
+                            "started_at": started, "ended_at": time.time(), "metrics": {}, "child_pid": proc.pid}
+                step, failure = parent_conn.recv()
         except (EOFError, OSError):
             self.close(kill=True, wait=True)
             died = RuntimeError(f"the sandbox process died while building the objective (exit code {proc.exitcode})")
             return {**_load_failure(died, started), "child_pid": proc.pid}
-        if failure is not None:
+        except BaseException:  # interrupted (KeyboardInterrupt in a library call): no child half-built left
+            self.close(kill=True, wait=True)
+            raise
+        if step == "failed":
             self.close(wait=True)
             failure["child_pid"] = proc.pid
             return failure
         self.spec_key = _spec_key(objective)
+        if on_progress is not None:
+            on_progress()
         return None
 
     def close(self, kill: bool = False, wait: bool = False) -> None:
@@ -488,17 +489,15 @@ class _Sandbox:
 
     def run(
         self, objective: Objective | tuple[str, Mapping[str, Any]], params: Mapping[str, Any], seed: int,
-        timeout_s: float, on_built: Callable[[], None] | None = None,
+        timeout_s: float, on_progress: Callable[[], None] | None = None,
     ) -> dict[str, Any]:
         """Evaluate in the child (forked first if needed). A spec's build gets `timeout_s` of its own, then the
-        evaluation its full `timeout_s`; `on_built` is called after a build (the task re-reports its start, so
-        the central actor's backstop deadline counts from there)."""
+        evaluation its full `timeout_s`; `on_progress` is called after a new child's import and after its build
+        (the task re-reports its start each time, so the central actor's backstop deadline counts from there)."""
         if self.proc is None or not self._serves(objective) or not self.proc.is_alive():
-            failure = self._fork(objective, timeout_s)
+            failure = self._fork(objective, timeout_s, on_progress)
             if failure is not None:
                 return failure
-            if on_built is not None and not isinstance(objective, Objective):
-                on_built()
         proc = self.proc
         started = time.time()
         try:
@@ -506,6 +505,9 @@ class _Sandbox:
             answered = self.conn.poll(timeout_s)
         except (BrokenPipeError, EOFError, OSError):  # died between evaluations: read as a crash below
             answered = True
+        except BaseException:  # interrupted: a child still busy with this evaluation must not serve the next
+            self.close(kill=True, wait=True)
+            raise
         if not answered:
             self.close(kill=True, wait=True)
             return {
@@ -523,6 +525,9 @@ class _Sandbox:
             payload = self.conn.recv()
         except (EOFError, OSError):
             payload = None
+        except BaseException:
+            self.close(kill=True, wait=True)
+            raise
         if payload is not None:
             payload["child_pid"] = proc.pid
             return payload
@@ -559,17 +564,17 @@ _SANDBOX = _Sandbox()
 
 def _run_in_child(
     objective: Objective | tuple[str, Mapping[str, Any]], params: Mapping[str, Any], seed: int, timeout_s: float,
-    on_built: Callable[[], None] | None = None,
+    on_progress: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Evaluate in this worker's sandbox child (a private one if another thread is using it)."""
     if _SANDBOX.lock.acquire(blocking=False):
         try:
-            return _SANDBOX.run(objective, params, seed, timeout_s, on_built)
+            return _SANDBOX.run(objective, params, seed, timeout_s, on_progress)
         finally:
             _SANDBOX.lock.release()
     private = _Sandbox()
     try:
-        return private.run(objective, params, seed, timeout_s, on_built)
+        return private.run(objective, params, seed, timeout_s, on_progress)
     finally:
         private.close()
 
@@ -612,7 +617,7 @@ def evaluate_once(
     seed: int,
     timeout_s: float = 600.0,
     isolate: str = "process",
-    on_built: Callable[[], None] | None = None,
+    on_progress: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Evaluate one trial in this process (no Ray needed) and return its record.
 
@@ -623,8 +628,8 @@ def evaluate_once(
         seed: the evaluation's random seed.
         timeout_s: seconds before the evaluation is killed (process) or abandoned (thread).
         isolate: "process" (forked child, killable) or "thread".
-        on_built: called once a `(name, options)` spec has been built in a new sandbox child (the build has a
-            `timeout_s` of its own, before the evaluation's).
+        on_progress: called when a new sandbox child has imported a `(name, options)` spec's module (not timed)
+            and when it has built the objective (`timeout_s` of its own, before the evaluation's).
 
     Returns:
         The record dict described in the module docstring.
@@ -634,7 +639,7 @@ def evaluate_once(
     if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s <= MAX_TIMEOUT_S):
         raise ValueError(f"timeout_s must be a number in (0, {MAX_TIMEOUT_S:g}]; got {timeout_s!r}")
     if isolate == "process":  # a spec is built in the sandbox child (`_sandbox_main` says why)
-        record = _run_in_child(objective, params, int(seed), float(timeout_s), on_built)
+        record = _run_in_child(objective, params, int(seed), float(timeout_s), on_progress)
     else:
         record = _run_in_thread(_resolve_objective(objective), params, int(seed), float(timeout_s))
     record.setdefault("child_pid", None)
@@ -670,8 +675,8 @@ def _evaluation_task(
                 pass
 
     report()
-    # again once a new sandbox has built the objective: the central actor's backstop then counts from there
-    return evaluate_once(objective, trial_id, params, seed, timeout_s, isolate, on_built=report)
+    # again once a new sandbox has imported and built the objective: the actor's backstop counts from there
+    return evaluate_once(objective, trial_id, params, seed, timeout_s, isolate, on_progress=report)
 
 
 def task_options(resources: Resources, max_retries: int = 1, isolate: str = "process") -> dict[str, Any]:

@@ -120,20 +120,40 @@ def test_an_objective_that_cannot_be_built_is_a_failed_record_each_time(user_mod
 
 def test_objective_warmed_with_threaded_torch_does_not_deadlock_its_evaluations(user_module):
     """In a fresh interpreter (this one may have used OpenMP already): before the fix, every evaluation
-    deadlocked in the forked child and ended as a timeout."""
+    deadlocked in the forked child and ended as a timeout. The same for a warm-up at the module's top level
+    (the worker imported the module before forking for a while: review)."""
+    (user_module / "qbatch_warm_module.py").write_text(textwrap.dedent(
+        """
+        import torch
+
+        from objectives.base import Objective
+
+        torch.set_num_threads(2)
+        W = torch.randn(600, 600)
+        (W @ W).sum()
+
+
+        class Warm(Objective):
+            space = {"x": {"type": "float", "low": 0.0, "high": 1.0}}
+
+            def evaluate(self, params, seed):
+                torch.set_num_threads(2)
+                return float((W @ W).sum() * 0 + params["x"])
+        """
+    ))
     code = textwrap.dedent(
         """
         from workers.evaluate import evaluate_once
-        spec = ("qbatch_user_objective:WarmTorch", {})
-        for i in range(2):
-            rec = evaluate_once(spec, f"0-{i}", {"x": 0.5}, seed=i, timeout_s=30)
-            print(rec["status"], rec["value"], rec["error"])
+        for spec in (("qbatch_user_objective:WarmTorch", {}), ("qbatch_warm_module:Warm", {})):
+            for i in range(2):
+                rec = evaluate_once(spec, f"0-{i}", {"x": 0.5}, seed=i, timeout_s=30)
+                print(rec["status"], rec["value"], rec["error"])
         """
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(user_module), str(REPO)]), "OMP_NUM_THREADS": "2"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split("\n")[:2] == ["completed 0.5 None"] * 2, out.stdout
+    assert out.stdout.split("\n")[:4] == ["completed 0.5 None"] * 4, out.stdout
 
 
 def test_a_hung_constructor_is_a_timeout_of_its_own_build(user_module):
@@ -142,26 +162,26 @@ def test_a_hung_constructor_is_a_timeout_of_its_own_build(user_module):
     log = user_module / "built.txt"
     calls = []
     rec = evaluate_once(("qbatch_user_objective:Recording", {"log": str(log), "fail": "hang"}), "0-0", {"x": 0.5},
-                        seed=0, timeout_s=1.5, on_built=lambda: calls.append(1))
+                        seed=0, timeout_s=1.5, on_progress=lambda: calls.append(1))
     assert (rec["status"], rec["error"]) == ("failed", "timeout")
     assert rec["message"] == "timeout after 1.5 s while building the objective"
     assert "building the objective took longer than timeout_s=1.5 s" in rec["traceback"]
-    assert 1.5 <= rec["ended_at"] - rec["started_at"] < 4.0 and calls == []
+    assert 1.5 <= rec["ended_at"] - rec["started_at"] < 4.0 and calls == [1]  # imported, never built
     with pytest.raises(ProcessLookupError):  # the hung child was killed
         os.kill(rec["child_pid"], 0)
 
 
 def test_a_slow_constructor_is_built_once_and_reported_once(user_module):
     """A build of 2 s and evaluations of 2 s, each within timeout_s = 3.5 s but not together: both evaluations
-    complete in one child (the evaluation's timeout counts after the build); `on_built` (the task's second start
-    report) is called once, after the build."""
+    complete in one child (the evaluation's timeout counts after the build); `on_progress` (the task's start
+    re-reports) is called twice for the one child, after its import and after its build."""
     log = user_module / "built.txt"
     spec = ("qbatch_user_objective:Recording", {"log": str(log), "fail": "slow", "eval_s": 2.0})
     calls = []
-    recs = [evaluate_once(spec, f"0-{i}", {"x": 0.5}, seed=i, timeout_s=3.5, on_built=lambda: calls.append(time.time()))
+    recs = [evaluate_once(spec, f"0-{i}", {"x": 0.5}, seed=i, timeout_s=3.5, on_progress=lambda: calls.append(time.time()))
             for i in range(2)]
-    assert [r["status"] for r in recs] == ["completed"] * 2 and len(calls) == 1
-    assert len(_builders(log)) == 1 and calls[0] <= recs[0]["started_at"]
+    assert [r["status"] for r in recs] == ["completed"] * 2 and len(calls) == 2
+    assert len(_builders(log)) == 1 and calls[0] + 1.9 < calls[1] <= recs[0]["started_at"]
 
 
 class _SeesDevices(Objective):
@@ -232,3 +252,35 @@ def test_an_interrupted_build_leaves_no_half_built_sandbox(user_module, monkeypa
         evaluate_once(spec, "0-0", {"x": 0.5}, seed=0, timeout_s=30)
     rec = evaluate_once(spec, "0-1", {"x": 0.75}, seed=1, timeout_s=30)
     assert (rec["status"], rec["value"]) == ("completed", 0.75), rec
+
+
+def test_an_interrupted_evaluation_leaves_no_busy_sandbox(user_module, monkeypatch):
+    """Ctrl-C while an evaluation runs (a library call): the child still computing x = 0.1 must not answer the
+    next evaluation (it returned 0.1 for x = 0.9: review)."""
+    import multiprocessing.connection as mc
+
+    spec = ("qbatch_user_objective:Recording", {"log": str(user_module / "built.txt"), "eval_s": 0.5})
+    assert evaluate_once(spec, "0-0", {"x": 0.2}, seed=0)["value"] == 0.2  # a ready child
+    poll, interrupted = mc.Connection.poll, []
+
+    def interrupting_poll(self, timeout=0.0):
+        if not interrupted:
+            interrupted.append(True)
+            raise KeyboardInterrupt
+        return poll(self, timeout)
+
+    monkeypatch.setattr(mc.Connection, "poll", interrupting_poll)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate_once(spec, "0-1", {"x": 0.1}, seed=1, timeout_s=30)
+    rec = evaluate_once(spec, "0-2", {"x": 0.9}, seed=2, timeout_s=30)
+    assert (rec["status"], rec["value"]) == ("completed", 0.9), rec
+
+
+def test_a_module_that_fails_to_import_is_reported_as_such(tmp_path, monkeypatch):
+    """A slow module that then fails to import: the failure says so, with no build timeout (it was imported in
+    the worker, untimed, then again in the child within the build's timeout: "timeout ... while building")."""
+    (tmp_path / "qbatch_bad_import.py").write_text("import time\ntime.sleep(1.5)\nraise ImportError('no libfoo.so')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rec = evaluate_once(("qbatch_bad_import:Thing", {}), "0-0", {"x": 0.5}, seed=0, timeout_s=1.0)
+    assert (rec["status"], rec["error"]) == ("failed", "exception"), rec
+    assert "loading the objective failed" in rec["message"] and "no libfoo.so" in rec["message"], rec["message"]
