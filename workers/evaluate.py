@@ -324,10 +324,9 @@ def _sandbox_main(
 
     A `(name, options)` spec is imported and built here, in the child, which answers first ("imported", then
     "built", or "failed" with the failure's payload): the worker then never runs objective code (not even a
-    module's top level) before it forks, which
-    matters because GNU OpenMP (torch's CPU thread pool) is not fork-safe: a child forked from a process that
-    ran a multi-threaded torch op deadlocks at its own first one (a user objective that warms up a model in its
-    constructor timed out at every evaluation; found in review)."""
+    module's top level) before it forks, which matters because GNU OpenMP (torch's CPU thread pool) is not
+    fork-safe: a child forked from a process that ran a multi-threaded torch op deadlocks at its own first one
+    (a user objective that warms up a model in its constructor timed out at every evaluation; found in review)."""
     try:
         parent_end.close()  # else the worker closing its end would never reach this child as EOF
         # multiprocessing marks this child daemonic (so the worker never waits for it at exit) and refuses
