@@ -651,14 +651,15 @@ class CentralActor:
         each attempt reports when it starts running, and the deadline counts from the latest start: an evaluation
         that waits in Ray's queue (more in flight than the cluster runs at once) is never cut short. It allows
         every Ray retry its full timeout plus a grace period, since a retry after a lost worker may itself wait
-        in the queue before it reports its start. Without start reports (no pool, or the pool does not answer)
-        the same deadline counts from dispatch.
+        in the queue before it reports its start. A new sandbox reports again once it has imported and once it
+        has built the objective (the build has a timeout_s of its own). Without start reports (no pool, or the
+        pool does not answer) the deadline counts from dispatch and allows each attempt a build too.
         """
         limit = self.cfg.timeout_s
         if not refs or not math.isfinite(limit):
             return {}
         grace = max(5.0, 0.25 * limit)
-        # from an attempt's latest start report: the sandbox re-reports once it has built the objective
+        # from an attempt's latest start report: a new sandbox re-reports after its import and its build
         deadline = (1 + self.cfg.max_retries) * limit + grace
         # from dispatch: each attempt may also build the objective first, with a timeout_s of its own
         from_dispatch = 2 * (1 + self.cfg.max_retries) * limit + grace
