@@ -478,9 +478,11 @@ def test_evaluations_never_run_in_a_worker_where_other_tasks_ran_threaded_torch(
         (torch.ones(400, 400) @ torch.ones(400, 400)).sum()
         return os.getpid()
 
-    used = set(ray.get([users_task.remote() for _ in range(6)], timeout=60))
+    # generous waits: starting workers that import torch takes minutes on a loaded machine; a deadlock shows
+    # anyway, as a "timeout" record (each evaluation has timeout_s = 30)
+    used = set(ray.get([users_task.remote() for _ in range(6)], timeout=300))
     refs = [submit_evaluation(ThreadedTorch(), f"0-{i}", {"x": 0.1}, i, resources=Resources(num_cpus=1), timeout_s=30)
             for i in range(2)]
-    for rec in ray.get(refs, timeout=120):
+    for rec in ray.get(refs, timeout=300):
         assert (rec["status"], rec["value"], rec["error"]) == ("completed", 400.0, None), rec
         assert rec["pid"] not in used
