@@ -233,13 +233,10 @@ def test_importing_the_objectives_module_is_not_part_of_the_builds_timeout(tmp_p
     assert (rec["status"], rec["value"]) == ("completed", 0.25), rec
 
 
-def test_an_interrupted_build_leaves_no_half_built_sandbox(user_module, monkeypatch):
-    """Ctrl-C while the sandbox builds (a library call): the child is killed and the next evaluation builds
-    afresh. The sandbox used to claim the spec already, and the next evaluation read the late "ready" message
-    as its result: a spurious crash record (own-diff review)."""
+def _interrupt_the_next_wait(monkeypatch) -> None:
+    """The worker's next wait on its sandbox raises KeyboardInterrupt (Ctrl-C in a library call); later ones wait."""
     import multiprocessing.connection as mc
 
-    spec = ("qbatch_user_objective:Recording", {"log": str(user_module / "built.txt"), "fail": "slow"})
     poll, interrupted = mc.Connection.poll, []
 
     def interrupting_poll(self, timeout=0.0):
@@ -249,6 +246,14 @@ def test_an_interrupted_build_leaves_no_half_built_sandbox(user_module, monkeypa
         return poll(self, timeout)
 
     monkeypatch.setattr(mc.Connection, "poll", interrupting_poll)
+
+
+def test_an_interrupted_build_leaves_no_half_built_sandbox(user_module, monkeypatch):
+    """Ctrl-C while the sandbox builds (a library call): the child is killed and the next evaluation builds
+    afresh. The sandbox used to claim the spec already, and the next evaluation read the late "ready" message
+    as its result: a spurious crash record (own-diff review)."""
+    spec = ("qbatch_user_objective:Recording", {"log": str(user_module / "built.txt"), "fail": "slow"})
+    _interrupt_the_next_wait(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         evaluate_once(spec, "0-0", {"x": 0.5}, seed=0, timeout_s=30)
     rec = evaluate_once(spec, "0-1", {"x": 0.75}, seed=1, timeout_s=30)
@@ -258,19 +263,9 @@ def test_an_interrupted_build_leaves_no_half_built_sandbox(user_module, monkeypa
 def test_an_interrupted_evaluation_leaves_no_busy_sandbox(user_module, monkeypatch):
     """Ctrl-C while an evaluation runs (a library call): the child still computing x = 0.1 must not answer the
     next evaluation (it returned 0.1 for x = 0.9: review)."""
-    import multiprocessing.connection as mc
-
     spec = ("qbatch_user_objective:Recording", {"log": str(user_module / "built.txt"), "eval_s": 0.5})
     assert evaluate_once(spec, "0-0", {"x": 0.2}, seed=0)["value"] == 0.2  # a ready child
-    poll, interrupted = mc.Connection.poll, []
-
-    def interrupting_poll(self, timeout=0.0):
-        if not interrupted:
-            interrupted.append(True)
-            raise KeyboardInterrupt
-        return poll(self, timeout)
-
-    monkeypatch.setattr(mc.Connection, "poll", interrupting_poll)
+    _interrupt_the_next_wait(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         evaluate_once(spec, "0-1", {"x": 0.1}, seed=1, timeout_s=30)
     rec = evaluate_once(spec, "0-2", {"x": 0.9}, seed=2, timeout_s=30)
