@@ -190,19 +190,21 @@ def _resolve_objective(objective: Objective | tuple[str, Mapping[str, Any]]) -> 
     return _OBJECTIVE_CACHE[key]
 
 
+def _failed(
+    error: str, message: str, traceback: str, started: float, ended: float | None = None,
+    metrics: dict[str, Any] | None = None, **extra: Any,
+) -> dict[str, Any]:
+    """The payload of a failed evaluation's record (`extra`: e.g. `child_pid`); `ended` defaults to now."""
+    return {"status": "failed", "value": None, "error": error, "traceback": traceback, "message": message,
+            "started_at": started, "ended_at": time.time() if ended is None else ended, "metrics": metrics or {},
+            **extra}
+
+
 def _load_failure(exc: BaseException, started: float) -> dict[str, Any]:
     """The record payload of an evaluation whose objective could not be built (a failed trial, as when the
     worker raised it: the actor records a task's exception the same way)."""
-    return {
-        "status": "failed",
-        "value": None,
-        "error": "exception",
-        "traceback": format_exception_traceback(exc),
-        "message": f"loading the objective failed: {describe_exception(exc)}",
-        "started_at": started,
-        "ended_at": time.time(),
-        "metrics": {},
-    }
+    return _failed("exception", f"loading the objective failed: {describe_exception(exc)}",
+                   format_exception_traceback(exc), started)
 
 
 def _call(objective: Objective, params: Mapping[str, Any], seed: int) -> dict[str, Any]:
@@ -212,16 +214,7 @@ def _call(objective: Objective, params: Mapping[str, Any], seed: int) -> dict[st
         raw = objective(dict(params), seed)
     except BaseException as exc:  # noqa: BLE001 - any exception of user code is a failed trial
         ended = time.time()
-        return {
-            "status": "failed",
-            "value": None,
-            "error": "exception",
-            "traceback": format_exception_traceback(exc),
-            "message": describe_exception(exc),
-            "started_at": started,
-            "ended_at": ended,
-            "metrics": {},
-        }
+        return _failed("exception", describe_exception(exc), format_exception_traceback(exc), started, ended)
     ended = time.time()
     try:
         value, reason, message = classify_value(raw)
@@ -230,16 +223,7 @@ def _call(objective: Objective, params: Mapping[str, Any], seed: int) -> dict[st
         value, metrics = None, {}
         reason, message = "non-numeric", f"the objective's return value could not be read: {describe_exception(exc)}"
     if reason is not None:
-        return {
-            "status": "failed",
-            "value": None,
-            "error": reason,
-            "traceback": message,
-            "message": message,
-            "started_at": started,
-            "ended_at": ended,
-            "metrics": metrics,
-        }
+        return _failed(reason, message, message, started, ended, metrics)
     return {
         "status": "completed",
         "value": value,
@@ -452,9 +436,8 @@ class _Sandbox:
                     self.close(kill=True, wait=True)
                     text = (f"building the objective took longer than timeout_s={build_timeout_s:g} s and was killed "
                             f"(pid {proc.pid}); a constructor that needs longer needs a larger timeout_s")
-                    return {"status": "failed", "value": None, "error": "timeout", "traceback": text,
-                            "message": f"timeout after {build_timeout_s:g} s while building the objective",
-                            "started_at": started, "ended_at": time.time(), "metrics": {}, "child_pid": proc.pid}
+                    return _failed("timeout", f"timeout after {build_timeout_s:g} s while building the objective",
+                                   text, started, child_pid=proc.pid)
                 step, failure = parent_conn.recv()
         except (EOFError, OSError):
             self.close(kill=True, wait=True)
@@ -509,17 +492,9 @@ class _Sandbox:
             raise
         if not answered:
             self.close(kill=True, wait=True)
-            return {
-                "status": "failed",
-                "value": None,
-                "error": "timeout",
-                "traceback": f"the evaluation ran past timeout_s={timeout_s:g} s and was killed (pid {proc.pid})",
-                "message": f"timeout after {timeout_s:g} s",
-                "started_at": started,
-                "ended_at": time.time(),
-                "metrics": {},
-                "child_pid": proc.pid,
-            }
+            return _failed("timeout", f"timeout after {timeout_s:g} s",
+                           f"the evaluation ran past timeout_s={timeout_s:g} s and was killed (pid {proc.pid})", started,
+                           child_pid=proc.pid)
         try:
             payload = self.conn.recv()
         except (EOFError, OSError):
@@ -532,20 +507,11 @@ class _Sandbox:
             return payload
         # no answer: the child died first (os.abort, a segfault, killed)
         self.close(kill=True, wait=True)
-        ended = time.time()
         code = proc.exitcode
         what = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
-        return {
-            "status": "failed",
-            "value": None,
-            "error": "crash",
-            "traceback": f"the evaluation process (pid {proc.pid}) died with {what} before returning a result",
-            "message": f"crash ({what})",
-            "started_at": started,
-            "ended_at": ended,
-            "metrics": {},
-            "child_pid": proc.pid,
-        }
+        return _failed("crash", f"crash ({what})",
+                       f"the evaluation process (pid {proc.pid}) died with {what} before returning a result", started,
+                       child_pid=proc.pid)
 
 
 #: what Ray sets per task to give it its GPUs (and other accelerators); a child keeps the value it was forked with
@@ -597,16 +563,9 @@ def _run_in_thread(objective: Objective, params: Mapping[str, Any], seed: int, t
     thread.join(timeout_s)
     if box:
         return box[0]
-    return {
-        "status": "failed",
-        "value": None,
-        "error": "timeout",
-        "traceback": f"the evaluation ran past timeout_s={timeout_s:g} s; its thread was abandoned (isolate='thread')",
-        "message": f"timeout after {timeout_s:g} s",
-        "started_at": started,
-        "ended_at": time.time(),
-        "metrics": {},
-    }
+    return _failed("timeout", f"timeout after {timeout_s:g} s",
+                   f"the evaluation ran past timeout_s={timeout_s:g} s; its thread was abandoned (isolate='thread')",
+                   started)
 
 
 def evaluate_once(
