@@ -15,7 +15,8 @@ from typing import Any, Iterator, Mapping
 
 from objectives.base import Objective, ObjectiveError
 
-__all__ = ["BUILTIN_OBJECTIVES", "available_objectives", "import_objective_module", "inspect_objective", "load_objective"]
+__all__ = ["BUILTIN_OBJECTIVES", "available_objectives", "import_objective_module", "inspect_objective", "load_objective",
+           "objective_path"]
 
 #: name -> ("module:attribute", one-line description). Filled in by each objective module's author.
 BUILTIN_OBJECTIVES: dict[str, tuple[str, str]] = {
@@ -79,13 +80,17 @@ def _unknown_options(target: Any, options: Mapping[str, Any]) -> tuple[list[str]
     return sorted(k for k in options if k not in accepted), accepted
 
 
+def objective_path(name: str) -> str:
+    """The ``module:attribute`` that defines objective `name`: a built-in's entry, else `name` itself."""
+    return BUILTIN_OBJECTIVES[name][0] if name in BUILTIN_OBJECTIVES else name
+
+
 def load_objective(name: str, options: Mapping[str, Any] | None = None) -> Objective:
     """Build an objective from a built-in name or a ``package.module:name`` path, with keyword options."""
     options = dict(options or {})
-    if name in BUILTIN_OBJECTIVES:
-        target = _import_target(BUILTIN_OBJECTIVES[name][0])
-    elif ":" in name:
-        target = _import_target(name)
+    path = objective_path(name)
+    if ":" in path:
+        target = _import_target(path)
     else:
         raise ObjectiveError(
             f"unknown objective {name!r}; built-ins are {sorted(BUILTIN_OBJECTIVES)}, "
@@ -147,9 +152,8 @@ def inspect_objective(name: str, options: Mapping[str, Any] | None = None) -> Ob
 
 def import_objective_module(name: str) -> None:
     """Import the module that defines objective `name` (a built-in or ``package.module:name``) without building
-    the objective. The evaluation worker does this before it forks a sandbox, which then only builds: the
-    import (torch, a simulator's bindings) is paid once per worker and does not count against the build's
-    timeout. Errors propagate; the caller leaves them for the build to report."""
-    path = BUILTIN_OBJECTIVES[name][0] if name in BUILTIN_OBJECTIVES else name
+    the objective. The sandbox child does this first, so the import (torch, a simulator's bindings) is not part
+    of the build's timeout. Errors propagate (the child reports them as the evaluation's failure)."""
+    path = objective_path(name)
     if ":" in path:
         importlib.import_module(path.split(":", 1)[0])

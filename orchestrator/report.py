@@ -182,9 +182,9 @@ def resolve_direction(config: Mapping[str, Any], events: Sequence[Event]) -> str
         return config["direction"]
     name = _mapping(config.get("objective")).get("name", "")
     try:  # import the objective's class only to read its `direction` attribute (no instance is built)
-        from objectives.registry import BUILTIN_OBJECTIVES, _import_target
+        from objectives.registry import _import_target, objective_path
 
-        target = _import_target(BUILTIN_OBJECTIVES[name][0] if name in BUILTIN_OBJECTIVES else name)
+        target = _import_target(objective_path(name))
         d = getattr(target, "direction", "maximize")
         return d if d in ("maximize", "minimize") else "maximize"
     except Exception as exc:  # noqa: BLE001 -- an objective that cannot be imported here: qbatch's default
