@@ -766,8 +766,9 @@ class CentralActor:
         low = self.low_water()
         if queued >= low:
             return False
-        if self.opt._design_left() > 0:  # the initial design
-            q = min(self.opt._design_left(), self.cfg.batch_size, remaining)
+        design_left = self.opt._design_left()
+        if design_left > 0:  # the initial design
+            q = min(design_left, self.cfg.batch_size, remaining)
         elif self.opt.model is not None or not self.opt.needs_model():  # a model, or a proposer without one
             q = min(self.cfg.batch_size, remaining)
         else:
@@ -907,8 +908,9 @@ class CentralActor:
         remaining = self._remaining_to_propose()
         if remaining <= 0 or self._queue:
             return
-        if self.opt._design_left() > 0:
-            self._propose(min(self.opt._design_left(), remaining))
+        design_left = self.opt._design_left()
+        if design_left > 0:
+            self._propose(min(design_left, remaining))
             return
         if self.opt.can_fit() and (self.opt.model is None or self.opt.num_stale > 0):
             if not self._refit() and self._abort:
