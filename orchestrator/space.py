@@ -73,7 +73,7 @@ class IntParam:
                              f"({_MAX_EXACT_INT}), where float64 holds every integer; got low={self.low}, high={self.high}")
         if self.step < 1:  # before the division below (step 0 was a ZeroDivisionError; found in review)
             raise SpaceError(f"parameter {self.name!r}: step must be >= 1; got {self.step}")
-        if (int(self.high) - int(self.low)) // int(self.step) + 1 > _MAX_EXACT_INT // 2:  # cells of 1/size in [0, 1]
+        if self.size > _MAX_EXACT_INT // 2:  # cells of 1/size in [0, 1]
             raise SpaceError(f"parameter {self.name!r}: an int parameter may hold at most 2**52 values (each is a "
                              f"cell of the float64 unit interval); got low={self.low}, high={self.high}, step={self.step}")
         if (self.high - self.low) % self.step:
