@@ -94,11 +94,11 @@ def _f(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def _open_run(run_dir: str) -> tuple[Any, str | None]:
-    """The `RunStore` at `run_dir` for `status` and `report`, and what is wrong with its config.yaml for this
-    version (None if nothing), as `resume` words it. The read-only commands show the run as recorded with that
-    as a warning: a hand-edited config.yaml (`budget: six`) made them end in a traceback (found in review), and
-    refusing it would hide runs that an older version wrote and they used to show."""
+def _open_run(run_dir: str) -> Any:
+    """The `RunStore` at `run_dir` for `status` and `report`. What is wrong with its config.yaml for this version
+    is a warning, worded as `resume` words it, and the run is shown as recorded: a hand-edited config.yaml
+    (`budget: six`) made them end in a traceback (found in review), and refusing it would hide runs that an
+    older version wrote and they used to show."""
     from orchestrator.config import load_config
     from orchestrator.store import RunStore, StoreError
 
@@ -109,20 +109,15 @@ def _open_run(run_dir: str) -> tuple[Any, str | None]:
     try:
         load_config(store.config)
     except ConfigError as exc:
-        return store, f"{os.path.join(store.run_dir, 'config.yaml')}: {exc}"
-    return store, None
-
-
-def _warn_config(problem: str | None) -> None:
-    if problem is not None:
-        print(f"qbatch: warning: {problem} (shown as recorded; `resume` would refuse it)", file=sys.stderr)
+        print(f"qbatch: warning: {os.path.join(store.run_dir, 'config.yaml')}: {exc} (shown as recorded; `resume` "
+              "would refuse it)", file=sys.stderr)
+    return store
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
     from orchestrator.report import compute_metrics
 
-    store, problem = _open_run(args.run_dir)
-    _warn_config(problem)
+    store = _open_run(args.run_dir)
     m = compute_metrics(store.events(), store.config, damage=store.damage, with_calibration=False)
     c = m.counts
     done = c["completed"] + c["failed"]
@@ -159,8 +154,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from orchestrator.report import format_summary, write_report
 
-    store, problem = _open_run(args.run_dir)
-    _warn_config(problem)
+    store = _open_run(args.run_dir)
     try:
         metrics, paths = write_report(args.run_dir, out_dir=args.out, store=store)
     except OSError as exc:  # --out (or the default report folder) cannot be written
