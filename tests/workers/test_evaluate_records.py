@@ -13,20 +13,10 @@ import time
 import pytest
 
 from objectives.base import EvalResult, Objective
+from tests.workers.test_evaluate import SPACE, Hanging, Returning
 from workers.evaluate import evaluate_once
 
-SPACE = {"x": {"type": "float", "low": 0.0, "high": 1.0}}
 ISOLATE = pytest.mark.parametrize("isolate", ["process", "thread"])
-
-
-class Sleeps(Objective):
-    """Hangs far past any timeout used here."""
-
-    space = SPACE
-
-    def evaluate(self, params, seed):
-        time.sleep(30)
-        return 1.0
 
 
 class Exits(Objective):
@@ -36,18 +26,6 @@ class Exits(Objective):
 
     def evaluate(self, params, seed):
         raise SystemExit(3)
-
-
-class Gives(Objective):
-    """Returns what it was built with."""
-
-    space = SPACE
-
-    def __init__(self, value):
-        self.value = value
-
-    def evaluate(self, params, seed):
-        return self.value
 
 
 class SeedValue(Objective):
@@ -62,7 +40,7 @@ class SeedValue(Objective):
 @ISOLATE
 def test_the_timeout_is_timeout_s(isolate):
     t0 = time.time()
-    rec = evaluate_once(Sleeps(), "0-0", {"x": 0.5}, seed=0, timeout_s=1.0, isolate=isolate)
+    rec = evaluate_once(Hanging(), "0-0", {"x": 0.5}, seed=0, timeout_s=1.0, isolate=isolate)
     wall = time.time() - t0
     assert rec["status"] == "failed" and rec["error"] == "timeout"
     took = rec["ended_at"] - rec["started_at"]
@@ -89,7 +67,7 @@ def test_spec_options_make_another_objective(isolate):
 
 @ISOLATE
 def test_a_failed_value_keeps_its_metrics(isolate):
-    rec = evaluate_once(Gives(EvalResult(float("nan"), {"loss": 0.5})), "0-0", {"x": 0.5}, seed=0, timeout_s=30,
+    rec = evaluate_once(Returning(EvalResult(float("nan"), {"loss": 0.5})), "0-0", {"x": 0.5}, seed=0, timeout_s=30,
                         isolate=isolate)
     assert rec["status"] == "failed" and rec["error"] == "nan" and rec["value"] is None
     assert rec["metrics"] == {"loss": 0.5}
@@ -101,13 +79,13 @@ def test_system_exit_in_the_objective_is_an_exception_record(isolate):
     assert rec["status"] == "failed" and rec["error"] == "exception", (rec["error"], rec["message"])
     assert "SystemExit" in rec["message"] and "SystemExit" in rec["traceback"]
     # the sandbox child survives it and serves the next evaluation
-    after = evaluate_once(Gives(2.0), "0-1", {"x": 0.5}, seed=0, timeout_s=10, isolate=isolate)
+    after = evaluate_once(Returning(2.0), "0-1", {"x": 0.5}, seed=0, timeout_s=10, isolate=isolate)
     assert after["status"] == "completed" and after["value"] == 2.0
 
 
 @ISOLATE
 def test_bool_metrics_stay_bools(isolate):
-    rec = evaluate_once(Gives(EvalResult(1.5, {"converged": True, "diverged": False, "steps": 3})), "0-0",
+    rec = evaluate_once(Returning(EvalResult(1.5, {"converged": True, "diverged": False, "steps": 3})), "0-0",
                         {"x": 0.5}, seed=0, timeout_s=30, isolate=isolate)
     assert rec["status"] == "completed" and rec["value"] == 1.5
     assert rec["metrics"] == {"converged": True, "diverged": False, "steps": 3.0}
