@@ -33,6 +33,7 @@ Usage:
     python benchmarks/laser.py --workers 16 --resume --time-limit 420   # full: 3 methods x 10 runs
     python benchmarks/laser.py --methods quantile-ts gpr-ei --runs 0-4 --workers 2
     python benchmarks/laser.py --peak        # the optimum's neighbourhood: is q* a broad hump or a spike?
+    python benchmarks/laser.py --replicates 0 10 30 --runs 0-2   # measurements at x* the model needs to pick it
 Results in --out (default results/laser/): runs/*.csv (one per method x run; named with the protocol and a
 hash of the settings), laser.csv + laser.parquet (every checkpoint: one per batch), summary.csv/.parquet
 (final distance, mean +- 95% CI, with the issue's target), laser_rel.png / laser_abs.png (distance vs
@@ -318,6 +319,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--tau", type=float, default=0.1, help="quantile level (0.1; A15)")
     ap.add_argument("--peak", action="store_true",
                     help="no optimization: the fitted fields and the quantile around the simulator's optimum")
+    ap.add_argument("--replicates", type=int, nargs="+", metavar="K",
+                    help="diagnostic instead of the protocol: fit the quantile SVGP (quantile-ts's model) to each "
+                         "run's initial design plus K simulated measurements at the optimum's setting (cumulative, "
+                         "ascending K), refit as at a run's end (warm and cold, the lower loss kept), and record "
+                         "the recommendation; writes replicates.csv")
     ap.add_argument("--initial", type=int, help="initial points (400)")
     ap.add_argument("--batches", type=int, help="BO batches after the initial points (12)")
     ap.add_argument("--batch", type=int, help="batch size (100)")
@@ -346,6 +352,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.error("--workers, --threads, --batch must be >= 1, --batches >= 0, --initial >= 2")
     if not 0 < args.tau < 1:
         ap.error(f"--tau must be in (0, 1); got {args.tau}")
+    if args.replicates is not None and (args.peak or min(args.replicates) < 0):
+        ap.error("--replicates: counts >= 0, and not with --peak")
     if args.time_limit is not None and args.time_limit < 0:
         ap.error(f"--time-limit must be >= 0 seconds; got {args.time_limit}")
     return args
@@ -435,6 +443,51 @@ def run_peak(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def run_replicates(args: argparse.Namespace) -> list[dict]:
+    """`--replicates K ...`: how many measurements at the optimum's setting x* the quantile SVGP needs before it
+    recommends x*. Per run: the protocol's initial design (as `LaserRun.start`, the model quantile-ts uses, with
+    --model-options), then K simulated measurements at x* (seeds 10**6 + i, added cumulatively in ascending K),
+    each time `AskTellOptimizer.fit(restart=True)` (what a run's end asks for) and its recommendation scored by
+    its exact quantile. Writes replicates.csv (a row per run and K)."""
+    import torch
+
+    objective, simulator = objective_of(args)
+    print(f"[laser] --replicates {args.replicates}: {simulator}; tau {args.tau:g}; runs {args.runs}", flush=True)
+    rows: list[dict] = []
+    torch.set_num_threads(args.threads)
+    for run in args.runs:
+        laser = LaserRun("quantile-ts", args.tau, args.initial, 0, args.batch, run, objective, args.initial_y,
+                         args.model_options, args.proposer_options)
+        laser.start()
+        params_star, q_opt = laser.sim.optimum(args.tau)
+        x_star = torch.as_tensor(laser.opt.space.to_unit([params_star]), dtype=torch.float64)
+        told = 0
+        for k in sorted(set(args.replicates)):
+            ys = [laser.sim.evaluate(params_star, 10**6 + i) for i in range(told, k)]
+            for y in ys:
+                laser.opt.tell_point(params_star, y)
+            told = k
+            diag = laser.opt.fit(restart=True) if k else {"restart_kept": "(design fit)"}
+            params, predicted = laser.opt.best()
+            q_rec = laser.sim.quantile(params, args.tau)
+            with torch.no_grad():
+                at_star = float(laser.opt.model.objective_mean(x_star).reshape(-1)[0])
+            loc, scale = laser.opt.model.outcome_transform
+            rows.append({"run": run, "replicates": k, "q_rec": q_rec, "q_opt": q_opt,
+                         "distance_pct": 100.0 * (q_opt - q_rec) / abs(q_opt), "predicted_at_rec": float(predicted),
+                         "predicted_at_opt": laser.opt.sign * float(loc + scale * at_star), "fit_kept": diag.get("restart_kept", ""),
+                         "simulator": simulator})
+            print(f"[laser] run {run}, {k} measurements at x*: q(x_hat) {q_rec:.4f} ({rows[-1]['distance_pct']:.1f}% "
+                  f"from q* {q_opt:.4f}); model's quantile at x_hat {predicted:.3f}, at x* "
+                  f"{rows[-1]['predicted_at_opt']:.3f}", flush=True)
+    print(format_table(rows, ["run", "replicates", "q_rec", "distance_pct", "predicted_at_rec", "predicted_at_opt",
+                              "fit_kept"]))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_table(rows, out / "replicates")
+    return rows
+
+
 def portable(objective: Mapping[str, Any]) -> dict[str, Any]:
     """`objective` with its CSV path replaced by the file's name and content checksum: result-file names and
     checkpoint keys then survive moving the repository (e.g. to another machine between `--resume`s)."""
@@ -449,6 +502,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     if args.peak:
         return {"peak": run_peak(args)}
+    if args.replicates is not None:
+        return {"replicates": run_replicates(args)}
     out = Path(args.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     deadline = None if args.time_limit is None else time.time() + args.time_limit

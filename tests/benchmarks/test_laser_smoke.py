@@ -152,3 +152,24 @@ def test_laser_peak_profile(mod, tmp_path, capsys):
     assert rows[1]["q_max"] <= q_star + 1e-6
     assert rows[-1]["q_mean"] < rows[1]["q_mean"] <= q_star
     assert (tmp_path / "peak.csv").is_file() and "kernel" in capsys.readouterr().out
+
+
+def test_laser_replicates_diagnostic(mod, tmp_path):
+    """`--replicates 0 40` (quick model, synthetic simulator): a row per run and count; the design fit's
+    recommendation is the protocol's first one (`LaserRun.start`), and 40 measurements at x* (as many as the
+    design) raise the model's quantile there and make x* the recommendation."""
+    argv = ["--replicates", "40", "0", "--quick", "--synthetic", "--runs", "1-1", "--out", str(tmp_path)]
+    rows = _main(mod, argv)["replicates"]
+    assert [(r["run"], r["replicates"]) for r in rows] == [(1, 0), (1, 40)]
+    args = mod.parse_args(["--quick", "--synthetic"])
+    objective, _ = mod.objective_of(args)
+    first = mod.LaserRun("quantile-ts", 0.1, args.initial, 0, args.batch, 1, objective, "simulated",
+                         args.model_options, args.proposer_options)
+    first.start()
+    before, after = rows
+    assert before["q_rec"] == pytest.approx(first.records[0]["q_rec"], rel=1e-9)
+    assert before["predicted_at_rec"] == pytest.approx(first.records[0]["predicted"], rel=1e-9)
+    assert before["distance_pct"] > 1.0 and after["distance_pct"] == pytest.approx(0.0, abs=1e-6)
+    assert after["predicted_at_opt"] > before["predicted_at_opt"]
+    assert after["q_rec"] <= after["q_opt"] + 1e-9
+    assert (tmp_path / "replicates.csv").is_file()
