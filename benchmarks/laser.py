@@ -461,6 +461,9 @@ def run_replicates(args: argparse.Namespace) -> list[dict]:
         laser.start()
         params_star, q_opt = laser.sim.optimum(args.tau)
         x_star = torch.as_tensor(laser.opt.space.to_unit([params_star]), dtype=torch.float64)
+        X_design, _ = laser.opt.observations()
+        # the design's measured settings at x* (the CSV's optimum is a replicated measurement)
+        at_star = int(((X_design.to(x_star) - x_star).abs().amax(dim=-1) < 1e-9).sum())
         told = 0
         for k in sorted(set(args.replicates)):
             ys = [laser.sim.evaluate(params_star, 10**6 + i) for i in range(told, k)]
@@ -471,16 +474,16 @@ def run_replicates(args: argparse.Namespace) -> list[dict]:
             params, predicted = laser.opt.best()
             q_rec = laser.sim.quantile(params, args.tau)
             with torch.no_grad():
-                at_star = float(laser.opt.model.objective_mean(x_star).reshape(-1)[0])
+                f_star = float(laser.opt.model.objective_mean(x_star).reshape(-1)[0])
             loc, scale = laser.opt.model.outcome_transform
-            rows.append({"run": run, "replicates": k, "q_rec": q_rec, "q_opt": q_opt,
+            rows.append({"run": run, "design_at_opt": at_star, "replicates": k, "q_rec": q_rec, "q_opt": q_opt,
                          "distance_pct": 100.0 * (q_opt - q_rec) / abs(q_opt), "predicted_at_rec": float(predicted),
-                         "predicted_at_opt": laser.opt.sign * float(loc + scale * at_star), "fit_kept": diag.get("restart_kept", ""),
+                         "predicted_at_opt": laser.opt.sign * float(loc + scale * f_star), "fit_kept": diag.get("restart_kept", ""),
                          "simulator": simulator})
             print(f"[laser] run {run}, {k} measurements at x*: q(x_hat) {q_rec:.4f} ({rows[-1]['distance_pct']:.1f}% "
                   f"from q* {q_opt:.4f}); model's quantile at x_hat {predicted:.3f}, at x* "
                   f"{rows[-1]['predicted_at_opt']:.3f}", flush=True)
-    print(format_table(rows, ["run", "replicates", "q_rec", "distance_pct", "predicted_at_rec", "predicted_at_opt",
+    print(format_table(rows, ["run", "design_at_opt", "replicates", "q_rec", "distance_pct", "predicted_at_rec", "predicted_at_opt",
                               "fit_kept"]))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
