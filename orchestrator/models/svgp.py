@@ -100,7 +100,8 @@ class SVGPOptions:
             nothing between its points (benchmarks/hpo.py, README).
         outputscale_init: initial outputscale of both latents as a fraction of the variance of Y as the model
             sees it (0.5: Var(Y)/2, the pubcode's, spec §1.3; with standardized outcomes, 0.5).
-        y_scale: None (default): the model sees standardized outcomes (Y - mean) / std. A positive number s:
+        y_scale: None (default): the model sees standardized outcomes (Y - mean) / std, or (Y - median) / (IQR /
+            1.349) when a few outliers dominate the std (`svgp_standardization`). A positive number s:
             the model sees Y / s, neither centred nor standardized, the pubcode's convention (spec §1.3: no
             standardization, lunar-lander rewards divided by 300). The hyperpriors are in the units the model
             sees, so this changes how wide the outputscale prior LogNormal(0, 1) is against the data.
@@ -178,8 +179,34 @@ def standardization(Y: Tensor) -> tuple[float, float]:
     return y_mean, (y_std if y_std > ROUNDOFF_REL * abs(y_mean) and y_std > 0.0 else 1.0)
 
 
-#: relative spread below which outcomes count as constant (`standardization`)
-ROUNDOFF_REL = 1e-12
+#: relative spread below which outcomes count as constant (`standardization`): 64 float64 ulps. It was 1e-12
+#: (4,500 ulps), which took 1e9 + 1e-4 f(x), a real spread of 150 ulps, for a constant (found in review)
+ROUNDOFF_REL = 64 * 2.0**-52
+#: IQR / NORMAL_IQR is a normal sample's standard deviation (the IQR of N(0, 1) is 1.349)
+NORMAL_IQR = 1.3490
+#: std / (IQR / NORMAL_IQR) above which `svgp_standardization` scales by the quartiles: about 1 for normal,
+#: uniform or GLD outcomes, 1.4 for the lander's rewards, 5.6 for Beale's function (max 1e5, median 1e3) on
+#: a Sobol design; 4e5 for one -1e6 (a "failed" sentinel) among 60 outcomes of order 1
+OUTLIER_STD_RATIO = 20.0
+
+
+def svgp_standardization(Y: Tensor) -> tuple[float, float]:
+    """(center, scale) of the SVGP models' outcomes: `standardization`'s (mean, std), unless a few outliers
+    dominate the std (it exceeds `OUTLIER_STD_RATIO` quartile-based stds): then (median, IQR / 1.349).
+
+    A single -1e6 among outcomes of order 1 made the std 1e5 and the signal 1e-5 standardized units, below
+    what the hyperpriors and the fit resolve: every SVGP's recommendation was arbitrary and its prediction far
+    outside the data (found in review). With the quartiles the bulk of the outcomes keeps unit scale and the
+    outlier is one far point, which the asymmetric-Laplace likelihood of the quantile model discounts. The
+    exact GP keeps BoTorch's mean/std (`Standardize`), as its users expect.
+    """
+    center, scale = standardization(Y)
+    if Y.shape[0] >= 4:
+        q1, median, q3 = (float(v) for v in torch.quantile(Y, torch.tensor([0.25, 0.5, 0.75], dtype=Y.dtype)))
+        robust = (q3 - q1) / NORMAL_IQR
+        if robust > ROUNDOFF_REL * abs(median) and scale > OUTLIER_STD_RATIO * robust:
+            return median, robust
+    return center, scale
 
 
 def _variance(Y: Tensor) -> float:
@@ -524,7 +551,7 @@ class TwoLatentSVGPSurrogate(Surrogate):
         X = X.to(**TKWARGS)
         Y = Y.to(**TKWARGS)
         if self.options.y_scale is None:
-            y_mean, y_std = standardization(Y)
+            y_mean, y_std = svgp_standardization(Y)
         else:
             y_mean, y_std = 0.0, float(self.options.y_scale)
         Y_std = (Y - y_mean) / y_std
