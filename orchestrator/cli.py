@@ -118,15 +118,22 @@ def _cmd_status(args: argparse.Namespace) -> int:
     from orchestrator.report import compute_metrics
 
     store = _open_run(args.run_dir)
-    m = compute_metrics(store.events(), store.config, damage=store.damage, with_calibration=False)
+    from orchestrator.store import RunStore
+
+    m = compute_metrics(store.events(), store.config, damage=store.damage, with_calibration=False,
+                        writing=RunStore.is_being_written(store.run_dir))
     c = m.counts
     done = c["completed"] + c["failed"]
+    unfinished = ""
+    if c["unfinished"]:
+        why = "the budget is reached" if m.budget and done >= m.budget else f"`qbatch resume {store.run_dir}` runs them"
+        unfinished = f", unfinished {c['unfinished']} (no process is writing this run; {why})"
     width = 30
     filled = int(round(width * (m.progress if math.isfinite(m.progress) else 0.0)))
     print(f"run {m.name} ({m.objective}, {m.direction}, tau={_f(m.tau)}) at {store.run_dir}")
     print(
         f"progress     [{'#' * filled}{'.' * (width - filled)}] {done}/{m.budget} ({100 * m.progress:.1f}%)  "
-        f"completed {c['completed']}, failed {c['failed']}, running {c['running']}, queued {c['proposed']}"
+        f"completed {c['completed']}, failed {c['failed']}, running {c['running']}, queued {c['proposed']}{unfinished}"
     )
     if m.best_params is not None:
         print(f"best so far  {_f(m.best_value)} (observed, trial {m.best_trial_id}) at {m.best_params}")

@@ -96,6 +96,8 @@ class RunMetrics:
             ("failed", str(self.counts["failed"])),
             ("running", str(self.counts["running"])),
             ("queued", str(self.counts["proposed"])),
+            *([("unfinished (no process writes the run)", str(self.counts["unfinished"]))]
+              if self.counts.get("unfinished") else []),
             ("progress", f"{100 * self.progress:.1f}%"),
             ("best observed value", f(self.best_value)),
             ("best observed params", _short(self.best_params)),
@@ -339,11 +341,21 @@ def calibration(trials: Sequence[TrialRecord], direction: str) -> list[float]:
 
 # ---------------------------------------------------------------------------------------- metrics
 def compute_metrics(
-    events: Sequence[Event], config: Mapping[str, Any], damage: Sequence[str] = (), with_calibration: bool = True
+    events: Sequence[Event], config: Mapping[str, Any], damage: Sequence[str] = (), with_calibration: bool = True,
+    writing: bool | None = None,
 ) -> RunMetrics:
-    """All metrics of a run from its events and config dict (see the module docstring for definitions)."""
+    """All metrics of a run from its events and config dict (see the module docstring for definitions).
+
+    `writing` (`RunStore.is_being_written`): False when no process writes the run, so its proposed and
+    started trials without a result are not queued or running but ``counts["unfinished"]`` (a run stopped
+    before they ended, or whose budget was lowered); True or None (cannot tell) keep them as they are.
+    """
     trials = trials_table(events)
     counts = status_counts(trials)
+    counts["unfinished"] = 0
+    if writing is False:
+        counts["unfinished"] = counts["running"] + counts["proposed"]
+        counts["running"] = counts["proposed"] = 0
     direction = resolve_direction(config, events)
     budget = max(0, _as(int, config.get("budget") or 0, 0))
     sign = 1.0 if direction == "maximize" else -1.0
@@ -464,7 +476,7 @@ def write_report(
     store = store or RunStore.open(run_dir)
     events = store.events()
     config = store.config
-    metrics = compute_metrics(events, config, damage=store.damage)
+    metrics = compute_metrics(events, config, damage=store.damage, writing=RunStore.is_being_written(store.run_dir))
     if out_dir is None:
         out_dir = os.path.join(store.run_dir, "report") if "://" not in store.run_dir else f"report-{metrics.name or 'run'}"
     os.makedirs(out_dir, exist_ok=True)

@@ -622,6 +622,33 @@ class RunStore:
         store.lock_writer()
         store.unlock_writer()
 
+    @staticmethod
+    def is_being_written(run_dir: str, filesystem: pafs.FileSystem | None = None) -> bool | None:
+        """Whether a process holds `run_dir`'s writer lock now (a run going, or its central actor): True or
+        False for a local folder; None where it cannot tell (another pyarrow filesystem, no flock). Reads
+        only: a shared `flock` taken and dropped at once (a `resume` starting in that instant is refused as if
+        the run were going, and can be tried again)."""
+        store = RunStore(*_backend(run_dir, filesystem), {})
+        if not isinstance(store._fs, _Local):
+            return None
+        try:
+            import fcntl
+        except ImportError:  # not POSIX
+            return None
+        try:
+            f = open(store._fs.path(_WRITER_LOCK), "r")
+        except FileNotFoundError:  # never written by a version with the lock, or not yet started
+            return False
+        except OSError:
+            return None
+        with f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError as exc:
+                return True if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) else None
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+            return False
+
     @property
     def durable_fsync(self) -> bool:
         """True for local folders (fsync of file and folder); False for other pyarrow filesystems."""

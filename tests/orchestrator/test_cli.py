@@ -195,6 +195,48 @@ def test_status_report_objectives(tmp_path, capsys):
     assert exc.value.code == 2
 
 
+def _stopped_run(root: Path, budget: int) -> None:
+    """Two results, one trial started and one proposed without a result, and no process writing the run."""
+    store = RunStore.create(str(root), {**GOOD, "budget": budget})
+    evs = [Event("proposed", f"0-{i}", time=10.0, batch_id=0, params={"x": i / 10}, x=[i / 10]) for i in range(3)]
+    evs.append(Event("proposed", "1-0", time=13.0, batch_id=1, params={"x": 0.5}, x=[0.5]))
+    for i in range(3):
+        evs.append(Event("started", f"0-{i}", time=11.0, started_at=11.0, node_id="n"))
+    for i in range(2):
+        evs.append(Event("completed", f"0-{i}", time=12.0, value=float(i), started_at=11.0, ended_at=12.0))
+    store.append(evs)
+
+
+def test_status_tells_unfinished_trials_from_running_ones(tmp_path, capsys):
+    """Found in review: a run stopped (or resumed with a budget lowered below its results) showed its trials
+    without a result as running and queued for good. Without a process writing the run they are unfinished."""
+    root = tmp_path / "run"
+    _stopped_run(root, budget=6)
+    assert cli.main(["status", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert (f"running 0, queued 0, unfinished 2 (no process is writing this run; `qbatch resume {root}` runs them)"
+            in out), out
+    assert cli.main(["report", str(root), "--out", str(tmp_path / "rep")]) == 0
+    capsys.readouterr()
+    import csv
+
+    rows = {r["metric"]: r["value"] for r in csv.DictReader(open(tmp_path / "rep" / "summary.csv"))}
+    assert rows["running"] == "0" and rows["queued"] == "0" and rows["unfinished (no process writes the run)"] == "2"
+    writer = RunStore.open(str(root))  # the central actor of a live run holds the writer lock
+    writer.lock_writer()
+    try:
+        assert RunStore.is_being_written(str(root)) is True
+        assert cli.main(["status", str(root)]) == 0
+        out = capsys.readouterr().out
+        assert "running 1, queued 1\n" in out and ", unfinished" not in out
+    finally:
+        writer.unlock_writer()
+    assert RunStore.is_being_written(str(root)) is False
+    _stopped_run(tmp_path / "lowered", budget=2)  # the budget was lowered below the results: they never run
+    assert cli.main(["status", str(tmp_path / "lowered")]) == 0
+    assert "unfinished 2 (no process is writing this run; the budget is reached)" in capsys.readouterr().out
+
+
 # ------------------------------------------------------------------ property: hostile configs (issue 7 item 6)
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402

@@ -101,7 +101,7 @@ def build_run(
 def test_metrics_of_a_known_schedule(tmp_path):
     store, truth = build_run(tmp_path / "run")
     m = compute_metrics(store.events(), store.config, damage=store.damage)
-    assert m.counts == {"proposed": 0, "running": 0, "completed": 40 - sum(truth["failures"].values()),
+    assert m.counts == {"proposed": 0, "running": 0, "unfinished": 0, "completed": 40 - sum(truth["failures"].values()),
                         "failed": sum(truth["failures"].values())}
     assert m.progress == 1.0 and m.duplicates == 1
     assert m.span_s == pytest.approx(truth["span"]) and m.busy_s == pytest.approx(truth["busy"])
@@ -185,7 +185,8 @@ def test_report_of_a_run_without_results(tmp_path):
     store = RunStore.create(str(tmp_path / "run"), cfg)
     store.append([Event("proposed", f"0-{i}", time=1.0, params={"x": 0.1 * i}) for i in range(4)])
     metrics, paths = write_report(str(tmp_path / "run"), out_dir=str(tmp_path / "out"))
-    assert metrics.counts["proposed"] == 4 and math.isnan(metrics.utilization)
+    # no process writes the run: its proposals are unfinished, not queued
+    assert metrics.counts["proposed"] == 0 and metrics.counts["unfinished"] == 4 and math.isnan(metrics.utilization)
     for key in ("best_vs_evaluations", "best_vs_time", "utilization"):
         _check_png(Path(paths[key]))
     assert "coverage" not in paths
