@@ -227,18 +227,51 @@ def _wait_for_actor(actor: Any, timeout_s: float = 600.0) -> int:
             time.sleep(0.5)
 
 
-def _actor_pid(actor: Any, run_dir: str, after_error: bool = False) -> int:
+def _actor_pid(actor: Any, run_dir: str, after_error: bool = False, new_run: bool = False) -> int:
     """The central actor's pid: at its start, or `after_error` once it answers again (`_wait_for_actor`). An actor
     that could not start, or died for good (its restarts used up), is a `QbatchError` of one line naming the
-    cause and how to continue, not Ray's traceback (found in review)."""
+    cause and how to continue, not Ray's traceback (found in review). A `new_run` whose actor could not start
+    has recorded nothing: its run directory is cleared (`RunStore.discard_unstarted`), so that the same command
+    runs again once the cause is fixed (found in review: a cluster that could not import the user's objective
+    left a run directory that refused the rerun, and a resume that failed the same way)."""
     import ray
 
     try:
         return _wait_for_actor(actor) if after_error else ray.get(actor.pid.remote())
     except ray.exceptions.RayActorError as exc:
-        what = "died for good (its restarts are used up)" if after_error else "could not start"
-        raise QbatchError(f"the central actor of {run_dir} {what}: {_error_line(exc)}; every recorded result is in "
-                          f"the log, `qbatch resume {run_dir}` continues the run") from None
+        line = _error_line(exc)
+        hint = ""
+        if re.search(r"cannot import module|ModuleNotFoundError|No module named", line):
+            hint = (" (the driver imported the objective, the central actor's Ray worker could not: on a cluster, "
+                    "start its nodes with the module on their PYTHONPATH, or submit the run with `ray job submit "
+                    "--working-dir`)")
+        if after_error:
+            what, then = "died for good (its restarts are used up)", "every recorded result is in the log, " \
+                f"`qbatch resume {run_dir}` continues the run"
+        elif new_run and _discard_when_released(actor, run_dir):
+            what, then = "could not start", "nothing was recorded and the run directory was cleared: run the same " \
+                "command again once that is fixed"
+        else:
+            what, then = "could not start", f"every recorded result is in the log, `qbatch resume {run_dir}` " \
+                "continues the run"
+        raise QbatchError(f"the central actor of {run_dir} {what}: {line}{hint}; {then}") from None
+
+
+def _discard_when_released(actor: Any, run_dir: str, wait_s: float = 15.0) -> bool:
+    """`RunStore.discard_unstarted` once the failed actor's process has let go of the writer lock (it took the
+    lock before it failed, and its worker exits a moment after Ray reports the failure)."""
+    import ray
+
+    from orchestrator.store import RunStore
+
+    try:
+        ray.kill(actor)
+    except Exception:  # noqa: BLE001 -- already gone
+        pass
+    deadline = time.monotonic() + wait_s
+    while RunStore.is_being_written(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return RunStore.discard_unstarted(run_dir)
 
 
 def _error_line(exc: BaseException) -> str:
@@ -274,12 +307,12 @@ def _sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
-def _drive_and_release(started_ray: bool, *args: Any) -> dict[str, Any]:
+def _drive_and_release(started_ray: bool, *args: Any, **kwargs: Any) -> dict[str, Any]:
     """`_drive` (SIGTERM interrupting it like Ctrl-C), then shut down the local Ray this call started (a Ray
     the caller started stays up)."""
     try:
         with _sigterm_interrupts():
-            return _drive(*args)
+            return _drive(*args, **kwargs)
     finally:
         if started_ray:
             import ray
@@ -361,7 +394,8 @@ def run_experiment(
     # (the objective's defaults, or how an override is read)
     RunStore.create(rd, {**cfg.to_dict(), "direction": cfg.resolve_direction(objective.direction),
                          "space": cfg.build_space(objective.space).describe()})
-    return _drive_and_release(started, rd, cfg, objective.resources, max_concurrent, progress, out, actor_options)
+    return _drive_and_release(started, rd, cfg, objective.resources, max_concurrent, progress, out, actor_options,
+                              new_run=True)
 
 
 def resume_experiment(
@@ -443,6 +477,7 @@ def _drive(
     progress: bool,
     out: TextIO | None,
     actor_options: Mapping[str, Any] | None,
+    new_run: bool = False,
 ) -> dict[str, Any]:
     import ray
 
@@ -479,10 +514,12 @@ def _drive(
 
         bar = tqdm(total=cfg.budget, desc=cfg.name, unit="eval", file=sys.stderr, dynamic_ncols=True)
     restarts = 0
-    actor_pid = _actor_pid(actor, run_dir)
-    ref = actor.run.remote()
     summary: dict[str, Any] | None = None
     try:
+        # inside the try: an actor that cannot start must not leave the evaluation pool alive under its name
+        # (found by a test: a rerun on the same Ray, e.g. a cluster by address, failed "already taken")
+        actor_pid = _actor_pid(actor, run_dir, new_run=new_run)
+        ref = actor.run.remote()
         while summary is None:
             ready, _ = ray.wait([ref], timeout=0.5)
             if bar is not None:

@@ -623,6 +623,22 @@ class RunStore:
         store.unlock_writer()
 
     @staticmethod
+    def discard_unstarted(run_dir: str, filesystem: pafs.FileSystem | None = None) -> bool:
+        """Remove what `create` wrote (config.yaml, and the writer lock file) when the run recorded nothing: no
+        event, no checkpoint, and no process writing it. Then a run whose central actor could not start does
+        not block a rerun with the same `run_dir` (the folder and its empty `events/`, `checkpoints/` stay, as
+        `create` accepts them). Returns whether it removed the run."""
+        backend, _ = _backend(run_dir, filesystem)
+        if not backend.exists("config.yaml") or backend.listdir("events") or backend.listdir("checkpoints"):
+            return False
+        if RunStore.is_being_written(run_dir, filesystem):
+            return False
+        for name in ("config.yaml", _WRITER_LOCK):
+            if backend.exists(name):
+                backend.delete(name)
+        return True
+
+    @staticmethod
     def is_being_written(run_dir: str, filesystem: pafs.FileSystem | None = None) -> bool | None:
         """Whether a process holds `run_dir`'s writer lock now (a run going, or its central actor): True or
         False for a local folder; None where it cannot tell (another pyarrow filesystem, no flock). Reads

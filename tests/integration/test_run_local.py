@@ -364,3 +364,32 @@ def test_the_central_actor_is_created_without_object_store_arguments(ray_local, 
     run_experiment(cfg, progress=False, out=io.StringIO())
     err = capfd.readouterr().err
     assert "constructor arguments in the object store" not in err, err[-2000:]
+
+
+def test_a_new_run_whose_actor_cannot_import_the_objective_leaves_no_run_behind(ray_local, tmp_path, monkeypatch):
+    """Found in review (a cluster started without the user's module on its PYTHONPATH): the driver imported the
+    objective, the central actor's worker could not; the run directory it left refused a rerun of the same
+    command ("already holds a run"), and the message sent the user to a resume that failed the same way."""
+    from orchestrator.errors import QbatchError
+
+    pkg = tmp_path / "driver_only"
+    pkg.mkdir()
+    (pkg / "driver_only_objective.py").write_text(
+        "from objectives.base import Objective\n\n"
+        "class DriverOnly(Objective):\n"
+        "    space = {'x': {'type': 'float', 'low': 0.0, 'high': 1.0}}\n\n"
+        "    def evaluate(self, params, seed):\n"
+        "        return params['x']\n"
+    )
+    monkeypatch.syspath_prepend(str(pkg))  # the driver's path only: Ray's workers do not see it
+    cfg = run_config(tmp_path, "driver-only", objective={"name": "driver_only_objective:DriverOnly"}, budget=4,
+                     initial_design=2, batch_size=2)
+    with pytest.raises(QbatchError) as info:
+        run_experiment(cfg, address=ray_local, progress=False, out=io.StringIO())
+    msg = str(info.value)
+    assert len(msg.splitlines()) == 1 and "could not start" in msg and "driver_only_objective" in msg, msg
+    assert "PYTHONPATH" in msg and "run directory was cleared" in msg and "qbatch resume" not in msg, msg
+    assert not RunStore.exists(cfg["run_dir"])
+    # the same command can run again (here it fails the same way, not with "already holds a run")
+    with pytest.raises(QbatchError, match="could not start"):
+        run_experiment(cfg, address=ray_local, progress=False, out=io.StringIO())

@@ -765,3 +765,20 @@ def test_the_writer_removes_temporary_files_a_crash_left(tmp_path):
         assert not (tmp_path / "r" / folder / ".tmp-deadbeef").exists()
     assert len(RunStore.open(str(tmp_path / "r")).events()) == 2
     r.unlock_writer()
+
+
+def test_discard_unstarted_removes_only_a_run_that_recorded_nothing(tmp_path):
+    cfg = {"name": "x", "budget": 3}
+    empty = str(tmp_path / "empty")
+    RunStore.create(empty, cfg)
+    writer = RunStore.open(empty)
+    writer.lock_writer()
+    assert RunStore.discard_unstarted(empty) is False and RunStore.exists(empty)  # a process is writing it
+    writer.unlock_writer()
+    assert RunStore.discard_unstarted(empty) is True and not RunStore.exists(empty)
+    assert sorted(os.listdir(empty)) == ["checkpoints", "events"]
+    RunStore.create(empty, cfg)  # the same run directory takes a new run
+    recorded = str(tmp_path / "recorded")
+    RunStore.create(recorded, cfg).append([Event("proposed", "0-0", time=1.0, params={"x": 0.5})])
+    assert RunStore.discard_unstarted(recorded) is False and len(RunStore.open(recorded).events()) == 1
+    assert RunStore.discard_unstarted(str(tmp_path / "none")) is False
