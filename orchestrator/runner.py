@@ -162,14 +162,38 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
     if not 0 < int(port) < 65536:
         raise UsageError(f"`--address` {address!r}: port {port} is not in 1-65535")
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s):
-            pass
+        with socket.create_connection((host, int(port)), timeout=timeout_s) as conn:
+            speaks_http1 = _answers_http1(conn, timeout_s)
     except OSError as exc:  # refused, unreachable, unknown host, timeout
         reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         raise UsageError(
             f"`--address` {address!r}: nothing answers at {host}:{port} ({reason}); is the cluster's head "
             "running (`ray start --head`), and is this its address?"
         ) from None
+    if speaks_http1:
+        raise UsageError(
+            f"`--address` {address!r}: {host}:{port} answers as a web server (HTTP/1) does, such as Ray's dashboard ("
+            "the address `ray job submit` takes), not Ray's GCS; give the address `ray start --head` printed "
+            "(port 6379 by default), or 'auto' on a node of the cluster")
+
+
+#: the HTTP/2 connection preface and an empty SETTINGS frame (RFC 9113 §3.4): what a gRPC client sends first
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+def _answers_http1(conn: socket.socket, timeout_s: float) -> bool:
+    """Whether the server on `conn` answers a gRPC client's first bytes in text, as an HTTP/1 server does ("HTTP/1.1
+    400 ...", or an HTML error page). Ray's GCS and client server speak gRPC (HTTP/2) and answer with a binary
+    SETTINGS frame (a TLS server with a binary alert). Found in review: the dashboard's port (8265, which the
+    README's `ray job submit` uses) passed the connect check and `ray.init` then waited 14 minutes. No answer,
+    or a reset, counts as not HTTP/1: Ray decides."""
+    try:
+        conn.settimeout(min(timeout_s, 2.0))
+        conn.sendall(_HTTP2_PREFACE)
+        head = conn.recv(16)[:4]
+    except OSError:
+        return False
+    return bool(head) and all(32 <= b < 127 or b in (9, 10, 13) for b in head)
 
 
 def _auto_ray_address() -> str | None:

@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import types
 from pathlib import Path
@@ -305,6 +306,26 @@ def test_bad_paths_options_and_busy_runs_are_usage_errors(tmp_path, monkeypatch,
         one_line(cli.main(["run", str(good), "--address", addr]), f"`--address` '{addr}': nothing answers at {dead}")
     assert time.monotonic() - t0 < 30
     one_line(cli.main(["run", str(good), "--address", "127.0.0.1:70000"]), "port 70000 is not in 1-65535")
+    # a web server there (Ray's dashboard, the port `ray job submit` takes): Ray's GCS client waited 14 minutes
+    # (found in review); one exchange tells HTTP/1 from the gRPC Ray speaks
+    import http.server
+
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):  # not on the stderr the test reads
+            pass
+
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    try:
+        site = f"127.0.0.1:{web.server_address[1]}"
+        t0 = time.monotonic()
+        for addr in (site, "ray://" + site):
+            one_line(cli.main(["run", str(good), "--address", addr]), f"`--address` '{addr}': {site} answers as a web server (HTTP/1)",
+                     "Ray's dashboard", "6379")
+        assert time.monotonic() - t0 < 30
+    finally:
+        web.shutdown()
+        web.server_close()
     # `auto` resolving to a Ray that is gone (RAY_ADDRESS here; a killed run's record or a GCS process of another
     # network namespace alike) hung for minutes in Ray's GCS client: found in a full test run
     monkeypatch.setenv("RAY_ADDRESS", dead)
