@@ -251,7 +251,7 @@ class CentralActor:
                     self.opt.tell(ev.trial_id, ev.value)
                     n_completed += 1
                 else:
-                    self.opt.tell(ev.trial_id, None, error=ev.error or "exception")
+                    self.opt.tell(ev.trial_id, None, error=ev.error or "exception", message=(ev.info or {}).get("message"))
                     n_failed += 1
         self.n_completed, self.n_failed = n_completed, n_failed
         # the failure guard judges this session's results: a run it stopped is resumed once the cause is fixed
@@ -632,7 +632,7 @@ class CentralActor:
                     self.opt.tell(trial.trial_id, rec["value"])
                     self.n_completed += 1
                 else:
-                    self.opt.tell(trial.trial_id, None, error=rec.get("error") or "exception")
+                    self.opt.tell(trial.trial_id, None, error=rec.get("error") or "exception", message=rec.get("message"))
                     self.n_failed += 1
                 self._n_done_session += 1
                 if rec.get("error") != "worker-lost" and rec.get("started_at") is not None and rec.get("ended_at") is not None:
@@ -727,12 +727,21 @@ class CentralActor:
         guard = self.cfg.failure_guard
         if self._guard_trips(self.n_done, self.n_failed):
             n, f = self.n_done - self._guard_base[0], self.n_failed - self._guard_base[1]
-            reasons = collections.Counter(x["error"] for x in self.opt.failures[self._guard_base[1]:])
+            failures = self.opt.failures[self._guard_base[1]:]
+            reasons = collections.Counter(x["error"] for x in failures)
+            # the most frequent message says why (found in review: one cluster node without the user's module
+            # failed every evaluation it took, and the guard's line said only "reasons {'exception': 10}")
+            messages = collections.Counter(str(x["message"]).strip().splitlines()[0][:300]
+                                           for x in failures if x.get("message") and str(x["message"]).strip())
+            top = ""
+            if messages:
+                text, count = messages.most_common(1)[0]
+                top = f"; most frequent message ({count} of {f}): {text}"
             since = " since the resume" if self._guard_base[0] else ""
             self._set_abort(
                 f"failure guard: {f} of {n} evaluations failed{since} "
                 f"({f / n:.0%} > failure_guard.max_failure_rate={guard.max_failure_rate:g}); "
-                f"reasons {dict(reasons)}; see the 'failed' events in {self.run_dir} for tracebacks"
+                f"reasons {dict(reasons)}{top}; see the 'failed' events in {self.run_dir} for tracebacks"
             )
 
     # ------------------------------------------------------------------ proposals and refits

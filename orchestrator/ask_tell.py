@@ -499,7 +499,7 @@ class AskTellOptimizer:
             return self._model.forecast(X.to(**self._tk)).to_records()
 
     # ------------------------------------------------------------------ tell
-    def tell(self, trial_id: str, value: Any, error: str | None = None) -> str:
+    def tell(self, trial_id: str, value: Any, error: str | None = None, message: str | None = None) -> str:
         """Record the result of an asked trial. Results may come in any order; each trial is told once.
 
         Args:
@@ -507,6 +507,7 @@ class AskTellOptimizer:
             value: the objective's value in the user's units. NaN, ±inf, None or anything non-numeric
                 becomes a recorded failure (reason "nan", "inf", "none", "non-numeric", "array").
             error: a failure reason (e.g. "exception", "timeout"); when given, `value` is ignored.
+            message: with `error`, what went wrong (kept in `failures`; e.g. the exception's message).
 
         Returns:
             "completed" or "failed".
@@ -523,7 +524,7 @@ class AskTellOptimizer:
             if error is None:
                 v, reason, message = classify_value(value)
             else:
-                v, reason, message = None, str(error), None
+                v, reason, message = None, str(error), (None if message is None else str(message))
             self._pending.pop(trial_id, None)
             if reason is not None:
                 self._told[trial_id] = "failed"

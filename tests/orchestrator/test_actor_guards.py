@@ -197,6 +197,20 @@ def test_the_first_abort_cause_stands_and_a_planner_error_is_never_overwritten(t
     assert other._abort.startswith("the planner failed: propose: Traceback")
 
 
+def test_the_failure_guard_names_the_most_frequent_message(tmp_path):
+    """Found in review: one cluster node without the user's module failed every evaluation it took and tripped
+    the guard, whose line said only "reasons {'exception': 10}"; the cause was in each event alone."""
+    actor = _actor(tmp_path, failure_guard={"max_failure_rate": 0.3, "min_trials": 2})
+    trials = actor.opt.ask(4, design=True)
+    missing = "loading the objective failed: ModuleNotFoundError: No module named 'revobj'"
+    for t, message in zip(trials, [missing + "\n(traceback)", missing, "ValueError: bad input", None]):
+        actor.opt.tell(t.trial_id, None, error="exception", message=message)
+    assert actor.opt.failures[0]["message"] == missing + "\n(traceback)"
+    actor.n_failed = 4
+    actor._check_guard()
+    assert f"reasons {{'exception': 4}}; most frequent message (2 of 4): {missing}; see" in actor._abort, actor._abort
+
+
 def test_a_refit_that_ends_after_a_newer_one_is_not_swapped_in(tmp_path):
     """Found in review: a refit still running when the run ended (its join timed out) finished after the final
     fit and swapped its older model in, and the checkpoint then said model_n 25 with 40 results logged. Here the
