@@ -125,10 +125,25 @@ def _ensure_ray(address: str | None, num_cpus: int | None) -> bool:
         except ValueError as exc:  # e.g. "Invalid address format"
             raise ConfigError(f"`--address` {address!r}: {str(exc).splitlines()[0]}") from None
         except ConnectionError as exc:  # "auto" with no Ray running on this machine
-            raise UsageError(f"`--address` {address!r}: {str(exc).splitlines()[0]}") from None
+            raise UsageError(f"`--address` {address!r}: {_connection_error_line(exc)}") from None
     else:
         _init_local_ray(num_cpus)
     return True
+
+
+def _connection_error_line(exc: BaseException) -> str:
+    """The first line of Ray's connection error, with the first line of each cause it chains that says more
+    (found in review: a cluster with token authentication failed as "Failed to connect to Ray cluster at ...",
+    and the cause, an AuthenticationError naming RAY_AUTH_MODE, was dropped)."""
+    lines = [(str(exc).strip().splitlines() or [type(exc).__name__])[0]]
+    cause, seen = exc.__cause__ or exc.__context__, {id(exc)}
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        first = (str(cause).strip().splitlines() or [""])[0]
+        if first and all(first not in line for line in lines):
+            lines.append(f"{type(cause).__name__}: {first}")
+        cause = cause.__cause__ or cause.__context__
+    return "; ".join(lines)[:600]
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:

@@ -457,3 +457,24 @@ def test_the_end_of_run_lines_keep_a_uri_run_directory():
     out = io.StringIO()
     _report({**base, "run_dir": "runs/r1"}, out)
     assert f"qbatch: results in {os.path.abspath('runs/r1')}\n" in out.getvalue()
+
+
+def test_a_connection_error_keeps_the_cause_ray_chains():
+    """Found in review: a cluster with token authentication failed as "Failed to connect to Ray cluster at
+    ...", and Ray's cause (an AuthenticationError naming RAY_AUTH_MODE) was dropped."""
+    from orchestrator.runner import _connection_error_line
+
+    class AuthenticationError(Exception):
+        pass
+
+    try:
+        try:
+            raise AuthenticationError("Token authentication is enabled; set RAY_AUTH_MODE=token\nmore")
+        except AuthenticationError as cause:
+            raise ConnectionError("Failed to connect to Ray cluster at 127.0.0.1:6390\nretried") from cause
+    except ConnectionError as exc:
+        line = _connection_error_line(exc)
+    assert line == ("Failed to connect to Ray cluster at 127.0.0.1:6390; AuthenticationError: Token authentication "
+                    "is enabled; set RAY_AUTH_MODE=token")
+    assert _connection_error_line(ConnectionError("Could not find any running Ray instance.")) == \
+        "Could not find any running Ray instance."
