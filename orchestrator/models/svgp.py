@@ -172,8 +172,9 @@ class SVGPOptions:
 
 def standardization(Y: Tensor) -> tuple[float, float]:
     """(mean, std) that standardize the outcomes `Y`: std 1 for fewer than two points or a constant Y (a spread
-    at roundoff level, <= 1e-12 |mean|); any real spread is kept, however small (outcomes of order 1e-10 are
-    not constant: replacing their std by 1 flattened them and the recommendation went to a cube corner)."""
+    at roundoff level, <= `ROUNDOFF_REL` |mean|, 64 float64 ulps); any real spread is kept, however small
+    (outcomes of order 1e-10 are not constant: replacing their std by 1 flattened them and the recommendation
+    went to a cube corner)."""
     y_mean = float(Y.mean())
     y_std = float(Y.std()) if Y.shape[0] > 1 else 0.0
     return y_mean, (y_std if y_std > ROUNDOFF_REL * abs(y_mean) and y_std > 0.0 else 1.0)

@@ -782,3 +782,25 @@ def test_discard_unstarted_removes_only_a_run_that_recorded_nothing(tmp_path):
     RunStore.create(recorded, cfg).append([Event("proposed", "0-0", time=1.0, params={"x": 0.5})])
     assert RunStore.discard_unstarted(recorded) is False and len(RunStore.open(recorded).events()) == 1
     assert RunStore.discard_unstarted(str(tmp_path / "none")) is False
+
+
+def test_a_status_probe_of_the_writer_lock_does_not_refuse_a_starting_writer(tmp_path):
+    """Found in review: `is_being_written` (status, report) holds a shared flock for an instant, and a writer
+    (a run's central actor, a resume, Ray's restart of a crashed actor) taking the lock then was refused as if
+    another run held it (2 of 2000 takes under a loop of probes). The writer tries again for a moment."""
+    import fcntl
+    import threading
+
+    run_dir = str(tmp_path / "run")
+    RunStore.create(run_dir, {"name": "x", "budget": 1})
+    store = RunStore.open(run_dir)
+    store.lock_writer()
+    store.unlock_writer()
+    with open(os.path.join(run_dir, "writer.lock")) as probe:
+        fcntl.flock(probe.fileno(), fcntl.LOCK_SH)  # a probe caught mid-way
+        threading.Timer(0.05, fcntl.flock, (probe.fileno(), fcntl.LOCK_UN)).start()
+        store.lock_writer()  # waits out the probe
+    assert RunStore.is_being_written(run_dir) is True
+    with pytest.raises(RunDirError, match="being written by another run"):  # a real writer is still refused
+        RunStore.open(run_dir).lock_writer()
+    store.unlock_writer()
