@@ -51,14 +51,16 @@ def test_killed_actor_restarts_and_keeps_the_evaluations_that_finished_while_it_
     # are free, so it started then): it ends within 0.3 s, before the restarted actor (a new process that
     # replays the log) is back. Killing at any moment flaked: with every evaluation just dispatched, the actor
     # could be back before any of them ended.
+    seen: dict = {}
+
     def one_nearly_done() -> bool:
-        now = time.time()
-        return any(now - t >= 2.2 for t in ray.get(actor.inflight.remote()).values())
+        seen.update(inflight=ray.get(actor.inflight.remote()), now=time.time())
+        return any(seen["now"] - t >= 2.2 for t in seen["inflight"].values())
 
     wait_for(one_nearly_done, 30, "an evaluation 2.2 s in flight", period=0.05)
-    running = ray.get(actor.inflight.remote())
     t_kill = time.time()
-    os.kill(actor_pid, signal.SIGKILL)
+    os.kill(actor_pid, signal.SIGKILL)  # at once: the snapshot that found it is the one checked below
+    running = seen["inflight"]
 
     driver.join(timeout=240)
     assert not driver.is_alive(), "the run did not finish after the actor was killed"
