@@ -731,8 +731,8 @@ class CentralActor:
             reasons = collections.Counter(x["error"] for x in failures)
             # the most frequent message says why (found in review: one cluster node without the user's module
             # failed every evaluation it took, and the guard's line said only "reasons {'exception': 10}")
-            messages = collections.Counter(str(x["message"]).strip().splitlines()[0][:300]
-                                           for x in failures if x.get("message") and str(x["message"]).strip())
+            firsts = (str(x.get("message") or "").strip().splitlines()[:1] for x in failures)
+            messages = collections.Counter(line[0][:300] for line in firsts if line)
             top = ""
             if messages:
                 text, count = messages.most_common(1)[0]

@@ -116,10 +116,9 @@ def _open_run(run_dir: str) -> Any:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     from orchestrator.report import compute_metrics
-
-    store = _open_run(args.run_dir)
     from orchestrator.store import RunStore
 
+    store = _open_run(args.run_dir)
     m = compute_metrics(store.events(), store.config, damage=store.damage, with_calibration=False,
                         writing=RunStore.is_being_written(store.run_dir))
     c = m.counts

@@ -58,6 +58,8 @@ _WRITER_LOCK = "writer.lock"
 #: takes of the writer lock before a writer is refused, and the pause between them (`lock_writer`)
 LOCK_TRIES = 10
 LOCK_RETRY_S = 0.02
+#: the errnos of a `flock` that another holder of the lock refused
+_LOCK_BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
 _SMALL_ROWS = 1024
 #: rows per Parquet row group: a damaged row group loses at most this many events
 _ROW_GROUP = 256
@@ -588,11 +590,11 @@ class RunStore:
                     fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except OSError as exc:
-                    if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) or attempt == LOCK_TRIES - 1:
+                    if exc.errno not in _LOCK_BUSY or attempt == LOCK_TRIES - 1:
                         raise
                     time.sleep(LOCK_RETRY_S)
         except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            if exc.errno not in _LOCK_BUSY:
                 # a filesystem without flock (Lustre mounted without -o flock: ENOSYS): no lock, as on other
                 # pyarrow filesystems, rather than refusing every run as if another were writing (found in review)
                 f.close()
@@ -654,8 +656,8 @@ class RunStore:
     def is_being_written(run_dir: str, filesystem: pafs.FileSystem | None = None) -> bool | None:
         """Whether a process holds `run_dir`'s writer lock now (a run going, or its central actor): True or
         False for a local folder; None where it cannot tell (another pyarrow filesystem, no flock). Reads
-        only: a shared `flock` taken and dropped at once (a `resume` starting in that instant is refused as if
-        the run were going, and can be tried again)."""
+        only: a shared `flock` taken and dropped at once (a writer taking the lock in that instant tries again,
+        `lock_writer`)."""
         store = RunStore(*_backend(run_dir, filesystem), {})
         if not isinstance(store._fs, _Local):
             return None
@@ -673,7 +675,7 @@ class RunStore:
             try:
                 fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
             except OSError as exc:
-                return True if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) else None
+                return True if exc.errno in _LOCK_BUSY else None
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
             return False
 
