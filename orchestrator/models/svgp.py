@@ -203,7 +203,7 @@ def svgp_standardization(Y: Tensor) -> tuple[float, float]:
     """
     center, scale = standardization(Y)
     if Y.shape[0] >= 4:
-        q1, median, q3 = (float(v) for v in torch.quantile(Y, torch.tensor([0.25, 0.5, 0.75], dtype=Y.dtype)))
+        q1, median, q3 = (float(v) for v in torch.quantile(Y, torch.tensor([0.25, 0.5, 0.75], dtype=Y.dtype, device=Y.device)))
         robust = (q3 - q1) / NORMAL_IQR
         if robust > ROUNDOFF_REL * abs(median) and scale > OUTLIER_STD_RATIO * robust:
             return median, robust
