@@ -110,9 +110,10 @@ class CNNTraining(Objective):
         num_cpus = check_float("num_cpus", num_cpus, 0.0, low_open=True)
         num_gpus = check_float("num_gpus", num_gpus, 0.0)
         if isinstance(device, str) and device.startswith("cuda") and num_gpus == 0:
-            # Ray gives a task that asks for no GPU an empty CUDA_VISIBLE_DEVICES: every evaluation would fail
-            raise ObjectiveError(f"option 'device'={device!r} needs option 'num_gpus' > 0 (Ray hides the GPUs "
-                                 "from an evaluation that asks for none); got num_gpus=0")
+            # an evaluation that asks for no GPU sees an empty CUDA_VISIBLE_DEVICES (qbatch sets Ray's
+            # RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO, workers/evaluate.py): every evaluation would fail
+            raise ObjectiveError(f"option 'device'={device!r} needs option 'num_gpus' > 0 (an evaluation sees no "
+                                 "GPU unless it asks for one); got num_gpus=0")
         if isinstance(device, str) and device.startswith("cuda:"):
             # Ray numbers the GPUs it gives a task from 0: a task of num_gpus g sees cuda:0 .. cuda:ceil(g)-1
             index = device[len("cuda:"):]

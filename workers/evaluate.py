@@ -35,8 +35,12 @@ from objectives.base import EvalResult, Objective, Resources
 
 def evaluation_runtime_env(isolate: str = "process") -> dict[str, Any]:
     """The runtime environment of evaluation tasks: Ray workers of their own (`task_options`), apart by
-    isolation mode too (a thread-isolated objective runs torch in the worker itself)."""
-    return {"env_vars": {"QBATCH_EVALUATION_WORKER": isolate}}
+    isolation mode too (a thread-isolated objective runs torch in the worker itself).
+
+    `RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1`: an evaluation sees the GPUs its objective asks for and no others.
+    Ray (2.60 here) no longer empties it for a task that asks for no GPU: the task keeps the node's CUDA_VISIBLE_DEVICES (all its GPUs), so on a GPU node every CPU-only evaluation of a torch objective trained on GPU 0, beside the
+    evaluations Ray had given it to (seen on an H100: `benchmarks/gpu.py`'s CPU run had `used_gpu` 1)."""
+    return {"env_vars": {"QBATCH_EVALUATION_WORKER": isolate, "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1"}}
 
 #: longest `timeout_s` (about 11.6 days): the wait on the evaluation's child process overflows past about 24 days
 MAX_TIMEOUT_S = 1_000_000.0

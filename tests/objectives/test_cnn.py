@@ -166,7 +166,7 @@ def test_bad_options_are_named(tmp_path: Path) -> None:
     obj = CNNTraining(dataset="cifar10", data_dir=tmp_path)  # the files are there; their format is read later
     with pytest.raises(ObjectiveError, match="test_batch|data_batch"):
         obj(GOOD, seed=0)
-    # device 'cuda' with no GPU asked of Ray: every evaluation would fail (Ray hides the GPUs), so refused now
+    # device 'cuda' with no GPU asked of Ray: every evaluation would fail (it sees none: workers/evaluate.py), so refused now
     for device in ("cuda", "cuda:1"):
         with pytest.raises(ObjectiveError, match=rf"option 'device'='{device}' needs option 'num_gpus' > 0"):
             CNNTraining(device=device)

@@ -289,9 +289,10 @@ def test_registry_spec_and_bad_arguments():
         task_options(Resources(), max_retries=-1)
     opts = task_options(Resources(num_cpus=0.5, num_gpus=0, memory=10**8, custom={"sensor": 1}), max_retries=2)
     assert opts == {"num_cpus": 0.5, "num_gpus": 0, "memory": 10**8, "resources": {"sensor": 1}, "max_retries": 2,
-                    "retry_exceptions": False, "runtime_env": {"env_vars": {"QBATCH_EVALUATION_WORKER": "process"}}}
+                    "retry_exceptions": False, "runtime_env": {"env_vars": {"QBATCH_EVALUATION_WORKER": "process",
+                                                                          "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1"}}}
     # thread-isolated evaluations run torch in the worker itself: workers apart from the forking ones
-    assert task_options(Resources(), isolate="thread")["runtime_env"] == {"env_vars": {"QBATCH_EVALUATION_WORKER": "thread"}}
+    assert task_options(Resources(), isolate="thread")["runtime_env"]["env_vars"]["QBATCH_EVALUATION_WORKER"] == "thread"
 
 
 # ----------------------------------------------------------------------------- through Ray
