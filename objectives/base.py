@@ -67,10 +67,11 @@ def _check_quantity(key: str, q: Any) -> None:
 
 @dataclass
 class EvalResult:
-    """An evaluation's value plus optional extra metrics (e.g. training time, train loss)."""
+    """An evaluation's value plus optional extra metrics (e.g. training time, train loss): name -> a number, a
+    string, a bool, None, or small lists/dicts of these (`workers.evaluate` says what the log keeps)."""
 
     value: float
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
 
 
 class Objective(ABC):

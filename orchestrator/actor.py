@@ -613,6 +613,8 @@ class CentralActor:
             info = {"metrics": rec.get("metrics") or {}, "child_pid": rec.get("child_pid"), "session": self.started_at}
             if rec.get("message"):
                 info["message"] = rec["message"]
+            if rec.get("metrics_dropped"):
+                info["metrics_dropped"] = rec["metrics_dropped"]
             events.append(self._event(
                 kind, trial, time=time.time(), value=rec["value"] if kind == "completed" else None,
                 node_id=rec.get("node_id"), pid=rec.get("pid"), started_at=rec.get("started_at"),

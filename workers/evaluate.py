@@ -12,15 +12,17 @@ never recorded twice: the actor ingests exactly once per trial id.
 
 Record keys: trial_id, status ("completed" | "failed"), value, error (reason), traceback, metrics,
 node_id, pid (the Ray worker), child_pid, started_at, ended_at (seconds since the epoch, around the
-objective call).
+objective call), and metrics_dropped (a note per metric the log cannot hold) when there are any.
 """
 
 from __future__ import annotations
 
+import decimal
 import gc
 import json
 import math
 import multiprocessing
+import numbers
 import os
 import select
 import signal
@@ -71,8 +73,8 @@ FAILURE_REASONS = (
 def classify_value(value: Any) -> tuple[float | None, str | None, str | None]:
     """Turn an objective's return value into `(value, reason, message)`; reason is None when valid.
 
-    Accepts a finite real number (Python, NumPy scalar, or a 0-d tensor or array) or an `EvalResult`
-    holding one. Everything else is a failure with a reason from `FAILURE_REASONS`.
+    Accepts a finite real number (Python's, a `Fraction` or `Decimal`, a NumPy scalar, or a 0-d tensor or
+    array) or an `EvalResult` holding one. Everything else is a failure with a reason from `FAILURE_REASONS`.
     """
     if isinstance(value, EvalResult):
         value = value.value
@@ -92,7 +94,7 @@ def classify_value(value: Any) -> tuple[float | None, str | None, str | None]:
                 return None, "non-numeric", f"the objective's 0-d {type(value).__name__} is not a number ({describe_exception(exc)})"
             return classify_value(item)
         return None, "array", f"the objective returned an array of shape {shape}, not one number"
-    if not isinstance(value, (int, float, np.integer, np.floating)):
+    if not isinstance(value, (numbers.Real, np.integer, np.floating, decimal.Decimal)):  # Fraction, Decimal too
         return None, "non-numeric", f"the objective returned a {type(value).__name__}, not a number"
     try:
         x = float(value)
@@ -132,18 +134,66 @@ def cap(text: str, limit: int) -> str:
     return f"{text[:head]}\n... [{len(text) - limit} characters cut] ...\n{text[-tail:]}"
 
 
-def _clean_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Keep JSON-encodable metric values (finite numbers, strings, capped); drop the rest."""
+#: the JSON data a metric keeps as it is (bool before int: a bool is an int to `isinstance`)
+_INT64 = 2**63
+
+
+def _metric_value(v: Any) -> tuple[bool, Any]:
+    """`(True, v as JSON data)`, or `(False, None)` for a value the log cannot hold as it is."""
+    if v is None or isinstance(v, (bool, np.bool_)):
+        return True, None if v is None else bool(v)
+    if isinstance(v, np.generic) or (type(v).__name__ == "Tensor" or isinstance(v, np.ndarray)) and v.ndim == 0:
+        try:  # a NumPy scalar, a 0-d array or tensor (`metrics={"loss": loss}`): its one number
+            v = v.item()
+        except Exception:  # noqa: BLE001 - a 0-d object array of user code
+            return False, None
+        if isinstance(v, (np.generic, np.ndarray)):
+            return False, None
+        return _metric_value(v)
+    if isinstance(v, int):  # exact within int64 (an id, a count); beyond it a float, as the log's readers expect
+        if -_INT64 <= v < _INT64:
+            return True, int(v)
+        x = _finite_float(v)
+        return x is not None, x
+    if isinstance(v, float):  # NaN and inf too: a diverged loss is worth keeping (the log's JSON allows them)
+        return True, float(v)
+    if isinstance(v, str):
+        return True, cap(v, MAX_METRIC_CHARS)
+    if isinstance(v, (list, tuple, Mapping)):  # small JSON data (a per-epoch curve, a config dict), kept whole
+        try:
+            text = json.dumps(v, allow_nan=True, separators=(",", ":"))
+        except (TypeError, ValueError):  # numpy/torch inside, a non-string key, a cycle: not plain JSON
+            return False, None
+        return (True, json.loads(text)) if len(text) <= MAX_METRIC_CHARS else (False, None)
+    return False, None
+
+
+def _clean_metrics(metrics: Any) -> tuple[dict[str, Any], list[str]]:
+    """The metrics the log keeps, and a note for each one it cannot keep (the record's `metrics_dropped`).
+
+    Kept: None, bools, numbers (NumPy scalars and 0-d arrays or tensors by their value; ints exact within
+    int64; NaN and inf as they are), strings (capped), and lists/dicts of plain JSON data up to
+    `MAX_METRIC_CHARS` encoded. Keys are strings (`str(key)`, capped); a key that repeats one already kept is
+    dropped, as is anything else (another type, a longer list).
+    """
+    if metrics is None:
+        return {}, []
+    if not isinstance(metrics, Mapping):
+        return {}, [f"metrics: a {type(metrics).__name__}, not a mapping of name to value"]
     out: dict[str, Any] = {}
-    for k, v in dict(metrics or {}).items():
+    dropped: list[str] = []
+    for k, v in metrics.items():
         key = cap(str(k), MAX_METRIC_CHARS)
-        if isinstance(v, (bool, np.bool_)):
-            out[key] = bool(v)
-        elif isinstance(v, (int, float, np.integer, np.floating)) and (x := _finite_float(v)) is not None:
-            out[key] = x
-        elif isinstance(v, str):
-            out[key] = cap(v, MAX_METRIC_CHARS)
-    return out
+        ok, value = _metric_value(v)
+        if key in out:
+            dropped.append(f"{key[:80]!r}: the same name as another metric's")
+        elif ok:
+            out[key] = value
+        else:
+            what = f"a {type(v).__name__}" if not isinstance(v, (list, tuple, Mapping)) else \
+                f"a {type(v).__name__} that is not plain JSON data of at most {MAX_METRIC_CHARS} characters"
+            dropped.append(f"{key[:80]!r}: {what}")
+    return out, dropped
 
 
 def printable(text: str) -> str:
@@ -222,12 +272,16 @@ def _call(objective: Objective, params: Mapping[str, Any], seed: int) -> dict[st
     ended = time.time()
     try:
         value, reason, message = classify_value(raw)
-        metrics = _clean_metrics(raw.metrics) if isinstance(raw, EvalResult) else {}
     except Exception as exc:  # noqa: BLE001 - a returned object whose conversion raises is a failed trial
-        value, metrics = None, {}
-        reason, message = "non-numeric", f"the objective's return value could not be read: {describe_exception(exc)}"
+        value, reason, message = None, "non-numeric", \
+            f"the objective's return value could not be read: {describe_exception(exc)}"
+    try:
+        metrics, dropped = _clean_metrics(raw.metrics) if isinstance(raw, EvalResult) else ({}, [])
+    except Exception as exc:  # noqa: BLE001 - a mapping of user code whose items() raises: the value stands
+        metrics, dropped = {}, [f"metrics: could not be read ({describe_exception(exc)})"]
+    extra = {"metrics_dropped": dropped} if dropped else {}
     if reason is not None:
-        return _failed(reason, message, message, started, ended, metrics)
+        return _failed(reason, message, message, started, ended, metrics, **extra)
     return {
         "status": "completed",
         "value": value,
@@ -237,6 +291,7 @@ def _call(objective: Objective, params: Mapping[str, Any], seed: int) -> dict[st
         "started_at": started,
         "ended_at": ended,
         "metrics": metrics,
+        **extra,
     }
 
 

@@ -15,9 +15,9 @@ import os
 import time
 from typing import Any, Mapping
 
-from objectives.base import Objective, ObjectiveError, Resources
+from objectives.base import EvalResult, Objective, ObjectiveError, Resources
 
-__all__ = ["FailsWhileFileExists", "PidRecorder", "SlowSuccesses", "read_pid_files"]
+__all__ = ["FailsWhileFileExists", "PidRecorder", "SlowSuccesses", "TrainingMetrics", "read_pid_files"]
 
 
 class PidRecorder(Objective):
@@ -78,6 +78,23 @@ class FailsWhileFileExists(Objective):
         if os.path.exists(self.flag):
             raise FileNotFoundError(f"data not ready ({self.flag} exists)")
         return -(float(params["x"]) - 0.3) ** 2
+
+
+class TrainingMetrics(Objective):
+    """Returns `-(x - 0.3)^2` with the metrics a torch training loop gives: a 0-d tensor, a NaN loss, a curve, an
+    id past 2**53, and a set, which the log cannot hold (the metrics test of the run path)."""
+
+    name = "training-metrics"
+    space = {"x": {"type": "float", "low": 0.0, "high": 1.0}}
+    noisy = False
+    resources = Resources(num_cpus=0.5)
+
+    def evaluate(self, params: Mapping[str, Any], seed: int) -> EvalResult:
+        import torch
+
+        x = float(params["x"])
+        return EvalResult(-(x - 0.3) ** 2, {"loss": torch.tensor(x), "val_loss": float("nan"), "curve": [1.0, x],
+                                            "run_id": 2**53 + 1, "tags": {"a", "b"}})
 
 
 class SlowSuccesses(PidRecorder):

@@ -393,3 +393,18 @@ def test_a_new_run_whose_actor_cannot_import_the_objective_leaves_no_run_behind(
     # the same command can run again (here it fails the same way, not with "already holds a run")
     with pytest.raises(QbatchError, match="could not start"):
         run_experiment(cfg, address=ray_local, progress=False, out=io.StringIO())
+
+
+def test_the_log_keeps_a_training_loops_metrics_and_names_the_dropped(ray_local, tmp_path):
+    """Found in review: a torch 0-d tensor, a NaN loss, a list and an id past 2**53 left the log without a word
+    (or as a float that lost the id's last digit). They are kept; what cannot be kept is named in the event."""
+    cfg = run_config(tmp_path, "metrics", budget=4, initial_design=4, batch_size=2, proposer="random",
+                     objective={"name": "tests.faults.objectives:TrainingMetrics"})
+    assert run_experiment(cfg, progress=False, out=io.StringIO())["completed"] == 4
+    done = [e for e in RunStore.open(cfg["run_dir"]).events() if e.kind == "completed"]
+    assert len(done) == 4
+    for e in done:
+        m = e.info["metrics"]
+        assert m["loss"] == pytest.approx(e.params["x"]) and m["val_loss"] != m["val_loss"]  # NaN
+        assert m["curve"] == [1.0, pytest.approx(e.params["x"])] and m["run_id"] == 2**53 + 1
+        assert e.info["metrics_dropped"] == ["'tags': a set"]

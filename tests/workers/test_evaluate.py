@@ -6,9 +6,13 @@ path: resources, node id, a crashing objective, and Ray's retry of a killed work
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import signal
 import time
+from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -269,10 +273,57 @@ def test_valid_values_pass(value, expected):
 
 def test_metrics_are_kept_and_cleaned():
     rec = evaluate_once(Returning(EvalResult(1.0, {"loss": 0.5, "bad": float("nan"), "obj": object()})), "0-0", {"x": 0.1}, 0)
-    assert rec["metrics"] == {"loss": 0.5}
+    assert rec["metrics"] == {"loss": 0.5, "bad": pytest.approx(float("nan"), nan_ok=True)}
+    assert rec["metrics_dropped"] == ["'obj': a object"]
     # an integer metric beyond the float range is dropped; the value is kept
     rec = evaluate_once(Returning(EvalResult(1.0, {"n": 10**400, "k": 3})), "0-0", {"x": 0.1}, 0)
-    assert rec["status"] == "completed" and rec["value"] == 1.0 and rec["metrics"] == {"k": 3.0}
+    assert rec["status"] == "completed" and rec["value"] == 1.0 and rec["metrics"] == {"k": 3}
+    assert rec["metrics_dropped"] == ["'n': a int"]
+    ok = evaluate_once(Returning(EvalResult(1.0, {"k": 3})), "0-0", {"x": 0.1}, 0)
+    assert "metrics_dropped" not in ok
+
+
+def test_metrics_keep_what_a_training_loop_returns():
+    """Found in review: a torch 0-d tensor (`metrics={"loss": loss}`), a NumPy 0-d array, a NaN or inf loss, None,
+    a per-epoch list and a dict were dropped without a word, and ints became floats (2**53 + 1 lost its last
+    digit). Optuna's user attributes keep all of these."""
+    import torch
+
+    metrics = {"t": torch.tensor(2.5, requires_grad=True), "a": np.array(1.5), "i64": np.int64(7), "f32": np.float32(0.5),
+               "nan": float("nan"), "inf": float("-inf"), "none": None, "curve": [0.9, 0.5, float("nan")],
+               "cfg": {"opt": "sgd", "layers": [64, 64]}, "id": 2**53 + 1, "flag": np.bool_(True), "s": "ok",
+               "long": list(range(2000)), "arr": np.arange(3), "set": {1, 2}, 1: "int key", "1": "str key"}
+    rec = evaluate_once(Returning(EvalResult(1.0, metrics)), "0-0", {"x": 0.1}, 0)
+    m = rec["metrics"]
+    assert rec["status"] == "completed" and rec["value"] == 1.0
+    assert (m["t"], m["a"], m["i64"], m["f32"], m["none"], m["flag"], m["s"]) == (2.5, 1.5, 7, 0.5, None, True, "ok")
+    assert m["id"] == 2**53 + 1 and isinstance(m["id"], int) and isinstance(m["i64"], int)
+    assert math.isnan(m["nan"]) and m["inf"] == float("-inf")
+    assert m["curve"][:2] == [0.9, 0.5] and math.isnan(m["curve"][2]) and m["cfg"] == {"opt": "sgd", "layers": [64, 64]}
+    assert m["1"] == "int key"  # the first of two keys with the same name is kept, the second noted
+    assert sorted(d.split(":")[0] for d in rec["metrics_dropped"]) == ["'1'", "'arr'", "'long'", "'set'"]
+    # the record crosses the sandbox's pipe and the log's JSON as it is
+    from orchestrator.store import _to_json
+
+    assert json.loads(_to_json(m, "metrics"))["id"] == 2**53 + 1
+
+
+def test_metrics_that_are_not_a_mapping_keep_the_value():
+    """Found in review: `EvalResult(1.0, [1, 2, 3])` failed the trial as 'non-numeric' with a message about a dict
+    update sequence; the value is good, so the trial completes and the log says what was dropped."""
+    rec = evaluate_once(Returning(EvalResult(1.0, [1, 2, 3])), "0-0", {"x": 0.1}, 0)
+    assert rec["status"] == "completed" and rec["value"] == 1.0 and rec["metrics"] == {}
+    assert rec["metrics_dropped"] == ["metrics: a list, not a mapping of name to value"]
+    bad = evaluate_once(Returning(EvalResult(float("nan"), {"k": 1, "o": object()})), "0-0", {"x": 0.1}, 0)
+    assert bad["error"] == "nan" and bad["metrics"] == {"k": 1} and bad["metrics_dropped"] == ["'o': a object"]
+
+
+@pytest.mark.parametrize("value", [Fraction(1, 3), Decimal("1.5")])
+def test_other_real_number_types_are_values(value):
+    """Found in review: a Fraction or a Decimal was refused as 'non-numeric' (Optuna takes them)."""
+    rec = evaluate_once(Returning(value), "0-0", {"x": 0.1}, 0)
+    assert rec["status"] == "completed" and rec["value"] == float(value)
+    assert evaluate_once(Returning(Decimal("NaN")), "0-0", {"x": 0.1}, 0)["error"] == "nan"
 
 
 def test_registry_spec_and_bad_arguments():
