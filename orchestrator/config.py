@@ -490,8 +490,10 @@ class ExperimentConfig:
             merged[name] = new
         try:
             return SearchSpace.from_description(merged)
-        except SpaceError as exc:
-            raise ConfigError(f"`space`: {_one_line(str(exc))}") from None
+        except SpaceError as exc:  # `space` where the config overrides the parameter, else the objective's own
+            m = re.match(r"parameter '([^']*)'", str(exc))
+            where = "`space`" if m is None or m.group(1) in self.space else "the objective's space"
+            raise ConfigError(f"{where}: {_one_line(str(exc))}") from None
 
 
 def _check_narrowing(key: str, new: dict[str, Any], old: Mapping[str, Any]) -> None:

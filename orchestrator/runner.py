@@ -487,7 +487,7 @@ def _check_log_matches_space(events: Any, space: Any) -> None:
     import math
 
     from objectives.base import is_choice
-    from orchestrator.store import _plain  # the log's JSON form of a value (a tuple choice comes back a list)
+    from orchestrator.store import _plain  # the log's JSON form of a value
 
     for ev in events:
         if ev.kind != "proposed" or not ev.params or not ev.x:

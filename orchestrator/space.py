@@ -115,6 +115,17 @@ class IntParam:
         return {"type": "int", "low": int(self.low), "high": int(self.high), "step": int(self.step), "log": self.log}
 
 
+def _round_trips(value: Any) -> bool:
+    """Whether `value` comes back equal, and of the same type, from JSON and YAML (a tuple comes back a list)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, list):
+        return all(_round_trips(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _round_trips(v) for k, v in value.items())
+    return False
+
+
 @dataclass(frozen=True)
 class ChoiceParam:
     name: str
@@ -127,6 +138,12 @@ class ChoiceParam:
         object.__setattr__(self, "choices", tuple(c.item() if isinstance(c, np.generic) else c for c in self.choices))
         if len(self.choices) < 1:
             raise SpaceError(f"parameter {self.name!r}: choices must not be empty")
+        for c in self.choices:  # a trial's params go through the run's JSON log and config.yaml: they must come back
+            if not _round_trips(c):
+                hint = f"; write the tuple {c!r} as the list {list(c)!r}" if isinstance(c, tuple) else ""
+                raise SpaceError(f"parameter {self.name!r}: choice {c!r:.80} would not come back the same from the "
+                                 f"run's log: choices are None, bools, numbers, strings, or lists and string-keyed "
+                                 f"dicts of them{hint}")
         # by `to_unit`'s test: of 1 and 1.0 only the first could ever be chosen by a unit coordinate's bin
         if any(is_choice(a, self.choices[i + 1:]) for i, a in enumerate(self.choices)):
             raise SpaceError(f"parameter {self.name!r}: duplicate choices in {list(self.choices)}")

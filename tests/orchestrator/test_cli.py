@@ -432,7 +432,7 @@ def test_the_space_check_accepts_every_parameter_kind_after_a_parquet_round_trip
             "units": {"type": "int", "low": 32, "high": 512, "step": 32},
             "depth": {"type": "int", "low": 1, "high": 1000, "log": True},
             "act": {"type": "choice", "choices": ["relu", True, None, [1, 2], 1, 2.5]},
-            "kernel": {"type": "choice", "choices": [(3, 3), (5, 5)]}}  # a tuple comes back from JSON a list
+            "kernel": {"type": "choice", "choices": [[3, 3], {"k": [5, 5]}]}}  # (tuples are refused by the space)
     space = SearchSpace.from_description(desc)
     X = np.random.default_rng(0).random((200, 5))
     X[0], X[1] = 0.0, 1.0

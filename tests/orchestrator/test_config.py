@@ -450,3 +450,11 @@ def test_a_bounds_override_keeps_the_objectives_log_scale_and_step():
     assert built({"lr": {"low": 1e-4, "high": 1e-2, "log": False}})["lr"]["log"] is False
     assert built({"bs": {"low": 64, "high": 128}})["bs"] == {"type": "int", "low": 64, "high": 128, "step": 32, "log": False}
     assert built({"bs": {"type": "choice", "choices": [64, 256]}})["bs"] == {"type": "choice", "choices": [64, 256]}
+
+
+def test_a_bad_space_of_the_objective_is_named_as_such():
+    """A parameter the config does not override is the objective's own: the error said '`space`', a key the user
+    never wrote (found in review, with tuple choices)."""
+    own = {"arch": {"type": "choice", "choices": [(64, 64), (128,)]}, "x": {"type": "float", "low": 0.0, "high": 1.0}}
+    with pytest.raises(ConfigError, match=r"^the objective's space: parameter 'arch': choice \(64, 64\)"):
+        load_config({"objective": "forrester"}).build_space(own)

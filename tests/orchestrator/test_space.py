@@ -188,6 +188,23 @@ def test_choices_given_as_a_mapping_are_refused():
         SearchSpace.from_description({"c": {"type": "choice", "choices": {"a": 1, "b": 2}}})
 
 
+def test_choices_that_would_not_come_back_from_the_log_are_refused():
+    """Found in review: tuple choices passed the driver's checks, then the central actor, which rebuilds the space
+    from config.yaml (where a tuple is a list), refused a `space` key the user never wrote; and a function as a
+    choice failed only when the run directory was written, after Ray had started."""
+    import math
+
+    with pytest.raises(SpaceError, match=r"parameter 'arch': choice \(64, 64\) would not come back the same .*"
+                                         r"write the tuple \(64, 64\) as the list \[64, 64\]"):
+        SearchSpace.from_description({"arch": {"type": "choice", "choices": [(64, 64), (128,)]}})
+    with pytest.raises(SpaceError, match="parameter 'act': choice <built-in function sin> would not come back"):
+        ChoiceParam("act", (math.sin, math.cos))
+    with pytest.raises(SpaceError, match="choice {1: 'a'} would not come back"):
+        ChoiceParam("d", ({1: "a"},))
+    space = SearchSpace.from_description({"arch": {"type": "choice", "choices": [[64, 64], [128], None, {"a": [1]}]}})
+    assert space.from_unit(torch.tensor([[0.1]], dtype=torch.float64))[0] == {"arch": [64, 64]}
+
+
 def test_numpy_choices_come_back_as_plain_values():
     """Found in review: `choices: np.linspace(...)` gave params of np.float64, which JSON and weights-only
     checkpoints (get_state) refuse."""
