@@ -560,11 +560,14 @@ def write_report(
     paths["summary"] = summary
     trials_csv = os.path.join(out_dir, "trials.csv")
     with open(trials_csv, "w", newline="") as f:
-        cols = ["trial_id", "status", "batch_id", "value", "error", "node_id", "attempt", "proposed_at", "started_at", "ended_at", "params"]
+        cols = ["trial_id", "status", "batch_id", "value", "error", "message", "node_id", "attempt", "proposed_at",
+                "started_at", "ended_at", "params", "metrics"]
         w = csv.writer(f)
         w.writerow(cols)
         for t in trials:
             d = t.to_dict()
+            info = d.get("info") or {}  # the failure's message and the objective's metrics (JSON), as logged
+            d["message"], d["metrics"] = info.get("message"), info.get("metrics")
             w.writerow([_csv_cell(d[c]) for c in cols])
     paths["trials"] = trials_csv
     return metrics, paths

@@ -8,6 +8,7 @@ Ray is engineer B's test; here the log is built by hand.
 from __future__ import annotations
 
 import csv
+import json
 import math
 from pathlib import Path
 
@@ -77,12 +78,14 @@ def build_run(
                 reason = "timeout" if (count // fail_every) % 2 else "exception"
                 truth["failures"][reason] = truth["failures"].get(reason, 0) + 1
                 results.append(Event("failed", tid, time=start + dur, started_at=start, ended_at=start + dur,
-                                     error=reason, traceback="Traceback ...", node_id=f"node-{k % 2}"))
+                                     error=reason, traceback="Traceback ...", node_id=f"node-{k % 2}",
+                                     info={"metrics": {}, "message": f"{reason} of {tid}"}))
             else:
                 y = float(rng.normal(x, sigma))
                 truth["values"].append(y)
                 results.append(Event("completed", tid, time=start + dur, value=y, started_at=start,
-                                     ended_at=start + dur, node_id=f"node-{k % 2}"))
+                                     ended_at=start + dur, node_id=f"node-{k % 2}",
+                                     info={"metrics": {"loss": x, "curve": [1, 2]}}))
             truth["busy"] += dur
         if j == 1:  # a retried evaluation reports twice: the replay must count it once
             dup = results[-1]
@@ -178,6 +181,14 @@ def test_report_writes_valid_pngs_and_tables(tmp_path):
     with open(paths["trials"]) as f:
         trials = list(csv.DictReader(f))
     assert len(trials) == 40 and {t["status"] for t in trials} == {"completed", "failed"}
+    # the failure's message and the objective's metrics (the helper found only the reason there), as Optuna's
+    # trials_dataframe shows user attributes
+    for t in trials:
+        if t["status"] == "failed":
+            assert t["message"] == f"{t['error']} of {t['trial_id']}" and t["metrics"] == "{}"
+        else:
+            assert json.loads(t["metrics"]) == {"loss": json.loads(t["params"])["x"], "curve": [1, 2]}
+            assert t["message"] == ""
 
 
 def test_report_of_a_run_without_results(tmp_path):
