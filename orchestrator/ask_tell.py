@@ -28,6 +28,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -454,39 +455,36 @@ class AskTellOptimizer:
         return self.space.snap(X.detach().to(**self._tk))
 
     def _dedupe(self, X: Tensor, X_pending: Tensor, X_observed: Tensor, batch_id: int) -> Tensor:
-        """Replace points that snapping made equal to a pending or observed point or to an earlier point of the
-        batch.
+        """Replace points equal to a pending or observed point or to an earlier point of the batch.
 
-        With discrete parameters proposals can round onto taken grid points. A duplicate is replaced by a
-        random snapped point that is new; when none is found, or the grid holds no untaken point (a small
-        discrete space is exhausted), the repeat is kept: for a noisy objective a repeated evaluation is still
-        informative. Points are compared by their snapped coordinates (rounded to `DUPLICATE_TOL`) in a set,
-        so the cost is linear in the observations, whatever q.
+        With discrete parameters proposals can round onto taken grid points; in a float space only a proposer
+        can repeat one (the built-in ones do not; a user's may). A duplicate is replaced by a random snapped
+        point that is new; when none is found, or the grid holds no untaken point (a small discrete space is
+        exhausted), the repeat is kept: for a noisy objective a repeated evaluation is still informative.
+        Points are compared by their snapped coordinates rounded to `DUPLICATE_TOL`, as bytes in a set, so the
+        cost is linear in the observations, whatever q.
         """
         from orchestrator.space import FloatParam, IntParam
 
         floats = [isinstance(p, FloatParam) for p in self.space.params]
-        if all(floats):
-            return X  # snapping is the identity; the proposer already returns distinct points
         # how many points the space holds: None (unbounded) with a float parameter
         grid = None if any(floats) else math.prod(
             p.size if isinstance(p, IntParam) else len(p.choices) for p in self.space.params)
         digits = round(-math.log10(DUPLICATE_TOL))
 
-        def key(row: Tensor) -> tuple[float, ...]:
-            return tuple(round(v, digits) for v in row.tolist())
+        def keys(rows: Tensor) -> list[bytes]:
+            arr = np.round(rows.detach().cpu().numpy().astype(np.float64), digits) + 0.0  # + 0.0: no -0.0
+            return [r.tobytes() for r in arr]
 
-        taken = {key(r) for part in (X_pending, X_observed) for r in part}
+        taken = set(keys(X_pending)) | set(keys(X_observed))
         gen = torch.Generator().manual_seed(trial_seed(self.seed, f"dedupe-{batch_id}"))
         out = X.clone()
-        for i in range(out.shape[0]):
-            k = key(out[i])
+        for i, k in enumerate(keys(out)):
             if k in taken and (grid is None or len(taken) < grid):
                 cands = self.space.snap(torch.rand(_REPLACE_TRIES, self.space.dim, generator=gen, dtype=torch.float64))
-                for cand in cands:
-                    ck = key(cand)
+                for cand, ck in zip(cands, keys(cands)):
                     if ck not in taken:
-                        out[i], k = cand, ck
+                        out[i], k = cand.to(out.dtype), ck
                         break
             taken.add(k)
         return out

@@ -1,8 +1,9 @@
 """The proposer interface: one class, one method, batch in the unit cube (STYLE.md §4.2).
 
-A proposer turns a fitted `Surrogate` into `q` new points. The base class checks what every
-proposer must guarantee: `q x d`, inside `[0, 1]^d`, dtype kept, and no point that repeats a
-pending point, an observed point, or another point of the same batch.
+A proposer turns a fitted `Surrogate` into `q` new points. The base class checks the shape (`q x d`)
+and that every point is finite and inside `[0, 1]^d`; points should also be new (no repeat of a pending
+point, an observed point, or another point of the batch: the built-in proposers see to it), and
+`AskTellOptimizer.ask` replaces any repeat a proposer returns (a user's may).
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class Proposer(ABC):
             dim: number of dimensions `d`, needed only when `model` is None.
 
         Returns:
-            `q x d` tensor in the unit cube, with the dtype of the model's training data.
+            `q x d` float64 tensor in the unit cube, on the device of the model's inducing points (else the CPU).
         """
         if isinstance(q, bool) or not isinstance(q, int) or q < 1:
             raise InputDataError(f"q must be an integer >= 1; got {q!r}")

@@ -221,6 +221,31 @@ class SpyProposer(Proposer):
         return torch.rand(q, X_observed.shape[-1], generator=generator, dtype=torch.float64)
 
 
+class RepeatingProposer(Proposer):
+    """A user's model-free proposer that hands back the centre of the cube q times."""
+
+    requires_model = False
+
+    def __init__(self) -> None:
+        pass
+
+    def _propose(self, model, q, X_pending, X_observed, generator):
+        return torch.full((q, X_observed.shape[-1]), 0.5, dtype=torch.float64)
+
+
+def test_a_proposer_that_repeats_points_in_a_float_space_still_gives_distinct_trials(monkeypatch):
+    """Found in review: the proposer base class said it refused repeats, but did not check, and `ask` trusted
+    proposers in float spaces; a user's proposer handed out the same point q times, and an observed one."""
+    monkeypatch.setitem(acquisition.PROPOSERS, "repeating", f"{__name__}:RepeatingProposer")
+    opt = AskTellOptimizer(SMALL, initial_design=2, proposer="repeating", seed=0)
+    opt.tell_point({"a": 0.0, "b": 1.0}, 0.0)  # the cube's centre, observed
+    opt.tell_point({"a": 0.5, "b": 0.5}, 0.0)
+    trials = opt.ask(5)
+    points = {(t.params["a"], t.params["b"]) for t in trials}
+    assert len(points) == 5 and (0.0, 1.0) not in points
+    assert [t.source for t in trials] == ["model"] * 5
+
+
 @pytest.fixture
 def spy_model(monkeypatch):
     """The real `build_model`, with every fit's training data recorded."""
