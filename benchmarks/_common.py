@@ -140,7 +140,7 @@ def paired_comparison(a: Mapping[Any, float], b: Mapping[Any, float], level: flo
     """Compare method A with method B over the repetitions both have (lower is better, e.g. regret).
 
     Args:
-        a, b: repetition key (e.g. problem number) -> value.
+        a, b: repetition key (e.g. problem number) -> value; a pair with a NaN on either side is left out.
         level: confidence level of the interval of the mean difference.
 
     Returns:
@@ -152,6 +152,7 @@ def paired_comparison(a: Mapping[Any, float], b: Mapping[Any, float], level: flo
 
     keys = sorted(set(a) & set(b))
     diff = np.asarray([a[k] - b[k] for k in keys], dtype=np.float64)
+    diff = diff[~np.isnan(diff)]  # a repetition missing in either arm leaves every statistic (Wilcoxon gave NaN)
     mean, half, n = mean_ci(diff.tolist(), level)
     wins = int((diff < 0).sum())
     losses = int((diff > 0).sum())
