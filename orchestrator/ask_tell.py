@@ -1,4 +1,4 @@
-"""The library API: an ask/tell optimizer over a search space (issue 2 item 6, ORCH_API.md "Library ask/tell").
+"""The library API: an ask/tell optimizer over a search space (issue 2 item 6; README "As a library").
 
 `AskTellOptimizer.ask(q)` returns `q` trials with ids and parameters in the user's names and types;
 `tell(trial_id, value)` takes results in any order, one at a time, at any time. Like a Ray Tune `Searcher`
@@ -116,7 +116,7 @@ class AskTellOptimizer:
     Args:
         space: a `SearchSpace` or a plain space description ``{name: {"type": ..., ...}}``.
         model: surrogate name for `orchestrator.models.build_model` ("quantile", "expectile",
-            "heteroscedastic", "exact-gp").
+            "heteroscedastic", "exact-gp", "gpr-replicates").
         tau: level of the quantile/expectile to optimize, in the user's own sense, in (0, 1).
         proposer: proposer name for `orchestrator.acquisition.build_proposer` ("thompson", "qgibbon").
         calibrator: calibrator name for `orchestrator.calibration.build_calibrator` ("none", "online", ...).

@@ -1,4 +1,4 @@
-"""Experiment config: YAML -> a frozen, validated `ExperimentConfig` (issue 4 item 5, ORCH_API.md "Config").
+"""Experiment config: YAML -> a frozen, validated `ExperimentConfig` (issue 4 item 5; README "Configuration").
 
 Every key is checked from ONE table (`_TABLE`: dotted key, check, default), as Ray checks task options
 (STYLE.md §4.6). A bad config raises `ConfigError` with one line that names the dotted key and the
@@ -126,7 +126,7 @@ def _choice(values: tuple[Any, ...], allow_none: bool = False) -> Check:
 
 
 def _component(static: tuple[str, ...], module: str, attr: str) -> Check:
-    """A type name: one of `static` (ORCH_API.md), or any name registered in `module.attr`.
+    """A type name: one of `static` (README "Configuration"), or any name registered in `module.attr`.
 
     The package registry is imported only when the name is not in `static`, so the common case stays light
     and parts added later by their authors (e.g. baseline proposers) are accepted without editing this table.
@@ -394,7 +394,7 @@ class FailureGuardConfig:
 
 @dataclass(frozen=True)
 class ExperimentConfig:
-    """A validated experiment (ORCH_API.md "Config"). Build it with `load_config`; `to_dict()` round-trips."""
+    """A validated experiment (README "Configuration"). Build it with `load_config`; `to_dict()` round-trips."""
 
     name: str
     objective: ObjectiveConfig

@@ -1,7 +1,7 @@
 """Metrics, plots and a summary table of a run directory, computed from its event log (issue 4 items 4, 7).
 
 Everything here is derived from the Parquet log (orchestrator/store.py) and `config.yaml`; nothing asks the
-running actor. What is read (ORCH_API.md, "Event `info` keys"):
+running actor. What is read (the event `info` keys that orchestrator/actor.py writes):
 
 * utilization U = busy evaluation time / (slots x wall time) over the span from the first evaluation start
   to the last evaluation end of each actor session (`info["session"]` of the results; a resume or an actor

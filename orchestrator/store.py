@@ -1,6 +1,6 @@
 """Run directory: the config, an append-only Parquet event log, and model checkpoints (ARCHITECTURE.md).
 
-Implements issue 4 item 3 and issue 7 items 7 and 9 (ORCH_API.md, "Event log"). Layout of a run directory::
+Implements issue 4 item 3 and issue 7 items 7 and 9 (ARCHITECTURE.md "The path of one evaluation", step 4). Layout of a run directory::
 
     config.yaml                      the validated experiment config (plain YAML)
     events/seg-<first>-<last>.parquet  segments of the event log; <first>/<last> are 12-digit sequence numbers
@@ -49,7 +49,7 @@ __all__ = [
     "trials_table",
 ]
 
-#: the kinds of events the log accepts (ORCH_API.md)
+#: the kinds of events the log accepts
 EVENT_KINDS = ("proposed", "started", "completed", "failed", "refit")
 #: auto-compaction: once this many segments hold fewer than `_SMALL_ROWS` events each, merge them
 _COMPACT_FILES = 64
@@ -102,7 +102,7 @@ class RunDirError(StoreError, UsageError):
 
 @dataclass
 class Event:
-    """One record of the event log (ORCH_API.md). Dict fields are stored as JSON, `x` as a list column."""
+    """One record of the event log. Dict fields are stored as JSON, `x` as a list column."""
 
     kind: str
     trial_id: str = ""

@@ -1,7 +1,8 @@
 """How one evaluation runs on the cluster: resources, timeout, retries, failures turned into records.
 
 `workers` runs an objective and knows nothing of models (ARCHITECTURE.md); the central actor
-(orchestrator/actor.py) submits one `submit_evaluation` task per trial and ingests its record.
+(orchestrator/actor.py) has one `submit_evaluation` task submitted per trial, by its `EvaluationPool` actor
+(workers/pool.py; by itself without a pool), and ingests the record.
 """
 
 from workers.evaluate import FAILURE_REASONS, classify_value, evaluate_once, submit_evaluation, task_options

@@ -10,7 +10,7 @@ the task returns one plain record (a dict); only the loss of the Ray worker or n
 Ray error, which Ray retries (`max_retries`) and the central actor records as "worker-lost". A result is
 never recorded twice: the actor ingests exactly once per trial id.
 
-Record keys: trial_id, status ("completed" | "failed"), value, error (reason), traceback, metrics,
+Record keys: trial_id, status ("completed" | "failed"), value, error (reason), message, traceback, metrics,
 node_id, pid (the Ray worker), child_pid, started_at, ended_at (seconds since the epoch, around the
 objective call), and metrics_dropped (a note per metric the log cannot hold) when there are any.
 """

@@ -1,6 +1,6 @@
 """The calibrator interface: what the central actor feeds with one-step-ahead results.
 
-A calibrator consumes, in completion order, the `Forecast` recorded when a point was proposed and the
+A calibrator consumes, in ask order (`AskTellOptimizer.flush_calibration` sorts the results it has), the `Forecast` recorded when a point was proposed and the
 observed y (calibrated-bo.md §1.5 "pure online", locbo.md §1.3). It never sees pending or fantasized
 points: only `update` changes its state, and only the actor calls it, with completed results.
 Its current map sends a nominal level p to the level of the base forecast to use,
@@ -158,8 +158,8 @@ class Calibrator(ABC):
         batches of 100 and the default step sizes the threshold moves by a few tenths within a batch.
 
         Args:
-            forecast: the forecast recorded when the point(s) were proposed (`n` points; n = 1 per result
-                in the actor; several are processed in their order).
+            forecast: the forecast recorded when the point(s) were proposed (`n` points; the optimizer passes
+                the results it has in one call, in ask order; they are processed in that order).
             y: the `n` observed values (original units, finite).
             X: optional `n x d` unit-cube points; required by localized calibrators (`needs_x`).
 

@@ -4,7 +4,8 @@ Per level p_k, online gradient descent on the quantile pinball loss of the PIT v
 q_{k, t+1} = q_{k, t} + eta (p_k - 1{u_t <= q_{k, t}}), the spec's corrected sign of eq. (9) (the paper prints
 q_t = +eta sum g_s). Started at q = p (identity map). Guarantee (Thm 4.2, eq. 10), for any sequence:
 |(1/T) sum_t 1{u_t <= q_{k, t}} - p_k| <= (1 + eta) / (eta T). Per-level trajectories can cross
-(spec caveat to Lemma 4), so the map R(p) interpolates the *sorted* levels (monotone rearrangement).
+(spec caveat to Lemma 4), so the map R(p) interpolates monotone levels: by default their isotonic fit (pool adjacent violators,
+`rearrangement="isotonic"`), or the sorted levels (`rearrangement="sort"`, monotone rearrangement).
 `OnlineIntervalCalibrator` is the conformal interval variant: two levels (1 -+ c)/2 per coverage c
 (ACI on PIT scores, miscoverage -> 1 - c at rate 2(1 + eta)/(eta T)).
 """

@@ -187,7 +187,7 @@ def attach(calibrator: Any, proposer: Any) -> Any:
     - Proposers with a `spread` attribute (Thompson sampling, Q-GIBBON) get `proposer.spread = calibrator.spread`,
       or None when the calibrator has no spread tracker (`none`, or `spread: off`).
     - Proposers with a `calibrator` attribute (`AcquisitionProposer`) get the calibrator itself.
-    - A calibrator marked `acquisition_only` (conformal) is refused by the others: its options would do nothing.
+    - A calibrator marked `acquisition_only` (conformal, offline-cv) is refused by the others: its options would do nothing.
     - Options the proposer would never read are refused: a calibrator's own options (`eta`, `levels`, `alpha`, ...)
       or `spread: off` with a spread-only proposer, `spread`/`spread_*` with `AcquisitionProposer`.
 

@@ -2,7 +2,7 @@
 
 quantile-expectile-bo.md §1 (the two-latent SVGPs, their likelihoods and inducing points) and the exact-GP
 baseline; every model implements `orchestrator.models.base.Surrogate`. `build_model(name, **options)` builds
-one by its config name ("quantile", "expectile", "heteroscedastic", "exact-gp"). Model classes are imported
+one by its config name ("quantile", "expectile", "heteroscedastic", "exact-gp", "gpr-replicates"). Model classes are imported
 lazily, so importing this package does not import GPyTorch.
 """
 
@@ -72,7 +72,7 @@ def valid_options_note(cls: type, exclude: tuple[str, ...] = ("tau",)) -> str:
 
 
 def build_model(name: str, **options: Any) -> Surrogate:
-    """Build the surrogate called `name` ("quantile", "expectile", "heteroscedastic", "exact-gp").
+    """Build the surrogate called `name` ("quantile", "expectile", "heteroscedastic", "exact-gp", "gpr-replicates").
 
     Args:
         name: the model's config name.

@@ -199,7 +199,7 @@ def svgp_standardization(Y: Tensor) -> tuple[float, float]:
     what the hyperpriors and the fit resolve: every SVGP's recommendation was arbitrary and its prediction far
     outside the data (found in review). With the quartiles the bulk of the outcomes keeps unit scale and the
     outlier is one far point, which the asymmetric-Laplace likelihood of the quantile model discounts. The
-    exact GP keeps BoTorch's mean/std (`Standardize`), as its users expect.
+    exact GP keeps the mean/std standardization of BoTorch's `Standardize` (done here, by `standardization`), as its users expect.
     """
     center, scale = standardization(Y)
     if Y.shape[0] >= 4:
