@@ -585,6 +585,13 @@ def _drive(
     finally:
         if bar is not None:
             bar.close()
+        if summary is None:  # interrupted, or failed: end the actor's loop by a direct call before `ray.kill`,
+            # a request to the GCS, which a signal to the whole process group (SLURM's scancel) stops too: the
+            # actor then went on proposing and starting evaluations until its raylet drained (found in review)
+            try:
+                ray.get(actor.stop.remote(), timeout=5)
+            except Exception:  # noqa: BLE001 - dead, or never started: nothing to stop
+                pass
         for handle in (actor, pool):
             try:
                 ray.kill(handle)

@@ -198,3 +198,31 @@ def test_a_relative_data_path_is_stored_absolute_and_resumes_from_anywhere(ray_l
     monkeypatch.chdir(tmp_path)
     again = resume_experiment(cfg["run_dir"], address=ray_local, progress=False, out=io.StringIO())
     assert again["status"] == "finished" and again["done"] == 4
+
+
+def test_sigterm_to_the_process_group_starts_nothing_new(ray_local, tmp_path):
+    """Found in review: SIGTERM to the whole process group (SLURM's scancel, a group kill) also stops Ray's GCS, so
+    the driver's `ray.kill` of the central actor (a GCS request) did nothing and the actor went on proposing and
+    starting evaluations for 6-9 s until its raylet drained. The driver now tells the actor to stop directly."""
+    cfg = run_config(tmp_path, "group-term", objective={"name": "sleep", "options": {"mean_s": 1.0, "cv": 0.3,
+                     "num_cpus": 0.5}}, tau=0.3, batch_size=8, initial_design=8, budget=80)
+    run_dir = cfg["run_dir"]
+    path = tmp_path / "group-term.yaml"
+    path.write_text(json.dumps(cfg))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = str(REPO)
+    driver = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "run", str(path)],
+                              cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        wait_for(lambda: len(finished_counts(_events(run_dir))) >= 10, 120, "10 finished evaluations", period=0.1)
+        signalled = time.time()
+        os.killpg(driver.pid, signal.SIGTERM)
+        _, err = driver.communicate(timeout=120)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+    assert driver.returncode == 130 and "qbatch resume" in err, err[-2000:]
+    late = [e for e in _events(run_dir) if e.kind in ("started", "proposed") and e.time > signalled + 1.0]
+    assert not late, f"{len(late)} evaluations proposed or started after the signal"
