@@ -279,6 +279,10 @@ def _actor_pid(actor: Any, run_dir: str, after_error: bool = False, new_run: boo
         return _wait_for_actor(actor) if after_error else ray.get(actor.pid.remote())
     except ray.exceptions.RayActorError as exc:
         line = _error_line(exc)
+        if not after_error and "is being written by another run" in line:
+            # lost the writer lock to a run or resume started at the same moment: refused as before Ray starts
+            # (exit 2), without the resume hint that would be refused the same way (found in review)
+            raise UsageError(f"the central actor of {run_dir} could not start: {line}") from None
         hint = ""
         if re.search(r"cannot import module|ModuleNotFoundError|No module named", line):
             hint = (" (the driver imported the objective, the central actor's Ray worker could not: on a cluster, "

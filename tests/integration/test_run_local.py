@@ -319,7 +319,7 @@ def test_a_central_actor_that_cannot_start_or_dies_for_good_is_one_line_not_a_tr
     traceback, exit 1 without the resume hint."""
     import ray
 
-    from orchestrator.errors import QbatchError
+    from orchestrator.errors import QbatchError, UsageError
     from orchestrator.runner import _actor_pid
 
     @ray.remote(num_cpus=0)
@@ -335,6 +335,22 @@ def test_a_central_actor_that_cannot_start_or_dies_for_good_is_one_line_not_a_tr
     msg = str(info.value)
     assert len(msg.splitlines()) == 1 and "could not start" in msg and "disk full while opening the log" in msg
     assert "`qbatch resume /runs/x`" in msg
+
+    @ray.remote(num_cpus=0)
+    class Busy:  # lost the race for the writer lock to a resume started at the same moment (found in review)
+        def __init__(self):
+            from orchestrator.store import RunDirError
+
+            raise RunDirError("/runs/x is being written by another run (pid 7 on vm); wait for it to end")
+
+        def pid(self):
+            return os.getpid()
+
+    with pytest.raises(UsageError) as info:  # exit 2, as when the lock is seen before Ray starts
+        _actor_pid(Busy.remote(), "/runs/x")
+    msg = str(info.value)
+    assert len(msg.splitlines()) == 1 and "is being written by another run (pid 7 on vm)" in msg, msg
+    assert "qbatch resume" not in msg, msg
 
     @ray.remote(num_cpus=0)
     class Fine:
