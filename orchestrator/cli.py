@@ -50,6 +50,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except StoreError as exc:
         raise UsageError(str(exc)) from None
     if taken:
+        if RunStore.is_being_written(run_dir):  # a resume would be refused until that run ends
+            raise UsageError(f"{run_dir} already holds a run, which a process is writing now (`qbatch status "
+                             f"{run_dir}`); choose another --run-dir")
         raise UsageError(f"{run_dir} already holds a run; continue it with `qbatch resume {run_dir}` or choose another --run-dir")
     runner = _runner()
     try:

@@ -138,7 +138,17 @@ def test_run_and_resume_call_the_runner(tmp_path, monkeypatch, capsys):
     RunStore.create(str(tmp_path / "taken"), GOOD)
     n = len(fake.calls)
     assert cli.main(["run", str(cfg_path), "--run-dir", str(tmp_path / "taken")]) == 2
-    assert len(fake.calls) == n and "already holds a run" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert len(fake.calls) == n and "already holds a run; continue it with `qbatch resume" in err
+    # one a process writes now: a resume would be refused too (found in review)
+    writer = RunStore.open(str(tmp_path / "taken"))
+    writer.lock_writer()
+    try:
+        assert cli.main(["run", str(cfg_path), "--run-dir", str(tmp_path / "taken")]) == 2
+    finally:
+        writer.unlock_writer()
+    err = capsys.readouterr().err
+    assert "which a process is writing now" in err and "qbatch resume" not in err, err
     assert cli.main(["run", str(cfg_path), "--run-dir", "../escape"]) == 2
     assert "`--run-dir` must be" in capsys.readouterr().err
     assert cli.main(["resume", str(tmp_path / "taken"), "--address", "10.0.0.1:6379"]) == 0
