@@ -10,6 +10,7 @@ so a config cannot write outside the folder it names (issue 7 item 9).
 
 from __future__ import annotations
 
+import ast
 import datetime as _dt
 import difflib
 import math
@@ -472,7 +473,7 @@ class ExperimentConfig:
             ConfigError: naming `space.<param>` when an override names no parameter of the objective or
                 leaves its range.
         """
-        from orchestrator.space import SearchSpace
+        from orchestrator.space import SearchSpace, check_loggable
 
         merged = {k: dict(v) for k, v in objective_space.items()}
         for name, spec in self.space.items():
@@ -489,10 +490,13 @@ class ExperimentConfig:
             _check_narrowing(key, new, old)
             merged[name] = new
         try:
-            return SearchSpace.from_description(merged)
+            space = SearchSpace.from_description(merged)
+            check_loggable(space)  # a run reads its space back from config.yaml and its params from the log
+            return space
         except SpaceError as exc:  # `space` where the config overrides the parameter, else the objective's own
-            m = re.match(r"parameter '([^']*)'", str(exc))
-            where = "`space`" if m is None or m.group(1) in self.space else "the objective's space"
+            m = re.match(r"""parameter ('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")""", str(exc))
+            name = ast.literal_eval(m.group(1)) if m else None
+            where = "`space`" if name is None or name in self.space else "the objective's space"
             raise ConfigError(f"{where}: {_one_line(str(exc))}") from None
 
 

@@ -116,14 +116,41 @@ class IntParam:
 
 
 def _round_trips(value: Any) -> bool:
-    """Whether `value` comes back equal, and of the same type, from JSON and YAML (a tuple comes back a list)."""
-    if value is None or isinstance(value, (bool, int, float, str)):
+    """Whether `value` comes back equal, and of the same type, from JSON and YAML: None, bool, int, float, str, and
+    lists and string-keyed dicts of them, of exactly these types (a tuple comes back a list, an IntEnum an int)."""
+    if value is None or type(value) in (bool, int, float, str):
         return True
-    if isinstance(value, list):
+    if type(value) is list:
         return all(_round_trips(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _round_trips(v) for k, v in value.items())
+    if type(value) is dict:
+        return all(type(k) is str and _round_trips(v) for k, v in value.items())
     return False
+
+
+def _plain_choice(value: Any) -> Any:
+    """NumPy scalars as plain Python values, inside lists and dicts too (a trial's params go into JSON, the log
+    and weights-only checkpoints)."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if type(value) is list:
+        return [_plain_choice(v) for v in value]
+    if type(value) is dict:
+        return {k: _plain_choice(v) for k, v in value.items()}
+    return value
+
+
+def check_loggable(space: "SearchSpace") -> None:
+    """Raise `SpaceError` naming the parameter when a choice would not come back the same from a run's log and
+    config.yaml (JSON and YAML): a run proposes from the space it reads back, and a resume maps logged params
+    onto it. The library (`AskTellOptimizer`) keeps no log and takes any choice values."""
+    for p in space.params:
+        if isinstance(p, ChoiceParam):
+            for c in p.choices:
+                if not _round_trips(c):
+                    hint = f"; write the tuple {c!r} as the list {list(c)!r}" if isinstance(c, tuple) else ""
+                    raise SpaceError(f"parameter {p.name!r}: choice {c!r:.80} would not come back the same from the "
+                                     f"run's log: a run's choices are None, bools, numbers, strings, or lists and "
+                                     f"string-keyed dicts of them{hint}")
 
 
 @dataclass(frozen=True)
@@ -135,15 +162,9 @@ class ChoiceParam:
         if isinstance(self.choices, (set, frozenset)):  # its order changes with PYTHONHASHSEED: so would the space
             raise SpaceError(f"parameter {self.name!r}: choices must be a list or tuple; got a {type(self.choices).__name__}")
         # numpy scalars as plain Python values: a trial's params go into JSON, the log and weights-only checkpoints
-        object.__setattr__(self, "choices", tuple(c.item() if isinstance(c, np.generic) else c for c in self.choices))
+        object.__setattr__(self, "choices", tuple(_plain_choice(c) for c in self.choices))
         if len(self.choices) < 1:
             raise SpaceError(f"parameter {self.name!r}: choices must not be empty")
-        for c in self.choices:  # a trial's params go through the run's JSON log and config.yaml: they must come back
-            if not _round_trips(c):
-                hint = f"; write the tuple {c!r} as the list {list(c)!r}" if isinstance(c, tuple) else ""
-                raise SpaceError(f"parameter {self.name!r}: choice {c!r:.80} would not come back the same from the "
-                                 f"run's log: choices are None, bools, numbers, strings, or lists and string-keyed "
-                                 f"dicts of them{hint}")
         # by `to_unit`'s test: of 1 and 1.0 only the first could ever be chosen by a unit coordinate's bin
         if any(is_choice(a, self.choices[i + 1:]) for i, a in enumerate(self.choices)):
             raise SpaceError(f"parameter {self.name!r}: duplicate choices in {list(self.choices)}")

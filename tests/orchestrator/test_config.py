@@ -458,3 +458,6 @@ def test_a_bad_space_of_the_objective_is_named_as_such():
     own = {"arch": {"type": "choice", "choices": [(64, 64), (128,)]}, "x": {"type": "float", "low": 0.0, "high": 1.0}}
     with pytest.raises(ConfigError, match=r"^the objective's space: parameter 'arch': choice \(64, 64\)"):
         load_config({"objective": "forrester"}).build_space(own)
+    quoted = {"it's": {"type": "choice", "choices": [(1, 2)]}}  # its repr is in double quotes
+    with pytest.raises(ConfigError, match=r"^the objective's space: parameter \"it's\""):
+        load_config({"objective": "forrester"}).build_space(quoted)

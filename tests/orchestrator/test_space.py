@@ -188,21 +188,35 @@ def test_choices_given_as_a_mapping_are_refused():
         SearchSpace.from_description({"c": {"type": "choice", "choices": {"a": 1, "b": 2}}})
 
 
-def test_choices_that_would_not_come_back_from_the_log_are_refused():
+def test_choices_that_would_not_come_back_from_a_runs_log_are_refused_for_runs_only():
     """Found in review: tuple choices passed the driver's checks, then the central actor, which rebuilds the space
     from config.yaml (where a tuple is a list), refused a `space` key the user never wrote; and a function as a
-    choice failed only when the run directory was written, after Ray had started."""
+    choice failed only when the run directory was written, after Ray had started. A run's space is checked
+    (`check_loggable`, from `ExperimentConfig.build_space`); the library, which keeps no log, takes any choice."""
+    import enum
     import math
+
+    from orchestrator.space import check_loggable
+
+    class Act(enum.IntEnum):
+        RELU = 1
 
     with pytest.raises(SpaceError, match=r"parameter 'arch': choice \(64, 64\) would not come back the same .*"
                                          r"write the tuple \(64, 64\) as the list \[64, 64\]"):
-        SearchSpace.from_description({"arch": {"type": "choice", "choices": [(64, 64), (128,)]}})
-    with pytest.raises(SpaceError, match="parameter 'act': choice <built-in function sin> would not come back"):
-        ChoiceParam("act", (math.sin, math.cos))
-    with pytest.raises(SpaceError, match="choice {1: 'a'} would not come back"):
-        ChoiceParam("d", ({1: "a"},))
+        check_loggable(SearchSpace.from_description({"arch": {"type": "choice", "choices": [(64, 64), (128,)]}}))
+    for bad in ((math.sin, math.cos), ({1: "a"},), (Act.RELU, 2), ([1, (2, 3)],)):
+        with pytest.raises(SpaceError, match="would not come back"):
+            check_loggable(SearchSpace([ChoiceParam("c", bad)]))
+    # NumPy numbers inside list choices are plain numbers (found in review: refused as if not numbers)
+    nested = SearchSpace.from_description({"arch": {"type": "choice", "choices": [[np.int64(64)], {"w": np.float32(0.5)}]}})
+    check_loggable(nested)
+    assert nested.params[0].choices == ([64], {"w": 0.5}) and type(nested.params[0].choices[0][0]) is int
     space = SearchSpace.from_description({"arch": {"type": "choice", "choices": [[64, 64], [128], None, {"a": [1]}]}})
+    check_loggable(space)
     assert space.from_unit(torch.tensor([[0.1]], dtype=torch.float64))[0] == {"arch": [64, 64]}
+    # the library keeps tuples and classes as they are
+    lib = SearchSpace.from_description({"arch": {"type": "choice", "choices": [(3, 3), torch.nn.ReLU]}})
+    assert lib.from_unit(torch.tensor([[0.9]], dtype=torch.float64))[0] == {"arch": torch.nn.ReLU}
 
 
 def test_numpy_choices_come_back_as_plain_values():
