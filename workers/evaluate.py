@@ -26,6 +26,7 @@ import numbers
 import os
 import select
 import signal
+import sys
 import threading
 import time
 import traceback as tb_module
@@ -134,35 +135,57 @@ def cap(text: str, limit: int) -> str:
     return f"{text[:head]}\n... [{len(text) - limit} characters cut] ...\n{text[-tail:]}"
 
 
-#: the JSON data a metric keeps as it is (bool before int: a bool is an int to `isinstance`)
 _INT64 = 2**63
+#: notes `metrics_dropped` keeps at most (the rest are counted in one more)
+MAX_DROPPED_NOTES = 20
+
+
+def _is_tensor(v: Any) -> bool:
+    torch = sys.modules.get("torch")  # a tensor exists only where torch was imported
+    return torch is not None and isinstance(v, torch.Tensor)
+
+
+def _plain_json(v: Any) -> bool:
+    """Whether `v` is plain JSON data of exactly JSON's types (string keys): what the log's JSON keeps unchanged."""
+    if v is None or type(v) in (bool, int, float, str):
+        return True
+    if type(v) in (list, tuple):
+        return all(_plain_json(x) for x in v)
+    if type(v) is dict:
+        return all(type(k) is str and _plain_json(x) for k, x in v.items())
+    return False
 
 
 def _metric_value(v: Any) -> tuple[bool, Any]:
     """`(True, v as JSON data)`, or `(False, None)` for a value the log cannot hold as it is."""
     if v is None or isinstance(v, (bool, np.bool_)):
         return True, None if v is None else bool(v)
-    if isinstance(v, np.generic) or (type(v).__name__ == "Tensor" or isinstance(v, np.ndarray)) and v.ndim == 0:
+    if isinstance(v, np.generic) or ((_is_tensor(v) or isinstance(v, np.ndarray)) and v.ndim == 0):
         try:  # a NumPy scalar, a 0-d array or tensor (`metrics={"loss": loss}`): its one number
-            v = v.item()
+            item = v.item()
         except Exception:  # noqa: BLE001 - a 0-d object array of user code
             return False, None
-        if isinstance(v, (np.generic, np.ndarray)):
-            return False, None
-        return _metric_value(v)
+        if isinstance(item, np.floating):  # np.longdouble's item() is itself
+            item = float(item)
+        return (False, None) if isinstance(item, (np.generic, np.ndarray)) else _metric_value(item)
     if isinstance(v, int):  # exact within int64 (an id, a count); beyond it a float, as the log's readers expect
         if -_INT64 <= v < _INT64:
             return True, int(v)
         x = _finite_float(v)
         return x is not None, x
-    if isinstance(v, float):  # NaN and inf too: a diverged loss is worth keeping (the log's JSON allows them)
-        return True, float(v)
+    if isinstance(v, (float, numbers.Real, decimal.Decimal)):  # NaN and inf too: a diverged loss is worth keeping
+        try:
+            return True, float(v)
+        except Exception:  # noqa: BLE001 - a number type of user code whose conversion raises
+            return False, None
     if isinstance(v, str):
-        return True, cap(v, MAX_METRIC_CHARS)
+        return True, cap(str(v), MAX_METRIC_CHARS)
     if isinstance(v, (list, tuple, Mapping)):  # small JSON data (a per-epoch curve, a config dict), kept whole
         try:
+            if not _plain_json(v):  # numpy/torch inside, a non-string key (JSON would rename it), a set
+                return False, None
             text = json.dumps(v, allow_nan=True, separators=(",", ":"))
-        except (TypeError, ValueError):  # numpy/torch inside, a non-string key, a cycle: not plain JSON
+        except (TypeError, ValueError, RecursionError):  # a cycle, nesting too deep
             return False, None
         return (True, json.loads(text)) if len(text) <= MAX_METRIC_CHARS else (False, None)
     return False, None
@@ -172,9 +195,9 @@ def _clean_metrics(metrics: Any) -> tuple[dict[str, Any], list[str]]:
     """The metrics the log keeps, and a note for each one it cannot keep (the record's `metrics_dropped`).
 
     Kept: None, bools, numbers (NumPy scalars and 0-d arrays or tensors by their value; ints exact within
-    int64; NaN and inf as they are), strings (capped), and lists/dicts of plain JSON data up to
-    `MAX_METRIC_CHARS` encoded. Keys are strings (`str(key)`, capped); a key that repeats one already kept is
-    dropped, as is anything else (another type, a longer list).
+    int64; Fraction and Decimal as floats; NaN and inf as they are), strings (capped), and lists/dicts of plain
+    JSON data (string keys) up to `MAX_METRIC_CHARS` encoded. Keys are strings (`str(key)`, capped); a key that
+    repeats one already kept is dropped, as is anything else. At most `MAX_DROPPED_NOTES` notes, then a count.
     """
     if metrics is None:
         return {}, []
@@ -184,15 +207,20 @@ def _clean_metrics(metrics: Any) -> tuple[dict[str, Any], list[str]]:
     dropped: list[str] = []
     for k, v in metrics.items():
         key = cap(str(k), MAX_METRIC_CHARS)
-        ok, value = _metric_value(v)
+        try:
+            ok, value = _metric_value(v)
+        except Exception:  # noqa: BLE001 - a value of user code that breaks a check: that metric alone goes
+            ok, value = False, None
         if key in out:
             dropped.append(f"{key[:80]!r}: the same name as another metric's")
         elif ok:
             out[key] = value
         else:
             what = f"a {type(v).__name__}" if not isinstance(v, (list, tuple, Mapping)) else \
-                f"a {type(v).__name__} that is not plain JSON data of at most {MAX_METRIC_CHARS} characters"
+                f"a {type(v).__name__} that is not plain JSON data (string keys) of at most {MAX_METRIC_CHARS} characters"
             dropped.append(f"{key[:80]!r}: {what}")
+    if len(dropped) > MAX_DROPPED_NOTES:
+        dropped = dropped[:MAX_DROPPED_NOTES] + [f"... and {len(dropped) - MAX_DROPPED_NOTES} more"]
     return out, dropped
 
 

@@ -83,7 +83,7 @@ class Proposer(ABC):
             dim: number of dimensions `d`, needed only when `model` is None.
 
         Returns:
-            `q x d` float64 tensor in the unit cube, on the device of the model's inducing points (else the CPU).
+            `q x d` float64 tensor in the unit cube (cast here), on the device the proposer computed on.
         """
         if isinstance(q, bool) or not isinstance(q, int) or q < 1:
             raise InputDataError(f"q must be an integer >= 1; got {q!r}")
@@ -105,7 +105,7 @@ class Proposer(ABC):
             raise RuntimeError(f"{type(self).__name__} returned shape {tuple(X.shape)}; expected ({q}, {d})")
         if not torch.isfinite(X).all() or (X < 0).any() or (X > 1).any():
             raise RuntimeError(f"{type(self).__name__} returned points outside the unit cube")
-        return X
+        return X.to(torch.float64)  # a user's proposer may compute in float32
 
     def get_state(self) -> dict[str, Any]:
         return {}

@@ -230,7 +230,7 @@ class RepeatingProposer(Proposer):
         pass
 
     def _propose(self, model, q, X_pending, X_observed, generator):
-        return torch.full((q, X_observed.shape[-1]), 0.5, dtype=torch.float64)
+        return torch.full((q, X_observed.shape[-1]), 0.5, dtype=torch.float32)
 
 
 def test_a_proposer_that_repeats_points_in_a_float_space_still_gives_distinct_trials(monkeypatch):
@@ -244,6 +244,9 @@ def test_a_proposer_that_repeats_points_in_a_float_space_still_gives_distinct_tr
     points = {(t.params["a"], t.params["b"]) for t in trials}
     assert len(points) == 5 and (0.0, 1.0) not in points
     assert [t.source for t in trials] == ["model"] * 5
+    # the base class hands float64 on, whatever the proposer computed in (its docstring says so)
+    X = RepeatingProposer().propose(None, 3, X_observed=torch.zeros(1, 2), dim=2)
+    assert X.dtype == torch.float64
 
 
 @pytest.fixture

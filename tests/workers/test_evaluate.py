@@ -308,6 +308,24 @@ def test_metrics_keep_what_a_training_loop_returns():
     assert json.loads(_to_json(m, "metrics"))["id"] == 2**53 + 1
 
 
+def test_one_bad_metric_drops_itself_only():
+    """Found in review of the rewrite: a list nested 5,000 deep (RecursionError) dropped every metric; a dict with
+    non-string keys was renamed by JSON ({1: 'a', '1': 'b'} became {'1': 'b'}); Fraction, Decimal, np.longdouble
+    and a 0-d torch Parameter, numbers all, were dropped; and the notes had no bound."""
+    import torch
+
+    deep: list = []
+    for _ in range(5000):
+        deep = [deep]
+    metrics = {"loss": 0.5, "deep": deep, "keys": {1: "a", "1": "b"}, "frac": Fraction(1, 4), "dec": Decimal("2.5"),
+               "ld": np.longdouble(0.125), "param": torch.nn.Parameter(torch.tensor(3.0))}
+    rec = evaluate_once(Returning(EvalResult(1.0, metrics)), "0-0", {"x": 0.1}, 0)
+    assert rec["metrics"] == {"loss": 0.5, "frac": 0.25, "dec": 2.5, "ld": 0.125, "param": 3.0}
+    assert sorted(d.split(":")[0] for d in rec["metrics_dropped"]) == ["'deep'", "'keys'"]
+    many = evaluate_once(Returning(EvalResult(1.0, {f"m{i}": object() for i in range(100)})), "0-0", {"x": 0.1}, 0)
+    assert len(many["metrics_dropped"]) == 21 and many["metrics_dropped"][-1] == "... and 80 more"
+
+
 def test_metrics_that_are_not_a_mapping_keep_the_value():
     """Found in review: `EvalResult(1.0, [1, 2, 3])` failed the trial as 'non-numeric' with a message about a dict
     update sequence; the value is good, so the trial completes and the log says what was dropped."""
