@@ -125,6 +125,19 @@ def is_bool(value: Any) -> bool:
     return isinstance(value, (bool, np.bool_))
 
 
+def is_json_data(value: Any, tuples: bool = False) -> bool:
+    """Whether `value` comes back equal, and of the same type, from JSON (and YAML): None, bool, int, float, str,
+    and lists and string-keyed dicts of them, of exactly these types (an IntEnum would come back an int, a
+    non-string key a string). `tuples`: count tuples as lists (they come back lists)."""
+    if value is None or type(value) in (bool, int, float, str):
+        return True
+    if type(value) is list or (tuples and type(value) is tuple):
+        return all(is_json_data(v, tuples) for v in value)
+    if type(value) is dict:
+        return all(type(k) is str and is_json_data(v, tuples) for k, v in value.items())
+    return False
+
+
 def is_choice(value: Any, choices: Any) -> bool:
     """Whether `value` is one of `choices`: a bool matches only a bool (True == 1 in Python), and a value
     whose == gives no truth value (an array) matches none."""

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from objectives.base import is_choice  # the objectives' own test: a bool matches only a bool
+from objectives.base import is_choice, is_json_data  # is_choice: a bool matches only a bool
 from orchestrator.errors import SpaceError
 
 __all__ = ["FloatParam", "IntParam", "ChoiceParam", "Parameter", "SearchSpace"]
@@ -115,18 +115,6 @@ class IntParam:
         return {"type": "int", "low": int(self.low), "high": int(self.high), "step": int(self.step), "log": self.log}
 
 
-def _round_trips(value: Any) -> bool:
-    """Whether `value` comes back equal, and of the same type, from JSON and YAML: None, bool, int, float, str, and
-    lists and string-keyed dicts of them, of exactly these types (a tuple comes back a list, an IntEnum an int)."""
-    if value is None or type(value) in (bool, int, float, str):
-        return True
-    if type(value) is list:
-        return all(_round_trips(v) for v in value)
-    if type(value) is dict:
-        return all(type(k) is str and _round_trips(v) for k, v in value.items())
-    return False
-
-
 def _plain_choice(value: Any) -> Any:
     """NumPy scalars as plain Python values, inside lists and dicts too (a trial's params go into JSON, the log
     and weights-only checkpoints)."""
@@ -146,7 +134,7 @@ def check_loggable(space: "SearchSpace") -> None:
     for p in space.params:
         if isinstance(p, ChoiceParam):
             for c in p.choices:
-                if not _round_trips(c):
+                if not is_json_data(c):  # a tuple comes back a list
                     hint = f"; write the tuple {c!r} as the list {list(c)!r}" if isinstance(c, tuple) else ""
                     raise SpaceError(f"parameter {p.name!r}: choice {c!r:.80} would not come back the same from the "
                                      f"run's log: a run's choices are None, bools, numbers, strings, or lists and "

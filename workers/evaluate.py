@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from objectives.base import EvalResult, Objective, Resources
+from objectives.base import EvalResult, Objective, Resources, is_json_data
 
 def evaluation_runtime_env(isolate: str = "process") -> dict[str, Any]:
     """The runtime environment of evaluation tasks: Ray workers of their own (`task_options`), apart by
@@ -145,17 +145,6 @@ def _is_tensor(v: Any) -> bool:
     return torch is not None and isinstance(v, torch.Tensor)
 
 
-def _plain_json(v: Any) -> bool:
-    """Whether `v` is plain JSON data of exactly JSON's types (string keys): what the log's JSON keeps unchanged."""
-    if v is None or type(v) in (bool, int, float, str):
-        return True
-    if type(v) in (list, tuple):
-        return all(_plain_json(x) for x in v)
-    if type(v) is dict:
-        return all(type(k) is str and _plain_json(x) for k, x in v.items())
-    return False
-
-
 def _metric_value(v: Any) -> tuple[bool, Any]:
     """`(True, v as JSON data)`, or `(False, None)` for a value the log cannot hold as it is."""
     if v is None or isinstance(v, (bool, np.bool_)):
@@ -173,7 +162,7 @@ def _metric_value(v: Any) -> tuple[bool, Any]:
             return True, int(v)
         x = _finite_float(v)
         return x is not None, x
-    if isinstance(v, (float, numbers.Real, decimal.Decimal)):  # NaN and inf too: a diverged loss is worth keeping
+    if isinstance(v, (numbers.Real, decimal.Decimal)):  # a float, Fraction, Decimal; NaN and inf too: a diverged loss is worth keeping
         try:
             return True, float(v)
         except Exception:  # noqa: BLE001 - a number type of user code whose conversion raises
@@ -182,7 +171,7 @@ def _metric_value(v: Any) -> tuple[bool, Any]:
         return True, cap(str(v), MAX_METRIC_CHARS)
     if isinstance(v, (list, tuple, Mapping)):  # small JSON data (a per-epoch curve, a config dict), kept whole
         try:
-            if not _plain_json(v):  # numpy/torch inside, a non-string key (JSON would rename it), a set
+            if not is_json_data(v, tuples=True):  # numpy/torch inside, a non-string key (JSON would rename it), a set
                 return False, None
             text = json.dumps(v, allow_nan=True, separators=(",", ":"))
         except (TypeError, ValueError, RecursionError):  # a cycle, nesting too deep
