@@ -10,7 +10,6 @@ so a config cannot write outside the folder it names (issue 7 item 9).
 
 from __future__ import annotations
 
-import ast
 import datetime as _dt
 import difflib
 import math
@@ -489,15 +488,19 @@ class ExperimentConfig:
             _check_param_spec(key, name, new)
             _check_narrowing(key, new, old)
             merged[name] = new
-        try:
-            space = SearchSpace.from_description(merged)
-            check_loggable(space)  # a run reads its space back from config.yaml and its params from the log
+        def build(description: dict[str, Any], where: str) -> Any:
+            try:
+                space = SearchSpace.from_description(description)
+                check_loggable(space)  # a run reads its space back from config.yaml and its params from the log
+            except SpaceError as exc:
+                raise ConfigError(f"{where}: {_one_line(str(exc))}") from None
             return space
-        except SpaceError as exc:  # `space` where the config overrides the parameter, else the objective's own
-            m = re.match(r"""parameter ('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")""", str(exc))
-            name = ast.literal_eval(m.group(1)) if m else None
-            where = "`space`" if name is None or name in self.space else "the objective's space"
-            raise ConfigError(f"{where}: {_one_line(str(exc))}") from None
+
+        # the parameters the config leaves alone first: an error there is the objective's, not the config's
+        own = {k: v for k, v in merged.items() if k not in self.space}
+        if own:
+            build(own, "the objective's space")
+        return build(merged, "`space`")
 
 
 def _check_narrowing(key: str, new: dict[str, Any], old: Mapping[str, Any]) -> None:
