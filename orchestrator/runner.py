@@ -288,15 +288,11 @@ def _actor_pid(actor: Any, run_dir: str, after_error: bool = False, new_run: boo
             hint = (" (the driver imported the objective, the central actor's Ray worker could not: on a cluster, "
                     "start its nodes with the module on their PYTHONPATH, or submit the run with `ray job submit "
                     "--working-dir`)")
-        if after_error:
-            what, then = "died for good (its restarts are used up)", "every recorded result is in the log, " \
-                f"`qbatch resume {run_dir}` continues the run"
-        elif new_run and _discard_when_released(actor, run_dir):
-            what, then = "could not start", "nothing was recorded and the run directory was cleared: run the same " \
-                "command again once that is fixed"
-        else:
-            what, then = "could not start", f"every recorded result is in the log, `qbatch resume {run_dir}` " \
-                "continues the run"
+        what = "died for good (its restarts are used up)" if after_error else "could not start"
+        then = f"every recorded result is in the log, `qbatch resume {run_dir}` continues the run"
+        if not after_error and new_run and _discard_when_released(actor, run_dir):
+            then = "nothing was recorded and the run directory was cleared: run the same command again once that " \
+                "is fixed"
         raise QbatchError(f"the central actor of {run_dir} {what}: {line}{hint}; {then}") from None
 
 
@@ -331,23 +327,37 @@ def _absolute(run_dir: str) -> str:
 
 
 @contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """While a run is driven, SIGTERM (what `timeout`, SLURM and systemd send) interrupts it as Ctrl-C does: a
-    `KeyboardInterrupt` in the main thread, so `qbatch` exits 130 with the resume hint. Ray's driver handler
-    (`sys.exit`) and its C++ failure handler (a stack dump) made it exit 1, "the run stopped with an error"
-    (found in review). The previous handler is put back afterwards; outside the main thread nothing changes."""
+def _signal_handlers(handlers: Mapping[int, Any]) -> Iterator[None]:
+    """Install `handlers` (signal -> handler) for the block and put the previous ones back afterwards (the
+    default where there was none); outside the main thread, where Python cannot set handlers, nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def _sigterm_interrupts() -> Any:
+    """While a run is driven, SIGTERM (what `timeout`, SLURM and systemd send) interrupts it as Ctrl-C does: a
+    `KeyboardInterrupt` in the main thread, so `qbatch` exits 130 with the resume hint. Ray's driver handler
+    (`sys.exit`) and its C++ failure handler (a stack dump) made it exit 1, "the run stopped with an error"
+    (found in review)."""
 
     def interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+    return _signal_handlers({signal.SIGTERM: interrupt})
+
+
+def _interrupts_held() -> Any:
+    """SIGINT and SIGTERM are ignored while the local Ray shuts down (a few seconds): a second Ctrl-C that cut
+    `ray.shutdown()` short made the process exit 1, "the run stopped with an error", and left Ray's agents running
+    (found in review, 3 tries in 10)."""
+    return _signal_handlers({signal.SIGINT: signal.SIG_IGN, signal.SIGTERM: signal.SIG_IGN})
 
 
 def _drive_and_release(started_ray: bool, *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -362,22 +372,6 @@ def _drive_and_release(started_ray: bool, *args: Any, **kwargs: Any) -> dict[str
 
             with _interrupts_held():
                 ray.shutdown()
-
-
-@contextlib.contextmanager
-def _interrupts_held() -> Iterator[None]:
-    """SIGINT and SIGTERM are ignored while the local Ray shuts down (a few seconds), then restored: a second
-    Ctrl-C that cut `ray.shutdown()` short made the process exit 1, "the run stopped with an error", and left Ray's
-    agents running (found in review, 3 tries in 10). Outside the main thread nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 def _check_feasible(started_ray: bool, resources: Any) -> None:
