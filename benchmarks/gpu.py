@@ -102,8 +102,9 @@ def timed_run(mode: str, root: Path, args: argparse.Namespace, num_cpus: int) ->
     t0 = time.perf_counter()
     run_experiment(config, run_dir=str(run_dir), num_cpus=num_cpus, progress=False, out=io.StringIO())
     wall = time.perf_counter() - t0
-    done = RunStore.open(str(run_dir)).events(["completed"])
-    failed = RunStore.open(str(run_dir)).events(["failed"])
+    results = RunStore.open(str(run_dir)).events(["completed", "failed"])
+    done = [e for e in results if e.kind == "completed"]
+    failed = [e for e in results if e.kind == "failed"]
     span = max(e.ended_at for e in done) - min(e.started_at for e in done) if done else float("nan")
     used = [float((e.info or {}).get("metrics", {}).get("used_gpu", float("nan"))) for e in done]
     return {"mode": mode, "num_gpus": options["num_gpus"], "num_cpus": options["num_cpus"],
