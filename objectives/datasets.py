@@ -303,7 +303,7 @@ def _gensim_test_file(name: str) -> Path:
 
     spec = importlib.util.find_spec("gensim")
     if spec is None or not spec.submodule_search_locations:
-        raise DatasetError("corpus 'lee' ships with gensim, which is not installed (pip install gensim)")
+        raise DatasetError("corpus 'lee' ships with gensim, which is not installed (pip install 'qbatch[lda]')")
     path = Path(list(spec.submodule_search_locations)[0]) / "test" / "test_data" / name
     if not path.is_file():
         raise DatasetError(f"gensim's test-data file {str(path)!r} is missing; reinstall gensim")

@@ -39,10 +39,30 @@ def _error(msg: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------- commands
+def _bundled_example(config: str) -> str | None:
+    """The example config shipped inside the package for CONFIG `examples/NAME.yaml`, `NAME.yaml` or `NAME`
+    when no such file exists here: an installed wheel carries the repository's `examples/` as
+    `orchestrator/examples/`, so the README's commands work outside a checkout (found in review). None when
+    CONFIG exists, names another folder, or no bundled example has that name."""
+    if os.path.exists(config):
+        return None
+    parent, name = os.path.split(os.path.normpath(config))
+    if parent not in ("", "examples"):
+        return None
+    stem = name[:-5] if name.endswith(".yaml") else name
+    bundled = os.path.join(os.path.dirname(os.path.abspath(__file__)), "examples", f"{stem}.yaml")
+    return bundled if stem and os.path.isfile(bundled) else None
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from orchestrator.config import load_config
     from orchestrator.store import RunStore, StoreError
 
+    bundled = _bundled_example(args.config)
+    if bundled is not None:
+        print(f"qbatch: no file {args.config} here; running the example shipped with qbatch, {bundled}",
+              file=sys.stderr)
+        args.config = bundled
     config = load_config(args.config)
     run_dir = config.resolve_run_dir(args.run_dir)
     try:
@@ -197,7 +217,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     r = sub.add_parser("run", help="validate CONFIG and run the experiment on Ray", epilog=_EPILOG)
-    r.add_argument("config", metavar="CONFIG", help="experiment YAML (see examples/)")
+    r.add_argument("config", metavar="CONFIG", help="experiment YAML, or the name of an example shipped with qbatch "
+                   "(examples/NAME.yaml, e.g. quickstart)")
     r.add_argument("--address", default=None, help="Ray address of a cluster (default: start a local Ray)")
     r.add_argument("--run-dir", default=None, help="run directory (default: config's run_dir or runs/<name>-<time>)")
     r.set_defaults(func=_cmd_run)

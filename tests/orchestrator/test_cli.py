@@ -155,6 +155,30 @@ def test_run_and_resume_call_the_runner(tmp_path, monkeypatch, capsys):
     assert fake.calls[-1] == ("resume", str(tmp_path / "taken"), "10.0.0.1:6379")
 
 
+def test_run_finds_the_example_shipped_with_qbatch_outside_a_checkout(tmp_path, monkeypatch, capsys):
+    """`qbatch run examples/quickstart.yaml` (the README's command) in a folder without examples/ runs the copy
+    the package carries (a wheel install has no checkout; found in review), and says so; a file that exists
+    wins, and other folders or unknown names stay "not found"."""
+    fake = _FakeRunner()
+    monkeypatch.setitem(sys.modules, "orchestrator.runner", fake)
+    monkeypatch.chdir(tmp_path)
+    bundled = (Path(cli.__file__).resolve().parent / "examples" / "quickstart.yaml").resolve()
+    assert bundled.read_text() == (REPO / "examples" / "quickstart.yaml").read_text()
+    for arg in ("examples/quickstart.yaml", "quickstart.yaml", "quickstart"):
+        assert cli.main(["run", arg, "--run-dir", str(tmp_path / arg.replace("/", "_"))]) == 0
+        assert Path(fake.calls[-1][1]).resolve() == bundled
+        assert "running the example shipped with qbatch" in capsys.readouterr().err
+    (tmp_path / "examples").mkdir()
+    own = _write(tmp_path / "examples" / "quickstart.yaml", GOOD)
+    assert cli.main(["run", "examples/quickstart.yaml", "--run-dir", str(tmp_path / "own")]) == 0
+    assert fake.calls[-1][1] == "examples/quickstart.yaml" and Path(fake.calls[-1][1]).resolve() == own
+    n = len(fake.calls)
+    for arg in ("elsewhere/quickstart.yaml", "examples/no-such-example.yaml"):
+        assert cli.main(["run", arg]) == 2
+        assert f"config file not found: {arg}" in capsys.readouterr().err
+    assert len(fake.calls) == n
+
+
 @pytest.mark.parametrize("behaviour, code, text", [
     ("interrupt", 130, "qbatch resume"), ("abort", 1, "failure rate"),
     ("interrupt-early", 130, "interrupted before the run was created at "),
