@@ -7,7 +7,8 @@ the log and the registry only.
 
 Exit status:
     0    success
-    1    the run stopped with an error (e.g. the failure-rate guard tripped, the runner failed)
+    1    the run stopped with an error (e.g. the failure-rate guard tripped, the runner failed), or a file of
+         the run could not be read or written (one line naming it)
     2    bad usage, bad config, or no run at RUN_DIR: nothing was started and nothing was created
     130  interrupted (Ctrl-C, or SIGTERM during a run); `qbatch resume RUN_DIR` continues the run
 """
@@ -252,6 +253,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except QbatchError as exc:
         _error(str(exc))
+        return EXIT_RUN_FAILED
+    except OSError as exc:  # a file of the run that cannot be read or written: one line naming it (review)
+        named = exc.filename if exc.filename is not None else ""
+        _error(f"{named}: {exc.strerror}" if named and exc.strerror else f"{type(exc).__name__}: {exc}")
         return EXIT_RUN_FAILED
     except KeyboardInterrupt:
         _error("interrupted")

@@ -546,6 +546,9 @@ class RunStore:
             raise RunDirError(f"{shown}/config.yaml is not valid YAML: {str(exc).splitlines()[0]}") from None
         if not isinstance(config, dict):
             raise RunDirError(f"{shown}/config.yaml must hold a mapping; got {type(config).__name__}")
+        if not backend.exists("events"):  # `create` makes events/ before config.yaml: the log was removed
+            raise RunDirError(f"{shown}/events/ is missing: the run's log is gone, so it cannot be shown or resumed "
+                              "(restore the folder from a backup, or start a new run)")
         store = cls(backend, shown, config)
         store.events()
         return store
@@ -581,7 +584,11 @@ class RunStore:
             import fcntl
         except ImportError:  # not POSIX
             return
-        f = open(self._fs.path(_WRITER_LOCK), "a+")
+        try:
+            f = open(self._fs.path(_WRITER_LOCK), "a+")
+        except OSError as exc:  # a read-only or full filesystem, a folder in its place (found in review)
+            raise RunDirError(f"cannot write the run directory {self.run_dir}: {_WRITER_LOCK}: "
+                              f"{exc.strerror or exc}") from None
         try:
             # a few tries: `is_being_written` (status, report) holds a shared lock for an instant, and a writer
             # refused then failed to start (found in review: 2 of 2000 takes, under a loop of probes)
@@ -608,10 +615,15 @@ class RunStore:
             raise RunDirError(f"{self.run_dir} is being written by another run ({holder}); wait for it to end or "
                              "stop it before resuming (the central actor of a run whose driver was killed ends "
                              "within seconds)") from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"pid {os.getpid()} on {socket.gethostname()}")
-        f.flush()
+        try:
+            f.seek(0)
+            f.truncate()
+            f.write(f"pid {os.getpid()} on {socket.gethostname()}")
+            f.flush()
+        except OSError as exc:  # a full disk (found in review)
+            f.close()
+            raise RunDirError(f"cannot write the run directory {self.run_dir}: {_WRITER_LOCK}: "
+                              f"{exc.strerror or exc}") from None
         self._writer_lock = f
         # the only writer now: temporary files of writes a crash cut short are nobody's (found in review: they
         # stayed in events/ for good)
@@ -834,6 +846,19 @@ class RunStore:
                 damaged[name] = (first, last, "fewer rows than its name says")
                 covered.update(range(first, last + 1))
         self.damage = []
+        # sequence numbers run from 0 without holes (`append` takes the next only once a segment is written):
+        # a hole no segment's name covers is a segment file deleted, whose results a resume would run again
+        # (found in review: it read as an intact log)
+        holes, expected = [], 0
+        for first, last, _ in sorted(segments.values()):
+            if first > expected:
+                holes.append((expected, first - 1))
+            expected = max(expected, last + 1)
+        if holes:
+            n = sum(b - a + 1 for a, b in holes)
+            spans = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in holes)
+            self.damage.append(f"events/: no segment holds {n} event(s) with sequence number(s) {spans} (a segment "
+                               "file deleted?); their results are not in the log")
         for name, (first, last, problem) in sorted(damaged.items()):
             lost = [s for s in range(first, last + 1) if s not in rows]
             self.damage.append(

@@ -425,6 +425,15 @@ def test_damaged_run_directories_are_usage_errors(tmp_path, capsys):
     (tmp_path / "run" / "events").write_text("x")
     for cmd in ("status", "report", "resume"):
         one_line(cli.main([cmd, str(tmp_path / "run")]), f"{tmp_path / 'run' / 'events'} is a file where the run")
+    # a file of the run that cannot be read: one line naming it, exit 1, not an OSError traceback (review)
+    (tmp_path / "run" / "events").unlink()
+    (tmp_path / "run" / "events").mkdir()
+    (tmp_path / "run" / "config.yaml").unlink()
+    (tmp_path / "run" / "config.yaml").mkdir()
+    for cmd in ("status", "report", "resume"):
+        rc = cli.main([cmd, str(tmp_path / "run")])
+        err = capsys.readouterr().err
+        assert rc == 1 and err == f"qbatch: error: {tmp_path / 'run' / 'config.yaml'}: Is a directory\n", (cmd, err)
 
 
 def test_resume_refuses_a_space_edited_since_the_run_began(tmp_path, monkeypatch, capsys):

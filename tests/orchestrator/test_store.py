@@ -804,3 +804,49 @@ def test_a_status_probe_of_the_writer_lock_does_not_refuse_a_starting_writer(tmp
     with pytest.raises(RunDirError, match="being written by another run"):  # a real writer is still refused
         RunStore.open(run_dir).lock_writer()
     store.unlock_writer()
+
+
+def test_a_deleted_segment_is_reported_as_missing_events(tmp_path):
+    """Found in review: deleting a segment file (the first, or one in the middle) read as an intact, shorter
+    log: status showed fewer results without a damage line, and a resume ran those trials again silently.
+    Sequence numbers run from 0 without holes, so a hole is damage; an intact log has none."""
+    s = RunStore.create(str(tmp_path / "r"), CONFIG)
+    for i in range(6):
+        s.append([Event("completed", f"0-{i}", value=float(i))])  # seq 0 .. 5, one segment each
+    assert RunStore.open(str(tmp_path / "r")).damage == []
+    events = tmp_path / "r" / "events"
+    for seq in (0, 2, 3):
+        (events / f"seg-{seq:012d}-{seq:012d}.parquet").unlink()
+    r = RunStore.open(str(tmp_path / "r"))
+    assert [e.trial_id for e in r.events()] == ["0-1", "0-4", "0-5"]
+    assert r.damage == ["events/: no segment holds 3 event(s) with sequence number(s) 0, 2-3 (a segment file "
+                        "deleted?); their results are not in the log"]
+    r.lock_writer()
+    try:
+        r.append([Event("completed", "0-6", value=6.0)])  # numbering goes on after the last segment
+    finally:
+        r.unlock_writer()
+    assert "seg-000000000006-000000000006.parquet" in os.listdir(events)
+
+
+def test_a_run_whose_events_folder_is_gone_is_refused_not_read_as_new(tmp_path):
+    """Found in review: with events/ removed, status showed a fresh run and a resume started Ray, then failed
+    at its first write claiming everything logged before was kept."""
+    s = RunStore.create(str(tmp_path / "r"), CONFIG)
+    s.append([Event("completed", "0-0", value=1.0)])
+    import shutil
+
+    shutil.rmtree(tmp_path / "r" / "events")
+    with pytest.raises(RunDirError, match=r"/events/ is missing: the run's log is gone"):
+        RunStore.open(str(tmp_path / "r"))
+
+
+def test_a_writer_lock_that_cannot_be_written_is_one_line_naming_it(tmp_path):
+    """Found in review: a read-only run directory, a full disk or a folder named writer.lock made `resume`
+    end in a raw OSError traceback (before Ray started); now a `RunDirError` (exit 2) naming the file."""
+    s = RunStore.create(str(tmp_path / "r"), CONFIG)
+    (tmp_path / "r" / "writer.lock").mkdir()
+    r = RunStore.open(str(tmp_path / "r"))
+    with pytest.raises(RunDirError, match=r"cannot write the run directory .*/r: writer.lock: Is a directory"):
+        r.lock_writer()
+    del s
