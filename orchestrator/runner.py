@@ -68,12 +68,14 @@ def _check_objective(cfg: Any) -> Any:
 
     try:
         objective = inspect_objective(cfg.objective.name, dict(cfg.objective.options))
-    except ValueError as exc:
-        raise ConfigError(f"`objective`: {str(exc).splitlines()[0]}") from None
-    except Exception as exc:  # an option the objective does not check (a type, a size): no traceback
+    except ValueError as exc:  # chained: a library user sees the objective's own traceback (review)
+        raise ConfigError(f"`objective`: {str(exc).splitlines()[0]}") from exc
+    except Exception as exc:  # an option the objective does not check (a type, a size), or its own bug
         msg = str(exc).splitlines()[0] if str(exc) else ""
-        raise ConfigError(f"`objective.options` of {cfg.objective.name!r} ({dict(cfg.objective.options)}) were "
-                          f"refused: {type(exc).__name__}: {msg}"[:600]) from None
+        options = dict(cfg.objective.options)
+        what = (f"`objective.options` of {cfg.objective.name!r} ({options}) were refused" if options else
+                f"`objective` {cfg.objective.name!r} failed to build (no options given)")  # not "options refused"
+        raise ConfigError(f"{what}: {type(exc).__name__}: {msg}"[:600]) from exc
     cfg.build_space(objective.space)
     cfg.resolve_direction(objective.direction)
     # build the model and the proposer once here: a bad option of either is a ConfigError naming it now,

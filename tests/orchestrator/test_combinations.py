@@ -144,3 +144,37 @@ def test_run_arguments_are_checked_before_ray_starts():
     ]:
         with pytest.raises(ConfigError, match=match):
             _check_run_args(*args)
+
+
+def test_an_objective_that_fails_to_build_keeps_its_traceback_and_is_not_blamed_on_options(tmp_path, monkeypatch):
+    """Found in review (library use): a bug in a user objective's constructor read "`objective.options` ... were
+    refused" for a config with no options, and its traceback was dropped (`from None`)."""
+    (tmp_path / "badinit_obj.py").write_text(
+        "from objectives.base import Objective\n"
+        "def helper(d):\n    return d['missing_key']\n"
+        "class BadInit(Objective):\n"
+        "    name = 'badinit'\n    space = {'x': {'type': 'float', 'low': 0.0, 'high': 1.0}}\n"
+        "    def __init__(self):\n        self.v = helper({})\n"
+        "    def evaluate(self, params, seed):\n        return 0.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as info:
+        _check_objective(load_config({**BASE, "objective": {"name": "badinit_obj:BadInit"}}))
+    assert str(info.value) == ("`objective` 'badinit_obj:BadInit' failed to build (no options given): "
+                               "KeyError: 'missing_key'")
+    assert isinstance(info.value.__cause__, KeyError)
+    import traceback
+
+    assert "in helper" in "".join(traceback.format_exception(info.value.__cause__))
+
+
+def test_an_objective_in_main_is_refused_before_ray_with_the_way_out(monkeypatch):
+    """Found in review: `__main__:MyObj` (a notebook's class) passed every check in the driver, which can import
+    its own __main__, then the central actor failed to load it after Ray started, with no hint."""
+    import __main__
+
+    from objectives.functions import Forrester
+
+    monkeypatch.setattr(__main__, "MyObj", Forrester, raising=False)
+    with pytest.raises(ConfigError, match=r"'__main__:MyObj' is defined in __main__ .* cannot import: put it in a "
+                                          r"module file .* name it 'my_objective:MyObj'"):
+        _check_objective(load_config({**BASE, "objective": {"name": "__main__:MyObj"}}))
