@@ -203,6 +203,22 @@ class AskTellOptimizer:
         self._calib_lock = threading.Lock()  # a flush and a checkpoint of the calibrator do not interleave
         self.check_options()  # a bad model/proposer/calibrator option or combination fails here, not after the design
 
+    _LOCKS = ("_lock", "_ask_lock", "_calib_lock")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable (and deep-copyable) like a BoTorch model or an Optuna study: `ray.put`, a Ray actor's
+        argument, joblib; a snapshot taken between `ask`s and `tell`s, without the locks (found in review:
+        `pickle.dumps` raised on the RLock). `get_state` / `set_state` remain the versioned, portable form."""
+        with self._ask_lock, self._calib_lock, self._lock:
+            # the containers copied under the locks: a `tell` from another thread during the pickling that
+            # follows does not change what is pickled
+            return {k: (v.copy() if isinstance(v, (list, dict)) else v) for k, v in self.__dict__.items()
+                    if k not in self._LOCKS}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock, self._ask_lock, self._calib_lock = threading.RLock(), threading.Lock(), threading.Lock()
+
     @classmethod
     def from_config(cls, cfg: Any, objective: Any) -> "AskTellOptimizer":
         """The optimizer of a validated `ExperimentConfig` for `objective` (its space and direction, with the

@@ -344,6 +344,14 @@ class TwoLatentSVGP(gpytorch.Module):
         self._kl_cache = (a_w, R)
         return mean, var.clamp_min(MIN_VARIANCE)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # the factors `kl_divergence` reuses belong to one ELBO evaluation: left in, they kept that evaluation's
+        # autograd graph alive with the model, and a deep copy of a fitted model (of an AskTellOptimizer) failed
+        # on their non-leaf tensors (found in review)
+        state = self.__dict__.copy()
+        state.pop("_kl_cache", None)
+        return state
+
     def kl_divergence(self) -> Tensor:
         """sum over k of KL(N(a_k, S_k) || N(0, K_ZZ + jitter I)) = KL(N(a~, S~) || N(0, I)), with the factors
         of the last `marginals` call."""

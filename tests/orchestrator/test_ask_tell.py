@@ -567,3 +567,27 @@ def test_numpy_integers_are_integers():
     assert len(opt.ask(np.int64(2))) == 2 and opt.initial_design == 5 and type(opt.seed) is int
     with pytest.raises(TrialError, match="q must be an integer >= 1; got 2.0"):
         opt.ask(2.0)
+
+
+@pytest.mark.parametrize("model, proposer, calibrator", [("quantile", "thompson", "none"),
+                                                         ("exact-gp", "calibrated", "conformal")])
+def test_a_fitted_optimizer_pickles_and_deep_copies(model, proposer, calibrator):
+    """Found in review (library use): `pickle.dumps` and `copy.deepcopy` of an optimizer failed (its locks; then
+    the quantile SVGP's cached KL factors, non-leaf tensors of the last ELBO's graph), so it could not be
+    `ray.put`, passed to an actor or cached. A copy asks what the original asks and has locks of its own."""
+    import copy
+    import pickle
+
+    space = {"x": {"type": "float", "low": 0.0, "high": 1.0}, "y": {"type": "float", "low": 0.0, "high": 1.0}}
+    opt = AskTellOptimizer(space, model=model, proposer=proposer, calibrator=calibrator, tau=0.3,
+                           initial_design=6, seed=0)
+    rng = np.random.default_rng(0)
+    for _ in range(2):
+        for t in opt.ask(6):
+            opt.tell(t.trial_id, float(np.sin(6 * t.params["x"]) + t.params["y"] + rng.normal(0, 0.1)))
+    opt.fit()
+    clones = [pickle.loads(pickle.dumps(opt)), copy.deepcopy(opt)]
+    asked = [t.params for t in opt.ask(3)]
+    for clone in clones:
+        assert clone._lock is not opt._lock and clone._ask_lock is not opt._ask_lock
+        assert [t.params for t in clone.ask(3)] == asked
