@@ -118,7 +118,18 @@ def _ensure_ray(address: str | None, num_cpus: int | None) -> bool:
     """Connect to `address` or start a local Ray unless one is running; True when this call started it."""
     import ray
 
-    if ray.is_initialized():
+    if ray.is_initialized():  # the caller's Ray (a notebook's `ray.init`): used as it is, and left running
+        try:
+            current = ray.get_runtime_context().gcs_address
+        except Exception:  # noqa: BLE001 -- e.g. a Ray client connection: nothing to compare with
+            current = None
+        if current and address and "://" not in address and address not in ("auto", "local") and address != current:
+            # found in review: the run went to the local Ray without a word, not to the cluster asked for
+            raise UsageError(f"`address` {address!r}: this process is already connected to the Ray at {current}; "
+                             "call ray.shutdown() first to use another, or leave `address` out to use that one")
+        if num_cpus is not None:
+            print(f"qbatch: `num_cpus` {num_cpus} ignored: the Ray this process started before ({current}) keeps "
+                  "its own CPUs; limit the run with `max_concurrent`", file=sys.stderr, flush=True)
         return False
     if address:
         _check_reachable(address)
@@ -407,7 +418,9 @@ def run_experiment(
 
     Args:
         config: the experiment config (orchestrator/config.py).
-        address: a Ray cluster address ("auto", "ray://...", "host:port"); None starts a local Ray.
+        address: a Ray cluster address ("auto", "ray://...", "host:port"); None starts a local Ray. Where this
+            process has initialized Ray already (a notebook's `ray.init`), that Ray is used and left running,
+            and a "host:port" naming another is refused.
         run_dir: overrides the config's `run_dir`.
         num_cpus: CPUs of a local Ray (None: all cores).
         max_concurrent: overrides the config's `max_concurrent`.

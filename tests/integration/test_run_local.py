@@ -221,6 +221,27 @@ def test_resources_no_node_has_fail_before_the_run_dir_exists(ray_local, tmp_pat
         resume_experiment(ok["run_dir"], progress=False, out=io.StringIO())
 
 
+def test_the_callers_ray_is_used_and_an_address_naming_another_is_refused(ray_local, tmp_path, capsys):
+    """Found in review (notebook use): with Ray initialized in the process, `address` and `num_cpus` were
+    ignored without a word: a run meant for a cluster ran on the local Ray. Now an address naming another Ray
+    is a UsageError before the run directory exists, `num_cpus` is said to be ignored, and the caller's Ray
+    (its own address or "auto") runs the experiment and stays up."""
+    import ray
+
+    from orchestrator.errors import UsageError
+
+    small = dict(budget=4, initial_design=4, batch_size=4, objective={"name": "sleep", "options": {"mean_s": 0.01}})
+    cfg = run_config(tmp_path, "elsewhere", **small)
+    with pytest.raises(UsageError, match=r"`address` '10.255.255.1:6379': this process is already connected to "
+                                         r"the Ray at 127.0.0.1:\d+; call ray.shutdown\(\) first"):
+        run_experiment(cfg, address="10.255.255.1:6379", progress=False, out=io.StringIO())
+    assert not os.path.exists(cfg["run_dir"])
+    cfg = run_config(tmp_path, "here", **small)
+    run_experiment(cfg, address=ray_local, num_cpus=1, progress=False, out=io.StringIO())
+    assert "qbatch: `num_cpus` 1 ignored: the Ray this process started before" in capsys.readouterr().err
+    assert ray.is_initialized() and len(RunStore.open(cfg["run_dir"]).events(["completed"])) == 4
+
+
 def test_evaluations_waiting_in_rays_queue_are_not_timed_out(ray_local, tmp_path):
     """More in flight than the cluster runs at once (max_concurrent 32 on 4 CPUs): evaluations of 1 s under
     timeout_s = 1.5 wait up to 7 s in Ray's queue. The backstop deadline counted from dispatch (1.5 + 5 s) and
