@@ -955,7 +955,8 @@ class CentralActor:
                     lost = sum(e.kind in ("completed", "failed") for e in events)
                     self._set_abort(
                         f"writing the run log in {self.run_dir} failed ({type(exc).__name__}: {exc})"
-                        + (f"; the {lost} results being written were not recorded" if lost else "")
+                        + (f"; the {lost} result{'s' if lost > 1 else ''} being written {'were' if lost > 1 else 'was'} not "
+                           "recorded" if lost else "")
                         + f". Everything logged before is kept: once the cause is fixed, `qbatch resume "
                         f"{self.run_dir}` finishes the run (evaluations whose results are not in the log run again)",
                         add=True)
