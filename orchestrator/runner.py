@@ -131,6 +131,9 @@ def _ensure_ray(address: str | None, num_cpus: int | None) -> bool:
             print(f"qbatch: `num_cpus` {num_cpus} ignored: the Ray this process started before ({current}) keeps "
                   "its own CPUs; limit the run with `max_concurrent`", file=sys.stderr, flush=True)
         return False
+    global _SIGTERM_BEFORE_RAY
+    if threading.current_thread() is threading.main_thread():
+        _SIGTERM_BEFORE_RAY = signal.getsignal(signal.SIGTERM)  # ray.init puts its own handler there
     if address:
         _check_reachable(address)
         try:
@@ -234,6 +237,24 @@ def _auto_ray_address() -> str | None:
     except Exception:  # noqa: BLE001 - none found (Ray's ConnectionError), or a private Ray API that moved
         return None
     return found if isinstance(found, str) and found not in ("auto", "local", "") else None
+
+
+#: the process's SIGTERM handler before `_ensure_ray` started or connected Ray (`ray.init` replaces it;
+#: `_shutdown_local_ray` puts it back): a notebook or a script that ran qbatch kept Ray's handler after its Ray was gone (found in review)
+_SIGTERM_BEFORE_RAY: Any = None
+
+
+def _shutdown_local_ray() -> None:
+    """Shut down the Ray `_ensure_ray` started or connected to (interrupts held meanwhile, `_interrupts_held`),
+    then put back the SIGTERM handler from before."""
+    global _SIGTERM_BEFORE_RAY
+    import ray
+
+    with _interrupts_held():
+        ray.shutdown()
+    if _SIGTERM_BEFORE_RAY is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _SIGTERM_BEFORE_RAY)
+        _SIGTERM_BEFORE_RAY = None
 
 
 def _init_local_ray(num_cpus: int | None) -> None:
@@ -381,10 +402,7 @@ def _drive_and_release(started_ray: bool, *args: Any, **kwargs: Any) -> dict[str
             return _drive(*args, **kwargs)
     finally:
         if started_ray:
-            import ray
-
-            with _interrupts_held():
-                ray.shutdown()
+            _shutdown_local_ray()
 
 
 def _check_feasible(started_ray: bool, resources: Any) -> None:
@@ -397,9 +415,7 @@ def _check_feasible(started_ray: bool, resources: Any) -> None:
         default_max_concurrent(resources)
     except QbatchError:
         if started_ray:
-            import ray
-
-            ray.shutdown()
+            _shutdown_local_ray()
         raise
 
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
+import sys
+import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +18,8 @@ from orchestrator.errors import ConfigError
 from orchestrator.runner import RunAbortedError, run_experiment
 from orchestrator.store import RunStore
 from tests.integration.conftest import finished_counts, run_config, span_utilization
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.ray
 
@@ -472,3 +478,29 @@ def test_a_second_ctrl_c_does_not_cut_the_local_rays_shutdown_short(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         runner._drive_and_release(True)
     assert finished == [True] and signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_run_that_started_its_own_ray_gives_the_process_its_sigterm_handler_back(tmp_path):
+    """Found in review (library use): after a run that started (and shut down) its own local Ray, the process
+    kept Ray's SIGTERM handler (`ray.init`'s sigterm_handler), not the one it had before. A fresh process: the
+    test module's own Ray is up in this one."""
+    script = textwrap.dedent(f"""
+        import io, signal, sys
+        sys.path.insert(0, {str(REPO)!r})
+        from orchestrator.runner import run_experiment
+        from tests.integration.conftest import run_config
+
+        def mine(signum, frame):
+            pass
+
+        signal.signal(signal.SIGTERM, mine)
+        cfg = run_config(__import__("pathlib").Path({str(tmp_path)!r}), "own-ray", budget=2, initial_design=2,
+                         batch_size=2, proposer="random", objective={{"name": "sleep", "options": {{"mean_s": 0.01}}}})
+        run_experiment(cfg, num_cpus=1, progress=False, out=io.StringIO())
+        import ray
+        assert not ray.is_initialized()
+        print("handler back:", signal.getsignal(signal.SIGTERM) is mine)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "handler back: True" in proc.stdout, proc.stdout[-500:]
