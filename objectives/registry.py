@@ -53,11 +53,6 @@ def _import_target(path: str) -> Any:
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
         raise ObjectiveError(f"objective import path must look like 'package.module:name'; got {path!r}")
-    if module_name == "__main__":  # the driver imports it, the central actor and the workers never can (review)
-        raise ObjectiveError(
-            f"objective {path!r} is defined in __main__ (a script or notebook), which the central actor and the "
-            f"evaluation workers cannot import: put it in a module file (e.g. my_objective.py beside the script) "
-            f"and name it 'my_objective:{attr}'")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

@@ -66,6 +66,12 @@ def _check_objective(cfg: Any) -> Any:
     the config key."""
     from objectives.registry import inspect_objective
 
+    module, sep, attr = str(cfg.objective.name).partition(":")
+    if sep and module == "__main__":  # the driver imports it; the central actor and the workers never can (review)
+        raise ConfigError(
+            f"`objective.name` {cfg.objective.name!r} is defined in __main__ (a script or notebook), which the "
+            f"central actor and the evaluation workers cannot import: put it in a module file (e.g. "
+            f"my_objective.py beside the script) and name it 'my_objective:{attr}'")
     try:
         objective = inspect_objective(cfg.objective.name, dict(cfg.objective.options))
     except ValueError as exc:  # chained: a library user sees the objective's own traceback (review)
@@ -114,6 +120,37 @@ def _check_run_args(max_concurrent: Any, num_cpus: Any, actor_options: Mapping[s
     return opts
 
 
+def _host_port(address: str) -> tuple[set[str], int] | None:
+    """The IP addresses and port of a "host:port" address ("[::1]:6379" too), or None when it is not one."""
+    import socket
+
+    text = address.strip().rstrip("/")
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    host = host.strip("[]")
+    try:
+        ips = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except (OSError, UnicodeError):
+        return None
+    return ips, int(port)
+
+
+def _other_ray(address: str, current: str) -> bool:
+    """Whether `address` certainly names another Ray than the one at `current` (its GCS "ip:port"): a "ray://"
+    address (a client connection, where this process is a driver of `current`), or a "host:port" whose host
+    resolves to none of `current`'s addresses or whose port differs ("localhost:6379" is "127.0.0.1:6379",
+    found in own-diff review). "auto", "local" and what cannot be resolved are not refused."""
+    if address in ("auto", "local"):
+        return False
+    if address.startswith("ray://"):
+        return True
+    asked, here = _host_port(address), _host_port(current)
+    if asked is None or here is None:
+        return False
+    return asked[1] != here[1] or not (asked[0] & here[0])
+
+
 def _ensure_ray(address: str | None, num_cpus: int | None) -> bool:
     """Connect to `address` or start a local Ray unless one is running; True when this call started it."""
     import ray
@@ -123,13 +160,14 @@ def _ensure_ray(address: str | None, num_cpus: int | None) -> bool:
             current = ray.get_runtime_context().gcs_address
         except Exception:  # noqa: BLE001 -- e.g. a Ray client connection: nothing to compare with
             current = None
-        if current and address and "://" not in address and address not in ("auto", "local") and address != current:
+        if current and address and _other_ray(address, current):
             # found in review: the run went to the local Ray without a word, not to the cluster asked for
             raise UsageError(f"`address` {address!r}: this process is already connected to the Ray at {current}; "
                              "call ray.shutdown() first to use another, or leave `address` out to use that one")
         if num_cpus is not None:
-            print(f"qbatch: `num_cpus` {num_cpus} ignored: the Ray this process started before ({current}) keeps "
-                  "its own CPUs; limit the run with `max_concurrent`", file=sys.stderr, flush=True)
+            print(f"qbatch: `num_cpus` {num_cpus} ignored: the Ray this process connected to before "
+                  f"{'(' + current + ') ' if current else ''}keeps its own CPUs; limit the run with `max_concurrent`",
+                  file=sys.stderr, flush=True)
         return False
     global _SIGTERM_BEFORE_RAY
     if threading.current_thread() is threading.main_thread():
@@ -462,7 +500,7 @@ def run_experiment(
         cfg = _with_absolute_paths(cfg, objective)
     except ConfigError as exc:  # name the file, as the config's own checks do
         if isinstance(config, (str, os.PathLike)):
-            raise ConfigError(f"{os.fspath(config)}: {exc}") from None
+            raise ConfigError(f"{os.fspath(config)}: {exc}") from exc.__cause__  # the objective's own error
         raise
     rd = _absolute(cfg.resolve_run_dir(run_dir))
     if RunStore.exists(rd):
@@ -518,7 +556,7 @@ def resume_experiment(
         objective = _check_objective(cfg)
         _check_log_matches_space(store.events(), cfg.build_space(objective.space))
     except ConfigError as exc:
-        raise ConfigError(f"{os.path.join(store.run_dir, 'config.yaml')}: {exc}") from None
+        raise ConfigError(f"{os.path.join(store.run_dir, 'config.yaml')}: {exc}") from exc.__cause__
     started = _ensure_ray(address, num_cpus)
     _check_feasible(started, objective.resources)
     return _drive_and_release(

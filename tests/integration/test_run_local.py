@@ -248,6 +248,19 @@ def test_the_callers_ray_is_used_and_an_address_naming_another_is_refused(ray_lo
     assert ray.is_initialized() and len(RunStore.open(cfg["run_dir"]).events(["completed"])) == 4
 
 
+def test_an_address_is_refused_only_when_it_names_another_ray():
+    """Own-diff review: the address check compared strings, so "localhost:PORT", a trailing slash or a leading
+    space refused the Ray the process was connected to, and "ray://..." passed to a local Ray unchecked."""
+    from orchestrator.runner import _other_ray
+
+    here = "127.0.0.1:6390"
+    for same in ("localhost:6390", "127.0.0.1:6390/", " 127.0.0.1:6390", "127.0.0.1:06390", "auto", "local",
+                 "not an address"):
+        assert not _other_ray(same, here), same
+    for other in ("127.0.0.1:6391", "10.255.255.1:6390", "ray://127.0.0.1:10001"):
+        assert _other_ray(other, here), other
+
+
 def test_evaluations_waiting_in_rays_queue_are_not_timed_out(ray_local, tmp_path):
     """More in flight than the cluster runs at once (max_concurrent 32 on 4 CPUs): evaluations of 1 s under
     timeout_s = 1.5 wait up to 7 s in Ray's queue. The backstop deadline counted from dispatch (1.5 + 5 s) and

@@ -165,6 +165,17 @@ def test_an_objective_that_fails_to_build_keeps_its_traceback_and_is_not_blamed_
     import traceback
 
     assert "in helper" in "".join(traceback.format_exception(info.value.__cause__))
+    # through a YAML file (the CLI's way), whose name the error gains, the cause stays (own-diff review)
+    import yaml
+
+    from orchestrator.runner import run_experiment
+
+    path = tmp_path / "badinit.yaml"
+    path.write_text(yaml.safe_dump({**BASE, "objective": {"name": "badinit_obj:BadInit"},
+                                    "run_dir": str(tmp_path / "never")}))
+    with pytest.raises(ConfigError, match=f"^{path}: `objective` 'badinit_obj:BadInit' failed to build") as info:
+        run_experiment(str(path), progress=False)
+    assert isinstance(info.value.__cause__, KeyError) and not (tmp_path / "never").exists()
 
 
 def test_an_objective_in_main_is_refused_before_ray_with_the_way_out(monkeypatch):
@@ -175,6 +186,6 @@ def test_an_objective_in_main_is_refused_before_ray_with_the_way_out(monkeypatch
     from objectives.functions import Forrester
 
     monkeypatch.setattr(__main__, "MyObj", Forrester, raising=False)
-    with pytest.raises(ConfigError, match=r"'__main__:MyObj' is defined in __main__ .* cannot import: put it in a "
+    with pytest.raises(ConfigError, match=r"`objective.name` '__main__:MyObj' is defined in __main__ .* cannot import: put it in a "
                                           r"module file .* name it 'my_objective:MyObj'"):
         _check_objective(load_config({**BASE, "objective": {"name": "__main__:MyObj"}}))
