@@ -17,6 +17,7 @@ its previous hyperparameters.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, Sequence
 
@@ -98,6 +99,13 @@ def cv_forecasts(
     return Forecast.from_records(records), Y[index].to(torch.float64), index
 
 
+def _build_model(model: str, options: dict[str, Any]) -> Any:
+    """A fresh surrogate `model` with `options` (the default model factory)."""
+    from orchestrator.models import build_model
+
+    return build_model(model, **options)
+
+
 class OfflineCVCalibrator(Calibrator):
     """`calibrator.type: offline-cv`.
 
@@ -157,11 +165,9 @@ class OfflineCVCalibrator(Calibrator):
             )
         if model_factory is None:
             opts = dict(model_options or {})
-
-            def model_factory() -> Any:
-                from orchestrator.models import build_model
-
-                return build_model(model, **opts)
+            # a partial of a module-level function, not a closure: the calibrator (an AskTellOptimizer holding
+            # it) pickles (found in review)
+            model_factory = functools.partial(_build_model, model, opts)
 
             try:  # once now: a bad `model` or `model_options` is refused before the run, not at its first refit
                 model_factory()

@@ -348,7 +348,7 @@ class TwoLatentSVGP(gpytorch.Module):
         # the factors `kl_divergence` reuses belong to one ELBO evaluation: left in, they kept that evaluation's
         # autograd graph alive with the model, and a deep copy of a fitted model (of an AskTellOptimizer) failed
         # on their non-leaf tensors (found in review)
-        state = self.__dict__.copy()
+        state = dict(super().__getstate__())  # torch's own (it drops a compiled module's call)
         state.pop("_kl_cache", None)
         return state
 

@@ -570,7 +570,8 @@ def test_numpy_integers_are_integers():
 
 
 @pytest.mark.parametrize("model, proposer, calibrator", [("quantile", "thompson", "none"),
-                                                         ("exact-gp", "calibrated", "conformal")])
+                                                         ("exact-gp", "calibrated", "conformal"),
+                                                         ("exact-gp", "calibrated", "offline-cv")])
 def test_a_fitted_optimizer_pickles_and_deep_copies(model, proposer, calibrator):
     """Found in review (library use): `pickle.dumps` and `copy.deepcopy` of an optimizer failed (its locks; then
     the quantile SVGP's cached KL factors, non-leaf tensors of the last ELBO's graph), so it could not be
