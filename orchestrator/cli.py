@@ -254,9 +254,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except QbatchError as exc:
         _error(str(exc))
         return EXIT_RUN_FAILED
-    except OSError as exc:  # a file of the run that cannot be read or written: one line naming it (review)
-        named = exc.filename if exc.filename is not None else ""
-        _error(f"{named}: {exc.strerror}" if named and exc.strerror else f"{type(exc).__name__}: {exc}")
+    except BrokenPipeError:  # `qbatch status RUN | head`: the reader left; end quietly, as other tools do
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        except OSError:
+            pass
+        return EXIT_RUN_FAILED
+    except OSError as exc:
+        if exc.filename is None:  # not a file's error (a connection, a remote task's): as it was
+            raise
+        # a file of the run that cannot be read or written: one line naming it, not a traceback (review)
+        _error(f"{exc.filename}: {exc.strerror or exc}")
         return EXIT_RUN_FAILED
     except KeyboardInterrupt:
         _error("interrupted")

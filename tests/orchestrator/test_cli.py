@@ -521,3 +521,24 @@ def test_a_connection_error_keeps_the_cause_ray_chains():
                     "is enabled; set RAY_AUTH_MODE=token")
     assert _connection_error_line(ConnectionError("Could not find any running Ray instance.")) == \
         "Could not find any running Ray instance."
+
+
+def test_a_reader_that_leaves_the_pipe_ends_the_command_quietly(tmp_path, monkeypatch, capsys):
+    """Own-diff review: with `qbatch objectives | head`, the reader closing the pipe made the new OSError catch
+    print "qbatch: error: BrokenPipeError"; it ends quietly (exit 1), with no second error at exit."""
+    sink = open(tmp_path / "sink", "w")
+
+    class Closed:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            pass
+
+        def fileno(self):
+            return sink.fileno()
+
+    monkeypatch.setattr(sys, "stdout", Closed())
+    assert cli.main(["objectives"]) == 1
+    assert capsys.readouterr().err == ""
+    sink.close()
