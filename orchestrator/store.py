@@ -735,6 +735,29 @@ class RunStore:
                 small = self._small_segments()
             self.compact(small)
 
+    def _hole_free_groups(self, names: list[str]) -> list[list[str]]:
+        """`names` (sorted by first sequence number) cut where some number between two of them is held by no
+        segment at all: a merge spanning it would be named for events it does not hold, and the hole (reported
+        as missing events) would then read as that intact merge being short of rows."""
+        covered = sorted((first, last) for first, last, _ in self._segments.values())
+
+        def held(a: int, b: int) -> bool:  # every number in a..b lies in some segment
+            for first, last in covered:
+                if first > a:
+                    break
+                a = max(a, last + 1)
+            return a > b
+
+        groups: list[list[str]] = []
+        for n in names:
+            if groups and not held(self._segments[groups[-1][-1]][1] + 1, self._segments[n][0] - 1):
+                groups.append([n])
+            elif groups:
+                groups[-1].append(n)
+            else:
+                groups.append([n])
+        return groups
+
     def _foreign_overlap(self) -> bool:
         """Whether a segment this store has not read overlaps the sequence numbers of one it has (one listing,
         no reads: the cheap test before an auto-compaction)."""
@@ -758,6 +781,9 @@ class RunStore:
             self.events()  # refresh the segment table and the list of damaged segments
         names = sorted(self._segments if names is None else names)
         names = [n for n in names if n in self._segments and n not in self._damaged]
+        groups = self._hole_free_groups(names)
+        if len(groups) > 1:  # a merge across a hole (a deleted segment) would claim its numbers (own-diff review)
+            return sum(self.compact(g) for g in groups if len(g) > 1)
         if len(names) < 2:
             return 0
         first, last = min(self._segments[n][0] for n in names), max(self._segments[n][1] for n in names)

@@ -827,6 +827,22 @@ def test_a_deleted_segment_is_reported_as_missing_events(tmp_path):
     finally:
         r.unlock_writer()
     assert "seg-000000000006-000000000006.parquet" in os.listdir(events)
+    # a compaction merges on each side of a hole, never across it: a merge named for the missing numbers would
+    # make the hole read as that intact merge being short of rows, and keep it out of compaction (own-diff review)
+    r = RunStore.open(str(tmp_path / "r"))
+    r.compact_files = 2
+    r.lock_writer()
+    try:
+        r.append([Event("completed", "0-7", value=7.0)])  # auto-compacts (compact_files 2)
+        r.compact()
+    finally:
+        r.unlock_writer()
+    assert sorted(os.listdir(events)) == ["seg-000000000001-000000000001.parquet",
+                                          "seg-000000000004-000000000007.parquet"]
+    r = RunStore.open(str(tmp_path / "r"))
+    assert [e.trial_id for e in r.events()] == ["0-1", "0-4", "0-5", "0-6", "0-7"]
+    assert r.damage == ["events/: no segment holds 3 event(s) with sequence number(s) 0, 2-3 (a segment file "
+                        "deleted?); their results are not in the log"]
 
 
 def test_a_run_whose_events_folder_is_gone_is_refused_not_read_as_new(tmp_path):
