@@ -278,7 +278,8 @@ def _auto_ray_address() -> str | None:
 
 
 #: the process's SIGTERM handler before `_ensure_ray` started or connected Ray (`ray.init` replaces it;
-#: `_shutdown_local_ray` puts it back): a notebook or a script that ran qbatch kept Ray's handler after its Ray was gone (found in review)
+#: `_shutdown_local_ray` puts it back): a notebook or a script that ran qbatch kept Ray's handler after its
+#: Ray was gone (found in review)
 _SIGTERM_BEFORE_RAY: Any = None
 
 
@@ -474,7 +475,7 @@ def run_experiment(
         config: the experiment config (orchestrator/config.py).
         address: a Ray cluster address ("auto", "ray://...", "host:port"); None starts a local Ray. Where this
             process has initialized Ray already (a notebook's `ray.init`), that Ray is used and left running,
-            and a "host:port" naming another is refused.
+            and an address naming another ("ray://" included) is refused.
         run_dir: overrides the config's `run_dir`.
         num_cpus: CPUs of a local Ray (None: all cores).
         max_concurrent: overrides the config's `max_concurrent`.
