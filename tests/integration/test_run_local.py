@@ -244,7 +244,7 @@ def test_the_callers_ray_is_used_and_an_address_naming_another_is_refused(ray_lo
     assert not os.path.exists(cfg["run_dir"])
     cfg = run_config(tmp_path, "here", **small)
     run_experiment(cfg, address=ray_local, num_cpus=1, progress=False, out=io.StringIO())
-    assert "qbatch: `num_cpus` 1 ignored: the Ray this process started before" in capsys.readouterr().err
+    assert "qbatch: `num_cpus` 1 ignored: the Ray this process connected to before" in capsys.readouterr().err
     assert ray.is_initialized() and len(RunStore.open(cfg["run_dir"]).events(["completed"])) == 4
 
 
