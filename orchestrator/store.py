@@ -237,6 +237,17 @@ def _parquet_bytes(table: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
+def _holes(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The numbers from 0 to the last span's end that no (first, last) span holds, as (a, b) ranges: the log's
+    sequence numbers have none unless a segment file was deleted."""
+    holes, expected = [], 0
+    for first, last in sorted(spans):
+        if first > expected:
+            holes.append((expected, first - 1))
+        expected = max(expected, last + 1)
+    return holes
+
+
 def _ranges(seqs: Iterable[int]) -> str:
     """Compact text of a set of integers: '3-7, 12'."""
     s = sorted(seqs)
@@ -739,20 +750,11 @@ class RunStore:
         """`names` (sorted by first sequence number) cut where some number between two of them is held by no
         segment at all: a merge spanning it would be named for events it does not hold, and the hole (reported
         as missing events) would then read as that intact merge being short of rows."""
-        covered = sorted((first, last) for first, last, _ in self._segments.values())
-
-        def held(a: int, b: int) -> bool:  # every number in a..b lies in some segment
-            for first, last in covered:
-                if first > a:
-                    break
-                a = max(a, last + 1)
-            return a > b
-
+        holes = _holes((first, last) for first, last, _ in self._segments.values())
         groups: list[list[str]] = []
         for n in names:
-            if groups and not held(self._segments[groups[-1][-1]][1] + 1, self._segments[n][0] - 1):
-                groups.append([n])
-            elif groups:
+            if groups and not any(self._segments[groups[-1][-1]][1] < a and b < self._segments[n][0]
+                                  for a, b in holes):
                 groups[-1].append(n)
             else:
                 groups.append([n])
@@ -875,11 +877,7 @@ class RunStore:
         # sequence numbers run from 0 without holes (`append` takes the next only once a segment is written):
         # a hole no segment's name covers is a segment file deleted, whose results a resume would run again
         # (found in review: it read as an intact log)
-        holes, expected = [], 0
-        for first, last, _ in sorted(segments.values()):
-            if first > expected:
-                holes.append((expected, first - 1))
-            expected = max(expected, last + 1)
+        holes = _holes((first, last) for first, last, _ in segments.values())
         if holes:
             n = sum(b - a + 1 for a, b in holes)
             spans = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in holes)
