@@ -86,6 +86,17 @@ def slots_for(node_resources: Mapping[str, float], request: Mapping[str, float])
     return min(fits) if fits else 0
 
 
+def resource_request(resources: Any) -> dict[str, float]:
+    """One evaluation's request for an objective's `Resources`, by Ray's resource names ("CPU", "GPU", "memory",
+    custom names), as `ray.available_resources()` names them."""
+    opts = resources.to_ray_options()
+    request: dict[str, float] = {"CPU": opts.get("num_cpus", 0.0), "GPU": opts.get("num_gpus", 0.0)}
+    if opts.get("memory"):
+        request["memory"] = float(opts["memory"])
+    request.update({k: float(v) for k, v in opts.get("resources", {}).items()})
+    return request
+
+
 def default_max_concurrent(resources: Any) -> int:
     """Evaluations the live cluster can run at once for an objective's `Resources` (sum over alive nodes).
 
@@ -96,11 +107,7 @@ def default_max_concurrent(resources: Any) -> int:
     """
     import ray
 
-    opts = resources.to_ray_options()
-    request: dict[str, float] = {"CPU": opts.get("num_cpus", 0.0), "GPU": opts.get("num_gpus", 0.0)}
-    if opts.get("memory"):
-        request["memory"] = float(opts["memory"])
-    request.update({k: float(v) for k, v in opts.get("resources", {}).items()})
+    request = resource_request(resources)
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     if not any(v > 0 for v in request.values()):
         return max(1, int(sum(n["Resources"].get("CPU", 0) for n in nodes)))

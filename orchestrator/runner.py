@@ -17,6 +17,7 @@ never finished; completed results are never repeated (ingestion is exactly-once 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import signal
@@ -92,6 +93,10 @@ def _check_objective(cfg: Any) -> Any:
     return objective
 
 
+#: seconds with evaluations waiting in Ray's queue and none running before the driver says so (`_QueueWatch`)
+STARVED_WARN_S = 60.0
+#: how often the driver asks the evaluation pool how many of its evaluations have started
+POOL_POLL_S = 2.0
 #: `actor_options` keys `run_experiment` / `resume_experiment` pass on to `CentralActor`
 ACTOR_OPTIONS = ("queue_low", "refit_interval_s", "isolate", "max_refit_failures")
 
@@ -644,11 +649,15 @@ def _drive(
         # (found by a test: a rerun on the same Ray, e.g. a cluster by address, failed "already taken")
         actor_pid = _actor_pid(actor, run_dir, new_run=new_run)
         ref = actor.run.remote()
+        watch = _QueueWatch(pool, resources, out, bar)
         while summary is None:
             ready, _ = ray.wait([ref], timeout=0.5)
+            watch.poll(time.time())
             if bar is not None:
                 try:
                     st = ray.get(actor.status.remote(), timeout=30)
+                    if watch.counts is not None:
+                        st = {**st, "running": watch.counts[0], "waiting": watch.counts[1]}
                     _show(bar, st)
                 except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
                     pass
@@ -695,18 +704,83 @@ def _drive(
     return summary
 
 
+class _QueueWatch:
+    """The driver's view of the evaluation pool: how many dispatched evaluations run and how many wait in Ray's
+    queue, and one warning (until one runs again) when some have waited `STARVED_WARN_S` with none running.
+
+    Ray queues a task whose resources are taken (the user's own actors or tasks hold the CPUs) without a word:
+    the run then waited forever, and the progress bar showed every dispatched evaluation as running (found in
+    review)."""
+
+    def __init__(self, pool: Any, resources: Any, out: TextIO, bar: Any = None, warn_s: float | None = None) -> None:
+        self._pool, self._resources, self._out, self._bar = pool, resources, out, bar
+        self._warn_s = STARVED_WARN_S if warn_s is None else warn_s
+        self._asked = -math.inf
+        self._since: float | None = None  # when the pool was first seen with evaluations and none running
+        self._warned = False
+        #: (running, waiting in Ray's queue) at the last answer; None before it
+        self.counts: tuple[int, int] | None = None
+
+    def poll(self, now: float) -> None:
+        """Ask the pool (at most every `POOL_POLL_S`; a pool restarting is asked again next time) and warn."""
+        import ray
+
+        if now - self._asked < POOL_POLL_S:
+            return
+        self._asked = now
+        try:
+            held, started = ray.get(self._pool.counts.remote(), timeout=5)
+        except Exception:  # noqa: BLE001 - restarting or gone: the loop sees the run end on its own
+            return
+        self.counts = (started, held - started)
+        if started or not held:
+            self._since, self._warned = None, False
+            return
+        if self._since is None:
+            self._since = now
+        elif not self._warned and now - self._since >= self._warn_s:
+            self._warned = True
+            line = f"qbatch: warning: {self._starved(held, now - self._since)}"
+            if self._bar is not None:  # above the progress bar, which is redrawn below it
+                self._bar.write(line, file=self._out)
+            else:
+                print(line, file=self._out, flush=True)
+
+    def _starved(self, waiting: int, for_s: float) -> str:
+        import ray
+
+        from orchestrator.actor import resource_request
+
+        request = resource_request(self._resources)
+        keys = [k for k, v in request.items() if v > 0] or ["CPU"]
+        try:
+            free, total = ray.available_resources(), ray.cluster_resources()
+            have = ("; the cluster has " + ", ".join(f"{k} {free.get(k, 0.0):g} free of {total.get(k, 0.0):g}"
+                                                     for k in keys))
+        except Exception:  # noqa: BLE001 - the warning stands without the figures
+            have = ""
+        asks = ", ".join(f"{k} {request.get(k, 0.0):g}" for k in keys)
+        return (f"no evaluation has run for {for_s:.0f} s: {waiting} wait in Ray's queue, each asking for {asks}"
+                f"{have}. Other tasks or actors on this Ray may hold those resources; the run goes on when they "
+                "are freed")
+
+
 def progress_fields(st: Mapping[str, Any]) -> dict[str, Any]:
     """The progress bar's fields from the actor's progress summary. The best single observation (`best_y`)
     and the recommendation's predicted tau-level (`rec`, from the last fit; "-" before it) are shown apart,
     as `qbatch status` does: for a noisy objective the first is mostly noise and the second is the figure that
-    counts, and one field switching from the first to the second would seem to fall when the model arrives."""
+    counts, and one field switching from the first to the second would seem to fall when the model arrives.
+    `running` counts the evaluations that have started (the pool's start reports, `running`/`waiting` in `st`
+    where the driver has them) and `waiting` those still in Ray's queue; without the reports, every dispatched
+    one counts as running."""
     observed, predicted = st.get("best_observed"), st.get("best_predicted")
     return {
         "best_y": "-" if observed is None else f"{observed['value']:.4g}",
         "rec": "-" if predicted is None else f"{predicted['value']:.4g}",
         "evals_s": f"{st['evals_per_s']:.2f}",
         "util": f"{st['utilization']:.2f}",
-        "running": st["inflight"],
+        "running": st.get("running", st["inflight"]),
+        **({"waiting": st["waiting"]} if st.get("waiting") else {}),
         "failed": st["failed"],
     }
 

@@ -131,6 +131,11 @@ class EvaluationPool:
         """When the latest attempt of each of `trial_ids` started; those still queued are left out."""
         return {tid: self._started[tid] for tid in trial_ids if tid in self._started}
 
+    def counts(self) -> tuple[int, int]:
+        """`(held, started)`: evaluations not yet released, and how many of them have started running (finished
+        ones included); the others wait in Ray's queue for a worker with the resources they ask for."""
+        return len(self._held), sum(1 for tid in self._held if tid in self._started)
+
     def cancel(self, trial_ids: Sequence[str]) -> int:
         """Force-cancel evaluations past their deadline (kills a frozen worker) and forget them."""
         import ray

@@ -517,3 +517,75 @@ def test_a_run_that_started_its_own_ray_gives_the_process_its_sigterm_handler_ba
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "handler back: True" in proc.stdout, proc.stdout[-500:]
+
+
+def test_evaluations_ray_cannot_schedule_are_shown_waiting_and_warned_of(ray_local, tmp_path, monkeypatch):
+    """Found in review: with the user's own actor holding every CPU, the run's evaluations waited in Ray's queue
+    forever without a word, and the progress bar counted them as running. Now the driver reads the pool's start
+    reports: they count as waiting, and after `STARVED_WARN_S` with none running it says why, once; the run
+    finishes when the CPUs are freed."""
+    import threading
+
+    import ray
+
+    from orchestrator import runner
+
+    monkeypatch.setattr(runner, "STARVED_WARN_S", 3.0)
+    monkeypatch.setattr(runner, "POOL_POLL_S", 0.25)
+
+    @ray.remote(num_cpus=4)
+    class Hold:
+        def ping(self) -> int:
+            return 1
+
+    hold = Hold.remote()
+    ray.get(hold.ping.remote())
+    out = io.StringIO()
+    seen: dict[str, object] = {}
+
+    def free_when_warned() -> None:
+        deadline = time.time() + 120
+        while "warning" not in out.getvalue() and time.time() < deadline:
+            time.sleep(0.2)
+        seen["at_warning"] = out.getvalue()
+        ray.kill(hold)
+
+    t = threading.Thread(target=free_when_warned, daemon=True)
+    t.start()
+    cfg = run_config(tmp_path, "starved", budget=4, initial_design=4, batch_size=4, proposer="random",
+                     objective={"name": "sleep", "options": {"mean_s": 0.2, "cv": 0.0, "num_cpus": 1}})
+    t0 = time.time()
+    summary = run_experiment(cfg, progress=False, out=out)
+    t.join(timeout=10)
+    assert summary["completed"] == 4
+    warning = [line for line in str(seen["at_warning"]).splitlines() if "warning" in line]
+    assert len(warning) == 1, seen["at_warning"]
+    assert "no evaluation has run for 3 s: 4 wait in Ray's queue, each asking for CPU 1" in warning[0], warning
+    assert "the cluster has CPU 0 free of 4" in warning[0], warning
+    assert out.getvalue().count("warning") == 1 and time.time() - t0 < 100
+
+
+def test_the_progress_bar_counts_started_evaluations_as_running(ray_local):
+    """The pool's `counts`: held evaluations and those whose attempt has started; `progress_fields` shows the
+    driver's `running`/`waiting` in place of the actor's dispatched count."""
+    from orchestrator.runner import progress_fields
+    from workers.pool import EvaluationPool
+    from objectives.base import Resources
+
+    import ray
+
+    objective = ("sleep", {"mean_s": 30.0, "cv": 0.0})
+    pool = ray.remote(EvaluationPool).options(num_cpus=0).remote(objective, Resources(num_cpus=4))
+    try:
+        x = {"x0": 0.5, "x1": 0.5}
+        ray.get(pool.submit.remote([("a", 0, x, 1), ("b", 0, x, 2)]))
+        deadline = time.time() + 60
+        while ray.get(pool.counts.remote()) != (2, 1) and time.time() < deadline:
+            time.sleep(0.2)
+        assert ray.get(pool.counts.remote()) == (2, 1)  # one runs on the 4 CPUs, the other waits for them
+    finally:
+        ray.get(pool.cancel.remote(["a", "b"]))
+        ray.kill(pool)
+    st = {"done": 0, "evals_per_s": 0.0, "utilization": 0.0, "inflight": 2, "failed": 0, "running": 1, "waiting": 1}
+    assert progress_fields(st)["running"] == 1 and progress_fields(st)["waiting"] == 1
+    assert "waiting" not in progress_fields({**st, "running": 2, "waiting": 0})
