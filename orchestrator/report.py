@@ -552,24 +552,22 @@ def write_report(
         ax.legend(loc="upper right", fontsize=8)
         paths["pit_histogram"] = _save(fig, plt, out_dir, "pit_histogram.png")
 
-    summary = os.path.join(out_dir, "summary.csv")
-    with open(summary, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["metric", "value"])
-        w.writerows(metrics.summary_rows())
-    paths["summary"] = summary
-    trials_csv = os.path.join(out_dir, "trials.csv")
-    with open(trials_csv, "w", newline="") as f:
-        cols = ["trial_id", "status", "batch_id", "value", "error", "message", "node_id", "attempt", "proposed_at",
-                "started_at", "ended_at", "params", "metrics"]
-        w = csv.writer(f)
-        w.writerow(cols)
-        for t in trials:
-            d = t.to_dict()
-            info = d.get("info") or {}  # the failure's message and the objective's metrics (JSON), as logged
-            d["message"], d["metrics"] = info.get("message"), info.get("metrics")
-            w.writerow([_csv_cell(d[c]) for c in cols])
-    paths["trials"] = trials_csv
+    f = io.StringIO(newline="")
+    w = csv.writer(f)
+    w.writerow(["metric", "value"])
+    w.writerows(metrics.summary_rows())
+    paths["summary"] = _write_atomic(os.path.join(out_dir, "summary.csv"), f.getvalue().encode())
+    f = io.StringIO(newline="")
+    cols = ["trial_id", "status", "batch_id", "value", "error", "message", "node_id", "attempt", "proposed_at",
+            "started_at", "ended_at", "params", "metrics"]
+    w = csv.writer(f)
+    w.writerow(cols)
+    for t in trials:
+        d = t.to_dict()
+        info = d.get("info") or {}  # the failure's message and the objective's metrics (JSON), as logged
+        d["message"], d["metrics"] = info.get("message"), info.get("metrics")
+        w.writerow([_csv_cell(d[c]) for c in cols])
+    paths["trials"] = _write_atomic(os.path.join(out_dir, "trials.csv"), f.getvalue().encode())
     return metrics, paths
 
 
@@ -589,8 +587,14 @@ def _save(fig: Any, plt: Any, out_dir: str, name: str) -> str:
     fig.tight_layout()
     fig.savefig(buf, format="png")
     plt.close(fig)
+    return _write_atomic(path, buf.getvalue())
+
+
+def _write_atomic(path: str, data: bytes) -> str:
+    """Write `data` to `path` by a rename: a reader (or a report interrupted half-way) sees the old file or the
+    new one, never a truncated one."""
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
-        f.write(buf.getvalue())
+        f.write(data)
     os.replace(tmp, path)
     return path

@@ -251,3 +251,30 @@ def test_utilization_of_a_resumed_run_leaves_out_the_time_between_sessions(tmp_p
     for ev in evs[:-1]:
         ev.info = {"session": 1.0}
     assert compute_metrics(evs, cfg).span_s == pytest.approx(502.0)
+
+
+def test_a_report_that_fails_half_way_leaves_the_previous_tables_whole(tmp_path, monkeypatch):
+    """The CSV tables are written by a rename, as the plots were: a report that failed while writing trials.csv
+    (a metric that cannot be written, a full disk) left it truncated after its header, and a reader of summary.csv
+    during a rewrite could see it half-written."""
+    import orchestrator.report as R
+
+    store, _ = build_run(tmp_path / "run")
+    _, paths = write_report(store.run_dir)
+    before = {k: Path(paths[k]).read_bytes() for k in ("summary", "trials")}
+    assert before["trials"].count(b"\n") > 10
+    calls = {"n": 0}
+    cell = R._csv_cell
+
+    def failing(v):
+        calls["n"] += 1
+        if calls["n"] > 50:
+            raise OSError(28, "No space left on device")
+        return cell(v)
+
+    monkeypatch.setattr(R, "_csv_cell", failing)
+    with pytest.raises(OSError):
+        write_report(store.run_dir)
+    assert calls["n"] > 50
+    assert {k: Path(paths[k]).read_bytes() for k in ("summary", "trials")} == before
+    assert not list(Path(paths["trials"]).parent.glob("*.tmp"))
