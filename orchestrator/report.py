@@ -10,7 +10,8 @@ running actor. What is read (the event `info` keys that orchestrator/actor.py wr
   (first) completed/failed event. `slots` is the latest `info["slots"]` the actor recorded, else the config's
   `max_concurrent`, else the largest number of evaluations observed running at once (`slots_source` says which).
 * proposal latency p50/p95: `propose_s` of "refit" events if any carries it, else the `proposal_seconds`
-  (or `latency_s`) of "proposed" events, once per batch; refit time: `seconds` (or `fit_s`) of "refit" events.
+  (or `latency_s`) of "proposed" events, once per batch, of the model's batches (`info["source"]` "model")
+  where there are any; refit time: `seconds` (or `fit_s`) of "refit" events.
   A "refit" event with `failed: true` is a fit that raised (the actor went on with the previous model): it is
   counted apart (`n_refit_failures`, with the last `error`), not as a refit.
 * queue depth over time: trials proposed but not yet started.
@@ -22,6 +23,7 @@ running actor. What is read (the event `info` keys that orchestrator/actor.py wr
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import math
@@ -217,7 +219,9 @@ def best_so_far(trials: Sequence[TrialRecord], direction: str) -> tuple[np.ndarr
 
 
 def predicted_series(events: Sequence[Event], trials: Sequence[TrialRecord]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(evaluations finished by then, time, best_predicted) at each refit event that records it."""
+    """(results the fit was trained on, time, best_predicted) at each refit event that records it. The count is
+    the event's `info["n"]`; where it is missing, the evaluations finished by the time of the event (that
+    overstated what the model had seen: a fit on 15 results was drawn at 40, found in review)."""
     ends = np.sort(np.array([t.ended_at for t in finished(trials)], dtype=float))
     ts, ns, vs = [], [], []
     for ev in events:
@@ -225,7 +229,8 @@ def predicted_series(events: Sequence[Event], trials: Sequence[TrialRecord]) -> 
             v = _info_number(ev.info, ("best_predicted",))
             if v is not None:
                 ts.append(ev.time)
-                ns.append(int(np.searchsorted(ends, ev.time, side="right")))
+                seen = _info_number(ev.info, ("n",))
+                ns.append(int(seen) if seen is not None else int(np.searchsorted(ends, ev.time, side="right")))
                 vs.append(v)
     return np.array(ns, dtype=float), np.array(ts, dtype=float), np.array(vs, dtype=float)
 
@@ -380,8 +385,11 @@ def compute_metrics(
             latencies.append(lat)
     if not latencies:  # fall back on per-batch latencies recorded with the proposals
         per_batch: dict[Any, float] = {}
+        # the model's batches where there are any: the Sobol points that fill free slots before the first fit
+        # are batches of one or two that take a millisecond, and they made the p50 (found in review)
+        model = any((ev.info or {}).get("source") == "model" for ev in events if ev.kind == "proposed")
         for ev in events:
-            if ev.kind == "proposed":
+            if ev.kind == "proposed" and (not model or (ev.info or {}).get("source") == "model"):
                 lat = _info_number(ev.info, _LATENCY_KEYS)
                 if lat is not None:
                     per_batch.setdefault(ev.batch_id, lat)
@@ -495,7 +503,9 @@ def write_report(
         fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
         observed = bool(np.isfinite(best).any())
         if observed:
-            ax.step(x, best, where="post", label="best observed value", color="C0")
+            # markers too: one finished evaluation is a step of one point, which draws nothing (found in review)
+            ax.step(x, best, where="post", label="best observed value", color="C0",
+                    marker="o" if len(x) == 1 else None, ms=4)
         if len(px):
             ax.plot(px, pvals, "o-", ms=3, label=f"model's predicted {label} at its recommendation", color="C1")
         if not observed and not len(px):
@@ -528,7 +538,7 @@ def write_report(
     if len(qt):
         ax2.step(qt - start, qd, where="post", color="C3")
     ax2.set_xlabel("time since the first evaluation started [s]")
-    ax2.set_ylabel("queue depth (proposed, not started)")
+    ax2.set_ylabel("queue depth (proposed, not dispatched)")
     ax2.grid(alpha=0.3)
     paths["utilization"] = _save(fig, plt, out_dir, "utilization.png")
 
@@ -551,6 +561,11 @@ def write_report(
         ax.set_title("probability integral transform of observed outcomes")
         ax.legend(loc="upper right", fontsize=8)
         paths["pit_histogram"] = _save(fig, plt, out_dir, "pit_histogram.png")
+    else:  # a previous report's plots (before log damage, or another run's in a shared --out) would stay beside
+        # a summary that says "forecasts scored 0" (found in review)
+        for name in ("coverage.png", "pit_histogram.png"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(out_dir, name))
 
     f = io.StringIO(newline="")
     w = csv.writer(f)

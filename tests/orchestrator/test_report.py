@@ -278,3 +278,42 @@ def test_a_report_that_fails_half_way_leaves_the_previous_tables_whole(tmp_path,
     assert calls["n"] > 50
     assert {k: Path(paths[k]).read_bytes() for k in ("summary", "trials")} == before
     assert not list(Path(paths["trials"]).parent.glob("*.tmp"))
+
+
+def test_review_of_the_report_stale_plots_latency_and_the_fits_n(tmp_path):
+    """Found in review: (1) coverage.png and pit_histogram.png of an earlier report stayed beside a summary with
+    no forecasts; (2) the proposal latency was mostly the millisecond Sobol batches that fill free slots before
+    the first fit, not the model's; (3) the model's predictions were drawn at the evaluations finished when the
+    refit was logged, not at the results the fit saw (`info["n"]`)."""
+    from orchestrator.report import predicted_series
+    from orchestrator.store import trials_table
+
+    store, _ = build_run(tmp_path / "run")
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("coverage.png", "pit_histogram.png"):
+        (out / name).write_bytes(PNG_SIGNATURE)
+    events = store.events()
+    metrics = compute_metrics(events, store.config)
+    if metrics.n_calibration:  # this run has forecasts: the plots are rewritten, not removed
+        _, paths = write_report(store.run_dir, out_dir=str(out))
+        assert (out / "coverage.png").read_bytes() != PNG_SIGNATURE
+    cfg = load_config({"name": "lat", "objective": {"name": "forrester"}, "budget": 8, "batch_size": 2,
+                       "initial_design": 2}).to_dict()
+    lat = RunStore.create(str(tmp_path / "lat"), cfg)
+    evs = []
+    for b, (source, secs) in enumerate([("sobol", 0.001), ("sobol", 0.002), ("sobol", 0.001), ("model", 3.0),
+                                        ("model", 1.0)]):
+        evs.append(Event("proposed", trial_id=f"t{b}", batch_id=b, time=100.0 + b, params={"x": 0.5}, x=[0.5],
+                         info={"source": source, "proposal_seconds": secs}))
+    evs.append(Event("refit", time=104.5, info={"seconds": 1.0, "n": 2, "best_predicted": 0.3}))
+    for b in range(5):
+        evs.append(Event("completed", trial_id=f"t{b}", time=101.0 + b, value=0.1, started_at=100.5 + b,
+                         ended_at=101.0 + b))
+    lat.append(evs)
+    m = compute_metrics(lat.events(), lat.config)
+    assert m.n_proposals == 2 and m.proposal_latency_p50 == pytest.approx(2.0)
+    n, _, v = predicted_series(lat.events(), trials_table(lat.events()))
+    assert list(n) == [2.0] and list(v) == [0.3]  # 4 evaluations had finished when it was logged
+    _, paths = write_report(lat.run_dir, out_dir=str(out))
+    assert "coverage" not in paths and not (out / "coverage.png").exists() and not (out / "pit_histogram.png").exists()
