@@ -46,6 +46,27 @@ def actor_name(run_dir: str) -> str:
     return "qbatch:" + os.path.abspath(run_dir) if "://" not in run_dir else "qbatch:" + run_dir
 
 
+def pool_name(run_dir: str) -> str:
+    """Name of the evaluation pool of `run_dir`, in `NAMESPACE`. Its own prefix: a suffix (it was
+    `actor_name(d) + ":pool"`) made the pool of `d` the central actor of a run directory `d:pool` (found in
+    review)."""
+    return "qbatch-pool:" + actor_name(run_dir)[len("qbatch:"):]
+
+
+def _name_taken(name: str, run_dir: str, new_run: bool) -> UsageError:
+    """A run whose actor's name another actor on this Ray holds (the same run directory path, e.g. from another
+    machine or container sharing the cluster): one line, and a new run, which recorded nothing, leaves no run
+    directory behind (it was a Ray traceback, and the rerun was refused as "already holds a run")."""
+    from orchestrator.store import RunStore
+
+    then = ""
+    if new_run and RunStore.discard_unstarted(run_dir):
+        then = "; nothing was recorded and the run directory was cleared"
+    return UsageError(f"an actor named {name!r} (namespace {NAMESPACE!r}) is already on this Ray: another qbatch "
+                      f"run uses the run directory path {run_dir} (from another machine or container?); choose "
+                      f"another --run-dir{then}")
+
+
 def _with_absolute_paths(cfg: Any, objective: Any) -> Any:
     """`cfg` with the objective's path options (`Objective.path_options`, e.g. the laser's `csv_path`) made
     absolute against the current directory, `~` expanded: the run stores this config, and the actor, the workers
@@ -157,26 +178,70 @@ def _other_ray(address: str, current: str) -> bool:
 
 
 def _ensure_ray(address: str | None, num_cpus: int | None) -> bool:
-    """Connect to `address` or start a local Ray unless one is running; True when this call started it."""
+    """Connect to `address` or start a local Ray unless one is running; True when the Ray is qbatch's own (this
+    call or another run of this process started or connected it): each True is paired with one
+    `_shutdown_local_ray`, which shuts it down when the last run using it ends."""
+    global _OWN_RAY_RUNS
+    with _OWN_RAY_LOCK:  # two threads' runs: one starts Ray, the other waits and shares it
+        if _OWN_RAY_RUNS and _ray_initialized():
+            _check_same_ray(address, num_cpus)
+            _OWN_RAY_RUNS += 1
+            return True
+        started = _ensure_ray_unlocked(address, num_cpus)
+        if started:
+            _OWN_RAY_RUNS = 1
+        return started
+
+
+def _ray_initialized() -> bool:
+    import ray
+
+    return ray.is_initialized()
+
+
+def _ensure_ray_unlocked(address: str | None, num_cpus: int | None) -> bool:
     import ray
 
     if ray.is_initialized():  # the caller's Ray (a notebook's `ray.init`): used as it is, and left running
-        try:
-            current = ray.get_runtime_context().gcs_address
-        except Exception:  # noqa: BLE001 -- e.g. a Ray client connection: nothing to compare with
-            current = None
-        if current and address and _other_ray(address, current):
-            # found in review: the run went to the local Ray without a word, not to the cluster asked for
-            raise UsageError(f"`address` {address!r}: this process is already connected to the Ray at {current}; "
-                             "call ray.shutdown() first to use another, or leave `address` out to use that one")
-        if num_cpus is not None:
-            print(f"qbatch: `num_cpus` {num_cpus} ignored: the Ray this process connected to before "
-                  f"{'(' + current + ') ' if current else ''}keeps its own CPUs; limit the run with `max_concurrent`",
-                  file=sys.stderr, flush=True)
+        _check_same_ray(address, num_cpus)
         return False
     global _SIGTERM_BEFORE_RAY
     if threading.current_thread() is threading.main_thread():
         _SIGTERM_BEFORE_RAY = signal.getsignal(signal.SIGTERM)  # ray.init puts its own handler there
+    else:  # Ray's processes die with the thread that started them: a thread of their own, kept until shutdown
+        _in_keeper_thread(_start_ray, address, num_cpus)
+        return True
+    _start_ray(address, num_cpus)
+    return True
+
+
+def _in_keeper_thread(fn: Any, *args: Any) -> None:
+    """Run `fn(*args)` in a daemon thread that then waits until `_shutdown_ray_unlocked`. A local Ray started in
+    a caller's thread (`run_experiment` from a thread pool) lost its GCS when that thread ended, because Ray sets
+    its processes to be killed with the thread that forked them: another thread's run sharing that Ray then died
+    (found in review)."""
+    global _KEEPER_STOP
+    stop, ready, failed = threading.Event(), threading.Event(), []
+
+    def keep() -> None:
+        try:
+            fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread below
+            failed.append(exc)
+        ready.set()
+        if not failed:
+            stop.wait()
+
+    threading.Thread(target=keep, name="qbatch-ray-keeper", daemon=True).start()
+    ready.wait()
+    if failed:
+        raise failed[0]
+    _KEEPER_STOP = stop
+
+
+def _start_ray(address: str | None, num_cpus: int | None) -> None:
+    import ray
+
     if address:
         _check_reachable(address)
         try:
@@ -187,7 +252,25 @@ def _ensure_ray(address: str | None, num_cpus: int | None) -> bool:
             raise UsageError(f"`--address` {address!r}: {_connection_error_line(exc)}") from None
     else:
         _init_local_ray(num_cpus)
-    return True
+
+
+def _check_same_ray(address: str | None, num_cpus: int | None) -> None:
+    """With Ray already initialized in this process: refuse an `address` naming another Ray; say that
+    `num_cpus` is ignored."""
+    import ray
+
+    try:
+        current = ray.get_runtime_context().gcs_address
+    except Exception:  # noqa: BLE001 -- e.g. a Ray client connection: nothing to compare with
+        current = None
+    if current and address and _other_ray(address, current):
+        # found in review: the run went to the local Ray without a word, not to the cluster asked for
+        raise UsageError(f"`address` {address!r}: this process is already connected to the Ray at {current}; "
+                         "call ray.shutdown() first to use another, or leave `address` out to use that one")
+    if num_cpus is not None:
+        print(f"qbatch: `num_cpus` {num_cpus} ignored: the Ray this process connected to before "
+              f"{'(' + current + ') ' if current else ''}keeps its own CPUs; limit the run with `max_concurrent`",
+              file=sys.stderr, flush=True)
 
 
 def _connection_error_line(exc: BaseException) -> str:
@@ -286,16 +369,35 @@ def _auto_ray_address() -> str | None:
 #: `_shutdown_local_ray` puts it back): a notebook or a script that ran qbatch kept Ray's handler after its
 #: Ray was gone (found in review)
 _SIGTERM_BEFORE_RAY: Any = None
+#: runs of this process that use the Ray `_ensure_ray` started or connected to (guarded by `_OWN_RAY_LOCK`):
+#: two threads' `run_experiment` calls share it, and the first to end shut it down under the other, whose
+#: thread then died with a SystemExit (found in review)
+_OWN_RAY_RUNS = 0
+_OWN_RAY_LOCK = threading.Lock()
+#: set to let the thread that started the process's own Ray end (`_in_keeper_thread`); None when none waits
+_KEEPER_STOP: threading.Event | None = None
 
 
 def _shutdown_local_ray() -> None:
-    """Shut down the Ray `_ensure_ray` started or connected to (interrupts held meanwhile, `_interrupts_held`),
-    then put back the SIGTERM handler from before."""
-    global _SIGTERM_BEFORE_RAY
+    """End one run's use of the Ray `_ensure_ray` started or connected to; the last one shuts it down
+    (interrupts held meanwhile, `_interrupts_held`) and puts back the SIGTERM handler from before."""
+    global _OWN_RAY_RUNS
     import ray
 
+    with _OWN_RAY_LOCK:
+        _OWN_RAY_RUNS = max(0, _OWN_RAY_RUNS - 1)
+        if _OWN_RAY_RUNS:
+            return
+        _shutdown_ray_unlocked(ray)
+
+
+def _shutdown_ray_unlocked(ray: Any) -> None:
+    global _SIGTERM_BEFORE_RAY, _KEEPER_STOP
     with _interrupts_held():
         ray.shutdown()
+    if _KEEPER_STOP is not None:
+        _KEEPER_STOP.set()
+        _KEEPER_STOP = None
     if _SIGTERM_BEFORE_RAY is not None and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _SIGTERM_BEFORE_RAY)
         _SIGTERM_BEFORE_RAY = None
@@ -521,8 +623,13 @@ def run_experiment(
     # and `report` read the direction from the run's config, and cannot always import a user objective to ask
     # it; the space is pinned, so a resume maps the logged points the same way whatever changes in between
     # (the objective's defaults, or how an override is read)
-    RunStore.create(rd, {**cfg.to_dict(), "direction": cfg.resolve_direction(objective.direction),
-                         "space": cfg.build_space(objective.space).describe()})
+    try:
+        RunStore.create(rd, {**cfg.to_dict(), "direction": cfg.resolve_direction(objective.direction),
+                             "space": cfg.build_space(objective.space).describe()})
+    except BaseException:
+        if started:
+            _shutdown_local_ray()
+        raise
     return _drive_and_release(started, rd, cfg, objective.resources, max_concurrent, progress, out, actor_options,
                               new_run=True)
 
@@ -622,21 +729,33 @@ def _drive(
         here: Any = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     except Exception:  # no node of its own to name (e.g. a Ray client): Ray's default placement
         here = "DEFAULT"
-    pool_name = actor_name(run_dir) + ":pool"  # the central actor finds the pool by name (CentralActor's `pool`)
-    pool = ray.remote(EvaluationPool).options(
-        num_cpus=0, max_restarts=-1, name=pool_name, namespace=NAMESPACE, scheduling_strategy=here
-    ).remote(
-        (cfg.objective.name, dict(cfg.objective.options)), resources, timeout_s=cfg.timeout_s,
-        max_retries=cfg.max_retries, isolate=actor_options.get("isolate", "process"),
-    )
+    pname = pool_name(run_dir)  # the central actor finds the pool by name (CentralActor's `pool`)
+    try:
+        pool = ray.remote(EvaluationPool).options(
+            num_cpus=0, max_restarts=-1, name=pname, namespace=NAMESPACE, scheduling_strategy=here
+        ).remote(
+            (cfg.objective.name, dict(cfg.objective.options)), resources, timeout_s=cfg.timeout_s,
+            max_retries=cfg.max_retries, isolate=actor_options.get("isolate", "process"),
+        )
+    except ValueError as exc:  # ActorAlreadyExistsError (a ValueError; Ray's older versions raise ValueError)
+        if "already taken" not in str(exc):
+            raise
+        raise _name_taken(pname, run_dir, new_run) from None
     Actor = ray.remote(CentralActor)
-    actor = Actor.options(
-        num_cpus=0, max_concurrency=4, max_restarts=ACTOR_RESTARTS, name=actor_name(run_dir), namespace=NAMESPACE,
-        scheduling_strategy=here,
-    ).remote(
-        run_dir, max_concurrent=max_concurrent if max_concurrent is not None else cfg.max_concurrent,
-        pool=(NAMESPACE, pool_name), **actor_options
-    )
+    try:
+        actor = Actor.options(
+            num_cpus=0, max_concurrency=4, max_restarts=ACTOR_RESTARTS, name=actor_name(run_dir),
+            namespace=NAMESPACE, scheduling_strategy=here,
+        ).remote(
+            run_dir, max_concurrent=max_concurrent if max_concurrent is not None else cfg.max_concurrent,
+            pool=(NAMESPACE, pname), **actor_options
+        )
+    except ValueError as exc:
+        with contextlib.suppress(Exception):
+            ray.kill(pool)
+        if "already taken" not in str(exc):
+            raise
+        raise _name_taken(actor_name(run_dir), run_dir, new_run) from None
     bar = None
     if progress:
         from tqdm import tqdm
@@ -752,17 +871,21 @@ class _QueueWatch:
         from orchestrator.actor import resource_request
 
         request = resource_request(self._resources)
-        keys = [k for k, v in request.items() if v > 0] or ["CPU"]
+        keys = [k for k, v in request.items() if v > 0]
+        asks = ", ".join(f"{k} {request[k]:g}" for k in keys) or "no resources"
+        why = "Other tasks or actors on this Ray may hold those resources; the run goes on when they are freed"
         try:
             free, total = ray.available_resources(), ray.cluster_resources()
+            shown = keys or ["CPU"]
             have = ("; the cluster has " + ", ".join(f"{k} {free.get(k, 0.0):g} free of {total.get(k, 0.0):g}"
-                                                     for k in keys))
+                                                     for k in shown))
+            if all(free.get(k, 0.0) >= request[k] for k in keys):  # free now: the wait is elsewhere
+                why = ("Ray has them free now: its worker processes may be slow to start (a large runtime_env or "
+                       "container image), or the resources were freed a moment ago")
         except Exception:  # noqa: BLE001 - the warning stands without the figures
             have = ""
-        asks = ", ".join(f"{k} {request.get(k, 0.0):g}" for k in keys)
         return (f"no evaluation has run for {for_s:.0f} s: {waiting} wait in Ray's queue, each asking for {asks}"
-                f"{have}. Other tasks or actors on this Ray may hold those resources; the run goes on when they "
-                "are freed")
+                f"{have}. {why}")
 
 
 def progress_fields(st: Mapping[str, Any]) -> dict[str, Any]:

@@ -132,9 +132,17 @@ class EvaluationPool:
         return {tid: self._started[tid] for tid in trial_ids if tid in self._started}
 
     def counts(self) -> tuple[int, int]:
-        """`(held, started)`: evaluations not yet released, and how many of them have started running (finished
-        ones included); the others wait in Ray's queue for a worker with the resources they ask for."""
-        return len(self._held), sum(1 for tid in self._held if tid in self._started)
+        """`(in flight, started)`: evaluations held and not yet finished, and how many of them have started
+        running; the others wait in Ray's queue for a worker with the resources they ask for."""
+        import ray
+
+        refs = {entry[0]: tid for tid, entry in self._held.items()}
+        done: list[Any] = []
+        if refs:
+            done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0, fetch_local=False)
+        finished = set(done)
+        live = [tid for ref, tid in refs.items() if ref not in finished]
+        return len(live), sum(1 for tid in live if tid in self._started)
 
     def cancel(self, trial_ids: Sequence[str]) -> int:
         """Force-cancel evaluations past their deadline (kills a frozen worker) and forget them."""

@@ -51,7 +51,7 @@ def _node_of(rec, raylets):
 def test_removed_worker_node_evaluations_rerun_elsewhere_exact_count(cluster, tmp_path, max_retries):
     import ray
 
-    from orchestrator.runner import NAMESPACE, actor_name
+    from orchestrator.runner import NAMESPACE, actor_name, pool_name
 
     cfg = fault_config(tmp_path, f"node-loss-{max_retries}", budget=30, batch_size=10, initial_design=10,
                        max_concurrent=5, max_retries=max_retries,
@@ -63,7 +63,7 @@ def test_removed_worker_node_evaluations_rerun_elsewhere_exact_count(cluster, tm
     actor = wait_for(lambda: _try(lambda: ray.get_actor(actor_name(cfg["run_dir"]), namespace=NAMESPACE)), 120,
                      "the central actor")
     actor_pid = ray.get(actor.status.remote(), timeout=60)["pid"]
-    wait_for(lambda: _try(lambda: ray.get_actor(actor_name(cfg["run_dir"]) + ":pool", namespace=NAMESPACE)), 60,
+    wait_for(lambda: _try(lambda: ray.get_actor(pool_name(cfg["run_dir"]), namespace=NAMESPACE)), 60,
              "the evaluation pool")
     head = cluster.head_node
     assert parent_pid(actor_pid) == _raylet_pid(head), "the central actor runs on the head node"

@@ -589,3 +589,79 @@ def test_the_progress_bar_counts_started_evaluations_as_running(ray_local):
     st = {"done": 0, "evals_per_s": 0.0, "utilization": 0.0, "inflight": 2, "failed": 0, "running": 1, "waiting": 1}
     assert progress_fields(st)["running"] == 1 and progress_fields(st)["waiting"] == 1
     assert "waiting" not in progress_fields({**st, "running": 2, "waiting": 0})
+
+
+@pytest.mark.parametrize("which", ["actor", "pool"])
+def test_a_run_whose_actor_name_is_taken_on_this_ray_is_one_line_and_leaves_no_run(ray_local, tmp_path, which):
+    """Found in review (runs sharing a cluster): a run directory path that another run on the same Ray uses (the
+    same path on another machine or container) failed with Ray's ActorAlreadyExistsError traceback after the
+    run directory was created, and the rerun was refused as "already holds a run"."""
+    import ray
+
+    from orchestrator.errors import UsageError
+    from orchestrator.runner import NAMESPACE, actor_name, pool_name
+
+    @ray.remote(num_cpus=0)
+    class Other:
+        def ping(self) -> int:
+            return 1
+
+    cfg = run_config(tmp_path, "taken", budget=2, initial_design=2, batch_size=2, proposer="random")
+    name = actor_name(cfg["run_dir"]) if which == "actor" else pool_name(cfg["run_dir"])
+    other = Other.options(name=name, namespace=NAMESPACE).remote()
+    try:
+        ray.get(other.ping.remote())
+        with pytest.raises(UsageError, match="is already on this Ray: another qbatch run uses the run directory "
+                                             r"path .*; choose another --run-dir; nothing was recorded"):
+            run_experiment(cfg, progress=False, out=io.StringIO())
+        assert not RunStore.exists(cfg["run_dir"])
+        assert ray.get(other.ping.remote()) == 1  # the other run's actor is left alone
+    finally:
+        ray.kill(other)
+    names = {a.get("name") for a in ray.util.list_named_actors(all_namespaces=True) if isinstance(a, dict)}
+    assert actor_name(cfg["run_dir"]) not in names and pool_name(cfg["run_dir"]) not in names
+
+
+def test_a_pool_name_is_never_another_runs_actor_name():
+    """Found in review: the pool of `d` was named `actor_name(d) + ":pool"`, the central actor's name of a run
+    directory `d:pool`, so such a run beside it failed to start."""
+    from orchestrator.runner import actor_name, pool_name
+
+    assert pool_name("/r/exp") != actor_name("/r/exp:pool")
+    assert {pool_name("/r/exp"), actor_name("/r/exp")}.isdisjoint({actor_name("/r/exp:pool"), pool_name("/r/exp:pool")})
+
+
+def test_two_threads_runs_share_the_ray_the_first_one_started(tmp_path):
+    """Found in review (library use without `ray.init`): of two threads' runs, the one that started the local
+    Ray shut it down when it ended, and the other's thread died with a SystemExit mid-run. The last run to end
+    shuts it down. A fresh process: the test module's own Ray is up in this one."""
+    script = textwrap.dedent(f"""
+        import io, sys, threading, time
+        sys.path.insert(0, {str(REPO)!r})
+        from pathlib import Path
+        from orchestrator.runner import run_experiment
+        from tests.integration.conftest import run_config
+
+        done = {{}}
+
+        def run(name, budget, delay):
+            time.sleep(delay)
+            cfg = run_config(Path({str(tmp_path)!r}), name, budget=budget, initial_design=budget, batch_size=budget,
+                             proposer="random", max_concurrent=1,
+                             objective={{"name": "sleep", "options": {{"mean_s": 0.5, "cv": 0.0}}}})
+            try:
+                done[name] = run_experiment(cfg, num_cpus=2, progress=False, out=io.StringIO())["completed"]
+            except BaseException as exc:
+                done[name] = repr(exc)
+
+        threads = [threading.Thread(target=run, args=("short", 2, 0.0)), threading.Thread(target=run, args=("long", 12, 1.0))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        import ray
+        print("done:", done["short"], done["long"], "ray up after:", ray.is_initialized())
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "done: 2 12 ray up after: False" in proc.stdout, (proc.stdout[-1000:], proc.stderr[-2000:])
