@@ -84,6 +84,8 @@ class RunMetrics:
     damage: list[str] = field(default_factory=list)
     n_refit_failures: int = 0
     last_refit_error: str | None = None
+    #: the sessions' spans and the slots each ran with, `(lo, hi, slots)` (`session_pieces`, `session_slots`)
+    session_slots: list[tuple[float, float, int]] = field(default_factory=list)
 
     def summary_rows(self) -> list[tuple[str, str]]:
         """(metric, value) rows of the summary table."""
@@ -249,17 +251,61 @@ def intervals(trials: Sequence[TrialRecord]) -> np.ndarray:
 def session_span(trials: Sequence[TrialRecord]) -> float:
     """Seconds covered by the sessions' spans (first start to last end of the finished trials each session
     recorded, `info["session"]`; one span for results without it), overlaps counted once."""
+    return sum(hi - lo for lo, hi, _ in session_pieces(trials))
+
+
+def session_pieces(trials: Sequence[TrialRecord]) -> list[tuple[float, float, Any]]:
+    """The sessions' spans as disjoint `(lo, hi, session)` pieces in time order: each session's span from the
+    first start to the last end of its finished trials, less what an earlier session's span already covers."""
     spans: dict[Any, tuple[float, float]] = {}
     for t in _timed(trials):
         key = (t.info or {}).get("session")
         lo, hi = spans.get(key, (math.inf, -math.inf))
         spans[key] = (min(lo, t.started_at), max(hi, t.ended_at))
-    total, reach = 0.0, -math.inf
-    for lo, hi in sorted(spans.values()):
+    pieces, reach = [], -math.inf
+    for (lo, hi), key in sorted((v, k) for k, v in spans.items()):
         lo = max(lo, reach)
         if hi > lo:
-            total, reach = total + hi - lo, hi
-    return total
+            pieces.append((lo, hi, key))
+            reach = hi
+    return pieces
+
+
+def session_slots(events: Sequence[Event], pieces: Sequence[tuple[float, float, Any]], default: int) -> dict[Any, int]:
+    """The slots each session ran with: the last `info["slots"]` logged in it (an event belongs to the latest
+    session that started, `info["session"]` being the actor's start time, at or before the event), else
+    `default`. A resume on another cluster has other slots: one count for the whole run put U above 1 (found in
+    review)."""
+    starts = sorted(k for _, _, k in pieces if isinstance(k, (int, float)) and not isinstance(k, bool))
+    out = {k: default for _, _, k in pieces}
+    if not starts:
+        return out
+    for ev in events:
+        n = (ev.info or {}).get("slots")
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0 and ev.time is not None:
+            i = int(np.searchsorted(starts, ev.time, side="right")) - 1
+            if i >= 0:
+                out[starts[i]] = n
+    return out
+
+
+def active_time(pieces: Sequence[tuple[float, float, Any]]) -> Any:
+    """`t -> seconds of the sessions' spans before t`: the time axis of the report's utilization plot, with the
+    gaps between sessions (a stopped run waiting for `qbatch resume`) cut out; before the first span, the
+    (negative) time to its start."""
+    los = np.array([p[0] for p in pieces], dtype=float)
+    his = np.array([p[1] for p in pieces], dtype=float)
+    offsets = np.concatenate([[0.0], np.cumsum(his - los)])
+
+    def to_active(t: Any) -> np.ndarray:
+        t = np.asarray(t, dtype=float)
+        if not len(pieces):
+            return t
+        i = np.clip(np.searchsorted(los, t, side="right") - 1, 0, len(pieces) - 1)
+        inside = np.clip(t - los[i], None, his[i] - los[i])
+        return np.where(t < los[0], t - los[0], offsets[i] + inside)
+
+    return to_active
 
 
 def max_concurrency(iv: np.ndarray) -> int:
@@ -274,8 +320,26 @@ def max_concurrency(iv: np.ndarray) -> int:
     return best
 
 
-def utilization_series(iv: np.ndarray, slots: int, bins: int = _UTIL_BINS) -> tuple[np.ndarray, np.ndarray]:
-    """(bin centres relative to the first start, busy fraction of `slots` in each bin)."""
+def utilization_series(
+    iv: np.ndarray, slots: int, bins: int = _UTIL_BINS, pieces: Sequence[tuple[float, float, int]] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(bin centres relative to the first start, busy fraction of `slots` in each bin). With `pieces` (the
+    sessions' spans with their slots, `(lo, hi, slots)`), the time axis is `active_time`'s, gaps between sessions
+    cut out, and each bin's capacity counts the slots of the sessions it covers."""
+    if pieces:
+        to_active = active_time(pieces)
+        iv = np.stack([to_active(iv[:, 0]), to_active(iv[:, 1])], axis=1) if len(iv) else iv
+        total = sum(hi - lo for lo, hi, _ in pieces)
+        if len(iv) == 0 or total <= 0:
+            return np.zeros(0), np.zeros(0)
+        edges = np.linspace(0.0, total, bins + 1)
+        lo, hi = edges[:-1][None, :], edges[1:][None, :]
+        busy = np.clip(np.minimum(iv[:, 1:2], hi) - np.maximum(iv[:, 0:1], lo), 0.0, None).sum(0)
+        a = to_active(np.array([p[0] for p in pieces]))[:, None]
+        b = to_active(np.array([p[1] for p in pieces]))[:, None]
+        n = np.array([p[2] for p in pieces], dtype=float)[:, None]
+        capacity = (np.clip(np.minimum(b, hi) - np.maximum(a, lo), 0.0, None) * n).sum(0)
+        return 0.5 * (edges[:-1] + edges[1:]), np.divide(busy, capacity, out=np.zeros_like(busy), where=capacity > 0)
     if len(iv) == 0 or slots < 1:
         return np.zeros(0), np.zeros(0)
     t0, t1 = iv[:, 0].min(), iv[:, 1].max()
@@ -396,7 +460,8 @@ def compute_metrics(
         latencies = list(per_batch.values())
 
     iv = intervals(trials)
-    span = session_span(trials) if len(iv) else math.nan
+    pieces = session_pieces(trials)
+    span = sum(hi - lo for lo, hi, _ in pieces) if len(iv) else math.nan
     busy = float((iv[:, 1] - iv[:, 0]).sum()) if len(iv) else 0.0
     recorded = [int(ev.info["slots"]) for ev in events if ev.info and isinstance(ev.info.get("slots"), int) and ev.info["slots"] > 0]
     if recorded:
@@ -405,10 +470,16 @@ def compute_metrics(
         slots, source = int(config["max_concurrent"]), "config"
     else:
         slots, source = max_concurrency(iv), "observed"
-    util = busy / (slots * span) if slots and span and span > 0 else math.nan
+    per_session = session_slots(events, pieces, slots) if recorded else {k: slots for _, _, k in pieces}
+    capacity = sum((hi - lo) * per_session[k] for lo, hi, k in pieces)
+    if len(set(per_session.values())) > 1:
+        source = "recorded per session: " + ", ".join(str(per_session[k]) for _, _, k in pieces)
+    util = busy / capacity if slots and capacity > 0 else math.nan
     n_done = counts["completed"] + counts["failed"]
 
     qt, qd = queue_depth_series(events)
+    if pieces:  # the time a stopped run waits for its resume is not queue time either
+        qt = active_time(pieces)(qt)
     pit = calibration(trials, direction) if with_calibration else []
     pit_arr = np.asarray(pit, dtype=float)
     coverage = {p: float(np.mean(np.abs(pit_arr - 0.5) <= p / 2)) for p in COVERAGE_LEVELS} if len(pit) else {}
@@ -431,6 +502,7 @@ def compute_metrics(
         slots=slots,
         slots_source=source,
         utilization=util,
+        session_slots=[(lo, hi, per_session[k]) for lo, hi, k in pieces],
         evals_per_s=n_done / span if span and span > 0 else math.nan,
         proposal_latency_p50=_percentile(latencies, 50),
         proposal_latency_p95=_percentile(latencies, 95),
@@ -521,10 +593,13 @@ def write_report(
         paths[key] = _save(fig, plt, out_dir, f"{key}.png")
 
     iv = intervals(trials)
-    ut, uu = utilization_series(iv, metrics.slots)
+    ut, uu = utilization_series(iv, metrics.slots, pieces=metrics.session_slots)
     qt, qd = queue_depth_series(events)
+    gaps = len(metrics.session_slots) > 1
+    if metrics.session_slots:
+        qt = active_time(metrics.session_slots)(qt)
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(6.4, 5.6), dpi=100, sharex=True)
-    start = iv[:, 0].min() if len(iv) else t0
+    start = 0.0 if metrics.session_slots else (iv[:, 0].min() if len(iv) else t0)
     if len(ut):
         ax1.step(ut, uu, where="mid", color="C2")
         ax1.axhline(metrics.utilization, ls="--", color="k", lw=1, label=f"U = {_fmt(metrics.utilization)}")
@@ -532,12 +607,14 @@ def write_report(
     else:
         ax1.text(0.5, 0.5, "no finished evaluations yet", ha="center", va="center", transform=ax1.transAxes)
     ax1.set_ylim(0, 1.05)
-    ax1.set_ylabel(f"busy fraction of {metrics.slots} slots")
+    varying = len({n for _, _, n in metrics.session_slots}) > 1
+    ax1.set_ylabel("busy fraction of the session's slots" if varying else f"busy fraction of {metrics.slots} slots")
     ax1.set_title(f"{metrics.name}: worker utilization ({metrics.slots_source} slots)")
     ax1.grid(alpha=0.3)
     if len(qt):
         ax2.step(qt - start, qd, where="post", color="C3")
-    ax2.set_xlabel("time since the first evaluation started [s]")
+    ax2.set_xlabel("time since the first evaluation started [s]"
+                   + (" (gaps between sessions cut out)" if gaps else ""))
     ax2.set_ylabel("queue depth (proposed, not dispatched)")
     ax2.grid(alpha=0.3)
     paths["utilization"] = _save(fig, plt, out_dir, "utilization.png")

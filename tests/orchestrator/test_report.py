@@ -317,3 +317,38 @@ def test_review_of_the_report_stale_plots_latency_and_the_fits_n(tmp_path):
     assert list(n) == [2.0] and list(v) == [0.3]  # 4 evaluations had finished when it was logged
     _, paths = write_report(lat.run_dir, out_dir=str(out))
     assert "coverage" not in paths and not (out / "coverage.png").exists() and not (out / "pit_histogram.png").exists()
+
+
+def test_utilization_counts_each_sessions_own_slots_and_cuts_the_gap_between_sessions(tmp_path):
+    """Found in review: a resume with fewer slots (another cluster, or `max_concurrent` edited) had its slots
+    applied to the whole run, so U came out 1.13; and the utilization plot's bins spanned the wait for the
+    resume, where the runs' work fell into one or two bins. Two fully busy sessions, 2 slots then 1, 990 s
+    apart: U is 1, and no bin of the plot lies in the gap."""
+    from orchestrator.report import utilization_series
+
+    cfg = load_config({"name": "two", "objective": {"name": "forrester"}, "budget": 3, "batch_size": 1,
+                       "initial_design": 3}).to_dict()
+    store = RunStore.create(str(tmp_path / "two"), cfg)
+    evs = [Event("refit", time=1000.5, info={"seconds": 0.1, "slots": 2}),
+           Event("refit", time=2000.5, info={"seconds": 0.1, "slots": 1})]
+    for i, (session, lo) in enumerate([(1000.0, 1001.0), (1000.0, 1001.0), (2000.0, 2001.0)]):
+        evs.append(Event("proposed", trial_id=f"t{i}", batch_id=i, time=lo - 0.5, params={"x": 0.5}, x=[0.5]))
+        evs.append(Event("started", trial_id=f"t{i}", time=lo, started_at=lo))
+        evs.append(Event("completed", trial_id=f"t{i}", time=lo + 10, value=0.1, started_at=lo, ended_at=lo + 10,
+                         info={"session": session}))
+    store.append(evs)
+    m = compute_metrics(store.events(), store.config)
+    assert m.span_s == pytest.approx(20.0) and m.busy_s == pytest.approx(30.0)
+    assert m.utilization == pytest.approx(1.0)
+    assert m.slots_source == "recorded per session: 2, 1"
+    centres, busy = utilization_series(intervals_of(store), m.slots, bins=10, pieces=m.session_slots)
+    assert centres.max() < 20.0 and np.allclose(busy, 1.0)
+    assert m.queue_depth_mean < 1.0  # the 990 s wait is not queue time
+    write_report(store.run_dir)
+
+
+def intervals_of(store):
+    from orchestrator.report import intervals
+    from orchestrator.store import trials_table
+
+    return intervals(trials_table(store.events()))
