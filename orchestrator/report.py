@@ -87,9 +87,11 @@ class RunMetrics:
     #: the sessions' spans and the slots each ran with, `(lo, hi, slots)` (`session_pieces`, `session_slots`)
     session_slots: list[tuple[float, float, int]] = field(default_factory=list)
 
-    def summary_rows(self) -> list[tuple[str, str]]:
-        """(metric, value) rows of the summary table."""
+    def summary_rows(self, full: bool = False) -> list[tuple[str, str]]:
+        """(metric, value) rows of the summary table. `full` (summary.csv): the parameters as JSON with every
+        digit, not shortened to a terminal line (a 16-parameter point lost 10 of them, found in review)."""
         f = _fmt
+        params = _json_params if full else _short
         rows = [
             ("run", self.name),
             ("objective", self.objective),
@@ -104,9 +106,10 @@ class RunMetrics:
               if self.counts.get("unfinished") else []),
             ("progress", f"{100 * self.progress:.1f}%"),
             ("best observed value", f(self.best_value)),
-            ("best observed params", _short(self.best_params)),
+            ("best observed trial", self.best_trial_id or "-"),
+            ("best observed params", params(self.best_params)),
             ("best predicted tau-level (model)", f(self.best_predicted)),
-            ("recommended params (model)", _short(self.best_predicted_params)),
+            ("recommended params (model)", params(self.best_predicted_params)),
             ("wall time (first start to last end, per session) [s]", f(self.span_s)),
             ("busy evaluation time [s]", f(self.busy_s)),
             (f"slots ({self.slots_source})", str(self.slots)),
@@ -137,6 +140,12 @@ def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
     return str(v)
+
+
+def _json_params(d: Mapping | None) -> str:
+    import json
+
+    return json.dumps(dict(d), default=str) if d else "-"
 
 
 def _short(d: Mapping | None, limit: int = 160) -> str:
@@ -647,7 +656,7 @@ def write_report(
     f = io.StringIO(newline="")
     w = csv.writer(f)
     w.writerow(["metric", "value"])
-    w.writerows(metrics.summary_rows())
+    w.writerows(metrics.summary_rows(full=True))
     paths["summary"] = _write_atomic(os.path.join(out_dir, "summary.csv"), f.getvalue().encode())
     f = io.StringIO(newline="")
     cols = ["trial_id", "status", "batch_id", "value", "error", "message", "node_id", "attempt", "proposed_at",

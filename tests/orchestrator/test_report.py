@@ -352,3 +352,20 @@ def intervals_of(store):
     from orchestrator.store import trials_table
 
     return intervals(trials_table(store.events()))
+
+
+def test_summary_csv_keeps_every_parameter_of_the_best_point_and_names_its_trial(tmp_path):
+    """Found in review: summary.csv cut the best point's parameters to 160 characters at 4 digits (6 of 16
+    shown) and did not say which trial it was; the terminal summary keeps its short form."""
+    names = [f"quad_{i:02d}_strength" for i in range(16)]
+    cfg = load_config({"name": "wide", "objective": {"name": "forrester"}, "budget": 2, "batch_size": 1,
+                       "initial_design": 2}).to_dict()
+    store = RunStore.create(str(tmp_path / "wide"), cfg)
+    params = {n: 0.123456789 + i for i, n in enumerate(names)}
+    store.append([Event("proposed", trial_id="best-one", batch_id=0, time=1.0, params=params, x=[0.5] * 16),
+                  Event("completed", trial_id="best-one", time=3.0, value=-1.0, started_at=2.0, ended_at=3.0)])
+    _, paths = write_report(store.run_dir)
+    rows = dict(csv.reader(open(paths["summary"])))
+    assert rows["best observed trial"] == "best-one"
+    assert json.loads(rows["best observed params"]) == params
+    assert "..." in format_summary(compute_metrics(store.events(), store.config))
