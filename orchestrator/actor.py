@@ -23,7 +23,7 @@ from its config and seed, since neither the model nor the calibrator sees the or
 
 Every proposal is logged with the model's forecast at that point (model units: after the sign flip of
 ``direction: minimize``) and the run's slot count, every refit with {"seconds", "n", "best_params",
-"best_predicted", "slots", "direction"} (the report's utilization counts the slots the run had). The actor
+"best_predicted", "slots", "session", "direction"} (the report's utilization counts the slots the run had). The actor
 rebuilds itself from the log when created on an existing run directory (resume, or a restart after a
 crash): it replays proposals and results and re-queues trials that never finished. After every refit the
 model is saved to ``checkpoints/model``; a resumed actor proposes from that model while it refits on the
@@ -871,7 +871,7 @@ class CentralActor:
         events = []
         for t in trials:
             info = {"source": t.source, "seed": t.seed, "proposal_seconds": seconds, "q": q, "pending": pending,
-                    "slots": self.max_concurrent}
+                    "slots": self.max_concurrent, "session": self.started_at}
             if "sobol_index" in t.info:
                 info["sobol_index"] = t.info["sobol_index"]
             if self.direction == "minimize":
@@ -902,7 +902,7 @@ class CentralActor:
             # __str__ raises
             error = describe_exception(exc)
             info = {"failed": True, "error": error, "traceback": format_exception_traceback(exc), "n": n,
-                    "slots": self.max_concurrent, "direction": self.direction,
+                    "slots": self.max_concurrent, "session": self.started_at, "direction": self.direction,
                     "failed_in_a_row": self._failed_in_a_row, "elapsed_s": time.perf_counter() - t0,
                     "kept": "previous model" if self.opt.model is not None else "Sobol design (no model yet)"}
             self._append([Event("refit", info=info)])
@@ -917,7 +917,8 @@ class CentralActor:
         self._refits += 1
         self._failed_in_a_row, self._failed_fit_n = 0, -1
         # the slots and the direction this session ran with: the report's utilization and best value read them
-        self._append([Event("refit", info={**diag, "slots": self.max_concurrent, "direction": self.direction})])
+        self._append([Event("refit", info={**diag, "slots": self.max_concurrent, "session": self.started_at,
+                                           "direction": self.direction})])
         self._save_model()
         return True
 

@@ -233,7 +233,11 @@ def predicted_series(events: Sequence[Event], trials: Sequence[TrialRecord]) -> 
     """(results the fit was trained on, time, best_predicted) at each refit event that records it. The count is
     the event's `info["n"]`; where it is missing, the evaluations finished by the time of the event (that
     overstated what the model had seen: a fit on 15 results was drawn at 40, found in review)."""
-    ends = np.sort(np.array([t.ended_at for t in finished(trials)], dtype=float))
+    done = finished(trials)
+    ends = np.array([t.ended_at for t in done], dtype=float)
+    # `info["n"]` counts completed results (failures are no observations): the evaluations finished when the
+    # n-th of them came in, on the plot's axis of finished evaluations (found in review)
+    nth_completed = [i + 1 for i, t in enumerate(done) if t.status == "completed"]
     ts, ns, vs = [], [], []
     for ev in events:
         if ev.kind == "refit":
@@ -241,7 +245,10 @@ def predicted_series(events: Sequence[Event], trials: Sequence[TrialRecord]) -> 
             if v is not None:
                 ts.append(ev.time)
                 seen = _info_number(ev.info, ("n",))
-                ns.append(int(seen) if seen is not None else int(np.searchsorted(ends, ev.time, side="right")))
+                if seen is not None and 1 <= seen <= len(nth_completed):
+                    ns.append(nth_completed[int(seen) - 1])
+                else:
+                    ns.append(int(np.searchsorted(ends, ev.time, side="right")))
                 vs.append(v)
     return np.array(ns, dtype=float), np.array(ts, dtype=float), np.array(vs, dtype=float)
 
@@ -281,20 +288,30 @@ def session_pieces(trials: Sequence[TrialRecord]) -> list[tuple[float, float, An
 
 
 def session_slots(events: Sequence[Event], pieces: Sequence[tuple[float, float, Any]], default: int) -> dict[Any, int]:
-    """The slots each session ran with: the last `info["slots"]` logged in it (an event belongs to the latest
-    session that started, `info["session"]` being the actor's start time, at or before the event), else
-    `default`. A resume on another cluster has other slots: one count for the whole run put U above 1 (found in
+    """The slots each session ran with: the last `info["slots"]` logged in it (the event's `info["session"]`, the
+    actor's start time, as the results carry it), else `default`. A resume on another cluster has other slots: one count for the whole run put U above 1 (found in
     review)."""
-    starts = sorted(k for _, _, k in pieces if isinstance(k, (int, float)) and not isinstance(k, bool))
     out = {k: default for _, _, k in pieces}
-    if not starts:
-        return out
+    # where an event does not name its session (logs before 2026-11-26): the latest session that started at or
+    # before it; a session without a start time (an older log's) starts after the previous span ends, and events
+    # before every session start are its (found in review: they were dropped, and U went above 1 again)
+    bounds, before = [], -math.inf
+    for _, hi, key in pieces:
+        bounds.append(float(key) if isinstance(key, (int, float)) and not isinstance(key, bool) else before)
+        before = hi
     for ev in events:
-        n = (ev.info or {}).get("slots")
-        if isinstance(n, int) and not isinstance(n, bool) and n > 0 and ev.time is not None:
-            i = int(np.searchsorted(starts, ev.time, side="right")) - 1
-            if i >= 0:
-                out[starts[i]] = n
+        info = ev.info or {}
+        n = info.get("slots")
+        if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+            continue
+        session = info.get("session")
+        if session is not None:  # its own session's, if that recorded a result (else it has no span)
+            if session in out:
+                out[session] = n
+        elif ev.time is not None:
+            i = max((j for j, b in enumerate(bounds) if b <= ev.time), default=None, key=lambda j: bounds[j])
+            if i is not None:
+                out[pieces[i][2]] = n
     return out
 
 
@@ -693,9 +710,17 @@ def _save(fig: Any, plt: Any, out_dir: str, name: str) -> str:
 
 def _write_atomic(path: str, data: bytes) -> str:
     """Write `data` to `path` by a rename: a reader (or a report interrupted half-way) sees the old file or the
-    new one, never a truncated one."""
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    new one, never a truncated one. The temporary file has a name of its own (two reports writing one folder
+    shared `path.tmp`) and is removed when the write fails (a full disk)."""
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
     return path

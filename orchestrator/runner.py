@@ -59,8 +59,12 @@ def _name_taken(name: str, run_dir: str, new_run: bool) -> UsageError:
     directory behind (it was a Ray traceback, and the rerun was refused as "already holds a run")."""
     from orchestrator.store import RunStore
 
+    if not new_run:
+        return UsageError(f"an actor named {name!r} (namespace {NAMESPACE!r}) is already on this Ray: a qbatch run "
+                          f"with the run directory path {run_dir} goes on there (from another machine or container?); "
+                          "resume this run once that one has ended, or on another Ray")
     then = ""
-    if new_run and RunStore.discard_unstarted(run_dir):
+    if RunStore.discard_unstarted(run_dir):
         then = "; nothing was recorded and the run directory was cleared"
     return UsageError(f"an actor named {name!r} (namespace {NAMESPACE!r}) is already on this Ray: another qbatch "
                       f"run uses the run directory path {run_dir} (from another machine or container?); choose "
@@ -184,7 +188,7 @@ def _ensure_ray(address: str | None, num_cpus: int | None) -> bool:
     global _OWN_RAY_RUNS
     with _OWN_RAY_LOCK:  # two threads' runs: one starts Ray, the other waits and shares it
         if _OWN_RAY_RUNS and _ray_initialized():
-            _check_same_ray(address, num_cpus)
+            _check_same_ray(address, num_cpus, shared=True)
             _OWN_RAY_RUNS += 1
             return True
         started = _ensure_ray_unlocked(address, num_cpus)
@@ -207,7 +211,11 @@ def _ensure_ray_unlocked(address: str | None, num_cpus: int | None) -> bool:
         return False
     global _SIGTERM_BEFORE_RAY
     if threading.current_thread() is threading.main_thread():
-        _SIGTERM_BEFORE_RAY = signal.getsignal(signal.SIGTERM)  # ray.init puts its own handler there
+        # ray.init puts its own handler there. One still pending is the process's own: a shared Ray that another
+        # thread shut down could not put it back (signals are set in the main thread only), and the handler
+        # now is Ray's from then (found in review)
+        if _SIGTERM_BEFORE_RAY is None:
+            _SIGTERM_BEFORE_RAY = signal.getsignal(signal.SIGTERM)
     else:  # Ray's processes die with the thread that started them: a thread of their own, kept until shutdown
         _in_keeper_thread(_start_ray, address, num_cpus)
         return True
@@ -254,9 +262,9 @@ def _start_ray(address: str | None, num_cpus: int | None) -> None:
         _init_local_ray(num_cpus)
 
 
-def _check_same_ray(address: str | None, num_cpus: int | None) -> None:
+def _check_same_ray(address: str | None, num_cpus: int | None, shared: bool = False) -> None:
     """With Ray already initialized in this process: refuse an `address` naming another Ray; say that
-    `num_cpus` is ignored."""
+    `num_cpus` is ignored. `shared`: the Ray another run of this process started, which it still uses."""
     import ray
 
     try:
@@ -265,8 +273,9 @@ def _check_same_ray(address: str | None, num_cpus: int | None) -> None:
         current = None
     if current and address and _other_ray(address, current):
         # found in review: the run went to the local Ray without a word, not to the cluster asked for
+        first = ("wait for this process's other qbatch runs on it to end" if shared else "call ray.shutdown() first")
         raise UsageError(f"`address` {address!r}: this process is already connected to the Ray at {current}; "
-                         "call ray.shutdown() first to use another, or leave `address` out to use that one")
+                         f"{first} to use another, or leave `address` out to use that one")
     if num_cpus is not None:
         print(f"qbatch: `num_cpus` {num_cpus} ignored: the Ray this process connected to before "
               f"{'(' + current + ') ' if current else ''}keeps its own CPUs; limit the run with `max_concurrent`",
@@ -559,7 +568,7 @@ def _check_feasible(started_ray: bool, resources: Any) -> None:
     """
     try:
         default_max_concurrent(resources)
-    except QbatchError:
+    except BaseException:  # a Ctrl-C, or `ray.nodes()` failing, too: this run's share of Ray must not leak
         if started_ray:
             _shutdown_local_ray()
         raise
@@ -880,8 +889,9 @@ class _QueueWatch:
             have = ("; the cluster has " + ", ".join(f"{k} {free.get(k, 0.0):g} free of {total.get(k, 0.0):g}"
                                                      for k in shown))
             if all(free.get(k, 0.0) >= request[k] for k in keys):  # free now: the wait is elsewhere
-                why = ("Ray has them free now: its worker processes may be slow to start (a large runtime_env or "
-                       "container image), or the resources were freed a moment ago")
+                why = ("Ray has them free now, summed over its nodes: no single node may have them all, its worker "
+                       "processes may be slow to start (a large runtime_env or container image), or the "
+                       "resources were freed a moment ago")
         except Exception:  # noqa: BLE001 - the warning stands without the figures
             have = ""
         return (f"no evaluation has run for {for_s:.0f} s: {waiting} wait in Ray's queue, each asking for {asks}"

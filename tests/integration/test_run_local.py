@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -560,7 +561,7 @@ def test_evaluations_ray_cannot_schedule_are_shown_waiting_and_warned_of(ray_loc
     assert summary["completed"] == 4
     warning = [line for line in str(seen["at_warning"]).splitlines() if "warning" in line]
     assert len(warning) == 1, seen["at_warning"]
-    assert "no evaluation has run for 3 s: 4 wait in Ray's queue, each asking for CPU 1" in warning[0], warning
+    assert re.search(r"no evaluation has run for [3-9] s: 4 wait in Ray's queue, each asking for CPU 1", warning[0]), warning
     assert "the cluster has CPU 0 free of 4" in warning[0], warning
     assert out.getvalue().count("warning") == 1 and time.time() - t0 < 100
 
@@ -642,17 +643,19 @@ def test_two_threads_runs_share_the_ray_the_first_one_started(tmp_path):
         from orchestrator.runner import run_experiment
         from tests.integration.conftest import run_config
 
-        done = {{}}
+        done, spans = {{}}, {{}}
 
         def run(name, budget, delay):
             time.sleep(delay)
             cfg = run_config(Path({str(tmp_path)!r}), name, budget=budget, initial_design=budget, batch_size=budget,
                              proposer="random", max_concurrent=1,
                              objective={{"name": "sleep", "options": {{"mean_s": 0.5, "cv": 0.0}}}})
+            t0 = time.time()
             try:
                 done[name] = run_experiment(cfg, num_cpus=2, progress=False, out=io.StringIO())["completed"]
             except BaseException as exc:
                 done[name] = repr(exc)
+            spans[name] = (t0, time.time())
 
         threads = [threading.Thread(target=run, args=("short", 2, 0.0)), threading.Thread(target=run, args=("long", 12, 1.0))]
         for t in threads:
@@ -660,8 +663,9 @@ def test_two_threads_runs_share_the_ray_the_first_one_started(tmp_path):
         for t in threads:
             t.join()
         import ray
-        print("done:", done["short"], done["long"], "ray up after:", ray.is_initialized())
+        print("done:", done["short"], done["long"], "ray up after:", ray.is_initialized(),
+              "overlapped:", spans["long"][0] < spans["short"][1] < spans["long"][1])
     """)
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "done: 2 12 ray up after: False" in proc.stdout, (proc.stdout[-1000:], proc.stderr[-2000:])
+    assert "done: 2 12 ray up after: False overlapped: True" in proc.stdout, (proc.stdout[-1000:], proc.stderr[-2000:])

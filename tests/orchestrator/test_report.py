@@ -369,3 +369,51 @@ def test_summary_csv_keeps_every_parameter_of_the_best_point_and_names_its_trial
     assert rows["best observed trial"] == "best-one"
     assert json.loads(rows["best observed params"]) == params
     assert "..." in format_summary(compute_metrics(store.events(), store.config))
+
+
+def test_review_of_the_report_change_failures_sessions_and_temporary_files(tmp_path, monkeypatch):
+    """Found in review of the report's fixes: (1) `info["n"]` counts completed results, so with failures among
+    the finished ones the prediction was drawn too far left; (2) a session that recorded no result (a resume
+    stopped at once) gave its slots to the one before; (3) a log without sessions lost its slots to the
+    resume's, and U went above 1 again; (4) a failed atomic write left its temporary file behind."""
+    import orchestrator.report as R
+    from orchestrator.report import predicted_series
+    from orchestrator.store import trials_table
+
+    # (1) six finish, every other one fails; the refit on 3 completed results came after all six
+    evs = []
+    for i in range(6):
+        evs.append(Event("proposed", trial_id=f"t{i}", batch_id=i, time=float(i), params={"x": 0.5}, x=[0.5]))
+        kind = "completed" if i % 2 else "failed"
+        evs.append(Event(kind, trial_id=f"t{i}", time=10.0 + i, value=0.1 if kind == "completed" else None,
+                         started_at=9.0 + i, ended_at=10.0 + i, error=None if kind == "completed" else "exception"))
+    evs.append(Event("refit", time=20.0, info={"n": 3, "best_predicted": 0.2}))
+    n, _, _ = predicted_series(evs, trials_table(evs))
+    assert list(n) == [6.0]  # the 3rd completed result was the 6th to finish
+
+    # (2) sessions of 2 slots (busy), 8 slots (no result), 1 slot (busy); (3) the first without `session`
+    for first_session in (1000.0, None):
+        cfg = load_config({"name": "s", "objective": {"name": "forrester"}, "budget": 3, "batch_size": 1,
+                           "initial_design": 3}).to_dict()
+        store = RunStore.create(str(tmp_path / f"s{first_session}"), cfg)
+        tagged = {} if first_session is None else {"session": first_session}
+        evs = [Event("refit", time=1000.5, info={"slots": 2, **tagged}),
+               Event("refit", time=1500.5, info={"slots": 8, "session": 1500.0}),
+               Event("refit", time=2000.5, info={"slots": 1, "session": 2000.0})]
+        for i, (session, lo) in enumerate([(first_session, 1001.0), (first_session, 1001.0), (2000.0, 2001.0)]):
+            evs.append(Event("proposed", trial_id=f"t{i}", batch_id=i, time=lo - 0.5, params={"x": 0.5}, x=[0.5]))
+            evs.append(Event("completed", trial_id=f"t{i}", time=lo + 10, value=0.1, started_at=lo,
+                             ended_at=lo + 10, info={} if session is None else {"session": session}))
+        store.append(evs)
+        m = compute_metrics(store.events(), store.config)
+        assert m.utilization == pytest.approx(1.0), first_session
+        assert m.slots_source == "recorded per session: 2, 1"
+
+    # (4)
+    def full(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(R.os, "replace", full)
+    with pytest.raises(OSError):
+        R._write_atomic(str(tmp_path / "t.csv"), b"x")
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("t.csv")] == []
