@@ -176,6 +176,9 @@ class ThompsonSampling(Proposer):
         if spread is not None and not callable(spread):
             raise ConfigError(f"ThompsonSampling `spread` must be a callable or None; got {spread!r}")
         self.spread = spread
+        #: rounding onto the search space's grid (`SearchSpace.snap`; the optimizer sets it for int and choice
+        #: parameters): each path's candidates are compared with the taken points where they will be evaluated
+        self.snap: Callable[[Tensor], Tensor] | None = None
 
     def get_state(self) -> dict[str, Any]:
         """The options (plain values); `spread` is owned and restored by the calibrator."""
@@ -242,6 +245,12 @@ class ThompsonSampling(Proposer):
         val = torch.cat([v_opt.reshape(q, restarts), raw_val], dim=1)
         order = val.argsort(dim=1, descending=True)
         cand = cand.gather(1, order.unsqueeze(-1).expand_as(cand))
+        if self.snap is not None:
+            # on the grid: a path whose best point rounds onto a taken cell moves on to its next candidate here,
+            # instead of the optimizer replacing it by a random cell (found in review: 445 of 500 points on a
+            # 1,024-cell int grid). Its fallback points stay off the grid, so the selection still ends when the
+            # grid is used up; the optimizer then snaps them and keeps repeats only where no cell is free.
+            cand = self.snap(cand.reshape(-1, d)).to(**tk).reshape(cand.shape)
         forbidden = torch.cat([X_pending.to(**tk), X_observed.to(**tk)])
         return self._select_distinct(target, cand, forbidden, X_raw, generator)
 
