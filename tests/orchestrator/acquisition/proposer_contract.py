@@ -244,3 +244,20 @@ class ProposerContract:
 
 #: the name STYLE.md §4.12 uses
 ProposerTestCase = ProposerContract
+
+
+def count_replaced(monkeypatch: Any) -> list[int]:
+    """Patch `AskTellOptimizer._dedupe` to record, per `ask`, how many proposed points it replaced (a point
+    that repeated a taken one, after snapping onto the space's grid); returns the list it appends to."""
+    import orchestrator.ask_tell as AT
+
+    replaced: list[int] = []
+    dedupe = AT.AskTellOptimizer._dedupe
+
+    def counting(self: Any, X: Tensor, *args: Any) -> Tensor:
+        out = dedupe(self, X, *args)
+        replaced.append(int(((out - X).abs().amax(-1) > 1e-9).sum()))
+        return out
+
+    monkeypatch.setattr(AT.AskTellOptimizer, "_dedupe", counting)
+    return replaced
