@@ -264,15 +264,10 @@ def intervals(trials: Sequence[TrialRecord]) -> np.ndarray:
     return np.array([(t.started_at, t.ended_at) for t in _timed(trials)], dtype=float).reshape(-1, 2)
 
 
-def session_span(trials: Sequence[TrialRecord]) -> float:
-    """Seconds covered by the sessions' spans (first start to last end of the finished trials each session
-    recorded, `info["session"]`; one span for results without it), overlaps counted once."""
-    return sum(hi - lo for lo, hi, _ in session_pieces(trials))
-
-
 def session_pieces(trials: Sequence[TrialRecord]) -> list[tuple[float, float, Any]]:
     """The sessions' spans as disjoint `(lo, hi, session)` pieces in time order: each session's span from the
-    first start to the last end of its finished trials, less what an earlier session's span already covers."""
+    first start to the last end of its finished trials (`info["session"]`; one span for results without it),
+    less what an earlier session's span already covers. Their lengths sum to the run's span."""
     spans: dict[Any, tuple[float, float]] = {}
     for t in _timed(trials):
         key = (t.info or {}).get("session")
@@ -395,6 +390,13 @@ def queue_depth_series(events: Sequence[Event]) -> tuple[np.ndarray, np.ndarray]
     return times, depth.astype(float)
 
 
+def _queue_depth(events: Sequence[Event], pieces: Sequence[tuple[float, float, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    """`queue_depth_series` on `active_time`'s axis where there are session spans: the time a stopped run waits
+    for its resume is not queue time."""
+    qt, qd = queue_depth_series(events)
+    return (active_time(pieces)(qt) if pieces else qt), qd
+
+
 def _time_weighted_mean(times: np.ndarray, values: np.ndarray) -> float:
     if len(times) < 2 or times[-1] <= times[0]:
         return float(values.mean()) if len(values) else math.nan
@@ -496,16 +498,14 @@ def compute_metrics(
         slots, source = int(config["max_concurrent"]), "config"
     else:
         slots, source = max_concurrency(iv), "observed"
-    per_session = session_slots(events, pieces, slots) if recorded else {k: slots for _, _, k in pieces}
+    per_session = session_slots(events, pieces, slots)
     capacity = sum((hi - lo) * per_session[k] for lo, hi, k in pieces)
     if len(set(per_session.values())) > 1:
         source = "recorded per session: " + ", ".join(str(per_session[k]) for _, _, k in pieces)
     util = busy / capacity if slots and capacity > 0 else math.nan
     n_done = counts["completed"] + counts["failed"]
 
-    qt, qd = queue_depth_series(events)
-    if pieces:  # the time a stopped run waits for its resume is not queue time either
-        qt = active_time(pieces)(qt)
+    qt, qd = _queue_depth(events, pieces)
     pit = calibration(trials, direction) if with_calibration else []
     pit_arr = np.asarray(pit, dtype=float)
     coverage = {p: float(np.mean(np.abs(pit_arr - 0.5) <= p / 2)) for p in COVERAGE_LEVELS} if len(pit) else {}
@@ -620,10 +620,8 @@ def write_report(
 
     iv = intervals(trials)
     ut, uu = utilization_series(iv, metrics.slots, pieces=metrics.session_slots)
-    qt, qd = queue_depth_series(events)
+    qt, qd = _queue_depth(events, metrics.session_slots)
     gaps = len(metrics.session_slots) > 1
-    if metrics.session_slots:
-        qt = active_time(metrics.session_slots)(qt)
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(6.4, 5.6), dpi=100, sharex=True)
     start = 0.0 if metrics.session_slots else (iv[:, 0].min() if len(iv) else t0)
     if len(ut):

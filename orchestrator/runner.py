@@ -152,8 +152,6 @@ def _check_run_args(max_concurrent: Any, num_cpus: Any, actor_options: Mapping[s
 
 def _host_port(address: str) -> tuple[set[str], int] | None:
     """The IP addresses and port of a "host:port" address ("[::1]:6379" too), or None when it is not one."""
-    import socket
-
     text = address.strip().rstrip("/")
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit():
@@ -186,8 +184,10 @@ def _ensure_ray(address: str | None, num_cpus: int | None) -> bool:
     call or another run of this process started or connected it): each True is paired with one
     `_shutdown_local_ray`, which shuts it down when the last run using it ends."""
     global _OWN_RAY_RUNS
+    import ray
+
     with _OWN_RAY_LOCK:  # two threads' runs: one starts Ray, the other waits and shares it
-        if _OWN_RAY_RUNS and _ray_initialized():
+        if _OWN_RAY_RUNS and ray.is_initialized():
             _check_same_ray(address, num_cpus, shared=True)
             _OWN_RAY_RUNS += 1
             return True
@@ -195,12 +195,6 @@ def _ensure_ray(address: str | None, num_cpus: int | None) -> bool:
         if started:
             _OWN_RAY_RUNS = 1
         return started
-
-
-def _ray_initialized() -> bool:
-    import ray
-
-    return ray.is_initialized()
 
 
 def _ensure_ray_unlocked(address: str | None, num_cpus: int | None) -> bool:
