@@ -42,6 +42,8 @@ __all__ = ["AskTellOptimizer", "Trial", "TrialError", "DUPLICATE_TOL"]
 DUPLICATE_TOL = 1e-6
 #: random draws tried to replace a snapped duplicate before a repeat is accepted (discrete spaces run out)
 _REPLACE_TRIES = 64
+#: an int/choice grid up to this many points has its free cells listed when random replacements miss them
+_ENUMERATE_MAX = 100_000
 
 
 class TrialError(QbatchError, ValueError):
@@ -475,8 +477,10 @@ class AskTellOptimizer:
 
         With discrete parameters proposals can round onto taken grid points; in a float space only a proposer
         can repeat one (the built-in ones do not; a user's may). A duplicate is replaced by a random snapped
-        point that is new; when none is found, or the grid holds no untaken point (a small discrete space is
-        exhausted), the repeat is kept: for a noisy objective a repeated evaluation is still informative.
+        point that is new (on an int/choice grid of up to `_ENUMERATE_MAX` points, a random one of the cells
+        left when the draws miss them all); when the grid holds no untaken point (a small discrete space is
+        exhausted), or a larger grid's draws find none, the repeat is kept: for a noisy objective a repeated
+        evaluation is still informative.
         Points are compared by their snapped coordinates rounded to `DUPLICATE_TOL`, as bytes in a set, so the
         cost is linear in the observations, whatever q.
         """
@@ -495,6 +499,7 @@ class AskTellOptimizer:
         taken = set(keys(X_pending)) | set(keys(X_observed))
         gen = torch.Generator().manual_seed(trial_seed(self.seed, f"dedupe-{batch_id}"))
         out = X.clone()
+        free: list[tuple[bytes, Tensor]] | None = None  # a small grid's untaken cells, listed when draws miss
         for i, k in enumerate(keys(out)):
             if k in taken and (grid is None or len(taken) < grid):
                 cands = self.space.snap(torch.rand(_REPLACE_TRIES, self.space.dim, generator=gen, dtype=torch.float64))
@@ -502,8 +507,29 @@ class AskTellOptimizer:
                     if ck not in taken:
                         out[i], k = cand.to(out.dtype), ck
                         break
+                else:  # random draws rarely hit the last free cells of a nearly full grid: pick one of them
+                    if grid is not None and grid <= _ENUMERATE_MAX:
+                        if free is None:
+                            cells = self._grid_cells()
+                            free = [(ck, c) for ck, c in zip(keys(cells), cells) if ck not in taken]
+                        while free:  # a random free cell; one taken since the list was made is dropped
+                            j = int(torch.randint(len(free), (1,), generator=gen))
+                            free[j], free[-1] = free[-1], free[j]
+                            ck, cell = free.pop()
+                            if ck not in taken:
+                                out[i], k = cell.to(out.dtype), ck
+                                break
             taken.add(k)
         return out
+
+    def _grid_cells(self) -> Tensor:
+        """Every point of an all-int/choice space, as snapped unit-cube rows (only for a small grid)."""
+        from orchestrator.space import IntParam
+
+        values = [range(int(p.low), int(p.high) + 1, int(p.step)) if isinstance(p, IntParam) else p.choices
+                  for p in self.space.params]
+        points = [dict(zip(self.space.names, combo)) for combo in itertools.product(*values)]
+        return self.space.to_unit(points, dtype=torch.float64)
 
     def forecast(self, X: Tensor) -> list[dict | None]:
         """The current model's forecast at `n x d` points as plain dicts (model units), or Nones without a model."""
