@@ -62,11 +62,12 @@ def default_num_restarts(d: int, q: int) -> int:
     return max(2, min(10 * d, MAX_DEFAULT_PROBLEMS // q))
 
 
-def _positive_int_or_none(name: str, value: Any) -> int | None:
-    if value is None:
+def _positive_int_or_none(name: str, value: Any, none_ok: bool = True) -> int | None:
+    if value is None and none_ok:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"ThompsonSampling `{name}` must be an integer >= 1 or None; got {value!r}")
+        allowed = "an integer >= 1 or None" if none_ok else "an integer >= 1"
+        raise ConfigError(f"ThompsonSampling `{name}` must be {allowed}; got {value!r}")
     return value
 
 
@@ -197,10 +198,7 @@ class ThompsonSampling(Proposer):
         if unknown:
             raise ConfigError(f"unknown ThompsonSampling option(s) {sorted(unknown)}; valid: {sorted(valid)}")
         for name in ("num_features", "maxiter", "chunk_bytes"):
-            value = state.get(name, getattr(self, name, None))
-            if _positive_int_or_none(name, value) is None:
-                raise ConfigError(f"ThompsonSampling `{name}` must be an integer >= 1; got None")
-            setattr(self, name, value)
+            setattr(self, name, _positive_int_or_none(name, state.get(name, getattr(self, name, None)), none_ok=False))
         for name in ("raw_samples", "num_restarts"):
             setattr(self, name, _positive_int_or_none(name, state.get(name, getattr(self, name, None))))
         method = state.get("method", getattr(self, "method", "batched"))

@@ -200,8 +200,11 @@ def test_exact_gp_form_with_replicated_inputs() -> None:
 
 
 def test_options_are_validated_and_state_round_trips() -> None:
-    with pytest.raises(ConfigError, match="`num_features` must be an integer >= 1"):
+    # found in review: these said "or None", but None is refused for them
+    with pytest.raises(ConfigError, match=r"`num_features` must be an integer >= 1; got 0$"):
         ThompsonSampling(num_features=0)
+    with pytest.raises(ConfigError, match=r"`maxiter` must be an integer >= 1; got None$"):
+        ThompsonSampling(maxiter=None)
     with pytest.raises(ConfigError, match="`raw_samples` must be an integer >= 1 or None; got -5"):
         ThompsonSampling(raw_samples=-5)
     with pytest.raises(ConfigError, match="`method` must be one of"):
