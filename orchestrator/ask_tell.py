@@ -24,6 +24,7 @@ import json
 import math
 import threading
 import time
+import warnings
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -32,7 +33,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from orchestrator.errors import ConfigError, InputDataError, ModelFitError, QbatchError, UnsupportedError
+from orchestrator.errors import (
+    ConfigError, InputDataError, ModelFitError, ModelWarning, QbatchError, UnsupportedError,
+)
 from orchestrator.space import SearchSpace
 from workers.evaluate import classify_value
 
@@ -189,6 +192,7 @@ class AskTellOptimizer:
         self._n_user = 0
         self._model: Any = None
         self._model_n = 0  # observations in the last fit
+        self._warned_prior_mode = False  # `fit` warns once when the model learned no lengthscale
         self._best: tuple[dict, float] | None = None
         self._proposer: Any = None
         self._calibrator: Any = self._build_calibrator()
@@ -782,6 +786,14 @@ class AskTellOptimizer:
                 self._best = (best_params, best_pred)
         diag = {k: v for k, v in diag.items() if isinstance(v, (int, float, str, bool))}
         diag.update(seconds=seconds, n=n, swapped=swapped)
+        if diag.get("lengthscales_at_prior_mode") and not self._warned_prior_mode:
+            self._warned_prior_mode = True  # once per optimizer: every later warm refit would say it again
+            warnings.warn(
+                f"the {self.model_name} model learned no lengthscale from {n} results: all {self.space.dim} "
+                "lengthscales of its objective latent sit at the prior's mode, so it is flat between its points and "
+                f"its batches are close to random. In {self.space.dim} dimensions set the model option "
+                "`lengthscale_prior: dim-scaled` (config `model: {type: ..., options: {lengthscale_prior: "
+                "dim-scaled}}`)", ModelWarning, stacklevel=2)
         if swapped:  # the recommendation of the model in use (a report reads the last refit's)
             diag.update(best_params=best_params, best_predicted=best_pred)
         return diag

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 __all__ = [
     "QbatchError", "ConfigError", "SpaceError", "InputDataError", "UnsupportedError", "UsageError", "ModelFitError",
+    "ModelWarning",
 ]
 
 
@@ -38,3 +39,8 @@ class UsageError(QbatchError):
 class ModelFitError(QbatchError, RuntimeError):
     """A model fit ended in a posterior that is not finite (e.g. outcomes too large for float64 arithmetic);
     the fit is not used and the previous model stays in place."""
+
+
+class ModelWarning(UserWarning):
+    """A fitted model that is valid but probably useless (e.g. it learned no lengthscale from the data); the
+    message says which option to change. Filter it with `warnings.simplefilter("ignore", ModelWarning)`."""

@@ -604,3 +604,34 @@ def test_a_fitted_optimizer_pickles_and_deep_copies(model, proposer, calibrator)
     for clone in clones:
         assert clone._lock is not opt._lock and clone._ask_lock is not opt._ask_lock
         assert [t.params for t in clone.ask(3)] == asked
+
+
+def test_a_fit_that_learned_no_lengthscale_warns_once():
+    """Found in review: with the spec's prior (mode 0.074) in 20 dimensions the points are too far apart for the
+    kernel to correlate them; the prior alone set every lengthscale and the model was flat (posterior-mean
+    correlation with the truth 0.03, 0.998 with the dimension-scaled prior), without a word to the user."""
+    import warnings
+
+    from orchestrator.errors import ModelWarning
+
+    def fitted(d):
+        space = {f"x{i}": {"type": "float", "low": 0.0, "high": 1.0} for i in range(d)}
+        opt = AskTellOptimizer(space, initial_design=100, seed=0, model_options={"num_inducing": 32})
+        gen = torch.Generator().manual_seed(0)
+        for t in opt.ask(100):
+            x = torch.tensor([t.params[f"x{i}"] for i in range(3)])
+            opt.tell(t.trial_id, float(-5 * ((x - 0.3) ** 2).sum() + 0.1 * torch.randn((), generator=gen)))
+        return opt
+
+    for d, flat in [(20, True), (3, False)]:
+        opt = fitted(d)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            diag = opt.fit()
+            again = opt.fit()  # a warm refit: no second warning
+        said = [str(w.message) for w in caught if issubclass(w.category, ModelWarning)]
+        assert diag["lengthscales_at_prior_mode"] == float(flat) == again["lengthscales_at_prior_mode"]
+        if flat:
+            assert len(said) == 1 and "all 20 lengthscales" in said[0] and "lengthscale_prior: dim-scaled" in said[0]
+        else:
+            assert said == []
