@@ -10,6 +10,9 @@ the task returns one plain record (a dict); only the loss of the Ray worker or n
 Ray error, which Ray retries (`max_retries`) and the central actor records as "worker-lost". A result is
 never recorded twice: the actor ingests exactly once per trial id.
 
+A timeout's traceback holds where the objective hung: the child's Python stacks, which it writes (faulthandler,
+on `STACK_SIGNAL`) just before it is killed, or the abandoned thread's stack.
+
 Record keys: trial_id, status ("completed" | "failed"), value, error (reason), message, traceback, metrics,
 node_id, pid (the Ray worker), child_pid, started_at, ended_at (seconds since the epoch, around the
 objective call), and metrics_dropped (a note per metric the log cannot hold) when there are any.
@@ -18,6 +21,7 @@ objective call), and metrics_dropped (a note per metric the log cannot hold) whe
 from __future__ import annotations
 
 import decimal
+import faulthandler
 import gc
 import json
 import math
@@ -27,6 +31,7 @@ import os
 import select
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback as tb_module
@@ -123,6 +128,11 @@ def _finite_float(v: Any) -> float | None:
 #: `report`, a resume); longer ones keep their head and tail
 MAX_MESSAGE_CHARS = 2_000
 MAX_TRACEBACK_CHARS = 20_000
+#: the signal on which a sandbox child writes the Python stacks of its threads (faulthandler), sent to a child
+#: that ran past its timeout just before it is killed, so the record says where the objective hung
+STACK_SIGNAL = signal.SIGUSR2
+#: how long a timed-out child is given to write its stacks (it may be stopped, or its objective took the signal)
+STACK_WAIT_S = 1.0
 MAX_METRIC_CHARS = 2_000
 
 
@@ -378,7 +388,8 @@ def _guard_group() -> None:
 
 
 def _sandbox_main(
-    conn: Any, parent_end: Any, objective: Objective | tuple[str, Mapping[str, Any]], parent_pid: int
+    conn: Any, parent_end: Any, objective: Objective | tuple[str, Mapping[str, Any]], parent_pid: int,
+    stack_fd: int | None = None,
 ) -> None:
     """The sandbox child's loop: evaluate each `(params, seed)` received, answer with its payload.
 
@@ -394,6 +405,8 @@ def _sandbox_main(
         # the child, the flag only gates that refusal: `_die_with_parent` and `_kill_group` do the cleanup
         multiprocessing.current_process().daemon = False
         _die_with_parent(parent_pid)
+        if stack_fd is not None:  # where the worker reads this child's stacks when it runs past its timeout
+            faulthandler.register(STACK_SIGNAL, file=stack_fd, all_threads=True, chain=False)
         # its own process group: a timeout kills the whole group, so an external simulator the objective
         # started (a subprocess still running) dies with it instead of living on beside the next evaluation
         try:
@@ -428,6 +441,28 @@ def _sandbox_main(
         os._exit(0)
 
 
+def _stacks_of(pid: int, stack_file: Any) -> str:
+    """The Python stacks of the sandbox child `pid`, which it writes to `stack_file` on `STACK_SIGNAL`
+    (`_sandbox_main`); "" when none came within `STACK_WAIT_S` (a stopped child, an objective that took the
+    signal for itself, a child that is gone)."""
+    if stack_file is None:
+        return ""
+    try:
+        os.kill(pid, STACK_SIGNAL)
+    except OSError:
+        return ""
+    fd = stack_file.fileno()
+    deadline, size = time.monotonic() + STACK_WAIT_S, 0
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        now = os.fstat(fd).st_size
+        if now and now == size:  # written, and no longer growing
+            break
+        size = now
+    text = os.pread(fd, MAX_TRACEBACK_CHARS, 0).decode("utf-8", "backslashreplace").strip()
+    return f"\n\nits Python stacks when it was killed:\n{text}" if text else ""
+
+
 def _kill_group(pid: int) -> None:
     """SIGKILL the sandbox child `pid` and its process group (what the objective started: `_sandbox_main` makes
     the child a group leader); the child alone if it has not become one yet."""
@@ -458,6 +493,7 @@ class _Sandbox:
     def __init__(self) -> None:
         self.proc: Any = None
         self.conn: Any = None
+        self.stack_file: Any = None  # where the child writes its stacks on STACK_SIGNAL (`_stacks_of`)
         self.objective: Objective | None = None  # held, so `id` identifies it while the child lives
         self.spec_key: str | None = None  # or the spec the child built its objective from
         self.devices: tuple[str | None, ...] | None = None  # the accelerators the child was forked with
@@ -485,7 +521,13 @@ class _Sandbox:
         ctx = multiprocessing.get_context("fork")
         self.devices = _visible_devices()
         parent_conn, child_conn = ctx.Pipe(duplex=True)
-        proc = ctx.Process(target=_sandbox_main, args=(child_conn, parent_conn, objective, os.getpid()), daemon=True)
+        try:
+            self.stack_file = tempfile.TemporaryFile()  # unlinked: gone with the last of the two processes
+        except OSError:  # no writable temporary directory: timeouts then come without the stacks
+            self.stack_file = None
+        stack_fd = None if self.stack_file is None else self.stack_file.fileno()
+        proc = ctx.Process(target=_sandbox_main, args=(child_conn, parent_conn, objective, os.getpid(), stack_fd),
+                           daemon=True)
         # the child inherits the worker's objects frozen: its garbage collector then never walks (and so never
         # copies on write) the worker's heap
         gc.freeze()
@@ -509,9 +551,10 @@ class _Sandbox:
                 # the build has a limit of its own (unbounded, a hung constructor was cut only by the actor's
                 # backstop, as a "frozen" worker, at every trial: review)
                 if not parent_conn.poll(build_timeout_s):
+                    stacks = _stacks_of(proc.pid, self.stack_file)
                     self.close(kill=True, wait=True)
                     text = (f"building the objective took longer than timeout_s={build_timeout_s:g} s and was killed "
-                            f"(pid {proc.pid}); a constructor that needs longer needs a larger timeout_s")
+                            f"(pid {proc.pid}); a constructor that needs longer needs a larger timeout_s{stacks}")
                     return _failed("timeout", f"timeout after {build_timeout_s:g} s while building the objective",
                                    text, started, child_pid=proc.pid)
                 step, failure = parent_conn.recv()
@@ -533,10 +576,12 @@ class _Sandbox:
 
     def close(self, kill: bool = False, wait: bool = False) -> None:
         """End the child: close its pipe (it exits) or kill it; reaped here (`wait`) or beside."""
-        proc, conn = self.proc, self.conn
-        self.proc = self.conn = self.objective = self.spec_key = None
+        proc, conn, stack_file = self.proc, self.conn, self.stack_file
+        self.proc = self.conn = self.objective = self.spec_key = self.stack_file = None
         if conn is not None:
             conn.close()
+        if stack_file is not None:
+            stack_file.close()
         if proc is not None:
             if kill:
                 _kill_group(proc.pid)
@@ -567,10 +612,11 @@ class _Sandbox:
             self.close(kill=True, wait=True)
             raise
         if not answered:
+            stacks = _stacks_of(proc.pid, self.stack_file)
             self.close(kill=True, wait=True)
             return _failed("timeout", f"timeout after {timeout_s:g} s",
-                           f"the evaluation ran past timeout_s={timeout_s:g} s and was killed (pid {proc.pid})", started,
-                           child_pid=proc.pid)
+                           f"the evaluation ran past timeout_s={timeout_s:g} s and was killed (pid {proc.pid}){stacks}",
+                           started, child_pid=proc.pid)
         try:
             payload = self.conn.recv()
         except (EOFError, OSError):
@@ -639,9 +685,12 @@ def _run_in_thread(objective: Objective, params: Mapping[str, Any], seed: int, t
     thread.join(timeout_s)
     if box:
         return box[0]
+    frame = sys._current_frames().get(thread.ident)  # where it hangs: the record says so, as a process's does
+    stack = "" if frame is None else printable("".join(tb_module.format_stack(frame)))
+    stack = f"\n\nits stack when it was abandoned:\n{stack}" if stack else ""
     return _failed("timeout", f"timeout after {timeout_s:g} s",
-                   f"the evaluation ran past timeout_s={timeout_s:g} s; its thread was abandoned (isolate='thread')",
-                   started)
+                   cap(f"the evaluation ran past timeout_s={timeout_s:g} s; its thread was abandoned "
+                       f"(isolate='thread'){stack}", MAX_TRACEBACK_CHARS), started)
 
 
 def evaluate_once(

@@ -167,6 +167,8 @@ def test_a_hung_constructor_is_a_timeout_of_its_own_build(user_module):
     assert (rec["status"], rec["error"]) == ("failed", "timeout")
     assert rec["message"] == "timeout after 1.5 s while building the objective"
     assert "building the objective took longer than timeout_s=1.5 s" in rec["traceback"]
+    # where it hung: the child's Python stack, written on STACK_SIGNAL just before it was killed
+    assert "its Python stacks when it was killed" in rec["traceback"] and "in __init__" in rec["traceback"]
     assert 1.5 <= rec["ended_at"] - rec["started_at"] < 4.0 and calls == [1]  # imported, never built
     with pytest.raises(ProcessLookupError):  # the hung child was killed
         os.kill(rec["child_pid"], 0)
