@@ -349,6 +349,87 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+#: prctl option: the orphaned descendants of this process are re-parented to it instead of to PID 1
+_PR_SET_CHILD_SUBREAPER = 36
+#: process groups (= pids) of the sandboxes this worker forked as a subreaper, whose orphans it reaps
+_ADOPTED_GROUPS: set[int] = set()
+_ADOPT_LOCK = threading.Lock()
+_SUBREAPER: bool | None = None
+
+
+def _adopt_orphans() -> bool:
+    """Make this Ray evaluation worker (`evaluation_runtime_env` marks it) the subreaper of its sandboxes' orphans.
+
+    A sandbox's guard (`_guard_group`) and what its group kill ends are orphans: re-parented to PID 1, they stay
+    zombies for good where PID 1 reaps nothing (a container whose entrypoint is the driver, `docker run img qbatch
+    run ...`): one per timeout, crash or new objective, until the container runs out of pids (found in review: 31
+    after 400 evaluations). Adopted here, `_reap_orphans` collects them. Once per process; elsewhere (library use
+    of `evaluate_once`) the caller's process is left as it is. A dying worker's orphans still go to PID 1: with no
+    init there, run containers with one (`docker run --init`, README)."""
+    global _SUBREAPER
+    if _SUBREAPER is None:
+        _SUBREAPER = False
+        if os.environ.get("QBATCH_EVALUATION_WORKER"):
+            try:
+                _SUBREAPER = _libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+            except Exception:  # pragma: no cover - not Linux
+                pass
+    return _SUBREAPER
+
+
+def _children() -> list[int]:
+    """The pids of this process's children (Linux /proc)."""
+    pids: list[int] = []
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/children") as f:
+                pids.extend(int(p) for p in f.read().split())
+        return pids
+    except OSError:  # a kernel without the children files: scan every process's parent
+        me = os.getpid()
+        for name in os.listdir("/proc"):
+            if name.isdigit() and (stat := _proc_stat(int(name))) is not None and stat[1] == me:
+                pids.append(int(name))
+        return pids
+
+
+def _proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, parent pid, process group) of `pid` from /proc/<pid>/stat; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return fields[0].decode(), int(fields[1]), int(fields[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _reap_orphans() -> None:
+    """Reap the zombies among this worker's children that are in one of its sandboxes' groups (adopted guards
+    and what the objective started), never a sandbox itself (multiprocessing waits for it) nor another child.
+    A group is forgotten once neither its sandbox nor any member is a child here."""
+    if not _ADOPTED_GROUPS:
+        return
+    with _ADOPT_LOCK:
+        children = _children()
+        kept = set()
+        for pid in children:
+            stat = _proc_stat(pid)
+            if stat is None:
+                continue
+            if pid in _ADOPTED_GROUPS:  # a sandbox (it joins its own group only after the fork)
+                kept.add(pid)
+                continue
+            if stat[2] not in _ADOPTED_GROUPS:
+                continue
+            kept.add(stat[2])
+            if stat[0] == "Z":
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+        _ADOPTED_GROUPS.intersection_update(kept)
+
+
 def _guard_group() -> None:
     """Start a guard that SIGKILLs this process group once the calling sandbox child has ended, however it ends.
 
@@ -530,9 +611,13 @@ class _Sandbox:
                            daemon=True)
         # the child inherits the worker's objects frozen: its garbage collector then never walks (and so never
         # copies on write) the worker's heap
+        adopt = _adopt_orphans()
         gc.freeze()
         try:
-            proc.start()
+            with _ADOPT_LOCK:  # registered before a concurrent `_reap_orphans` can see the child
+                proc.start()
+                if adopt:
+                    _ADOPTED_GROUPS.add(proc.pid)
         finally:
             gc.unfreeze()
         child_conn.close()
@@ -602,6 +687,7 @@ class _Sandbox:
             if failure is not None:
                 return failure
         proc = self.proc
+        _reap_orphans()  # the guards and groups of sandboxes that ended before this one
         started = time.time()
         try:
             self.conn.send((dict(params), seed))
