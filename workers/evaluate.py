@@ -133,6 +133,9 @@ MAX_TRACEBACK_CHARS = 20_000
 STACK_SIGNAL = signal.SIGUSR2
 #: how long a timed-out child is given to write its stacks (it may be stopped, or its objective took the signal)
 STACK_WAIT_S = 1.0
+#: the most of a stack dump read back (many deep threads); the record keeps its head and tail (`cap`), and so
+#: the main thread, which faulthandler writes last
+_MAX_STACK_BYTES = 4_000_000
 MAX_METRIC_CHARS = 2_000
 
 
@@ -528,19 +531,21 @@ def _stacks_of(pid: int, stack_file: Any) -> str:
     signal for itself, a child that is gone)."""
     if stack_file is None:
         return ""
+    fd = stack_file.fileno()
     try:
+        os.ftruncate(fd, 0)  # a dump for an earlier SIGUSR2 (a profiler's, the objective's) is not this one
         os.kill(pid, STACK_SIGNAL)
     except OSError:
         return ""
-    fd = stack_file.fileno()
-    deadline, size = time.monotonic() + STACK_WAIT_S, 0
+    deadline, size, still = time.monotonic() + STACK_WAIT_S, 0, 0
     while time.monotonic() < deadline:
         time.sleep(0.02)
         now = os.fstat(fd).st_size
-        if now and now == size:  # written, and no longer growing
+        still = still + 1 if now and now == size else 0
+        if still >= 3:  # written, and no longer growing for 60 ms (faulthandler writes in many small pieces)
             break
         size = now
-    text = os.pread(fd, MAX_TRACEBACK_CHARS, 0).decode("utf-8", "backslashreplace").strip()
+    text = os.pread(fd, _MAX_STACK_BYTES, 0).decode("utf-8", "backslashreplace").strip()
     return f"\n\nits Python stacks when it was killed:\n{text}" if text else ""
 
 
@@ -638,8 +643,9 @@ class _Sandbox:
                 if not parent_conn.poll(build_timeout_s):
                     stacks = _stacks_of(proc.pid, self.stack_file)
                     self.close(kill=True, wait=True)
-                    text = (f"building the objective took longer than timeout_s={build_timeout_s:g} s and was killed "
-                            f"(pid {proc.pid}); a constructor that needs longer needs a larger timeout_s{stacks}")
+                    text = cap(f"building the objective took longer than timeout_s={build_timeout_s:g} s and was "
+                               f"killed (pid {proc.pid}); a constructor that needs longer needs a larger timeout_s"
+                               f"{stacks}", MAX_TRACEBACK_CHARS)
                     return _failed("timeout", f"timeout after {build_timeout_s:g} s while building the objective",
                                    text, started, child_pid=proc.pid)
                 step, failure = parent_conn.recv()
@@ -701,8 +707,8 @@ class _Sandbox:
             stacks = _stacks_of(proc.pid, self.stack_file)
             self.close(kill=True, wait=True)
             return _failed("timeout", f"timeout after {timeout_s:g} s",
-                           f"the evaluation ran past timeout_s={timeout_s:g} s and was killed (pid {proc.pid}){stacks}",
-                           started, child_pid=proc.pid)
+                           cap(f"the evaluation ran past timeout_s={timeout_s:g} s and was killed (pid {proc.pid})"
+                               f"{stacks}", MAX_TRACEBACK_CHARS), started, child_pid=proc.pid)
         try:
             payload = self.conn.recv()
         except (EOFError, OSError):

@@ -165,6 +165,22 @@ def test_a_batch_that_fills_a_grid_takes_its_last_free_cells():
         assert len({tuple(t.params.values()) for t in trials}) == q
 
 
+def test_the_grid_cells_are_every_point_of_the_space_as_ask_snaps_them():
+    """`_grid_cells` (the free-cell listing of `_dedupe`) takes the product of per-parameter coordinates; it must
+    equal mapping each point of the grid, as `ask` snaps a proposal (steps, log ints, unhashable choices)."""
+    import itertools
+
+    space = {"k": {"type": "int", "low": 5, "high": 30, "step": 5}, "j": {"type": "int", "low": 1, "high": 40, "log": True},
+             "c": {"type": "choice", "choices": [[1], {"a": 1}, None, "s"]}}
+    opt = AskTellOptimizer(space, seed=0)
+    values = [range(5, 31, 5), range(1, 41), [[1], {"a": 1}, None, "s"]]
+    points = [dict(zip(["k", "j", "c"], combo)) for combo in itertools.product(*values)]
+    cells = opt._grid_cells()
+    assert cells.shape == (6 * 40 * 4, 3)
+    assert torch.equal(cells, opt.space.to_unit(points, dtype=torch.float64))
+    assert torch.equal(opt.space.snap(cells), cells)
+
+
 def test_a_discrete_model_batch_never_repeats_an_observed_point():
     """Found in review: Thompson points avoid observed points in the unit cube, but snapping onto an int/choice
     grid put them back on observed ones (the second model batch repeated (relu, layers=5) with 21 of the 32
@@ -635,3 +651,14 @@ def test_a_fit_that_learned_no_lengthscale_warns_once():
             assert len(said) == 1 and "all 20 lengthscales" in said[0] and "lengthscale_prior: dim-scaled" in said[0]
         else:
             assert said == []
+
+
+def test_an_optimizer_pickled_before_the_prior_mode_warning_still_fits():
+    """Found in review: `__setstate__` of a pickle without `_warned_prior_mode` left `fit` to raise
+    AttributeError the first time a fit ended at the prior's mode."""
+    opt = AskTellOptimizer(SMALL, seed=0)
+    state = opt.__getstate__()
+    del state["_warned_prior_mode"]
+    old = AskTellOptimizer.__new__(AskTellOptimizer)
+    old.__setstate__(state)
+    assert old._warned_prior_mode is False

@@ -162,6 +162,49 @@ def test_timeout_is_a_failed_record(isolate):
             os.kill(rec["child_pid"], 0)
 
 
+class SignalsThenHangs(Objective):
+    """First evaluation: SIGUSR2 to itself (a profiler's or a scheduler's signal); later ones start threads with
+    deep stacks, then hang in `hang_here_now`."""
+
+    space = SPACE
+
+    def evaluate(self, params, seed):
+        import threading
+
+        if params["x"] < 0.5:
+            return self.stray_signal_site()
+
+        def deep(k):
+            return deep(k - 1) if k else time.sleep(60)
+
+        for _ in range(8):
+            threading.Thread(target=deep, args=(90,), daemon=True).start()
+        return self.hang_here_now()
+
+    def stray_signal_site(self):
+        os.kill(os.getpid(), signal.SIGUSR2)
+        time.sleep(0.2)
+        return 1.0
+
+    def hang_here_now(self):
+        time.sleep(60)
+
+
+def test_a_timeouts_stacks_are_its_own_and_keep_the_main_thread():
+    """Found in review: a dump for an earlier SIGUSR2 stayed in the file and came first (the hang's was missed),
+    and the head-only cut of a long dump dropped the main thread, which faulthandler writes last."""
+    from workers.evaluate import MAX_TRACEBACK_CHARS
+
+    obj = SignalsThenHangs()
+    assert evaluate_once(obj, "0-0", {"x": 0.1}, seed=0)["value"] == 1.0  # the same sandbox child serves both
+    rec = evaluate_once(obj, "0-1", {"x": 0.9}, seed=0, timeout_s=2.0)
+    assert rec["error"] == "timeout"
+    text = rec["traceback"]
+    assert "hang_here_now" in text and "characters cut" in text  # the main thread's frame, after the cut
+    assert "stray_signal_site" not in text
+    assert len(text) <= MAX_TRACEBACK_CHARS + 100
+
+
 class HangingSimulator(Objective):
     """Runs an external program that hangs (`sleep 60`) and waits for it, writing its pid to `pid_file`."""
 
