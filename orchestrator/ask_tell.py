@@ -434,14 +434,23 @@ class AskTellOptimizer:
             self._next_batch += 1
             X_pending = self._stack([t.x for t in self._pending.values()])
             X_observed = self._stack(self._obs_x)
+            # where an evaluation failed: never proposed again by a proposer that avoids taken points (found in
+            # review: GPR-EI and qLogNEI, whose models never see a failure, proposed a failing corner batch after
+            # batch); a point that also has a completed result is an observed one anyway
+            X_failed = self._stack([self._trials[f["trial_id"]].x for f in self.failures
+                                    if f["trial_id"] in self._trials])
             model = self._model
         forecasts: list[dict | None] = [None] * q
         if sobol or self._design_left() > 0 or (model is None and self.needs_model()):
             X, source = self._sobol(q), "sobol"
         else:
             X, source = self._propose(model, q, batch_id, X_pending, X_observed), "model"
-        if not getattr(self._proposer, "allows_repeats", False):  # GPR-EI repeats its point on purpose
-            X = self._dedupe(X, X_pending, X_observed, batch_id)
+        X_taken = torch.cat([X_observed, X_failed])
+        if not getattr(self._proposer, "allows_repeats", False):
+            X = self._dedupe(X, X_pending, X_taken, batch_id)
+        elif self._only_failed(X[0], X_observed, X_failed):  # GPR-EI repeats its point on purpose, but not one
+            # that has only failed: its replicates go to a new point instead
+            X = self._dedupe(X[:1], X_pending, X_taken, batch_id).expand(X.shape[0], -1).clone()
         if source == "model" and model is not None:
             with torch.no_grad():
                 forecasts = model.forecast(X.to(**self._tk)).to_records()
@@ -477,8 +486,16 @@ class AskTellOptimizer:
         )
         return self.space.snap(X.detach().to(**self._tk))
 
+    @staticmethod
+    def _only_failed(x: Tensor, X_observed: Tensor, X_failed: Tensor) -> bool:
+        """Whether `x` is (within `DUPLICATE_TOL`) a point whose evaluations all failed."""
+        def near(rows: Tensor) -> bool:
+            return rows.shape[0] > 0 and bool(((rows - x).abs().amax(-1) <= DUPLICATE_TOL).any())
+
+        return near(X_failed) and not near(X_observed)
+
     def _dedupe(self, X: Tensor, X_pending: Tensor, X_observed: Tensor, batch_id: int) -> Tensor:
-        """Replace points equal to a pending or observed point or to an earlier point of the batch.
+        """Replace points equal to a pending or observed (or failed: `_ask`) point or to an earlier point of the batch.
 
         With discrete parameters proposals can round onto taken grid points; in a float space only a proposer
         can repeat one (the built-in ones do not; a user's may). A duplicate is replaced by a random snapped

@@ -435,6 +435,35 @@ def test_proposer_that_repeats_on_purpose_is_not_deduplicated():
     assert [t.source for t in trials] == ["model"] * 4 and len(keys) == 1, keys
 
 
+@pytest.mark.parametrize("proposer,model", [("gpr-ei", "gpr-replicates"), ("qlognei", "exact-gp")])
+def test_a_point_whose_evaluations_failed_is_not_proposed_again(proposer, model):
+    """Found in review: failed trials were neither pending nor observed, and a proposer whose model never sees a
+    failure proposed the same failing point again and again (GPR-EI: 7 batches in a row at (0.97, 1.0), 28
+    evaluations, never ending; qLogNEI: (1, 1) in 4 batches). GPR-EI's replicates now go to a new point."""
+    space = {"x": {"type": "float", "low": 0.0, "high": 1.0}, "y": {"type": "float", "low": 0.0, "high": 1.0}}
+    opt = AskTellOptimizer(space, model=model, proposer=proposer, tau=0.5, initial_design=12, seed=0,
+                           proposer_options={"num_restarts": 2, "raw_samples": 64})
+    rng = np.random.default_rng(0)
+    failed: set[tuple[float, float]] = set()
+
+    def evaluate(trials):
+        keys = [(round(t.params["x"], 9), round(t.params["y"], 9)) for t in trials]
+        for t, key in zip(trials, keys):
+            if t.source == "model":
+                assert key not in failed, f"batch {t.batch_id} proposed {key}, which failed before"
+        for t, key in zip(trials, keys):
+            if t.params["x"] > 0.8 and t.params["y"] > 0.8:  # the objective raises in this corner
+                opt.tell(t.trial_id, None, error="exception", message="crash")
+                failed.add(key)
+            else:
+                opt.tell(t.trial_id, t.params["x"] + t.params["y"] + 0.1 * rng.standard_normal())
+
+    evaluate(opt.ask(12))
+    for _ in range(6):
+        evaluate(opt.ask(4))
+    assert failed  # the proposer did go for the failing corner, and each failing point was tried once
+
+
 def _forrester(x: float) -> float:
     return (6 * x - 2) ** 2 * math.sin(12 * x - 4)
 
