@@ -259,7 +259,11 @@ class AskTellOptimizer:
     def _build_proposer(self) -> Any:
         from orchestrator.acquisition import build_proposer
 
-        proposer = build_proposer(self.proposer_name, **self.proposer_options)
+        options = dict(self.proposer_options)
+        if self.proposer_name == "sobol" and "seed" not in options:  # continue the initial design's sequence
+            # (found in review: a sequence scrambled afresh per batch was no better than random for small ones)
+            options["seed"] = self.seed
+        proposer = build_proposer(self.proposer_name, **options)
         if hasattr(proposer, "snap") and self.space.has_grid:  # a proposer that can reason on the grid
             proposer.snap = self.space.snap
         if self._calibrator is not None:

@@ -691,3 +691,18 @@ def test_an_optimizer_pickled_before_the_prior_mode_warning_still_fits():
     old = AskTellOptimizer.__new__(AskTellOptimizer)
     old.__setstate__(state)
     assert old._warned_prior_mode is False
+
+
+def test_the_sobol_proposer_continues_the_initial_designs_sequence():
+    """Found in review: without a `seed` option each batch was a sequence scrambled afresh, so batches of 1-4
+    were no more even than random points (centred L2 discrepancy 3.1e-3 at q = 1, random 2.9e-3, one
+    sequence 4.2e-5). The optimizer's seed now continues the design's sequence."""
+    space = {"a": {"type": "float", "low": 0.0, "high": 1.0}, "b": {"type": "float", "low": 0.0, "high": 1.0}}
+    opt = AskTellOptimizer(space, proposer="sobol", initial_design=8, seed=5)
+    X = []
+    for q in (8, 2, 2, 4):
+        for t in opt.ask(q):
+            X.append([t.params["a"], t.params["b"]])
+            opt.tell(t.trial_id, float(sum(X[-1])))
+    expected = torch.quasirandom.SobolEngine(2, scramble=True, seed=5).draw(16, dtype=torch.float64)
+    assert torch.allclose(torch.tensor(X, dtype=torch.float64), expected, atol=1e-12)
