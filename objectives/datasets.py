@@ -47,6 +47,8 @@ SVHN_TEST_FILE = "test_32x32.mat"
 #: the local image datasets: display name and the files their loaders read (train first)
 _IMAGE_FILES = {"cifar10": ("CIFAR-10", (*CIFAR10_TRAIN_FILES, CIFAR10_TEST_FILE)),
                 "svhn": ("SVHN", (SVHN_TRAIN_FILE, SVHN_TEST_FILE))}
+#: the folder `cifar-10-python.tar.gz` unpacks to
+CIFAR10_DIR = "cifar-10-batches-py"
 NEWSGROUPS_TRAIN_DIR = "20news-bydate-train"
 NEWSGROUPS_TEST_DIR = "20news-bydate-test"
 #: the papers' fixed split of 20 Newsgroups ([A] App. A.5): training and held-out documents
@@ -113,6 +115,9 @@ class TextCorpus:
 
 def _require_dir(path: str | os.PathLike[str], what: str) -> Path:
     p = Path(path).expanduser()
+    if p.is_file():  # the archive itself, or one of the dataset's files (found in review: no hint given)
+        raise DatasetError(f"{what} directory {str(p)!r} is a file; give the directory that holds the dataset's "
+                           "files (extract an archive first: nothing is unpacked or downloaded here)")
     if not p.is_dir():
         raise DatasetError(f"{what} directory {str(p)!r} does not exist or is not a directory")
     return p
@@ -130,6 +135,9 @@ def _required_files(name: str, data_dir: str | os.PathLike[str]) -> list[Path]:
     directory or the first file that is missing."""
     what, filenames = _IMAGE_FILES[name]
     d = _require_dir(data_dir, what)
+    if name == "cifar10" and not (d / filenames[0]).exists() and (d / CIFAR10_DIR / filenames[0]).is_file():
+        raise DatasetError(f"CIFAR-10 directory {str(d)!r} holds the batches in {CIFAR10_DIR!r}: give "
+                           f"{str(d / CIFAR10_DIR)!r} as data_dir")
     return [_require_file(d, filename, what) for filename in filenames]
 
 
@@ -167,8 +175,15 @@ def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:
         keys = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
         raise DatasetError(f"CIFAR-10 file {str(path)!r} lacks b'data'/b'labels' (found {keys})")
-    data = np.asarray(batch[b"data"], dtype=np.uint8)
-    labels = np.asarray(batch[b"labels"], dtype=np.int64)
+    # as stored: uint8 pixels and integer labels (a cast would wrap 300 to 44 and floats in [0, 1] to 0/1, and
+    # the CNN would train on that without a word; found in review)
+    data = np.asarray(batch[b"data"])
+    labels = np.asarray(batch[b"labels"])
+    if data.dtype != np.uint8:
+        raise DatasetError(f"CIFAR-10 file {str(path)!r}: b'data' must hold uint8 pixels; got dtype {data.dtype}")
+    if labels.dtype.kind not in "iu":
+        raise DatasetError(f"CIFAR-10 file {str(path)!r}: b'labels' must be integers; got dtype {labels.dtype}")
+    labels = labels.astype(np.int64)
     if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or data.shape[0] != labels.shape[0]:
         raise DatasetError(
             f"CIFAR-10 file {str(path)!r}: expected data `n x 3072` and n labels; "
@@ -217,7 +232,14 @@ def _read_svhn_mat(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if "X" not in mat or "y" not in mat:
         raise DatasetError(f"SVHN file {str(path)!r} lacks the 'X' and 'y' arrays")
     X = np.asarray(mat["X"])
-    y = np.asarray(mat["y"]).reshape(-1).astype(np.int64)
+    y = np.asarray(mat["y"]).reshape(-1)
+    if X.dtype != np.uint8:  # as the official files store them; a cast would wrap or truncate (review)
+        raise DatasetError(f"SVHN file {str(path)!r}: 'X' must hold uint8 pixels; got dtype {X.dtype}")
+    if y.dtype.kind == "f" and y.size and not np.all(np.isfinite(y) & (y == np.round(y))):
+        raise DatasetError(f"SVHN file {str(path)!r}: 'y' must hold whole-number labels 1..10")
+    if y.dtype.kind not in "iuf":
+        raise DatasetError(f"SVHN file {str(path)!r}: 'y' must hold numbers; got dtype {y.dtype}")
+    y = y.astype(np.int64)
     if X.ndim != 4 or X.shape[:3] != (32, 32, 3) or X.shape[3] != y.shape[0]:
         raise DatasetError(
             f"SVHN file {str(path)!r}: expected X `32 x 32 x 3 x n` and n labels; got X {X.shape}, {y.shape[0]} labels"
@@ -226,7 +248,7 @@ def _read_svhn_mat(path: Path) -> tuple[np.ndarray, np.ndarray]:
         raise DatasetError(f"SVHN file {str(path)!r} has labels outside 1..10")
     # SVHN stores the digit 0 as label 10
     y = np.where(y == 10, 0, y)
-    X = np.ascontiguousarray(np.transpose(X, (3, 2, 0, 1)).astype(np.uint8))
+    X = np.ascontiguousarray(np.transpose(X, (3, 2, 0, 1)))
     return X, y
 
 
@@ -358,7 +380,7 @@ def load_newsgroups(
     """
     d = Path(data_dir).expanduser()
     present = _newsgroup_parts(d)
-    files = sorted(f for p in present for f in p.glob("*/*") if f.is_file())
+    files = _newsgroup_files(present)
     if not files:
         raise DatasetError(f"20 Newsgroups directory {str(d)!r} has no documents under {[p.name for p in present]}")
     docs = [_read_newsgroup_file(f) for f in files]
@@ -370,10 +392,18 @@ def _newsgroup_parts(data_dir: str | os.PathLike[str]) -> list[Path]:
     d = _require_dir(data_dir, "20 Newsgroups")
     present = [p for p in (d / NEWSGROUPS_TRAIN_DIR, d / NEWSGROUPS_TEST_DIR) if p.is_dir()]
     if not present:
-        raise DatasetError(
-            f"20 Newsgroups directory {str(d)!r} holds neither {NEWSGROUPS_TRAIN_DIR!r} nor {NEWSGROUPS_TEST_DIR!r}"
-        )
+        hint = (f"; it is one of them itself: give its parent {str(d.parent)!r}"
+                if d.name in (NEWSGROUPS_TRAIN_DIR, NEWSGROUPS_TEST_DIR) else "")
+        raise DatasetError(f"20 Newsgroups directory {str(d)!r} holds neither {NEWSGROUPS_TRAIN_DIR!r} nor "
+                           f"{NEWSGROUPS_TEST_DIR!r}{hint}")
     return present
+
+
+def _newsgroup_files(parts: list[Path]) -> list[Path]:
+    """The message files of the bydate folders `parts` (`<group>/<file>`), sorted; hidden files (a `.DS_Store`,
+    macOS `._` forks) are not messages (found in review: they were read as documents)."""
+    return sorted(f for p in parts for f in p.glob("*/*")
+                  if f.is_file() and not f.name.startswith(".") and not f.parent.name.startswith("."))
 
 
 def _check_text_args(name: str, data_dir: str | os.PathLike[str] | None) -> None:
@@ -406,7 +436,7 @@ def check_text_source(name: str, data_dir: str | os.PathLike[str] | None = None,
     except DatasetError as exc:
         raise DatasetError(f"option 'data_dir': {exc}") from None
     # the files are counted, not read: duplicates dropped at load can still make the split fail there
-    n_files = sum(1 for p in present for f in p.glob("*/*") if f.is_file())
+    n_files = len(_newsgroup_files(present))
     n_train, n_test = split.get("n_train", NEWSGROUPS_SPLIT[0]), split.get("n_test", NEWSGROUPS_SPLIT[1])
     need = (n_train or 1) + (n_test or 0)
     if n_files < need:

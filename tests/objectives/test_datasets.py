@@ -189,3 +189,53 @@ def test_lee_file_is_the_one_gensim_names() -> None:
     from objectives.datasets import _gensim_test_file
 
     assert str(_gensim_test_file("lee_background.cor")) == datapath("lee_background.cor")
+
+
+def test_pixels_and_labels_that_are_not_as_stored_are_refused(tmp_path: Path) -> None:
+    """Found in review: float pixels in [0, 1] were cast to 0/1 and ints wrapped (300 -> 44), SVHN's 1.5 was cut to
+    1, and bytes labels escaped as numpy's ValueError with no path: the CNN trained on garbage without a word."""
+    from scipy.io import savemat
+
+    bad_cifar = [
+        ({b"data": np.zeros((2, 3072)), b"labels": [0, 1]}, r"test_batch.*b'data' must hold uint8 pixels; got dtype float64"),
+        ({b"data": np.full((2, 3072), 300), b"labels": [0, 1]}, r"uint8 pixels; got dtype int64"),
+        ({b"data": np.zeros((2, 3072), dtype=np.uint8), b"labels": [b"cat", b"dog"]}, r"b'labels' must be integers"),
+    ]
+    for batch, match in bad_cifar:
+        _write_cifar(tmp_path / "c")
+        with open(tmp_path / "c" / "test_batch", "wb") as f:
+            pickle.dump(batch, f)
+        with pytest.raises(DatasetError, match=match):
+            load_cifar10(tmp_path / "c")
+    X = np.zeros((32, 32, 3, 2), dtype=np.uint8)
+    for mat, match in [({"X": X.astype(np.float64), "y": np.array([[1], [2]])}, "'X' must hold uint8 pixels"),
+                       ({"X": X, "y": np.array([[1.5], [2.0]])}, "'y' must hold whole-number labels")]:
+        _write_svhn(tmp_path / "s", "train_32x32.mat", [1, 2])
+        savemat(tmp_path / "s" / "test_32x32.mat", mat)
+        with pytest.raises(DatasetError, match=match):
+            load_svhn(tmp_path / "s")
+
+
+def test_the_usual_wrong_folders_get_a_hint(tmp_path: Path) -> None:
+    """Found in review: the CIFAR parent folder, an archive, and the bydate-train folder itself got accurate
+    errors that did not say what to give instead."""
+    _write_cifar(tmp_path / "cifar" / "cifar-10-batches-py")
+    with pytest.raises(DatasetError, match=r"holds the batches in 'cifar-10-batches-py': give '.*cifar-10-batches-py'"):
+        load_cifar10(tmp_path / "cifar")
+    (tmp_path / "cifar-10-python.tar.gz").write_bytes(b"\x1f\x8b")
+    with pytest.raises(DatasetError, match=r"is a file; .*extract an archive first"):
+        load_cifar10(tmp_path / "cifar-10-python.tar.gz")
+    _write_newsgroups(tmp_path / "news")
+    with pytest.raises(DatasetError, match=r"it is one of them itself: give its parent '.*news'"):
+        load_newsgroups(tmp_path / "news" / "20news-bydate-train")
+
+
+def test_hidden_files_are_not_newsgroup_messages(tmp_path: Path) -> None:
+    """Found in review: a `.DS_Store` or macOS `._1000` in a group folder was read as a document."""
+    _write_newsgroups(tmp_path / "news")
+    group = tmp_path / "news" / "20news-bydate-train" / "sci.space"
+    (group / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1\x00")
+    (group / "._1000").write_bytes(b"\x00\x05\x16\x07")
+    c = load_newsgroups(tmp_path / "news", n_train=None, n_test=2)
+    assert len(c.train) + len(c.test) == 12
+    assert all(d.startswith("body of ") for d in c.train + c.test)
