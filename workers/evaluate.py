@@ -354,10 +354,23 @@ def _die_with_parent(parent_pid: int) -> None:
 
 #: prctl option: the orphaned descendants of this process are re-parented to it instead of to PID 1
 _PR_SET_CHILD_SUBREAPER = 36
-#: process groups (= pids) of the sandboxes this worker forked as a subreaper, whose orphans it reaps
-_ADOPTED_GROUPS: set[int] = set()
+#: pids of the sandboxes this worker forked as a subreaper: its only children it must not reap (multiprocessing
+#: waits for them); every other zombie child is an adopted orphan
+_SANDBOX_PIDS: set[int] = set()
 _ADOPT_LOCK = threading.Lock()
 _SUBREAPER: bool | None = None
+
+
+def _forget_adoption_in_child() -> None:
+    """In a forked child: the kernel does not pass the subreaper flag on, and `_ADOPT_LOCK` may have been held by
+    another thread at the fork (found in review: an objective that itself called `evaluate_once` hung on it)."""
+    global _ADOPT_LOCK, _SUBREAPER
+    _ADOPT_LOCK = threading.Lock()
+    _SUBREAPER = None
+    _SANDBOX_PIDS.clear()
+
+
+os.register_at_fork(after_in_child=_forget_adoption_in_child)
 
 
 def _adopt_orphans() -> bool:
@@ -366,8 +379,9 @@ def _adopt_orphans() -> bool:
     A sandbox's guard (`_guard_group`) and what its group kill ends are orphans: re-parented to PID 1, they stay
     zombies for good where PID 1 reaps nothing (a container whose entrypoint is the driver, `docker run img qbatch
     run ...`): one per timeout, crash or new objective, until the container runs out of pids (found in review: 31
-    after 400 evaluations). Adopted here, `_reap_orphans` collects them. Once per process; elsewhere (library use
-    of `evaluate_once`) the caller's process is left as it is. A dying worker's orphans still go to PID 1: with no
+    after 400 evaluations). Adopted here, `_reap_orphans` collects them, and so every orphan below the worker
+    (a helper the objective started in a session of its own too). Once per process; elsewhere (library use of
+    `evaluate_once`) the caller's process is left as it is. A dying worker's orphans still go to PID 1: with no
     init there, run containers with one (`docker run --init`, README)."""
     global _SUBREAPER
     if _SUBREAPER is None:
@@ -382,18 +396,19 @@ def _adopt_orphans() -> bool:
 
 def _children() -> list[int]:
     """The pids of this process's children (Linux /proc)."""
+    if not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/children"):
+        # a kernel without the children files: scan every process's parent
+        me = os.getpid()
+        return [int(n) for n in os.listdir("/proc")
+                if n.isdigit() and (stat := _proc_stat(int(n))) is not None and stat[1] == me]
     pids: list[int] = []
-    try:
-        for tid in os.listdir("/proc/self/task"):
+    for tid in os.listdir("/proc/self/task"):
+        try:
             with open(f"/proc/self/task/{tid}/children") as f:
                 pids.extend(int(p) for p in f.read().split())
-        return pids
-    except OSError:  # a kernel without the children files: scan every process's parent
-        me = os.getpid()
-        for name in os.listdir("/proc"):
-            if name.isdigit() and (stat := _proc_stat(int(name))) is not None and stat[1] == me:
-                pids.append(int(name))
-        return pids
+        except OSError:  # the thread ended meanwhile
+            pass
+    return pids
 
 
 def _proc_stat(pid: int) -> tuple[str, int, int] | None:
@@ -407,30 +422,26 @@ def _proc_stat(pid: int) -> tuple[str, int, int] | None:
 
 
 def _reap_orphans() -> None:
-    """Reap the zombies among this worker's children that are in one of its sandboxes' groups (adopted guards
-    and what the objective started), never a sandbox itself (multiprocessing waits for it) nor another child.
-    A group is forgotten once neither its sandbox nor any member is a child here."""
-    if not _ADOPTED_GROUPS:
+    """Reap the zombies among this subreaper worker's children that are not its sandboxes: the orphans it adopted
+    (the sandboxes' guards, what a group kill ended, a helper the objective started in a session of its own;
+    found in review: those stayed zombies). In a process-isolated worker no objective code runs, so a child
+    that is not a sandbox is one of them. A sandbox is forgotten once it is no longer a child here."""
+    if not _SUBREAPER:
         return
     with _ADOPT_LOCK:
-        children = _children()
-        kept = set()
-        for pid in children:
-            stat = _proc_stat(pid)
-            if stat is None:
-                continue
-            if pid in _ADOPTED_GROUPS:  # a sandbox (it joins its own group only after the fork)
-                kept.add(pid)
-                continue
-            if stat[2] not in _ADOPTED_GROUPS:
-                continue
-            kept.add(stat[2])
-            if stat[0] == "Z":
-                try:
-                    os.waitpid(pid, os.WNOHANG)
-                except ChildProcessError:
-                    pass
-        _ADOPTED_GROUPS.intersection_update(kept)
+        sandboxes = set(_SANDBOX_PIDS)
+    children = _children()
+    for pid in children:
+        if pid in sandboxes:
+            continue
+        stat = _proc_stat(pid)
+        if stat is not None and stat[0] == "Z":
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+    with _ADOPT_LOCK:  # those seen at the start that are gone (a sandbox forked since then stays)
+        _SANDBOX_PIDS.difference_update(sandboxes - set(children))
 
 
 def _guard_group() -> None:
@@ -619,12 +630,12 @@ class _Sandbox:
         adopt = _adopt_orphans()
         gc.freeze()
         try:
-            with _ADOPT_LOCK:  # registered before a concurrent `_reap_orphans` can see the child
-                proc.start()
-                if adopt:
-                    _ADOPTED_GROUPS.add(proc.pid)
+            proc.start()  # not under `_ADOPT_LOCK`: the child would inherit it held
         finally:
             gc.unfreeze()
+        if adopt:  # (a sandbox dead before this line could be reaped by another thread's `_reap_orphans`; its
+            with _ADOPT_LOCK:  # exit code would then be lost: it would have to die within microseconds of its fork)
+                _SANDBOX_PIDS.add(proc.pid)
         child_conn.close()
         if isinstance(objective, Objective):
             self.proc, self.conn, self.objective = proc, parent_conn, objective
@@ -693,10 +704,10 @@ class _Sandbox:
             if failure is not None:
                 return failure
         proc = self.proc
-        _reap_orphans()  # the guards and groups of sandboxes that ended before this one
         started = time.time()
         try:
             self.conn.send((dict(params), seed))
+            _reap_orphans()  # while the child evaluates: what earlier sandboxes and evaluations left behind
             answered = self.conn.poll(timeout_s)
         except (BrokenPipeError, EOFError, OSError):  # died between evaluations: read as a crash below
             answered = True

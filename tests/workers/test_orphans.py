@@ -12,7 +12,35 @@ from pathlib import Path
 
 import pytest
 
+from objectives.base import Objective
+from workers.evaluate import evaluate_once
+
 REPO = Path(__file__).resolve().parents[2]
+SPACE = {"x": {"type": "float", "low": 0.0, "high": 1.0}}
+
+
+class Daemonizing(Objective):
+    """Starts a helper in a session of its own through an intermediate process that exits at once (as `setsid -f`
+    or a daemonizing simulator does): the helper is an orphan, adopted by the nearest subreaper."""
+
+    space = SPACE
+
+    def evaluate(self, params, seed):
+        subprocess.run([sys.executable, "-c", "import subprocess; subprocess.Popen(['sleep', '0.1'], "
+                        "start_new_session=True)"], check=True)
+        return 1.0
+
+
+class Nested(Objective):
+    """Evaluates another objective, process-isolated, from inside its own sandbox."""
+
+    space = SPACE
+
+    def evaluate(self, params, seed):
+        from tests.workers.test_evaluate import Returning
+
+        rec = evaluate_once(Returning(2.0), "inner", params, seed, timeout_s=20)
+        return rec["value"] if rec["status"] == "completed" else float("nan")
 
 # 6 timeouts (each kills a sandbox and its guard), then an evaluation that completes; prints the zombies among
 # this process's children, and whether the live sandbox's guard is a child here (adopted) or re-parented away
@@ -33,9 +61,15 @@ SCRIPT = textwrap.dedent(
     def _children():
         return [int(n) for n in os.listdir("/proc") if n.isdigit() and (s := _proc_stat(int(n))) and s[1] == os.getpid()]
 
+    import time
+    from tests.workers.test_orphans import Daemonizing
     for i in range(6):
         assert evaluate_once(Hanging(), f"0-{i}", {"x": 0.1}, seed=0, timeout_s=0.2)["error"] == "timeout"
-    assert evaluate_once(Returning(1.0), "1-0", {"x": 0.1}, seed=0)["value"] == 1.0
+    daemonizing = Daemonizing()
+    for i in range(4):  # each leaves an orphan in a session of its own, which ends 0.1 s later
+        assert evaluate_once(daemonizing, f"1-{i}", {"x": 0.1}, seed=0)["value"] == 1.0
+    time.sleep(0.5)
+    assert evaluate_once(Returning(1.0), "2-0", {"x": 0.1}, seed=0)["value"] == 1.0
     stats = {pid: _proc_stat(pid) for pid in _children()}
     zombies = sum(1 for s in stats.values() if s and s[0] == "Z")
     sandbox = _SANDBOX.proc.pid
@@ -59,9 +93,17 @@ def _run(prefix: list[str], worker: bool) -> list[int]:
 
 def test_an_evaluation_worker_adopts_and_reaps_its_sandboxes_orphans():
     zombies, guards, _ = _run([], worker=True)
-    # at most the last killed sandbox's guard waits to be reaped (at the next evaluation); the live sandbox's
-    # guard is this worker's child, not init's
+    # at most the last killed sandbox's guard waits to be reaped (at the next evaluation), and none of the
+    # daemonized helpers (found in review: a helper in its own session was adopted and never reaped); the live
+    # sandbox's guard is this worker's child, not init's
     assert zombies <= 1 and guards == 1
+
+
+def test_an_objective_may_evaluate_another_in_a_sandbox_of_its_own():
+    """Found in review: the worker forked its sandbox holding the adoption lock, which the child inherited held,
+    so an objective that itself called `evaluate_once` hung until its timeout."""
+    rec = evaluate_once(Nested(), "0-0", {"x": 0.5}, seed=0, timeout_s=30)
+    assert rec["status"] == "completed" and rec["value"] == 2.0, rec["traceback"]
 
 
 def test_outside_an_evaluation_worker_the_process_is_left_as_it_is():
