@@ -47,6 +47,8 @@ DUPLICATE_TOL = 1e-6
 _REPLACE_TRIES = 64
 #: an int/choice grid up to this many points has its free cells listed when random replacements miss them
 _ENUMERATE_MAX = 100_000
+#: failure reasons that do not make a point taken (`_ask`): the infrastructure failed, not the evaluation
+_NO_BAN = ("worker-lost",)
 
 
 class TrialError(QbatchError, ValueError):
@@ -438,17 +440,21 @@ class AskTellOptimizer:
             self._next_batch += 1
             X_pending = self._stack([t.x for t in self._pending.values()])
             X_observed = self._stack(self._obs_x)
+            failed = [f for f in self.failures if f["trial_id"] in self._trials]
             # where an evaluation failed: never proposed again by a proposer that avoids taken points (found in
             # review: GPR-EI and qLogNEI, whose models never see a failure, proposed a failing corner batch after
-            # batch); a point that also has a completed result is an observed one anyway
-            X_failed = self._stack([self._trials[f["trial_id"]].x for f in self.failures
-                                    if f["trial_id"] in self._trials])
+            # batch); a point that also has a completed result is an observed one anyway. Not for a lost worker
+            # or node: that says nothing about the point (a review found one pre-emption banning the best cell)
+            X_failed = self._stack([self._trials[f["trial_id"]].x for f in failed if f["error"] not in _NO_BAN])
+            X_all_failed = self._stack([self._trials[f["trial_id"]].x for f in failed])
             model = self._model
         forecasts: list[dict | None] = [None] * q
         if sobol or self._design_left() > 0 or (model is None and self.needs_model()):
             X, source = self._sobol(q), "sobol"
         else:
-            X, source = self._propose(model, q, batch_id, X_pending, X_observed), "model"
+            # a model-free proposer (Sobol) counts what was asked to continue its sequence: failures used points too
+            seen = X_observed if self.needs_model() else torch.cat([X_observed, X_all_failed])
+            X, source = self._propose(model, q, batch_id, X_pending, seen), "model"
         X_taken = torch.cat([X_observed, X_failed])
         if not getattr(self._proposer, "allows_repeats", False):
             X = self._dedupe(X, X_pending, X_taken, batch_id)

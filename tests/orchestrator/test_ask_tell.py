@@ -706,3 +706,48 @@ def test_the_sobol_proposer_continues_the_initial_designs_sequence():
             opt.tell(t.trial_id, float(sum(X[-1])))
     expected = torch.quasirandom.SobolEngine(2, scramble=True, seed=5).draw(16, dtype=torch.float64)
     assert torch.allclose(torch.tensor(X, dtype=torch.float64), expected, atol=1e-12)
+
+
+def test_a_lost_worker_does_not_make_its_point_taken():
+    """Found in review: one `worker-lost` (a node pre-empted) banned the point for good, on a grid the best cell."""
+    from orchestrator.acquisition.base import Proposer
+
+    class WantsTheTop(Proposer):
+        requires_model = False
+
+        def _propose(self, model, q, X_pending, X_observed, generator):
+            return torch.ones(q, 1, dtype=torch.float64)
+
+    space = {"n": {"type": "int", "low": 0, "high": 99}}
+    opt = AskTellOptimizer(space, initial_design=1, seed=0)
+    opt._proposer = WantsTheTop()
+    for t in opt.ask(1):
+        opt.tell(t.trial_id, 0.0)
+    (t,) = opt.ask(1)
+    assert t.params == {"n": 99}
+    opt.tell(t.trial_id, None, error="worker-lost", message="node lost")
+    assert [u.params for u in opt.ask(1)] == [{"n": 99}]  # asked again: the point's evaluation never ran
+    opt2 = AskTellOptimizer(space, initial_design=1, seed=0)
+    opt2._proposer = WantsTheTop()
+    for t in opt2.ask(1):
+        opt2.tell(t.trial_id, 0.0)
+    (t,) = opt2.ask(1)
+    opt2.tell(t.trial_id, None, error="exception", message="boom")
+    assert [u.params for u in opt2.ask(1)] != [{"n": 99}]  # an evaluation that failed there: taken
+
+
+def test_the_sobol_proposer_counts_failed_points_of_its_sequence():
+    """Found in review: the Sobol proposer skipped pending + observed points, but failed ones had used up
+    points of the sequence too, so a later batch began on an observed point and got a random one for it."""
+    space = {"a": {"type": "float", "low": 0.0, "high": 1.0}, "b": {"type": "float", "low": 0.0, "high": 1.0}}
+    opt = AskTellOptimizer(space, proposer="sobol", initial_design=8, seed=5)
+    X = []
+    for q in (8, 2, 2, 4):
+        for i, t in enumerate(opt.ask(q)):
+            X.append([t.params["a"], t.params["b"]])
+            if len(X) == 4:
+                opt.tell(t.trial_id, None, error="exception", message="boom")
+            else:
+                opt.tell(t.trial_id, float(sum(X[-1])))
+    expected = torch.quasirandom.SobolEngine(2, scramble=True, seed=5).draw(16, dtype=torch.float64)
+    assert torch.allclose(torch.tensor(X, dtype=torch.float64), expected, atol=1e-12)
