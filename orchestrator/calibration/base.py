@@ -199,7 +199,12 @@ class Calibrator(ABC):
         Least-squares match of the recalibrated quantiles: s = sum_k z_k z~_k / sum_k z_k^2 with z_k = Phi^-1(p_k),
         z~_k = Phi^-1(R(p_k)) over p_k = 0.05, 0.10, ..., 0.95, leaving out levels whose R(p_k) is clipped
         (outside [LEVEL_EPS, 1 - LEVEL_EPS]: an infinite quantile has no finite scale). 1 for the identity map.
+        Clipped to [SPREAD_MIN, SPREAD_MAX], as the spread factor is: a biased model's map drops the levels of
+        one tail, and the fit through the origin then came out negative (found in review: -0.56 for a mean 2 sd
+        off with the right spread), which turned the sigma-route EI to <= 0 everywhere and UCB into LCB.
         """
+        from orchestrator.calibration.spread import SPREAD_MAX, SPREAD_MIN
+
         p = torch.arange(1, 20, dtype=torch.float64) / 20
         r = self.map_levels(p)
         ok = (r > LEVEL_EPS) & (r < 1 - LEVEL_EPS)
@@ -207,7 +212,7 @@ class Calibrator(ABC):
             ok = torch.ones_like(ok)
         z = torch.special.ndtri(p[ok])
         zt = torch.special.ndtri(r[ok].clamp(LEVEL_EPS, 1 - LEVEL_EPS))
-        return float((z * zt).sum() / (z * z).sum())
+        return min(max(float((z * zt).sum() / (z * z).sum()), SPREAD_MIN), SPREAD_MAX)
 
     def recalibrate(self, forecast: Forecast) -> CalibratedForecast:
         """The forecast under the current map (quantiles Q(R(p)), CDF R^{-1}(F))."""

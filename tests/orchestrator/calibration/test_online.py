@@ -261,3 +261,25 @@ def test_bad_coverages_name_their_key_and_a_nan_forecast_is_refused() -> None:
     for name in ("online", "locbo"):
         with pytest.raises(InputDataError, match=r"forecast 0 is not finite at y = 0.5"):
             build_calibrator(name).update(bad, T([0.5]), T([[0.2]]))
+
+
+def test_sigma_scale_of_a_biased_model_stays_a_positive_scale():
+    """Found in review: a model with the right spread and its mean 2 sd off leaves one tail's levels clipped, and
+    the (a2) fit through the origin over the other tail came out negative (median -0.56 over 20 seeds at
+    N = 1000), which made the sigma-route EI <= 0 everywhere and turned UCB into LCB."""
+    import math
+
+    from orchestrator.calibration import SPREAD_MAX, SPREAD_MIN, build_calibrator
+    from orchestrator.models.predictive import Forecast
+
+    for seed in range(5):
+        g = torch.Generator().manual_seed(seed)
+        n = 1000
+        y = torch.randn(n, generator=g, dtype=torch.float64)
+        fc = Forecast("gaussian", 0.5, torch.full((n,), 2.0, dtype=torch.float64),
+                      torch.full((n,), 0.5, dtype=torch.float64),
+                      torch.full((n,), math.log(math.sqrt(0.5)), dtype=torch.float64),
+                      torch.zeros(n, dtype=torch.float64))
+        cal = build_calibrator("online", spread="off")
+        cal.update(fc, y)
+        assert SPREAD_MIN <= cal.sigma_scale() <= SPREAD_MAX
