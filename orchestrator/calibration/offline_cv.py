@@ -295,9 +295,15 @@ class OfflineCVCalibrator(Calibrator):
         def z(v: np.ndarray) -> np.ndarray:
             return norm.ppf(np.clip(v, 1e-12, 1 - 1e-12))[:, None]
 
+        # the GP models R(u) - u, so that away from the PITs it falls back to the identity (calibrated), not to
+        # the mean of p-hat: that held R at ~0.46 from u = 1e-4 to the median for uniform PITs, a point mass at
+        # -inf (found in review); made monotone by isotonic regression, not a running maximum
+        from sklearn.isotonic import IsotonicRegression
+
         gp = GaussianProcessRegressor(ConstantKernel(1.0) * RBF(1.0) + WhiteKernel(1e-3), normalize_y=True, random_state=0)
-        gp.fit(z(u), p_hat)
-        return np.maximum.accumulate(np.clip(gp.predict(z(_GRID)), 0.0, 1.0))
+        gp.fit(z(u), p_hat - u)
+        r = np.clip(_GRID + gp.predict(z(_GRID)), 0.0, 1.0)
+        return np.clip(IsotonicRegression(increasing=True).fit(_GRID, r).predict(_GRID), 0.0, 1.0)
 
     # ------------------------------------------------------------------ the map
     def map_levels(self, p: Tensor) -> Tensor:
