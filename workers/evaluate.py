@@ -363,10 +363,12 @@ _SUBREAPER: bool | None = None
 
 def _forget_adoption_in_child() -> None:
     """In a forked child: the kernel does not pass the subreaper flag on, and `_ADOPT_LOCK` may have been held by
-    another thread at the fork (found in review: an objective that itself called `evaluate_once` hung on it)."""
+    another thread at the fork (found in review: an objective that itself called `evaluate_once` hung on it).
+    A child never becomes a subreaper itself: a sandbox runs objective code, whose own children (a `Popen` it
+    waits for) `_reap_orphans` would reap."""
     global _ADOPT_LOCK, _SUBREAPER
     _ADOPT_LOCK = threading.Lock()
-    _SUBREAPER = None
+    _SUBREAPER = False
     _SANDBOX_PIDS.clear()
 
 

@@ -99,6 +99,30 @@ def test_an_evaluation_worker_adopts_and_reaps_its_sandboxes_orphans():
     assert zombies <= 1 and guards == 1
 
 
+class NestedInWorker(Objective):
+    """Evaluates another objective from its sandbox, then says whether that made the sandbox a subreaper."""
+
+    space = SPACE
+
+    def evaluate(self, params, seed):
+        import workers.evaluate as ev
+        from tests.workers.test_evaluate import Returning
+
+        assert ev.evaluate_once(Returning(2.0), "inner", params, seed, timeout_s=20)["value"] == 2.0
+        return float(bool(ev._SUBREAPER))
+
+
+def test_a_sandbox_never_becomes_a_subreaper():
+    """A sandbox runs objective code: as a subreaper its sweep would reap the objective's own children (a `Popen`
+    it waits for would read exit status 0). Only the worker, which runs none, adopts."""
+    code = ("from workers.evaluate import evaluate_once; from tests.workers.test_orphans import NestedInWorker; "
+            "print(evaluate_once(NestedInWorker(), '0-0', {'x': 0.5}, seed=0, timeout_s=60)['value'])")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "QBATCH_EVALUATION_WORKER": "process"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["0.0"]
+
+
 def test_an_objective_may_evaluate_another_in_a_sandbox_of_its_own():
     """Found in review: the worker forked its sandbox holding the adoption lock, which the child inherited held,
     so an objective that itself called `evaluate_once` hung until its timeout."""
