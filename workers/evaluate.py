@@ -388,7 +388,9 @@ def _adopt_orphans() -> bool:
     global _SUBREAPER
     if _SUBREAPER is None:
         _SUBREAPER = False
-        if os.environ.get("QBATCH_EVALUATION_WORKER"):
+        # a process-isolated evaluation worker only: one for thread-isolated evaluations runs objective code
+        # (which may itself call `evaluate_once`), whose own children a sweep would reap
+        if os.environ.get("QBATCH_EVALUATION_WORKER") == "process":
             try:
                 _SUBREAPER = _libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
             except Exception:  # pragma: no cover - not Linux

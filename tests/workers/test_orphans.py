@@ -80,11 +80,11 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _run(prefix: list[str], worker: bool) -> list[int]:
+def _run(prefix: list[str], worker: bool, mode: str = "process") -> list[int]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("QBATCH_EVALUATION_WORKER", None)
     if worker:
-        env["QBATCH_EVALUATION_WORKER"] = "process"  # as `evaluation_runtime_env` marks Ray's evaluation workers
+        env["QBATCH_EVALUATION_WORKER"] = mode  # as `evaluation_runtime_env` marks Ray's evaluation workers
     out = subprocess.run([*prefix, sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env,
                          cwd=REPO, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -133,6 +133,9 @@ def test_an_objective_may_evaluate_another_in_a_sandbox_of_its_own():
 def test_outside_an_evaluation_worker_the_process_is_left_as_it_is():
     _, guards, _ = _run([], worker=False)
     assert guards == 0  # no subreaper: a library caller's process adopts nothing
+    # nor a worker for thread-isolated evaluations, which runs objective code (that may call `evaluate_once`)
+    _, guards, _ = _run([], worker=True, mode="thread")
+    assert guards == 0
 
 
 def test_no_zombies_pile_up_where_pid_1_reaps_nothing():
