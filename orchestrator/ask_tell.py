@@ -560,9 +560,8 @@ class AskTellOptimizer:
         `to_unit` took 55 s for 1,000 choices x 100 ints)."""
         from orchestrator.space import IntParam
 
-        axes = [torch.tensor([p.to_unit(v) for v in (range(int(p.low), int(p.high) + 1, int(p.step))
-                                                     if isinstance(p, IntParam) else p.choices)], dtype=torch.float64)
-                for p in self.space.params]
+        axes = [torch.tensor([p.to_unit(v) for v in (p.values.tolist() if isinstance(p, IntParam) else p.choices)],
+                             dtype=torch.float64) for p in self.space.params]
         return torch.cartesian_prod(*axes).reshape(-1, len(axes))
 
     def forecast(self, X: Tensor) -> list[dict | None]:
