@@ -625,7 +625,10 @@ class AskTellOptimizer:
 
     def flush_calibration(self) -> int:
         """Apply the queued calibrator updates (forecast recorded at proposal, observed y) as one update, in
-        the order their trials were asked."""
+        the order their trials were asked. The online recalibrator scores them together at the map in force
+        now, the one their batch was proposed with in a synchronous run (ask flushes before proposing); in a
+        streaming run a flush holds the results that came in since the last ask, some of them proposed one or
+        more asks earlier."""
         with self._calib_lock:
             with self._lock:
                 todo, self._calib_queue = sorted(self._calib_queue, key=lambda u: u[0]), []

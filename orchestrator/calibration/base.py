@@ -128,7 +128,8 @@ class CalibratedForecast:
 class Calibrator(ABC):
     """Base class of every calibrator: identity map and unit spread until a subclass learns otherwise.
 
-    Subclasses override `_update_one` (one completed result, O(levels)) and, when their map is not the
+    Subclasses override `_update_one` (one completed result, O(levels)) or `_update_results` (the results of
+    one `update` call together) and, when their map is not the
     identity, `map_levels`/`unmap_levels`. A `SpreadTracker` (spread.py), when given, is updated with every
     result and answers `spread(X)`.
 
@@ -150,16 +151,17 @@ class Calibrator(ABC):
 
     # ------------------------------------------------------------------ online updates
     def update(self, forecast: Forecast, y: Tensor | float | Sequence[float], X: Tensor | None = None) -> None:
-        """Consume completed results, one at a time, in the order given (the optimizer gives ask order).
+        """Consume the completed results of one flush (the optimizer passes a batch's results together).
 
-        Each result is scored against the level (online) or threshold (LOCBO) left by the results before it,
-        also within one batch: the online guarantee holds for any ordering (calibrated-bo.md §4.2). Scoring a
-        whole batch at the level it was proposed with, then applying its steps (§4.3), is the alternative; with
-        batches of 100 and the default step sizes the threshold moves by a few tenths within a batch.
+        By default each result is scored against the level (LOCBO: threshold) left by the results before it, in
+        the order given (`_update_one`); the online guarantee holds for any ordering (calibrated-bo.md §4.2).
+        The online recalibrator instead scores all of them at the levels in force when the batch was proposed
+        and takes one step (§4.3; `OnlineQuantileRecalibrator.update_pit_batch`). The spread factor, if any,
+        steps once per result.
 
         Args:
             forecast: the forecast recorded when the point(s) were proposed (`n` points; the optimizer passes
-                the results it has in one call, in ask order; they are processed in that order).
+                the results it has in one call, in ask order).
             y: the `n` observed values (original units, finite).
             X: optional `n x d` unit-cube points; required by localized calibrators (`needs_x`).
 
@@ -169,13 +171,16 @@ class Calibrator(ABC):
         forecast, yt, X = as_observations(forecast, y, X)
         if X is None and (self.needs_x or (self.spread_tracker is not None and self.spread_tracker.needs_x)):
             raise InputDataError(f"calibrator {self.name!r} is localized and needs the points X of each result")
-        for i in range(yt.shape[0]):
-            fi = forecast[i]
-            xi = None if X is None else X[i]
-            self._update_one(fi, yt[i], xi)
-            if self.spread_tracker is not None:
-                self.spread_tracker.update(fi, yt[i], xi)
-            self.num_updates += 1
+        self._update_results(forecast, yt, X)
+        if self.spread_tracker is not None:
+            for i in range(yt.shape[0]):
+                self.spread_tracker.update(forecast[i], yt[i], None if X is None else X[i])
+        self.num_updates += yt.shape[0]
+
+    def _update_results(self, forecast: Forecast, y: Tensor, X: Tensor | None) -> None:
+        """The `n` results of one `update` call: by default one `_update_one` each, in the order given."""
+        for i in range(y.shape[0]):
+            self._update_one(forecast[i], y[i], None if X is None else X[i])
 
     def _update_one(self, forecast: Forecast, y: Tensor, x: Tensor | None) -> None:
         """One result: `forecast` of one point, scalar `y`, `d` point `x` (or None)."""

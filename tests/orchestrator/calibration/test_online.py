@@ -16,10 +16,12 @@ from orchestrator.calibration import (
     build_calibrator,
     interval_coverage,
 )
+from orchestrator.calibration.online import DEFAULT_LEVELS
 from orchestrator.errors import ConfigError, InputDataError
 from orchestrator.models.predictive import Forecast
 
 LEVELS = np.round(np.linspace(0.05, 0.95, 19), 2)
+LEVELS_DEFAULT = np.asarray(DEFAULT_LEVELS)
 
 
 def _bound(eta: float, T: int) -> float:
@@ -119,11 +121,16 @@ def test_overconfident_pits_widen_the_map() -> None:
 def test_update_with_forecasts_matches_pits() -> None:
     fc = Forecast("gaussian", 0.5, torch.tensor([0.0, 1.0, 2.0]), torch.tensor([1.0, 0.5, 2.0]), torch.tensor([-1.0]), 0.0)
     y = torch.tensor([0.3, -1.0, 5.0], dtype=torch.float64)
-    a, b = OnlineQuantileRecalibrator(eta=0.4), OnlineQuantileRecalibrator(eta=0.4)
-    a.update(fc, y)
-    b.update_pit(fc.cdf(y))
+    a, b, seq = (OnlineQuantileRecalibrator(eta=0.4) for _ in range(3))
+    a.update(fc, y)  # one flush: the three results scored at the same levels, one step (spec §4.3)
+    b.update_pit_batch(fc.cdf(y))
+    seq.update_pit(fc.cdf(y))
     np.testing.assert_allclose(a.raw_levels(), b.raw_levels())
-    assert a.num_updates == 3
+    u = fc.cdf(y).numpy()
+    expected = LEVELS_DEFAULT + 0.4 * (LEVELS_DEFAULT - (u[:, None] <= LEVELS_DEFAULT[None, :]).mean(axis=0))
+    np.testing.assert_allclose(a.raw_levels(), expected)
+    assert not np.allclose(a.raw_levels(), seq.raw_levels())
+    assert a.num_updates == 3 and a.T == 3
     cf = a.recalibrate(fc)
     lo, hi = cf.interval(0.8)
     assert torch.all(lo < hi)
@@ -283,3 +290,41 @@ def test_sigma_scale_of_a_biased_model_stays_a_positive_scale():
         cal = build_calibrator("online", spread="off")
         cal.update(fc, y)
         assert SPREAD_MIN <= cal.sigma_scale() <= SPREAD_MAX
+
+
+@pytest.mark.parametrize("eta", [0.05, 0.5, 3.0])
+def test_batch_steps_bound_the_coverage_of_the_levels_each_batch_used(eta: float) -> None:
+    """Eq. (10) for batches (spec §4.3): one step per batch with the mean gradient bounds the mean over batches
+    of each batch's coverage at the levels in force when it was proposed, on batches of varying size."""
+    rng = np.random.default_rng(5)
+    cal = OnlineQuantileRecalibrator(levels=LEVELS, eta=eta)
+    means, N = np.zeros_like(LEVELS), 300
+    for b in range(N):
+        u = rng.beta(0.3, 2.0, size=int(rng.integers(1, 40))) if b % 3 else np.full(7, 0.97)
+        q = cal.raw_levels()
+        assert np.all(q >= -eta - 1e-12) and np.all(q <= 1 + eta + 1e-12)  # Lemma 3's range, not [-B eta, ...]
+        means += (u[:, None] <= q[None, :]).mean(axis=0)
+        cal.update_pit_batch(u)
+    assert np.all(np.abs(means / N - LEVELS) <= _bound(eta, N) + 1e-12)
+
+
+@pytest.mark.parametrize("batch", [10, 50])
+def test_batches_are_covered_at_the_map_they_were_proposed_with(batch: int) -> None:
+    """A model over-confident by 2x, results flushed a batch at a time: the central 90% interval of the map in
+    force when each batch was proposed covers 90% of its results. Scoring each result at the level the one
+    before it left, as `update` did, covered 0.957 at batch 10 and 0.959 at batch 50 (calibrated-bo.md §4.3)."""
+    rng = np.random.default_rng(3)
+    cal = OnlineQuantileRecalibrator(eta=0.1)
+    zeros = torch.zeros(batch, dtype=torch.float64)
+    fc = Forecast("gaussian", 0.5, zeros, zeros, zeros, 0.0)  # N(0, 1) forecasts; the truth is N(0, 4)
+    hits = total = 0
+    for b in range(6000 // batch):
+        y = torch.as_tensor(2.0 * rng.standard_normal(batch))
+        # the levels of the base forecast that bound the interval the batch's proposals were made with
+        lo, hi = cal.map_levels(torch.tensor([0.05, 0.95], dtype=torch.float64)).tolist()
+        if b >= 500 // batch:  # past the first few hundred results' transient
+            u = fc.cdf(y)
+            hits += int(((u >= lo) & (u <= hi)).sum())
+            total += batch
+        cal.update(fc, y)
+    assert abs(hits / total - 0.9) < 0.02, hits / total
