@@ -1,7 +1,12 @@
 """Exact GP baseline (`model: exact-gp`): one latent f with homoscedastic Gaussian noise.
 
-A BoTorch `SingleTaskGP` with a constant mean and a Matern-5/2 ARD kernel, fitted by maximising the exact
-marginal likelihood (`fit_gpytorch_mll`, with the fallback chain of `mll_fit`), on standardized outcomes.
+A BoTorch `SingleTaskGP` with BoTorch's default priors (what a BoTorch user gets, the usual user's choice that
+issue 8 names): the dimension-scaled LogNormal lengthscale prior of Hvarfner et al. (2024) with its lower bound
+0.025 (`get_covar_module_with_dim_scaled_prior`, here its Matern-5/2 form, the kernel of every qbatch model), no
+outputscale (outcomes are standardized) and the LogNormal(-4, 1) noise prior; a constant mean. Fitted by
+maximising the exact marginal likelihood (`fit_gpytorch_mll`, with the fallback chain of `mll_fit`), on
+standardized outcomes. Until 2026-11-26 it had no hyperpriors and a free outputscale (`KERNEL_LEGACY`; states
+saved then still load): on very noisy data its lengthscales collapsed to 1e-4 and it memorized the noise.
 It speaks the `Surrogate` interface of quantile-expectile-bo.md §1 with family "gaussian": g = log noise
 std is a constant (zero posterior variance), `tau` is the plug-in quantile level (§1.7), and
 `sparse_parts("f")` expresses the exact posterior in the sparse form with Z = the training inputs, so the
@@ -16,6 +21,7 @@ from typing import Any
 
 import torch
 from botorch.models import SingleTaskGP
+from botorch.models.utils.gpytorch_modules import get_covar_module_with_dim_scaled_prior
 from gpytorch.kernels import MaternKernel, ScaleKernel
 from gpytorch.mlls import ExactMarginalLogLikelihood
 from torch import Tensor
@@ -26,9 +32,13 @@ from orchestrator.models.likelihoods import check_tau
 from orchestrator.models.mll_fit import fit_exact_mll
 from orchestrator.models.svgp import JITTER_REL, MIN_VARIANCE, standardization
 
-__all__ = ["ExactGP"]
+__all__ = ["ExactGP", "KERNEL", "KERNEL_LEGACY"]
 
 _LATENTS = ("f", "g")
+#: the kernel of `_build` (saved in the state): Matern-5/2, BoTorch's dimension-scaled lengthscale prior, no outputscale
+KERNEL = "matern52-dim-scaled"
+#: the kernel of states saved before the priors: ScaleKernel(Matern-5/2), no hyperpriors
+KERNEL_LEGACY = "scaled-matern52"
 
 
 class ExactGP(Surrogate):
@@ -58,11 +68,25 @@ class ExactGP(Surrogate):
 
     # --- construction ------------------------------------------------------------------------------------
     @staticmethod
-    def _build(X: Tensor, Y_std: Tensor) -> SingleTaskGP:
+    def _build(X: Tensor, Y_std: Tensor, kernel: str = KERNEL) -> SingleTaskGP:
         d = X.shape[-1]
-        covar = ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=d))
+        if kernel == KERNEL:
+            covar = get_covar_module_with_dim_scaled_prior(ard_num_dims=d, use_rbf_kernel=False)
+        elif kernel == KERNEL_LEGACY:
+            covar = ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=d))
+        else:
+            raise InputDataError(f"unknown exact-GP kernel {kernel!r} in the state; known: {[KERNEL, KERNEL_LEGACY]}")
+        # BoTorch's default likelihood (LogNormal(-4, 1) noise prior, noise >= 1e-4): none is passed
         model = SingleTaskGP(X, Y_std.unsqueeze(-1), covar_module=covar, outcome_transform=None)
         return model.to(**TKWARGS)
+
+    @staticmethod
+    def _kernel_hyperparameters(model: SingleTaskGP) -> tuple[Tensor, Tensor]:
+        """(lengthscale `d`, outputscale scalar) of either kernel: 1 where there is no ScaleKernel."""
+        covar = model.covar_module
+        if isinstance(covar, ScaleKernel):
+            return covar.base_kernel.lengthscale.detach().reshape(-1), covar.outputscale.detach().reshape(())
+        return covar.lengthscale.detach().reshape(-1), torch.ones((), **TKWARGS)
 
     def fit(self, X: Tensor, Y: Tensor) -> dict[str, float]:
         """Fit the hyperparameters by exact marginal likelihood on all data (`n x d`, `n`)."""
@@ -170,8 +194,7 @@ class ExactGP(Surrogate):
         with torch.no_grad():
             Z = self._X
             c = model.mean_module.constant.detach().reshape(())
-            outputscale = model.covar_module.outputscale.detach().reshape(())
-            lengthscale = model.covar_module.base_kernel.lengthscale.detach().reshape(-1)
+            lengthscale, outputscale = self._kernel_hyperparameters(model)
             noise = self.noise_variance
             jitter = min(JITTER_REL * float(outputscale), 0.5 * noise)
             K = model.covar_module(Z).to_dense()
@@ -190,7 +213,7 @@ class ExactGP(Surrogate):
     def get_state(self) -> dict[str, Any]:
         """Tensors and plain values only (loads with `torch.load(weights_only=True)`)."""
         state: dict[str, Any] = {
-            "class": "ExactGP", "family": self.family, "tau": self.tau, "warm_start": self.warm_start,
+            "class": "ExactGP", "family": self.family, "tau": self.tau, "warm_start": self.warm_start, "kernel": KERNEL,
             "y_mean": self._y_mean, "y_std": self._y_std, "X": None, "Y": None, "model": None,
         }
         if self.model is not None:
@@ -210,7 +233,9 @@ class ExactGP(Surrogate):
             self.model, self._X, self._Y = None, None, None
             return
         X, Y = state["X"].to(**TKWARGS), state["Y"].to(**TKWARGS)
-        model = self._build(X, (Y - self._y_mean) / self._y_std)
+        # a state saved before the priors (no "kernel") holds a ScaleKernel's hyperparameters: rebuilt as it was;
+        # the next fit builds the current kernel (its warm start takes the noise and mean, not the kernel's)
+        model = self._build(X, (Y - self._y_mean) / self._y_std, state.get("kernel", KERNEL_LEGACY))
         model.load_state_dict(state["model"])
         model.eval()
         self.model, self._X, self._Y = model, X, Y

@@ -152,3 +152,62 @@ def test_build_model_names():
     assert isinstance(build_model("heteroscedastic", tau=0.3), HeteroscedasticSVGP)
     with pytest.raises(ConfigError, match="unknown model option"):
         build_model("quantile", tau=0.3, bogus=1)
+
+
+def test_priors_are_botorchs_defaults(fitted, data):
+    """The qLogNEI baseline's GP is what a BoTorch user gets from `SingleTaskGP(X, Y)`: the dimension-scaled
+    lengthscale prior with its bound 0.025 (in its Matern-5/2 form), no outputscale, the LogNormal(-4, 1) noise prior."""
+    from botorch.models import SingleTaskGP
+
+    X, Y = data
+    default = SingleTaskGP(X, Y.unsqueeze(-1))
+    ours = fitted.model
+    assert not isinstance(ours.covar_module, gpytorch.kernels.ScaleKernel)
+    assert isinstance(ours.covar_module, gpytorch.kernels.MaternKernel) and ours.covar_module.nu == 2.5
+    for name in ("loc", "scale"):
+        assert float(getattr(ours.covar_module.lengthscale_prior, name)) == pytest.approx(
+            float(getattr(default.covar_module.lengthscale_prior, name)))
+        assert float(getattr(ours.likelihood.noise_covar.noise_prior, name)) == pytest.approx(
+            float(getattr(default.likelihood.noise_covar.noise_prior, name)))
+    assert float(ours.covar_module.lengthscale_prior.loc) == pytest.approx(math.sqrt(2) + math.log(2) / 2)
+    assert float(ours.covar_module.raw_lengthscale_constraint.lower_bound) == pytest.approx(0.025)
+    assert float(fitted.sparse_parts("f").outputscale) == 1.0
+
+
+def test_very_noisy_data_keep_the_lengthscales_at_botorchs_bound():
+    """Found in review: without hyperpriors, on data whose noise (sd 30) dwarfs the signal (range 3), the
+    lengthscales fell to about 1e-4, a white-noise kernel, and warm starts kept that fit. BoTorch's default also
+    explains these data by short lengthscales (its noise prior favours small noise), but not below its bound."""
+    g = torch.Generator().manual_seed(4)
+    X = torch.rand(80, 2, generator=g, **TK)
+    Y = 3.0 * torch.sin(3 * X[:, 0]) + 30.0 * torch.randn(80, generator=g, **TK)
+    model = ExactGP()
+    for n in (40, 60, 80):  # warm-started refits, as a run does them
+        model.fit(X[:n], Y[:n])
+        assert float(model.sparse_parts("f").lengthscale.min()) >= 0.025 * (1 - 1e-6)
+
+
+def test_a_state_saved_before_the_priors_still_loads(data):
+    """States of runs saved with the earlier kernel (ScaleKernel(Matern-5/2), no priors; no "kernel" key) load
+    as they were, and the next fit moves to the current kernel."""
+    X, Y = data
+    loc, scale = float(Y.mean()), float(Y.std())
+    legacy = ExactGP._build(X, (Y - loc) / scale, "scaled-matern52")
+    legacy.covar_module.outputscale = 2.0
+    legacy.covar_module.base_kernel.lengthscale = torch.tensor([[0.3, 0.7]], **TK)
+    legacy.eval()
+    state = {"class": "ExactGP", "family": "gaussian", "tau": 0.5, "warm_start": True, "y_mean": loc,
+             "y_std": scale, "X": X.clone(), "Y": Y.clone(),
+             "model": {k: v.detach().clone() for k, v in legacy.state_dict().items()}}
+    model = ExactGP()
+    model.set_state(state)
+    Xt = torch.rand(5, 2, generator=torch.Generator().manual_seed(6), **TK)
+    torch.testing.assert_close(model.posterior_f(Xt)[0], legacy.posterior(Xt).mean.squeeze(-1))
+    parts = model.sparse_parts("f")
+    assert float(parts.outputscale) == pytest.approx(2.0)
+    torch.testing.assert_close(parts.lengthscale, torch.tensor([0.3, 0.7], **TK))
+    model.fit(X, Y)
+    assert isinstance(model.model.covar_module, gpytorch.kernels.MaternKernel)
+    assert model.get_state()["kernel"] == "matern52-dim-scaled"
+    with pytest.raises(InputDataError, match="unknown exact-GP kernel 'rbf'"):
+        ExactGP().set_state({**state, "kernel": "rbf"})

@@ -50,7 +50,7 @@ def test_a_failed_warm_fit_restarts_cold(one_thread, data, monkeypatch):
     calls = failing(monkeypatch, lambda i, kw: i == 0)
     diag = model.fit(X, Y)
     assert diag["fit_fallback"] == 1 and len(calls) == 2 and calls[1] == {}
-    ls = model.model.covar_module.base_kernel.lengthscale.detach()
+    ls = model.model.covar_module.lengthscale.detach()
     assert torch.isfinite(ls).all()
     mean, var = model.posterior_f(X[:5], full_cov=False)
     assert torch.isfinite(mean).all() and (var > 0).all()
@@ -72,7 +72,7 @@ def test_when_every_fit_fails_the_default_hyperparameters_serve_with_a_warning(o
         diag = model.fit(X, Y)
     assert diag["fit_fallback"] == 3
     fresh = ExactGP()._build(X, Y)
-    assert torch.allclose(model.model.covar_module.base_kernel.lengthscale, fresh.covar_module.base_kernel.lengthscale)
+    assert torch.allclose(model.model.covar_module.lengthscale, fresh.covar_module.lengthscale)
     mean, var = model.posterior_f(X[:5], full_cov=False)
     assert torch.isfinite(mean).all() and (var > 0).all()
     # the next refit tries again (and here succeeds)
