@@ -6,7 +6,7 @@ issue 8 names): the dimension-scaled LogNormal lengthscale prior of Hvarfner et 
 outputscale (outcomes are standardized) and the LogNormal(-4, 1) noise prior; a constant mean. Fitted by
 maximising the exact marginal likelihood (`fit_gpytorch_mll`, with the fallback chain of `mll_fit`), on
 standardized outcomes. Until 2026-11-26 it had no hyperpriors and a free outputscale (`KERNEL_LEGACY`; states
-saved then still load): on very noisy data its lengthscales collapsed to 1e-4 and it memorized the noise.
+saved then still load): on very noisy data its lengthscales could fall to 1e-7, a white-noise kernel.
 It speaks the `Surrogate` interface of quantile-expectile-bo.md §1 with family "gaussian": g = log noise
 std is a constant (zero posterior variance), `tau` is the plug-in quantile level (§1.7), and
 `sparse_parts("f")` expresses the exact posterior in the sparse form with Z = the training inputs, so the
@@ -213,7 +213,9 @@ class ExactGP(Surrogate):
     def get_state(self) -> dict[str, Any]:
         """Tensors and plain values only (loads with `torch.load(weights_only=True)`)."""
         state: dict[str, Any] = {
-            "class": "ExactGP", "family": self.family, "tau": self.tau, "warm_start": self.warm_start, "kernel": KERNEL,
+            "class": "ExactGP", "family": self.family, "tau": self.tau, "warm_start": self.warm_start,
+            # the kernel of `model`: the earlier one after loading an earlier state, until the next fit
+            "kernel": KERNEL_LEGACY if self.model is not None and isinstance(self.model.covar_module, ScaleKernel) else KERNEL,
             "y_mean": self._y_mean, "y_std": self._y_std, "X": None, "Y": None, "model": None,
         }
         if self.model is not None:
@@ -235,7 +237,8 @@ class ExactGP(Surrogate):
         X, Y = state["X"].to(**TKWARGS), state["Y"].to(**TKWARGS)
         # a state saved before the priors (no "kernel") holds a ScaleKernel's hyperparameters: rebuilt as it was;
         # the next fit builds the current kernel (its warm start takes the noise and mean, not the kernel's)
-        model = self._build(X, (Y - self._y_mean) / self._y_std, state.get("kernel", KERNEL_LEGACY))
+        kernel = state.get("kernel", KERNEL_LEGACY)
+        model = self._build(X, (Y - self._y_mean) / self._y_std, kernel)
         model.load_state_dict(state["model"])
         model.eval()
         self.model, self._X, self._Y = model, X, Y

@@ -206,6 +206,9 @@ def test_a_state_saved_before_the_priors_still_loads(data):
     parts = model.sparse_parts("f")
     assert float(parts.outputscale) == pytest.approx(2.0)
     torch.testing.assert_close(parts.lengthscale, torch.tensor([0.3, 0.7], **TK))
+    again = ExactGP()  # saved again before a refit, it is still the earlier kernel's state
+    again.set_state(model.get_state())
+    torch.testing.assert_close(again.posterior_f(Xt)[0], model.posterior_f(Xt)[0])
     model.fit(X, Y)
     assert isinstance(model.model.covar_module, gpytorch.kernels.MaternKernel)
     assert model.get_state()["kernel"] == "matern52-dim-scaled"
