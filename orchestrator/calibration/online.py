@@ -126,7 +126,9 @@ class OnlineQuantileRecalibrator(Calibrator):
         self.update_pit(forecast.cdf(y))
 
     def coverage(self) -> np.ndarray:
-        """(1/T) sum_t 1{u_t <= q_{k,t}} per level: the frequency the theorem bounds (NaN before any update)."""
+        """(1/T) sum_t 1{u_t <= q_{k,t}} per level, each result scored at the levels it was scored against (its
+        batch's, for `update_pit_batch`): the frequency the theorem bounds, for batches the mean over batches when
+        they are of one size (NaN before any update)."""
         return self.hits / self.T if self.T else np.full_like(self.levels, np.nan)
 
     # ------------------------------------------------------------------ the map
