@@ -624,20 +624,28 @@ class AskTellOptimizer:
         return trial_id in self._told
 
     def flush_calibration(self) -> int:
-        """Apply the queued calibrator updates (forecast recorded at proposal, observed y) as one update, in
-        the order their trials were asked. The online recalibrator scores them together at the map in force
-        now, the one their batch was proposed with in a synchronous run (ask flushes before proposing); in a
-        streaming run a flush holds the results that came in since the last ask, some of them proposed one or
-        more asks earlier."""
+        """Apply the queued calibrator updates (forecast recorded at proposal, observed y), in the order their
+        trials were asked: one `update` per batch (the results of one ask that are here), so that the online
+        recalibrator scores a batch's results together and steps once per batch (calibrated-bo.md §4.3), also
+        when one flush holds many batches (a resume that replays the log without a calibrator checkpoint: one
+        update for all of them left the map one step from the identity, found in review). Each batch is scored
+        at the map in force now: the one it was proposed with in a synchronous run (ask flushes before
+        proposing); in a streaming run a flush holds the results that came in since the last ask, some of them
+        proposed under an earlier map."""
         with self._calib_lock:
             with self._lock:
                 todo, self._calib_queue = sorted(self._calib_queue, key=lambda u: u[0]), []
+                batch_of = {u[1]: self._trials[u[1]].batch_id for u in todo}
             if not todo or self._calibrator is None:
                 return 0
             from orchestrator.models.predictive import Forecast
 
-            # runs of results with and without a forecast, in ask order (the latter only for `needs_every_result`)
-            for has_forecast, run in itertools.groupby(todo, key=lambda u: u[2] is not None):
+            # runs of results with a forecast, one per batch, and without one (only for `needs_every_result`),
+            # in ask order
+            def run_key(u: tuple) -> tuple[bool, int | None]:
+                return (True, batch_of[u[1]]) if u[2] is not None else (False, None)
+
+            for (has_forecast, _), run in itertools.groupby(todo, key=run_key):
                 run = list(run)
                 y = torch.tensor([u[3] for u in run], **self._tk)
                 X = torch.stack([u[4] for u in run]).to(**self._tk)

@@ -161,13 +161,14 @@ class Calibrator(ABC):
 
     # ------------------------------------------------------------------ online updates
     def update(self, forecast: Forecast, y: Tensor | float | Sequence[float], X: Tensor | None = None) -> None:
-        """Consume the completed results of one flush (the optimizer passes a batch's results together).
+        """Consume completed results (the optimizer's flush passes one batch's results per call).
 
         By default each result is scored against the level (LOCBO: threshold) left by the results before it, in
         the order given (`_update_one`); the online guarantee holds for any ordering (calibrated-bo.md §4.2).
-        The online recalibrator instead scores all of them at the levels in force when the batch was proposed
-        and takes one step (§4.3; `OnlineQuantileRecalibrator.update_pit_batch`). The spread factor, if any,
-        steps once per result.
+        The online recalibrator instead scores all of them at the levels in force and takes one step (§4.3;
+        `OnlineQuantileRecalibrator.update_pit_batch`): the optimizer calls it once per batch, so in a
+        synchronous run these are the levels the batch was proposed with. The spread factor, if any, steps once
+        per result.
 
         Args:
             forecast: the forecast recorded when the point(s) were proposed (`n` points; the optimizer passes

@@ -6,10 +6,11 @@ q_t = +eta sum g_s). Started at q = p (identity map). Guarantee (Thm 4.2, eq. 10
 |(1/T) sum_t 1{u_t <= q_{k, t}} - p_k| <= (1 + eta) / (eta T). Per-level trajectories can cross
 (spec caveat to Lemma 4), so the map R(p) interpolates monotone levels: by default their isotonic fit (pool adjacent violators,
 `rearrangement="isotonic"`), or the sorted levels (`rearrangement="sort"`, monotone rearrangement).
-`update` (the optimizer's flush, one batch's results) scores a batch's results at the levels they were proposed
-with and takes one step with their mean gradient (§4.3); `update_pit` steps once per PIT value.
+`update` (the optimizer's flush passes one batch's results per call) scores a batch's results at the levels in
+force, those its points were proposed with in a synchronous run, and takes one step with their mean gradient
+(§4.3): then T in the bounds counts batches, not results. `update_pit` steps once per PIT value.
 `OnlineIntervalCalibrator` is the conformal interval variant: two levels (1 -+ c)/2 per coverage c
-(ACI on PIT scores, miscoverage -> 1 - c at rate 2(1 + eta)/(eta T)).
+(ACI on PIT scores, miscoverage -> 1 - c at rate 2(1 + eta)/(eta T), T steps).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ __all__ = ["OnlineQuantileRecalibrator", "OnlineIntervalCalibrator", "DEFAULT_LE
 #: default level grid: 0.05, 0.10, ..., 0.95 plus 0.01, 0.025, 0.975, 0.99 (the paper leaves K open, spec §1.5);
 #: it holds both ends of the central 50/80/90% intervals
 DEFAULT_LEVELS: tuple[float, ...] = (0.01, 0.025) + tuple(round(0.05 * k, 2) for k in range(1, 20)) + (0.975, 0.99)
-#: default OGD step size eta (spec §1.5: not given in the paper); bound (1+eta)/(eta T) = 0.037 at T = 300.
+#: default OGD step size eta (spec §1.5: not given in the paper); bound (1+eta)/(eta T) = 0.037 after T = 300
+#: steps (300 results one at a time, or 300 batches).
 #: Larger steps make neighbouring levels of the default grid cross more often, and the rearrangement then
 #: moves the map away from the raw iterates the bound is about
 DEFAULT_ETA = 0.1
@@ -119,7 +121,8 @@ class OnlineQuantileRecalibrator(Calibrator):
         self._map = None
 
     def _update_results(self, forecast: Forecast, y: Tensor, X: Tensor | None) -> None:
-        # the results of one flush (a batch proposed under one map): one step at the levels in force
+        # the results of one batch (the optimizer's flush passes them per batch): one step at the levels in force,
+        # the batch's own in a synchronous run; in a streaming run a later ask may have moved them since
         self.update_pit_batch(forecast.cdf(y))
 
     def _update_one(self, forecast: Forecast, y: Tensor, x: Tensor | None) -> None:

@@ -752,3 +752,27 @@ def test_the_sobol_proposer_counts_failed_points_of_its_sequence():
                 opt.tell(t.trial_id, float(sum(X[-1])))
     expected = torch.quasirandom.SobolEngine(2, scramble=True, seed=5).draw(16, dtype=torch.float64)
     assert torch.allclose(torch.tensor(X, dtype=torch.float64), expected, atol=1e-12)
+
+
+def test_a_replay_without_calibrator_checkpoint_rebuilds_the_online_calibrator():
+    """A resume without a usable calibrator checkpoint tells every logged result again and flushes once. The
+    online recalibrator steps once per batch, so that flush must update it batch by batch: one update for all
+    the results left its levels one step from the identity however long the run (found in review)."""
+    kw = dict(model="exact-gp", proposer="calibrated", initial_design=6, seed=2, calibrator="online",
+              calibrator_options={"eta": 0.2},
+              proposer_options={"acquisition": "ucb", "raw_samples": 32, "num_restarts": 1, "maxiter": 10})
+    opt = AskTellOptimizer(SMALL, **kw)
+    rng = np.random.default_rng(0)
+    for _ in range(7):
+        for t in opt.ask(6):
+            opt.tell(t.trial_id, f_true(t.params) + 0.3 * rng.standard_normal())
+    opt.flush_calibration()
+    assert opt.calibrator.T == 36  # six model batches of six (the design carries no forecast)
+    new = AskTellOptimizer(SMALL, **kw)  # the actor's replay (orchestrator/actor.py `_replay`)
+    for tid, t in opt._trials.items():
+        new.restore_trial(tid, t.params, t.x, t.batch_id, forecast=t.forecast, source=t.source)
+    for tid, y in zip(opt._obs_ids, opt._obs_y):
+        new.tell(tid, opt.sign * y)
+    assert new.flush_calibration() == 36  # the design results carry no forecast
+    np.testing.assert_allclose(new.calibrator.raw_levels(), opt.calibrator.raw_levels(), atol=1e-12)
+    assert np.abs(opt.calibrator.raw_levels() - opt.calibrator.levels).max() > 0.1  # the map has moved off the identity
