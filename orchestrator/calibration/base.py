@@ -364,8 +364,9 @@ class LevelMap:
     def __call__(self, p: Tensor) -> Tensor:
         """R(p) for `p` of any shape, values in [0, 1]."""
         p = torch.as_tensor(p, dtype=torch.float64)
-        if self.zp.numel() == 0:
-            return torch.where(p <= self.lo_cut, 0.0, torch.where(p >= self.hi_cut, 1.0, 0.5)).to(p)
+        if self.zp.numel() == 0:  # every level at 0 or 1: a step function, flat in p (`0 * p` keeps the graph:
+            # an acquisition built on it must still differentiate, found when PI's optimizer raised on it)
+            return torch.where(p <= self.lo_cut, 0.0, torch.where(p >= self.hi_cut, 1.0, 0.5)).to(p) + 0.0 * p
         z = torch.special.ndtri(p.clamp(_P_FLOOR, 1 - _P_FLOOR))
         r = torch.special.ndtr(_interp_extrap(z, self.zp.to(z), self.zf.to(z), self.slope_lo, self.slope_hi))
         return torch.where(p <= self.lo_cut, torch.zeros_like(r), torch.where(p >= self.hi_cut, torch.ones_like(r), r))
@@ -373,8 +374,8 @@ class LevelMap:
     def inverse(self, u: Tensor) -> Tensor:
         """R^{-1}(u) for `u` of any shape, values in [lo_cut, hi_cut]."""
         u = torch.as_tensor(u, dtype=torch.float64)
-        if self.zp.numel() == 0:
-            return torch.full_like(u, self.lo_cut if self.lo_cut > 0 else self.hi_cut)
+        if self.zp.numel() == 0:  # flat, with the graph kept (see `__call__`)
+            return torch.full_like(u, self.lo_cut if self.lo_cut > 0 else self.hi_cut) + 0.0 * u
         z = torch.special.ndtri(u.clamp(_P_FLOOR, 1 - _P_FLOOR))
         r = torch.special.ndtr(_interp_extrap(z, self.zf.to(z), self.zp.to(z), 1 / self.slope_lo, 1 / self.slope_hi))
         return r.clamp(self.lo_cut, self.hi_cut)

@@ -256,6 +256,28 @@ class TestAcquisitionProposerContract(ProposerContract):
         return PartsSurrogate(random_parts(d, m=10, seed=d), family="gaussian")
 
 
+@pytest.mark.parametrize("acq", ["pi", "ei", "ucb"])
+def test_a_map_with_every_level_at_zero_or_one_still_gives_a_differentiable_acquisition(acq: str) -> None:
+    """Found in the calibration benchmark (Drop-wave, offline-CV, seed 2): when every learned level sat at 0 or 1
+    the level map returned constants without a graph, and PI's optimizer raised "element 0 of tensors does not
+    require grad". Such a map is flat, so the acquisition must be too, but it must differentiate."""
+    from orchestrator.calibration.base import LevelMap
+
+    flat = LevelMap(np.array([0.2, 0.5, 0.8]), np.array([-0.1, 1.05, 1.2]))
+    p = torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64, requires_grad=True)
+    for out in (flat(p), flat.inverse(p)):
+        (grad,) = torch.autograd.grad(out.sum(), p)
+        assert torch.all(grad == 0)
+    torch.testing.assert_close(flat(p).detach(), torch.tensor([0.0, 1.0, 1.0], dtype=torch.float64))
+    cal = build_calibrator("online", levels=[0.5], eta=2.0)
+    cal.update_pit([0.9])  # q = 0.5 + 2 (0.5 - 0) = 1.5: the only level is above 1
+    assert cal.raw_levels()[0] > 1
+    X, Y = _data(9, d=2)
+    m = make_gp(X, Y, lengthscale=0.3, noise=0.01)
+    prop = attach(cal, AcquisitionProposer(acq, num_restarts=2, raw_samples=32, maxiter=20))
+    assert prop.propose(m, 1, X_observed=X, seed=0).shape == (1, 2)
+
+
 @pytest.mark.parametrize("calibrator,acq", [("none", "ei"), ("online", "pi"), ("locbo", "ei"), ("conformal", "ucb"), ("conformal", "ei")])
 def test_proposer_with_each_calibrator(calibrator: str, acq: str) -> None:
     X, Y = _data(9, d=2)
