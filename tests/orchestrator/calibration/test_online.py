@@ -331,7 +331,7 @@ def test_batches_are_covered_at_the_map_they_were_proposed_with(batch: int) -> N
 
 
 @pytest.mark.parametrize("overconfidence", [3.0, 5.0])
-def test_recalibrated_intervals_of_a_very_overconfident_model_cover(overconfidence: float) -> None:
+def test_recalibrated_intervals_of_a_very_overconfident_model_agree_with_its_cdf(overconfidence: float) -> None:
     """A model over-confident by 3x or 5x needs base levels below 1e-6 for a 90% interval. Clipping the mapped
     levels to [1e-6, 1 - 1e-6] ended the interval at 4.75 base sd: in review it covered 0.795 (3x) and 0.597 (5x)
     where the recalibrated CDF covered 0.90; here it covered 0.10 and 0.29 less than the CDF's interval. The
