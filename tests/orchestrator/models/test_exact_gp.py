@@ -176,8 +176,9 @@ def test_priors_are_botorchs_defaults(fitted, data):
 
 def test_very_noisy_data_keep_the_lengthscales_at_botorchs_bound():
     """Found in review: without hyperpriors, on data whose noise (sd 30) dwarfs the signal (range 3), the
-    lengthscales fell to 1e-4 (1e-7 in this test), a white-noise kernel, and warm starts kept that fit. BoTorch's default also
-    explains these data by short lengthscales (its noise prior favours small noise), but not below its bound."""
+    lengthscales fell to 1e-4 (1e-7 in this test), a white-noise kernel, and warm starts kept that fit.
+    BoTorch's default also explains these data by short lengthscales (its noise prior favours small noise), but
+    not below its bound."""
     g = torch.Generator().manual_seed(4)
     X = torch.rand(80, 2, generator=g, **TK)
     Y = 3.0 * torch.sin(3 * X[:, 0]) + 30.0 * torch.randn(80, generator=g, **TK)
