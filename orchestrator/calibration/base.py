@@ -172,7 +172,7 @@ class Calibrator(ABC):
 
         Args:
             forecast: the forecast recorded when the point(s) were proposed (`n` points; the optimizer passes
-                the results it has in one call, in ask order).
+                one batch's results per call, in ask order).
             y: the `n` observed values (original units, finite).
             X: optional `n x d` unit-cube points; required by localized calibrators (`needs_x`).
 
