@@ -92,12 +92,8 @@ class OnlineQuantileRecalibrator(Calibrator):
     # ------------------------------------------------------------------ updates
     def update_pit(self, u: float | Sequence[float] | Tensor) -> None:
         """OGD steps for PIT values u (in order): q_k += eta (p_k - 1{u <= q_k}); O(K) each."""
-        for v in torch.as_tensor(u, dtype=torch.float64).reshape(-1).tolist():
-            o = (v <= self.q).astype(np.float64)
-            self.hits += o
-            self.q = self.q + self.eta * (self.levels - o)
-            self.T += 1
-        self._map = None
+        for v in torch.as_tensor(u, dtype=torch.float64).reshape(-1, 1).numpy():
+            self._step(v)
 
     def update_pit_batch(self, u: float | Sequence[float] | Tensor) -> None:
         """One OGD step for a batch of PIT values scored at the same levels (calibrated-bo.md §4.3):
@@ -112,8 +108,11 @@ class OnlineQuantileRecalibrator(Calibrator):
         at their own levels, |(1/N) sum_b mean_i 1{u_bi <= q_kb} - p_k| <= (1 + eta) / (eta N) over N batches.
         """
         v = torch.as_tensor(u, dtype=torch.float64).reshape(-1).numpy()
-        if v.size == 0:
-            return
+        if v.size:
+            self._step(v)
+
+    def _step(self, v: np.ndarray) -> None:
+        """One OGD step for the PIT values `v` (one or more), all scored at the current levels."""
         o = (v[:, None] <= self.q[None, :]).astype(np.float64)
         self.hits += o.sum(axis=0)
         self.q = self.q + self.eta * (self.levels - o.mean(axis=0))
@@ -124,9 +123,6 @@ class OnlineQuantileRecalibrator(Calibrator):
         # the results of one batch (the optimizer's flush passes them per batch): one step at the levels in force,
         # the batch's own in a synchronous run; in a streaming run a later ask may have moved them since
         self.update_pit_batch(forecast.cdf(y))
-
-    def _update_one(self, forecast: Forecast, y: Tensor, x: Tensor | None) -> None:
-        self.update_pit(forecast.cdf(y))
 
     def coverage(self) -> np.ndarray:
         """(1/T) sum_t 1{u_t <= q_{k,t}} per level, each result scored at the levels it was scored against (its
