@@ -410,7 +410,8 @@ def run_gld(method: str, problem: Any, problem_id: int, tau: float, batch: int, 
 
     Synchronous batches: ask `batch` points (each carries the forecast recorded when it was proposed), evaluate
     them, score the forecasts against the observed y with the calibrator's state at proposal time (it changes only
-    when results are told), tell them (the calibrator updates on each), refit, recommend with `best()`.
+    when results are told), tell them and update the calibrator with the batch (one `flush_calibration`, as the
+    actor's synchronous runs do), refit, recommend with `best()`.
 
     Returns:
         checkpoint rows (regret filled in by the caller), one row per proposed point (PITs), every evaluated point.
@@ -422,7 +423,6 @@ def run_gld(method: str, problem: Any, problem_id: int, tau: float, batch: int, 
     cal_name, cal_opts = GLD_METHODS[method]
     opt = AskTellOptimizer(problem.space, model="quantile", tau=tau, proposer="thompson", calibrator=cal_name,
                            calibrator_options=cal_opts, initial_design=n0, seed=problem_id, model_options=model_options)
-    opt.defer_calibration = False  # the calibrator learns each result as it is told (the protocol above)
     opt.set_state(first[0])
     evaluated = [list(x) for x in first[1]]
     n, t_start = len(evaluated), time.perf_counter()
@@ -461,6 +461,9 @@ def run_gld(method: str, problem: Any, problem_id: int, tau: float, batch: int, 
         for t, v in zip(trials, y.tolist()):
             opt.tell(t.trial_id, v)
             evaluated.append(t.x.tolist())
+        # the calibrator learns the batch as the central actor's synchronous runs have it learn one: in one update
+        # (the online recalibrator: one step, the batch's results scored at the levels it was proposed with)
+        opt.flush_calibration()
         n += len(trials)
         opt.fit()
         record()

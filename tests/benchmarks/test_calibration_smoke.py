@@ -162,6 +162,20 @@ def test_gld_thompson_quick(tmp_path, capsys, load_benchmark, one_thread):
     # the calibrators did act: s != 1 moved the spread forecast's PITs, and online's level map moved its own
     assert any(pt["spread"] != 1.0 and pt["u_spread"] != pytest.approx(pt["u_model"]) for pt in points)
     assert any(pt["u_recal"] != pytest.approx(pt["u_model"]) for pt in points if pt["method"] == "online")
+    # online learns a batch as the actor's synchronous runs do: its results scored at the levels it was proposed
+    # with, one step (`update_pit_batch`); each result stepping in turn, as the benchmark's earlier per-tell
+    # updates had it, moves the map of the next batch elsewhere
+    from orchestrator.calibration import OnlineQuantileRecalibrator
+
+    for p in problems:
+        cal = OnlineQuantileRecalibrator()  # GLD_METHODS["online"]: the default options
+        steps = sorted({pt["step"] for pt in points if pt["method"] == "online" and pt["problem"] == p})
+        assert len(steps) == n_bo // q["batch"] >= 2
+        for step in steps:
+            pts = [pt for pt in points if pt["method"] == "online" and pt["problem"] == p and pt["step"] == step]
+            u = torch.tensor([pt["u_model"] for pt in pts], dtype=torch.float64)
+            np.testing.assert_allclose([pt["u_recal"] for pt in pts], cal.unmap_levels(u).numpy(), atol=1e-9)
+            cal.update_pit_batch(u)
 
     summary = pq.read_table(tmp_path / "gld_summary.parquet").to_pylist()
     assert [s["method"] for s in summary] == methods
