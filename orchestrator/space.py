@@ -111,6 +111,17 @@ class IntParam:
         i = min(int(u * k), k - 1)
         return int(self.low + i * self.step)
 
+    def cell_index(self, u: np.ndarray) -> np.ndarray:
+        """The grid index (0 .. size - 1) that `from_unit` rounds each unit coordinate of `u` to, vectorized: what
+        tells two points' values apart exactly (adjacent values of a log int near 1e5 lie under 1e-6 apart in
+        the unit interval)."""
+        u = np.clip(np.asarray(u, dtype=np.float64), 0.0, 1.0)
+        if self.log:
+            lo, hi = math.log(self.low - 0.5 if self.low > 0.5 else self.low), math.log(self.high + 0.5)
+            return np.clip(np.round(np.exp(lo + u * (hi - lo))), self.low, self.high).astype(np.int64) - int(self.low)
+        k = self.size
+        return np.minimum((u * k).astype(np.int64), k - 1)
+
     def describe(self) -> dict[str, Any]:
         return {"type": "int", "low": int(self.low), "high": int(self.high), "step": int(self.step), "log": self.log}
 
@@ -166,6 +177,11 @@ class ChoiceParam:
     def from_unit(self, u: float) -> Any:
         k = len(self.choices)
         return self.choices[min(int(min(max(float(u), 0.0), 1.0) * k), k - 1)]
+
+    def cell_index(self, u: np.ndarray) -> np.ndarray:
+        """The index of the choice `from_unit` gives for each unit coordinate of `u`, vectorized."""
+        k = len(self.choices)
+        return np.minimum((np.clip(np.asarray(u, dtype=np.float64), 0.0, 1.0) * k).astype(np.int64), k - 1)
 
     def describe(self) -> dict[str, Any]:
         return {"type": "choice", "choices": list(self.choices)}

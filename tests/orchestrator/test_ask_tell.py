@@ -776,3 +776,19 @@ def test_a_replay_without_calibrator_checkpoint_rebuilds_the_online_calibrator()
     assert new.flush_calibration() == 36  # the design results carry no forecast
     np.testing.assert_allclose(new.calibrator.raw_levels(), opt.calibrator.raw_levels(), atol=1e-12)
     assert np.abs(opt.calibrator.raw_levels() - opt.calibrator.levels).max() > 0.1  # the map has moved off the identity
+
+
+def test_neighbouring_values_of_a_wide_log_int_are_distinct_points():
+    """Adjacent values of a log int near 1e5 lie under `DUPLICATE_TOL` apart in the unit cube: `ask` compared
+    points by rounded coordinates, so it took 99,994 and 99,995 for one point and replaced the second with a random
+    one, and the 100,000 cells had 98,259 keys (found in review). Discrete coordinates now compare by their cell."""
+    space = {"k": {"type": "int", "low": 1, "high": 100_000, "log": True},
+             "x": {"type": "float", "low": 0.0, "high": 1.0}}
+    opt = AskTellOptimizer(space, seed=0)
+    X = opt.space.to_unit([{"k": 99_994, "x": 0.5}, {"k": 99_995, "x": 0.5}, {"k": 99_995, "x": 0.5 + 1e-9}],
+                          dtype=torch.float64)
+    out = opt._dedupe(X, torch.empty(0, 2, dtype=torch.float64), torch.empty(0, 2, dtype=torch.float64), batch_id=0)
+    assert torch.equal(out[:2], X[:2])  # two values of k: both kept
+    assert not torch.equal(out[2], X[2])  # a repeat of the second (x within DUPLICATE_TOL): replaced
+    one = AskTellOptimizer({"k": space["k"]}, seed=0)
+    assert len(set(one._cell_keys(one._grid_cells()))) == 100_000

@@ -250,3 +250,21 @@ def test_a_step_below_one_is_refused_by_the_space_and_the_config(step):
     cfg = {"objective": "forrester", "budget": 10, "space": {"x": {"type": "int", "low": 0, "high": 10, "step": step}}}
     with pytest.raises(ConfigError, match=r"space\.x.*step must be >= 1"):
         load_config(cfg)
+
+
+@pytest.mark.parametrize("param", [
+    IntParam("a", 0, 999), IntParam("b", 5, 30, step=5), IntParam("c", 1, 100_000, log=True),
+    IntParam("d", 1, 7, log=True), IntParam("e", -3, 3), ChoiceParam("f", ("x", None, 2.5, [1])),
+])
+def test_cell_index_is_the_value_from_unit_rounds_to(param):
+    """`cell_index` (the vectorized cell of a unit coordinate, by which `ask` tells points apart) gives the index of
+    the value `from_unit` returns, at random coordinates, the ends, every cell's centre and just beside its edges."""
+    rng = np.random.default_rng(0)
+    values = param.values.tolist() if isinstance(param, IntParam) else list(param.choices)
+    centres = np.array([param.to_unit(v) for v in values])
+    edges = (centres[1:] + centres[:-1]) / 2
+    u = np.concatenate([rng.uniform(size=2000), [0.0, 1.0, -0.1, 1.1], centres, np.nextafter(edges, 0), np.nextafter(edges, 1)])
+    idx = param.cell_index(u)
+    assert idx.dtype == np.int64 and idx.shape == u.shape
+    assert [values[i] for i in idx] == [param.from_unit(x) for x in u]
+    assert np.array_equal(param.cell_index(centres), np.arange(len(values)))
