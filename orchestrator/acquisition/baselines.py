@@ -7,7 +7,8 @@
 - `ReplicatedEIProposer` ("gpr-ei"): the GPR-EI baseline of paper 003 (spec §4.4) on model "gpr-replicates":
   analytic EI (in log space) with incumbent eta = the best posterior mean at the observed unique inputs
   (Plumlee & Tuo 2014), maximized over the cube; the batch is that ONE point replicated q times, so the
-  model can estimate the empirical quantile there. It is the only proposer whose batch repeats a point.
+  model can estimate the empirical quantile there. It is the only proposer whose batch repeats a point. With
+  pending points (streaming runs) it maximizes qLogEI of the point jointly with them instead.
 
 The BoTorch acquisitions see any qbatch `Surrogate` through `SurrogateModel`, a BoTorch `Model` whose
 posterior is the surrogate's (differentiable) posterior of f in standardized units.
@@ -29,6 +30,8 @@ __all__ = [
     "expected_improvement",
 ]
 
+#: quasi-MC samples of GPR-EI's joint EI with pending points (streaming runs only)
+PENDING_MC_SAMPLES = 256
 #: random draws tried to replace a Sobol/random point that repeats a pending or observed one
 _REPLACE_TRIES = 100
 
@@ -258,8 +261,11 @@ class ReplicatedEIProposer(_BoTorchProposer):
     inputs. EI is maximized in log space (BoTorch's `LogExpectedImprovement`, the same argmax, no vanishing
     gradients) over the cube with `optimize_acqf`. The returned batch is `q` copies of that point: the
     replicates give the model its empirical quantile and bootstrap variance there. The point may repeat an
-    observed input (EI then asks for more replicates of it). Pending points are ignored: the paper's
-    protocol is synchronous, one replicated point per batch.
+    observed input (EI then asks for more replicates of it). The paper's protocol is synchronous, one
+    replicated point per batch, and has no pending points. With pending points (streaming runs) the point
+    maximizes BoTorch's `qLogExpectedImprovement` of x jointly with the distinct pending points, with
+    `X_pending` (quasi-MC, `PENDING_MC_SAMPLES`): the improvement x adds to what is already being evaluated.
+    Ignoring them, as this did, proposed the same point at every ask until the next refit (found in review).
 
     Args:
         num_restarts: L-BFGS-B starts.
@@ -285,7 +291,17 @@ class ReplicatedEIProposer(_BoTorchProposer):
             mu, _ = model.posterior_f(X_base, full_cov=False)
         eta = float(mu.max())
         self.last_incumbent = eta
-        acqf = LogExpectedImprovement(SurrogateModel(model), best_f=eta)
+        if X_pending.shape[0]:
+            from botorch.acquisition.logei import qLogExpectedImprovement
+            from botorch.sampling import SobolQMCNormalSampler
+
+            seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
+            acqf = qLogExpectedImprovement(
+                SurrogateModel(model), best_f=eta, X_pending=torch.unique(X_pending.detach(), dim=0),
+                sampler=SobolQMCNormalSampler(torch.Size([PENDING_MC_SAMPLES]), seed=seed),
+            )
+        else:
+            acqf = LogExpectedImprovement(SurrogateModel(model), best_f=eta)
         x = self._optimize(acqf, d, 1, generator)
         return x.reshape(1, d).expand(q, d).clone()
 

@@ -148,6 +148,26 @@ def test_gpr_ei_returns_one_point_replicated_q_times_at_the_ei_maximum() -> None
                        X[:3])
 
 
+def test_gpr_ei_moves_off_a_pending_point_but_not_for_a_far_one() -> None:
+    """Streaming runs ask while earlier batches are pending. GPR-EI ignored them and proposed the EI maximum
+    again at every ask until a refit (found in review); with the point pending it now maximizes the joint EI
+    with the pending points, which is small where they already are, and a pending point far from the EI
+    maximum (where EI is low) leaves the proposal where it was."""
+    model, X_obs = _gpr_model()
+    p = ReplicatedEIProposer(num_restarts=4, raw_samples=128)
+    x_star = p.propose(model, 4, X_observed=X_obs, seed=0)[:1]
+    grid = torch.linspace(0, 1, 2001, **TK).unsqueeze(-1)
+    mu, var = model.posterior_f(grid, full_cov=False)
+    ei = expected_improvement(mu, var.sqrt(), p.last_incumbent)
+    far = grid[ei.argmin()].reshape(1, 1)
+    assert ei.min() < 1e-3 * ei.max()
+    moved = p.propose(model, 4, X_pending=x_star.expand(4, 1), X_observed=X_obs, seed=0)
+    assert torch.equal(moved, moved[:1].expand(4, 1))
+    assert (moved[0] - x_star[0]).abs().item() > 0.02, (moved[0].item(), x_star[0].item())
+    kept = p.propose(model, 4, X_pending=far.expand(4, 1), X_observed=X_obs, seed=0)
+    assert (kept[0] - x_star[0]).abs().item() < 0.01, (kept[0].item(), x_star[0].item())
+
+
 def test_qlognei_beats_random_search_on_a_1d_function_at_equal_evaluations() -> None:
     """A short BO loop (GP of the mean = `ReplicateQuantileGP` at tau 0.5 with 3 replicates, i.e. a GP with
     known noise) with qLogNEI reaches a better true value than random search with the same 24 evaluations."""
