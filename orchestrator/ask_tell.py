@@ -496,13 +496,11 @@ class AskTellOptimizer:
         )
         return self.space.snap(X.detach().to(**self._tk))
 
-    @staticmethod
-    def _only_failed(x: Tensor, X_observed: Tensor, X_failed: Tensor) -> bool:
-        """Whether `x` is (within `DUPLICATE_TOL`) a point whose evaluations all failed."""
-        def near(rows: Tensor) -> bool:
-            return rows.shape[0] > 0 and bool(((rows - x).abs().amax(-1) <= DUPLICATE_TOL).any())
-
-        return near(X_failed) and not near(X_observed)
+    def _only_failed(self, x: Tensor, X_observed: Tensor, X_failed: Tensor) -> bool:
+        """Whether `x` is a point whose evaluations all failed, compared as `_dedupe` compares points (by cell,
+        `_cell_keys`)."""
+        k = self._cell_keys(x.reshape(1, -1))[0]
+        return k in set(self._cell_keys(X_failed)) and k not in set(self._cell_keys(X_observed))
 
     def _dedupe(self, X: Tensor, X_pending: Tensor, X_observed: Tensor, batch_id: int) -> Tensor:
         """Replace points equal to a pending or observed (or failed: `_ask`) point or to an earlier point of the batch.
