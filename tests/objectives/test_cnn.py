@@ -263,3 +263,27 @@ def test_most_expensive_point_still_trains_within_a_minute() -> None:
     res = CNNTraining()(params, seed=0)
     assert time.perf_counter() - t0 < 60.0
     assert res.value < 0.2 and res.metrics["diverged"] == 0.0
+
+
+def test_n_train_trains_on_a_fixed_subset_and_is_checked(tmp_path: Path, short_cnn: CNNTraining) -> None:
+    """`n_train`: the same subset of the training images in every instance (a worker builds its own), the
+    test set whole; more than the set holds, or a non-integer, is refused naming the option."""
+    full = short_cnn.data
+    a, b = CNNTraining(epochs=2, n_train=300), CNNTraining(epochs=2, n_train=300)
+    assert a.data.X_train.shape == (300, 1, 8, 8) and np.array_equal(a.data.X_train, b.data.X_train)
+    assert np.array_equal(a.data.X_test, full.X_test) and np.array_equal(a.data.y_test, full.y_test)
+    # rows of the full set, with their own labels, not its first 300
+    rows = {r.tobytes(): y for r, y in zip(full.X_train, full.y_train)}
+    assert all(rows[r.tobytes()] == y for r, y in zip(a.data.X_train, a.data.y_train))
+    assert not np.array_equal(a.data.X_train, full.X_train[:300]) and len(set(a.data.y_train.tolist())) == 10
+    clone = pickle.loads(pickle.dumps(a))  # as shipped to a worker: loads and subsets the same way
+    assert np.array_equal(clone.data.X_train, a.data.X_train)
+    res_small, res_full = a(GOOD, seed=0), short_cnn(GOOD, seed=0)
+    assert res_small.value == a(GOOD, seed=0).value and 0.0 <= res_small.value <= 1.0
+    assert res_small.value != res_full.value
+    with pytest.raises(ObjectiveError, match=r"option 'n_train'=5000 exceeds the 1257 training images of dataset 'digits'"):
+        CNNTraining(n_train=5000)
+    for value in (0, 2.5, True):
+        with pytest.raises(ObjectiveError, match=rf"option 'n_train' must be None or an integer >= 1; got {value!r}"):
+            CNNTraining(n_train=value)
+    assert load_objective("cnn", {"n_train": 200}).n_train == 200
