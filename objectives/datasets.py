@@ -51,6 +51,8 @@ _IMAGE_FILES = {"cifar10": ("CIFAR-10", (*CIFAR10_TRAIN_FILES, CIFAR10_TEST_FILE
 CIFAR10_DIR = "cifar-10-batches-py"
 NEWSGROUPS_TRAIN_DIR = "20news-bydate-train"
 NEWSGROUPS_TEST_DIR = "20news-bydate-test"
+#: the folder `20news-18828.tar.gz` unpacks to (duplicates removed, headers but From and Subject dropped)
+NEWSGROUPS_18828_DIR = "20news-18828"
 #: the papers' fixed split of 20 Newsgroups ([A] App. A.5): training and held-out documents
 NEWSGROUPS_SPLIT = (11000, 2200)
 
@@ -361,10 +363,12 @@ def load_newsgroups(
     n_test: int = NEWSGROUPS_SPLIT[1],
     split_seed: int = 0,
 ) -> TextCorpus:
-    """20 Newsgroups from the standard "bydate" layout of plain text files (never downloads).
+    """20 Newsgroups from plain text files (never downloads), in the "bydate" or the "18828" layout.
 
     `data_dir` holds ``20news-bydate-train/`` and/or ``20news-bydate-test/`` (as unpacked from
-    ``20news-bydate.tar.gz``), each with one sub-directory per group and one file per message.
+    ``20news-bydate.tar.gz``), or else ``20news-18828/`` (from ``20news-18828.tar.gz``), each with one
+    sub-directory per group and one file per message. The bydate folders are read when present (the two
+    versions hold mostly the same messages: they are never pooled).
     As in the papers ([A] App. A.5), all messages are pooled and a fixed random 11,000 train and
     2,200 test documents are drawn. Mail headers (up to the first blank line) and exact duplicate
     documents are dropped.
@@ -388,19 +392,22 @@ def load_newsgroups(
 
 
 def _newsgroup_parts(data_dir: str | os.PathLike[str]) -> list[Path]:
-    """The bydate folders present in `data_dir` (at least one, else DatasetError)."""
+    """The bydate folders present in `data_dir`, or else its 18828 folder (one of them, else DatasetError)."""
     d = _require_dir(data_dir, "20 Newsgroups")
     present = [p for p in (d / NEWSGROUPS_TRAIN_DIR, d / NEWSGROUPS_TEST_DIR) if p.is_dir()]
+    if not present and (d / NEWSGROUPS_18828_DIR).is_dir():
+        present = [d / NEWSGROUPS_18828_DIR]
     if not present:
         hint = (f"; it is one of them itself: give its parent {str(d.parent)!r}"
-                if d.name in (NEWSGROUPS_TRAIN_DIR, NEWSGROUPS_TEST_DIR) else "")
+                if d.name in (NEWSGROUPS_TRAIN_DIR, NEWSGROUPS_TEST_DIR, NEWSGROUPS_18828_DIR) else "")
         raise DatasetError(f"20 Newsgroups directory {str(d)!r} holds neither {NEWSGROUPS_TRAIN_DIR!r} nor "
-                           f"{NEWSGROUPS_TEST_DIR!r}{hint}")
+                           f"{NEWSGROUPS_TEST_DIR!r} (from 20news-bydate.tar.gz) nor {NEWSGROUPS_18828_DIR!r} (from "
+                           f"20news-18828.tar.gz){hint}")
     return present
 
 
 def _newsgroup_files(parts: list[Path]) -> list[Path]:
-    """The message files of the bydate folders `parts` (`<group>/<file>`), sorted; hidden files (a `.DS_Store`,
+    """The message files of the folders `parts` (`<group>/<file>`), sorted; hidden files (a `.DS_Store`,
     macOS `._` forks) are not messages (found in review: they were read as documents)."""
     return sorted(f for p in parts for f in p.glob("*/*")
                   if f.is_file() and not f.name.startswith(".") and not f.parent.name.startswith("."))
@@ -443,7 +450,7 @@ def check_text_source(name: str, data_dir: str | os.PathLike[str] | None = None,
         raise DatasetError(
             f"option 'data_dir': {str(data_dir)!r} holds {n_files} documents under {[p.name for p in present]}; "
             f"the split needs n_train + n_test = {need} (options 'n_train', 'n_test'; the defaults "
-            f"{NEWSGROUPS_SPLIT[0]} + {NEWSGROUPS_SPLIT[1]} need both bydate folders)"
+            f"{NEWSGROUPS_SPLIT[0]} + {NEWSGROUPS_SPLIT[1]} need both bydate folders, or {NEWSGROUPS_18828_DIR!r})"
         )
 
 

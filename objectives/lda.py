@@ -94,7 +94,7 @@ class OnlineLDA(Objective):
     Args:
         corpus: ``"lee"`` (gensim's Lee background corpus, 233 distinct train / 60 test; the default) or
             ``"20newsgroups"`` (from `data_dir`, 11,000 train / 2,200 test as in the papers).
-        data_dir: local 20 Newsgroups directory (``20news-bydate-train``/``-test`` inside).
+        data_dir: local 20 Newsgroups directory (``20news-bydate-train``/``-test`` inside, or ``20news-18828``).
         check_data: check the corpus when the objective is built, i.e. before a run starts (the driver and the
             central actor build it too): 20 Newsgroups' folder layout, Lee's split sizes. False for a folder that
             exists only on the worker nodes of a cluster: a problem then fails each evaluation instead.

@@ -13,6 +13,7 @@ from objectives.datasets import (
     CIFAR10_TEST_FILE,
     CIFAR10_TRAIN_FILES,
     DatasetError,
+    check_text_source,
     load_cifar10,
     load_digits,
     load_image_dataset,
@@ -168,6 +169,26 @@ def test_newsgroups_reads_bydate_layout_and_drops_headers(tmp_path: Path) -> Non
     assert not any("From:" in d for d in docs)
     assert len(set(docs)) == 12
     assert load_text_corpus("20newsgroups", tmp_path / "news", n_train=8, n_test=4).test == c.test
+
+
+def test_newsgroups_reads_the_18828_layout_but_prefers_bydate(tmp_path: Path) -> None:
+    """`20news-18828.tar.gz` unpacks to `20news-18828/<group>/<file>`, headers reduced to From and Subject: read
+    alone, and never pooled with bydate folders beside it (mostly the same messages)."""
+    root = tmp_path / "news"
+    for group in ("sci.space", "rec.autos", "talk.politics.misc"):
+        (root / "20news-18828" / group).mkdir(parents=True)
+        for i in range(4):
+            (root / "20news-18828" / group / str(50 + i)).write_text(
+                f"From: a@b.c\nSubject: {group} {i}\n\n18828 body of {group} {i}\n", encoding="latin-1")
+    c = load_newsgroups(root, n_train=9, n_test=3)
+    docs = c.train + c.test
+    assert len(set(docs)) == 12 and all(d.startswith("18828 body of ") for d in docs)
+    check_text_source("20newsgroups", root, n_train=9, n_test=3)
+    with pytest.raises(DatasetError, match=r"it is one of them itself: give its parent '.*news'"):
+        load_newsgroups(root / "20news-18828")
+    _write_newsgroups(root)  # bydate folders beside it: those are read, alone
+    c = load_newsgroups(root, n_train=8, n_test=4)
+    assert all(d.startswith("body of ") for d in c.train + c.test)
 
 
 def test_newsgroups_missing_paths_are_named(tmp_path: Path) -> None:
