@@ -240,9 +240,16 @@ class CentralActor:
         self.replayed = len(events)
         finished: set[str] = set()
         n_completed = n_failed = 0
+        model_batches: set[int] = set()
         for ev in events:
             if ev.kind == "proposed" and ev.trial_id not in self.opt._trials:
                 info = ev.info or {}
+                if info.get("source") == "model" and ev.batch_id is not None and ev.batch_id not in model_batches:
+                    # that batch's ask flushed the calibrator's queue: the results logged before it are one
+                    # update, as they were (approximately: a result told while the ask ran is logged before its
+                    # batch but was the next ask's)
+                    model_batches.add(ev.batch_id)
+                    self.opt.end_calibration_round()
                 self.opt.restore_trial(
                     ev.trial_id, ev.params or {}, ev.x or [], ev.batch_id if ev.batch_id is not None else -1,
                     forecast=ev.forecast, seed=info.get("seed"), source=info.get("source", "sobol"),

@@ -161,18 +161,18 @@ class Calibrator(ABC):
 
     # ------------------------------------------------------------------ online updates
     def update(self, forecast: Forecast, y: Tensor | float | Sequence[float], X: Tensor | None = None) -> None:
-        """Consume completed results (the optimizer's flush passes one batch's results per call).
+        """Consume completed results (the optimizer's flush passes the results told since the last ask per call).
 
         By default each result is scored against the level (LOCBO: threshold) left by the results before it, in
         the order given (`_update_one`); the online guarantee holds for any ordering (calibrated-bo.md §4.2).
         The online recalibrator instead scores all of them at the levels in force and takes one step (§4.3;
-        `OnlineQuantileRecalibrator.update_pit_batch`): the optimizer calls it once per batch, so in a
+        `OnlineQuantileRecalibrator.update_pit_batch`): the optimizer calls it once per ask, so in a
         synchronous run these are the levels the batch was proposed with. The spread factor, if any, steps once
         per result.
 
         Args:
             forecast: the forecast recorded when the point(s) were proposed (`n` points; the optimizer passes
-                one batch's results per call, in ask order).
+                the results told since the last ask, one batch's in a synchronous run, in ask order).
             y: the `n` observed values (original units, finite).
             X: optional `n x d` unit-cube points; required by localized calibrators (`needs_x`).
 

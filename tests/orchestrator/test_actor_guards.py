@@ -14,6 +14,8 @@ import contextlib
 import itertools
 import threading
 
+import numpy as np
+
 from orchestrator.actor import CentralActor
 from orchestrator.config import load_config
 from orchestrator.store import RunStore
@@ -278,3 +280,44 @@ def test_trials_being_submitted_count_as_queued_for_the_next_proposal(tmp_path):
     with _submission_held_up(actor):
         assert actor._propose_step() is False  # 4 being submitted: the queue is not low
     assert actor._propose_step() is True  # in flight now, the queue empty: the next batch is due
+
+
+def test_a_replay_without_calibrator_checkpoint_teaches_the_online_calibrator_ask_by_ask(tmp_path):
+    """A resume whose calibrator checkpoint is missing tells every logged result again and flushes once; the
+    replay ends a calibration round where the log shows a model batch proposed, so the online recalibrator takes
+    one step per ask as it did (without the rounds: one step for all the results)."""
+    import math
+    from pathlib import Path
+
+    from orchestrator.actor import CALIBRATOR_CHECKPOINT
+
+    actor = _actor(tmp_path, budget=20, calibrator={"type": "online", "options": {"eta": 0.2}},
+                   model={"type": "exact-gp"}, proposer={"type": "calibrated", "options": {
+                       "acquisition": "ucb", "raw_samples": 32, "num_restarts": 1, "maxiter": 10}})
+
+    def evaluate_logged() -> None:  # the results, logged before they are told (`_collect`'s order)
+        for ref, (trial, _, _) in list(actor._inflight.items()):
+            del actor._inflight[ref]
+            x = float(trial.params["x0"])
+            value = (6 * x - 2) ** 2 * math.sin(12 * x - 4) + 0.3 * math.cos(37 * x)
+            actor._append([actor._event("completed", trial, value=value, attempt=0)])
+            actor.opt.tell(trial.trial_id, value)
+            actor.n_completed += 1
+
+    actor._propose(4, design=True)
+    actor._dispatch()
+    evaluate_logged()
+    for _ in range(3):  # three model batches, each proposed after a refit on the results before it
+        assert actor._refit()
+        actor._propose(4)
+        actor._dispatch()
+        evaluate_logged()
+    actor.opt.flush_calibration()
+    levels = actor.opt.calibrator.raw_levels()
+    assert actor.opt.calibrator.T == 12 and abs(levels - actor.opt.calibrator.levels).max() > 0.05
+    for f in Path(actor.run_dir).rglob(f"*{CALIBRATOR_CHECKPOINT}*"):
+        f.unlink()  # as if it was lost
+    actor.store.unlock_writer()  # the first actor's session is over
+    again = CentralActor(actor.run_dir, max_concurrent=4, pool=None)
+    assert again.calibrator_restored == 0 and again.opt.flush_calibration() == 12
+    np.testing.assert_allclose(again.opt.calibrator.raw_levels(), levels, atol=1e-12)

@@ -756,8 +756,9 @@ def test_the_sobol_proposer_counts_failed_points_of_its_sequence():
 
 def test_a_replay_without_calibrator_checkpoint_rebuilds_the_online_calibrator():
     """A resume without a usable calibrator checkpoint tells every logged result again and flushes once. The
-    online recalibrator steps once per batch, so that flush must update it batch by batch: one update for all
-    the results left its levels one step from the identity however long the run (found in review)."""
+    online recalibrator steps once per ask, so that flush must update it round by round (`end_calibration_round`
+    where the log shows a model batch proposed): one update for all the results left its levels one step from
+    the identity however long the run (found in review)."""
     kw = dict(model="exact-gp", proposer="calibrated", initial_design=6, seed=2, calibrator="online",
               calibrator_options={"eta": 0.2},
               proposer_options={"acquisition": "ucb", "raw_samples": 32, "num_restarts": 1, "maxiter": 10})
@@ -768,13 +769,21 @@ def test_a_replay_without_calibrator_checkpoint_rebuilds_the_online_calibrator()
             opt.tell(t.trial_id, f_true(t.params) + 0.3 * rng.standard_normal())
     opt.flush_calibration()
     assert opt.calibrator.T == 36  # six model batches of six (the design carries no forecast)
-    new = AskTellOptimizer(SMALL, **kw)  # the actor's replay (orchestrator/actor.py `_replay`)
-    for tid, t in opt._trials.items():
-        new.restore_trial(tid, t.params, t.x, t.batch_id, forecast=t.forecast, source=t.source)
-    for tid, y in zip(opt._obs_ids, opt._obs_y):
-        new.tell(tid, opt.sign * y)
-    assert new.flush_calibration() == 36  # the design results carry no forecast
+    new = AskTellOptimizer(SMALL, **kw)  # the actor's replay (orchestrator/actor.py `_replay`), in log order:
+    y_of = dict(zip(opt._obs_ids, opt._obs_y))  # a batch's proposals, then its results
+    for b in sorted({t.batch_id for t in opt._trials.values()}):
+        batch = [(tid, t) for tid, t in opt._trials.items() if t.batch_id == b]
+        if batch[0][1].source == "model":  # its ask flushed the calibrator: a new round
+            new.end_calibration_round()
+        for tid, t in batch:
+            new.restore_trial(tid, t.params, t.x, t.batch_id, forecast=t.forecast, source=t.source)
+        for tid, _ in batch:
+            new.tell(tid, opt.sign * y_of[tid])
+    twin = AskTellOptimizer(SMALL, **kw)  # a state saved with the rounds queued keeps them
+    twin.set_state(new.get_state())
+    assert new.flush_calibration() == twin.flush_calibration() == 36  # the design results carry no forecast
     np.testing.assert_allclose(new.calibrator.raw_levels(), opt.calibrator.raw_levels(), atol=1e-12)
+    np.testing.assert_allclose(twin.calibrator.raw_levels(), opt.calibrator.raw_levels(), atol=1e-12)
     assert np.abs(opt.calibrator.raw_levels() - opt.calibrator.levels).max() > 0.1  # the map has moved off the identity
 
 
@@ -792,3 +801,31 @@ def test_neighbouring_values_of_a_wide_log_int_are_distinct_points():
     assert not torch.equal(out[2], X[2])  # a repeat of the second (x within DUPLICATE_TOL): replaced
     one = AskTellOptimizer({"k": space["k"]}, seed=0)
     assert len(set(one._cell_keys(one._grid_cells()))) == 100_000
+
+
+def test_a_streaming_ask_teaches_the_online_calibrator_in_one_step():
+    """In streaming use an ask's flush holds the results told since the last ask, from any batches: they take
+    one step of the online recalibrator together, so its map changes once per proposal (one step per batch of
+    them over-covered with 8-16-point batches: `test_online.py`'s streaming test)."""
+    from orchestrator.calibration import OnlineQuantileRecalibrator
+    from orchestrator.models.predictive import Forecast
+
+    opt = AskTellOptimizer(SMALL, model="exact-gp", proposer="calibrated", initial_design=6, seed=2,
+                           calibrator="online", calibrator_options={"eta": 0.2},
+                           proposer_options={"acquisition": "ucb", "raw_samples": 32, "num_restarts": 1, "maxiter": 10})
+    for t in opt.ask(6):
+        opt.tell(t.trial_id, f_true(t.params))
+    a, b = opt.ask(3), opt.ask(3)  # b is proposed while a is pending
+    told = [a[0], b[1], a[2]]
+    for t in told:
+        opt.tell(t.trial_id, f_true(t.params) + 0.5)
+    before = opt.calibrator.raw_levels()
+    opt.ask(2)  # flushes the three results: one step
+    expected = OnlineQuantileRecalibrator(eta=0.2)
+    expected.q = before.copy()
+    u = Forecast.from_records([t.forecast for t in sorted(told, key=lambda t: (t.batch_id, t.trial_id))]).cdf(
+        torch.tensor([f_true(t.params) + 0.5 for t in sorted(told, key=lambda t: (t.batch_id, t.trial_id))],
+                     dtype=torch.float64))
+    expected.update_pit_batch(u)
+    np.testing.assert_allclose(opt.calibrator.raw_levels(), expected.raw_levels(), atol=1e-12)
+    assert opt.calibrator.T == 3 and not np.allclose(before, expected.raw_levels())

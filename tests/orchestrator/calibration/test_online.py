@@ -353,34 +353,34 @@ def test_recalibrated_intervals_of_a_very_overconfident_model_agree_with_its_cdf
     assert abs(via_quantiles - via_cdf) < 0.01, (via_quantiles, via_cdf)
 
 
-@pytest.mark.parametrize("workers,batch", [(16, 1), (32, 8)])
-def test_streaming_batches_are_covered_near_nominal_at_the_map_they_were_proposed_with(workers: int, batch: int) -> None:
-    """Streaming (the actor's default): `workers` points in flight, a batch of `batch` proposed whenever that many
-    are free, results in random order, each flush updating once per batch with the results in. Scored at the
-    levels in force, as `update` does, the map each point was proposed with covers 0.905 and 0.903 of a central
-    90% interval here (2x over-confident model, eta 0.1). Scoring each result at the levels its batch was proposed
-    with instead (delayed-feedback OGD, each batch one step of eta in all) covered 0.937 in the first case (0.94-0.97
-    with other seeds and with 64 in flight), 0.908 in the second: the stale steps overshoot, and the levels swing
-    outside [0, 1], where the map's intervals are unbounded."""
+@pytest.mark.parametrize("workers,batch", [(16, 1), (32, 8), (64, 16)])
+def test_streaming_asks_are_covered_near_nominal_at_the_map_they_were_proposed_with(workers: int, batch: int) -> None:
+    """Streaming (the actor's default): `workers` points in flight, a batch of `batch` asked whenever that many
+    are free, results in random order; each ask first flushes the results told since the last one in one
+    `update` (`AskTellOptimizer.flush_calibration`). The map each point was proposed with covers 0.905, 0.902 and
+    0.901 of a central 90% interval here (2x over-confident model, eta 0.1). One step per batch of the flush
+    instead (each batch's results at the levels in force) covered 0.905, 0.933 and 0.942 (found in review: this
+    test flushed after every result then, and saw 0.90); scoring each result at the levels its batch was proposed
+    with (delayed-feedback OGD, one step of eta per batch in all) 0.937, 0.908 and 0.900: with many batches in
+    flight its stale steps overshoot."""
     rng = np.random.default_rng(workers)
     cal = OnlineQuantileRecalibrator(eta=0.1)
-    inflight: list[tuple[int, float, float, float]] = []  # (batch, y, lo, hi of the map at proposal)
-    queue: list[tuple[int, float]] = []
-    nb = hits = total = 0
+    inflight: list[tuple[float, float, float]] = []  # (y, lo, hi of the map at proposal)
+    told: list[float] = []
+    hits = total = 0
     for done in range(4000):
-        for b in sorted({r[0] for r in queue}):  # the ask's flush: one update per batch, in ask order
-            ys = torch.tensor([r[1] for r in queue if r[0] == b], dtype=torch.float64)
-            zeros = torch.zeros_like(ys)
-            cal.update(Forecast("gaussian", 0.5, zeros, zeros, zeros, 0.0), ys)  # N(0, 1); the truth is N(0, 4)
-        queue = []
-        while len(inflight) + batch <= workers:
+        while len(inflight) + batch <= workers:  # an ask: flush, then propose under the map in force
+            if told:
+                ys = torch.tensor(told, dtype=torch.float64)
+                zeros = torch.zeros_like(ys)
+                cal.update(Forecast("gaussian", 0.5, zeros, zeros, zeros, 0.0), ys)  # N(0, 1); the truth is N(0, 4)
+                told = []
             lo, hi = cal.map_levels(torch.tensor([0.05, 0.95], dtype=torch.float64)).tolist()
-            inflight += [(nb, 2.0 * float(rng.standard_normal()), lo, hi) for _ in range(batch)]
-            nb += 1
-        b, y, lo, hi = inflight.pop(int(rng.integers(len(inflight))))
+            inflight += [(2.0 * float(rng.standard_normal()), lo, hi) for _ in range(batch)]
+        y, lo, hi = inflight.pop(int(rng.integers(len(inflight))))
         if done >= 500:  # past the transient
             u = float(Forecast("gaussian", 0.5, torch.zeros(1), torch.zeros(1), torch.zeros(1), 0.0).cdf(torch.tensor([y]))[0])
             hits += lo <= u <= hi
             total += 1
-        queue.append((b, y))
-    assert abs(hits / total - 0.9) < 0.02, hits / total
+        told.append(y)
+    assert abs(hits / total - 0.9) < 0.012, hits / total
