@@ -82,6 +82,10 @@ class IntParam:
             )
         if self.log and self.step != 1:
             raise SpaceError(f"parameter {self.name!r}: a log int parameter must have step 1; got {self.step}")
+        if self.log and int(self.high) > _MAX_LOG_INT:
+            raise SpaceError(f"parameter {self.name!r}: a log int parameter's high must be at most 2**44 "
+                             f"({_MAX_LOG_INT}): above that, neighbouring values lie closer together in the unit "
+                             f"interval than float64 tells apart (they do not map back to themselves); got high={self.high}")
 
     @property
     def values(self) -> np.ndarray:
@@ -114,7 +118,9 @@ class IntParam:
     def cell_index(self, u: np.ndarray) -> np.ndarray:
         """The grid index (0 .. size - 1) that `from_unit` rounds each unit coordinate of `u` to, vectorized: what
         tells two points' values apart exactly (adjacent values of a log int near 1e5 lie under 1e-6 apart in
-        the unit interval)."""
+        the unit interval). A log int's index goes through NumPy's `exp`, `from_unit`'s through `math.exp`; they
+        could differ by an ulp, which matters only at a cell's very edge, and `ask` applies this to snapped points,
+        which lie at cell centres."""
         u = np.clip(np.asarray(u, dtype=np.float64), 0.0, 1.0)
         if self.log:
             lo, hi = math.log(self.low - 0.5 if self.low > 0.5 else self.low), math.log(self.high + 0.5)
@@ -211,6 +217,9 @@ def _number(name: str, v: Any) -> float:
 
 #: the largest integer up to which float64 (the unit cube's type) holds every integer exactly
 _MAX_EXACT_INT = 2**53
+#: the largest `high` of a log int parameter: up to it every value maps to the unit interval and back to itself
+#: (checked to 2**47; 2**48 is the first power of two where neighbouring values start to merge)
+_MAX_LOG_INT = 2**44
 
 
 def _check_bounds(name: str, low: Any, high: Any, log: bool) -> None:

@@ -100,6 +100,8 @@ def test_sobol_is_reproducible_and_space_filling(space):
         ({"a": {"type": "int", "low": -(2**53) - 2, "high": 0}}, "'a': an int parameter's bounds must lie within"),
         # found in a review of that check: within the bounds, 2**53 values still moved off the grid (cells of 2**-54)
         ({"a": {"type": "int", "low": -(2**52), "high": 2**52}}, "'a': an int parameter may hold at most 2\\*\\*52 values"),
+        # found in review: the top values of a log int to 1e15 did not map back to themselves (2,578 of 3,000)
+        ({"a": {"type": "int", "low": 1, "high": 10**15, "log": True}}, "'a': a log int parameter's high must be at most 2"),
     ],
 )
 def test_bad_spaces_raise_naming_the_parameter(desc, match):
@@ -268,3 +270,13 @@ def test_cell_index_is_the_value_from_unit_rounds_to(param):
     assert idx.dtype == np.int64 and idx.shape == u.shape
     assert [values[i] for i in idx] == [param.from_unit(x) for x in u]
     assert np.array_equal(param.cell_index(centres), np.arange(len(values)))
+
+
+def test_a_log_int_up_to_its_largest_high_maps_back_to_itself():
+    """The values of a log int parameter at the bound (2**44) and below map to the unit interval and back to
+    themselves, so `ask`'s cells (`cell_index`) are its values; 10**15 did not (refused above)."""
+    p = IntParam("k", 1, 2**44, log=True)
+    top = range(2**44 - 3000, 2**44 + 1)
+    assert all(p.from_unit(p.to_unit(v)) == v for v in top)
+    u = np.array([p.to_unit(v) for v in top])
+    assert np.array_equal(p.cell_index(u) + 1, np.arange(2**44 - 3000, 2**44 + 1))
