@@ -305,8 +305,9 @@ class CentralActor:
     def _restore_calibrator(self) -> int:
         """After a resume or restart: the calibrator as the last session left it (`checkpoints/calibrator`), with
         only the results it had not learned yet left to teach it. Without a usable checkpoint it learns every
-        replayed result at the first flush (a warning says why when a checkpoint was there). Returns how many
-        results the restored calibrator had learned."""
+        replayed result at the first flush, one update per ask as the log shows them (`_replay`; exact for
+        synchronous runs, approximate for streaming ones: `AskTellOptimizer.flush_calibration`), and a warning says
+        why when a checkpoint was there. Returns how many results the restored calibrator had learned."""
         if self.opt.calibrator is None or self.opt.num_completed == 0:
             return 0
         try:

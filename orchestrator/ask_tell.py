@@ -641,7 +641,10 @@ class AskTellOptimizer:
         interval with 8-16-point batches (`tests/orchestrator/calibration/test_online.py`). Results queued in
         several rounds (`end_calibration_round`: a resume replaying the log without a calibrator checkpoint) get
         one update per round, as the asks they came before gave them: one update for all of them left the map one
-        step from the identity (found in review)."""
+        step from the identity (found in review). A replay's rounds are exact for a synchronous run; for a
+        streaming run they are approximate: the log does not show which results an ask's flush held (one told
+        while the ask ran is logged before its proposals), nor the flush at the end of a session, nor the ask of
+        a batch whose proposals were lost from a damaged log."""
         with self._calib_lock:
             with self._lock:
                 todo = sorted(self._calib_queue, key=lambda u: (u[5], u[0]))
@@ -725,7 +728,14 @@ class AskTellOptimizer:
                 raise
             done = set(taught)
             with self._lock:
-                self._calib_queue = [u for u in self._calib_queue if u[1] not in done]
+                # every result the checkpoint's last flush could see was learned by it: one still queued was told
+                # after that flush, whatever round the replay gave it (a result told while an ask ran is logged
+                # before the ask's proposals), so it joins the first round after the learned ones (found in review:
+                # it stayed in the last learned round, and the next flush stepped twice where the run stepped once)
+                last = max((u[5] for u in self._calib_queue if u[1] in done), default=-1)
+                self._calib_queue = [u if u[5] > last else (*u[:5], last + 1)
+                                     for u in self._calib_queue if u[1] not in done]
+                self._calib_round = max(self._calib_round, last + 1)
                 self._calib_taught = taught
         return len(taught)
 
@@ -988,6 +998,7 @@ class AskTellOptimizer:
                 "best": None if self._best is None else [dict(self._best[0]), self._best[1]],
                 # calibrator updates told but not yet applied (`defer_calibration`), by trial id
                 "calib_queue": [[u[1], float(u[3]), int(u[5])] for u in self._calib_queue],  # (id, y, round)
+                "calib_round": self._calib_round,
                 "settings": self._settings(),
                 "calib_taught": list(self._calib_taught),
             }
@@ -1047,7 +1058,7 @@ class AskTellOptimizer:
             # (states saved before the rounds were kept hold [id, y]: one round)
             self._calib_queue = [(self._seq[u[0]], u[0], self._trials[u[0]].forecast, float(u[1]), self._trials[u[0]].x,
                                   int(u[2]) if len(u) > 2 else 0) for u in state.get("calib_queue", [])]
-            self._calib_round = max([u[5] for u in self._calib_queue], default=0) + 1
+            self._calib_round = int(state.get("calib_round", max([u[5] for u in self._calib_queue], default=0)))
             self._calib_taught = list(state.get("calib_taught", []))
             self._model, self._model_n = None, 0
             if state.get("model") is not None:
