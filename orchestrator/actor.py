@@ -245,11 +245,13 @@ class CentralActor:
             if ev.kind == "proposed" and ev.trial_id not in self.opt._trials:
                 info = ev.info or {}
                 if info.get("source") == "model" and ev.batch_id is not None and ev.batch_id not in model_batches:
-                    # that batch's ask flushed the calibrator's queue: the results logged before it are one
-                    # update, as they were (approximately: a result told while the ask ran is logged before its
-                    # batch but was the next ask's)
+                    # that batch's ask flushed the calibrator's queue: the results logged before it are one update,
+                    # but for those told while the ask ran (logged before its batch, the next ask's), which the
+                    # count the ask logged sets apart (`_ask_and_log`)
                     model_batches.add(ev.batch_id)
-                    self.opt.end_calibration_round()
+                    learned = info.get("calibrated")
+                    self.opt.end_calibration_round(
+                        after=learned if isinstance(learned, int) and not isinstance(learned, bool) else None)
                 self.opt.restore_trial(
                     ev.trial_id, ev.params or {}, ev.x or [], ev.batch_id if ev.batch_id is not None else -1,
                     forecast=ev.forecast, seed=info.get("seed"), source=info.get("source", "sobol"),
@@ -873,13 +875,19 @@ class CentralActor:
         trials = self.opt.ask(q, fit=False, design=design)
         seconds = time.perf_counter() - t0
         self._proposal_s.append(seconds)
+        calibrated = None
         if trials and trials[0].source == "model":
             self._model_batches += 1
             self._prop_ema = seconds if self._prop_ema is None else 0.7 * self._prop_ema + 0.3 * seconds
+            # how many results the calibrator had learned when this ask flushed it (only this thread flushes): a
+            # replay without a calibrator checkpoint rebuilds the ask's update from it (`_replay`)
+            calibrated = self.opt.num_calibrated if self.opt.calibrator is not None else None
         events = []
         for t in trials:
             info = {"source": t.source, "seed": t.seed, "proposal_seconds": seconds, "q": q, "pending": pending,
                     "slots": self.max_concurrent, "session": self.started_at}
+            if calibrated is not None:
+                info["calibrated"] = calibrated
             if "sobol_index" in t.info:
                 info["sobol_index"] = t.info["sobol_index"]
             if self.direction == "minimize":

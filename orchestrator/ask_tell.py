@@ -642,9 +642,10 @@ class AskTellOptimizer:
         several rounds (`end_calibration_round`: a resume replaying the log without a calibrator checkpoint) get
         one update per round, as the asks they came before gave them: one update for all of them left the map one
         step from the identity (found in review). A replay's rounds are exact for a synchronous run; for a
-        streaming run they are approximate: the log does not show which results an ask's flush held (one told
-        while the ask ran is logged before its proposals), nor the flush at the end of a session, nor the ask of
-        a batch whose proposals were lost from a damaged log."""
+        streaming run too where the log records how many results each ask's flush had learned (the actor's
+        `info["calibrated"]`, from 2026-11-27: a result told while the ask ran is logged before its proposals).
+        They are approximate for older logs, across the flush at the end of a session (not logged), and at
+        the ask of a batch whose proposals were lost from a damaged log."""
         with self._calib_lock:
             with self._lock:
                 todo = sorted(self._calib_queue, key=lambda u: (u[5], u[0]))
@@ -669,12 +670,23 @@ class AskTellOptimizer:
             self._calib_taught.extend(u[1] for u in todo)
         return len(todo)
 
-    def end_calibration_round(self) -> None:
+    def end_calibration_round(self, after: int | None = None) -> None:
         """Results told from now on belong to the next flush's update, not the one queued so far: what `ask`'s
         flush does, for a replay that tells a log's results in one go (the central actor calls it where the log
-        shows a model-based batch proposed). Nothing is applied until `flush_calibration`."""
+        shows a model-based batch proposed). Nothing is applied until `flush_calibration`.
+
+        Args:
+            after: how many results the calibrator had learned in all when that ask flushed (the actor logs it
+                with each model batch, `info["calibrated"]`): the queued results past that count, in the order
+                told, were told after the flush (while the ask ran, so logged before its proposals) and join the
+                new round. None (a log written before the count was kept) leaves them where they are.
+        """
         with self._lock:
-            self._calib_round += 1
+            current, self._calib_round = self._calib_round, self._calib_round + 1
+            if after is not None:  # (only results of the round being ended move: a damaged log's count moves no more)
+                k = max(0, int(after) - len(self._calib_taught))
+                self._calib_queue = [(*u[:5], self._calib_round) if i >= k and u[5] == current else u
+                                     for i, u in enumerate(self._calib_queue)]
 
     @property
     def num_calibrated(self) -> int:

@@ -321,3 +321,66 @@ def test_a_replay_without_calibrator_checkpoint_teaches_the_online_calibrator_as
     again = CentralActor(actor.run_dir, max_concurrent=4, pool=None)
     assert again.calibrator_restored == 0 and again.opt.flush_calibration() == 12
     np.testing.assert_allclose(again.opt.calibrator.raw_levels(), levels, atol=1e-12)
+
+
+def test_a_streaming_replay_puts_a_result_told_during_an_ask_in_the_next_update(tmp_path):
+    """Streaming: a result told while a model ask runs (after its flush) is logged before that batch's proposals.
+    The ask logs how many results the calibrator had learned (`info["calibrated"]`), so a replay, with or without
+    the calibrator checkpoint, learns that result with the next ask's update, as the run did (found in review:
+    without the count it went into the update before, and with a checkpoint it was learned alone)."""
+    import math
+    from pathlib import Path
+
+    from orchestrator.actor import CALIBRATOR_CHECKPOINT
+
+    actor = _actor(tmp_path, budget=40, calibrator={"type": "online", "options": {"eta": 0.2}},
+                   model={"type": "exact-gp"}, proposer={"type": "calibrated", "options": {
+                       "acquisition": "ucb", "raw_samples": 32, "num_restarts": 1, "maxiter": 10}})
+
+    def finish(n=None):
+        for ref, (trial, _, _) in list(actor._inflight.items())[:n]:
+            del actor._inflight[ref]
+            x = float(trial.params["x0"])
+            value = (6 * x - 2) ** 2 * math.sin(12 * x - 4) + 0.3 * math.cos(37 * x)
+            actor._append([actor._event("completed", trial, value=value, attempt=0)])
+            actor.opt.tell(trial.trial_id, value)
+            actor.n_completed += 1
+
+    actor._propose(4, design=True)
+    actor._dispatch()
+    finish()
+    assert actor._refit()
+    actor._propose(4)
+    actor._dispatch()
+    finish(2)  # two of the first model batch's four results
+    propose = actor.opt._propose
+
+    told_during = []
+
+    def propose_while_a_result_arrives(*args, **kwargs):  # the collect thread tells one during the ask
+        told_during.append(next(iter(actor._inflight.values()))[0].trial_id)
+        finish(1)
+        return propose(*args, **kwargs)
+
+    actor.opt._propose = propose_while_a_result_arrives
+    assert actor._refit()
+    actor._propose(4)
+    actor.opt._propose = propose
+    actor._dispatch()
+    finish()
+    log = [(e.kind, e.trial_id) for e in actor.store.events() if e.kind in ("proposed", "completed")]
+    assert log.index(("completed", told_during[0])) < log.index(("proposed", "2-0"))  # logged before batch 2
+    before_ckpt = actor.opt.calibrator.raw_levels()  # what the checkpoint holds (batch 2's ask saved it)
+    actor.opt.flush_calibration()  # the told-during result and batch 2's, one update
+    levels = actor.opt.calibrator.raw_levels()
+    assert not np.allclose(levels, before_ckpt)
+    actor.store.unlock_writer()
+    for drop_checkpoint in (False, True):
+        if drop_checkpoint:
+            for f in Path(actor.run_dir).rglob(f"*{CALIBRATOR_CHECKPOINT}*"):
+                f.unlink()
+        again = CentralActor(actor.run_dir, max_concurrent=4, pool=None)
+        assert (again.calibrator_restored == 0) == drop_checkpoint
+        again.opt.flush_calibration()
+        np.testing.assert_allclose(again.opt.calibrator.raw_levels(), levels, atol=1e-12)
+        again.store.unlock_writer()
