@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import threading
+from pathlib import Path
 
 import numpy as np
 
-from orchestrator.actor import CentralActor
+from orchestrator.actor import CALIBRATOR_CHECKPOINT, CentralActor
 from orchestrator.config import load_config
 from orchestrator.store import RunStore
 
@@ -282,36 +284,37 @@ def test_trials_being_submitted_count_as_queued_for_the_next_proposal(tmp_path):
     assert actor._propose_step() is True  # in flight now, the queue empty: the next batch is due
 
 
+def _online_actor(tmp_path, budget: int) -> CentralActor:
+    """An actor with the online calibrator under calibrated UCB on an exact GP (cheap fits)."""
+    return _actor(tmp_path, budget=budget, calibrator={"type": "online", "options": {"eta": 0.2}},
+                  model={"type": "exact-gp"}, proposer={"type": "calibrated", "options": {
+                      "acquisition": "ucb", "raw_samples": 32, "num_restarts": 1, "maxiter": 10}})
+
+
+def _finish_logged(actor: CentralActor, n: int | None = None) -> None:
+    """The first `n` (all) evaluations in flight end: each result logged, then told (`_collect`'s order)."""
+    for ref, (trial, _, _) in list(actor._inflight.items())[:n]:
+        del actor._inflight[ref]
+        x = float(trial.params["x0"])
+        value = (6 * x - 2) ** 2 * math.sin(12 * x - 4) + 0.3 * math.cos(37 * x)
+        actor._append([actor._event("completed", trial, value=value, attempt=0)])
+        actor.opt.tell(trial.trial_id, value)
+        actor.n_completed += 1
+
+
 def test_a_replay_without_calibrator_checkpoint_teaches_the_online_calibrator_ask_by_ask(tmp_path):
     """A resume whose calibrator checkpoint is missing tells every logged result again and flushes once; the
     replay ends a calibration round where the log shows a model batch proposed, so the online recalibrator takes
     one step per ask as it did (without the rounds: one step for all the results)."""
-    import math
-    from pathlib import Path
-
-    from orchestrator.actor import CALIBRATOR_CHECKPOINT
-
-    actor = _actor(tmp_path, budget=20, calibrator={"type": "online", "options": {"eta": 0.2}},
-                   model={"type": "exact-gp"}, proposer={"type": "calibrated", "options": {
-                       "acquisition": "ucb", "raw_samples": 32, "num_restarts": 1, "maxiter": 10}})
-
-    def evaluate_logged() -> None:  # the results, logged before they are told (`_collect`'s order)
-        for ref, (trial, _, _) in list(actor._inflight.items()):
-            del actor._inflight[ref]
-            x = float(trial.params["x0"])
-            value = (6 * x - 2) ** 2 * math.sin(12 * x - 4) + 0.3 * math.cos(37 * x)
-            actor._append([actor._event("completed", trial, value=value, attempt=0)])
-            actor.opt.tell(trial.trial_id, value)
-            actor.n_completed += 1
-
+    actor = _online_actor(tmp_path, budget=20)
     actor._propose(4, design=True)
     actor._dispatch()
-    evaluate_logged()
+    _finish_logged(actor)
     for _ in range(3):  # three model batches, each proposed after a refit on the results before it
         assert actor._refit()
         actor._propose(4)
         actor._dispatch()
-        evaluate_logged()
+        _finish_logged(actor)
     actor.opt.flush_calibration()
     levels = actor.opt.calibrator.raw_levels()
     assert actor.opt.calibrator.T == 12 and abs(levels - actor.opt.calibrator.levels).max() > 0.05
@@ -328,38 +331,21 @@ def test_a_streaming_replay_puts_a_result_told_during_an_ask_in_the_next_update(
     The ask logs how many results the calibrator had learned (`info["calibrated"]`), so a replay, with or without
     the calibrator checkpoint, learns that result with the next ask's update, as the run did (found in review:
     without the count it went into the update before, and with a checkpoint it was learned alone)."""
-    import math
-    from pathlib import Path
-
-    from orchestrator.actor import CALIBRATOR_CHECKPOINT
-
-    actor = _actor(tmp_path, budget=40, calibrator={"type": "online", "options": {"eta": 0.2}},
-                   model={"type": "exact-gp"}, proposer={"type": "calibrated", "options": {
-                       "acquisition": "ucb", "raw_samples": 32, "num_restarts": 1, "maxiter": 10}})
-
-    def finish(n=None):
-        for ref, (trial, _, _) in list(actor._inflight.items())[:n]:
-            del actor._inflight[ref]
-            x = float(trial.params["x0"])
-            value = (6 * x - 2) ** 2 * math.sin(12 * x - 4) + 0.3 * math.cos(37 * x)
-            actor._append([actor._event("completed", trial, value=value, attempt=0)])
-            actor.opt.tell(trial.trial_id, value)
-            actor.n_completed += 1
-
+    actor = _online_actor(tmp_path, budget=40)
     actor._propose(4, design=True)
     actor._dispatch()
-    finish()
+    _finish_logged(actor)
     assert actor._refit()
     actor._propose(4)
     actor._dispatch()
-    finish(2)  # two of the first model batch's four results
+    _finish_logged(actor, 2)  # two of the first model batch's four results
     propose = actor.opt._propose
 
     told_during = []
 
     def propose_while_a_result_arrives(*args, **kwargs):  # the collect thread tells one during the ask
         told_during.append(next(iter(actor._inflight.values()))[0].trial_id)
-        finish(1)
+        _finish_logged(actor, 1)
         return propose(*args, **kwargs)
 
     actor.opt._propose = propose_while_a_result_arrives
@@ -367,7 +353,7 @@ def test_a_streaming_replay_puts_a_result_told_during_an_ask_in_the_next_update(
     actor._propose(4)
     actor.opt._propose = propose
     actor._dispatch()
-    finish()
+    _finish_logged(actor)
     log = [(e.kind, e.trial_id) for e in actor.store.events() if e.kind in ("proposed", "completed")]
     assert log.index(("completed", told_during[0])) < log.index(("proposed", "2-0"))  # logged before batch 2
     before_ckpt = actor.opt.calibrator.raw_levels()  # what the checkpoint holds (batch 2's ask saved it)
