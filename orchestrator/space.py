@@ -96,12 +96,17 @@ class IntParam:
         """How many values the grid holds (without building it: a range may hold billions)."""
         return (int(self.high) - int(self.low)) // int(self.step) + 1
 
+    def _log_bounds(self) -> tuple[float, float]:
+        """The log-scale ends of a log int's unit interval: each value owns [v - 0.5, v + 0.5] (low's cell starts
+        at low itself when low <= 0.5)."""
+        return math.log(self.low - 0.5 if self.low > 0.5 else self.low), math.log(self.high + 0.5)
+
     def to_unit(self, v: Any) -> float:
         x = _check_in(self.name, _number(self.name, v), self.low, self.high, rel_tol=0.0)
         if x != round(x) or (round(x) - self.low) % self.step:
             raise SpaceError(f"parameter {self.name!r}={v!r} is not on the grid {self.low}:{self.high}:{self.step}")
         if self.log:
-            lo, hi = math.log(self.low - 0.5 if self.low > 0.5 else self.low), math.log(self.high + 0.5)
+            lo, hi = self._log_bounds()
             return (math.log(x) - lo) / (hi - lo)
         k = self.size
         return (((x - self.low) / self.step) + 0.5) / k
@@ -109,7 +114,7 @@ class IntParam:
     def from_unit(self, u: float) -> int:
         u = min(max(float(u), 0.0), 1.0)
         if self.log:
-            lo, hi = math.log(self.low - 0.5 if self.low > 0.5 else self.low), math.log(self.high + 0.5)
+            lo, hi = self._log_bounds()
             return int(min(max(round(math.exp(lo + u * (hi - lo))), self.low), self.high))
         k = self.size
         i = min(int(u * k), k - 1)
@@ -123,10 +128,9 @@ class IntParam:
         which lie at cell centres."""
         u = np.clip(np.asarray(u, dtype=np.float64), 0.0, 1.0)
         if self.log:
-            lo, hi = math.log(self.low - 0.5 if self.low > 0.5 else self.low), math.log(self.high + 0.5)
+            lo, hi = self._log_bounds()
             return np.clip(np.round(np.exp(lo + u * (hi - lo))), self.low, self.high).astype(np.int64) - int(self.low)
-        k = self.size
-        return np.minimum((u * k).astype(np.int64), k - 1)
+        return _bin_index(u, self.size)
 
     def describe(self) -> dict[str, Any]:
         return {"type": "int", "low": int(self.low), "high": int(self.high), "step": int(self.step), "log": self.log}
@@ -158,6 +162,12 @@ def check_loggable(space: "SearchSpace") -> None:
                                      f"string-keyed dicts of them{hint}")
 
 
+def _bin_index(u: np.ndarray, k: int) -> np.ndarray:
+    """Which of `k` equal bins of [0, 1] each coordinate of `u` falls in (clipped to the interval), as int64: the
+    vectorized `min(int(u * k), k - 1)` of the linear int's and the choice's `from_unit`."""
+    return np.minimum((np.clip(np.asarray(u, dtype=np.float64), 0.0, 1.0) * k).astype(np.int64), k - 1)
+
+
 @dataclass(frozen=True)
 class ChoiceParam:
     name: str
@@ -186,8 +196,7 @@ class ChoiceParam:
 
     def cell_index(self, u: np.ndarray) -> np.ndarray:
         """The index of the choice `from_unit` gives for each unit coordinate of `u`, vectorized."""
-        k = len(self.choices)
-        return np.minimum((np.clip(np.asarray(u, dtype=np.float64), 0.0, 1.0) * k).astype(np.int64), k - 1)
+        return _bin_index(u, len(self.choices))
 
     def describe(self) -> dict[str, Any]:
         return {"type": "choice", "choices": list(self.choices)}
