@@ -27,7 +27,7 @@ import time
 import warnings
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -53,6 +53,17 @@ _NO_BAN = ("worker-lost",)
 
 class TrialError(QbatchError, ValueError):
     """A trial id is unknown or was already told, or `ask` got a bad batch size."""
+
+
+class _CalibUpdate(NamedTuple):
+    """A calibrator update told but not yet applied (`AskTellOptimizer.flush_calibration`)."""
+
+    seq: int  # the trial's ask order
+    trial_id: str
+    forecast: dict | None  # the predictive recorded at proposal (None: `needs_every_result` calibrators only)
+    y: float  # observed, in the optimizer's sign
+    x: Tensor  # unit-cube point
+    round: int  # which flush's update it belongs to (`end_calibration_round`)
 
 
 @dataclass
@@ -205,8 +216,7 @@ class AskTellOptimizer:
         #: updates not yet applied (`fit` does not apply them: the central actor's refit thread must not touch
         #: the calibrator, only its proposing thread). False applies each result at once, in the order told.
         self.defer_calibration = True
-        # (seq, trial id, forecast, y, x, round): `round` numbers the asks' flushes (`end_calibration_round`)
-        self._calib_queue: list[tuple[int, str, dict | None, float, Tensor, int]] = []
+        self._calib_queue: list[_CalibUpdate] = []
         self._calib_round = 0
         #: trial ids the calibrator has learned from, in the order it did (`calibrator_checkpoint`)
         self._calib_taught: list[str] = []
@@ -622,7 +632,7 @@ class AskTellOptimizer:
             self._obs_x.insert(i, trial.x)
             self._obs_y.insert(i, y)
             if self._calibrator is not None and (trial.forecast is not None or self._calibrator.needs_every_result):
-                self._calib_queue.append((seq, trial_id, trial.forecast, y, trial.x, self._calib_round))
+                self._calib_queue.append(_CalibUpdate(seq, trial_id, trial.forecast, y, trial.x, self._calib_round))
         if not self.defer_calibration:
             self.flush_calibration()
         return "completed"
@@ -643,12 +653,12 @@ class AskTellOptimizer:
         one update per round, as the asks they came before gave them: one update for all of them left the map one
         step from the identity (found in review). A replay's rounds are exact for a synchronous run; for a
         streaming run too where the log records how many results each ask's flush had learned (the actor's
-        `info["calibrated"]`, from 2026-11-27: a result told while the ask ran is logged before its proposals).
-        They are approximate for older logs, across the flush at the end of a session (not logged), and at
-        the ask of a batch whose proposals were lost from a damaged log."""
+        `info["calibrated"]`, from 2026-11-27: a result told while the ask ran is logged before its proposals;
+        the flush at the end of a session is marked by its final fit's record, from the same day). They are
+        approximate for older logs and at the ask of a batch whose proposals were lost from a damaged log."""
         with self._calib_lock:
             with self._lock:
-                todo = sorted(self._calib_queue, key=lambda u: (u[5], u[0]))
+                todo = sorted(self._calib_queue, key=lambda u: (u.round, u.seq))
                 self._calib_queue = []
                 self._calib_round += 1
             if not todo or self._calibrator is None:
@@ -656,18 +666,18 @@ class AskTellOptimizer:
             from orchestrator.models.predictive import Forecast
 
             # per round, the results with a forecast and those without one (only for `needs_every_result`)
-            def run_key(u: tuple) -> tuple[int, bool]:
-                return u[5], u[2] is not None
+            def run_key(u: _CalibUpdate) -> tuple[int, bool]:
+                return u.round, u.forecast is not None
 
             for (_, has_forecast), run in itertools.groupby(todo, key=run_key):
                 run = list(run)
-                y = torch.tensor([u[3] for u in run], **self._tk)
-                X = torch.stack([u[4] for u in run]).to(**self._tk)
+                y = torch.tensor([u.y for u in run], **self._tk)
+                X = torch.stack([u.x for u in run]).to(**self._tk)
                 if has_forecast:
-                    self._calibrator.update(Forecast.from_records([u[2] for u in run]), y, X=X)
+                    self._calibrator.update(Forecast.from_records([u.forecast for u in run]), y, X=X)
                 else:
                     self._calibrator.observe(y, X)
-            self._calib_taught.extend(u[1] for u in todo)
+            self._calib_taught.extend(u.trial_id for u in todo)
         return len(todo)
 
     def end_calibration_round(self, after: int | None = None) -> None:
@@ -685,7 +695,7 @@ class AskTellOptimizer:
             current, self._calib_round = self._calib_round, self._calib_round + 1
             if after is not None:  # (only results of the round being ended move: a damaged log's count moves no more)
                 k = max(0, int(after) - len(self._calib_taught))
-                self._calib_queue = [(*u[:5], self._calib_round) if i >= k and u[5] == current else u
+                self._calib_queue = [u._replace(round=self._calib_round) if i >= k and u.round == current else u
                                      for i, u in enumerate(self._calib_queue)]
 
     @property
@@ -727,7 +737,7 @@ class AskTellOptimizer:
                 if self._calib_taught:
                     raise QbatchError(f"the calibrator has learned {len(self._calib_taught)} results already; a "
                                       "checkpoint is restored only right after the replay")
-                queued = {u[1] for u in self._calib_queue}
+                queued = {u.trial_id for u in self._calib_queue}
                 missing = [t for t in taught if t not in queued]
                 if missing or len(set(taught)) != len(taught):
                     raise QbatchError(f"the calibrator checkpoint learned results the log does not hold (e.g. "
@@ -744,9 +754,9 @@ class AskTellOptimizer:
                 # after that flush, whatever round the replay gave it (a result told while an ask ran is logged
                 # before the ask's proposals), so it joins the first round after the learned ones (found in review:
                 # it stayed in the last learned round, and the next flush stepped twice where the run stepped once)
-                last = max((u[5] for u in self._calib_queue if u[1] in done), default=-1)
-                self._calib_queue = [u if u[5] > last else (*u[:5], last + 1)
-                                     for u in self._calib_queue if u[1] not in done]
+                last = max((u.round for u in self._calib_queue if u.trial_id in done), default=-1)
+                self._calib_queue = [u if u.round > last else u._replace(round=last + 1)
+                                     for u in self._calib_queue if u.trial_id not in done]
                 self._calib_round = max(self._calib_round, last + 1)
                 self._calib_taught = taught
         return len(taught)
@@ -1009,7 +1019,7 @@ class AskTellOptimizer:
                 "model_n": self._model_n,
                 "best": None if self._best is None else [dict(self._best[0]), self._best[1]],
                 # calibrator updates told but not yet applied (`defer_calibration`), by trial id
-                "calib_queue": [[u[1], float(u[3]), int(u[5])] for u in self._calib_queue],  # (id, y, round)
+                "calib_queue": [[u.trial_id, float(u.y), int(u.round)] for u in self._calib_queue],
                 "calib_round": self._calib_round,
                 "settings": self._settings(),
                 "calib_taught": list(self._calib_taught),
@@ -1068,9 +1078,10 @@ class AskTellOptimizer:
             self._n_prior = sum(st == "completed" and self._trials[tid].source == "user" for tid, st in self._told.items())
             self._best = None if state.get("best") is None else (dict(state["best"][0]), float(state["best"][1]))
             # (states saved before the rounds were kept hold [id, y]: one round)
-            self._calib_queue = [(self._seq[u[0]], u[0], self._trials[u[0]].forecast, float(u[1]), self._trials[u[0]].x,
-                                  int(u[2]) if len(u) > 2 else 0) for u in state.get("calib_queue", [])]
-            self._calib_round = int(state.get("calib_round", max([u[5] for u in self._calib_queue], default=0)))
+            self._calib_queue = [_CalibUpdate(self._seq[u[0]], u[0], self._trials[u[0]].forecast, float(u[1]),
+                                              self._trials[u[0]].x, int(u[2]) if len(u) > 2 else 0)
+                                 for u in state.get("calib_queue", [])]
+            self._calib_round = int(state.get("calib_round", max([u.round for u in self._calib_queue], default=0)))
             self._calib_taught = list(state.get("calib_taught", []))
             self._model, self._model_n = None, 0
             if state.get("model") is not None:
