@@ -257,6 +257,11 @@ class CentralActor:
                     forecast=ev.forecast, seed=info.get("seed"), source=info.get("source", "sobol"),
                     sobol_index=info.get("sobol_index"),
                 )
+            elif ev.kind == "refit" and (ev.info or {}).get("final"):
+                # the end of a session flushed the calibrator before this fit (`_refit`)
+                learned = ev.info.get("calibrated")
+                self.opt.end_calibration_round(
+                    after=learned if isinstance(learned, int) and not isinstance(learned, bool) else None)
             elif ev.kind == "started":
                 self._attempts[ev.trial_id] = max(self._attempts.get(ev.trial_id, 0), ev.attempt + 1)
             elif ev.kind in ("completed", "failed") and ev.trial_id not in finished:
@@ -491,16 +496,21 @@ class CentralActor:
             except _LogWriteError:
                 pass
         elif not self._abort and self.opt.can_fit() and (self.opt.model is None or self.opt.num_stale > 0):
-            self.opt.flush_calibration()
-            self._save_calibrator()
-            # the final recommendation uses every result (after the evaluation span) and a fit from scratch too:
-            # a warm start can stay in the basin of a fit on the first few results (`AskTellOptimizer.fit`);
-            # a run that ended before its first model batch (a budget near `initial_design`) is fitted here too
             try:
-                self._refit(restart=True, final=True)
+                self._final_fit()
             except _LogWriteError:  # `_abort` says what failed
                 pass
         return self._summary()
+
+    def _final_fit(self) -> None:
+        """The end of a session that was not aborted (its budget spent, or stopped): the calibrator learns the
+        results since the last ask, and the model is refitted from scratch on every result. The final
+        recommendation uses every result (after the evaluation span) and a fresh fit: a warm start can stay in the
+        basin of a fit on the first few results (`AskTellOptimizer.fit`); a run that ended before its first model
+        batch (a budget near `initial_design`) is fitted here too."""
+        self.opt.flush_calibration()
+        self._save_calibrator()
+        self._refit(restart=True, final=True)
 
     def _drain(self, limit_s: float) -> None:
         """After an abort: log the results of the evaluations in flight as they finish, for up to `limit_s`
@@ -907,6 +917,11 @@ class CentralActor:
 
         t0 = time.perf_counter()
         n = self.opt.num_completed
+        # the final fit follows the session's last calibrator flush (`_run_loop`): its record says how many results
+        # the calibrator had learned then, so a replay without a calibrator checkpoint ends that update there too
+        # (`_replay`) and does not merge it with the next session's first
+        last = ({"final": True, "calibrated": self.opt.num_calibrated}
+                if final and self.opt.calibrator is not None else {})
         try:
             diag = self.opt.fit(restart=restart)
         except Exception as exc:
@@ -920,7 +935,7 @@ class CentralActor:
             info = {"failed": True, "error": error, "traceback": format_exception_traceback(exc), "n": n,
                     "slots": self.max_concurrent, "session": self.started_at, "direction": self.direction,
                     "failed_in_a_row": self._failed_in_a_row, "elapsed_s": time.perf_counter() - t0,
-                    "kept": "previous model" if self.opt.model is not None else "Sobol design (no model yet)"}
+                    "kept": "previous model" if self.opt.model is not None else "Sobol design (no model yet)", **last}
             self._append([Event("refit", info=info)])
             print(f"qbatch: refit on {n} results failed ({self._failed_in_a_row} in a row): {error}; the run goes "
                   f"on with the {info['kept']}", file=sys.stderr, flush=True)
@@ -934,7 +949,7 @@ class CentralActor:
         self._failed_in_a_row, self._failed_fit_n = 0, -1
         # the slots and the direction this session ran with: the report's utilization and best value read them
         self._append([Event("refit", info={**diag, "slots": self.max_concurrent, "session": self.started_at,
-                                           "direction": self.direction})])
+                                           "direction": self.direction, **last})])
         self._save_model()
         return True
 

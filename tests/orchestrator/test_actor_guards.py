@@ -370,3 +370,43 @@ def test_a_streaming_replay_puts_a_result_told_during_an_ask_in_the_next_update(
         again.opt.flush_calibration()
         np.testing.assert_allclose(again.opt.calibrator.raw_levels(), levels, atol=1e-12)
         again.store.unlock_writer()
+
+
+def test_a_replay_ends_the_calibrator_update_where_the_last_session_ended(tmp_path):
+    """A session that ends (stopped, here with two results of its last batch in) flushes the calibrator before its
+    final fit (`_final_fit`), whose record says how many results it had learned. A resume without the calibrator
+    checkpoint ends that update there, so the two results the next session re-runs are an update of their own,
+    as with the checkpoint (before, the end of a session was not in the log: the replay made one update of all
+    four)."""
+    import shutil
+
+    actor = _online_actor(tmp_path, budget=24)
+    actor._propose(4, design=True)
+    actor._dispatch()
+    _finish_logged(actor)
+    for n_finished in (4, 2):  # the first model batch, then two of the second
+        assert actor._refit()
+        actor._propose(4)
+        actor._dispatch()
+        _finish_logged(actor, n_finished)
+    actor._inflight.clear()  # the session stops: the other two are never finished
+    actor._final_fit()
+    assert actor.opt.num_calibrated == 6
+    actor.store.unlock_writer()
+    levels = {}
+    for drop_checkpoint in (False, True):
+        run_dir = shutil.copytree(actor.run_dir, tmp_path / f"resumed-{drop_checkpoint}")
+        if drop_checkpoint:
+            for f in Path(run_dir).rglob(f"*{CALIBRATOR_CHECKPOINT}*"):
+                f.unlink()
+        again = CentralActor(str(run_dir), max_concurrent=4, pool=None)
+        assert (again.calibrator_restored == 0) == drop_checkpoint
+        refs = itertools.count()
+        again._submit = lambda batch: [f"ref{next(refs)}" for _ in batch]
+        again._dispatch()  # the two unfinished trials, run again
+        _finish_logged(again)
+        again._propose(4)  # its ask's flush learns them
+        assert again.opt.num_calibrated == 8
+        levels[drop_checkpoint] = again.opt.calibrator.raw_levels()
+        again.store.unlock_writer()
+    np.testing.assert_allclose(levels[True], levels[False], atol=1e-12)
