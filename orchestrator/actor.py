@@ -912,7 +912,11 @@ class CentralActor:
         """Refit the surrogate and log it. A fit that raises leaves the current model in place (the optimizer
         swaps a new one in only when its fit succeeds), is logged with its traceback, and returns False;
         `max_refit_failures` in a row abort the run, except for the `final` fit after the last result (the run
-        is done: its recommendation is then the previous model's). `restart`: see `AskTellOptimizer.fit`."""
+        is done: its recommendation is then the previous model's). `restart`: see `AskTellOptimizer.fit`.
+        Every fit but the final one stops when the run loop ends (`stop`), logging nothing and returning False:
+        the final fit on every result replaces it, and the run's end no longer waits for it (a streaming run's
+        background refit on the results before the last ones)."""
+        from orchestrator.errors import FitInterrupted
         from orchestrator.store import Event
 
         t0 = time.perf_counter()
@@ -923,7 +927,9 @@ class CentralActor:
         last = ({"final": True, "calibrated": self.opt.num_calibrated}
                 if final and self.opt.calibrator is not None else {})
         try:
-            diag = self.opt.fit(restart=restart)
+            diag = self.opt.fit(restart=restart, stop=None if final else self._stop)
+        except FitInterrupted:
+            return False
         except Exception as exc:
             self._last_fit_end = time.time()
             self._refit_failures += 1
@@ -963,8 +969,8 @@ class CentralActor:
             self._propose(min(design_left, remaining))
             return
         if self.opt.can_fit() and (self.opt.model is None or self.opt.num_stale > 0):
-            if not self._refit() and self._abort:
-                return
+            if not self._refit() and (self._abort or self._stop.is_set()):
+                return  # (stopped during the fit: the run ends, and a resume proposes this batch)
         self._propose(min(self.cfg.batch_size, remaining))
 
     # ------------------------------------------------------------------ log

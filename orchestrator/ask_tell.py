@@ -36,6 +36,7 @@ from torch import Tensor
 from orchestrator.errors import (
     ConfigError, InputDataError, ModelFitError, ModelWarning, QbatchError, UnsupportedError,
 )
+from orchestrator.models.base import fit_stop
 from orchestrator.space import SearchSpace
 from workers.evaluate import classify_value
 
@@ -801,7 +802,7 @@ class AskTellOptimizer:
         return status
 
     # ------------------------------------------------------------------ model
-    def fit(self, restart: bool = False) -> dict[str, Any]:
+    def fit(self, restart: bool = False, stop: threading.Event | None = None) -> dict[str, Any]:
         """Fit (warm-started) the surrogate on all completed results; return diagnostics.
 
         Args:
@@ -809,6 +810,10 @@ class AskTellOptimizer:
                 lower training loss (negative marginal likelihood or ELBO per datum). A warm start can stay in
                 the basin an early fit found on little data (e.g. a lengthscale that explains the later points
                 as noise); the end of a run asks for this, so that the final recommendation is not that basin's.
+            stop: once this event is set, the fit stops between two training steps and raises `FitInterrupted`,
+                the model in use staying (the central actor's background refit, when the run ends: the final fit
+                on every result replaces it anyway). The SVGP models stop; the exact GPs' fits, short L-BFGS
+                runs, go to their end.
 
         Returns:
             ``{"seconds", "n", "best_params", "best_predicted", "swapped", ...model diagnostics}`` (``swapped``:
@@ -819,7 +824,12 @@ class AskTellOptimizer:
         Raises:
             InputDataError: fewer than 2 completed results.
             ModelFitError: the fitted posterior is not finite (the current model stays in use).
+            FitInterrupted: `stop` was set before the fit ended (the current model stays in use).
         """
+        with fit_stop(stop):
+            return self._fit(restart)
+
+    def _fit(self, restart: bool) -> dict[str, Any]:
         if not self.defer_calibration:
             self.flush_calibration()
         X, Y, ids = self._snapshot()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 __all__ = [
     "QbatchError", "ConfigError", "SpaceError", "InputDataError", "UnsupportedError", "UsageError", "ModelFitError",
-    "ModelWarning",
+    "ModelWarning", "FitInterrupted",
 ]
 
 
@@ -39,6 +39,11 @@ class UsageError(QbatchError):
 class ModelFitError(QbatchError, RuntimeError):
     """A model fit ended in a posterior that is not finite (e.g. outcomes too large for float64 arithmetic);
     the fit is not used and the previous model stays in place."""
+
+
+class FitInterrupted(QbatchError):
+    """A model fit stopped before its end because the event it was given was set (`AskTellOptimizer.fit`'s
+    `stop`): no model was fitted, and the one in use stays."""
 
 
 class ModelWarning(UserWarning):

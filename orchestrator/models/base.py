@@ -10,9 +10,11 @@ original units of Y.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 from torch import Tensor
@@ -20,13 +22,38 @@ from torch import Tensor
 if TYPE_CHECKING:
     from orchestrator.models.predictive import Forecast
 
-__all__ = ["FAMILIES", "SparseLatentParts", "Surrogate", "check_training_data", "TKWARGS"]
+__all__ = ["FAMILIES", "SparseLatentParts", "Surrogate", "check_training_data", "TKWARGS", "fit_stop",
+           "check_fit_stop"]
 
 #: default dtype/device for GP algebra (STYLE.md §4.7: float64 through one `tkwargs`)
 TKWARGS: dict[str, Any] = {"dtype": torch.float64, "device": torch.device("cpu")}
 
 #: likelihood families: quantile (AL), expectile (AG), and Gaussian (HetGP: y ~ N(f, e^{2g}); exact GP: g constant)
 FAMILIES = ("asymmetric_laplace", "asymmetric_gaussian", "gaussian")
+
+
+_FIT_STOP = threading.local()
+
+
+@contextlib.contextmanager
+def fit_stop(event: threading.Event | None) -> Iterator[None]:
+    """Fits run in this thread while the block runs stop, raising `FitInterrupted`, once `event` is set (None:
+    they run to their end). A model's training loop asks `check_fit_stop` between its steps."""
+    before = getattr(_FIT_STOP, "event", None)
+    _FIT_STOP.event = event
+    try:
+        yield
+    finally:
+        _FIT_STOP.event = before
+
+
+def check_fit_stop() -> None:
+    """Raise `FitInterrupted` if this thread's fit was asked to stop (`fit_stop`)."""
+    event = getattr(_FIT_STOP, "event", None)
+    if event is not None and event.is_set():
+        from orchestrator.errors import FitInterrupted
+
+        raise FitInterrupted("the model fit was stopped before its end; the model in use is kept")
 
 
 @dataclass

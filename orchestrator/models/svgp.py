@@ -33,7 +33,7 @@ from torch import Tensor
 
 from orchestrator.errors import ConfigError, InputDataError
 from orchestrator.models import distributions as D
-from orchestrator.models.base import TKWARGS, SparseLatentParts, Surrogate, check_training_data
+from orchestrator.models.base import TKWARGS, SparseLatentParts, Surrogate, check_fit_stop, check_training_data
 from orchestrator.models.inducing import KMeansInducingPointSelector
 from orchestrator.models.likelihoods import check_tau
 
@@ -619,6 +619,7 @@ class TwoLatentSVGPSurrogate(Surrogate):
         while step < max_steps and not stopped:
             total, count = 0.0, 0
             for _ in range(min(steps_per_epoch, max_steps - step)):
+                check_fit_stop()  # a fit nobody will use stops here (`AskTellOptimizer.fit`'s `stop`)
                 if pos >= order.numel():
                     order, pos = torch.randperm(n, generator=self._generator), 0
                 idx = order[pos:pos + b]

@@ -410,3 +410,27 @@ def test_a_replay_ends_the_calibrator_update_where_the_last_session_ended(tmp_pa
         levels[drop_checkpoint] = again.opt.calibrator.raw_levels()
         again.store.unlock_writer()
     np.testing.assert_allclose(levels[True], levels[False], atol=1e-12)
+
+
+def test_the_end_of_the_run_loop_stops_a_refit_and_logs_no_failure(tmp_path):
+    """Once the run loop ends (`_stop`: the budget is spent or `stop` was called), a refit in progress stops: it
+    would be replaced by the final fit on every result, which the run's end used to wait for it to begin. It
+    logs nothing and counts as no failure; the final fit still runs. A synchronous run stopped during its refit
+    proposes no batch after it (a resume proposes it)."""
+    for synchronous in (False, True):
+        actor = _actor(tmp_path / str(synchronous), budget=12, synchronous=synchronous)
+        actor._propose(4, design=True)
+        actor._dispatch()
+        _finish_logged(actor)
+        actor._stop.set()
+        logged = len(actor.store.events())
+        if synchronous:
+            actor._sync_step()
+        else:
+            assert actor._refit() is False
+        assert len(actor.store.events()) == logged  # no refit record, no proposals
+        assert actor.opt.model is None and actor._refit_failures == 0 and actor._failed_in_a_row == 0
+        actor._final_fit()
+        refits = [e for e in actor.store.events() if e.kind == "refit"]
+        assert actor.opt.model is not None and len(refits) == 1 and not refits[0].info.get("failed")
+        actor.store.unlock_writer()

@@ -890,3 +890,38 @@ def test_a_result_told_during_an_ask_is_learned_with_the_next_round_after_a_chec
     assert new.restore_calibrator(ckpt) == 2
     assert new.flush_calibration() == 2
     np.testing.assert_allclose(new.calibrator.raw_levels(), opt.calibrator.raw_levels(), atol=1e-12)
+
+
+def test_a_fit_stops_between_training_steps_once_its_stop_event_is_set():
+    """`fit(stop=event)`: the SVGP's training loop asks the event between steps, so a fit nobody will use (the
+    central actor's background refit when the run ends) stops with `FitInterrupted` and the model in use stays;
+    an event that is never set changes nothing."""
+    import threading
+
+    from orchestrator.errors import FitInterrupted
+
+    opt = AskTellOptimizer({"x": {"type": "float", "low": 0.0, "high": 1.0}}, model="quantile", tau=0.5,
+                           initial_design=12, seed=0, model_options={
+                               "num_inducing": 8, "max_steps": 200, "warm_max_steps": 10**6,
+                               "warm_early_stop_patience": 10**6})
+    for t in opt.ask(12):
+        opt.tell(t.trial_id, math.sin(6 * t.params["x"]))
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(FitInterrupted):
+        opt.fit(stop=stop)
+    assert opt.model is None  # nothing was fitted
+    opt.fit(stop=threading.Event())  # a cold fit of at most 200 steps, never stopped
+    first = opt.model
+    assert first is not None
+    for t in opt.ask(4):
+        opt.tell(t.trial_id, math.sin(6 * t.params["x"]))
+    stop = threading.Event()
+    timer = threading.Timer(0.5, stop.set)  # a warm fit of 10**6 steps without early stopping, stopped at 0.5 s
+    timer.start()
+    try:
+        with pytest.raises(FitInterrupted):
+            opt.fit(stop=stop)
+    finally:
+        timer.cancel()
+    assert opt.model is first and opt.num_stale == 4
