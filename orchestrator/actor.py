@@ -249,19 +249,14 @@ class CentralActor:
                     # but for those told while the ask ran (logged before its batch, the next ask's), which the
                     # count the ask logged sets apart (`_ask_and_log`)
                     model_batches.add(ev.batch_id)
-                    learned = info.get("calibrated")
-                    self.opt.end_calibration_round(
-                        after=learned if isinstance(learned, int) and not isinstance(learned, bool) else None)
+                    self._end_calibration_round(info)
                 self.opt.restore_trial(
                     ev.trial_id, ev.params or {}, ev.x or [], ev.batch_id if ev.batch_id is not None else -1,
                     forecast=ev.forecast, seed=info.get("seed"), source=info.get("source", "sobol"),
                     sobol_index=info.get("sobol_index"),
                 )
             elif ev.kind == "refit" and (ev.info or {}).get("final"):
-                # the end of a session flushed the calibrator before this fit (`_refit`)
-                learned = ev.info.get("calibrated")
-                self.opt.end_calibration_round(
-                    after=learned if isinstance(learned, int) and not isinstance(learned, bool) else None)
+                self._end_calibration_round(ev.info)  # the end of a session flushed the calibrator (`_session_end`)
             elif ev.kind == "started":
                 self._attempts[ev.trial_id] = max(self._attempts.get(ev.trial_id, 0), ev.attempt + 1)
             elif ev.kind in ("completed", "failed") and ev.trial_id not in finished:
@@ -281,6 +276,17 @@ class CentralActor:
         self._queue.extend(self.opt.pending())
         self.resumed_unfinished = len(self._queue)
         self.readopted = self._readopt(finished) if self.pool is not None else 0
+
+    def _end_calibration_round(self, info: Mapping[str, Any]) -> None:
+        """`_replay` at a record of a calibrator flush (a model batch's first proposal, a session's final fit): its
+        `learned` count (from 2026-11-27) says how many of the results queued since the flush before it that flush
+        learned, `calibrated` (older logs of that day) how many it had learned in all. `learned` is exact for the
+        flushes after a damaged part of a log too, whose lost results shift every later cut by `calibrated`."""
+        def count(key: str) -> int | None:
+            v = info.get(key)
+            return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+        self.opt.end_calibration_round(after=count("calibrated"), learned=count("learned"))
 
     def _restore_model(self) -> bool:
         """After a resume or restart: the last fitted model from `checkpoints/model`, so proposals continue from
@@ -503,14 +509,27 @@ class CentralActor:
         return self._summary()
 
     def _final_fit(self) -> None:
-        """The end of a session that was not aborted (its budget spent, or stopped): the calibrator learns the
-        results since the last ask, and the model is refitted from scratch on every result. The final
-        recommendation uses every result (after the evaluation span) and a fresh fit: a warm start can stay in the
-        basin of a fit on the first few results (`AskTellOptimizer.fit`); a run that ended before its first model
-        batch (a budget near `initial_design`) is fitted here too."""
+        """The end of a session that was not aborted (its budget spent, or stopped): the model is refitted from
+        scratch on every result, then the calibrator learns the results since the last ask (`_session_end`). The
+        final recommendation uses every result (after the evaluation span) and a fresh fit: a warm start can stay
+        in the basin of a fit on the first few results (`AskTellOptimizer.fit`); a run that ended before its first
+        model batch (a budget near `initial_design`) is fitted here too."""
+        self._refit(restart=True, final=True)
+
+    def _session_end(self) -> dict[str, Any]:
+        """The calibrator learns the results told since the last ask and is checkpointed; returns what the final
+        fit's record, appended right after, says of it (`final`, and with a calibrator `calibrated`, how many it
+        has learned in all, and `learned`, how many this flush did), so that a replay without the checkpoint ends
+        that update there too (`_replay`) and does not merge it with the next session's first. It runs after the
+        final fit, not before: a session killed during that fit (it may take minutes) flushed nothing, so its
+        replay agrees with its checkpoint (found in review: flushed and checkpointed first, it had learned results
+        whose update no record marked)."""
+        before = self.opt.num_calibrated
         self.opt.flush_calibration()
         self._save_calibrator()
-        self._refit(restart=True, final=True)
+        if self.opt.calibrator is None:
+            return {"final": True}
+        return {"final": True, "calibrated": self.opt.num_calibrated, "learned": self.opt.num_calibrated - before}
 
     def _drain(self, limit_s: float) -> None:
         """After an abort: log the results of the evaluations in flight as they finish, for up to `limit_s`
@@ -882,6 +901,7 @@ class CentralActor:
         """`_propose`'s work: ask for `q` trials and log them (a trial is logged before it can be dispatched)."""
         t0 = time.perf_counter()
         pending = self.opt.num_pending
+        learned_before = self.opt.num_calibrated
         trials = self.opt.ask(q, fit=False, design=design)
         seconds = time.perf_counter() - t0
         self._proposal_s.append(seconds)
@@ -889,15 +909,16 @@ class CentralActor:
         if trials and trials[0].source == "model":
             self._model_batches += 1
             self._prop_ema = seconds if self._prop_ema is None else 0.7 * self._prop_ema + 0.3 * seconds
-            # how many results the calibrator had learned when this ask flushed it (only this thread flushes): a
-            # replay without a calibrator checkpoint rebuilds the ask's update from it (`_replay`)
+            # how many results the calibrator had learned when this ask flushed it (only this thread flushes), in
+            # all and in this flush: a replay without a calibrator checkpoint rebuilds the ask's update from it
+            # (`_replay`)
             calibrated = self.opt.num_calibrated if self.opt.calibrator is not None else None
         events = []
         for t in trials:
             info = {"source": t.source, "seed": t.seed, "proposal_seconds": seconds, "q": q, "pending": pending,
                     "slots": self.max_concurrent, "session": self.started_at}
             if calibrated is not None:
-                info["calibrated"] = calibrated
+                info["calibrated"], info["learned"] = calibrated, calibrated - learned_before
             if "sobol_index" in t.info:
                 info["sobol_index"] = t.info["sobol_index"]
             if self.direction == "minimize":
@@ -921,11 +942,6 @@ class CentralActor:
 
         t0 = time.perf_counter()
         n = self.opt.num_completed
-        # the final fit follows the session's last calibrator flush (`_run_loop`): its record says how many results
-        # the calibrator had learned then, so a replay without a calibrator checkpoint ends that update there too
-        # (`_replay`) and does not merge it with the next session's first
-        last = ({"final": True, "calibrated": self.opt.num_calibrated}
-                if final and self.opt.calibrator is not None else {})
         try:
             diag = self.opt.fit(restart=restart, stop=None if final else self._stop)
         except FitInterrupted:
@@ -941,7 +957,9 @@ class CentralActor:
             info = {"failed": True, "error": error, "traceback": format_exception_traceback(exc), "n": n,
                     "slots": self.max_concurrent, "session": self.started_at, "direction": self.direction,
                     "failed_in_a_row": self._failed_in_a_row, "elapsed_s": time.perf_counter() - t0,
-                    "kept": "previous model" if self.opt.model is not None else "Sobol design (no model yet)", **last}
+                    "kept": "previous model" if self.opt.model is not None else "Sobol design (no model yet)"}
+            if final:
+                info.update(self._session_end())
             self._append([Event("refit", info=info)])
             print(f"qbatch: refit on {n} results failed ({self._failed_in_a_row} in a row): {error}; the run goes "
                   f"on with the {info['kept']}", file=sys.stderr, flush=True)
@@ -954,8 +972,10 @@ class CentralActor:
         self._refits += 1
         self._failed_in_a_row, self._failed_fit_n = 0, -1
         # the slots and the direction this session ran with: the report's utilization and best value read them
-        self._append([Event("refit", info={**diag, "slots": self.max_concurrent, "session": self.started_at,
-                                           "direction": self.direction, **last})])
+        info = {**diag, "slots": self.max_concurrent, "session": self.started_at, "direction": self.direction}
+        if final:
+            info.update(self._session_end())
+        self._append([Event("refit", info=info)])
         self._save_model()
         return True
 

@@ -681,7 +681,7 @@ class AskTellOptimizer:
             self._calib_taught.extend(u.trial_id for u in todo)
         return len(todo)
 
-    def end_calibration_round(self, after: int | None = None) -> None:
+    def end_calibration_round(self, after: int | None = None, learned: int | None = None) -> None:
         """Results told from now on belong to the next flush's update, not the one queued so far: what `ask`'s
         flush does, for a replay that tells a log's results in one go (the central actor calls it where the log
         shows a model-based batch proposed). Nothing is applied until `flush_calibration`.
@@ -691,10 +691,19 @@ class AskTellOptimizer:
                 with each model batch, `info["calibrated"]`): the queued results past that count, in the order
                 told, were told after the flush (while the ask ran, so logged before its proposals) and join the
                 new round. None (a log written before the count was kept) leaves them where they are.
+            learned: how many results that flush learned (the actor's `info["learned"]`): the queued results
+                of the round being ended past that many, in the order told, join the new round. Used in place of
+                `after` when given: a count of this flush alone does not shift when results of earlier flushes
+                are missing (a damaged log).
         """
         with self._lock:
             current, self._calib_round = self._calib_round, self._calib_round + 1
-            if after is not None:  # (only results of the round being ended move: a damaged log's count moves no more)
+            if learned is not None:
+                seen = itertools.count()
+                self._calib_queue = [u._replace(round=self._calib_round)
+                                     if u.round == current and next(seen) >= learned else u
+                                     for u in self._calib_queue]
+            elif after is not None:  # (only results of the round being ended move: a damaged log's count moves no more)
                 k = max(0, int(after) - len(self._calib_taught))
                 self._calib_queue = [u._replace(round=self._calib_round) if i >= k and u.round == current else u
                                      for i, u in enumerate(self._calib_queue)]

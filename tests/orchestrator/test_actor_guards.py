@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from orchestrator.actor import CALIBRATOR_CHECKPOINT, CentralActor
 from orchestrator.config import load_config
@@ -372,12 +373,14 @@ def test_a_streaming_replay_puts_a_result_told_during_an_ask_in_the_next_update(
         again.store.unlock_writer()
 
 
-def test_a_replay_ends_the_calibrator_update_where_the_last_session_ended(tmp_path):
-    """A session that ends (stopped, here with two results of its last batch in) flushes the calibrator before its
-    final fit (`_final_fit`), whose record says how many results it had learned. A resume without the calibrator
+@pytest.mark.parametrize("killed_in_final_fit", [False, True])
+def test_a_replay_ends_the_calibrator_update_where_the_last_session_ended(tmp_path, killed_in_final_fit):
+    """A session that ends (stopped, here with two results of its last batch in) flushes the calibrator with its
+    final fit (`_final_fit`), whose record says how many results it learned. A resume without the calibrator
     checkpoint ends that update there, so the two results the next session re-runs are an update of their own,
     as with the checkpoint (before, the end of a session was not in the log: the replay made one update of all
-    four)."""
+    four). A session killed during its final fit flushed nothing, with or without the checkpoint (found in
+    review: flushed and checkpointed before the fit, it left an update no record marked)."""
     import shutil
 
     actor = _online_actor(tmp_path, budget=24)
@@ -390,8 +393,16 @@ def test_a_replay_ends_the_calibrator_update_where_the_last_session_ended(tmp_pa
         actor._dispatch()
         _finish_logged(actor, n_finished)
     actor._inflight.clear()  # the session stops: the other two are never finished
-    actor._final_fit()
-    assert actor.opt.num_calibrated == 6
+    if killed_in_final_fit:
+        def killed(*args, **kwargs):
+            raise KeyboardInterrupt("the process is killed during the final fit")
+
+        actor.opt.fit = killed
+        with pytest.raises(KeyboardInterrupt):
+            actor._final_fit()
+    else:
+        actor._final_fit()
+    assert actor.opt.num_calibrated == (4 if killed_in_final_fit else 6)
     actor.store.unlock_writer()
     levels = {}
     for drop_checkpoint in (False, True):
@@ -434,3 +445,50 @@ def test_the_end_of_the_run_loop_stops_a_refit_and_logs_no_failure(tmp_path):
         refits = [e for e in actor.store.events() if e.kind == "refit"]
         assert actor.opt.model is not None and len(refits) == 1 and not refits[0].info.get("failed")
         actor.store.unlock_writer()
+
+
+def test_after_a_damaged_part_of_the_log_later_calibrator_updates_are_cut_where_the_run_cut_them(tmp_path):
+    """A streaming run whose first model batch's proposals are lost from the log (a damaged segment): their results
+    come back without forecasts, so the calibrator cannot learn them again. Each ask logs how many results its own
+    flush learned (`info["learned"]`), so the replay still puts a result told during a later ask into the update
+    after it (found in review: cut by the count learned in all, which counts the lost results, every later cut came
+    4 results late and that result joined the update before)."""
+    import pyarrow.parquet as pq
+
+    actor = _online_actor(tmp_path, budget=40)
+    actor._propose(4, design=True)
+    actor._dispatch()
+    _finish_logged(actor)
+    for n_finished in (4, 2):  # model batch 1, all told; batch 2, two of four
+        assert actor._refit()
+        actor._propose(4)
+        actor._dispatch()
+        _finish_logged(actor, n_finished)
+    propose = actor.opt._propose
+
+    def propose_while_a_result_arrives(*args, **kwargs):
+        _finish_logged(actor, 1)  # batch 2's third result, told during the third ask (after its flush)
+        return propose(*args, **kwargs)
+
+    actor.opt._propose = propose_while_a_result_arrives
+    assert actor._refit()
+    actor._propose(4)
+    actor.opt._propose = propose
+    told_during = [u.trial_id for u in actor.opt._calib_queue]
+    assert len(told_during) == 1 and told_during[0].startswith("2-")
+    actor.store.unlock_writer()
+    lost = 0
+    for segment in sorted(Path(actor.run_dir, "events").glob("*.parquet")):
+        t = pq.read_table(segment).to_pydict()
+        if any(k == "proposed" and str(tid).startswith("1-") for k, tid in zip(t["kind"], t["trial_id"])):
+            segment.unlink()
+            lost += 1
+    assert lost
+    again = CentralActor(actor.run_dir, max_concurrent=4, pool=None)
+    rounds = {u.trial_id: u.round for u in again.opt._calib_queue}
+    assert not any(t.startswith("1-") for t in rounds)  # no forecast: nothing to learn from them
+    batch2 = sorted(t for t in rounds if t.startswith("2-"))
+    assert len(batch2) == 3
+    learned_by_ask_3 = [t for t in batch2 if t != told_during[0]]
+    assert all(rounds[told_during[0]] > rounds[t] for t in learned_by_ask_3), rounds
+    again.store.unlock_writer()
