@@ -1011,7 +1011,9 @@ class AskTellOptimizer:
 
     def get_state(self) -> dict[str, Any]:
         """Plain values and tensors only (loads with `torch.load(weights_only=True)`)."""
-        with self._lock:
+        # a flush takes the queue under `_lock` and teaches the calibrator outside it: without `_calib_lock`, a
+        # state saved in between held those results neither queued nor learned (found in review)
+        with self._calib_lock, self._lock:
             trials = [
                 {
                     "trial_id": t.trial_id,

@@ -925,3 +925,36 @@ def test_a_fit_stops_between_training_steps_once_its_stop_event_is_set():
     finally:
         timer.cancel()
     assert opt.model is first and opt.num_stale == 4
+
+
+def test_a_state_saved_during_a_flush_holds_every_result_queued_or_learned():
+    """Found in review: `flush_calibration` takes the queue under the optimizer's lock and teaches the calibrator
+    outside it; `get_state` took only that lock, so a state saved in between held the flushed results neither
+    queued nor learned, and a twin restored from it never learned them. It now waits for the flush."""
+    import threading
+
+    opt = _online_opt()
+    for t in opt.ask(6):
+        opt.tell(t.trial_id, f_true(t.params))
+    for t in opt.ask(4):
+        opt.tell(t.trial_id, f_true(t.params) + 0.5)
+    update, entered, release = opt.calibrator.update, threading.Event(), threading.Event()
+
+    def slow_update(*args, **kwargs):
+        entered.set()
+        release.wait(10)
+        return update(*args, **kwargs)
+
+    opt.calibrator.update = slow_update
+    flush = threading.Thread(target=opt.flush_calibration)
+    flush.start()
+    assert entered.wait(10)
+    states = []
+    saver = threading.Thread(target=lambda: states.append(opt.get_state()))
+    saver.start()
+    saver.join(0.5)
+    release.set()
+    flush.join(10)
+    saver.join(10)
+    state = states[0]
+    assert len(state["calib_taught"]) + len(state["calib_queue"]) == 4, (state["calib_taught"], state["calib_queue"])
