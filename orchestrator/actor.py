@@ -279,14 +279,18 @@ class CentralActor:
 
     def _end_calibration_round(self, info: Mapping[str, Any]) -> None:
         """`_replay` at a record of a calibrator flush (a model batch's first proposal, a session's final fit): its
-        `learned` count (from 2026-11-27) says how many of the results queued since the flush before it that flush
-        learned, `calibrated` (older logs of that day) how many it had learned in all. `learned` is exact for the
-        flushes after a damaged part of a log too, whose lost results shift every later cut by `calibrated`."""
-        def count(key: str) -> int | None:
-            v = info.get(key)
-            return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-        self.opt.end_calibration_round(after=count("calibrated"), learned=count("learned"))
+        `learned_ids` (from 2026-11-27) name the results that flush taught the calibrator, `calibrated` how many it
+        had learned in all (on every proposal of the batch: the first one's record may be lost). The ids are exact
+        across sessions and after a damaged part of the log; the count is shifted by results a damaged log lost
+        (found in review: so was a count of the flush's results alone, by a resumed session's first flush, which
+        teaches the results of several rounds)."""
+        ids = info.get("learned_ids")
+        if isinstance(ids, list):
+            self.opt.end_calibration_round(learned_ids=[str(t) for t in ids])
+            return
+        after = info.get("calibrated")
+        self.opt.end_calibration_round(
+            after=after if isinstance(after, int) and not isinstance(after, bool) else None)
 
     def _restore_model(self) -> bool:
         """After a resume or restart: the last fitted model from `checkpoints/model`, so proposals continue from
@@ -519,17 +523,25 @@ class CentralActor:
     def _session_end(self) -> dict[str, Any]:
         """The calibrator learns the results told since the last ask and is checkpointed; returns what the final
         fit's record, appended right after, says of it (`final`, and with a calibrator `calibrated`, how many it
-        has learned in all, and `learned`, how many this flush did), so that a replay without the checkpoint ends
-        that update there too (`_replay`) and does not merge it with the next session's first. It runs after the
+        has learned in all, and `learned_ids`, the results this flush taught it), so that a replay without the
+        checkpoint ends that update there too (`_replay`) and does not merge it with the next session's first. A
+        flush that raises is reported and leaves the fit and its record as they are. It runs after the
         final fit, not before: a session killed during that fit (it may take minutes) flushed nothing, so its
         replay agrees with its checkpoint (found in review: flushed and checkpointed first, it had learned results
         whose update no record marked)."""
         before = self.opt.num_calibrated
-        self.opt.flush_calibration()
+        try:
+            self.opt.flush_calibration()
+        except Exception as exc:  # noqa: BLE001 - the fitted model and its record are kept (found in review)
+            # not checkpointed: a resume restores the last checkpoint and teaches it these results from the log
+            error = describe_exception(exc)
+            print(f"qbatch: the calibrator could not learn the session's last results ({error}); a resume teaches "
+                  "them again from the log", file=sys.stderr, flush=True)
+            return {"final": True, "calibrator_error": error}
         self._save_calibrator()
         if self.opt.calibrator is None:
             return {"final": True}
-        return {"final": True, "calibrated": self.opt.num_calibrated, "learned": self.opt.num_calibrated - before}
+        return {"final": True, "calibrated": self.opt.num_calibrated, "learned_ids": self.opt.calibrated_ids(before)}
 
     def _drain(self, limit_s: float) -> None:
         """After an abort: log the results of the evaluations in flight as they finish, for up to `limit_s`
@@ -901,7 +913,7 @@ class CentralActor:
         """`_propose`'s work: ask for `q` trials and log them (a trial is logged before it can be dispatched)."""
         t0 = time.perf_counter()
         pending = self.opt.num_pending
-        learned_before = self.opt.num_calibrated
+        calibrated_before = self.opt.num_calibrated
         trials = self.opt.ask(q, fit=False, design=design)
         seconds = time.perf_counter() - t0
         self._proposal_s.append(seconds)
@@ -909,16 +921,18 @@ class CentralActor:
         if trials and trials[0].source == "model":
             self._model_batches += 1
             self._prop_ema = seconds if self._prop_ema is None else 0.7 * self._prop_ema + 0.3 * seconds
-            # how many results the calibrator had learned when this ask flushed it (only this thread flushes), in
-            # all and in this flush: a replay without a calibrator checkpoint rebuilds the ask's update from it
-            # (`_replay`)
+            # how many results the calibrator had learned when this ask flushed it (only this thread flushes), and
+            # (on the batch's first record) which ones this flush taught it: a replay without a calibrator
+            # checkpoint rebuilds the ask's update from them (`_replay`)
             calibrated = self.opt.num_calibrated if self.opt.calibrator is not None else None
         events = []
-        for t in trials:
+        for i, t in enumerate(trials):
             info = {"source": t.source, "seed": t.seed, "proposal_seconds": seconds, "q": q, "pending": pending,
                     "slots": self.max_concurrent, "session": self.started_at}
             if calibrated is not None:
-                info["calibrated"], info["learned"] = calibrated, calibrated - learned_before
+                info["calibrated"] = calibrated
+                if i == 0:
+                    info["learned_ids"] = self.opt.calibrated_ids(calibrated_before)
             if "sobol_index" in t.info:
                 info["sobol_index"] = t.info["sobol_index"]
             if self.direction == "minimize":

@@ -653,8 +653,8 @@ class AskTellOptimizer:
         several rounds (`end_calibration_round`: a resume replaying the log without a calibrator checkpoint) get
         one update per round, as the asks they came before gave them: one update for all of them left the map one
         step from the identity (found in review). A replay's rounds are exact for a synchronous run; for a
-        streaming run too where the log records how many results each ask's flush had learned (the actor's
-        `info["calibrated"]`, from 2026-11-27: a result told while the ask ran is logged before its proposals;
+        streaming run too where the log records which results each ask's flush learned (the actor's
+        `info["learned_ids"]`, from 2026-11-27: a result told while the ask ran is logged before its proposals;
         the flush at the end of a session is marked by its final fit's record, from the same day). They are
         approximate for older logs and at the ask of a batch whose proposals were lost from a damaged log."""
         with self._calib_lock:
@@ -681,7 +681,7 @@ class AskTellOptimizer:
             self._calib_taught.extend(u.trial_id for u in todo)
         return len(todo)
 
-    def end_calibration_round(self, after: int | None = None, learned: int | None = None) -> None:
+    def end_calibration_round(self, after: int | None = None, learned_ids: Sequence[str] | None = None) -> None:
         """Results told from now on belong to the next flush's update, not the one queued so far: what `ask`'s
         flush does, for a replay that tells a log's results in one go (the central actor calls it where the log
         shows a model-based batch proposed). Nothing is applied until `flush_calibration`.
@@ -691,22 +691,28 @@ class AskTellOptimizer:
                 with each model batch, `info["calibrated"]`): the queued results past that count, in the order
                 told, were told after the flush (while the ask ran, so logged before its proposals) and join the
                 new round. None (a log written before the count was kept) leaves them where they are.
-            learned: how many results that flush learned (the actor's `info["learned"]`): the queued results
-                of the round being ended past that many, in the order told, join the new round. Used in place of
-                `after` when given: a count of this flush alone does not shift when results of earlier flushes
-                are missing (a damaged log).
+            learned_ids: the results that flush learned (the actor's `info["learned_ids"]`): the queued results
+                of the round being ended that are not among them join the new round. Used in place of `after`
+                when given: it does not depend on what the replay holds (a damaged log's lost results, or a
+                resumed session whose first flush taught the results of several rounds).
         """
         with self._lock:
             current, self._calib_round = self._calib_round, self._calib_round + 1
-            if learned is not None:
-                seen = itertools.count()
+            if learned_ids is not None:
+                learned = set(learned_ids)
                 self._calib_queue = [u._replace(round=self._calib_round)
-                                     if u.round == current and next(seen) >= learned else u
+                                     if u.round == current and u.trial_id not in learned else u
                                      for u in self._calib_queue]
             elif after is not None:  # (only results of the round being ended move: a damaged log's count moves no more)
                 k = max(0, int(after) - len(self._calib_taught))
                 self._calib_queue = [u._replace(round=self._calib_round) if i >= k and u.round == current else u
                                      for i, u in enumerate(self._calib_queue)]
+
+    def calibrated_ids(self, start: int = 0) -> list[str]:
+        """The trial ids of the results the calibrator has learned from, in the order it did, from the
+        `start`-th on (`num_calibrated` before a flush gives the ones that flush taught it)."""
+        with self._lock:
+            return list(self._calib_taught[start:])
 
     @property
     def num_calibrated(self) -> int:
