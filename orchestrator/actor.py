@@ -521,8 +521,8 @@ class CentralActor:
         self._refit(restart=True, final=True)
 
     def _session_end(self) -> dict[str, Any]:
-        """The calibrator learns the results told since the last ask and is checkpointed; returns what the final
-        fit's record, appended right after, says of it (`final`, and with a calibrator `calibrated`, how many it
+        """The calibrator learns the results told since the last ask (`_refit` checkpoints it once the record is
+        written, as `_ask_and_log` does); returns what the final fit's record, appended right after, says of it (`final`, and with a calibrator `calibrated`, how many it
         has learned in all, and `learned_ids`, the results this flush taught it), so that a replay without the
         checkpoint ends that update there too (`_replay`) and does not merge it with the next session's first. A
         flush that raises is reported and leaves the fit and its record as they are. It runs after the
@@ -538,7 +538,6 @@ class CentralActor:
             print(f"qbatch: the calibrator could not learn the session's last results ({error}); a resume teaches "
                   "them again from the log", file=sys.stderr, flush=True)
             return {"final": True, "calibrator_error": error}
-        self._save_calibrator()
         if self.opt.calibrator is None:
             return {"final": True}
         return {"final": True, "calibrated": self.opt.num_calibrated, "learned_ids": self.opt.calibrated_ids(before)}
@@ -938,9 +937,12 @@ class CentralActor:
             if self.direction == "minimize":
                 info["forecast_units"] = "negated (direction: minimize)"
             events.append(self._event("proposed", t, info=info, forecast=t.forecast))
-        if not design:  # this thread flushed the calibrator in `ask` (design points come from the dispatch loop);
-            self._save_calibrator()  # saved first: a crash before the proposals' write leaves it current
         self._append(events)
+        if not design:  # this thread flushed the calibrator in `ask` (design points come from the dispatch loop).
+            # Saved after the record of what it learned: a checkpoint behind the log is replayed exactly (the
+            # records after it cut the rounds), one ahead of it was not (found in review: saved first, a crash or a
+            # failed write in between left a learned update no record marked)
+            self._save_calibrator()
         return trials
 
     def _refit(self, restart: bool = False, final: bool = False) -> bool:
@@ -975,6 +977,8 @@ class CentralActor:
             if final:
                 info.update(self._session_end())
             self._append([Event("refit", info=info)])
+            if final and "calibrator_error" not in info:
+                self._save_calibrator()
             print(f"qbatch: refit on {n} results failed ({self._failed_in_a_row} in a row): {error}; the run goes "
                   f"on with the {info['kept']}", file=sys.stderr, flush=True)
             if self._failed_in_a_row >= self.max_refit_failures and not final:
@@ -990,6 +994,8 @@ class CentralActor:
         if final:
             info.update(self._session_end())
         self._append([Event("refit", info=info)])
+        if final and "calibrator_error" not in info:
+            self._save_calibrator()
         self._save_model()
         return True
 

@@ -250,9 +250,11 @@ def test_the_calibrator_learns_only_when_a_proposal_is_asked_so_each_lesson_is_c
     assert len(RunStore.open(cfg["run_dir"]).load_checkpoint(CALIBRATOR_CHECKPOINT)["taught"]) == 12
 
 
-def test_the_calibrator_checkpoint_is_written_before_the_proposals_it_preceded(calibrated, monkeypatch):
-    """Found in review: saved after the proposals' write, a crash between the two left the checkpoint one lesson
-    behind, and the resumed calibrator learned two batches in one flush."""
+def test_the_calibrator_checkpoint_is_written_after_the_proposals_that_record_its_lesson(calibrated, monkeypatch):
+    """The proposals' record names the results the ask's flush taught the calibrator (`learned_ids`), and a
+    checkpoint one lesson behind the log is replayed exactly (`test_actor_guards.py`); one ahead of the log, which
+    saving first left after a crash between the two writes, was not (found in review). (Before the log recorded
+    the lessons, the order was the reverse: a checkpoint behind learned two batches in one flush.)"""
     from orchestrator.actor import CALIBRATOR_CHECKPOINT
 
     _, actor = calibrated
@@ -263,4 +265,4 @@ def test_the_calibrator_checkpoint_is_written_before_the_proposals_it_preceded(c
     monkeypatch.setattr(actor.store, "save_checkpoint", lambda name, state: order.append(("save", name))
                         or real_save(name, state))
     actor._propose(4)
-    assert order.index(("save", CALIBRATOR_CHECKPOINT)) < order.index(("append", {"proposed"}))
+    assert order.index(("save", CALIBRATOR_CHECKPOINT)) > order.index(("append", {"proposed"}))

@@ -572,3 +572,85 @@ def test_a_calibrator_that_fails_at_the_end_of_a_session_loses_no_fit(tmp_path, 
     assert actor.opt._model_n == actor.opt.num_completed == 8 and not final.info.get("failed")
     assert "calibrator could not learn" in capsys.readouterr().err
     actor.store.unlock_writer()
+
+
+def test_a_calibrator_checkpoint_one_lesson_behind_the_log_resumes_exactly(tmp_path):
+    """The calibrator is checkpointed after the record of what its flush learned: a crash between the two leaves
+    the checkpoint one lesson behind, and the records after it cut the replayed rounds as the run did, so the
+    resumed calibrator, with or without the checkpoint, ends where the run's did (a result told during the last
+    ask included)."""
+    import shutil
+
+    actor = _online_actor(tmp_path, budget=40)
+    actor._propose(4, design=True)
+    actor._dispatch()
+    _finish_logged(actor)
+    for n_finished in (4, 2):
+        assert actor._refit()
+        actor._propose(4)
+        actor._dispatch()
+        _finish_logged(actor, n_finished)
+    propose = actor.opt._propose
+
+    def propose_while_a_result_arrives(*args, **kwargs):
+        _finish_logged(actor, 1)
+        return propose(*args, **kwargs)
+
+    actor.opt._propose = propose_while_a_result_arrives
+    actor._save_calibrator = lambda: None  # the process dies before this ask's checkpoint is written
+    assert actor._refit()
+    actor._propose(4)
+    behind = actor.opt.num_calibrated
+    actor.opt.flush_calibration()
+    live = actor.opt.calibrator.raw_levels()
+    actor.store.unlock_writer()
+    for drop_checkpoint in (False, True):
+        again = _resumed(shutil.copytree(actor.run_dir, tmp_path / f"again-{drop_checkpoint}"), drop_checkpoint)
+        assert again.calibrator_restored == (0 if drop_checkpoint else behind - 2)  # the last ask taught 2
+        again.opt.flush_calibration()
+        np.testing.assert_allclose(again.opt.calibrator.raw_levels(), live, atol=1e-12)
+        again.store.unlock_writer()
+
+
+def test_a_flush_whose_record_was_lost_is_replayed_before_the_next_one(tmp_path):
+    """A session ends (two results of its last batch in) and its final fit's record, which marks the flush that
+    taught the calibrator those two, is lost from a damaged log. The next session restores the checkpoint, so its
+    first ask teaches only the two results it re-ran. A third session's replay without a checkpoint finds all four
+    in one round, and the ask's record names two: the other two, told before them, were an earlier update of their
+    own and are learned first, as the run did (found in review: they were learned after)."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    actor = _online_actor(tmp_path, budget=40)
+    actor._propose(4, design=True)
+    actor._dispatch()
+    _finish_logged(actor)
+    for n_finished in (4, 2):
+        assert actor._refit()
+        actor._propose(4)
+        actor._dispatch()
+        _finish_logged(actor, n_finished)
+    actor._inflight.clear()
+    actor._final_fit()
+    actor.store.unlock_writer()
+    lost = []
+    for segment in sorted(Path(actor.run_dir, "events").glob("*.parquet")):
+        t = pq.read_table(segment).to_pydict()
+        if any(k == "refit" and '"final"' in str(i) for k, i in zip(t["kind"], t["info"])):
+            assert len(t["kind"]) == 1
+            segment.unlink()
+            lost.append(segment)
+    assert len(lost) == 1
+    second = _resumed(actor.run_dir)
+    assert second.calibrator_restored == 6
+    second._dispatch()
+    _finish_logged(second)
+    assert second._refit()
+    second._propose(4)
+    live = second.opt.calibrator.raw_levels()
+    second.store.unlock_writer()
+    third = _resumed(shutil.copytree(actor.run_dir, tmp_path / "third"), drop_checkpoint=True)
+    third.opt.flush_calibration()
+    np.testing.assert_allclose(third.opt.calibrator.raw_levels(), live, atol=1e-12)
+    third.store.unlock_writer()
