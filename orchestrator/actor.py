@@ -29,7 +29,7 @@ crash): it replays proposals and results and re-queues trials that never finishe
 model is saved to ``checkpoints/model``; a resumed actor proposes from that model while it refits on the
 replayed results, rather than filling slots with Sobol points through a cold first fit (the log stays the
 record: a missing or unreadable checkpoint only means a cold refit). The calibrator is saved to
-``checkpoints/calibrator`` with the trial ids it has learned whenever a proposal taught it more; a resumed
+``checkpoints/calibrator`` with the trial ids it has learned when a proposal taught it enough more; a resumed
 actor restores it and teaches it only the replayed results it had not learned, so it goes on in the state
 the interrupted run left it in (learning every result again in one flush would end elsewhere: online OGD,
 LOCBO and time-series splits depend on the chunks).
@@ -71,6 +71,11 @@ _ABORT_DRAIN_S = 60.0
 MODEL_CHECKPOINT = "model"
 #: the checkpoint of the calibrator and the results it has learned, rewritten when a proposal taught it more
 CALIBRATOR_CHECKPOINT = "calibrator"
+#: an ask rewrites the calibrator checkpoint once the calibrator has learned this share more results than the
+#: checkpoint holds (the end of a session always does). Each rewrite holds every learned trial id, so one per ask
+#: wrote O(n^2 / batch) in all, ~3 GB over 20,000 one-point batches (found in review); a checkpoint behind the
+#: log is replayed exactly (the log records what each flush learned, `_replay`)
+CALIBRATOR_SAVE_GROWTH = 0.05
 
 
 class RunAbortedError(QbatchError):
@@ -335,10 +340,12 @@ class CentralActor:
                   "calibrator learns the replayed results again", file=sys.stderr, flush=True)
             return 0
 
-    def _save_calibrator(self) -> None:
-        """Checkpoint the calibrator if it learned results since the last save; a failed write is reported,
-        never fatal (a resume then re-teaches it from the log). Called by the thread that flushes it."""
-        if self.opt.num_calibrated == self._calib_saved:
+    def _save_calibrator(self, force: bool = False) -> None:
+        """Checkpoint the calibrator if it learned results since the last save, at least `CALIBRATOR_SAVE_GROWTH`
+        of them unless `force`; a failed write is reported, never fatal (a resume then re-teaches it from the
+        log). Called by the thread that flushes it."""
+        n = self.opt.num_calibrated
+        if n == self._calib_saved or (not force and n - self._calib_saved < CALIBRATOR_SAVE_GROWTH * n):
             return
         try:
             ckpt = self.opt.calibrator_checkpoint()
@@ -978,7 +985,7 @@ class CentralActor:
                 info.update(self._session_end())
             self._append([Event("refit", info=info)])
             if final and "calibrator_error" not in info:
-                self._save_calibrator()
+                self._save_calibrator(force=True)
             print(f"qbatch: refit on {n} results failed ({self._failed_in_a_row} in a row): {error}; the run goes "
                   f"on with the {info['kept']}", file=sys.stderr, flush=True)
             if self._failed_in_a_row >= self.max_refit_failures and not final:
@@ -995,7 +1002,7 @@ class CentralActor:
             info.update(self._session_end())
         self._append([Event("refit", info=info)])
         if final and "calibrator_error" not in info:
-            self._save_calibrator()
+            self._save_calibrator(force=True)
         self._save_model()
         return True
 

@@ -654,3 +654,39 @@ def test_a_flush_whose_record_was_lost_is_replayed_before_the_next_one(tmp_path)
     third.opt.flush_calibration()
     np.testing.assert_allclose(third.opt.calibrator.raw_levels(), live, atol=1e-12)
     third.store.unlock_writer()
+
+
+def test_the_calibrator_checkpoint_is_rewritten_as_it_grows_and_a_resume_behind_it_is_exact(tmp_path, monkeypatch):
+    """Every checkpoint holds every learned trial id, so one per ask wrote O(n^2) over a run of one-point batches
+    (found in review: ~3 GB over 20,000). An ask rewrites it once the calibrator learned `CALIBRATOR_SAVE_GROWTH`
+    more; a session killed with the checkpoint several lessons behind resumes, with or without it, where it was."""
+    import shutil
+
+    import orchestrator.actor as actor_module
+
+    monkeypatch.setattr(actor_module, "CALIBRATOR_SAVE_GROWTH", 0.2)
+    actor = _online_actor(tmp_path, budget=40)
+    saves = []
+    save = actor.store.save_checkpoint
+    actor.store.save_checkpoint = lambda name, state: (saves.append(name), save(name, state))[1]
+    actor._propose(4, design=True)
+    actor._dispatch()
+    _finish_logged(actor)
+    assert actor._refit()
+    for _ in range(30):  # one-point model batches, each told before the next is asked
+        actor._propose(1)
+        actor._dispatch()
+        _finish_logged(actor)
+    asks_that_learned = actor.opt.num_calibrated  # each ask but the first learned one result
+    assert asks_that_learned == 29
+    ckpt_saves = saves.count(CALIBRATOR_CHECKPOINT)
+    assert 5 <= ckpt_saves <= 15 and actor._calib_saved < actor.opt.num_calibrated  # killed behind the log
+    actor.opt.flush_calibration()
+    live = actor.opt.calibrator.raw_levels()
+    actor.store.unlock_writer()
+    for drop_checkpoint in (False, True):
+        again = _resumed(shutil.copytree(actor.run_dir, tmp_path / f"again-{drop_checkpoint}"), drop_checkpoint)
+        assert (again.calibrator_restored == 0) == drop_checkpoint
+        again.opt.flush_calibration()
+        np.testing.assert_allclose(again.opt.calibrator.raw_levels(), live, atol=1e-12)
+        again.store.unlock_writer()
