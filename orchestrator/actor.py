@@ -72,7 +72,8 @@ MODEL_CHECKPOINT = "model"
 #: the checkpoint of the calibrator and the results it has learned, rewritten when a proposal taught it more
 CALIBRATOR_CHECKPOINT = "calibrator"
 #: an ask rewrites the calibrator checkpoint once the calibrator has learned this share more results than the
-#: checkpoint holds (the end of a session always does). Each rewrite holds every learned trial id, so one per ask
+#: checkpoint holds (a session's final fit always does; a session that ends without one, aborted or with its
+#: model fitted on every result already, may leave it that far behind). Each rewrite holds every learned trial id, so one per ask
 #: wrote O(n^2 / batch) in all, ~3 GB over 20,000 one-point batches (found in review); a checkpoint behind the
 #: log is replayed exactly (the log records what each flush learned, `_replay`)
 CALIBRATOR_SAVE_GROWTH = 0.05

@@ -597,7 +597,7 @@ def test_a_calibrator_checkpoint_one_lesson_behind_the_log_resumes_exactly(tmp_p
         return propose(*args, **kwargs)
 
     actor.opt._propose = propose_while_a_result_arrives
-    actor._save_calibrator = lambda: None  # the process dies before this ask's checkpoint is written
+    actor._save_calibrator = lambda force=False: None  # the process dies before this ask's checkpoint is written
     assert actor._refit()
     actor._propose(4)
     behind = actor.opt.num_calibrated
