@@ -73,9 +73,9 @@ MODEL_CHECKPOINT = "model"
 CALIBRATOR_CHECKPOINT = "calibrator"
 #: an ask rewrites the calibrator checkpoint once the calibrator has learned this share more results than the
 #: checkpoint holds (a session's final fit always does; a session that ends without one, aborted or with its
-#: model fitted on every result already, may leave it that far behind). Each rewrite holds every learned trial id, so one per ask
-#: wrote O(n^2 / batch) in all, ~3 GB over 20,000 one-point batches (found in review); a checkpoint behind the
-#: log is replayed exactly (the log records what each flush learned, `_replay`)
+#: model fitted on every result already, may leave it that far behind). Each rewrite holds every learned trial
+#: id, so one per ask wrote O(n^2 / batch) in all, ~3 GB over 20,000 one-point batches (found in review); a
+#: checkpoint behind the log is replayed exactly (the log records what each flush learned, `_replay`)
 CALIBRATOR_SAVE_GROWTH = 0.05
 
 
@@ -530,13 +530,13 @@ class CentralActor:
 
     def _session_end(self) -> dict[str, Any]:
         """The calibrator learns the results told since the last ask (`_refit` checkpoints it once the record is
-        written, as `_ask_and_log` does); returns what the final fit's record, appended right after, says of it (`final`, and with a calibrator `calibrated`, how many it
-        has learned in all, and `learned_ids`, the results this flush taught it), so that a replay without the
-        checkpoint ends that update there too (`_replay`) and does not merge it with the next session's first. A
-        flush that raises is reported and leaves the fit and its record as they are. It runs after the
-        final fit, not before: a session killed during that fit (it may take minutes) flushed nothing, so its
-        replay agrees with its checkpoint (found in review: flushed and checkpointed first, it had learned results
-        whose update no record marked)."""
+        written, as `_ask_and_log` does); returns what the final fit's record, appended right after, says of it
+        (`final`, and with a calibrator `calibrated`, how many it has learned in all, and `learned_ids`, the
+        results this flush taught it), so that a replay without the checkpoint ends that update there too
+        (`_replay`) and does not merge it with the next session's first. A flush that raises is reported and
+        leaves the fit and its record as they are. It runs after the final fit, not before: a session killed
+        during that fit (it may take minutes) flushed nothing, so its replay agrees with its checkpoint (found in
+        review: flushed and checkpointed first, it had learned results whose update no record marked)."""
         before = self.opt.num_calibrated
         try:
             self.opt.flush_calibration()

@@ -145,11 +145,13 @@ def test_al_cdf_stays_finite_and_right_when_the_noise_is_tiny_next_to_f(tau, mu_
     zs, ws = np.polynomial.hermite.hermgauss(30) if var_g else (np.zeros(1), np.full(1, math.sqrt(math.pi)))
 
     def al_cdf(y, f, sigma):  # spec §1's asymmetric Laplace in closed form; both branches' exponents are <= 0
-        return tau * math.exp((1 - tau) * (y - f) / sigma) if y <= f else 1 - (1 - tau) * math.exp(-tau * (y - f) / sigma)
+        if y <= f:
+            return tau * math.exp((1 - tau) * (y - f) / sigma)
+        return 1 - (1 - tau) * math.exp(-tau * (y - f) / sigma)
 
     for y, f, g in [(-0.3, 0.2, -1.0), (0.7, 0.2, 0.5), (0.2, 0.2, -30.0), (0.2 + 1e-14, 0.2, -35.0)]:
-        lib = float(D.cdf("asymmetric_laplace", torch.tensor(y, dtype=torch.float64), torch.tensor(f, dtype=torch.float64),
-                          torch.tensor(g, dtype=torch.float64), tau))
+        y_, f_, g_ = (torch.tensor(v, dtype=torch.float64) for v in (y, f, g))
+        lib = float(D.cdf("asymmetric_laplace", y_, f_, g_, tau))
         assert lib == pytest.approx(al_cdf(y, f, math.exp(g)), abs=1e-12)  # the reference is the library's F_AL
 
     def reference(y):
