@@ -303,6 +303,20 @@ def _finish_logged(actor: CentralActor, n: int | None = None) -> None:
         actor.n_completed += 1
 
 
+def _after_two_model_batches(tmp_path, budget: int = 40) -> CentralActor:
+    """An online-calibrated actor after its design and two model batches: the first all told, two of the second."""
+    actor = _online_actor(tmp_path, budget=budget)
+    actor._propose(4, design=True)
+    actor._dispatch()
+    _finish_logged(actor)
+    for n_finished in (4, 2):
+        assert actor._refit()
+        actor._propose(4)
+        actor._dispatch()
+        _finish_logged(actor, n_finished)
+    return actor
+
+
 def test_a_replay_without_calibrator_checkpoint_teaches_the_online_calibrator_ask_by_ask(tmp_path):
     """A resume whose calibrator checkpoint is missing tells every logged result again and flushes once; the
     replay ends a calibration round where the log shows a model batch proposed, so the online recalibrator takes
@@ -383,15 +397,7 @@ def test_a_replay_ends_the_calibrator_update_where_the_last_session_ended(tmp_pa
     review: flushed and checkpointed before the fit, it left an update no record marked)."""
     import shutil
 
-    actor = _online_actor(tmp_path, budget=24)
-    actor._propose(4, design=True)
-    actor._dispatch()
-    _finish_logged(actor)
-    for n_finished in (4, 2):  # the first model batch, then two of the second
-        assert actor._refit()
-        actor._propose(4)
-        actor._dispatch()
-        _finish_logged(actor, n_finished)
+    actor = _after_two_model_batches(tmp_path, budget=24)
     actor._inflight.clear()  # the session stops: the other two are never finished
     if killed_in_final_fit:
         def killed(*args, **kwargs):
@@ -455,15 +461,7 @@ def test_after_a_damaged_part_of_the_log_later_calibrator_updates_are_cut_where_
     4 results late and that result joined the update before)."""
     import pyarrow.parquet as pq
 
-    actor = _online_actor(tmp_path, budget=40)
-    actor._propose(4, design=True)
-    actor._dispatch()
-    _finish_logged(actor)
-    for n_finished in (4, 2):  # model batch 1, all told; batch 2, two of four
-        assert actor._refit()
-        actor._propose(4)
-        actor._dispatch()
-        _finish_logged(actor, n_finished)
+    actor = _after_two_model_batches(tmp_path)  # model batch 1, all told; batch 2, two of four
     propose = actor.opt._propose
 
     def propose_while_a_result_arrives(*args, **kwargs):
@@ -505,23 +503,26 @@ def _resumed(run_dir, drop_checkpoint: bool = False) -> CentralActor:
     return actor
 
 
+def _assert_resumes_reach(run_dir, copies, live) -> None:
+    """Resumes of two copies of `run_dir` (under `copies`), one with its calibrator checkpoint and one without,
+    each end with the calibrator levels `live`."""
+    import shutil
+
+    for drop_checkpoint in (False, True):
+        again = _resumed(shutil.copytree(run_dir, copies / str(drop_checkpoint)), drop_checkpoint)
+        assert (again.calibrator_restored == 0) == drop_checkpoint
+        again.opt.flush_calibration()
+        np.testing.assert_allclose(again.opt.calibrator.raw_levels(), live, atol=1e-12)
+        again.store.unlock_writer()
+
+
 def test_a_replay_cuts_a_resumed_sessions_first_update_by_the_results_it_taught(tmp_path):
     """Session 1 is killed and its calibrator checkpoint lost; session 2's first ask then teaches the calibrator
     the results of several rounds, and one result is told during that ask. A third session's replay, with or
     without session 2's checkpoint, ends in the state session 2 reached: each flush's record names the results it
     taught (`learned_ids`). Found in review: cut by how many it taught, the replay counted only the last round's
     results and kept the result told during the ask in the update before it (levels off by 0.13)."""
-    import shutil
-
-    actor = _online_actor(tmp_path, budget=40)
-    actor._propose(4, design=True)
-    actor._dispatch()
-    _finish_logged(actor)
-    for n_finished in (4, 2):
-        assert actor._refit()
-        actor._propose(4)
-        actor._dispatch()
-        _finish_logged(actor, n_finished)
+    actor = _after_two_model_batches(tmp_path)
     actor.store.unlock_writer()  # killed: no final fit
     second = _resumed(actor.run_dir, drop_checkpoint=True)
     assert second.calibrator_restored == 0
@@ -541,12 +542,7 @@ def test_a_replay_cuts_a_resumed_sessions_first_update_by_the_results_it_taught(
     second.opt.flush_calibration()
     live = second.opt.calibrator.raw_levels()
     second.store.unlock_writer()
-    for drop_checkpoint in (False, True):
-        third = _resumed(shutil.copytree(actor.run_dir, tmp_path / f"third-{drop_checkpoint}"), drop_checkpoint)
-        assert (third.calibrator_restored == 0) == drop_checkpoint
-        third.opt.flush_calibration()
-        np.testing.assert_allclose(third.opt.calibrator.raw_levels(), live, atol=1e-12)
-        third.store.unlock_writer()
+    _assert_resumes_reach(actor.run_dir, tmp_path / "third", live)
 
 
 def test_a_calibrator_that_fails_at_the_end_of_a_session_loses_no_fit(tmp_path, capsys):
@@ -581,15 +577,7 @@ def test_a_calibrator_checkpoint_one_lesson_behind_the_log_resumes_exactly(tmp_p
     ask included)."""
     import shutil
 
-    actor = _online_actor(tmp_path, budget=40)
-    actor._propose(4, design=True)
-    actor._dispatch()
-    _finish_logged(actor)
-    for n_finished in (4, 2):
-        assert actor._refit()
-        actor._propose(4)
-        actor._dispatch()
-        _finish_logged(actor, n_finished)
+    actor = _after_two_model_batches(tmp_path)
     propose = actor.opt._propose
 
     def propose_while_a_result_arrives(*args, **kwargs):
@@ -622,15 +610,7 @@ def test_a_flush_whose_record_was_lost_is_replayed_before_the_next_one(tmp_path)
 
     import pyarrow.parquet as pq
 
-    actor = _online_actor(tmp_path, budget=40)
-    actor._propose(4, design=True)
-    actor._dispatch()
-    _finish_logged(actor)
-    for n_finished in (4, 2):
-        assert actor._refit()
-        actor._propose(4)
-        actor._dispatch()
-        _finish_logged(actor, n_finished)
+    actor = _after_two_model_batches(tmp_path)
     actor._inflight.clear()
     actor._final_fit()
     actor.store.unlock_writer()
@@ -660,8 +640,6 @@ def test_the_calibrator_checkpoint_is_rewritten_as_it_grows_and_a_resume_behind_
     """Every checkpoint holds every learned trial id, so one per ask wrote O(n^2) over a run of one-point batches
     (found in review: ~3 GB over 20,000). An ask rewrites it once the calibrator learned `CALIBRATOR_SAVE_GROWTH`
     more; a session killed with the checkpoint several lessons behind resumes, with or without it, where it was."""
-    import shutil
-
     import orchestrator.actor as actor_module
 
     monkeypatch.setattr(actor_module, "CALIBRATOR_SAVE_GROWTH", 0.2)
@@ -684,9 +662,4 @@ def test_the_calibrator_checkpoint_is_rewritten_as_it_grows_and_a_resume_behind_
     actor.opt.flush_calibration()
     live = actor.opt.calibrator.raw_levels()
     actor.store.unlock_writer()
-    for drop_checkpoint in (False, True):
-        again = _resumed(shutil.copytree(actor.run_dir, tmp_path / f"again-{drop_checkpoint}"), drop_checkpoint)
-        assert (again.calibrator_restored == 0) == drop_checkpoint
-        again.opt.flush_calibration()
-        np.testing.assert_allclose(again.opt.calibrator.raw_levels(), live, atol=1e-12)
-        again.store.unlock_writer()
+    _assert_resumes_reach(actor.run_dir, tmp_path / "again", live)
