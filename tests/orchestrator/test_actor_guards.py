@@ -303,6 +303,26 @@ def _finish_logged(actor: CentralActor, n: int | None = None) -> None:
         actor.n_completed += 1
 
 
+def _ask_with_a_result_told_during_it(actor: CentralActor) -> str:
+    """Refit, then ask for a model batch of 4 while the collect thread tells one result in flight (after the ask's
+    flush, so it is logged before the batch's proposals); returns that result's trial id."""
+    propose = actor.opt._propose
+    told = []
+
+    def propose_while_a_result_arrives(*args, **kwargs):
+        told.append(next(iter(actor._inflight.values()))[0].trial_id)
+        _finish_logged(actor, 1)
+        return propose(*args, **kwargs)
+
+    actor.opt._propose = propose_while_a_result_arrives
+    try:
+        assert actor._refit()
+        actor._propose(4)
+    finally:
+        actor.opt._propose = propose
+    return told[0]
+
+
 def _after_two_model_batches(tmp_path, budget: int = 40) -> CentralActor:
     """An online-calibrated actor after its design and two model batches: the first all told, two of the second."""
     actor = _online_actor(tmp_path, budget=budget)
@@ -354,19 +374,7 @@ def test_a_streaming_replay_puts_a_result_told_during_an_ask_in_the_next_update(
     actor._propose(4)
     actor._dispatch()
     _finish_logged(actor, 2)  # two of the first model batch's four results
-    propose = actor.opt._propose
-
-    told_during = []
-
-    def propose_while_a_result_arrives(*args, **kwargs):  # the collect thread tells one during the ask
-        told_during.append(next(iter(actor._inflight.values()))[0].trial_id)
-        _finish_logged(actor, 1)
-        return propose(*args, **kwargs)
-
-    actor.opt._propose = propose_while_a_result_arrives
-    assert actor._refit()
-    actor._propose(4)
-    actor.opt._propose = propose
+    told_during = [_ask_with_a_result_told_during_it(actor)]
     actor._dispatch()
     _finish_logged(actor)
     log = [(e.kind, e.trial_id) for e in actor.store.events() if e.kind in ("proposed", "completed")]
@@ -462,16 +470,7 @@ def test_after_a_damaged_part_of_the_log_later_calibrator_updates_are_cut_where_
     import pyarrow.parquet as pq
 
     actor = _after_two_model_batches(tmp_path)  # model batch 1, all told; batch 2, two of four
-    propose = actor.opt._propose
-
-    def propose_while_a_result_arrives(*args, **kwargs):
-        _finish_logged(actor, 1)  # batch 2's third result, told during the third ask (after its flush)
-        return propose(*args, **kwargs)
-
-    actor.opt._propose = propose_while_a_result_arrives
-    assert actor._refit()
-    actor._propose(4)
-    actor.opt._propose = propose
+    _ask_with_a_result_told_during_it(actor)  # batch 2's third result, told during the third ask
     told_during = [u.trial_id for u in actor.opt._calib_queue]
     assert len(told_during) == 1 and told_during[0].startswith("2-")
     actor.store.unlock_writer()
@@ -528,16 +527,7 @@ def test_a_replay_cuts_a_resumed_sessions_first_update_by_the_results_it_taught(
     assert second.calibrator_restored == 0
     second._dispatch()
     _finish_logged(second, 1)
-    propose = second.opt._propose
-
-    def propose_while_a_result_arrives(*args, **kwargs):
-        _finish_logged(second, 1)
-        return propose(*args, **kwargs)
-
-    second.opt._propose = propose_while_a_result_arrives
-    assert second._refit()
-    second._propose(4)
-    second.opt._propose = propose
+    _ask_with_a_result_told_during_it(second)
     assert len(second.opt._calib_queue) == 1  # the result told during the ask
     second.opt.flush_calibration()
     live = second.opt.calibrator.raw_levels()
@@ -578,16 +568,8 @@ def test_a_calibrator_checkpoint_one_lesson_behind_the_log_resumes_exactly(tmp_p
     import shutil
 
     actor = _after_two_model_batches(tmp_path)
-    propose = actor.opt._propose
-
-    def propose_while_a_result_arrives(*args, **kwargs):
-        _finish_logged(actor, 1)
-        return propose(*args, **kwargs)
-
-    actor.opt._propose = propose_while_a_result_arrives
     actor._save_calibrator = lambda force=False: None  # the process dies before this ask's checkpoint is written
-    assert actor._refit()
-    actor._propose(4)
+    _ask_with_a_result_told_during_it(actor)
     behind = actor.opt.num_calibrated
     actor.opt.flush_calibration()
     live = actor.opt.calibrator.raw_levels()
