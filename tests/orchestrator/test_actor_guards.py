@@ -323,13 +323,14 @@ def _ask_with_a_result_told_during_it(actor: CentralActor) -> str:
     return told[0]
 
 
-def _after_two_model_batches(tmp_path, budget: int = 40) -> CentralActor:
-    """An online-calibrated actor after its design and two model batches: the first all told, two of the second."""
+def _after_model_batches(tmp_path, budget: int = 40, told: tuple[int, ...] = (4, 2)) -> CentralActor:
+    """An online-calibrated actor after its design and a model batch of 4 per entry of `told`, each followed by
+    that many of its results (by default: the first batch all told, two of the second)."""
     actor = _online_actor(tmp_path, budget=budget)
     actor._propose(4, design=True)
     actor._dispatch()
     _finish_logged(actor)
-    for n_finished in (4, 2):
+    for n_finished in told:
         assert actor._refit()
         actor._propose(4)
         actor._dispatch()
@@ -341,15 +342,8 @@ def test_a_replay_without_calibrator_checkpoint_teaches_the_online_calibrator_as
     """A resume whose calibrator checkpoint is missing tells every logged result again and flushes once; the
     replay ends a calibration round where the log shows a model batch proposed, so the online recalibrator takes
     one step per ask as it did (without the rounds: one step for all the results)."""
-    actor = _online_actor(tmp_path, budget=20)
-    actor._propose(4, design=True)
-    actor._dispatch()
-    _finish_logged(actor)
-    for _ in range(3):  # three model batches, each proposed after a refit on the results before it
-        assert actor._refit()
-        actor._propose(4)
-        actor._dispatch()
-        _finish_logged(actor)
+    # three model batches, each proposed after a refit on the results before it, all told
+    actor = _after_model_batches(tmp_path, budget=20, told=(4, 4, 4))
     actor.opt.flush_calibration()
     levels = actor.opt.calibrator.raw_levels()
     assert actor.opt.calibrator.T == 12 and abs(levels - actor.opt.calibrator.levels).max() > 0.05
@@ -366,14 +360,7 @@ def test_a_streaming_replay_puts_a_result_told_during_an_ask_in_the_next_update(
     The ask logs how many results the calibrator had learned (`info["calibrated"]`), so a replay, with or without
     the calibrator checkpoint, learns that result with the next ask's update, as the run did (found in review:
     without the count it went into the update before, and with a checkpoint it was learned alone)."""
-    actor = _online_actor(tmp_path, budget=40)
-    actor._propose(4, design=True)
-    actor._dispatch()
-    _finish_logged(actor)
-    assert actor._refit()
-    actor._propose(4)
-    actor._dispatch()
-    _finish_logged(actor, 2)  # two of the first model batch's four results
+    actor = _after_model_batches(tmp_path, told=(2,))  # two of the first model batch's four results
     told_during = [_ask_with_a_result_told_during_it(actor)]
     actor._dispatch()
     _finish_logged(actor)
@@ -405,7 +392,7 @@ def test_a_replay_ends_the_calibrator_update_where_the_last_session_ended(tmp_pa
     review: flushed and checkpointed before the fit, it left an update no record marked)."""
     import shutil
 
-    actor = _after_two_model_batches(tmp_path, budget=24)
+    actor = _after_model_batches(tmp_path, budget=24)
     actor._inflight.clear()  # the session stops: the other two are never finished
     if killed_in_final_fit:
         def killed(*args, **kwargs):
@@ -469,7 +456,7 @@ def test_after_a_damaged_part_of_the_log_later_calibrator_updates_are_cut_where_
     4 results late and that result joined the update before)."""
     import pyarrow.parquet as pq
 
-    actor = _after_two_model_batches(tmp_path)  # model batch 1, all told; batch 2, two of four
+    actor = _after_model_batches(tmp_path)  # model batch 1, all told; batch 2, two of four
     _ask_with_a_result_told_during_it(actor)  # batch 2's third result, told during the third ask
     told_during = [u.trial_id for u in actor.opt._calib_queue]
     assert len(told_during) == 1 and told_during[0].startswith("2-")
@@ -521,7 +508,7 @@ def test_a_replay_cuts_a_resumed_sessions_first_update_by_the_results_it_taught(
     without session 2's checkpoint, ends in the state session 2 reached: each flush's record names the results it
     taught (`learned_ids`). Found in review: cut by how many it taught, the replay counted only the last round's
     results and kept the result told during the ask in the update before it (levels off by 0.13)."""
-    actor = _after_two_model_batches(tmp_path)
+    actor = _after_model_batches(tmp_path)
     actor.store.unlock_writer()  # killed: no final fit
     second = _resumed(actor.run_dir, drop_checkpoint=True)
     assert second.calibrator_restored == 0
@@ -539,14 +526,7 @@ def test_a_calibrator_that_fails_at_the_end_of_a_session_loses_no_fit(tmp_path, 
     """Found in review: the flush at the end of a session runs after the final fit, and a calibrator update that
     raised there lost the fitted model's record and checkpoint and escaped the run loop. It is reported, the fit
     is recorded with the error, and nothing is checkpointed for the calibrator (a resume teaches it again)."""
-    actor = _online_actor(tmp_path, budget=12)
-    actor._propose(4, design=True)
-    actor._dispatch()
-    _finish_logged(actor)
-    assert actor._refit()
-    actor._propose(4)
-    actor._dispatch()
-    _finish_logged(actor)
+    actor = _after_model_batches(tmp_path, budget=12, told=(4,))
 
     def broken(*args, **kwargs):
         raise RuntimeError("calibrator update failed")
@@ -567,7 +547,7 @@ def test_a_calibrator_checkpoint_one_lesson_behind_the_log_resumes_exactly(tmp_p
     ask included)."""
     import shutil
 
-    actor = _after_two_model_batches(tmp_path)
+    actor = _after_model_batches(tmp_path)
     actor._save_calibrator = lambda force=False: None  # the process dies before this ask's checkpoint is written
     _ask_with_a_result_told_during_it(actor)
     behind = actor.opt.num_calibrated
@@ -592,7 +572,7 @@ def test_a_flush_whose_record_was_lost_is_replayed_before_the_next_one(tmp_path)
 
     import pyarrow.parquet as pq
 
-    actor = _after_two_model_batches(tmp_path)
+    actor = _after_model_batches(tmp_path)
     actor._inflight.clear()
     actor._final_fit()
     actor.store.unlock_writer()
