@@ -962,7 +962,6 @@ class CentralActor:
         the final fit on every result replaces it, and the run's end no longer waits for it (a streaming run's
         background refit on the results before the last ones)."""
         from orchestrator.errors import FitInterrupted
-        from orchestrator.store import Event
 
         t0 = time.perf_counter()
         n = self.opt.num_completed
@@ -982,11 +981,7 @@ class CentralActor:
                     "slots": self.max_concurrent, "session": self.started_at, "direction": self.direction,
                     "failed_in_a_row": self._failed_in_a_row, "elapsed_s": time.perf_counter() - t0,
                     "kept": "previous model" if self.opt.model is not None else "Sobol design (no model yet)"}
-            if final:
-                info.update(self._session_end())
-            self._append([Event("refit", info=info)])
-            if final and "calibrator_error" not in info:
-                self._save_calibrator(force=True)
+            self._append_refit(info, final)
             print(f"qbatch: refit on {n} results failed ({self._failed_in_a_row} in a row): {error}; the run goes "
                   f"on with the {info['kept']}", file=sys.stderr, flush=True)
             if self._failed_in_a_row >= self.max_refit_failures and not final:
@@ -998,14 +993,21 @@ class CentralActor:
         self._refits += 1
         self._failed_in_a_row, self._failed_fit_n = 0, -1
         # the slots and the direction this session ran with: the report's utilization and best value read them
-        info = {**diag, "slots": self.max_concurrent, "session": self.started_at, "direction": self.direction}
+        self._append_refit({**diag, "slots": self.max_concurrent, "session": self.started_at,
+                            "direction": self.direction}, final)
+        self._save_model()
+        return True
+
+    def _append_refit(self, info: dict[str, Any], final: bool) -> None:
+        """Log a refit's record, failed or not. The final fit's also carries the session's last calibrator flush
+        (`_session_end`), which is checkpointed once the record is written."""
+        from orchestrator.store import Event
+
         if final:
             info.update(self._session_end())
         self._append([Event("refit", info=info)])
         if final and "calibrator_error" not in info:
             self._save_calibrator(force=True)
-        self._save_model()
-        return True
 
     def _sync_step(self) -> None:
         """Papers' protocol: all of the last batch is in; refit, then propose the next batch of B."""
