@@ -711,13 +711,13 @@ class AskTellOptimizer:
                 learned = set(learned_ids)
                 last = max((j for j, u in enumerate(tail) if u.trial_id in learned), default=-1)
                 # a result told before the last one this flush learned, yet not learned by it, was learned by an
-                # earlier flush whose record the log lost (a damaged log): its update comes first, on its own
-                # (found in review: it was moved after this one)
-                early = [u for j, u in enumerate(tail) if j < last and u.trial_id not in learned]
+                # earlier flush whose record the log lost (a damaged log): its update comes first, on its own, in
+                # the round being ended (found in review: it was moved after this one); then this flush's, then the
+                # results told after it
+                early = any(j < last and u.trial_id not in learned for j, u in enumerate(tail))
                 base = current + 1 if early else current
                 self._calib_round = base + 1
-                tail = [u if j < last and u.trial_id not in learned
-                        else u._replace(round=base) if u.trial_id in learned else u._replace(round=base + 1)
+                tail = [u._replace(round=base if u.trial_id in learned else current if j < last else base + 1)
                         for j, u in enumerate(tail)]
                 tail.sort(key=lambda u: u.round)  # (stable: told order within each round)
             elif after is not None:  # (only results of the round being ended move: a damaged log's count moves no more)
