@@ -38,7 +38,8 @@ BRACKET_STDS = 5.0
 _MAX_BISECTIONS = 200
 _MAX_BRACKET_DOUBLINGS = 60
 _Q25, _Q75 = 0.25, 0.75
-_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+_SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
+_SQRT_HALF = math.sqrt(0.5)
 
 
 def build_grid(
@@ -76,8 +77,12 @@ def max_value_quantiles(mean: Tensor, std: Tensor, probs: tuple[float, ...] = (_
     """
     if mean.shape[-1] == 0:
         raise InputDataError("the max-value grid is empty (no observed inputs and grid_size = 0)")
-    if not (torch.isfinite(mean).all() and torch.isfinite(std).all()):
-        raise InputDataError("posterior mean or std on the max-value grid is not finite")
+    for name, t in (("mean", mean), ("std", std)):
+        bad = ~torch.isfinite(t)
+        if bad.any():
+            i = int(bad.reshape(-1).nonzero()[0])
+            raise InputDataError(f"posterior {name} on the max-value grid is not finite: {int(bad.sum())} of "
+                                 f"{t.numel()} values, the first at flat index {i} ({t.reshape(-1)[i].item()})")
     if (std <= 0).any():
         raise InputDataError(f"posterior std on the max-value grid must be > 0; got min {std.min().item()}")
     for p in probs:
@@ -107,9 +112,11 @@ def max_value_quantiles(mean: Tensor, std: Tensor, probs: tuple[float, ...] = (_
             hi = torch.where(below, hi, y)
             # Newton step on u(y) = -log(-log F(y)), nearly linear in y when F is close to a Gumbel;
             # kept only when it lands inside the bracket, otherwise bisect
-            dL = (torch.exp(-0.5 * z * z - _LOG_SQRT_2PI - log_cdf) / std).sum(-1)
+            # phi(z)/Phi(z) = sqrt(2/pi) / erfcx(-z/sqrt(2)): exp(log phi - log Phi) was inf far in the left tail
+            # (z ~ -1e10 at a std near the 1e-10 floor), and its zero step passed for convergence (found in review)
+            dL = (_SQRT_2_OVER_PI / torch.special.erfcx(-z * _SQRT_HALF) / std).sum(-1)
             y_newton = y - (-torch.log(-L) - u_p) * (-L) / dL
-            inside = (y_newton >= lo) & (y_newton <= hi) & torch.isfinite(y_newton)
+            inside = (y_newton >= lo) & (y_newton <= hi) & torch.isfinite(y_newton) & torch.isfinite(dL)
             converged = inside & ((y_newton - y).abs() <= tol)
             y = torch.where(inside, y_newton, 0.5 * (lo + hi))
             if (converged | ((hi - lo) <= tol)).all():

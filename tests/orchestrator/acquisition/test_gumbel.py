@@ -47,6 +47,22 @@ def test_quartiles_match_brentq(batch):
             assert flat_q[i, j].item() == pytest.approx(_brentq_quantile(flat_m[j], flat_s[j], p), abs=1e-9)
 
 
+@pytest.mark.parametrize("tiny", [1e-8, 3e-9, 1e-10])
+def test_quartiles_match_brentq_beside_a_nearly_certain_grid_point(tiny):
+    """Found in review: with one grid point far above the guess and a std near the moments' floor (1e-10), the
+    Newton step's phi(z)/Phi(z) was exp of a difference of two ~1e20 terms, inf, and its step of zero was taken
+    as convergence: both quartiles came back as the first guess, below the largest mean, and every g* with them."""
+    mean, std = _moments(1000, seed=0)
+    mean[0] = mean.max() + 0.5
+    std[0] = tiny
+    q = max_value_quantiles(mean, std, (0.25, 0.75))
+    for i, p in enumerate((0.25, 0.75)):
+        ref = _brentq_quantile(mean.numpy(), std.numpy(), p)
+        assert q[i].item() == pytest.approx(ref, abs=1e-9)
+    g_star = sample_max_values(mean, std, 64, torch.Generator().manual_seed(0))
+    assert g_star.max() > mean.max() - 1e-6
+
+
 def test_fitted_gumbel_reproduces_quartiles_and_median():
     mean, std = _moments(500, seed=2)
     a, b = fit_gumbel(mean, std)
@@ -110,7 +126,8 @@ def test_build_grid_contains_observed():
     "mean, std, match",
     [
         (torch.zeros(0, **TK), torch.ones(0, **TK), "empty"),
-        (torch.tensor([0.0, float("nan")], **TK), torch.ones(2, **TK), "not finite"),
+        (torch.tensor([0.0, float("nan")], **TK), torch.ones(2, **TK), r"posterior mean .* not finite:.*index 1 \(nan\)"),
+        (torch.zeros(2, **TK), torch.tensor([1.0, float("inf")], **TK), r"posterior std .* not finite:.*index 1 \(inf\)"),
         (torch.zeros(2, **TK), torch.tensor([1.0, 0.0], **TK), "must be > 0"),
     ],
 )
