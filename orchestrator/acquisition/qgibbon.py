@@ -166,8 +166,12 @@ class QGibbonAcquisition:
         s = self.spread(X)
         if s.shape != X.shape[:-1]:
             raise InputDataError(f"spread(x) must return shape {tuple(X.shape[:-1])}; got {tuple(s.shape)}")
-        if not torch.isfinite(s).all() or (s <= 0).any():
-            raise InputDataError("spread(x) must be finite and > 0 at every point")
+        bad = ~torch.isfinite(s) | (s <= 0)
+        if bad.any():
+            i = int(bad.reshape(-1).nonzero()[0])
+            raise InputDataError(f"spread(x) must be finite and > 0 at every point; {int(bad.sum())} of {s.numel()} "
+                                 f"are not, the first s(x) = {s.reshape(-1)[i].item()} at x = "
+                                 f"{X.reshape(-1, X.shape[-1])[i].tolist()}")
         return s.to(**self.tk)
 
     def moments(self, X: Tensor) -> dict[str, Tensor]:

@@ -31,6 +31,15 @@ __all__ = ["SUPPORTED_NU", "MaternFourierFeatures", "MatheronPaths", "matern_ker
 SUPPORTED_NU = (0.5, 1.5, 2.5)
 
 
+def _check_finite(name: str, t: Tensor) -> None:
+    """`InputDataError` naming the `SparseLatentParts` field, the count and the first non-finite entry."""
+    bad = ~torch.isfinite(t)
+    if bad.any():
+        i = int(bad.reshape(-1).nonzero()[0])
+        raise InputDataError(f"SparseLatentParts.{name} is not finite: {int(bad.sum())} of {t.numel()} entries, "
+                             f"the first at flat index {i} ({t.reshape(-1)[i].item()})")
+
+
 def _check_nu(nu: float) -> float:
     if float(nu) not in SUPPORTED_NU:
         raise UnsupportedError(f"Matérn nu must be one of {SUPPORTED_NU}; got {nu!r}")
@@ -235,10 +244,10 @@ def _check_parts(parts: SparseLatentParts) -> None:
         if not isinstance(t, Tensor) or t.numel() != math.prod(shape) or (len(shape) == 2 and t.shape != shape):
             got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
             raise InputDataError(f"SparseLatentParts.{name} must have shape {shape}; got {got}")
-        if not torch.isfinite(t).all():
-            raise InputDataError(f"SparseLatentParts.{name} is not finite")
-    if not torch.isfinite(Z).all():
-        raise InputDataError("SparseLatentParts.Z is not finite")
-    if (parts.lengthscale <= 0).any() or parts.outputscale <= 0:
-        raise InputDataError("SparseLatentParts.lengthscale and outputscale must be positive")
+        _check_finite(name, t)
+    _check_finite("Z", Z)
+    for name in ("lengthscale", "outputscale"):
+        t = getattr(parts, name)
+        if (t <= 0).any():
+            raise InputDataError(f"SparseLatentParts.{name} must be positive; got {t.tolist()}")
     _check_nu(parts.nu)

@@ -10,6 +10,7 @@ QuantileSVGP/ExpectileSVGP models (end of the file).
 from __future__ import annotations
 
 import math
+import re
 
 import mpmath
 import numpy as np
@@ -288,6 +289,11 @@ def test_errors_name_the_problem():
     bad = QGibbonAcquisition(make_model(), torch.zeros(1, **TK), spread=lambda Z: torch.ones(3, **TK))
     with pytest.raises(InputDataError, match="spread"):
         bad.moments(torch.rand(5, 2, **TK))
+    X = torch.rand(5, 2, **TK)
+    negative = QGibbonAcquisition(make_model(), torch.zeros(1, **TK),
+                                  spread=lambda Z: torch.where(torch.arange(Z.shape[0]) == 2, -1.0, 1.0).to(**TK))
+    with pytest.raises(InputDataError, match=re.escape(f"1 of 5 are not, the first s(x) = -1.0 at x = {X[2].tolist()}")):
+        negative.moments(X)
     with pytest.raises(InputDataError, match="last dimension"):
         QGibbonAcquisition(make_model(), torch.zeros(1, **TK)).log_parts(torch.rand(4, 3, **TK))
 

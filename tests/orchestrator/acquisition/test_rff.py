@@ -7,6 +7,7 @@ showing that the same check rejects a wrong sampler.
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -177,8 +178,13 @@ def test_bad_inputs_raise_naming_the_field() -> None:
         MatheronPaths(SparseLatentParts(**{**parts.__dict__, "lengthscale": torch.ones(3, **TK)}), 2)
     nan_covar = parts.u_covar.clone()
     nan_covar[0, 0] = float("nan")
-    with pytest.raises(InputDataError, match="SparseLatentParts.u_covar is not finite"):
+    with pytest.raises(InputDataError, match=r"SparseLatentParts.u_covar is not finite: 1 of 16 entries, the first at "
+                                             r"flat index 0 \(nan\)"):
         MatheronPaths(SparseLatentParts(**{**parts.__dict__, "u_covar": nan_covar}), 2)
+    with pytest.raises(InputDataError, match=re.escape("SparseLatentParts.lengthscale must be positive; got [0.3, -0.2]")):
+        MatheronPaths(SparseLatentParts(**{**parts.__dict__, "lengthscale": torch.tensor([0.3, -0.2], **TK)}), 2)
+    with pytest.raises(InputDataError, match=re.escape("SparseLatentParts.outputscale must be positive; got 0.0")):
+        MatheronPaths(SparseLatentParts(**{**parts.__dict__, "outputscale": torch.tensor(0.0, **TK)}), 2)
     with pytest.raises(InputDataError, match="num_paths must be an integer >= 1; got 0"):
         MatheronPaths(parts, 0)
     with pytest.raises(InputDataError, match="num_features must be an integer >= 1; got -1"):
