@@ -201,5 +201,6 @@ class LunarLander(Objective):
 
     def episode_rewards(self, params: Mapping[str, Any], n_episodes: int = 100, seed0: int = 10**6) -> np.ndarray:
         """Rewards of `n_episodes` episodes with seeds ``seed0, seed0+1, ...`` (what `empirical_quantile` reads)."""
+        n_episodes = check_int("n_episodes", n_episodes, 1)  # 0 gave numpy's IndexError (found in review)
         w = self.params_to_gains(params)
-        return np.array([self.episode(w, seed0 + i)[0] for i in range(int(n_episodes))])
+        return np.array([self.episode(w, seed0 + i)[0] for i in range(n_episodes)])

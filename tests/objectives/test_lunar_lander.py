@@ -79,6 +79,9 @@ def test_pickles_after_use_and_checks_params(lander):
         LunarLander(steps_limit=0)
     with pytest.raises(ObjectiveError, match="tau"):
         lander.empirical_quantile(p, 0.0)
+    for bad in (0, -5, 2.5):
+        with pytest.raises(ObjectiveError, match=f"option 'n_episodes' must be an integer >= 1; got {bad}"):
+            lander.empirical_quantile(p, 0.1, n_episodes=bad)
 
 
 def test_empirical_quantile_over_episodes(lander):
