@@ -61,7 +61,9 @@ def point_rng(seed: int, x: np.ndarray) -> np.random.Generator:
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise ObjectiveError(f"seed must be an integer; got {seed!r}")
-    digest = hashlib.blake2b(np.ascontiguousarray(x, dtype=np.float64).tobytes(), digest_size=8).digest()
+    # + 0.0 makes -0.0 the point 0.0 (its bytes differ) and changes no other value
+    point = np.ascontiguousarray(x, dtype=np.float64) + 0.0
+    digest = hashlib.blake2b(point.tobytes(), digest_size=8).digest()
     return np.random.default_rng(np.random.SeedSequence([int(seed) % 2**64, int.from_bytes(digest, "little")]))
 
 

@@ -22,6 +22,7 @@ from objectives.functions import (
     Powers,
     SixHumpCamel,
     maximize_on_box,
+    point_rng,
 )
 
 # (class, optimum value from the literature / spec table, one known optimizer)
@@ -163,3 +164,15 @@ def test_bounds_without_the_known_optimum_still_evaluate(name):
     assert np.isfinite(float(y))
     x, v = obj.optimum(0.5)
     assert all(0.5 <= x[k] <= 0.9 for k in x) and np.isfinite(v)
+
+
+def test_point_rng_draws_depend_on_the_point_and_seed_only():
+    """Same seed and point, same draws; another seed or point, others. -0.0 is the point 0.0: its bytes differ, and
+    it drew other noise for the same evaluation (found in review)."""
+    x = np.array([0.0, 0.25])
+    draw = lambda seed, pt: point_rng(seed, pt).standard_normal(4).tolist()
+    assert draw(3, x) == draw(3, x.copy()) == draw(3, [0.0, 0.25])
+    assert draw(3, np.array([-0.0, 0.25])) == draw(3, x)
+    assert draw(4, x) != draw(3, x) and draw(3, np.array([1e-12, 0.25])) != draw(3, x)
+    with pytest.raises(ObjectiveError, match="seed must be an integer; got 1.5"):
+        point_rng(1.5, x)
