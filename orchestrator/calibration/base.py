@@ -255,8 +255,8 @@ class Calibrator(ABC):
         replace the options this calibrator was built with."""
         if state.get("name") != self.name:
             raise InputDataError(f"state belongs to calibrator {state.get('name')!r}, not {self.name!r}")
-        if self.option_keys:  # (offline-cv has none: its state is its data, not worth copying to compare)
-            check_same_options(f"calibrator {self.name!r}", self._get_state(), state, self.option_keys)
+        if self.option_keys:
+            check_same_options(f"calibrator {self.name!r}", self._option_values(), state, self.option_keys)
         if (self.spread_tracker is None) != ("spread" not in state):
             raise QbatchError(f"calibrator {self.name!r}: the state was saved "
                               f"{'with' if 'spread' in state else 'without'} a spread factor, this calibrator has "
@@ -274,6 +274,11 @@ class Calibrator(ABC):
 
     #: the keys of `_get_state` that are options (fixed when built), not learned state
     option_keys: tuple[str, ...] = ()
+
+    def _option_values(self) -> dict[str, Any]:
+        """This calibrator's values of `option_keys`, compared with a state's by `set_state` (the state by default;
+        a calibrator whose state holds its data returns the options alone)."""
+        return self._get_state()
 
 
 def check_same_options(what: str, current: dict[str, Any], stored: dict[str, Any], keys: Sequence[str],

@@ -323,9 +323,17 @@ class OfflineCVCalibrator(Calibrator):
         return self._scale if self._map is not None else 1.0
 
     # ------------------------------------------------------------------ state (data and PITs; the map is rebuilt without refits)
+    #: a state restored into a calibrator built otherwise would rebuild its map with these options, not the
+    #: saved ones (found in review: a sigma-mode state restored silently into a GP-regressor calibrator); the model
+    #: factory is not compared (a run passes its own model)
+    option_keys = ("splits", "n_splits", "regressor", "mode", "refit_every", "min_points", "eta")
+
+    def _option_values(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.option_keys}
+
     def _get_state(self) -> dict[str, Any]:
         return {"X": self.X.clone(), "Y": self.Y.clone(), "since": self._since, "pits": self.pits.clone(),
-                "z_rms": self._z_rms, "fitted": self._map is not None}
+                "z_rms": self._z_rms, "fitted": self._map is not None, **self._option_values()}
 
     def _set_state(self, state: dict[str, Any]) -> None:
         self.X, self.Y = state["X"].clone().to(torch.float64), state["Y"].clone().to(torch.float64)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from orchestrator.calibration import build_calibrator, calibration_score
-from orchestrator.calibration.offline_cv import cv_forecasts
-from orchestrator.errors import ConfigError, InputDataError
+from orchestrator.calibration.offline_cv import OfflineCVCalibrator, cv_forecasts
+from orchestrator.errors import ConfigError, InputDataError, QbatchError
 from tests.orchestrator.acquisition.test_calibrated import FixedGP
 
 TK = {"dtype": torch.float64}
@@ -86,6 +86,15 @@ def test_with_exact_gp_and_state(tmp_path) -> None:
     fresh = build_calibrator("offline-cv", splits="time-series", n_splits=2)
     fresh.set_state(torch.load(tmp_path / "o.pt", weights_only=True))
     p = torch.linspace(0.05, 0.95, 7, **TK)
+    torch.testing.assert_close(fresh.map_levels(p), cal.map_levels(p), atol=1e-5, rtol=1e-5)
+    # a calibrator built with other options refuses the state, naming them: restored silently, it rebuilt the map
+    # its own way (found in review: a sigma-mode state in a GP-regressor calibrator)
+    other = build_calibrator("offline-cv", splits="time-series", n_splits=2, regressor="gp", mode="sigma")
+    with pytest.raises(QbatchError, match=r"other options \['regressor', 'mode'\] \(regressor='isotonic', "
+                                          r"mode='quantile'\)"):
+        other.set_state(torch.load(tmp_path / "o.pt", weights_only=True))
+    old_state = {k: v for k, v in cal.get_state().items() if k not in OfflineCVCalibrator.option_keys}
+    fresh.set_state(old_state)  # a checkpoint written before the options were saved still restores
     torch.testing.assert_close(fresh.map_levels(p), cal.map_levels(p), atol=1e-5, rtol=1e-5)
     with pytest.raises(ConfigError, match="calibrator.options.regressor"):
         build_calibrator("offline-cv", regressor="mlp")
