@@ -48,8 +48,11 @@ def pit_values(forecasts: Any, y: Tensor | Sequence[float]) -> Tensor:
 
 def _as_pit(u: Tensor | Sequence[float]) -> Tensor:
     u = torch.as_tensor(u, dtype=torch.float64).reshape(-1)
-    if ((u < 0) | (u > 1) | ~torch.isfinite(u)).any():
-        raise InputDataError("PIT values must lie in [0, 1]")
+    bad = (u < 0) | (u > 1) | ~torch.isfinite(u)
+    if bad.any():
+        i = int(bad.nonzero()[0])
+        raise InputDataError(f"PIT values must lie in [0, 1]; {int(bad.sum())} of {u.numel()} do not, the first "
+                             f"u[{i}] = {u[i].item()}")
     return u
 
 

@@ -66,6 +66,8 @@ def test_score_and_histogram_values() -> None:
     torch.testing.assert_close(rc[:, 0], torch.tensor([1.0, 0.5, 2 / 3], dtype=torch.float64))
     with pytest.raises(InputDataError, match=r"PIT values must lie in \[0, 1\]"):
         calibration_score(torch.tensor([1.5]))
+    with pytest.raises(InputDataError, match=r"2 of 3 do not, the first u\[1\] = 1.7"):  # found in review: no index
+        calibration_score([0.2, 1.7, float("nan")])
     with pytest.raises(InputDataError, match="bins must be an integer"):
         pit_histogram(u, bins=0)
     fc = Forecast("gaussian", 0.5, torch.zeros(2), 1.0, 0.0, 0.0)
