@@ -13,7 +13,7 @@ import inspect
 import sys
 from typing import Any, Iterator, Mapping
 
-from objectives.base import Objective, ObjectiveError
+from objectives.base import Objective, ObjectiveError, Resources
 
 __all__ = ["BUILTIN_OBJECTIVES", "available_objectives", "import_objective_module", "inspect_objective", "load_objective",
            "objective_path"]
@@ -118,7 +118,29 @@ def load_objective(name: str, options: Mapping[str, Any] | None = None) -> Objec
         raise ObjectiveError(f"bad options for objective {name!r}: {exc}") from exc
     if not isinstance(obj, Objective):
         raise ObjectiveError(f"objective {name!r} built a {type(obj).__name__}, not an Objective")
+    _check_declared(name, obj)
     return obj
+
+
+def _check_declared(name: str, obj: Objective) -> None:
+    """`ObjectiveError` naming the objective when its `space` is not a mapping of parameter names to spec mappings
+    or its `resources` not a `Resources` (found in review: a list space was an AttributeError traceback, and a
+    dict of resources passed every check and failed after Ray had started)."""
+    try:
+        space, resources = obj.space, obj.resources
+    except Exception as exc:  # a property of the objective's that raises
+        raise ObjectiveError(f"objective {name!r}: reading its space or resources raised "
+                             f"{type(exc).__name__}: {exc}") from exc
+    if not isinstance(space, Mapping):
+        raise ObjectiveError(f"objective {name!r}: its `space` must be a mapping of parameter name to spec; "
+                             f"got a {type(space).__name__} ({space!r:.200})")
+    for key, spec in space.items():
+        if not isinstance(spec, Mapping):
+            raise ObjectiveError(f"objective {name!r}: the spec of parameter {key!r} in its `space` must be a "
+                                 f"mapping such as {{'type': 'float', 'low': 0.0, 'high': 1.0}}; got {spec!r:.200}")
+    if not isinstance(resources, Resources):
+        raise ObjectiveError(f"objective {name!r}: its `resources` must be an objectives.base.Resources, e.g. "
+                             f"Resources(num_cpus=1); got a {type(resources).__name__} ({resources!r:.200})")
 
 
 def _required_positional(target: Any) -> bool:

@@ -4,6 +4,7 @@ in the central actor it set the threads of every model fit (found in review)."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import pytest
@@ -50,3 +51,60 @@ def test_inspecting_an_objective_keeps_torch_threads(tmp_path, monkeypatch, thre
     assert torch.get_num_threads() == 1
     load_objective("qbatch_threads_objective:ThreeThreads")  # where it is evaluated, the setting stands
     assert torch.get_num_threads() == 3
+
+
+BAD_DECLARATIONS = textwrap.dedent(
+    """
+    from objectives.base import Objective
+
+
+    class _Base(Objective):
+        space = {"x": {"type": "float", "low": 0.0, "high": 1.0}}
+
+        def evaluate(self, params, seed):
+            return float(params["x"])
+
+
+    class ListSpace(_Base):
+        space = [("x", {"type": "float", "low": 0.0, "high": 1.0})]
+
+
+    class ListSpec(_Base):
+        space = {"x": [0.0, 1.0]}
+
+
+    class RaisingSpace(_Base):
+        @property
+        def space(self):
+            raise RuntimeError("no space today")
+
+
+    class DictResources(_Base):
+        resources = {"num_cpus": 1}
+    """
+)
+
+
+@pytest.mark.parametrize("attr, message", [
+    ("ListSpace", "its `space` must be a mapping of parameter name to spec; got a list"),
+    ("ListSpec", "the spec of parameter 'x' in its `space` must be a mapping"),
+    ("RaisingSpace", "reading its space or resources raised RuntimeError: no space today"),
+    ("DictResources", "its `resources` must be an objectives.base.Resources, e.g. Resources(num_cpus=1); got a dict"),
+])
+def test_a_user_objective_that_declares_a_bad_space_or_resources_is_one_line_before_ray(
+        attr, message, tmp_path, monkeypatch):
+    """Found in review: a list `space` was an AttributeError traceback from the config, and a dict of `resources`
+    passed every check and failed with a traceback after Ray had started. Both are now the objective's error,
+    and `qbatch run` reports it as the config's (before Ray)."""
+    from objectives.base import ObjectiveError
+    from orchestrator.config import load_config
+    from orchestrator.errors import ConfigError
+    from orchestrator.runner import _check_objective
+
+    (tmp_path / "qbatch_bad_declarations.py").write_text(BAD_DECLARATIONS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    name = f"qbatch_bad_declarations:{attr}"
+    with pytest.raises(ObjectiveError, match=re.escape(f"objective {name!r}: {message}")):
+        load_objective(name)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        _check_objective(load_config({"objective": name, "budget": 10}))
