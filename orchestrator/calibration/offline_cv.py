@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -164,6 +164,12 @@ class OfflineCVCalibrator(Calibrator):
                 f"with splits {splits!r} (leave-one-out holds out every point)"
             )
         if model_factory is None:
+            # wrong types were a ValueError / TypeError traceback from dict() or the model table (found in review)
+            if not isinstance(model, str):
+                raise ConfigError(f"`calibrator.options.model` must be a model name (a string); got {model!r}")
+            if model_options is not None and not isinstance(model_options, Mapping):
+                raise ConfigError(f"`calibrator.options.model_options` must be a mapping of option names to "
+                                  f"values; got {model_options!r}")
             opts = dict(model_options or {})
             # a partial of a module-level function, not a closure: the calibrator (an AskTellOptimizer holding
             # it) pickles (found in review)

@@ -3,6 +3,8 @@ online regressors, sigma-rescaling, with an over-confident GP and with the real 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -98,6 +100,14 @@ def test_with_exact_gp_and_state(tmp_path) -> None:
     torch.testing.assert_close(fresh.map_levels(p), cal.map_levels(p), atol=1e-5, rtol=1e-5)
     with pytest.raises(ConfigError, match="calibrator.options.regressor"):
         build_calibrator("offline-cv", regressor="mlp")
+    # wrong types were tracebacks from dict() and the model table (found in review)
+    for bad in ([["num_inducing", 16]], "abc", 5):
+        with pytest.raises(ConfigError, match=r"`calibrator.options.model_options` must be a mapping of option names "
+                                              r"to values; got " + re.escape(repr(bad))):
+            build_calibrator("offline-cv", model_options=bad)
+    with pytest.raises(ConfigError, match=r"`calibrator.options.model` must be a model name \(a string\); got "
+                                          r"\['exact-gp'\]"):
+        build_calibrator("offline-cv", model=["exact-gp"])
     with pytest.raises(ConfigError, match="calibrator.options.splits"):
         build_calibrator("offline-cv", splits="kfold")
     # leave-one-out holds out every point: n_splits was silently ignored there (found in review)

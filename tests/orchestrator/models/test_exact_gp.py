@@ -137,6 +137,8 @@ def test_bad_input(data):
         ExactGP(tau=1.0)
     with pytest.raises(ConfigError, match="unknown model 'gp'.*exact-gp"):
         build_model("gp")
+    with pytest.raises(ConfigError, match=r"unknown model \['exact-gp'\]"):  # was "unhashable type" (review)
+        build_model(["exact-gp"])
     with pytest.raises(ConfigError, match="unknown model option.*'num_inducing'.*warm_start"):
         build_model("exact-gp", num_inducing=3)
 
