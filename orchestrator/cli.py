@@ -184,11 +184,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from orchestrator.report import format_summary, write_report
 
+    if args.out is not None and not args.out.strip():  # "" was "the report folder: No such file" (review)
+        raise UsageError(f"`--out` must name a folder; got {args.out!r}")
     store = _open_run(args.run_dir)
     try:
         metrics, paths = write_report(args.run_dir, out_dir=args.out, store=store)
     except OSError as exc:  # --out (or the default report folder) cannot be written
-        where = f"`--out` {args.out}" if args.out else "the report folder"
+        where = f"`--out` {args.out}" if args.out is not None else "the report folder"
         raise UsageError(f"{where}: {exc.strerror or exc} ({exc.filename})") from None
     print(format_summary(metrics))
     print()

@@ -379,6 +379,7 @@ def test_bad_paths_options_and_busy_runs_are_usage_errors(tmp_path, monkeypatch,
 
     _finished_run(tmp_path / "run")
     one_line(cli.main(["report", str(tmp_path / "run"), "--out", str(tmp_path / "afile")]), "`--out`")
+    one_line(cli.main(["report", str(tmp_path / "run"), "--out", ""]), "`--out` must name a folder; got ''")
     holder = RunStore.open(str(tmp_path / "run"))
     holder.lock_writer()
     one_line(cli.main(["resume", str(tmp_path / "run")]), "being written by another run")
