@@ -409,6 +409,12 @@ class _Arrow:
         pass
 
 
+#: how long a gs:// run directory's requests are retried (a URI's own `retry_limit_seconds` wins): pyarrow's default,
+#: google-cloud-cpp's 15 minutes, left `qbatch run/status/resume` of an unreachable bucket silent that long
+#: (found in review)
+GCS_RETRY_LIMIT_S = 60.0
+
+
 def _backend(run_dir: str, filesystem: pafs.FileSystem | None) -> tuple[Any, str]:
     if not isinstance(run_dir, str) or not run_dir or "\x00" in run_dir:
         raise RunDirError(f"run_dir must be a non-empty path or URI; got {run_dir!r}")
@@ -418,12 +424,19 @@ def _backend(run_dir: str, filesystem: pafs.FileSystem | None) -> tuple[Any, str
         return _Arrow(filesystem, run_dir), run_dir
     if "://" not in run_dir:
         return _Local(run_dir), os.path.abspath(run_dir)
+    uri = run_dir
+    if run_dir.split("://", 1)[0].lower() in ("gs", "gcs") and "retry_limit_seconds=" not in run_dir:
+        uri += ("&" if "?" in run_dir else "?") + f"retry_limit_seconds={GCS_RETRY_LIMIT_S:g}"
     try:
-        fs, path = pafs.FileSystem.from_uri(run_dir)
+        fs, path = pafs.FileSystem.from_uri(uri)
     except (pa.ArrowException, ValueError, OSError) as exc:
         raise RunDirError(f"cannot open run_dir {run_dir!r}: {exc}") from None
     if isinstance(fs, pafs.LocalFileSystem):
         return _Local(path), run_dir
+    try:  # reach it once here: an unreachable bucket is one line naming the URI, not a traceback at its first read
+        fs.get_file_info(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise RunDirError(f"cannot reach run_dir {run_dir!r}: {str(exc).splitlines()[0][:400]}") from None
     return _Arrow(fs, path), run_dir
 
 

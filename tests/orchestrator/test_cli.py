@@ -543,3 +543,19 @@ def test_a_reader_that_leaves_the_pipe_ends_the_command_quietly(tmp_path, monkey
     assert cli.main(["objectives"]) == 1
     assert capsys.readouterr().err == ""
     sink.close()
+
+
+def test_an_unreachable_gcs_run_directory_is_one_line_within_the_retry_limit(monkeypatch, capsys):
+    """Found in review: pyarrow retries a gs:// request for google-cloud-cpp's 15 minutes by default, so `qbatch
+    status` (and run, resume) of a bucket it cannot reach said nothing for that long. The store caps the retries
+    (`GCS_RETRY_LIMIT_S`, 60 s; 2 s here) and the command ends with one line naming the URI."""
+    import time
+
+    from orchestrator import store
+
+    monkeypatch.setattr(store, "GCS_RETRY_LIMIT_S", 2.0)
+    started = time.time()
+    rc = cli.main(["status", "gs://qbatch-no-such-bucket-for-tests/run"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.splitlines()) == 1 and "gs://qbatch-no-such-bucket-for-tests/run" in err, err
+    assert time.time() - started < 45
