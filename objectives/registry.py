@@ -123,14 +123,16 @@ def load_objective(name: str, options: Mapping[str, Any] | None = None) -> Objec
 
 
 def _check_declared(name: str, obj: Objective) -> None:
-    """`ObjectiveError` naming the objective when its `space` is not a mapping of parameter names to spec mappings
-    or its `resources` not a `Resources` (found in review: a list space was an AttributeError traceback, and a
+    """`ObjectiveError` naming the objective when its `space` is not a mapping of parameter names to spec mappings,
+    its `resources` not a `Resources` or its `direction` neither 'maximize' nor 'minimize' (found in review: a list space was an AttributeError traceback, and a
     dict of resources passed every check and failed after Ray had started)."""
     try:
-        space, resources = obj.space, obj.resources
+        space, resources, direction = obj.space, obj.resources, obj.direction
     except Exception as exc:  # a property of the objective's that raises
-        raise ObjectiveError(f"objective {name!r}: reading its space or resources raised "
+        raise ObjectiveError(f"objective {name!r}: reading its space, resources or direction raised "
                              f"{type(exc).__name__}: {exc}") from exc
+    if direction not in ("maximize", "minimize"):  # refused as the config key `direction`, which the user never set
+        raise ObjectiveError(f"objective {name!r}: its `direction` must be 'maximize' or 'minimize'; got {direction!r}")
     if not isinstance(space, Mapping):
         raise ObjectiveError(f"objective {name!r}: its `space` must be a mapping of parameter name to spec; "
                              f"got a {type(space).__name__} ({space!r:.200})")
