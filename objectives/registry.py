@@ -124,8 +124,9 @@ def load_objective(name: str, options: Mapping[str, Any] | None = None) -> Objec
 
 def _check_declared(name: str, obj: Objective) -> None:
     """`ObjectiveError` naming the objective when its `space` is not a mapping of parameter names to spec mappings,
-    its `resources` not a `Resources` or its `direction` neither 'maximize' nor 'minimize' (found in review: a list space was an AttributeError traceback, and a
-    dict of resources passed every check and failed after Ray had started)."""
+    its `resources` not a `Resources` or its `direction` neither 'maximize' nor 'minimize' (found in review: a list
+    space was an AttributeError traceback, and a dict of resources passed every check and failed after Ray had
+    started)."""
     try:
         space, resources, direction = obj.space, obj.resources, obj.direction
     except Exception as exc:  # a property of the objective's that raises
