@@ -5,9 +5,11 @@ All qbatch errors derive from `QbatchError` (STYLE.md §4.6), so callers can cat
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "QbatchError", "ConfigError", "SpaceError", "InputDataError", "UnsupportedError", "UsageError", "ModelFitError",
-    "ModelWarning", "FitInterrupted",
+    "ModelWarning", "FitInterrupted", "describe_nonfinite",
 ]
 
 
@@ -49,3 +51,15 @@ class FitInterrupted(QbatchError):
 class ModelWarning(UserWarning):
     """A fitted model that is valid but probably useless (e.g. it learned no lengthscale from the data); the
     message says which option to change. Filter it with `warnings.simplefilter("ignore", ModelWarning)`."""
+
+
+def describe_nonfinite(t: Any) -> str | None:
+    """For an error message: None when every entry of the tensor `t` is finite, else "k of n entries, the first at
+    flat index i (value)"."""
+    import torch
+
+    bad = ~torch.isfinite(t)
+    if not bad.any():
+        return None
+    i = int(bad.reshape(-1).nonzero()[0])
+    return f"{int(bad.sum())} of {t.numel()} entries, the first at flat index {i} ({t.reshape(-1)[i].item()})"

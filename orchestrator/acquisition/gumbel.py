@@ -16,7 +16,7 @@ import math
 import torch
 from torch import Tensor
 
-from orchestrator.errors import InputDataError
+from orchestrator.errors import InputDataError, describe_nonfinite
 
 __all__ = [
     "GUMBEL_MIN_SCALE",
@@ -78,11 +78,8 @@ def max_value_quantiles(mean: Tensor, std: Tensor, probs: tuple[float, ...] = (_
     if mean.shape[-1] == 0:
         raise InputDataError("the max-value grid is empty (no observed inputs and grid_size = 0)")
     for name, t in (("mean", mean), ("std", std)):
-        bad = ~torch.isfinite(t)
-        if bad.any():
-            i = int(bad.reshape(-1).nonzero()[0])
-            raise InputDataError(f"posterior {name} on the max-value grid is not finite: {int(bad.sum())} of "
-                                 f"{t.numel()} values, the first at flat index {i} ({t.reshape(-1)[i].item()})")
+        if (what := describe_nonfinite(t)) is not None:
+            raise InputDataError(f"posterior {name} on the max-value grid is not finite: {what}")
     if (std <= 0).any():
         raise InputDataError(f"posterior std on the max-value grid must be > 0; got min {std.min().item()}")
     for p in probs:

@@ -22,7 +22,7 @@ from gpytorch.kernels import MaternKernel, ScaleKernel
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
-from orchestrator.errors import InputDataError, UnsupportedError
+from orchestrator.errors import InputDataError, UnsupportedError, describe_nonfinite
 from orchestrator.models.base import SparseLatentParts
 
 __all__ = ["SUPPORTED_NU", "MaternFourierFeatures", "MatheronPaths", "matern_kernel"]
@@ -33,11 +33,8 @@ SUPPORTED_NU = (0.5, 1.5, 2.5)
 
 def _check_finite(name: str, t: Tensor) -> None:
     """`InputDataError` naming the `SparseLatentParts` field, the count and the first non-finite entry."""
-    bad = ~torch.isfinite(t)
-    if bad.any():
-        i = int(bad.reshape(-1).nonzero()[0])
-        raise InputDataError(f"SparseLatentParts.{name} is not finite: {int(bad.sum())} of {t.numel()} entries, "
-                             f"the first at flat index {i} ({t.reshape(-1)[i].item()})")
+    if (what := describe_nonfinite(t)) is not None:
+        raise InputDataError(f"SparseLatentParts.{name} is not finite: {what}")
 
 
 def _check_nu(nu: float) -> float:
