@@ -63,7 +63,7 @@ def ray_local():
     ray = pytest.importorskip("ray")
     if ray.is_initialized():
         ray.shutdown()
-    ctx = ray.init(num_cpus=NUM_CPUS, include_dashboard=False, log_to_driver=False)
+    ctx = ray.init(address="local", num_cpus=NUM_CPUS, include_dashboard=False, log_to_driver=False)
 
     @ray.remote(num_cpus=NUM_CPUS / 8)
     def warm(i: int) -> int:

@@ -28,6 +28,15 @@ from orchestrator.store import Event, RunStore
 
 REPO = Path(__file__).resolve().parents[2]
 
+
+def own_pid_namespace() -> list[str]:
+    """A command prefix that runs a process in a PID namespace of its own (with its own /proc), so it sees no other
+    process of the machine; empty where namespaces cannot be made (no root or user namespaces)."""
+    prefix = ["unshare", "--pid", "--fork", "--mount-proc"]
+    if shutil.which("unshare") and subprocess.run([*prefix, "true"], capture_output=True).returncode == 0:
+        return prefix
+    return []
+
 GOOD = {"name": "cli-test", "objective": {"name": "forrester"}, "tau": 0.2, "budget": 6, "batch_size": 3,
         "initial_design": 3, "direction": "maximize"}
 BAD = {
@@ -367,11 +376,13 @@ def test_bad_paths_options_and_busy_runs_are_usage_errors(tmp_path, monkeypatch,
     one_line(cli.main(["run", str(good), "--address", "auto"]), f"`--address` 'auto': the Ray it finds ({dead}")
     assert time.monotonic() - t0 < 30
     monkeypatch.delenv("RAY_ADDRESS")
-    # `auto` with no Ray on this machine (the README's cluster command): one line, status 2, not a traceback
+    # `auto` with no Ray on this machine (the README's cluster command): one line, status 2, not a traceback.
+    # Ray's `auto` also scans the machine's processes for a GCS server: another test process's Ray (pytest-xdist)
+    # was found and the run went there, so the child sees only its own processes where a PID namespace can be made
     env = {**os.environ, "RAY_TMPDIR": str(tmp_path / "no-ray"), "PYTHONPATH": str(Path(__file__).parents[2])}
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", str(good), "--address", "auto"],
-                          capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    proc = subprocess.run([*own_pid_namespace(), sys.executable, "-m", "orchestrator.cli", "run", str(good), "--address",
+                           "auto"], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         "qbatch: error: `--address` 'auto': Could not find any running Ray instance. Please specify the one to "
         "connect to by setting `--address` flag or `RAY_ADDRESS` environment variable."], proc.stderr[-2000:]

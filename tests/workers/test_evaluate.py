@@ -420,7 +420,7 @@ def ray_local():
 
     # the hostile objectives live in this test module, which Ray workers cannot import: ship them by value
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=2, include_dashboard=False, resources={"sensor": 1}, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, resources={"sensor": 1}, log_to_driver=False)
     yield ray
     ray.shutdown()
 

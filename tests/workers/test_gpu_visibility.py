@@ -37,7 +37,7 @@ def ray_one_gpu():
     before = os.environ.get("CUDA_VISIBLE_DEVICES")
     os.environ["CUDA_VISIBLE_DEVICES"] = "0"  # the raylet and its workers inherit it, as on a GPU node
     try:
-        ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False)
     finally:
         if before is None:
             os.environ.pop("CUDA_VISIBLE_DEVICES")
