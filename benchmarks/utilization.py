@@ -26,7 +26,7 @@ start order: U / U_ideal_same_draw ("efficiency") removes the tail's luck from t
 
 Usage (inside scripts/loopback):
     python benchmarks/utilization.py --out bench-out            # 640 evaluations, Tune with --tune-evals 160
-    python benchmarks/utilization.py --quick --out /tmp/u        # 96 evaluations of ~0.5 s
+    python benchmarks/utilization.py --quick --out /tmp/u        # 96 evaluations of ~0.5 s, a small model
 Writes utilization.csv (one row per system and repeat) and summary.csv (per system: mean U, 95% CI, ratios).
 Targets (issue 4): qbatch U >= 0.9, >= 3x Ray Tune's best, within 0.05 of the plain Ray loop.
 """
@@ -51,6 +51,10 @@ from benchmarks._common import mean_ci, read_table  # noqa: E402
 from objectives.timing import SleepObjective  # noqa: E402
 
 SYSTEMS = ("qbatch", "qbatch-sync", "plain-ray", "tune", "tune-reuse")
+#: `--quick`'s model and proposer options: the smoke run checks that every system runs and is measured, so qbatch's
+#: model is the quantile SVGP and Thompson sampling, small (the default model's final fit alone took 16 s of it)
+QUICK_MODEL = {"num_inducing": 16, "max_steps": 60, "warm_max_steps": 20}
+QUICK_PROPOSER = {"num_features": 128, "raw_samples": 128, "num_restarts": 1, "maxiter": 20}
 
 
 def span_utilization(intervals: list[tuple[float, float]], slots: int) -> tuple[float, float, float]:
@@ -98,8 +102,8 @@ def run_qbatch(args: argparse.Namespace, n: int, synchronous: bool) -> dict[str,
         "name": name,
         "objective": {"name": "sleep", "options": _objective_options(args)},
         "tau": 0.1,
-        "model": {"type": "quantile", "options": {}},
-        "proposer": {"type": "thompson", "options": {}},
+        "model": {"type": "quantile", "options": dict(QUICK_MODEL) if args.quick else {}},
+        "proposer": {"type": "thompson", "options": dict(QUICK_PROPOSER) if args.quick else {}},
         "batch_size": args.batch_size,
         "initial_design": args.initial_design,
         "budget": n,
@@ -225,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="runs of every system (seeds seed, seed+1, ...): one U is a single draw of the tail (see "
                         "the ideal-scheduler row), so compare means")
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {','.join(SYSTEMS)}")
-    p.add_argument("--quick", action="store_true", help="96 evaluations of ~0.5 s (Tune: 48)")
+    p.add_argument("--quick", action="store_true",
+                   help="96 evaluations of ~0.5 s (Tune: 48), qbatch with a small model (QUICK_MODEL, QUICK_PROPOSER)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--out", default="bench-out/utilization")
     p.add_argument("--from-csv", metavar="CSV",
@@ -265,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         args.run_seed = args.seed + rep
         # a fresh Ray per repeat: in one long session Ray Tune's U fell from repeat to repeat (0.323, 0.286,
         # 0.213), so later repeats measured what earlier runs left behind rather than the system
-        ray.init(num_cpus=args.slots, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=args.slots, include_dashboard=False, log_to_driver=False)
         try:
             for system in systems:
                 # again before every system: Tune's trial actors leave fewer idle task workers behind, and a
