@@ -35,6 +35,7 @@ Usage:
     python benchmarks/lander.py --quick                                  # CI smoke run (~15 s)
     python benchmarks/lander.py --workers 16 --resume --time-limit 420  # full: 3 methods x 2 taus x 10 runs
     python benchmarks/lander.py --methods quantile-ts gpr-ei --taus 0.1 --runs 0-4 --workers 2
+    python benchmarks/lander.py --taus 0.1 --damping benchmarks/results/lander_*  # where recorded runs ended
 Results in --out (default results/lander/): runs/*.csv (one per method x tau x run, named with the protocol
 and a hash of the method's settings), lander.csv + lander.parquet (every checkpoint of the finished runs),
 table1.csv/.parquet (mean (std) over runs at 750 and 1500 evaluations, shaped like the paper's Table 1, with
@@ -49,6 +50,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -452,6 +454,42 @@ def cross_env(rows: Sequence[dict], env_id: str, episodes: int, objective_option
     return out
 
 
+#: `--damping` bands of a final recommendation's true quantile: a poor region, in between, the good region
+DAMPING_BANDS: tuple[tuple[str, float, float], ...] = (("< 50", -math.inf, 50.0), ("50 to 200", 50.0, 200.0),
+                                                       (">= 200", 200.0, math.inf))
+
+
+def damping(folders: Sequence[Path], tau: float = 0.1, method: str = "quantile-ts") -> tuple[list[dict], list[dict]]:
+    """Where the final recommendations of recorded runs lie: per run (every folder's `lander.csv`, `method` at
+    level `tau`), its true quantile and its gains, with the angle atan2(vertical_speed_gain, hover_gain) in degrees
+    (w3 against w2: the damping against the position gain of the controller's altitude loop, hover_todo = (target
+    - y) w2 - vy w3; 45 where they are equal, 90 with no position gain); and per band of the true quantile
+    (`DAMPING_BANDS`), how many runs and the range and median of the angle. Answers "are the failed runs
+    scattered, or stuck in one place?"."""
+    import numpy as np
+
+    runs = []
+    for folder in folders:
+        for r in final_recommendations([
+                {**r, "tau": float(r["tau"]), "run": int(r["run"]), "n_evals": int(r["n_evals"])}
+                for r in read_table(Path(folder) / "lander.csv")]):
+            if r["tau"] != tau or r["method"] != method:
+                continue
+            gains = json.loads(r["params"])
+            runs.append({"folder": Path(folder).name, "run": r["run"], "n_evals": r["n_evals"],
+                         "q_true": float(r["q_true"]), **gains,
+                         "damping_deg": math.degrees(math.atan2(gains["vertical_speed_gain"], gains["hover_gain"]))})
+    bands = []
+    for name, lo, hi in DAMPING_BANDS:
+        angle = np.array([r["damping_deg"] for r in runs if lo <= r["q_true"] < hi])
+        hover = np.array([r["hover_gain"] for r in runs if lo <= r["q_true"] < hi])
+        bands.append({"q_true": name, "runs": len(angle),
+                      **({"damping_deg_min": angle.min(), "damping_deg_median": float(np.median(angle)),
+                          "damping_deg_max": angle.max(), "hover_gain_median": float(np.median(hover))}
+                         if len(angle) else {})})
+    return runs, bands
+
+
 def make_plots(rows: Sequence[dict], out: Path) -> list[Path]:
     """One PNG per tau: true quantile of the recommendation vs evaluations, mean +- 95% CI over runs."""
     paths = []
@@ -508,6 +546,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--cross-env", metavar="ENV_ID",
                     help="also fly every finished run's final recommendation in this environment on the same "
                          "episodes (OUT/envs.csv), e.g. gym:LunarLander-v2 (the paper's; pip install gym==0.26.2)")
+    ap.add_argument("--damping", nargs="+", metavar="DIR",
+                    help="run nothing: tabulate where the final recommendations of the quantile-ts runs at the first "
+                         "--taus level in these recorded folders (those with a lander.csv) lie (the angle of (hover_gain, vertical_speed_gain) "
+                         "by band of their true quantile; OUT/damping.csv, OUT/damping_runs.csv)")
     ap.add_argument("--paired-with", metavar="DIR",
                     help="also compare every finished run with the same method, level and run number in another "
                          "run folder (e.g. benchmarks/results/lander_full), at 750 evaluations and at the budget "
@@ -516,6 +558,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.paired_with is not None and not (Path(args.paired_with) / "runs").is_dir():
         ap.error(f"--paired-with {args.paired_with!r}: no runs/ folder there")
+    if args.damping and not any((Path(d) / "lander.csv").is_file() for d in args.damping):
+        ap.error(f"--damping: no lander.csv in any of {args.damping}")
     defaults = QUICK if args.quick else {**FULL, "methods": list(DEFAULT_METHODS)}
     for k in ("taus", "initial", "budget", "batch", "runs", "episodes", "eval_every", "methods"):
         if getattr(args, k) is None:
@@ -580,6 +624,19 @@ def make_jobs(args: argparse.Namespace) -> list[Job]:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     out = Path(args.out)
+    if args.damping:
+        folders = [Path(f) for f in args.damping if (Path(f) / "lander.csv").is_file()]
+        if skipped := [f for f in args.damping if Path(f) not in folders]:
+            print(f"[lander] --damping: no lander.csv in {skipped}, left out", flush=True)
+        runs, bands = damping(folders, args.taus[0])
+        if runs:
+            write_table(runs, out / "damping_runs")
+            write_table(bands, out / "damping")
+        print(f"[lander] final recommendations of quantile-ts at the {args.taus[0] * 100:g}% level in "
+              f"{len(folders)} folders ({len(runs)} runs): atan2(vertical_speed_gain, hover_gain) in degrees "
+              f"(45: equal gains) by true quantile")
+        print(format_table(bands))
+        return {"damping_runs": runs, "damping": bands}
     (out / "runs").mkdir(parents=True, exist_ok=True)
     deadline = None if args.time_limit is None else time.time() + args.time_limit
     print(f"[lander] {MODE}; methods {args.methods}; taus {args.taus}; runs {args.runs}; initial {args.initial}, "

@@ -263,3 +263,39 @@ def test_lander_paired_with_compares_runs_of_another_folder_by_run_number(mod, q
     with pytest.raises(SystemExit):
         mod.parse_args(["--paired-with", str(tmp_path / "nowhere")])
     assert "no runs/ folder there" in capsys.readouterr().err
+
+
+def test_lander_damping_places_each_folders_final_recommendations(mod, tmp_path, capsys):
+    """`--damping DIR ...` reads recorded folders and runs nothing: each quantile-ts run's LAST checkpoint at the
+    level asked for (other levels and methods left out), the angle of (hover_gain, vertical_speed_gain) in degrees
+    and the bands of its true quantile."""
+    names = ("angle_gain", "angular_speed_gain", "hover_gain", "vertical_speed_gain", "contact_angle",
+             "contact_damping")
+
+    def row(method, tau, run, n, q, hover, vertical):
+        gains = dict(zip(names, (1.0, 1.0, hover, vertical, 0.0, 0.5)))
+        return {"method": method, "tau": tau, "run": run, "n_evals": n, "q_true": q, "params": json.dumps(gains),
+                "error": ""}
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    mod.write_table([row("quantile-ts", 0.1, 0, 750, 240.0, 0.2, 0.2),  # superseded by its run's last checkpoint
+                     row("quantile-ts", 0.1, 0, 1500, -20.0, 0.8, 0.6),
+                     row("quantile-ts", 0.1, 1, 1500, 245.0, 0.2, 0.6),
+                     row("quantile-ts", 0.02, 2, 1500, -50.0, 1.0, 0.1),  # another level
+                     row("gpr-ei", 0.1, 3, 1500, -30.0, 1.0, 0.1)], a / "lander")  # another method
+    mod.write_table([row("quantile-ts", 0.1, 0, 1500, 190.0, 0.0, 0.4)], b / "lander")
+    (tmp_path / "no-table").mkdir()  # a folder a glob also matched: left out, and said so
+    result = mod.main(["--damping", str(a), str(tmp_path / "no-table"), str(b), "--taus", "0.1", "--out",
+                       str(tmp_path / "out")])
+    runs = {(r["folder"], r["run"]): r for r in result["damping_runs"]}
+    assert set(runs) == {("a", 0), ("a", 1), ("b", 0)}
+    assert runs["a", 0]["q_true"] == -20.0 and runs["a", 0]["damping_deg"] == pytest.approx(math.degrees(math.atan2(0.6, 0.8)))
+    assert runs["b", 0]["damping_deg"] == pytest.approx(90.0)
+    bands = {b["q_true"]: b for b in result["damping"]}
+    assert [bands[k]["runs"] for k in ("< 50", "50 to 200", ">= 200")] == [1, 1, 1]
+    assert bands[">= 200"]["damping_deg_median"] == pytest.approx(math.degrees(math.atan2(0.6, 0.2)))
+    assert (tmp_path / "out" / "damping.csv").is_file() and not (tmp_path / "out" / "runs").exists()
+    printed = capsys.readouterr().out
+    assert "(3 runs)" in printed and f"no lander.csv in ['{tmp_path / 'no-table'}'], left out" in printed
+    with pytest.raises(SystemExit):
+        mod.main(["--damping", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")])
