@@ -31,7 +31,7 @@ from scipy.stats import norm, qmc
 from threadpoolctl import threadpool_limits
 
 from objectives.base import ObjectiveError, SyntheticObjective, check_params
-from objectives.options import check_bool, check_bounds, check_float, check_int
+from objectives.options import MAX_DIM, check_bool, check_bounds, check_float, check_int
 
 __all__ = [
     "Ackley",
@@ -479,4 +479,4 @@ class NoisyAckley(_BoTorchFunction):
 
 
 def _check_dim(dim: Any) -> None:
-    check_int("dim", dim, 1)
+    check_int("dim", dim, 1, MAX_DIM)

@@ -20,6 +20,7 @@ import numpy as np
 from objectives.base import ObjectiveError, is_bool, is_choice
 
 __all__ = [
+    "MAX_DIM",
     "check_bool",
     "check_bounds",
     "check_choice",
@@ -29,6 +30,11 @@ __all__ = [
     "check_range",
     "check_str",
 ]
+
+#: the most parameters a search space may have (a built-in objective's `dim` option, any objective's space): the
+#: models' candidate sets grow with the dimension (1,000 x d Sobol points per Thompson path, spec §2), and 10^8 was
+#: accepted and ran out of memory 72 s later, inside the objective's constructor (found in review)
+MAX_DIM = 1000
 
 
 def _refuse(key: str, what: str, value: Any) -> ObjectiveError:

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from objectives.base import EvalResult, Objective, ObjectiveError, Resources
-from objectives.options import check_float, check_int
+from objectives.options import MAX_DIM, check_float, check_int
 
 __all__ = ["SleepObjective", "lognormal_params"]
 
@@ -55,7 +55,7 @@ class SleepObjective(Objective):
         int_param: int = 0,
         fail_rate: float = 0.0,
     ) -> None:
-        dim = check_int("dim", dim, 1)
+        dim = check_int("dim", dim, 1, MAX_DIM)
         mean_s, cv, noise, num_cpus = (check_float(k, v, 0.0) for k, v in
                                        (("mean_s", mean_s), ("cv", cv), ("noise", noise), ("num_cpus", num_cpus)))
         self.fail_rate = check_float("fail_rate", fail_rate, 0.0, 1.0)

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from objectives.base import is_choice, is_json_data  # is_choice: a bool matches only a bool
+from objectives.options import MAX_DIM
 from orchestrator.errors import SpaceError
 
 __all__ = ["FloatParam", "IntParam", "ChoiceParam", "Parameter", "SearchSpace"]
@@ -251,6 +252,11 @@ def _check_in(name: str, v: float, low: float, high: float, rel_tol: float = 1e-
     return min(max(v, low), high)
 
 
+def _check_dim(n: int) -> None:
+    if n > MAX_DIM:
+        raise SpaceError(f"search space has {n} parameters; at most {MAX_DIM} (objectives.options.MAX_DIM)")
+
+
 class SearchSpace:
     """An ordered set of named parameters with a bijection (up to rounding) onto `[0, 1]^d`.
 
@@ -262,6 +268,7 @@ class SearchSpace:
         params = list(params)
         if not params:
             raise SpaceError("search space is empty: give at least one parameter")
+        _check_dim(len(params))
         names = [p.name for p in params]
         for n in names:
             if not isinstance(n, str) or not n:
@@ -278,6 +285,7 @@ class SearchSpace:
         """Build from a plain description ``{name: {"type": ..., ...}}`` (objectives/base.py)."""
         if not isinstance(description, Mapping):
             raise SpaceError(f"space must be a mapping of parameter name to spec; got {type(description).__name__}")
+        _check_dim(len(description))  # before building a parameter of each
         params: list[Parameter] = []
         for name, spec in description.items():
             if not isinstance(spec, Mapping):

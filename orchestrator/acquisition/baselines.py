@@ -23,6 +23,7 @@ from torch import Tensor
 
 from orchestrator.acquisition.base import DUPLICATE_TOL, Proposer, check_target_is_f, min_distance
 from orchestrator.errors import ConfigError
+from orchestrator.limits import MAX_MC_SAMPLES, MAX_RAW_SAMPLES, MAX_RESTARTS, check_at_most
 from orchestrator.models.base import Surrogate
 
 __all__ = [
@@ -36,10 +37,10 @@ PENDING_MC_SAMPLES = 256
 _REPLACE_TRIES = 100
 
 
-def _check_int(owner: str, key: str, value: Any, lo: int) -> int:
+def _check_int(owner: str, key: str, value: Any, lo: int, hi: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < lo:
         raise ConfigError(f"{owner}.{key} must be an integer >= {lo}; got {value!r}")
-    return value
+    return value if hi is None else check_at_most(f"{owner}.{key}", value, hi)
 
 
 def _replace_taken(X: Tensor, taken: Tensor, generator: torch.Generator) -> Tensor:
@@ -169,8 +170,8 @@ class _BoTorchProposer(Proposer):
     _name = "botorch"
 
     def __init__(self, num_restarts: int = 10, raw_samples: int = 512, maxiter: int = 200) -> None:
-        self.num_restarts = _check_int(self._name, "num_restarts", num_restarts, 1)
-        self.raw_samples = _check_int(self._name, "raw_samples", raw_samples, 1)
+        self.num_restarts = _check_int(self._name, "num_restarts", num_restarts, 1, MAX_RESTARTS)
+        self.raw_samples = _check_int(self._name, "raw_samples", raw_samples, 1, MAX_RAW_SAMPLES)
         self.maxiter = _check_int(self._name, "maxiter", maxiter, 1)
 
     def _optimize(self, acqf: Any, d: int, q: int, generator: torch.Generator, sequential: bool = False) -> Tensor:
@@ -214,7 +215,7 @@ class LogNEIProposer(_BoTorchProposer):
         maxiter: int = 200,
     ) -> None:
         super().__init__(num_restarts, raw_samples, maxiter)
-        self.mc_samples = _check_int(self._name, "mc_samples", mc_samples, 1)
+        self.mc_samples = _check_int(self._name, "mc_samples", mc_samples, 1, MAX_MC_SAMPLES)
         if not isinstance(sequential, bool):
             raise ConfigError(f"qlognei.sequential must be true or false; got {sequential!r}")
         self.sequential = sequential

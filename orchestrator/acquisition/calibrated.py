@@ -26,6 +26,7 @@ from torch import Tensor
 
 from orchestrator.acquisition.base import DUPLICATE_TOL, Proposer, check_target_is_f, min_distance
 from orchestrator.errors import ConfigError, UnsupportedError
+from orchestrator.limits import MAX_RAW_SAMPLES, MAX_RESTARTS, check_at_most
 
 __all__ = [
     "AcquisitionProposer",
@@ -333,6 +334,8 @@ class AcquisitionProposer(Proposer):
         for key, v in (("num_restarts", num_restarts), ("raw_samples", raw_samples), ("maxiter", maxiter)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"`proposer.options.{key}` must be an integer >= 1; got {v!r}")
+        check_at_most("`proposer.options.num_restarts`", num_restarts, MAX_RESTARTS)
+        check_at_most("`proposer.options.raw_samples`", raw_samples, MAX_RAW_SAMPLES)
         for key, v in (("beta", beta), ("xi", xi)):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ConfigError(f"`proposer.options.{key}` must be a finite number >= 0; got {v!r}")

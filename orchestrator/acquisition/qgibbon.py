@@ -36,6 +36,7 @@ from orchestrator.acquisition.base import DUPLICATE_TOL, Proposer, min_distance
 from orchestrator.acquisition.gumbel import build_grid, sample_max_values
 from orchestrator.acquisition.optimize import chunk_rows, maximize_lbfgsb
 from orchestrator.errors import ConfigError, InputDataError, UnsupportedError
+from orchestrator.limits import MAX_GRID, MAX_MAX_SAMPLES, MAX_RAW_SAMPLES, MAX_RESTARTS, check_at_most
 from orchestrator.models.base import SparseLatentParts, Surrogate
 from orchestrator.models.distributions import noise_constants
 from orchestrator.models.svgp import matern52
@@ -316,6 +317,9 @@ class QGibbon(Proposer):
                 raise ConfigError(f"qgibbon.{key} must be an integer >= {lo}; got {val!r}")
         if grid_size is not None and (isinstance(grid_size, bool) or not isinstance(grid_size, int) or grid_size < 0):
             raise ConfigError(f"qgibbon.grid_size must be an integer >= 0 or null; got {grid_size!r}")
+        for key, val, high in (("num_max_samples", num_max_samples, MAX_MAX_SAMPLES), ("grid_size", grid_size, MAX_GRID),
+                               ("raw_samples", raw_samples, MAX_RAW_SAMPLES), ("num_restarts", num_restarts, MAX_RESTARTS)):
+            check_at_most(f"qgibbon.{key}", val, high)
         if repulsion not in REPULSION_MODES:
             raise ConfigError(f"qgibbon.repulsion must be one of {REPULSION_MODES}; got {repulsion!r}")
         if spread is not None and not callable(spread):

@@ -28,6 +28,7 @@ from orchestrator.acquisition.base import DUPLICATE_TOL, Proposer, min_distance
 from orchestrator.acquisition.optimize import DEFAULT_CHUNK_BYTES, METHODS, chunk_rows, maximize_lbfgsb, top_k_shared
 from orchestrator.acquisition.rff import MatheronPaths
 from orchestrator.errors import ConfigError, InputDataError
+from orchestrator.limits import MAX_FEATURES, MAX_RAW_SAMPLES, MAX_RESTARTS, check_at_most
 from orchestrator.models.base import Surrogate
 
 __all__ = ["ThompsonSampling", "TargetPaths", "default_raw_samples", "default_num_restarts"]
@@ -201,6 +202,9 @@ class ThompsonSampling(Proposer):
             setattr(self, name, _positive_int_or_none(name, state.get(name, getattr(self, name, None)), none_ok=False))
         for name in ("raw_samples", "num_restarts"):
             setattr(self, name, _positive_int_or_none(name, state.get(name, getattr(self, name, None))))
+        for name, high in (("num_features", MAX_FEATURES), ("raw_samples", MAX_RAW_SAMPLES),
+                           ("num_restarts", MAX_RESTARTS)):
+            check_at_most(f"ThompsonSampling `{name}`", getattr(self, name), high)
         method = state.get("method", getattr(self, "method", "batched"))
         if method not in METHODS:
             raise ConfigError(f"ThompsonSampling `method` must be one of {METHODS}; got {method!r}")

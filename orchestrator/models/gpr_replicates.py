@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from orchestrator.errors import ConfigError, InputDataError, UnsupportedError
+from orchestrator.limits import MAX_BOOTSTRAP, check_at_most
 from orchestrator.models.base import TKWARGS, SparseLatentParts, Surrogate, check_training_data
 from orchestrator.models.distributions import al_constants
 from orchestrator.models.likelihoods import check_tau
@@ -133,6 +134,7 @@ class ReplicateQuantileGP(Surrogate):
         self.tau = check_tau(tau)
         if isinstance(num_bootstrap, bool) or not isinstance(num_bootstrap, int) or num_bootstrap < 2:
             raise ConfigError(f"`num_bootstrap` must be an integer >= 2; got {num_bootstrap!r}")
+        check_at_most("`num_bootstrap`", num_bootstrap, MAX_BOOTSTRAP)
         if isinstance(min_noise, bool) or not isinstance(min_noise, (int, float)) or not 0 < min_noise < math.inf:
             raise ConfigError(f"`min_noise` must be a positive number; got {min_noise!r}")
         if not isinstance(use_priors, bool):

@@ -32,6 +32,7 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
 from orchestrator.errors import ConfigError, InputDataError
+from orchestrator.limits import MAX_INDUCING, check_at_most
 from orchestrator.models import distributions as D
 from orchestrator.models.base import TKWARGS, SparseLatentParts, Surrogate, check_fit_stop, check_training_data
 from orchestrator.models.inducing import KMeansInducingPointSelector
@@ -155,6 +156,7 @@ class SVGPOptions:
             raise ConfigError(f"`min_delta` must be a non-negative number; got {self.min_delta!r}")
         if isinstance(self.plateau_factor, bool) or not isinstance(self.plateau_factor, (int, float)) or not (0 < self.plateau_factor < 1):
             raise ConfigError(f"`plateau_factor` must be in (0, 1); got {self.plateau_factor!r}")
+        check_at_most("`num_inducing`", self.num_inducing, MAX_INDUCING)
         check_lengthscale_prior(self.lengthscale_prior)
         for name in ("use_priors", "kmeans_warm_start"):
             if not isinstance(getattr(self, name), bool):

@@ -197,7 +197,7 @@ def test_bad_config_fails_before_ray_and_creates_no_run_dir(tmp_path):
         ({"objective": {"name": "no-such-objective"}}, "objective.name.*got 'no-such-objective'"),
         ({"tau": 1.5}, "tau.*got 1.5"),
         ({"batch_size": 0}, "batch_size.*got 0"),
-        ({"objective": {"name": "sleep", "options": {"dim": 0}}}, "objective.*'dim' must be an integer >= 1"),
+        ({"objective": {"name": "sleep", "options": {"dim": 0}}}, r"objective.*'dim' must be an integer in \[1, 1000\]"),
         ({"space": {"x9": {"type": "float", "low": 0, "high": 1}}}, "space.x9"),
         ({"model": {"type": "quantile", "options": {"num_inducng": 8}}}, "^`model.options`: unknown model option.*'num_inducng'"),
         ({"model": {"type": "quantile", "options": {"lengthscale_prior": "wide"}}}, "^`model.options`: `lengthscale_prior`.*'wide'"),

@@ -1,13 +1,22 @@
 """Config limits (orchestrator/config.py): a free-form `options` mapping holds at most 100,000 values (a
 plain list or a YAML alias bomb beyond that is a one-line `ConfigError`), and `tau` lies in the open
-interval (0, 1), both ends excluded."""
+interval (0, 1), both ends excluded. The sizes a model or proposer may be asked for (orchestrator/limits.py) and
+the dimension of a search space (objectives.options.MAX_DIM) are bounded, refused before Ray starts."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
+from objectives.options import MAX_DIM
 from orchestrator.config import load_config, load_config_text
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, SpaceError
+from orchestrator.limits import (
+    MAX_BOOTSTRAP, MAX_FEATURES, MAX_GRID, MAX_INDUCING, MAX_MAX_SAMPLES, MAX_MC_SAMPLES, MAX_RAW_SAMPLES, MAX_RESTARTS,
+)
+from orchestrator.runner import _check_objective
+from orchestrator.space import FloatParam, SearchSpace
 
 OBJECTIVE = {"name": "forrester"}
 
@@ -64,3 +73,65 @@ def test_tau_one_in_yaml_is_refused():
 @pytest.mark.parametrize("tau", [0.999, 0.001, 0.5])
 def test_tau_inside_the_open_interval_is_accepted(tau):
     assert load_config({"objective": OBJECTIVE, "tau": tau}).tau == tau
+
+
+# sizes a config may ask of a model or proposer (orchestrator/limits.py): beyond the bound a ConfigError names the
+# option before Ray starts; found in review: num_features 1e11 passed every check and the run's first proposal
+# failed with "DefaultCPUAllocator: can't allocate memory", naming nothing the user had set
+_SIZES = [
+    ("quantile", {"num_inducing": MAX_INDUCING}, "thompson", {}, "`model.options`: `num_inducing` must be at most"),
+    ("gpr-replicates", {"num_bootstrap": MAX_BOOTSTRAP}, "gpr-ei", {}, "`num_bootstrap` must be at most"),
+    ("quantile", {}, "thompson", {"num_features": MAX_FEATURES}, "ThompsonSampling `num_features` must be at most"),
+    ("quantile", {}, "thompson", {"raw_samples": MAX_RAW_SAMPLES}, "ThompsonSampling `raw_samples` must be at most"),
+    ("quantile", {}, "thompson", {"num_restarts": MAX_RESTARTS}, "ThompsonSampling `num_restarts` must be at most"),
+    ("quantile", {}, "qgibbon", {"grid_size": MAX_GRID}, "qgibbon.grid_size must be at most"),
+    ("quantile", {}, "qgibbon", {"num_max_samples": MAX_MAX_SAMPLES}, "qgibbon.num_max_samples must be at most"),
+    ("quantile", {}, "qgibbon", {"raw_samples": MAX_RAW_SAMPLES}, "qgibbon.raw_samples must be at most"),
+    ("quantile", {}, "qgibbon", {"num_restarts": MAX_RESTARTS}, "qgibbon.num_restarts must be at most"),
+    ("exact-gp", {}, "qlognei", {"mc_samples": MAX_MC_SAMPLES}, "qlognei.mc_samples must be at most"),
+    ("exact-gp", {}, "qlognei", {"raw_samples": MAX_RAW_SAMPLES}, "qlognei.raw_samples must be at most"),
+    ("gpr-replicates", {}, "gpr-ei", {"num_restarts": MAX_RESTARTS}, "gpr-ei.num_restarts must be at most"),
+    ("exact-gp", {}, "calibrated", {"raw_samples": MAX_RAW_SAMPLES}, "`proposer.options.raw_samples` must be at most"),
+    ("exact-gp", {}, "calibrated", {"num_restarts": MAX_RESTARTS}, "`proposer.options.num_restarts` must be at most"),
+]
+
+
+def _sized(model: str, model_options: dict, proposer: str, proposer_options: dict, over: int) -> dict:
+    """The config of `_SIZES`' row, its one size option `over` above its bound."""
+    (key, bound), = ({**model_options, **proposer_options}).items()
+    opts = {key: bound + over}
+    return {"objective": OBJECTIVE, "initial_design": 4, "budget": 8, "batch_size": 2,
+            "model": {"type": model, "options": opts if model_options else {}},
+            "proposer": {"type": proposer, "options": opts if proposer_options else {}}}
+
+
+@pytest.mark.parametrize("model, model_options, proposer, proposer_options, message", _SIZES,
+                         ids=[f"{p}-{next(iter({**m, **o}))}" for _, m, p, o, _ in _SIZES])
+def test_a_size_beyond_its_bound_is_refused_before_ray_naming_the_option(model, model_options, proposer,
+                                                                         proposer_options, message):
+    cfg = load_config(_sized(model, model_options, proposer, proposer_options, 0))
+    _check_objective(cfg)  # the bound itself is accepted (and nothing of that size is allocated to check it)
+    (bound,) = ({**model_options, **proposer_options}).values()
+    cfg = load_config(_sized(model, model_options, proposer, proposer_options, 1))
+    with pytest.raises(ConfigError, match=re.escape(f"{message} {bound}; got {bound + 1}")):
+        _check_objective(cfg)
+
+
+def test_an_objective_dim_beyond_max_dim_is_refused_before_it_is_built():
+    """`objective.options.dim: 100000000` was accepted and ran out of memory 72 s later, in the objective's
+    constructor (found in review)."""
+    cfg = load_config({"objective": {"name": "ackley", "options": {"dim": MAX_DIM}}})
+    assert _check_objective(cfg) is not None and len(cfg.build_space(_check_objective(cfg).space)) == MAX_DIM
+    for name in ("ackley", "gld", "sleep"):
+        cfg = load_config({"objective": {"name": name, "options": {"dim": 10**8}}})
+        with pytest.raises(ConfigError, match=re.escape(f"option 'dim' must be an integer in [1, {MAX_DIM}]; got 100000000")):
+            _check_objective(cfg)
+
+
+def test_a_search_space_beyond_max_dim_is_refused_naming_its_size():
+    spec = {"type": "float", "low": 0.0, "high": 1.0}
+    assert SearchSpace.from_description({f"x{i}": spec for i in range(MAX_DIM)}).dim == MAX_DIM
+    with pytest.raises(SpaceError, match=rf"search space has {MAX_DIM + 1} parameters; at most {MAX_DIM}"):
+        SearchSpace.from_description({f"x{i}": spec for i in range(MAX_DIM + 1)})
+    with pytest.raises(SpaceError, match=rf"search space has {MAX_DIM + 1} parameters"):
+        SearchSpace([FloatParam(f"x{i}", 0.0, 1.0) for i in range(MAX_DIM + 1)])
