@@ -32,8 +32,8 @@ __all__ = [
 ]
 
 #: the most parameters a search space may have (a built-in objective's `dim` option, any objective's space): the
-#: models' candidate sets grow with the dimension (1,000 x d Sobol points per Thompson path, spec §2), and 10^8 was
-#: accepted and ran out of memory 72 s later, inside the objective's constructor (found in review)
+#: proposers' candidate sets grow with the dimension (max(5000, 1000 d) Sobol points for Thompson sampling, spec
+#: §2), and dim 10^8 was accepted and ran out of memory 72 s later, in the objective's constructor (found in review)
 MAX_DIM = 1000
 
 

@@ -28,7 +28,7 @@ MAX_RESTARTS = 10_000
 MAX_GRID = 1_000_000
 #: max-value samples g* of Q-GIBBON
 MAX_MAX_SAMPLES = 10_000
-#: quasi-Monte-Carlo samples of a joint acquisition (qLogNEI, GPR-EI with pending points)
+#: quasi-Monte-Carlo samples of qLogNEI's joint acquisition
 MAX_MC_SAMPLES = 100_000
 #: bootstrap resamples of GPR-replicates' noise estimate at each distinct input
 MAX_BOOTSTRAP = 100_000
