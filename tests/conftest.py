@@ -58,6 +58,7 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: _ray_rank(item.path))
 
 
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: no error where it is not installed
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadfile` (pyproject.toml), except that the files with Ray tests outside tests/benchmarks go to one
     worker together, one after another, while the other takes the rest file by file. Two Ray files at once starve
