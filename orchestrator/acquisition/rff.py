@@ -10,7 +10,7 @@ and draw their own (w, u), as the authors' code does (`renew_rff` once per model
 scoring all paths on a common candidate set one matrix product (`evaluate_shared`) and keeps memory at
 O(L d) for (ω, β). Each path is still an exact Gaussian process given (ω, β); paths of one batch share
 the RFF kernel error (of order s²·sqrt(2/L)). `shared_features=False` redraws (ω, β) per path (exact
-posterior marginally over ω; O(q L d) memory), used by the tests as the unbiased reference.
+posterior marginally over ω; O(q L d) memory; `ThompsonSampling(shared_features=False)`), the tests' unbiased reference.
 """
 
 from __future__ import annotations
@@ -212,12 +212,18 @@ class MatheronPaths:
     def evaluate_shared(self, X: Tensor, path_index: Tensor | None = None) -> Tensor:
         """All paths (or the paths `path_index`, `k` long) on the same points `X` (`n x d`): `n x q` (or `n x k`).
 
-        Two matrix products; needs shared features.
+        With shared features, two matrix products (`n x L` features). With features per path, each path's
+        features are computed on `X`: `k x n x L` numbers, k times the time and memory.
         """
-        if not self.shared_features:
-            raise UnsupportedError("evaluate_shared needs shared_features=True (one feature set for all paths)")
         w, v = (self.w, self.v) if path_index is None else (self.w[path_index], self.v[path_index])
-        return self.constant_mean + self.features(X) @ w.mT + self.cross_covariance(X) @ v.mT
+        update = self.cross_covariance(X) @ v.mT
+        if self.shared_features:
+            return self.constant_mean + self.features(X) @ w.mT + update
+        f = self.features
+        omega, beta = (f.omega, f.beta) if path_index is None else (f.omega[path_index], f.beta[path_index])
+        phi = f.amplitude * torch.cos(X @ omega + beta.unsqueeze(-2))  # `k x n x L`
+        prior = (phi @ w.unsqueeze(-1)).squeeze(-1).mT  # `n x k`
+        return self.constant_mean + prior + update
 
     def mean(self, X: Tensor) -> Tensor:
         """Posterior mean of the latent at `... x n x d` (the variational posterior's mean, spec §1.4): `... x n`."""

@@ -81,6 +81,8 @@ class TargetPaths:
         num_features: L random Fourier features per latent.
         generator: the source of randomness (f's paths are drawn first, then g's).
         spread: optional s(x), see `ThompsonSampling`.
+        shared_features: one set of random features for all q paths (spec A3, the authors' choice), or a set
+            per path.
     """
 
     def __init__(
@@ -90,14 +92,18 @@ class TargetPaths:
         num_features: int,
         generator: torch.Generator,
         spread: Callable[[Tensor], Tensor] | None,
+        shared_features: bool = True,
     ) -> None:
-        self.f = MatheronPaths(model.sparse_parts("f"), q, num_features, generator=generator)
+        self.f = MatheronPaths(model.sparse_parts("f"), q, num_features, generator=generator,
+                               shared_features=shared_features)
         self.g: MatheronPaths | None = None
         if model.family == "gaussian" and model.num_outputs_latent == 2:
-            self.g = MatheronPaths(model.sparse_parts("g"), q, num_features, generator=generator)
+            self.g = MatheronPaths(model.sparse_parts("g"), q, num_features, generator=generator,
+                                   shared_features=shared_features)
             self.z = float(torch.special.ndtri(torch.tensor(float(model.tau), dtype=torch.float64)))
         self.spread = spread
-        self.width = max(num_features, self.f.m, q)
+        # widest row of `shared`'s intermediates, for chunk sizing: `n x L` features, or `q x n x L` per path
+        self.width = max(num_features if shared_features else q * num_features, self.f.m, q)
 
     def _mean(self, X: Tensor) -> Tensor:
         mu = self.f.mean(X)
@@ -150,6 +156,10 @@ class ThompsonSampling(Proposer):
         method: "batched" (independent L-BFGS-B per start) or "joint" (one summed SciPy problem).
         chunk_bytes: memory budget of one chunk of candidate scoring (bounds memory at q = 1000); the
             L-BFGS-B evaluations, which keep autograd intermediates, get four times it.
+        shared_features: the q paths of a batch share their random frequencies and phases (spec A3: the
+            authors' code, and the default), or each path draws its own (`False`): exact paths marginally over
+            the features, so the batch's paths do not share the RFF kernel error; scoring the candidates then
+            costs about q times as much.
 
     Raises:
         ConfigError: naming the option that is out of range.
@@ -164,6 +174,7 @@ class ThompsonSampling(Proposer):
         spread: Callable[[Tensor], Tensor] | None = None,
         method: str = "batched",
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        shared_features: bool = True,
     ) -> None:
         self.set_state(
             {
@@ -173,6 +184,7 @@ class ThompsonSampling(Proposer):
                 "maxiter": maxiter,
                 "method": method,
                 "chunk_bytes": chunk_bytes,
+                "shared_features": shared_features,
             }
         )
         if spread is not None and not callable(spread):
@@ -191,10 +203,11 @@ class ThompsonSampling(Proposer):
             "maxiter": self.maxiter,
             "method": self.method,
             "chunk_bytes": self.chunk_bytes,
+            "shared_features": self.shared_features,
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
-        valid = {"num_features", "raw_samples", "num_restarts", "maxiter", "method", "chunk_bytes"}
+        valid = {"num_features", "raw_samples", "num_restarts", "maxiter", "method", "chunk_bytes", "shared_features"}
         unknown = set(state) - valid
         if unknown:
             raise ConfigError(f"unknown ThompsonSampling option(s) {sorted(unknown)}; valid: {sorted(valid)}")
@@ -209,10 +222,14 @@ class ThompsonSampling(Proposer):
         if method not in METHODS:
             raise ConfigError(f"ThompsonSampling `method` must be one of {METHODS}; got {method!r}")
         self.method = method
+        shared = state.get("shared_features", getattr(self, "shared_features", True))
+        if not isinstance(shared, bool):
+            raise ConfigError(f"ThompsonSampling `shared_features` must be true or false; got {shared!r}")
+        self.shared_features = shared
 
     def sample_paths(self, model: Surrogate, q: int, generator: torch.Generator) -> TargetPaths:
         """The q target paths `_propose` maximizes (its first use of `generator`; tests reuse it)."""
-        return TargetPaths(model, q, self.num_features, generator, self.spread)
+        return TargetPaths(model, q, self.num_features, generator, self.spread, self.shared_features)
 
     def _propose(
         self, model: Surrogate, q: int, X_pending: Tensor, X_observed: Tensor, generator: torch.Generator

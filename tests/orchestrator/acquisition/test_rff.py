@@ -161,6 +161,17 @@ def test_path_evaluation_modes_agree_and_index_paths() -> None:
     assert torch.allclose(paths.cross_covariance(Xb), torch.stack([paths.kernel.forward(x, parts.Z) for x in Xb]))
 
 
+def test_evaluate_shared_with_features_per_path_matches_each_paths_own_evaluation() -> None:
+    parts = random_parts(3, m=6, seed=1)
+    paths = MatheronPaths(parts, 5, 64, generator=torch.Generator().manual_seed(0), shared_features=False)
+    X = torch.rand(4, 3, generator=torch.Generator().manual_seed(1), **TK)
+    shared = paths.evaluate_shared(X)  # `n x q`, each path with its own (omega, beta)
+    own = paths(X.expand(5, -1, -1))  # `q x n`
+    assert shared.shape == (4, 5) and torch.allclose(shared.mT, own, atol=1e-12)
+    idx = torch.tensor([4, 0, 4])
+    assert torch.allclose(paths.evaluate_shared(X, idx), shared[:, idx], atol=1e-12)
+
+
 def test_same_generator_state_gives_same_paths() -> None:
     parts = random_parts(2, m=5, seed=2)
     X = torch.rand(7, 2, **TK)

@@ -188,6 +188,31 @@ def test_hetgp_paths_maximize_the_path_quantile() -> None:
     _check_points_maximize_their_paths(X, X_ref, v_ref, target, tol=1e-4)
 
 
+@pytest.mark.parametrize("family", ["quantile", "hetgp"])
+def test_features_per_path_each_point_maximizes_its_own_path(family) -> None:
+    """`shared_features=False` (spec A3's other reading): every path has its own frequencies, the shared scoring
+    agrees with each path's own evaluation, and each point maximizes its path as with shared features."""
+    d, q = 2, 12
+    pf = random_parts(d, m=10, seed=1, noise=0.2)
+    pg = random_parts(d, m=10, seed=2, noise=0.2, mean=-1.0, outputscale=0.5, Z=pf.Z) if family == "hetgp" else None
+    model = PartsSurrogate(pf, pg, family="gaussian", tau=0.9) if pg is not None else PartsSurrogate(pf)
+    proposer = _cheap(num_restarts=6, maxiter=200, raw_samples=5000, shared_features=False)
+    target = proposer.sample_paths(model, q, torch.Generator().manual_seed(3))
+    omega = target.f.features.omega
+    assert omega.shape == (q, d, 200) and not torch.equal(omega[0], omega[1])
+    Xt = torch.rand(7, d, generator=torch.Generator().manual_seed(4), **TK)
+    own = torch.stack([target.at(Xt, torch.full((7,), b)) for b in range(q)], dim=1)  # `n x q`
+    assert torch.allclose(target.shared(Xt), own, atol=1e-12)
+    sub = torch.tensor([5, 0, 5])
+    assert torch.allclose(target.shared(Xt, sub), own[:, sub], atol=1e-12)
+    assert target.width == q * 200  # chunks sized for the `q x n x L` features
+    X = proposer.propose(model, q, seed=3)
+    X_ref, v_ref, target = _long_maxima(model, proposer, q, seed=3)
+    _check_points_maximize_their_paths(X, X_ref, v_ref, target, tol=1e-4)
+    # the shared-feature batch from the same seed is another batch
+    assert not torch.allclose(X, _cheap(num_restarts=6, maxiter=200, raw_samples=5000).propose(model, q, seed=3))
+
+
 def test_exact_gp_form_with_replicated_inputs() -> None:
     """One latent, gaussian family, Z = training inputs with replicates (singular K_ZZ needs jitter)."""
     d = 2
@@ -211,13 +236,22 @@ def test_options_are_validated_and_state_round_trips() -> None:
         ThompsonSampling(method="adam")
     with pytest.raises(ConfigError, match="`spread` must be a callable"):
         ThompsonSampling(spread=2.0)
-    ts = ThompsonSampling(num_features=64, raw_samples=100, num_restarts=2, maxiter=7, method="joint")
+    with pytest.raises(ConfigError, match="`shared_features` must be true or false; got 'no'"):
+        ThompsonSampling(shared_features="no")
+    ts = ThompsonSampling(num_features=64, raw_samples=100, num_restarts=2, maxiter=7, method="joint",
+                          shared_features=False)
     other = ThompsonSampling()
     other.set_state(ts.get_state())
     assert other.get_state() == ts.get_state() == {
         "num_features": 64, "raw_samples": 100, "num_restarts": 2, "maxiter": 7, "method": "joint",
-        "chunk_bytes": ts.chunk_bytes,
+        "chunk_bytes": ts.chunk_bytes, "shared_features": False,
     }
+    # a state saved before the option existed keeps the authors' shared features
+    old = {k: v for k, v in ThompsonSampling().get_state().items() if k != "shared_features"}
+    restored = ThompsonSampling(shared_features=False)
+    restored.set_state(old)
+    assert restored.shared_features is False  # set_state changes only what the state names
+    assert ThompsonSampling(**old).shared_features is True
     with pytest.raises(ConfigError, match=r"unknown ThompsonSampling option\(s\) \['bogus'\]"):
         other.set_state({"bogus": 1})
 
