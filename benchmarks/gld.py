@@ -61,9 +61,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._common import (  # noqa: E402
-    MODELS, BatchRun, Job, Method, checkpoint_evaluations, code_mix_note, config_tag, drive_guarded, format_table,
-    limited_threads, mean_ci, merge_options, paired_comparison, parse_index_list, plot_curves, preflight, read_table,
-    replicate_seed, run_jobs, write_table,
+    MODELS, PROPOSERS, BatchRun, Job, Method, checkpoint_evaluations, code_mix_note, config_tag, drive_guarded,
+    format_table, limited_threads, mean_ci, merge_options, paired_comparison, parse_index_list, plot_curves, preflight,
+    read_table, replicate_seed, run_jobs, write_table,
 )
 
 MODE = "synchronous batches, in-process AskTellOptimizer (the orchestrator's synchronous protocol without Ray)"
@@ -113,13 +113,16 @@ class Setting:
         return f"d{self.d}-tau{self.tau:g}-b{self.batch}"
 
 
-def settings_tag(method: str, initial: int, model_options: Mapping[str, Any]) -> str:
+def settings_tag(method: str, initial: int, options: Mapping[str, Any]) -> str:
     """Hash of what a run's result depends on beyond its file name (setting label, problem, method) and budget:
     the initial design size and the method's model and proposer options. Every row records it (`settings`), and
-    `--resume` and the tables take only the runs made with the settings asked for (a folder may hold others)."""
+    `--resume` and the tables take only the runs made with the settings asked for (a folder may hold others).
+
+    `options`: model or proposer name -> options given on the command line (`--model-options`,
+    `--proposer-options`; the names of the two registries differ), over the method's own."""
     m = METHODS[method]
-    return config_tag({"initial": int(initial), "model_options": {**m.model_options, **model_options.get(m.model, {})},
-                       "proposer_options": dict(m.proposer_options)})
+    return config_tag({"initial": int(initial), "model_options": {**m.model_options, **options.get(m.model, {})},
+                       "proposer_options": {**m.proposer_options, **options.get(m.proposer, {})}})
 
 
 class GLDRun(BatchRun):
@@ -131,14 +134,14 @@ class GLDRun(BatchRun):
     continued from a checkpoint equals an uninterrupted one (the GLD outcomes depend only on the trial seeds).
     """
 
-    def __init__(self, name: str, setting: Setting, problem: Any, problem_id: int, model_options: dict) -> None:
+    def __init__(self, name: str, setting: Setting, problem: Any, problem_id: int, options: dict) -> None:
         from orchestrator.ask_tell import AskTellOptimizer
 
         self.name, self.method, self.setting = name, METHODS[name], setting
         self.problem, self.problem_id = problem, problem_id
         method = self.method
-        self.m_opts = {**method.model_options, **model_options.get(method.model, {})}
-        p_opts = dict(method.proposer_options)
+        self.m_opts = {**method.model_options, **options.get(method.model, {})}
+        p_opts = {**method.proposer_options, **options.get(method.proposer, {})}
         if method.proposer == "sobol":
             p_opts.setdefault("seed", problem_id)  # one Sobol sequence: initial design and batches
         self.n0 = max(2, round(setting.initial / setting.batch)) if method.replicate else setting.initial
@@ -148,7 +151,7 @@ class GLDRun(BatchRun):
         )
         self.key = json.dumps([name, setting.label, setting.initial, setting.budget, problem_id, self.m_opts, p_opts],
                               sort_keys=True, default=str)
-        self.tag = settings_tag(name, setting.initial, model_options)
+        self.tag = settings_tag(name, setting.initial, options)
         self.n = 0
         self.rows: list[dict] = []
         self.evaluated: list[list[float]] = []
@@ -216,7 +219,7 @@ class GLDRun(BatchRun):
 
 
 def run_problem(
-    setting: Setting, problem_id: int, method: str, model_options: dict, threads: int = 1,
+    setting: Setting, problem_id: int, method: str, options: dict, threads: int = 1,
     checkpoint: Path | None = None, deadline: float | None = None, stop_after: int | None = None,
 ) -> tuple[str, list[dict]]:
     """`method` on one GLD problem; returns ("done", checkpoint rows with exact quantiles and regrets), or
@@ -240,13 +243,13 @@ def run_problem(
         _, q_opt = problem.optimum(setting.tau)
     t0 = time.perf_counter()
     label = f"[gld] {setting.label} problem {problem_id} {method}"
-    status, run, error = drive_guarded(lambda: GLDRun(method, setting, problem, problem_id, model_options),
+    status, run, error = drive_guarded(lambda: GLDRun(method, setting, problem, problem_id, options),
                                        checkpoint, deadline, stop_after, threads, label)
     if status != "done":
         return status, []
     if error:
         rows = [{"method": method, "d": setting.d, "tau": setting.tau, "batch": setting.batch, "problem": problem_id,
-                 "initial": setting.initial, "settings": settings_tag(method, setting.initial, model_options),
+                 "initial": setting.initial, "settings": settings_tag(method, setting.initial, options),
                  "n_evals": 0, "x_rec": "[]", "predicted": float("nan"), "fit_s": float("nan"),
                  "propose_s": float("nan"), "elapsed_s": time.perf_counter() - t0, "error": error}]
         evaluated: list[list[float]] = []
@@ -271,16 +274,16 @@ def job_path(runs: Path, setting: Setting, problem: int, method: str) -> Path:
     return runs / f"{setting.label}-p{problem}-{method}"
 
 
-def _method_done(runs: Path, setting: Setting, problem: int, method: str, model_options: Mapping[str, Any]) -> bool:
+def _method_done(runs: Path, setting: Setting, problem: int, method: str, options: Mapping[str, Any]) -> bool:
     """Whether `method` finished on (setting, problem): the GLD job's rule for `--resume` (see `done_methods`)."""
-    return method in done_methods(runs, setting, problem, model_options)
+    return method in done_methods(runs, setting, problem, options)
 
 
 def done_methods(
-    runs: Path, setting: Setting, problem: int, model_options: Mapping[str, Any] | None = None,
+    runs: Path, setting: Setting, problem: int, options: Mapping[str, Any] | None = None,
 ) -> set[str]:
     """Methods that already finished on (setting, problem) without an error, with the settings asked for
-    (`setting.initial` and `model_options`: `settings_tag`), in any result file: one per method (`job_path`), or
+    (`setting.initial` and `options`: `settings_tag`), in any result file: one per method (`job_path`), or
     one per problem holding several methods (the layout before per-method jobs)."""
     done = set()
     for path in runs.glob(f"{setting.label}-p{problem}*.csv"):
@@ -288,7 +291,7 @@ def done_methods(
         if stem != f"{setting.label}-p{problem}" and not stem.startswith(f"{setting.label}-p{problem}-"):
             continue  # e.g. p1 must not match p10
         done |= {r["method"] for r in read_run_file(path) if not r.get("error") and r["n_evals"] == setting.budget
-                 and r["settings"] == settings_tag(r["method"], setting.initial, model_options or {})}
+                 and r["settings"] == settings_tag(r["method"], setting.initial, options or {})}
     return done
 
 
@@ -465,6 +468,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--budget", type=int, help="total evaluations (default 250 d)")
     ap.add_argument("--model-options", type=json.loads, default={},
                     help='JSON: model name -> options, e.g. {"quantile": {"num_inducing": 64}}')
+    ap.add_argument("--proposer-options", type=json.loads, default={},
+                    help='JSON: proposer name -> options, e.g. {"thompson": {"shared_features": false}}')
     ap.add_argument("--workers", type=int, default=1, help="parallel processes (one problem each)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
     ap.add_argument("--resume", action="store_true",
@@ -482,6 +487,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.error(f"--time-limit must be >= 0 seconds; got {args.time_limit}")
     args.model_options = merge_options(QUICK["model_options"] if args.quick else {}, args.model_options,
                                        "--model-options", MODELS)
+    args.proposer_options = merge_options({}, args.proposer_options, "--proposer-options", PROPOSERS)
     return args
 
 
@@ -497,7 +503,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     methods = list(args.methods) if args.methods else q["methods"]
     initial = args.initial if args.initial is not None else q["initial"]
     budget = args.budget if args.budget is not None else q["budget"]
-    model_options = args.model_options
+    options = {**args.model_options, **args.proposer_options}  # the model and proposer registries' names differ
     settings = [Setting(d, tau, b, initial or INITIAL_PER_DIM * d, budget or BUDGET_PER_DIM * d)
                 for d, tau, b in triples]
     for s in settings:
@@ -509,15 +515,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     # one job per (setting, problem, method), so a grid can be filled in over several sessions and a method added
     # later; --resume skips the methods a result file already holds (`done_methods`, old layout included)
     runs = out / "runs"
-    grid = [Job(job_path(runs, s, p, m), run_problem, (s, p, m, model_options, args.threads),
-                finished_rule=functools.partial(_method_done, runs, s, p, m, model_options))
+    grid = [Job(job_path(runs, s, p, m), run_problem, (s, p, m, options, args.threads),
+                finished_rule=functools.partial(_method_done, runs, s, p, m, options))
             for s in settings for p in problems for m in methods]
     jobs = [] if args.tables_only else grid
     if jobs:  # the methods' optimizers on the first setting's first problem: a bad option stops here
         from objectives.gld import GLDProblem
 
         first = GLDProblem(dim=settings[0].d, problem=problems[0])
-        preflight({m: functools.partial(GLDRun, m, settings[0], first, problems[0], model_options) for m in methods},
+        preflight({m: functools.partial(GLDRun, m, settings[0], first, problems[0], options) for m in methods},
                   "gld")
     deadline = None if args.time_limit is None else time.time() + args.time_limit
     counts = run_jobs(jobs, args.workers, args.resume, deadline, "gld")
@@ -534,7 +540,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             if (r["d"], r["tau"], r["batch"]) in budgets and r["problem"] in problems and r["method"] in methods:
                 rows.append(r)
     rows, other = _at_budget(rows, budgets)
-    tags = {(s.d, s.tau, s.batch, m): settings_tag(m, s.initial, model_options) for s in settings for m in methods}
+    tags = {(s.d, s.tau, s.batch, m): settings_tag(m, s.initial, options) for s in settings for m in methods}
     mine = [r["settings"] == tags[r["d"], r["tau"], r["batch"], r["method"]] for r in rows]
     foreign = sorted({f"d{r['d']}-tau{r['tau']:g}-b{r['batch']}-p{r['problem']}-{r['method']}"
                       for r, ok in zip(rows, mine) if not ok})

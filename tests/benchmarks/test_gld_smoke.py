@@ -293,6 +293,10 @@ def test_runs_of_other_settings_are_neither_resumed_nor_tabulated(load_benchmark
     assert mod.done_methods(runs, s, 0, {}) == set()  # other options, other initial design
     assert mod.done_methods(runs, s, 1, {}) == {"quantile-ts"}
     assert mod.settings_tag("gpr-ei", 20, opts) == mod.settings_tag("gpr-ei", 20, {})  # not its model's options
+    # proposer options (`--proposer-options`) are part of the tag of the methods whose proposer they name
+    per_path = {"thompson": {"shared_features": False}}
+    assert mod.settings_tag("quantile-ts", 20, per_path) != mod.settings_tag("quantile-ts", 20, {})
+    assert mod.settings_tag("gpr-ei", 20, per_path) == mod.settings_tag("gpr-ei", 20, {})
     legacy = {k: v for k, v in row("sobol", 2, 150, {}).items() if k not in ("initial", "settings")}
     write_table([legacy], mod.job_path(runs, s, 2, "sobol"), parquet=False)
     assert mod.done_methods(runs, mod.Setting(3, 0.75, 10, 150, 40), 2) == {"sobol"}
@@ -328,3 +332,25 @@ def test_rows_restored_from_an_older_checkpoint_take_the_runs_settings(load_benc
     assert run.rows == [{"initial": 20, "settings": mod.settings_tag("sobol", 20, {}), "method": "sobol",
                          "n_evals": 20}]
     assert mod.settings_tag("sobol", 20, {}) != mod.settings_tag("sobol", 150, {})
+
+
+def test_proposer_options_reach_the_runs_and_leave_recorded_tags_alone(load_benchmark) -> None:
+    """`--proposer-options` is merged over a method's own proposer options into the optimizer a run builds; given
+    none, a run's tag is the one the recorded runs carry (so `--resume` and the tables still find them)."""
+    import csv
+
+    from objectives.gld import GLDProblem
+
+    mod = load_benchmark("gld")
+    recorded = BENCHMARKS / "results/gld_b50_s14/runs/d3-tau0.75-b50-p5-quantile-ts.csv"
+    with open(recorded, newline="") as f:
+        assert next(csv.DictReader(f))["settings"] == mod.settings_tag("quantile-ts", 150, {})
+    args = mod.parse_args(["--proposer-options", '{"thompson": {"shared_features": false}}'])
+    assert args.proposer_options == {"thompson": {"shared_features": False}}
+    s = mod.Setting(3, 0.75, 10, 20, 40)
+    problem = GLDProblem(dim=3, problem=0)
+    run = mod.GLDRun("quantile-ts", s, problem, 0, args.proposer_options)
+    assert run.opt._build_proposer().shared_features is False
+    assert mod.GLDRun("quantile-ts", s, problem, 0, {}).opt._build_proposer().shared_features is True
+    with pytest.raises(SystemExit, match=r"--proposer-options: unknown name\(s\) \['thomson'\]"):
+        mod.parse_args(["--proposer-options", '{"thomson": {}}'])
