@@ -325,6 +325,36 @@ def _at_budget(rows: Sequence[dict], budgets: dict[tuple, int]) -> tuple[list[di
     return keep, [f"d{d}-tau{t:g}-b{b}-p{p}-{m}" for d, t, b, p, m in other]
 
 
+def paired_with(rows: Sequence[dict], base_dir: Path, settings: Sequence[Setting]) -> list[dict]:
+    """This folder's final recommendations against those of the runs made with the default options (no
+    `--model-options` or `--proposer-options`) in another folder `base_dir`, paired by (setting, method, problem):
+    how a variant compares with the default on the same problems. The difference of regrets is that of the exact
+    quantiles, q_tau(x_hat) there - here (q* cancels; negative = this folder better)."""
+    by_label = {(s.d, s.tau, s.batch): s for s in settings}
+    base: dict[tuple, float] = {}
+    for path in sorted((base_dir / "runs").glob("*.csv")):
+        for r in read_run_file(path):
+            s = by_label.get((r["d"], r["tau"], r["batch"]))
+            if (s is not None and not r.get("error") and r["n_evals"] == s.budget
+                    and r["settings"] == settings_tag(r["method"], s.initial, {})):
+                base[(r["d"], r["tau"], r["batch"], r["method"], r["problem"])] = r["q_rec"]
+    out = []
+    for (d, tau, batch), s in by_label.items():
+        for m in METHODS:
+            mine = {r["problem"]: r["q_rec"] for r in rows
+                    if (r["d"], r["tau"], r["batch"], r["method"]) == (d, tau, batch, m)
+                    and r["n_evals"] == s.budget and not r.get("error")}
+            theirs = {k[4]: v for k, v in base.items() if k[:4] == (d, tau, batch, m)}
+            if not mine or not theirs:
+                continue
+            # regret here - regret there = q_rec there - q_rec here: pass the negated quantiles (lower = better)
+            pc = paired_comparison({p: -v for p, v in mine.items()}, {p: -v for p, v in theirs.items()})
+            out.append({"d": d, "tau": tau, "batch": batch, "method": m, "problems": pc["n"],
+                        "mean_diff": pc["mean_diff"], "ci95": pc["ci"], "better": round(pc["wins"] * pc["n"]),
+                        "p_wilcoxon": pc["p_wilcoxon"]})
+    return out
+
+
 def merge_rows(rows: Sequence[dict]) -> list[dict]:
     """Rows of every job, one per (setting, problem, method, checkpoint) (a later file's row replaces an earlier
     one's), with q* of a problem the best over all of its jobs and regret = q* - q_tau(x_hat) against it."""
@@ -470,6 +500,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help='JSON: model name -> options, e.g. {"quantile": {"num_inducing": 64}}')
     ap.add_argument("--proposer-options", type=json.loads, default={},
                     help='JSON: proposer name -> options, e.g. {"thompson": {"shared_features": false}}')
+    ap.add_argument("--paired-with", metavar="DIR",
+                    help="also compare the final regrets with the runs made with the default options in another "
+                         "run folder (e.g. benchmarks/results/gld_full), paired by setting, method and problem "
+                         "(OUT/paired_with.csv)")
     ap.add_argument("--workers", type=int, default=1, help="parallel processes (one problem each)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
     ap.add_argument("--resume", action="store_true",
@@ -488,6 +522,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.model_options = merge_options(QUICK["model_options"] if args.quick else {}, args.model_options,
                                        "--model-options", MODELS)
     args.proposer_options = merge_options({}, args.proposer_options, "--proposer-options", PROPOSERS)
+    if args.paired_with is not None and not (Path(args.paired_with) / "runs").is_dir():
+        ap.error(f"--paired-with {args.paired_with!r}: no runs/ folder there")
     return args
 
 
@@ -563,6 +599,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         write_table(paired, out / "paired")
     if target:
         write_table(target, out / "target")
+    pw = paired_with(rows, Path(args.paired_with), settings) if args.paired_with else []
+    if pw:
+        write_table(pw, out / "paired_with")
     plots = make_plots(rows, out)
 
     print(f"\n[gld] {MODE}")
@@ -587,12 +626,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         either = [any(t.get(f"{m}_beats_all", False) for m in QUANTILE_METHODS) for t in target if t["complete"]]
         print(f"  any quantile method, settings with all of {', '.join(BASELINES)} on every problem: "
               f"{sum(either)}/{len(either)} (target: >= 75% of the full grid)")
+    if pw:
+        print(f"\nFinal regret against the default runs in {args.paired_with}, paired by problem (mean_diff = this - "
+              "that, with its 95% CI; better = problems where this is lower; Wilcoxon p):")
+        print(format_table(pw))
     if paused:
         print("\n[gld] runs paused at a checkpoint (--resume continues them): "
               + ", ".join(f"{name} at {n} of {budget}" for name, n, budget in paused))
     print(f"\n[gld] wrote {out} ({len(rows)} rows, {len(plots)} plots) in {time.perf_counter() - t_start:.1f} s")
     return {"rows": rows, "summary": summary, "paired": paired, "target": target, "plots": plots, "counts": counts,
-            "missing": missing, "paused": paused}
+            "paired_with": pw, "missing": missing, "paused": paused}
 
 
 if __name__ == "__main__":

@@ -354,3 +354,33 @@ def test_proposer_options_reach_the_runs_and_leave_recorded_tags_alone(load_benc
     assert mod.GLDRun("quantile-ts", s, problem, 0, {}).opt._build_proposer().shared_features is True
     with pytest.raises(SystemExit, match=r"--proposer-options: unknown name\(s\) \['thomson'\]"):
         mod.parse_args(["--proposer-options", '{"thomson": {}}'])
+
+
+def test_paired_with_compares_with_the_default_runs_of_another_folder(load_benchmark, tmp_path) -> None:
+    """`--paired-with DIR`: this folder's final recommendations against DIR's runs made with the default options
+    (other options' runs and other budgets there are left out), per (setting, method), as differences of regret."""
+    from benchmarks._common import write_table
+
+    mod = load_benchmark("gld")
+    s = mod.Setting(3, 0.75, 10, 20, 40)
+    base = tmp_path / "base" / "runs"
+    base.mkdir(parents=True)
+
+    def row(problem, q_rec, options, n_evals=40):
+        return {"method": "quantile-ts", "d": 3, "tau": 0.75, "batch": 10, "problem": problem, "n_evals": n_evals,
+                "q_star": 2.0, "q_rec": q_rec, "regret": 2.0 - q_rec, "error": "", "initial": 20,
+                "settings": mod.settings_tag("quantile-ts", 20, options)}
+
+    theirs = [1.0, 1.5, 1.2]
+    for p, q in enumerate(theirs):
+        write_table([row(p, q - 0.5, {}, n_evals=30), row(p, q, {})], mod.job_path(base, s, p, "quantile-ts"),
+                    parquet=False)
+    other = {"thompson": {"shared_features": False}}
+    write_table([row(3, 0.0, other)], mod.job_path(base, s, 3, "quantile-ts"), parquet=False)  # not the default
+    mine = [row(0, 1.1, other), row(1, 1.4, other), row(2, 1.5, other), row(3, 9.0, other)]
+    pw = mod.paired_with(mine, tmp_path / "base", [s])
+    assert len(pw) == 1 and pw[0]["problems"] == 3 and pw[0]["better"] == 2  # problem 3 has no default run there
+    # regret here - regret there = q_rec there - q_rec here
+    assert pw[0]["mean_diff"] == pytest.approx(np.mean([1.0 - 1.1, 1.5 - 1.4, 1.2 - 1.5]))
+    with pytest.raises(SystemExit):
+        mod.parse_args(["--paired-with", str(tmp_path / "nowhere")])
