@@ -10,7 +10,8 @@ and draw their own (w, u), as the authors' code does (`renew_rff` once per model
 scoring all paths on a common candidate set one matrix product (`evaluate_shared`) and keeps memory at
 O(L d) for (ω, β). Each path is still an exact Gaussian process given (ω, β); paths of one batch share
 the RFF kernel error (of order s²·sqrt(2/L)). `shared_features=False` redraws (ω, β) per path (exact
-posterior marginally over ω; O(q L d) memory; `ThompsonSampling(shared_features=False)`), the tests' unbiased reference.
+posterior marginally over ω; O(q L d) memory): `ThompsonSampling(shared_features=False)`, and the tests' unbiased
+reference.
 """
 
 from __future__ import annotations
@@ -200,10 +201,7 @@ class MatheronPaths:
         idx = torch.arange(self.num_paths, device=X.device) if path_index is None else path_index
         if idx.shape != X.shape[:1]:
             raise InputDataError(f"X has {X.shape[0]} rows but there are {idx.shape[0]} path indices")
-        if self.shared_features:
-            phi = self.features(X)  # `k x n x L`
-        else:
-            phi = self.features.amplitude * torch.cos(X @ self.features.omega[idx] + self.features.beta[idx].unsqueeze(-2))
+        phi = self.features(X) if self.shared_features else self._features_of(idx, X)  # `k x n x L`
         # elementwise products: far faster than `k` tiny batched matrix products when n is small
         prior = (phi * self.w[idx].unsqueeze(-2)).sum(-1)
         update = (self.cross_covariance(X) * self.v[idx].unsqueeze(-2)).sum(-1)
@@ -219,11 +217,15 @@ class MatheronPaths:
         update = self.cross_covariance(X) @ v.mT
         if self.shared_features:
             return self.constant_mean + self.features(X) @ w.mT + update
-        f = self.features
-        omega, beta = (f.omega, f.beta) if path_index is None else (f.omega[path_index], f.beta[path_index])
-        phi = f.amplitude * torch.cos(X @ omega + beta.unsqueeze(-2))  # `k x n x L`
-        prior = (phi @ w.unsqueeze(-1)).squeeze(-1).mT  # `n x k`
+        prior = (self._features_of(path_index, X) @ w.unsqueeze(-1)).squeeze(-1).mT  # `k x n x L` -> `n x k`
         return self.constant_mean + prior + update
+
+    def _features_of(self, idx: Tensor | None, X: Tensor) -> Tensor:
+        """Features per path (`shared_features=False`): path `idx[i]`'s features (every path's when `idx` is
+        None, without indexing a copy) at `X[i]` (`k x n x d`) or at a shared `X` (`n x d`): `k x n x L`."""
+        f = self.features
+        omega, beta = (f.omega, f.beta) if idx is None else (f.omega[idx], f.beta[idx])
+        return f.amplitude * torch.cos(X @ omega + beta.unsqueeze(-2))
 
     def mean(self, X: Tensor) -> Tensor:
         """Posterior mean of the latent at `... x n x d` (the variational posterior's mean, spec §1.4): `... x n`."""
