@@ -34,6 +34,7 @@ Usage:
     python benchmarks/laser.py --methods quantile-ts gpr-ei --runs 0-4 --workers 2
     python benchmarks/laser.py --peak        # the optimum's neighbourhood: is q* a broad hump or a spike?
     python benchmarks/laser.py --replicates 0 10 30 --runs 0-2   # measurements at x* the model needs to pick it
+    python benchmarks/laser.py --simulators 0 1 2 3   # how the simulator's optimum depends on its fit's subsample
 Results in --out (default results/laser/): runs/*.csv (one per method x run; named with the protocol and a
 hash of the settings), laser.csv + laser.parquet (every checkpoint: one per batch), summary.csv/.parquet
 (final distance, mean +- 95% CI, with the issue's target), laser_rel.png / laser_abs.png (distance vs
@@ -324,6 +325,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                          "run's initial design plus K simulated measurements at the optimum's setting (cumulative, "
                          "ascending K), refit as at a run's end (warm and cold, the lower loss kept), and record "
                          "the recommendation; writes replicates.csv")
+    ap.add_argument("--simulators", type=int, nargs="+", metavar="SEED",
+                    help="diagnostic instead of the protocol: build the simulator with each model_seed (which rows "
+                         "fit its energy GP) and record its optimum q*, the best measured setting's exact quantile, "
+                         "the optimum's distance to the nearest measured setting and the energy GP's shortest "
+                         "lengthscales; writes simulators.csv")
     ap.add_argument("--initial", type=int, help="initial points (400)")
     ap.add_argument("--batches", type=int, help="BO batches after the initial points (12)")
     ap.add_argument("--batch", type=int, help="batch size (100)")
@@ -354,6 +360,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.error(f"--tau must be in (0, 1); got {args.tau}")
     if args.replicates is not None and (args.peak or min(args.replicates) < 0):
         ap.error("--replicates: counts >= 0, and not with --peak")
+    if args.simulators is not None and (args.peak or args.replicates is not None or min(args.simulators) < 0):
+        ap.error("--simulators: seeds >= 0, and not with --peak or --replicates")
+    if args.simulators is not None and "model_seed" in args.user_objective_options:
+        ap.error("--simulators sets model_seed itself; leave it out of --objective-options")
     if args.time_limit is not None and args.time_limit < 0:
         ap.error(f"--time-limit must be >= 0 seconds; got {args.time_limit}")
     return args
@@ -443,6 +453,47 @@ def run_peak(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def simulator_row(sim: Any, tau: float, n_lengthscales: int = 3) -> dict[str, Any]:
+    """One simulator's optimum against its measured (or, synthetic, stand-in) settings: q*, the best and the
+    median exact quantile of those settings, the optimum's unit-cube distance to the nearest of them, its
+    coordinates on the box's edge, and the energy GP's shortest lengthscales (a fitted simulator only)."""
+    import numpy as np
+
+    params, q_star = sim.optimum(tau)
+    z = sim._to_unit(np.array([params[n] for n in sim.names])[None])[0]
+    X_data, _ = sim.initial_data()
+    q_data = sim.quantile_array(X_data, tau)
+    row = {"model_seed": sim.model_seed, "q_star": q_star, "best_measured_q": float(q_data.max()),
+           "median_measured_q": float(np.median(q_data)),
+           "nearest_measured": float(np.sqrt(((sim._to_unit(X_data) - z) ** 2).sum(axis=1)).min()),
+           "box_edge_coords": int(((z < 1e-3) | (z > 1 - 1e-3)).sum())}
+    kernel = getattr(getattr(sim._fields, "mean", None), "kernel", None)
+    ls = np.atleast_1d(getattr(getattr(kernel, "k2", None), "length_scale", np.array([])))
+    for i, j in enumerate(np.argsort(ls)[:n_lengthscales] if ls.size == len(sim.names) else []):
+        row[f"short_ls_{i + 1}"] = f"{sim.names[j]}={ls[j]:.3g}"
+    return row
+
+
+def run_simulators(args: argparse.Namespace) -> list[dict]:
+    """`--simulators SEED ...`: the simulator built with each model_seed (with the CSV: which rows fit the
+    energy GP), its optimum and measured settings (`simulator_row`); writes simulators.csv."""
+    from objectives.registry import load_objective
+
+    objective, simulator = objective_of(args)
+    print(f"[laser] --simulators {args.simulators}: {simulator.split(';')[0]}; tau {args.tau:g}", flush=True)
+    rows = []
+    for seed in args.simulators:
+        sim = load_objective(objective["name"], {**objective["options"], "model_seed": seed})
+        rows.append(simulator_row(sim, args.tau))
+        print(f"[laser] model_seed {seed}: q* {rows[-1]['q_star']:.3f}, best measured {rows[-1]['best_measured_q']:.3f}, "
+              f"nearest measured setting {rows[-1]['nearest_measured']:.3f} away", flush=True)
+    print(format_table(rows))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_table(rows, out / "simulators")
+    return rows
+
+
 def run_replicates(args: argparse.Namespace) -> list[dict]:
     """`--replicates K ...`: how many measurements at the optimum's setting x* the quantile SVGP needs before it
     recommends x*. Per run: the protocol's initial design (as `LaserRun.start`, the model quantile-ts uses, with
@@ -507,6 +558,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         return {"peak": run_peak(args)}
     if args.replicates is not None:
         return {"replicates": run_replicates(args)}
+    if args.simulators is not None:
+        return {"simulators": run_simulators(args)}
     out = Path(args.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     deadline = None if args.time_limit is None else time.time() + args.time_limit

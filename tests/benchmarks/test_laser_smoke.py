@@ -173,3 +173,24 @@ def test_laser_replicates_diagnostic(mod, tmp_path):
     assert after["predicted_at_opt"] > before["predicted_at_opt"]
     assert after["q_rec"] <= after["q_opt"] + 1e-9
     assert (tmp_path / "replicates.csv").is_file()
+
+
+def test_laser_simulators_diagnostic(mod, tmp_path):
+    """`--simulators 0 1` on the real data (when shipped) or the synthetic simulator: a row per model seed whose
+    q* is the `--peak` optimum of that seed's simulator and is at least the best measured setting's quantile;
+    the two seeds build different simulators; simulators.csv lands; seeds in --objective-options are refused."""
+    data = [] if Path(mod.DEFAULT_CSV).is_file() else ["--synthetic"]
+    rows = _main(mod, ["--simulators", "0", "1", "--out", str(tmp_path)] + data)["simulators"]
+    assert [r["model_seed"] for r in rows] == [0, 1]
+    peak = _main(mod, ["--peak", "--out", str(tmp_path), "--objective-options", '{"model_seed": 1}'] + data)["peak"]
+    assert rows[1]["q_star"] == pytest.approx(peak[0]["q_mean"], rel=1e-12)
+    assert rows[1]["nearest_measured"] == pytest.approx(peak[0]["nearest_measured"], rel=1e-9, abs=1e-12)
+    for r in rows:
+        assert r["q_star"] >= r["best_measured_q"] - 1e-3 * abs(r["q_star"])
+        assert r["best_measured_q"] > r["median_measured_q"]
+    assert rows[0]["q_star"] != pytest.approx(rows[1]["q_star"], rel=1e-6)
+    if not data:
+        assert all(r["short_ls_1"].startswith("QUAD:") for r in rows)
+    assert (tmp_path / "simulators.csv").is_file()
+    with pytest.raises(SystemExit):
+        mod.parse_args(["--simulators", "0", "--objective-options", '{"model_seed": 2}'])
