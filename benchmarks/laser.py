@@ -37,7 +37,8 @@ Usage:
     python benchmarks/laser.py --simulators 0 1 2 3   # how the simulator's optimum depends on its fit's subsample
 Results in --out (default results/laser/): runs/*.csv (one per method x run; named with the protocol and a
 hash of the settings), laser.csv + laser.parquet (every checkpoint: one per batch), summary.csv/.parquet
-(final distance, mean +- 95% CI, with the issue's target), laser_rel.png / laser_abs.png (distance vs
+(final distance, mean +- 95% CI, with the issue's target), paired.csv/.parquet (Thompson sampling against each
+other method, by run), laser_rel.png / laser_abs.png (distance vs
 evaluations, mean +- 95% CI over runs).
 """
 
@@ -59,7 +60,7 @@ if str(REPO) not in sys.path:
 
 from benchmarks._common import (  # noqa: E402
     MODELS, PROPOSERS, BatchRun, Job, Method, code_mix_note, config_tag, drive_guarded, format_table, mean_ci,
-    merge_options, plot_curves, preflight, read_table, run_jobs, write_table,
+    merge_options, paired_comparison, plot_curves, preflight, read_table, run_jobs, write_table,
 )
 from benchmarks.lander import (  # noqa: E402
     _as_types, _std, add_common_args, build_optimizer, curves_by_method, parse_runs,
@@ -293,6 +294,25 @@ def summarize(rows: Sequence[dict], full: bool) -> list[dict]:
         if full and m == TARGET["method"]:
             row["target"] = f"<= {TARGET['max_rel_pct']:g}%: {'met' if p_mean <= TARGET['max_rel_pct'] else 'MISSED'}"
         out.append(row)
+    return out
+
+
+def paired(rows: Sequence[dict]) -> list[dict]:
+    """Thompson sampling's final distance (% of q*) against each other method's, paired by run (the same
+    initial design): mean difference (negative: Thompson sampling closer) +- 95% CI, its wins, Wilcoxon p."""
+    finals: dict[str, dict[int, float]] = {}
+    for m in METHODS:
+        sel = [r for r in rows if r["method"] == m and not r["error"]]
+        if sel:
+            last = max(r["n_evals"] for r in sel)
+            finals[m] = {r["run"]: r["distance_pct"] for r in sel if r["n_evals"] == last}
+    a = TARGET["method"]
+    out = []
+    for b in (m for m in finals if m != a and a in finals):
+        c = paired_comparison(finals[a], finals[b])
+        if c["n"]:
+            out.append({"method": a, "against": b, "runs": c["n"], "diff_pct_mean": c["mean_diff"], "diff_pct_ci95": c["ci"],
+                        "wins": round(c["wins"] * c["n"]), "p_wilcoxon": c["p_wilcoxon"]})
     return out
 
 
@@ -586,7 +606,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if note := code_mix_note(rows):
         print(f"[laser] {note}", flush=True)
     missing = len(jobs) - len({(r["method"], r["run"]) for r in rows})
-    q_star, summary, plots = float("nan"), [], []
+    q_star, summary, pairs, plots = float("nan"), [], [], []
     if rows:
         q_star = add_distances(rows)
         write_table(rows, out / "laser")
@@ -594,6 +614,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         summary = summarize(rows, full)
         if summary:
             write_table(summary, out / "summary")
+        pairs = paired(rows)
+        if pairs:
+            write_table(pairs, out / "paired")
         plots = make_plots(rows, out)
 
     print(f"\n[laser] {MODE}; {simulator}")
@@ -604,6 +627,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                                  "distance_ci95", "distance_pct_mean", "distance_pct_std", "distance_pct_ci95",
                                  "distance_pct_max", "run_s_mean", "cpu_s_mean"] +
                        (["target"] if any("target" in s for s in summary) else [])))
+    if pairs:
+        print(f"\nPaired by run (distance, % of q*; negative: {TARGET['method']} closer):")
+        print(format_table(pairs))
     errors = [r for r in rows if r["error"]]
     if errors:
         print(f"\n{len(errors)} failed runs: " + "; ".join(f"{r['method']} run {r['run']}: {r['error']}" for r in errors))
@@ -611,7 +637,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"\n[laser] {missing} of {len(jobs)} runs not finished ({counts['paused']} paused at a checkpoint, "
               f"{counts['skipped']} not started): run again with --resume")
     print(f"\n[laser] wrote {out} ({len(rows)} rows, {len(plots)} plots) in {time.perf_counter() - t_start:.1f} s")
-    return {"rows": rows, "summary": summary, "plots": plots, "q_star": q_star, "missing": missing, "counts": counts}
+    return {"rows": rows, "summary": summary, "paired": pairs, "plots": plots, "q_star": q_star, "missing": missing, "counts": counts}
 
 
 if __name__ == "__main__":

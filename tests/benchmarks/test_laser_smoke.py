@@ -106,6 +106,16 @@ def test_laser_quick(mod, quick, capsys):
         assert {r["initial_source"] for r in table} == {"measured settings, simulated outcomes"}
     assert len(result["rows"]) == len(table) and result["missing"] == 0
     assert not list((out / "runs").glob("*.ckpt.pt"))
+    # paired.csv: quantile TS against each other method, run by run, from the final rows of the table
+    pairs = pq.read_table(out / "paired.parquet").to_pylist()
+    assert sorted(p["against"] for p in pairs) == sorted(m for m in q["methods"] if m != "quantile-ts")
+    last = max(r["n_evals"] for r in table)
+    for p in pairs:
+        d = [a["distance_pct"] - b["distance_pct"] for a in table for b in table
+             if a["n_evals"] == b["n_evals"] == last and a["run"] == b["run"]
+             and a["method"] == "quantile-ts" and b["method"] == p["against"]]
+        assert p["runs"] == len(runs) == len(d) and p["diff_pct_mean"] == pytest.approx(float(np.mean(d)), abs=1e-9)
+        assert p["wins"] == sum(x < 0 for x in d)
 
 
 def test_laser_resume_continues_a_checkpoint_exactly(mod, quick, tmp_path, capsys):
