@@ -514,12 +514,28 @@ def run_simulators(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def design_fit(laser: "LaserRun", loc: float, scale: float) -> dict[str, float]:
+    """How the fitted model's tau-quantile at the observed settings compares with their exact quantiles: Spearman's
+    rank correlation, the largest prediction and the largest exact quantile (a model can rank the settings well
+    and still recommend the wrong one when it compresses the top)."""
+    import numpy as np
+    import torch
+    from scipy.stats import spearmanr
+
+    X, _ = laser.opt.observations()
+    with torch.no_grad():
+        pred = laser.opt.sign * (loc + scale * laser.opt.model.objective_mean(X).reshape(-1).numpy())
+    true = laser.sim.quantile_array(np.array([laser.sim.to_array(p) for p in laser.opt.space.from_unit(X)]), laser.tau)
+    return {"spearman": float(spearmanr(pred, true)[0]), "predicted_max": float(pred.max()), "q_true_max": float(true.max())}
+
+
 def run_replicates(args: argparse.Namespace) -> list[dict]:
     """`--replicates K ...`: how many measurements at the optimum's setting x* the quantile SVGP needs before it
     recommends x*. Per run: the protocol's initial design (as `LaserRun.start`, the model quantile-ts uses, with
     --model-options), then K simulated measurements at x* (seeds 10**6 + i, added cumulatively in ascending K),
     each time `AskTellOptimizer.fit(restart=True)` (what a run's end asks for) and its recommendation scored by
-    its exact quantile. Writes replicates.csv (a row per run and K)."""
+    its exact quantile, with the fit's ranking of the observed settings (`design_fit`). Writes replicates.csv (a
+    row per run and K)."""
     import torch
 
     objective, simulator = objective_of(args)
@@ -547,15 +563,16 @@ def run_replicates(args: argparse.Namespace) -> list[dict]:
             with torch.no_grad():
                 f_star = float(laser.opt.model.objective_mean(x_star).reshape(-1)[0])
             loc, scale = laser.opt.model.outcome_transform
+            fit = design_fit(laser, float(loc), float(scale))
             rows.append({"run": run, "design_at_opt": at_star, "replicates": k, "q_rec": q_rec, "q_opt": q_opt,
                          "distance_pct": 100.0 * (q_opt - q_rec) / abs(q_opt), "predicted_at_rec": float(predicted),
-                         "predicted_at_opt": laser.opt.sign * float(loc + scale * f_star), "fit_kept": diag.get("restart_kept", ""),
-                         "simulator": simulator})
+                         "predicted_at_opt": laser.opt.sign * float(loc + scale * f_star), **fit,
+                         "fit_kept": diag.get("restart_kept", ""), "simulator": simulator})
             print(f"[laser] run {run}, {k} measurements at x*: q(x_hat) {q_rec:.4f} ({rows[-1]['distance_pct']:.1f}% "
                   f"from q* {q_opt:.4f}); model's quantile at x_hat {predicted:.3f}, at x* "
                   f"{rows[-1]['predicted_at_opt']:.3f}", flush=True)
     print(format_table(rows, ["run", "design_at_opt", "replicates", "q_rec", "distance_pct", "predicted_at_rec", "predicted_at_opt",
-                              "fit_kept"]))
+                              "spearman", "predicted_max", "q_true_max", "fit_kept"]))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_table(rows, out / "replicates")

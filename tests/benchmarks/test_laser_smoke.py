@@ -183,6 +183,18 @@ def test_laser_replicates_diagnostic(mod, tmp_path):
     assert after["predicted_at_opt"] > before["predicted_at_opt"]
     assert after["q_rec"] <= after["q_opt"] + 1e-9
     assert (tmp_path / "replicates.csv").is_file()
+    # the design fit's ranking of the observed settings, recomputed from the first run's model
+    from scipy.stats import spearmanr
+
+    X, _ = first.opt.observations()
+    with torch.no_grad():
+        f = first.opt.model.objective_mean(X).reshape(-1).numpy()
+    loc, scale = first.opt.model.outcome_transform
+    pred = first.opt.sign * (float(loc) + float(scale) * f)
+    true = first.sim.quantile_array(np.array([first.sim.to_array(p) for p in first.opt.space.from_unit(X)]), 0.1)
+    assert before["spearman"] == pytest.approx(spearmanr(pred, true)[0], rel=1e-9)
+    assert before["predicted_max"] == pytest.approx(pred.max(), rel=1e-9) and pred.max() >= before["predicted_at_rec"] - 1e-9
+    assert before["q_true_max"] == pytest.approx(true.max(), rel=1e-12) and -1 <= after["spearman"] <= 1
 
 
 def test_laser_simulators_diagnostic(mod, tmp_path):
