@@ -517,16 +517,34 @@ def run_simulators(args: argparse.Namespace) -> list[dict]:
 def design_fit(laser: "LaserRun", loc: float, scale: float) -> dict[str, float]:
     """How the fitted model's tau-quantile at the observed settings compares with their exact quantiles: Spearman's
     rank correlation, the largest prediction and the largest exact quantile (a model can rank the settings well
-    and still recommend the wrong one when it compresses the top)."""
+    and still recommend the wrong one when it compresses the top); and the noise the model reads there against the
+    simulator's: the median over those settings of the model's noise standard deviation (``sqrt(c_v) e^g``, g at
+    its posterior mean, in the outcome's units; NaN for a model without a scale latent) and of the skew-normal's."""
+    import math
+
     import numpy as np
     import torch
     from scipy.stats import spearmanr
 
+    from orchestrator.models.distributions import noise_constants
+
     X, _ = laser.opt.observations()
+    model = laser.opt.model
     with torch.no_grad():
-        pred = laser.opt.sign * (loc + scale * laser.opt.model.objective_mean(X).reshape(-1).numpy())
-    true = laser.sim.quantile_array(np.array([laser.sim.to_array(p) for p in laser.opt.space.from_unit(X)]), laser.tau)
-    return {"spearman": float(spearmanr(pred, true)[0]), "predicted_max": float(pred.max()), "q_true_max": float(true.max())}
+        pred = laser.opt.sign * (loc + scale * model.objective_mean(X).reshape(-1).numpy())
+        family = getattr(getattr(model, "likelihood", None), "family", None)
+        noise_sd = float("nan")
+        if family is not None and hasattr(model, "posterior_g"):
+            g_mean, _ = model.posterior_g(X)
+            noise_sd = float(np.median(math.sqrt(noise_constants(family, laser.tau)[1]) * abs(scale)
+                                       * g_mean.exp().reshape(-1).numpy()))
+    Xo = np.array([laser.sim.to_array(p) for p in laser.opt.space.from_unit(X)])
+    true = laser.sim.quantile_array(Xo, laser.tau)
+    _, omega, alpha = laser.sim.sn_params(Xo)
+    delta = alpha / np.sqrt(1.0 + alpha**2)
+    sim_sd = float(np.median(omega * np.sqrt(1.0 - 2.0 * delta**2 / math.pi)))
+    return {"spearman": float(spearmanr(pred, true)[0]), "predicted_max": float(pred.max()), "q_true_max": float(true.max()),
+            "model_noise_sd": noise_sd, "sim_noise_sd": sim_sd}
 
 
 def run_replicates(args: argparse.Namespace) -> list[dict]:
@@ -572,7 +590,7 @@ def run_replicates(args: argparse.Namespace) -> list[dict]:
                   f"from q* {q_opt:.4f}); model's quantile at x_hat {predicted:.3f}, at x* "
                   f"{rows[-1]['predicted_at_opt']:.3f}", flush=True)
     print(format_table(rows, ["run", "design_at_opt", "replicates", "q_rec", "distance_pct", "predicted_at_rec", "predicted_at_opt",
-                              "spearman", "predicted_max", "q_true_max", "fit_kept"]))
+                              "spearman", "predicted_max", "q_true_max", "model_noise_sd", "sim_noise_sd", "fit_kept"]))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_table(rows, out / "replicates")

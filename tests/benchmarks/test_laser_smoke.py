@@ -195,6 +195,18 @@ def test_laser_replicates_diagnostic(mod, tmp_path):
     assert before["spearman"] == pytest.approx(spearmanr(pred, true)[0], rel=1e-9)
     assert before["predicted_max"] == pytest.approx(pred.max(), rel=1e-9) and pred.max() >= before["predicted_at_rec"] - 1e-9
     assert before["q_true_max"] == pytest.approx(true.max(), rel=1e-12) and -1 <= after["spearman"] <= 1
+    # the noise the model reads at the observed settings (its likelihood's variance at f, g) and the simulator's
+    # (scipy's skew-normal standard deviation)
+    from scipy.stats import skewnorm
+
+    with torch.no_grad():
+        g, _ = first.opt.model.posterior_g(X)
+        noise = first.opt.model.likelihood.forward(torch.stack([torch.as_tensor(f), g.reshape(-1)], dim=-1))
+    assert before["model_noise_sd"] == pytest.approx(float(np.median(noise.variance.sqrt().numpy())) * abs(float(scale)),
+                                                     rel=1e-9)
+    Xo = np.array([first.sim.to_array(p) for p in first.opt.space.from_unit(X)])
+    _, omega, alpha = first.sim.sn_params(Xo)
+    assert before["sim_noise_sd"] == pytest.approx(float(np.median(skewnorm.std(alpha, scale=omega))), rel=1e-9)
 
 
 def test_laser_simulators_diagnostic(mod, tmp_path):
