@@ -275,15 +275,22 @@ def add_distances(rows: list[dict]) -> float:
     return q_star
 
 
+def final_rows(rows: Sequence[dict]) -> dict[str, list[dict]]:
+    """Each method's rows (errors left out) at its largest evaluation count, the end of its runs."""
+    out = {}
+    for m in METHODS:
+        sel = [r for r in rows if r["method"] == m and not r["error"]]
+        if sel:
+            last = max(r["n_evals"] for r in sel)
+            out[m] = [r for r in sel if r["n_evals"] == last]
+    return out
+
+
 def summarize(rows: Sequence[dict], full: bool) -> list[dict]:
     """Final distance to the optimum per method: mean, std, 95% CI over runs, with the target check."""
     out = []
-    for m in METHODS:
-        sel = [r for r in rows if r["method"] == m and not r["error"]]
-        if not sel:
-            continue
-        last = max(r["n_evals"] for r in sel)
-        fin = [r for r in sel if r["n_evals"] == last]
+    for m, fin in final_rows(rows).items():
+        last = fin[0]["n_evals"]
         d_mean, d_half, k = mean_ci([r["distance"] for r in fin])
         p_mean, p_half, _ = mean_ci([r["distance_pct"] for r in fin])
         row = {"method": m, "n_evals": last, "runs": k, "q_rec_mean": mean_ci([r["q_rec"] for r in fin])[0],
@@ -300,12 +307,7 @@ def summarize(rows: Sequence[dict], full: bool) -> list[dict]:
 def paired(rows: Sequence[dict]) -> list[dict]:
     """Thompson sampling's final distance (% of q*) against each other method's, paired by run (the same
     initial design): mean difference (negative: Thompson sampling closer) +- 95% CI, its wins, Wilcoxon p."""
-    finals: dict[str, dict[int, float]] = {}
-    for m in METHODS:
-        sel = [r for r in rows if r["method"] == m and not r["error"]]
-        if sel:
-            last = max(r["n_evals"] for r in sel)
-            finals[m] = {r["run"]: r["distance_pct"] for r in sel if r["n_evals"] == last}
+    finals = {m: {r["run"]: r["distance_pct"] for r in fin} for m, fin in final_rows(rows).items()}
     a = TARGET["method"]
     out = []
     for b in (m for m in finals if m != a and a in finals):
@@ -426,6 +428,19 @@ def objective_of(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     return {"name": "laser", "options": options}, simulator
 
 
+def optimum_site(sim: Any, tau: float) -> tuple[Any, Any, float, dict[str, Any]]:
+    """The simulator's optimum: its setting `x`, `x` in the unit cube, q*, and where it lies (its unit-cube distance
+    to the nearest measured (or synthetic stand-in) setting, and its coordinates on the box's edge)."""
+    import numpy as np
+
+    params, q_star = sim.optimum(tau)
+    x = np.array([params[n] for n in sim.names])
+    z = sim._to_unit(x[None])[0]
+    X_data, _ = sim.initial_data()
+    return x, z, q_star, {"nearest_measured": float(np.sqrt(((sim._to_unit(X_data) - z) ** 2).sum(axis=1)).min()),
+                          "box_edge_coords": int(((z < 1e-3) | (z > 1 - 1e-3)).sum())}
+
+
 def peak_profile(sim: Any, tau: float, radii: Sequence[float] = (0.01, 0.03, 0.1, 0.2, 0.4), n_dirs: int = 200,
                  seed: int = 0) -> list[dict]:
     """The exact tau-quantile around the simulator's optimum: for each radius r (unit-cube units), `n_dirs`
@@ -433,15 +448,10 @@ def peak_profile(sim: Any, tau: float, radii: Sequence[float] = (0.01, 0.03, 0.1
     omega, alpha). Row r = 0 is the optimum itself, with the distance to the nearest measured setting."""
     import numpy as np
 
-    params, q_star = sim.optimum(tau)
-    x = np.array([params[n] for n in sim.names])
-    z = sim._to_unit(x[None])[0]
-    X_data, _ = sim.initial_data()
-    nearest = float(np.sqrt(((sim._to_unit(X_data) - z) ** 2).sum(axis=1)).min())
+    x, z, q_star, site = optimum_site(sim, tau)
     _, om, al = sim.sn_params(x[None])
     rows = [{"radius": 0.0, "q_mean": q_star, "q_min": q_star, "q_max": q_star,
-             "mean_energy": float(sim.mean_array(x[None])[0]), "omega": float(om[0]), "alpha": float(al[0]),
-             "nearest_measured": nearest, "box_edge_coords": int(((z < 1e-3) | (z > 1 - 1e-3)).sum())}]
+             "mean_energy": float(sim.mean_array(x[None])[0]), "omega": float(om[0]), "alpha": float(al[0]), **site}]
     rng = np.random.default_rng(seed)
     for r in radii:
         U = rng.standard_normal((n_dirs, len(z)))
@@ -479,14 +489,10 @@ def simulator_row(sim: Any, tau: float, n_lengthscales: int = 3) -> dict[str, An
     coordinates on the box's edge, and the energy GP's shortest lengthscales (a fitted simulator only)."""
     import numpy as np
 
-    params, q_star = sim.optimum(tau)
-    z = sim._to_unit(np.array([params[n] for n in sim.names])[None])[0]
-    X_data, _ = sim.initial_data()
-    q_data = sim.quantile_array(X_data, tau)
+    _, _, q_star, site = optimum_site(sim, tau)
+    q_data = sim.quantile_array(sim.initial_data()[0], tau)
     row = {"model_seed": sim.model_seed, "q_star": q_star, "best_measured_q": float(q_data.max()),
-           "median_measured_q": float(np.median(q_data)),
-           "nearest_measured": float(np.sqrt(((sim._to_unit(X_data) - z) ** 2).sum(axis=1)).min()),
-           "box_edge_coords": int(((z < 1e-3) | (z > 1 - 1e-3)).sum())}
+           "median_measured_q": float(np.median(q_data)), **site}
     kernel = getattr(getattr(sim._fields, "mean", None), "kernel", None)
     ls = np.atleast_1d(getattr(getattr(kernel, "k2", None), "length_scale", np.array([])))
     for i, j in enumerate(np.argsort(ls)[:n_lengthscales] if ls.size == len(sim.names) else []):
