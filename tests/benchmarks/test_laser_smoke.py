@@ -1,5 +1,5 @@
 """Smoke runs of benchmarks/laser.py: `--quick` (40 initial points + 2 batches of 10, 2 runs, quantile TS,
-Q-GIBBON and GPR-EI) on the LCLS-fitted simulator when the CSV is present (else the synthetic one), checking
+Q-GIBBON, GPR-EI and Thompson sampling on the exact GP) on the LCLS-fitted simulator when the CSV is present (else the synthetic one), checking
 the checkpoint table's rows, the exact quantiles and distances against `LaserSimulator`, the initial design
 (measured settings), the summary and the plots; a run paused at a checkpoint and continued by `--resume`
 equals the uninterrupted one; and the fallback to the synthetic simulator when the CSV is missing. The full
