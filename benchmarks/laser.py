@@ -549,9 +549,7 @@ def design_fit(laser: "LaserRun", loc: float, scale: float) -> dict[str, float]:
                                        * g_mean.exp().reshape(-1).numpy()))
     Xo = np.array([laser.sim.to_array(p) for p in laser.opt.space.from_unit(X)])
     true = laser.sim.quantile_array(Xo, laser.tau)
-    _, omega, alpha = laser.sim.sn_params(Xo)
-    delta = alpha / np.sqrt(1.0 + alpha**2)
-    sim_sd = float(np.median(omega * np.sqrt(1.0 - 2.0 * delta**2 / math.pi)))
+    sim_sd = float(np.median(laser.sim.noise_sd_array(Xo)))
     return {"spearman": float(spearmanr(pred, true)[0]), "predicted_max": float(pred.max()), "q_true_max": float(true.max()),
             "model_noise_sd": noise_sd, "sim_noise_sd": sim_sd}
 

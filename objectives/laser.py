@@ -327,6 +327,12 @@ class LaserSimulator(SyntheticObjective):
         xi, omega, alpha = self.sn_params(X)
         return xi + omega * (alpha / np.sqrt(1.0 + alpha**2)) * _SQRT_2_OVER_PI
 
+    def noise_sd_array(self, X: np.ndarray) -> np.ndarray:
+        """Standard deviation of the simulated pulse energy at the rows of an `n x 16` array (the skew-normal's,
+        ``omega sqrt(1 - 2 delta^2 / pi)``)."""
+        _, omega, alpha = self.sn_params(X)
+        return omega * np.sqrt(1.0 - (alpha**2 / (1.0 + alpha**2)) * _SQRT_2_OVER_PI**2)
+
     def quantile_array(self, X: np.ndarray, tau: float) -> np.ndarray:
         """Exact tau-quantiles ``xi + omega SN^-1(tau; alpha)`` at the rows of an `n x 16` array."""
         tau = check_tau(tau)

@@ -1,9 +1,9 @@
-"""Smoke runs of benchmarks/laser.py: `--quick` (40 initial points + 2 batches of 10, 2 runs, quantile TS,
-Q-GIBBON, GPR-EI and Thompson sampling on the exact GP) on the LCLS-fitted simulator when the CSV is present (else the synthetic one), checking
-the checkpoint table's rows, the exact quantiles and distances against `LaserSimulator`, the initial design
-(measured settings), the summary and the plots; a run paused at a checkpoint and continued by `--resume`
-equals the uninterrupted one; and the fallback to the synthetic simulator when the CSV is missing. The full
-protocol (400 + 12 x 100, 10 runs) never runs in tests."""
+"""Smoke runs of benchmarks/laser.py: `--quick` (40 initial points + 2 batches of 10, 2 runs, quantile TS, Q-GIBBON,
+GPR-EI and Thompson sampling on the exact GP) on the LCLS-fitted simulator when the CSV is present (else the
+synthetic one), checking the checkpoint table's rows, the exact quantiles and distances against `LaserSimulator`,
+the initial design (measured settings), the summary and the plots; a run paused at a checkpoint and continued by
+`--resume` equals the uninterrupted one; and the fallback to the synthetic simulator when the CSV is missing. The
+full protocol (400 + 12 x 100, 10 runs) never runs in tests."""
 
 from __future__ import annotations
 
