@@ -113,6 +113,8 @@ class ReplicateQuantileGP(Surrogate):
         min_noise: floor of the per-point noise variance in standardized units.
         use_priors: the SVGPs' hyperpriors outputscale ~ LogNormal(0, 1), lengthscale ~ LogNormal(log 0.2, 1).
         seed: seed of the bootstrap resampling.
+        fit_maxiter: cap on the L-BFGS-B iterations of each marginal-likelihood fit attempt (None: scipy's
+            convergence test alone, as BoTorch; see `mll_fit`).
 
     A unique input observed once has no bootstrap variance; its noise variance is the pooled within-group
     variance of y (from the groups with replicates; the variance of all y when no group has any), i.e. the
@@ -129,9 +131,12 @@ class ReplicateQuantileGP(Surrogate):
 
     def __init__(
         self, tau: float = 0.5, num_bootstrap: int = 100, min_noise: float = MIN_NOISE, use_priors: bool = True,
-        seed: int = 0,
+        seed: int = 0, fit_maxiter: int | None = None,
     ) -> None:
+        from orchestrator.models.mll_fit import check_fit_maxiter
+
         self.tau = check_tau(tau)
+        self.fit_maxiter = check_fit_maxiter(fit_maxiter)
         if isinstance(num_bootstrap, bool) or not isinstance(num_bootstrap, int) or num_bootstrap < 2:
             raise ConfigError(f"`num_bootstrap` must be an integer >= 2; got {num_bootstrap!r}")
         check_at_most("`num_bootstrap`", num_bootstrap, MAX_BOOTSTRAP)
@@ -185,8 +190,8 @@ class ReplicateQuantileGP(Surrogate):
             Y: `n` outcomes to maximize.
 
         Returns:
-            {"seconds", "unique", "mll", "mean_noise", "fit_fallback"} (the step of `mll_fit.FIT_STEPS`
-            that produced the hyperparameters).
+            {"seconds", "unique", "mll", "loss", "mean_noise", "fit_fallback", "iterations"} (the step of
+            `mll_fit.FIT_STEPS` that produced the hyperparameters; the L-BFGS-B iterations of its attempts).
 
         Raises:
             InputDataError: bad rows (named), or fewer than 2 unique inputs.
@@ -244,7 +249,7 @@ class ReplicateQuantileGP(Surrogate):
                 gp.covar_module.outputscale = torch.tensor(0.5, **TKWARGS)
             return ExactMarginalLogLikelihood(gp.likelihood, gp)
 
-        mll, step = fit_exact_mll(build, warm, name="gpr-replicates")
+        mll, step, iterations = fit_exact_mll(build, warm, name="gpr-replicates", maxiter=self.fit_maxiter)
         gp = mll.model
         mll.train()
         with torch.no_grad():
@@ -266,6 +271,7 @@ class ReplicateQuantileGP(Surrogate):
             "loss": -mll_value,  # the exact GP's convention (per datum), for the warm/cold comparison
             "mean_noise": float(noise.mean()),
             "fit_fallback": float(step),
+            "iterations": float(iterations),
         }
 
     def _set_fitted(

@@ -45,11 +45,15 @@ CAL = {"type": "calibrated"}
         ({"proposer": "gpr-ei", "model": "heteroscedastic", "tau": 0.1}, r"GPR-EI optimizes the model's f"),
         ({"model": {"type": "quantile", "options": {"tau": 0.3}}}, r"`model.options`: `tau` is not a model option"),
         ({"model": {"type": "gpr-replicates", "options": {"num_inducing": 5}}},
-         r"`model.options`: bad option .*num_inducing.*; valid options: \['min_noise', 'num_bootstrap', 'seed', 'use_priors'\]"),
+         r"`model.options`: bad option .*num_inducing.*; valid options: "
+         r"\['fit_maxiter', 'min_noise', 'num_bootstrap', 'seed', 'use_priors'\]"),
         # found in review: these named no valid option, and exact-gp's list held `tau`, which it then refused
         ({"proposer": {"type": "thompson", "options": {"foo": 1}}},
          r"bad `proposer.options` for 'thompson'.*'foo'; valid options: \['chunk_bytes', 'maxiter', 'method', "),
-        ({"model": {"type": "exact-gp", "options": {"foo": 1}}}, r"valid options: \['warm_start'\] \(tau is the"),
+        ({"model": {"type": "exact-gp", "options": {"foo": 1}}},
+         r"valid options: \['fit_maxiter', 'warm_start'\] \(tau is the"),
+        ({"model": {"type": "exact-gp", "options": {"fit_maxiter": 0}}},
+         r"^`model.options`: `fit_maxiter` must be an integer >= 1 or null \(no cap\); got 0$"),
         # found in review: accepted, and the proposer then held the string 'locbo' as its calibrator
         ({"proposer": {**CAL, "options": {"calibrator": "locbo"}}, "model": "exact-gp"},
          r"`proposer.options` \['calibrator'\] are set by the `calibrator` section"),
