@@ -79,3 +79,15 @@ def test_the_component_options_table_matches_the_constructors():
         target = {"model": lambda: ":".join(MODELS[name]), "proposer": lambda: PROPOSERS[name],
                   "calibrator": lambda: CALIBRATORS[name][0]}[kind]()
         assert names == params(target), key
+
+
+def test_every_yaml_config_in_the_readme_is_valid():
+    """A config the README shows (the model guide's recipe) passes every check `qbatch run` makes before Ray starts,
+    combinations included, so a user who copies it gets a run, not a config error."""
+    from orchestrator.config import load_config_text
+    from orchestrator.runner import _check_objective
+
+    blocks = re.findall(r"```yaml\n(.*?)```", README, re.S)
+    assert blocks, "the README shows no YAML config"
+    for i, text in enumerate(blocks):
+        _check_objective(load_config_text(text, source=f"README yaml block {i}"))
