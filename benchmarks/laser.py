@@ -20,8 +20,9 @@ scrambled Sobol design of 400 points. tau = 0.1 (A15: blank in the paper; 0.1 as
 
 Methods: quantile-ts (quantile SVGP + Thompson sampling), qgibbon (quantile SVGP + Q-GIBBON, repulsion
 "paper"), gpr-ei (gpr-replicates + gpr-ei: each batch is ONE point measured 100 times; the initial data are
-not replicated), optionally hetgp-ts (heteroscedastic SVGP + Thompson), exact-ts (exact GP + Thompson sampling
-on its plug-in quantile) and qlognei (exact GP + qLogNEI).
+not replicated), optionally hetgp-ts (heteroscedastic SVGP + Thompson), expectile-ts (the paper's expectile SVGP +
+Thompson sampling on its tau-expectile; scored, like the others, by the exact tau-quantile), exact-ts (exact GP +
+Thompson sampling on its plug-in quantile) and qlognei (exact GP + qLogNEI).
 Recommendation (spec §1.7) = `AskTellOptimizer.best()` after each fit. Metric: distance of its EXACT
 tau-quantile (`LaserSimulator.quantile`) from the optimum q* = max(`LaserSimulator.optimum(tau)` (multi-start
 L-BFGS-B), the best exact quantile of any point any run evaluated), absolute (mJ) and relative (% of q*).
@@ -35,6 +36,7 @@ Usage:
     python benchmarks/laser.py --methods quantile-ts gpr-ei --runs 0-4 --workers 2
     python benchmarks/laser.py --peak        # the optimum's neighbourhood: is q* a broad hump or a spike?
     python benchmarks/laser.py --replicates 0 10 30 --runs 0-2   # measurements at x* the model needs to pick it
+    python benchmarks/laser.py --replicates 0 --methods expectile-ts   # the same for another method's model
     python benchmarks/laser.py --simulators 0 1 2 3   # how the simulator's optimum depends on its fit's subsample
 Results in --out (default results/laser/): runs/*.csv (one per method x run; named with the protocol and a
 hash of the settings), laser.csv + laser.parquet (every checkpoint: one per batch), summary.csv/.parquet
@@ -77,6 +79,8 @@ METHODS: dict[str, Method] = {
     "qgibbon": Method("quantile", "qgibbon", proposer_options={"repulsion": "paper"}),
     "gpr-ei": Method("gpr-replicates", "gpr-ei", replicate=True),
     "hetgp-ts": Method("heteroscedastic", "thompson"),
+    # the paper's expectile variant (asymmetric-Gaussian likelihood), scored, as every method, by the exact quantile
+    "expectile-ts": Method("expectile", "thompson"),
     "qlognei": Method("exact-gp", "qlognei"),
     # Thompson sampling (the same pathwise sampler) on the exact GP's plug-in quantile
     "exact-ts": Method("exact-gp", "thompson"),
@@ -98,6 +102,7 @@ QUICK: dict[str, Any] = {
     "model_options": {
         "quantile": {"max_steps": 100, "warm_max_steps": 30, "num_inducing": 16},
         "heteroscedastic": {"max_steps": 100, "warm_max_steps": 30, "num_inducing": 16},
+        "expectile": {"max_steps": 100, "warm_max_steps": 30, "num_inducing": 16},
     },
     "proposer_options": {"thompson": {"raw_samples": 512, "num_restarts": 2, "num_features": 256},
                          "qgibbon": {"raw_samples": 128, "num_restarts": 2, "maxiter": 20, "num_max_samples": 5}},
@@ -346,8 +351,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--peak", action="store_true",
                     help="no optimization: the fitted fields and the quantile around the simulator's optimum")
     ap.add_argument("--replicates", type=int, nargs="+", metavar="K",
-                    help="diagnostic instead of the protocol: fit the quantile SVGP (quantile-ts's model) to each "
-                         "run's initial design plus K simulated measurements at the optimum's setting (cumulative, "
+                    help="diagnostic instead of the protocol: fit the quantile SVGP (quantile-ts's model; another "
+                         "method's with --methods NAME) to each run's initial design plus K simulated measurements at the optimum's setting (cumulative, "
                          "ascending K), refit as at a run's end (warm and cold, the lower loss kept), and record "
                          "the recommendation; writes replicates.csv")
     ap.add_argument("--simulators", type=int, nargs="+", metavar="SEED",
@@ -367,6 +372,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help='JSON: extra LaserSimulator options, e.g. {"n_gp_max": 400}')
     add_common_args(ap, str(REPO / "results" / "laser"))
     args = ap.parse_args(argv)
+    # --replicates fits one method's model: the one --methods names, else quantile-ts's
+    args.design_method = args.methods[0] if args.methods else "quantile-ts"
+    if args.replicates is not None and args.methods and len(args.methods) != 1:
+        ap.error(f"--replicates fits one method's model; --methods names {len(args.methods)}")
     defaults = QUICK if args.quick else {**FULL, "methods": list(DEFAULT_METHODS), "objective_options": {}}
     for k in ("initial", "batches", "batch", "runs", "methods"):
         if getattr(args, k) is None:
@@ -556,19 +565,20 @@ def design_fit(laser: "LaserRun", loc: float, scale: float) -> dict[str, float]:
 
 def run_replicates(args: argparse.Namespace) -> list[dict]:
     """`--replicates K ...`: how many measurements at the optimum's setting x* the quantile SVGP needs before it
-    recommends x*. Per run: the protocol's initial design (as `LaserRun.start`, the model quantile-ts uses, with
-    --model-options), then K simulated measurements at x* (seeds 10**6 + i, added cumulatively in ascending K),
+    recommends x*. Per run: the protocol's initial design (as `LaserRun.start`, the model quantile-ts uses, or
+    that of the one method `--methods` names, with --model-options), then K simulated measurements at x* (seeds 10**6 + i, added cumulatively in ascending K),
     each time `AskTellOptimizer.fit(restart=True)` (what a run's end asks for) and its recommendation scored by
     its exact quantile, with the fit's ranking of the observed settings (`design_fit`). Writes replicates.csv (a
     row per run and K)."""
     import torch
 
     objective, simulator = objective_of(args)
-    print(f"[laser] --replicates {args.replicates}: {simulator}; tau {args.tau:g}; runs {args.runs}", flush=True)
+    print(f"[laser] --replicates {args.replicates}: {simulator}; tau {args.tau:g}; method {args.design_method}; runs "
+          f"{args.runs}", flush=True)
     rows: list[dict] = []
     torch.set_num_threads(args.threads)
     for run in args.runs:
-        laser = LaserRun("quantile-ts", args.tau, args.initial, 0, args.batch, run, objective, args.initial_y,
+        laser = LaserRun(args.design_method, args.tau, args.initial, 0, args.batch, run, objective, args.initial_y,
                          args.model_options, args.proposer_options)
         laser.start()
         params_star, q_opt = laser.sim.optimum(args.tau)
@@ -592,7 +602,7 @@ def run_replicates(args: argparse.Namespace) -> list[dict]:
             rows.append({"run": run, "design_at_opt": at_star, "replicates": k, "q_rec": q_rec, "q_opt": q_opt,
                          "distance_pct": 100.0 * (q_opt - q_rec) / abs(q_opt), "predicted_at_rec": float(predicted),
                          "predicted_at_opt": laser.opt.sign * float(loc + scale * f_star), **fit,
-                         "fit_kept": diag.get("restart_kept", ""), "simulator": simulator})
+                         "fit_kept": diag.get("restart_kept", ""), "simulator": simulator, "method": args.design_method})
             print(f"[laser] run {run}, {k} measurements at x*: q(x_hat) {q_rec:.4f} ({rows[-1]['distance_pct']:.1f}% "
                   f"from q* {q_opt:.4f}); model's quantile at x_hat {predicted:.3f}, at x* "
                   f"{rows[-1]['predicted_at_opt']:.3f}", flush=True)

@@ -209,6 +209,25 @@ def test_laser_replicates_diagnostic(mod, tmp_path):
     assert before["sim_noise_sd"] == pytest.approx(float(np.median(skewnorm.std(alpha, scale=omega))), rel=1e-9)
 
 
+def test_laser_replicates_diagnostic_fits_the_named_method(mod, tmp_path):
+    """`--replicates` with `--methods NAME` fits that method's model (here the expectile SVGP): its design-fit row is
+    that method's first recommendation, the row names the method; naming two methods is refused."""
+    argv = ["--replicates", "0", "--methods", "expectile-ts", "--quick", "--synthetic", "--runs", "1-1", "--out",
+            str(tmp_path)]
+    (row,) = _main(mod, argv)["replicates"]
+    args = mod.parse_args(["--quick", "--synthetic"])
+    objective, _ = mod.objective_of(args)
+    first = mod.LaserRun("expectile-ts", 0.1, args.initial, 0, args.batch, 1, objective, "simulated",
+                         args.model_options, args.proposer_options)
+    first.start()
+    assert type(first.opt.model).__name__ == "ExpectileSVGP" and row["method"] == "expectile-ts"
+    assert row["q_rec"] == pytest.approx(first.records[0]["q_rec"], rel=1e-9)
+    assert row["predicted_at_rec"] == pytest.approx(first.records[0]["predicted"], rel=1e-9)
+    assert math.isfinite(row["model_noise_sd"]) and row["model_noise_sd"] > 0
+    with pytest.raises(SystemExit):
+        mod.parse_args(["--replicates", "0", "--methods", "quantile-ts", "expectile-ts"])
+
+
 def test_laser_simulators_diagnostic(mod, tmp_path):
     """`--simulators 0 1` on the real data (when shipped) or the synthetic simulator: a row per model seed whose
     q* is the `--peak` optimum of that seed's simulator and is at least the best measured setting's quantile;
