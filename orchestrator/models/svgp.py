@@ -50,6 +50,8 @@ MIN_VARIANCE = 1e-12
 MIN_Y_STD = 1e-9
 #: floor on the kernel outputscale (keeps k(Z, Z) positive definite)
 MIN_OUTPUTSCALE = 1e-6
+#: names of the scale latent's forms (`SVGPOptions.noise_scale`)
+NOISE_SCALES = ("gp", "constant")
 _SQRT5 = math.sqrt(5.0)
 _LATENTS = {"f": 0, "g": 1}
 
@@ -111,6 +113,11 @@ class SVGPOptions:
         kmeans_iter: k-means restarts for the inducing inputs (cold fits).
         kmeans_warm_start: at a warm refit, start k-means from the previous Z (converges in a few
             iterations; Z still follows the new data) instead of random data points.
+        noise_scale: "gp" (default, the spec's model): g = log sigma is a GP, so the noise's scale may change
+            with x. "constant": g is one learned constant (its GP's variance is held at `MIN_OUTPUTSCALE`, so
+            it varies by about 0.1% at most, and its hyperpriors leave the loss): the noise has the same scale
+            everywhere. A GP g can explain an isolated high measurement as noise where it stands; a constant
+            one cannot, and takes it as signal (the laser simulator's peak: README "Choosing a model").
         seed: seed of the minibatch order, k-means and the uniform fill of Z.
     """
 
@@ -133,6 +140,7 @@ class SVGPOptions:
     use_priors: bool = True
     kmeans_iter: int = 1
     kmeans_warm_start: bool = True
+    noise_scale: str = "gp"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -158,6 +166,8 @@ class SVGPOptions:
             raise ConfigError(f"`plateau_factor` must be in (0, 1); got {self.plateau_factor!r}")
         check_at_most("`num_inducing`", self.num_inducing, MAX_INDUCING)
         check_lengthscale_prior(self.lengthscale_prior)
+        if not isinstance(self.noise_scale, str) or self.noise_scale not in NOISE_SCALES:
+            raise ConfigError(f"`noise_scale` must be one of {list(NOISE_SCALES)}; got {self.noise_scale!r}")
         for name in ("use_priors", "kmeans_warm_start"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"`{name}` must be true or false; got {getattr(self, name)!r}")
@@ -261,9 +271,10 @@ class TwoLatentSVGP(gpytorch.Module):
     """
 
     def __init__(self, Z: Tensor, lengthscale_init: float | None = None, outputscale_init: float = 0.5,
-                 use_priors: bool = True, lengthscale_prior: str = "spec") -> None:
+                 use_priors: bool = True, lengthscale_prior: str = "spec", constant_scale: bool = False) -> None:
         super().__init__()
         m, d = Z.shape
+        self.constant_scale = bool(constant_scale)
         batch = torch.Size([2])
         self.register_buffer("Z", Z.clone())
         self.mean_module = ConstantMean(batch_shape=batch)
@@ -290,13 +301,21 @@ class TwoLatentSVGP(gpytorch.Module):
 
     @property
     def lengthscale(self) -> Tensor:
-        """`2 x 1 x d` ARD lengthscales."""
-        return self.covar_module.base_kernel.lengthscale
+        """`2 x 1 x d` ARD lengthscales; with `constant_scale`, g's are held where they were set (no gradient: they
+        would act on a kernel of variance `MIN_OUTPUTSCALE`, and Adam's normalized steps would move them anyway)."""
+        ls = self.covar_module.base_kernel.lengthscale
+        if self.constant_scale:
+            return torch.stack([ls[0], ls[1].detach()])
+        return ls
 
     @property
     def outputscale(self) -> Tensor:
-        """`2` kernel variances."""
-        return self.covar_module.outputscale
+        """`2` kernel variances; with `constant_scale`, g's is `MIN_OUTPUTSCALE` whatever its parameter holds (g
+        is then its constant mean, to within sqrt(MIN_OUTPUTSCALE) = 0.001)."""
+        s = self.covar_module.outputscale
+        if self.constant_scale:
+            return torch.stack([s[0], torch.full_like(s[1], MIN_OUTPUTSCALE)])
+        return s
 
     @property
     def white_mean(self) -> Tensor:
@@ -367,10 +386,12 @@ class TwoLatentSVGP(gpytorch.Module):
         return kl.sum()
 
     def log_prior(self) -> Tensor:
-        """Sum of the registered hyperprior log-densities (0 when there are none)."""
+        """Sum of the registered hyperprior log-densities (0 when there are none); with `constant_scale`, f's
+        alone (g has no kernel then: its lengthscales and outputscale act on nothing)."""
         total = torch.zeros((), **TKWARGS)
         for _, module, prior, closure, _ in self.named_priors():
-            total = total + prior.log_prob(closure(module)).sum()
+            log_p = prior.log_prob(closure(module))  # leading dim 2: (f, g), as every hyperparameter here
+            total = total + (log_p[0] if self.constant_scale else log_p).sum()
         return total
 
 
@@ -514,7 +535,8 @@ class TwoLatentSVGPSurrogate(Surrogate):
         the new standardization (f' = (f s + m - m') / s', g' = g + log(s / s'))."""
         old = self.model
         opt = self.options
-        new = TwoLatentSVGP(Z_new, opt.lengthscale_init, opt.outputscale_init, opt.use_priors, opt.lengthscale_prior)
+        new = TwoLatentSVGP(Z_new, opt.lengthscale_init, opt.outputscale_init, opt.use_priors, opt.lengthscale_prior,
+                            opt.noise_scale == "constant")
         new.load_state_dict({k: v for k, v in old.state_dict().items()
                              if k != "Z" and not k.startswith("variational_distribution.")}, strict=False)
         ratio = self._y_std / y_std
@@ -541,7 +563,8 @@ class TwoLatentSVGPSurrogate(Surrogate):
 
     def _cold_model(self, Z: Tensor, Y_std: Tensor) -> TwoLatentSVGP:
         opt = self.options
-        model = TwoLatentSVGP(Z, opt.lengthscale_init, opt.outputscale_init, opt.use_priors, opt.lengthscale_prior)
+        model = TwoLatentSVGP(Z, opt.lengthscale_init, opt.outputscale_init, opt.use_priors, opt.lengthscale_prior,
+                              opt.noise_scale == "constant")
         c_f, c_g = self._initial_constants(Y_std)
         with torch.no_grad():
             model.mean_module.constant.copy_(torch.tensor([c_f, c_g], **TKWARGS))
@@ -697,6 +720,6 @@ class TwoLatentSVGPSurrogate(Surrogate):
         sd = state["model"]
         opt = self.options
         model = TwoLatentSVGP(sd["Z"].to(**TKWARGS), opt.lengthscale_init, opt.outputscale_init, opt.use_priors,
-                              opt.lengthscale_prior)
+                              opt.lengthscale_prior, opt.noise_scale == "constant")
         model.load_state_dict(sd)
         self.model = model
