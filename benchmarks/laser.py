@@ -20,9 +20,11 @@ scrambled Sobol design of 400 points. tau = 0.1 (A15: blank in the paper; 0.1 as
 
 Methods: quantile-ts (quantile SVGP + Thompson sampling), qgibbon (quantile SVGP + Q-GIBBON, repulsion
 "paper"), gpr-ei (gpr-replicates + gpr-ei: each batch is ONE point measured 100 times; the initial data are
-not replicated), optionally hetgp-ts (heteroscedastic SVGP + Thompson), expectile-ts (the paper's expectile SVGP +
-Thompson sampling on its tau-expectile; scored, like the others, by the exact tau-quantile), exact-ts (exact GP +
-Thompson sampling on its plug-in quantile) and qlognei (exact GP + qLogNEI).
+not replicated), optionally hetgp-ts (heteroscedastic SVGP + Thompson), expectile-ts (the paper's expectile
+SVGP + Thompson sampling on its tau-expectile; scored, like the others, by the exact tau-quantile),
+quantile-ts-const and expectile-ts-const (those two models with the model option noise_scale: constant, one
+noise scale everywhere), exact-ts (exact GP + Thompson sampling on its plug-in quantile) and qlognei (exact GP
++ qLogNEI).
 Recommendation (spec §1.7) = `AskTellOptimizer.best()` after each fit. Metric: distance of its EXACT
 tau-quantile (`LaserSimulator.quantile`) from the optimum q* = max(`LaserSimulator.optimum(tau)` (multi-start
 L-BFGS-B), the best exact quantile of any point any run evaluated), absolute (mJ) and relative (% of q*).
@@ -81,6 +83,9 @@ METHODS: dict[str, Method] = {
     "hetgp-ts": Method("heteroscedastic", "thompson"),
     # the paper's expectile variant (asymmetric-Gaussian likelihood), scored, as every method, by the exact quantile
     "expectile-ts": Method("expectile", "thompson"),
+    # the same two-latent models with one noise scale everywhere (model option noise_scale: constant)
+    "quantile-ts-const": Method("quantile", "thompson", model_options={"noise_scale": "constant"}),
+    "expectile-ts-const": Method("expectile", "thompson", model_options={"noise_scale": "constant"}),
     "qlognei": Method("exact-gp", "qlognei"),
     # Thompson sampling (the same pathwise sampler) on the exact GP's plug-in quantile
     "exact-ts": Method("exact-gp", "thompson"),
