@@ -61,6 +61,8 @@ CAL = {"type": "calibrated"}
         ({"calibrator": {"type": "online", "options": {"eta": 0.05}}},
          r"^`calibrator.options` \['eta'\] act only inside .*config.yaml\) \(`proposer.type` 'thompson'\)$"),
         ({"model": {"type": "quantile", "options": {"seed": 2**64}}}, r"`seed` must be an integer in \[0, 2\*\*63\)"),
+        ({"model": {"type": "expectile", "options": {"noise_scale": "fixed"}}},
+         r"`model.options`: `noise_scale` must be one of \['gp', 'constant'\]; got 'fixed'"),
         ({"model": {"type": "quantile", "options": {"min_delta": True}}}, r"`min_delta` must be a non-negative number; got True"),
         ({"calibrator": {"type": "locbo", "options": {"alpha": "0.2"}}, "proposer": "calibrated", "model": "exact-gp"},
          r"`calibrator.options.alpha` is out of range; got '0.2'"),
@@ -96,6 +98,7 @@ def test_bad_combinations_and_options_are_config_errors_before_the_run(patch, ma
         {"proposer": "qlognei", "model": "heteroscedastic"},  # tau 0.5: the target is the mean
         {"proposer": "sobol"},
         {"calibrator": "offline-cv", "proposer": "calibrated", "model": "exact-gp"},
+        {"model": {"type": "expectile", "options": {"noise_scale": "constant"}}, "proposer": "qgibbon"},
     ],
 )
 def test_working_combinations_pass(patch):
