@@ -357,9 +357,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="no optimization: the fitted fields and the quantile around the simulator's optimum")
     ap.add_argument("--replicates", type=int, nargs="+", metavar="K",
                     help="diagnostic instead of the protocol: fit the quantile SVGP (quantile-ts's model; another "
-                         "method's with --methods NAME) to each run's initial design plus K simulated measurements at the optimum's setting (cumulative, "
-                         "ascending K), refit as at a run's end (warm and cold, the lower loss kept), and record "
-                         "the recommendation; writes replicates.csv")
+                         "method's with --methods NAME) to each run's initial design plus K simulated measurements "
+                         "at the optimum's setting (cumulative, ascending K), refit as at a run's end (warm and "
+                         "cold, the lower loss kept), and record the recommendation; writes replicates.csv")
     ap.add_argument("--simulators", type=int, nargs="+", metavar="SEED",
                     help="diagnostic instead of the protocol: build the simulator with each model_seed (which rows "
                          "fit its energy GP) and record its optimum q*, the best measured setting's exact quantile, "
@@ -571,8 +571,8 @@ def design_fit(laser: "LaserRun", loc: float, scale: float) -> dict[str, float]:
 def run_replicates(args: argparse.Namespace) -> list[dict]:
     """`--replicates K ...`: how many measurements at the optimum's setting x* the quantile SVGP needs before it
     recommends x*. Per run: the protocol's initial design (as `LaserRun.start`, the model quantile-ts uses, or
-    that of the one method `--methods` names, with --model-options), then K simulated measurements at x* (seeds 10**6 + i, added cumulatively in ascending K),
-    each time `AskTellOptimizer.fit(restart=True)` (what a run's end asks for) and its recommendation scored by
+    that of the one method `--methods` names, with --model-options), then K simulated measurements at x* (seeds
+    10**6 + i, added cumulatively in ascending K), each time `AskTellOptimizer.fit(restart=True)` (what a run's end asks for) and its recommendation scored by
     its exact quantile, with the fit's ranking of the observed settings (`design_fit`). Writes replicates.csv (a
     row per run and K)."""
     import torch

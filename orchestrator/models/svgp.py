@@ -1,8 +1,9 @@
 """Shared machinery of the two-latent sparse variational GPs (quantile, expectile, heteroscedastic).
 
 quantile-expectile-bo.md §1.3-1.6 (Picheny et al. 2022; Hensman et al. 2013; Saul et al. 2016): two
-independent latent GPs f and g = log sigma, each with a constant mean and a Matern-5/2 ARD kernel (GPyTorch
-`ScaleKernel(MaternKernel)` with batch shape [2]), shared inducing inputs Z chosen by k-means and refreshed at
+independent latent GPs f and g = log sigma (g one learned constant with the option `noise_scale: constant`),
+each with a constant mean and a Matern-5/2 ARD kernel (GPyTorch `ScaleKernel(MaternKernel)` with batch shape
+[2]), shared inducing inputs Z chosen by k-means and refreshed at
 every fit (never trained), and a Gaussian q(u_f) q(u_g) over u = h(Z), the values of the zero-mean parts h.
 q(u) is stored whitened (GPyTorch `CholeskyVariationalDistribution` with batch shape [2] over u~ = L^-1 u,
 L = chol k(Z, Z), GPyTorch's default convention, allowed by §1.4), which saves an m^3 triangular solve and its
@@ -117,7 +118,8 @@ class SVGPOptions:
             with x. "constant": g is one learned constant (its GP's variance is held at `MIN_OUTPUTSCALE`, so
             it varies by about 0.1% at most, and its hyperpriors leave the loss): the noise has the same scale
             everywhere. A GP g can explain an isolated high measurement as noise where it stands; a constant
-            one cannot, and takes it as signal (the laser simulator's peak: README "Choosing a model").
+            one cannot, and takes it as signal (the laser simulator's narrow peak; the sparse approximation may
+            still smooth it away as observations outnumber the inducing points: README, Laser, "Two causes").
         seed: seed of the minibatch order, k-means and the uniform fill of Z.
     """
 
@@ -268,6 +270,8 @@ class TwoLatentSVGP(gpytorch.Module):
             default of `lengthscale_prior`, see `lengthscale_prior_params`).
         use_priors: register the LogNormal hyperpriors of spec §1.3.
         lengthscale_prior: "spec" or "dim-scaled" (`SVGPOptions`).
+        constant_scale: g is its constant mean alone (`SVGPOptions.noise_scale` "constant"): its kernel variance
+            is held at `MIN_OUTPUTSCALE`, its lengthscales get no gradient and its hyperpriors leave `log_prior`.
     """
 
     def __init__(self, Z: Tensor, lengthscale_init: float | None = None, outputscale_init: float = 0.5,
