@@ -572,9 +572,9 @@ def run_replicates(args: argparse.Namespace) -> list[dict]:
     """`--replicates K ...`: how many measurements at the optimum's setting x* the quantile SVGP needs before it
     recommends x*. Per run: the protocol's initial design (as `LaserRun.start`, the model quantile-ts uses, or
     that of the one method `--methods` names, with --model-options), then K simulated measurements at x* (seeds
-    10**6 + i, added cumulatively in ascending K), each time `AskTellOptimizer.fit(restart=True)` (what a run's end asks for) and its recommendation scored by
-    its exact quantile, with the fit's ranking of the observed settings (`design_fit`). Writes replicates.csv (a
-    row per run and K)."""
+    10**6 + i, added cumulatively in ascending K), each time `AskTellOptimizer.fit(restart=True)` (what a run's
+    end asks for) and its recommendation scored by its exact quantile, with the fit's ranking of the observed
+    settings (`design_fit`). Writes replicates.csv (a row per run and K)."""
     import torch
 
     objective, simulator = objective_of(args)
@@ -607,7 +607,8 @@ def run_replicates(args: argparse.Namespace) -> list[dict]:
             rows.append({"run": run, "design_at_opt": at_star, "replicates": k, "q_rec": q_rec, "q_opt": q_opt,
                          "distance_pct": 100.0 * (q_opt - q_rec) / abs(q_opt), "predicted_at_rec": float(predicted),
                          "predicted_at_opt": laser.opt.sign * float(loc + scale * f_star), **fit,
-                         "fit_kept": diag.get("restart_kept", ""), "simulator": simulator, "method": args.design_method})
+                         "fit_kept": diag.get("restart_kept", ""), "simulator": simulator,
+                         "method": args.design_method})
             print(f"[laser] run {run}, {k} measurements at x*: q(x_hat) {q_rec:.4f} ({rows[-1]['distance_pct']:.1f}% "
                   f"from q* {q_opt:.4f}); model's quantile at x_hat {predicted:.3f}, at x* "
                   f"{rows[-1]['predicted_at_opt']:.3f}", flush=True)

@@ -63,7 +63,8 @@ def test_the_component_options_table_matches_the_constructors():
         return {p.name for p in sig.parameters.values() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
                 and p.name not in ("self", "tau", "spread", "calibrator", "model_factory")}
 
-    values = {"ei", "pi", "ucb", "global", "local", "off", "gp", "constant"}  # the values an option's row names in brackets
+    # the values an option's row names in brackets
+    values = {"ei", "pi", "ucb", "global", "local", "off", "gp", "constant"}
     rows = re.findall(r"^\| ((?:model|proposer|calibrator|every calibrator) [^|]*?) \| (.*?) \|$", README, re.M)
     listed = {k: set(re.findall(r"`(\w+)`", v)) - values for k, v in rows}
     assert len(listed) == 15

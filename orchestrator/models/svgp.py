@@ -538,9 +538,7 @@ class TwoLatentSVGPSurrogate(Surrogate):
         """A new model on `Z_new` whose q(u) is the current posterior at `Z_new` (spec §1.4), re-expressed in
         the new standardization (f' = (f s + m - m') / s', g' = g + log(s / s'))."""
         old = self.model
-        opt = self.options
-        new = TwoLatentSVGP(Z_new, opt.lengthscale_init, opt.outputscale_init, opt.use_priors, opt.lengthscale_prior,
-                            opt.noise_scale == "constant")
+        new = self._new_model(Z_new)
         new.load_state_dict({k: v for k, v in old.state_dict().items()
                              if k != "Z" and not k.startswith("variational_distribution.")}, strict=False)
         ratio = self._y_std / y_std
@@ -565,10 +563,15 @@ class TwoLatentSVGPSurrogate(Surrogate):
         new.set_variational(torch.stack(means), torch.stack(chols))
         return new
 
+    def _new_model(self, Z: Tensor) -> TwoLatentSVGP:
+        """A `TwoLatentSVGP` on inducing inputs `Z` as the options ask (cold, warm-projected and restored fits)."""
+        opt = self.options
+        return TwoLatentSVGP(Z, opt.lengthscale_init, opt.outputscale_init, opt.use_priors, opt.lengthscale_prior,
+                             opt.noise_scale == "constant")
+
     def _cold_model(self, Z: Tensor, Y_std: Tensor) -> TwoLatentSVGP:
         opt = self.options
-        model = TwoLatentSVGP(Z, opt.lengthscale_init, opt.outputscale_init, opt.use_priors, opt.lengthscale_prior,
-                              opt.noise_scale == "constant")
+        model = self._new_model(Z)
         c_f, c_g = self._initial_constants(Y_std)
         with torch.no_grad():
             model.mean_module.constant.copy_(torch.tensor([c_f, c_g], **TKWARGS))
@@ -722,8 +725,6 @@ class TwoLatentSVGPSurrogate(Surrogate):
             self.model = None
             return
         sd = state["model"]
-        opt = self.options
-        model = TwoLatentSVGP(sd["Z"].to(**TKWARGS), opt.lengthscale_init, opt.outputscale_init, opt.use_priors,
-                              opt.lengthscale_prior, opt.noise_scale == "constant")
+        model = self._new_model(sd["Z"].to(**TKWARGS))
         model.load_state_dict(sd)
         self.model = model
