@@ -36,13 +36,16 @@ Usage:
     python benchmarks/lander.py --workers 16 --resume --time-limit 420  # full: 3 methods x 2 taus x 10 runs
     python benchmarks/lander.py --methods quantile-ts gpr-ei --taus 0.1 --runs 0-4 --workers 2
     python benchmarks/lander.py --taus 0.1 --damping benchmarks/results/lander_*  # where recorded runs ended
+    python benchmarks/lander.py --taus 0.1 --methods quantile-ts --runs 4 --inspect benchmarks/results/lander_head
 Results in --out (default results/lander/): runs/*.csv (one per method x tau x run, named with the protocol
 and a hash of the method's settings), lander.csv + lander.parquet (every checkpoint of the finished runs),
 table1.csv/.parquet (mean (std) over runs at 750 and 1500 evaluations, shaped like the paper's Table 1, with
 the paper's figures beside), summary.csv/.parquet (mean, std, 95% CI at the end, with the issue's target),
 lander_tau<tau>.png (true quantile of the recommendation vs evaluations, mean +- 95% CI over runs); with
 --cross-levels, levels.csv (each final recommendation at other reward levels); with --cross-env ENV_ID,
-envs.csv (each final recommendation flown in ENV_ID too, e.g. gym:LunarLander-v2, the paper's environment).
+envs.csv (each final recommendation flown in ENV_ID too, e.g. gym:LunarLander-v2, the paper's environment);
+with --inspect DIR, inspect.csv only (runs re-run to their end, their final models asked about the final
+recommendations recorded in DIR: is a failed run's model unsure there, or sure and wrong?).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ import json
 import math
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -490,6 +494,67 @@ def damping(folders: Sequence[Path], tau: float = 0.1, method: str = "quantile-t
     return runs, bands
 
 
+#: `--inspect`: how many of a run's observations nearest to a controller are listed (distances and rewards)
+INSPECT_NEAREST = 5
+#: `--inspect`: methods whose model's target is its latent f (so f's posterior SD is the prediction's)
+INSPECTABLE = ("quantile-ts",)
+
+
+def inspect_runs(folder: Path, runs: Sequence[int], method: str, proto: Protocol, episodes: int, eval_every: int,
+                 model_options: Mapping[str, Any], proposer_options: Mapping[str, Any],
+                 objective_options: Mapping[str, Any], threads: int = 1) -> list[dict]:
+    """Re-run each of `runs` (`method`, level `proto.tau`) to its end, in this process and without a checkpoint
+    (runs are reproducible from their config and seed, so this is the recorded run when the settings match), and
+    ask its final model about controllers whose true quantile is known: its own final recommendation and the final
+    recommendations of `method`'s runs at that level in `folder` (its lander.csv). Per (run, controller): the
+    model's predicted quantile (the recommendation rule's value, user units) and the posterior SD of f there, the
+    true quantile as recorded, z = (true - predicted) / SD, and the max-norm distance (unit cube) to the run's
+    nearest observations with their rewards. Answers "is a failed run's model unsure about the controllers the
+    other runs found, or sure and wrong?". One row per (run, controller), the run's fitted lengthscales of f and
+    outputscale in every row."""
+    import torch
+
+    from benchmarks._common import limited_threads
+
+    ref = [r for r in final_recommendations([
+        {**r, "tau": float(r["tau"]), "run": int(r["run"]), "n_evals": int(r["n_evals"]), "error": r.get("error") or ""}
+        for r in read_table(folder / "lander.csv")]) if r["tau"] == proto.tau and r["method"] == method]
+    out = []
+    for run in runs:
+        lander = LanderRun(method, proto, run, episodes, eval_every, model_options, proposer_options, objective_options)
+        with limited_threads(threads), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            warnings.simplefilter("ignore", RuntimeWarning)
+            lander.start()
+            while not lander.done:
+                lander.step()
+        X, Y = lander.opt.observations()
+        model, space = lander.opt.model, lander.opt.space
+        loc, scale = model.outcome_transform
+        sign = lander.opt.sign
+        own = lander.batches[-1]
+        asked = [("own", run, own["q_true"], own["params"])] + [(folder.name, r["run"], float(r["q_true"]), r["params"])
+                                                               for r in ref]
+        U = space.to_unit([json.loads(p) for _, _, _, p in asked], dtype=X.dtype)
+        with torch.no_grad():
+            mean = sign * (loc + scale * model.objective_mean(U).reshape(-1))
+            _, var = model.posterior_f(U, full_cov=False)
+            sd = abs(scale) * var.reshape(-1).clamp_min(0).sqrt()
+            dist = (U.unsqueeze(1) - X.unsqueeze(0)).abs().amax(-1)  # controllers x observations, max-norm
+        hyper = model.model
+        ls = [float(v) for v in hyper.lengthscale[0].detach().reshape(-1)]
+        for i, (source, source_run, q_true, params) in enumerate(asked):
+            near = dist[i].argsort()[:INSPECT_NEAREST]
+            out.append({"run": run, "final_q_true": own["q_true"], "source": source, "source_run": source_run,
+                        "params": params, "q_true": q_true, "predicted": float(mean[i]), "f_sd": float(sd[i]),
+                        "z": (q_true - float(mean[i])) / float(sd[i]) if float(sd[i]) > 0 else float("nan"),
+                        "nearest_dist_min": float(dist[i, near[0]]), "nearest_dist_max": float(dist[i, near[-1]]),
+                        "nearest_rewards": json.dumps([round(sign * float(Y[j]), 1) for j in near]),
+                        "lengthscales_f": json.dumps([round(v, 3) for v in ls]),
+                        "outputscale_f": float(hyper.outputscale[0].detach())})
+    return out
+
+
 def make_plots(rows: Sequence[dict], out: Path) -> list[Path]:
     """One PNG per tau: true quantile of the recommendation vs evaluations, mean +- 95% CI over runs."""
     paths = []
@@ -550,6 +615,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="run nothing: tabulate where the final recommendations of the quantile-ts runs at the first "
                          "--taus level in these recorded folders (those with a lander.csv) lie (the angle of (hover_gain, vertical_speed_gain) "
                          "by band of their true quantile; OUT/damping.csv, OUT/damping_runs.csv)")
+    ap.add_argument("--inspect", metavar="DIR",
+                    help="re-run each of --runs (the first --methods and --taus) to its end without writing run files, "
+                         "and ask its final model about its own final recommendation and those of the runs in DIR "
+                         "(predicted quantile, posterior SD of f, true quantile; OUT/inspect.csv)")
     ap.add_argument("--paired-with", metavar="DIR",
                     help="also compare every finished run with the same method, level and run number in another "
                          "run folder (e.g. benchmarks/results/lander_full), at 750 evaluations and at the budget "
@@ -558,12 +627,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.paired_with is not None and not (Path(args.paired_with) / "runs").is_dir():
         ap.error(f"--paired-with {args.paired_with!r}: no runs/ folder there")
+    if args.inspect is not None and not (Path(args.inspect) / "lander.csv").is_file():
+        ap.error(f"--inspect {args.inspect!r}: no lander.csv there")
     if args.damping and not any((Path(d) / "lander.csv").is_file() for d in args.damping):
         ap.error(f"--damping: no lander.csv in any of {args.damping}")
     defaults = QUICK if args.quick else {**FULL, "methods": list(DEFAULT_METHODS)}
     for k in ("taus", "initial", "budget", "batch", "runs", "episodes", "eval_every", "methods"):
         if getattr(args, k) is None:
             setattr(args, k, defaults[k])
+    if args.inspect is not None and args.methods[0] not in INSPECTABLE:
+        ap.error(f"--inspect: the first --methods must be one of {list(INSPECTABLE)} (a model whose target is its "
+                 f"latent f); got {args.methods[0]!r}")
     quick_opts = (QUICK["model_options"], QUICK["proposer_options"]) if args.quick else ({}, {})
     args.model_options = merge_options(quick_opts[0], args.model_options, "--model-options", MODELS)
     args.proposer_options = merge_options(quick_opts[1], args.proposer_options, "--proposer-options", PROPOSERS)
@@ -637,6 +711,21 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
               f"(45: equal gains) by true quantile")
         print(format_table(bands))
         return {"damping_runs": runs, "damping": bands}
+    if args.inspect is not None:
+        method, proto = args.methods[0], Protocol(args.taus[0], args.initial, args.budget, args.batch)
+        rows = inspect_runs(Path(args.inspect), args.runs, method, proto, args.episodes, args.eval_every,
+                            args.model_options, args.proposer_options, args.objective_options, args.threads)
+        write_table(rows, out / "inspect")
+        print(f"[lander] {method} at the {proto.tau * 100:g}% level, runs {args.runs} re-run to {args.budget} "
+              f"evaluations; their final models at their own final recommendation and at those of {args.inspect} "
+              f"(f_sd: posterior SD of f; z = (q_true - predicted) / f_sd; nearest: max-norm distance in the unit cube "
+              f"to the run's {INSPECT_NEAREST} nearest observations):")
+        print(format_table(rows, ["run", "final_q_true", "source", "source_run", "q_true", "predicted", "f_sd", "z",
+                                  "nearest_dist_min", "nearest_dist_max", "nearest_rewards"]))
+        for run in args.runs:
+            r = next(r for r in rows if r["run"] == run)
+            print(f"[lander] run {run}: lengthscales of f {r['lengthscales_f']}, outputscale {r['outputscale_f']:.3f}")
+        return {"inspect": rows}
     (out / "runs").mkdir(parents=True, exist_ok=True)
     deadline = None if args.time_limit is None else time.time() + args.time_limit
     print(f"[lander] {MODE}; methods {args.methods}; taus {args.taus}; runs {args.runs}; initial {args.initial}, "

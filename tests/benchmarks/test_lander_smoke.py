@@ -299,3 +299,41 @@ def test_lander_damping_places_each_folders_final_recommendations(mod, tmp_path,
     assert "(3 runs)" in printed and f"no lander.csv in ['{tmp_path / 'no-table'}'], left out" in printed
     with pytest.raises(SystemExit):
         mod.main(["--damping", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")])
+
+
+def test_lander_inspect_asks_a_rerun_runs_final_model_about_recorded_recommendations(mod, quick, tmp_path, capsys):
+    """`--inspect DIR` re-runs a run to its end (no run files) and asks its final model about its own final
+    recommendation and DIR's: the re-run is the recorded run (same recommendation, same predicted value through
+    the model's outcome transform), an observed recommendation is at distance 0 from the observations, and the
+    same controller asked twice gets the same answer."""
+    folder, _ = quick
+    recorded = {r["run"]: r for r in mod.final_recommendations([
+        {**r, "tau": float(r["tau"]), "run": int(r["run"]), "n_evals": int(r["n_evals"]), "error": r["error"] or ""}
+        for r in mod.read_table(folder / "lander.csv")]) if r["method"] == "quantile-ts"}
+    out = tmp_path / "out"
+    threads = torch.get_num_threads()
+    try:
+        rows = mod.main(["--quick", "--methods", "quantile-ts", "--runs", "1-1", "--threads", "1",
+                         "--inspect", str(folder), "--out", str(out)])["inspect"]
+    finally:
+        torch.set_num_threads(threads)
+    assert [(r["run"], r["source"], r["source_run"]) for r in rows] == [
+        (1, "own", 1), *((1, folder.name, run) for run in sorted(recorded))]
+    own, again = rows[0], next(r for r in rows[1:] if r["source_run"] == 1)
+    assert json.loads(own["params"]) == json.loads(recorded[1]["params"])
+    assert own["q_true"] == pytest.approx(float(recorded[1]["q_true"]), rel=1e-12)
+    assert own["predicted"] == pytest.approx(float(recorded[1]["predicted"]), rel=1e-9)
+    assert own["nearest_dist_min"] == 0.0 and own["nearest_dist_max"] > 0
+    assert (again["predicted"], again["f_sd"]) == pytest.approx((own["predicted"], own["f_sd"]), rel=1e-9)
+    for r in rows:
+        assert r["f_sd"] > 0 and r["z"] == pytest.approx((r["q_true"] - r["predicted"]) / r["f_sd"])
+        assert len(json.loads(r["nearest_rewards"])) == mod.INSPECT_NEAREST
+        assert len(json.loads(r["lengthscales_f"])) == 6
+    assert (out / "inspect.csv").is_file() and not (out / "runs").exists()
+    assert "lengthscales of f" in capsys.readouterr().out
+    for bad, says in ((["--methods", "gpr-ei"], "--inspect: the first --methods"),
+                      (["--methods", "quantile-ts", "--inspect", str(tmp_path)], "no lander.csv there")):
+        argv = ["--quick", "--inspect", str(folder), *bad, "--out", str(out)]
+        with pytest.raises(SystemExit):
+            mod.main(argv)
+        assert says in capsys.readouterr().err
