@@ -56,7 +56,6 @@ import json
 import math
 import sys
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -394,6 +393,14 @@ def final_recommendations(rows: Sequence[dict]) -> list[dict]:
     return [final[k] for k in sorted(final, key=lambda k: (-k[0], k[1], k[2]))]
 
 
+def recorded_final_recommendations(folder: Path, tau: float, method: str) -> list[dict]:
+    """`final_recommendations` of `method`'s runs at level `tau` in a recorded folder's lander.csv (CSV values are
+    strings: tau, run and n_evals converted, the rest as read)."""
+    rows = [{**r, "tau": float(r["tau"]), "run": int(r["run"]), "n_evals": int(r["n_evals"]), "error": r["error"] or ""}
+            for r in read_table(Path(folder) / "lander.csv")]
+    return [r for r in final_recommendations(rows) if r["tau"] == tau and r["method"] == method]
+
+
 def held_out_rewards(obj: Any, params: str, episodes: int, cache: dict) -> Any:
     """Rewards of `episodes` episodes of the recommendation `params` (its JSON) on the held-out seeds
     EVAL_SEED0 + i, memoized in `cache` by (environment, params, episodes): `--cross-levels` and `--cross-env`
@@ -474,11 +481,7 @@ def damping(folders: Sequence[Path], tau: float = 0.1, method: str = "quantile-t
 
     runs = []
     for folder in folders:
-        for r in final_recommendations([
-                {**r, "tau": float(r["tau"]), "run": int(r["run"]), "n_evals": int(r["n_evals"])}
-                for r in read_table(Path(folder) / "lander.csv")]):
-            if r["tau"] != tau or r["method"] != method:
-                continue
+        for r in recorded_final_recommendations(folder, tau, method):
             gains = json.loads(r["params"])
             runs.append({"folder": Path(folder).name, "run": r["run"], "n_evals": r["n_evals"],
                          "q_true": float(r["q_true"]), **gains,
@@ -514,20 +517,14 @@ def inspect_runs(folder: Path, runs: Sequence[int], method: str, proto: Protocol
     outputscale in every row."""
     import torch
 
-    from benchmarks._common import limited_threads
-
-    ref = [r for r in final_recommendations([
-        {**r, "tau": float(r["tau"]), "run": int(r["run"]), "n_evals": int(r["n_evals"]), "error": r.get("error") or ""}
-        for r in read_table(folder / "lander.csv")]) if r["tau"] == proto.tau and r["method"] == method]
+    ref = recorded_final_recommendations(folder, proto.tau, method)
     out = []
     for run in runs:
-        lander = LanderRun(method, proto, run, episodes, eval_every, model_options, proposer_options, objective_options)
-        with limited_threads(threads), warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            warnings.simplefilter("ignore", RuntimeWarning)
-            lander.start()
-            while not lander.done:
-                lander.step()
+        _, lander, error = drive_guarded(  # no checkpoint: the run goes to its end in this call
+            lambda: LanderRun(method, proto, run, episodes, eval_every, model_options, proposer_options,
+                              objective_options), None, None, None, threads, f"[lander] --inspect run {run}")
+        if error:
+            raise RuntimeError(f"--inspect: run {run} failed: {error}")
         X, Y = lander.opt.observations()
         model, space = lander.opt.model, lander.opt.space
         loc, scale = model.outcome_transform
