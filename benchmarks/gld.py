@@ -39,7 +39,8 @@ Results in --out (default results/gld/): runs/*.csv (one per setting x problem x
 --resume skips the methods already finished, so a grid can be filled in over several sessions and methods added
 later; q* of a problem is the best over all of its runs), gld.csv + gld.parquet (every checkpoint), summary.csv (final regret, mean
 and 95% CI per setting x method), paired.csv (paired over problems), gld_<setting>.png (regret vs
-evaluations, mean +- 95% CI).
+evaluations, mean +- 95% CI). The tables cover the selection (--settings, --problems, --methods); a selection with
+no finished run (every run paused, say) leaves the folder's tables as they were.
 """
 
 from __future__ import annotations
@@ -592,6 +593,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"[gld] {note}", flush=True)
     rows = merge_rows(rows)
     rows.sort(key=lambda r: (r["d"], r["tau"], r["batch"], list(METHODS).index(r["method"]), r["problem"], r["n_evals"]))
+    if not rows:
+        # nothing of the selection has finished (say every run paused at its checkpoint): empty tables written
+        # here would replace the ones a wider selection wrote into this folder before
+        if paused:
+            print("\n[gld] runs paused at a checkpoint (--resume continues them): "
+                  + ", ".join(f"{name} at {n} of {budget}" for name, n, budget in paused))
+        print(f"\n[gld] no finished run in the selection: the tables and plots in {out} are left as they were "
+              f"({time.perf_counter() - t_start:.1f} s)")
+        return {"rows": [], "summary": [], "paired": [], "target": [], "plots": [], "counts": counts,
+                "paired_with": [], "missing": missing, "paused": paused}
     write_table(rows, out / "gld")
     summary, paired, target = summarize(rows)
     write_table(summary, out / "summary")

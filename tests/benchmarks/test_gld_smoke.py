@@ -309,6 +309,32 @@ def test_runs_of_other_settings_are_neither_resumed_nor_tabulated(load_benchmark
     assert "left out 2 runs made with other settings" in capsys.readouterr().out
 
 
+def test_a_selection_with_no_finished_run_leaves_the_folders_tables_alone(load_benchmark, tmp_path, capsys):
+    """Found filling the d = 6 grid in pieces: a run whose selected problems all ended paused wrote 0-row gld.csv
+    and summary.csv over the tables a wider selection had written to the folder. Now they are left as they were,
+    with a line saying so, and the paused runs are still listed."""
+    import torch
+
+    from benchmarks._common import checkpoint_path
+
+    mod = load_benchmark("gld")
+    tables = {name: f"sentinel {name}\n" for name in ("gld.csv", "summary.csv", "paired.csv", "target.csv")}
+    for name, text in tables.items():
+        (tmp_path / name).write_text(text)
+    s = mod.Setting(3, 0.75, 10, 20, 40)
+    (tmp_path / "runs").mkdir()
+    torch.save({"run": {"n": 30, "rows": []}}, checkpoint_path(mod.job_path(tmp_path / "runs", s, 4, "sobol")))
+    capsys.readouterr()
+    result = mod.main(["--settings", "3:0.75:10", "--initial", "20", "--budget", "40", "--problems", "4-4",
+                       "--methods", "sobol", "--tables-only", "--out", str(tmp_path)])
+    printed = capsys.readouterr().out
+    assert result["rows"] == [] and result["summary"] == [] and result["plots"] == []
+    assert {name: (tmp_path / name).read_text() for name in tables} == tables
+    assert not list(tmp_path.glob("*.parquet")) and not list(tmp_path.glob("*.png"))
+    assert f"no finished run in the selection: the tables and plots in {tmp_path} are left as they were" in printed
+    assert result["paused"] == [(f"{s.label}-p4-sobol", 30, 40)] and f"{s.label}-p4-sobol at 30 of 40" in printed
+
+
 def test_quick_mode_takes_the_flags_given(load_benchmark, tmp_path):
     """`--quick` fills in only what the command line leaves out: --settings, --problems, --initial and --budget
     given with it are used (they were silently replaced by the quick values)."""
