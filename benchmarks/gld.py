@@ -528,6 +528,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _print_paused(paused: list[tuple[str, int, int]]) -> None:
+    """List the runs paused at a checkpoint (name, evaluations made, budget), if any."""
+    if paused:
+        print("\n[gld] runs paused at a checkpoint (--resume continues them): "
+              + ", ".join(f"{name} at {n} of {budget}" for name, n, budget in paused))
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     out = Path(args.out)
@@ -596,9 +603,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if not rows:
         # nothing of the selection has finished (say every run paused at its checkpoint): empty tables written
         # here would replace the ones a wider selection wrote into this folder before
-        if paused:
-            print("\n[gld] runs paused at a checkpoint (--resume continues them): "
-                  + ", ".join(f"{name} at {n} of {budget}" for name, n, budget in paused))
+        _print_paused(paused)
         print(f"\n[gld] no finished run in the selection: the tables and plots in {out} are left as they were "
               f"({time.perf_counter() - t_start:.1f} s)")
         return {"rows": [], "summary": [], "paired": [], "target": [], "plots": [], "counts": counts,
@@ -641,9 +646,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"\nFinal regret against the default runs in {args.paired_with}, paired by problem (mean_diff = this - "
               "that, with its 95% CI; better = problems where this is lower; Wilcoxon p):")
         print(format_table(pw))
-    if paused:
-        print("\n[gld] runs paused at a checkpoint (--resume continues them): "
-              + ", ".join(f"{name} at {n} of {budget}" for name, n, budget in paused))
+    _print_paused(paused)
     print(f"\n[gld] wrote {out} ({len(rows)} rows, {len(plots)} plots) in {time.perf_counter() - t_start:.1f} s")
     return {"rows": rows, "summary": summary, "paired": paired, "target": target, "plots": plots, "counts": counts,
             "paired_with": pw, "missing": missing, "paused": paused}

@@ -313,8 +313,6 @@ def test_a_selection_with_no_finished_run_leaves_the_folders_tables_alone(load_b
     """Found filling the d = 6 grid in pieces: a run whose selected problems all ended paused wrote 0-row gld.csv
     and summary.csv over the tables a wider selection had written to the folder. Now they are left as they were,
     with a line saying so, and the paused runs are still listed."""
-    import torch
-
     from benchmarks._common import checkpoint_path
 
     mod = load_benchmark("gld")
