@@ -23,6 +23,12 @@ from tests.faults.objectives import read_pid_files
 pytestmark = pytest.mark.ray
 
 RUN_TIMEOUT_S = 120
+# How long each evaluation of the kill tests sleeps. The test thread picks a running evaluation and kills it;
+# beside the run's driver thread in this process, on a loaded 2-core CI machine, it can come late by over a
+# second, so an evaluation must outlast that delay: at 1.5 s a retry once finished before its kill landed
+# (the fresh-clone CI of 15887d7 recorded it "completed" instead of "worker-lost").
+KILL_SLEEP_S = 4.0
+FRESH_S = KILL_SLEEP_S / 2  # a victim is picked only if it started less than this ago: 2 s left to kill it
 
 
 def _check_exactly_once(cfg, summary):
@@ -48,11 +54,11 @@ def _kill(pid):
 
 
 def test_killed_evaluation_child_is_one_crash_record_and_not_rerun(ray_local, tmp_path):
-    cfg = fault_config(tmp_path, "kill-child", max_retries=1)
+    cfg = fault_config(tmp_path, "kill-child", max_retries=1, objective_options={"sleep_s": KILL_SLEEP_S})
     pid_dir = cfg["objective"]["options"]["pid_dir"]
     run = RunThread(cfg)
     run.start()
-    victim = wait_for(lambda: fresh_running(pid_dir, key="pid"), 60, "a running evaluation")
+    victim = wait_for(lambda: fresh_running(pid_dir, key="pid", max_age_s=FRESH_S), 60, "a running evaluation")
     assert victim["pid"] != victim["ppid"]  # the objective runs in a forked child of the Ray worker
     _kill(victim["pid"])
     summary = run.result(RUN_TIMEOUT_S)
@@ -69,13 +75,14 @@ def test_killed_evaluation_child_is_one_crash_record_and_not_rerun(ray_local, tm
 
 @pytest.mark.parametrize("isolate", ["process", "thread"])
 def test_killed_ray_worker_is_retried_and_recorded_once(ray_local, tmp_path, isolate):
-    cfg = fault_config(tmp_path, f"kill-worker-{isolate}", max_retries=1)
+    cfg = fault_config(tmp_path, f"kill-worker-{isolate}", max_retries=1,
+                       objective_options={"sleep_s": KILL_SLEEP_S})
     pid_dir = cfg["objective"]["options"]["pid_dir"]
     run = RunThread(cfg, actor_options={"isolate": isolate})
     run.start()
     # the Ray worker: the child's parent with isolate="process", the process itself with "thread"
     key = "ppid" if isolate == "process" else "pid"
-    victim = wait_for(lambda: fresh_running(pid_dir, key=key), 60, "a running evaluation")
+    victim = wait_for(lambda: fresh_running(pid_dir, key=key, max_age_s=FRESH_S), 60, "a running evaluation")
     worker = victim[key]
     _kill(worker)
     if isolate == "process":  # the child dies with its worker (PR_SET_PDEATHSIG)
@@ -94,11 +101,11 @@ def test_killed_ray_worker_is_retried_and_recorded_once(ray_local, tmp_path, iso
 
 
 def test_killed_ray_worker_without_retries_is_one_worker_lost_record(ray_local, tmp_path):
-    cfg = fault_config(tmp_path, "kill-worker-noretry", max_retries=0)
+    cfg = fault_config(tmp_path, "kill-worker-noretry", max_retries=0, objective_options={"sleep_s": KILL_SLEEP_S})
     pid_dir = cfg["objective"]["options"]["pid_dir"]
     run = RunThread(cfg)
     run.start()
-    victim = wait_for(lambda: fresh_running(pid_dir, key="ppid"), 60, "a running evaluation")
+    victim = wait_for(lambda: fresh_running(pid_dir, key="ppid", max_age_s=FRESH_S), 60, "a running evaluation")
     _kill(victim["ppid"])
     summary = run.result(RUN_TIMEOUT_S)
 
@@ -111,16 +118,21 @@ def test_killed_ray_worker_without_retries_is_one_worker_lost_record(ray_local, 
 
 
 def test_worker_killed_on_every_attempt_exhausts_the_retries(ray_local, tmp_path):
-    cfg = fault_config(tmp_path, "kill-worker-twice", max_retries=1, objective_options={"sleep_s": 1.5})
+    cfg = fault_config(tmp_path, "kill-worker-twice", max_retries=1, objective_options={"sleep_s": KILL_SLEEP_S})
     pid_dir = cfg["objective"]["options"]["pid_dir"]
     run = RunThread(cfg)
     run.start()
-    first = wait_for(lambda: fresh_running(pid_dir, key="ppid"), 60, "a running evaluation")
+    first = wait_for(lambda: fresh_running(pid_dir, key="ppid", max_age_s=FRESH_S), 60, "a running evaluation")
     _kill(first["ppid"])
 
     def retry():
+        # the retry while it still evaluates: started less than half an evaluation ago (its worker, and the
+        # worker's sandbox child, outlive the evaluation, so their being alive says nothing)
         runs = _executions(pid_dir, first["params"])
-        return runs[1] if len(runs) > 1 and alive(runs[1]["ppid"]) else None
+        if len(runs) < 2:
+            return None
+        r = runs[1]
+        return r if alive(r["ppid"]) and time.time() - r["time"] < FRESH_S else None
 
     second = wait_for(retry, 60, "Ray's retry of the killed evaluation")
     _kill(second["ppid"])
