@@ -48,17 +48,27 @@ def _executions(pid_dir, params):
     return [r for r in read_pid_files(pid_dir) if r["params"] == params]
 
 
+def _kill_config(tmp_path, name, max_retries):
+    """`fault_config` for the kill tests: evaluations of KILL_SLEEP_S, long enough for a late kill to land."""
+    return fault_config(tmp_path, name, max_retries=max_retries, objective_options={"sleep_s": KILL_SLEEP_S})
+
+
+def _victim(pid_dir, key):
+    """A running evaluation that started less than FRESH_S ago (`key`: whose pid the test will kill)."""
+    return wait_for(lambda: fresh_running(pid_dir, key=key, max_age_s=FRESH_S), 60, "a running evaluation")
+
+
 def _kill(pid):
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: not alive(pid), 10, f"pid {pid} to die")
 
 
 def test_killed_evaluation_child_is_one_crash_record_and_not_rerun(ray_local, tmp_path):
-    cfg = fault_config(tmp_path, "kill-child", max_retries=1, objective_options={"sleep_s": KILL_SLEEP_S})
+    cfg = _kill_config(tmp_path, "kill-child", max_retries=1)
     pid_dir = cfg["objective"]["options"]["pid_dir"]
     run = RunThread(cfg)
     run.start()
-    victim = wait_for(lambda: fresh_running(pid_dir, key="pid", max_age_s=FRESH_S), 60, "a running evaluation")
+    victim = _victim(pid_dir, "pid")
     assert victim["pid"] != victim["ppid"]  # the objective runs in a forked child of the Ray worker
     _kill(victim["pid"])
     summary = run.result(RUN_TIMEOUT_S)
@@ -75,14 +85,13 @@ def test_killed_evaluation_child_is_one_crash_record_and_not_rerun(ray_local, tm
 
 @pytest.mark.parametrize("isolate", ["process", "thread"])
 def test_killed_ray_worker_is_retried_and_recorded_once(ray_local, tmp_path, isolate):
-    cfg = fault_config(tmp_path, f"kill-worker-{isolate}", max_retries=1,
-                       objective_options={"sleep_s": KILL_SLEEP_S})
+    cfg = _kill_config(tmp_path, f"kill-worker-{isolate}", max_retries=1)
     pid_dir = cfg["objective"]["options"]["pid_dir"]
     run = RunThread(cfg, actor_options={"isolate": isolate})
     run.start()
     # the Ray worker: the child's parent with isolate="process", the process itself with "thread"
     key = "ppid" if isolate == "process" else "pid"
-    victim = wait_for(lambda: fresh_running(pid_dir, key=key, max_age_s=FRESH_S), 60, "a running evaluation")
+    victim = _victim(pid_dir, key)
     worker = victim[key]
     _kill(worker)
     if isolate == "process":  # the child dies with its worker (PR_SET_PDEATHSIG)
@@ -101,11 +110,11 @@ def test_killed_ray_worker_is_retried_and_recorded_once(ray_local, tmp_path, iso
 
 
 def test_killed_ray_worker_without_retries_is_one_worker_lost_record(ray_local, tmp_path):
-    cfg = fault_config(tmp_path, "kill-worker-noretry", max_retries=0, objective_options={"sleep_s": KILL_SLEEP_S})
+    cfg = _kill_config(tmp_path, "kill-worker-noretry", max_retries=0)
     pid_dir = cfg["objective"]["options"]["pid_dir"]
     run = RunThread(cfg)
     run.start()
-    victim = wait_for(lambda: fresh_running(pid_dir, key="ppid", max_age_s=FRESH_S), 60, "a running evaluation")
+    victim = _victim(pid_dir, "ppid")
     _kill(victim["ppid"])
     summary = run.result(RUN_TIMEOUT_S)
 
@@ -118,11 +127,11 @@ def test_killed_ray_worker_without_retries_is_one_worker_lost_record(ray_local, 
 
 
 def test_worker_killed_on_every_attempt_exhausts_the_retries(ray_local, tmp_path):
-    cfg = fault_config(tmp_path, "kill-worker-twice", max_retries=1, objective_options={"sleep_s": KILL_SLEEP_S})
+    cfg = _kill_config(tmp_path, "kill-worker-twice", max_retries=1)
     pid_dir = cfg["objective"]["options"]["pid_dir"]
     run = RunThread(cfg)
     run.start()
-    first = wait_for(lambda: fresh_running(pid_dir, key="ppid", max_age_s=FRESH_S), 60, "a running evaluation")
+    first = _victim(pid_dir, "ppid")
     _kill(first["ppid"])
 
     def retry():
