@@ -219,16 +219,44 @@ def _encode(events: Sequence[Event], first_seq: int) -> pa.Table:
     return pa.Table.from_pydict(cols, schema=_SCHEMA)
 
 
-def _decode(table: pa.Table) -> list[tuple[int, Event]]:
-    rows = table.to_pylist()
-    out = []
-    for r in rows:
+def _decode(table: pa.Table) -> tuple[list[tuple[int, Event]], list[str]]:
+    """The rows of `table` as events, and one note per row left out: a JSON field (`params`, `forecast`,
+    `info`) that is not valid JSON or not a JSON object, which every reader of the log would trip on (`.get`
+    of a list). Such a row is damage of that row alone; the others of its row group are kept."""
+    out: list[tuple[int, Event]] = []
+    bad: list[str] = []
+    for r in table.to_pylist():
         seq = r.pop("seq")
+        problem = None
         for name in _JSON_FIELDS:
-            if r[name] is not None:
+            if r[name] is None:
+                continue
+            try:
                 r[name] = json.loads(r[name])
+            except ValueError as exc:
+                problem = f"`{name}` is not valid JSON ({_first_line(exc)[:80]})"
+                break
+            if not isinstance(r[name], dict):
+                problem = f"`{name}` holds a JSON {_json_kind(r[name])}, not an object"
+                break
+        if problem is not None:
+            bad.append(f"the {r['kind']!r} event with sequence number {seq}: {problem}")
+            continue
         out.append((seq, Event(**{k: r[k] for k in _EVENT_FIELDS})))
-    return out
+    return out, bad
+
+
+def _json_kind(value: Any) -> str:
+    """The JSON name of a decoded value's type ("array", "string", ...)."""
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    if value is None:
+        return "null"
+    return "number"
 
 
 def _parquet_bytes(table: pa.Table) -> bytes:
@@ -501,6 +529,34 @@ def _check_new(backend: Any, shown: str) -> None:
             "a new run needs a new or empty folder"
         )
 
+
+class _ClaimedElsewhere(RunDirError):
+    """Another process wrote the config.yaml of the run directory a `create` was to claim."""
+
+
+def _missing_folders(backend: Any) -> list[str]:
+    """The folders of a local run directory that do not exist yet, deepest first (empty for other stores)."""
+    if not isinstance(backend, _Local):
+        return []
+    missing, p = [], backend.root
+    while not os.path.lexists(p) and os.path.dirname(p) != p:
+        missing.append(p)
+        p = os.path.dirname(p)
+    return missing
+
+
+def _undo_create(backend: Any, made: Sequence[str]) -> None:
+    """Remove what a failed `create` wrote in a local run directory: its empty subfolders and the folders it
+    made (best effort; a folder another run wrote into meanwhile is kept)."""
+    if not isinstance(backend, _Local):
+        return
+    if not backend.exists("config.yaml"):
+        for name in ("events", "checkpoints"):
+            if backend.isdir(name) and not backend.listdir(name):
+                _remove_empty([backend.path(name)])
+    _remove_empty(list(made))
+
+
 class RunStore:
     """A run directory: `config.yaml`, the event log under `events/`, checkpoints under `checkpoints/`.
 
@@ -548,11 +604,39 @@ class RunStore:
             text = yaml.safe_dump(_plain(dict(config), "config"), sort_keys=False)
         except yaml.YAMLError as exc:
             raise StoreError(f"config cannot be written as YAML: {exc}") from None
-        backend.makedirs("events")
-        backend.makedirs("checkpoints")
-        backend.write_atomic("config.yaml", text.encode())
+        made = _missing_folders(backend)
         store = cls(backend, shown, yaml.safe_load(text))
+        try:
+            backend.makedirs("events")
+            backend.makedirs("checkpoints")
+            # the claim: config.yaml is made only where none exists (a link, which fails on an existing name),
+            # so of two runs started together on one new folder exactly one writes it, and each process's
+            # actor reads back its own config
+            store._claim(text.encode())
+        except _ClaimedElsewhere:  # the folder is the other run's now: nothing of it is undone
+            raise
+        except OSError as exc:  # a full or read-only disk: one line naming the folder, nothing left behind
+            _undo_create(backend, made)
+            raise RunDirError(f"cannot create the run directory {shown}: {exc.strerror or exc}") from None
         return store
+
+    def _claim(self, config_text: bytes) -> None:
+        """Write config.yaml where none exists yet; `_ClaimedElsewhere` naming the writer of the one that does."""
+        header = f"# written by qbatch run, pid {os.getpid()} on {socket.gethostname()}\n".encode()
+        try:
+            self._fs.write_atomic("config.yaml", header + config_text, exclusive=True)
+        except StoreError:  # the name exists: another run linked its config.yaml first
+            raise _ClaimedElsewhere(f"`run_dir` {self.run_dir} was claimed a moment ago by another run "
+                                    f"({self._claimant()}); choose another run_dir") from None
+
+    def _claimant(self) -> str:
+        """Who wrote config.yaml, as its first line says ("pid N on HOST", or "unknown")."""
+        try:
+            first = self._fs.read("config.yaml").decode(errors="replace").split("\n", 1)[0]
+        except OSError:
+            return "unknown"
+        m = re.match(r"^# written by qbatch run, (pid \d+ on \S+)$", first)
+        return m.group(1)[:200] if m else "unknown"
 
     @classmethod
     def open(cls, run_dir: str, filesystem: pafs.FileSystem | None = None) -> "RunStore":
@@ -936,7 +1020,9 @@ class RunStore:
                 table = pf.read_row_group(i)
                 if not table.schema.equals(_SCHEMA, check_metadata=False):
                     table = table.cast(_SCHEMA)
-                out.extend(_decode(table))
+                rows, bad_rows = _decode(table)
+                out.extend(rows)
+                bad.extend(bad_rows)
             except Exception as exc:  # noqa: BLE001 -- a corrupt row group: keep the others
                 bad.append(f"row group {i}: {type(exc).__name__}: {_first_line(exc)}")
         return out, ("; ".join(bad) if bad else None)

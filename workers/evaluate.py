@@ -151,6 +151,11 @@ def cap(text: str, limit: int) -> str:
 _INT64 = 2**63
 #: notes `metrics_dropped` keeps at most (the rest are counted in one more)
 MAX_DROPPED_NOTES = 20
+#: most metrics one record keeps, and most characters of them all together (names and values, JSON-encoded):
+#: every read of the log and every row of trials.csv holds them; the ones past either cap are dropped, in the
+#: objective's order, and named in `metrics_dropped`
+MAX_METRICS = 1_000
+MAX_METRICS_BYTES = 200_000
 
 
 def _is_tensor(v: Any) -> bool:
@@ -207,8 +212,13 @@ def _clean_metrics(metrics: Any) -> tuple[dict[str, Any], list[str]]:
         return {}, [f"metrics: a {type(metrics).__name__}, not a mapping of name to value"]
     out: dict[str, Any] = {}
     dropped: list[str] = []
+    size = 2  # the encoded dict's braces
+    over: list[str] = []  # names of the metrics past the count or size cap
     for k, v in metrics.items():
         key = cap(str(k), MAX_METRIC_CHARS)
+        if over or len(out) >= MAX_METRICS:
+            over.append(key)
+            continue
         try:
             ok, value = _metric_value(v)
         except Exception:  # noqa: BLE001 - a value of user code that breaks a check: that metric alone goes
@@ -216,11 +226,20 @@ def _clean_metrics(metrics: Any) -> tuple[dict[str, Any], list[str]]:
         if key in out:
             dropped.append(f"{key[:80]!r}: the same name as another metric's")
         elif ok:
+            item = len(json.dumps({key: value}, allow_nan=True, separators=(",", ":"))) - 1  # '"k":v' and a comma
+            if size + item > MAX_METRICS_BYTES:
+                over.append(key)
+                continue
             out[key] = value
+            size += item
         else:
             what = f"a {type(v).__name__}" if not isinstance(v, (list, tuple, Mapping)) else \
                 f"a {type(v).__name__} that is not plain JSON data (string keys) of at most {MAX_METRIC_CHARS} characters"
             dropped.append(f"{key[:80]!r}: {what}")
+    if over:
+        names = ", ".join(repr(n[:80]) for n in over[:5]) + (", ..." if len(over) > 5 else "")
+        dropped.insert(0, f"{len(over)} metrics past the first {len(out)} kept (at most {MAX_METRICS} metrics and "
+                          f"{MAX_METRICS_BYTES} characters of them in a record): {names}")
     if len(dropped) > MAX_DROPPED_NOTES:
         dropped = dropped[:MAX_DROPPED_NOTES] + [f"... and {len(dropped) - MAX_DROPPED_NOTES} more"]
     return out, dropped

@@ -1,0 +1,200 @@
+"""Reliability holes found by hostile use, each reproduced here: two runs claiming one new run directory, a
+disk full at `qbatch run`, a log row whose JSON fields decode to the wrong type, work dispatched after the
+user said stop, an unbounded number of metrics per result, and the smaller ones of the same kind.
+
+Run inside `scripts/loopback` (the stop tests start a local Ray through the `ray_local` fixture); the others
+never start Ray. Where the fault is a race, the test holds one side at the racy step with a patched hook.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import yaml
+
+from orchestrator import cli
+from orchestrator import store as store_mod
+from orchestrator.errors import UsageError
+from orchestrator.store import Event, RunDirError, RunStore, trials_table
+
+GOOD = {"name": "holes", "objective": {"name": "forrester"}, "tau": 0.2, "budget": 6, "batch_size": 3,
+        "initial_design": 3, "direction": "maximize"}
+
+
+def _write(path: Path, cfg: dict) -> Path:
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+# ---------------------------------------------------------------------------------------- F2: one claim
+def _create_in_threads(run_dir: str, hold_a: threading.Event, release_a: threading.Event):
+    """`RunStore.create` of config A (held by the caller's patch) and then of config B, on one new folder."""
+    results: dict[str, object] = {}
+
+    def create(tag: str) -> None:
+        try:
+            results[tag] = RunStore.create(run_dir, {**GOOD, "name": f"run-{tag}"})
+        except Exception as exc:  # noqa: BLE001 - the test looks at which side lost
+            results[tag] = exc
+
+    a = threading.Thread(target=create, args=("a",), name="create-a")
+    a.start()
+    assert hold_a.wait(10), "thread A never reached the racy step"
+    create("b")
+    release_a.set()
+    a.join(10)
+    assert not a.is_alive()
+    return results
+
+
+def _assert_one_claim(run_dir: str, results: dict) -> None:
+    losers = [t for t, r in results.items() if isinstance(r, Exception)]
+    winners = [t for t, r in results.items() if isinstance(r, RunStore)]
+    assert len(losers) == 1 and len(winners) == 1, results
+    loser = results[losers[0]]
+    assert isinstance(loser, RunDirError), repr(loser)
+    line = str(loser)
+    assert "\n" not in line and run_dir in line and f"pid {os.getpid()} on " in line, line  # names the winner
+    on_disk = yaml.safe_load(Path(run_dir, "config.yaml").read_text())
+    assert on_disk["name"] == f"run-{winners[0]}" == results[winners[0]].config["name"]
+    assert RunStore.open(run_dir).config["name"] == f"run-{winners[0]}"  # what the winner's actor reads back
+
+
+def test_two_creates_held_between_the_check_and_the_write_claim_the_folder_once(tmp_path, monkeypatch):
+    run_dir = str(tmp_path / "new-run")
+    hold_a, release_a = threading.Event(), threading.Event()
+    real_check = store_mod._check_new
+
+    def check_then_hold(backend, shown):
+        real_check(backend, shown)
+        if threading.current_thread().name == "create-a":  # A has seen a new folder; B runs now
+            hold_a.set()
+            assert release_a.wait(10)
+
+    monkeypatch.setattr(store_mod, "_check_new", check_then_hold)
+    _assert_one_claim(run_dir, _create_in_threads(run_dir, hold_a, release_a))
+
+
+def test_two_creates_held_at_the_config_write_claim_the_folder_once(tmp_path, monkeypatch):
+    run_dir = str(tmp_path / "new-run")
+    hold_a, release_a = threading.Event(), threading.Event()
+    real_write = store_mod._Local.write_atomic
+
+    def hold_then_write(self, rel, data, exclusive=False):
+        if rel == "config.yaml" and threading.current_thread().name == "create-a":
+            hold_a.set()
+            assert release_a.wait(10)
+        return real_write(self, rel, data, exclusive)
+
+    monkeypatch.setattr(store_mod._Local, "write_atomic", hold_then_write)
+    _assert_one_claim(run_dir, _create_in_threads(run_dir, hold_a, release_a))
+
+
+# ---------------------------------------------------------------------------------------- F3: disk full
+def _full_disk(monkeypatch) -> None:
+    """Every `os.write` to a file other than stdout and stderr fails as on a full disk."""
+    real_write = os.write
+
+    def write(fd, data):
+        if fd in (1, 2):
+            return real_write(fd, data)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", write)
+
+
+def test_a_full_disk_at_create_is_one_line_naming_the_run_dir_and_leaves_nothing(tmp_path, monkeypatch):
+    parent = tmp_path / "runs"
+    run_dir = parent / "deep" / "r"
+    _full_disk(monkeypatch)
+    with pytest.raises(RunDirError) as exc:
+        RunStore.create(str(run_dir), GOOD)
+    line = str(exc.value)
+    assert "\n" not in line and str(run_dir) in line and "No space left on device" in line, line
+    assert isinstance(exc.value, UsageError)  # exit 2 at the command line
+    assert not parent.exists(), sorted(str(p) for p in parent.rglob("*"))  # nothing left behind
+
+
+def test_a_full_disk_at_qbatch_run_exits_2_with_one_line(tmp_path, monkeypatch, capsys):
+    from orchestrator import runner
+
+    monkeypatch.setattr(runner, "_ensure_ray", lambda address, num_cpus: False)  # no Ray needed to reach create
+    monkeypatch.setattr(runner, "_check_feasible", lambda started, resources: None)
+    _full_disk(monkeypatch)
+    cfg = _write(tmp_path / "good.yaml", GOOD)
+    run_dir = tmp_path / "r"
+    rc = cli.main(["run", str(cfg), "--run-dir", str(run_dir)])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert len(err.splitlines()) == 1 and str(run_dir) in err and "No space left" in err, err
+    assert not run_dir.exists()
+
+
+# ---------------------------------------------------------------------------------------- F4: bad JSON field
+def _run_with_rows(root: Path, bad: dict[int, tuple[str, str]]):
+    """A finished run of 3 trials whose rows (by sequence number) get a raw JSON text in one field."""
+    store = RunStore.create(str(root), GOOD)
+    evs = []
+    for i in range(3):
+        tid = f"0-{i}"
+        evs.append(Event("proposed", tid, time=10.0 + i, batch_id=0, params={"x": i / 10}, x=[i / 10]))
+        evs.append(Event("started", tid, time=11.0 + i, started_at=11.0 + i, node_id="n"))
+        evs.append(Event("completed", tid, time=12.0 + i, value=float(i), started_at=11.0 + i, ended_at=12.0 + i,
+                         info={"metrics": {}}))
+    evs.append(Event("refit", time=20.0, info={"seconds": 0.5, "slots": 2}))
+    table = store_mod._encode(evs, 0)
+    for column in {c for c, _ in bad.values()}:
+        values = table.column(column).to_pylist()
+        for seq, (c, text) in bad.items():
+            if c == column:
+                values[seq] = text
+        table = table.set_column(table.schema.get_field_index(column), column, pa.array(values, pa.string()))
+    name = f"seg-{0:012d}-{len(evs) - 1:012d}.parquet"
+    store._fs.write_atomic(f"events/{name}", store_mod._parquet_bytes(table), exclusive=True)
+    return name, evs
+
+
+@pytest.mark.parametrize("column, text", [("info", "[1,2,3]"), ("info", '"a string"'), ("params", "7"),
+                                          ("forecast", "[0.5]"), ("info", "{not json")])
+def test_a_row_whose_json_field_is_not_an_object_is_damage_of_that_row_only(tmp_path, capsys, column, text):
+    root = tmp_path / "run"
+    completed_1 = 5  # the completed row of trial 0-1
+    name, evs = _run_with_rows(root, {completed_1: (column, text), 9: ("info", '"a refit string"')})
+    store = RunStore.open(str(root))
+    kept = store.events()
+    assert len(kept) == len(evs) - 2
+    assert len(store.damage) == 1, store.damage
+    line = store.damage[0]
+    assert f"events/{name}" in line and "sequence number(s) 5, 9" in line and f"`{column}`" in line, line
+    trials = {t.trial_id: t for t in trials_table(kept)}
+    assert trials["0-0"].status == trials["0-2"].status == "completed"
+    assert trials["0-1"].status == "running"  # its result is gone: a resume runs it again
+    for cmd in (["status", str(root)], ["report", str(root), "--out", str(tmp_path / "rep")]):
+        assert cli.main(cmd) == 0, capsys.readouterr()
+        out = capsys.readouterr().out
+        assert cmd[0] == "report" or f"log damage   events/{name}" in out
+
+
+# ---------------------------------------------------------------------------------------- F7: metrics
+def test_the_metrics_of_one_result_are_capped_in_count_and_bytes_and_the_dropped_named():
+    from workers.evaluate import MAX_METRICS, MAX_METRICS_BYTES, _clean_metrics
+
+    metrics = {f"m{i:05d}": "v" * 900 for i in range(30_000)}
+    kept, dropped = _clean_metrics(metrics)
+    assert len(kept) <= MAX_METRICS
+    assert len(json.dumps(kept, separators=(",", ":"))) <= MAX_METRICS_BYTES  # as the log encodes it
+    assert 0 < len(kept) and list(kept) == sorted(kept)  # the first ones, in the objective's order
+    text = " ".join(dropped)
+    assert len(dropped) <= 21 and f"m{len(kept):05d}" in text and f"{30_000 - len(kept)}" in text, dropped
+    few = {f"k{i}": float(i) for i in range(50)}
+    assert _clean_metrics(few) == (few, [])
+    many_small = {f"k{i}": i for i in range(MAX_METRICS + 5)}
+    kept, dropped = _clean_metrics(many_small)
+    assert len(kept) == MAX_METRICS and "5 metrics" in " ".join(dropped), dropped
