@@ -60,6 +60,8 @@ __all__ = ["CentralActor", "RunAbortedError", "default_max_concurrent", "slots_f
 
 #: seconds the dispatch loop waits for a result before it looks at the queue again
 _WAIT_S = 0.05
+#: seconds `CentralActor.stop` waits for a submission under way (a restarting pool may hold one up to a minute)
+_STOP_WAIT_S = 10.0
 #: the actor process's GIL switch interval while the planner threads run (Python's default: 5 ms)
 _SWITCH_INTERVAL_S = 0.0005
 #: buffered "started" events are flushed at least this often (they ride along with result writes otherwise)
@@ -202,6 +204,7 @@ class CentralActor:
         self._store_lock = threading.Lock()  # RunStore is written from the loop and the planner
         self._wakes = {"propose": threading.Event(), "refit": threading.Event()}  # wake the planner threads
         self._stop = threading.Event()
+        self._dispatch_lock = threading.Lock()  # held from the stop check in `_dispatch` until its submission returns
         self._run_lock = threading.Lock()  # held by the one running `run` loop
         self._finished = threading.Event()  # the loop has ended; `_final` is its summary
         self._final: dict[str, Any] = {}
@@ -436,9 +439,14 @@ class CentralActor:
             return {trial.trial_id: t for trial, t, _ in self._inflight.values()}
 
     def stop(self) -> None:
-        """Ask `run` to return after the current step (in-flight evaluations are left to finish)."""
+        """Ask `run` to return after the current step (in-flight evaluations are left to finish). Nothing new is
+        proposed or dispatched once it returns: it waits for a submission under way (up to `_STOP_WAIT_S`), and
+        every later `_dispatch` and `_propose` sees the stop first. The driver calls it as soon as the user
+        says stop (Ctrl-C, SIGTERM), so an objective that moves hardware does not start after that."""
         self._stop.set()
         self._wake_planners()
+        if self._dispatch_lock.acquire(timeout=_STOP_WAIT_S):
+            self._dispatch_lock.release()
 
     # ------------------------------------------------------------------ the loop
     def run(self, wait_s: float = 60.0) -> dict[str, Any]:
@@ -579,7 +587,15 @@ class CentralActor:
         """Start queued trials in the free slots. `freed`: in-flight evaluations whose results have arrived
         but are not yet logged (`_collect` refills their slots before the durable write; they still count
         against the budget until they are told)."""
-        if self._abort:  # an aborting run starts nothing new (its evaluations in flight are drained)
+        with self._dispatch_lock:
+            self._dispatch_locked(freed)
+        if len(self._queue) < self.low_water() and not self._stop.is_set():
+            self._wake_planners()
+
+    def _dispatch_locked(self, freed: int) -> None:
+        """`_dispatch`'s work, under `_dispatch_lock`: a stop (`stop`) is seen here or waits until it returns."""
+        # an aborting run starts nothing new (its evaluations in flight are drained); nor does a stopped one
+        if self._abort or self._stop.is_set():
             return
         with self._lock:
             batch: list[tuple[Trial, int]] = []
@@ -612,8 +628,6 @@ class CentralActor:
                 for (trial, attempt), ref in zip(batch, refs):
                     self._inflight[ref] = (trial, now, attempt)
                     self._started_buf.append(self._event("started", trial, time=now, attempt=attempt))
-        if len(self._queue) < self.low_water():
-            self._wake_planners()
 
     def _submit(self, batch: list[tuple[Trial, int]]) -> list[Any]:
         """Start the evaluations of `batch` ((trial, attempt) pairs); returns their refs in order."""
@@ -902,7 +916,7 @@ class CentralActor:
         first, so that their batches together never pass the budget."""
         with self._lock:
             q = min(q, self._remaining_to_propose())
-            if q <= 0:
+            if q <= 0 or self._stop.is_set():  # a stopped run asks for nothing more
                 return
             self._reserved += q
             sobol = design or self.opt._design_left() > 0

@@ -799,15 +799,16 @@ def _drive(
         if bar is not None:
             _show(bar, summary)
     finally:
-        if bar is not None:
-            bar.close()
         if summary is None:  # interrupted, or failed: end the actor's loop by a direct call before `ray.kill`,
             # a request to the GCS, which a signal to the whole process group (SLURM's scancel) stops too: the
-            # actor then went on proposing and starting evaluations until its raylet drained (found in review)
+            # actor then went on proposing and starting evaluations until its raylet drained (found in review).
+            # First of all: once the stop returns the actor dispatches nothing more (`CentralActor.stop`)
             try:
-                ray.get(actor.stop.remote(), timeout=5)
+                ray.get(actor.stop.remote(), timeout=15)
             except Exception:  # noqa: BLE001 - dead, or never started: nothing to stop
                 pass
+        if bar is not None:
+            bar.close()
         for handle in (actor, pool):
             try:
                 ray.kill(handle)

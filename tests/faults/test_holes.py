@@ -198,3 +198,71 @@ def test_the_metrics_of_one_result_are_capped_in_count_and_bytes_and_the_dropped
     many_small = {f"k{i}": i for i in range(MAX_METRICS + 5)}
     kept, dropped = _clean_metrics(many_small)
     assert len(kept) == MAX_METRICS and "5 metrics" in " ".join(dropped), dropped
+
+
+# ---------------------------------------------------------------------------------------- F5: stop means stop
+def _stub_actor(tmp_path):
+    """A central actor in this process whose Ray submissions are recorded, not made (no Ray needed)."""
+    import itertools
+
+    from orchestrator.actor import CentralActor
+    from orchestrator.config import load_config
+
+    cfg = {"name": "stop", "objective": {"name": "forrester", "options": {}}, "batch_size": 4, "proposer": "sobol",
+           "initial_design": 4, "budget": 16, "max_concurrent": 4, "seed": 1, "run_dir": str(tmp_path / "run")}
+    RunStore.create(cfg["run_dir"], load_config(cfg).to_dict())
+    actor = CentralActor(cfg["run_dir"], max_concurrent=4, pool=None)
+    refs = itertools.count()
+    submitted: list[tuple[bool, list[str]]] = []  # (stop asked before the submission, trial ids)
+
+    def submit(batch):
+        submitted.append((actor._stop.is_set(), [t.trial_id for t, _ in batch]))
+        return [f"ref{next(refs)}" for _ in batch]
+
+    actor._submit = submit
+    return actor, submitted
+
+
+def test_nothing_is_dispatched_once_the_actor_is_told_to_stop(tmp_path):
+    """The stop lands between the loop's check and a dispatch (a result frees a slot just after it)."""
+    actor, submitted = _stub_actor(tmp_path)
+    actor._propose(4)
+    actor._dispatch()
+    actor._propose(4)  # queued behind the four in flight
+    assert len(submitted) == 1 and len(actor._queue) == 4
+    actor.stop()
+    actor._dispatch(freed=4)  # what `_collect` does when results arrive after the stop
+    actor._fill_before_first_model()
+    assert [stopped for stopped, _ in submitted] == [False], submitted
+    n_proposed = len(actor.store.events(["proposed"]))
+    actor._propose(4)  # a proposer thread that wakes after the stop
+    assert len(actor.store.events(["proposed"])) == n_proposed
+
+
+def test_a_stop_during_a_submission_returns_once_it_is_done_and_nothing_follows(tmp_path):
+    actor, submitted = _stub_actor(tmp_path)
+    actor._propose(4)
+    inside, release = threading.Event(), threading.Event()
+    plain = actor._submit
+
+    def slow_submit(batch):
+        inside.set()
+        assert release.wait(10)
+        return plain(batch)
+
+    actor._submit = slow_submit
+    t = threading.Thread(target=actor._dispatch)
+    t.start()
+    assert inside.wait(10)
+    stopper = threading.Thread(target=actor.stop)
+    stopper.start()
+    time.sleep(0.2)
+    assert stopper.is_alive()  # stop waits for the submission under way
+    release.set()
+    stopper.join(10)
+    t.join(10)
+    assert not stopper.is_alive() and len(actor._inflight) == 4
+    actor._submit = plain
+    actor._propose(4)
+    actor._dispatch(freed=4)
+    assert len(submitted) == 1
