@@ -35,8 +35,17 @@ _EPILOG = """exit status: 0 success; 1 the run stopped with an error; 2 bad usag
 RUN_DIR (nothing started, nothing created); 130 interrupted (resume with `qbatch resume RUN_DIR`)."""
 
 
+#: longest error line printed; a longer one keeps its head and tail (a bad value may be megabytes long)
+MAX_ERROR_CHARS = 2_000
+
+
 def _error(msg: str) -> None:
-    print(f"qbatch: error: {' '.join(str(msg).split())}", file=sys.stderr)
+    text = " ".join(str(msg).split())
+    if len(text) > MAX_ERROR_CHARS:
+        head = MAX_ERROR_CHARS * 3 // 4
+        tail = MAX_ERROR_CHARS - head
+        text = f"{text[:head]} ... [{len(text) - MAX_ERROR_CHARS} characters cut] ... {text[-tail:]}"
+    print(f"qbatch: error: {text}", file=sys.stderr)
 
 
 # ---------------------------------------------------------------------------------------- commands
@@ -153,9 +162,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
         unfinished = f", unfinished {c['unfinished']} (no process is writing this run; {why})"
     width = 30
     filled = int(round(width * (m.progress if math.isfinite(m.progress) else 0.0)))
+    # a budget lowered below the results (in config.yaml, for a resume) reads as reached, not as "42/30"
+    count = f"{done} done, budget {m.budget} reached" if m.budget and done > m.budget else f"{done}/{m.budget}"
     print(f"run {m.name} ({m.objective}, {m.direction}, tau={_f(m.tau)}) at {store.run_dir}")
     print(
-        f"progress     [{'#' * filled}{'.' * (width - filled)}] {done}/{m.budget} ({100 * m.progress:.1f}%)  "
+        f"progress     [{'#' * filled}{'.' * (width - filled)}] {count} ({100 * m.progress:.1f}%)  "
         f"completed {c['completed']}, failed {c['failed']}, running {c['running']}, queued {c['proposed']}{unfinished}"
     )
     if m.best_params is not None:

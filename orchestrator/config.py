@@ -48,6 +48,9 @@ MAX_BATCH = 4096
 MAX_SEED = 2**32 - 1
 #: most nodes a free-form `options` mapping may hold (guards against YAML alias bombs)
 _MAX_NODES = 100_000
+#: largest config file or text read, in bytes: a config is a few kilobytes, and PyYAML parses tens of
+#: megabytes for minutes before any key is checked
+MAX_CONFIG_BYTES = 1_000_000
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _IMPORT_PATH_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
@@ -549,6 +552,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
     seen: set[Any] = set()
     for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: merged below, its keys may be overridden
+            continue
         key = loader.construct_object(key_node, deep=True)
         try:
             dup = key in seen
@@ -569,6 +574,20 @@ _UniqueKeyLoader.add_implicit_resolver(
     re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$"),
     list("-+.0123456789"),
 )
+#: an exponent form without a decimal point and with a non-negative exponent (`1e3`, `2E5`) is a whole
+#: number as written, read as an int, so `budget: 1e3` is 1000; `1e-3` and `1.5e3` stay floats
+_WHOLE_EXPONENT_RE = re.compile(r"^[-+]?[0-9][0-9_]*[eE]\+?[0-9]{1,2}$")
+
+
+def _construct_float(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
+    text = loader.construct_scalar(node)
+    if isinstance(text, str) and _WHOLE_EXPONENT_RE.match(text):
+        mantissa, _, exponent = text.replace("_", "").lower().partition("e")
+        return int(mantissa) * 10 ** int(exponent)
+    return yaml.SafeLoader.construct_yaml_float(loader, node)
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:float", _construct_float)
 
 
 def load_config_text(text: str, source: str = "<config>") -> "ExperimentConfig":
@@ -577,6 +596,9 @@ def load_config_text(text: str, source: str = "<config>") -> "ExperimentConfig":
     Raises:
         ConfigError: one line: invalid YAML (with its line and column), an unknown key or a bad value.
     """
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{source}: the config is {len(text)} characters long; at most {MAX_CONFIG_BYTES} are read "
+                          "(is this the right file?)")
     try:
         raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 -- a SafeLoader subclass
     except ConfigError as exc:
@@ -652,13 +674,16 @@ def load_config(source: str | os.PathLike | Mapping[str, Any] | ExperimentConfig
     path = os.fspath(source)
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            data = f.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except IsADirectoryError:
         raise ConfigError(f"config path is a folder, not a YAML file: {path}") from None
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: the config file is over {MAX_CONFIG_BYTES} bytes; a config is a few kilobytes "
+                          "(is this the right file?)")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

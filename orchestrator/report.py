@@ -706,6 +706,20 @@ def _save(fig: Any, plt: Any, out_dir: str, name: str) -> str:
     return _write_atomic(path, buf.getvalue())
 
 
+def _umask() -> int:
+    """The process's umask: from /proc where Linux shows it, else read by setting it and putting it back."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _write_atomic(path: str, data: bytes) -> str:
     """Write `data` to `path` by a rename: a reader (or a report interrupted half-way) sees the old file or the
     new one, never a truncated one. The temporary file has a name of its own (two reports writing one folder
@@ -716,6 +730,7 @@ def _write_atomic(path: str, data: bytes) -> str:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the report is read as the rest of the run is
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -101,7 +101,8 @@ def _check_objective(cfg: Any) -> Any:
     try:
         objective = inspect_objective(cfg.objective.name, dict(cfg.objective.options))
     except ValueError as exc:  # chained: a library user sees the objective's own traceback (review)
-        raise ConfigError(f"`objective`: {str(exc).splitlines()[0]}") from exc
+        # cut: an objective's message echoes the bad value, which may be megabytes long
+        raise ConfigError(f"`objective`: {_cut(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)}") from exc
     except Exception as exc:  # an option the objective does not check (a type, a size), or its own bug
         msg = str(exc).splitlines()[0] if str(exc) else ""
         options = dict(cfg.objective.options)
@@ -116,6 +117,20 @@ def _check_objective(cfg: Any) -> Any:
 
     AskTellOptimizer.from_config(cfg, objective)  # its constructor checks the model, proposer and calibrator
     return objective
+
+
+#: longest message of an objective a config error quotes (head and tail kept)
+MAX_QUOTED_CHARS = 600
+
+
+def _cut(text: str, limit: int = MAX_QUOTED_CHARS) -> str:
+    """`text` on one line, its middle cut (and the cut counted) when it is longer than `limit`."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    head = limit * 2 // 3
+    tail = limit - head
+    return f"{text[:head]} ... [{len(text) - limit} characters cut] ... {text[-tail:]}"
 
 
 #: seconds with evaluations waiting in Ray's queue and none running before the driver says so (`_QueueWatch`)
@@ -914,8 +929,13 @@ def progress_fields(st: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _show(bar: Any, st: Mapping[str, Any]) -> None:
-    bar.n = st["done"]
-    bar.set_postfix(progress_fields(st), refresh=False)
+    fields = progress_fields(st)
+    if bar.total and st["done"] > bar.total:  # a budget lowered below the results: reached, not "42/30"
+        bar.n = bar.total
+        fields = {"budget": "reached", "done": st["done"], **fields}
+    else:
+        bar.n = st["done"]
+    bar.set_postfix(fields, refresh=False)
     bar.refresh()
 
 
@@ -942,7 +962,7 @@ def _report(summary: Mapping[str, Any], out: TextIO) -> None:
         f"{summary['failed']} failed), utilization {summary['utilization']:.2f}",
         file=out,
     )
-    if summary.get("message"):
+    if summary.get("message") and summary["status"] != "aborted":  # an abort's message is its exception's: once
         print(f"qbatch: {summary['message']}", file=out)
     if best is not None:
         print(f"qbatch: {label}: value {best['value']:.6g} at {best['params']}", file=out)

@@ -266,3 +266,91 @@ def test_a_stop_during_a_submission_returns_once_it_is_done_and_nothing_follows(
     actor._propose(4)
     actor._dispatch(freed=4)
     assert len(submitted) == 1
+
+
+# ---------------------------------------------------------------------------------------- smaller ones
+def test_a_huge_bad_option_value_gives_a_short_error_line(tmp_path, capsys):
+    from orchestrator.errors import ConfigError
+    from orchestrator.runner import _check_objective
+
+    from orchestrator.config import load_config
+
+    big = "a" * 2_000_000
+    with pytest.raises(ConfigError) as exc:
+        _check_objective(load_config({**GOOD, "objective": {"name": "forrester", "options": {"noise_std": big}}}))
+    assert "noise_std" in str(exc.value) and "characters cut" in str(exc.value) and len(str(exc.value)) < 1000
+    under_the_size_cap = big[:900_000]
+    cfg = _write(tmp_path / "big.yaml", {**GOOD, "objective": {"name": "forrester",
+                                                               "options": {"noise_std": under_the_size_cap}}})
+    assert cli.main(["run", str(cfg), "--run-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "noise_std" in err and len(err) < 2500, len(err)
+
+
+def test_yaml_merge_keys_whole_exponents_and_an_oversized_config(tmp_path):
+    from orchestrator.config import MAX_CONFIG_BYTES, load_config, load_config_text
+    from orchestrator.errors import ConfigError
+
+    cfg = load_config_text("objective: &obj {name: forrester, options: {noise_std: 0.1}}\nname: m\n"
+                           "model: {type: quantile}\nbudget: 1e3\ntau: 1e-1\nbatch_size: 2E1\n")
+    assert cfg.budget == 1000 and cfg.batch_size == 20 and cfg.tau == 0.1
+    merged = load_config_text("objective:\n  <<: {name: gld, options: {dim: 2}}\n  name: forrester\n  options: {}\n"
+                              "name: m\n")
+    assert merged.objective.name == "forrester"
+    with pytest.raises(ConfigError, match=r"`budget` must be an integer"):
+        load_config_text("objective: {name: forrester}\nbudget: 1.5e3\n")  # not a whole number as written
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("objective: {name: forrester}\n" + "# padding\n" * (MAX_CONFIG_BYTES // 10 + 10))
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=r"huge\.yaml: the config file is over \d+ bytes"):
+        load_config(str(huge))
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_an_aborted_run_says_its_message_once(capsys):
+    import io
+
+    from orchestrator import runner
+
+    message = "writing the run log in /r failed (OSError: [Errno 28] No space left on device)"
+    out = io.StringIO()
+    runner._report({"status": "aborted", "message": message, "done": 3, "completed": 3, "failed": 0,
+                    "utilization": 0.5, "run_dir": "/r"}, out)
+    assert message not in out.getvalue()  # the RunAbortedError carrying it is printed by the CLI, once
+
+
+def test_report_files_have_the_mode_of_the_rest_of_the_run(tmp_path):
+    from orchestrator.report import write_report
+
+    root = tmp_path / "run"
+    _run_with_rows(root, {})
+    _, paths = write_report(str(root))
+    want = os.stat(root / "config.yaml").st_mode & 0o777
+    assert want & 0o044  # readable by others under this umask, as the run's own files are
+    for path in paths.values():
+        assert os.stat(path).st_mode & 0o777 == want, path
+
+
+def test_a_budget_lowered_below_the_results_reads_as_reached(tmp_path, capsys):
+    from orchestrator.runner import _show
+
+    root = tmp_path / "run"
+    _run_with_rows(root, {})
+    config = yaml.safe_load((root / "config.yaml").read_text())
+    (root / "config.yaml").write_text(yaml.safe_dump({**config, "budget": 2}))
+    assert cli.main(["status", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "3/2" not in out and "3 done, budget 2 reached" in out, out
+
+    class Bar:
+        total, n = 2, 0
+
+        def set_postfix(self, fields, refresh=False):
+            self.fields = fields
+
+        def refresh(self):
+            pass
+
+    bar = Bar()
+    _show(bar, {"done": 3, "evals_per_s": 1.0, "utilization": 0.5, "inflight": 0, "failed": 0})
+    assert bar.n == 2 and bar.fields["budget"] == "reached" and bar.fields["done"] == 3
