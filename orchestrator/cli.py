@@ -139,6 +139,11 @@ def _open_run(run_dir: str) -> Any:
         store = RunStore.open(run_dir)
     except StoreError as exc:
         raise UsageError(str(exc)) from None
+    if "objective" not in store.config and not store.has_segments():
+        # every config qbatch writes names its objective: a folder of another program that happens to hold a
+        # config.yaml and an events/ folder is not shown as an empty run
+        raise UsageError(f"{store.run_dir} is not a qbatch run: its config.yaml names no `objective` and its "
+                         "events/ folder holds no qbatch log segment")
     try:
         load_config(store.config)
     except ConfigError as exc:

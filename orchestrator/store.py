@@ -799,6 +799,10 @@ class RunStore:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
             return False
 
+    def has_segments(self) -> bool:
+        """Whether events/ holds at least one file named as a log segment (`seg-<first>-<last>.parquet`)."""
+        return any(_SEGMENT_RE.match(n) for n in self._fs.listdir("events"))
+
     @property
     def durable_fsync(self) -> bool:
         """True for local folders (fsync of file and folder); False for other pyarrow filesystems."""

@@ -354,3 +354,15 @@ def test_a_budget_lowered_below_the_results_reads_as_reached(tmp_path, capsys):
     bar = Bar()
     _show(bar, {"done": 3, "evals_per_s": 1.0, "utilization": 0.5, "inflight": 0, "failed": 0})
     assert bar.n == 2 and bar.fields["budget"] == "reached" and bar.fields["done"] == 3
+
+
+def test_another_programs_folder_with_an_events_folder_is_not_shown_as_a_run(tmp_path, capsys):
+    other = tmp_path / "other"
+    (other / "events").mkdir(parents=True)
+    (other / "events" / "2024-01-01.log").write_text("not ours")
+    (other / "config.yaml").write_text("learning_rate: 0.1\nepochs: 3\n")
+    for cmd in ("status", "report"):
+        assert cli.main([cmd, str(other)]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.splitlines()) == 1 and "is not a qbatch run" in err and str(other) in err, err
+    assert not (other / "report").exists()
