@@ -109,6 +109,8 @@ def _check_objective(cfg: Any) -> Any:
         what = (f"`objective.options` of {cfg.objective.name!r} ({options}) were refused" if options else
                 f"`objective` {cfg.objective.name!r} failed to build (no options given)")  # not "options refused"
         raise ConfigError(f"{what}: {type(exc).__name__}: {msg}"[:600]) from exc
+    if sep:  # a user objective: the central actor and every worker build it again, and must get this space
+        _check_same_space(cfg, objective)
     cfg.build_space(objective.space)
     cfg.resolve_direction(objective.direction)
     # build the model and the proposer once here: a bad option of either is a ConfigError naming it now,
@@ -117,6 +119,26 @@ def _check_objective(cfg: Any) -> Any:
 
     AskTellOptimizer.from_config(cfg, objective)  # its constructor checks the model, proposer and calibrator
     return objective
+
+
+def _check_same_space(cfg: Any, objective: Any) -> None:
+    """Build the user objective a second time and raise `ConfigError` naming the first parameter whose
+    declared space differs: a constructor that draws its space at random gives the central actor another
+    space than the one the run pinned, which surfaced as an error about a `space.<name>` the user never wrote."""
+    from objectives.registry import inspect_objective
+
+    try:
+        again = inspect_objective(cfg.objective.name, dict(cfg.objective.options))
+    except Exception:  # noqa: BLE001 - it built once: a second failure is the actor's to report
+        return
+    first, second = dict(objective.space), dict(again.space)
+    for name in sorted(set(first) | set(second), key=str):
+        a, b = first.get(name), second.get(name)
+        if a != b:
+            raise ConfigError(
+                f"`objective` {cfg.objective.name!r} declares a different search space each time it is built "
+                f"(parameter {name!r}: {_cut(repr(a), 120)}, then {_cut(repr(b), 120)}); the central actor and the "
+                "workers build it again, so its space must not change between builds (draw it from a fixed seed)")
 
 
 #: longest message of an objective a config error quotes (head and tail kept)

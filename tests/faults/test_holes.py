@@ -19,10 +19,31 @@ import pyarrow as pa
 import pytest
 import yaml
 
+from objectives.base import Objective
 from orchestrator import cli
 from orchestrator import store as store_mod
 from orchestrator.errors import UsageError
 from orchestrator.store import Event, RunDirError, RunStore, trials_table
+
+
+class RandomSpace(Objective):
+    """A user objective whose constructor draws the upper bound of its space at random."""
+
+    name = "random-space"
+    direction = "maximize"
+    noisy = False
+
+    def __init__(self) -> None:
+        import random
+
+        from objectives.base import Resources
+
+        self.space = {"x": {"type": "float", "low": 0.0, "high": random.uniform(1.0, 2.0)}}
+        self.resources = Resources(num_cpus=0.5)
+
+    def evaluate(self, params, seed):
+        return float(params["x"])
+
 
 GOOD = {"name": "holes", "objective": {"name": "forrester"}, "tau": 0.2, "budget": 6, "batch_size": 3,
         "initial_design": 3, "direction": "maximize"}
@@ -366,3 +387,14 @@ def test_another_programs_folder_with_an_events_folder_is_not_shown_as_a_run(tmp
         out, err = capsys.readouterr()
         assert out == "" and len(err.splitlines()) == 1 and "is not a qbatch run" in err and str(other) in err, err
     assert not (other / "report").exists()
+
+
+def test_an_objective_whose_space_changes_between_builds_is_named(tmp_path, capsys):
+    from orchestrator.config import load_config
+    from orchestrator.errors import ConfigError
+    from orchestrator.runner import _check_objective
+
+    cfg = load_config({**GOOD, "objective": {"name": "tests.faults.test_holes:RandomSpace"}})
+    with pytest.raises(ConfigError, match=r"RandomSpace' declares a different search space each time it is "
+                                          r"built \(parameter 'x': "):
+        _check_objective(cfg)
