@@ -23,6 +23,7 @@ BUILTIN_OBJECTIVES: dict[str, tuple[str, str]] = {
     # physics / stochastic simulators (quantile-expectile-bo.md §4)
     "laser": ("objectives.laser:LaserSimulator", "16-D FEL quadrupole tuning simulator, skew-normal noise (synthetic or from an LCLS CSV)"),
     "gld": ("objectives.gld:GLDProblem", "stochastic problem with Generalised-Lambda noise whose parameters are GP draws"),
+    "skewed": ("objectives.skewed:SkewedNoiseProblem", "skewed input-dependent noise; mean and 10% quantile best apart"),
     "lunar-lander": ("objectives.lunar_lander:LunarLander", "6 thresholds of the heuristic LunarLander controller; one episode's reward"),
     # machine-learning hyperparameter tuning (calibrated-bo.md §2.3)
     "cnn": ("objectives.cnn:CNNTraining", "6 CNN training hyperparameters -> held-out classification error"),

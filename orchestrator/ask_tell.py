@@ -37,6 +37,7 @@ from orchestrator.errors import (
     ConfigError, InputDataError, ModelFitError, ModelWarning, QbatchError, UnsupportedError,
 )
 from orchestrator.models.base import fit_stop
+from orchestrator.recommend import DEFAULT_RULE, check_rule, recommendation_scores
 from orchestrator.space import SearchSpace
 from workers.evaluate import classify_value
 
@@ -145,6 +146,8 @@ class AskTellOptimizer:
             for the first fit. Default `max(2 d + 2, 5)`.
         seed: seeds the Sobol design, the proposer and the per-trial evaluation seeds.
         model_options, proposer_options, calibrator_options: keyword options of the factories.
+        recommendation: the rule `best()` applies among the observed inputs (`orchestrator.recommend`):
+            "mean" (default, spec §1.7), "lcb" or "lcb-2".
     """
 
     def __init__(
@@ -160,6 +163,7 @@ class AskTellOptimizer:
         model_options: Mapping[str, Any] | None = None,
         proposer_options: Mapping[str, Any] | None = None,
         calibrator_options: Mapping[str, Any] | None = None,
+        recommendation: str = DEFAULT_RULE,
     ) -> None:
         self.space = space if isinstance(space, SearchSpace) else SearchSpace.from_description(space)
         if direction not in ("maximize", "minimize"):
@@ -174,6 +178,7 @@ class AskTellOptimizer:
             raise ConfigError(f"`initial_design` must be an integer >= 1; got {initial_design!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
             raise ConfigError(f"`seed` must be an integer in [0, 2**63); got {seed!r}")
+        self.recommendation = check_rule(recommendation)
         self.direction = direction
         self.sign = 1.0 if direction == "maximize" else -1.0
         self.tau = float(tau)
@@ -258,6 +263,7 @@ class AskTellOptimizer:
             model_options=dict(cfg.model.options),
             proposer_options=dict(cfg.proposer.options),
             calibrator_options=dict(cfg.calibrator.options),
+            recommendation=cfg.recommendation,
         )
         opt.defer_calibration = True  # (the default; the actor depends on it)
         return opt
@@ -902,7 +908,7 @@ class AskTellOptimizer:
                 f"the {self.model_name} fit on {n} results is not finite (posterior mean not finite at {bad} of "
                 f"{n} observed points, outcome transform loc={float(loc):g}, scale={float(scale):g}; outcomes "
                 f"span [{float(Y.min()):g}, {float(Y.max()):g}]); the previous model is kept")
-        i = int(torch.argmax(target))
+        i = int(torch.argmax(recommendation_scores(model, X, self.recommendation)))
         best_pred = self.sign * float(loc + scale * float(target[i]))
         with self._lock:  # as told (a log-scale float mapped back from x differs in its last digits)
             best_params = dict(self._trials[ids[i]].params)
@@ -921,7 +927,7 @@ class AskTellOptimizer:
             warn = swapped and bool(diag.get("lengthscales_at_prior_mode")) and not self._warned_prior_mode
             self._warned_prior_mode |= warn
         if warn:
-            prior = (self.model_options or {}).get("lengthscale_prior", "spec")
+            prior = (self.model_options or {}).get("lengthscale_prior", "dim-scaled")
             advice = ("set the model option `lengthscale_prior: dim-scaled` (config `model: {type: ..., options: "
                       "{lengthscale_prior: dim-scaled}}`)" if prior != "dim-scaled" else
                       "give it more results per dimension, or fewer dimensions")

@@ -24,6 +24,7 @@ import numpy as np
 import yaml
 
 from orchestrator.errors import ConfigError, SpaceError
+from orchestrator.recommend import DEFAULT_RULE, RULES
 from workers.evaluate import MAX_TIMEOUT_S
 
 __all__ = [
@@ -320,6 +321,7 @@ _TABLE: dict[str, Any] = {
         "min_trials": _Key(_int(1, 100_000_000), 10),
     },
     "seed": _Key(_int(0, MAX_SEED), 0),
+    "recommendation": _Key(_choice(tuple(RULES)), DEFAULT_RULE),
     "run_dir": _Key(_optional(check_run_dir), None),
 }
 #: sections that may be given as a bare string: `model: expectile` means `model: {type: expectile}`
@@ -417,6 +419,7 @@ class ExperimentConfig:
     failure_guard: FailureGuardConfig
     seed: int
     run_dir: str | None
+    recommendation: str = DEFAULT_RULE
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict of every key (defaults filled in), in table order; `load_config` inverts it."""
@@ -442,6 +445,7 @@ class ExperimentConfig:
                     "min_trials": self.failure_guard.min_trials,
                 },
                 "seed": self.seed,
+                "recommendation": self.recommendation,
                 "run_dir": self.run_dir,
             }
         )
@@ -656,6 +660,7 @@ def _load_mapping(raw: Any, source: str | None) -> ExperimentConfig:
         failure_guard=FailureGuardConfig(**v["failure_guard"]),
         seed=v["seed"],
         run_dir=v["run_dir"],
+        recommendation=v["recommendation"],
     )
 
 

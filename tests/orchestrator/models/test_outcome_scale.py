@@ -20,7 +20,7 @@ def _fit_best(model: str, scale: float, offset: float = 0.0, outlier: float | No
     values = (offset + scale * y).tolist()
     if outlier is not None:
         values[3] = outlier  # at a = 0.125, far from the optimum
-    opts = {"num_inducing": 12, "max_steps": 300} if model not in ("exact-gp", "gpr-replicates") else {}
+    opts = {"num_inducing": 12} if model not in ("exact-gp", "gpr-replicates") else {}
     opt = AskTellOptimizer(SPACE, model=model, tau=0.5, initial_design=5, model_options=opts)
     for x, v in zip(xs.tolist(), values):
         opt.tell_point({"a": x}, v)

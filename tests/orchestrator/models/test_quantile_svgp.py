@@ -69,7 +69,7 @@ def data() -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def fitted(data) -> QuantileSVGP:
-    model = QuantileSVGP(tau=0.8, num_inducing=24, max_steps=150, seed=1)
+    model = QuantileSVGP(tau=0.8, num_inducing=24, max_steps=150, seed=1, lengthscale_prior="spec")
     model.fit(*data)
     return model
 
@@ -204,6 +204,7 @@ def test_warm_start_projection_keeps_posterior(data, fitted):
     g0, _ = model.posterior_g(Xt, full_cov=False)
     Z0 = model.sparse_parts().Z
     model.options.warm_max_steps = 0
+    model.options.inducing_placement = "kmeans"
     model.options.kmeans_warm_start = False  # a fresh k-means: a genuinely different Z
     info = model.fit(X, Y)
     assert info["iterations"] == 0 and info["warm"] == 1.0
