@@ -952,7 +952,7 @@ class AskTellOptimizer:
         except NotImplementedError:
             return None
         return {"model": state, "model_n": n, "model_type": self.model_name, "tau": self.tau,
-                "model_tau": self.model_tau, "model_options": dict(self.model_options),
+                "direction": self.direction, "model_tau": self.model_tau, "model_options": dict(self.model_options),
                 "best": None if best is None else [dict(best[0]), float(best[1])]}
 
     def restore_model(self, checkpoint: Mapping[str, Any]) -> None:
@@ -966,6 +966,10 @@ class AskTellOptimizer:
         theirs = (checkpoint.get("model_type"), checkpoint.get("model_tau"), checkpoint.get("model_options"))
         if "model_tau" not in checkpoint:  # written before 2026-11-25: it recorded the user's tau only
             theirs = (theirs[0], self.model_tau if checkpoint.get("tau") == self.tau else None, self.model_options)
+        direction = checkpoint.get("direction", self.direction)
+        if direction != self.direction:  # tau 0.5 has the same model level in both directions
+            raise QbatchError(f"the model checkpoint is of a run that {direction}s; this run {self.direction}s "
+                              f"(`direction` changed)")
         if theirs != (self.model_name, self.model_tau, self.model_options):
             raise QbatchError(f"the model checkpoint is of model {theirs[0]!r} at level {theirs[1]!r} with options "
                               f"{theirs[2]!r}; this run fits {self.model_name!r} at level {self.model_tau!r} "

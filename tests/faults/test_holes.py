@@ -398,3 +398,42 @@ def test_an_objective_whose_space_changes_between_builds_is_named(tmp_path, caps
     with pytest.raises(ConfigError, match=r"RandomSpace' declares a different search space each time it is "
                                           r"built \(parameter 'x': "):
         _check_objective(cfg)
+
+
+# --- F1: a direction flipped at resume must not reuse the old model ----------------------------------------------
+def _fitted_optimizer(direction: str):
+    from orchestrator.ask_tell import AskTellOptimizer
+
+    opt = AskTellOptimizer({"a": {"type": "float", "low": 0.0, "high": 1.0}}, model="exact-gp", tau=0.5,
+                           direction=direction, initial_design=4)
+    for i in range(8):
+        x = i / 7
+        opt.tell_point({"a": x}, -(x - 0.3) ** 2)
+    opt.fit()
+    return opt
+
+
+def test_a_model_checkpoint_of_the_other_direction_is_refused_at_tau_one_half():
+    from orchestrator.errors import QbatchError
+
+    ckpt = _fitted_optimizer("maximize").model_checkpoint()
+    flipped = _fitted_optimizer("minimize")
+    with pytest.raises(QbatchError, match="direction"):
+        flipped.restore_model(ckpt)
+    same = _fitted_optimizer("maximize")
+    same.restore_model(ckpt)  # the same direction still restores
+
+
+# --- F6: more inducing points than observations ------------------------------------------------------------------
+def test_more_inducing_points_than_observations_uses_the_observations():
+    import torch
+
+    from orchestrator.models import build_model
+
+    X = torch.rand(50, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    Y = torch.sin(6 * X[:, 0]) + 0.1 * torch.randn(50, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    model = build_model("quantile", tau=0.1, num_inducing=8192)
+    t0 = time.perf_counter()
+    info = model.fit(X, Y)
+    assert info["num_inducing"] == 50  # every observation, no random padding
+    assert time.perf_counter() - t0 < 60
