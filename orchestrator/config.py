@@ -445,9 +445,10 @@ class ExperimentConfig:
                     "min_trials": self.failure_guard.min_trials,
                 },
                 "seed": self.seed,
-                "recommendation": self.recommendation,
                 "run_dir": self.run_dir,
             }
+            # the default rule is left out, so a saved config.yaml keeps ARCHITECTURE.md's key set
+            | ({} if self.recommendation == DEFAULT_RULE else {"recommendation": self.recommendation})
         )
 
     def resolve_run_dir(self, override: str | None = None, now: float | None = None) -> str:

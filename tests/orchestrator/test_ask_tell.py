@@ -662,7 +662,8 @@ def test_a_fit_that_learned_no_lengthscale_warns_once():
 
     def fitted(d):
         space = {f"x{i}": {"type": "float", "low": 0.0, "high": 1.0} for i in range(d)}
-        opt = AskTellOptimizer(space, initial_design=100, seed=0, model_options={"num_inducing": 32})
+        opt = AskTellOptimizer(space, initial_design=100, seed=0,
+                               model_options={"num_inducing": 32, "lengthscale_prior": "spec"})
         gen = torch.Generator().manual_seed(0)
         for t in opt.ask(100):
             x = torch.tensor([t.params[f"x{i}"] for i in range(3)])

@@ -361,7 +361,8 @@ def test_on_a_grid_thompson_picks_free_cells_itself(monkeypatch):
     from proposer_contract import count_replaced
 
     opt = AT.AskTellOptimizer(space, model="quantile", tau=0.5, proposer="thompson", initial_design=20, seed=0,
-                              model_options={"num_inducing": 20, "max_steps": 100},
+                              model_options={"num_inducing": 20, "max_steps": 100, "inducing_placement": "kmeans",
+                                             "lengthscale_prior": "spec", "optimizer": "adam"},
                               proposer_options={"num_features": 256, "raw_samples": 256, "num_restarts": 2,
                                                 "maxiter": 30})
     assert opt._build_proposer().snap is not None
