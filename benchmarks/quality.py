@@ -76,7 +76,7 @@ def make_problem(name: str, seed: int) -> Any:
     return GLDProblem(dim=PROBLEMS[name][0], problem=seed)
 
 
-def _quantiles(prob: Any, points: Sequence[dict]) -> "np.ndarray":
+def _quantiles(prob: Any, points: Sequence[dict]) -> Any:
     import numpy as np
 
     return np.asarray([prob.quantile(p, TAU) for p in points], dtype=np.float64)

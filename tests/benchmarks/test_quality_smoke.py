@@ -1,0 +1,46 @@
+"""Smoke runs of the quality benchmarks (benchmarks/quality.py, fit_speed.py) and the summary's columns."""
+
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def test_quality_quick_records_the_recommendation_and_the_best_point(tmp_path):
+    from benchmarks import quality
+
+    out = quality.main(["--quick", "--out", str(tmp_path)])
+    rows = {r["method"]: r for r in out["rows"]}
+    assert set(rows) == {"quantile-ts", "sobol"}
+    for r in rows.values():
+        assert r["regret_rec"] >= 0 and 0 <= r["regret_best_evaluated"] <= r["regret_rec"] + 1e-12
+    assert {"regret_mean", "regret_lcb", "regret_lcb-2"} <= set(rows["quantile-ts"])
+    assert (tmp_path / "runs.csv").exists() and (tmp_path / "summary_loop.csv").exists()
+
+
+def test_fit_speed_quick_prints_a_ratio(tmp_path):
+    from benchmarks import fit_speed
+
+    out = fit_speed.main(["--quick", "--out", str(tmp_path)])
+    assert out["worst"] > 0 and out["summary"][0]["n"] == 20
+
+
+def test_the_recorded_summary_is_what_its_tables_give():
+    from benchmarks import quality_summary
+
+    path = REPO / "benchmarks" / "results" / "quality" / "summary.csv"
+    with open(path, newline="") as fh:
+        recorded = list(csv.DictReader(fh))
+    assert recorded and list(recorded[0]) == quality_summary.COLUMNS
+    rebuilt = quality_summary.main()  # rewrites the file from the same tables: it must not change
+    with open(path, newline="") as fh:
+        assert list(csv.DictReader(fh)) == recorded
+    assert len(rebuilt) == len(recorded)
