@@ -53,10 +53,16 @@ METHODS: dict[str, tuple[str, str, dict, dict]] = {
     "quantile-ts": ("quantile", "thompson", {}, {}),
     "quantile-ts-m128": ("quantile", "thompson", {"num_inducing": 128, "inducing_placement": "kmeans",
                                                   "lengthscale_prior": "spec", "optimizer": "adam"}, {}),
+    "quantile-ts-const": ("quantile", "thompson", {"noise_scale": "constant"}, {}),
+    "quantile-ts-short": ("quantile", "thompson", {"max_steps": 200, "warm_max_steps": 50}, {}),
+    "quantile-ts-const-short": ("quantile", "thompson", {"noise_scale": "constant", "max_steps": 200,
+                                                         "warm_max_steps": 50}, {}),
     "exact-ts": ("exact-gp", "thompson", {}, {}),
     "qlognei": ("exact-gp", "qlognei", {}, {"sequential": False}),
     "sobol": ("exact-gp", "sobol", {}, {}),
 }
+#: the methods of the protocol; the others are screened variants of the quantile model
+DEFAULT_METHODS = ["quantile-ts", "exact-ts", "qlognei", "sobol"]
 TAU = 0.1
 QUICK: dict[str, Any] = {"problems": ["skewed-3d"], "methods": ["quantile-ts", "sobol"], "seeds": [0],
                          "budget": 24, "batch": 6}
@@ -158,7 +164,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="CI smoke run: skewed-3d, 2 methods, one seed, 24 evaluations")
     ap.add_argument("--problems", nargs="+", choices=sorted(PROBLEMS), help="problems (default: all)")
-    ap.add_argument("--methods", nargs="+", choices=sorted(METHODS), help="methods (default: all but quantile-ts-m128)")
+    ap.add_argument("--methods", nargs="+", choices=sorted(METHODS), help="methods (default: quantile-ts exact-ts qlognei sobol)")
     ap.add_argument("--seeds", default="0-4", help="range 0-4, count 5, or list 0,2")
     ap.add_argument("--workers", type=int, default=1, help="parallel processes")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
@@ -173,7 +179,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     problems = args.problems or (QUICK["problems"] if args.quick else [p for p in PROBLEMS if p != "quickstart"])
-    methods = args.methods or (QUICK["methods"] if args.quick else [m for m in METHODS if m != "quantile-ts-m128"])
+    methods = args.methods or (QUICK["methods"] if args.quick else DEFAULT_METHODS)
     seeds = QUICK["seeds"] if args.quick else parse_index_list(args.seeds, "--seeds", 5)
     out = Path(args.out)
     runs = out / "runs"

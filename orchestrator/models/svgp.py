@@ -130,8 +130,8 @@ class SVGPOptions:
         kmeans_iter: k-means restarts for the inducing inputs (cold fits).
         kmeans_warm_start: at a warm refit, start k-means from the previous Z (converges in a few
             iterations; Z still follows the new data) instead of random data points.
-        noise_scale: "gp" (default, the spec's model): g = log sigma is a GP, so the noise's scale may change
-            with x. "constant": g is one learned constant (its GP's variance is held at `MIN_OUTPUTSCALE`, so
+        noise_scale: "gp" (the spec's model; HetGP's default): g = log sigma is a GP, so the noise's scale may
+            change with x. The quantile model defaults to "constant" (`QuantileSVGP.default_options`). "constant": g is one learned constant (its GP's variance is held at `MIN_OUTPUTSCALE`, so
             it varies by about 0.1% at most, and its hyperpriors leave the loss): the noise has the same scale
             everywhere. A GP g can explain an isolated high measurement as noise where it stands; a constant
             one cannot, and takes it as signal (the laser simulator's narrow peak; the sparse approximation may
@@ -468,10 +468,12 @@ class TwoLatentSVGPSurrogate(Surrogate):
     """
 
     family: str = ""
+    #: option defaults of this family that differ from `SVGPOptions`' (the user's options override them)
+    default_options: dict[str, Any] = {}
 
     def __init__(self, tau: float = 0.5, **options: Any) -> None:
         self.tau = check_tau(tau)
-        self.options = SVGPOptions.from_dict(options)
+        self.options = SVGPOptions.from_dict({**self.default_options, **options})
         self.likelihood = self._make_likelihood(self.tau)
         self.model: TwoLatentSVGP | None = None
         self._y_mean = 0.0

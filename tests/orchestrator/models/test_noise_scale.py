@@ -42,7 +42,7 @@ def test_constant_scale_holds_g_through_warm_refits_and_a_restore(cls):
     more data, and in a copy restored from the saved state (a run's model checkpoint)."""
     X, Y = _data(lambda X: 0.05 + 0.6 * X[:, 1])
     Xt = torch.rand(500, 2, generator=torch.Generator().manual_seed(1), **TK)
-    free = cls(tau=0.2, **FAST)
+    free = cls(tau=0.2, noise_scale="gp", **FAST)
     free.fit(X, Y)
     assert _spread(free, Xt)[0] > 1.0
     model = cls(tau=0.2, noise_scale="constant", **FAST)
@@ -109,8 +109,13 @@ def test_constant_scale_leaves_g_hyperpriors_out_of_the_loss():
     assert float(m.log_prior()) != pytest.approx(float(expected), abs=1e-6)
 
 
-def test_noise_scale_is_checked_and_defaults_to_the_spec_model():
-    assert QuantileSVGP().options.noise_scale == "gp"
+def test_noise_scale_is_checked_and_defaults_per_family():
+    assert QuantileSVGP().options.noise_scale == "constant"  # the quantile model's default
+    assert ExpectileSVGP().options.noise_scale == "gp"
+    assert QuantileSVGP(noise_scale="gp").options.noise_scale == "gp"
+    from orchestrator.models.het_svgp import HeteroscedasticSVGP
+
+    assert HeteroscedasticSVGP().options.noise_scale == "gp"  # HetGP's noise model is its point
     for bad in ("Constant", "none", 1, True, None):
         with pytest.raises(ConfigError, match=r"^`noise_scale` must be one of \['gp', 'constant'\]; got "):
             QuantileSVGP(noise_scale=bad)

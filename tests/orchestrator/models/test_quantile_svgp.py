@@ -69,7 +69,7 @@ def data() -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def fitted(data) -> QuantileSVGP:
-    model = QuantileSVGP(tau=0.8, num_inducing=24, max_steps=150, seed=1, lengthscale_prior="spec")
+    model = QuantileSVGP(tau=0.8, num_inducing=24, max_steps=150, seed=1, lengthscale_prior="spec", noise_scale="gp")
     model.fit(*data)
     return model
 
@@ -499,7 +499,7 @@ def test_y_scale_fits_y_over_s_without_standardizing(data):
     the outputscales at outputscale_init * Var(Y / s) and the noise at half of it; the default still
     standardizes."""
     X, Y = data
-    opts = {"num_inducing": 16, "max_steps": 60, "seed": 3}
+    opts = {"num_inducing": 16, "max_steps": 60, "seed": 3, "noise_scale": "gp"}  # both latents set at a cold start
     scaled, unit = QuantileSVGP(tau=0.8, y_scale=300.0, **opts), QuantileSVGP(tau=0.8, y_scale=1.0, **opts)
     scaled.fit(X, Y)
     unit.fit(X, Y / 300.0)
