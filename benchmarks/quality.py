@@ -19,6 +19,7 @@ Usage:
     python benchmarks/quality.py --quick                      # CI smoke run (~1 minute)
     python benchmarks/quality.py --workers 2 --out benchmarks/results/quality/loop
     python benchmarks/quality.py --problems skewed-3d --methods quantile-ts qlognei --seeds 0-4
+    python benchmarks/quality.py --summary                   # rebuild benchmarks/results/quality/summary.csv
 Results in --out: runs/<problem>-<method>-<seed>.json (one per run, written as it finishes; --resume skips
 them), runs.csv (one row per run), summary.csv (mean +- 95% CI per problem x method) and paired.csv (quantile
 TS against each other method, paired over seeds).
@@ -169,6 +170,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--workers", type=int, default=1, help="parallel processes")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
     ap.add_argument("--resume", action="store_true", help="skip the runs whose files are in OUT/runs")
+    ap.add_argument("--summary", action="store_true",
+                    help="run nothing: rebuild benchmarks/results/quality/summary.csv, one row per target, from the "
+                         "recorded tables (benchmarks/_quality_summary.py)")
     ap.add_argument("--out", default=str(REPO / "results" / "quality"), help="output directory")
     args = ap.parse_args(argv)
     if args.workers < 1 or args.threads < 1:
@@ -178,6 +182,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.summary:
+        from benchmarks import _quality_summary
+
+        return {"summary_rows": _quality_summary.main()}
     problems = args.problems or (QUICK["problems"] if args.quick else [p for p in PROBLEMS if p != "quickstart"])
     methods = args.methods or (QUICK["methods"] if args.quick else DEFAULT_METHODS)
     seeds = QUICK["seeds"] if args.quick else parse_index_list(args.seeds, "--seeds", 5)

@@ -1,4 +1,4 @@
-"""Smoke runs of the quality benchmarks (benchmarks/quality.py, fit_speed.py) and the summary's columns."""
+"""Smoke run of the quality benchmark (benchmarks/quality.py `--quick`) and its summary of the targets."""
 
 from __future__ import annotations
 
@@ -14,9 +14,8 @@ sys.path.insert(0, str(REPO))
 pytestmark = pytest.mark.timeout(600)
 
 
-def test_quality_quick_records_the_recommendation_and_the_best_point(tmp_path):
-    from benchmarks import quality
-
+def test_quality_quick_records_the_recommendation_and_the_best_point(tmp_path, load_benchmark):
+    quality = load_benchmark("quality")
     out = quality.main(["--quick", "--out", str(tmp_path)])
     rows = {r["method"]: r for r in out["rows"]}
     assert set(rows) == {"quantile-ts", "sobol"}
@@ -26,21 +25,15 @@ def test_quality_quick_records_the_recommendation_and_the_best_point(tmp_path):
     assert (tmp_path / "runs.csv").exists() and (tmp_path / "summary_loop.csv").exists()
 
 
-def test_fit_speed_quick_prints_a_ratio(tmp_path):
-    from benchmarks import fit_speed
+def test_the_recorded_summary_is_what_its_tables_give(load_benchmark):
+    from benchmarks import _quality_summary as quality_summary
 
-    out = fit_speed.main(["--quick", "--out", str(tmp_path)])
-    assert out["worst"] > 0 and out["summary"][0]["n"] == 20
-
-
-def test_the_recorded_summary_is_what_its_tables_give():
-    from benchmarks import quality_summary
-
+    quality = load_benchmark("quality")
     path = REPO / "benchmarks" / "results" / "quality" / "summary.csv"
     with open(path, newline="") as fh:
         recorded = list(csv.DictReader(fh))
     assert recorded and list(recorded[0]) == quality_summary.COLUMNS
-    rebuilt = quality_summary.main()  # rewrites the file from the same tables: it must not change
+    rebuilt = quality.main(["--summary"])["summary_rows"]  # rewrites the file from the same tables: it must not change
     with open(path, newline="") as fh:
         assert list(csv.DictReader(fh)) == recorded
     assert len(rebuilt) == len(recorded)

@@ -11,8 +11,7 @@ Reads the recorded tables and writes one row per target with the columns
 - the GLD, lunar-lander and laser protocols' recorded tables (`gld_full`, `gld_d6`, `lander_head`, `laser_full`),
   which were made with the model before the current defaults: their rows say so in `setting`.
 
-Usage:
-    python benchmarks/quality_summary.py            # rewrites benchmarks/results/quality/summary.csv
+Run by `python benchmarks/quality.py --summary` (rewrites benchmarks/results/quality/summary.csv).
 """
 
 from __future__ import annotations
