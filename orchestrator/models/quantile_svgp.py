@@ -1,8 +1,8 @@
 """Quantile SVGP: two latent GPs (f = the tau-quantile, g = log sigma) with the asymmetric Laplace likelihood.
 
 quantile-expectile-bo.md §1.2-1.6 (Picheny et al. 2022, "Bayesian Quantile and Expectile Optimisation");
-the shared SVGP machinery (k-means inducing inputs, warm-started unwhitened q(u), minibatch Adam on the
-ELBO) lives in `orchestrator.models.svgp`.
+the shared SVGP machinery (inducing inputs, warm-started unwhitened q(u), the ELBO's optimizers) lives in
+`orchestrator.models.svgp`.
 """
 
 from __future__ import annotations

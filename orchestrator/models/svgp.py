@@ -3,14 +3,15 @@
 quantile-expectile-bo.md §1.3-1.6 (Picheny et al. 2022; Hensman et al. 2013; Saul et al. 2016): two
 independent latent GPs f and g = log sigma (g one learned constant with the option `noise_scale: constant`),
 each with a constant mean and a Matern-5/2 ARD kernel (GPyTorch `ScaleKernel(MaternKernel)` with batch shape
-[2]), shared inducing inputs Z chosen by k-means and refreshed at
-every fit (never trained), and a Gaussian q(u_f) q(u_g) over u = h(Z), the values of the zero-mean parts h.
+[2]), shared inducing inputs Z refreshed at every fit (never trained: every observation while n is small, then
+a growing greedy allocation, `orchestrator.models.allocation`; or the spec's k-means), and a Gaussian
+q(u_f) q(u_g) over u = h(Z), the values of the zero-mean parts h.
 q(u) is stored whitened (GPyTorch `CholeskyVariationalDistribution` with batch shape [2] over u~ = L^-1 u,
 L = chol k(Z, Z), GPyTorch's default convention, allowed by §1.4), which saves an m^3 triangular solve and its
 backward pass per step; the warm start and `sparse_parts` speak the unwhitened (a, S) of the spec.
-Training maximises the minibatch ELBO
-(N/|B| scaling, both KL terms, hyperpriors as GPyTorch adds them) with Adam, a plateau learning-rate schedule
-and early stopping (§1.6). At every refresh q(u) is warm-started by projecting the previous posterior onto
+Training maximises the ELBO (both KL terms, hyperpriors as GPyTorch adds them): on all the data with L-BFGS
+while n is small, else on minibatches (N/|B| scaling) with Adam, a plateau learning-rate schedule and early
+stopping (§1.6). At every refresh q(u) is warm-started by projecting the previous posterior onto
 the new Z (§1.4). The unwhitened posterior algebra is written out with batched triangular solves so a
 prediction costs O(m^2) per point and `... x n x d` batches need no Python loop.
 """
@@ -95,7 +96,7 @@ class SVGPOptions:
             padded with uniform points when k-means finds fewer than m.
         optimizer: "auto" (default): full-batch L-BFGS (torch's, strong-Wolfe line search) on the exact ELBO
             while n <= `full_batch_max`, minibatch Adam beyond; "lbfgs" or "adam" force one. L-BFGS reaches a
-            lower loss than Adam's early-stopped steps in a tenth of the time at a few dozen points.
+            lower loss than Adam's early-stopped steps (tests/orchestrator/models/test_allocation.py).
         full_batch_max: the largest n that "auto" fits with full-batch L-BFGS (500). L-BFGS takes at most
             min(`max_steps`, 1000) iterations at a cold fit and `warm_max_steps` at a warm refit.
         batch_size: minibatch size (200, spec §1.6); the full data when n is smaller.
@@ -131,7 +132,8 @@ class SVGPOptions:
         kmeans_warm_start: at a warm refit, start k-means from the previous Z (converges in a few
             iterations; Z still follows the new data) instead of random data points.
         noise_scale: "gp" (the spec's model; HetGP's default): g = log sigma is a GP, so the noise's scale may
-            change with x. The quantile model defaults to "constant" (`QuantileSVGP.default_options`). "constant": g is one learned constant (its GP's variance is held at `MIN_OUTPUTSCALE`, so
+            change with x. The quantile model defaults to "constant" (`QuantileSVGP.default_options`).
+            "constant": g is one learned constant (its GP's variance is held at `MIN_OUTPUTSCALE`, so
             it varies by about 0.1% at most, and its hyperpriors leave the loss): the noise has the same scale
             everywhere. A GP g can explain an isolated high measurement as noise where it stands; a constant
             one cannot, and takes it as signal (the laser simulator's narrow peak; the sparse approximation may
