@@ -40,11 +40,9 @@ MAX_ERROR_CHARS = 2_000
 
 
 def _error(msg: str) -> None:
-    text = " ".join(str(msg).split())
-    if len(text) > MAX_ERROR_CHARS:
-        head = MAX_ERROR_CHARS * 3 // 4
-        tail = MAX_ERROR_CHARS - head
-        text = f"{text[:head]} ... [{len(text) - MAX_ERROR_CHARS} characters cut] ... {text[-tail:]}"
+    from workers.evaluate import cap
+
+    text = cap(" ".join(str(msg).split()), MAX_ERROR_CHARS, head=MAX_ERROR_CHARS * 3 // 4, sep=" ")
     print(f"qbatch: error: {text}", file=sys.stderr)
 
 

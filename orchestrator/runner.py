@@ -29,6 +29,7 @@ from typing import Any, Iterator, Mapping, TextIO
 
 from orchestrator.actor import CentralActor, RunAbortedError, default_max_concurrent
 from orchestrator.errors import ConfigError, QbatchError, UsageError
+from workers.evaluate import cap
 from workers.pool import EvaluationPool
 
 __all__ = ["NAMESPACE", "RunAbortedError", "actor_name", "resume_experiment", "run_experiment"]
@@ -147,12 +148,7 @@ MAX_QUOTED_CHARS = 600
 
 def _cut(text: str, limit: int = MAX_QUOTED_CHARS) -> str:
     """`text` on one line, its middle cut (and the cut counted) when it is longer than `limit`."""
-    text = " ".join(text.split())
-    if len(text) <= limit:
-        return text
-    head = limit * 2 // 3
-    tail = limit - head
-    return f"{text[:head]} ... [{len(text) - limit} characters cut] ... {text[-tail:]}"
+    return cap(" ".join(text.split()), limit, head=limit * 2 // 3, sep=" ")
 
 
 #: seconds with evaluations waiting in Ray's queue and none running before the driver says so (`_QueueWatch`)

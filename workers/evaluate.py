@@ -139,13 +139,16 @@ _MAX_STACK_BYTES = 4_000_000
 MAX_METRIC_CHARS = 2_000
 
 
-def cap(text: str, limit: int) -> str:
-    """`text`, or its head and tail with the number of characters cut between them when it exceeds `limit`."""
+def cap(text: str, limit: int, head: int | None = None, sep: str = "\n") -> str:
+    """`text`, or its head and tail with the number of characters cut between them when it exceeds `limit`.
+
+    `head` characters are kept from the start (default a quarter of `limit`), the rest of `limit` from the end;
+    `sep` stands either side of the cut note (a newline; a space for one-line messages)."""
     if len(text) <= limit:
         return text
-    head = limit // 4
+    head = limit // 4 if head is None else head
     tail = limit - head
-    return f"{text[:head]}\n... [{len(text) - limit} characters cut] ...\n{text[-tail:]}"
+    return f"{text[:head]}{sep}... [{len(text) - limit} characters cut] ...{sep}{text[-tail:]}"
 
 
 _INT64 = 2**63
