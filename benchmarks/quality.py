@@ -203,20 +203,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 if not (args.resume and path.exists()):
                     jobs.append((path, (p, m, s, budget, batch, args.threads, initial)))
     print(f"[quality] {len(jobs)} runs to do in {out}", flush=True)
+    def record(path: Path, row: dict[str, Any]) -> None:
+        path.write_text(json.dumps(row, indent=1))
+        print(f"[quality] {path.stem}: regret {row['regret_rec']:.4f} (best evaluated "
+              f"{row['regret_best_evaluated']:.4f}), {row['seconds']:.0f} s", flush=True)
+
     if args.workers == 1:
         for path, job in jobs:
-            row = run_one(*job)
-            path.write_text(json.dumps(row, indent=1))
-            print(f"[quality] {path.stem}: regret {row['regret_rec']:.4f} (best evaluated "
-                  f"{row['regret_best_evaluated']:.4f}), {row['seconds']:.0f} s", flush=True)
+            record(path, run_one(*job))
     else:
         with ProcessPoolExecutor(args.workers) as pool:
             futures = {pool.submit(run_one, *job): path for path, job in jobs}
             for fut, path in futures.items():
-                row = fut.result()
-                path.write_text(json.dumps(row, indent=1))
-                print(f"[quality] {path.stem}: regret {row['regret_rec']:.4f} (best evaluated "
-                      f"{row['regret_best_evaluated']:.4f}), {row['seconds']:.0f} s", flush=True)
+                record(path, fut.result())
     selected = {(p, m, s) for p in problems for m in methods for s in seeds}
     rows = [json.loads(f.read_text()) for f in sorted(runs.glob("*.json"))]
     rows = [r for r in rows if (r["problem"], r["method"], r["seed"]) in selected]

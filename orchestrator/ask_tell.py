@@ -908,7 +908,7 @@ class AskTellOptimizer:
                 f"the {self.model_name} fit on {n} results is not finite (posterior mean not finite at {bad} of "
                 f"{n} observed points, outcome transform loc={float(loc):g}, scale={float(scale):g}; outcomes "
                 f"span [{float(Y.min()):g}, {float(Y.max()):g}]); the previous model is kept")
-        i = int(torch.argmax(recommendation_scores(model, X, self.recommendation)))
+        i = int(torch.argmax(recommendation_scores(model, X, self.recommendation, mean=target)))
         best_pred = self.sign * float(loc + scale * float(target[i]))
         with self._lock:  # as told (a log-scale float mapped back from x differs in its last digits)
             best_params = dict(self._trials[ids[i]].params)

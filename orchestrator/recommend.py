@@ -34,11 +34,12 @@ def check_rule(rule: Any) -> str:
     return rule
 
 
-def recommendation_scores(model: Any, X: Tensor, rule: str = "mean") -> Tensor:
-    """Scores of the `n x d` inputs `X` under `rule`, in the model's standardized units (larger is better)."""
+def recommendation_scores(model: Any, X: Tensor, rule: str = "mean", mean: Tensor | None = None) -> Tensor:
+    """Scores of the `n x d` inputs `X` under `rule`, in the model's standardized units (larger is better).
+    `mean`: the model's `objective_mean(X)` when the caller has it already."""
     kappa = RULES[check_rule(rule)]
     with torch.no_grad():
-        score = model.objective_mean(X)
+        score = model.objective_mean(X) if mean is None else mean
         if kappa:
             _, var = model.posterior_f(X, full_cov=False)
             score = score - kappa * var.clamp_min(0.0).sqrt()
