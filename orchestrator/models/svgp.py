@@ -610,8 +610,8 @@ class TwoLatentSVGPSurrogate(Surrogate):
     def fit(self, X: Tensor, Y: Tensor) -> dict[str, float]:
         """Fit to all data so far (`n x d`, `n`), warm-starting from the previous fit when there is one.
 
-        Refreshes Z by k-means, projects the previous posterior onto it, then runs minibatch Adam on the ELBO
-        until early stopping or the step cap (cold: `max_steps`; warm: `warm_max_steps`).
+        Refreshes Z (`_inducing_inputs`), projects the previous posterior onto it, then optimizes the ELBO
+        (`_train`: L-BFGS or minibatch Adam) up to the step cap (cold: `max_steps`; warm: `warm_max_steps`).
         """
         check_training_data(X, Y)
         if self.model is not None and X.shape[-1] != self.model.Z.shape[-1]:
