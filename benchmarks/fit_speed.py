@@ -31,8 +31,8 @@ TARGET = 2.0
 QUICK = {"dims": [2], "ns": [20], "reps": 1}
 
 
-def time_pair(d: int, n: int, rep: int) -> dict[str, Any]:
-    """One repetition: both cold fits on the same data."""
+def time_pair(d: int, n: int, rep: int, also: Sequence[str] = ()) -> dict[str, Any]:
+    """One repetition: both cold fits on the same data (and qbatch's with each `optimizer` in `also`)."""
     import numpy as np
     import torch
     from botorch.fit import fit_gpytorch_mll
@@ -54,9 +54,16 @@ def time_pair(d: int, n: int, rep: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     info = model.fit(X, Y)
     t_qbatch = time.perf_counter() - t0
-    return {"d": d, "n": n, "rep": rep, "botorch_s": t_botorch, "qbatch_s": t_qbatch,
-            "ratio": t_qbatch / t_botorch, "qbatch_iterations": info["iterations"],
-            "num_inducing": info["num_inducing"], "code": code_version()}
+    row = {"d": d, "n": n, "rep": rep, "botorch_s": t_botorch, "qbatch_s": t_qbatch,
+           "ratio": t_qbatch / t_botorch, "qbatch_iterations": info["iterations"],
+           "qbatch_loss": info["loss"], "num_inducing": info["num_inducing"], "code": code_version()}
+    for optimizer in also:
+        other = build_model("quantile", tau=0.1, optimizer=optimizer)
+        t0 = time.perf_counter()
+        other_info = other.fit(X, Y)
+        row[f"{optimizer}_s"] = time.perf_counter() - t0
+        row[f"{optimizer}_loss"] = other_info["loss"]
+    return row
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -65,6 +72,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--dims", nargs="+", type=int, default=[2, 6])
     ap.add_argument("--ns", nargs="+", type=int, default=[20, 50, 100])
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--also", nargs="*", default=[], help="other `optimizer` options to time beside the default "
+                    "(a screen: their times and final losses are added to fit_speed.csv)")
     ap.add_argument("--out", default=str(REPO / "results" / "fit_speed"))
     args = ap.parse_args(argv)
     dims, ns, reps = (QUICK["dims"], QUICK["ns"], QUICK["reps"]) if args.quick else (args.dims, args.ns, args.reps)
@@ -75,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         for d in dims:
             for n in ns:
                 for rep in range(reps):
-                    rows.append(time_pair(d, n, rep))
+                    rows.append(time_pair(d, n, rep, args.also))
     summary = []
     for d in dims:
         for n in ns:

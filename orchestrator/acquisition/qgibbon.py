@@ -39,7 +39,7 @@ from orchestrator.errors import ConfigError, InputDataError, UnsupportedError
 from orchestrator.limits import MAX_GRID, MAX_MAX_SAMPLES, MAX_RAW_SAMPLES, MAX_RESTARTS, check_at_most
 from orchestrator.models.base import SparseLatentParts, Surrogate
 from orchestrator.models.distributions import noise_constants
-from orchestrator.models.svgp import matern52
+from orchestrator.models.kernels import matern52
 
 __all__ = ["QGibbon", "QGibbonAcquisition", "REPULSION_MODES", "SUPPORTED_FAMILIES", "C_JITTER_REL"]
 

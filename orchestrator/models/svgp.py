@@ -10,7 +10,8 @@ q(u) is stored whitened (GPyTorch `CholeskyVariationalDistribution` with batch s
 L = chol k(Z, Z), GPyTorch's default convention, allowed by §1.4), which saves an m^3 triangular solve and its
 backward pass per step; the warm start and `sparse_parts` speak the unwhitened (a, S) of the spec.
 Training maximises the ELBO (both KL terms, hyperpriors as GPyTorch adds them): on all the data with L-BFGS
-while n is small, else on minibatches (N/|B| scaling) with Adam, a plateau learning-rate schedule and early
+while n is small (over the hyperparameters alone, with q(u) at its natural-gradient fixed point, while Z is
+every observed input: `orchestrator.models.full_variational`), else on minibatches (N/|B| scaling) with Adam, a plateau learning-rate schedule and early
 stopping (§1.6). At every refresh q(u) is warm-started by projecting the previous posterior onto
 the new Z (§1.4). The unwhitened posterior algebra is written out with batched triangular solves so a
 prediction costs O(m^2) per point and `... x n x d` batches need no Python loop.
@@ -38,7 +39,9 @@ from orchestrator.limits import MAX_INDUCING, check_at_most
 from orchestrator.models import distributions as D
 from orchestrator.models.base import TKWARGS, SparseLatentParts, Surrogate, check_fit_stop, check_training_data
 from orchestrator.models.allocation import PLACEMENTS, allocate_inducing, auto_num_inducing, check_num_inducing
+from orchestrator.models.full_variational import SiteState, fit_full_variational
 from orchestrator.models.inducing import KMeansInducingPointSelector
+from orchestrator.models.kernels import matern52
 from orchestrator.models.likelihoods import check_tau
 
 __all__ = ["SVGPOptions", "TwoLatentSVGP", "TwoLatentSVGPSurrogate", "matern52"]
@@ -56,29 +59,10 @@ MIN_OUTPUTSCALE = 1e-6
 #: most L-BFGS iterations of a cold fit (a fit on a few dozen noisy points converges in 100 to 500)
 LBFGS_MAX_ITER = 1000
 #: names of the optimizers of the ELBO (`SVGPOptions.optimizer`)
-OPTIMIZERS = ("auto", "lbfgs", "adam")
+OPTIMIZERS = ("auto", "natural-gradient", "lbfgs", "adam")
 #: names of the scale latent's forms (`SVGPOptions.noise_scale`)
 NOISE_SCALES = ("gp", "constant")
-_SQRT5 = math.sqrt(5.0)
 _LATENTS = {"f": 0, "g": 1}
-
-
-def matern52(x1: Tensor, x2: Tensor, lengthscale: Tensor, outputscale: Tensor) -> Tensor:
-    """Matern-5/2 ARD covariance s^2 (1 + sqrt5 r + 5 r^2/3) exp(-sqrt5 r) (spec §1.3).
-
-    Args:
-        x1: `... x n x d`; x2: `... x p x d`; lengthscale: `... x 1 x d`; outputscale: `...`
-            (all broadcast against each other).
-
-    Returns:
-        `... x n x p` covariance (same values as GPyTorch's `ScaleKernel(MaternKernel(nu=2.5))`).
-    """
-    a = x1 / lengthscale
-    b = x2 / lengthscale
-    r2 = (a * a).sum(-1, keepdim=True) + (b * b).sum(-1).unsqueeze(-2) - 2.0 * a @ b.transpose(-1, -2)
-    r = r2.clamp_min(1e-30).sqrt()
-    k = (1.0 + _SQRT5 * r + (5.0 / 3.0) * r2.clamp_min(0.0)) * torch.exp(-_SQRT5 * r)
-    return outputscale[..., None, None] * k
 
 
 @dataclass
@@ -94,9 +78,14 @@ class SVGPOptions:
             at a warm refit by the expected improvement of the previous fit's f (Moss et al. 2023);
             "greedy-variance": the same without the weighting; "kmeans": the spec's k-means centroids (§1.4),
             padded with uniform points when k-means finds fewer than m.
-        optimizer: "auto" (default): full-batch L-BFGS (torch's, strong-Wolfe line search) on the exact ELBO
-            while n <= `full_batch_max`, minibatch Adam beyond; "lbfgs" or "adam" force one. L-BFGS reaches a
-            lower loss than Adam's early-stopped steps (tests/orchestrator/models/test_allocation.py).
+        optimizer: "auto" (default): while n <= `full_batch_max`, full-batch L-BFGS (torch's, strong-Wolfe
+            line search) on the exact ELBO, else minibatch Adam. While Z is every distinct observed input,
+            L-BFGS fits the hyperparameters alone, q(u) being the natural-gradient fixed point of one Gaussian
+            site per input at each value (`orchestrator.models.full_variational`: the same optimum as the free
+            factor, 4-15x faster at n = 20-100 in benchmarks/results/quality/screen_fit); else L-BFGS also
+            fits q(u)'s free Cholesky factor. "natural-gradient", "lbfgs" (the free factor) or "adam" force
+            one ("natural-gradient" falls back to "lbfgs" when Z is not the observed inputs). L-BFGS reaches
+            a lower loss than Adam's early-stopped steps (tests/orchestrator/models/test_allocation.py).
         full_batch_max: the largest n that "auto" fits with full-batch L-BFGS (500). L-BFGS takes at most
             min(`max_steps`, 1000) iterations at a cold fit and `warm_max_steps` at a warm refit.
         batch_size: minibatch size (200, spec §1.6); the full data when n is smaller.
@@ -219,8 +208,8 @@ def standardization(Y: Tensor) -> tuple[float, float]:
     return y_mean, (y_std if y_std > ROUNDOFF_REL * abs(y_mean) and y_std > 0.0 else 1.0)
 
 
-#: relative spread below which outcomes count as constant (`standardization`): 64 float64 ulps. It was 1e-12
-#: (4,500 ulps), which took 1e9 + 1e-4 f(x), a real spread of 150 ulps, for a constant (found in review)
+#: relative spread below which outcomes count as constant (`standardization`): 64 float64 ulps. A looser
+#: 1e-12 (4,500 ulps) would take 1e9 + 1e-4 f(x), a real spread of 150 ulps, for a constant
 ROUNDOFF_REL = 64 * 2.0**-52
 #: IQR / NORMAL_IQR is a normal sample's standard deviation (the IQR of N(0, 1) is 1.349)
 NORMAL_IQR = 1.3490
@@ -234,9 +223,9 @@ def svgp_standardization(Y: Tensor) -> tuple[float, float]:
     """(center, scale) of the SVGP models' outcomes: `standardization`'s (mean, std), unless a few outliers
     dominate the std (it exceeds `OUTLIER_STD_RATIO` quartile-based stds): then (median, IQR / 1.349).
 
-    A single -1e6 among outcomes of order 1 made the std 1e5 and the signal 1e-5 standardized units, below
-    what the hyperpriors and the fit resolve: every SVGP's recommendation was arbitrary and its prediction far
-    outside the data (found in review). With the quartiles the bulk of the outcomes keeps unit scale and the
+    A single -1e6 among outcomes of order 1 makes the std 1e5 and the signal 1e-5 standardized units, below
+    what the hyperpriors and the fit resolve: every SVGP's recommendation would be arbitrary and its prediction
+    far outside the data. With the quartiles the bulk of the outcomes keeps unit scale and the
     outlier is one far point, which the asymmetric-Laplace likelihood of the quantile model discounts. The
     exact GP keeps the mean/std standardization of BoTorch's `Standardize` (done here, by `standardization`), as its users expect.
     """
@@ -398,9 +387,9 @@ class TwoLatentSVGP(gpytorch.Module):
         return mean, var.clamp_min(MIN_VARIANCE)
 
     def __getstate__(self) -> dict[str, Any]:
-        # the factors `kl_divergence` reuses belong to one ELBO evaluation: left in, they kept that evaluation's
-        # autograd graph alive with the model, and a deep copy of a fitted model (of an AskTellOptimizer) failed
-        # on their non-leaf tensors (found in review)
+        # the factors `kl_divergence` reuses belong to one ELBO evaluation: left in, they would keep that
+        # evaluation's autograd graph alive with the model, and a deep copy of a fitted model (of an
+        # AskTellOptimizer) would fail on their non-leaf tensors
         state = dict(super().__getstate__())  # torch's own (it drops a compiled module's call)
         state.pop("_kl_cache", None)
         return state
@@ -482,6 +471,7 @@ class TwoLatentSVGPSurrogate(Surrogate):
         self._y_std = 1.0
         self._n_fit = 0
         self._caches: dict[int, _PredictiveCache] = {}
+        self._sites: SiteState | None = None
         self._generator = torch.Generator().manual_seed(self.options.seed)
 
     def _make_likelihood(self, tau: float) -> Any:
@@ -611,7 +601,8 @@ class TwoLatentSVGPSurrogate(Surrogate):
         """Fit to all data so far (`n x d`, `n`), warm-starting from the previous fit when there is one.
 
         Refreshes Z (`_inducing_inputs`), projects the previous posterior onto it, then optimizes the ELBO
-        (`_train`: L-BFGS or minibatch Adam) up to the step cap (cold: `max_steps`; warm: `warm_max_steps`).
+        (`_train`: L-BFGS, on the hyperparameters with q(u)'s natural-gradient fixed point or on both, or
+        minibatch Adam) up to the step cap (cold: `max_steps`; warm: `warm_max_steps`).
         """
         check_training_data(X, Y)
         if self.model is not None and X.shape[-1] != self.model.Z.shape[-1]:
@@ -629,10 +620,12 @@ class TwoLatentSVGPSurrogate(Surrogate):
         Z = self._inducing_inputs(X)
         t1 = time.perf_counter()
         model = self._project(Z, y_mean, y_std) if warm else self._cold_model(Z, Y_std)
+        sites = self._sites.rescaled(self._y_std / y_std) if warm and self._sites is not None else None
         t2 = time.perf_counter()
-        info = self._train(model, X, Y_std, warm)
+        info, sites = self._train(model, X, Y_std, warm, sites)
         # the fitted model replaces the previous one only now (predictions meanwhile use the previous fit)
         self.model, self._y_mean, self._y_std, self._caches = model, y_mean, y_std, {}
+        self._sites = sites
         self._n_fit = int(X.shape[0])
         t3 = time.perf_counter()
         info.update({"seconds": t3 - t0, "select_seconds": t1 - t0, "init_seconds": t2 - t1,
@@ -676,8 +669,8 @@ class TwoLatentSVGPSurrogate(Surrogate):
 
         In many dimensions with the spec's prior (mode 0.074) the points are too far apart for the kernel to
         correlate them, the likelihood's gradient vanishes, and the prior alone sets the lengthscales: the
-        model then predicts a constant between its points (found in review: at d = 12-20 with 200 results,
-        posterior-mean correlation with the truth 0.03 against 0.998 with the dimension-scaled prior).
+        model then predicts a constant between its points (at d = 12-20 with 200 results, posterior-mean
+        correlation with the truth 0.03 against 0.998 with the dimension-scaled prior).
         """
         self._require_fit()
         if not self.options.use_priors:
@@ -687,18 +680,27 @@ class TwoLatentSVGPSurrogate(Surrogate):
         mode = math.exp(loc - scale**2)
         return bool(((ls - mode).abs() <= rel_tol * mode).all())
 
-    def _train(self, model: TwoLatentSVGP, X: Tensor, Y: Tensor, warm: bool) -> dict[str, float]:
+    def _train(self, model: TwoLatentSVGP, X: Tensor, Y: Tensor, warm: bool,
+               sites: SiteState | None) -> tuple[dict[str, float], SiteState | None]:
+        """Optimize the ELBO as `SVGPOptions.optimizer` says; returns the fit's info and, after an
+        natural-gradient fit, its sites (the next fit's warm start)."""
         opt = self.options
         n = X.shape[0]
         if warm and opt.warm_max_steps == 0:
             with torch.no_grad():
                 loss = float(self._loss(X, Y, n, model)) if n <= opt.full_batch_max else math.nan
-            return {"iterations": 0.0, "epochs": 0.0, "loss": loss, "stopped_early": 0.0, "lbfgs": 0.0}
-        if opt.optimizer == "lbfgs" or (opt.optimizer == "auto" and n <= opt.full_batch_max):
+            return {"iterations": 0.0, "epochs": 0.0, "loss": loss, "stopped_early": 0.0, "lbfgs": 0.0}, None
+        max_iter = opt.warm_max_steps if warm else min(opt.max_steps, LBFGS_MAX_ITER)
+        if opt.optimizer == "natural-gradient" or (opt.optimizer == "auto" and n <= opt.full_batch_max):
+            fitted = fit_full_variational(model, lambda mod: self._loss(X, Y, n, mod), self.likelihood, X, Y,
+                                          max_iter, sites)
+            if fitted is not None:
+                return fitted
+        if opt.optimizer in ("lbfgs", "natural-gradient") or (opt.optimizer == "auto" and n <= opt.full_batch_max):
             info = self._train_lbfgs(model, X, Y, warm)
             if info is not None:
-                return info
-        return self._train_adam(model, X, Y, warm)
+                return info, None
+        return self._train_adam(model, X, Y, warm), None
 
     def _train_lbfgs(self, model: TwoLatentSVGP, X: Tensor, Y: Tensor, warm: bool) -> dict[str, float] | None:
         """Full-batch L-BFGS on the exact negative ELBO; None (the model as it came) when the loss turns
@@ -823,6 +825,7 @@ class TwoLatentSVGPSurrogate(Surrogate):
         self._generator = torch.Generator()
         self._generator.set_state(state["generator"])
         self._caches = {}
+        self._sites = None
         if state["model"] is None:
             self.model = None
             return

@@ -1,0 +1,132 @@
+"""The full variational model's natural-gradient fit (orchestrator/models/full_variational.py).
+
+The properties proved here: with a Gaussian likelihood the site fixed point is the exact GP posterior; the
+sites written into the whitened q(u) give the same marginals; the profile fit reaches the optimum of the
+free-factor fit in fewer L-BFGS iterations; rescaled sites are the rescaled posterior; repeated inputs
+share one site; the fit falls back to the free factor when Z is not the observed inputs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from orchestrator.models import build_model
+from orchestrator.models import full_variational as fv
+from orchestrator.models.base import TKWARGS
+from orchestrator.models.kernels import matern52
+from orchestrator.models.likelihoods import HeteroscedasticGaussianLikelihood
+from orchestrator.models.svgp import MIN_OUTPUTSCALE, TwoLatentSVGP
+
+
+def _data(n: int, d: int = 2, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, d, generator=g, **TKWARGS)
+    f = torch.sin(6 * X[:, 0]) + X[:, 1:].sum(-1)
+    noise = -torch.log(torch.rand(n, generator=g, **TKWARGS)) * (0.2 + 0.5 * X[:, 0])  # skewed, input-dependent
+    return X, f - noise
+
+
+def test_sites_of_a_gaussian_likelihood_are_the_exact_gp_posterior():
+    X, Y = _data(25)
+    model = TwoLatentSVGP(X, lengthscale_init=0.3, outputscale_init=0.8, constant_scale=True)
+    with torch.no_grad():
+        model.mean_module.constant.copy_(torch.tensor([0.1, math.log(0.3)], **TKWARGS))
+    lik = HeteroscedasticGaussianLikelihood()
+    idx = fv.observation_index(X, model.Z)
+    nu, lam = torch.zeros(1, 25, **TKWARGS), torch.full((1, 25), 1e-6, **TKWARGS)
+    nu, lam, steps = fv.solve_sites(model, lik, idx, Y, [0], nu, lam, tol=1e-12)
+    assert steps < 100
+    with torch.no_grad():
+        K = matern52(X, X, model.lengthscale[0], model.outputscale[0]) + model.jitter()[0] * torch.eye(25, **TKWARGS)
+        mean, var, _ = fv.site_posterior(K.unsqueeze(0), nu, lam)
+        # E[exp(-2 g)] with g ~ N(c_g, MIN_OUTPUTSCALE + jitter): the Gaussian's effective noise precision
+        noise_var = 1.0 / math.exp(-2 * math.log(0.3) + 2 * float(model.outputscale[1] + model.jitter()[1]))
+        A = K + noise_var * torch.eye(25, **TKWARGS)
+        exact_mean = K @ torch.linalg.solve(A, Y - 0.1)
+        exact_var = torch.diagonal(K - K @ torch.linalg.solve(A, K))
+    assert torch.allclose(lam, torch.full_like(lam, 1.0 / noise_var), rtol=1e-8)
+    assert torch.allclose(mean[0], exact_mean, atol=1e-8)
+    assert torch.allclose(var[0], exact_var, atol=1e-8)
+
+
+def test_the_written_q_has_the_sites_marginals():
+    X, Y = _data(30)
+    model = build_model("quantile", tau=0.2)
+    info = model.fit(X, Y)
+    assert info["full_variational"] == 1.0
+    sites = model._sites
+    with torch.no_grad():
+        K = fv._kernel(model.model, [0])
+        mean, var, _ = fv.site_posterior(K, sites.nu, sites.lam)
+        got_mean, got_var = model.model.marginals(model.model.Z)
+    # the sites see h(Z) with k(Z, Z) + jitter I, the model's marginals k(Z, Z) K_jitter^-1 u: they differ by
+    # jitter K_jitter^-1 u, well under 1e-3 here
+    assert torch.allclose(got_mean[0], model.model.constant[0] + mean[0], atol=1e-3)
+    assert torch.allclose(got_var[0], var[0], rtol=1e-3, atol=1e-6)
+    # g is at its prior: its marginal is its constant, with the (tiny) kernel variance
+    assert torch.allclose(got_mean[1], model.model.constant[1].expand(30), atol=1e-9)
+    assert float(got_var[1].max()) <= 2 * MIN_OUTPUTSCALE
+
+
+@pytest.mark.parametrize("kind, noise_scale", [("quantile", "constant"), ("quantile", "gp"), ("expectile", "gp")])
+def test_the_profile_fit_reaches_the_free_factor_optimum_in_fewer_iterations(kind, noise_scale):
+    X, Y = _data(40, d=3, seed=1)
+    profile = build_model(kind, tau=0.1, noise_scale=noise_scale)
+    free = build_model(kind, tau=0.1, noise_scale=noise_scale, optimizer="lbfgs")
+    info_p, info_f = profile.fit(X, Y), free.fit(X, Y)
+    assert info_p.get("full_variational") == 1.0 and "full_variational" not in info_f
+    # the negative ELBO per datum: the profile fit's is no higher (to 1e-3 nats per datum)
+    assert -profile.elbo(X, Y) <= -free.elbo(X, Y) + 1e-3
+    assert info_p["iterations"] < info_f["iterations"]
+
+
+def test_rescaled_sites_give_the_rescaled_posterior():
+    X, Y = _data(20)
+    model = build_model("quantile", tau=0.3)
+    model.fit(X, Y)
+    ratio = 2.5
+    sites = model._sites
+    with torch.no_grad():
+        K = fv._kernel(model.model, [0])
+        mean, var, _ = fv.site_posterior(K, sites.nu, sites.lam)
+        scaled = sites.rescaled(ratio)
+        mean2, var2, _ = fv.site_posterior(K * ratio**2, scaled.nu, scaled.lam)
+    assert torch.allclose(mean2, ratio * mean, rtol=1e-8, atol=1e-10)
+    assert torch.allclose(var2, ratio**2 * var, rtol=1e-8, atol=1e-12)
+
+
+def test_repeated_inputs_share_one_site():
+    X, Y = _data(15)
+    X = torch.cat([X, X[:5]])
+    Y = torch.cat([Y, Y[:5] + 0.3])
+    model = build_model("quantile", tau=0.5)
+    info = model.fit(X, Y)
+    assert info["full_variational"] == 1.0 and info["num_inducing"] == 15.0
+    assert model._sites.nu.shape == (1, 15)
+
+
+def test_a_warm_refit_from_the_previous_sites_reaches_the_cold_fits_optimum():
+    X, Y = _data(45, seed=3)
+    warm = build_model("quantile", tau=0.1)
+    warm.fit(X[:35], Y[:35])
+    info_warm = warm.fit(X, Y)
+    cold = build_model("quantile", tau=0.1)
+    cold.fit(X, Y)
+    assert info_warm["full_variational"] == 1.0 and info_warm["warm"] == 1.0
+    assert -warm.elbo(X, Y) <= -cold.elbo(X, Y) + 1e-2
+
+
+def test_fewer_inducing_inputs_than_observations_fit_the_free_factor():
+    X, Y = _data(30)
+    model = build_model("quantile", tau=0.1, num_inducing=10)
+    info = model.fit(X, Y)
+    assert "full_variational" not in info and info["lbfgs"] == 1.0 and info["num_inducing"] == 10.0
+
+
+def test_observation_index_needs_every_row_in_z():
+    X, _ = _data(6)
+    assert torch.equal(fv.observation_index(X[[2, 0, 2]], X), torch.tensor([2, 0, 2]))
+    assert fv.observation_index(X, X[:5]) is None
