@@ -1,6 +1,6 @@
 """The central Ray actor: ask/tell state, model refits and the streaming evaluation pipeline.
 
-ARCHITECTURE.md "The path of one evaluation", steps 2-6; issue 4 item 1. One `CentralActor` owns the
+ARCHITECTURE.md "The path of one evaluation", steps 2-6. One `CentralActor` owns the
 run's `AskTellOptimizer` (observations, model, calibrator, proposer) and its `RunStore`. Its `run()`
 method is the dispatch loop, in the actor's main worker thread:
 
@@ -37,8 +37,11 @@ LOCBO and time-series splits depend on the chunks).
 The evaluation tasks are submitted through the run's `EvaluationPool` (workers/pool.py), which the driver
 creates: a Ray task fate-shares with the process that submitted it, so tasks owned by this actor would die
 with it. After a restart the actor adopts the evaluations the pool still holds (running, or finished while
-it was down) instead of re-running them (issue 7 item 3). An evaluation whose worker is frozen and cannot
+it was down) instead of re-running them. An evaluation whose worker is frozen and cannot
 enforce its own timeout is cancelled at a deadline and recorded as a failed 'timeout' trial (`_expired`).
+
+What the actor has to tell the user, its own lines and the Python warnings of its process, the driver takes
+with `notices` and prints one to a line above its progress bar (`_Notices`).
 """
 
 from __future__ import annotations
@@ -49,12 +52,14 @@ import os
 import sys
 import threading
 import time
+import warnings
 from typing import Any, Mapping
 
 from orchestrator.ask_tell import AskTellOptimizer, Trial
 from orchestrator.errors import QbatchError
-from workers.evaluate import describe_exception, format_exception_traceback, submit_evaluation
+from workers.evaluate import submit_evaluation
 from workers.pool import exit_with_node
+from workers.records import cap, describe_exception, format_exception_traceback
 
 __all__ = ["CentralActor", "RunAbortedError", "default_max_concurrent", "slots_for"]
 
@@ -76,9 +81,13 @@ CALIBRATOR_CHECKPOINT = "calibrator"
 #: an ask rewrites the calibrator checkpoint once the calibrator has learned this share more results than the
 #: checkpoint holds (a session's final fit always does; a session that ends without one, aborted or with its
 #: model fitted on every result already, may leave it that far behind). Each rewrite holds every learned trial
-#: id, so one per ask wrote O(n^2 / batch) in all, ~3 GB over 20,000 one-point batches (found in review); a
+#: id, so one per ask would write O(n^2 / batch) in all, ~3 GB over 20,000 one-point batches; a
 #: checkpoint behind the log is replayed exactly (the log records what each flush learned, `_replay`)
 CALIBRATOR_SAVE_GROWTH = 0.05
+#: the most lines the actor holds for the driver (`CentralActor.notices`); past it the oldest are dropped
+MAX_NOTICES = 200
+#: the most characters of one such line (a longer one keeps its head and tail)
+MAX_NOTICE_CHARS = 2000
 
 
 class RunAbortedError(QbatchError):
@@ -135,6 +144,64 @@ def _node_id() -> str | None:
     return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
 
+def _in_ray_actor() -> bool:
+    """Whether this process runs a Ray actor (its stderr reaches the driver through Ray's log forwarding)."""
+    try:
+        import ray
+
+        return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+    except Exception:  # noqa: BLE001 - no Ray, or no runtime context: a plain process
+        return False
+
+
+def warning_line(message: Warning | str, category: type[Warning], filename: str, lineno: int) -> str:
+    """One line for a Python warning: ``qbatch: warning: Category: message``, without the source line Python
+    prints under it, with the newlines of the message folded, and with its origin (``file:line``) when it
+    comes from outside qbatch (a library's warning; qbatch's own name what to change)."""
+    text = " ".join(str(message).split())
+    if not str(getattr(category, "__module__", "")).startswith("orchestrator"):
+        text = f"{text} ({os.path.basename(filename)}:{lineno})"
+    return cap(f"qbatch: warning: {category.__name__}: {text}", MAX_NOTICE_CHARS, sep=" ")
+
+
+class _Notices:
+    """What the central actor has to tell the user: its lines and the Python warnings raised in its process.
+
+    In a Ray actor (`forward`) they are held for the driver, which takes them with `CentralActor.notices` and
+    prints each on a line of its own above the progress bar: Ray forwards an actor's stderr to the driver's
+    terminal as it comes, after the actor's pid and on the bar's line, and Python prints a warning with the
+    source line of its `warnings.warn`. Outside Ray (an actor object in the caller's process) a line is
+    printed to stderr at once and warnings are left to Python.
+
+    The hook is the process's `warnings.showwarning`: a `warnings.catch_warnings` in a library (BoTorch's
+    fits record their warnings so) replaces it while it lasts, as it does Python's own.
+    """
+
+    def __init__(self, forward: bool) -> None:
+        self.forward = forward
+        self._lines: collections.deque[str] = collections.deque(maxlen=MAX_NOTICES)
+
+    def say(self, line: str) -> None:
+        if self.forward:
+            self._lines.append(cap(line, MAX_NOTICE_CHARS, sep=" "))
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    def show_warning(self, message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                     file: Any = None, line: str | None = None) -> None:
+        """`warnings.showwarning` of the actor's process (the filters still decide what is shown)."""
+        self._lines.append(warning_line(message, category, filename, lineno))
+
+    def take(self) -> list[str]:
+        """The lines held, oldest first, and forget them."""
+        out = []
+        while True:
+            try:
+                out.append(self._lines.popleft())
+            except IndexError:
+                return out
+
+
 class CentralActor:
     """The run's brain; create it with `ray.remote(CentralActor).options(max_concurrency>=3, num_cpus=0)`.
 
@@ -174,6 +241,10 @@ class CentralActor:
 
         if isinstance(max_refit_failures, bool) or not isinstance(max_refit_failures, int) or max_refit_failures < 1:
             raise QbatchError(f"max_refit_failures must be an integer >= 1; got {max_refit_failures!r}")
+        # first of all: the warnings of building the objective and of replaying the log reach the driver too
+        self._notices = _Notices(forward=_in_ray_actor())
+        if self._notices.forward:  # this process is the actor's own: its warnings all go to the driver
+            warnings.showwarning = self._notices.show_warning
         exit_with_node("central actor")  # a killed driver's local Ray: free the writer lock at once, not in a minute
         self.store = RunStore.open(run_dir)
         self.store.lock_writer()  # one writer per log: a second resume of a running run stops here
@@ -288,11 +359,11 @@ class CentralActor:
 
     def _end_calibration_round(self, info: Mapping[str, Any]) -> None:
         """`_replay` at a record of a calibrator flush (a model batch's first proposal, a session's final fit): its
-        `learned_ids` (from 2026-11-27) name the results that flush taught the calibrator, `calibrated` how many it
-        had learned in all (on every proposal of the batch: the first one's record may be lost). The ids are exact
-        across sessions and after a damaged part of the log; the count is shifted by results a damaged log lost
-        (found in review: so was a count of the flush's results alone, by a resumed session's first flush, which
-        teaches the results of several rounds)."""
+        `learned_ids` (absent from logs of older versions) name the results that flush taught the calibrator,
+        `calibrated` how many it had learned in all (on every proposal of the batch: the first one's record may be
+        lost). The ids are exact across sessions and after a damaged part of the log; the count is shifted by
+        results a damaged log lost (a count of the flush's results alone would be shifted by a resumed session's
+        first flush too, which teaches the results of several rounds)."""
         ids = info.get("learned_ids")
         if isinstance(ids, list):
             self.opt.end_calibration_round(learned_ids=[str(t) for t in ids])
@@ -313,8 +384,8 @@ class CentralActor:
                 return False
             self.opt.restore_model(ckpt)
         except Exception as exc:  # noqa: BLE001 - the model is refitted from the log instead
-            print(f"qbatch: model checkpoint of {self.run_dir} not used ({type(exc).__name__}: {exc}); the model is "
-                  "refitted from the log", file=sys.stderr, flush=True)
+            self._notices.say(f"qbatch: model checkpoint of {self.run_dir} not used ({type(exc).__name__}: {exc}); "
+                              "the model is refitted from the log")
             return False
         return True
 
@@ -325,8 +396,8 @@ class CentralActor:
             if ckpt is not None:
                 self.store.save_checkpoint(MODEL_CHECKPOINT, ckpt)
         except Exception as exc:  # noqa: BLE001 - a full disk must not stop the run; the log holds every result
-            print(f"qbatch: could not save the model checkpoint ({type(exc).__name__}: {exc}); a resume will refit "
-                  "from the log", file=sys.stderr, flush=True)
+            self._notices.say(f"qbatch: could not save the model checkpoint ({type(exc).__name__}: {exc}); a resume "
+                              "will refit from the log")
 
     def _restore_calibrator(self) -> int:
         """After a resume or restart: the calibrator as the last session left it (`checkpoints/calibrator`), with
@@ -340,8 +411,8 @@ class CentralActor:
             ckpt = self.store.load_checkpoint(CALIBRATOR_CHECKPOINT)
             return 0 if ckpt is None else self.opt.restore_calibrator(ckpt)
         except Exception as exc:  # noqa: BLE001 - the calibrator learns the replayed results instead
-            print(f"qbatch: calibrator checkpoint of {self.run_dir} not used ({type(exc).__name__}: {exc}); the "
-                  "calibrator learns the replayed results again", file=sys.stderr, flush=True)
+            self._notices.say(f"qbatch: calibrator checkpoint of {self.run_dir} not used ({type(exc).__name__}: "
+                              f"{exc}); the calibrator learns the replayed results again")
             return 0
 
     def _save_calibrator(self, force: bool = False) -> None:
@@ -357,8 +428,8 @@ class CentralActor:
                 self.store.save_checkpoint(CALIBRATOR_CHECKPOINT, ckpt)
                 self._calib_saved = len(ckpt["taught"])
         except Exception as exc:  # noqa: BLE001 - the log holds every result
-            print(f"qbatch: could not save the calibrator checkpoint ({type(exc).__name__}: {exc}); a resume will "
-                  "re-teach it from the log", file=sys.stderr, flush=True)
+            self._notices.say(f"qbatch: could not save the calibrator checkpoint ({type(exc).__name__}: {exc}); a "
+                              "resume will re-teach it from the log")
 
     def _readopt(self, finished: set[str]) -> int:
         """After a restart: evaluations the pool still holds (running, or finished while this actor was down)
@@ -432,6 +503,12 @@ class CentralActor:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def notices(self) -> list[str]:
+        """The lines for the user (this actor's messages and its process's Python warnings, one line each) since
+        the last call, oldest first; the driver prints them above its progress bar (`_Notices`). Empty outside
+        a Ray actor, whose lines are printed as they come."""
+        return self._notices.take()
 
     def inflight(self) -> dict[str, float]:
         """Trials being evaluated now: trial_id -> dispatch time."""
@@ -543,16 +620,16 @@ class CentralActor:
         results this flush taught it), so that a replay without the checkpoint ends that update there too
         (`_replay`) and does not merge it with the next session's first. A flush that raises is reported and
         leaves the fit and its record as they are. It runs after the final fit, not before: a session killed
-        during that fit (it may take minutes) flushed nothing, so its replay agrees with its checkpoint (found in
-        review: flushed and checkpointed first, it had learned results whose update no record marked)."""
+        during that fit (it may take minutes) flushed nothing, so its replay agrees with its checkpoint (flushed
+        and checkpointed first, it would have learned results whose update no record marks)."""
         before = self.opt.num_calibrated
         try:
             self.opt.flush_calibration()
-        except Exception as exc:  # noqa: BLE001 - the fitted model and its record are kept (found in review)
+        except Exception as exc:  # noqa: BLE001 - the fitted model and its record are kept
             # not checkpointed: a resume restores the last checkpoint and teaches it these results from the log
             error = describe_exception(exc)
-            print(f"qbatch: the calibrator could not learn the session's last results ({error}); a resume teaches "
-                  "them again from the log", file=sys.stderr, flush=True)
+            self._notices.say(f"qbatch: the calibrator could not learn the session's last results ({error}); a "
+                              "resume teaches them again from the log")
             return {"final": True, "calibrator_error": error}
         if self.opt.calibrator is None:
             return {"final": True}
@@ -608,7 +685,7 @@ class CentralActor:
             self._submitting = len(batch)  # still spoken for (`_remaining_to_propose`) while submitted
         if batch:
             # outside the lock: a restarting pool may take up to a minute to answer, and status(), the planners'
-            # budget checks and their log appends would wait that long on the lock (found in review)
+            # budget checks and their log appends would wait that long on the lock
             try:
                 refs = self._submit(batch)
             except Exception as exc:  # put the trials back: they stay logged as proposed, never lost
@@ -795,9 +872,9 @@ class CentralActor:
         return n >= guard.min_trials and n > 0 and f / n > guard.max_failure_rate
 
     def _set_abort(self, message: str, add: bool = False) -> None:
-        """Stop the run for `message`. The first cause stands: a later one never replaces it (found in review: the
-        failure guard, tripped by the results drained after a planner error, overwrote the planner's traceback,
-        which only this message records) and is added to it only with `add` (a planner error, a failed log
+        """Stop the run for `message`. The first cause stands: a later one never replaces it (the failure guard,
+        tripped by the results drained after a planner error, would overwrite the planner's traceback, which only
+        this message records) and is added to it only with `add` (a planner error, a failed log
         write), once."""
         if self._abort is None:
             self._abort = message
@@ -810,8 +887,8 @@ class CentralActor:
             n, f = self.n_done - self._guard_base[0], self.n_failed - self._guard_base[1]
             failures = self.opt.failures[self._guard_base[1]:]
             reasons = collections.Counter(x["error"] for x in failures)
-            # the most frequent message says why (found in review: one cluster node without the user's module
-            # failed every evaluation it took, and the guard's line said only "reasons {'exception': 10}")
+            # the most frequent message says why (one cluster node without the user's module fails every
+            # evaluation it takes, and the reasons alone say only "reasons {'exception': 10}")
             firsts = (str(x.get("message") or "").strip().splitlines()[:1] for x in failures)
             messages = collections.Counter(line[0][:300] for line in firsts if line)
             top = ""
@@ -851,8 +928,8 @@ class CentralActor:
         remaining = self._remaining_to_propose()
         if remaining <= 0:
             return False
-        with self._lock:  # trials being submitted count as queued (found in review: an extra batch was proposed
-            queued = len(self._queue) + self._submitting  # while a restarting pool held a submission up)
+        with self._lock:  # trials being submitted count as queued (else an extra batch is proposed while a
+            queued = len(self._queue) + self._submitting  # restarting pool holds a submission up)
         low = self.low_water()
         if queued >= low:
             return False
@@ -962,8 +1039,8 @@ class CentralActor:
         self._append(events)
         if not design:  # this thread flushed the calibrator in `ask` (design points come from the dispatch loop).
             # Saved after the record of what it learned: a checkpoint behind the log is replayed exactly (the
-            # records after it cut the rounds), one ahead of it was not (found in review: saved first, a crash or a
-            # failed write in between left a learned update no record marked)
+            # records after it cut the rounds), one ahead of it would not be (saved first, a crash or a failed
+            # write in between would leave a learned update no record marks)
             self._save_calibrator()
         return trials
 
@@ -973,7 +1050,7 @@ class CentralActor:
         `max_refit_failures` in a row abort the run, except for the `final` fit after the last result (the run
         is done: its recommendation is then the previous model's). `restart`: see `AskTellOptimizer.fit`.
         Every fit but the final one stops when the run loop ends (`stop`), logging nothing and returning False:
-        the final fit on every result replaces it, and the run's end no longer waits for it (a streaming run's
+        the final fit on every result replaces it, and the run's end does not wait for it (a streaming run's
         background refit on the results before the last ones)."""
         from orchestrator.errors import FitInterrupted
 
@@ -996,8 +1073,8 @@ class CentralActor:
                     "failed_in_a_row": self._failed_in_a_row, "elapsed_s": time.perf_counter() - t0,
                     "kept": "previous model" if self.opt.model is not None else "Sobol design (no model yet)"}
             self._append_refit(info, final)
-            print(f"qbatch: refit on {n} results failed ({self._failed_in_a_row} in a row): {error}; the run goes "
-                  f"on with the {info['kept']}", file=sys.stderr, flush=True)
+            self._notices.say(f"qbatch: refit on {n} results failed ({self._failed_in_a_row} in a row): {error}; the "
+                              f"run goes on with the {info['kept']}")
             if self._failed_in_a_row >= self.max_refit_failures and not final:
                 self._set_abort(f"{self._failed_in_a_row} refits in a row failed (max_refit_failures="
                                 f"{self.max_refit_failures}); the last on {n} results: {error}")

@@ -1,4 +1,4 @@
-"""The library API: an ask/tell optimizer over a search space (issue 2 item 6; README "As a library").
+"""The library API: an ask/tell optimizer over a search space (README "As a library").
 
 `AskTellOptimizer.ask(q)` returns `q` trials with ids and parameters in the user's names and types;
 `tell(trial_id, value)` takes results in any order, one at a time, at any time. Like a Ray Tune `Searcher`
@@ -39,7 +39,7 @@ from orchestrator.errors import (
 from orchestrator.models.base import fit_stop
 from orchestrator.recommend import DEFAULT_RULE, check_rule, recommendation_scores
 from orchestrator.space import SearchSpace
-from workers.evaluate import classify_value
+from workers.records import classify_value
 
 __all__ = ["AskTellOptimizer", "Trial", "TrialError", "DUPLICATE_TOL"]
 
@@ -51,6 +51,24 @@ _REPLACE_TRIES = 64
 _ENUMERATE_MAX = 100_000
 #: failure reasons that do not make a point taken (`_ask`): the infrastructure failed, not the evaluation
 _NO_BAN = ("worker-lost",)
+#: A model fit is slow for its n (`fit` warns once) when it takes longer than `SLOW_FIT_MIN_S` and than
+#: `SLOW_FIT_S_PER_RESULT` seconds per result (warm: started from the previous fit; cold: from scratch), or
+#: longer than `SLOW_FIT_MAX_S` whatever n. The default quantile model in 3 dimensions, on one core of a 2-core
+#: machine shared with a benchmark, took 0.6-11.8 s at a warm refit for n = 30-510 (0.01-0.04 s per result) and
+#: 2.5, 2.8, 3.2, 18, 60 and 308 s cold for n = 20, 50, 100, 200, 300 and 500 (0.03-0.62 s per result; its m = n
+#: inducing inputs make a cold fit cubic in n up to 500); the README's warm refit at n = 20,000 took 11 s.
+#: The bounds sit 6x (warm) and 3x (cold) above the slowest of these.
+SLOW_FIT_MIN_S = 30.0
+SLOW_FIT_MAX_S = 1800.0
+SLOW_FIT_S_PER_RESULT = {"warm": 0.25, "cold": 2.0}
+#: the model options that set how long a fit takes, named by the slow-fit warning
+_SLOW_FIT_OPTIONS = {
+    "quantile": ("num_inducing", "warm_max_steps", "max_steps"),
+    "expectile": ("num_inducing", "warm_max_steps", "max_steps"),
+    "heteroscedastic": ("num_inducing", "warm_max_steps", "max_steps"),
+    "exact-gp": ("fit_maxiter",),
+    "gpr-replicates": ("fit_maxiter", "num_bootstrap"),
+}
 
 
 class TrialError(QbatchError, ValueError):
@@ -94,7 +112,7 @@ class Trial:
 
     def copy(self) -> "Trial":
         """A copy the caller may change (`ask`, `pending` and `trial` hand these out: editing a trial's params in
-        place, as a training script may do with its config, rewrote the optimizer's record; found in review)."""
+        place, as a training script may do with its config, would otherwise rewrite the optimizer's record)."""
         return Trial(self.trial_id, copy.deepcopy(self.params), self.x.clone(), self.batch_id,
                      copy.deepcopy(self.forecast), self.seed, self.source, copy.deepcopy(self.info))
 
@@ -172,7 +190,7 @@ class AskTellOptimizer:
             raise ConfigError(f"`tau` must be a number in (0, 1); got {tau!r}")
         if initial_design is None:
             initial_design = max(2 * self.space.dim + 2, 5)
-        # numpy integers are integers too (the config accepts them; found in review: refused here)
+        # numpy integers are integers too (the config accepts them, so this does)
         initial_design, seed = _plain_int(initial_design), _plain_int(seed)
         if isinstance(initial_design, bool) or not isinstance(initial_design, int) or initial_design < 1:
             raise ConfigError(f"`initial_design` must be an integer >= 1; got {initial_design!r}")
@@ -212,13 +230,14 @@ class AskTellOptimizer:
         self._model: Any = None
         self._model_n = 0  # observations in the last fit
         self._warned_prior_mode = False  # `fit` warns once when the model learned no lengthscale
+        self._warned_slow_fit = False  # `fit` warns once when a fit is slow for its n (`SLOW_FIT_MIN_S`)
         self._best: tuple[dict, float] | None = None
         self._proposer: Any = None
         self._calibrator: Any = self._build_calibrator()
         #: True (the default): `tell` queues calibrator updates and `flush_calibration` (called by `ask` before
         #: a model-based proposal, or by you) applies them, each flush in ask order, so what a batch teaches the
-        #: calibrator does not depend on the order its results were told (found in review: applied at each
-        #: `tell`, the library's default then, they taught it in arrival order); `calibrator` may so hold
+        #: calibrator does not depend on the order its results were told (applied at each `tell`, they would
+        #: teach it in arrival order); `calibrator` may so hold
         #: updates not yet applied (`fit` does not apply them: the central actor's refit thread must not touch
         #: the calibrator, only its proposing thread). False applies each result at once, in the order told.
         self.defer_calibration = True
@@ -233,8 +252,8 @@ class AskTellOptimizer:
 
     def __getstate__(self) -> dict[str, Any]:
         """Picklable (and deep-copyable) like a BoTorch model or an Optuna study: `ray.put`, a Ray actor's
-        argument, joblib; a snapshot taken between `ask`s and `tell`s, without the locks (found in review:
-        `pickle.dumps` raised on the RLock). `get_state` / `set_state` remain the versioned, portable form."""
+        argument, joblib; a snapshot taken between `ask`s and `tell`s, without the locks (`pickle.dumps` raises
+        on an RLock). `get_state` / `set_state` remain the versioned, portable form."""
         with self._ask_lock, self._calib_lock, self._lock:
             # the containers copied under the locks: a `tell` from another thread during the pickling that
             # follows does not change what is pickled
@@ -243,7 +262,8 @@ class AskTellOptimizer:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.__dict__.setdefault("_warned_prior_mode", False)  # a pickle from before that attribute
+        self.__dict__.setdefault("_warned_prior_mode", False)  # a pickle from before these attributes
+        self.__dict__.setdefault("_warned_slow_fit", False)
         self._lock, self._ask_lock, self._calib_lock = threading.RLock(), threading.Lock(), threading.Lock()
 
     @classmethod
@@ -282,7 +302,7 @@ class AskTellOptimizer:
 
         options = dict(self.proposer_options)
         if self.proposer_name == "sobol" and "seed" not in options:  # continue the initial design's sequence
-            # (found in review: a sequence scrambled afresh per batch was no better than random for small ones)
+            # (a sequence scrambled afresh per batch is no better than random for small ones)
             options["seed"] = self.seed
         proposer = build_proposer(self.proposer_name, **options)
         if hasattr(proposer, "snap") and self.space.has_grid:  # a proposer that can reason on the grid
@@ -415,7 +435,7 @@ class AskTellOptimizer:
 
     def _design_left(self) -> int:
         """Design points still owed: `initial_design` less the Sobol points asked and the completed results
-        added with `tell_point` (found in review: 200 prior results still got a whole first batch of Sobol)."""
+        added with `tell_point` (200 prior results need no first batch of Sobol)."""
         return self.initial_design - self._n_sobol - self._n_prior
 
     # ------------------------------------------------------------------ ask
@@ -460,10 +480,10 @@ class AskTellOptimizer:
             X_pending = self._stack([t.x for t in self._pending.values()])
             X_observed = self._stack(self._obs_x)
             failed = [f for f in self.failures if f["trial_id"] in self._trials]
-            # where an evaluation failed: never proposed again by a proposer that avoids taken points (found in
-            # review: GPR-EI and qLogNEI, whose models never see a failure, proposed a failing corner batch after
-            # batch); a point that also has a completed result is an observed one anyway. Not for a lost worker
-            # or node: that says nothing about the point (a review found one pre-emption banning the best cell)
+            # where an evaluation failed: never proposed again by a proposer that avoids taken points (GPR-EI and
+            # qLogNEI, whose models never see a failure, would propose a failing corner batch after batch); a
+            # point that also has a completed result is an observed one anyway. Not for a lost worker or node:
+            # that says nothing about the point (one pre-emption would ban the best cell)
             X_failed = self._stack([self._trials[f["trial_id"]].x for f in failed if f["error"] not in _NO_BAN])
             X_all_failed = self._stack([self._trials[f["trial_id"]].x for f in failed])
             model = self._model
@@ -568,8 +588,8 @@ class AskTellOptimizer:
 
     def _cell_keys(self, rows: Tensor) -> list[bytes]:
         """One key per unit-cube row: the grid index of each int or choice coordinate (`cell_index`: exact, where
-        rounding unit coordinates to `DUPLICATE_TOL` merged neighbouring values of a log int near 1e5, and a
-        grid of 100,000 such cells then had 98,259 keys; found in review) and each float coordinate rounded to
+        rounding unit coordinates to `DUPLICATE_TOL` would merge neighbouring values of a log int near 1e5, and a
+        grid of 100,000 such cells would have 98,259 keys) and each float coordinate rounded to
         `DUPLICATE_TOL`."""
         from orchestrator.space import FloatParam
 
@@ -581,8 +601,8 @@ class AskTellOptimizer:
 
     def _grid_cells(self) -> Tensor:
         """Every point of an all-int/choice space, as snapped unit-cube rows (only for a small grid): the product
-        of each parameter's unit coordinates, computed once per value (found in review: a dict per cell through
-        `to_unit` took 55 s for 1,000 choices x 100 ints)."""
+        of each parameter's unit coordinates, computed once per value (a dict per cell through `to_unit` takes
+        55 s for 1,000 choices x 100 ints)."""
         from orchestrator.space import IntParam
 
         axes = [torch.tensor([p.to_unit(v) for v in (p.values.tolist() if isinstance(p, IntParam) else p.choices)],
@@ -657,12 +677,12 @@ class AskTellOptimizer:
         instead (each batch's results apart, at the levels in force) over-covered, 0.933-0.942 of a central 90%
         interval with 8-16-point batches (`tests/orchestrator/calibration/test_online.py`). Results queued in
         several rounds (`end_calibration_round`: a resume replaying the log without a calibrator checkpoint) get
-        one update per round, as the asks they came before gave them: one update for all of them left the map one
-        step from the identity (found in review). A replay's rounds are exact for a synchronous run; for a
-        streaming run too where the log records which results each ask's flush learned (the actor's
-        `info["learned_ids"]`, from 2026-11-27: a result told while the ask ran is logged before its proposals;
-        the flush at the end of a session is marked by its final fit's record, from the same day). They are
-        approximate for older logs and at the ask of a batch whose proposals were lost from a damaged log."""
+        one update per round, as the asks they came before gave them: one update for all of them would leave the
+        map one step from the identity. A replay's rounds are exact for a synchronous run; for a streaming run
+        too where the log records which results each ask's flush learned (the actor's `info["learned_ids"]`: a
+        result told while the ask ran is logged before its proposals; the flush at the end of a session is
+        marked by its final fit's record). They are approximate for logs of older versions, which record
+        neither, and at the ask of a batch whose proposals were lost from a damaged log."""
         with self._calib_lock:
             with self._lock:
                 todo = sorted(self._calib_queue, key=lambda u: (u.round, u.seq))
@@ -706,8 +726,8 @@ class AskTellOptimizer:
             current = self._calib_round
             self._calib_round = current + 1
             # the round being ended is the queue's tail (rounds never decrease along it): only the tail is read, so
-            # a replay pays per marker for the results since the one before, not for the whole queue (found in
-            # review: rebuilt whole at every marker, a replay of 20,000 one-point batches took 11 s, quadratic)
+            # a replay pays per marker for the results since the one before, not for the whole queue (rebuilt
+            # whole at every marker, a replay of 20,000 one-point batches takes 11 s, quadratic)
             queue = self._calib_queue
             start = len(queue)
             while start > 0 and queue[start - 1].round == current:
@@ -718,7 +738,7 @@ class AskTellOptimizer:
                 last = max((j for j, u in enumerate(tail) if u.trial_id in learned), default=-1)
                 # a result told before the last one this flush learned, yet not learned by it, was learned by an
                 # earlier flush whose record the log lost (a damaged log): its update comes first, on its own, in
-                # the round being ended (found in review: it was moved after this one); then this flush's, then the
+                # the round being ended (not after this one); then this flush's, then the
                 # results told after it
                 early = any(j < last and u.trial_id not in learned for j, u in enumerate(tail))
                 base = current + 1 if early else current
@@ -791,8 +811,8 @@ class AskTellOptimizer:
             with self._lock:
                 # every result the checkpoint's last flush could see was learned by it: one still queued was told
                 # after that flush, whatever round the replay gave it (a result told while an ask ran is logged
-                # before the ask's proposals), so it joins the first round after the learned ones (found in review:
-                # it stayed in the last learned round, and the next flush stepped twice where the run stepped once)
+                # before the ask's proposals), so it joins the first round after the learned ones (left in the
+                # last learned round, the next flush would step twice where the run stepped once)
                 last = max((u.round for u in self._calib_queue if u.trial_id in done), default=-1)
                 self._calib_queue = [u if u.round > last else u._replace(round=last + 1)
                                      for u in self._calib_queue if u.trial_id not in done]
@@ -804,8 +824,8 @@ class AskTellOptimizer:
         """`tell` several results (any subset of the pending trials, in any order)."""
         if len(trial_ids) != len(values):
             raise TrialError(f"got {len(trial_ids)} trial ids but {len(values)} values")
-        # every id checked before any is told: a typo in the middle left the first ones told, and the corrected
-        # call then failed on them (found in review)
+        # every id checked before any is told: a typo in the middle would leave the first ones told, and the
+        # corrected call would then fail on them
         seen: set[str] = set()
         with self._lock:
             for i, t in enumerate(trial_ids):
@@ -863,6 +883,10 @@ class AskTellOptimizer:
             InputDataError: fewer than 2 completed results.
             ModelFitError: the fitted posterior is not finite (the current model stays in use).
             FitInterrupted: `stop` was set before the fit ended (the current model stays in use).
+
+        Warns:
+            ModelWarning: once per optimizer each, when the model learned no lengthscale, and when a fit took
+                unusually long for its n (`SLOW_FIT_MIN_S`), naming the model options to change.
         """
         with fit_stop(stop):
             return self._fit(restart)
@@ -884,15 +908,22 @@ class AskTellOptimizer:
         # fit a copy (warm-started from the current posterior) and swap it in when ready, so `ask` may keep
         # proposing with the current model from another thread meanwhile
         model = self._build_model()
+        warm = current is not None
         if current is not None:
             try:
                 model.set_state(current.get_state())
             except NotImplementedError:  # a model without state dicts refits cold
                 model = self._build_model()
+                warm = False
+        fits: list[tuple[float, str]] = []  # (seconds, "warm" or "cold") of each model fit, for `_slow_fit_warning`
+        t_fit = time.perf_counter()
         diag = dict(model.fit(X, Y) or {})
+        fits.append((time.perf_counter() - t_fit, "warm" if diag.get("warm", warm) else "cold"))
         if restart and current is not None:
             cold = self._build_model()
+            t_fit = time.perf_counter()
             cold_diag = dict(cold.fit(X, Y) or {})
+            fits.append((time.perf_counter() - t_fit, "cold"))
             lw, lc = _training_loss(model, X, Y, diag), _training_loss(cold, X, Y, cold_diag)
             kept = "cold" if math.isfinite(lc) and not lw <= lc else "warm"  # a NaN warm loss loses
             if kept == "cold":
@@ -915,7 +946,7 @@ class AskTellOptimizer:
         seconds = time.perf_counter() - t0
         with self._lock:
             # a fit on fewer results than the model in use ended after it (a refit that outlived the run's end,
-            # while the final fit ran): the newer model stays (found in review: the older one was swapped in)
+            # while the final fit ran): the newer model stays, not the older one
             swapped = n >= self._model_n
             if swapped:
                 self._model = model
@@ -935,10 +966,43 @@ class AskTellOptimizer:
                 f"the {self.model_name} model learned no lengthscale from {n} results: all {self.space.dim} "
                 "lengthscales of its objective latent sit at the prior's mode, so it is flat between its points and "
                 f"its batches are close to random. In {self.space.dim} dimensions {advice}", ModelWarning,
-                stacklevel=2)
+                stacklevel=3)  # the caller of `fit`
+        slow = self._slow_fit_warning(fits, n)
+        if slow is not None:
+            warnings.warn(slow, ModelWarning, stacklevel=3)
         if swapped:  # the recommendation of the model in use (a report reads the last refit's)
             diag.update(best_params=best_params, best_predicted=best_pred)
         return diag
+
+    def _slow_fit_warning(self, fits: Sequence[tuple[float, str]], n: int) -> str | None:
+        """The warning for the first fit of this optimizer that was slow for its `n` (`SLOW_FIT_MIN_S`), naming
+        the model options that set its length; None for a fit that was not, or once one was (every later refit
+        would say it again)."""
+        slow = [(s, kind) for s, kind in fits
+                if s > SLOW_FIT_MAX_S or s > max(SLOW_FIT_MIN_S, SLOW_FIT_S_PER_RESULT[kind] * n)]
+        if not slow:
+            return None
+        with self._lock:
+            if self._warned_slow_fit:
+                return None
+            self._warned_slow_fit = True
+        seconds, kind = max(slow)
+        names = _SLOW_FIT_OPTIONS.get(self.model_name, ())
+        example = (f"config `model: {{type: {self.model_name}, options: {{{names[0] if names else '...'}: "
+                   "...}}`")
+        if names:
+            listed = [f"`{k}` ({self.model_options[k]!r})" if k in self.model_options else f"`{k}` (default)"
+                      for k in names]
+            options = (f"option {listed[0]}" if len(listed) == 1 else
+                       f"options {', '.join(listed[:-1])} or {listed[-1]}")
+            advice = f"lower the model {options} ({example})"
+        else:
+            advice = f"change its model options ({example})"
+        if self.model_name in ("exact-gp", "gpr-replicates"):  # the cost of an exact GP's fit grows as n^3
+            advice += ", or choose a sparse model (`model: quantile`)"
+        return (f"the {self.model_name} fit on {n} results took {seconds:.0f} s ({seconds / n:.2g} s per result, "
+                f"a {kind} fit), far longer than the default quantile model takes for {n} results; the refits that "
+                f"follow take as long or longer. To make them shorter, {advice}")
 
     def model_checkpoint(self) -> dict[str, Any] | None:
         """The fitted model's state for a checkpoint (tensors and plain values), or None (no model yet, or a
@@ -964,7 +1028,7 @@ class AskTellOptimizer:
                 more results than this optimizer holds (it belongs to another run).
         """
         theirs = (checkpoint.get("model_type"), checkpoint.get("model_tau"), checkpoint.get("model_options"))
-        if "model_tau" not in checkpoint:  # written before 2026-11-25: it recorded the user's tau only
+        if "model_tau" not in checkpoint:  # an older version's checkpoint: it records the user's tau only
             theirs = (theirs[0], self.model_tau if checkpoint.get("tau") == self.tau else None, self.model_options)
         direction = checkpoint.get("direction", self.direction)
         if direction != self.direction:  # tau 0.5 has the same model level in both directions
@@ -1045,7 +1109,7 @@ class AskTellOptimizer:
     def get_state(self) -> dict[str, Any]:
         """Plain values and tensors only (loads with `torch.load(weights_only=True)`)."""
         # a flush takes the queue under `_lock` and teaches the calibrator outside it: without `_calib_lock`, a
-        # state saved in between held those results neither queued nor learned (found in review)
+        # state saved in between would hold those results neither queued nor learned
         with self._calib_lock, self._lock:
             trials = [
                 {
@@ -1102,11 +1166,11 @@ class AskTellOptimizer:
 
         Raises:
             QbatchError: the state was saved by an optimizer with another space, direction, tau, model or model
-                options, naming the first that differs (found in review: a minimize state loaded into a maximize
-                optimizer flipped every value's sign, and one of another space relabelled its points).
+                options, naming the first that differs (a minimize state loaded into a maximize optimizer would
+                flip every value's sign, and one of another space would relabel its points).
         """
         theirs = state.get("settings")
-        if theirs is not None:  # (states saved before 2026-11-26 carry none)
+        if theirs is not None:  # (states of older versions carry none)
             ours = self._settings()
             for key in ours:
                 if key in theirs and theirs[key] != ours[key]:

@@ -1,6 +1,6 @@
 """Drive one experiment on Ray: validate, connect, create the run directory and the central actor, show progress.
 
-ARCHITECTURE.md "The path of one evaluation", step 1, and issue 4 items 1 and 8. `run_experiment` is what
+ARCHITECTURE.md "The path of one evaluation", step 1. `run_experiment` is what
 `qbatch run` calls and `resume_experiment` what `qbatch resume` calls. The config is validated, the
 objective built and the search space checked *before* Ray starts or a run directory is made. A local Ray
 starts with `ray.init(num_cpus=..., include_dashboard=False)`; `address` connects to a running cluster
@@ -29,8 +29,8 @@ from typing import Any, Iterator, Mapping, TextIO
 
 from orchestrator.actor import CentralActor, RunAbortedError, default_max_concurrent
 from orchestrator.errors import ConfigError, QbatchError, UsageError
-from workers.evaluate import cap
 from workers.pool import EvaluationPool
+from workers.records import cap
 
 __all__ = ["NAMESPACE", "RunAbortedError", "actor_name", "resume_experiment", "run_experiment"]
 
@@ -48,16 +48,15 @@ def actor_name(run_dir: str) -> str:
 
 
 def pool_name(run_dir: str) -> str:
-    """Name of the evaluation pool of `run_dir`, in `NAMESPACE`. Its own prefix: a suffix (it was
-    `actor_name(d) + ":pool"`) made the pool of `d` the central actor of a run directory `d:pool` (found in
-    review)."""
+    """Name of the evaluation pool of `run_dir`, in `NAMESPACE`. Its own prefix: a suffix
+    (`actor_name(d) + ":pool"`) would make the pool of `d` the central actor of a run directory `d:pool`."""
     return "qbatch-pool:" + actor_name(run_dir)[len("qbatch:"):]
 
 
 def _name_taken(name: str, run_dir: str, new_run: bool) -> UsageError:
     """A run whose actor's name another actor on this Ray holds (the same run directory path, e.g. from another
     machine or container sharing the cluster): one line, and a new run, which recorded nothing, leaves no run
-    directory behind (it was a Ray traceback, and the rerun was refused as "already holds a run")."""
+    directory behind (rather than a Ray traceback and a rerun refused as "already holds a run")."""
     from orchestrator.store import RunStore
 
     if not new_run:
@@ -94,14 +93,14 @@ def _check_objective(cfg: Any) -> Any:
     from objectives.registry import inspect_objective
 
     module, sep, attr = str(cfg.objective.name).partition(":")
-    if sep and module == "__main__":  # the driver imports it; the central actor and the workers never can (review)
+    if sep and module == "__main__":  # the driver imports it; the central actor and the workers never can
         raise ConfigError(
             f"`objective.name` {cfg.objective.name!r} is defined in __main__ (a script or notebook), which the "
             f"central actor and the evaluation workers cannot import: put it in a module file (e.g. "
             f"my_objective.py beside the script) and name it 'my_objective:{attr}'")
     try:
         objective = inspect_objective(cfg.objective.name, dict(cfg.objective.options))
-    except ValueError as exc:  # chained: a library user sees the objective's own traceback (review)
+    except ValueError as exc:  # chained: a library user sees the objective's own traceback
         # cut: an objective's message echoes the bad value, which may be megabytes long
         raise ConfigError(f"`objective`: {_cut(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)}") from exc
     except Exception as exc:  # an option the objective does not check (a type, a size), or its own bug
@@ -155,13 +154,15 @@ def _cut(text: str, limit: int = MAX_QUOTED_CHARS) -> str:
 STARVED_WARN_S = 60.0
 #: how often the driver asks the evaluation pool how many of its evaluations have started
 POOL_POLL_S = 2.0
+#: how long the driver waits at the run's end for the central actor's last notices (`_ActorNotices.flush`)
+NOTICE_FLUSH_S = 10.0
 #: `actor_options` keys `run_experiment` / `resume_experiment` pass on to `CentralActor`
 ACTOR_OPTIONS = ("queue_low", "refit_interval_s", "isolate", "max_refit_failures")
 
 
 def _check_run_args(max_concurrent: Any, num_cpus: Any, actor_options: Mapping[str, Any] | None) -> dict[str, Any]:
     """Check the keyword arguments of `run_experiment` / `resume_experiment` before Ray starts or the run
-    directory is made (a bad one used to fail in the actor, leaving a run dir that blocked a rerun)."""
+    directory is made (a bad one would fail in the actor, leaving a run dir that blocks a rerun)."""
     for key, v in (("max_concurrent", max_concurrent), ("num_cpus", num_cpus)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise ConfigError(f"`{key}` must be None or an integer >= 1; got {v!r}")
@@ -200,8 +201,8 @@ def _host_port(address: str) -> tuple[set[str], int] | None:
 def _other_ray(address: str, current: str) -> bool:
     """Whether `address` certainly names another Ray than the one at `current` (its GCS "ip:port"): a "ray://"
     address (a client connection, where this process is a driver of `current`), or a "host:port" whose host
-    resolves to none of `current`'s addresses or whose port differs ("localhost:6379" is "127.0.0.1:6379",
-    found in own-diff review). "auto", "local" and what cannot be resolved are not refused."""
+    resolves to none of `current`'s addresses or whose port differs ("localhost:6379" is "127.0.0.1:6379").
+    "auto", "local" and what cannot be resolved are not refused."""
     if address in ("auto", "local"):
         return False
     if address.startswith("ray://"):
@@ -240,7 +241,7 @@ def _ensure_ray_unlocked(address: str | None, num_cpus: int | None) -> bool:
     if threading.current_thread() is threading.main_thread():
         # ray.init puts its own handler there. One still pending is the process's own: a shared Ray that another
         # thread shut down could not put it back (signals are set in the main thread only), and the handler
-        # now is Ray's from then (found in review)
+        # now would be Ray's from then
         if _SIGTERM_BEFORE_RAY is None:
             _SIGTERM_BEFORE_RAY = signal.getsignal(signal.SIGTERM)
     else:  # Ray's processes die with the thread that started them: a thread of their own, kept until shutdown
@@ -252,9 +253,9 @@ def _ensure_ray_unlocked(address: str | None, num_cpus: int | None) -> bool:
 
 def _in_keeper_thread(fn: Any, *args: Any) -> None:
     """Run `fn(*args)` in a daemon thread that then waits until `_shutdown_ray_unlocked`. A local Ray started in
-    a caller's thread (`run_experiment` from a thread pool) lost its GCS when that thread ended, because Ray sets
-    its processes to be killed with the thread that forked them: another thread's run sharing that Ray then died
-    (found in review)."""
+    a caller's thread (`run_experiment` from a thread pool) would lose its GCS when that thread ends, because Ray
+    sets its processes to be killed with the thread that forked them: another thread's run sharing that Ray would
+    then die."""
     global _KEEPER_STOP
     stop, ready, failed = threading.Event(), threading.Event(), []
 
@@ -299,7 +300,7 @@ def _check_same_ray(address: str | None, num_cpus: int | None, shared: bool = Fa
     except Exception:  # noqa: BLE001 -- e.g. a Ray client connection: nothing to compare with
         current = None
     if current and address and _other_ray(address, current):
-        # found in review: the run went to the local Ray without a word, not to the cluster asked for
+        # refused: the run would go to the local Ray without a word, not to the cluster asked for
         first = ("wait for this process's other qbatch runs on it to end" if shared else "call ray.shutdown() first")
         raise UsageError(f"`address` {address!r}: this process is already connected to the Ray at {current}; "
                          f"{first} to use another, or leave `address` out to use that one")
@@ -311,8 +312,8 @@ def _check_same_ray(address: str | None, num_cpus: int | None, shared: bool = Fa
 
 def _connection_error_line(exc: BaseException) -> str:
     """The first line of Ray's connection error, with the first line of each cause it chains that says more
-    (found in review: a cluster with token authentication failed as "Failed to connect to Ray cluster at ...",
-    and the cause, an AuthenticationError naming RAY_AUTH_MODE, was dropped)."""
+    (a cluster with token authentication fails as "Failed to connect to Ray cluster at ...", and only the
+    cause, an AuthenticationError, names RAY_AUTH_MODE)."""
     lines = [(str(exc).strip().splitlines() or [type(exc).__name__])[0]]
     cause, seen = exc.__cause__ or exc.__context__, {id(exc)}
     while cause is not None and id(cause) not in seen:
@@ -377,8 +378,8 @@ _HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x0
 def _answers_http1(conn: socket.socket, timeout_s: float) -> bool:
     """Whether the server on `conn` answers a gRPC client's first bytes in text, as an HTTP/1 server does ("HTTP/1.1
     400 ...", or an HTML error page). Ray's GCS and client server speak gRPC (HTTP/2) and answer with a binary
-    SETTINGS frame (a TLS server with a binary alert). Found in review: the dashboard's port (8265, which the
-    README's `ray job submit` uses) passed the connect check and `ray.init` then waited 14 minutes. No answer,
+    SETTINGS frame (a TLS server with a binary alert). The dashboard's port (8265, which the README's
+    `ray job submit` uses) passes the connect check, and `ray.init` then waits 14 minutes. No answer,
     or a reset, counts as not HTTP/1: Ray decides."""
     try:
         conn.settimeout(min(timeout_s, 2.0))
@@ -402,12 +403,12 @@ def _auto_ray_address() -> str | None:
 
 
 #: the process's SIGTERM handler before `_ensure_ray` started or connected Ray (`ray.init` replaces it;
-#: `_shutdown_local_ray` puts it back): a notebook or a script that ran qbatch kept Ray's handler after its
-#: Ray was gone (found in review)
+#: `_shutdown_local_ray` puts it back): a notebook or a script that ran qbatch would otherwise keep Ray's
+#: handler after its Ray is gone
 _SIGTERM_BEFORE_RAY: Any = None
 #: runs of this process that use the Ray `_ensure_ray` started or connected to (guarded by `_OWN_RAY_LOCK`):
-#: two threads' `run_experiment` calls share it, and the first to end shut it down under the other, whose
-#: thread then died with a SystemExit (found in review)
+#: two threads' `run_experiment` calls share it, and the first to end must not shut it down under the other,
+#: whose thread would then die with a SystemExit
 _OWN_RAY_RUNS = 0
 _OWN_RAY_LOCK = threading.Lock()
 #: set to let the thread that started the process's own Ray end (`_in_keeper_thread`); None when none waits
@@ -440,7 +441,7 @@ def _shutdown_ray_unlocked(ray: Any) -> None:
 
 
 def _init_local_ray(num_cpus: int | None) -> None:
-    """Start a new local Ray that listens on loopback only (issue 7 item 9).
+    """Start a new local Ray that listens on loopback only.
 
     `address="local"` starts a fresh instance even when RAY_ADDRESS or a `ray start` on this machine names
     another cluster (a local run never sends the user's objective elsewhere). Ray resolves a node IP of
@@ -485,10 +486,10 @@ def _wait_for_actor(actor: Any, timeout_s: float = 600.0) -> int:
 def _actor_pid(actor: Any, run_dir: str, after_error: bool = False, new_run: bool = False) -> int:
     """The central actor's pid: at its start, or `after_error` once it answers again (`_wait_for_actor`). An actor
     that could not start, or died for good (its restarts used up), is a `QbatchError` of one line naming the
-    cause and how to continue, not Ray's traceback (found in review). A `new_run` whose actor could not start
-    has recorded nothing: its run directory is cleared (`RunStore.discard_unstarted`), so that the same command
-    runs again once the cause is fixed (found in review: a cluster that could not import the user's objective
-    left a run directory that refused the rerun, and a resume that failed the same way)."""
+    cause and how to continue, not Ray's traceback. A `new_run` whose actor could not start has recorded
+    nothing: its run directory is cleared (`RunStore.discard_unstarted`), so that the same command runs again
+    once the cause is fixed (a cluster that cannot import the user's objective would otherwise leave a run
+    directory that refuses the rerun, and a resume that fails the same way)."""
     import ray
 
     try:
@@ -497,7 +498,7 @@ def _actor_pid(actor: Any, run_dir: str, after_error: bool = False, new_run: boo
         line = _error_line(exc)
         if not after_error and "is being written by another run" in line:
             # lost the writer lock to a run or resume started at the same moment: refused as before Ray starts
-            # (exit 2), without the resume hint that would be refused the same way (found in review)
+            # (exit 2), without the resume hint that would be refused the same way
             raise UsageError(f"the central actor of {run_dir} could not start: {line}") from None
         hint = ""
         if re.search(r"cannot import module|ModuleNotFoundError|No module named", line):
@@ -538,7 +539,7 @@ def _error_line(exc: BaseException) -> str:
 
 def _absolute(run_dir: str) -> str:
     """Local run directories are made absolute (the actor's worker process has another working directory), a
-    leading `~` expanded as a shell would (it made a folder named `~` in the working directory)."""
+    leading `~` expanded as a shell would (not a folder named `~` in the working directory)."""
     return run_dir if "://" in run_dir else os.path.abspath(os.path.expanduser(run_dir))
 
 
@@ -560,8 +561,8 @@ def _signal_handlers(handlers: Mapping[int, Any]) -> Iterator[None]:
 def _sigterm_interrupts() -> Any:
     """While a run is driven, SIGTERM (what `timeout`, SLURM and systemd send) interrupts it as Ctrl-C does: a
     `KeyboardInterrupt` in the main thread, so `qbatch` exits 130 with the resume hint. Ray's driver handler
-    (`sys.exit`) and its C++ failure handler (a stack dump) made it exit 1, "the run stopped with an error"
-    (found in review)."""
+    (`sys.exit`) and its C++ failure handler (a stack dump) would make it exit 1, "the run stopped with an
+    error"."""
 
     def interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
@@ -571,8 +572,8 @@ def _sigterm_interrupts() -> Any:
 
 def _interrupts_held() -> Any:
     """SIGINT and SIGTERM are ignored while the local Ray shuts down (a few seconds): a second Ctrl-C that cut
-    `ray.shutdown()` short made the process exit 1, "the run stopped with an error", and left Ray's agents running
-    (found in review, 3 tries in 10)."""
+    `ray.shutdown()` short would make the process exit 1, "the run stopped with an error", and leave Ray's agents
+    running (3 tries in 10)."""
     return _signal_handlers({signal.SIGINT: signal.SIG_IGN, signal.SIGTERM: signal.SIG_IGN})
 
 
@@ -590,8 +591,8 @@ def _drive_and_release(started_ray: bool, *args: Any, **kwargs: Any) -> dict[str
 def _check_feasible(started_ray: bool, resources: Any) -> None:
     """Raise `QbatchError` (one line, naming the request) when no alive node can run one evaluation.
 
-    The central actor makes the same check when it is built, but there it surfaced as a Ray traceback and came
-    after the run directory was created, which then blocked a rerun with the same `run_dir`.
+    The central actor makes the same check when it is built, but there it surfaces as a Ray traceback and comes
+    after the run directory is created, which then blocks a rerun with the same `run_dir`.
     """
     try:
         default_max_concurrent(resources)
@@ -797,6 +798,7 @@ def _drive(
         from tqdm import tqdm
 
         bar = tqdm(total=cfg.budget, desc=cfg.name, unit="eval", file=sys.stderr, dynamic_ncols=True)
+    notices = _ActorNotices(actor, bar)
     restarts = 0
     summary: dict[str, Any] | None = None
     try:
@@ -808,6 +810,7 @@ def _drive(
         while summary is None:
             ready, _ = ray.wait([ref], timeout=0.5)
             watch.poll(time.time())
+            notices.poll()
             if bar is not None:
                 try:
                     st = ray.get(actor.status.remote(), timeout=30)
@@ -829,17 +832,19 @@ def _drive(
                 if pid != actor_pid:
                     restarts, actor_pid = restarts + 1, pid
                 ref = actor.run.remote()
+        notices.flush(NOTICE_FLUSH_S)  # what the run's end had to say (the final fit's warnings)
         if bar is not None:
             _show(bar, summary)
     finally:
         if summary is None:  # interrupted, or failed: end the actor's loop by a direct call before `ray.kill`,
             # a request to the GCS, which a signal to the whole process group (SLURM's scancel) stops too: the
-            # actor then went on proposing and starting evaluations until its raylet drained (found in review).
+            # actor would go on proposing and starting evaluations until its raylet drained.
             # First of all: once the stop returns the actor dispatches nothing more (`CentralActor.stop`)
             try:
                 ray.get(actor.stop.remote(), timeout=15)
             except Exception:  # noqa: BLE001 - dead, or never started: nothing to stop
                 pass
+            notices.flush(NOTICE_FLUSH_S / 5)
         if bar is not None:
             bar.close()
         for handle in (actor, pool):
@@ -860,13 +865,54 @@ def _drive(
     return summary
 
 
+class _ActorNotices:
+    """The central actor's lines for the user and its process's warnings (`CentralActor.notices`), printed to
+    stderr one to a line: above the progress bar, which is redrawn below them (Ray forwards what an actor's
+    process prints as it comes: after the actor's pid, on the bar's line, a warning with its source line).
+
+    One call is in flight at a time, and the run's loop never waits on it: lines a call took from the actor are
+    printed whenever it returns, never dropped because the driver stopped waiting."""
+
+    def __init__(self, actor: Any, bar: Any = None) -> None:
+        self._actor, self._bar = actor, bar
+        self._ref: Any = None
+
+    def poll(self, wait_s: float = 0.0) -> bool:
+        """Start a call unless one is in flight, wait up to `wait_s` for it and print the lines it returned;
+        whether it returned."""
+        import ray
+
+        try:
+            if self._ref is None:
+                self._ref = self._actor.notices.remote()
+            ready, _ = ray.wait([self._ref], timeout=wait_s)
+            if not ready:
+                return False
+            ref, self._ref = self._ref, None
+            lines = ray.get(ref)
+        except Exception:  # noqa: BLE001 - the actor restarted or is gone: its process's lines went with it
+            self._ref = None
+            return True
+        for line in lines:
+            if self._bar is not None:
+                self._bar.write(line, file=sys.stderr)
+            else:
+                print(line, file=sys.stderr, flush=True)
+        return True
+
+    def flush(self, wait_s: float) -> None:
+        """At the run's end: the call in flight, then one more for the lines since, each waited on `wait_s`."""
+        if self._ref is not None and not self.poll(wait_s):
+            return
+        self.poll(wait_s)
+
+
 class _QueueWatch:
     """The driver's view of the evaluation pool: how many dispatched evaluations run and how many wait in Ray's
     queue, and one warning (until one runs again) when some have waited `STARVED_WARN_S` with none running.
 
     Ray queues a task whose resources are taken (the user's own actors or tasks hold the CPUs) without a word:
-    the run then waited forever, and the progress bar showed every dispatched evaluation as running (found in
-    review)."""
+    the run would wait forever, and the progress bar would show every dispatched evaluation as running."""
 
     def __init__(self, pool: Any, resources: Any, out: TextIO, bar: Any = None, warn_s: float | None = None) -> None:
         self._pool, self._resources, self._out, self._bar = pool, resources, out, bar

@@ -2,8 +2,9 @@
 disk full at `qbatch run`, a log row whose JSON fields decode to the wrong type, work dispatched after the
 user said stop, an unbounded number of metrics per result, and the smaller ones of the same kind.
 
-Run inside `scripts/loopback` (the stop tests start a local Ray through the `ray_local` fixture); the others
-never start Ray. Where the fault is a race, the test holds one side at the racy step with a patched hook.
+Run inside `scripts/loopback`: the test of the central actor's warnings runs a real `qbatch run`, which starts
+a local Ray of its own (marked `ray`); the others never start Ray. Where the fault is a race, the test holds one
+side at the racy step with a patched hook.
 """
 
 from __future__ import annotations
@@ -11,8 +12,13 @@ from __future__ import annotations
 import errno
 import json
 import os
+import random
+import subprocess
+import sys
 import threading
 import time
+import types
+import warnings
 from pathlib import Path
 
 import pyarrow as pa
@@ -24,6 +30,8 @@ from orchestrator import cli
 from orchestrator import store as store_mod
 from orchestrator.errors import UsageError
 from orchestrator.store import Event, RunDirError, RunStore, trials_table
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 class RandomSpace(Objective):
@@ -437,3 +445,97 @@ def test_more_inducing_points_than_observations_uses_the_observations():
     info = model.fit(X, Y)
     assert info["num_inducing"] == 50  # every observation, no random padding
     assert time.perf_counter() - t0 < 60
+
+
+# --- F6: a fit that takes unusually long for its n warns once ----------------------------------------------------
+@pytest.mark.parametrize("model, option", [("quantile", "num_inducing"), ("exact-gp", "fit_maxiter")])
+def test_a_fit_slow_for_its_n_warns_once_naming_the_seconds_the_n_and_the_option(monkeypatch, model, option):
+    """Each model fit takes `slow_s[0]` seconds on the optimizer's clock (the fits themselves are real): fast fits
+    say nothing; once they take 100 s on 7 to 9 results, the first says so and the later ones (warm, and a
+    restart that also fits cold) do not say it again."""
+    from orchestrator import ask_tell
+    from orchestrator.ask_tell import AskTellOptimizer
+    from orchestrator.errors import ModelWarning
+
+    clock, slow_s = [0.0], [0.0]
+    monkeypatch.setattr(ask_tell, "time", types.SimpleNamespace(perf_counter=lambda: clock[0], time=time.time,
+                                                                monotonic=time.monotonic, sleep=time.sleep))
+    real_build = AskTellOptimizer._build_model
+
+    def build(self):
+        built = real_build(self)
+        fit = built.fit
+
+        def fit_on_the_clock(X, Y):
+            out = fit(X, Y)
+            clock[0] += slow_s[0]
+            return out
+
+        built.fit = fit_on_the_clock
+        return built
+
+    monkeypatch.setattr(AskTellOptimizer, "_build_model", build)
+    options = {"max_steps": 100, "warm_max_steps": 20} if model == "quantile" else {}  # short real fits
+    opt = AskTellOptimizer({"a": {"type": "float", "low": 0.0, "high": 1.0},
+                            "b": {"type": "float", "low": 0.0, "high": 1.0}}, model=model, tau=0.3,
+                           initial_design=6, seed=0, model_options=options)
+    rng = random.Random(0)
+
+    def tell(k: int) -> None:
+        for _ in range(k):
+            a, b = rng.random(), rng.random()
+            opt.tell_point({"a": a, "b": b}, -(a - 0.3) ** 2 - (b - 0.6) ** 2 + 0.05 * rng.gauss(0, 1))
+
+    def slow_warnings(caught) -> list[str]:
+        return [str(w.message) for w in caught if issubclass(w.category, ModelWarning) and " took " in str(w.message)]
+
+    tell(6)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.fit()
+        assert slow_warnings(caught) == []
+        slow_s[0] = 100.0
+        for _ in range(3):
+            tell(1)
+            opt.fit()
+        opt.fit(restart=True)
+    said = slow_warnings(caught)
+    assert len(said) == 1, said
+    assert f"the {model} fit on 7 results took 100 s" in said[0], said[0]
+    assert f"`{option}`" in said[0] and "model: {type: " in said[0], said[0]
+
+
+# --- C6: the central actor's warnings reach the user as one clean line -------------------------------------------
+def _screen(text: str) -> list[str]:
+    """The rows a terminal shows for `text`: a carriage return goes back to the start of the row, and what
+    follows it overwrites what was there."""
+    rows = []
+    for raw in text.split("\n"):
+        row = ""
+        for part in raw.split("\r"):
+            row = part + row[len(part):]
+        rows.append(row.rstrip())
+    return rows
+
+
+@pytest.mark.ray
+def test_a_warning_of_the_central_actor_is_one_row_of_its_own_beside_the_progress_bar(tmp_path):
+    """A real `qbatch run` with its progress bar on stderr, whose model fit warns in the central actor: the
+    spec's lengthscale prior in 8 dimensions leaves every lengthscale at its mode on the design's results (a
+    `ModelWarning`). Ray forwards what the actor's process prints, prefixed with its pid and glued to the bar."""
+    cfg = {"name": "c6", "objective": {"name": "ackley", "options": {"dim": 8}},
+           "model": {"type": "quantile", "options": {"lengthscale_prior": "spec"}}, "tau": 0.2, "budget": 8,
+           "batch_size": 2, "initial_design": 6, "seed": 1, "run_dir": str(tmp_path / "run")}
+    path = _write(tmp_path / "c6.yaml", cfg)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", str(path)], cwd=tmp_path, env=env,
+                          capture_output=True, timeout=600)  # bytes: text mode reads each "\r" as a newline
+    stderr = proc.stderr.decode(errors="replace")
+    assert proc.returncode == 0, stderr[-4000:]
+    rows = _screen(stderr)
+    assert any(r.startswith("c6: 100%") for r in rows), rows  # the bar was drawn
+    said = [r for r in rows if "ModelWarning" in r or "learned no lengthscale" in r]
+    assert len(said) == 1, said
+    assert said[0].startswith("qbatch: warning: ModelWarning: the quantile model learned no lengthscale from "), said
+    assert not [r for r in rows if "self._fit" in r or "self.opt.fit" in r], rows  # no source line
