@@ -117,7 +117,7 @@ class TextCorpus:
 
 def _require_dir(path: str | os.PathLike[str], what: str) -> Path:
     p = Path(path).expanduser()
-    if p.is_file():  # the archive itself, or one of the dataset's files (found in review: no hint given)
+    if p.is_file():  # the archive itself, or one of the dataset's files: the message says what to give instead
         raise DatasetError(f"{what} directory {str(p)!r} is a file; give the directory that holds the dataset's "
                            "files (extract an archive first: nothing is unpacked or downloaded here)")
     if not p.is_dir():
@@ -178,7 +178,7 @@ def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
         keys = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
         raise DatasetError(f"CIFAR-10 file {str(path)!r} lacks b'data'/b'labels' (found {keys})")
     # as stored: uint8 pixels and integer labels (a cast would wrap 300 to 44 and floats in [0, 1] to 0/1, and
-    # the CNN would train on that without a word; found in review)
+    # the CNN would train on that without a word)
     data = np.asarray(batch[b"data"])
     labels = np.asarray(batch[b"labels"])
     if data.dtype != np.uint8:
@@ -235,7 +235,7 @@ def _read_svhn_mat(path: Path) -> tuple[np.ndarray, np.ndarray]:
         raise DatasetError(f"SVHN file {str(path)!r} lacks the 'X' and 'y' arrays")
     X = np.asarray(mat["X"])
     y = np.asarray(mat["y"]).reshape(-1)
-    if X.dtype != np.uint8:  # as the official files store them; a cast would wrap or truncate (review)
+    if X.dtype != np.uint8:  # as the official files store them; a cast would wrap or truncate
         raise DatasetError(f"SVHN file {str(path)!r}: 'X' must hold uint8 pixels; got dtype {X.dtype}")
     if y.dtype.kind == "f" and y.size and not np.all(np.isfinite(y) & (y == np.round(y))):
         raise DatasetError(f"SVHN file {str(path)!r}: 'y' must hold whole-number labels 1..10")
@@ -408,7 +408,7 @@ def _newsgroup_parts(data_dir: str | os.PathLike[str]) -> list[Path]:
 
 def _newsgroup_files(parts: list[Path]) -> list[Path]:
     """The message files of the folders `parts` (`<group>/<file>`), sorted; hidden files (a `.DS_Store`,
-    macOS `._` forks) are not messages (found in review: they were read as documents)."""
+    macOS `._` forks) are not messages and are not read as documents."""
     return sorted(f for p in parts for f in p.glob("*/*")
                   if f.is_file() and not f.name.startswith(".") and not f.parent.name.startswith("."))
 

@@ -125,7 +125,7 @@ class LunarLander(Objective):
                 f"option 'env_id'={self.env_id!r} is not an environment of {gym.__name__!r}: {exc}"
             ) from None
         # the controller reads LunarLander's 8-value state and fires one of its 4 discrete engines: another
-        # environment (LunarLanderContinuous, CartPole) failed every episode with a bare IndexError. `make_env`
+        # environment (LunarLanderContinuous, CartPole) would fail every episode with a bare IndexError. `make_env`
         # checks that wherever the environment is made; where a dependency is missing here (Box2D on the node
         # that starts the run, not on the worker nodes), each evaluation makes it, checks it and says what is wrong
         try:
@@ -201,6 +201,6 @@ class LunarLander(Objective):
 
     def episode_rewards(self, params: Mapping[str, Any], n_episodes: int = 100, seed0: int = 10**6) -> np.ndarray:
         """Rewards of `n_episodes` episodes with seeds ``seed0, seed0+1, ...`` (what `empirical_quantile` reads)."""
-        n_episodes = check_int("n_episodes", n_episodes, 1)  # 0 gave numpy's IndexError (found in review)
+        n_episodes = check_int("n_episodes", n_episodes, 1)  # 0 would end in numpy's IndexError
         w = self.params_to_gains(params)
         return np.array([self.episode(w, seed0 + i)[0] for i in range(n_episodes)])

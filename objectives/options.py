@@ -33,7 +33,7 @@ __all__ = [
 
 #: the most parameters a search space may have (a built-in objective's `dim` option, any objective's space): the
 #: proposers' candidate sets grow with the dimension (max(5000, 1000 d) Sobol points for Thompson sampling, spec
-#: §2), and dim 10^8 was accepted and ran out of memory 72 s later, in the objective's constructor (found in review)
+#: §2); without the bound dim 10^8 passes every check and runs out of memory 72 s later, in the objective's constructor
 MAX_DIM = 1000
 
 

@@ -110,8 +110,8 @@ def load_objective(name: str, options: Mapping[str, Any] | None = None) -> Objec
         obj = target(**options)
     except TypeError as exc:
         if not options and _required_positional(target):
-            # e.g. `def f(params, seed)`: an evaluation function, not a factory (found in review: "bad options"
-            # for a config that gave none)
+            # e.g. `def f(params, seed)`: an evaluation function, not a factory ("bad options" would blame a
+            # config that gave none)
             raise ObjectiveError(
                 f"objective {name!r} is a callable that needs arguments ({exc}); an objective is an Objective "
                 "subclass, a factory that takes its options as keywords, or an instance: wrap an evaluation "
@@ -125,8 +125,8 @@ def load_objective(name: str, options: Mapping[str, Any] | None = None) -> Objec
 
 def _check_declared(name: str, obj: Objective) -> None:
     """`ObjectiveError` naming the objective when its `space` is not a mapping of parameter names to spec mappings,
-    its `resources` not a `Resources` or its `direction` neither 'maximize' nor 'minimize' (found in review: a list
-    space was an AttributeError traceback, and a dict of resources passed every check and failed after Ray had
+    its `resources` not a `Resources` or its `direction` neither 'maximize' nor 'minimize' (unchecked, a list space
+    ends in an AttributeError traceback, and a dict of resources passes every check and fails after Ray has
     started)."""
     try:
         space, resources, direction = obj.space, obj.resources, obj.direction
@@ -170,8 +170,8 @@ def _torch_threads_kept() -> Iterator[None]:
 def inspect_objective(name: str, options: Mapping[str, Any] | None = None) -> Objective:
     """`load_objective` for a process that only reads the objective's space, direction and resources (the
     driver, the central actor): torch's thread count is put back afterwards, since a constructor's
-    `torch.set_num_threads` is meant for its evaluations, and in the central actor it set the threads of every
-    model fit (found in review)."""
+    `torch.set_num_threads` is meant for its evaluations, and in the central actor it would set the threads of
+    every model fit."""
     with _torch_threads_kept():
         return load_objective(name, options)
 

@@ -1,4 +1,4 @@
-"""A load generator for orchestration tests and the utilization benchmark (issue 4).
+"""A load generator for orchestration tests and the utilization benchmark.
 
 `SleepObjective` returns a cheap analytic value of its parameters plus Gaussian noise, after a random
 delay drawn from a lognormal distribution with a given mean and coefficient of variation. The delay

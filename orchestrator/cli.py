@@ -1,4 +1,4 @@
-"""The `qbatch` command line: run | resume | status | report | objectives (issue 4 items 4, 7, 8).
+"""The `qbatch` command line: run | resume | status | report | objectives.
 
 `run` validates the config before anything else: a bad config prints ONE line naming the key and exits
 with status 2, without starting Ray and without creating a run directory. Only `run` and `resume` import
@@ -40,7 +40,7 @@ MAX_ERROR_CHARS = 2_000
 
 
 def _error(msg: str) -> None:
-    from workers.evaluate import cap
+    from workers.records import cap
 
     text = cap(" ".join(str(msg).split()), MAX_ERROR_CHARS, head=MAX_ERROR_CHARS * 3 // 4, sep=" ")
     print(f"qbatch: error: {text}", file=sys.stderr)
@@ -50,7 +50,7 @@ def _error(msg: str) -> None:
 def _bundled_example(config: str) -> str | None:
     """The example config shipped inside the package for CONFIG `examples/NAME.yaml`, `NAME.yaml` or `NAME`
     when no such file exists here: an installed wheel carries the repository's `examples/` as
-    `orchestrator/examples/`, so the README's commands work outside a checkout (found in review). None when
+    `orchestrator/examples/`, so the README's commands work outside a checkout. None when
     CONFIG exists, names another folder, or no bundled example has that name."""
     if os.path.exists(config):
         return None
@@ -92,7 +92,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             created = True  # cannot tell: the hint is harmless where there is no run (resume says so)
         if created:
             _error(f"interrupted; continue with `qbatch resume {run_dir}`")
-        else:  # while Ray was starting: a resume hint would point at nothing (found in review)
+        else:  # while Ray was starting: a resume hint would point at nothing
             _error(f"interrupted before the run was created at {run_dir}; nothing was written")
         return EXIT_INTERRUPTED
     return EXIT_OK  # the runner printed the best point and where the results are
@@ -128,8 +128,8 @@ def _f(v: Any) -> str:
 def _open_run(run_dir: str) -> Any:
     """The `RunStore` at `run_dir` for `status` and `report`. What is wrong with its config.yaml for this version
     is a warning, worded as `resume` words it, and the run is shown as recorded: a hand-edited config.yaml
-    (`budget: six`) made them end in a traceback (found in review), and refusing it would hide runs that an
-    older version wrote and they used to show."""
+    (`budget: six`) would otherwise end them in a traceback, and refusing it would hide runs that an older
+    version wrote."""
     from orchestrator.config import load_config
     from orchestrator.store import RunStore, StoreError
 
@@ -198,7 +198,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from orchestrator.report import format_summary, write_report
 
-    if args.out is not None and not args.out.strip():  # "" was "the report folder: No such file" (review)
+    if args.out is not None and not args.out.strip():  # "" would be "the report folder: No such file"
         raise UsageError(f"`--out` must name a folder; got {args.out!r}")
     store = _open_run(args.run_dir)
     try:
@@ -279,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         if exc.filename is None:  # not a file's error (a connection, a remote task's): as it was
             raise
-        # a file of the run that cannot be read or written: one line naming it, not a traceback (review)
+        # a file of the run that cannot be read or written: one line naming it, not a traceback
         _error(f"{exc.filename}: {exc.strerror or exc}")
         return EXIT_RUN_FAILED
     except KeyboardInterrupt:

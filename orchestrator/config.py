@@ -1,11 +1,11 @@
-"""Experiment config: YAML -> a frozen, validated `ExperimentConfig` (issue 4 item 5; README "Configuration").
+"""Experiment config: YAML -> a frozen, validated `ExperimentConfig` (README "Configuration").
 
 Every key is checked from ONE table (`_TABLE`: dotted key, check, default), as Ray checks task options
 (STYLE.md §4.6). A bad config raises `ConfigError` with one line that names the dotted key and the
 accepted values or range, e.g. "`batch_size` must be an integer in [1, 4096]; got 0"; an unknown key lists
 the valid ones. Validation imports no heavy module and happens before Ray starts and before any run
 directory is created. Run names are single safe path components and `run_dir` may hold no `..` component,
-so a config cannot write outside the folder it names (issue 7 item 9).
+so a config cannot write outside the folder it names.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import yaml
 
 from orchestrator.errors import ConfigError, SpaceError
 from orchestrator.recommend import DEFAULT_RULE, RULES
-from workers.evaluate import MAX_TIMEOUT_S
+from workers.records import MAX_TIMEOUT_S
 
 __all__ = [
     "CALIBRATOR_TYPES",

@@ -1,9 +1,9 @@
 """Upper bounds on the sizes a config may ask of a model or a proposer.
 
 Each bound is far above what a run needs and below what allocates gigabytes: a value beyond it is refused when
-the config is checked, naming the option, before Ray starts. Without them `num_features: 1e11` passed every check
-and failed at the run's first proposal with "DefaultCPUAllocator: can't allocate memory: you tried to allocate
-800000000000 bytes", naming nothing the user had set (found in review). The search space's dimension has its own
+the config is checked, naming the option, before Ray starts. Without them `num_features: 1e11` passes every check
+and fails at the run's first proposal with "DefaultCPUAllocator: can't allocate memory: you tried to allocate
+800000000000 bytes", naming nothing the user has set. The search space's dimension has its own
 bound, `objectives.options.MAX_DIM`.
 """
 

@@ -1,4 +1,4 @@
-"""Metrics, plots and a summary table of a run directory, computed from its event log (issue 4 items 4, 7).
+"""Metrics, plots and a summary table of a run directory, computed from its event log.
 
 Everything here is derived from the Parquet log (orchestrator/store.py) and `config.yaml`; nothing asks the
 running actor. What is read (the event `info` keys that orchestrator/actor.py writes):
@@ -89,7 +89,7 @@ class RunMetrics:
 
     def summary_rows(self, full: bool = False) -> list[tuple[str, str]]:
         """(metric, value) rows of the summary table. `full` (summary.csv): the parameters as JSON with every
-        digit, not shortened to a terminal line (a 16-parameter point lost 10 of them, found in review)."""
+        digit, not shortened to a terminal line (which would cut 10 parameters of a 16-parameter point)."""
         f = _fmt
         params = _json_params if full else _short
         rows = [
@@ -232,11 +232,11 @@ def best_so_far(trials: Sequence[TrialRecord], direction: str) -> tuple[np.ndarr
 def predicted_series(events: Sequence[Event], trials: Sequence[TrialRecord]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(results the fit was trained on, time, best_predicted) at each refit event that records it. The count is
     the event's `info["n"]`; where it is missing, the evaluations finished by the time of the event (that
-    overstated what the model had seen: a fit on 15 results was drawn at 40, found in review)."""
+    overstates what the model has seen: a fit on 15 results can be drawn at 40)."""
     done = finished(trials)
     ends = np.array([t.ended_at for t in done], dtype=float)
     # `info["n"]` counts completed results (failures are no observations): the evaluations finished when the
-    # n-th of them came in, on the plot's axis of finished evaluations (found in review)
+    # n-th of them came in, on the plot's axis of finished evaluations
     nth_completed = [i + 1 for i, t in enumerate(done) if t.status == "completed"]
     ts, ns, vs = [], [], []
     for ev in events:
@@ -284,12 +284,12 @@ def session_pieces(trials: Sequence[TrialRecord]) -> list[tuple[float, float, An
 
 def session_slots(events: Sequence[Event], pieces: Sequence[tuple[float, float, Any]], default: int) -> dict[Any, int]:
     """The slots each session ran with: the last `info["slots"]` logged in it (the event's `info["session"]`, the
-    actor's start time, as the results carry it), else `default`. A resume on another cluster has other slots: one count for the whole run put U above 1 (found in
-    review)."""
+    actor's start time, as the results carry it), else `default`. A resume on another cluster has other slots: one count for the whole run would put U
+    above 1."""
     out = {k: default for _, _, k in pieces}
-    # where an event does not name its session (logs before 2026-11-26): the latest session that started at or
-    # before it; a session without a start time (an older log's) starts after the previous span ends, and events
-    # before every session start are its (found in review: they were dropped, and U went above 1 again)
+    # where an event does not name its session (a log of an older version): the latest session that started at
+    # or before it; a session without a start time (an older log's) starts after the previous span ends, and
+    # events before every session start are its (dropped, they would put U above 1 again)
     bounds, before = [], -math.inf
     for _, hi, key in pieces:
         bounds.append(float(key) if isinstance(key, (int, float)) and not isinstance(key, bool) else before)
@@ -478,7 +478,7 @@ def compute_metrics(
     if not latencies:  # fall back on per-batch latencies recorded with the proposals
         per_batch: dict[Any, float] = {}
         # the model's batches where there are any: the Sobol points that fill free slots before the first fit
-        # are batches of one or two that take a millisecond, and they made the p50 (found in review)
+        # are batches of one or two that take a millisecond, and they would make the p50
         model = any((ev.info or {}).get("source") == "model" for ev in events if ev.kind == "proposed")
         for ev in events:
             if ev.kind == "proposed" and (not model or (ev.info or {}).get("source") == "model"):
@@ -601,7 +601,7 @@ def write_report(
         fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
         observed = bool(np.isfinite(best).any())
         if observed:
-            # markers too: one finished evaluation is a step of one point, which draws nothing (found in review)
+            # markers too: one finished evaluation is a step of one point, which draws nothing
             ax.step(x, best, where="post", label="best observed value", color="C0",
                     marker="o" if len(x) == 1 else None, ms=4)
         if len(px):
@@ -663,7 +663,7 @@ def write_report(
         ax.legend(loc="upper right", fontsize=8)
         paths["pit_histogram"] = _save(fig, plt, out_dir, "pit_histogram.png")
     else:  # a previous report's plots (before log damage, or another run's in a shared --out) would stay beside
-        # a summary that says "forecasts scored 0" (found in review)
+        # a summary that says "forecasts scored 0"
         for name in ("coverage.png", "pit_histogram.png"):
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(out_dir, name))

@@ -72,7 +72,7 @@ class IntParam:
         if max(abs(int(self.low)), abs(int(self.high))) > _MAX_EXACT_INT:  # values pass through float64
             raise SpaceError(f"parameter {self.name!r}: an int parameter's bounds must lie within +-2**53 "
                              f"({_MAX_EXACT_INT}), where float64 holds every integer; got low={self.low}, high={self.high}")
-        if self.step < 1:  # before the division below (step 0 was a ZeroDivisionError; found in review)
+        if self.step < 1:  # before the division below (step 0 would be a ZeroDivisionError)
             raise SpaceError(f"parameter {self.name!r}: step must be >= 1; got {self.step}")
         if self.size > _MAX_EXACT_INT // 2:  # cells of 1/size in [0, 1]
             raise SpaceError(f"parameter {self.name!r}: an int parameter may hold at most 2**52 values (each is a "

@@ -1,6 +1,6 @@
 """Run directory: the config, an append-only Parquet event log, and model checkpoints (ARCHITECTURE.md).
 
-Implements issue 4 item 3 and issue 7 items 7 and 9 (ARCHITECTURE.md "The path of one evaluation", step 4). Layout of a run directory::
+ARCHITECTURE.md "The path of one evaluation", step 4. Layout of a run directory::
 
     config.yaml                      the validated experiment config (plain YAML)
     events/seg-<first>-<last>.parquet  segments of the event log; <first>/<last> are 12-digit sequence numbers
@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from orchestrator.errors import QbatchError, UsageError
-from workers.evaluate import printable
+from workers.records import printable
 
 __all__ = [
     "EVENT_KINDS",
@@ -309,9 +309,9 @@ class _Local:
         return os.path.isdir(self.path(rel))
 
     def makedirs(self, rel: str) -> None:
-        """Make the folder and its missing parents, each made one fsynced into its parent (top down): without
-        that a power loss could take a new run directory, and the events acknowledged in it, away (found in
-        review: `runs/` and the run directory itself were never fsynced into their parents)."""
+        """Make the folder and its missing parents, each made one fsynced into its parent (top down: `runs/` as
+        well as the run directory): without that a power loss could take a new run directory, and the events
+        acknowledged in it, away."""
         path = self.path(rel)
         missing = []
         while not os.path.isdir(path) and os.path.dirname(path) != path:
@@ -438,8 +438,7 @@ class _Arrow:
 
 
 #: how long a gs:// run directory's requests are retried (a URI's own `retry_limit_seconds` wins): pyarrow's default,
-#: google-cloud-cpp's 15 minutes, left `qbatch run/status/resume` of an unreachable bucket silent that long
-#: (found in review)
+#: google-cloud-cpp's 15 minutes, would leave `qbatch run/status/resume` of an unreachable bucket silent that long
 GCS_RETRY_LIMIT_S = 60.0
 
 
@@ -680,7 +679,7 @@ class RunStore:
         when this process ends, a crash included); held until `unlock_writer` or the process's end.
 
         Two writers of one log would each number their segments on from what they had read, and a reader keeps
-        one of two events with the same number: a second `qbatch resume` of a running run lost results silently.
+        one of two events with the same number: a second `qbatch resume` of a running run would lose results silently.
         On another pyarrow filesystem there is no lock (one writer at a time is then the user's to keep).
 
         Raises:
@@ -694,12 +693,12 @@ class RunStore:
             return
         try:
             f = open(self._fs.path(_WRITER_LOCK), "a+")
-        except OSError as exc:  # a read-only or full filesystem, a folder in its place (found in review)
+        except OSError as exc:  # a read-only or full filesystem, a folder in its place
             raise RunDirError(f"cannot write the run directory {self.run_dir}: {_WRITER_LOCK}: "
                               f"{exc.strerror or exc}") from None
         try:
             # a few tries: `is_being_written` (status, report) holds a shared lock for an instant, and a writer
-            # refused then failed to start (found in review: 2 of 2000 takes, under a loop of probes)
+            # refused then would fail to start (with one try, 2 of 2000 takes under a loop of probes)
             for attempt in range(LOCK_TRIES):
                 try:
                     fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -711,7 +710,7 @@ class RunStore:
         except OSError as exc:
             if exc.errno not in _LOCK_BUSY:
                 # a filesystem without flock (Lustre mounted without -o flock: ENOSYS): no lock, as on other
-                # pyarrow filesystems, rather than refusing every run as if another were writing (found in review)
+                # pyarrow filesystems, rather than refusing every run as if another were writing
                 f.close()
                 print(f"qbatch: no writer lock on the filesystem of {self.run_dir} (flock: "
                       f"{errno.errorcode.get(exc.errno, exc.errno)}); keep to one writer of this run at a time",
@@ -728,13 +727,13 @@ class RunStore:
             f.truncate()
             f.write(f"pid {os.getpid()} on {socket.gethostname()}")
             f.flush()
-        except OSError as exc:  # a full disk (found in review)
+        except OSError as exc:  # a full disk
             f.close()
             raise RunDirError(f"cannot write the run directory {self.run_dir}: {_WRITER_LOCK}: "
                               f"{exc.strerror or exc}") from None
         self._writer_lock = f
-        # the only writer now: temporary files of writes a crash cut short are nobody's (found in review: they
-        # stayed in events/ for good)
+        # the only writer now: temporary files of writes a crash cut short are nobody's (left, they would stay
+        # in events/ for good)
         for folder in ("", "events", "checkpoints"):
             for name in self._fs.listdir(folder):
                 if name.startswith(".tmp-"):
@@ -827,7 +826,7 @@ class RunStore:
         self._next_seq = last + 1
         # the events are durable now: a failed compaction (an optimisation, tried again at the next append) must
         # not come out of `append` as if they were not (the actor would report them unrecorded, a retry would
-        # write them twice; found in review)
+        # write them twice)
         try:
             self._auto_compact()
         except Exception as exc:  # noqa: BLE001 -- the segments stay as they are, every event readable
@@ -836,7 +835,7 @@ class RunStore:
 
     def _small_segments(self) -> list[str]:
         """Segments worth merging: small, and neither damaged nor in conflict (`compact` skips those, and
-        counting them made every append compact once 64 existed; found in review)."""
+        counting them would make every append compact once 64 exist)."""
         return [n for n, (_, _, rows) in self._segments.items() if rows < _SMALL_ROWS and n not in self._damaged]
 
     def _auto_compact(self) -> None:
@@ -885,7 +884,7 @@ class RunStore:
         names = sorted(self._segments if names is None else names)
         names = [n for n in names if n in self._segments and n not in self._damaged]
         groups = self._hole_free_groups(names)
-        if len(groups) > 1:  # a merge across a hole (a deleted segment) would claim its numbers (own-diff review)
+        if len(groups) > 1:  # a merge across a hole (a deleted segment) would claim its numbers
             return sum(self.compact(g) for g in groups if len(g) > 1)
         if len(names) < 2:
             return 0
@@ -977,7 +976,7 @@ class RunStore:
         self.damage = []
         # sequence numbers run from 0 without holes (`append` takes the next only once a segment is written):
         # a hole no segment's name covers is a segment file deleted, whose results a resume would run again
-        # (found in review: it read as an intact log)
+        # (unchecked, it reads as an intact log)
         holes = _holes((first, last) for first, last, _ in segments.values())
         if holes:
             n = sum(b - a + 1 for a, b in holes)
@@ -1109,8 +1108,8 @@ def _check_checkpoint_name(name: Any) -> None:
 
 def _check_state(value: Any, where: str) -> bool:
     """Raise StoreError if `value` holds a type weights_only cannot load; return whether JSON would not keep it
-    as it is: it holds tensors, or non-str keys or tuples, which JSON turns into strings and lists (found in
-    review: a checkpoint then came back changed, and keys 1 and "1" merged into one)."""
+    as it is: it holds tensors, or non-str keys or tuples, which JSON turns into strings and lists (a checkpoint
+    would come back changed, and keys 1 and "1" would merge into one)."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return False
     if type(value).__module__.startswith("torch"):

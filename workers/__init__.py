@@ -5,6 +5,7 @@
 (workers/pool.py; by itself without a pool), and ingests the record.
 """
 
-from workers.evaluate import FAILURE_REASONS, classify_value, evaluate_once, submit_evaluation, task_options
+from workers.evaluate import evaluate_once, submit_evaluation, task_options
+from workers.records import FAILURE_REASONS, classify_value
 
 __all__ = ["FAILURE_REASONS", "classify_value", "evaluate_once", "submit_evaluation", "task_options"]

@@ -1,6 +1,6 @@
 """One evaluation of an objective as a Ray task: resources, timeout, retries, failures as records.
 
-ARCHITECTURE.md "The path of one evaluation", step 3, and issue 4 item 2 / issue 7 item 5. Each
+ARCHITECTURE.md "The path of one evaluation", step 3. Each
 evaluation runs the objective in a child process of the Ray worker (``isolate="process"``), so a hang
 past `timeout_s` is killed and a crash of the objective (``os.abort``, a segfault) cannot take the
 worker down. The child (the worker's "sandbox") is forked once per objective and serves the worker's
@@ -40,6 +40,16 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from objectives.base import EvalResult, Objective, Resources, is_json_data
+from workers.records import (
+    MAX_METRIC_CHARS,
+    MAX_TIMEOUT_S,
+    MAX_TRACEBACK_CHARS,
+    cap,
+    classify_value,
+    describe_exception,
+    format_exception_traceback,
+    printable,
+)
 
 def evaluation_runtime_env(isolate: str = "process") -> dict[str, Any]:
     """The runtime environment of evaluation tasks: Ray workers of their own (`task_options`), apart by
@@ -50,69 +60,12 @@ def evaluation_runtime_env(isolate: str = "process") -> dict[str, Any]:
     evaluations Ray had given it to (seen on an H100: `benchmarks/gpu.py`'s CPU run had `used_gpu` 1)."""
     return {"env_vars": {"QBATCH_EVALUATION_WORKER": isolate, "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1"}}
 
-#: longest `timeout_s` (about 11.6 days): the wait on the evaluation's child process overflows past about 24 days
-MAX_TIMEOUT_S = 1_000_000.0
-
 __all__ = [
-    "FAILURE_REASONS",
-    "classify_value",
     "evaluate_once",
     "evaluation_task",
     "submit_evaluation",
     "task_options",
 ]
-
-#: every reason a failed record can carry
-FAILURE_REASONS = (
-    "exception",  # the objective raised
-    "nan",  # returned NaN
-    "inf",  # returned +-inf
-    "none",  # returned None
-    "non-numeric",  # returned a string, bool, dict, ... (not a number)
-    "array",  # returned an array / list / tensor instead of one number
-    "timeout",  # ran past timeout_s and was killed
-    "crash",  # the child process died (os.abort, segfault, killed)
-    "worker-lost",  # the Ray worker or node died and Ray's retries ran out (set by the actor)
-)
-
-
-def classify_value(value: Any) -> tuple[float | None, str | None, str | None]:
-    """Turn an objective's return value into `(value, reason, message)`; reason is None when valid.
-
-    Accepts a finite real number (Python's, a `Fraction` or `Decimal`, a NumPy scalar, or a 0-d tensor or
-    array) or an `EvalResult` holding one. Everything else is a failure with a reason from `FAILURE_REASONS`.
-    """
-    if isinstance(value, EvalResult):
-        value = value.value
-    if value is None:
-        return None, "none", "the objective returned None"
-    if isinstance(value, (bool, np.bool_)):
-        return None, "non-numeric", f"the objective returned a bool ({value!r}), not a number"
-    if isinstance(value, (str, bytes)):
-        return None, "non-numeric", f"the objective returned a string ({value[:80]!r}), not a number"
-    if isinstance(value, (list, tuple, np.ndarray)) or type(value).__name__ == "Tensor":
-        # (`getattr(value, "shape", (len(value),))` evaluated len() of a 0-d array or tensor, which raises)
-        shape = tuple(value.shape) if hasattr(value, "shape") else (len(value),)
-        if len(shape) == 0 and hasattr(value, "item"):  # a 0-d tensor or array holds one number
-            try:
-                item = value.item()
-            except Exception as exc:  # noqa: BLE001 - e.g. a 0-d object array of user code
-                return None, "non-numeric", f"the objective's 0-d {type(value).__name__} is not a number ({describe_exception(exc)})"
-            return classify_value(item)
-        return None, "array", f"the objective returned an array of shape {shape}, not one number"
-    if not isinstance(value, (numbers.Real, np.integer, np.floating, decimal.Decimal)):  # Fraction, Decimal too
-        return None, "non-numeric", f"the objective returned a {type(value).__name__}, not a number"
-    try:
-        x = float(value)
-    except OverflowError:  # an int (or int-like) beyond the float range
-        return None, "inf", "the objective returned a number too large for a float"
-    except Exception as exc:  # noqa: BLE001 - a number type of user code whose conversion raises
-        return None, "non-numeric", f"the objective's {type(value).__name__} is not a number ({describe_exception(exc)})"
-    if math.isnan(x):
-        return None, "nan", "the objective returned NaN"
-    if math.isinf(x):
-        return None, "inf", f"the objective returned {x}"
-    return x, None, None
 
 
 def _finite_float(v: Any) -> float | None:
@@ -124,10 +77,6 @@ def _finite_float(v: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
-#: longest message, traceback and metric string a record keeps (every read of the log loads them: `status`,
-#: `report`, a resume); longer ones keep their head and tail
-MAX_MESSAGE_CHARS = 2_000
-MAX_TRACEBACK_CHARS = 20_000
 #: the signal on which a sandbox child writes the Python stacks of its threads (faulthandler), sent to a child
 #: that ran past its timeout just before it is killed, so the record says where the objective hung
 STACK_SIGNAL = signal.SIGUSR2
@@ -136,19 +85,6 @@ STACK_WAIT_S = 1.0
 #: the most of a stack dump read back (many deep threads); the record keeps its head and tail (`cap`), and so
 #: the main thread, which faulthandler writes last
 _MAX_STACK_BYTES = 4_000_000
-MAX_METRIC_CHARS = 2_000
-
-
-def cap(text: str, limit: int, head: int | None = None, sep: str = "\n") -> str:
-    """`text`, or its head and tail with the number of characters cut between them when it exceeds `limit`.
-
-    `head` characters are kept from the start (default a quarter of `limit`), the rest of `limit` from the end;
-    `sep` stands either side of the cut note (a newline; a space for one-line messages)."""
-    if len(text) <= limit:
-        return text
-    head = limit // 4 if head is None else head
-    tail = limit - head
-    return f"{text[:head]}{sep}... [{len(text) - limit} characters cut] ...{sep}{text[-tail:]}"
 
 
 _INT64 = 2**63
@@ -246,28 +182,6 @@ def _clean_metrics(metrics: Any) -> tuple[dict[str, Any], list[str]]:
     if len(dropped) > MAX_DROPPED_NOTES:
         dropped = dropped[:MAX_DROPPED_NOTES] + [f"... and {len(dropped) - MAX_DROPPED_NOTES} more"]
     return out, dropped
-
-
-def printable(text: str) -> str:
-    """`text` as valid UTF-8: lone surrogates (an undecodable file name in a message, e.g. from `os.listdir`)
-    become `\\udcff` escapes, which the log, a terminal and JSON all take."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def describe_exception(exc: BaseException) -> str:
-    """`Type: message` of an exception, even when its `__str__` raises."""
-    try:
-        return cap(printable(f"{type(exc).__name__}: {exc}"), MAX_MESSAGE_CHARS)
-    except Exception:  # noqa: BLE001 - a broken __str__ of user code
-        return f"{type(exc).__name__}: <unprintable: its __str__ raised>"
-
-
-def format_exception_traceback(exc: BaseException) -> str:
-    try:
-        text = printable("".join(tb_module.format_exception(type(exc), exc, exc.__traceback__)))
-    except Exception:  # noqa: BLE001 - a broken __str__ of user code
-        text = printable("".join(tb_module.format_tb(exc.__traceback__))) + describe_exception(exc)
-    return cap(text, MAX_TRACEBACK_CHARS)
 
 
 # --------------------------------------------------------------------------- objective loading
@@ -385,7 +299,7 @@ _SUBREAPER: bool | None = None
 
 def _forget_adoption_in_child() -> None:
     """In a forked child: the kernel does not pass the subreaper flag on, and `_ADOPT_LOCK` may have been held by
-    another thread at the fork (found in review: an objective that itself called `evaluate_once` hung on it).
+    another thread at the fork (an objective that itself calls `evaluate_once` would hang on it).
     A child never becomes a subreaper itself: a sandbox runs objective code, whose own children (a `Popen` it
     waits for) `_reap_orphans` would reap."""
     global _ADOPT_LOCK, _SUBREAPER
@@ -402,8 +316,8 @@ def _adopt_orphans() -> bool:
 
     A sandbox's guard (`_guard_group`) and what its group kill ends are orphans: re-parented to PID 1, they stay
     zombies for good where PID 1 reaps nothing (a container whose entrypoint is the driver, `docker run img qbatch
-    run ...`): one per timeout, crash or new objective, until the container runs out of pids (found in review: 31
-    after 400 evaluations). Adopted here, `_reap_orphans` collects them, and so every orphan below the worker
+    run ...`): one per timeout, crash or new objective, until the container runs out of pids (31 after 400
+    evaluations). Adopted here, `_reap_orphans` collects them, and so every orphan below the worker
     (a helper the objective started in a session of its own too). Once per process; elsewhere (library use of
     `evaluate_once`) the caller's process is left as it is. A dying worker's orphans still go to PID 1: with no
     init there, run containers with one (`docker run --init`, README)."""
@@ -449,8 +363,8 @@ def _proc_stat(pid: int) -> tuple[str, int, int] | None:
 
 def _reap_orphans() -> None:
     """Reap the zombies among this subreaper worker's children that are not its sandboxes: the orphans it adopted
-    (the sandboxes' guards, what a group kill ended, a helper the objective started in a session of its own;
-    found in review: those stayed zombies). In a process-isolated worker no objective code runs, so a child
+    (the sandboxes' guards, what a group kill ended, a helper the objective started in a session of its own,
+    which otherwise stay zombies). In a process-isolated worker no objective code runs, so a child
     that is not a sandbox is one of them. A sandbox is forgotten once it is no longer a child here."""
     if not _SUBREAPER:
         return
@@ -518,7 +432,7 @@ def _sandbox_main(
     "built", or "failed" with the failure's payload): the worker then never runs objective code (not even a
     module's top level) before it forks, which matters because GNU OpenMP (torch's CPU thread pool) is not
     fork-safe: a child forked from a process that ran a multi-threaded torch op deadlocks at its own first one
-    (a user objective that warms up a model in its constructor timed out at every evaluation; found in review)."""
+    (a user objective that warms up a model in its constructor would time out at every evaluation)."""
     try:
         parent_end.close()  # else the worker closing its end would never reach this child as EOF
         # multiprocessing marks this child daemonic (so the worker never waits for it at exit) and refuses
@@ -666,8 +580,9 @@ class _Sandbox:
         if isinstance(objective, Objective):
             self.proc, self.conn, self.objective = proc, parent_conn, objective
             return None
-        # spec_key is set once the child is ready: until then this sandbox serves nothing (an interrupted wait
-        # left it claiming the spec, and the next evaluation read the late "ready" as its result: review)
+        # spec_key is set once the child is ready: until then this sandbox serves nothing (set earlier, an
+        # interrupted wait would leave it claiming the spec, and the next evaluation would read the late "ready"
+        # as its result)
         self.proc, self.conn = proc, parent_conn
         started = time.time()
         try:
@@ -675,8 +590,8 @@ class _Sandbox:
             if step == "imported":
                 if on_progress is not None:
                     on_progress()
-                # the build has a limit of its own (unbounded, a hung constructor was cut only by the actor's
-                # backstop, as a "frozen" worker, at every trial: review)
+                # the build has a limit of its own (unbounded, a hung constructor is cut only by the actor's
+                # backstop, as a "frozen" worker, at every trial)
                 if not parent_conn.poll(build_timeout_s):
                     stacks = _stacks_of(proc.pid, self.stack_file)
                     self.close(kill=True, wait=True)
@@ -771,7 +686,7 @@ _DEVICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBL
 
 def _visible_devices() -> tuple[str | None, ...]:
     """The accelerators Ray assigned to the current task. A kept sandbox child forked for an earlier task would
-    run on that task's GPU while this one's stayed idle (found in review), so a change forks a new child."""
+    run on that task's GPU while this one's stays idle, so a change forks a new child."""
     return tuple(os.environ.get(k) for k in _DEVICE_VARIABLES)
 
 
@@ -900,7 +815,7 @@ def task_options(resources: Resources, max_retries: int = 1, isolate: str = "pro
     The runtime environment (one marker variable, merged into the job's) gives evaluations Ray workers of
     their own: Ray reuses a worker only for tasks of the same runtime environment, so no evaluation lands in a
     worker where the user's other tasks ran multi-threaded torch, which would deadlock the sandbox forked from
-    it (GNU OpenMP is not fork-safe; found in review, through the library API). Thread-isolated evaluations,
+    it (GNU OpenMP is not fork-safe; this happens through the library API too). Thread-isolated evaluations,
     which run the objective in the worker itself, get workers apart from the process-isolated ones.
     """
     if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:

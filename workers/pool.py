@@ -1,6 +1,6 @@
 """The owner of a run's evaluation tasks: evaluations outlive a crash of the central actor.
 
-Issue 7 item 3 (actor loss). In Ray a task fate-shares with the process that submitted it: if the central
+In Ray a task fate-shares with the process that submitted it: if the central
 actor submitted the evaluations itself, its death would kill every running evaluation, and results that
 finished while it restarts would be lost. So the driver creates one `EvaluationPool` actor per run (no
 CPUs, no model, nothing that can run out of memory) and the central actor submits through it. The pool
@@ -37,9 +37,9 @@ NODE_CHECK_S = 1.0
 def exit_with_node(what: str, check_s: float = NODE_CHECK_S) -> bool:
     """In a Ray actor's process: exit as soon as the raylet that started it (its parent) is gone.
 
-    When a driver that started a local Ray is SIGKILLed, its raylet goes with it, but the actors lived on until
-    Ray's own checks ended them (seconds here, about a minute in a review's PID namespace); the central actor
-    kept the run's writer lock that long, and `qbatch resume` was refused as if another run were writing.
+    When a driver that started a local Ray is SIGKILLed, its raylet goes with it, but the actors live on until
+    Ray's own checks end them (seconds here, about a minute in another PID namespace); the central actor would
+    keep the run's writer lock that long, and `qbatch resume` would be refused as if another run were writing.
     Whatever the actor was doing is safe to cut: every log write is atomic. Outside an actor (a driver, a test)
     nothing is started. Returns whether the watch was started.
     """

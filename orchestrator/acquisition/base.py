@@ -116,8 +116,8 @@ class Proposer(ABC):
 
 def _points(name: str, X: Tensor | None, d: int, tk: dict[str, Any]) -> Tensor:
     """`X` as an `m x d` tensor of unit-cube points (none: `0 x d`). `InputDataError` naming `name` and the first
-    bad row otherwise: reshaped, a `3 x 4` array for d = 2 became six made-up points that steered de-duplication,
-    Q-GIBBON's repulsion and the max-value grid."""
+    bad row otherwise: reshaped, a `3 x 4` array for d = 2 would become six made-up points that steer
+    de-duplication, Q-GIBBON's repulsion and the max-value grid."""
     if X is None or X.numel() == 0:
         return torch.empty(0, d, **tk)
     X = torch.as_tensor(X).to(**tk)

@@ -1,4 +1,4 @@
-"""Baseline proposers of the benchmarks (issue 8 item 1; quantile-expectile-bo.md §4.4).
+"""Baseline proposers of the benchmarks (quantile-expectile-bo.md §4.4).
 
 - `SobolProposer` ("sobol") and `RandomProposer` ("random"): model-free space filling and random search.
 - `LogNEIProposer` ("qlognei"): BoTorch's qLogNoisyExpectedImprovement on the latent f of a surrogate (the
@@ -71,7 +71,7 @@ class SobolProposer(Proposer):
     requires_model = False
 
     def __init__(self, seed: int | None = None) -> None:
-        # bounded as torch's generators take it: a larger seed passed here and broke the run at its first batch
+        # bounded as torch's generators take it: a larger seed would pass here and break the run at its first batch
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
             raise ConfigError(f"sobol.seed must be an integer in [0, 2**63) or null; got {seed!r}")
         self.seed = seed
@@ -266,7 +266,7 @@ class ReplicatedEIProposer(_BoTorchProposer):
     replicated point per batch, and has no pending points. With pending points (streaming runs) the point
     maximizes BoTorch's `qLogExpectedImprovement` of x jointly with the distinct pending points, with
     `X_pending` (quasi-MC, `PENDING_MC_SAMPLES`): the improvement x adds to what is already being evaluated.
-    Ignoring them, as this did, proposed the same point at every ask until the next refit (found in review).
+    Ignoring them would propose the same point at every ask until the next refit.
 
     Args:
         num_restarts: L-BFGS-B starts.

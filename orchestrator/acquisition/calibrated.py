@@ -371,7 +371,7 @@ class AcquisitionProposer(Proposer):
 
     def _check_read_options(self, calibrator: str) -> None:
         """`ConfigError` for an option set away from its default that this acquisition and calibrator never read
-        (found in review: `xi` and `route` under locbo or conformal changed nothing): `xi` is EI's and PI's
+        (`xi` and `route` under locbo or conformal would change nothing): `xi` is EI's and PI's
         margin, but LOCBO's and the conformal acquisitions have none; `route` picks how online and offline-cv
         recalibrate; `beta` is UCB's weight."""
         unread = {}

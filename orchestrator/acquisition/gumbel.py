@@ -109,8 +109,8 @@ def max_value_quantiles(mean: Tensor, std: Tensor, probs: tuple[float, ...] = (_
             hi = torch.where(below, hi, y)
             # Newton step on u(y) = -log(-log F(y)), nearly linear in y when F is close to a Gumbel;
             # kept only when it lands inside the bracket, otherwise bisect
-            # phi(z)/Phi(z) = sqrt(2/pi) / erfcx(-z/sqrt(2)): exp(log phi - log Phi) was inf far in the left tail
-            # (z ~ -1e10 at a std near the 1e-10 floor), and its zero step passed for convergence (found in review)
+            # phi(z)/Phi(z) = sqrt(2/pi) / erfcx(-z/sqrt(2)): exp(log phi - log Phi) is inf far in the left tail
+            # (z ~ -1e10 at a std near the 1e-10 floor), and its zero step would pass for convergence
             dL = (_SQRT_2_OVER_PI / torch.special.erfcx(-z * _SQRT_HALF) / std).sum(-1)
             y_newton = y - (-torch.log(-L) - u_p) * (-L) / dL
             inside = (y_newton >= lo) & (y_newton <= hi) & torch.isfinite(y_newton) & torch.isfinite(dL)

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import math
 from abc import ABC
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from orchestrator.errors import ConfigError, InputDataError, QbatchError
+from orchestrator.calibration.options import check_same_options
+from orchestrator.calibration.spread import SPREAD_MAX, SPREAD_MIN
+from orchestrator.errors import InputDataError, QbatchError
 from orchestrator.models.predictive import Forecast
 
 __all__ = [
@@ -29,7 +31,6 @@ __all__ = [
     "LEVEL_EPS",
     "LevelMap",
     "as_observations",
-    "check_option",
     "monotone_interp",
 ]
 
@@ -39,16 +40,6 @@ __all__ = [
 #: fit. `CalibratedForecast.quantile` does not clip (it reports infinite quantiles). The spec leaves the clip
 #: open ("[not in paper]")
 LEVEL_EPS = 1e-6
-
-
-def check_option(key: str, value: Any, ok: Callable[[float], bool], allow_inf: bool = False) -> float:
-    """`calibrator.options.<key>` as a float: a number (not a bool, not a string; finite unless `allow_inf`)
-    for which `ok` holds, else one `ConfigError` naming the key and the value. `ok` runs only on numbers, so
-    a string never reaches a comparison."""
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value)
-            or (math.isinf(value) and not allow_inf) or not ok(value)):
-        raise ConfigError(f"`calibrator.options.{key}` is out of range; got {value!r}")
-    return float(value)
 
 
 def as_observations(forecast: Forecast, y: Tensor | float | Sequence[float], X: Tensor | None = None) -> tuple[Forecast, Tensor, Tensor | None]:
@@ -117,9 +108,9 @@ class CalibratedForecast:
         """`n x k` recalibrated quantiles Q(R(p)); -inf where R(p) = 0 and +inf where R(p) = 1 (a level the
         online recursion pushed out of [0, 1], calibrated-bo.md §1.5 Lemma 3: q < 0 means Q(q) = -inf).
 
-        The mapped levels are not clipped: clipping them to [LEVEL_EPS, 1 - LEVEL_EPS], as this did, ended every
-        interval at 4.75 base sd, and a central 90% interval of a model 3x over-confident covered 0.795 of y
-        where the recalibrated CDF covers 0.90 (found in review).
+        The mapped levels are not clipped: clipping them to [LEVEL_EPS, 1 - LEVEL_EPS] would end every interval
+        at 4.75 base sd, and a central 90% interval of a model 3x over-confident would cover 0.795 of y where the
+        recalibrated CDF covers 0.90.
         """
         p = torch.as_tensor(levels, dtype=torch.float64).reshape(-1)
         r = self.calibrator.map_levels(p)
@@ -216,11 +207,9 @@ class Calibrator(ABC):
         z~_k = Phi^-1(R(p_k)) over p_k = 0.05, 0.10, ..., 0.95, leaving out levels whose R(p_k) is clipped
         (outside [LEVEL_EPS, 1 - LEVEL_EPS]: an infinite quantile has no finite scale). 1 for the identity map.
         Clipped to [SPREAD_MIN, SPREAD_MAX], as the spread factor is: a biased model's map drops the levels of
-        one tail, and the fit through the origin then came out negative (found in review: -0.56 for a mean 2 sd
-        off with the right spread), which turned the sigma-route EI to <= 0 everywhere and UCB into LCB.
+        one tail, and the fit through the origin can then come out negative (-0.56 for a mean 2 sd off with the
+        right spread), which would turn the sigma-route EI to <= 0 everywhere and UCB into LCB.
         """
-        from orchestrator.calibration.spread import SPREAD_MAX, SPREAD_MIN
-
         p = torch.arange(1, 20, dtype=torch.float64) / 20
         r = self.map_levels(p)
         ok = (r > LEVEL_EPS) & (r < 1 - LEVEL_EPS)
@@ -279,24 +268,6 @@ class Calibrator(ABC):
         """This calibrator's values of `option_keys`, compared with a state's by `set_state` (the state by default;
         a calibrator whose state holds its data returns the options alone)."""
         return self._get_state()
-
-
-def check_same_options(what: str, current: dict[str, Any], stored: dict[str, Any], keys: Sequence[str],
-                       names: dict[str, str] | None = None) -> None:
-    """`QbatchError` naming the option keys whose values differ between `current` and `stored` states (by their
-    config names, `names`, where they differ from the state's keys)."""
-    def same(a: Any, b: Any) -> bool:
-        if torch.is_tensor(a) or torch.is_tensor(b):
-            a, b = torch.as_tensor(a), torch.as_tensor(b)
-            return a.shape == b.shape and bool(torch.equal(a.to(torch.float64), b.to(torch.float64)))
-        return a == b
-
-    differ = [k for k in keys if k in stored and not same(current[k], stored[k])]
-    if differ:
-        name = (names or {}).get
-        raise QbatchError(f"{what}: the state was saved with other options {[name(k, k) for k in differ]} "
-                          f"({', '.join(f'{name(k, k)}={stored[k]!r}' for k in differ)}); build it with those "
-                          f"options to restore it")
 
 
 class IdentityCalibrator(Calibrator):

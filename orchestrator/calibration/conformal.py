@@ -21,7 +21,8 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from orchestrator.calibration.base import Calibrator, check_option
+from orchestrator.calibration.base import Calibrator
+from orchestrator.calibration.options import check_option
 from orchestrator.calibration.locbo import denoise_coefficients
 from orchestrator.errors import ConfigError, InputDataError, UnsupportedError
 

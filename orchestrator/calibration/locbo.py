@@ -20,7 +20,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from orchestrator.calibration.base import Calibrator, check_option
+from orchestrator.calibration.base import Calibrator
+from orchestrator.calibration.options import check_option
 from orchestrator.errors import ConfigError, InputDataError
 from orchestrator.models.predictive import Forecast
 

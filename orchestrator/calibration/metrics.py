@@ -1,4 +1,4 @@
-"""Calibration reporting from (forecast recorded at proposal time, observed y) pairs (issue 5 item 7).
+"""Calibration reporting from (forecast recorded at proposal time, observed y) pairs.
 
 - PIT values u_t = F_t(y_t) (calibrated-bo.md §1.1);
 - one-step-ahead coverage of the central 50/80/90% intervals: y in [Q(0.5 - c/2), Q(0.5 + c/2)] iff

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from orchestrator.calibration.base import Calibrator, LevelMap, as_observations, check_option
+from orchestrator.calibration.base import Calibrator, LevelMap, as_observations
+from orchestrator.calibration.options import check_option
 from orchestrator.errors import ConfigError, InputDataError
 from orchestrator.models.predictive import Forecast
 
@@ -158,13 +159,13 @@ class OfflineCVCalibrator(Calibrator):
                 raise ConfigError(f"`calibrator.options.{key}` must be an integer >= {lo}; got {v!r}")
         if n_splits is not None and (isinstance(n_splits, bool) or not isinstance(n_splits, int) or n_splits < 1):
             raise ConfigError(f"`calibrator.options.n_splits` must be an integer >= 1 or null; got {n_splits!r}")
-        if n_splits is not None and splits != "time-series":  # LOO holds out every point: it was silently ignored
+        if n_splits is not None and splits != "time-series":  # LOO holds out every point: n_splits would be ignored
             raise ConfigError(
                 f"`calibrator.options.n_splits` is read only with splits 'time-series'; got n_splits {n_splits!r} "
                 f"with splits {splits!r} (leave-one-out holds out every point)"
             )
         if model_factory is None:
-            # wrong types were a ValueError / TypeError traceback from dict() or the model table (found in review)
+            # checked here: wrong types would be a ValueError / TypeError traceback from dict() or the model table
             if not isinstance(model, str):
                 raise ConfigError(f"`calibrator.options.model` must be a model name (a string); got {model!r}")
             if model_options is not None and not isinstance(model_options, Mapping):
@@ -172,7 +173,7 @@ class OfflineCVCalibrator(Calibrator):
                                   f"values; got {model_options!r}")
             opts = dict(model_options or {})
             # a partial of a module-level function, not a closure: the calibrator (an AskTellOptimizer holding
-            # it) pickles (found in review)
+            # it) pickles
             model_factory = functools.partial(_build_model, model, opts)
 
             try:  # once now: a bad `model` or `model_options` is refused before the run, not at its first refit
@@ -302,8 +303,8 @@ class OfflineCVCalibrator(Calibrator):
             return norm.ppf(np.clip(v, 1e-12, 1 - 1e-12))[:, None]
 
         # the GP models R(u) - u, so that away from the PITs it falls back to the identity (calibrated), not to
-        # the mean of p-hat: that held R at ~0.46 from u = 1e-4 to the median for uniform PITs, a point mass at
-        # -inf (found in review); made monotone by isotonic regression, not a running maximum
+        # the mean of p-hat: that would hold R at ~0.46 from u = 1e-4 to the median for uniform PITs, a point
+        # mass at -inf; made monotone by isotonic regression, not a running maximum
         from sklearn.isotonic import IsotonicRegression
 
         gp = GaussianProcessRegressor(ConstantKernel(1.0) * RBF(1.0) + WhiteKernel(1e-3), normalize_y=True, random_state=0)
@@ -330,7 +331,7 @@ class OfflineCVCalibrator(Calibrator):
 
     # ------------------------------------------------------------------ state (data and PITs; the map is rebuilt without refits)
     #: a state restored into a calibrator built otherwise would rebuild its map with these options, not the
-    #: saved ones (found in review: a sigma-mode state restored silently into a GP-regressor calibrator); the model
+    #: saved ones (a sigma-mode state would restore silently into a GP-regressor calibrator); the model
     #: factory is not compared (a run passes its own model)
     option_keys = ("splits", "n_splits", "regressor", "mode", "refit_every", "min_points", "eta")
 

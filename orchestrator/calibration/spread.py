@@ -1,4 +1,4 @@
-"""Spread factor s_t (global) or s_t(x) (local) for Thompson sampling and Q-GIBBON (issue 5 item 6).
+"""Spread factor s_t (global) or s_t(x) (local) for Thompson sampling and Q-GIBBON.
 
 The SVGP proposers cannot use a level map (they sample f, not y), so calibration reaches them as a factor on
 the posterior spread of f: a Thompson path becomes mu + s(x)(path - mu), Q-GIBBON uses s(x) sigma_f. s is
@@ -13,7 +13,7 @@ A miss widens, a hit narrows; the long-run miss rate tends to 1 - c while s stay
 r_t is the chain rule of that online gradient step: ACI's update is a gradient step of the interval's
 quantile loss in the log width w, and d log w / d log s = r_t for a Gaussian predictive. Without it, when the
 noise dominates the predictive of y, s cannot move the coverage and ACI would walk s to a clip end on the
-noise model's own error (the GLD benchmark of issue 5 saw s drift to 0.66 and remove exploration); with it,
+noise model's own error (on the GLD benchmark s drifts to 0.66 and removes exploration); with it,
 s stays near the model's own spread where y says nothing about f.
 Global mode: k = 1 (one scalar). Local mode: the LOCBO-style threshold c_t + g_t(x) of locbo.md §1.3, with
 k(x, x') = exp(-|x - x'|^2 / l^2) added to the global term, decaying by (1 - lambda_reg eta_t) per step.
@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from orchestrator.calibration.base import check_option, check_same_options
+from orchestrator.calibration.options import check_option, check_same_options
 from orchestrator.errors import ConfigError, InputDataError
 from orchestrator.models.predictive import Forecast
 

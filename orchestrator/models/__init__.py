@@ -83,7 +83,7 @@ def build_model(name: str, **options: Any) -> Surrogate:
     Raises:
         ConfigError: unknown name (the message lists the valid ones) or a bad option.
     """
-    if not isinstance(name, str) or name not in MODELS:  # a list was "unhashable type" (found in review)
+    if not isinstance(name, str) or name not in MODELS:  # a list would be "unhashable type"
         raise ConfigError(f"unknown model {name!r}; valid models: {sorted(MODELS)}")
     module, attr = MODELS[name]
     cls = getattr(importlib.import_module(module), attr)

@@ -1,12 +1,12 @@
 """Exact GP baseline (`model: exact-gp`): one latent f with homoscedastic Gaussian noise.
 
-A BoTorch `SingleTaskGP` with BoTorch's default priors (what a BoTorch user gets, the usual user's choice that
-issue 8 names): the dimension-scaled LogNormal lengthscale prior of Hvarfner et al. (2024) with its lower bound
+A BoTorch `SingleTaskGP` with BoTorch's default priors (what a BoTorch user gets, the usual user's choice):
+the dimension-scaled LogNormal lengthscale prior of Hvarfner et al. (2024) with its lower bound
 0.025 (`get_covar_module_with_dim_scaled_prior`, here its Matern-5/2 form, the kernel of every qbatch model), no
 outputscale (outcomes are standardized) and the LogNormal(-4, 1) noise prior; a constant mean. Fitted by
 maximising the exact marginal likelihood (`fit_gpytorch_mll`, with the fallback chain of `mll_fit`), on
-standardized outcomes. Until 2026-11-26 it had no hyperpriors and a free outputscale (`KERNEL_LEGACY`; states
-saved then still load): on very noisy data its lengthscales could fall to 1e-7, a white-noise kernel.
+standardized outcomes. Without hyperpriors and with a free outputscale (`KERNEL_LEGACY`, kept so that states
+saved with it still load), very noisy data can pull the lengthscales to 1e-7, a white-noise kernel.
 It speaks the `Surrogate` interface of quantile-expectile-bo.md §1 with family "gaussian": g = log noise
 std is a constant (zero posterior variance), `tau` is the plug-in quantile level (§1.7), and
 `sparse_parts("f")` expresses the exact posterior in the sparse form with Z = the training inputs, so the

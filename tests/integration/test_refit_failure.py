@@ -101,7 +101,7 @@ def test_a_refit_failure_is_logged_capped_even_when_its_message_is_huge_or_unpri
     """Found in review: the refit event kept `error[:2000]` (the tail, often the useful part, cut) and an
     exception whose `__str__` raises escaped `_refit` and stopped the refit thread as a planner error. Now it is
     capped like an objective's failure (head and tail kept) and an unprintable one is still a logged failure."""
-    from workers.evaluate import MAX_MESSAGE_CHARS
+    from workers.records import MAX_MESSAGE_CHARS
 
     class Unprintable(RuntimeError):
         def __str__(self):

@@ -20,10 +20,8 @@ import pytest
 import torch
 
 from objectives.base import EvalResult, Objective, Resources
-from workers.evaluate import (
-    FAILURE_REASONS, MAX_MESSAGE_CHARS, MAX_METRIC_CHARS, MAX_TRACEBACK_CHARS, classify_value, evaluate_once,
-    submit_evaluation, task_options,
-)
+from workers.evaluate import evaluate_once, submit_evaluation, task_options
+from workers.records import FAILURE_REASONS, MAX_MESSAGE_CHARS, MAX_METRIC_CHARS, MAX_TRACEBACK_CHARS, classify_value
 
 SPACE = {"x": {"type": "float", "low": 0.0, "high": 1.0}}
 
@@ -193,7 +191,7 @@ class SignalsThenHangs(Objective):
 def test_a_timeouts_stacks_are_its_own_and_keep_the_main_thread():
     """Found in review: a dump for an earlier SIGUSR2 stayed in the file and came first (the hang's was missed),
     and the head-only cut of a long dump dropped the main thread, which faulthandler writes last."""
-    from workers.evaluate import MAX_TRACEBACK_CHARS
+    from workers.records import MAX_TRACEBACK_CHARS
 
     obj = SignalsThenHangs()
     assert evaluate_once(obj, "0-0", {"x": 0.1}, seed=0)["value"] == 1.0  # the same sandbox child serves both
