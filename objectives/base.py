@@ -68,7 +68,7 @@ def _check_quantity(key: str, q: Any) -> None:
 @dataclass
 class EvalResult:
     """An evaluation's value plus optional extra metrics (e.g. training time, train loss): name -> a number, a
-    string, a bool, None, or small lists/dicts of these (`workers.evaluate` says what the log keeps)."""
+    string, a bool, None, or small lists/dicts of these (`workers.metrics` says what the log keeps)."""
 
     value: float
     metrics: dict[str, Any] = field(default_factory=dict)

@@ -213,7 +213,7 @@ def test_a_row_whose_json_field_is_not_an_object_is_damage_of_that_row_only(tmp_
 
 # ---------------------------------------------------------------------------------------- F7: metrics
 def test_the_metrics_of_one_result_are_capped_in_count_and_bytes_and_the_dropped_named():
-    from workers.evaluate import MAX_METRICS, MAX_METRICS_BYTES, _clean_metrics
+    from workers.metrics import MAX_METRICS, MAX_METRICS_BYTES, clean_metrics as _clean_metrics
 
     metrics = {f"m{i:05d}": "v" * 900 for i in range(30_000)}
     kept, dropped = _clean_metrics(metrics)

@@ -1,4 +1,4 @@
-"""Orphans of the evaluation sandboxes (workers/evaluate.py `_adopt_orphans`): a Ray evaluation worker adopts
+"""Orphans of the evaluation sandboxes (workers/processes.py `adopt_orphans`): a Ray evaluation worker adopts
 and reaps its sandboxes' guards and what their group kills end, so none stays a zombie where PID 1 reaps nothing
 (found in review: a container whose entrypoint is the driver had 31 zombies after 400 evaluations)."""
 
@@ -47,7 +47,8 @@ class Nested(Objective):
 SCRIPT = textwrap.dedent(
     """
     import os, sys
-    from workers.evaluate import _SANDBOX, evaluate_once
+    from workers.evaluate import evaluate_once
+    from workers.sandbox import _SANDBOX
     from tests.workers.test_evaluate import Hanging, Returning
 
     def _proc_stat(pid):  # (state, parent, group)
@@ -106,10 +107,11 @@ class NestedInWorker(Objective):
 
     def evaluate(self, params, seed):
         import workers.evaluate as ev
+        import workers.processes as processes
         from tests.workers.test_evaluate import Returning
 
         assert ev.evaluate_once(Returning(2.0), "inner", params, seed, timeout_s=20)["value"] == 2.0
-        return float(bool(ev._SUBREAPER))
+        return float(bool(processes._ADOPTION.subreaper))
 
 
 def test_a_sandbox_never_becomes_a_subreaper():
