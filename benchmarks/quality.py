@@ -55,6 +55,7 @@ METHODS: dict[str, tuple[str, str, dict, dict]] = {
     "quantile-ts-m128": ("quantile", "thompson", {"num_inducing": 128, "inducing_placement": "kmeans",
                                                   "lengthscale_prior": "spec", "optimizer": "adam"}, {}),
     "quantile-ts-const": ("quantile", "thompson", {"noise_scale": "constant"}, {}),
+    "quantile-ts-gp-scale": ("quantile", "thompson", {"noise_scale": "gp"}, {}),
     "quantile-ts-short": ("quantile", "thompson", {"max_steps": 200, "warm_max_steps": 50}, {}),
     "quantile-ts-const-short": ("quantile", "thompson", {"noise_scale": "constant", "max_steps": 200,
                                                          "warm_max_steps": 50}, {}),
