@@ -1,6 +1,6 @@
 """Metrics, plots and a summary table of a run directory, computed from its event log.
 
-Everything here is derived from the Parquet log (orchestrator/store.py) and `config.yaml`; nothing asks the
+Everything here is derived from the Parquet log (orchestrator/store/) and `config.yaml`; nothing asks the
 running actor. What is read (the event `info` keys that orchestrator/actor.py writes):
 
 * utilization U = busy evaluation time / (slots x wall time) over the span from the first evaluation start

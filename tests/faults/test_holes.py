@@ -30,6 +30,7 @@ from orchestrator import cli
 from orchestrator import store as store_mod
 from orchestrator.errors import UsageError
 from orchestrator.store import Event, RunDirError, RunStore, trials_table
+from orchestrator.store import run_store as run_store_mod
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -107,7 +108,7 @@ def test_two_creates_held_between_the_check_and_the_write_claim_the_folder_once(
             hold_a.set()
             assert release_a.wait(10)
 
-    monkeypatch.setattr(store_mod, "_check_new", check_then_hold)
+    monkeypatch.setattr(run_store_mod, "_check_new", check_then_hold)
     _assert_one_claim(run_dir, _create_in_threads(run_dir, hold_a, release_a))
 
 

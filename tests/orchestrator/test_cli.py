@@ -562,9 +562,9 @@ def test_an_unreachable_gcs_run_directory_is_one_line_within_the_retry_limit(mon
     (`GCS_RETRY_LIMIT_S`, 60 s; 2 s here) and the command ends with one line naming the URI."""
     import time
 
-    from orchestrator import store
+    from orchestrator.store import filesystems
 
-    monkeypatch.setattr(store, "GCS_RETRY_LIMIT_S", 2.0)
+    monkeypatch.setattr(filesystems, "GCS_RETRY_LIMIT_S", 2.0)
     started = time.time()
     rc = cli.main(["status", "gs://qbatch-no-such-bucket-for-tests/run"])
     err = capsys.readouterr().err
