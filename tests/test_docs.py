@@ -104,7 +104,7 @@ def test_new_rows_of_the_quality_tables_reach_the_page(tmp_path, monkeypatch):
         'lander-now,"tau 0.1, 1500 evaluations, 10 runs",quantile-ts,mean true 10% quantile,231.4,'
         ">= 240,False\n"
     )
-    speed_row = "16,200,3,0.5,7.5,15.0,2.0,False\n"
+    speed_row = "16,200,3,0.5,7.5,15.0,2.0,9.0,18.0,False\n"  # ... target, free factor s and ratio, met
     monkeypatch.setattr(
         pages,
         "RESULTS",
@@ -122,7 +122,7 @@ def test_new_rows_of_the_quality_tables_reach_the_page(tmp_path, monkeypatch):
         " | 231.4 |"
         in page
     )
-    assert "| 16 | 200 | 3 | 0.500 | 7.500 | 15.0x | <= 2x | missed |" in page
+    assert "| 16 | 200 | 3 | 0.500 | 7.500 | 15.0x | 9.000 | 18.0x | <= 2x | missed |" in page
     assert pages.stale() == ["docs/benchmarks/quality.md"]
 
 
