@@ -32,7 +32,6 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
 from orchestrator.models.base import TKWARGS, check_fit_stop
-from orchestrator.models.kernels import matern52
 
 __all__ = ["SiteState", "fit_full_variational", "observation_index", "site_posterior", "solve_sites"]
 
@@ -70,12 +69,18 @@ class SiteState:
         return SiteState(self.Z, nu, lam)
 
 
+def _match(X: Tensor, Z: Tensor) -> tuple[Tensor, Tensor]:
+    """For each row of `X`, the nearest row of `Z` (max-norm) and whether it is within `MATCH_TOL`."""
+    best, idx = torch.cdist(X, Z, p=float("inf")).min(dim=-1)
+    return idx, best <= MATCH_TOL
+
+
 def observation_index(X: Tensor, Z: Tensor) -> Tensor | None:
     """For each row of `X`, the row of `Z` it equals (within `MATCH_TOL`); None when some row has none."""
     if Z.shape[0] == 0 or X.shape[0] == 0:
         return None
-    best, idx = torch.cdist(X, Z, p=float("inf")).min(dim=-1)
-    return idx if bool((best <= MATCH_TOL).all()) else None
+    idx, matched = _match(X, Z)
+    return idx if bool(matched.all()) else None
 
 
 def site_posterior(K: Tensor, nu: Tensor, lam: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -115,23 +120,18 @@ def _marginals(prior: tuple[Tensor, Tensor], latents: list[int], idx: Tensor, me
     return means, variances
 
 
-def _kernel(model: Any, latents: list[int]) -> Tensor:
-    Z = model.Z
-    K = matern52(Z, Z, model.lengthscale[latents], model.outputscale[latents])
-    return K + model.jitter()[latents][:, None, None] * torch.eye(Z.shape[0], **TKWARGS)
-
-
 @torch.no_grad()
 def solve_sites(model: Any, likelihood: Any, idx: Tensor, Y: Tensor, latents: list[int], nu: Tensor,
-                lam: Tensor, max_steps: int = SITE_MAX_STEPS, tol: float = SITE_TOL) -> tuple[Tensor, Tensor, int]:
+                lam: Tensor, max_steps: int = SITE_MAX_STEPS, tol: float = SITE_TOL
+                ) -> tuple[Tensor, Tensor, Tensor, int]:
     """The sites' fixed point at the model's current hyperparameters, from (`nu`, `lam`); returns (nu, lam,
-    steps). Observation j sits at inducing input `idx[j]`.
+    the posterior means of h at Z, steps). Observation j sits at inducing input `idx[j]`.
 
     Each step is a natural-gradient step of size beta on q (beta = 1 is the plain fixed point); a step that
     lowers the ELBO is undone and beta halved (the check loss's kink can make the plain fixed point
     overshoot), an accepted one grows beta back toward 1. The iteration stops when no marginal mean or
     standard deviation moves by more than `tol`."""
-    K = _kernel(model, latents)
+    K = model.kzz()[latents]
     m = K.shape[-1]
     prior = (model.constant.detach(), (model.outputscale + model.jitter()).detach())
     beta = INITIAL_STEP
@@ -165,20 +165,18 @@ def solve_sites(model: Any, likelihood: Any, idx: Tensor, Y: Tensor, latents: li
         beta = min(1.0, 1.5 * beta)
         if moved <= tol:
             break
-    return nu, lam, steps
+    return nu, lam, mean_t, steps
 
 
-def set_whitened(model: Any, latents: list[int], nu: Tensor, lam: Tensor) -> None:
-    """Write the sites' q(h_k) into the model's whitened q(u): a~ = L^-1 mu, S~ = (I + L^T Lambda L)^-1; latents
-    not in `latents` get the prior (a~ = 0, S~ = I)."""
+def set_whitened(model: Any, latents: list[int], mean_t: Tensor, lam: Tensor) -> None:
+    """Write the sites' q(h_k), with means `mean_t` at Z and precisions `lam`, into the model's whitened q(u):
+    a~ = L^-1 mu, S~ = (I + L^T Lambda L)^-1; latents not in `latents` get the prior (a~ = 0, S~ = I)."""
     with torch.no_grad():
         L = model.kzz_chol()
         m = L.shape[-1]
         eye = torch.eye(m, **TKWARGS)
         means = torch.zeros(2, m, **TKWARGS)
         chols = eye.repeat(2, 1, 1)
-        K = L @ L.transpose(-1, -2)
-        mean_t, _, _ = site_posterior(K[latents], nu, lam)
         for i, k in enumerate(latents):
             Lk = L[k]
             means[k] = torch.linalg.solve_triangular(Lk, mean_t[i].unsqueeze(-1), upper=False).squeeze(-1)
@@ -195,8 +193,7 @@ def _initial_sites(model: Any, latents: list[int], previous: SiteState | None) -
     nu = torch.zeros(len(latents), m, **TKWARGS)
     lam = torch.full((len(latents), m), 1e-6, **TKWARGS)
     if previous is not None and previous.nu.shape[0] == len(latents) and previous.Z.shape[0] > 0:
-        best, old = torch.cdist(model.Z, previous.Z, p=float("inf")).min(dim=-1)
-        kept = best <= MATCH_TOL
+        old, kept = _match(model.Z, previous.Z)
         lam[:] = previous.lam.median(dim=-1, keepdim=True).values
         nu[:, kept] = previous.nu[:, old[kept]]
         lam[:, kept] = previous.lam[:, old[kept]]
@@ -231,6 +228,14 @@ def fit_full_variational(model: Any, loss_fn: Any, likelihood: Any, X: Tensor, Y
     for p in variational:
         p.requires_grad_(False)
     state = {"nu": nu, "lam": lam, "steps": 0, "evals": 0, "tol": LOOSE_SITE_TOL}
+
+    def refresh(tol: float) -> None:
+        """The sites' fixed point at the current hyperparameters, written into the model's q(u)."""
+        state["nu"], state["lam"], mean_t, steps = solve_sites(model, likelihood, idx, Y, latents, state["nu"],
+                                                               state["lam"], tol=tol)
+        state["steps"] += steps
+        set_whitened(model, latents, mean_t, state["lam"])
+
     chunk = max(1, min(LBFGS_CHUNK, max_iter))
     lbfgs = torch.optim.LBFGS(hyper, lr=1.0, max_iter=chunk, max_eval=2 * chunk, history_size=10,
                               tolerance_grad=1e-6, tolerance_change=1e-9, line_search_fn="strong_wolfe")
@@ -239,10 +244,7 @@ def fit_full_variational(model: Any, loss_fn: Any, likelihood: Any, X: Tensor, Y
         check_fit_stop()
         lbfgs.zero_grad(set_to_none=True)
         try:
-            state["nu"], state["lam"], steps = solve_sites(model, likelihood, idx, Y, latents, state["nu"],
-                                                           state["lam"], tol=state["tol"])
-            state["steps"] += steps
-            set_whitened(model, latents, state["nu"], state["lam"])
+            refresh(state["tol"])
             loss = loss_fn(model)
         except torch.linalg.LinAlgError:
             return torch.tensor(math.inf, **TKWARGS)
@@ -266,10 +268,7 @@ def fit_full_variational(model: Any, loss_fn: Any, likelihood: Any, X: Tensor, Y
                 break
             before = loss_now
         with torch.no_grad():
-            state["nu"], state["lam"], steps = solve_sites(model, likelihood, idx, Y, latents, state["nu"],
-                                                           state["lam"])
-            state["steps"] += steps
-            set_whitened(model, latents, state["nu"], state["lam"])
+            refresh(SITE_TOL)
             loss = float(loss_fn(model))
         ok = math.isfinite(loss) and all(bool(torch.isfinite(p).all()) for p in hyper)
     except torch.linalg.LinAlgError:

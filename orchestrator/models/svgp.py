@@ -147,12 +147,15 @@ class TwoLatentSVGP(gpytorch.Module):
         """`2` jitters added to k(Z, Z) (relative to each outputscale)."""
         return JITTER_REL * self.outputscale
 
-    def kzz_chol(self) -> Tensor:
-        """`2 x m x m` Cholesky factor of k(Z, Z) + jitter I."""
+    def kzz(self) -> Tensor:
+        """`2 x m x m` prior covariance of u, k(Z, Z) + jitter I."""
         Z = self.Z
         K = matern52(Z, Z, self.lengthscale, self.outputscale)
-        K = K + self.jitter()[:, None, None] * torch.eye(Z.shape[0], **TKWARGS)
-        return psd_safe_cholesky(K)
+        return K + self.jitter()[:, None, None] * torch.eye(Z.shape[0], **TKWARGS)
+
+    def kzz_chol(self) -> Tensor:
+        """`2 x m x m` Cholesky factor of `kzz()`."""
+        return psd_safe_cholesky(self.kzz())
 
     def set_variational(self, mean: Tensor, chol: Tensor) -> None:
         """Set q(u) from unwhitened `2 x m` means a and `2 x m x m` lower factors of S (whitened with the
@@ -473,7 +476,7 @@ class TwoLatentSVGPSurrogate(Surrogate):
 
     def _train(self, model: TwoLatentSVGP, X: Tensor, Y: Tensor, warm: bool,
                sites: SiteState | None) -> tuple[dict[str, float], SiteState | None]:
-        """Optimize the ELBO as `SVGPOptions.optimizer` says; returns the fit's info and, after an
+        """Optimize the ELBO as `SVGPOptions.optimizer` says; returns the fit's info and, after a
         natural-gradient fit, its sites (the next fit's warm start)."""
         opt = self.options
         n = X.shape[0]
@@ -482,25 +485,24 @@ class TwoLatentSVGPSurrogate(Surrogate):
                 loss = float(self._loss(X, Y, n, model)) if n <= opt.full_batch_max else math.nan
             return {"iterations": 0.0, "epochs": 0.0, "loss": loss, "stopped_early": 0.0, "lbfgs": 0.0}, None
         max_iter = opt.warm_max_steps if warm else min(opt.max_steps, LBFGS_MAX_ITER)
-        if opt.optimizer == "natural-gradient" or (opt.optimizer == "auto" and n <= opt.full_batch_max):
+        full_batch = opt.optimizer == "auto" and n <= opt.full_batch_max
+        if opt.optimizer == "natural-gradient" or full_batch:
             fitted = fit_full_variational(model, lambda mod: self._loss(X, Y, n, mod), self.likelihood, X, Y,
                                           max_iter, sites)
             if fitted is not None:
                 return fitted
-        if opt.optimizer in ("lbfgs", "natural-gradient") or (opt.optimizer == "auto" and n <= opt.full_batch_max):
-            info = self._train_lbfgs(model, X, Y, warm)
+        if opt.optimizer in ("lbfgs", "natural-gradient") or full_batch:
+            info = self._train_lbfgs(model, X, Y, max_iter)
             if info is not None:
                 return info, None
         return self._train_adam(model, X, Y, warm), None
 
-    def _train_lbfgs(self, model: TwoLatentSVGP, X: Tensor, Y: Tensor, warm: bool) -> dict[str, float] | None:
-        """Full-batch L-BFGS on the exact negative ELBO; None (the model as it came) when the loss turns
-        non-finite, so the caller falls back to Adam."""
-        opt = self.options
+    def _train_lbfgs(self, model: TwoLatentSVGP, X: Tensor, Y: Tensor, max_iter: int) -> dict[str, float] | None:
+        """Full-batch L-BFGS (at most `max_iter` iterations) on the exact negative ELBO; None (the model as it
+        came) when the loss turns non-finite, so the caller falls back to Adam."""
         n = X.shape[0]
         params = [p for p in model.parameters() if p.requires_grad]
         start = [p.detach().clone() for p in params]
-        max_iter = opt.warm_max_steps if warm else min(opt.max_steps, LBFGS_MAX_ITER)
         lbfgs = torch.optim.LBFGS(params, lr=1.0, max_iter=max_iter, max_eval=2 * max_iter, history_size=10,
                                   tolerance_grad=1e-7, tolerance_change=1e-10, line_search_fn="strong_wolfe")
         evals = [0]
