@@ -119,7 +119,7 @@ def run_one(fn: str, method: str, seed: int, steps: int, restarts: int, raw: int
     _, _, n_init, acq = FUNCTIONS[fn]
     # LOCBO defines EI only, conformal EI and UCB: they run EI where the paper's acquisition is another, and
     # `none-ei` (no calibration, EI everywhere) is their baseline there (`summarise` compares within one
-    # acquisition; found in review: their gains over `none` were in part PI -> EI)
+    # acquisition; against `none` their gains would be in part PI -> EI)
     if method in ("locbo", "none-ei"):
         acq = "ei"
     if method == "conformal" and acq == "pi":

@@ -418,7 +418,7 @@ def recorded(path: Path, args: argparse.Namespace) -> list[dict]:
         for k in ("best_value", "predicted", "fit_s", "propose_s", "eval_s", "run_s", "tau"):
             r[k] = float(r[k]) if r.get(k) not in (None, "") else math.nan
         r["error"] = r.get("error") or ""
-        # the level too (found in review: `--resume --tau 0.5` took runs at tau 0.9 for done and tabulated them)
+        # the level too (else `--resume --tau 0.5` takes runs at tau 0.9 for done and tabulates them)
         same = (r["initial"], r["budget"], r["batch"], r["tau"]) == (args.initial, args.budget, args.batch, args.tau) \
             or r["error"]
         if (r["task"], r["method"], r["seed"]) in wanted and same \
