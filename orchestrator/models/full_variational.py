@@ -122,10 +122,9 @@ def _marginals(prior: tuple[Tensor, Tensor], latents: list[int], idx: Tensor, me
 
 @torch.no_grad()
 def solve_sites(model: Any, likelihood: Any, idx: Tensor, Y: Tensor, latents: list[int], nu: Tensor,
-                lam: Tensor, max_steps: int = SITE_MAX_STEPS, tol: float = SITE_TOL
-                ) -> tuple[Tensor, Tensor, Tensor, int]:
+                lam: Tensor, max_steps: int = SITE_MAX_STEPS, tol: float = SITE_TOL) -> tuple[Tensor, Tensor, int]:
     """The sites' fixed point at the model's current hyperparameters, from (`nu`, `lam`); returns (nu, lam,
-    the posterior means of h at Z, steps). Observation j sits at inducing input `idx[j]`.
+    steps). Observation j sits at inducing input `idx[j]`.
 
     Each step is a natural-gradient step of size beta on q (beta = 1 is the plain fixed point); a step that
     lowers the ELBO is undone and beta halved (the check loss's kink can make the plain fixed point
@@ -165,18 +164,20 @@ def solve_sites(model: Any, likelihood: Any, idx: Tensor, Y: Tensor, latents: li
         beta = min(1.0, 1.5 * beta)
         if moved <= tol:
             break
-    return nu, lam, mean_t, steps
+    return nu, lam, steps
 
 
-def set_whitened(model: Any, latents: list[int], mean_t: Tensor, lam: Tensor) -> None:
-    """Write the sites' q(h_k), with means `mean_t` at Z and precisions `lam`, into the model's whitened q(u):
-    a~ = L^-1 mu, S~ = (I + L^T Lambda L)^-1; latents not in `latents` get the prior (a~ = 0, S~ = I)."""
+def set_whitened(model: Any, latents: list[int], nu: Tensor, lam: Tensor) -> None:
+    """Write the sites' q(h_k) into the model's whitened q(u): a~ = L^-1 mu, S~ = (I + L^T Lambda L)^-1; latents
+    not in `latents` get the prior (a~ = 0, S~ = I)."""
     with torch.no_grad():
         L = model.kzz_chol()
         m = L.shape[-1]
         eye = torch.eye(m, **TKWARGS)
         means = torch.zeros(2, m, **TKWARGS)
         chols = eye.repeat(2, 1, 1)
+        K = L @ L.transpose(-1, -2)
+        mean_t, _, _ = site_posterior(K[latents], nu, lam)
         for i, k in enumerate(latents):
             Lk = L[k]
             means[k] = torch.linalg.solve_triangular(Lk, mean_t[i].unsqueeze(-1), upper=False).squeeze(-1)
@@ -231,10 +232,10 @@ def fit_full_variational(model: Any, loss_fn: Any, likelihood: Any, X: Tensor, Y
 
     def refresh(tol: float) -> None:
         """The sites' fixed point at the current hyperparameters, written into the model's q(u)."""
-        state["nu"], state["lam"], mean_t, steps = solve_sites(model, likelihood, idx, Y, latents, state["nu"],
-                                                               state["lam"], tol=tol)
+        state["nu"], state["lam"], steps = solve_sites(model, likelihood, idx, Y, latents, state["nu"],
+                                                       state["lam"], tol=tol)
         state["steps"] += steps
-        set_whitened(model, latents, mean_t, state["lam"])
+        set_whitened(model, latents, state["nu"], state["lam"])
 
     chunk = max(1, min(LBFGS_CHUNK, max_iter))
     lbfgs = torch.optim.LBFGS(hyper, lr=1.0, max_iter=chunk, max_eval=2 * chunk, history_size=10,
