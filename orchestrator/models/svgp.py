@@ -41,9 +41,8 @@ from orchestrator.models.allocation import allocate_inducing, auto_num_inducing
 from orchestrator.models.full_variational import SiteState, fit_full_variational
 from orchestrator.models.inducing import KMeansInducingPointSelector
 from orchestrator.models.kernels import matern52
-from orchestrator.models.svgp_options import (  # noqa: F401 -- re-exported: svgp is where users import them
-    LENGTHSCALE_PRIORS, MIN_Y_STD, NOISE_SCALES, OPTIMIZERS, PRIOR_MODE_RTOL, ROUNDOFF_REL, SVGPOptions, _variance,
-    check_lengthscale_prior, lengthscale_prior_params, standardization, svgp_standardization,
+from orchestrator.models.svgp_options import (  # noqa: F401 -- standardization, SVGPOptions: imported from here too
+    PRIOR_MODE_RTOL, SVGPOptions, _variance, lengthscale_prior_params, standardization, svgp_standardization,
 )
 from orchestrator.models.likelihoods import check_tau
 
@@ -149,9 +148,8 @@ class TwoLatentSVGP(gpytorch.Module):
 
     def kzz(self) -> Tensor:
         """`2 x m x m` prior covariance of u, k(Z, Z) + jitter I."""
-        Z = self.Z
-        K = matern52(Z, Z, self.lengthscale, self.outputscale)
-        return K + self.jitter()[:, None, None] * torch.eye(Z.shape[0], **TKWARGS)
+        K = matern52(self.Z, self.Z, self.lengthscale, self.outputscale)
+        return K + self.jitter()[:, None, None] * torch.eye(self.Z.shape[0], **TKWARGS)
 
     def kzz_chol(self) -> Tensor:
         """`2 x m x m` Cholesky factor of `kzz()`."""
