@@ -10,7 +10,8 @@ tau-quantile is exact, as a new user would run it (library defaults: initial des
   initial Sobol points, batches of 25, 175 evaluations), in the library loop without the 1 s measurements.
 
 Per run it records the regret q* - q_tau(x) of the recommendation (`best()` after a last fit), of the best
-point evaluated (the largest exact quantile among the evaluated inputs), and of every recommendation rule of
+point evaluated (the largest exact quantile among the evaluated inputs), the problem's range (max - min of the
+exact quantile over the space: the gap target allows 1% of it), and of every recommendation rule of
 `orchestrator.recommend` applied to the same final model, plus whether the model warned that it learned no
 lengthscale. Methods: quantile-ts (qbatch's default model and proposer), exact-ts (exact GP + Thompson),
 qlognei (exact GP + BoTorch's qLogNEI), sobol (a Sobol search; its answer is its best observed value's point).
@@ -84,6 +85,21 @@ def make_problem(name: str, seed: int) -> Any:
     return GLDProblem(dim=PROBLEMS[name][0], problem=seed)
 
 
+def quantile_range(problem_name: str, seed: int) -> float:
+    """The benchmark's range: max - min of the exact tau-quantile over the search space (the minimum by the
+    same multi-start L-BFGS-B as the problem's optimum), the unit of the recommendation gap's 1% allowance."""
+    import numpy as np
+
+    from objectives.functions import maximize_on_box
+
+    prob = make_problem(problem_name, seed)
+    d = len(prob.space)
+    _, q_max = prob.optimum(TAU)
+    _, neg_min = maximize_on_box(lambda X: -prob.quantile_unit(X, TAU), np.zeros(d), np.ones(d), n_raw=5000,
+                                 n_starts=20, seed=seed)
+    return float(q_max + neg_min)
+
+
 def _quantiles(prob: Any, points: Sequence[dict]) -> Any:
     import numpy as np
 
@@ -127,6 +143,7 @@ def run_one(problem_name: str, method: str, seed: int, budget: int, batch: int, 
             "problem": problem_name, "method": method, "seed": seed, "tau": TAU, "budget": budget, "batch": batch,
             "q_star": q_star, "regret_rec": q_star - q_rec, "regret_best_evaluated": q_star - float(q_eval.max()),
             "predicted": float(predicted), "seconds": seconds,
+            "q_range": quantile_range(problem_name, seed) if problem_name != "quickstart" else float("nan"),
             "lengthscale_warning": any("learned no lengthscale" in str(w.message) for w in caught),
         }
         if method == "sobol":  # a search's answer is its best observed value's point

@@ -85,7 +85,8 @@ class SVGPOptions:
         kmeans_warm_start: at a warm refit, start k-means from the previous Z (converges in a few
             iterations; Z still follows the new data) instead of random data points.
         noise_scale: "gp" (the spec's model; HetGP's default): g = log sigma is a GP, so the noise's scale may
-            change with x. The quantile model defaults to "constant" (`QuantileSVGP.default_options`).
+            change with x. Every model defaults to it: with the converged natural-gradient fit it recommends
+            better than "constant" on the quality benchmark's problems (benchmarks/results/quality/screen_ng).
             "constant": g is one learned constant (its GP's variance is held at `MIN_OUTPUTSCALE`, so
             it varies by about 0.1% at most, and its hyperpriors leave the loss): the noise has the same scale
             everywhere. A GP g can explain an isolated high measurement as noise where it stands; a constant

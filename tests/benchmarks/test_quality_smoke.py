@@ -37,3 +37,28 @@ def test_the_recorded_summary_is_what_its_tables_give(load_benchmark):
     with open(path, newline="") as fh:
         assert list(csv.DictReader(fh)) == recorded
     assert len(rebuilt) == len(recorded)
+
+
+def test_the_gap_target_allows_one_percent_of_the_problems_quantile_range(load_benchmark):
+    import numpy as np
+
+    from benchmarks import _quality_summary as quality_summary
+
+    quality = load_benchmark("quality")
+    prob = quality.make_problem("skewed-3d", 0)
+    grid = np.random.default_rng(0).random((20000, 3))
+    sampled = prob.quantile_unit(grid, quality.TAU)
+    q_range = quality.quantile_range("skewed-3d", 0)
+    # the optimizer's range contains every sampled spread and is not far past it
+    assert sampled.max() - sampled.min() <= q_range + 1e-9 <= sampled.max() - sampled.min() + 0.05
+    run = {"problem": "skewed-3d", "method": "quantile-ts", "seed": "0", "budget": "80", "q_range": str(q_range),
+           "regret_rec": "0.0", "regret_best_evaluated": "0.1"}
+    bound = quality_summary.GAP_FACTOR * 0.1 + quality_summary.RANGE_ALLOWANCE * q_range
+    def gap_row(regret: float) -> dict:
+        rows = quality_summary.loop_rows([{**run, "regret_rec": str(regret)}])
+        return next(r for r in rows if r["metric"].startswith("mean recommendation regret"))
+
+    just_in, just_out = gap_row(bound - 1e-6), gap_row(bound + 1e-6)
+    assert just_in["met"] and not just_out["met"]
+    # a row recorded without the column gets the same range computed
+    assert quality_summary._q_range({**run, "q_range": ""}) == pytest.approx(q_range)
