@@ -60,6 +60,8 @@ METHODS: dict[str, tuple[str, str, dict, dict]] = {
     "quantile-ts-short": ("quantile", "thompson", {"max_steps": 200, "warm_max_steps": 50}, {}),
     "quantile-ts-const-short": ("quantile", "thompson", {"noise_scale": "constant", "max_steps": 200,
                                                          "warm_max_steps": 50}, {}),
+    "quantile-ts-local": ("quantile", "thompson", {}, {"local_fraction": 0.25}),
+    "quantile-ts-local50": ("quantile", "thompson", {}, {"local_fraction": 0.5}),
     "exact-ts": ("exact-gp", "thompson", {}, {}),
     "qlognei": ("exact-gp", "qlognei", {}, {"sequential": False}),
     "sobol": ("exact-gp", "sobol", {}, {}),

@@ -42,6 +42,11 @@ SAME_OPTIMUM_TOL = 1e-4
 MAX_RAW_FACTOR = 4
 #: cap on (paths x restarts) L-BFGS-B problems for the default number of restarts
 MAX_DEFAULT_PROBLEMS = 4096
+#: share of the observed inputs, best first by the posterior mean of the target, that local candidates perturb
+#: (BoTorch's `sample_points_around_best`: its `best_pct`)
+LOCAL_BEST_FRACTION = 0.05
+#: standard deviation of the local candidates' perturbations in the unit cube (BoTorch's `subset_sigma`)
+LOCAL_SIGMA = 0.1
 
 
 def default_raw_samples(d: int, restarts: int | None = None) -> int:
@@ -160,6 +165,12 @@ class ThompsonSampling(Proposer):
             authors' code, and the default), or each path draws its own (`False`): exact paths marginally over
             the features, so the batch's paths do not share the RFF kernel error; scoring the candidates then
             costs about q times as much.
+        local_fraction: share of the raw candidates drawn around the best observed inputs (the top
+            `LOCAL_BEST_FRACTION` by the posterior mean of the target, at least one) instead of from the Sobol
+            set: BoTorch's `sample_perturbed_subset_dims` (Gaussian steps of `LOCAL_SIGMA`, a subset of the
+            dimensions when d > 20), as BoTorch's `optimize_acqf` seeds its starts around the best points. In
+            many dimensions a space-filling set leaves the region of the best points with few candidates, so the
+            paths' maxima there go unfound. 0 (the spec's all-Sobol set) turns it off.
 
     Raises:
         ConfigError: naming the option that is out of range.
@@ -175,9 +186,11 @@ class ThompsonSampling(Proposer):
         method: str = "batched",
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         shared_features: bool = True,
+        local_fraction: float = 0.0,
     ) -> None:
         self.set_state(
             {
+                "local_fraction": local_fraction,
                 "num_features": num_features,
                 "raw_samples": raw_samples,
                 "num_restarts": num_restarts,
@@ -204,10 +217,12 @@ class ThompsonSampling(Proposer):
             "method": self.method,
             "chunk_bytes": self.chunk_bytes,
             "shared_features": self.shared_features,
+            "local_fraction": self.local_fraction,
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
-        valid = {"num_features", "raw_samples", "num_restarts", "maxiter", "method", "chunk_bytes", "shared_features"}
+        valid = {"num_features", "raw_samples", "num_restarts", "maxiter", "method", "chunk_bytes", "shared_features",
+                 "local_fraction"}
         unknown = set(state) - valid
         if unknown:
             raise ConfigError(f"unknown ThompsonSampling option(s) {sorted(unknown)}; valid: {sorted(valid)}")
@@ -226,6 +241,10 @@ class ThompsonSampling(Proposer):
         if not isinstance(shared, bool):
             raise ConfigError(f"ThompsonSampling `shared_features` must be true or false; got {shared!r}")
         self.shared_features = shared
+        local = state.get("local_fraction", getattr(self, "local_fraction", 0.0))
+        if isinstance(local, bool) or not isinstance(local, (int, float)) or not 0.0 <= local < 1.0:
+            raise ConfigError(f"ThompsonSampling `local_fraction` must be a number in [0, 1); got {local!r}")
+        self.local_fraction = float(local)
 
     def sample_paths(self, model: Surrogate, q: int, generator: torch.Generator) -> TargetPaths:
         """The q target paths `_propose` maximizes (its first use of `generator`; tests reuse it)."""
@@ -242,6 +261,9 @@ class ThompsonSampling(Proposer):
         restarts = min(restarts, n_raw)
         sobol_seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
         X_raw = torch.quasirandom.SobolEngine(d, scramble=True, seed=sobol_seed).draw(n_raw).to(**tk)
+        n_local = int(self.local_fraction * n_raw)
+        if n_local and X_observed.shape[0]:
+            X_raw[:n_local] = self._local_candidates(model, X_observed.to(**tk), n_local, generator)
 
         # 1. score the shared candidates for every path (chunked matrix products), keep the best per path
         keep = min(restarts + EXTRA_CANDIDATES, n_raw)
@@ -272,6 +294,20 @@ class ThompsonSampling(Proposer):
             cand = self.snap(cand.reshape(-1, d)).to(**tk).reshape(cand.shape)
         forbidden = torch.cat([X_pending.to(**tk), X_observed.to(**tk)])
         return self._select_distinct(target, cand, forbidden, X_raw, generator)
+
+    def _local_candidates(self, model: Surrogate, X_observed: Tensor, n: int, generator: torch.Generator) -> Tensor:
+        """`n` candidates around the best observed inputs by the posterior mean of the target (`local_fraction`)."""
+        from botorch.optim.initializers import sample_perturbed_subset_dims
+
+        with torch.no_grad():
+            mean = model.objective_mean(X_observed).reshape(-1)
+        k = max(1, math.ceil(LOCAL_BEST_FRACTION * X_observed.shape[0]))
+        best = X_observed[mean.topk(min(k, mean.numel())).indices]
+        bounds = torch.stack([torch.zeros_like(best[0]), torch.ones_like(best[0])])
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
+        with torch.random.fork_rng(devices=[best.device] if best.is_cuda else []):  # BoTorch draws from torch's RNG
+            torch.manual_seed(seed)
+            return sample_perturbed_subset_dims(best, bounds, n, sigma=LOCAL_SIGMA)
 
     def _select_distinct(
         self, target: TargetPaths, cand: Tensor, forbidden: Tensor, X_raw: Tensor, generator: torch.Generator

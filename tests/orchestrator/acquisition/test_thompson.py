@@ -225,7 +225,7 @@ def test_exact_gp_form_with_replicated_inputs() -> None:
 
 
 def test_options_are_validated_and_state_round_trips() -> None:
-    # found in review: these said "or None", but None is refused for them
+    # the messages say "or None" only where None is accepted
     with pytest.raises(ConfigError, match=r"`num_features` must be an integer >= 1; got 0$"):
         ThompsonSampling(num_features=0)
     with pytest.raises(ConfigError, match=r"`maxiter` must be an integer >= 1; got None$"):
@@ -238,13 +238,16 @@ def test_options_are_validated_and_state_round_trips() -> None:
         ThompsonSampling(spread=2.0)
     with pytest.raises(ConfigError, match="`shared_features` must be true or false; got 'no'"):
         ThompsonSampling(shared_features="no")
+    for bad in (1.0, -0.1, True, "half"):
+        with pytest.raises(ConfigError, match=r"`local_fraction` must be a number in \[0, 1\); got"):
+            ThompsonSampling(local_fraction=bad)
     ts = ThompsonSampling(num_features=64, raw_samples=100, num_restarts=2, maxiter=7, method="joint",
-                          shared_features=False)
+                          shared_features=False, local_fraction=0.3)
     other = ThompsonSampling()
     other.set_state(ts.get_state())
     assert other.get_state() == ts.get_state() == {
         "num_features": 64, "raw_samples": 100, "num_restarts": 2, "maxiter": 7, "method": "joint",
-        "chunk_bytes": ts.chunk_bytes, "shared_features": False,
+        "chunk_bytes": ts.chunk_bytes, "shared_features": False, "local_fraction": 0.3,
     }
     # a state saved before the option existed keeps the authors' shared features
     old = {k: v for k, v in ThompsonSampling().get_state().items() if k != "shared_features"}
@@ -389,3 +392,26 @@ def test_thompson_on_a_used_up_grid_gets_repeats_not_a_hang():
             seen.add((t.params["i"], t.params["c"]))
             opt.tell(t.trial_id, -((t.params["i"] / 5 - 0.6) ** 2) + (0.1 if t.params["c"] == "a" else 0.0))
     assert len(seen) == 12
+
+
+def test_local_candidates_surround_the_best_observed_inputs_by_the_posterior_mean() -> None:
+    from orchestrator.acquisition.thompson import LOCAL_SIGMA
+
+    class Mean:  # the target's posterior mean rises towards x = 0.8 in every dimension
+        def objective_mean(self, X):
+            return -((X - 0.8) ** 2).sum(-1)
+
+    X_obs = torch.rand(200, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    ts = ThompsonSampling(local_fraction=0.5)
+    cand = ts._local_candidates(Mean(), X_obs, 2000, torch.Generator().manual_seed(1))
+    assert cand.shape == (2000, 4) and bool(((cand >= 0) & (cand <= 1)).all())
+    best = X_obs[Mean().objective_mean(X_obs).topk(10).indices]  # the top 5%
+    nearest = torch.cdist(cand, best).min(dim=1).values
+    # every candidate is a perturbation of one of the best points: within a few sigma in each coordinate
+    assert float(nearest.max()) < 6 * LOCAL_SIGMA * 2
+    uniform = torch.rand(2000, 4, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    assert float(nearest.median()) < 0.5 * float(torch.cdist(uniform, best).min(dim=1).values.median())
+    # the same generator gives the same candidates; torch's global RNG is left as it was
+    state = torch.get_rng_state()
+    again = ts._local_candidates(Mean(), X_obs, 2000, torch.Generator().manual_seed(1))
+    assert torch.equal(cand, again) and torch.equal(state, torch.get_rng_state())
