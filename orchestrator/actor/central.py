@@ -77,6 +77,10 @@ class CentralActor:
             and its traceback) and the run goes on with the previous model, or with further Sobol points
             before the first one; it is retried once new results are in. This many failures in a row stop
             the run (status "aborted", every result kept): the cause is then more likely a bug than data.
+
+    Its parts, which share the optimizer, the scheduler's lock, the stop event and the abort cause: `scheduler`
+    (`SlotScheduler`), `dispatcher` (`Dispatcher`), `planner` (`Planner`), `log` (`RunLog`), `checkpoints`
+    (`Checkpoints`), `guard` (`FailureGuard`) and `abort` (`AbortCause`).
     """
 
     def __init__(
