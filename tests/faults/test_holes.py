@@ -249,39 +249,39 @@ def _stub_actor(tmp_path):
         submitted.append((actor._stop.is_set(), [t.trial_id for t, _ in batch]))
         return [f"ref{next(refs)}" for _ in batch]
 
-    actor._submit = submit
+    actor.dispatcher.submit = submit
     return actor, submitted
 
 
 def test_nothing_is_dispatched_once_the_actor_is_told_to_stop(tmp_path):
     """The stop lands between the loop's check and a dispatch (a result frees a slot just after it)."""
     actor, submitted = _stub_actor(tmp_path)
-    actor._propose(4)
-    actor._dispatch()
-    actor._propose(4)  # queued behind the four in flight
-    assert len(submitted) == 1 and len(actor._queue) == 4
+    actor.planner.propose(4)
+    actor.dispatcher.dispatch()
+    actor.planner.propose(4)  # queued behind the four in flight
+    assert len(submitted) == 1 and len(actor.scheduler.queue) == 4
     actor.stop()
-    actor._dispatch(freed=4)  # what `_collect` does when results arrive after the stop
+    actor.dispatcher.dispatch(freed=4)  # what `Dispatcher.collect` does when results arrive after the stop
     actor._fill_before_first_model()
     assert [stopped for stopped, _ in submitted] == [False], submitted
     n_proposed = len(actor.store.events(["proposed"]))
-    actor._propose(4)  # a proposer thread that wakes after the stop
+    actor.planner.propose(4)  # a proposer thread that wakes after the stop
     assert len(actor.store.events(["proposed"])) == n_proposed
 
 
 def test_a_stop_during_a_submission_returns_once_it_is_done_and_nothing_follows(tmp_path):
     actor, submitted = _stub_actor(tmp_path)
-    actor._propose(4)
+    actor.planner.propose(4)
     inside, release = threading.Event(), threading.Event()
-    plain = actor._submit
+    plain = actor.dispatcher.submit
 
     def slow_submit(batch):
         inside.set()
         assert release.wait(10)
         return plain(batch)
 
-    actor._submit = slow_submit
-    t = threading.Thread(target=actor._dispatch)
+    actor.dispatcher.submit = slow_submit
+    t = threading.Thread(target=actor.dispatcher.dispatch)
     t.start()
     assert inside.wait(10)
     stopper = threading.Thread(target=actor.stop)
@@ -291,10 +291,10 @@ def test_a_stop_during_a_submission_returns_once_it_is_done_and_nothing_follows(
     release.set()
     stopper.join(10)
     t.join(10)
-    assert not stopper.is_alive() and len(actor._inflight) == 4
-    actor._submit = plain
-    actor._propose(4)
-    actor._dispatch(freed=4)
+    assert not stopper.is_alive() and len(actor.scheduler.inflight) == 4
+    actor.dispatcher.submit = plain
+    actor.planner.propose(4)
+    actor.dispatcher.dispatch(freed=4)
     assert len(submitted) == 1
 
 

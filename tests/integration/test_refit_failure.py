@@ -1,6 +1,6 @@
 """A refit that raises does not end the run: it is logged with its traceback and the run goes on with the
 previous model (or the Sobol design before the first one); failures in a row past `max_refit_failures` stop
-the run with every result kept (orchestrator/actor.py `CentralActor._refit`).
+the run with every result kept (orchestrator/actor/planner.py `Planner.refit`).
 
 The central actor runs in this process here (its evaluations are real Ray tasks on the module's local Ray),
 so the optimizer's `fit` can be made to raise: no built-in model fails on demand.
@@ -88,18 +88,18 @@ def test_a_failed_refit_is_retried_only_on_new_results(ray_local, tmp_path):
     actor.opt.ask(8)  # the initial design, told by hand: no evaluation runs, so no new results arrive
     for i, t in enumerate(actor.opt.pending()):
         actor.opt.tell(t.trial_id, float(i))
-    assert actor._refit_step() is True and len(calls) == 1
+    assert actor.planner.refit_step() is True and len(calls) == 1
     for _ in range(5):
-        assert actor._refit_step() is False  # the same 8 results: no hot retry loop
-    assert len(calls) == 1 and actor.status()["refit_failures"] == 1 and actor._abort is None
+        assert actor.planner.refit_step() is False  # the same 8 results: no hot retry loop
+    assert len(calls) == 1 and actor.status()["refit_failures"] == 1 and actor.abort.message is None
     [t] = actor.opt.ask(1, fit=False)
     actor.opt.tell(t.trial_id, 9.0)
-    assert actor._refit_step() is True and len(calls) == 2
+    assert actor.planner.refit_step() is True and len(calls) == 2
 
 
 def test_a_refit_failure_is_logged_capped_even_when_its_message_is_huge_or_unprintable(ray_local, tmp_path):
     """Found in review: the refit event kept `error[:2000]` (the tail, often the useful part, cut) and an
-    exception whose `__str__` raises escaped `_refit` and stopped the refit thread as a planner error. Now it is
+    exception whose `__str__` raises escaped `Planner.refit` and stopped the refit thread as a planner error. Now it is
     capped like an objective's failure (head and tail kept) and an unprintable one is still a logged failure."""
     from workers.records import MAX_MESSAGE_CHARS
 
@@ -117,17 +117,17 @@ def test_a_refit_failure_is_logged_capped_even_when_its_message_is_huge_or_unpri
     actor.opt.ask(8)
     for i, t in enumerate(actor.opt.pending()):
         actor.opt.tell(t.trial_id, float(i))
-    assert actor._refit_step() is True
+    assert actor.planner.refit_step() is True
     [t] = actor.opt.ask(1, fit=False)
     actor.opt.tell(t.trial_id, 9.0)
-    assert actor._refit_step() is True  # the unprintable one did not escape
+    assert actor.planner.refit_step() is True  # the unprintable one did not escape
     failed = [e.info for e in RunStore.open(actor.run_dir).events() if e.kind == "refit"]
     assert len(failed) == 2 and all(info["failed"] for info in failed)
     assert len(failed[0]["error"]) < MAX_MESSAGE_CHARS + 100
     assert failed[0]["error"].startswith("RuntimeError: head") and failed[0]["error"].endswith(" tail")
     assert "characters cut" in failed[0]["error"] and len(failed[0]["traceback"]) < 21_000
     assert failed[1]["error"] == "Unprintable: <unprintable: its __str__ raised>"
-    assert actor.status()["refit_failures"] == 2 and actor._abort is None
+    assert actor.status()["refit_failures"] == 2 and actor.abort.message is None
 
 
 def test_refits_failing_in_a_row_stop_the_run_and_keep_every_result(ray_local, tmp_path):

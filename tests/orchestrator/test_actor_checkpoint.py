@@ -1,6 +1,6 @@
 """The central actor checkpoints its model after every refit, and an actor rebuilt on the run directory
-(resume, restart) proposes from that model instead of starting cold (orchestrator/actor.py
-`_save_model`/`_restore_model`, ask_tell.py `model_checkpoint`/`restore_model`).
+(resume, restart) proposes from that model instead of starting cold (orchestrator/actor/checkpoints.py
+`save_model`/`restore_model`, ask_tell.py `model_checkpoint`/`restore_model`).
 
 The actor runs in this process with its Ray submission replaced by a stub; results are logged as the
 dispatch loop logs them, so a second actor on the same directory replays them as a resume does.
@@ -43,26 +43,26 @@ def _open(run_dir: str) -> CentralActor:
     actor = CentralActor(run_dir, max_concurrent=4, pool=None)
     _OPEN.append(actor)
     refs = itertools.count()
-    actor._submit = lambda batch: [f"ref{next(refs)}" for _ in batch]
+    actor.dispatcher.submit = lambda batch: [f"ref{next(refs)}" for _ in batch]
     return actor
 
 
 def _evaluate_queued(actor: CentralActor) -> None:
-    """Dispatch the queue and log and tell a result for every trial, as `_collect` does."""
-    while actor._queue:
-        actor._dispatch()
+    """Dispatch the queue and log and tell a result for every trial, as `Dispatcher.collect` does."""
+    while actor.scheduler.queue:
+        actor.dispatcher.dispatch()
         now = time.time()
         events, told = [], []
-        for ref, (trial, _, attempt) in list(actor._inflight.items()):
+        for ref, (trial, _, attempt) in list(actor.scheduler.inflight.items()):
             y = float(FORRESTER(trial.params, trial.seed))
-            events.append(actor._event("completed", trial, time=now, value=y, started_at=now, ended_at=now,
+            events.append(actor.log.event("completed", trial, time=now, value=y, started_at=now, ended_at=now,
                                        attempt=attempt, info={"metrics": {}}))
             told.append((ref, trial, y))
-        actor._append(events)
+        actor.log.append(events)
         for ref, trial, y in told:
-            del actor._inflight[ref]
+            del actor.scheduler.inflight[ref]
             actor.opt.tell(trial.trial_id, y)
-            actor.n_completed += 1
+            actor.scheduler.n_completed += 1
 
 
 @pytest.fixture
@@ -70,9 +70,9 @@ def fitted(tmp_path):
     cfg = _config(tmp_path)
     RunStore.create(cfg["run_dir"], load_config(cfg).to_dict())
     actor = _open(cfg["run_dir"])
-    actor._propose(8)
+    actor.planner.propose(8)
     _evaluate_queued(actor)
-    assert actor._refit() is True
+    assert actor.planner.refit() is True
     return cfg, actor
 
 
@@ -87,18 +87,18 @@ def test_every_refit_saves_the_model_and_a_new_actor_proposes_from_it(fitted):
     X = torch.linspace(0, 1, 7, dtype=torch.float64).unsqueeze(-1)
     for a, b in zip(actor.opt.model.posterior_f(X, full_cov=False), again.opt.model.posterior_f(X, full_cov=False)):
         assert torch.equal(a, b)
-    assert again._propose_step() is True  # a model-based batch at once, not Sobol fillers
-    assert {t.source for t in again._queue} == {"model"}
+    assert again.planner.propose_step() is True  # a model-based batch at once, not Sobol fillers
+    assert {t.source for t in again.scheduler.queue} == {"model"}
 
     # new results make the restored model stale; the next refit saves a newer checkpoint
     _evaluate_queued(again)
-    assert again.opt.num_stale == 4 and again._refit() is True
+    assert again.opt.num_stale == 4 and again.planner.refit() is True
     assert RunStore.open(cfg["run_dir"]).load_checkpoint(MODEL_CHECKPOINT)["model_n"] == 12
 
 
 def test_an_unusable_checkpoint_means_a_cold_refit_not_a_failed_resume(fitted, capsys):
     cfg, actor = fitted
-    actor._propose(4)  # a model batch in the log
+    actor.planner.propose(4)  # a model batch in the log
     _evaluate_queued(actor)
     store = RunStore.open(cfg["run_dir"])
     ckpt = store.load_checkpoint(MODEL_CHECKPOINT)
@@ -108,10 +108,11 @@ def test_an_unusable_checkpoint_means_a_cold_refit_not_a_failed_resume(fitted, c
     assert "saw 99 results; the log holds 12" in capsys.readouterr().err
     # found in review: without a model the slots idled through the cold refit; they get Sobol points meanwhile
     again._fill_before_first_model()
-    assert len(again._inflight) == 4 and {t.source for t, _, _ in again._inflight.values()} == {"sobol"}
+    inflight = again.scheduler.inflight
+    assert len(inflight) == 4 and {t.source for t, _, _ in inflight.values()} == {"sobol"}
     store.save_checkpoint(MODEL_CHECKPOINT, {"model_n": "torn"})
     assert not _open(cfg["run_dir"]).model_restored
-    assert again._refit() is True and again.opt.model is not None  # the cold refit
+    assert again.planner.refit() is True and again.opt.model is not None  # the cold refit
 
 
 def test_a_checkpoint_of_another_model_is_not_restored(fitted):
@@ -149,7 +150,7 @@ def test_a_checkpoint_made_under_other_settings_is_not_restored(fitted, edit):
         yaml.safe_dump(stored, f)
     again = _open(cfg["run_dir"])
     assert not again.model_restored and again.opt.model is None
-    assert again._refit() is True
+    assert again.planner.refit() is True
     assert again.opt.model.tau == again.opt.model_tau
     if edit == "model options":
         assert again.opt.model.options.num_inducing == 6
@@ -175,11 +176,11 @@ def calibrated(tmp_path):
                   model={"type": "exact-gp", "options": {}})
     RunStore.create(cfg["run_dir"], load_config(cfg).to_dict())
     actor = _open(cfg["run_dir"])
-    actor._propose(8)
+    actor.planner.propose(8)
     _evaluate_queued(actor)
     for _ in range(3):
-        assert actor._refit() is True
-        actor._propose(4)  # flushes what the previous batch taught, then saves the calibrator
+        assert actor.planner.refit() is True
+        actor.planner.propose(4)  # flushes what the previous batch taught, then saves the calibrator
         _evaluate_queued(actor)
     assert actor.opt.num_calibrated == 8
     return cfg, actor
@@ -243,10 +244,10 @@ def test_the_calibrator_learns_only_when_a_proposal_is_asked_so_each_lesson_is_c
     from orchestrator.actor import CALIBRATOR_CHECKPOINT
 
     cfg, actor = calibrated
-    actor._queue.extend(actor.opt.ask(actor.low_water(), fit=False, design=True))  # no proposal is due
-    assert actor._propose_step() is False and actor.opt.num_calibrated == 8  # the 4 told wait for the next ask
-    actor._queue.clear()
-    assert actor._propose_step() is True and actor.opt.num_calibrated == 12
+    actor.scheduler.queue.extend(actor.opt.ask(actor.low_water(), fit=False, design=True))  # no proposal is due
+    assert actor.planner.propose_step() is False and actor.opt.num_calibrated == 8  # the 4 told wait for the next ask
+    actor.scheduler.queue.clear()
+    assert actor.planner.propose_step() is True and actor.opt.num_calibrated == 12
     assert len(RunStore.open(cfg["run_dir"]).load_checkpoint(CALIBRATOR_CHECKPOINT)["taught"]) == 12
 
 
@@ -264,5 +265,5 @@ def test_the_calibrator_checkpoint_is_written_after_the_proposals_that_record_it
                         or real_append(events))
     monkeypatch.setattr(actor.store, "save_checkpoint", lambda name, state: order.append(("save", name))
                         or real_save(name, state))
-    actor._propose(4)
+    actor.planner.propose(4)
     assert order.index(("save", CALIBRATOR_CHECKPOINT)) > order.index(("append", {"proposed"}))

@@ -1,8 +1,8 @@
-"""Guards of the central actor against its own concurrency (orchestrator/actor.py): it never proposes past the
-budget when its two proposers overlap (`_propose`), and it never runs two dispatch loops (`run`).
+"""Guards of the central actor against its own concurrency (orchestrator/actor/): it never proposes past the
+budget when its two proposers overlap (`Planner.propose`), and it never runs two dispatch loops (`run`).
 
 Before the first model-based batch is queued, the dispatch loop fills free slots with Sobol points itself
-(`_fill_before_first_model`) while the proposer thread may be proposing. A batch asked for but not yet
+(`Planner.fill_before_first_model`) while the proposer thread may be proposing. A batch asked for but not yet
 queued used to be invisible to the other's budget count, so a run could log a batch more than its budget,
 and those trials were never evaluated. The actor runs in this process here, with its Ray submission
 replaced by a stub, so the two proposers can be interleaved at the exact point of the race.
@@ -31,25 +31,25 @@ def _actor(tmp_path, budget: int = 8, **over) -> CentralActor:
     RunStore.create(cfg["run_dir"], load_config(cfg).to_dict())
     actor = CentralActor(cfg["run_dir"], max_concurrent=4, pool=None)
     refs = itertools.count()
-    actor._submit = lambda batch: [f"ref{next(refs)}" for _ in batch]  # no Ray: the evaluations are told by hand
+    actor.dispatcher.submit = lambda batch: [f"ref{next(refs)}" for _ in batch]  # no Ray: results are told by hand
     return actor
 
 
 def _finish_inflight(actor: CentralActor) -> None:
-    for ref, (trial, _, _) in list(actor._inflight.items()):
-        del actor._inflight[ref]
+    for ref, (trial, _, _) in list(actor.scheduler.inflight.items()):
+        del actor.scheduler.inflight[ref]
         actor.opt.tell(trial.trial_id, 1.0)
-        actor.n_completed += 1
+        actor.scheduler.n_completed += 1
 
 
 def test_overlapping_proposals_stay_within_the_budget(tmp_path):
     actor = _actor(tmp_path, budget=8)
-    actor._propose(4)  # the initial design, evaluated
-    actor._dispatch()
+    actor.planner.propose(4)  # the initial design, evaluated
+    actor.dispatcher.dispatch()
     _finish_inflight(actor)
-    assert actor.n_done == 4 and actor._remaining_to_propose() == 4
+    assert actor.n_done == 4 and actor.scheduler.remaining() == 4
 
-    logged = actor._append
+    logged = actor.log.append
     raced = []
 
     def append_then_race(events):
@@ -59,21 +59,21 @@ def test_overlapping_proposals_stay_within_the_budget(tmp_path):
             raced.append(True)
             actor._fill_before_first_model()
 
-    actor._append = append_then_race
-    actor._propose(4)  # as the proposer thread proposes the first model batch
+    actor.log.append = append_then_race
+    actor.planner.propose(4)  # as the proposer thread proposes the first model batch
     assert raced
     proposed = [e for e in RunStore.open(actor.run_dir).events() if e.kind == "proposed"]
     assert len(proposed) == actor.budget  # 12 before the fix: 4 design + 4 proposer + 4 filler
-    assert len(actor._queue) + len(actor._inflight) == 4 and actor._reserved == 0
-    assert actor._remaining_to_propose() == 0
+    assert len(actor.scheduler.queue) + len(actor.scheduler.inflight) == 4 and actor.scheduler.reserved == 0
+    assert actor.scheduler.remaining() == 0
 
 
 def test_sobol_fillers_only_for_free_slots_and_only_while_a_model_is_awaited(tmp_path):
     """Found in review: the proposer thread topped the queue up with Sobol points while the first model was
     fitted, and the dispatch loop filled slots while the initial design's last points were being queued."""
     actor = _actor(tmp_path, budget=12)
-    actor.max_concurrent = 2
-    logged = actor._append
+    actor.scheduler.max_concurrent = 2
+    logged = actor.log.append
     raced = []
 
     def append_then_fill(events):
@@ -81,32 +81,31 @@ def test_sobol_fillers_only_for_free_slots_and_only_while_a_model_is_awaited(tmp
         if not raced:  # the dispatch loop runs while the initial design is between its ask and its enqueue
             raced.append(actor._fill_before_first_model())
 
-    actor._append = append_then_fill
-    assert actor._propose_step() is True and raced
-    actor._append = logged
-    assert len(actor._queue) == 4 and actor.opt._n_sobol == 4, "no filler beside the initial design"
-    actor._dispatch()
+    actor.log.append = append_then_fill
+    assert actor.planner.propose_step() is True and raced
+    actor.log.append = logged
+    assert len(actor.scheduler.queue) == 4 and actor.opt._n_sobol == 4, "no filler beside the initial design"
+    actor.dispatcher.dispatch()
     _finish_inflight(actor)
-    actor._dispatch()
-    assert actor._propose_step() is False, "no model yet: the proposer waits for it"
+    actor.dispatcher.dispatch()
+    assert actor.planner.propose_step() is False, "no model yet: the proposer waits for it"
     _finish_inflight(actor)
-    assert not actor._queue
+    assert not actor.scheduler.queue
     actor._fill_before_first_model()  # the queue ran dry with both slots free
-    assert len(actor._queue) + len(actor._inflight) == 2 and actor.opt._n_sobol == 6
+    assert len(actor.scheduler.queue) + len(actor.scheduler.inflight) == 2 and actor.opt._n_sobol == 6
 
 
 def test_random_search_takes_no_sobol_fillers(tmp_path):
-    actor = _actor(tmp_path, budget=12)
-    actor.opt = type(actor.opt)(actor.opt.space, proposer="random", initial_design=4, seed=1)
-    assert actor._propose_step() is True  # the design
-    actor._dispatch()
+    actor = _actor(tmp_path, budget=12, proposer={"type": "random", "options": {}})
+    assert actor.planner.propose_step() is True  # the design
+    actor.dispatcher.dispatch()
     _finish_inflight(actor)
-    actor._dispatch()
+    actor.dispatcher.dispatch()
     _finish_inflight(actor)
     actor._fill_before_first_model()
-    assert actor.opt._n_sobol == 4 and not actor._queue
-    assert actor._propose_step() is True
-    assert {t.source for t in actor._queue} == {"model"}  # the proposer's points, not the design's
+    assert actor.opt._n_sobol == 4 and not actor.scheduler.queue
+    assert actor.planner.propose_step() is True
+    assert {t.source for t in actor.scheduler.queue} == {"model"}  # the proposer's points, not the design's
 
 
 def test_a_failed_proposal_releases_its_reservation(tmp_path):
@@ -117,12 +116,12 @@ def test_a_failed_proposal_releases_its_reservation(tmp_path):
 
     actor.opt.ask = fail
     try:
-        actor._propose(4)
+        actor.planner.propose(4)
     except RuntimeError:
         pass
     else:
         raise AssertionError("the proposal's error must reach the caller (the planner thread reports it)")
-    assert actor._reserved == 0 and not actor._queue and actor._remaining_to_propose() == 8
+    assert actor.scheduler.reserved == 0 and not actor.scheduler.queue and actor.scheduler.remaining() == 8
 
 
 def test_a_second_run_call_waits_for_the_running_loop_instead_of_starting_another(tmp_path):
@@ -159,47 +158,49 @@ def test_a_submission_ray_refuses_stops_the_run_instead_of_retrying_forever(tmp_
     import ray.exceptions
 
     actor = _actor(tmp_path)
-    actor._propose(4)
+    actor.planner.propose(4)
 
     def refuse(batch):
         raise ValueError("The quantity of resource sensor cannot be negative")
 
-    actor._submit = refuse
-    actor._dispatch()
-    assert actor._abort and "cannot be submitted: ValueError: The quantity of resource sensor" in actor._abort
-    assert len(actor._queue) == 4 and not actor._inflight
+    actor.dispatcher.submit = refuse
+    actor.dispatcher.dispatch()
+    abort = actor.abort.message
+    assert abort and "cannot be submitted: ValueError: The quantity of resource sensor" in abort
+    assert len(actor.scheduler.queue) == 4 and not actor.scheduler.inflight
 
     restarting = _actor(tmp_path / "second")
-    restarting._propose(4)
+    restarting.planner.propose(4)
 
     def pool_restarting(batch):
         raise ray.exceptions.RayActorError()
 
-    restarting._submit = pool_restarting
-    restarting._dispatch()  # transient: put back, tried again on the next pass
-    assert restarting._abort is None and len(restarting._queue) == 4
+    restarting.dispatcher.submit = pool_restarting
+    restarting.dispatcher.dispatch()  # transient: put back, tried again on the next pass
+    assert restarting.abort.message is None and len(restarting.scheduler.queue) == 4
 
 
 def test_the_first_abort_cause_stands_and_a_planner_error_is_never_overwritten(tmp_path):
     """Found in review: a planner error aborts the run, the evaluations in flight are drained, their results
     trip the failure guard, and the guard's message replaced the planner's traceback (recorded nowhere else)."""
     actor = _actor(tmp_path)
-    actor._set_abort("the planner failed: Traceback ... RuntimeError: bug in the proposer", add=True)
-    actor._set_abort("failure guard: 7 of 15 evaluations failed")
-    actor._set_abort("failure guard: 8 of 16 evaluations failed")
-    assert actor._abort == "the planner failed: Traceback ... RuntimeError: bug in the proposer"
-    actor._set_abort("writing the run log failed", add=True)
-    actor._set_abort("writing the run log failed", add=True)  # added once
-    assert actor._abort.endswith("; then writing the run log failed") and actor._abort.count("run log") == 1
+    actor.abort.set("the planner failed: Traceback ... RuntimeError: bug in the proposer", add=True)
+    actor.abort.set("failure guard: 7 of 15 evaluations failed")
+    actor.abort.set("failure guard: 8 of 16 evaluations failed")
+    assert actor.abort.message == "the planner failed: Traceback ... RuntimeError: bug in the proposer"
+    actor.abort.set("writing the run log failed", add=True)
+    actor.abort.set("writing the run log failed", add=True)  # added once
+    abort = actor.abort.message
+    assert abort.endswith("; then writing the run log failed") and abort.count("run log") == 1
 
     # the real path: guard tripped by drained results after the planner error was recorded
     other = _actor(tmp_path / "b", failure_guard={"max_failure_rate": 0.3, "min_trials": 2})
-    other._planner_error = "propose: Traceback ... RuntimeError: bug in the proposer"
-    other._set_abort(f"the planner failed: {other._planner_error}", add=True)
-    other.n_completed, other.n_failed = 1, 3
+    other.planner.error = "propose: Traceback ... RuntimeError: bug in the proposer"
+    other.abort.set(f"the planner failed: {other.planner.error}", add=True)
+    other.scheduler.n_completed, other.scheduler.n_failed = 1, 3
     other.opt.failures.extend({"trial_id": f"x{i}", "error": "worker-lost"} for i in range(3))
-    other._check_guard()
-    assert other._abort.startswith("the planner failed: propose: Traceback")
+    other.guard.check()
+    assert other.abort.message.startswith("the planner failed: propose: Traceback")
 
 
 def test_the_failure_guard_names_the_most_frequent_message(tmp_path):
@@ -211,9 +212,10 @@ def test_the_failure_guard_names_the_most_frequent_message(tmp_path):
     for t, message in zip(trials, [missing + "\n(traceback)", missing, "ValueError: bad input", None]):
         actor.opt.tell(t.trial_id, None, error="exception", message=message)
     assert actor.opt.failures[0]["message"] == missing + "\n(traceback)"
-    actor.n_failed = 4
-    actor._check_guard()
-    assert f"reasons {{'exception': 4}}; most frequent message (2 of 4): {missing}; see" in actor._abort, actor._abort
+    actor.scheduler.n_failed = 4
+    actor.guard.check()
+    abort = actor.abort.message
+    assert f"reasons {{'exception': 4}}; most frequent message (2 of 4): {missing}; see" in abort, abort
 
 
 def test_a_refit_that_ends_after_a_newer_one_is_not_swapped_in(tmp_path):
@@ -222,8 +224,8 @@ def test_a_refit_that_ends_after_a_newer_one_is_not_swapped_in(tmp_path):
     older fit (on the first 4 results) ends after the fit on all 8."""
     actor = _actor(tmp_path, budget=12)
     for _ in range(2):
-        actor._propose(4)
-        actor._dispatch()
+        actor.planner.propose(4)
+        actor.dispatcher.dispatch()
         _finish_inflight(actor)
     opt = actor.opt
     assert opt.fit()["n"] == 8 and opt._model_n == 8
@@ -238,7 +240,8 @@ def test_a_refit_that_ends_after_a_newer_one_is_not_swapped_in(tmp_path):
 
 @contextlib.contextmanager
 def _submission_held_up(actor: CentralActor):
-    """While inside: `actor._dispatch` runs in a thread and its pool submission waits (as on a restarting pool)."""
+    """While inside: `actor.dispatcher.dispatch` runs in a thread and its pool submission waits (as on a restarting
+    pool)."""
     entered, release = threading.Event(), threading.Event()
     refs = itertools.count()
 
@@ -247,8 +250,8 @@ def _submission_held_up(actor: CentralActor):
         release.wait(10)
         return [f"slow{next(refs)}" for _ in batch]
 
-    actor._submit = slow_submit
-    worker = threading.Thread(target=actor._dispatch)
+    actor.dispatcher.submit = slow_submit
+    worker = threading.Thread(target=actor.dispatcher.dispatch)
     worker.start()
     try:
         assert entered.wait(10)
@@ -259,30 +262,30 @@ def _submission_held_up(actor: CentralActor):
 
 
 def test_a_slow_submission_blocks_neither_status_nor_the_budget_count(tmp_path):
-    """Found in review: `_dispatch` held the actor's lock while the pool answered (up to 60 s while it restarts),
+    """Found in review: `Dispatcher.dispatch` held the actor's lock while the pool answered (up to 60 s while it restarts),
     so status(), the planners' budget checks and their log appends waited that long. The trials being submitted
     still count against the budget."""
     import time
 
     actor = _actor(tmp_path, budget=8)
-    actor._propose(4)
+    actor.planner.propose(4)
     with _submission_held_up(actor):
         t0 = time.perf_counter()
         st = actor.status()
         assert time.perf_counter() - t0 < 1.0, "status() waited for the submission"
-        assert actor._remaining_to_propose() == 4  # the 4 being submitted are spoken for
+        assert actor.scheduler.remaining() == 4  # the 4 being submitted are spoken for
         assert st["inflight"] == 0 and st["queued"] == 0
-    assert len(actor._inflight) == 4 and actor._remaining_to_propose() == 4 and actor._submitting == 0
+    assert len(actor.scheduler.inflight) == 4 and actor.scheduler.remaining() == 4 and actor.scheduler.submitting == 0
 
 
 def test_trials_being_submitted_count_as_queued_for_the_next_proposal(tmp_path):
     """Found in a review of the change above: while a submission waited on the pool, the proposer saw an empty
     queue and proposed a batch more than the queue needed."""
     actor = _actor(tmp_path, budget=12, proposer={"type": "random", "options": {}})
-    actor._propose(4)
+    actor.planner.propose(4)
     with _submission_held_up(actor):
-        assert actor._propose_step() is False  # 4 being submitted: the queue is not low
-    assert actor._propose_step() is True  # in flight now, the queue empty: the next batch is due
+        assert actor.planner.propose_step() is False  # 4 being submitted: the queue is not low
+    assert actor.planner.propose_step() is True  # in flight now, the queue empty: the next batch is due
 
 
 def _online_actor(tmp_path, budget: int) -> CentralActor:
@@ -293,14 +296,14 @@ def _online_actor(tmp_path, budget: int) -> CentralActor:
 
 
 def _finish_logged(actor: CentralActor, n: int | None = None) -> None:
-    """The first `n` (all) evaluations in flight end: each result logged, then told (`_collect`'s order)."""
-    for ref, (trial, _, _) in list(actor._inflight.items())[:n]:
-        del actor._inflight[ref]
+    """The first `n` (all) evaluations in flight end: each result logged, then told (`Dispatcher.collect`'s order)."""
+    for ref, (trial, _, _) in list(actor.scheduler.inflight.items())[:n]:
+        del actor.scheduler.inflight[ref]
         x = float(trial.params["x0"])
         value = (6 * x - 2) ** 2 * math.sin(12 * x - 4) + 0.3 * math.cos(37 * x)
-        actor._append([actor._event("completed", trial, value=value, attempt=0)])
+        actor.log.append([actor.log.event("completed", trial, value=value, attempt=0)])
         actor.opt.tell(trial.trial_id, value)
-        actor.n_completed += 1
+        actor.scheduler.n_completed += 1
 
 
 def _ask_with_a_result_told_during_it(actor: CentralActor) -> str:
@@ -310,14 +313,14 @@ def _ask_with_a_result_told_during_it(actor: CentralActor) -> str:
     told = []
 
     def propose_while_a_result_arrives(*args, **kwargs):
-        told.append(next(iter(actor._inflight.values()))[0].trial_id)
+        told.append(next(iter(actor.scheduler.inflight.values()))[0].trial_id)
         _finish_logged(actor, 1)
         return propose(*args, **kwargs)
 
     actor.opt._propose = propose_while_a_result_arrives
     try:
-        assert actor._refit()
-        actor._propose(4)
+        assert actor.planner.refit()
+        actor.planner.propose(4)
     finally:
         actor.opt._propose = propose
     return told[0]
@@ -327,13 +330,13 @@ def _after_model_batches(tmp_path, budget: int = 40, told: tuple[int, ...] = (4,
     """An online-calibrated actor after its design and a model batch of 4 per entry of `told`, each followed by
     that many of its results (by default: the first batch all told, two of the second)."""
     actor = _online_actor(tmp_path, budget=budget)
-    actor._propose(4, design=True)
-    actor._dispatch()
+    actor.planner.propose(4, design=True)
+    actor.dispatcher.dispatch()
     _finish_logged(actor)
     for n_finished in told:
-        assert actor._refit()
-        actor._propose(4)
-        actor._dispatch()
+        assert actor.planner.refit()
+        actor.planner.propose(4)
+        actor.dispatcher.dispatch()
         _finish_logged(actor, n_finished)
     return actor
 
@@ -362,7 +365,7 @@ def test_a_streaming_replay_puts_a_result_told_during_an_ask_in_the_next_update(
     without the count it went into the update before, and with a checkpoint it was learned alone)."""
     actor = _after_model_batches(tmp_path, told=(2,))  # two of the first model batch's four results
     told_during = [_ask_with_a_result_told_during_it(actor)]
-    actor._dispatch()
+    actor.dispatcher.dispatch()
     _finish_logged(actor)
     log = [(e.kind, e.trial_id) for e in actor.store.events() if e.kind in ("proposed", "completed")]
     assert log.index(("completed", told_during[0])) < log.index(("proposed", "2-0"))  # logged before batch 2
@@ -385,7 +388,7 @@ def test_a_streaming_replay_puts_a_result_told_during_an_ask_in_the_next_update(
 @pytest.mark.parametrize("killed_in_final_fit", [False, True])
 def test_a_replay_ends_the_calibrator_update_where_the_last_session_ended(tmp_path, killed_in_final_fit):
     """A session that ends (stopped, here with two results of its last batch in) flushes the calibrator with its
-    final fit (`_final_fit`), whose record says how many results it learned. A resume without the calibrator
+    final fit (`Planner.final_fit`), whose record says how many results it learned. A resume without the calibrator
     checkpoint ends that update there, so the two results the next session re-runs are an update of their own,
     as with the checkpoint (before, the end of a session was not in the log: the replay made one update of all
     four). A session killed during its final fit flushed nothing, with or without the checkpoint (found in
@@ -393,16 +396,16 @@ def test_a_replay_ends_the_calibrator_update_where_the_last_session_ended(tmp_pa
     import shutil
 
     actor = _after_model_batches(tmp_path, budget=24)
-    actor._inflight.clear()  # the session stops: the other two are never finished
+    actor.scheduler.inflight.clear()  # the session stops: the other two are never finished
     if killed_in_final_fit:
         def killed(*args, **kwargs):
             raise KeyboardInterrupt("the process is killed during the final fit")
 
         actor.opt.fit = killed
         with pytest.raises(KeyboardInterrupt):
-            actor._final_fit()
+            actor.planner.final_fit()
     else:
-        actor._final_fit()
+        actor.planner.final_fit()
     assert actor.opt.num_calibrated == (4 if killed_in_final_fit else 6)
     actor.store.unlock_writer()
     levels = {}
@@ -414,10 +417,10 @@ def test_a_replay_ends_the_calibrator_update_where_the_last_session_ended(tmp_pa
         again = CentralActor(str(run_dir), max_concurrent=4, pool=None)
         assert (again.calibrator_restored == 0) == drop_checkpoint
         refs = itertools.count()
-        again._submit = lambda batch: [f"ref{next(refs)}" for _ in batch]
-        again._dispatch()  # the two unfinished trials, run again
+        again.dispatcher.submit = lambda batch: [f"ref{next(refs)}" for _ in batch]
+        again.dispatcher.dispatch()  # the two unfinished trials, run again
         _finish_logged(again)
-        again._propose(4)  # its ask's flush learns them
+        again.planner.propose(4)  # its ask's flush learns them
         assert again.opt.num_calibrated == 8
         levels[drop_checkpoint] = again.opt.calibrator.raw_levels()
         again.store.unlock_writer()
@@ -431,18 +434,18 @@ def test_the_end_of_the_run_loop_stops_a_refit_and_logs_no_failure(tmp_path):
     proposes no batch after it (a resume proposes it)."""
     for synchronous in (False, True):
         actor = _actor(tmp_path / str(synchronous), budget=12, synchronous=synchronous)
-        actor._propose(4, design=True)
-        actor._dispatch()
+        actor.planner.propose(4, design=True)
+        actor.dispatcher.dispatch()
         _finish_logged(actor)
         actor._stop.set()
         logged = len(actor.store.events())
         if synchronous:
-            actor._sync_step()
+            actor.planner.sync_step()
         else:
-            assert actor._refit() is False
+            assert actor.planner.refit() is False
         assert len(actor.store.events()) == logged  # no refit record, no proposals
-        assert actor.opt.model is None and actor._refit_failures == 0 and actor._failed_in_a_row == 0
-        actor._final_fit()
+        assert actor.opt.model is None and actor.planner.refit_failures == 0 and actor.planner.failed_in_a_row == 0
+        actor.planner.final_fit()
         refits = [e for e in actor.store.events() if e.kind == "refit"]
         assert actor.opt.model is not None and len(refits) == 1 and not refits[0].info.get("failed")
         actor.store.unlock_writer()
@@ -485,7 +488,7 @@ def _resumed(run_dir, drop_checkpoint: bool = False) -> CentralActor:
             f.unlink()
     actor = CentralActor(str(run_dir), max_concurrent=4, pool=None)
     refs = itertools.count()
-    actor._submit = lambda batch: [f"ref{next(refs)}" for _ in batch]
+    actor.dispatcher.submit = lambda batch: [f"ref{next(refs)}" for _ in batch]
     return actor
 
 
@@ -512,7 +515,7 @@ def test_a_replay_cuts_a_resumed_sessions_first_update_by_the_results_it_taught(
     actor.store.unlock_writer()  # killed: no final fit
     second = _resumed(actor.run_dir, drop_checkpoint=True)
     assert second.calibrator_restored == 0
-    second._dispatch()
+    second.dispatcher.dispatch()
     _finish_logged(second, 1)
     _ask_with_a_result_told_during_it(second)
     assert len(second.opt._calib_queue) == 1  # the result told during the ask
@@ -532,7 +535,7 @@ def test_a_calibrator_that_fails_at_the_end_of_a_session_loses_no_fit(tmp_path, 
         raise RuntimeError("calibrator update failed")
 
     actor.opt.calibrator.update = broken
-    actor._final_fit()
+    actor.planner.final_fit()
     final = [e for e in actor.store.events() if e.kind == "refit"][-1]
     assert final.info["final"] and "calibrator update failed" in final.info["calibrator_error"]
     assert actor.opt._model_n == actor.opt.num_completed == 8 and not final.info.get("failed")
@@ -548,7 +551,8 @@ def test_a_calibrator_checkpoint_one_lesson_behind_the_log_resumes_exactly(tmp_p
     import shutil
 
     actor = _after_model_batches(tmp_path)
-    actor._save_calibrator = lambda force=False: None  # the process dies before this ask's checkpoint is written
+    # the process dies before this ask's checkpoint is written
+    actor.checkpoints.save_calibrator = lambda force=False: None
     _ask_with_a_result_told_during_it(actor)
     behind = actor.opt.num_calibrated
     actor.opt.flush_calibration()
@@ -573,8 +577,8 @@ def test_a_flush_whose_record_was_lost_is_replayed_before_the_next_one(tmp_path)
     import pyarrow.parquet as pq
 
     actor = _after_model_batches(tmp_path)
-    actor._inflight.clear()
-    actor._final_fit()
+    actor.scheduler.inflight.clear()
+    actor.planner.final_fit()
     actor.store.unlock_writer()
     lost = []
     for segment in sorted(Path(actor.run_dir, "events").glob("*.parquet")):
@@ -586,10 +590,10 @@ def test_a_flush_whose_record_was_lost_is_replayed_before_the_next_one(tmp_path)
     assert len(lost) == 1
     second = _resumed(actor.run_dir)
     assert second.calibrator_restored == 6
-    second._dispatch()
+    second.dispatcher.dispatch()
     _finish_logged(second)
-    assert second._refit()
-    second._propose(4)
+    assert second.planner.refit()
+    second.planner.propose(4)
     live = second.opt.calibrator.raw_levels()
     second.store.unlock_writer()
     third = _resumed(shutil.copytree(actor.run_dir, tmp_path / "third"), drop_checkpoint=True)
@@ -602,25 +606,26 @@ def test_the_calibrator_checkpoint_is_rewritten_as_it_grows_and_a_resume_behind_
     """Every checkpoint holds every learned trial id, so one per ask wrote O(n^2) over a run of one-point batches
     (found in review: ~3 GB over 20,000). An ask rewrites it once the calibrator learned `CALIBRATOR_SAVE_GROWTH`
     more; a session killed with the checkpoint several lessons behind resumes, with or without it, where it was."""
-    import orchestrator.actor as actor_module
+    import orchestrator.actor.checkpoints as checkpoints_module
 
-    monkeypatch.setattr(actor_module, "CALIBRATOR_SAVE_GROWTH", 0.2)
+    monkeypatch.setattr(checkpoints_module, "CALIBRATOR_SAVE_GROWTH", 0.2)
     actor = _online_actor(tmp_path, budget=40)
     saves = []
     save = actor.store.save_checkpoint
     actor.store.save_checkpoint = lambda name, state: (saves.append(name), save(name, state))[1]
-    actor._propose(4, design=True)
-    actor._dispatch()
+    actor.planner.propose(4, design=True)
+    actor.dispatcher.dispatch()
     _finish_logged(actor)
-    assert actor._refit()
+    assert actor.planner.refit()
     for _ in range(30):  # one-point model batches, each told before the next is asked
-        actor._propose(1)
-        actor._dispatch()
+        actor.planner.propose(1)
+        actor.dispatcher.dispatch()
         _finish_logged(actor)
     asks_that_learned = actor.opt.num_calibrated  # each ask but the first learned one result
     assert asks_that_learned == 29
     ckpt_saves = saves.count(CALIBRATOR_CHECKPOINT)
-    assert 5 <= ckpt_saves <= 15 and actor._calib_saved < actor.opt.num_calibrated  # killed behind the log
+    # killed behind the log
+    assert 5 <= ckpt_saves <= 15 and actor.checkpoints.calibrator_saved < actor.opt.num_calibrated
     actor.opt.flush_calibration()
     live = actor.opt.calibrator.raw_levels()
     actor.store.unlock_writer()

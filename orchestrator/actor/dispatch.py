@@ -1,0 +1,233 @@
+"""The central actor's evaluation pipeline on Ray: submit queued trials, collect their results, log, then tell.
+
+ARCHITECTURE.md "The path of one evaluation", steps 3-4. The `Dispatcher` keeps the free slots busy, each
+evaluation a Ray task (workers/evaluate.py), and waits for results one at a time (``ray.wait(num_returns=1)``,
+plus any others already done): it hands each freed slot the next point of the queue at once, then writes the
+results durably to the event log and only then tells the optimizer (exactly once per trial id). Which trials run
+and the budget count are the `SlotScheduler`'s (`scheduler.py`); this module adds Ray.
+
+The evaluation tasks are submitted through the run's `EvaluationPool` (workers/pool.py), which the driver
+creates: a Ray task fate-shares with the process that submitted it, so tasks owned by this actor would die
+with it. An evaluation whose worker is frozen and cannot enforce its own timeout is cancelled at a deadline and
+recorded as a failed 'timeout' trial (`backstop.py`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+from orchestrator.actor.backstop import Backstop, timeout_record
+from orchestrator.actor.guard import AbortCause, FailureGuard
+from orchestrator.actor.log import RunLog
+from orchestrator.actor.scheduler import SlotScheduler
+from workers.evaluate import submit_evaluation
+
+__all__ = ["Dispatcher", "is_transient", "lost_record"]
+
+
+class Dispatcher:
+    """Starts the evaluations of queued trials and ingests their results.
+
+    Args:
+        scheduler: the session's `SlotScheduler`.
+        log: the run's event log: "started" records are buffered, results written before they are told.
+        opt: the run's `AskTellOptimizer` (results are told to it).
+        guard: the failure guard, checked as results come in.
+        abort: the run's `AbortCause`: an aborting run starts nothing new.
+        stop: set when the run stops: nothing new is dispatched.
+        wake: wakes the planner threads (the queue runs low, results came in).
+        cfg: the run's `ExperimentConfig` (`timeout_s`, `max_retries`).
+        pool: the run's `EvaluationPool` actor, or None: the evaluations are this actor's own Ray tasks.
+        objective_spec: (name, options) of the objective, for tasks submitted without a pool.
+        resources: the objective's `Resources`, for tasks submitted without a pool.
+        isolate: how a worker runs the objective ("process" or "thread", workers/evaluate.py).
+        session: when this session started (its result records say so).
+    """
+
+    def __init__(self, scheduler: SlotScheduler, log: RunLog, opt: Any, guard: FailureGuard, abort: AbortCause,
+                 stop: threading.Event, wake: Callable[[], None], *, cfg: Any, pool: Any, objective_spec: Any,
+                 resources: Any, isolate: str, session: float) -> None:
+        self.scheduler = scheduler
+        self.log = log
+        self.opt = opt
+        self.guard = guard
+        self.abort = abort
+        self.stop = stop
+        self.wake = wake
+        self.cfg = cfg
+        self.pool = pool
+        self.objective_spec = objective_spec
+        self.resources = resources
+        self.isolate = isolate
+        self.session = session
+        self.backstop = Backstop(pool, cfg.timeout_s, cfg.max_retries)
+        self.lock = threading.Lock()  # held from the stop check in `dispatch` until its submission returns
+        self.duplicates = 0  # results of trials told already, ignored
+
+    # ------------------------------------------------------------------ dispatch
+    def dispatch(self, freed: int = 0) -> None:
+        """Start queued trials in the free slots. `freed`: in-flight evaluations whose results have arrived
+        but are not yet logged (`collect` refills their slots before the durable write; they still count
+        against the budget until they are told)."""
+        with self.lock:
+            self._dispatch_locked(freed)
+        if len(self.scheduler.queue) < self.scheduler.low_water() and not self.stop.is_set():
+            self.wake()
+
+    def _dispatch_locked(self, freed: int) -> None:
+        """`dispatch`'s work, under `lock`: a stop (`CentralActor.stop`) is seen here or waits until it returns."""
+        # an aborting run starts nothing new (its evaluations in flight are drained); nor does a stopped one
+        if self.abort.message or self.stop.is_set():
+            return
+        batch = self.scheduler.take(freed)  # still spoken for (`SlotScheduler.remaining`) while submitted
+        if batch:
+            # outside the lock: a restarting pool may take up to a minute to answer, and status(), the planners'
+            # budget checks and their log appends would wait that long on the lock
+            try:
+                refs = self.submit(batch)
+            except Exception as exc:  # put the trials back: they stay logged as proposed, never lost
+                self.scheduler.put_back(batch)
+                if not is_transient(exc):  # a submission Ray refuses would be refused forever
+                    self.abort.set(f"evaluations cannot be submitted: {type(exc).__name__}: {exc}")
+                    return
+                time.sleep(0.2)  # the pool is restarting: try again on the next pass
+                return
+            now = time.time()
+            with self.scheduler.lock:
+                self.scheduler.started(batch, refs, now)
+                self.log.started.extend(self.log.event("started", trial, time=now, attempt=attempt)
+                                        for (trial, attempt), _ in zip(batch, refs))
+
+    def submit(self, batch: list[tuple[Any, int]]) -> list[Any]:
+        """Start the evaluations of `batch` ((trial, attempt) pairs); returns their refs in order."""
+        if self.pool is None:
+            return [
+                submit_evaluation(
+                    self.objective_spec, t.trial_id, t.params, t.seed, resources=self.resources,
+                    timeout_s=self.cfg.timeout_s, max_retries=self.cfg.max_retries, isolate=self.isolate,
+                )
+                for t, _ in batch
+            ]
+        import ray
+
+        items = [(t.trial_id, attempt, dict(t.params), int(t.seed)) for t, attempt in batch]
+        return ray.get(self.pool.submit.remote(items), timeout=60)
+
+    # ------------------------------------------------------------------ results
+    def collect(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for results; refill the freed slots, log the results, then tell them."""
+        import ray
+
+        sched = self.scheduler
+        refs = list(sched.inflight)
+        ready, rest = ray.wait(refs, num_returns=1, timeout=timeout)
+        if ready and rest:
+            more, rest = ray.wait(rest, num_returns=len(rest), timeout=0)
+            ready = ready + more
+        expired = self.backstop.expired(rest, sched.inflight)
+        if not ready and not expired:
+            return
+        results = []
+        orphaned = []
+        for ref, started in expired.items():
+            trial, _, attempt = sched.inflight[ref]
+            results.append((ref, trial, attempt, timeout_record(trial, started, self.cfg.timeout_s)))
+        for ref in ready:
+            trial, dispatched, attempt = sched.inflight[ref]
+            try:
+                rec = ray.get(ref)
+            except ray.exceptions.OwnerDiedError:  # the pool died and its tasks with it: never recorded, run again
+                orphaned.append((ref, trial))
+                continue
+            except Exception as exc:  # the worker or node died and Ray's retries ran out, or a bug
+                rec = lost_record(trial, exc, dispatched)
+            results.append((ref, trial, attempt, rec))
+        if orphaned:
+            with sched.lock:
+                for ref, trial in orphaned:
+                    if self.opt.is_told(trial.trial_id):
+                        sched.free(ref)
+                    else:
+                        sched.requeue(ref)
+        # refill the freed slots first: the next evaluations need neither the write nor the tell below; unless
+        # these results trip the failure guard (the run stops: nothing new may start)
+        new = {trial.trial_id: rec for _, trial, _, rec in results if not self.opt.is_told(trial.trial_id)}
+        if not self.guard.trips(sched.n_done + len(new),
+                                sched.n_failed + sum(rec["status"] != "completed" for rec in new.values())):
+            self.dispatch(freed=len(results))
+        events = []
+        for _, trial, attempt, rec in results:
+            if self.opt.is_told(trial.trial_id):  # exactly once by trial id
+                continue
+            kind = rec["status"]
+            # `session`: when this actor started; the report sums utilization's span over sessions (a resume or
+            # a restart starts one), so the time a stopped run waited for `qbatch resume` is not idle slot time
+            info = {"metrics": rec.get("metrics") or {}, "child_pid": rec.get("child_pid"), "session": self.session}
+            if rec.get("message"):
+                info["message"] = rec["message"]
+            if rec.get("metrics_dropped"):
+                info["metrics_dropped"] = rec["metrics_dropped"]
+            events.append(self.log.event(
+                kind, trial, time=time.time(), value=rec["value"] if kind == "completed" else None,
+                node_id=rec.get("node_id"), pid=rec.get("pid"), started_at=rec.get("started_at"),
+                ended_at=rec.get("ended_at"), attempt=attempt, error=rec.get("error"),
+                traceback=rec.get("traceback"), info=info,
+            ))
+        self.log.append(events)  # durable before anything is acknowledged
+        if self.pool is not None and results:
+            self.pool.release.remote([trial.trial_id for _, trial, _, _ in results])
+        with sched.lock:
+            for ref, trial, _, rec in results:
+                sched.free(ref)
+                if self.opt.is_told(trial.trial_id):
+                    self.duplicates += 1
+                    continue
+                if rec["status"] == "completed":
+                    self.opt.tell(trial.trial_id, rec["value"])
+                else:
+                    self.opt.tell(trial.trial_id, None, error=rec.get("error") or "exception", message=rec.get("message"))
+                sched.count(rec)
+            self.guard.check()
+        self.wake()
+
+    def drain(self, limit_s: float) -> None:
+        """After an abort: log the results of the evaluations in flight as they finish, for up to `limit_s`
+        seconds, starting nothing new (`dispatch` refuses once the abort is set). A result that is finished is
+        never dropped; an evaluation still running after the limit stays "started" and a resume runs it again."""
+        deadline = time.time() + limit_s
+        while self.scheduler.inflight and (left := deadline - time.time()) > 0:
+            self.collect(min(left, 1.0))
+        if self.scheduler.inflight:
+            self.abort.message += (f"; {len(self.scheduler.inflight)} evaluations still running after {limit_s:g} s "
+                                   "were left unrecorded (`qbatch resume` runs them again)")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a failed submission may succeed later: the evaluation pool is restarting or slow to answer."""
+    import ray
+
+    # ActorUnavailableError (a moment of unreachability) is a RayActorError
+    return isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError))
+
+
+def lost_record(trial: Any, exc: BaseException, dispatched: float) -> dict[str, Any]:
+    """A failed record for an evaluation whose Ray task itself failed (worker/node lost after retries)."""
+    import ray
+
+    reason = "exception" if isinstance(exc, ray.exceptions.RayTaskError) else "worker-lost"
+    return {
+        "trial_id": trial.trial_id,
+        "status": "failed",
+        "value": None,
+        "error": reason,
+        "traceback": f"{type(exc).__name__}: {exc}",
+        "message": f"{type(exc).__name__}",
+        "started_at": dispatched,
+        "ended_at": time.time(),
+        "metrics": {},
+        "node_id": None,
+        "pid": None,
+        "child_pid": None,
+    }
