@@ -129,7 +129,7 @@ _EVALS: dict[str, tuple[Any, str]] = {}
 
 def method_config(name: str, task: str, proto: Protocol, seed: int, objective: Mapping[str, Any],
                   model_options: Mapping[str, Any], proposer_options: Mapping[str, Any]) -> dict[str, Any]:
-    """The experiment config (orchestrator/config.py) of one method run."""
+    """The experiment config (orchestrator/config/) of one method run."""
     m = METHODS[name]
     cfg = {
         "name": f"hpo-{task}-{name}",

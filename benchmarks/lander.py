@@ -150,7 +150,7 @@ def method_config(
     name: str, proto: Protocol, run: int, objective: Mapping[str, Any], model_options: Mapping[str, Any],
     proposer_options: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """The experiment config (orchestrator/config.py) of one method run."""
+    """The experiment config (orchestrator/config/) of one method run."""
     m = METHODS[name]
     n0 = max(2, round(proto.initial / proto.batch)) if m.replicate else proto.initial
     return {

@@ -118,7 +118,7 @@ def method_config(
     name: str, tau: float, initial: int, budget: int, batch: int, run: int, objective: Mapping[str, Any],
     model_options: Mapping[str, Any], proposer_options: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """The experiment config (orchestrator/config.py) of one method run."""
+    """The experiment config (orchestrator/config/) of one method run."""
     m = METHODS[name]
     return {
         "name": f"laser-{name}",

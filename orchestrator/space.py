@@ -17,6 +17,7 @@ from torch import Tensor
 
 from objectives.base import is_choice, is_json_data  # is_choice: a bool matches only a bool
 from objectives.options import MAX_DIM
+from orchestrator.checks import check_bool, is_int, is_number
 from orchestrator.errors import SpaceError
 
 __all__ = ["FloatParam", "IntParam", "ChoiceParam", "Parameter", "SearchSpace"]
@@ -64,9 +65,7 @@ class IntParam:
     def __post_init__(self) -> None:
         for key in ("low", "high", "step"):
             v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) and not (
-                isinstance(v, float) and v.is_integer()
-            ):
+            if not is_int(v) and not (isinstance(v, float) and v.is_integer()):
                 raise SpaceError(f"parameter {self.name!r}: {key} must be an integer; got {v!r}")
         _check_bounds(self.name, self.low, self.high, self.log)
         if max(abs(int(self.low)), abs(int(self.high))) > _MAX_EXACT_INT:  # values pass through float64
@@ -217,7 +216,7 @@ REQUIRED_KEYS: dict[str, frozenset[str]] = {
 
 
 def _number(name: str, v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+    if not is_number(v):
         raise SpaceError(f"parameter {name!r} must be a number; got {v!r}")
     x = float(v)
     if not math.isfinite(x):
@@ -234,7 +233,7 @@ _MAX_LOG_INT = 2**44
 
 def _check_bounds(name: str, low: Any, high: Any, log: bool) -> None:
     for key, v in (("low", low), ("high", high)):
-        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v):
+        if not is_number(v) or not math.isfinite(v):
             raise SpaceError(f"parameter {name!r}: {key} must be a finite number; got {v!r}")
     if not low < high:
         raise SpaceError(f"parameter {name!r}: low must be < high; got low={low}, high={high}")
@@ -298,9 +297,7 @@ class SearchSpace:
                 raise SpaceError(
                     f"parameter {name!r}: unknown key(s) {sorted(unknown)} for type {kind!r}; allowed {sorted(SPEC_KEYS[kind])}"
                 )
-            log = spec.get("log", False)
-            if not isinstance(log, (bool, np.bool_)):
-                raise SpaceError(f"parameter {name!r}: log must be true or false; got {log!r}")
+            log = check_bool(f"parameter {name!r}: log", spec.get("log", False), error=SpaceError)
             try:
                 if kind == "float":
                     params.append(FloatParam(name, spec["low"], spec["high"], bool(log)))

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from orchestrator.checks import check_int
 from orchestrator.errors import InputDataError, UnsupportedError
 from orchestrator.models.base import Surrogate
 
@@ -85,8 +86,7 @@ class Proposer(ABC):
         Returns:
             `q x d` float64 tensor in the unit cube (cast here), on the device the proposer computed on.
         """
-        if isinstance(q, bool) or not isinstance(q, int) or q < 1:
-            raise InputDataError(f"q must be an integer >= 1; got {q!r}")
+        q = check_int("q", q, 1, error=InputDataError)
         if model is not None:
             Z = model.sparse_parts("f").Z
             d, tk = Z.shape[-1], {"dtype": torch.float64, "device": Z.device}

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from orchestrator.acquisition.base import DUPLICATE_TOL, Proposer, check_target_is_f, min_distance
-from orchestrator.errors import ConfigError
+from orchestrator.checks import check_bool, check_int
 from orchestrator.limits import MAX_MC_SAMPLES, MAX_RAW_SAMPLES, MAX_RESTARTS, check_at_most
 from orchestrator.models.base import Surrogate
 
@@ -38,8 +38,7 @@ _REPLACE_TRIES = 100
 
 
 def _check_int(owner: str, key: str, value: Any, lo: int, hi: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise ConfigError(f"{owner}.{key} must be an integer >= {lo}; got {value!r}")
+    value = check_int(f"{owner}.{key}", value, lo)
     return value if hi is None else check_at_most(f"{owner}.{key}", value, hi)
 
 
@@ -72,9 +71,8 @@ class SobolProposer(Proposer):
 
     def __init__(self, seed: int | None = None) -> None:
         # bounded as torch's generators take it: a larger seed would pass here and break the run at its first batch
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
-            raise ConfigError(f"sobol.seed must be an integer in [0, 2**63) or null; got {seed!r}")
-        self.seed = seed
+        self.seed = check_int("sobol.seed", seed, 0, 2**63, hi_open=True, optional=True,
+                              must="an integer in [0, 2**63) or null")
 
     def _propose(
         self, model: Surrogate | None, q: int, X_pending: Tensor, X_observed: Tensor, generator: torch.Generator
@@ -216,9 +214,7 @@ class LogNEIProposer(_BoTorchProposer):
     ) -> None:
         super().__init__(num_restarts, raw_samples, maxiter)
         self.mc_samples = _check_int(self._name, "mc_samples", mc_samples, 1, MAX_MC_SAMPLES)
-        if not isinstance(sequential, bool):
-            raise ConfigError(f"qlognei.sequential must be true or false; got {sequential!r}")
-        self.sequential = sequential
+        self.sequential = check_bool("qlognei.sequential", sequential)
 
     def check_model(self, model: Surrogate) -> None:
         check_target_is_f(model, "qLogNEI")

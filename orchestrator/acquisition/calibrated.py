@@ -25,6 +25,7 @@ from botorch.optim import optimize_acqf
 from torch import Tensor
 
 from orchestrator.acquisition.base import DUPLICATE_TOL, Proposer, check_target_is_f, min_distance
+from orchestrator.checks import check_float, check_int
 from orchestrator.errors import ConfigError, UnsupportedError
 from orchestrator.limits import MAX_RAW_SAMPLES, MAX_RESTARTS, check_at_most
 
@@ -331,14 +332,13 @@ class AcquisitionProposer(Proposer):
             raise ConfigError(f"`proposer.options.acquisition` must be one of {list(ACQUISITIONS)}; got {acquisition!r}")
         if route not in ("quantile", "sigma"):
             raise ConfigError(f"`proposer.options.route` must be one of ['quantile', 'sigma']; got {route!r}")
-        for key, v in (("num_restarts", num_restarts), ("raw_samples", raw_samples), ("maxiter", maxiter)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"`proposer.options.{key}` must be an integer >= 1; got {v!r}")
+        num_restarts = check_int("`proposer.options.num_restarts`", num_restarts, 1)
+        raw_samples = check_int("`proposer.options.raw_samples`", raw_samples, 1)
+        maxiter = check_int("`proposer.options.maxiter`", maxiter, 1)
         check_at_most("`proposer.options.num_restarts`", num_restarts, MAX_RESTARTS)
         check_at_most("`proposer.options.raw_samples`", raw_samples, MAX_RAW_SAMPLES)
-        for key, v in (("beta", beta), ("xi", xi)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise ConfigError(f"`proposer.options.{key}` must be a finite number >= 0; got {v!r}")
+        beta = check_float("`proposer.options.beta`", beta, 0.0, must="a finite number >= 0")
+        xi = check_float("`proposer.options.xi`", xi, 0.0, must="a finite number >= 0")
         self.acquisition = acquisition
         self.calibrator = calibrator
         #: the outcomes observed so far, in the units the model is fitted to (before its standardization); the

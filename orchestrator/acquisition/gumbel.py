@@ -16,6 +16,7 @@ import math
 import torch
 from torch import Tensor
 
+from orchestrator.checks import check_int
 from orchestrator.errors import InputDataError, describe_nonfinite
 
 __all__ = [
@@ -50,8 +51,7 @@ def build_grid(
     Returns:
         `(n + grid_size) x d` grid.
     """
-    if isinstance(grid_size, bool) or not isinstance(grid_size, int) or grid_size < 0:
-        raise InputDataError(f"grid_size must be an integer >= 0; got {grid_size!r}")
+    grid_size = check_int("grid_size", grid_size, 0, error=InputDataError)
     rand = torch.rand(grid_size, d, generator=generator, dtype=torch.float64).to(**tkwargs)
     return torch.cat([X_observed.to(**tkwargs).reshape(-1, d), rand], dim=0)
 
@@ -139,8 +139,7 @@ def fit_gumbel(mean: Tensor, std: Tensor) -> tuple[Tensor, Tensor]:
 
 def sample_gumbel(loc: Tensor, scale: Tensor, num_samples: int, generator: torch.Generator) -> Tensor:
     """g* = a − b log(−log U), U ~ U(0, 1): `num_samples x ...` draws (U kept inside the open interval)."""
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise InputDataError(f"num_samples must be an integer >= 1; got {num_samples!r}")
+    num_samples = check_int("num_samples", num_samples, 1, error=InputDataError)
     u = torch.rand((num_samples,) + loc.shape, generator=generator, dtype=torch.float64)
     u = u.to(dtype=loc.dtype, device=loc.device).clamp(1e-12, 1.0 - 1e-12)
     return loc - scale * torch.log(-torch.log(u))

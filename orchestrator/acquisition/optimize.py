@@ -21,6 +21,7 @@ from scipy.optimize import minimize
 from threadpoolctl import threadpool_limits
 from torch import Tensor
 
+from orchestrator.checks import check_int
 from orchestrator.errors import InputDataError
 
 __all__ = ["top_k_shared", "maximize_lbfgsb", "chunk_rows", "METHODS"]
@@ -105,8 +106,7 @@ def maximize_lbfgsb(
     """
     if method not in METHODS:
         raise InputDataError(f"method must be one of {METHODS}; got {method!r}")
-    if isinstance(maxiter, bool) or not isinstance(maxiter, int) or maxiter < 1:
-        raise InputDataError(f"maxiter must be an integer >= 1; got {maxiter!r}")
+    maxiter = check_int("maxiter", maxiter, 1, error=InputDataError)
     p, d = X0.shape
     tk = {"dtype": X0.dtype, "device": X0.device}
     X0 = X0.detach().clamp(0.0, 1.0)

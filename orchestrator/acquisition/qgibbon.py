@@ -35,6 +35,7 @@ from orchestrator.acquisition import gibbon_terms as T
 from orchestrator.acquisition.base import DUPLICATE_TOL, Proposer, min_distance
 from orchestrator.acquisition.gumbel import build_grid, sample_max_values
 from orchestrator.acquisition.optimize import chunk_rows, maximize_lbfgsb
+from orchestrator.checks import check_bool, check_int
 from orchestrator.errors import ConfigError, InputDataError, UnsupportedError
 from orchestrator.limits import MAX_GRID, MAX_MAX_SAMPLES, MAX_RAW_SAMPLES, MAX_RESTARTS, check_at_most
 from orchestrator.models.base import SparseLatentParts, Surrogate
@@ -311,12 +312,11 @@ class QGibbon(Proposer):
         spread: Spread | None = None,
         floor_max_values: bool = False,
     ) -> None:
-        for key, val, lo in (("num_max_samples", num_max_samples, 1), ("raw_samples", raw_samples, 1),
-                             ("num_restarts", num_restarts, 1), ("maxiter", maxiter, 1)):
-            if isinstance(val, bool) or not isinstance(val, int) or val < lo:
-                raise ConfigError(f"qgibbon.{key} must be an integer >= {lo}; got {val!r}")
-        if grid_size is not None and (isinstance(grid_size, bool) or not isinstance(grid_size, int) or grid_size < 0):
-            raise ConfigError(f"qgibbon.grid_size must be an integer >= 0 or null; got {grid_size!r}")
+        num_max_samples = check_int("qgibbon.num_max_samples", num_max_samples, 1)
+        raw_samples = check_int("qgibbon.raw_samples", raw_samples, 1)
+        num_restarts = check_int("qgibbon.num_restarts", num_restarts, 1)
+        maxiter = check_int("qgibbon.maxiter", maxiter, 1)
+        grid_size = check_int("qgibbon.grid_size", grid_size, 0, optional=True, must="an integer >= 0 or null")
         for key, val, high in (("num_max_samples", num_max_samples, MAX_MAX_SAMPLES), ("grid_size", grid_size, MAX_GRID),
                                ("raw_samples", raw_samples, MAX_RAW_SAMPLES), ("num_restarts", num_restarts, MAX_RESTARTS)):
             check_at_most(f"qgibbon.{key}", val, high)
@@ -331,9 +331,7 @@ class QGibbon(Proposer):
         self.maxiter = maxiter
         self.repulsion = repulsion
         self.spread = spread
-        if not isinstance(floor_max_values, bool):
-            raise ConfigError(f"qgibbon.floor_max_values must be true or false; got {floor_max_values!r}")
-        self.floor_max_values = floor_max_values
+        self.floor_max_values = check_bool("qgibbon.floor_max_values", floor_max_values)
         #: rounding onto the search space's grid (`SearchSpace.snap`; set by the optimizer for int and choice
         #: parameters): each greedy step then scores, de-duplicates and adds its candidates where they will be
         #: evaluated, so no later rounding moves a point onto a taken grid cell

@@ -23,6 +23,7 @@ from gpytorch.kernels import MaternKernel, ScaleKernel
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
+from orchestrator.checks import check_int
 from orchestrator.errors import InputDataError, UnsupportedError, describe_nonfinite
 from orchestrator.models.base import SparseLatentParts
 
@@ -86,8 +87,7 @@ class MaternFourierFeatures:
         generator: torch.Generator | None = None,
     ) -> None:
         nu = _check_nu(nu)
-        if isinstance(num_features, bool) or not isinstance(num_features, int) or num_features < 1:
-            raise InputDataError(f"num_features must be an integer >= 1; got {num_features!r}")
+        num_features = check_int("num_features", num_features, 1, error=InputDataError)
         tk = {"dtype": lengthscale.dtype, "device": lengthscale.device}
         d = lengthscale.shape[-1]
         batch_shape = torch.Size(batch_shape)
@@ -133,8 +133,7 @@ class MatheronPaths:
         generator: torch.Generator | None = None,
         shared_features: bool = True,
     ) -> None:
-        if isinstance(num_paths, bool) or not isinstance(num_paths, int) or num_paths < 1:
-            raise InputDataError(f"num_paths must be an integer >= 1; got {num_paths!r}")
+        num_paths = check_int("num_paths", num_paths, 1, error=InputDataError)
         Z = parts.Z
         _check_parts(parts)
         m, d = Z.shape

@@ -27,6 +27,7 @@ from torch import Tensor
 from orchestrator.acquisition.base import DUPLICATE_TOL, Proposer, min_distance
 from orchestrator.acquisition.optimize import DEFAULT_CHUNK_BYTES, METHODS, chunk_rows, maximize_lbfgsb, top_k_shared
 from orchestrator.acquisition.rff import MatheronPaths
+from orchestrator.checks import check_bool, check_float, check_int
 from orchestrator.errors import ConfigError, InputDataError
 from orchestrator.limits import MAX_FEATURES, MAX_RAW_SAMPLES, MAX_RESTARTS, check_at_most
 from orchestrator.models.base import Surrogate
@@ -69,12 +70,8 @@ def default_num_restarts(d: int, q: int) -> int:
 
 
 def _positive_int_or_none(name: str, value: Any, none_ok: bool = True) -> int | None:
-    if value is None and none_ok:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        allowed = "an integer >= 1 or None" if none_ok else "an integer >= 1"
-        raise ConfigError(f"ThompsonSampling `{name}` must be {allowed}; got {value!r}")
-    return value
+    return check_int(f"ThompsonSampling `{name}`", value, 1, optional=none_ok,
+                     must="an integer >= 1 or None" if none_ok else None)
 
 
 class TargetPaths:
@@ -238,13 +235,9 @@ class ThompsonSampling(Proposer):
             raise ConfigError(f"ThompsonSampling `method` must be one of {METHODS}; got {method!r}")
         self.method = method
         shared = state.get("shared_features", getattr(self, "shared_features", True))
-        if not isinstance(shared, bool):
-            raise ConfigError(f"ThompsonSampling `shared_features` must be true or false; got {shared!r}")
-        self.shared_features = shared
+        self.shared_features = check_bool("ThompsonSampling `shared_features`", shared)
         local = state.get("local_fraction", getattr(self, "local_fraction", 0.0))
-        if isinstance(local, bool) or not isinstance(local, (int, float)) or not 0.0 <= local < 1.0:
-            raise ConfigError(f"ThompsonSampling `local_fraction` must be a number in [0, 1); got {local!r}")
-        self.local_fraction = float(local)
+        self.local_fraction = check_float("ThompsonSampling `local_fraction`", local, 0.0, 1.0, hi_open=True)
 
     def sample_paths(self, model: Surrogate, q: int, generator: torch.Generator) -> TargetPaths:
         """The q target paths `_propose` maximizes (its first use of `generator`; tests reuse it)."""

@@ -24,7 +24,8 @@ from torch import Tensor
 from orchestrator.calibration.base import Calibrator
 from orchestrator.calibration.options import check_option
 from orchestrator.calibration.locbo import denoise_coefficients
-from orchestrator.errors import ConfigError, InputDataError, UnsupportedError
+from orchestrator.checks import check_bool, check_float, check_int
+from orchestrator.errors import InputDataError, UnsupportedError
 
 __all__ = [
     "ConformalCalibrator",
@@ -293,16 +294,14 @@ class ConformalCalibrator(Calibrator):
         spread: Any = None,
     ) -> None:
         super().__init__(spread)
-        if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha <= 1):
-            raise ConfigError(f"`calibrator.options.alpha` must be None or in (0, 1]; got {alpha!r}")
+        alpha = check_float("`calibrator.options.alpha`", alpha, 0.0, 1.0, lo_open=True, optional=True,
+                            must="None or in (0, 1]")
         alpha_power = check_option("alpha_power", alpha_power, lambda v: v > 0)
         alpha_min = check_option("alpha_min", alpha_min, lambda v: 0 < v < 1)
         temp = check_option("temp", temp, lambda v: v > 0)
-        for key, v in (("num_labels", num_labels), ("ratio_steps", ratio_steps)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"`calibrator.options.{key}` must be an integer >= 1; got {v!r}")
-        if not isinstance(density_ratio, bool):
-            raise ConfigError(f"`calibrator.options.density_ratio` must be true or false; got {density_ratio!r}")
+        num_labels = check_int("`calibrator.options.num_labels`", num_labels, 1)
+        ratio_steps = check_int("`calibrator.options.ratio_steps`", ratio_steps, 1)
+        density_ratio = check_bool("`calibrator.options.density_ratio`", density_ratio)
         self.alpha_fixed = None if alpha is None else float(alpha)
         self.alpha_power, self.alpha_min, self.temp = float(alpha_power), float(alpha_min), float(temp)
         self.num_labels, self.density_ratio, self.ratio_steps = num_labels, bool(density_ratio), ratio_steps

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
+from orchestrator.checks import check_int
 from orchestrator.errors import InputDataError
 
 __all__ = [
@@ -74,8 +75,7 @@ def running_coverage(u: Tensor | Sequence[float], levels: Sequence[float] = COVE
 
 def pit_histogram(u: Tensor | Sequence[float], bins: int = 10) -> tuple[Tensor, Tensor]:
     """Counts of PITs in `bins` equal bins of [0, 1] (`bins`) and the bin edges (`bins + 1`)."""
-    if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
-        raise InputDataError(f"bins must be an integer >= 1; got {bins!r}")
+    bins = check_int("bins", bins, 1, error=InputDataError)
     u = _as_pit(u)
     edges = torch.linspace(0.0, 1.0, bins + 1, dtype=torch.float64)
     idx = (u * bins).floor().long().clamp(0, bins - 1)

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from orchestrator.calibration.base import Calibrator, LevelMap, as_observations
 from orchestrator.calibration.options import check_option
+from orchestrator.checks import check_int
 from orchestrator.errors import ConfigError, InputDataError
 from orchestrator.models.predictive import Forecast
 
@@ -154,11 +155,10 @@ class OfflineCVCalibrator(Calibrator):
             raise ConfigError(f"`calibrator.options.regressor` must be one of ['gp', 'isotonic', 'online']; got {regressor!r}")
         if mode not in ("quantile", "sigma"):
             raise ConfigError(f"`calibrator.options.mode` must be one of ['quantile', 'sigma']; got {mode!r}")
-        for key, v, lo in (("refit_every", refit_every, 1), ("min_points", min_points, MIN_TRAIN + 1)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise ConfigError(f"`calibrator.options.{key}` must be an integer >= {lo}; got {v!r}")
-        if n_splits is not None and (isinstance(n_splits, bool) or not isinstance(n_splits, int) or n_splits < 1):
-            raise ConfigError(f"`calibrator.options.n_splits` must be an integer >= 1 or null; got {n_splits!r}")
+        refit_every = check_int("`calibrator.options.refit_every`", refit_every, 1)
+        min_points = check_int("`calibrator.options.min_points`", min_points, MIN_TRAIN + 1)
+        n_splits = check_int("`calibrator.options.n_splits`", n_splits, 1, optional=True,
+                             must="an integer >= 1 or null")
         if n_splits is not None and splits != "time-series":  # LOO holds out every point: n_splits would be ignored
             raise ConfigError(
                 f"`calibrator.options.n_splits` is read only with splits 'time-series'; got n_splits {n_splits!r} "

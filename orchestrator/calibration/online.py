@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from orchestrator.calibration.base import Calibrator, LevelMap
+from orchestrator.checks import check_float
 from orchestrator.errors import ConfigError
 from orchestrator.models.predictive import Forecast
 
@@ -49,9 +50,7 @@ def _check_levels(levels: Sequence[float], key: str = "levels") -> np.ndarray:
 
 
 def _check_eta(eta: float) -> float:
-    if isinstance(eta, bool) or not isinstance(eta, (int, float)) or not (math.isfinite(eta) and eta > 0):
-        raise ConfigError(f"`calibrator.options.eta` must be a finite number > 0; got {eta!r}")
-    return float(eta)
+    return check_float("`calibrator.options.eta`", eta, 0.0, lo_open=True, must="a finite number > 0")
 
 
 class OnlineQuantileRecalibrator(Calibrator):

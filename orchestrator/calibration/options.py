@@ -8,6 +8,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from orchestrator.checks import is_number
 from orchestrator.errors import ConfigError, QbatchError
 
 __all__ = ["check_option", "check_same_options"]
@@ -17,7 +18,7 @@ def check_option(key: str, value: Any, ok: Callable[[float], bool], allow_inf: b
     """`calibrator.options.<key>` as a float: a number (not a bool, not a string; finite unless `allow_inf`)
     for which `ok` holds, else one `ConfigError` naming the key and the value. `ok` runs only on numbers, so
     a string never reaches a comparison."""
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value)
+    if (not is_number(value) or math.isnan(value)
             or (math.isinf(value) and not allow_inf) or not ok(value)):
         raise ConfigError(f"`calibrator.options.{key}` is out of range; got {value!r}")
     return float(value)

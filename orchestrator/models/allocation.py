@@ -21,7 +21,7 @@ from botorch.models.utils.inducing_point_allocators import (
 from gpytorch.kernels import MaternKernel, ScaleKernel
 from torch import Tensor
 
-from orchestrator.errors import ConfigError
+from orchestrator.checks import check_int
 
 __all__ = ["AUTO_MAX", "FULL_UP_TO", "PLACEMENTS", "allocate_inducing", "auto_num_inducing",
            "check_num_inducing", "unique_rows"]
@@ -40,9 +40,7 @@ def check_num_inducing(value: Any) -> int | str:
     """`value` if it is "auto" or a positive integer; else a ConfigError naming the option."""
     if value == "auto":
         return value
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"`num_inducing` must be 'auto' or a positive integer; got {value!r}")
-    return value
+    return check_int("`num_inducing`", value, 1, must="'auto' or a positive integer")
 
 
 def auto_num_inducing(n: int) -> int:

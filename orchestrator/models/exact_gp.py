@@ -26,6 +26,7 @@ from gpytorch.kernels import MaternKernel, ScaleKernel
 from gpytorch.mlls import ExactMarginalLogLikelihood
 from torch import Tensor
 
+from orchestrator.checks import check_bool
 from orchestrator.errors import ConfigError, InputDataError
 from orchestrator.models.base import TKWARGS, SparseLatentParts, Surrogate, check_training_data
 from orchestrator.models.likelihoods import check_tau
@@ -65,9 +66,7 @@ class ExactGP(Surrogate):
                               "['fit_maxiter', 'warm_start'] (tau is the config's top-level key)")
         self.fit_maxiter = check_fit_maxiter(fit_maxiter)
         self.tau = check_tau(tau)
-        if not isinstance(warm_start, bool):
-            raise ConfigError(f"`warm_start` must be true or false; got {warm_start!r}")
-        self.warm_start = warm_start
+        self.warm_start = check_bool("`warm_start`", warm_start)
         self.model: SingleTaskGP | None = None
         self._X: Tensor | None = None
         self._Y: Tensor | None = None

@@ -26,7 +26,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from orchestrator.errors import ConfigError, InputDataError, UnsupportedError
+from orchestrator.checks import check_bool, check_float, check_int
+from orchestrator.errors import InputDataError, UnsupportedError
 from orchestrator.limits import MAX_BOOTSTRAP, check_at_most
 from orchestrator.models.base import TKWARGS, SparseLatentParts, Surrogate, check_training_data
 from orchestrator.models.distributions import al_constants
@@ -138,15 +139,11 @@ class ReplicateQuantileGP(Surrogate):
 
         self.tau = check_tau(tau)
         self.fit_maxiter = check_fit_maxiter(fit_maxiter)
-        if isinstance(num_bootstrap, bool) or not isinstance(num_bootstrap, int) or num_bootstrap < 2:
-            raise ConfigError(f"`num_bootstrap` must be an integer >= 2; got {num_bootstrap!r}")
+        num_bootstrap = check_int("`num_bootstrap`", num_bootstrap, 2)
         check_at_most("`num_bootstrap`", num_bootstrap, MAX_BOOTSTRAP)
-        if isinstance(min_noise, bool) or not isinstance(min_noise, (int, float)) or not 0 < min_noise < math.inf:
-            raise ConfigError(f"`min_noise` must be a positive number; got {min_noise!r}")
-        if not isinstance(use_priors, bool):
-            raise ConfigError(f"`use_priors` must be true or false; got {use_priors!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**62:
-            raise ConfigError(f"`seed` must be an integer in [0, 2**62); got {seed!r}")
+        min_noise = check_float("`min_noise`", min_noise, 0.0, lo_open=True, must="a positive number")
+        use_priors = check_bool("`use_priors`", use_priors)
+        seed = check_int("`seed`", seed, 0, 2**62, hi_open=True, must="an integer in [0, 2**62)")
         self.num_bootstrap, self.min_noise, self.use_priors, self.seed = num_bootstrap, float(min_noise), use_priors, seed
         self._hyper: dict[str, Tensor] | None = None  # constant, lengthscale (1 x d), outputscale
         self._Z: Tensor | None = None

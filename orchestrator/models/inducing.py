@@ -14,7 +14,8 @@ import torch
 from scipy.cluster.vq import kmeans
 from torch import Tensor
 
-from orchestrator.errors import ConfigError, InputDataError
+from orchestrator.checks import check_int
+from orchestrator.errors import InputDataError
 
 __all__ = ["KMeansInducingPointSelector"]
 
@@ -33,12 +34,8 @@ class KMeansInducingPointSelector:
     """
 
     def __init__(self, num_inducing: int, kmeans_iter: int = 1, thresh: float = 1e-5) -> None:
-        if isinstance(num_inducing, bool) or not isinstance(num_inducing, int) or num_inducing < 1:
-            raise ConfigError(f"`num_inducing` must be a positive integer; got {num_inducing!r}")
-        if isinstance(kmeans_iter, bool) or not isinstance(kmeans_iter, int) or kmeans_iter < 1:
-            raise ConfigError(f"`kmeans_iter` must be a positive integer; got {kmeans_iter!r}")
-        self.num_inducing = num_inducing
-        self.kmeans_iter = kmeans_iter
+        self.num_inducing = check_int("`num_inducing`", num_inducing, 1, must="a positive integer")
+        self.kmeans_iter = check_int("`kmeans_iter`", kmeans_iter, 1, must="a positive integer")
         self.thresh = float(thresh)
 
     def __call__(self, X: Tensor, generator: torch.Generator | None = None, init: Tensor | None = None) -> Tensor:

@@ -29,7 +29,7 @@ from botorch.exceptions.errors import ModelFittingError
 from botorch.fit import fit_gpytorch_mll
 from gpytorch.mlls import MarginalLogLikelihood
 
-from orchestrator.errors import ConfigError
+from orchestrator.checks import check_int
 
 __all__ = ["fit_exact_mll", "check_fit_maxiter", "ExactFit", "FIT_STEPS"]
 
@@ -47,11 +47,7 @@ class ExactFit(NamedTuple):
 
 def check_fit_maxiter(value: Any) -> int | None:
     """The model option `fit_maxiter`: None (scipy's convergence test decides) or an integer >= 1."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"`fit_maxiter` must be an integer >= 1 or null (no cap); got {value!r}")
-    return value
+    return check_int("`fit_maxiter`", value, 1, optional=True, must="an integer >= 1 or null (no cap)")
 
 
 def fit_exact_mll(build: Callable[[bool], MarginalLogLikelihood], warm: bool,

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from orchestrator.checks import check_bool, check_float, check_int
 from orchestrator.errors import ConfigError
 from orchestrator.limits import MAX_INDUCING, check_at_most
 from orchestrator.models.allocation import PLACEMENTS, check_num_inducing
@@ -121,27 +122,21 @@ class SVGPOptions:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if isinstance(self.warm_max_steps, bool) or not isinstance(self.warm_max_steps, int) or self.warm_max_steps < 0:
-            raise ConfigError(f"`warm_max_steps` must be a non-negative integer; got {self.warm_max_steps!r}")
+        self.warm_max_steps = check_int("`warm_max_steps`", self.warm_max_steps, 0, must="a non-negative integer")
         positive_ints = ("batch_size", "max_steps", "min_steps_per_epoch", "plateau_patience",
                          "early_stop_patience", "warm_early_stop_patience", "kmeans_iter", "full_batch_max")
         for name in positive_ints:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"`{name}` must be a positive integer; got {value!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
-            raise ConfigError(f"`seed` must be an integer in [0, 2**63); got {self.seed!r}")
+            setattr(self, name, check_int(f"`{name}`", getattr(self, name), 1, must="a positive integer"))
+        self.seed = check_int("`seed`", self.seed, 0, 2**63, hi_open=True, must="an integer in [0, 2**63)")
         for name in ("lr", "min_lr", "lengthscale_init", "outputscale_init", "y_scale"):
-            value = getattr(self, name)
-            if name in ("lengthscale_init", "y_scale") and value is None:
-                continue
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not (0 < value < math.inf):
-                raise ConfigError(f"`{name}` must be a positive number; got {value!r}")
-        if isinstance(self.min_delta, bool) or not isinstance(self.min_delta, (int, float)) or not (0 <= self.min_delta < math.inf):
-            raise ConfigError(f"`min_delta` must be a non-negative number; got {self.min_delta!r}")
-        if isinstance(self.plateau_factor, bool) or not isinstance(self.plateau_factor, (int, float)) or not (0 < self.plateau_factor < 1):
-            raise ConfigError(f"`plateau_factor` must be in (0, 1); got {self.plateau_factor!r}")
-        if check_num_inducing(self.num_inducing) != "auto":
+            optional = name in ("lengthscale_init", "y_scale")
+            setattr(self, name, check_float(f"`{name}`", getattr(self, name), 0.0, lo_open=True, optional=optional,
+                                            must="a positive number"))
+        self.min_delta = check_float("`min_delta`", self.min_delta, 0.0, must="a non-negative number")
+        self.plateau_factor = check_float("`plateau_factor`", self.plateau_factor, 0.0, 1.0, lo_open=True,
+                                          hi_open=True, must="in (0, 1)")
+        self.num_inducing = check_num_inducing(self.num_inducing)
+        if self.num_inducing != "auto":
             check_at_most("`num_inducing`", self.num_inducing, MAX_INDUCING)
         for name, valid in (("inducing_placement", PLACEMENTS), ("optimizer", OPTIMIZERS)):
             if not isinstance(getattr(self, name), str) or getattr(self, name) not in valid:
@@ -150,8 +145,7 @@ class SVGPOptions:
         if not isinstance(self.noise_scale, str) or self.noise_scale not in NOISE_SCALES:
             raise ConfigError(f"`noise_scale` must be one of {list(NOISE_SCALES)}; got {self.noise_scale!r}")
         for name in ("use_priors", "kmeans_warm_start"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"`{name}` must be true or false; got {getattr(self, name)!r}")
+            setattr(self, name, check_bool(f"`{name}`", getattr(self, name)))
 
     @classmethod
     def from_dict(cls, options: dict[str, Any]) -> "SVGPOptions":

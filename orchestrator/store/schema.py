@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from orchestrator.checks import is_number, plain_data, refuse
 from orchestrator.store.errors import StoreError, _first_line
 from workers.records import printable
 
@@ -76,28 +77,20 @@ class Event:
 _EVENT_FIELDS = tuple(f.name for f in fields(Event))
 
 
+def _refuse_json(where: str, problem: str, value: Any) -> StoreError:
+    """The `plain_data` refusal of an event's JSON field."""
+    if problem == "key":
+        return StoreError(f"{where} has a non-string key {value!r}; JSON fields need string keys")
+    return StoreError(f"{where} holds a {type(value).__name__} ({value!r:.60}), which is not JSON data")
+
+
+def _item(where: str, key: str) -> str:
+    return f"{where}[{key!r}]"
+
+
 def _plain(value: Any, where: str) -> Any:
     """Turn numpy/torch scalars and arrays into plain JSON data; raise StoreError naming `where` otherwise."""
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, (int, float)):
-        return value
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if type(value).__module__.startswith("torch") and hasattr(value, "tolist"):
-        return value.tolist()
-    if isinstance(value, Mapping):
-        out = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise StoreError(f"{where} has a non-string key {k!r}; JSON fields need string keys")
-            out[k] = _plain(v, f"{where}[{k!r}]")
-        return out
-    if isinstance(value, (list, tuple)):
-        return [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
-    raise StoreError(f"{where} holds a {type(value).__name__} ({value!r:.60}), which is not JSON data")
+    return plain_data(value, where, _refuse_json, arrays=True, child=_item)
 
 
 def _to_json(value: Any, where: str) -> str | None:
@@ -111,11 +104,11 @@ def _to_json(value: Any, where: str) -> str | None:
 def _opt_number(value: Any, where: str, kind: type) -> Any:
     if value is None:
         return None
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise StoreError(f"{where} must be a number or None; got {value!r:.60}")
+    if not is_number(value):
+        raise refuse(where, "a number or None", value, StoreError)
     if kind is int:
         if isinstance(value, (float, np.floating)) and not float(value).is_integer():
-            raise StoreError(f"{where} must be an integer or None; got {value!r}")
+            raise refuse(where, "an integer or None", value, StoreError)
         if not -(2**63) <= value < 2**63:  # the column is int64 (pyarrow raised a bare OverflowError)
             raise StoreError(f"{where} must fit in a signed 64-bit integer; got {value!r}")
         return int(value)

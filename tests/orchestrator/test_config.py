@@ -1,4 +1,4 @@
-"""Tests of the experiment config (orchestrator/config.py): one table, one-line errors naming the key.
+"""Tests of the experiment config (orchestrator/config/): one table, one-line errors naming the key.
 
 Includes the property-based tests of issue 7 item 6: malformed values and malformed YAML always give a
 single-line `ConfigError` naming the key (or the YAML line), never another exception type.

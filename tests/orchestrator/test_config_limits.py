@@ -1,4 +1,4 @@
-"""Config limits (orchestrator/config.py): a free-form `options` mapping holds at most 100,000 values (a
+"""Config limits (orchestrator/config/): a free-form `options` mapping holds at most 100,000 values (a
 plain list or a YAML alias bomb beyond that is a one-line `ConfigError`), and `tau` lies in the open
 interval (0, 1), both ends excluded. The sizes a model or proposer may be asked for (orchestrator/limits.py) and
 the dimension of a search space (objectives.options.MAX_DIM) are bounded, refused before Ray starts."""

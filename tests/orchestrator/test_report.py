@@ -1,4 +1,4 @@
-"""Tests of the run metrics and the report (orchestrator/report.py) on synthetic finished runs.
+"""Tests of the run metrics and the report (orchestrator/report/) on synthetic finished runs.
 
 The runs are written with the real RunStore in a known schedule, so utilization, latencies, queue depth,
 failures and forecast coverage have exact or statistically tight expected values. The end-to-end run on
@@ -257,7 +257,7 @@ def test_a_report_that_fails_half_way_leaves_the_previous_tables_whole(tmp_path,
     """The CSV tables are written by a rename, as the plots were: a report that failed while writing trials.csv
     (a metric that cannot be written, a full disk) left it truncated after its header, and a reader of summary.csv
     during a rewrite could see it half-written."""
-    import orchestrator.report as R
+    import orchestrator.report.writer as R
 
     store, _ = build_run(tmp_path / "run")
     _, paths = write_report(store.run_dir)
@@ -376,7 +376,7 @@ def test_review_of_the_report_change_failures_sessions_and_temporary_files(tmp_p
     the finished ones the prediction was drawn too far left; (2) a session that recorded no result (a resume
     stopped at once) gave its slots to the one before; (3) a log without sessions lost its slots to the
     resume's, and U went above 1 again; (4) a failed atomic write left its temporary file behind."""
-    import orchestrator.report as R
+    import orchestrator.report.writer as R
     from orchestrator.report import predicted_series
     from orchestrator.store import trials_table
 

@@ -1,4 +1,4 @@
-"""Exact values of single report metrics (orchestrator/report.py) on tiny hand-built event logs.
+"""Exact values of single report metrics (orchestrator/report/) on tiny hand-built event logs.
 
 Each test builds a few `Event`s whose metric can be worked out by hand: the time-weighted queue depth and
 when a trial leaves the queue, the refit p95 and counts of failed refits, the cumulative best-so-far and

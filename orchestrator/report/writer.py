@@ -1,0 +1,122 @@
+"""Writing a run's report: its plots as PNG, `summary.csv` (the summary table, every digit) and `trials.csv` (one
+row per trial, with the failure's message and the objective's metrics as logged), into a local folder.
+
+Every file is written by a rename (`_write_atomic`): a reader, or a report interrupted half-way (a full disk),
+sees the previous file or the new one, never a truncated one. `qbatch report RUN_DIR` calls `write_report`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import os
+from typing import Any
+
+from orchestrator.report.metrics import RunMetrics, compute_metrics
+from orchestrator.report.plots import _figure, figures
+from orchestrator.store import RunStore, trials_table
+
+__all__ = ["write_report"]
+
+
+def write_report(
+    run_dir: str, out_dir: str | None = None, store: RunStore | None = None
+) -> tuple[RunMetrics, dict[str, str]]:
+    """Write the plots, `summary.csv` and `trials.csv` of a run; returns (metrics, {artifact name: path}).
+
+    Args:
+        run_dir: the run directory (local path or URI).
+        out_dir: a local folder for the report; default ``<run_dir>/report`` for a local run, else ``./report-<name>``.
+        store: an already opened store (optional).
+
+    Raises:
+        StoreError: `run_dir` holds no run.
+    """
+    store = store or RunStore.open(run_dir)
+    events = store.events()
+    config = store.config
+    metrics = compute_metrics(events, config, damage=store.damage, writing=RunStore.is_being_written(store.run_dir))
+    if out_dir is None:
+        out_dir = os.path.join(store.run_dir, "report") if "://" not in store.run_dir else f"report-{metrics.name or 'run'}"
+    os.makedirs(out_dir, exist_ok=True)
+    plt = _figure()
+    trials = trials_table(events)
+    paths: dict[str, str] = {}
+    for key, fig in figures(plt, metrics, events, trials, config):
+        paths[key] = _save(fig, plt, out_dir, f"{key}.png")
+    if not metrics.n_calibration:  # a previous report's plots (before log damage, or another run's in a shared
+        # --out) would stay beside a summary that says "forecasts scored 0"
+        for name in ("coverage.png", "pit_histogram.png"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(out_dir, name))
+
+    f = io.StringIO(newline="")
+    w = csv.writer(f)
+    w.writerow(["metric", "value"])
+    w.writerows(metrics.summary_rows(full=True))
+    paths["summary"] = _write_atomic(os.path.join(out_dir, "summary.csv"), f.getvalue().encode())
+    f = io.StringIO(newline="")
+    cols = ["trial_id", "status", "batch_id", "value", "error", "message", "node_id", "attempt", "proposed_at",
+            "started_at", "ended_at", "params", "metrics"]
+    w = csv.writer(f)
+    w.writerow(cols)
+    for t in trials:
+        d = t.to_dict()
+        info = d.get("info") or {}  # the failure's message and the objective's metrics (JSON), as logged
+        d["message"], d["metrics"] = info.get("message"), info.get("metrics")
+        w.writerow([_csv_cell(d[c]) for c in cols])
+    paths["trials"] = _write_atomic(os.path.join(out_dir, "trials.csv"), f.getvalue().encode())
+    return metrics, paths
+
+
+def _csv_cell(v: Any) -> Any:
+    if v is None:
+        return ""
+    if isinstance(v, dict):
+        import json
+
+        return json.dumps(v, sort_keys=True)
+    return v
+
+
+def _save(fig: Any, plt: Any, out_dir: str, name: str) -> str:
+    path = os.path.join(out_dir, name)
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return _write_atomic(path, buf.getvalue())
+
+
+def _umask() -> int:
+    """The process's umask: from /proc where Linux shows it, else read by setting it and putting it back."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _write_atomic(path: str, data: bytes) -> str:
+    """Write `data` to `path` by a rename: a reader (or a report interrupted half-way) sees the old file or the
+    new one, never a truncated one. The temporary file has a name of its own (two reports writing one folder
+    shared `path.tmp`) and is removed when the write fails (a full disk)."""
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the report is read as the rest of the run is
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+    return path
