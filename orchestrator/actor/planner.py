@@ -128,7 +128,7 @@ class Planner:
         low = self.scheduler.low_water()
         if queued >= low:
             return False
-        design_left = self.opt._design_left()
+        design_left = self.opt.design_left
         if design_left > 0:  # the initial design
             q = min(design_left, self.batch_size, remaining)
         elif self.opt.model is not None or not self.opt.needs_model():  # a model, or a proposer without one
@@ -153,7 +153,7 @@ class Planner:
             # at a resume with a restored model the first model batch comes at once; without one (no usable
             # checkpoint) the slots would idle through the cold refit: they get Sobol points as at a start
             if (self.model_batches or self.model_restored or sched.queue or sched.reserved_sobol
-                    or not self.opt.needs_model() or self.opt._design_left() > 0):
+                    or not self.opt.needs_model() or self.opt.design_left > 0):
                 return False
             free = sched.free_slots()
         q = min(free, sched.remaining())
@@ -166,7 +166,7 @@ class Planner:
         """Refit on new results (on a copy; swapped in when ready). Returns whether it did something."""
         if (
             self.scheduler.remaining() > 0  # a refit only matters for proposals still to come
-            and self.opt._design_left() <= 0
+            and self.opt.design_left == 0
             and self.opt.can_fit()
             and (self.opt.model is None or self.opt.num_stale > 0)
             and time.time() - self.last_fit_end >= self.refit_interval_s
@@ -181,7 +181,7 @@ class Planner:
         remaining = self.scheduler.remaining()
         if remaining <= 0 or self.scheduler.queue:
             return
-        design_left = self.opt._design_left()
+        design_left = self.opt.design_left
         if design_left > 0:
             self.propose(min(design_left, remaining))
             return
@@ -200,7 +200,7 @@ class Planner:
             q = min(q, sched.remaining())
             if q <= 0 or self.stop.is_set():  # a stopped run asks for nothing more
                 return
-            sobol = design or self.opt._design_left() > 0
+            sobol = design or self.opt.design_left > 0
             sched.reserve(q, sobol)
         trials: list[Any] = []
         try:

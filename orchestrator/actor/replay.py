@@ -36,7 +36,7 @@ def replay_log(opt: Any, events: list[Any], scheduler: SlotScheduler, pool: Any 
     n_completed = n_failed = 0
     model_batches: set[int] = set()
     for ev in events:
-        if ev.kind == "proposed" and ev.trial_id not in opt._trials:
+        if ev.kind == "proposed" and not opt.has_trial(ev.trial_id):
             info = ev.info or {}
             if info.get("source") == "model" and ev.batch_id is not None and ev.batch_id not in model_batches:
                 # that batch's ask flushed the calibrator's queue: the results logged before it are one update,
@@ -55,7 +55,7 @@ def replay_log(opt: Any, events: list[Any], scheduler: SlotScheduler, pool: Any 
             scheduler.saw_attempt(ev.trial_id, ev.attempt)
         elif ev.kind in ("completed", "failed") and ev.trial_id not in finished:
             finished.add(ev.trial_id)
-            if ev.trial_id not in opt._trials:  # its "proposed" record was lost (damaged segment)
+            if not opt.has_trial(ev.trial_id):  # its "proposed" record was lost (damaged segment)
                 _restore_from(opt, ev)
             if ev.kind == "completed":
                 opt.tell(ev.trial_id, ev.value)

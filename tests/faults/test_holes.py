@@ -454,13 +454,12 @@ def test_a_fit_slow_for_its_n_warns_once_naming_the_seconds_the_n_and_the_option
     """Each model fit takes `slow_s[0]` seconds on the optimizer's clock (the fits themselves are real): fast fits
     say nothing; once they take 100 s on 7 to 9 results, the first says so and the later ones (warm, and a
     restart that also fits cold) do not say it again."""
-    from orchestrator import ask_tell
-    from orchestrator.ask_tell import AskTellOptimizer
+    from orchestrator.ask_tell import AskTellOptimizer, fitting
     from orchestrator.errors import ModelWarning
 
     clock, slow_s = [0.0], [0.0]
-    monkeypatch.setattr(ask_tell, "time", types.SimpleNamespace(perf_counter=lambda: clock[0], time=time.time,
-                                                                monotonic=time.monotonic, sleep=time.sleep))
+    monkeypatch.setattr(fitting, "time", types.SimpleNamespace(perf_counter=lambda: clock[0], time=time.time,
+                                                               monotonic=time.monotonic, sleep=time.sleep))
     real_build = AskTellOptimizer._build_model
 
     def build(self):

@@ -1,6 +1,6 @@
 """The central actor checkpoints its model after every refit, and an actor rebuilt on the run directory
 (resume, restart) proposes from that model instead of starting cold (orchestrator/actor/checkpoints.py
-`save_model`/`restore_model`, ask_tell.py `model_checkpoint`/`restore_model`).
+`save_model`/`restore_model`, ask_tell/replay.py `model_checkpoint`/`restore_model`).
 
 The actor runs in this process with its Ray submission replaced by a stub; results are logged as the
 dispatch loop logs them, so a second actor on the same directory replays them as a resume does.

@@ -1,4 +1,4 @@
-"""The ask/tell optimizer's design phase (orchestrator/ask_tell.py): the Sobol design continues across asks
+"""The ask/tell optimizer's design phase (orchestrator/ask_tell/): the Sobol design continues across asks
 (the scrambled sequence seeded by the optimizer's seed, each point with its index in it), the default
 design size `max(2 d + 2, 5)`, at least 2 results before a fit, the best observed value in the user's
 direction, and per-trial seeds `crc32(f"{seed}:{trial_id}") & 0x7FFFFFFF`."""
