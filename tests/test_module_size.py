@@ -15,7 +15,6 @@ LIBRARY = ("orchestrator", "workers", "objectives")
 MAX_LINES = 600
 #: modules over `MAX_LINES` that are still to be split into packages, with their size as a ceiling
 NOT_YET_SPLIT = {
-    "orchestrator/runner.py": 1035,
     "orchestrator/models/svgp.py": 626,
 }
 

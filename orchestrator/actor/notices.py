@@ -1,7 +1,7 @@
 """What the central actor has to tell the user: its own lines and the Python warnings of its process.
 
 In a Ray actor they are held for the driver, which takes them with `CentralActor.notices` and prints one to a
-line above its progress bar (orchestrator/runner.py); outside Ray they go to stderr at once.
+line above its progress bar (orchestrator/runner/progress.py); outside Ray they go to stderr at once.
 """
 
 from __future__ import annotations

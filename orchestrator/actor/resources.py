@@ -1,7 +1,7 @@
 """How many evaluations the cluster runs at once: an objective's request for Ray resources, node by node.
 
 `CentralActor` runs `max_concurrent` evaluations at a time; without one in the config it takes what the live
-cluster allows for the objective's `Resources` (`default_max_concurrent`). The driver (orchestrator/runner.py)
+cluster allows for the objective's `Resources` (`default_max_concurrent`). The driver (orchestrator/runner/progress.py)
 names the request (`resource_request`) when evaluations wait long for the cluster to free resources.
 """
 

@@ -9,6 +9,7 @@ side at the racy step with a patched hook.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -153,10 +154,11 @@ def test_a_full_disk_at_create_is_one_line_naming_the_run_dir_and_leaves_nothing
 
 
 def test_a_full_disk_at_qbatch_run_exits_2_with_one_line(tmp_path, monkeypatch, capsys):
-    from orchestrator import runner
+    from orchestrator.runner import api
 
-    monkeypatch.setattr(runner, "_ensure_ray", lambda address, num_cpus: False)  # no Ray needed to reach create
-    monkeypatch.setattr(runner, "_check_feasible", lambda started, resources: None)
+    # no Ray needed to reach create: the session of a Ray the caller started, which stays up
+    monkeypatch.setattr(api, "ray_session", lambda address, num_cpus: contextlib.nullcontext(False))
+    monkeypatch.setattr(api, "_check_feasible", lambda resources: None)
     _full_disk(monkeypatch)
     cfg = _write(tmp_path / "good.yaml", GOOD)
     run_dir = tmp_path / "r"

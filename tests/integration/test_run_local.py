@@ -474,7 +474,7 @@ def test_a_second_ctrl_c_does_not_cut_the_local_rays_shutdown_short(monkeypatch)
 
     import ray
 
-    from orchestrator import runner
+    from orchestrator.runner import session
 
     finished = []
 
@@ -483,14 +483,16 @@ def test_a_second_ctrl_c_does_not_cut_the_local_rays_shutdown_short(monkeypatch)
         time.sleep(0.5)  # a handler would run between bytecodes, long before this ends
         finished.append(True)
 
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
-
     monkeypatch.setattr(ray, "shutdown", shutdown)
-    monkeypatch.setattr(runner, "_drive", interrupted)
+    # the run starts the process's own Ray (the module's Ray, if up, is not the caller's here)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(session, "_start_ray", lambda address, num_cpus: None)
+    monkeypatch.setattr(session, "OWN_RAY", session.OwnRay())
     before = signal.getsignal(signal.SIGINT)
     with pytest.raises(KeyboardInterrupt):
-        runner._drive_and_release(True)
+        with session.ray_session(None, None) as started:
+            assert started
+            raise KeyboardInterrupt  # the user's first Ctrl-C, while the run is driven
     assert finished == [True] and signal.getsignal(signal.SIGINT) is before
 
 
@@ -529,10 +531,10 @@ def test_evaluations_ray_cannot_schedule_are_shown_waiting_and_warned_of(ray_loc
 
     import ray
 
-    from orchestrator import runner
+    from orchestrator.runner import progress
 
-    monkeypatch.setattr(runner, "STARVED_WARN_S", 3.0)
-    monkeypatch.setattr(runner, "POOL_POLL_S", 0.25)
+    monkeypatch.setattr(progress, "STARVED_WARN_S", 3.0)
+    monkeypatch.setattr(progress, "POOL_POLL_S", 0.25)
 
     @ray.remote(num_cpus=4)
     class Hold:

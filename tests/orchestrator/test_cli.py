@@ -452,12 +452,12 @@ def test_resume_refuses_a_space_edited_since_the_run_began(tmp_path, monkeypatch
     """Found in review: after `space.x.high` was edited in config.yaml from 1 to 0.5, a resume went on and the
     model trained on relabelled points (the logged x = 0.8 read as 0.4). Every logged point must map back to
     its logged coordinates under the stored space, else the resume is refused before Ray starts."""
-    from orchestrator import runner
+    from orchestrator.runner import api
 
     def no_ray(*args, **kwargs):
         raise AssertionError("Ray was started")
 
-    monkeypatch.setattr(runner, "_ensure_ray", no_ray)
+    monkeypatch.setattr(api, "ray_session", no_ray)
     run = tmp_path / "run"
     cfg = GOOD | {"space": {"x0": {"type": "float", "low": 0.0, "high": 1.0}}}  # as `run` stores it
     store = RunStore.create(str(run), cfg)

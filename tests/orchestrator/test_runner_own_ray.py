@@ -1,5 +1,5 @@
-"""The process's own Ray in orchestrator/runner.py without starting one: every run that `_ensure_ray` counts
-as sharing it gives its share back on every path, and the process's SIGTERM handler from before Ray is kept
+"""The process's own Ray in orchestrator/runner/session.py without starting one: every run that `OwnRay.acquire`
+counts as sharing it gives its share back on every path, and the process's SIGTERM handler from before Ray is kept
 for the main thread to put back (review of the shared-Ray change)."""
 
 from __future__ import annotations
@@ -8,13 +8,14 @@ import signal
 
 import pytest
 
-from orchestrator import runner
 from orchestrator.errors import QbatchError
+from orchestrator.runner import preflight, session
 
 
 @pytest.fixture
 def no_real_ray(monkeypatch):
-    """`_ensure_ray` "starts" a Ray (a flag), `_shutdown_ray_unlocked` "stops" it: the counting is real."""
+    """`OwnRay.acquire` "starts" a Ray (a flag), `OwnRay._shutdown` "stops" it: the counting is real, on a fresh
+    `OWN_RAY`."""
     import ray
 
     state = {"up": False, "shutdowns": 0}
@@ -22,15 +23,14 @@ def no_real_ray(monkeypatch):
     def start(address, num_cpus):
         state["up"] = True
 
-    def stop(ray_module):
+    def stop(own, ray_module):
         state["up"] = False
         state["shutdowns"] += 1
 
-    monkeypatch.setattr(runner, "_start_ray", start)
-    monkeypatch.setattr(runner, "_shutdown_ray_unlocked", stop)
+    monkeypatch.setattr(session, "_start_ray", start)
+    monkeypatch.setattr(session.OwnRay, "_shutdown", stop)
     monkeypatch.setattr(ray, "is_initialized", lambda: state["up"])
-    monkeypatch.setattr(runner, "_OWN_RAY_RUNS", 0)
-    monkeypatch.setattr(runner, "_SIGTERM_BEFORE_RAY", None)
+    monkeypatch.setattr(session, "OWN_RAY", session.OwnRay())  # no run counted, no SIGTERM handler pending
     return state
 
 
@@ -41,20 +41,21 @@ def test_a_feasibility_check_that_raises_gives_the_runs_share_back(no_real_ray, 
     def boom(resources):
         raise raised("no")
 
-    monkeypatch.setattr(runner, "default_max_concurrent", boom)
-    started = runner._ensure_ray(None, None)
-    assert started and runner._OWN_RAY_RUNS == 1
+    monkeypatch.setattr(preflight, "default_max_concurrent", boom)
     with pytest.raises(raised):
-        runner._check_feasible(started, None)
-    assert runner._OWN_RAY_RUNS == 0 and no_real_ray == {"up": False, "shutdowns": 1}
+        with session.ray_session(None, None) as started:  # as `run_experiment` and `resume_experiment` hold it
+            assert started and session.OWN_RAY.runs == 1
+            preflight._check_feasible(None)
+    assert session.OWN_RAY.runs == 0 and no_real_ray == {"up": False, "shutdowns": 1}
 
 
 def test_the_last_run_to_end_shuts_the_shared_ray_down(no_real_ray):
-    assert runner._ensure_ray(None, None) and runner._ensure_ray(None, None)
-    assert runner._OWN_RAY_RUNS == 2
-    runner._shutdown_local_ray()
+    own = session.OWN_RAY
+    assert own.acquire(None, None) and own.acquire(None, None)
+    assert own.runs == 2
+    own.release()
     assert no_real_ray["up"] and no_real_ray["shutdowns"] == 0
-    runner._shutdown_local_ray()
+    own.release()
     assert no_real_ray == {"up": False, "shutdowns": 1}
 
 
@@ -65,7 +66,8 @@ def test_a_pending_sigterm_handler_from_before_ray_is_not_overwritten(no_real_ra
     def mine(signum, frame):
         pass
 
-    monkeypatch.setattr(runner, "_SIGTERM_BEFORE_RAY", mine)  # pending: the last shutdown ran in a thread
+    own = session.OWN_RAY
+    monkeypatch.setattr(own, "sigterm_before", mine)  # pending: the last shutdown ran in a thread
     monkeypatch.setattr(signal, "getsignal", lambda sig: "ray's handler")
-    assert runner._ensure_ray(None, None)
-    assert runner._SIGTERM_BEFORE_RAY is mine
+    assert own.acquire(None, None)
+    assert own.sigterm_before is mine
