@@ -24,7 +24,7 @@ from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from orchestrator.ask_tell import AskTellOptimizer
-from orchestrator.errors import ConfigError, SpaceError, UsageError
+from orchestrator.errors import ConfigError, ModelFitError, SpaceError, UsageError
 from orchestrator.space import ChoiceParam, FloatParam, IntParam, SearchSpace
 
 __all__ = ["QbatchSampler", "space_from_optuna", "distributions_of"]
@@ -143,7 +143,12 @@ class QbatchSampler(BaseSampler):
         with self._lock:
             opt = self._optimizer_for(study)
             if not self._queue:
-                self._queue = [t.trial_id for t in opt.ask(self._batch_size)]
+                try:
+                    trials = opt.ask(self._batch_size)
+                except ModelFitError as exc:  # as the central actor does: the current model stays in use
+                    warnings.warn(f"qbatch refit refused, proposing from the current model: {exc}", stacklevel=2)
+                    trials = opt.ask(self._batch_size, fit=False)
+                self._queue = [t.trial_id for t in trials]
             qid = self._queue.pop(0)
             self._trials[trial.number] = qid
             return opt.trial(qid).params

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import warnings
 from typing import Any, Mapping
 
 from ray.tune.search import Searcher
@@ -22,7 +23,7 @@ from ray.tune.search.sample import Categorical, Domain, Float, Integer, LogUnifo
 from ray.tune.search.variant_generator import parse_spec_vars
 
 from orchestrator.ask_tell import AskTellOptimizer
-from orchestrator.errors import ConfigError, SpaceError, UsageError
+from orchestrator.errors import ConfigError, ModelFitError, SpaceError, UsageError
 
 __all__ = ["QbatchSearch", "space_from_tune"]
 
@@ -222,7 +223,12 @@ class QbatchSearch(Searcher):
         if self._optimizer is None:
             self._optimizer = self._build()
         if not self._queue:
-            self._queue = [t.trial_id for t in self._optimizer.ask(self.batch_size)]
+            try:
+                trials = self._optimizer.ask(self.batch_size)
+            except ModelFitError as exc:  # as the central actor does: the current model stays in use
+                warnings.warn(f"qbatch refit refused, proposing from the current model: {exc}", stacklevel=2)
+                trials = self._optimizer.ask(self.batch_size, fit=False)
+            self._queue = [t.trial_id for t in trials]
         qid = self._queue.pop(0)
         self._trials[trial_id] = qid
         return _nest(self._paths, self._optimizer.trial(qid).params)

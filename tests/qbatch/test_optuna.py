@@ -131,3 +131,13 @@ def test_an_optimizer_given_keeps_its_space_and_must_share_the_studys_direction(
     other = optuna.create_study(direction="minimize", sampler=QbatchSampler(optimizer=opt))
     with pytest.raises(UsageError, match="the study's direction is 'minimize'"):
         other.optimize(lambda t: t.suggest_float("x", 0.0, 1.0), n_trials=1)
+
+
+def test_a_refused_refit_proposes_from_the_current_model_with_a_warning():
+    sampler = QbatchSampler({"x": FloatDistribution(0.0, 1.0)}, batch_size=2, initial_design=2)
+    study = optuna.create_study(sampler=sampler)
+    values = iter([1e308, -1e308])  # a variance that overflows: the fit is refused
+    study.optimize(lambda t: t.suggest_float("x", 0.0, 1.0) * 0 + next(values), n_trials=2)
+    with pytest.warns(UserWarning, match="qbatch refit refused"):
+        study.optimize(lambda t: t.suggest_float("x", 0.0, 1.0), n_trials=1)
+    assert sampler.optimizer.num_completed == 3

@@ -166,3 +166,12 @@ def test_an_optimizer_given_is_driven_as_it_is():
     with pytest.raises(ConfigError, match="disagrees"):
         QbatchSearch(optimizer=opt, mode="max")
     assert math.isfinite(opt.best()[1])
+
+
+def test_a_refused_refit_proposes_from_the_current_model_with_a_warning():
+    searcher = QbatchSearch(SPACE, metric="loss", mode="min", batch_size=2, initial_design=2)
+    _drive(searcher, ["a", "b"])
+    searcher.on_trial_complete("a", {"loss": 1e308})
+    searcher.on_trial_complete("b", {"loss": -1e308})  # a variance that overflows: the fit is refused
+    with pytest.warns(UserWarning, match="qbatch refit refused"):
+        assert set(searcher.suggest("c")) == set(SPACE)
