@@ -22,7 +22,8 @@ Usage:
     python benchmarks/quality.py --problems skewed-3d --methods quantile-ts qlognei --seeds 0-4
     python benchmarks/quality.py --summary                   # rebuild benchmarks/results/quality/summary.csv
 Results in --out: runs/<problem>-<method>-<seed>.json (one per run, written as it finishes; --resume skips
-them), runs.csv (one row per run), summary.csv (mean +- 95% CI per problem x method) and paired.csv (quantile
+them) and, for model-based methods, runs/<...>.npz (the observed unit inputs X, the outcomes y as the optimizer
+holds them, their exact quantiles q, and q_star), runs.csv (one row per run), summary.csv (mean +- 95% CI per problem x method) and paired.csv (quantile
 TS against each other method, paired over seeds).
 """
 
@@ -152,10 +153,12 @@ def run_one(problem_name: str, method: str, seed: int, budget: int, batch: int, 
             bo = opt.best_observed()
             row["regret_best_observed"] = q_star - float(_quantiles(prob, [bo[0]])[0])
         elif opt.model is not None:
-            Xo, _ = opt.observations()
+            Xo, yo = opt.observations()
             points = opt.space.from_unit(Xo)
             for rule in RULES:
                 row[f"regret_{rule}"] = q_star - float(_quantiles(prob, [points[recommend_index(opt.model, Xo, rule)]])[0])
+            # the run's data, for screening recommendation rules and final fits without re-running the search
+            row["_data"] = {"X": Xo.numpy(), "y": yo.numpy(), "q": _quantiles(prob, points), "q_star": q_star}
         row["code"] = code_version()
     return row
 
@@ -224,6 +227,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     jobs.append((path, (p, m, s, budget, batch, args.threads, initial)))
     print(f"[quality] {len(jobs)} runs to do in {out}", flush=True)
     def record(path: Path, row: dict[str, Any]) -> None:
+        data = row.pop("_data", None)
+        if data is not None:
+            import numpy as np
+
+            np.savez_compressed(path.with_suffix(".npz"), **data)
         path.write_text(json.dumps(row, indent=1))
         print(f"[quality] {path.stem}: regret {row['regret_rec']:.4f} (best evaluated "
               f"{row['regret_best_evaluated']:.4f}), {row['seconds']:.0f} s", flush=True)

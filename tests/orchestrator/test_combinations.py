@@ -49,7 +49,7 @@ CAL = {"type": "calibrated"}
          r"\['fit_maxiter', 'min_noise', 'num_bootstrap', 'seed', 'use_priors'\]"),
         # found in review: these named no valid option, and exact-gp's list held `tau`, which it then refused
         ({"proposer": {"type": "thompson", "options": {"foo": 1}}},
-         r"bad `proposer.options` for 'thompson'.*'foo'; valid options: \['chunk_bytes', 'maxiter', 'method', "),
+         r"bad `proposer.options` for 'thompson'.*'foo'; valid options: \['chunk_bytes', 'local_fraction', 'maxiter', 'method', "),
         ({"model": {"type": "exact-gp", "options": {"foo": 1}}},
          r"valid options: \['fit_maxiter', 'warm_start'\] \(tau is the"),
         ({"model": {"type": "exact-gp", "options": {"fit_maxiter": 0}}},
