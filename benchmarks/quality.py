@@ -63,10 +63,13 @@ METHODS: dict[str, tuple[str, str, dict, dict]] = {
                                                          "warm_max_steps": 50}, {}),
     "quantile-ts-local": ("quantile", "thompson", {}, {"local_fraction": 0.25}),
     "quantile-ts-local50": ("quantile", "thompson", {}, {"local_fraction": 0.5}),
+    "quantile-ts-restarts": ("quantile", "thompson", {}, {}),
     "exact-ts": ("exact-gp", "thompson", {}, {}),
     "qlognei": ("exact-gp", "qlognei", {}, {"sequential": False}),
     "sobol": ("exact-gp", "sobol", {}, {}),
 }
+#: methods whose every refit also fits from scratch and keeps the lower loss (`AskTellOptimizer.refit_restarts`)
+RESTARTING = {"quantile-ts-restarts"}
 #: the methods of the protocol; the others are screened variants of the quantile model
 DEFAULT_METHODS = ["quantile-ts", "exact-ts", "qlognei", "sobol"]
 TAU = 0.1
@@ -126,6 +129,7 @@ def run_one(problem_name: str, method: str, seed: int, budget: int, batch: int, 
             p_opts = {**p_opts, "seed": seed}
         opt = AskTellOptimizer(prob.space, model=model, tau=TAU, proposer=proposer, seed=seed,
                                initial_design=initial, model_options=m_opts, proposer_options=p_opts)
+        opt.refit_restarts = method in RESTARTING
         t0 = time.perf_counter()
         evaluated: list[dict] = []
         n = 0

@@ -114,6 +114,9 @@ class AskTellOptimizer(TrialRegistry, ComponentFactories, ModelFitting, Calibrat
         self.calibrator_name = calibrator
         self.calibrator_options = dict(calibrator_options or {})
         self._tk = {"dtype": torch.float64, "device": torch.device("cpu")}
+        #: each refit that `ask` starts also fits from scratch and keeps the lower training loss
+        #: (`fit(restart=True)`, which the end of a run always does); False: refits are warm-started only
+        self.refit_restarts = False
 
         self._lock = threading.RLock()  # observation/trial state; never held during a fit or a proposal
         self._ask_lock = threading.Lock()  # one `ask` at a time (the Sobol counter, the proposer)
@@ -211,7 +214,7 @@ class AskTellOptimizer(TrialRegistry, ComponentFactories, ModelFitting, Calibrat
         if not sobol:
             self.flush_calibration()
         if fit and self._design_left() <= 0 and self.can_fit() and (self._model is None or self.num_stale > 0):
-            self.fit()
+            self.fit(restart=self.refit_restarts)
         with self._lock:
             batch_id = self._next_batch
             self._next_batch += 1

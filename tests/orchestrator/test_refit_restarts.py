@@ -1,0 +1,44 @@
+"""`AskTellOptimizer.refit_restarts`: the refits that `ask` starts also fit from scratch and keep the lower loss."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from orchestrator.ask_tell import AskTellOptimizer
+
+SPACE = {"x": {"type": "float", "low": 0.0, "high": 1.0}, "y": {"type": "float", "low": 0.0, "high": 1.0}}
+
+
+def _run(restarts: bool) -> list[dict]:
+    opt = AskTellOptimizer(SPACE, model="exact-gp", tau=0.5, initial_design=6, seed=3)
+    opt.refit_restarts = restarts
+    fits: list[dict] = []
+    original = opt.fit
+
+    def spy(restart: bool = False, stop=None):
+        diag = original(restart=restart, stop=stop)
+        fits.append({"restart": restart, **diag})
+        return diag
+
+    opt.fit = spy  # type: ignore[method-assign]
+    for _ in range(4):
+        for t in opt.ask(4):
+            opt.tell(t.trial_id, -((t.params["x"] - 0.3) ** 2) - (t.params["y"] - 0.6) ** 2)
+    return fits
+
+
+@pytest.mark.parametrize("restarts", [False, True])
+def test_ask_restarts_its_refits_only_when_told(restarts: bool) -> None:
+    fits = _run(restarts)
+    assert len(fits) >= 2
+    assert all(f["restart"] is restarts for f in fits)
+    warm_refits = fits[1:]  # the first fit has no model to warm-start from, so nothing to restart
+    for f in warm_refits:
+        if restarts:
+            assert f["restart_kept"] in ("warm", "cold")
+            kept = f["loss_cold"] if f["restart_kept"] == "cold" else f["loss_warm"]
+            assert math.isfinite(kept) and kept <= max(f["loss_cold"], f["loss_warm"])
+        else:
+            assert "restart_kept" not in f
