@@ -20,8 +20,13 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import os
 import pickle
+import site
+import sys
+import sysconfig
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Callable, Mapping
 
 from objectives.base import EvalResult, Objective, ObjectiveError, Resources
@@ -30,6 +35,8 @@ __all__ = ["CALLABLE_OBJECTIVE", "ByValue", "CallableObjective"]
 
 #: the objective name a run of a callable stores in its config.yaml (importable: the central actor builds it)
 CALLABLE_OBJECTIVE = "workers.by_value:CallableObjective"
+#: the library's own top-level packages: their code is installed wherever qbatch runs, so it goes by reference
+_LIBRARY = ("objectives", "workers", "orchestrator", "qbatch")
 
 
 def _seed_style(fn: Callable[..., Any]) -> str:
@@ -143,7 +150,9 @@ class ByValue:
 
     @classmethod
     def of(cls, objective: Objective) -> "ByValue":
-        """Pickle `objective` with Ray's cloudpickle (functions and classes of `__main__` or a notebook by value).
+        """Pickle `objective` with Ray's cloudpickle. Functions and classes of `__main__` or a notebook go by value,
+        and so does the module that defines a `CallableObjective`'s callable where it is not an installed package
+        (a module beside the script, or one on a path the notebook added), which the workers may not import.
 
         Raises:
             ObjectiveError: it cannot be pickled (e.g. it holds a lock or an open connection); the message names
@@ -153,6 +162,11 @@ class ByValue:
 
         if not isinstance(objective, Objective):
             raise ObjectiveError(f"ByValue.of takes an Objective; got a {type(objective).__name__}")
+        module = _local_module(objective.fn) if isinstance(objective, CallableObjective) else None
+        registered = getattr(getattr(cloudpickle, "cloudpickle", None), "_PICKLE_BY_VALUE_MODULES", set())
+        mine = module is not None and module.__name__ not in registered  # one the caller registered stays so
+        if mine:
+            cloudpickle.register_pickle_by_value(module)
         try:
             payload = cloudpickle.dumps(objective)
         except Exception as exc:  # noqa: BLE001 - anything the user's callable holds may refuse pickling
@@ -160,6 +174,9 @@ class ByValue:
                 f"objective {objective.name!r} cannot be sent to the workers: pickling it failed with "
                 f"{type(exc).__name__}: {exc} (build what cannot be pickled, a lock, a client, an open file, inside "
                 "the function, or in a class's __call__ on first use)") from exc
+        finally:
+            if mine:
+                cloudpickle.unregister_pickle_by_value(module)
         return cls(payload, hashlib.sha256(payload).hexdigest(), str(objective.name))
 
     def load(self) -> Objective:
@@ -172,3 +189,30 @@ class ByValue:
         if not isinstance(objective, Objective):
             raise TypeError(f"the objective {self.label!r} unpickled as a {type(objective).__name__}, not an Objective")
         return objective
+
+
+def _installed_roots() -> list[str]:
+    """The folders that hold installed code: the standard library and the site-packages folders."""
+    paths = sysconfig.get_paths()
+    roots = [paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")]
+    try:
+        roots += [*site.getsitepackages(), site.getusersitepackages()]
+    except AttributeError:  # pragma: no cover - a virtualenv's old site module
+        pass
+    return [os.path.realpath(r) for r in roots if r]
+
+
+def _local_module(fn: Any) -> ModuleType | None:
+    """The module that defines `fn` (a callable object's class) when it is the user's own code rather than an
+    installed package, the library or `__main__` (which cloudpickle sends by value anyway); else None."""
+    name = getattr(fn, "__module__", None)
+    module = sys.modules.get(name) if isinstance(name, str) else None
+    if module is None or name == "__main__" or name.split(".")[0] in _LIBRARY:
+        return None
+    file = getattr(module, "__file__", None)
+    if not file:  # built in, or a namespace package
+        return None
+    path = os.path.realpath(file)
+    if any(path.startswith(root + os.sep) for root in _installed_roots()):
+        return None
+    return module

@@ -107,3 +107,33 @@ def test_bad_arguments_name_what_is_wrong():
     lock = threading.Lock()
     with pytest.raises(ObjectiveError, match="cannot be sent to the workers"):
         ByValue.of(CallableObjective(SPACE, fn=lambda p: lock.locked()))
+
+
+def test_a_function_of_the_users_own_module_travels_by_value(tmp_path, monkeypatch):
+    """A module beside the script (or on a path a notebook added) need not be importable where the workers run;
+    an installed package's function still goes by reference, and the registration is undone."""
+    import subprocess
+    import sys
+
+    import ray.cloudpickle as cloudpickle
+
+    (tmp_path / "beside_script.py").write_text("OFFSET = 3.0\n\ndef f(params):\n    return params['x'] + OFFSET\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import beside_script
+
+    bv = ByValue.of(CallableObjective(SPACE, fn=beside_script.f))
+    assert "beside_script" not in cloudpickle.cloudpickle._PICKLE_BY_VALUE_MODULES
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "payload.pkl").write_bytes(bv.payload)
+    code = ("import pickle, sys; from pathlib import Path; "
+            "obj = pickle.loads(Path('payload.pkl').read_bytes()); "
+            "assert 'beside_script' not in sys.modules; print(obj({'x': 0.5}, 0))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p != str(tmp_path))})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "3.5"
+    import json
+
+    by_reference = ByValue.of(CallableObjective(SPACE, fn=json.dumps))
+    assert len(by_reference.payload) < 400  # a reference to json.dumps, not its code
