@@ -134,10 +134,13 @@ def optimize(
     if run_dir is not None:
         cfg["run_dir"] = run_dir
     kwargs = {"num_cpus": num_cpus, "max_concurrent": None, "progress": progress, "out": out, "actor_options": None}
-    if resume:
+    if run_dir is not None:
         from orchestrator.store import RunStore
 
         if RunStore.exists(run_dir):
+            if not resume:
+                raise ConfigError(f"`run_dir` {run_dir!r} already holds a run: pass resume=True to finish it with this "
+                                  "fn, or choose another run_dir")
             _check_same_run(RunStore.open(run_dir).config, cfg, run_dir)
             return _result(_resume(run_dir, address, by_value=by_value, **kwargs))
     return _result(_run(cfg, address, None, by_value=by_value, **kwargs))
@@ -154,9 +157,11 @@ def _check_same_run(stored: Mapping[str, Any], cfg: Mapping[str, Any], run_dir: 
     give: a resume finishes the run as it was started (its name, run directory and `fn`'s label may differ)."""
     from orchestrator.config import load_config
 
-    if stored.get("objective", {}).get("name") != CALLABLE_OBJECTIVE:
-        raise ConfigError(f"`run_dir` {run_dir!r} holds a run of objective {stored.get('objective', {}).get('name')!r}, "
-                          "not of a callable: resume it with `qbatch resume`")
+    name = stored.get("objective")
+    name = name.get("name") if isinstance(name, Mapping) else name  # a hand-edited config may use the shorthand
+    if name != CALLABLE_OBJECTIVE:
+        raise ConfigError(f"`run_dir` {run_dir!r} holds a run of objective {name!r}, not of a callable: resume it "
+                          "with `qbatch resume`")
 
     def plain(c: Any) -> dict[str, Any]:
         d = load_config(c).to_dict()

@@ -163,3 +163,20 @@ def test_the_worker_setup_hook_binds_the_packages_in_a_fresh_process(shadowed):
     proc = _python(REPO, "-c", code)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == str(REPO / "workers" / "__init__.py")
+
+
+def test_a_run_on_the_callers_ray_names_the_shadowing_modules(shadowed, monkeypatch, capsys):
+    """The Ray a caller started has its workers already: no hook can reach them, so the run says what to change."""
+    import ray
+
+    from orchestrator.runner import session
+
+    monkeypatch.chdir(shadowed)
+    monkeypatch.setattr(sys, "argv", [""])
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(session, "_check_same_ray", lambda address, num_cpus: None)
+    assert session.OwnRay()._acquire_unlocked(None, None) is False
+    err = capsys.readouterr().err
+    for name in SHADOWS:
+        assert f"{shadowed / name}.py is named like one of qbatch's packages" in err
+    assert "rename it" in err

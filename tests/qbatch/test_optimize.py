@@ -99,7 +99,7 @@ def test_an_aborted_run_resumes_with_the_fixed_fn(tmp_path):
         qbatch.optimize(broken, SPACE, **args)
     done = qbatch.read_trials(run_dir)
     assert (done["state"] == "failed").sum() >= 2 and (done["state"] == "completed").sum() == 0
-    with pytest.raises(ConfigError, match="already holds a run"):
+    with pytest.raises(ConfigError, match="already holds a run: pass resume=True"):
         qbatch.optimize(lambda p: p["x"], SPACE, **args)
     with pytest.raises(ConfigError, match="`budget`"):
         qbatch.optimize(lambda p: p["x"], SPACE, resume=True, **{**args, "budget": 9})
