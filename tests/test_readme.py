@@ -5,8 +5,13 @@ it and read the page it moved to."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
@@ -21,6 +26,17 @@ DOCS_TEXT = "\n".join([README, *PAGES.values()])
 #: the pages the reference tables moved to
 RELIABILITY = (DOCS / "reliability.md").read_text()
 CONFIGURATION = (DOCS / "configuration.md").read_text()
+
+
+def _section(title: str, text: str = README) -> str:
+    """The text of the `## title` section of `text` (up to the next `## ` heading)."""
+    head = f"\n## {title}\n"
+    assert head in text, f"no section {title!r}"
+    return text.split(head, 1)[1].split("\n## ", 1)[0]
+
+
+def _code_blocks(text: str, lang: str = "python") -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", text, re.S)
 
 
 def _first_code_block() -> list[str]:
@@ -155,3 +171,25 @@ def test_the_readme_is_a_front_door_of_at_most_300_lines():
         "docs/cluster.md",
     ):
         assert f"]({page}" in README, f"the README does not link {page}"
+
+
+def test_the_library_section_uses_one_import_and_optimize():
+    section = _section("As a library")
+    blocks = _code_blocks(section)
+    assert blocks and all("import qbatch" in b for b in blocks)
+    assert not [b for b in blocks if re.search(r"^\s*(from|import) (orchestrator|workers|objectives)\b", b, re.M)]
+    assert any("qbatch.optimize(" in b for b in blocks)
+
+
+@pytest.mark.ray
+def test_the_library_sections_optimize_snippet_runs(tmp_path):
+    """The snippet as written, as a script in a folder of its own (its function is then `__main__`'s), with the
+    repository on the path as an installed package is; run inside `scripts/loopback` like the Ray tests."""
+    snippet = next(b for b in _code_blocks(_section("As a library")) if "qbatch.optimize(" in b)
+    (tmp_path / "snippet.py").write_text(snippet + "\nprint('rows', len(df), 'state', sorted(set(df['state'])))\n")
+    proc = subprocess.run([sys.executable, "snippet.py"], cwd=tmp_path, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Recommendation(params={'x': " in proc.stdout
+    assert "rows 30 state ['completed']" in proc.stdout
+    assert len(list((tmp_path / "runs").iterdir())) == 1

@@ -14,14 +14,18 @@ import time
 from typing import Any, Mapping
 
 from objectives.base import EvalResult, Objective
+from workers.by_value import ByValue
 from workers.metrics import clean_metrics
 from workers.records import classify_value, describe_exception, format_exception_traceback
 
 __all__ = ["call_objective", "failed", "load_failure", "spec_key"]
 
 
-def spec_key(spec: tuple[str, Mapping[str, Any]]) -> str:
-    """A `(name, options)` spec as a string that identifies it (a sandbox serves the spec it built)."""
+def spec_key(spec: tuple[str, Mapping[str, Any]] | ByValue) -> str:
+    """A `(name, options)` spec, or a `ByValue` objective, as a string that identifies it (a sandbox serves the
+    spec it built)."""
+    if isinstance(spec, ByValue):
+        return f"by-value:{spec.key}"
     name, options = spec
     return json.dumps([name, dict(options or {})], sort_keys=True, default=str)
 

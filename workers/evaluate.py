@@ -31,6 +31,7 @@ import traceback as tb_module
 from typing import Any, Callable, Mapping
 
 from objectives.base import Objective, Resources
+from workers.by_value import ByValue
 from workers.call import call_objective, failed, spec_key
 from workers.metrics import MAX_DROPPED_NOTES, MAX_METRICS, MAX_METRICS_BYTES
 from workers.processes import STACK_SIGNAL, STACK_WAIT_S
@@ -67,16 +68,20 @@ def evaluation_runtime_env(isolate: str = "process") -> dict[str, Any]:
 _OBJECTIVE_CACHE: dict[str, Objective] = {}
 
 
-def _resolve_objective(objective: Objective | tuple[str, Mapping[str, Any]]) -> Objective:
-    """An `Objective`, or a `(name, options)` spec loaded once per worker process and cached."""
+def _resolve_objective(objective: Objective | tuple[str, Mapping[str, Any]] | ByValue) -> Objective:
+    """An `Objective`, or a `(name, options)` spec or a `ByValue` objective loaded once per worker process and
+    cached."""
     if isinstance(objective, Objective):
         return objective
     key = spec_key(objective)
     if key not in _OBJECTIVE_CACHE:
-        from objectives.registry import load_objective
+        if isinstance(objective, ByValue):
+            _OBJECTIVE_CACHE[key] = objective.load()
+        else:
+            from objectives.registry import load_objective
 
-        name, options = objective
-        _OBJECTIVE_CACHE[key] = load_objective(name, options)
+            name, options = objective
+            _OBJECTIVE_CACHE[key] = load_objective(name, options)
     return _OBJECTIVE_CACHE[key]
 
 
@@ -98,7 +103,7 @@ def _run_in_thread(objective: Objective, params: Mapping[str, Any], seed: int, t
 
 
 def evaluate_once(
-    objective: Objective | tuple[str, Mapping[str, Any]],
+    objective: Objective | tuple[str, Mapping[str, Any]] | ByValue,
     trial_id: str,
     params: Mapping[str, Any],
     seed: int,
@@ -109,7 +114,8 @@ def evaluate_once(
     """Evaluate one trial in this process (no Ray needed) and return its record.
 
     Args:
-        objective: an `Objective`, or a `(name, options)` spec for `objectives.registry.load_objective`.
+        objective: an `Objective`, a `(name, options)` spec for `objectives.registry.load_objective`, or a
+            `ByValue` objective (workers/by_value.py), built where it runs.
         trial_id: the trial's unique id, copied into the record.
         params: parameter name -> value.
         seed: the evaluation's random seed.
@@ -146,7 +152,7 @@ def _node_id() -> str | None:
 
 
 def _evaluation_task(
-    objective: Objective | tuple[str, Mapping[str, Any]],
+    objective: Objective | tuple[str, Mapping[str, Any]] | ByValue,
     trial_id: str,
     params: Mapping[str, Any],
     seed: int,
@@ -208,7 +214,8 @@ def submit_evaluation(
     """Launch one evaluation as a Ray task; returns its `ObjectRef` (resolves to the record).
 
     Args:
-        objective: an `Objective`, a `(name, options)` spec, or an `ObjectRef` of either (`ray.put` once).
+        objective: an `Objective`, a `(name, options)` spec, a `ByValue` objective, or an `ObjectRef` of one
+            (`ray.put` once).
         trial_id, params, seed, timeout_s, isolate: as in `evaluate_once`.
         resources: the objective's `Resources` (num_cpus, num_gpus, memory, custom).
         max_retries: Ray retries when the worker process or node dies.

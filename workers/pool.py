@@ -72,7 +72,8 @@ class EvaluationPool:
     central actor (an actor's creator owns it, and the point is not to share the central actor's fate).
 
     Args:
-        objective: the objective as `submit_evaluation` takes it (an `Objective` or a `(name, options)` spec).
+        objective: the objective as `submit_evaluation` takes it (an `Objective`, a `(name, options)` spec or a
+            `ByValue` objective).
         resources: the objective's `Resources`.
         timeout_s, max_retries, isolate: as in `submit_evaluation`.
     """

@@ -3,9 +3,10 @@ another, killable at its timeout and unable to take the worker down with it.
 
 ARCHITECTURE.md "The path of one evaluation", step 3. The child is forked once per objective (and per set of
 accelerators Ray gives the task) and serves the worker's evaluations as Ray reuses the worker; a killed or
-crashed one is replaced. A `(name, options)` spec is imported and built in the child, so the worker never runs
-objective code. The child is the leader of its own process group, which a guard and a timeout kill end whole,
-and it writes its Python stacks on `STACK_SIGNAL` before a timeout kills it. The kernel-facing pieces are in
+crashed one is replaced. A `(name, options)` spec is imported and built in the child, and a `ByValue` objective
+(workers/by_value.py) unpickled there, so the worker never runs objective code. The child is the leader of its
+own process group, which a guard and a timeout kill end whole, and it writes its Python stacks on `STACK_SIGNAL`
+before a timeout kills it. The kernel-facing pieces are in
 workers/processes.py; the task that uses `run_in_child` is workers/evaluate.py.
 """
 
@@ -22,6 +23,7 @@ import time
 from typing import Any, Callable, Mapping
 
 from objectives.base import Objective
+from workers.by_value import ByValue
 from workers.call import call_objective, failed, load_failure, spec_key
 from workers.processes import (
     STACK_SIGNAL,
@@ -41,8 +43,8 @@ __all__ = ["run_in_child"]
 
 
 def _sandbox_main(
-    conn: Any, parent_end: Any, objective: Objective | tuple[str, Mapping[str, Any]], parent_pid: int,
-    stack_fd: int | None = None,
+    conn: Any, parent_end: Any, objective: Objective | tuple[str, Mapping[str, Any]] | ByValue,
+    parent_pid: int, stack_fd: int | None = None,
 ) -> None:
     """The sandbox child's loop: evaluate each `(params, seed)` received, answer with its payload.
 
@@ -68,7 +70,17 @@ def _sandbox_main(
             pass
         else:
             guard_group()
-        if not isinstance(objective, Objective):
+        if isinstance(objective, ByValue):
+            started = time.time()
+            try:
+                # unpickling imports what the callable names: untimed, as a spec's import (nothing left to build)
+                objective = objective.load()
+            except BaseException as exc:  # noqa: BLE001 - user code: its failure is the evaluation's record
+                conn.send(("failed", load_failure(exc, started)))
+                return
+            conn.send(("imported", None))
+            conn.send(("built", None))
+        elif not isinstance(objective, Objective):
             from objectives.registry import import_objective_module, load_objective
 
             started = time.time()
@@ -100,7 +112,8 @@ class _Sandbox:
 
     The child is forked when first needed and again whenever the objective changes. An `Objective` object is
     inherited without pickling (user objectives may hold closures, models, open datasets); a `(name, options)`
-    spec, what the central actor sends, is built in the child (see `_sandbox_main`). The child then
+    spec, what the central actor sends, is built in the child (see `_sandbox_main`), and a `ByValue` objective
+    (a callable of `qbatch.optimize`) is unpickled there. The child then
     serves evaluation after evaluation: no fork per evaluation, whose cost in a worker with torch loaded
     (copying page tables, then copy-on-write faults in the child) delays every result by milliseconds.
     A hang past the timeout kills it and a crash ends it; the next evaluation forks a fresh one.
@@ -115,7 +128,7 @@ class _Sandbox:
         self.devices: tuple[str | None, ...] | None = None  # the accelerators the child was forked with
         self.lock = threading.Lock()
 
-    def _serves(self, objective: Objective | tuple[str, Mapping[str, Any]]) -> bool:
+    def _serves(self, objective: Objective | tuple[str, Mapping[str, Any]] | ByValue) -> bool:
         if self.devices != _visible_devices():  # Ray gave this task other accelerators than the child has
             return False
         if isinstance(objective, Objective):
@@ -123,8 +136,8 @@ class _Sandbox:
         return self.spec_key is not None and self.spec_key == spec_key(objective)
 
     def _fork(
-        self, objective: Objective | tuple[str, Mapping[str, Any]], build_timeout_s: float = MAX_TIMEOUT_S,
-        on_progress: Callable[[], None] | None = None,
+        self, objective: Objective | tuple[str, Mapping[str, Any]] | ByValue,
+        build_timeout_s: float = MAX_TIMEOUT_S, on_progress: Callable[[], None] | None = None,
     ) -> dict[str, Any] | None:
         """Start a child for `objective`. For a spec, wait until the child has imported its module (not timed
         here), then built it (at most `build_timeout_s`), calling `on_progress` after each step; return the
@@ -213,7 +226,7 @@ class _Sandbox:
                 threading.Thread(target=reap, args=(proc,), name="qbatch-reap", daemon=True).start()
 
     def run(
-        self, objective: Objective | tuple[str, Mapping[str, Any]], params: Mapping[str, Any], seed: int,
+        self, objective: Objective | tuple[str, Mapping[str, Any]] | ByValue, params: Mapping[str, Any], seed: int,
         timeout_s: float, on_progress: Callable[[], None] | None = None,
     ) -> dict[str, Any]:
         """Evaluate in the child (forked first if needed). A spec's build gets `timeout_s` of its own, then the
@@ -273,8 +286,8 @@ _SANDBOX = _Sandbox()
 
 
 def run_in_child(
-    objective: Objective | tuple[str, Mapping[str, Any]], params: Mapping[str, Any], seed: int, timeout_s: float,
-    on_progress: Callable[[], None] | None = None,
+    objective: Objective | tuple[str, Mapping[str, Any]] | ByValue, params: Mapping[str, Any], seed: int,
+    timeout_s: float, on_progress: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Evaluate in this worker's sandbox child (a private one if another thread is using it)."""
     if _SANDBOX.lock.acquire(blocking=False):

@@ -153,6 +153,24 @@ class TrialRegistry:
         with self._lock:
             return self._stack(self._obs_x), torch.tensor(self._obs_y, **self._tk), list(self._obs_ids)
 
+    def trials_dataframe(self) -> Any:
+        """The trials as a pandas DataFrame, one row per trial in ask order (`qbatch.read_trials` reads a run's the
+        same way): `trial_id`, `batch_id`, `state` ("pending", "completed", "failed"), `value` (user units),
+        `param_<name>` per parameter (typed by the space), `source` ("sobol", "model", "user"), `failure_reason`,
+        `failure_message`. The columns of a run's times, node and metrics, which the optimizer does not see, are
+        empty here."""
+        from orchestrator.store.frame import trials_frame
+
+        with self._lock:
+            values = {tid: self.sign * y for tid, y in zip(self._obs_ids, self._obs_y)}
+            failures = {f["trial_id"]: f for f in self.failures}
+            rows = [{"trial_id": tid, "batch_id": t.batch_id, "state": self._told.get(tid, "pending"),
+                     "value": values.get(tid), "params": copy.deepcopy(t.params), "source": t.source,
+                     "failure_reason": failures.get(tid, {}).get("error"),
+                     "failure_message": failures.get(tid, {}).get("message")}
+                    for tid, t in self._trials.items()]
+        return trials_frame(rows, self.space.describe())
+
     def best_observed(self) -> tuple[dict, float] | None:
         """The best raw observed value (user units) and its params, or None."""
         with self._lock:

@@ -16,10 +16,11 @@ never finished; completed results are never repeated (ingestion is exactly-once 
 The modules:
 
 - `api`: `run_experiment` and `resume_experiment`, the entry points.
+- `optimize`: `optimize(fn, space, budget=...)`, a plain Python callable run through them (`qbatch.optimize`).
 - `preflight`: the checks before Ray starts (arguments, config, objective, space, the log against the space)
   and the one after (room on the cluster for one evaluation).
 - `session`: `ray_session`, one run's use of Ray, and `OwnRay`, the Ray qbatch started, shared by the runs of the
-  process.
+  process; the worker setup hook where a module of the driver's folders shadows one of the library's packages.
 - `address`: what an `--address` names (reachable, a GCS and not a web server, another Ray than this one).
 - `signals`: SIGTERM interrupting a run as Ctrl-C does; interrupts held while the local Ray shuts down.
 - `actors`: the central actor and the evaluation pool, their names, creating them, waiting for the central actor.

@@ -62,9 +62,11 @@ def _start_actors(
     max_concurrent: int | None,
     actor_options: Mapping[str, Any],
     new_run: bool,
+    by_value: Any = None,
 ) -> tuple[Any, Any]:
     """Create the evaluation pool, then the central actor of `run_dir`; their handles `(actor, pool)`. A name
-    another actor holds is `_name_taken`; the pool of a central actor that cannot be created is killed."""
+    another actor holds is `_name_taken`; the pool of a central actor that cannot be created is killed. The pool
+    evaluates `by_value` (a `ByValue` objective) where one is given, else the config's `(name, options)`."""
     import ray
 
     # the driver owns the evaluation tasks' owner, so evaluations survive a crash of the central actor; both
@@ -82,7 +84,8 @@ def _start_actors(
         pool = ray.remote(EvaluationPool).options(
             num_cpus=0, max_restarts=-1, name=pname, namespace=NAMESPACE, scheduling_strategy=here
         ).remote(
-            (cfg.objective.name, dict(cfg.objective.options)), resources, timeout_s=cfg.timeout_s,
+            (cfg.objective.name, dict(cfg.objective.options)) if by_value is None else by_value, resources,
+            timeout_s=cfg.timeout_s,
             max_retries=cfg.max_retries, isolate=actor_options.get("isolate", "process"),
         )
     except ValueError as exc:  # ActorAlreadyExistsError (a ValueError; Ray's older versions raise ValueError)

@@ -4,6 +4,7 @@ ARCHITECTURE.md "The path of one evaluation", steps 1 and 6. Each checks its arg
 objective before Ray starts (`preflight`), then, inside one `ray_session`, checks that the cluster can run an
 evaluation, creates the run directory (a new run) and drives the run to its budget (`drive`), SIGTERM
 interrupting it as Ctrl-C does. A local Ray that the run started is shut down when it ends, however it ends.
+`qbatch.optimize` (orchestrator/runner/optimize.py) goes through the same two, with its callable by value.
 """
 
 from __future__ import annotations
@@ -59,13 +60,31 @@ def run_experiment(
         ConfigError: a bad config, before Ray starts and before a run directory exists.
         RunAbortedError: the failure-rate guard stopped the run.
     """
+    return _run(config, address, run_dir, num_cpus=num_cpus, max_concurrent=max_concurrent, progress=progress,
+                out=out, actor_options=actor_options)
+
+
+def _run(
+    config: str | os.PathLike | Mapping[str, Any] | Any,
+    address: str | None,
+    run_dir: str | None,
+    *,
+    num_cpus: int | None,
+    max_concurrent: int | None,
+    progress: bool,
+    out: TextIO | None,
+    actor_options: Mapping[str, Any] | None,
+    by_value: Any = None,
+) -> dict[str, Any]:
+    """`run_experiment`; `by_value`: the `ByValue` objective the workers get in place of the config's `(name,
+    options)` (`qbatch.optimize`, whose config names the stand-in `CALLABLE_OBJECTIVE`)."""
     from orchestrator.config import load_config
     from orchestrator.store import RunStore, StoreError
 
     actor_options = _check_run_args(max_concurrent, num_cpus, actor_options)
     cfg = load_config(config)
     try:
-        objective = _check_objective(cfg)
+        objective = _check_objective(cfg, by_value)
         cfg = _with_absolute_paths(cfg, objective)
     except ConfigError as exc:  # name the file, as the config's own checks do
         if isinstance(config, (str, os.PathLike)):
@@ -87,7 +106,8 @@ def run_experiment(
         RunStore.create(rd, {**cfg.to_dict(), "direction": cfg.resolve_direction(objective.direction),
                              "space": cfg.build_space(objective.space).describe()})
         with _sigterm_interrupts():  # SIGTERM interrupts the drive as Ctrl-C does
-            return _drive(rd, cfg, objective.resources, max_concurrent, progress, out, actor_options, new_run=True)
+            return _drive(rd, cfg, objective.resources, max_concurrent, progress, out, actor_options, new_run=True,
+                          by_value=by_value)
 
 
 def resume_experiment(
@@ -108,6 +128,22 @@ def resume_experiment(
         RunDirError: (a `UsageError`, before Ray starts) no run at `run_dir`, its config.yaml is not YAML, or
             another process is writing it.
     """
+    return _resume(run_dir, address, num_cpus=num_cpus, max_concurrent=max_concurrent, progress=progress, out=out,
+                   actor_options=actor_options)
+
+
+def _resume(
+    run_dir: str,
+    address: str | None,
+    *,
+    num_cpus: int | None,
+    max_concurrent: int | None,
+    progress: bool,
+    out: TextIO | None,
+    actor_options: Mapping[str, Any] | None,
+    by_value: Any = None,
+) -> dict[str, Any]:
+    """`resume_experiment`; `by_value` as in `_run`."""
     from orchestrator.config import load_config
     from orchestrator.store import RunStore
 
@@ -122,11 +158,12 @@ def resume_experiment(
     except ConfigError as exc:  # the stored config was edited by hand: say which file holds the bad key
         raise ConfigError(f"{os.path.join(store.run_dir, 'config.yaml')}: {exc}") from None
     try:
-        objective = _check_objective(cfg)
+        objective = _check_objective(cfg, by_value)
         _check_log_matches_space(store.events(), cfg.build_space(objective.space))
     except ConfigError as exc:
         raise ConfigError(f"{os.path.join(store.run_dir, 'config.yaml')}: {exc}") from exc.__cause__
     with ray_session(address, num_cpus):
         _check_feasible(objective.resources)
         with _sigterm_interrupts():
-            return _drive(_absolute(run_dir), cfg, objective.resources, max_concurrent, progress, out, actor_options)
+            return _drive(_absolute(run_dir), cfg, objective.resources, max_concurrent, progress, out, actor_options,
+                          by_value=by_value)

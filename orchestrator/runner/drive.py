@@ -33,14 +33,16 @@ def _drive(
     out: TextIO | None,
     actor_options: Mapping[str, Any] | None,
     new_run: bool = False,
+    by_value: Any = None,
 ) -> dict[str, Any]:
     """Run the central actor of `run_dir` to the run's end and return its summary, with the report written and
-    the final lines printed to `out`; raises `RunAbortedError` when the failure-rate guard stopped the run."""
+    the final lines printed to `out`; raises `RunAbortedError` when the failure-rate guard stopped the run.
+    `by_value`: the `ByValue` objective the evaluations run instead of the config's (name, options)."""
     import ray
 
     out = out or sys.stdout
     actor_options = dict(actor_options or {})
-    actor, pool = _start_actors(run_dir, cfg, resources, max_concurrent, actor_options, new_run)
+    actor, pool = _start_actors(run_dir, cfg, resources, max_concurrent, actor_options, new_run, by_value)
     bar = None
     if progress:
         from tqdm import tqdm

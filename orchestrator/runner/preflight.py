@@ -68,11 +68,18 @@ def _absolute(run_dir: str) -> str:
     return run_dir if "://" in run_dir else os.path.abspath(os.path.expanduser(run_dir))
 
 
-def _check_objective(cfg: Any) -> Any:
+def _check_objective(cfg: Any, by_value: Any = None) -> Any:
     """Build the objective, the (overridden) space, the model and the proposer before Ray starts; errors name
-    the config key."""
+    the config key. The stand-in of a callable (`CALLABLE_OBJECTIVE`, what `qbatch.optimize` stores) is refused
+    without `by_value`, the callable itself, which a config cannot hold."""
     from objectives.registry import inspect_objective
+    from workers.by_value import CALLABLE_OBJECTIVE
 
+    if cfg.objective.name == CALLABLE_OBJECTIVE and by_value is None:
+        raise ConfigError(
+            f"`objective.name` {CALLABLE_OBJECTIVE!r} is the stand-in of a Python callable given to "
+            "qbatch.optimize, which a config cannot hold: run it, or resume its run, with qbatch.optimize(fn, "
+            "space, ..., run_dir=RUN_DIR, resume=True)")
     module, sep, attr = str(cfg.objective.name).partition(":")
     if sep and module == "__main__":  # the driver imports it; the central actor and the workers never can
         raise ConfigError(

@@ -5,16 +5,21 @@ Where this process has initialized Ray already (a notebook's `ray.init`), that R
 running. Otherwise the run connects to `address` or starts a local Ray (`ray.init(num_cpus=...,
 include_dashboard=False)`, bound to loopback), and that Ray is the process's own (`OwnRay`): runs of several
 threads share it, and the last one to end shuts it down and puts back the SIGTERM handler from before `ray.init`.
+
+Ray puts the driver's working folder and its script's folder first on each worker's `sys.path`. Where one of
+them holds a module named like a package of the library (a user's `objectives.py`), the Ray qbatch starts or
+connects to gets a worker setup hook that binds those names to the installed packages first (`_packages_first`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.machinery
 import os
 import signal
 import sys
 import threading
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from orchestrator.errors import ConfigError, UsageError
 from orchestrator.runner.address import _check_reachable, _connection_error_line, _other_ray
@@ -22,6 +27,8 @@ from orchestrator.runner.signals import _interrupts_held
 
 #: the address a local Ray started by qbatch binds to
 LOCAL_IP = "127.0.0.1"
+#: the library's import packages (ARCHITECTURE.md "Layout"), top-level names a user's module can shadow
+PACKAGES = ("objectives", "workers", "orchestrator")
 
 
 class OwnRay:
@@ -66,6 +73,10 @@ class OwnRay:
 
         if ray.is_initialized():  # the caller's Ray (a notebook's `ray.init`): used as it is, and left running
             _check_same_ray(address, num_cpus)
+            for path in _shadowing_modules():  # its workers cannot get the hook of `_worker_setup` any more
+                print(f"qbatch: {path} is named like one of qbatch's packages and is first on the path of this "
+                      "Ray's workers (Ray puts the driver's folders there), where it can break the run; rename it, or "
+                      "let qbatch start Ray (no ray.init before the run)", file=sys.stderr, flush=True)
             return False
         if threading.current_thread() is threading.main_thread():
             # ray.init puts its own handler there. One still pending is the process's own: a shared Ray that another
@@ -148,7 +159,7 @@ def _start_ray(address: str | None, num_cpus: int | None) -> None:
     if address:
         _check_reachable(address)
         try:
-            ray.init(address=address, include_dashboard=False if address == "local" else None)
+            ray.init(address=address, include_dashboard=False if address == "local" else None, **_worker_setup())
         except ValueError as exc:  # e.g. "Invalid address format"
             raise ConfigError(f"`--address` {address!r}: {str(exc).splitlines()[0]}") from None
         except ConnectionError as exc:  # "auto" with no Ray running on this machine
@@ -193,7 +204,8 @@ def _init_local_ray(num_cpus: int | None) -> None:
     os.environ[env_key] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False
     try:
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address=LOCAL_IP)
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address=LOCAL_IP,
+                 **_worker_setup())
     finally:
         if saved_env is None:
             os.environ.pop(env_key, None)
@@ -201,3 +213,60 @@ def _init_local_ray(num_cpus: int | None) -> None:
             os.environ[env_key] = saved_env
         if saved_const is not None:
             ray_constants.ENABLE_RAY_CLUSTER = saved_const
+
+
+def _shadowing_modules() -> list[str]:
+    """The modules of the driver's working folder and script folder (what Ray puts first on its workers'
+    `sys.path`) that are named like one of `PACKAGES` and are not that package."""
+    folders = [os.path.abspath(os.curdir)]
+    if sys.argv and sys.argv[0]:
+        folders.append(os.path.dirname(os.path.realpath(sys.argv[0])))
+    found = []
+    for name in PACKAGES:
+        ours = {os.path.realpath(p) for p in getattr(sys.modules.get(name), "__path__", None) or []}
+        for folder in dict.fromkeys(folders):
+            package = os.path.join(folder, name)
+            if os.path.isfile(os.path.join(package, "__init__.py")) and os.path.realpath(package) not in ours:
+                found.append(package)
+            found += [package + suffix for suffix in importlib.machinery.all_suffixes()
+                      if os.path.isfile(package + suffix)]
+    return found
+
+
+def _worker_setup() -> dict[str, Any]:
+    """`ray.init`'s keyword arguments for this driver's workers: a `runtime_env` with the setup hook of
+    `_packages_first` where a module of the driver's folders shadows one of `PACKAGES` (`_shadowing_modules`),
+    else none (the job's runtime environment stays the default)."""
+    if not _shadowing_modules():
+        return {}
+    return {"runtime_env": {"worker_process_setup_hook": _packages_first(PACKAGES)}}
+
+
+def _packages_first(names: tuple[str, ...]) -> Callable[[], None]:
+    """A Ray `worker_process_setup_hook` that binds `names` to the installed packages in each worker. The hook runs
+    before Ray puts the driver's folders on the worker's `sys.path`: what `find_spec` finds then is the
+    installation, and a finder first on `sys.meta_path` keeps it so (the names' submodules follow from the
+    package's `__path__`). Made inside a function, so that cloudpickle sends it by value: imported by name, this
+    module would load the whole runner (torch, the actor) in every worker."""
+
+    def bind() -> None:
+        import importlib.util
+        import sys
+
+        where = {}
+        for name in names:
+            spec = importlib.util.find_spec(name)
+            if spec is not None and spec.origin and spec.submodule_search_locations:
+                where[name] = (spec.origin, list(spec.submodule_search_locations))
+
+        class InstalledPackages:
+            @staticmethod
+            def find_spec(fullname: str, path: Any = None, target: Any = None) -> Any:
+                if fullname not in where:
+                    return None
+                origin, locations = where[fullname]
+                return importlib.util.spec_from_file_location(fullname, origin, submodule_search_locations=locations)
+
+        sys.meta_path.insert(0, InstalledPackages)
+
+    return bind

@@ -25,6 +25,7 @@ The modules:
 - `lock`: `WriterLock`, one writer per run directory.
 - `checkpoints`: state dicts saved and loaded without unpickling.
 - `trials`: `TrialRecord` and `trials_table`, the log replayed one record per trial.
+- `frame`: `read_trials`, a run's trials as a pandas DataFrame (`qbatch.read_trials`).
 - `errors`: `StoreError` and `RunDirError`.
 
 Tunables are set in the module that reads them: `filesystems.GCS_RETRY_LIMIT_S`, `lock.LOCK_TRIES` and
