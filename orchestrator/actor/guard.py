@@ -54,8 +54,8 @@ class FailureGuard:
             stopped is resumed once the cause is fixed.
     """
 
-    def __init__(self, config: Any, scheduler: SlotScheduler, opt: AskTellOptimizer, abort: AbortCause, run_dir: str,
-                 base: tuple[int, int] = (0, 0)) -> None:
+    def __init__(self, config: Any, scheduler: SlotScheduler, opt: AskTellOptimizer, abort: AbortCause,
+                 run_dir: str, base: tuple[int, int] = (0, 0)) -> None:
         self.config = config
         self.scheduler = scheduler
         self.opt = opt

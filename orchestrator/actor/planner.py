@@ -58,8 +58,8 @@ class Planner:
         model_restored: the session started from a model checkpoint (no Sobol fillers while it refits).
     """
 
-    def __init__(self, opt: AskTellOptimizer, scheduler: SlotScheduler, log: RunLog, checkpoints: Checkpoints, notices: Notices,
-                 abort: AbortCause, stop: threading.Event, *, batch_size: int, session: float,
+    def __init__(self, opt: AskTellOptimizer, scheduler: SlotScheduler, log: RunLog, checkpoints: Checkpoints,
+                 notices: Notices, abort: AbortCause, stop: threading.Event, *, batch_size: int, session: float,
                  refit_interval_s: float, max_refit_failures: int, model_restored: bool) -> None:
         self.opt = opt
         self.scheduler = scheduler

@@ -49,7 +49,8 @@ class CalibrationQueue:
 
     @property
     def calibrator(self) -> CalibratorProtocol | None:
-        """The calibrator, or None (`calibrator: none`); it may hold updates not yet applied (`flush_calibration`)."""
+        """The calibrator, or None (`calibrator: none`); it may hold updates not applied yet
+        (`flush_calibration`)."""
         return self._calibrator
 
     def _queue_calibration(self, seq: int, trial: Trial, y: float) -> None:

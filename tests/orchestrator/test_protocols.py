@@ -20,7 +20,8 @@ from orchestrator.protocols import CalibratorProtocol, ProposerProtocol, Surroga
 def _members(protocol: type) -> set[str]:
     """The names a Protocol declares: its annotated attributes, methods and properties."""
     names = set(getattr(protocol, "__annotations__", {}))
-    names |= {n for n, v in vars(protocol).items() if not n.startswith("_") and (callable(v) or isinstance(v, property))}
+    names |= {n for n, v in vars(protocol).items()
+              if not n.startswith("_") and (callable(v) or isinstance(v, property))}
     return names
 
 
@@ -68,7 +69,8 @@ def test_the_proposers_declare_the_hooks_they_read():
     uses = {name: {f for f in ("uses_spread", "uses_calibrator", "uses_observed_y", "allows_repeats")
                    if getattr(build_proposer(name), f)} for name in PROPOSERS}
     assert uses == {"thompson": {"uses_spread"}, "qgibbon": {"uses_spread"}, "sobol": set(), "random": set(),
-                    "qlognei": set(), "gpr-ei": {"allows_repeats"}, "calibrated": {"uses_calibrator", "uses_observed_y"}}
+                    "qlognei": set(), "gpr-ei": {"allows_repeats"},
+                    "calibrated": {"uses_calibrator", "uses_observed_y"}}
     assert [n for n in PROPOSERS if not build_proposer(n).requires_model] == ["sobol", "random"]
 
 
