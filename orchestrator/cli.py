@@ -3,7 +3,8 @@
 `run` validates the config before anything else: a bad config prints ONE line naming the key and exits
 with status 2, without starting Ray and without creating a run directory. Only `run` and `resume` import
 Ray (through orchestrator.runner, imported inside the command); `status`, `report` and `objectives` read
-the log and the registry only.
+the log and the registry only. The library's diagnostics are logged (`logging.getLogger(__name__)`); the command
+line shows its warnings on stderr, each as the one line the library wrote.
 
 Exit status:
     0    success
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import math
 import os
 import sys
@@ -37,6 +39,36 @@ RUN_DIR (nothing started, nothing created); 130 interrupted (resume with `qbatch
 
 #: longest error line printed; a longer one keeps its head and tail (a bad value may be megabytes long)
 MAX_ERROR_CHARS = 2_000
+
+
+#: the packages whose logged warnings the command line shows on stderr, one line each, as the library words them
+_LOGGED_PACKAGES = ("orchestrator", "workers")
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes each record's message alone (the library's lines start with "qbatch: ") to `sys.stderr` as it is
+    when the line is written, so a redirect or a capture made after `main` started still gets it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(logging.Formatter("%(message)s"))
+        self.setLevel(logging.WARNING)
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+def _show_library_warnings() -> None:
+    """Give the library's loggers a stderr handler, once per process (`main` may run many times in one)."""
+    for name in _LOGGED_PACKAGES:
+        logger = logging.getLogger(name)
+        if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
+            logger.addHandler(_StderrHandler())
 
 
 def _error(msg: str) -> None:
@@ -261,6 +293,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `qbatch` console script; returns the exit status (see the module docstring)."""
+    _show_library_warnings()
     args = _parser().parse_args(argv)
     try:
         return args.func(args)

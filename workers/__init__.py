@@ -2,10 +2,11 @@
 
 `workers` runs an objective and knows nothing of models (ARCHITECTURE.md); the central actor
 (orchestrator/actor.py) has one `submit_evaluation` task submitted per trial, by its `EvaluationPool` actor
-(workers/pool.py; by itself without a pool), and ingests the record.
+(workers/pool.py; by itself without a pool), and ingests its `TrialResult`.
 """
 
 from workers.evaluate import evaluate_once, submit_evaluation, task_options
-from workers.records import FAILURE_REASONS, classify_value
+from workers.records import FAILURE_REASONS, TrialResult, classify_value
 
-__all__ = ["FAILURE_REASONS", "classify_value", "evaluate_once", "submit_evaluation", "task_options"]
+__all__ = ["FAILURE_REASONS", "TrialResult", "classify_value", "evaluate_once", "submit_evaluation",
+           "task_options"]

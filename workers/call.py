@@ -1,8 +1,8 @@
-"""One call of the objective in this process, and the payload of its record: the value or the failure, the
-metrics, the times around the call; also the failed payloads of a build, a timeout or a crash.
+"""One call of the objective in this process, and its `TrialResult`: the value or the failure, the metrics, the
+times around the call; also the failed result of an objective that could not be built.
 
 ARCHITECTURE.md "The path of one evaluation", step 3: whatever the objective does, an evaluation ends as one
-plain record. The sandbox child (workers/sandbox.py) and the thread of ``isolate="thread"``
+`TrialResult` (workers/records.py). The sandbox child (workers/sandbox.py) and the thread of ``isolate="thread"``
 (workers/evaluate.py) both call the objective through `call_objective`; the task adds the trial id, the
 process and the node (`evaluate_once`).
 """
@@ -16,9 +16,9 @@ from typing import Any, Mapping
 from objectives.base import EvalResult, Objective
 from workers.by_value import ByValue
 from workers.metrics import clean_metrics
-from workers.records import classify_value, describe_exception, format_exception_traceback
+from workers.records import TrialResult, classify_value, describe_exception, format_exception_traceback
 
-__all__ = ["call_objective", "failed", "load_failure", "spec_key"]
+__all__ = ["call_objective", "load_failure", "spec_key"]
 
 
 def spec_key(spec: tuple[str, Mapping[str, Any]] | ByValue) -> str:
@@ -30,31 +30,22 @@ def spec_key(spec: tuple[str, Mapping[str, Any]] | ByValue) -> str:
     return json.dumps([name, dict(options or {})], sort_keys=True, default=str)
 
 
-def failed(
-    error: str, message: str, traceback: str, started: float, ended: float | None = None,
-    metrics: dict[str, Any] | None = None, **extra: Any,
-) -> dict[str, Any]:
-    """The payload of a failed evaluation's record (`extra`: e.g. `child_pid`); `ended` defaults to now."""
-    return {"status": "failed", "value": None, "error": error, "traceback": traceback, "message": message,
-            "started_at": started, "ended_at": time.time() if ended is None else ended, "metrics": metrics or {},
-            **extra}
+def load_failure(exc: BaseException, started: float) -> TrialResult:
+    """The result of an evaluation whose objective could not be built (a failed trial, as when the worker raised
+    it: the actor records a task's exception the same way)."""
+    return TrialResult.failure("exception", f"loading the objective failed: {describe_exception(exc)}",
+                               format_exception_traceback(exc), started)
 
 
-def load_failure(exc: BaseException, started: float) -> dict[str, Any]:
-    """The record payload of an evaluation whose objective could not be built (a failed trial, as when the
-    worker raised it: the actor records a task's exception the same way)."""
-    return failed("exception", f"loading the objective failed: {describe_exception(exc)}",
-                  format_exception_traceback(exc), started)
-
-
-def call_objective(objective: Objective, params: Mapping[str, Any], seed: int) -> dict[str, Any]:
-    """Run the objective here; return the payload of a record (no process/timing bookkeeping)."""
+def call_objective(objective: Objective, params: Mapping[str, Any], seed: int) -> TrialResult:
+    """Run the objective here; return its result (no process/timing bookkeeping)."""
     started = time.time()
     try:
         raw = objective(dict(params), seed)
     except BaseException as exc:  # noqa: BLE001 - any exception of user code is a failed trial
         ended = time.time()
-        return failed("exception", describe_exception(exc), format_exception_traceback(exc), started, ended)
+        return TrialResult.failure("exception", describe_exception(exc), format_exception_traceback(exc), started,
+                                   ended)
     ended = time.time()
     try:
         value, reason, message = classify_value(raw)
@@ -65,17 +56,7 @@ def call_objective(objective: Objective, params: Mapping[str, Any], seed: int) -
         metrics, dropped = clean_metrics(raw.metrics) if isinstance(raw, EvalResult) else ({}, [])
     except Exception as exc:  # noqa: BLE001 - a mapping of user code whose items() raises: the value stands
         metrics, dropped = {}, [f"metrics: could not be read ({describe_exception(exc)})"]
-    extra = {"metrics_dropped": dropped} if dropped else {}
     if reason is not None:
-        return failed(reason, message, message, started, ended, metrics, **extra)
-    return {
-        "status": "completed",
-        "value": value,
-        "error": None,
-        "traceback": None,
-        "message": None,
-        "started_at": started,
-        "ended_at": ended,
-        "metrics": metrics,
-        **extra,
-    }
+        return TrialResult.failure(reason, message, message, started, ended, metrics, metrics_dropped=dropped)
+    return TrialResult("completed", value, started_at=started, ended_at=ended, metrics=metrics,
+                       metrics_dropped=dropped)

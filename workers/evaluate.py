@@ -4,17 +4,13 @@ ARCHITECTURE.md "The path of one evaluation", step 3. Each evaluation runs the o
 the Ray worker (``isolate="process"``, workers/sandbox.py), so a hang past `timeout_s` is killed and a crash of
 the objective (``os.abort``, a segfault) cannot take the worker down; ``isolate="thread"`` runs it in a thread
 instead (no fork; a hung thread is abandoned, not killed). Whatever happens - an exception, a NaN, inf, None, a
-string, an array, a timeout, a crash - the task returns one plain record (a dict); only the loss of the Ray
-worker or node itself surfaces as a Ray error, which Ray retries (`max_retries`) and the central actor records
-as "worker-lost". A result is never recorded twice: the actor ingests exactly once per trial id.
+string, an array, a timeout, a crash - the task returns one `TrialResult` (workers/records.py, which lists what
+it holds); only the loss of the Ray worker or node itself surfaces as a Ray error, which Ray retries
+(`max_retries`) and the central actor records as "worker-lost". A result is never recorded twice: the actor
+ingests exactly once per trial id.
 
 A timeout's traceback holds where the objective hung: the child's Python stacks, which it writes (faulthandler,
 on `STACK_SIGNAL`) just before it is killed, or the abandoned thread's stack.
-
-Record keys: trial_id, status ("completed" | "failed"), value, error (reason), message, traceback, metrics,
-node_id, pid (the Ray worker), child_pid, started_at, ended_at (seconds since the epoch, around the
-objective call), and metrics_dropped (a note per metric the log cannot hold, workers/metrics.py) when there
-are any.
 
 This module holds the task and its public API; the call of the objective and its payload are in
 workers/call.py, the sandbox in workers/sandbox.py, its process plumbing in workers/processes.py.
@@ -32,10 +28,10 @@ from typing import Any, Callable, Mapping
 
 from objectives.base import Objective, Resources
 from workers.by_value import ByValue
-from workers.call import call_objective, failed, spec_key
+from workers.call import call_objective, spec_key
 from workers.metrics import MAX_DROPPED_NOTES, MAX_METRICS, MAX_METRICS_BYTES
 from workers.processes import STACK_SIGNAL, STACK_WAIT_S
-from workers.records import MAX_TIMEOUT_S, MAX_TRACEBACK_CHARS, cap, printable
+from workers.records import MAX_TIMEOUT_S, MAX_TRACEBACK_CHARS, TrialResult, cap, printable
 from workers.sandbox import run_in_child
 
 __all__ = [
@@ -85,9 +81,9 @@ def _resolve_objective(objective: Objective | tuple[str, Mapping[str, Any]] | By
     return _OBJECTIVE_CACHE[key]
 
 
-def _run_in_thread(objective: Objective, params: Mapping[str, Any], seed: int, timeout_s: float) -> dict[str, Any]:
+def _run_in_thread(objective: Objective, params: Mapping[str, Any], seed: int, timeout_s: float) -> TrialResult:
     """Evaluate in a thread of this process (``isolate="thread"``); past `timeout_s` the thread is abandoned."""
-    box: list[dict[str, Any]] = []
+    box: list[TrialResult] = []
     started = time.time()
     thread = threading.Thread(target=lambda: box.append(call_objective(objective, params, seed)), daemon=True)
     thread.start()
@@ -97,9 +93,9 @@ def _run_in_thread(objective: Objective, params: Mapping[str, Any], seed: int, t
     frame = sys._current_frames().get(thread.ident)  # where it hangs: the record says so, as a process's does
     stack = "" if frame is None else printable("".join(tb_module.format_stack(frame)))
     stack = f"\n\nits stack when it was abandoned:\n{stack}" if stack else ""
-    return failed("timeout", f"timeout after {timeout_s:g} s",
-                  cap(f"the evaluation ran past timeout_s={timeout_s:g} s; its thread was abandoned "
-                      f"(isolate='thread'){stack}", MAX_TRACEBACK_CHARS), started)
+    return TrialResult.failure("timeout", f"timeout after {timeout_s:g} s",
+                               cap(f"the evaluation ran past timeout_s={timeout_s:g} s; its thread was abandoned "
+                                   f"(isolate='thread'){stack}", MAX_TRACEBACK_CHARS), started)
 
 
 def evaluate_once(
@@ -110,8 +106,8 @@ def evaluate_once(
     timeout_s: float = 600.0,
     isolate: str = "process",
     on_progress: Callable[[], None] | None = None,
-) -> dict[str, Any]:
-    """Evaluate one trial in this process (no Ray needed) and return its record.
+) -> TrialResult:
+    """Evaluate one trial in this process (no Ray needed) and return its result.
 
     Args:
         objective: an `Objective`, a `(name, options)` spec for `objectives.registry.load_objective`, or a
@@ -125,19 +121,18 @@ def evaluate_once(
             and when it has built the objective (`timeout_s` of its own, before the evaluation's).
 
     Returns:
-        The record dict described in the module docstring.
+        The evaluation's `TrialResult`, with `trial_id`, `pid` and `node_id` set.
     """
     if isolate not in ("process", "thread"):
         raise ValueError(f"isolate must be 'process' or 'thread'; got {isolate!r}")
     if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s <= MAX_TIMEOUT_S):
         raise ValueError(f"timeout_s must be a number in (0, {MAX_TIMEOUT_S:g}]; got {timeout_s!r}")
     if isolate == "process":  # a spec is built in the sandbox child (workers/sandbox.py says why)
-        record = run_in_child(objective, params, int(seed), float(timeout_s), on_progress)
+        result = run_in_child(objective, params, int(seed), float(timeout_s), on_progress)
     else:
-        record = _run_in_thread(_resolve_objective(objective), params, int(seed), float(timeout_s))
-    record.setdefault("child_pid", None)
-    record.update(trial_id=trial_id, pid=os.getpid(), node_id=_node_id())
-    return record
+        result = _run_in_thread(_resolve_objective(objective), params, int(seed), float(timeout_s))
+    result.trial_id, result.pid, result.node_id = trial_id, os.getpid(), _node_id()
+    return result
 
 
 def _node_id() -> str | None:
@@ -159,7 +154,7 @@ def _evaluation_task(
     timeout_s: float,
     isolate: str,
     report_start: Any = None,
-) -> dict[str, Any]:
+) -> TrialResult:
     def report() -> None:
         if report_start is not None:  # the pool's handle: tell it when this attempt starts (it may have been queued)
             try:
@@ -211,7 +206,7 @@ def submit_evaluation(
     isolate: str = "process",
     report_start: Any = None,
 ) -> Any:
-    """Launch one evaluation as a Ray task; returns its `ObjectRef` (resolves to the record).
+    """Launch one evaluation as a Ray task; returns its `ObjectRef` (resolves to the `TrialResult`).
 
     Args:
         objective: an `Objective`, a `(name, options)` spec, a `ByValue` objective, or an `ObjectRef` of one

@@ -19,8 +19,8 @@ queue (they were never recorded).
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 import threading
 import time
 from typing import Any, Mapping, Sequence
@@ -29,6 +29,8 @@ from objectives.base import Resources
 from workers.evaluate import submit_evaluation
 
 __all__ = ["EvaluationPool", "exit_with_node"]
+
+logger = logging.getLogger(__name__)
 
 #: how often an actor checks that the Ray node process that started it is still there (`exit_with_node`)
 NODE_CHECK_S = 1.0
@@ -52,15 +54,16 @@ def exit_with_node(what: str, check_s: float = NODE_CHECK_S) -> bool:
 
 
 def watch_parent(what: str, check_s: float = NODE_CHECK_S) -> None:
-    """Start a daemon thread that ends this process (exit status 1, a line on stderr) once its parent process
-    is gone (it is then re-parented), checking every `check_s` seconds."""
+    """Start a daemon thread that ends this process (exit status 1, a logged warning, on stderr unless the process
+    configured logging otherwise) once its parent process is gone (it is then re-parented), checking every
+    `check_s` seconds."""
     parent = os.getppid()
 
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(check_s)
-        print(f"qbatch: the Ray node that ran the {what} is gone; the {what} exits (pid {os.getpid()})",
-              file=sys.stderr, flush=True)
+        logger.warning("qbatch: the Ray node that ran the %s is gone; the %s exits (pid %d)", what, what,
+                       os.getpid())
         os._exit(1)
 
     threading.Thread(target=watch, name="qbatch-node-watch", daemon=True).start()

@@ -1,5 +1,6 @@
-"""What an evaluation's record holds, in pieces that need no process or Ray: the failure reasons, the check of
-an objective's return value, and the caps and escapes a text passes before it enters the record or the log.
+"""What an evaluation's record holds, in pieces that need no process or Ray: the record itself (`TrialResult`), the
+failure reasons, the check of an objective's return value, and the caps and escapes a text passes before it enters
+the record or the log.
 
 The evaluation task (workers/evaluate.py) builds its records with them; the config, the optimizer's `tell`, the
 store, the central actor, the runner and the CLI use them without importing that task.
@@ -10,7 +11,9 @@ from __future__ import annotations
 import decimal
 import math
 import numbers
+import time
 import traceback as tb_module
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,6 +22,7 @@ from objectives.base import EvalResult
 
 __all__ = [
     "FAILURE_REASONS",
+    "TrialResult",
     "MAX_MESSAGE_CHARS",
     "MAX_METRIC_CHARS",
     "MAX_TIMEOUT_S",
@@ -51,6 +55,55 @@ FAILURE_REASONS = (
     "crash",  # the child process died (os.abort, segfault, killed)
     "worker-lost",  # the Ray worker or node died and Ray's retries ran out (set by the actor)
 )
+
+
+@dataclass
+class TrialResult:
+    """The outcome of one evaluation, from the worker to the log: what the evaluation task returns
+    (workers/evaluate.py) whatever the objective did, and what the central actor makes itself for an evaluation
+    that never reports (its timeout backstop, a lost worker or node).
+
+    The actor writes it as the trial's `completed` or `failed` event (`RunLog.result_event`,
+    orchestrator/actor/log.py): `status` is the event's kind; `value`, `error`, `traceback`, `node_id`, `pid`,
+    `started_at` and `ended_at` are the event's fields of the same names; `message`, `metrics`,
+    `metrics_dropped` and `child_pid` go into its `info` (docs/event-log.md "Schema").
+
+    Attributes:
+        status: "completed" or "failed".
+        value: the objective's value, a finite float (None when failed).
+        error: the failure's reason, one of `FAILURE_REASONS` (None when completed).
+        message: what went wrong, capped at `MAX_MESSAGE_CHARS` (None when completed).
+        traceback: the exception's traceback, a timeout's stacks, or the failure's message.
+        started_at, ended_at: seconds since the epoch, around the objective call.
+        metrics: what the objective returned with its value, as the log keeps it (workers/metrics.py).
+        metrics_dropped: one note per metric the log cannot hold.
+        trial_id: the trial's id (set by the task).
+        node_id, pid: the Ray node and the worker process that ran it (set by the task; None from the actor).
+        child_pid: the sandbox process that ran the objective (``isolate="process"``).
+    """
+
+    status: str
+    value: float | None = None
+    error: str | None = None
+    message: str | None = None
+    traceback: str | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    metrics_dropped: list[str] = field(default_factory=list)
+    trial_id: str | None = None
+    node_id: str | None = None
+    pid: int | None = None
+    child_pid: int | None = None
+
+    @classmethod
+    def failure(
+        cls, error: str, message: str | None, traceback: str | None, started: float, ended: float | None = None,
+        metrics: dict[str, Any] | None = None, **fields: Any,
+    ) -> "TrialResult":
+        """A failed result (`fields`: e.g. `child_pid`, `trial_id`); `ended` defaults to now."""
+        return cls("failed", None, error, message, traceback, started, time.time() if ended is None else ended,
+                   metrics or {}, **fields)
 
 
 def classify_value(value: Any) -> tuple[float | None, str | None, str | None]:

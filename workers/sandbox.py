@@ -12,6 +12,7 @@ workers/processes.py; the task that uses `run_in_child` is workers/evaluate.py.
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import gc
 import multiprocessing
@@ -24,7 +25,7 @@ from typing import Any, Callable, Mapping
 
 from objectives.base import Objective
 from workers.by_value import ByValue
-from workers.call import call_objective, failed, load_failure, spec_key
+from workers.call import call_objective, load_failure, spec_key
 from workers.processes import (
     STACK_SIGNAL,
     adopt_orphans,
@@ -37,7 +38,7 @@ from workers.processes import (
     stacks_of,
     track_sandbox,
 )
-from workers.records import MAX_TIMEOUT_S, MAX_TRACEBACK_CHARS, cap
+from workers.records import MAX_TIMEOUT_S, MAX_TRACEBACK_CHARS, TrialResult, cap
 
 __all__ = ["run_in_child"]
 
@@ -46,10 +47,10 @@ def _sandbox_main(
     conn: Any, parent_end: Any, objective: Objective | tuple[str, Mapping[str, Any]] | ByValue,
     parent_pid: int, stack_fd: int | None = None,
 ) -> None:
-    """The sandbox child's loop: evaluate each `(params, seed)` received, answer with its payload.
+    """The sandbox child's loop: evaluate each `(params, seed)` received, answer with its `TrialResult`.
 
     A `(name, options)` spec is imported and built here, in the child, which answers first ("imported", then
-    "built", or "failed" with the failure's payload): the worker then never runs objective code (not even a
+    "built", or "failed" with the failure's result): the worker then never runs objective code (not even a
     module's top level) before it forks, which matters because GNU OpenMP (torch's CPU thread pool) is not
     fork-safe: a child forked from a process that ran a multi-threaded torch op deadlocks at its own first one
     (a user objective that warms up a model in its constructor would time out at every evaluation)."""
@@ -98,11 +99,11 @@ def _sandbox_main(
                 params, seed = conn.recv()
             except (EOFError, OSError):  # the worker closed the pipe or exited
                 break
-            payload = call_objective(objective, params, seed)
+            result = call_objective(objective, params, seed)
             try:
-                conn.send(payload)
+                conn.send(result)
             except Exception as exc:  # an unpicklable metric or message
-                conn.send({**payload, "metrics": {}, "message": f"result not transferable: {exc}"})
+                conn.send(dataclasses.replace(result, metrics={}, message=f"result not transferable: {exc}"))
     finally:
         os._exit(0)
 
@@ -138,10 +139,10 @@ class _Sandbox:
     def _fork(
         self, objective: Objective | tuple[str, Mapping[str, Any]] | ByValue,
         build_timeout_s: float = MAX_TIMEOUT_S, on_progress: Callable[[], None] | None = None,
-    ) -> dict[str, Any] | None:
+    ) -> TrialResult | None:
         """Start a child for `objective`. For a spec, wait until the child has imported its module (not timed
         here), then built it (at most `build_timeout_s`), calling `on_progress` after each step; return the
-        failure payload if it could not (the child is then gone), else None."""
+        failed result if it could not (the child is then gone), else None."""
         self.close()
         try:
             libc()
@@ -190,19 +191,19 @@ class _Sandbox:
                     text = cap(f"building the objective took longer than timeout_s={build_timeout_s:g} s and was "
                                f"killed (pid {proc.pid}); a constructor that needs longer needs a larger timeout_s"
                                f"{stacks}", MAX_TRACEBACK_CHARS)
-                    return failed("timeout", f"timeout after {build_timeout_s:g} s while building the objective",
-                                  text, started, child_pid=proc.pid)
+                    message = f"timeout after {build_timeout_s:g} s while building the objective"
+                    return TrialResult.failure("timeout", message, text, started, child_pid=proc.pid)
                 step, failure = parent_conn.recv()
         except (EOFError, OSError):
             self.close(kill=True, wait=True)
             died = RuntimeError(f"the sandbox process died while building the objective (exit code {proc.exitcode})")
-            return {**load_failure(died, started), "child_pid": proc.pid}
+            return dataclasses.replace(load_failure(died, started), child_pid=proc.pid)
         except BaseException:  # interrupted (KeyboardInterrupt in a library call): no child half-built left
             self.close(kill=True, wait=True)
             raise
         if step == "failed":
             self.close(wait=True)
-            failure["child_pid"] = proc.pid
+            failure.child_pid = proc.pid
             return failure
         self.spec_key = spec_key(objective)
         if on_progress is not None:
@@ -228,7 +229,7 @@ class _Sandbox:
     def run(
         self, objective: Objective | tuple[str, Mapping[str, Any]] | ByValue, params: Mapping[str, Any], seed: int,
         timeout_s: float, on_progress: Callable[[], None] | None = None,
-    ) -> dict[str, Any]:
+    ) -> TrialResult:
         """Evaluate in the child (forked first if needed). A spec's build gets `timeout_s` of its own, then the
         evaluation its full `timeout_s`; `on_progress` is called after a new child's import and after its build
         (the task re-reports its start each time, so the central actor's backstop deadline counts from there)."""
@@ -250,26 +251,28 @@ class _Sandbox:
         if not answered:
             stacks = stacks_of(proc.pid, self.stack_file)
             self.close(kill=True, wait=True)
-            return failed("timeout", f"timeout after {timeout_s:g} s",
-                          cap(f"the evaluation ran past timeout_s={timeout_s:g} s and was killed (pid {proc.pid})"
-                              f"{stacks}", MAX_TRACEBACK_CHARS), started, child_pid=proc.pid)
+            return TrialResult.failure(
+                "timeout", f"timeout after {timeout_s:g} s",
+                cap(f"the evaluation ran past timeout_s={timeout_s:g} s and was killed (pid {proc.pid}){stacks}",
+                    MAX_TRACEBACK_CHARS), started, child_pid=proc.pid)
         try:
-            payload = self.conn.recv()
+            result = self.conn.recv()
         except (EOFError, OSError):
-            payload = None
+            result = None
         except BaseException:
             self.close(kill=True, wait=True)
             raise
-        if payload is not None:
-            payload["child_pid"] = proc.pid
-            return payload
+        if result is not None:
+            result.child_pid = proc.pid
+            return result
         # no answer: the child died first (os.abort, a segfault, killed)
         self.close(kill=True, wait=True)
         code = proc.exitcode
         what = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
-        return failed("crash", f"crash ({what})",
-                      f"the evaluation process (pid {proc.pid}) died with {what} before returning a result", started,
-                      child_pid=proc.pid)
+        return TrialResult.failure(
+            "crash", f"crash ({what})",
+            f"the evaluation process (pid {proc.pid}) died with {what} before returning a result", started,
+            child_pid=proc.pid)
 
 
 #: what Ray sets per task to give it its GPUs (and other accelerators); a child keeps the value it was forked with
@@ -288,7 +291,7 @@ _SANDBOX = _Sandbox()
 def run_in_child(
     objective: Objective | tuple[str, Mapping[str, Any]] | ByValue, params: Mapping[str, Any], seed: int,
     timeout_s: float, on_progress: Callable[[], None] | None = None,
-) -> dict[str, Any]:
+) -> TrialResult:
     """Evaluate in this worker's sandbox child (a private one if another thread is using it)."""
     if _SANDBOX.lock.acquire(blocking=False):
         try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import Tensor
@@ -18,6 +18,9 @@ from torch import Tensor
 from orchestrator.checks import check_int
 from orchestrator.errors import InputDataError, UnsupportedError
 from orchestrator.models.base import Surrogate
+
+if TYPE_CHECKING:
+    from orchestrator.protocols import CalibratorProtocol
 
 __all__ = ["Proposer", "DUPLICATE_TOL", "check_target_is_f"]
 
@@ -32,8 +35,8 @@ def check_target_is_f(model: Any, proposer: str) -> None:
     mu_f + Phi^-1(tau) e^(mu_g) (spec §1.7), which has another argmax unless tau = 0.5. (An exact GP's plug-in
     differs from f by a constant; the quantile and expectile models' f is the target.)
     """
-    tau = float(getattr(model, "tau", 0.5))
-    if isinstance(model, Surrogate) and model.family == "gaussian" and model.num_outputs_latent == 2 and tau != 0.5:
+    if (isinstance(model, Surrogate) and model.family == "gaussian" and model.num_outputs_latent == 2
+            and float(model.tau) != 0.5):
         raise UnsupportedError(
             f"{proposer} optimizes the model's f, which for {type(model).__name__} is the mean, while the run's "
             "target is its tau-quantile (the plug-in mu_f + Phi^-1(tau) exp(mu_g)): it would ignore tau. Use "
@@ -41,14 +44,33 @@ def check_target_is_f(model: Any, proposer: str) -> None:
 
 
 class Proposer(ABC):
-    """Proposes a batch of `q` points to evaluate next.
+    """Proposes a batch of `q` points to evaluate next (`orchestrator.protocols.ProposerProtocol`).
 
     A model-free proposer (Sobol, random search) sets `requires_model = False`; it then receives
-    `model=None` and the caller need not fit a model for it.
+    `model=None` and the caller need not fit a model for it. The hooks below are set from outside: the calibrator's
+    by `attach` (orchestrator/calibration/spread.py), `observed_y` and `snap` by the optimizer; a subclass that
+    reads one sets its `uses_*` flag.
     """
 
     #: whether `propose` needs a fitted surrogate
     requires_model: bool = True
+    #: whether a batch may repeat a point on purpose (the optimizer then leaves its repeats in place)
+    allows_repeats: bool = False
+    #: whether `_propose` reads `spread`, the calibrator's spread factor s(x) (`attach` sets it)
+    uses_spread: bool = False
+    #: whether `_propose` reads `calibrator` (`attach` sets it)
+    uses_calibrator: bool = False
+    #: whether `_propose` reads `observed_y` (the optimizer sets it before each proposal)
+    uses_observed_y: bool = False
+    #: s(x), `... x n x d` -> `... x n`, or None for s = 1
+    spread: Callable[[Tensor], Tensor] | None = None
+    calibrator: CalibratorProtocol | None = None
+    #: the outcomes observed so far, in the units the model is fitted to (before its standardization)
+    observed_y: Tensor | None = None
+    #: rounding onto the search space's grid (`SearchSpace.snap`): the optimizer sets it when the space has int
+    #: or choice parameters, and a proposer that searches on the grid compares its candidates where they will be
+    #: evaluated
+    snap: Callable[[Tensor], Tensor] | None = None
 
     @abstractmethod
     def _propose(

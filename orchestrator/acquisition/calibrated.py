@@ -202,6 +202,7 @@ class LOCBOExpectedImprovement(_GaussianAcquisition):
 
     def __init__(self, model: Any, best_f: float | Tensor, calibrator: Any, X_pending: Tensor | None = None) -> None:
         super().__init__(model, calibrator, "quantile", X_pending)
+        # a public acquisition: `calibrator` is the caller's object, which may be any calibrator, or none
         if not hasattr(calibrator, "threshold"):
             raise UnsupportedError("LOCBOExpectedImprovement needs a LOCBOCalibrator")
         self.register_buffer("best_f", torch.as_tensor(best_f, dtype=torch.float64))
@@ -317,6 +318,9 @@ class AcquisitionProposer(Proposer):
         num_restarts, raw_samples, maxiter: `optimize_acqf` settings.
     """
 
+    uses_calibrator = True
+    uses_observed_y = True
+
     def __init__(
         self,
         acquisition: str = "ei",
@@ -359,7 +363,7 @@ class AcquisitionProposer(Proposer):
                 f"got {type(model).__name__} (family {model.family!r})"
             )
         check_target_is_f(model, f"calibrated {self.acquisition.upper()}")
-        name = getattr(self.calibrator, "name", "none")
+        name = "none" if self.calibrator is None else self.calibrator.name
         if name == "locbo" and self.acquisition != "ei":
             raise ConfigError(f"calibrator 'locbo' defines EI only; got `proposer.options.acquisition` {self.acquisition!r}")
         if name == "conformal":
@@ -392,7 +396,7 @@ class AcquisitionProposer(Proposer):
         LOCBO's: the best observed outcome, standardized, when `observed_y` is set)."""
         self.check_model(model)
         cal = self.calibrator
-        name = getattr(cal, "name", "none")
+        name = "none" if cal is None else cal.name
         d = X_observed.shape[-1]
         if X_observed.shape[0]:
             with torch.no_grad():

@@ -81,7 +81,7 @@ class _SparseLatents:
         self.constant = torch.stack([p.constant_mean.detach().reshape(()) for p in ps]).to(**tk)
         M = self.Z.shape[-2]
         eye = torch.eye(M, **tk)
-        jitter = torch.tensor([float(getattr(p, "jitter", 0.0)) for p in ps], **tk).reshape(2, 1, 1)
+        jitter = torch.tensor([float(p.jitter) for p in ps], **tk).reshape(2, 1, 1)
         with torch.no_grad():
             K = self.kernel(self.Z, self.Z) + jitter * eye
             self.L = psd_safe_cholesky(K)
@@ -114,7 +114,7 @@ class _SparseLatents:
 def _check_model(model: Surrogate) -> str:
     """The family of `model`; raises `UnsupportedError` unless it is a quantile or expectile likelihood with a
     GP on the noise latent g (spec §3). Reads only class-level facts, so an unfitted model can be checked."""
-    family = getattr(model, "family", None)
+    family = model.family
     if family not in SUPPORTED_FAMILIES or model.num_outputs_latent != 2:
         raise UnsupportedError(
             f"QGibbon needs a two-latent quantile or expectile model (model quantile or expectile); got "
@@ -300,6 +300,8 @@ class QGibbon(Proposer):
     After `propose`, `last_diagnostics` holds the g* samples, the gain α_k of every greedy step (in linear
     scale and as log Q / log(w|R|)), and timings.
     """
+
+    uses_spread = True
 
     def __init__(
         self,

@@ -145,7 +145,7 @@ class MatheronPaths:
         with torch.no_grad():
             # K_ZZ = k(Z, Z) + parts.jitter * I exactly as the model's own formulas; psd_safe_cholesky adds
             # GPyTorch's `cholesky_jitter` on top only if that matrix is numerically singular
-            K_zz = self.kernel.forward(Z, Z) + float(getattr(parts, "jitter", 0.0)) * torch.eye(m, dtype=Z.dtype, device=Z.device)
+            K_zz = self.kernel.forward(Z, Z) + float(parts.jitter) * torch.eye(m, dtype=Z.dtype, device=Z.device)
             self._chol_zz = psd_safe_cholesky(K_zz)
             self.features = MaternFourierFeatures(
                 parts.lengthscale,
@@ -169,7 +169,7 @@ class MatheronPaths:
             # the update solves with K~ = k(Z, Z) + jitter I, so the prior draw at Z must have covariance K~ as
             # well: without this term the paths' covariance falls short of the posterior's by
             # jitter k_xZ K~^-2 k_Zx (18-24% of the variance for an exact GP on nearly noiseless data)
-            jitter = float(getattr(parts, "jitter", 0.0))
+            jitter = float(parts.jitter)
             if jitter > 0:
                 prior_z = prior_z + math.sqrt(jitter) * torch.randn(
                     num_paths, m, generator=generator, dtype=Z.dtype, device=Z.device)

@@ -173,6 +173,8 @@ class ThompsonSampling(Proposer):
         ConfigError: naming the option that is out of range.
     """
 
+    uses_spread = True
+
     def __init__(
         self,
         num_features: int = 1000,

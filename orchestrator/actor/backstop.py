@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
+
+from workers.records import TrialResult
+
+if TYPE_CHECKING:
+    from orchestrator.ask_tell import Trial
 
 __all__ = ["Backstop", "timeout_record"]
 
@@ -97,22 +102,10 @@ class Backstop:
         return self._starts
 
 
-def timeout_record(trial: Any, started: float, timeout_s: float) -> dict[str, Any]:
-    """A failed 'timeout' record for an evaluation that gave no result long past its deadline (`started`: when
+def timeout_record(trial: Trial, started: float, timeout_s: float) -> TrialResult:
+    """A failed 'timeout' result for an evaluation that gave no result long past its deadline (`started`: when
     its latest attempt started, or its dispatch when that is unknown)."""
     now = time.time()
-    return {
-        "trial_id": trial.trial_id,
-        "status": "failed",
-        "value": None,
-        "error": "timeout",
-        "traceback": None,
-        "message": f"no result {now - started:.0f} s after it started (timeout_s={timeout_s:g}); the worker "
-        "did not enforce its timeout (frozen?) and was cancelled",
-        "started_at": started,
-        "ended_at": now,
-        "metrics": {},
-        "node_id": None,
-        "pid": None,
-        "child_pid": None,
-    }
+    message = (f"no result {now - started:.0f} s after it started (timeout_s={timeout_s:g}); the worker did not "
+               "enforce its timeout (frozen?) and was cancelled")
+    return TrialResult.failure("timeout", message, None, started, now, trial_id=trial.trial_id)

@@ -11,9 +11,13 @@ time-series splits depend on the chunks).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from orchestrator.actor.notices import Notices
+
+if TYPE_CHECKING:
+    from orchestrator.ask_tell import AskTellOptimizer
+    from orchestrator.store import RunStore
 
 __all__ = ["CALIBRATOR_CHECKPOINT", "CALIBRATOR_SAVE_GROWTH", "MODEL_CHECKPOINT", "Checkpoints"]
 
@@ -39,7 +43,7 @@ class Checkpoints:
         run_dir: the run directory (named in those reports).
     """
 
-    def __init__(self, store: Any, opt: Any, notices: Notices, run_dir: str) -> None:
+    def __init__(self, store: RunStore, opt: AskTellOptimizer, notices: Notices, run_dir: str) -> None:
         self.store = store
         self.opt = opt
         self.notices = notices

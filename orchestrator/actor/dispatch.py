@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from orchestrator.actor.backstop import Backstop, timeout_record
 from orchestrator.actor.guard import AbortCause, FailureGuard
 from orchestrator.actor.log import RunLog
 from orchestrator.actor.scheduler import SlotScheduler
 from workers.evaluate import submit_evaluation
+from workers.records import TrialResult
+
+if TYPE_CHECKING:
+    from orchestrator.ask_tell import AskTellOptimizer, Trial
 
 __all__ = ["Dispatcher", "is_transient", "lost_record"]
 
@@ -46,9 +50,9 @@ class Dispatcher:
         session: when this session started (its result records say so).
     """
 
-    def __init__(self, scheduler: SlotScheduler, log: RunLog, opt: Any, guard: FailureGuard, abort: AbortCause,
-                 stop: threading.Event, wake: Callable[[], None], *, cfg: Any, pool: Any, objective_spec: Any,
-                 resources: Any, isolate: str, session: float) -> None:
+    def __init__(self, scheduler: SlotScheduler, log: RunLog, opt: AskTellOptimizer, guard: FailureGuard,
+                 abort: AbortCause, stop: threading.Event, wake: Callable[[], None], *, cfg: Any, pool: Any,
+                 objective_spec: Any, resources: Any, isolate: str, session: float) -> None:
         self.scheduler = scheduler
         self.log = log
         self.opt = opt
@@ -100,7 +104,7 @@ class Dispatcher:
                 self.log.started.extend(self.log.event("started", trial, time=now, attempt=attempt)
                                         for (trial, attempt), _ in zip(batch, refs))
 
-    def submit(self, batch: list[tuple[Any, int]]) -> list[Any]:
+    def submit(self, batch: list[tuple[Trial, int]]) -> list[Any]:
         """Start the evaluations of `batch` ((trial, attempt) pairs); returns their refs in order."""
         if self.pool is None:
             return [
@@ -155,26 +159,11 @@ class Dispatcher:
         # these results trip the failure guard (the run stops: nothing new may start)
         new = {trial.trial_id: rec for _, trial, _, rec in results if not self.opt.is_told(trial.trial_id)}
         if not self.guard.trips(sched.n_done + len(new),
-                                sched.n_failed + sum(rec["status"] != "completed" for rec in new.values())):
+                                sched.n_failed + sum(rec.status != "completed" for rec in new.values())):
             self.dispatch(freed=len(results))
-        events = []
-        for _, trial, attempt, rec in results:
-            if self.opt.is_told(trial.trial_id):  # exactly once by trial id
-                continue
-            kind = rec["status"]
-            # `session`: when this actor started; the report sums utilization's span over sessions (a resume or
-            # a restart starts one), so the time a stopped run waited for `qbatch resume` is not idle slot time
-            info = {"metrics": rec.get("metrics") or {}, "child_pid": rec.get("child_pid"), "session": self.session}
-            if rec.get("message"):
-                info["message"] = rec["message"]
-            if rec.get("metrics_dropped"):
-                info["metrics_dropped"] = rec["metrics_dropped"]
-            events.append(self.log.event(
-                kind, trial, time=time.time(), value=rec["value"] if kind == "completed" else None,
-                node_id=rec.get("node_id"), pid=rec.get("pid"), started_at=rec.get("started_at"),
-                ended_at=rec.get("ended_at"), attempt=attempt, error=rec.get("error"),
-                traceback=rec.get("traceback"), info=info,
-            ))
+        # exactly once by trial id
+        events = [self.log.result_event(trial, rec, attempt, self.session)
+                  for _, trial, attempt, rec in results if not self.opt.is_told(trial.trial_id)]
         self.log.append(events)  # durable before anything is acknowledged
         if self.pool is not None and results:
             self.pool.release.remote([trial.trial_id for _, trial, _, _ in results])
@@ -184,10 +173,10 @@ class Dispatcher:
                 if self.opt.is_told(trial.trial_id):
                     self.duplicates += 1
                     continue
-                if rec["status"] == "completed":
-                    self.opt.tell(trial.trial_id, rec["value"])
+                if rec.status == "completed":
+                    self.opt.tell(trial.trial_id, rec.value)
                 else:
-                    self.opt.tell(trial.trial_id, None, error=rec.get("error") or "exception", message=rec.get("message"))
+                    self.opt.tell(trial.trial_id, None, error=rec.error or "exception", message=rec.message)
                 sched.count(rec)
             self.guard.check()
         self.wake()
@@ -212,22 +201,10 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError))
 
 
-def lost_record(trial: Any, exc: BaseException, dispatched: float) -> dict[str, Any]:
-    """A failed record for an evaluation whose Ray task itself failed (worker/node lost after retries)."""
+def lost_record(trial: Trial, exc: BaseException, dispatched: float) -> TrialResult:
+    """A failed result for an evaluation whose Ray task itself failed (worker/node lost after retries)."""
     import ray
 
     reason = "exception" if isinstance(exc, ray.exceptions.RayTaskError) else "worker-lost"
-    return {
-        "trial_id": trial.trial_id,
-        "status": "failed",
-        "value": None,
-        "error": reason,
-        "traceback": f"{type(exc).__name__}: {exc}",
-        "message": f"{type(exc).__name__}",
-        "started_at": dispatched,
-        "ended_at": time.time(),
-        "metrics": {},
-        "node_id": None,
-        "pid": None,
-        "child_pid": None,
-    }
+    return TrialResult.failure(reason, f"{type(exc).__name__}", f"{type(exc).__name__}: {exc}", dispatched,
+                               time.time(), trial_id=trial.trial_id)

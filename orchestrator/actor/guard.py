@@ -9,9 +9,13 @@ is "aborted" with that message, and the driver raises `RunAbortedError`.
 from __future__ import annotations
 
 import collections
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import QbatchError
+
+if TYPE_CHECKING:
+    from orchestrator.actor.scheduler import SlotScheduler
+    from orchestrator.ask_tell import AskTellOptimizer
 
 __all__ = ["AbortCause", "FailureGuard", "RunAbortedError"]
 
@@ -50,8 +54,8 @@ class FailureGuard:
             stopped is resumed once the cause is fixed.
     """
 
-    def __init__(self, config: Any, scheduler: Any, opt: Any, abort: AbortCause, run_dir: str,
-                 base: tuple[int, int] = (0, 0)) -> None:
+    def __init__(self, config: Any, scheduler: SlotScheduler, opt: AskTellOptimizer, abort: AbortCause,
+                 run_dir: str, base: tuple[int, int] = (0, 0)) -> None:
         self.config = config
         self.scheduler = scheduler
         self.opt = opt

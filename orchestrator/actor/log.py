@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from orchestrator.actor.guard import AbortCause
 from orchestrator.errors import QbatchError
+
+if TYPE_CHECKING:
+    from orchestrator.ask_tell import Trial
+    from orchestrator.store import Event, RunStore
+    from workers.records import TrialResult
 
 __all__ = ["LogWriteError", "RunLog"]
 
@@ -33,26 +38,47 @@ class RunLog:
         on_failure: called after a failed write has set the abort (wakes the planner threads).
     """
 
-    def __init__(self, store: Any, run_dir: str, lock: Any, abort: AbortCause, on_failure: Callable[[], None]) -> None:
+    def __init__(self, store: RunStore, run_dir: str, lock: Any, abort: AbortCause,
+                 on_failure: Callable[[], None]) -> None:
         self.store = store
         self.run_dir = run_dir
         self.lock = lock
         self.abort = abort
         self.on_failure = on_failure
         self.write_lock = threading.Lock()  # RunStore is written from the loop and the planner
-        self.started: list[Any] = []  # "started" events not yet written
+        self.started: list[Event] = []  # "started" events not yet written
         self.last_flush = time.time()
         self.failed = False  # an append raised (disk full, storage gone): stop, write nothing
 
     @staticmethod
-    def event(kind: str, trial: Any, **fields: Any) -> Any:
+    def event(kind: str, trial: Trial, **fields: Any) -> Event:
         """An `Event` of `kind` for `trial` (its id, batch, params and unit-cube point) with `fields`."""
         from orchestrator.store import Event
 
         return Event(kind, trial.trial_id, batch_id=trial.batch_id, params=dict(trial.params),
                      x=[float(v) for v in trial.x.tolist()], **fields)
 
-    def append(self, events: list[Any]) -> None:
+    @classmethod
+    def result_event(cls, trial: Trial, result: TrialResult, attempt: int, session: float) -> Event:
+        """The `completed` or `failed` event of `trial`'s `result` (docs/event-log.md "Schema").
+
+        The result's fields of the event's names are copied (`value` only when completed); its `metrics`,
+        `child_pid`, `message` and `metrics_dropped` (the last two when there are any) go into `info`, with
+        `session`: when this actor started. The report sums utilization's span over sessions (a resume or a
+        restart starts one), so the time a stopped run waited for `qbatch resume` is not idle slot time.
+        """
+        info: dict[str, Any] = {"metrics": result.metrics or {}, "child_pid": result.child_pid, "session": session}
+        if result.message:
+            info["message"] = result.message
+        if result.metrics_dropped:
+            info["metrics_dropped"] = result.metrics_dropped
+        return cls.event(
+            result.status, trial, time=time.time(), value=result.value if result.status == "completed" else None,
+            node_id=result.node_id, pid=result.pid, started_at=result.started_at, ended_at=result.ended_at,
+            attempt=attempt, error=result.error, traceback=result.traceback, info=info,
+        )
+
+    def append(self, events: list[Event]) -> None:
         """Write `events` (after the buffered "started" ones) to the log, durably.
 
         Raises:

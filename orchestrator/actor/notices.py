@@ -1,19 +1,22 @@
 """What the central actor has to tell the user: its own lines and the Python warnings of its process.
 
 In a Ray actor they are held for the driver, which takes them with `CentralActor.notices` and prints one to a
-line above its progress bar (orchestrator/runner/progress.py); outside Ray they go to stderr at once.
+line above its progress bar (orchestrator/runner/progress.py); outside Ray its lines are logged at once (a
+warning of this module's logger, which the CLI and Python's default both write to stderr).
 """
 
 from __future__ import annotations
 
 import collections
+import logging
 import os
-import sys
 from typing import Any
 
 from workers.records import cap
 
 __all__ = ["MAX_NOTICES", "MAX_NOTICE_CHARS", "Notices", "in_ray_actor", "warning_line"]
+
+logger = logging.getLogger(__name__)
 
 #: the most lines the actor holds for the driver (`CentralActor.notices`); past it the oldest are dropped
 MAX_NOTICES = 200
@@ -48,7 +51,7 @@ class Notices:
     prints each on a line of its own above the progress bar: Ray forwards an actor's stderr to the driver's
     terminal as it comes, after the actor's pid and on the bar's line, and Python prints a warning with the
     source line of its `warnings.warn`. Outside Ray (an actor object in the caller's process) a line is
-    printed to stderr at once and warnings are left to Python.
+    logged at once (`logging`, a warning) and warnings are left to Python.
 
     The hook is the process's `warnings.showwarning`: a `warnings.catch_warnings` in a library (BoTorch's
     fits record their warnings so) replaces it while it lasts, as it does Python's own.
@@ -62,7 +65,7 @@ class Notices:
         if self.forward:
             self._lines.append(cap(line, MAX_NOTICE_CHARS, sep=" "))
         else:
-            print(line, file=sys.stderr, flush=True)
+            logger.warning("%s", line)
 
     def show_warning(self, message: Warning | str, category: type[Warning], filename: str, lineno: int,
                      file: Any = None, line: str | None = None) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.actor.checkpoints import Checkpoints
 from orchestrator.actor.guard import AbortCause
@@ -30,6 +30,9 @@ from orchestrator.actor.log import LogWriteError, RunLog
 from orchestrator.actor.notices import Notices
 from orchestrator.actor.scheduler import SlotScheduler
 from workers.records import describe_exception, format_exception_traceback
+
+if TYPE_CHECKING:
+    from orchestrator.ask_tell import AskTellOptimizer, Trial
 
 __all__ = ["Planner"]
 
@@ -55,8 +58,8 @@ class Planner:
         model_restored: the session started from a model checkpoint (no Sobol fillers while it refits).
     """
 
-    def __init__(self, opt: Any, scheduler: SlotScheduler, log: RunLog, checkpoints: Checkpoints, notices: Notices,
-                 abort: AbortCause, stop: threading.Event, *, batch_size: int, session: float,
+    def __init__(self, opt: AskTellOptimizer, scheduler: SlotScheduler, log: RunLog, checkpoints: Checkpoints,
+                 notices: Notices, abort: AbortCause, stop: threading.Event, *, batch_size: int, session: float,
                  refit_interval_s: float, max_refit_failures: int, model_restored: bool) -> None:
         self.opt = opt
         self.scheduler = scheduler
@@ -202,13 +205,13 @@ class Planner:
                 return
             sobol = design or self.opt.design_left > 0
             sched.reserve(q, sobol)
-        trials: list[Any] = []
+        trials: list[Trial] = []
         try:
             trials = self.ask_and_log(q, design)
         finally:  # queued only once logged; the reservation ends either way
             sched.release(q, sobol, trials)
 
-    def ask_and_log(self, q: int, design: bool) -> list[Any]:
+    def ask_and_log(self, q: int, design: bool) -> list[Trial]:
         """`propose`'s work: ask for `q` trials and log them (a trial is logged before it can be dispatched)."""
         t0 = time.perf_counter()
         pending = self.opt.num_pending

@@ -10,9 +10,13 @@ checkpoint learns the results in the chunks the run did. After a restart the act
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from orchestrator.actor.scheduler import SlotScheduler
+
+if TYPE_CHECKING:
+    from orchestrator.ask_tell import AskTellOptimizer
+    from orchestrator.store import Event
 
 __all__ = ["Replayed", "end_calibration_round", "readopt", "replay_log"]
 
@@ -28,7 +32,7 @@ class Replayed:
     readopted: int
 
 
-def replay_log(opt: Any, events: list[Any], scheduler: SlotScheduler, pool: Any = None) -> Replayed:
+def replay_log(opt: AskTellOptimizer, events: list[Event], scheduler: SlotScheduler, pool: Any = None) -> Replayed:
     """Rebuild `opt` from the log's `events`: proposals, then results exactly once, in log order. The results
     are counted in `scheduler`, the attempts started too, and the trials that never finished are queued (or,
     with `pool`, in flight again where it still holds their evaluations)."""
@@ -71,7 +75,7 @@ def replay_log(opt: Any, events: list[Any], scheduler: SlotScheduler, pool: Any 
     return Replayed(events=len(events), finished=finished, unfinished=unfinished, readopted=readopted)
 
 
-def end_calibration_round(opt: Any, info: Mapping[str, Any]) -> None:
+def end_calibration_round(opt: AskTellOptimizer, info: Mapping[str, Any]) -> None:
     """The replay at a record of a calibrator flush (a model batch's first proposal, a session's final fit): its
     `learned_ids` (absent from logs of older versions) name the results that flush taught the calibrator,
     `calibrated` how many it had learned in all (on every proposal of the batch: the first one's record may be
@@ -98,7 +102,7 @@ def readopt(pool: Any, scheduler: SlotScheduler, finished: set[str]) -> int:
     return scheduler.adopt(held)
 
 
-def _restore_from(opt: Any, ev: Any) -> None:
+def _restore_from(opt: AskTellOptimizer, ev: Event) -> None:
     """Re-register a trial from one of its own events (they all carry params and x)."""
     x = ev.x if ev.x else opt.space.to_unit([ev.params or {}])[0].tolist()
     opt.restore_trial(ev.trial_id, ev.params or {}, x, ev.batch_id if ev.batch_id is not None else -1,

@@ -13,7 +13,10 @@ from __future__ import annotations
 import collections
 import math
 import threading
-from typing import Any, Iterable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol
+
+if TYPE_CHECKING:
+    from workers.records import TrialResult
 
 __all__ = ["SlotScheduler"]
 
@@ -182,18 +185,17 @@ class SlotScheduler:
             trial, _, _ = self.inflight.pop(ref)
             self.queue.appendleft(trial)
 
-    def count(self, record: Mapping[str, Any]) -> None:
-        """A result told (`record`: workers/records.py, with "status", "error", "started_at", "ended_at"): done,
-        completed or failed, and its evaluation time is busy slot time, but for a lost worker's (its times are
-        the dispatch's and the loss's)."""
+    def count(self, result: TrialResult) -> None:
+        """A result told (its `status`, `error`, `started_at` and `ended_at`): done, completed or failed, and its
+        evaluation time is busy slot time, but for a lost worker's (its times are the dispatch's and the loss's)."""
         with self.lock:
-            if record["status"] == "completed":
+            if result.status == "completed":
                 self.n_completed += 1
             else:
                 self.n_failed += 1
             self.n_done_session += 1
-            started_at, ended_at = record.get("started_at"), record.get("ended_at")
-            if record.get("error") != "worker-lost" and started_at is not None and ended_at is not None:
+            started_at, ended_at = result.started_at, result.ended_at
+            if result.error != "worker-lost" and started_at is not None and ended_at is not None:
                 dt = max(0.0, ended_at - started_at)
                 self.busy_s += dt
                 self.eval_ema = dt if self.eval_ema is None else 0.95 * self.eval_ema + 0.05 * dt

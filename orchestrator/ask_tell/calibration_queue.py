@@ -11,12 +11,15 @@ teaches it does not depend on the order its results came in. A replay of a log m
 from __future__ import annotations
 
 import itertools
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor
 
 from orchestrator.ask_tell.trials import Trial
+
+if TYPE_CHECKING:
+    from orchestrator.protocols import CalibratorProtocol
 
 __all__ = ["CalibrationQueue"]
 
@@ -45,7 +48,9 @@ class CalibrationQueue:
         self._calib_taught: list[str] = []
 
     @property
-    def calibrator(self) -> Any:
+    def calibrator(self) -> CalibratorProtocol | None:
+        """The calibrator, or None (`calibrator: none`); it may hold updates not applied yet
+        (`flush_calibration`)."""
         return self._calibrator
 
     def _queue_calibration(self, seq: int, trial: Trial, y: float) -> None:

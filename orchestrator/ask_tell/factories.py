@@ -10,9 +10,12 @@ it is chosen). A bad option or combination is a `ConfigError` naming its config 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from orchestrator.errors import ConfigError, UnsupportedError
+
+if TYPE_CHECKING:
+    from orchestrator.protocols import CalibratorProtocol, ProposerProtocol, SurrogateProtocol
 
 __all__ = ["ComponentFactories"]
 
@@ -28,7 +31,7 @@ class ComponentFactories:
     """The optimizer's model, proposer and calibrator, built from its `model_*`, `proposer_*` and `calibrator_*`
     settings."""
 
-    def _build_model(self) -> Any:
+    def _build_model(self) -> SurrogateProtocol:
         from orchestrator.models import build_model
 
         if "tau" in self.model_options:
@@ -36,7 +39,7 @@ class ComponentFactories:
 
         return build_model(self.model_name, tau=self.model_tau, **self.model_options)
 
-    def _build_proposer(self) -> Any:
+    def _build_proposer(self) -> ProposerProtocol:
         from orchestrator.acquisition import build_proposer
 
         options = dict(self.proposer_options)
@@ -44,7 +47,7 @@ class ComponentFactories:
             # (a sequence scrambled afresh per batch is no better than random for small ones)
             options["seed"] = self.seed
         proposer = build_proposer(self.proposer_name, **options)
-        if hasattr(proposer, "snap") and self.space.has_grid:  # a proposer that can reason on the grid
+        if self.space.has_grid:  # read by the proposers that search on the grid
             proposer.snap = self.space.snap
         if self._calibrator is not None:
             from orchestrator.calibration import attach
@@ -52,7 +55,7 @@ class ComponentFactories:
             attach(self._calibrator, proposer)
         return proposer
 
-    def _build_calibrator(self) -> Any:
+    def _build_calibrator(self) -> CalibratorProtocol | None:
         if self.calibrator_name in (None, "none") and not self.calibrator_options:
             return None
         from orchestrator.calibration import build_calibrator
@@ -108,4 +111,4 @@ class ComponentFactories:
         """Whether the proposer reads a surrogate (Sobol and random search do not: no fit is ever made for them)."""
         if self._proposer is None:
             self._proposer = self._build_proposer()
-        return bool(getattr(self._proposer, "requires_model", True))
+        return bool(self._proposer.requires_model)

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from orchestrator.errors import InputDataError, ModelFitError, ModelWarning, QbatchError
 from orchestrator.models.base import fit_stop
+from orchestrator.protocols import SurrogateProtocol, VariationalSurrogate
 from orchestrator.recommend import recommendation_scores
 
 __all__ = ["ModelFitting", "SLOW_FIT_MAX_S", "SLOW_FIT_MIN_S", "SLOW_FIT_S_PER_RESULT"]
@@ -46,11 +47,11 @@ _SLOW_FIT_OPTIONS = {
 }
 
 
-def _training_loss(model: Any, X: torch.Tensor, Y: torch.Tensor, diag: Mapping[str, Any]) -> float:
+def _training_loss(model: SurrogateProtocol, X: torch.Tensor, Y: torch.Tensor, diag: Mapping[str, Any]) -> float:
     """A fitted model's training loss per datum on all of (X, Y), for `AskTellOptimizer.fit(restart=True)`: the
     full-data negative ELBO of a variational model (its fit reports the last epoch's minibatch average), else
     the loss its fit reported (the exact GP's is the full negative marginal likelihood); NaN when it has none."""
-    if hasattr(model, "elbo"):
+    if isinstance(model, VariationalSurrogate):
         try:
             return -float(model.elbo(X, Y))
         except Exception:
@@ -66,14 +67,14 @@ class ModelFitting:
     """
 
     def _init_fitting(self) -> None:
-        self._model: Any = None
+        self._model: SurrogateProtocol | None = None
         self._model_n = 0  # observations in the last fit
         self._warned_prior_mode = False  # `fit` warns once when the model learned no lengthscale
         self._warned_slow_fit = False  # `fit` warns once when a fit is slow for its n (`SLOW_FIT_MIN_S`)
         self._best: tuple[dict, float] | None = None
 
     @property
-    def model(self) -> Any:
+    def model(self) -> SurrogateProtocol | None:
         """The latest fitted surrogate, or None before the first fit."""
         return self._model
 

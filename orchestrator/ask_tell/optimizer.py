@@ -34,6 +34,7 @@ from orchestrator.ask_tell.fitting import ModelFitting
 from orchestrator.ask_tell.replay import Replay
 from orchestrator.ask_tell.trials import Trial, TrialError, TrialRegistry, trial_seed
 from orchestrator.errors import ConfigError
+from orchestrator.protocols import CalibratorProtocol, ProposerProtocol, SurrogateProtocol
 from orchestrator.recommend import DEFAULT_RULE, check_rule
 from orchestrator.space import SearchSpace
 from workers.records import classify_value
@@ -123,8 +124,8 @@ class AskTellOptimizer(TrialRegistry, ComponentFactories, ModelFitting, Calibrat
         self._calib_lock = threading.Lock()  # a flush and a checkpoint of the calibrator do not interleave
         self._init_trials()
         self._init_fitting()
-        self._proposer: Any = None
-        self._calibrator: Any = self._build_calibrator()
+        self._proposer: ProposerProtocol | None = None
+        self._calibrator: CalibratorProtocol | None = self._build_calibrator()
         #: True (the default): `tell` queues calibrator updates and `flush_calibration` (called by `ask` before
         #: a model-based proposal, or by you) applies them, each flush in ask order, so what a batch teaches the
         #: calibrator does not depend on the order its results were told (applied at each `tell`, they would
@@ -236,7 +237,7 @@ class AskTellOptimizer(TrialRegistry, ComponentFactories, ModelFitting, Calibrat
             seen = X_observed if self.needs_model() else torch.cat([X_observed, X_all_failed])
             X, source = self._propose(model, q, batch_id, X_pending, seen), "model"
         X_taken = torch.cat([X_observed, X_failed])
-        if not getattr(self._proposer, "allows_repeats", False):
+        if self._proposer is None or not self._proposer.allows_repeats:
             X = self._dedupe(X, X_pending, X_taken, batch_id)
         elif self._only_failed(X[0], X_observed, X_failed):  # GPR-EI repeats its point on purpose, but not one
             # that has only failed: its replicates go to a new point instead
@@ -265,10 +266,11 @@ class AskTellOptimizer(TrialRegistry, ComponentFactories, ModelFitting, Calibrat
         self._n_sobol += q
         return self.space.snap(X)
 
-    def _propose(self, model: Any, q: int, batch_id: int, X_pending: Tensor, X_observed: Tensor) -> Tensor:
+    def _propose(self, model: SurrogateProtocol | None, q: int, batch_id: int, X_pending: Tensor,
+                 X_observed: Tensor) -> Tensor:
         if self._proposer is None:
             self._proposer = self._build_proposer()
-        if hasattr(self._proposer, "observed_y"):  # LOCBO's incumbent is the best observed outcome
+        if self._proposer.uses_observed_y:  # LOCBO's incumbent is the best observed outcome
             self._proposer.observed_y = torch.tensor(self._obs_y, dtype=torch.float64)
         X = self._proposer.propose(
             model, q, X_pending=X_pending, X_observed=X_observed, seed=trial_seed(self.seed, f"batch-{batch_id}"),

@@ -28,7 +28,8 @@ class TrialError(QbatchError, ValueError):
 
 @dataclass
 class Trial:
-    """One point handed out by `ask`.
+    """One point handed out by `ask`: the proposal. Its evaluation's outcome is a `workers.records.TrialResult`,
+    and the run's log records both as `Event`s (orchestrator/store/schema.py says how the three relate).
 
     Attributes:
         trial_id: unique id, ``f"{batch_id}-{i}"``.

@@ -127,7 +127,8 @@ class CalibratedForecast:
 
 
 class Calibrator(ABC):
-    """Base class of every calibrator: identity map and unit spread until a subclass learns otherwise.
+    """Base class of every calibrator (`orchestrator.protocols.CalibratorProtocol`): identity map and unit spread
+    until a subclass learns otherwise.
 
     Subclasses override `_update_one` (one completed result, O(levels)) or `_update_results` (the results of
     one `update` call together) and, when their map is not the
@@ -145,6 +146,13 @@ class Calibrator(ABC):
     #: whether results without a recorded forecast (the initial design, user points) must reach `observe`:
     #: a calibrator that makes its own forecasts (offline-cv's cross-validation) works on all of the data
     needs_every_result: bool = False
+    #: whether it acts only inside the acquisition of proposer 'calibrated' (conformal, offline-cv): `attach`
+    #: refuses it for a proposer that would use its spread factor alone
+    acquisition_only: bool = False
+    #: the options of its own and the spread options the config set (`build_calibrator` records them), so
+    #: that `attach` can refuse those the chosen proposer would never read
+    given_options: tuple[str, ...] = ()
+    given_spread_options: tuple[str, ...] = ()
 
     def __init__(self, spread: Any = None) -> None:
         self.spread_tracker = spread

@@ -73,6 +73,8 @@ class ExactGPParts:
         """
         from orchestrator.models.base import Surrogate
 
+        # `model` is the caller's: a qbatch surrogate, which may wrap a BoTorch GP of its own (`ExactGP.model`),
+        # or a BoTorch model; what each one has is read where it may lack it
         inner = getattr(model, "model", None)
         if isinstance(model, Surrogate) and X_train is None and Y_train is None and hasattr(inner, "train_inputs"):
             if model.family != "gaussian" or model.num_outputs_latent != 1:

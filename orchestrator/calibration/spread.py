@@ -23,7 +23,7 @@ s(x) is clipped to [SPREAD_MIN, SPREAD_MAX] (named constants below; not in any p
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -31,6 +31,9 @@ from torch import Tensor
 from orchestrator.calibration.options import check_option, check_same_options
 from orchestrator.errors import ConfigError, InputDataError
 from orchestrator.models.predictive import Forecast
+
+if TYPE_CHECKING:
+    from orchestrator.protocols import CalibratorProtocol, ProposerProtocol
 
 __all__ = ["SpreadTracker", "SPREAD_KEYS", "SPREAD_MIN", "SPREAD_MAX", "attach", "scaled_forecast"]
 
@@ -181,12 +184,13 @@ class SpreadTracker:
         self.coefs = state["coefs"].clone().to(torch.float64)
 
 
-def attach(calibrator: Any, proposer: Any) -> Any:
+def attach(calibrator: CalibratorProtocol, proposer: ProposerProtocol) -> ProposerProtocol:
     """Wire a calibrator into a proposer (the actor calls this once; the proposer then reads live state).
 
-    - Proposers with a `spread` attribute (Thompson sampling, Q-GIBBON) get `proposer.spread = calibrator.spread`,
-      or None when the calibrator has no spread tracker (`none`, or `spread: off`).
-    - Proposers with a `calibrator` attribute (`AcquisitionProposer`) get the calibrator itself.
+    - Proposers that read the spread factor (`uses_spread`: Thompson sampling, Q-GIBBON) get
+      `proposer.spread = calibrator.spread`, or None when the calibrator has no spread tracker (`none`, or
+      `spread: off`).
+    - Proposers that read a calibrator (`uses_calibrator`: `AcquisitionProposer`) get the calibrator itself.
     - A calibrator marked `acquisition_only` (conformal, offline-cv) is refused by the others: its options would do nothing.
     - Options the proposer would never read are refused: a calibrator's own options (`eta`, `levels`, `alpha`, ...)
       or `spread: off` with a spread-only proposer, `spread`/`spread_*` with `AcquisitionProposer`.
@@ -199,34 +203,34 @@ def attach(calibrator: Any, proposer: Any) -> Any:
     """
     from orchestrator.errors import UnsupportedError
 
-    if getattr(calibrator, "acquisition_only", False) and not hasattr(proposer, "calibrator"):
+    # `attach` is public: a proposer of user code need not subclass `Proposer`, and one without these flags has
+    # neither hook
+    uses_spread = bool(getattr(proposer, "uses_spread", False))
+    uses_calibrator = bool(getattr(proposer, "uses_calibrator", False))
+    if calibrator.acquisition_only and not uses_calibrator:
         raise UnsupportedError(
             f"calibrator {calibrator.name!r} acts only inside the acquisition of proposer 'calibrated' (EI or UCB); "
             f"{type(proposer).__name__} would use its spread factor alone, which 'online-interval' gives")
-    given, given_spread = getattr(calibrator, "given_options", ()), getattr(calibrator, "given_spread_options", ())
-    if hasattr(proposer, "spread") and not hasattr(proposer, "calibrator"):
+    given, given_spread = calibrator.given_options, calibrator.given_spread_options
+    if uses_spread and not uses_calibrator:
         if given:
             raise UnsupportedError(
                 f"`calibrator.options` {list(given)} act only inside the acquisition of proposer 'calibrated'; "
                 f"{type(proposer).__name__} uses the calibrator's spread factor alone (options 'spread', 'spread_*'): "
                 f"remove them (to resume a run made before this check, from its config.yaml)")
-        if getattr(calibrator, "spread_tracker", None) is None and getattr(calibrator, "name", "none") != "none":
+        if calibrator.spread_tracker is None and calibrator.name != "none":
             raise UnsupportedError(
                 f"with `spread: off` calibrator {calibrator.name!r} does nothing for {type(proposer).__name__}, "
                 f"which uses only the spread factor")
-    if hasattr(proposer, "calibrator") and not hasattr(proposer, "spread") and given_spread:
+    if uses_calibrator and not uses_spread and given_spread:
         raise UnsupportedError(
             f"`calibrator.options` {list(given_spread)} set the spread factor of Thompson sampling and Q-GIBBON; "
             f"{type(proposer).__name__} does not use it: remove them (to resume a run made before this check, from "
             f"its config.yaml)")
-    hooked = False
-    if hasattr(proposer, "calibrator"):
-        proposer.calibrator = calibrator
-        hooked = True
-    if hasattr(proposer, "spread"):
-        tracker = getattr(calibrator, "spread_tracker", None)
-        proposer.spread = None if tracker is None else calibrator.spread
-        hooked = True
-    if not hooked:
+    if not (uses_spread or uses_calibrator):
         raise UnsupportedError(f"{type(proposer).__name__} has no `spread` or `calibrator` hook to attach a calibrator to")
+    if uses_calibrator:
+        proposer.calibrator = calibrator
+    if uses_spread:
+        proposer.spread = None if calibrator.spread_tracker is None else calibrator.spread
     return proposer

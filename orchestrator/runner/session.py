@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import contextlib
 import importlib.machinery
+import logging
 import os
 import signal
-import sys
 import threading
 from typing import Any, Callable, Iterator
 
 from orchestrator.errors import ConfigError, UsageError
 from orchestrator.runner.address import _check_reachable, _connection_error_line, _other_ray
 from orchestrator.runner.signals import _interrupts_held
+
+logger = logging.getLogger(__name__)
 
 #: the address a local Ray started by qbatch binds to
 LOCAL_IP = "127.0.0.1"
@@ -183,9 +185,8 @@ def _check_same_ray(address: str | None, num_cpus: int | None, shared: bool = Fa
         raise UsageError(f"`address` {address!r}: this process is already connected to the Ray at {current}; "
                          f"{first} to use another, or leave `address` out to use that one")
     if num_cpus is not None:
-        print(f"qbatch: `num_cpus` {num_cpus} ignored: the Ray this process connected to before "
-              f"{'(' + current + ') ' if current else ''}keeps its own CPUs; limit the run with `max_concurrent`",
-              file=sys.stderr, flush=True)
+        logger.warning("qbatch: `num_cpus` %s ignored: the Ray this process connected to before %skeeps its own "
+                       "CPUs; limit the run with `max_concurrent`", num_cpus, f"({current}) " if current else "")
 
 
 def _init_local_ray(num_cpus: int | None) -> None:

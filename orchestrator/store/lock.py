@@ -10,14 +10,16 @@ user's to keep), nor has a filesystem without `flock`, which says so once.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import socket
-import sys
 import time
 from typing import Any
 
 from orchestrator.store.errors import RunDirError
 from orchestrator.store.filesystems import _Local
+
+logger = logging.getLogger(__name__)
 
 #: the run's writer lock file (`WriterLock`)
 _WRITER_LOCK = "writer.lock"
@@ -72,9 +74,8 @@ class WriterLock:
                 # a filesystem without flock (Lustre mounted without -o flock: ENOSYS): no lock, as on other
                 # pyarrow filesystems, rather than refusing every run as if another were writing
                 f.close()
-                print(f"qbatch: no writer lock on the filesystem of {self._run_dir} (flock: "
-                      f"{errno.errorcode.get(exc.errno, exc.errno)}); keep to one writer of this run at a time",
-                      file=sys.stderr, flush=True)
+                logger.warning("qbatch: no writer lock on the filesystem of %s (flock: %s); keep to one writer of "
+                               "this run at a time", self._run_dir, errno.errorcode.get(exc.errno, exc.errno))
                 return
             f.seek(0)
             holder = f.read().strip() or "unknown"

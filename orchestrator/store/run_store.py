@@ -8,7 +8,7 @@ live beside this module: `filesystems` (where it is), `new_run` (creating one), 
 
 from __future__ import annotations
 
-import sys
+import logging
 from typing import Any, Iterable, Mapping, Sequence
 
 import pyarrow.fs as pafs
@@ -21,6 +21,8 @@ from orchestrator.store.lock import _WRITER_LOCK, WriterLock
 from orchestrator.store.new_run import _check_new, _claim, _ClaimedElsewhere, _missing_folders, _undo_create
 from orchestrator.store.schema import Event, _plain
 from orchestrator.store.segments import _COMPACT_FILES, SegmentLog
+
+logger = logging.getLogger(__name__)
 
 
 class RunStore:
@@ -202,8 +204,8 @@ class RunStore:
         try:
             self._auto_compact()
         except Exception as exc:  # noqa: BLE001 -- the segments stay as they are, every event readable
-            print(f"qbatch: compacting the log of {self.run_dir} failed ({type(exc).__name__}: {_first_line(exc)}); "
-                  "its segments stay as they are", file=sys.stderr, flush=True)
+            logger.warning("qbatch: compacting the log of %s failed (%s: %s); its segments stay as they are",
+                           self.run_dir, type(exc).__name__, _first_line(exc))
 
     def _auto_compact(self) -> None:
         small = self._log.small_segments()

@@ -54,7 +54,15 @@ _JSON_FIELDS = ("params", "forecast", "info")
 
 @dataclass
 class Event:
-    """One record of the event log. Dict fields are stored as JSON, `x` as a list column."""
+    """One record of the event log, one row of a segment: a trial `proposed`, `started`, `completed` or `failed`,
+    or a `refit`. Dict fields are stored as JSON, `x` as a list column.
+
+    A trial has three types on its way to the log, one per stage, whose shared fields have the same names: the
+    proposal (`orchestrator.ask_tell.Trial`: `trial_id`, `batch_id`, `params`, `x`, `forecast`), the evaluation's
+    outcome (`workers.records.TrialResult`: `value`, `error`, `traceback`, `node_id`, `pid`, `started_at`,
+    `ended_at`; its `message`, `metrics`, `metrics_dropped` and `child_pid` go into `info`), and these events,
+    of which the reader's `TrialRecord` (store/trials.py) is the per-trial reduction.
+    """
 
     kind: str
     trial_id: str = ""

@@ -228,7 +228,7 @@ def test_resources_no_node_has_fail_before_the_run_dir_exists(ray_local, tmp_pat
         resume_experiment(ok["run_dir"], progress=False, out=io.StringIO())
 
 
-def test_the_callers_ray_is_used_and_an_address_naming_another_is_refused(ray_local, tmp_path, capsys):
+def test_the_callers_ray_is_used_and_an_address_naming_another_is_refused(ray_local, tmp_path, caplog):
     """Found in review (notebook use): with Ray initialized in the process, `address` and `num_cpus` were
     ignored without a word: a run meant for a cluster ran on the local Ray. Now an address naming another Ray
     is a UsageError before the run directory exists, `num_cpus` is said to be ignored, and the caller's Ray
@@ -245,7 +245,7 @@ def test_the_callers_ray_is_used_and_an_address_naming_another_is_refused(ray_lo
     assert not os.path.exists(cfg["run_dir"])
     cfg = run_config(tmp_path, "here", **small)
     run_experiment(cfg, address=ray_local, num_cpus=1, progress=False, out=io.StringIO())
-    assert "qbatch: `num_cpus` 1 ignored: the Ray this process connected to before" in capsys.readouterr().err
+    assert "qbatch: `num_cpus` 1 ignored: the Ray this process connected to before" in caplog.text
     assert ray.is_initialized() and len(RunStore.open(cfg["run_dir"]).events(["completed"])) == 4
 
 

@@ -96,7 +96,7 @@ def test_every_refit_saves_the_model_and_a_new_actor_proposes_from_it(fitted):
     assert RunStore.open(cfg["run_dir"]).load_checkpoint(MODEL_CHECKPOINT)["model_n"] == 12
 
 
-def test_an_unusable_checkpoint_means_a_cold_refit_not_a_failed_resume(fitted, capsys):
+def test_an_unusable_checkpoint_means_a_cold_refit_not_a_failed_resume(fitted, caplog):
     cfg, actor = fitted
     actor.planner.propose(4)  # a model batch in the log
     _evaluate_queued(actor)
@@ -105,7 +105,7 @@ def test_an_unusable_checkpoint_means_a_cold_refit_not_a_failed_resume(fitted, c
     store.save_checkpoint(MODEL_CHECKPOINT, {**ckpt, "model_n": 99})  # more results than the log holds
     again = _open(cfg["run_dir"])
     assert not again.model_restored and again.opt.model is None and again.opt.num_completed == 12
-    assert "saw 99 results; the log holds 12" in capsys.readouterr().err
+    assert "saw 99 results; the log holds 12" in caplog.text
     # found in review: without a model the slots idled through the cold refit; they get Sobol points meanwhile
     again._fill_before_first_model()
     inflight = again.scheduler.inflight
@@ -211,7 +211,7 @@ def test_a_resumed_actor_restores_the_calibrator_it_had_not_relearns_every_resul
 
 
 @pytest.mark.parametrize("damage", ["unknown trial", "other calibrator", "other options", "torn"])
-def test_an_unusable_calibrator_checkpoint_means_relearning_from_the_log(calibrated, damage, capsys):
+def test_an_unusable_calibrator_checkpoint_means_relearning_from_the_log(calibrated, damage, caplog):
     import yaml
 
     from orchestrator.actor import CALIBRATOR_CHECKPOINT
@@ -233,7 +233,7 @@ def test_an_unusable_calibrator_checkpoint_means_relearning_from_the_log(calibra
         store.save_checkpoint(CALIBRATOR_CHECKPOINT, {"taught": "torn"})
     again = _open(cfg["run_dir"])
     assert again.calibrator_restored == 0 and again.opt.num_calibrated == 0
-    assert "calibrator checkpoint of" in capsys.readouterr().err
+    assert "calibrator checkpoint of" in caplog.text
     assert again.opt.flush_calibration() == 12  # every replayed result, as before checkpoints existed
 
 

@@ -570,3 +570,17 @@ def test_an_unreachable_gcs_run_directory_is_one_line_within_the_retry_limit(mon
     err = capsys.readouterr().err
     assert rc == 2 and len(err.splitlines()) == 1 and "gs://qbatch-no-such-bucket-for-tests/run" in err, err
     assert time.time() - started < 45
+
+
+def test_the_librarys_logged_warnings_reach_stderr_as_the_lines_it_words(capsys):
+    """The library logs its diagnostics (`logging.getLogger(__name__)`); the command line shows each warning on
+    stderr as the line the library wrote, `qbatch: ...` with nothing added, however often `main` runs."""
+    import logging
+
+    assert cli.main(["objectives"]) == 0
+    assert cli.main(["objectives"]) == 0
+    capsys.readouterr()
+    logging.getLogger("orchestrator.store.lock").warning("qbatch: no writer lock on the filesystem of %s", "R")
+    logging.getLogger("workers.pool").warning("qbatch: the Ray node is gone")
+    logging.getLogger("orchestrator.acquisition.optimize").info("not a warning: not shown")
+    assert capsys.readouterr().err == "qbatch: no writer lock on the filesystem of R\nqbatch: the Ray node is gone\n"

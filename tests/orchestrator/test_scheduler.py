@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import pytest
 
 from orchestrator.actor.scheduler import SlotScheduler
+from workers.records import TrialResult
 
 
 @dataclass(frozen=True)
@@ -32,8 +33,8 @@ def _scheduler(max_concurrent: int = 2, budget: int = 10, queue_low: int = 2, ba
 
 
 def _record(status: str = "completed", error: str | None = None, started_at: float | None = 10.0,
-            ended_at: float | None = 13.0) -> dict:
-    return {"status": status, "error": error, "started_at": started_at, "ended_at": ended_at}
+            ended_at: float | None = 13.0) -> TrialResult:
+    return TrialResult(status, error=error, started_at=started_at, ended_at=ended_at)
 
 
 def test_importing_and_running_the_scheduler_needs_no_ray():

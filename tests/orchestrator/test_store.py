@@ -459,7 +459,7 @@ def test_a_long_lived_writer_does_not_compact_a_conflict_it_never_read(tmp_path)
     assert {"seg-000000001024-000000001024.parquet", "seg-000000001025-000000001025.parquet"} <= set(names)
 
 
-def test_append_after_a_crash_between_a_merge_and_its_deletes(tmp_path, monkeypatch, capfd):
+def test_append_after_a_crash_between_a_merge_and_its_deletes(tmp_path, monkeypatch, caplog):
     """Found in review: after such a crash the merge (no longer small) was left out of the next
     auto-compaction, whose merge of the same sources then collided with it by name: the append raised
     'already exists' with its batch already on disk. The old merge is now merged in. (Since a failed
@@ -479,14 +479,15 @@ def test_append_after_a_crash_between_a_merge_and_its_deletes(tmp_path, monkeypa
             w.append([Event("proposed", f"t-{i}-{j}", time=1.0) for j in range(20)])
         except Crash:
             pass
-    assert "failed (Crash" in capfd.readouterr().err  # the simulated crash: reported, the batch kept
+    assert "failed (Crash" in caplog.text  # the simulated crash: reported, the batch kept
+    caplog.clear()
     w = RunStore.open(rd)
     assert w.damage == []
     w.append([Event("proposed", f"u-{j}", time=1.0) for j in range(1024)])
     w.append([Event("refit", time=2.0)])
     again = RunStore.open(rd)
     assert again.damage == [] and len(again.events()) == store_mod._COMPACT_FILES * 20 + 1025
-    assert "compacting the log" not in capfd.readouterr().err
+    assert "compacting the log" not in caplog.text
 
 
 def test_check_new_cleans_up_after_a_refusal_and_beside_a_sibling(tmp_path):
@@ -632,7 +633,7 @@ def test_property_damaged_segment_keeps_exact_intact_records(tmp_path_factory, m
         assert r.damage == []
 
 
-def test_a_failed_auto_compaction_does_not_fail_an_append_whose_segment_is_durable(tmp_path, monkeypatch, capsys):
+def test_a_failed_auto_compaction_does_not_fail_an_append_whose_segment_is_durable(tmp_path, monkeypatch, caplog):
     """Found in review: a compaction error (disk full writing the merged segment) came out of `append` after its
     own segment was durable: the actor reported the results unrecorded, and a retry wrote them twice."""
     s = RunStore.create(str(tmp_path / "r"), CONFIG)
@@ -644,7 +645,7 @@ def test_a_failed_auto_compaction_does_not_fail_an_append_whose_segment_is_durab
     monkeypatch.setattr(s, "compact", full)
     for i in range(4):
         s.append([Event("completed", f"0-{i}", value=float(i))])  # the third and fourth try to compact
-    assert "compacting the log" in capsys.readouterr().err
+    assert "compacting the log" in caplog.text
     events = RunStore.open(str(tmp_path / "r")).events()
     assert [e.trial_id for e in events] == ["0-0", "0-1", "0-2", "0-3"]  # each once
 
@@ -715,7 +716,7 @@ def test_a_new_run_directory_is_fsynced_into_its_parents(tmp_path, fsynced):
     assert synced.index(str(tmp_path)) < synced.index(str(tmp_path / "runs"))  # top down
 
 
-def test_a_filesystem_without_flock_runs_without_a_writer_lock_and_says_so(tmp_path, monkeypatch, capsys):
+def test_a_filesystem_without_flock_runs_without_a_writer_lock_and_says_so(tmp_path, monkeypatch, caplog):
     """Found in review: any flock error counted as "another run holds the lock", so on a filesystem without
     flock (Lustre mounted without -o flock: ENOSYS) no run could start or resume."""
     import fcntl
@@ -728,7 +729,7 @@ def test_a_filesystem_without_flock_runs_without_a_writer_lock_and_says_so(tmp_p
     monkeypatch.setattr(fcntl, "flock", no_flock)
     s.lock_writer()  # no error
     RunStore.check_writer_free(str(tmp_path / "r"))
-    err = capsys.readouterr().err
+    err = caplog.text
     assert err.count("no writer lock on the filesystem") == 2 and "(flock: ENOSYS)" in err
     s.append([Event("completed", "0-0", value=1.0)])
 

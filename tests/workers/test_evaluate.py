@@ -130,19 +130,19 @@ HOSTILE = [
 @pytest.mark.parametrize("objective,reason,text", HOSTILE, ids=[f"{r}-{i}" for i, (_, r, _) in enumerate(HOSTILE)])
 def test_hostile_return_is_a_failed_record(objective, reason, text, isolate):
     rec = evaluate_once(objective, "3-1", {"x": 0.5}, seed=0, timeout_s=20, isolate=isolate)
-    assert rec["status"] == "failed"
-    assert rec["error"] == reason
-    assert rec["error"] in FAILURE_REASONS
-    assert text in rec["traceback"]
-    assert rec["value"] is None
-    assert rec["trial_id"] == "3-1" and rec["pid"] == os.getpid()
-    assert rec["started_at"] <= rec["ended_at"]
+    assert rec.status == "failed"
+    assert rec.error == reason
+    assert rec.error in FAILURE_REASONS
+    assert text in rec.traceback
+    assert rec.value is None
+    assert rec.trial_id == "3-1" and rec.pid == os.getpid()
+    assert rec.started_at <= rec.ended_at
 
 
 def test_exception_record_carries_the_traceback():
     rec = evaluate_once(Raising(), "0-0", {"x": 0.25}, seed=0)
-    assert "Traceback" in rec["traceback"] and "boom at x=0.25" in rec["traceback"]
-    assert "in evaluate" in rec["traceback"]
+    assert "Traceback" in rec.traceback and "boom at x=0.25" in rec.traceback
+    assert "in evaluate" in rec.traceback
 
 
 @pytest.mark.parametrize("isolate", ["process", "thread"])
@@ -150,14 +150,14 @@ def test_timeout_is_a_failed_record(isolate):
     t0 = time.time()
     rec = evaluate_once(Hanging(), "0-0", {"x": 0.1}, seed=0, timeout_s=0.5, isolate=isolate)
     assert time.time() - t0 < 5
-    assert rec["status"] == "failed" and rec["error"] == "timeout"
-    assert rec["ended_at"] - rec["started_at"] >= 0.5
+    assert rec.status == "failed" and rec.error == "timeout"
+    assert rec.ended_at - rec.started_at >= 0.5
     # the record says where the objective hung: the line of `Hanging.evaluate` that sleeps
     line = f'line {Hanging.evaluate.__code__.co_firstlineno + 1}'
-    assert "test_evaluate.py" in rec["traceback"] and line in rec["traceback"] and "in evaluate" in rec["traceback"]
+    assert "test_evaluate.py" in rec.traceback and line in rec.traceback and "in evaluate" in rec.traceback
     if isolate == "process":  # the hung child was killed, not left behind
         with pytest.raises(ProcessLookupError):
-            os.kill(rec["child_pid"], 0)
+            os.kill(rec.child_pid, 0)
 
 
 class SignalsThenHangs(Objective):
@@ -194,10 +194,10 @@ def test_a_timeouts_stacks_are_its_own_and_keep_the_main_thread():
     from workers.records import MAX_TRACEBACK_CHARS
 
     obj = SignalsThenHangs()
-    assert evaluate_once(obj, "0-0", {"x": 0.1}, seed=0)["value"] == 1.0  # the same sandbox child serves both
+    assert evaluate_once(obj, "0-0", {"x": 0.1}, seed=0).value == 1.0  # the same sandbox child serves both
     rec = evaluate_once(obj, "0-1", {"x": 0.9}, seed=0, timeout_s=2.0)
-    assert rec["error"] == "timeout"
-    text = rec["traceback"]
+    assert rec.error == "timeout"
+    text = rec.traceback
     assert "hang_here_now" in text and "characters cut" in text  # the main thread's frame, after the cut
     assert "stray_signal_site" not in text
     assert len(text) <= MAX_TRACEBACK_CHARS + 100
@@ -227,13 +227,13 @@ def test_timeout_kills_what_the_objective_started(tmp_path):
 
     pid_file = tmp_path / "sim.pid"
     rec = evaluate_once(HangingSimulator(pid_file), "0-0", {"x": 0.1}, seed=0, timeout_s=1.0)
-    assert rec["error"] == "timeout"
+    assert rec.error == "timeout"
     sim = int(pid_file.read_text())
     deadline = time.time() + 10
     while alive(sim) and time.time() < deadline:
         time.sleep(0.05)
     assert not alive(sim), "the hung simulator outlived its evaluation's timeout"
-    assert evaluate_once(Returning(2.0), "1-0", {"x": 0.1}, seed=0)["value"] == 2.0  # the worker is fine
+    assert evaluate_once(Returning(2.0), "1-0", {"x": 0.1}, seed=0).value == 2.0  # the worker is fine
 
 
 def _square(v):
@@ -257,8 +257,8 @@ def test_objective_may_start_a_process_pool():
     those, so every evaluation of an objective with a Pool (or a DataLoader with workers) failed. (Not run with
     isolate="thread": there the Pool forks the multi-threaded test process itself, which can deadlock.)"""
     rec = evaluate_once(PoolUsing(), "0-0", {"x": 0.5}, seed=0, timeout_s=60)
-    assert rec["status"] == "completed", rec["traceback"]  # a timeout's has the child's stacks
-    assert rec["value"] == 1.25
+    assert rec.status == "completed", rec.traceback  # a timeout's has the child's stacks
+    assert rec.value == 1.25
 
 
 def test_worker_death_kills_what_the_objective_started(tmp_path):
@@ -298,8 +298,8 @@ def test_worker_death_kills_what_the_objective_started(tmp_path):
 
 def test_abort_in_the_objective_is_a_crash_record():
     rec = evaluate_once(Aborting(), "0-0", {"x": 0.1}, seed=0, timeout_s=20)
-    assert rec["status"] == "failed" and rec["error"] == "crash"
-    assert "SIGABRT" in rec["traceback"]
+    assert rec.status == "failed" and rec.error == "crash"
+    assert "SIGABRT" in rec.traceback
 
 
 @pytest.mark.parametrize(
@@ -312,19 +312,19 @@ def test_valid_values_pass(value, expected):
     v, reason, _ = classify_value(value)
     assert reason is None and v == expected
     rec = evaluate_once(Returning(value), "0-0", {"x": 0.1}, seed=0)
-    assert rec["status"] == "completed" and rec["value"] == expected and rec["error"] is None
+    assert rec.status == "completed" and rec.value == expected and rec.error is None
 
 
 def test_metrics_are_kept_and_cleaned():
     rec = evaluate_once(Returning(EvalResult(1.0, {"loss": 0.5, "bad": float("nan"), "obj": object()})), "0-0", {"x": 0.1}, 0)
-    assert rec["metrics"] == {"loss": 0.5, "bad": pytest.approx(float("nan"), nan_ok=True)}
-    assert rec["metrics_dropped"] == ["'obj': a object"]
+    assert rec.metrics == {"loss": 0.5, "bad": pytest.approx(float("nan"), nan_ok=True)}
+    assert rec.metrics_dropped == ["'obj': a object"]
     # an integer metric beyond the float range is dropped; the value is kept
     rec = evaluate_once(Returning(EvalResult(1.0, {"n": 10**400, "k": 3})), "0-0", {"x": 0.1}, 0)
-    assert rec["status"] == "completed" and rec["value"] == 1.0 and rec["metrics"] == {"k": 3}
-    assert rec["metrics_dropped"] == ["'n': a int"]
+    assert rec.status == "completed" and rec.value == 1.0 and rec.metrics == {"k": 3}
+    assert rec.metrics_dropped == ["'n': a int"]
     ok = evaluate_once(Returning(EvalResult(1.0, {"k": 3})), "0-0", {"x": 0.1}, 0)
-    assert "metrics_dropped" not in ok
+    assert ok.metrics_dropped == []
 
 
 def test_metrics_keep_what_a_training_loop_returns():
@@ -338,14 +338,14 @@ def test_metrics_keep_what_a_training_loop_returns():
                "cfg": {"opt": "sgd", "layers": [64, 64]}, "id": 2**53 + 1, "flag": np.bool_(True), "s": "ok",
                "long": list(range(2000)), "arr": np.arange(3), "set": {1, 2}, 1: "int key", "1": "str key"}
     rec = evaluate_once(Returning(EvalResult(1.0, metrics)), "0-0", {"x": 0.1}, 0)
-    m = rec["metrics"]
-    assert rec["status"] == "completed" and rec["value"] == 1.0
+    m = rec.metrics
+    assert rec.status == "completed" and rec.value == 1.0
     assert (m["t"], m["a"], m["i64"], m["f32"], m["none"], m["flag"], m["s"]) == (2.5, 1.5, 7, 0.5, None, True, "ok")
     assert m["id"] == 2**53 + 1 and isinstance(m["id"], int) and isinstance(m["i64"], int)
     assert math.isnan(m["nan"]) and m["inf"] == float("-inf")
     assert m["curve"][:2] == [0.9, 0.5] and math.isnan(m["curve"][2]) and m["cfg"] == {"opt": "sgd", "layers": [64, 64]}
     assert m["1"] == "int key"  # the first of two keys with the same name is kept, the second noted
-    assert sorted(d.split(":")[0] for d in rec["metrics_dropped"]) == ["'1'", "'arr'", "'long'", "'set'"]
+    assert sorted(d.split(":")[0] for d in rec.metrics_dropped) == ["'1'", "'arr'", "'long'", "'set'"]
     # the record crosses the sandbox's pipe and the log's JSON as it is
     from orchestrator.store import _to_json
 
@@ -364,33 +364,33 @@ def test_one_bad_metric_drops_itself_only():
     metrics = {"loss": 0.5, "deep": deep, "keys": {1: "a", "1": "b"}, "frac": Fraction(1, 4), "dec": Decimal("2.5"),
                "ld": np.longdouble(0.125), "param": torch.nn.Parameter(torch.tensor(3.0))}
     rec = evaluate_once(Returning(EvalResult(1.0, metrics)), "0-0", {"x": 0.1}, 0)
-    assert rec["metrics"] == {"loss": 0.5, "frac": 0.25, "dec": 2.5, "ld": 0.125, "param": 3.0}
-    assert sorted(d.split(":")[0] for d in rec["metrics_dropped"]) == ["'deep'", "'keys'"]
+    assert rec.metrics == {"loss": 0.5, "frac": 0.25, "dec": 2.5, "ld": 0.125, "param": 3.0}
+    assert sorted(d.split(":")[0] for d in rec.metrics_dropped) == ["'deep'", "'keys'"]
     many = evaluate_once(Returning(EvalResult(1.0, {f"m{i}": object() for i in range(100)})), "0-0", {"x": 0.1}, 0)
-    assert len(many["metrics_dropped"]) == 21 and many["metrics_dropped"][-1] == "... and 80 more"
+    assert len(many.metrics_dropped) == 21 and many.metrics_dropped[-1] == "... and 80 more"
 
 
 def test_metrics_that_are_not_a_mapping_keep_the_value():
     """Found in review: `EvalResult(1.0, [1, 2, 3])` failed the trial as 'non-numeric' with a message about a dict
     update sequence; the value is good, so the trial completes and the log says what was dropped."""
     rec = evaluate_once(Returning(EvalResult(1.0, [1, 2, 3])), "0-0", {"x": 0.1}, 0)
-    assert rec["status"] == "completed" and rec["value"] == 1.0 and rec["metrics"] == {}
-    assert rec["metrics_dropped"] == ["metrics: a list, not a mapping of name to value"]
+    assert rec.status == "completed" and rec.value == 1.0 and rec.metrics == {}
+    assert rec.metrics_dropped == ["metrics: a list, not a mapping of name to value"]
     bad = evaluate_once(Returning(EvalResult(float("nan"), {"k": 1, "o": object()})), "0-0", {"x": 0.1}, 0)
-    assert bad["error"] == "nan" and bad["metrics"] == {"k": 1} and bad["metrics_dropped"] == ["'o': a object"]
+    assert bad.error == "nan" and bad.metrics == {"k": 1} and bad.metrics_dropped == ["'o': a object"]
 
 
 @pytest.mark.parametrize("value", [Fraction(1, 3), Decimal("1.5")])
 def test_other_real_number_types_are_values(value):
     """Found in review: a Fraction or a Decimal was refused as 'non-numeric' (Optuna takes them)."""
     rec = evaluate_once(Returning(value), "0-0", {"x": 0.1}, 0)
-    assert rec["status"] == "completed" and rec["value"] == float(value)
-    assert evaluate_once(Returning(Decimal("NaN")), "0-0", {"x": 0.1}, 0)["error"] == "nan"
+    assert rec.status == "completed" and rec.value == float(value)
+    assert evaluate_once(Returning(Decimal("NaN")), "0-0", {"x": 0.1}, 0).error == "nan"
 
 
 def test_registry_spec_and_bad_arguments():
     rec = evaluate_once(("sleep", {"mean_s": 0.0, "noise": 0.0}), "0-0", {"x0": 0.3, "x1": 0.3}, seed=1)
-    assert rec["status"] == "completed" and rec["value"] == pytest.approx(0.0)
+    assert rec.status == "completed" and rec.value == pytest.approx(0.0)
     with pytest.raises(ValueError, match="isolate must be"):
         evaluate_once(Raising(), "0-0", {"x": 0.1}, 0, isolate="fiber")
     with pytest.raises(ValueError, match="timeout_s must be"):
@@ -437,12 +437,12 @@ def test_tasks_return_records_with_node_and_timings(ray_local, tmp_path):
     recs = {k: ray.get(r, timeout=60) for k, r in refs.items()}
     node = ray.get_runtime_context().get_node_id()
     for k, rec in recs.items():
-        assert rec["node_id"] == node, k
-        assert rec["pid"] != os.getpid(), k
-        assert rec["started_at"] <= rec["ended_at"], k
-    assert recs["ok"]["status"] == "completed" and recs["ok"]["value"] == 1.5
-    assert recs["spec"]["status"] == "completed"
-    assert [recs[k]["error"] for k in ("nan", "abort", "hang")] == ["nan", "crash", "timeout"]
+        assert rec.node_id == node, k
+        assert rec.pid != os.getpid(), k
+        assert rec.started_at <= rec.ended_at, k
+    assert recs["ok"].status == "completed" and recs["ok"].value == 1.5
+    assert recs["spec"].status == "completed"
+    assert [recs[k].error for k in ("nan", "abort", "hang")] == ["nan", "crash", "timeout"]
 
 
 @pytest.mark.ray
@@ -450,7 +450,7 @@ def test_killed_worker_is_retried_and_without_retries_surfaces_as_worker_crash(r
     ray = ray_local
     obj = KillsWorkerOnce(str(tmp_path / "marker1"))
     rec = ray.get(submit_evaluation(obj, "0-0", {"x": 0.1}, 0, resources=Resources(num_cpus=0.5), max_retries=1), timeout=90)
-    assert rec["status"] == "completed" and rec["value"] == 2.5
+    assert rec.status == "completed" and rec.value == 2.5
     obj = KillsWorkerOnce(str(tmp_path / "marker2"))
     ref = submit_evaluation(obj, "0-1", {"x": 0.1}, 0, resources=Resources(num_cpus=0.5), max_retries=0)
     with pytest.raises(ray.exceptions.WorkerCrashedError):
@@ -476,23 +476,23 @@ def test_sandbox_child_serves_evaluations_and_is_replaced_after_a_hang_or_crash(
     obj = Counting()
     first = evaluate_once(obj, "0-0", {"x": 0.1}, seed=0)
     second = evaluate_once(obj, "0-1", {"x": 0.2}, seed=1)
-    assert first["child_pid"] == second["child_pid"] != os.getpid()
-    assert (first["value"], second["value"]) == (1.0, 2.0) and obj.calls == 0  # counted in the child only
+    assert first.child_pid == second.child_pid != os.getpid()
+    assert (first.value, second.value) == (1.0, 2.0) and obj.calls == 0  # counted in the child only
     other = evaluate_once(Counting(), "1-0", {"x": 0.1}, seed=0)  # another objective: another child
-    assert other["child_pid"] != first["child_pid"] and other["value"] == 1.0
+    assert other.child_pid != first.child_pid and other.value == 1.0
     with pytest.raises(ProcessLookupError):  # the first child exited once it was replaced
         deadline = time.time() + 10
         while time.time() < deadline:
-            os.kill(first["child_pid"], 0)
+            os.kill(first.child_pid, 0)
             time.sleep(0.05)
     hanging = Hanging()
     rec = evaluate_once(hanging, "2-0", {"x": 0.1}, seed=0, timeout_s=0.3)
-    assert rec["error"] == "timeout"
+    assert rec.error == "timeout"
     crash = evaluate_once(Aborting(), "3-0", {"x": 0.1}, seed=0, timeout_s=20)
-    assert crash["error"] == "crash"
+    assert crash.error == "crash"
     after = evaluate_once(obj, "0-2", {"x": 0.3}, seed=2)
-    assert after["status"] == "completed" and after["value"] == 1.0  # a fresh child: fresh state
-    assert after["child_pid"] not in (first["child_pid"], rec["child_pid"], crash["child_pid"])
+    assert after.status == "completed" and after.value == 1.0  # a fresh child: fresh state
+    assert after.child_pid not in (first.child_pid, rec.child_pid, crash.child_pid)
 
 
 @pytest.mark.parametrize("value,reason", [(np.array(float("nan")), "nan"), (np.array(True), "non-numeric"),
@@ -520,15 +520,15 @@ def test_huge_messages_tracebacks_and_metrics_are_capped():
     """Found in review: a 64 MB exception message and a 64 MB metric string went into the log whole, and every
     read of the log (status, report, resume) loads them. Each keeps its head and tail now."""
     rec = evaluate_once(Verbose(True), "0-0", {"x": 0.1}, seed=0)
-    assert rec["error"] == "exception"
-    assert len(rec["message"]) <= MAX_MESSAGE_CHARS + 100 and rec["message"].endswith(" END")
-    assert len(rec["traceback"]) <= MAX_TRACEBACK_CHARS + 100 and "characters cut" in rec["traceback"]
-    assert "in evaluate" in rec["traceback"]  # the head keeps where it was raised
+    assert rec.error == "exception"
+    assert len(rec.message) <= MAX_MESSAGE_CHARS + 100 and rec.message.endswith(" END")
+    assert len(rec.traceback) <= MAX_TRACEBACK_CHARS + 100 and "characters cut" in rec.traceback
+    assert "in evaluate" in rec.traceback  # the head keeps where it was raised
     rec = evaluate_once(Verbose(False), "0-1", {"x": 0.1}, seed=0)
-    assert rec["status"] == "completed" and rec["value"] == 1.0
-    log = rec["metrics"]["log"]
+    assert rec.status == "completed" and rec.value == 1.0
+    log = rec.metrics["log"]
     assert len(log) <= MAX_METRIC_CHARS + 100 and log.startswith("xxx") and log.endswith(" END")
-    assert all(len(k) <= MAX_METRIC_CHARS + 100 for k in rec["metrics"]) and 2.0 in rec["metrics"].values()
+    assert all(len(k) <= MAX_METRIC_CHARS + 100 for k in rec.metrics) and 2.0 in rec.metrics.values()
 
 
 
@@ -565,7 +565,7 @@ def test_the_group_guard_stays_out_of_the_objectives_way(objective):
     """Found in review of the guard process: it woke on any SIGUSR1 sent to the group and killed the evaluation,
     and as the sandbox's child it kept `os.wait()`-until-none-left loops waiting until the timeout."""
     rec = evaluate_once(objective, "0-0", {"x": 0.1}, seed=0, timeout_s=10)
-    assert rec["status"] == "completed", (rec["error"], rec["message"])
+    assert rec.status == "completed", (rec.error, rec.message)
 
 
 class ThreadedTorch(Objective):
@@ -598,5 +598,5 @@ def test_evaluations_never_run_in_a_worker_where_other_tasks_ran_threaded_torch(
     refs = [submit_evaluation(ThreadedTorch(), f"0-{i}", {"x": 0.1}, i, resources=Resources(num_cpus=1), timeout_s=30)
             for i in range(2)]
     for rec in ray.get(refs, timeout=300):
-        assert (rec["status"], rec["value"], rec["error"]) == ("completed", 400.0, None), rec
-        assert rec["pid"] not in used
+        assert (rec.status, rec.value, rec.error) == ("completed", 400.0, None), rec
+        assert rec.pid not in used

@@ -55,6 +55,6 @@ def test_an_evaluation_sees_only_the_gpus_it_asked_for(ray_one_gpu, isolate):
     recs = [ray.get(submit_evaluation(obj, f"0-{i}", {"x": 0.5}, i, resources=Resources(num_cpus=1, num_gpus=g),
                                       timeout_s=60, isolate=isolate), timeout=120)
             for i, (_, g) in enumerate(order)]
-    assert all(r["status"] == "completed" for r in recs), [r.get("error") for r in recs]
+    assert all(r.status == "completed" for r in recs), [r.error for r in recs]
     # a task given the GPU sees it; one that asked for none sees an empty list, also in a worker that ran a GPU task
-    assert [r["value"] for r in recs] == [1.0 if kind == "gpu" else 0.0 for kind, _ in order]
+    assert [r.value for r in recs] == [1.0 if kind == "gpu" else 0.0 for kind, _ in order]

@@ -40,7 +40,7 @@ class Nested(Objective):
         from tests.workers.test_evaluate import Returning
 
         rec = evaluate_once(Returning(2.0), "inner", params, seed, timeout_s=20)
-        return rec["value"] if rec["status"] == "completed" else float("nan")
+        return rec.value if rec.status == "completed" else float("nan")
 
 # 6 timeouts (each kills a sandbox and its guard), then an evaluation that completes; prints the zombies among
 # this process's children, and whether the live sandbox's guard is a child here (adopted) or re-parented away
@@ -65,12 +65,12 @@ SCRIPT = textwrap.dedent(
     import time
     from tests.workers.test_orphans import Daemonizing
     for i in range(6):
-        assert evaluate_once(Hanging(), f"0-{i}", {"x": 0.1}, seed=0, timeout_s=0.2)["error"] == "timeout"
+        assert evaluate_once(Hanging(), f"0-{i}", {"x": 0.1}, seed=0, timeout_s=0.2).error == "timeout"
     daemonizing = Daemonizing()
     for i in range(4):  # each leaves an orphan in a session of its own, which ends 0.1 s later
-        assert evaluate_once(daemonizing, f"1-{i}", {"x": 0.1}, seed=0)["value"] == 1.0
+        assert evaluate_once(daemonizing, f"1-{i}", {"x": 0.1}, seed=0).value == 1.0
     time.sleep(0.5)
-    assert evaluate_once(Returning(1.0), "2-0", {"x": 0.1}, seed=0)["value"] == 1.0
+    assert evaluate_once(Returning(1.0), "2-0", {"x": 0.1}, seed=0).value == 1.0
     stats = {pid: _proc_stat(pid) for pid in _children()}
     zombies = sum(1 for s in stats.values() if s and s[0] == "Z")
     sandbox = _SANDBOX.proc.pid
@@ -110,7 +110,7 @@ class NestedInWorker(Objective):
         import workers.processes as processes
         from tests.workers.test_evaluate import Returning
 
-        assert ev.evaluate_once(Returning(2.0), "inner", params, seed, timeout_s=20)["value"] == 2.0
+        assert ev.evaluate_once(Returning(2.0), "inner", params, seed, timeout_s=20).value == 2.0
         return float(bool(processes._ADOPTION.subreaper))
 
 
@@ -118,7 +118,7 @@ def test_a_sandbox_never_becomes_a_subreaper():
     """A sandbox runs objective code: as a subreaper its sweep would reap the objective's own children (a `Popen`
     it waits for would read exit status 0). Only the worker, which runs none, adopts."""
     code = ("from workers.evaluate import evaluate_once; from tests.workers.test_orphans import NestedInWorker; "
-            "print(evaluate_once(NestedInWorker(), '0-0', {'x': 0.5}, seed=0, timeout_s=60)['value'])")
+            "print(evaluate_once(NestedInWorker(), '0-0', {'x': 0.5}, seed=0, timeout_s=60).value)")
     env = {**os.environ, "PYTHONPATH": str(REPO), "QBATCH_EVALUATION_WORKER": "process"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -129,7 +129,7 @@ def test_an_objective_may_evaluate_another_in_a_sandbox_of_its_own():
     """Found in review: the worker forked its sandbox holding the adoption lock, which the child inherited held,
     so an objective that itself called `evaluate_once` hung until its timeout."""
     rec = evaluate_once(Nested(), "0-0", {"x": 0.5}, seed=0, timeout_s=30)
-    assert rec["status"] == "completed" and rec["value"] == 2.0, rec["traceback"]
+    assert rec.status == "completed" and rec.value == 2.0, rec.traceback
 
 
 def test_outside_an_evaluation_worker_the_process_is_left_as_it_is():

@@ -91,12 +91,12 @@ def test_spec_is_built_once_in_the_sandbox_child(user_module):
     spec = ("qbatch_user_objective:Recording", {"log": str(log)})
     first = evaluate_once(spec, "0-0", {"x": 0.25}, seed=0)
     second = evaluate_once(spec, "0-1", {"x": 0.5}, seed=1)
-    assert (first["status"], first["value"], second["value"]) == ("completed", 0.25, 0.5)
-    assert first["child_pid"] == second["child_pid"] != os.getpid()
-    assert _builders(log) == [first["child_pid"]]  # built once, by the child, never by this process
+    assert (first.status, first.value, second.value) == ("completed", 0.25, 0.5)
+    assert first.child_pid == second.child_pid != os.getpid()
+    assert _builders(log) == [first.child_pid]  # built once, by the child, never by this process
     # the same spec under thread isolation is built here (no fork involved)
     threaded = evaluate_once(spec, "0-2", {"x": 0.75}, seed=2, isolate="thread")
-    assert threaded["value"] == 0.75 and _builders(log)[-1] == os.getpid()
+    assert threaded.value == 0.75 and _builders(log)[-1] == os.getpid()
 
 
 @pytest.mark.parametrize("fail,message", [
@@ -109,13 +109,13 @@ def test_an_objective_that_cannot_be_built_is_a_failed_record_each_time(user_mod
     spec = ("qbatch_user_objective:Recording", {"log": str(log), "fail": fail})
     records = [evaluate_once(spec, f"0-{i}", {"x": 0.5}, seed=i, timeout_s=30) for i in range(2)]
     for rec in records:
-        assert (rec["status"], rec["error"], rec["value"]) == ("failed", "exception", None)
-        assert pytest.approx(rec["ended_at"], abs=30) == rec["started_at"]
-        assert re.fullmatch(message, rec["message"]), rec["message"]
+        assert (rec.status, rec.error, rec.value) == ("failed", "exception", None)
+        assert pytest.approx(rec.ended_at, abs=30) == rec.started_at
+        assert re.fullmatch(message, rec.message), rec.message
     if fail == "raise":
-        assert "no model file" in records[0]["traceback"] and "Traceback" in records[0]["traceback"]
+        assert "no model file" in records[0].traceback and "Traceback" in records[0].traceback
     # each evaluation tried again in a fresh child (a file may have appeared meanwhile)
-    assert _builders(log) == [r["child_pid"] for r in records] and len(set(_builders(log))) == 2
+    assert _builders(log) == [r.child_pid for r in records] and len(set(_builders(log))) == 2
 
 
 def test_objective_warmed_with_threaded_torch_does_not_deadlock_its_evaluations(user_module):
@@ -148,7 +148,7 @@ def test_objective_warmed_with_threaded_torch_does_not_deadlock_its_evaluations(
         for spec in (("qbatch_user_objective:WarmTorch", {}), ("qbatch_warm_module:Warm", {})):
             for i in range(2):
                 rec = evaluate_once(spec, f"0-{i}", {"x": 0.5}, seed=i, timeout_s=120)
-                print(rec["status"], rec["value"], rec["error"])
+                print(rec.status, rec.value, rec.error)
         """
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(user_module), str(REPO)]), "OMP_NUM_THREADS": "2"}
@@ -164,14 +164,14 @@ def test_a_hung_constructor_is_a_timeout_of_its_own_build(user_module):
     calls = []
     rec = evaluate_once(("qbatch_user_objective:Recording", {"log": str(log), "fail": "hang"}), "0-0", {"x": 0.5},
                         seed=0, timeout_s=1.5, on_progress=lambda: calls.append(1))
-    assert (rec["status"], rec["error"]) == ("failed", "timeout")
-    assert rec["message"] == "timeout after 1.5 s while building the objective"
-    assert "building the objective took longer than timeout_s=1.5 s" in rec["traceback"]
+    assert (rec.status, rec.error) == ("failed", "timeout")
+    assert rec.message == "timeout after 1.5 s while building the objective"
+    assert "building the objective took longer than timeout_s=1.5 s" in rec.traceback
     # where it hung: the child's Python stack, written on STACK_SIGNAL just before it was killed
-    assert "its Python stacks when it was killed" in rec["traceback"] and "in __init__" in rec["traceback"]
-    assert 1.5 <= rec["ended_at"] - rec["started_at"] < 4.0 and calls == [1]  # imported, never built
+    assert "its Python stacks when it was killed" in rec.traceback and "in __init__" in rec.traceback
+    assert 1.5 <= rec.ended_at - rec.started_at < 4.0 and calls == [1]  # imported, never built
     with pytest.raises(ProcessLookupError):  # the hung child was killed
-        os.kill(rec["child_pid"], 0)
+        os.kill(rec.child_pid, 0)
 
 
 def test_a_slow_constructor_is_built_once_and_reported_once(user_module):
@@ -183,8 +183,8 @@ def test_a_slow_constructor_is_built_once_and_reported_once(user_module):
     calls = []
     recs = [evaluate_once(spec, f"0-{i}", {"x": 0.5}, seed=i, timeout_s=3.5, on_progress=lambda: calls.append(time.time()))
             for i in range(2)]
-    assert [r["status"] for r in recs] == ["completed"] * 2 and len(calls) == 2
-    assert len(_builders(log)) == 1 and calls[0] + 1.9 < calls[1] <= recs[0]["started_at"]
+    assert [r.status for r in recs] == ["completed"] * 2 and len(calls) == 2
+    assert len(_builders(log)) == 1 and calls[0] + 1.9 < calls[1] <= recs[0].started_at
 
 
 class _SeesDevices(Objective):
@@ -203,8 +203,8 @@ def test_a_task_given_other_gpus_gets_a_new_sandbox(monkeypatch):
     b = evaluate_once(obj, "0-1", {"x": 0.5}, seed=1)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     c = evaluate_once(obj, "0-2", {"x": 0.5}, seed=2)
-    assert (a["value"], b["value"], c["value"]) == (0.0, 0.0, 1.0)
-    assert a["child_pid"] == b["child_pid"] != c["child_pid"]
+    assert (a.value, b.value, c.value) == (0.0, 0.0, 1.0)
+    assert a.child_pid == b.child_pid != c.child_pid
 
 
 def test_importing_the_objectives_module_is_not_part_of_the_builds_timeout(tmp_path, monkeypatch):
@@ -232,7 +232,7 @@ def test_importing_the_objectives_module_is_not_part_of_the_builds_timeout(tmp_p
         rec = evaluate_once(("qbatch_slow_import:Quick", {}), "0-0", {"x": 0.25}, seed=0, timeout_s=1.0)
     finally:
         sys.modules.pop("qbatch_slow_import", None)
-    assert (rec["status"], rec["value"]) == ("completed", 0.25), rec
+    assert (rec.status, rec.value) == ("completed", 0.25), rec
 
 
 def _interrupt_the_next_wait(monkeypatch) -> None:
@@ -259,19 +259,19 @@ def test_an_interrupted_build_leaves_no_half_built_sandbox(user_module, monkeypa
     with pytest.raises(KeyboardInterrupt):
         evaluate_once(spec, "0-0", {"x": 0.5}, seed=0, timeout_s=30)
     rec = evaluate_once(spec, "0-1", {"x": 0.75}, seed=1, timeout_s=30)
-    assert (rec["status"], rec["value"]) == ("completed", 0.75), rec
+    assert (rec.status, rec.value) == ("completed", 0.75), rec
 
 
 def test_an_interrupted_evaluation_leaves_no_busy_sandbox(user_module, monkeypatch):
     """Ctrl-C while an evaluation runs (a library call): the child still computing x = 0.1 must not answer the
     next evaluation (it returned 0.1 for x = 0.9: review)."""
     spec = ("qbatch_user_objective:Recording", {"log": str(user_module / "built.txt"), "eval_s": 0.5})
-    assert evaluate_once(spec, "0-0", {"x": 0.2}, seed=0)["value"] == 0.2  # a ready child
+    assert evaluate_once(spec, "0-0", {"x": 0.2}, seed=0).value == 0.2  # a ready child
     _interrupt_the_next_wait(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         evaluate_once(spec, "0-1", {"x": 0.1}, seed=1, timeout_s=30)
     rec = evaluate_once(spec, "0-2", {"x": 0.9}, seed=2, timeout_s=30)
-    assert (rec["status"], rec["value"]) == ("completed", 0.9), rec
+    assert (rec.status, rec.value) == ("completed", 0.9), rec
 
 
 def test_a_module_that_fails_to_import_is_reported_as_such(tmp_path, monkeypatch):
@@ -280,5 +280,5 @@ def test_a_module_that_fails_to_import_is_reported_as_such(tmp_path, monkeypatch
     (tmp_path / "qbatch_bad_import.py").write_text("import time\ntime.sleep(1.5)\nraise ImportError('no libfoo.so')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     rec = evaluate_once(("qbatch_bad_import:Thing", {}), "0-0", {"x": 0.5}, seed=0, timeout_s=1.0)
-    assert (rec["status"], rec["error"]) == ("failed", "exception"), rec
-    assert "loading the objective failed" in rec["message"] and "no libfoo.so" in rec["message"], rec["message"]
+    assert (rec.status, rec.error) == ("failed", "exception"), rec
+    assert "loading the objective failed" in rec.message and "no libfoo.so" in rec.message, rec.message

@@ -96,12 +96,14 @@ def test_state_round_trip_local(tmp_path) -> None:
 class _SpreadProposer:
     """A proposer shape with the Thompson/Q-GIBBON hook (the real ones are tested once they land)."""
 
+    uses_spread = True
     spread = None
 
 
 class _AcquisitionProposer:
     """A proposer shape with the `calibrated` proposer's hook (the calibrator inside its acquisition)."""
 
+    uses_calibrator = True
     calibrator = None
 
 
