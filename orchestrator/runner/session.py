@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import importlib.machinery
 import logging
+import sys
 import os
 import signal
 import threading

@@ -25,19 +25,19 @@ def _run(fn, isolate="process", params=None, seed=7):
 
 @pytest.mark.parametrize("isolate", ["process", "thread"])
 def test_a_lambda_a_seeded_function_and_an_eval_result(isolate):
-    assert _run(lambda p: 2 * p["x"], isolate)["value"] == 0.5
+    assert _run(lambda p: 2 * p["x"], isolate).value == 0.5
 
     def seeded(params, seed):
         return float(seed)
 
-    assert _run(seeded, isolate, seed=11)["value"] == 11.0
+    assert _run(seeded, isolate, seed=11).value == 11.0
 
     def by_keyword(params, *, seed):
         return seed + params["x"]
 
-    assert _run(by_keyword, isolate, seed=3)["value"] == 3.25
+    assert _run(by_keyword, isolate, seed=3).value == 3.25
     rec = _run(lambda p: EvalResult(1.5, {"loss": 0.1}), isolate)
-    assert rec["status"] == "completed" and rec["value"] == 1.5 and rec["metrics"] == {"loss": 0.1}
+    assert rec.status == "completed" and rec.value == 1.5 and rec.metrics == {"loss": 0.1}
 
 
 class Counter:
@@ -55,8 +55,8 @@ def test_a_callable_object_is_served_by_one_child():
     bv = ByValue.of(CallableObjective(SPACE, fn=Counter()))
     again = ByValue(bv.payload, bv.key, bv.label)  # what the next task brings: equal bytes, another object
     recs = [evaluate_once(b, f"t{i}", {"x": 0.5}, i, timeout_s=30) for i, b in enumerate([bv, again, bv])]
-    assert [r["value"] for r in recs] == [1.0, 2.0, 3.0]
-    assert len({r["child_pid"] for r in recs}) == 1 and recs[0]["child_pid"] != os.getpid()
+    assert [r.value for r in recs] == [1.0, 2.0, 3.0]
+    assert len({r.child_pid for r in recs}) == 1 and recs[0].child_pid != os.getpid()
 
 
 @pytest.mark.parametrize("isolate", ["process", "thread"])
@@ -65,25 +65,25 @@ def test_a_raise_and_a_nan_are_failed_trials(isolate):
         raise RuntimeError("no beam")
 
     rec = _run(boom, isolate)
-    assert rec["status"] == "failed" and rec["error"] == "exception" and "no beam" in rec["message"]
-    assert "RuntimeError" in rec["traceback"]
+    assert rec.status == "failed" and rec.error == "exception" and "no beam" in rec.message
+    assert "RuntimeError" in rec.traceback
     rec = _run(lambda p: math.nan, isolate)
-    assert rec["status"] == "failed" and rec["error"] == "nan"
+    assert rec.status == "failed" and rec.error == "nan"
 
 
 def test_bytes_that_do_not_unpickle_are_a_failed_trial_not_a_crash():
     bad = ByValue(b"not a pickle", "0" * 64, "broken")
     rec = evaluate_once(bad, "t", {"x": 0.5}, 0, timeout_s=30)
-    assert rec["status"] == "failed" and rec["error"] == "exception"
-    assert "loading the objective failed" in rec["message"]
+    assert rec.status == "failed" and rec.error == "exception"
+    assert "loading the objective failed" in rec.message
     not_objective = pickle.dumps({"x": 1})
     rec = evaluate_once(ByValue(not_objective, "1" * 64, "dict"), "t", {"x": 0.5}, 0, timeout_s=30)
-    assert rec["status"] == "failed" and "not an Objective" in rec["message"]
+    assert rec.status == "failed" and "not an Objective" in rec.message
 
 
 def test_params_outside_the_space_are_refused_before_fn_runs():
     rec = _run(lambda p: 1.0, "thread", params={"x": 2.0})
-    assert rec["status"] == "failed" and "outside" in rec["message"]
+    assert rec.status == "failed" and "outside" in rec.message
 
 
 def test_the_stand_in_is_what_the_config_names_and_refuses_to_evaluate():
