@@ -40,9 +40,10 @@ def _q_range(run: dict[str, str]) -> float:
     value = run.get("q_range") or ""
     if value and value.lower() != "nan":
         return float(value)
-    from benchmarks.quality import quantile_range
+    from benchmarks.quality import make_problem, quantile_range
 
-    return quantile_range(run["problem"], int(run["seed"]))
+    seed = int(run["seed"])
+    return quantile_range(make_problem(run["problem"], seed), seed)
 
 
 def _read(path: Path) -> list[dict[str, str]]:

@@ -91,14 +91,14 @@ def make_problem(name: str, seed: int) -> Any:
     return GLDProblem(dim=PROBLEMS[name][0], problem=seed)
 
 
-def quantile_range(problem_name: str, seed: int) -> float:
-    """The benchmark's range: max - min of the exact tau-quantile over the search space (the minimum by the
-    same multi-start L-BFGS-B as the problem's optimum), the unit of the recommendation gap's 1% allowance."""
+def quantile_range(prob: Any, seed: int) -> float:
+    """The benchmark's range for problem `prob` (`make_problem`'s, run with `seed`): max - min of the exact
+    tau-quantile over the search space (the minimum by the same multi-start L-BFGS-B as the problem's optimum),
+    the unit of the recommendation gap's 1% allowance."""
     import numpy as np
 
     from objectives.functions import maximize_on_box
 
-    prob = make_problem(problem_name, seed)
     d = len(prob.space)
     _, q_max = prob.optimum(TAU)
     _, neg_min = maximize_on_box(lambda X: -prob.quantile_unit(X, TAU), np.zeros(d), np.ones(d), n_raw=5000,
@@ -150,7 +150,7 @@ def run_one(problem_name: str, method: str, seed: int, budget: int, batch: int, 
             "problem": problem_name, "method": method, "seed": seed, "tau": TAU, "budget": budget, "batch": batch,
             "q_star": q_star, "regret_rec": q_star - q_rec, "regret_best_evaluated": q_star - float(q_eval.max()),
             "predicted": float(predicted), "seconds": seconds,
-            "q_range": quantile_range(problem_name, seed) if problem_name != "quickstart" else float("nan"),
+            "q_range": quantile_range(prob, seed) if problem_name != "quickstart" else float("nan"),
             "lengthscale_warning": any("learned no lengthscale" in str(w.message) for w in caught),
         }
         if method == "sobol":  # a search's answer is its best observed value's point

@@ -48,7 +48,7 @@ def test_the_gap_target_allows_one_percent_of_the_problems_quantile_range(load_b
     prob = quality.make_problem("skewed-3d", 0)
     grid = np.random.default_rng(0).random((20000, 3))
     sampled = prob.quantile_unit(grid, quality.TAU)
-    q_range = quality.quantile_range("skewed-3d", 0)
+    q_range = quality.quantile_range(prob, 0)
     # the optimizer's range contains every sampled spread and is not far past it
     assert sampled.max() - sampled.min() <= q_range + 1e-9 <= sampled.max() - sampled.min() + 0.05
     run = {"problem": "skewed-3d", "method": "quantile-ts", "seed": "0", "budget": "80", "q_range": str(q_range),
