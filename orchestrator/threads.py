@@ -8,15 +8,18 @@ threads and 17 s with one (benchmarks/threads.py measures it). `bounded_threads(
 `AskTellOptimizer.fit` and `ask` run in, so the library and the central actor, which calls them, are bounded alike.
 
 `threads` is "auto" (the default: at most `DEFAULT_THREADS`, never more than the caller's own setting) or an
-integer, used as given. The config key `threads` and `AskTellOptimizer(threads=...)` take either.
+integer, used as given. The config key `threads` and `AskTellOptimizer(threads=...)` take either. The BLAS of numpy
+and scipy (OpenBLAS: the k-means of the inducing points, SciPy's L-BFGS-B) is bounded alike, through threadpoolctl:
+it starts one thread per core too, whose threads spin as OpenMP's do.
 
 Threads. torch's setting is partly per thread and partly per process. With torch's OpenMP backend, each thread's
 parallel regions use that thread's own OpenMP thread count (fixed at its first parallel region from the process
 default, and changed only by `torch.set_num_threads` in that thread), while `torch.set_num_threads` also sets the
 process default (for threads that have not run a parallel region yet) and MKL's thread count, which is
 process-wide. So while any bounded call runs, MKL everywhere in the process, and torch in threads that start their
-first parallel region then, use the bound too. Each thread's own count is restored when its call ends; the
-process-wide setting (the first concurrent call's caller's) when the last concurrent call ends.
+first parallel region then, use the bound too; so do numpy's and scipy's BLAS, whose thread count is process-wide
+(the first concurrent call's count). Each thread's own count is restored when its call ends; the process-wide
+settings (the first concurrent call's caller's) when the last concurrent call ends.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ _lock = threading.Lock()
 _inside = 0  # bounded blocks running now, in every thread of the process
 _outer: int | None = None  # the caller's setting when the first of the blocks running now began
 _openmp: Any = None  # threadpoolctl's controller of the loaded OpenMP runtimes (`_set_own_openmp`)
+_blas: Any = None  # threadpoolctl's limits on the BLAS libraries while blocks run (`_limit_blas`)
 
 
 def check_threads(name: str, value: Any, error: type[Exception] = ConfigError) -> str | int:
@@ -79,12 +83,13 @@ def bounded_threads(threads: str | int = "auto") -> Iterator[int]:
     """
     import torch
 
-    global _inside, _outer
+    global _inside, _outer, _blas
     own = torch.get_num_threads()  # this thread's count (OpenMP's is per thread)
     n = resolve_threads(threads, own)
     with _lock:
         if _inside == 0:
             _outer = own
+            _blas = _limit_blas(n)
         _inside += 1
         if n != own:
             torch.set_num_threads(n)
@@ -97,8 +102,22 @@ def bounded_threads(threads: str | int = "auto") -> Iterator[int]:
                 outer, _outer = _outer, None
                 if outer is not None and (n != own or torch.get_num_threads() != outer):
                     torch.set_num_threads(outer)  # the process default and MKL's, and this thread's
+                blas, _blas = _blas, None
+                if blas is not None:
+                    blas.restore_original_limits()
             if torch.get_num_threads() != own:
                 _set_own_openmp(own)  # this thread's own count only: the others' calls still run bounded
+
+
+def _limit_blas(n: int) -> Any:
+    """Limit the loaded BLAS libraries (numpy's and scipy's OpenBLAS; process-wide) to `n` threads; returns
+    threadpoolctl's limiter, whose `restore_original_limits` puts them back, or None where it cannot."""
+    try:
+        from threadpoolctl import threadpool_limits
+
+        return threadpool_limits(limits=n, user_api="blas")
+    except Exception:  # noqa: BLE001 - no threadpoolctl view of the BLAS: torch's bound stands alone
+        return None
 
 
 def _set_own_openmp(n: int) -> None:

@@ -78,6 +78,22 @@ def test_a_bounded_block_restores_the_callers_setting(two_threads):
     assert torch.get_num_threads() == 2
 
 
+def test_numpys_blas_is_bounded_too_and_restored(two_threads):
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+
+    def blas():
+        return {i["filepath"]: i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"}
+
+    before = blas()
+    if not before:
+        pytest.skip("no BLAS library that threadpoolctl sees")
+    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
+        with bounded_threads(1):
+            assert set(blas().values()) == {1}
+        assert set(blas().values()) == {2}
+    assert blas() == before
+
+
 def test_concurrent_blocks_restore_each_threads_own_setting(two_threads):
     """Two threads in bounded calls at once, the other one leaving first: each keeps the bound until its own call
     ends, and each gets its own setting back."""
