@@ -35,8 +35,9 @@ from orchestrator.errors import ConfigError
 __all__ = ["DEFAULT_THREADS", "MAX_THREADS", "bounded_threads", "check_threads", "default_threads",
            "resolve_threads"]
 
-#: the most intra-op threads of a fit or a proposal with `threads: auto`: on 2 cores shared with other work, the
-#: library loop of benchmarks/threads.py ran at 1 thread in 1/x the time of torch's default 2 (see its results)
+#: the most intra-op threads of a fit or a proposal with `threads: auto`. One: on 2 cores shared with other work,
+#: the README's library loop ran its first model `ask(100)` in 17 s on one thread and in 394 s on torch's default
+#: two (benchmarks/threads.py times the loop); a machine whose cores are free for the run may set more (`threads`)
 DEFAULT_THREADS = 1
 #: the largest `threads` accepted
 MAX_THREADS = 1024

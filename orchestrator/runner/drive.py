@@ -190,10 +190,11 @@ def _no_model_warning(summary: Mapping[str, Any], cfg: Any) -> str | None:
     if cfg.synchronous:
         return f"{head}; `qbatch status {summary['run_dir']}` shows its refits"
     fit_s, rate = summary.get("last_fit_s"), summary.get("evals_per_s") or 0.0
-    timing = (f" (it evaluated {rate:.3g} points per second; the final fit alone took {fit_s:.1f} s)"
-              if fit_s is not None and rate > 0 else "")
+    timed = fit_s is not None and rate > 0
+    timing = f" (it evaluated {rate:.3g} points per second; the final fit alone took {fit_s:.1f} s)" if timed else ""
+    during = f", about {rate * fit_s:.0f} here" if timed else ""
     return (f"{head}. A streaming run gives free slots further Sobol points until the first model batch is ready, "
             f"and these evaluations spent the budget before the first fit and proposal ended{timing}. Set "
             "`synchronous: true` (each batch after the design then waits for the model), or raise `budget` well "
-            "past what the evaluations use up during a fit; a larger `initial_design` does not help (the first "
-            "fit waits for it)")
+            f"past `initial_design` ({init}) plus what the evaluations use up during a fit{during}; a larger "
+            "`initial_design` does not help (the first fit waits for it)")

@@ -143,7 +143,7 @@ def test_a_streaming_run_whose_model_proposed_nothing_warns_and_says_what_helps(
     assert len(warning) == 1
     text = warning[0]
     assert "the model proposed none of the 40 evaluations: all came from the Sobol design" in text
-    assert "`synchronous: true`" in text and "raise `budget`" in text and "the final fit alone took 4.2 s" in text
+    assert "`synchronous: true`" in text and "raise `budget`" in text and "the final fit alone took 4.2 s" in text and "about 52 here" in text
     assert "a larger `initial_design` does not help" in text
 
 
