@@ -204,12 +204,20 @@ def _cmd_status(args: argparse.Namespace) -> int:
         f"progress     [{'#' * filled}{'.' * (width - filled)}] {count} ({100 * m.progress:.1f}%)  "
         f"completed {c['completed']}, failed {c['failed']}, running {c['running']}, queued {c['proposed']}{unfinished}"
     )
+    src = m.sources
+    proposer = store.config.get("proposer")
+    proposer = proposer.get("type", "thompson") if isinstance(proposer, dict) else (proposer or "thompson")
+    model_free = proposer in ("sobol", "random")  # proposers without a model: their points count as "model"
+    note = ("; the model proposed none of them (a random search)"
+            if m.budget and done >= m.budget and not src.get("model") and not model_free else "")
+    print(f"sources      sobol {src.get('sobol', 0)}, model {src.get('model', 0)} (finished trials by where their "
+          f"point came from){note}")
     if m.best_params is not None:
         print(f"best so far  {_f(m.best_value)} (observed, trial {m.best_trial_id}) at {m.best_params}")
     else:
         print("best so far  - (no completed evaluation yet)")
     if m.best_predicted_params is not None:
-        print(f"recommended  {_f(m.best_predicted)} (model's predicted tau-level) at {m.best_predicted_params}")
+        print(f"recommendation {_f(m.best_predicted)} (predicted tau-level at the last fit) at {m.best_predicted_params}")
     print(
         f"utilization  U={_f(m.utilization)} over {_f(m.span_s)} s with {m.slots} slots ({m.slots_source}); "
         f"{_f(m.evals_per_s)} evaluations/s"

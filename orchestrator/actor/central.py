@@ -131,6 +131,7 @@ class CentralActor:
         self._stop = threading.Event()
         self._run_lock = threading.Lock()  # held by the one running `run` loop
         self._finished = threading.Event()  # the loop has ended; `_final` is its summary
+        self._final_fit = False  # the final fit runs (`status` says so: the progress bar shows it)
         self._final: dict[str, Any] = {}
         self.abort = AbortCause()
         self.scheduler = SlotScheduler(max_concurrent, cfg.budget, queue_low, cfg.batch_size)
@@ -206,7 +207,13 @@ class CentralActor:
                 "refit_failures": self.planner.refit_failures,
                 "low_water": self.low_water(),
                 "elapsed_s": now - self.started_at,
-                "phase": "model" if self.opt.model is not None else "initial design",
+                "phase": ("final fit" if self._final_fit else
+                          "model" if self.opt.model is not None else "initial design"),
+                # the results by where their point came from; a proposer without a model proposes "model" points
+                # too, so the driver's end-of-run check also reads `uses_model`
+                "sources": self.opt.told_by_source(),
+                "uses_model": self.opt.needs_model(),
+                "last_fit_s": self.planner.last_fit_s,
                 "pid": os.getpid(),
                 "node_id": _node_id(),
                 "aborted": self.abort.message,
@@ -308,10 +315,13 @@ class CentralActor:
             except LogWriteError:
                 pass
         elif not self.abort.message and self.opt.can_fit() and (self.opt.model is None or self.opt.num_stale > 0):
+            self._final_fit = True
             try:
                 self.planner.final_fit()
             except LogWriteError:  # the abort says what failed
                 pass
+            finally:
+                self._final_fit = False
         return self._summary()
 
     def _fill_before_first_model(self) -> None:

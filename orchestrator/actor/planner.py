@@ -78,6 +78,7 @@ class Planner:
         self.threads: list[threading.Thread] = []
         self.error: str | None = None  # a planner thread's traceback: the run aborts
         self.last_fit_end = 0.0
+        self.last_fit_s: float | None = None  # how long the last successful fit took
         self.refits = 0
         self.refit_failures = 0  # in this session
         self.failed_in_a_row = 0
@@ -286,6 +287,7 @@ class Planner:
                 self.wake()
             return False
         self.last_fit_end = time.time()
+        self.last_fit_s = diag.get("seconds")
         self.refits += 1
         self.failed_in_a_row, self.failed_fit_n = 0, -1
         # the slots and the direction this session ran with: the report's utilization and best value read them

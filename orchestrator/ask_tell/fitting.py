@@ -24,6 +24,7 @@ from orchestrator.errors import InputDataError, ModelFitError, ModelWarning, Qba
 from orchestrator.models.base import fit_stop
 from orchestrator.protocols import SurrogateProtocol, VariationalSurrogate
 from orchestrator.recommend import recommendation_scores
+from orchestrator.threads import bounded_threads
 
 __all__ = ["ModelFitting", "SLOW_FIT_MAX_S", "SLOW_FIT_MIN_S", "SLOW_FIT_S_PER_RESULT"]
 
@@ -100,6 +101,8 @@ class ModelFitting:
                 on every result replaces it anyway). The SVGP models stop; the exact GPs' fits, short L-BFGS
                 runs, go to their end.
 
+        The fit runs with the optimizer's `threads` (orchestrator/threads.py), the caller's setting restored after.
+
         Returns:
             ``{"seconds", "n", "best_params", "best_predicted", "swapped", ...model diagnostics}`` (``swapped``:
             False when a fit on more results ended first, whose model stays in use; then without the two
@@ -115,7 +118,7 @@ class ModelFitting:
             ModelWarning: once per optimizer each, when the model learned no lengthscale, and when a fit took
                 unusually long for its n (`SLOW_FIT_MIN_S`), naming the model options to change.
         """
-        with fit_stop(stop):
+        with fit_stop(stop), bounded_threads(self.threads):  # the optimizer's `threads` (orchestrator/threads.py)
             return self._fit(restart)
 
     def _fit(self, restart: bool) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.protocols import CalibratorProtocol, ProposerProtocol, SurrogateProtocol
 from orchestrator.recommend import DEFAULT_RULE, check_rule
 from orchestrator.space import SearchSpace
+from orchestrator.threads import bounded_threads, check_threads
 from workers.records import classify_value
 
 __all__ = ["AskTellOptimizer"]
@@ -70,6 +71,9 @@ class AskTellOptimizer(TrialRegistry, ComponentFactories, ModelFitting, Calibrat
         model_options, proposer_options, calibrator_options: keyword options of the factories.
         recommendation: the rule `best()` applies among the observed inputs (`orchestrator.recommend`):
             "mean" (default, spec §1.7), "lcb" or "lcb-2".
+        threads: torch's intra-op threads in `fit` and `ask` (`orchestrator.threads.bounded_threads`; the caller's
+            setting is restored after each): "auto" (default: at most `DEFAULT_THREADS`, never more than the
+            caller's own) or an integer, used as given.
     """
 
     def __init__(
@@ -86,6 +90,7 @@ class AskTellOptimizer(TrialRegistry, ComponentFactories, ModelFitting, Calibrat
         proposer_options: Mapping[str, Any] | None = None,
         calibrator_options: Mapping[str, Any] | None = None,
         recommendation: str = DEFAULT_RULE,
+        threads: str | int = "auto",
     ) -> None:
         self.space = space if isinstance(space, SearchSpace) else SearchSpace.from_description(space)
         if direction not in ("maximize", "minimize"):
@@ -101,6 +106,7 @@ class AskTellOptimizer(TrialRegistry, ComponentFactories, ModelFitting, Calibrat
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
             raise ConfigError(f"`seed` must be an integer in [0, 2**63); got {seed!r}")
         self.recommendation = check_rule(recommendation)
+        self.threads = check_threads("`threads`", threads)
         self.direction = direction
         self.sign = 1.0 if direction == "maximize" else -1.0
         self.tau = float(tau)
@@ -152,6 +158,7 @@ class AskTellOptimizer(TrialRegistry, ComponentFactories, ModelFitting, Calibrat
         self.__dict__.update(state)
         self.__dict__.setdefault("_warned_prior_mode", False)  # a pickle from before these attributes
         self.__dict__.setdefault("_warned_slow_fit", False)
+        self.__dict__.setdefault("threads", "auto")
         self._lock, self._ask_lock, self._calib_lock = threading.RLock(), threading.Lock(), threading.Lock()
 
     @classmethod
@@ -172,6 +179,7 @@ class AskTellOptimizer(TrialRegistry, ComponentFactories, ModelFitting, Calibrat
             proposer_options=dict(cfg.proposer.options),
             calibrator_options=dict(cfg.calibrator.options),
             recommendation=cfg.recommendation,
+            threads=cfg.threads,
         )
         opt.defer_calibration = True  # (the default; the actor depends on it)
         return opt
@@ -208,7 +216,7 @@ class AskTellOptimizer(TrialRegistry, ComponentFactories, ModelFitting, Calibrat
         ):
             with self._lock:  # a Sobol draw is cheap: it does not wait for a model-based `ask` in another thread
                 return self._ask(q, fit=False, sobol=True)
-        with self._ask_lock:
+        with self._ask_lock, bounded_threads(self.threads):
             return self._ask(q, fit)
 
     def _ask(self, q: int, fit: bool, sobol: bool = False) -> list[Trial]:

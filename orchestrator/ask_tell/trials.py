@@ -127,6 +127,17 @@ class TrialRegistry:
         """Whether a result (completed or failed) was recorded for `trial_id`."""
         return trial_id in self._told
 
+    def told_by_source(self) -> dict[str, int]:
+        """Trials told (completed or failed) by where their point came from: "sobol" and "model" always, "user" (and
+        "unknown", for a replayed log's orphaned results) where there are any."""
+        counts = {"sobol": 0, "model": 0}
+        with self._lock:
+            for tid in self._told:
+                trial = self._trials.get(tid)
+                source = trial.source if trial is not None else "unknown"
+                counts[source] = counts.get(source, 0) + 1
+        return counts
+
     def pending(self) -> list[Trial]:
         """Trials asked but not yet told, in the order they were asked."""
         with self._lock:

@@ -67,6 +67,8 @@ class ExperimentConfig:
     seed: int
     run_dir: str | None
     recommendation: str = DEFAULT_RULE
+    #: torch's intra-op threads of the model's fits and proposals (orchestrator/threads.py)
+    threads: str | int = "auto"
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict of every key (defaults filled in), in table order; `load_config` inverts it."""
@@ -94,8 +96,9 @@ class ExperimentConfig:
                 "seed": self.seed,
                 "run_dir": self.run_dir,
             }
-            # the default rule is left out, so a saved config.yaml keeps ARCHITECTURE.md's key set
+            # the default rule and threads are left out, so a saved config.yaml keeps ARCHITECTURE.md's key set
             | ({} if self.recommendation == DEFAULT_RULE else {"recommendation": self.recommendation})
+            | ({} if self.threads == "auto" else {"threads": self.threads})
         )
 
     def resolve_run_dir(self, override: str | None = None, now: float | None = None) -> str:

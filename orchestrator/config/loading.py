@@ -171,6 +171,7 @@ def _load_mapping(raw: Any, source: str | None) -> ExperimentConfig:
         seed=v["seed"],
         run_dir=v["run_dir"],
         recommendation=v["recommendation"],
+        threads=v["threads"],
     )
 
 

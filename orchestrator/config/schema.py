@@ -12,7 +12,7 @@ from typing import Any
 
 from orchestrator.config.values import (
     Check, _bool, _choice, _component, _float, _int, _name, _objective_name, _optional, _options, _space,
-    check_run_dir,
+    _threads, check_run_dir,
 )
 from orchestrator.recommend import DEFAULT_RULE, RULES
 from workers.records import MAX_TIMEOUT_S
@@ -68,6 +68,7 @@ _TABLE: dict[str, Any] = {
     },
     "seed": _Key(_int(0, MAX_SEED), 0),
     "recommendation": _Key(_choice(tuple(RULES)), DEFAULT_RULE),
+    "threads": _Key(_threads, "auto"),
     "run_dir": _Key(_optional(check_run_dir), None),
 }
 #: sections that may be given as a bare string: `model: expectile` means `model: {type: expectile}`

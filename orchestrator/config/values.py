@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 
 from orchestrator.checks import check_bool, check_choice, check_float, check_int, plain_data, refuse, show, suggest
 from orchestrator.errors import ConfigError, SpaceError
+from orchestrator.threads import check_threads
 
 #: most nodes a free-form `options` mapping may hold (guards against YAML alias bombs)
 _MAX_NODES = 100_000
@@ -88,6 +89,11 @@ def _component(static: tuple[str, ...], module: str, attr: str) -> Check:
 
 def _bool(key: str, v: Any) -> bool:
     return check_bool(f"`{key}`", v)
+
+
+def _threads(key: str, v: Any) -> str | int:
+    """torch's intra-op threads of the model's fits and proposals: "auto" or an integer (orchestrator/threads.py)."""
+    return check_threads(f"`{key}`", v)
 
 
 def _refuse_plain(key: str, problem: str, v: Any) -> ConfigError:

@@ -16,7 +16,9 @@ running actor. What is read (the event `info` keys that orchestrator/actor.py wr
   counted apart (`n_refit_failures`, with the last `error`), not as a refit.
 * queue depth over time: trials proposed but not yet started.
 * best so far: the best observed value (max or min per direction) and, where "refit" events carry it, the
-  model's predicted tau-level at its recommendation (`best_predicted`, `best_params`).
+  recommendation and its predicted tau-level (`best_predicted`, `best_params`).
+* sources: the finished trials by where their point came from (the `source` of their "proposed" event: "sobol"
+  for the design and its fillers, "model" for the proposer's).
 * calibration (calibrated-bo.md §1): for completed trials whose proposal recorded a `forecast`, the PIT
   u = F(y) of `orchestrator.models.predictive.Forecast`; the central p-interval covers y iff |u - 1/2| <= p/2.
 """
@@ -84,6 +86,8 @@ class RunMetrics:
     last_refit_error: str | None = None
     #: the sessions' spans and the slots each ran with, `(lo, hi, slots)` (`session_pieces`, `session_slots`)
     session_slots: list[tuple[float, float, int]] = field(default_factory=list)
+    #: finished (completed or failed) trials by the source of their point: "sobol" and "model" always
+    sources: dict[str, int] = field(default_factory=lambda: {"sobol": 0, "model": 0})
 
     def summary_rows(self, full: bool = False) -> list[tuple[str, str]]:
         """(metric, value) rows of the summary table. `full` (summary.csv): the parameters as JSON with every
@@ -106,8 +110,10 @@ class RunMetrics:
             ("best observed value", f(self.best_value)),
             ("best observed trial", self.best_trial_id or "-"),
             ("best observed params", params(self.best_params)),
-            ("best predicted tau-level (model)", f(self.best_predicted)),
-            ("recommended params (model)", params(self.best_predicted_params)),
+            ("evaluations from the Sobol design", str(self.sources.get("sobol", 0))),
+            ("evaluations from the model", str(self.sources.get("model", 0))),
+            ("recommendation: predicted tau-level", f(self.best_predicted)),
+            ("recommendation: params", params(self.best_predicted_params)),
             ("wall time (first start to last end, per session) [s]", f(self.span_s)),
             ("busy evaluation time [s]", f(self.busy_s)),
             (f"slots ({self.slots_source})", str(self.slots)),
@@ -263,6 +269,16 @@ def compute_metrics(
     util = busy / capacity if slots and capacity > 0 else math.nan
     n_done = counts["completed"] + counts["failed"]
 
+    source_of: dict[str, str] = {}
+    for ev in events:
+        if ev.kind == "proposed" and ev.trial_id is not None:
+            source_of.setdefault(ev.trial_id, str((ev.info or {}).get("source", "sobol")))
+    sources = {"sobol": 0, "model": 0}
+    for t in trials:
+        if t.status in ("completed", "failed"):
+            k = source_of.get(t.trial_id, "unknown")
+            sources[k] = sources.get(k, 0) + 1
+
     qt, qd = _queue_depth(events, pieces)
     pit = calibration(trials, direction) if with_calibration else []
     pit_arr = np.asarray(pit, dtype=float)
@@ -304,6 +320,7 @@ def compute_metrics(
         n_calibration=len(pit),
         pit=pit,
         damage=list(damage),
+        sources=sources,
     )
 
 

@@ -3,12 +3,19 @@
 ARCHITECTURE.md "The path of one evaluation", step 1 (`--address` for a cluster). Ray retries an address where
 nothing answers for minutes and waits as long on a web server's port; these checks answer at once, in one line
 naming the address. They also tell whether an address names another Ray than the one this process is connected to,
-and keep the cause Ray chains to a connection error (a cluster with token authentication names `RAY_AUTH_MODE`
-only there).
+and keep the cause Ray chains to a connection error.
+
+Token authentication (`RAY_AUTH_MODE=token`, the default of local clusters since Ray 2.59): Ray sends a token to an
+explicit address only when this process's `RAY_AUTH_MODE` is `token`, and a cluster that wants one refuses the
+connection for 20 s of retries, with an error that names neither the mode nor the token. One RPC to the GCS
+(`_check_token_auth`) tells at once whether the cluster refuses this process, and the line names the fix: the
+mode, and where Ray looks for the token (RAY_AUTH_TOKEN, the file RAY_AUTH_TOKEN_PATH names, ~/.ray/auth_token).
+qbatch never sends a token Ray itself would not.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 
 from orchestrator.errors import UsageError
@@ -59,26 +66,29 @@ def _connection_error_line(exc: BaseException) -> str:
     return "; ".join(lines)[:600]
 
 
-def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+def _check_reachable(address: str, timeout_s: float = 5.0, token: bool = True) -> None:
     """Refuse a ``host:port`` (or ``ray://host:port``) address where nothing accepts a connection.
 
     Ray itself retries such an address for minutes (its GCS client) before it fails with a timeout; one TCP
     connect tells the user at once. "auto" is checked at the address Ray resolves it to (`_auto_ray_address`): a
     driver killed before it shut its local Ray down leaves its record behind, and a Ray in another network
     namespace shows its GCS process; "auto" would then hang for minutes. "local" is Ray's; a malformed address is
-    left to Ray's parser, whose error the caller reports.
+    left to Ray's parser, whose error the caller reports. With `token`, a Ray's GCS that refuses this process for
+    want of its token is refused too (`_check_token_auth`).
     """
     if address == "auto":
         found = _auto_ray_address()
         if found:
             try:
-                _check_reachable(found, timeout_s)
+                _check_reachable(found, timeout_s, token=False)
             except UsageError:
                 raise UsageError(
                     f"`--address` 'auto': the Ray it finds ({found}: RAY_ADDRESS, the address the last Ray on this "
                     "machine recorded, or a running GCS process) does not answer; is that Ray gone (a run killed "
                     "before it shut its Ray down leaves its record), or in another network namespace? Start one "
                     "with `ray start --head`, or leave --address out for a local Ray") from None
+            if token:
+                _check_token_auth("auto", found, timeout_s)
         return
     if address == "local":
         return
@@ -103,6 +113,95 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
             f"`--address` {address!r}: {host}:{port} answers as a web server (HTTP/1) does, such as Ray's dashboard ("
             "the address `ray job submit` takes), not Ray's GCS; give the address `ray start --head` printed "
             "(port 6379 by default), or 'auto' on a node of the cluster")
+    if token and "://" not in address:  # a GCS address (a "ray://" client server speaks another protocol)
+        _check_token_auth(address, f"{host}:{port}", timeout_s)
+
+
+#: where Ray looks for the token, in its order, and how to get the cluster's
+_TOKEN_SOURCES = ("RAY_AUTH_TOKEN, a file named by RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token (`ray get-auth-token` "
+                  "on the cluster's head prints its token)")
+#: the GCS's cheapest RPC, the first a Ray client calls (an empty request)
+_GCS_PROBE = "/ray.rpc.NodeInfoGcsService/GetClusterId"
+#: what Ray's GCS answers a connection without the right token (its retries log it; `ray.init` drops it)
+_REFUSED_TOKEN = ("InvalidAuthToken", "Authentication token is missing or incorrect")
+
+
+def _local_token() -> tuple[str, str] | None:
+    """The token Ray would send from this process, and where it came from, in Ray's order: the RAY_AUTH_TOKEN
+    variable, the file RAY_AUTH_TOKEN_PATH names, ~/.ray/auth_token; None when there is none."""
+    if os.environ.get("RAY_AUTH_TOKEN", "").strip():
+        return os.environ["RAY_AUTH_TOKEN"].strip(), "RAY_AUTH_TOKEN"
+    named = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    path, where = ((named, f"RAY_AUTH_TOKEN_PATH's file {named}") if named else
+                   (os.path.expanduser("~/.ray/auth_token"), "~/.ray/auth_token"))
+    try:
+        with open(path) as fh:
+            text = fh.read().strip()
+    except OSError:
+        return None
+    return (text, where) if text else None
+
+
+def _sends_token(address: str, token: tuple[str, str] | None) -> bool:
+    """Whether `ray.init(address)` in this process sends a token: `RAY_AUTH_MODE=token`, or (Ray's own rule) the
+    mode unset, the address "auto" and a token at hand."""
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if mode is not None:
+        return mode.strip().lower() == "token"
+    return address == "auto" and token is not None
+
+
+def _token_refused_line(address: str, target: str, sends: bool, token: tuple[str, str] | None) -> str:
+    """The one line for a Ray at `target` that refused this process's token, or its lack of one."""
+    head = f"`--address` {address!r}: the Ray at {target} requires token authentication"
+    if sends and token is not None:
+        return (f"{head} and refuses this process's token (from {token[1]}); give it the cluster's token in "
+                f"{_TOKEN_SOURCES}")
+    mode = os.environ.get("RAY_AUTH_MODE")
+    now = f" (it is {mode!r} here)" if mode is not None else ""
+    if token is not None:
+        return (f"{head}, and this process sends no token: set RAY_AUTH_MODE=token{now} to send the one in "
+                f"{token[1]}, if it is the cluster's; else put the cluster's token in {_TOKEN_SOURCES}")
+    return (f"{head}, and this process sends no token: set RAY_AUTH_MODE=token{now}, with the cluster's token in "
+            f"{_TOKEN_SOURCES}")
+
+
+def _check_token_auth(address: str, target: str, timeout_s: float = 5.0) -> None:
+    """Refuse, in one line naming the fix, a Ray whose GCS at `target` ("host:port") refuses this process: it sends
+    no token and the cluster wants one, or it sends one the cluster does not take. One RPC with the token Ray would
+    send (none where Ray would send none); anything else it meets (no grpc, TLS, an older Ray) leaves it to Ray.
+    `RAY_AUTH_MODE=token` with no token at all is refused without a probe, as Ray refuses it (after lines of its
+    own log)."""
+    token = _local_token()
+    sends = _sends_token(address, token)
+    if sends and token is None:
+        raise UsageError(f"`--address` {address!r}: RAY_AUTH_MODE is 'token' here, but this process has no token: put "
+                         f"the cluster's token in {_TOKEN_SOURCES}")
+    try:
+        import grpc
+
+        metadata = [("authorization", f"Bearer {token[0]}")] if sends and token is not None else None
+        with grpc.insecure_channel(target) as channel:
+            channel.unary_unary(_GCS_PROBE)(b"", timeout=timeout_s, metadata=metadata)
+    except ImportError:
+        return
+    except Exception as exc:  # noqa: BLE001 - grpc.RpcError, or whatever a probe meets: Ray decides
+        code = getattr(exc, "code", None)
+        if callable(code) and getattr(code(), "name", "") == "UNAUTHENTICATED":
+            raise UsageError(_token_refused_line(address, target, sends, token)) from None
+        return
+
+
+def _token_refusal(address: str, exc: BaseException) -> str | None:
+    """For `ray.init`'s connection error: the one line of `_token_refused_line` when Ray's GCS refused this process's
+    token (its reason is in the error's causes, in a traceback's text), else None."""
+    import traceback
+
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    if not any(mark in text for mark in _REFUSED_TOKEN):
+        return None
+    token = _local_token()
+    return _token_refused_line(address, address, _sends_token(address, token), token)
 
 
 #: the HTTP/2 connection preface and an empty SETTINGS frame (RFC 9113 §3.4): what a gRPC client sends first

@@ -109,7 +109,7 @@ def _drive(
         # the whole run from the first evaluation start to the last end: one number for one run
         summary["utilization_live"] = summary["utilization"]
         summary["utilization"] = metrics.utilization
-    _report(summary, out)
+    _report(summary, out, cfg)
     if summary["status"] == "aborted":
         raise RunAbortedError(summary["message"])
     return summary
@@ -128,20 +128,75 @@ def _write_report(run_dir: str, out: TextIO) -> tuple[str | None, Any]:
     return (os.path.dirname(next(iter(paths.values()))) if paths else None), metrics
 
 
-def _report(summary: Mapping[str, Any], out: TextIO) -> None:
+#: how the end of a run words each recommendation rule (orchestrator/recommend.py)
+_RULE_WORDS = {
+    "mean": "the observed setting with the largest posterior mean of the target",
+    "lcb": "the observed setting with the largest posterior mean of the target less one posterior sd of f",
+    "lcb-2": "the observed setting with the largest posterior mean of the target less two posterior sds of f",
+}
+
+
+def _report(summary: Mapping[str, Any], out: TextIO, cfg: Any = None) -> None:
+    """The lines that end a run: the counts, a warning when the model proposed nothing, the recommendation with its
+    parameters one per line, and where the results are. `cfg`: the run's config (the recommendation rule's words
+    and the warning's advice; without it, neither)."""
     best = summary.get("best_predicted")
-    label = "best point (the best posterior mean of the target among observed points)"
+    rule = getattr(cfg, "recommendation", None)
+    label = (f"recommendation ({_RULE_WORDS.get(rule, 'chosen by the model')}, at the last fit): predicted "
+             "tau-level")
     if best is None:
-        best, label = summary.get("best_observed"), "best observed point"
+        best, label = summary.get("best_observed"), "recommendation (no model was fitted: the best observation): value"
     print(
         f"qbatch: {summary['status']}: {summary['done']} evaluations ({summary['completed']} completed, "
         f"{summary['failed']} failed), utilization {summary['utilization']:.2f}",
         file=out,
     )
+    sources = summary.get("sources")
+    if sources is not None:
+        print(f"qbatch: {sources.get('sobol', 0)} of them from the Sobol design, {sources.get('model', 0)} from "
+              "the model", file=out)
     if summary.get("message") and summary["status"] != "aborted":  # an abort's message is its exception's: once
         print(f"qbatch: {summary['message']}", file=out)
+    warning = _no_model_warning(summary, cfg)
+    if warning:
+        print(f"qbatch: warning: {warning}", file=out)
     if best is not None:
-        print(f"qbatch: {label}: value {best['value']:.6g} at {best['params']}", file=out)
+        print(f"qbatch: {label} {best['value']:.6g} at", file=out)
+        params = best["params"] or {}
+        width = max((len(str(k)) for k in params), default=0)
+        for k, v in params.items():
+            print(f"    {str(k).ljust(width)}  {v}", file=out)
     print(f"qbatch: results in {_absolute(summary['run_dir'])}", file=out)
     if summary.get("report_dir"):
         print(f"qbatch: plots and summary tables in {summary['report_dir']}", file=out)
+
+
+def _no_model_warning(summary: Mapping[str, Any], cfg: Any) -> str | None:
+    """What to change when a finished run's model proposed none of its points (a random search by accident), or
+    None. A streaming run gives free slots Sobol points until the first model batch is ready, so evaluations
+    that are fast beside the first fit and proposal can spend the whole budget before it: waiting for the
+    model (`synchronous: true`) or a budget that outlasts the first fit helps; a larger `initial_design` does not
+    (the first fit waits for its results)."""
+    sources = summary.get("sources")
+    if (cfg is None or sources is None or not summary.get("uses_model") or summary.get("status") != "finished"
+            or sources.get("model", 0) or not summary.get("done")):
+        return None
+    done, init, budget = summary["done"], cfg.initial_design, cfg.budget
+    head = f"the model proposed none of the {done} evaluations: all came from the Sobol design (a random search)"
+    if budget <= init:
+        return (f"{head}, as `budget` ({budget}) is not above `initial_design` ({init}); raise `budget` above "
+                "`initial_design` for the model to propose")
+    if summary.get("refit_failures") and not summary.get("refits"):
+        return (f"{head}: every refit failed ({summary['refit_failures']}); `qbatch status {summary['run_dir']}` "
+                "shows the last error")
+    if cfg.synchronous:
+        return f"{head}; `qbatch status {summary['run_dir']}` shows its refits"
+    fit_s, rate = summary.get("last_fit_s"), summary.get("evals_per_s") or 0.0
+    timed = fit_s is not None and rate > 0
+    timing = f" (it evaluated {rate:.3g} points per second; the final fit alone took {fit_s:.1f} s)" if timed else ""
+    during = f", about {rate * fit_s:.0f} here" if timed else ""
+    return (f"{head}. A streaming run gives free slots further Sobol points until the first model batch is ready, "
+            f"and these evaluations spent the budget before the first fit and proposal ended{timing}. Set "
+            "`synchronous: true` (each batch after the design then waits for the model), or raise `budget` well "
+            f"past `initial_design` ({init}) plus what the evaluations use up during a fit{during}; a larger "
+            "`initial_design` does not help (the first fit waits for it)")

@@ -127,16 +127,22 @@ class _QueueWatch:
 
 def progress_fields(st: Mapping[str, Any]) -> dict[str, Any]:
     """The progress bar's fields from the actor's progress summary. The best single observation (`best_y`)
-    and the recommendation's predicted tau-level (`rec`, from the last fit; "-" before it) are shown apart,
-    as `qbatch status` does: for a noisy objective the first is mostly noise and the second is the figure that
-    counts, and one field switching from the first to the second would seem to fall when the model arrives.
+    and the recommendation's predicted tau-level (`recommendation`, from the last fit; "-" before it) are shown
+    apart, as `qbatch status` does: for a noisy objective the first is mostly noise and the second is the figure
+    that counts, and one field switching from the first to the second would seem to fall when the model arrives.
+    `sobol` and `model` count the evaluated points by where they came from (the Sobol design, its fillers
+    included, or the proposer), so a run that never gets to its model says so as it goes. `phase` is
+    "final fit" while the fit after the last result runs (the count stands at the budget meanwhile).
     `running` counts the evaluations that have started (the pool's start reports, `running`/`waiting` in `st`
     where the driver has them) and `waiting` those still in Ray's queue; without the reports, every dispatched
     one counts as running."""
     observed, predicted = st.get("best_observed"), st.get("best_predicted")
+    sources = st.get("sources")
     return {
+        **({"phase": "final fit"} if st.get("phase") == "final fit" else {}),
         "best_y": "-" if observed is None else f"{observed['value']:.4g}",
-        "rec": "-" if predicted is None else f"{predicted['value']:.4g}",
+        "recommendation": "-" if predicted is None else f"{predicted['value']:.4g}",
+        **({"sobol": sources.get("sobol", 0), "model": sources.get("model", 0)} if sources is not None else {}),
         "evals_s": f"{st['evals_per_s']:.2f}",
         "util": f"{st['utilization']:.2f}",
         "running": st.get("running", st["inflight"]),

@@ -23,7 +23,9 @@ import threading
 from typing import Any, Callable, Iterator
 
 from orchestrator.errors import ConfigError, UsageError
-from orchestrator.runner.address import _check_reachable, _connection_error_line, _other_ray
+from orchestrator.runner.address import (
+    _TOKEN_SOURCES, _check_reachable, _connection_error_line, _other_ray, _token_refusal,
+)
 from orchestrator.runner.signals import _interrupts_held
 
 logger = logging.getLogger(__name__)
@@ -165,8 +167,15 @@ def _start_ray(address: str | None, num_cpus: int | None) -> None:
             ray.init(address=address, include_dashboard=False if address == "local" else None, **_worker_setup())
         except ValueError as exc:  # e.g. "Invalid address format"
             raise ConfigError(f"`--address` {address!r}: {str(exc).splitlines()[0]}") from None
-        except ConnectionError as exc:  # "auto" with no Ray running on this machine
-            raise UsageError(f"`--address` {address!r}: {_connection_error_line(exc)}") from None
+        except ConnectionError as exc:  # "auto" with no Ray running on this machine; a token refused
+            raise UsageError(_token_refusal(address, exc) or f"`--address` {address!r}: {_connection_error_line(exc)}"
+                             ) from None
+        except Exception as exc:
+            if type(exc).__name__ != "AuthenticationError":  # ray.exceptions' (Ray >= 2.52)
+                raise
+            # RAY_AUTH_MODE=token and no token in this process: Ray's message, then where the token goes
+            reason = str(getattr(exc, "message", exc)).strip().splitlines()[0].rstrip(".")
+            raise UsageError(f"`--address` {address!r}: {reason}; put the cluster's token in {_TOKEN_SOURCES}") from None
     else:
         _init_local_ray(num_cpus)
 

@@ -107,6 +107,27 @@ def test_sobol_points_past_the_initial_design_only_fill_free_slots(ray_local, tm
     assert model >= cfg["budget"] // 3, f"only {model} of {cfg['budget']} points came from the model"
 
 
+def test_a_fast_streaming_run_whose_model_proposed_nothing_says_so_and_what_helps(ray_local, tmp_path):
+    """Fast evaluations in a streaming run: free slots get Sobol points until the first model batch is ready, and
+    these spend the budget before the first fit and proposal end. The end of the run counts where the points came
+    from and warns, naming what helps; the same run synchronous waits for its model."""
+    fast = {"name": "sleep", "options": {"mean_s": 0.02, "cv": 0.0, "num_cpus": 1}}
+    cfg = run_config(tmp_path, "random", budget=14, initial_design=10, batch_size=10, objective=fast)
+    out = io.StringIO()
+    summary = run_experiment(cfg, progress=False, out=out)
+    assert summary["status"] == "finished" and summary["sources"] == {"sobol": 14, "model": 0}
+    text = out.getvalue()
+    assert "qbatch: 14 of them from the Sobol design, 0 from the model\n" in text
+    warning = [line for line in text.splitlines() if line.startswith("qbatch: warning: ")]
+    assert len(warning) == 1 and "the model proposed none of the 14 evaluations" in warning[0]
+    assert "`synchronous: true`" in warning[0] and "raise `budget`" in warning[0]
+    cfg = run_config(tmp_path, "waits", budget=14, initial_design=10, batch_size=10, objective=fast, synchronous=True)
+    out = io.StringIO()
+    summary = run_experiment(cfg, progress=False, out=out)
+    assert summary["sources"] == {"sobol": 10, "model": 4} and "warning" not in out.getvalue()
+    assert "qbatch: 10 of them from the Sobol design, 4 from the model\n" in out.getvalue()
+
+
 def test_synchronous_mode_waits_for_the_whole_batch(ray_local, tmp_path):
     cfg = run_config(tmp_path, "sync", synchronous=True, budget=28, batch_size=8, initial_design=12,
                   objective={"name": "sleep", "options": {"mean_s": 0.05, "cv": 0.5, "num_cpus": 1}})

@@ -219,7 +219,7 @@ def test_status_report_objectives(tmp_path, capsys):
     assert cli.main(["status", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
     assert "6/6 (100.0%)" in out and "completed 5, failed 1" in out
-    assert "best so far  5 (observed, trial 1-2)" in out and "recommended  4.2" in out
+    assert "best so far  5 (observed, trial 1-2)" in out and "recommendation 4.2" in out
     assert "U=0.5 over 6 s with 2 slots (recorded)" in out and "failures     nan: 1" in out
     assert cli.main(["report", str(tmp_path / "run"), "--out", str(tmp_path / "rep")]) == 0
     out = capsys.readouterr().out

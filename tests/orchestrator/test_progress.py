@@ -14,16 +14,16 @@ def _summary(observed=None, predicted=None):
 
 def test_before_any_result_both_are_dashes():
     f = progress_fields(_summary())
-    assert f == {"best_y": "-", "rec": "-", "evals_s": "1.50", "util": "0.88", "running": 2, "failed": 1}
+    assert f == {"best_y": "-", "recommendation": "-", "evals_s": "1.50", "util": "0.88", "running": 2, "failed": 1}
 
 
 def test_before_the_first_fit_only_the_observation_is_shown():
     f = progress_fields(_summary(observed=4.3761))
-    assert (f["best_y"], f["rec"]) == ("4.376", "-")
+    assert (f["best_y"], f["recommendation"]) == ("4.376", "-")
 
 
 def test_after_a_fit_the_recommendation_stands_beside_the_best_observation():
     # a noisy objective: the model's tau-level at its recommendation is below the luckiest observation,
     # and the bar keeps showing both instead of "best" dropping from 4.6 to 2.3
     f = progress_fields(_summary(observed=4.597, predicted=2.3246))
-    assert (f["best_y"], f["rec"]) == ("4.597", "2.325")
+    assert (f["best_y"], f["recommendation"]) == ("4.597", "2.325")
