@@ -117,6 +117,20 @@ def _lognormal_factor(k: float, mu_g: Tensor, var_g: Tensor) -> Tensor:
     return torch.exp((-k * mu_g + 0.5 * k * k * var_g).clamp(max=MAX_EXPONENT))
 
 
+def _lognormal_factor_grads(k: float, mu_g: Tensor, var_g: Tensor) -> tuple[Tensor, Tensor]:
+    """(E[exp(-k g)], 1 where the exponent is under its cap, else 0): the factor's derivatives in (mu_g, var_g)
+    are (-k, k^2 / 2) times the factor times that mask (the capped exponent is constant, as autograd has it)."""
+    exponent = -k * mu_g + 0.5 * k * k * var_g
+    return torch.exp(exponent.clamp(max=MAX_EXPONENT)), (exponent <= MAX_EXPONENT).to(mu_g.dtype)
+
+
+def _floored_std(var_f: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(var_f floored at `MIN_STD_F`^2, its square root, 1 where var_f is at or above the floor, else 0: the
+    floored value's derivative)."""
+    floor = MIN_STD_F**2
+    return var_f.clamp_min(floor), var_f.clamp_min(floor).sqrt(), (var_f >= floor).to(var_f.dtype)
+
+
 class _TwoLatentLikelihood(Likelihood):
     """Base of the likelihoods on (f, g): `forward` gives the law of y, `expected_log_prob` a closed form.
 
@@ -143,6 +157,22 @@ class _TwoLatentLikelihood(Likelihood):
     ) -> Tensor:
         """E_{q(f) q(g)}[log p(y | f, e^g)] for independent Gaussian marginals, elementwise (spec §1.5)."""
         raise NotImplementedError
+
+    def expected_log_prob_grads(
+        self, y: Tensor, mu_f: Tensor, var_f: Tensor, mu_g: Tensor, var_g: Tensor
+    ) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor, Tensor]]:
+        """`expected_log_prob_moments` (elementwise) and its derivatives in (mu_f, var_f, mu_g, var_g), each
+        elementwise (the gradients of the summed values), without an autograd graph.
+
+        The natural-gradient site updates (`orchestrator.models.full_variational`) take these at every step; the
+        families here override this with closed forms, this default differentiates the closed form by autograd.
+        """
+        with torch.enable_grad():
+            leaves = [t.detach().clone().requires_grad_(True) for t in (mu_f, var_f, mu_g, var_g)]
+            value = self.expected_log_prob_moments(y, *leaves)
+            grads = torch.autograd.grad(value.sum(), leaves, allow_unused=True)
+        grads = tuple(torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads))
+        return value.detach(), grads  # type: ignore[return-value]
 
     def expected_log_prob(self, observations: Tensor, function_dist: Any, *args: Any, **kwargs: Any) -> Tensor:
         """Per-datum expected log-likelihood `... x n` under a distribution over `... x n x 2` latents.
@@ -175,6 +205,25 @@ class AsymmetricLaplaceLikelihood(_TwoLatentLikelihood):
         e_rho = (tau - torch.special.ndtr(-zeta)) * m + s_f * torch.exp(-0.5 * zeta**2 - 0.5 * _LOG_2PI)
         return math.log(tau * (1.0 - tau)) - mu_g - _lognormal_factor(1.0, mu_g, var_g) * e_rho
 
+    def expected_log_prob_grads(
+        self, y: Tensor, mu_f: Tensor, var_f: Tensor, mu_g: Tensor, var_g: Tensor
+    ) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor, Tensor]]:
+        """With E[rho] = (tau - Phi(-zeta)) m + s_f phi(zeta) and c = E[e^-g]: dE[rho]/dm = tau - Phi(-zeta) and
+        dE[rho]/ds_f = phi(zeta), so dE/dmu_f = c (tau - Phi(-zeta)), dE/dvar_f = -c phi(zeta) / (2 s_f),
+        dE/dmu_g = -1 + c E[rho], dE/dvar_g = -c E[rho] / 2."""
+        tau = self.tau
+        m = y - mu_f
+        _, s_f, floor_mask = _floored_std(var_f)
+        zeta = m / s_f
+        phi = torch.exp(-0.5 * zeta**2 - 0.5 * _LOG_2PI)
+        below = tau - torch.special.ndtr(-zeta)
+        e_rho = below * m + s_f * phi
+        c, cap_mask = _lognormal_factor_grads(1.0, mu_g, var_g)
+        c_e = c * e_rho
+        value = math.log(tau * (1.0 - tau)) - mu_g - c_e
+        c_e = c_e * cap_mask
+        return value, (c * below, -0.5 * c * phi / s_f * floor_mask, c_e - 1.0, -0.5 * c_e)
+
 
 class AsymmetricGaussianLikelihood(_TwoLatentLikelihood):
     """Expectile likelihood: p(y | f, sigma) = C_tau / sigma exp(-|tau - 1{u<0}| u^2), u = (y - f) / sigma.
@@ -202,6 +251,28 @@ class AsymmetricGaussianLikelihood(_TwoLatentLikelihood):
         log_c = math.log(D.ag_normalizer(tau))
         return log_c - mu_g - _lognormal_factor(2.0, mu_g, var_g) * e_w_u2
 
+    def expected_log_prob_grads(
+        self, y: Tensor, mu_f: Tensor, var_f: Tensor, mu_g: Tensor, var_g: Tensor
+    ) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor, Tensor]]:
+        """With W = E[|tau - 1{u<0}| u^2] and c = E[e^-2g]: dW/dm = 2 tau m + 2 (1 - 2 tau)(m Phi(-zeta) - s_f
+        phi(zeta)) and dW/dvar_f = tau + (1 - 2 tau) Phi(-zeta) (E[u^2; u < 0] has derivatives 2 E[u; u < 0] and
+        P(u < 0)), so dE/dmu_f = c dW/dm, dE/dvar_f = -c dW/dvar_f, dE/dmu_g = -1 + 2 c W, dE/dvar_g = -2 c W."""
+        tau = self.tau
+        m = y - mu_f
+        var_f, s_f, floor_mask = _floored_std(var_f)
+        zeta = m / s_f
+        phi = torch.exp(-0.5 * zeta**2 - 0.5 * _LOG_2PI)
+        below = torch.special.ndtr(-zeta)
+        second = m**2 + var_f
+        e_w_u2 = tau * second + (1.0 - 2.0 * tau) * (second * below - m * s_f * phi)
+        d_m = 2.0 * tau * m + 2.0 * (1.0 - 2.0 * tau) * (m * below - s_f * phi)
+        d_v = tau + (1.0 - 2.0 * tau) * below
+        c, cap_mask = _lognormal_factor_grads(2.0, mu_g, var_g)
+        c_w = c * e_w_u2
+        value = math.log(D.ag_normalizer(tau)) - mu_g - c_w
+        c_w = c_w * cap_mask
+        return value, (c * d_m, -c * d_v * floor_mask, 2.0 * c_w - 1.0, -2.0 * c_w)
+
 
 class HeteroscedasticGaussianLikelihood(_TwoLatentLikelihood):
     """HetGP likelihood (Saul et al. 2016): y ~ N(f, e^{2g}) (spec §1.3).
@@ -225,3 +296,15 @@ class HeteroscedasticGaussianLikelihood(_TwoLatentLikelihood):
     ) -> Tensor:
         """-1/2 log 2pi - mu_g - 1/2 ((y - mu_f)^2 + s_f^2) exp(-2 mu_g + 2 s_g^2)."""
         return -0.5 * _LOG_2PI - mu_g - 0.5 * ((y - mu_f) ** 2 + var_f) * _lognormal_factor(2.0, mu_g, var_g)
+
+    def expected_log_prob_grads(
+        self, y: Tensor, mu_f: Tensor, var_f: Tensor, mu_g: Tensor, var_g: Tensor
+    ) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor, Tensor]]:
+        """With c = E[e^-2g]: dE/dmu_f = c (y - mu_f), dE/dvar_f = -c / 2, dE/dmu_g = -1 + c ((y - mu_f)^2 +
+        var_f), dE/dvar_g = -c ((y - mu_f)^2 + var_f)."""
+        m = y - mu_f
+        second = m**2 + var_f
+        c, cap_mask = _lognormal_factor_grads(2.0, mu_g, var_g)
+        value = -0.5 * _LOG_2PI - mu_g - 0.5 * second * c
+        c_s = c * second * cap_mask
+        return value, (c * m, -0.5 * c, c_s - 1.0, -c_s)
