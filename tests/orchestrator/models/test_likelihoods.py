@@ -281,3 +281,19 @@ def test_the_default_gradients_are_autograds():
     assert torch.allclose(value, got_value, atol=1e-12)
     assert all(torch.allclose(a, b, rtol=1e-10, atol=1e-10) for a, b in zip(grads, got))
     assert not value.requires_grad and not any(t.requires_grad for t in grads)
+
+
+@pytest.mark.parametrize("kind", sorted(LIKELIHOODS))
+def test_the_closed_form_gradients_take_numpy_arrays_alike(kind):
+    lik = LIKELIHOODS[kind](0.2)
+    y, *moments = _moment_grid(100, seed=2)
+    value, grads = lik.expected_log_prob_grads(y, *moments)
+    np_value, np_grads = lik.expected_log_prob_grads(y.numpy(), *(t.numpy() for t in moments))
+    assert isinstance(np_value, np.ndarray) and all(isinstance(g, np.ndarray) for g in np_grads)
+    assert np.allclose(np_value, value.numpy(), rtol=1e-13, atol=1e-13)
+    assert all(np.allclose(a, b.numpy(), rtol=1e-12, atol=1e-13) for a, b in zip(np_grads, grads))
+    # the autograd default converts numpy arrays too
+    base_value, base_grads = super(LIKELIHOODS[kind], lik).expected_log_prob_grads(y.numpy(),
+                                                                                   *(t.numpy() for t in moments))
+    assert isinstance(base_value, np.ndarray)
+    assert all(np.allclose(a, b, rtol=1e-10, atol=1e-10) for a, b in zip(base_grads, np_grads))
