@@ -120,12 +120,18 @@ class _Factors(NamedTuple):
     lam: np.ndarray
 
 
-def _factors(K: np.ndarray, nu: np.ndarray, lam: np.ndarray) -> _Factors:
-    """`site_posterior` on numpy arrays (`K` is `k x m x m`), with the factors the gradient reuses."""
+def _clamped(lam: np.ndarray) -> np.ndarray:
+    return np.maximum(np.minimum(lam, LAMBDA_BOUNDS[1]), LAMBDA_BOUNDS[0])
+
+
+def _factors(K: np.ndarray, nu: np.ndarray, lam: np.ndarray, diag_K: np.ndarray | None = None) -> _Factors:
+    """`site_posterior` on numpy arrays (`K` is `k x m x m`, `diag_K` its diagonals when the caller has them),
+    with the factors the gradient and the means' steps reuse."""
     m = K.shape[-1]
-    lam = np.clip(lam, *LAMBDA_BOUNDS)
+    lam = _clamped(lam)
     s = np.sqrt(lam)
-    mean, var, factors, products, kl = np.empty_like(lam), np.empty_like(lam), [], [], 0.0
+    diag_K = np.diagonal(K, axis1=-2, axis2=-1) if diag_K is None else diag_K
+    mean, var, factors, products, logdet = np.empty_like(lam), np.empty_like(lam), [], [], 0.0
     for i in range(lam.shape[0]):
         sK = s[i][:, None] * K[i]
         B = sK * s[i]
@@ -138,11 +144,12 @@ def _factors(K: np.ndarray, nu: np.ndarray, lam: np.ndarray) -> _Factors:
         sol, _ = lapack.dtrtrs(LB, rhs, lower=1, overwrite_b=1)
         A = sol[:, :m]  # L_B^-1 Lambda^1/2 K
         mean[i] = Knu - A.T @ sol[:, m]
-        var[i] = np.maximum(np.diagonal(K[i]) - np.einsum("ij,ij->j", A, A), 1e-300)
-        kl += 0.5 * (-(lam[i] * var[i]).sum() + (mean[i] * (nu[i] - lam[i] * mean[i])).sum()
-                     + 2.0 * np.log(np.diagonal(LB)).sum())
+        var[i] = diag_K[i] - np.einsum("ij,ij->j", A, A)
+        logdet += np.log(LB.diagonal()).sum()
         factors.append(LB)
         products.append(A)
+    var = np.maximum(var, 1e-300)
+    kl = 0.5 * (-(lam * var).sum() + (mean * (nu - lam * mean)).sum()) + logdet
     return _Factors(mean, var, float(kl), factors, products, s, lam)
 
 
@@ -180,6 +187,7 @@ class _SiteProblem:
     def __init__(self, K: Tensor, prior: tuple[Tensor, Tensor], idx: Tensor, Y: Tensor, likelihood: Any) -> None:
         self.K, self.likelihood = K.detach().numpy(), likelihood
         self.k, self.m = K.shape[0], K.shape[-1]
+        self.diag_K = np.diagonal(self.K, axis1=-2, axis2=-1).copy()
         const, prior_var = (t.detach().numpy() for t in prior)
         idx_np, Y_np = idx.numpy(), Y.detach().numpy()
         self.idx: np.ndarray | None = idx_np
@@ -198,7 +206,7 @@ class _SiteProblem:
         return np.stack([np.bincount(self.idx, weights=row, minlength=self.m) for row in g])
 
     def evaluate(self, nu: np.ndarray, lam: np.ndarray) -> _Evaluation:
-        return self._likelihood_terms(_factors(self.K, nu, lam))
+        return self._likelihood_terms(_factors(self.K, nu, lam, self.diag_K))
 
     def refine(self, nu: np.ndarray, ev: _Evaluation) -> tuple[np.ndarray, _Evaluation]:
         """One step of the means' fixed point at the evaluation's lambda, K^-1 mu = dE/dmu, as nu = dE/dmu +
@@ -206,7 +214,9 @@ class _SiteProblem:
         products (O(m^2)) instead of a factorization (O(m^3)). Returns (nu, the evaluation there)."""
         post = ev.post
         nu_new = ev.g_mean + post.lam * post.mean
-        mean = np.stack([self.K[i] @ nu_new[i] - post.A[i].T @ (post.A[i] @ nu_new[i]) for i in range(self.k)])
+        mean = np.empty_like(nu_new)
+        for i in range(self.k):
+            mean[i] = self.K[i] @ nu_new[i] - post.A[i].T @ (post.A[i] @ nu_new[i])
         # only KL's mu^T K^-1 mu / 2 = mu^T (nu - lambda mu) / 2 changes
         kl = post.kl + 0.5 * ((mean * (nu_new - post.lam * mean)).sum()
                               - (post.mean * (nu - post.lam * post.mean)).sum())
@@ -221,40 +231,44 @@ class _SiteProblem:
         else:
             g_moments = (self.prior_mean, self.prior_var)
         value, grads = self.likelihood.expected_log_prob_grads(self.Y, means[0], variances[0], *g_moments)
-        obs_g_mean, obs_g_var = np.stack(grads[0::2]), np.stack(grads[1::2])
+        obs = np.empty((4, value.shape[0]))  # rows: d/dmu_f, d/dmu_g, d/dvar_f, d/dvar_g
+        obs[0], obs[2], obs[1], obs[3] = grads
+        obs_g_mean, obs_g_var = obs[:2], obs[2:]
         ell = float(value.sum())
         return _Evaluation(post, ell, ell - post.kl, self._sites_sum(obs_g_mean[: self.k]),
                            self._sites_sum(obs_g_var[: self.k]), obs_g_mean, obs_g_var)
 
 
 class _History:
-    """The Anderson acceleration's memory: the last steps' differences of x and of the residual f = T(x) - x,
-    and the last (x, f)."""
+    """The Anderson acceleration's memory: the last `ANDERSON_MEMORY` steps' differences of x and of the residual
+    f = T(x) - x (columns of `dX`, `dF`, in any order: the combination does not depend on it), and the last
+    (x, f)."""
 
-    def __init__(self) -> None:
-        self.dX: list[np.ndarray] = []
-        self.dF: list[np.ndarray] = []
+    def __init__(self, size: int) -> None:
+        self.dX = np.empty((size, ANDERSON_MEMORY))
+        self.dF = np.empty((size, ANDERSON_MEMORY))
+        self.count = 0
         self.last: tuple[np.ndarray, np.ndarray] | None = None
 
     def push(self, x: np.ndarray, f: np.ndarray) -> None:
         if self.last is not None:
-            self.dX.append(x - self.last[0])
-            self.dF.append(f - self.last[1])
-            if len(self.dX) > ANDERSON_MEMORY:
-                self.dX.pop(0)
-                self.dF.pop(0)
+            j = self.count % ANDERSON_MEMORY
+            self.dX[:, j] = x - self.last[0]
+            self.dF[:, j] = f - self.last[1]
+            self.count += 1
         self.last = (x, f)
 
     def clear(self) -> None:
-        self.dX, self.dF = [], []
+        self.count = 0
 
     def step(self, x: np.ndarray, f: np.ndarray) -> np.ndarray | None:
         """The accelerated point x + f - (dX + dF) gamma, gamma = argmin |f - dF gamma|; None without memory."""
-        if not self.dX:
+        used = min(self.count, ANDERSON_MEMORY)
+        if used == 0:
             return None
-        dX, dF = np.stack(self.dX, -1), np.stack(self.dF, -1)
+        dX, dF = self.dX[:, :used], self.dF[:, :used]
         gram = dF.T @ dF
-        gram.flat[:: gram.shape[0] + 1] += 1e-12 * gram.diagonal().max() + 1e-300
+        gram.flat[:: used + 1] += 1e-12 * gram.diagonal().max() + 1e-300
         return x + f - (dX + dF) @ np.linalg.solve(gram, dF.T @ f)
 
 
@@ -281,19 +295,19 @@ def _solve(problem: _SiteProblem, nu: np.ndarray, lam: np.ndarray, max_steps: in
     holds (the check loss's kink can make the plain step overshoot) and grown back by 1.5 after. The
     iteration stops when no marginal mean or standard deviation moves by more than `tol`."""
     shape, size = nu.shape, nu.size
-    history = _History()
+    history = _History(2 * size)
     cur = problem.evaluate(nu, lam)
     x = np.concatenate([nu.ravel(), lam.ravel()])
     beta, steps = INITIAL_STEP, 0
     for steps in range(1, max_steps + 1):
         x_ref, cur = _refined(problem, x, cur)
-        lam_target = np.clip(-2.0 * cur.g_var, *LAMBDA_BOUNDS)
+        lam_target = _clamped(-2.0 * cur.g_var)
         target = np.concatenate([(cur.g_mean + lam_target * cur.post.mean).ravel(), lam_target.ravel()])
         history.push(x, target - x)
         floor = cur.elbo - 1e-12 * abs(cur.elbo)
         new, x_new = None, history.step(x, target - x)
         if x_new is not None:
-            x_new[size:] = np.clip(x_new[size:], *LAMBDA_BOUNDS)
+            x_new[size:] = _clamped(x_new[size:])
             new = problem.evaluate(x_new[:size].reshape(shape), x_new[size:].reshape(shape))
             if not new.elbo >= floor:
                 new = None
@@ -345,7 +359,7 @@ def _extrapolated(trail: list[tuple[np.ndarray, np.ndarray]], theta: np.ndarray,
         return x
     gram.flat[:: gram.shape[0] + 1] += 1e-10 * gram.diagonal().max()
     out = x_b + dX @ np.linalg.solve(gram, dT.T @ (theta - theta_b))
-    out[out.size // 2:] = np.clip(out[out.size // 2:], *LAMBDA_BOUNDS)
+    out[out.size // 2:] = _clamped(out[out.size // 2:])
     return out
 
 
