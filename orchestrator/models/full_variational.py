@@ -184,11 +184,12 @@ class _SiteProblem:
     jittered outputscales), the likelihood and the observations (observation j at input `idx[j]`; when `idx` is
     a permutation, the observations are put in the inputs' order once)."""
 
-    def __init__(self, K: Tensor, prior: tuple[Tensor, Tensor], idx: Tensor, Y: Tensor, likelihood: Any) -> None:
-        self.K, self.likelihood = K.detach().numpy(), likelihood
+    def __init__(self, K: np.ndarray, prior: tuple[np.ndarray, np.ndarray], idx: Tensor, Y: Tensor,
+                 likelihood: Any) -> None:
+        self.K, self.likelihood = K, likelihood
         self.k, self.m = K.shape[0], K.shape[-1]
         self.diag_K = np.diagonal(self.K, axis1=-2, axis2=-1).copy()
-        const, prior_var = (t.detach().numpy() for t in prior)
+        const, prior_var = prior
         idx_np, Y_np = idx.numpy(), Y.detach().numpy()
         self.idx: np.ndarray | None = idx_np
         if idx_np.shape[0] == self.m and bool((np.bincount(idx_np, minlength=self.m) == 1).all()):
@@ -269,17 +270,22 @@ class _History:
         dX, dF = self.dX[:, :used], self.dF[:, :used]
         gram = dF.T @ dF
         gram.flat[:: used + 1] += 1e-12 * gram.diagonal().max() + 1e-300
-        return x + f - (dX + dF) @ np.linalg.solve(gram, dF.T @ f)
+        gamma = lapack.dgesv(gram, dF.T @ f)[2]
+        return x + f - (dX + dF) @ gamma
 
 
-def _refined(problem: _SiteProblem, x: np.ndarray, ev: _Evaluation) -> tuple[np.ndarray, _Evaluation]:
-    """x and its evaluation after up to `MEAN_STEPS` of `_SiteProblem.refine`, each kept while the ELBO rises."""
+def _refined(problem: _SiteProblem, x: np.ndarray, ev: _Evaluation, tol: float) -> tuple[np.ndarray, _Evaluation]:
+    """x and its evaluation after up to `MEAN_STEPS` of `_SiteProblem.refine`, each kept while the ELBO rises;
+    they stop once a step moves no mean by more than `tol`."""
     size = x.size // 2
     for _ in range(MEAN_STEPS):
         nu, new = problem.refine(x[:size].reshape(ev.post.mean.shape), ev)
         if not new.elbo > ev.elbo:
             break
+        moved = np.abs(new.post.mean - ev.post.mean).max()
         x, ev = np.concatenate([nu.ravel(), x[size:]]), new
+        if moved <= tol:
+            break
     return x, ev
 
 
@@ -300,7 +306,7 @@ def _solve(problem: _SiteProblem, nu: np.ndarray, lam: np.ndarray, max_steps: in
     x = np.concatenate([nu.ravel(), lam.ravel()])
     beta, steps = INITIAL_STEP, 0
     for steps in range(1, max_steps + 1):
-        x_ref, cur = _refined(problem, x, cur)
+        x_ref, cur = _refined(problem, x, cur, tol)
         lam_target = _clamped(-2.0 * cur.g_var)
         target = np.concatenate([(cur.g_mean + lam_target * cur.post.mean).ravel(), lam_target.ravel()])
         history.push(x, target - x)
@@ -325,13 +331,13 @@ def _solve(problem: _SiteProblem, nu: np.ndarray, lam: np.ndarray, max_steps: in
         x, cur = x_new, new
         if moved <= tol:
             break
-    x, cur = _refined(problem, x, cur)
+    x, cur = _refined(problem, x, cur, tol)
     return x[:size].reshape(shape), x[size:].reshape(shape), steps, cur
 
 
-def _prior(model: Any) -> tuple[Tensor, Tensor]:
+def _prior(model: Any) -> tuple[np.ndarray, np.ndarray]:
     """(the `2` constant means, the `2` jittered outputscales): the latents' prior marginals."""
-    return model.constant.detach(), (model.outputscale + model.jitter()).detach()
+    return model.constant.detach().numpy(), (model.outputscale + model.jitter()).detach().numpy()
 
 
 @torch.no_grad()
@@ -340,7 +346,7 @@ def solve_sites(model: Any, likelihood: Any, idx: Tensor, Y: Tensor, latents: li
     """The sites' fixed point at the model's current hyperparameters, from (`nu`, `lam`); returns (nu, lam,
     steps). Observation j sits at inducing input `idx[j]`; `latents` is [0] (f) or [0, 1] (f and g). Each step
     is a natural-gradient step on q, accelerated or damped (`_solve`)."""
-    problem = _SiteProblem(model.kzz()[latents], _prior(model), idx, Y, likelihood)
+    problem = _SiteProblem(model.kzz()[latents].numpy(), _prior(model), idx, Y, likelihood)
     nu_np, lam_np, steps, _ = _solve(problem, nu.numpy(), lam.numpy(), max_steps, tol)
     return torch.from_numpy(nu_np), torch.from_numpy(lam_np), steps
 
@@ -411,6 +417,77 @@ def _initial_sites(model: Any, latents: list[int], previous: SiteState | None) -
     return nu, lam
 
 
+class _Hyper:
+    """The hyperparameters' side of the profile ELBO: k(Z, Z) + jitter I of the fitted latents in numpy (the
+    Matern-5/2 ARD kernel of `kernels.matern52`, which `TwoLatentSVGP.kzz` uses) and, for dG/dK, dG/dc and
+    the other latent's dG/dvar, a scalar whose autograd gradient in the raw hyperparameters is dG/dtheta: the
+    kernel's derivatives are contracted here, so autograd runs through the constraints and the priors alone.
+
+    With A = Z / l (k per latent), r^2 = |a_i|^2 + |a_j|^2 - 2 a_i . a_j and p = (1 + sqrt5 r) exp(-sqrt5 r):
+    dK_ij/ds^2 = (p + 5 r^2 / 3 exp(-sqrt5 r)) / ... = K_ij / s^2 off the jitter, and dK_ij/dl_d = s^2 5/3 p
+    (z_id - z_jd)^2 / l_d^3, whose contraction with G is 2 (z_d^2 . G_p 1 - z_d . G_p z_d), G_p = G * p."""
+
+    def __init__(self, model: Any, latents: list[int]) -> None:
+        self.model, self.latents = model, latents
+        self.Z = model.Z.detach().numpy()
+        self.Z2 = self.Z**2
+        # LogNormal hyperpriors in closed form (gpytorch's `log_prob` goes through torch.distributions' checks);
+        # other priors fall back to `model.log_prior()`
+        priors = list(model.named_priors())
+        self.fast_prior = all(hasattr(prior, "base_dist") and type(prior).__name__ == "LogNormalPrior"
+                              for _, _, prior, _, _ in priors)
+        self.priors = [(module, prior, closure) for _, module, prior, closure, _ in priors]
+
+    def log_prior(self) -> Tensor:
+        if not self.fast_prior:
+            return self.model.log_prior()
+        total = torch.zeros((), **TKWARGS)
+        for module, prior, closure in self.priors:
+            x = closure(module)
+            loc, scale = prior.base_dist.loc, prior.base_dist.scale
+            log_x = x.log()
+            log_p = -log_x - scale.log() - 0.5 * math.log(2.0 * math.pi) - 0.5 * ((log_x - loc) / scale) ** 2
+            total = total + (log_p[0] if self.model.constant_scale else log_p).sum()
+        return total
+
+    def evaluate(self) -> tuple[np.ndarray, tuple[Tensor, ...]]:
+        """(K, `k x m x m`, numpy) and the torch leaves' functions the gradient needs: (lengthscales `k x d`,
+        outputscales `k`, jitters `k`, constants `2`, prior variances `2`, log prior), with autograd graphs."""
+        model = self.model
+        with torch.enable_grad():
+            ls = model.lengthscale[self.latents, 0]
+            os = model.outputscale
+            jitter = model.jitter()
+            parts = (ls, os[self.latents], jitter[self.latents], model.constant, os + jitter, self.log_prior())
+        ls_np, os_np, jit_np = (t.detach().numpy() for t in parts[:3])
+        A = self.Z[None] / ls_np[:, None, :]
+        sq = (A * A).sum(-1)
+        r2 = sq[:, :, None] + sq[:, None, :] - 2.0 * A @ A.transpose(0, 2, 1)
+        r = np.sqrt(np.maximum(r2, 1e-30))
+        e = np.exp(-math.sqrt(5.0) * r)
+        self.p = (1.0 + math.sqrt(5.0) * r) * e
+        self.k_unit = self.p + (5.0 / 3.0) * np.maximum(r2, 0.0) * e
+        K = os_np[:, None, None] * self.k_unit
+        m = K.shape[-1]
+        K.reshape(K.shape[0], -1)[:, :: m + 1] += jit_np[:, None]
+        self.ls, self.os = ls_np, os_np
+        return K, parts
+
+    def surrogate(self, parts: tuple[Tensor, ...], d_K: np.ndarray, d_const: np.ndarray,
+                  d_prior_var: np.ndarray) -> Tensor:
+        """A scalar whose gradient is the profile ELBO's (plus the log prior's), from dG/dK (`k x m x m`), dG/dc
+        and dG/d(prior variance) (`2` each, 0 for the fitted latents)."""
+        ls, os, jitter, const, prior_var, log_prior = parts
+        Gp = d_K * self.p
+        contraction = 2.0 * (self.Z2[None] * Gp.sum(-1)[..., None] - self.Z[None] * (Gp @ self.Z)).sum(1)
+        d_ls = (5.0 / 3.0) * self.os[:, None] * contraction / self.ls**3
+        d_os = (d_K * self.k_unit).sum((1, 2))
+        d_jitter = np.trace(d_K, axis1=1, axis2=2)
+        t = torch.from_numpy
+        return ((t(d_ls) * ls).sum() + (t(d_os) * os).sum() + (t(d_jitter) * jitter).sum()
+                + (t(d_const) * const).sum() + (t(d_prior_var) * prior_var).sum() + log_prior)
+
+
 def _run_lbfgs(lbfgs: torch.optim.LBFGS, closure: Any, hyper: list[Tensor], max_iter: int) -> None:
     """L-BFGS in chunks of `LBFGS_CHUNK` iterations (its memory carries over) until `max_iter`; it stops once
     a chunk gains under `MIN_GAIN` per datum, where the inexact fixed point's noise would otherwise keep the
@@ -456,16 +533,16 @@ def fit_full_variational(model: Any, loss_fn: Any, likelihood: Any, X: Tensor, Y
     state: dict[str, Any] = {"x": np.concatenate([nu.numpy().ravel(), lam.numpy().ravel()]), "steps": 0,
                              "evals": 0, "tol": LOOSE_SITE_TOL, "trail": [], "last": None}
 
+    hyper_side = _Hyper(model, latents)
+
     def sites(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return x[: x.size // 2].reshape(k, -1), x[x.size // 2:].reshape(k, -1)
 
     def profile_loss(theta: np.ndarray) -> Tensor:
         """The negative profile ELBO per datum at the current hyperparameters, its gradient left in their `.grad`
         (the envelope theorem's partial gradient with q's mean and covariance held: module docstring)."""
-        with torch.enable_grad():
-            K = model.kzz()[latents]
-            const, prior_var = model.constant, model.outputscale + model.jitter()
-            log_prior = model.log_prior()
+        K, parts = hyper_side.evaluate()
+        const, prior_var, log_prior = (t.detach().numpy() for t in parts[3:])
         problem = _SiteProblem(K, (const, prior_var), idx, Y, likelihood)
         start_x = _extrapolated(state["trail"], theta, state["x"])
         nu_s, lam_s, steps, ev = _solve(problem, *sites(start_x), SITE_MAX_STEPS, state["tol"])
@@ -476,18 +553,16 @@ def fit_full_variational(model: Any, loss_fn: Any, likelihood: Any, X: Tensor, Y
         if not math.isfinite(loss):
             return torch.tensor(loss, **TKWARGS)
         post = ev.post
-        d_K = np.empty_like(problem.K)
+        d_K = np.empty_like(K)
         for i in range(k):
             B_inv, _ = lapack.dpotri(post.LB[i], lower=1)
             B_inv = np.tril(B_inv) + np.tril(B_inv, -1).T
             alpha = nu_s[i] - post.lam[i] * post.mean[i]  # K^-1 mu
             d_K[i] = -0.5 * (post.s[i][:, None] * B_inv * post.s[i] - np.outer(alpha, alpha))
+        # g at its prior marginal (k = 1): its variance enters the expected log-likelihood
+        d_prior_var = np.zeros(2) if k == 2 else np.array([0.0, ev.obs_g_var[1].sum()])
         with torch.enable_grad():
-            elbo = ((torch.from_numpy(d_K) * K).sum() + (torch.from_numpy(ev.obs_g_mean.sum(-1)) * const).sum()
-                    + log_prior)
-            if k == 1:  # g at its prior marginal: its variance enters the expected log-likelihood
-                elbo = elbo + float(ev.obs_g_var[1].sum()) * prior_var[1]
-            (-elbo / n).backward()
+            (-hyper_side.surrogate(parts, d_K, ev.obs_g_mean.sum(-1), d_prior_var) / n).backward()
         return torch.tensor(loss, **TKWARGS)
 
     chunk = max(1, min(LBFGS_CHUNK, max_iter))
