@@ -62,6 +62,8 @@ ANDERSON_MEMORY = 5
 MEAN_STEPS = 4
 #: past hyperparameter values whose fixed points the next value's starting sites are extrapolated from
 SITE_TRAIL = 4
+#: relative rounding of the ELBO's sum of nu_i mu_i terms (an ELBO fall within it does not reject a step)
+ELBO_ROUNDING = 1e-11
 #: bounds on the site precisions lambda_i (1e-12 says nothing about h_i; 1e12 pins it)
 LAMBDA_BOUNDS = (1e-12, 1e12)
 #: rows of X and Z closer than this in max-norm are one input (the tolerance of `allocation.unique_rows`)
@@ -310,7 +312,10 @@ def _solve(problem: _SiteProblem, nu: np.ndarray, lam: np.ndarray, max_steps: in
         lam_target = _clamped(-2.0 * cur.g_var)
         target = np.concatenate([(cur.g_mean + lam_target * cur.post.mean).ravel(), lam_target.ravel()])
         history.push(x, target - x)
-        floor = cur.elbo - 1e-12 * abs(cur.elbo)
+        # the ELBO's rounding: KL's mu^T K^-1 mu = mu^T (nu - lambda mu) is a difference of terms of size
+        # sum |nu mu| (thousands where sites pin an ill-conditioned K), and a fall within it is no fall
+        noise = 1e-12 * abs(cur.elbo) + ELBO_ROUNDING * np.abs(x_ref[:size] * cur.post.mean.ravel()).sum()
+        floor = cur.elbo - noise
         new, x_new = None, history.step(x, target - x)
         if x_new is not None:
             x_new[size:] = _clamped(x_new[size:])
@@ -488,6 +493,40 @@ class _Hyper:
                 + (t(d_const) * const).sum() + (t(d_prior_var) * prior_var).sum() + log_prior)
 
 
+def _sites(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(nu, lambda), `k x m` each, from x = (nu, lambda) flattened."""
+    return x[: x.size // 2].reshape(k, -1), x[x.size // 2:].reshape(k, -1)
+
+
+def _profile_loss(side: _Hyper, idx: Tensor, Y: Tensor, likelihood: Any, x: np.ndarray, tol: float
+                  ) -> tuple[float, np.ndarray, int]:
+    """The negative profile ELBO per datum at the model's hyperparameters, the sites' fixed point found from
+    x = (nu, lambda) to `tol`; its gradient in the hyperparameters is left in their `.grad` (the envelope
+    theorem's partial gradient with q's mean and covariance held: module docstring). Returns (loss, the fixed
+    point's x, steps)."""
+    K, parts = side.evaluate()
+    const, prior_var, log_prior = (t.detach().numpy() for t in parts[3:])
+    k, n = K.shape[0], Y.shape[0]
+    nu, lam, steps, ev = _solve(_SiteProblem(K, (const, prior_var), idx, Y, likelihood), *_sites(x, k),
+                                SITE_MAX_STEPS, tol)
+    x = np.concatenate([nu.ravel(), lam.ravel()])
+    loss = -(ev.elbo + float(log_prior)) / n
+    if not math.isfinite(loss):
+        return loss, x, steps
+    post = ev.post
+    d_K = np.empty_like(K)
+    for i in range(k):
+        B_inv, _ = lapack.dpotri(post.LB[i], lower=1)
+        B_inv = np.tril(B_inv) + np.tril(B_inv, -1).T
+        alpha = nu[i] - post.lam[i] * post.mean[i]  # K^-1 mu
+        d_K[i] = -0.5 * (post.s[i][:, None] * B_inv * post.s[i] - np.outer(alpha, alpha))
+    # g at its prior marginal (k = 1): its variance enters the expected log-likelihood
+    d_prior_var = np.zeros(2) if k == 2 else np.array([0.0, ev.obs_g_var[1].sum()])
+    with torch.enable_grad():
+        (-side.surrogate(parts, d_K, ev.obs_g_mean.sum(-1), d_prior_var) / n).backward()
+    return loss, x, steps
+
+
 def _run_lbfgs(lbfgs: torch.optim.LBFGS, closure: Any, hyper: list[Tensor], max_iter: int) -> None:
     """L-BFGS in chunks of `LBFGS_CHUNK` iterations (its memory carries over) until `max_iter`; it stops once
     a chunk gains under `MIN_GAIN` per datum, where the inexact fixed point's noise would otherwise keep the
@@ -535,34 +574,11 @@ def fit_full_variational(model: Any, loss_fn: Any, likelihood: Any, X: Tensor, Y
 
     hyper_side = _Hyper(model, latents)
 
-    def sites(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return x[: x.size // 2].reshape(k, -1), x[x.size // 2:].reshape(k, -1)
-
     def profile_loss(theta: np.ndarray) -> Tensor:
-        """The negative profile ELBO per datum at the current hyperparameters, its gradient left in their `.grad`
-        (the envelope theorem's partial gradient with q's mean and covariance held: module docstring)."""
-        K, parts = hyper_side.evaluate()
-        const, prior_var, log_prior = (t.detach().numpy() for t in parts[3:])
-        problem = _SiteProblem(K, (const, prior_var), idx, Y, likelihood)
         start_x = _extrapolated(state["trail"], theta, state["x"])
-        nu_s, lam_s, steps, ev = _solve(problem, *sites(start_x), SITE_MAX_STEPS, state["tol"])
-        state["x"] = np.concatenate([nu_s.ravel(), lam_s.ravel()])
+        loss, state["x"], steps = _profile_loss(hyper_side, idx, Y, likelihood, start_x, state["tol"])
         state["trail"] = (state["trail"] + [(theta, state["x"])])[-SITE_TRAIL:]
         state["steps"] += steps
-        loss = -(ev.elbo + float(log_prior)) / n
-        if not math.isfinite(loss):
-            return torch.tensor(loss, **TKWARGS)
-        post = ev.post
-        d_K = np.empty_like(K)
-        for i in range(k):
-            B_inv, _ = lapack.dpotri(post.LB[i], lower=1)
-            B_inv = np.tril(B_inv) + np.tril(B_inv, -1).T
-            alpha = nu_s[i] - post.lam[i] * post.mean[i]  # K^-1 mu
-            d_K[i] = -0.5 * (post.s[i][:, None] * B_inv * post.s[i] - np.outer(alpha, alpha))
-        # g at its prior marginal (k = 1): its variance enters the expected log-likelihood
-        d_prior_var = np.zeros(2) if k == 2 else np.array([0.0, ev.obs_g_var[1].sum()])
-        with torch.enable_grad():
-            (-hyper_side.surrogate(parts, d_K, ev.obs_g_mean.sum(-1), d_prior_var) / n).backward()
         return torch.tensor(loss, **TKWARGS)
 
     chunk = max(1, min(LBFGS_CHUNK, max_iter))
@@ -600,7 +616,7 @@ def fit_full_variational(model: Any, loss_fn: Any, likelihood: Any, X: Tensor, Y
             _run_lbfgs(lbfgs, closure, hyper, max_iter)
             with torch.no_grad():
                 nu, lam, steps = solve_sites(model, likelihood, idx, Y, latents,
-                                             *(torch.from_numpy(a.copy()) for a in sites(state["x"])))
+                                             *(torch.from_numpy(a.copy()) for a in _sites(state["x"], k)))
                 state["steps"] += steps
                 set_whitened(model, latents, nu, lam)
                 loss = float(loss_fn(model))
