@@ -15,7 +15,7 @@ reaches the fixed point in about ten steps, with damped steps where the ELBO wou
 here are log-concave: lambda >= 0 always). The steps run on numpy arrays (LAPACK directly): at these sizes
 a torch call's overhead is most of a step's cost.
 
-The hyperparameters are fitted by L-BFGS on the profile ELBO G(theta) = max_q ELBO(q, theta). At the sites'
+The hyperparameters are fitted by L-BFGS-B (SciPy's, as BoTorch's exact-GP fit) on the profile ELBO G(theta) = max_q ELBO(q, theta). At the sites'
 fixed point its gradient is the partial gradient of the ELBO with q held (the envelope theorem); with q's
 mean and covariance held, theta enters through the constant means (in the expected log-likelihood) and
 KL(q || N(0, K)), whose gradient in K is (W - alpha alpha^T) / 2 with W = Lambda^1/2 B^-1 Lambda^1/2 and
@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from scipy.linalg import lapack
+from scipy.optimize import minimize
 from threadpoolctl import threadpool_limits
 from torch import Tensor
 
@@ -49,10 +50,8 @@ SITE_TOL = 1e-5
 #: the fixed point's tolerance while L-BFGS is far from the optimum, and per unit of the largest gradient
 LOOSE_SITE_TOL = 1e-3
 SITE_TOL_PER_GRAD = 1e-2
-#: L-BFGS iterations between progress checks, and the least gain per datum of a chunk that goes on
-LBFGS_CHUNK = 5
+#: curvature pairs L-BFGS-B keeps (SciPy's default is 10; the d + 3 to 2 d + 4 hyperparameters gain from more)
 LBFGS_HISTORY = 30
-MIN_GAIN = 1e-6
 #: most fixed-point steps per hyperparameter value (a warm start from the previous value needs a few)
 SITE_MAX_STEPS = 100
 #: first step size beta of the damped steps (halved on an ELBO decrease, grown by 1.5 up to 1)
@@ -527,17 +526,22 @@ def _profile_loss(side: _Hyper, idx: Tensor, Y: Tensor, likelihood: Any, x: np.n
     return loss, x, steps
 
 
-def _run_lbfgs(lbfgs: torch.optim.LBFGS, closure: Any, hyper: list[Tensor], max_iter: int) -> None:
-    """L-BFGS in chunks of `LBFGS_CHUNK` iterations (its memory carries over) until `max_iter`; it stops once
-    a chunk gains under `MIN_GAIN` per datum, where the inexact fixed point's noise would otherwise keep the
-    line searches going for tiny gains."""
-    done, before = 0, math.inf
-    while done < max_iter:
-        loss = float(lbfgs.step(closure))
-        done = int(lbfgs.state[hyper[0]].get("n_iter", max_iter)) if hyper else max_iter
-        if not math.isfinite(loss) or before - loss < MIN_GAIN:
-            break
-        before = loss
+def _minimize(objective: Any, hyper: list[Tensor], max_iter: int) -> int:
+    """Minimize `objective(theta) -> (loss, gradient)` over the hyperparameters `hyper` (flattened into theta)
+    by SciPy's L-BFGS-B, as BoTorch's `fit_gpytorch_mll` does, from their current values, at most `max_iter`
+    iterations; leaves them at the result and returns the iterations."""
+    split = np.cumsum([p.numel() for p in hyper])[:-1]
+    theta0 = torch.cat([p.detach().reshape(-1) for p in hyper]).numpy().copy()
+    result = minimize(objective, theta0, jac=True, method="L-BFGS-B",
+                      options={"maxiter": max_iter, "maxcor": LBFGS_HISTORY})
+    _assign(hyper, result.x, split)
+    return int(result.nit)
+
+
+def _assign(hyper: list[Tensor], theta: np.ndarray, split: np.ndarray) -> None:
+    with torch.no_grad():
+        for p, part in zip(hyper, np.split(theta, split)):
+            p.copy_(torch.from_numpy(part).view_as(p))
 
 
 def fit_full_variational(model: Any, loss_fn: Any, likelihood: Any, X: Tensor, Y: Tensor, max_iter: int,
@@ -570,50 +574,40 @@ def fit_full_variational(model: Any, loss_fn: Any, likelihood: Any, X: Tensor, Y
         p.requires_grad_(False)
     n, k = Y.shape[0], len(latents)
     state: dict[str, Any] = {"x": np.concatenate([nu.numpy().ravel(), lam.numpy().ravel()]), "steps": 0,
-                             "evals": 0, "tol": LOOSE_SITE_TOL, "trail": [], "last": None}
+                             "evals": 0, "tol": LOOSE_SITE_TOL, "trail": []}
 
     hyper_side = _Hyper(model, latents)
 
-    def profile_loss(theta: np.ndarray) -> Tensor:
-        start_x = _extrapolated(state["trail"], theta, state["x"])
-        loss, state["x"], steps = _profile_loss(hyper_side, idx, Y, likelihood, start_x, state["tol"])
-        state["trail"] = (state["trail"] + [(theta, state["x"])])[-SITE_TRAIL:]
-        state["steps"] += steps
-        return torch.tensor(loss, **TKWARGS)
+    split = np.cumsum([p.numel() for p in hyper])[:-1]
 
-    chunk = max(1, min(LBFGS_CHUNK, max_iter))
-    lbfgs = torch.optim.LBFGS(hyper, lr=1.0, max_iter=chunk, max_eval=2 * chunk, history_size=LBFGS_HISTORY,
-                              tolerance_grad=1e-6, tolerance_change=1e-9, line_search_fn="strong_wolfe")
-
-    @torch.no_grad()
-    def closure() -> Tensor:
+    def objective(theta: np.ndarray) -> tuple[float, np.ndarray]:
         check_fit_stop()
-        theta = torch.cat([p.detach().reshape(-1) for p in hyper]).numpy()
-        last = state["last"]
-        if last is not None and np.array_equal(theta, last[0]):
-            # each chunk's `step` starts by evaluating the point the last one ended at
-            for p, g in zip(hyper, last[2]):
-                p.grad = None if g is None else g.clone()
-            return last[1]
-        lbfgs.zero_grad(set_to_none=True)
+        theta = theta.copy()
+        _assign(hyper, theta, split)
+        for p in hyper:
+            p.grad = None
+        start_x = _extrapolated(state["trail"], theta, state["x"])
         try:
-            loss = profile_loss(theta)
+            loss, x, steps = _profile_loss(hyper_side, idx, Y, likelihood, start_x, state["tol"])
         except torch.linalg.LinAlgError:
-            return torch.tensor(math.inf, **TKWARGS)
-        if torch.isfinite(loss):
-            # the gradient's error is of the order of the sites' error: far from the optimum a loose fixed
-            # point serves, near it the tolerance tightens with the gradient
-            gmax = max((float(p.grad.abs().max()) for p in hyper if p.grad is not None), default=0.0)
-            state["tol"] = min(LOOSE_SITE_TOL, max(SITE_TOL, SITE_TOL_PER_GRAD * gmax))
+            return math.inf, np.zeros_like(theta)
         state["evals"] += 1
-        state["last"] = (theta, loss, [None if p.grad is None else p.grad.clone() for p in hyper])
-        return loss
+        state["steps"] += steps
+        if not math.isfinite(loss):
+            return math.inf, np.zeros_like(theta)
+        state["x"] = x
+        state["trail"] = (state["trail"] + [(theta, x)])[-SITE_TRAIL:]
+        grad = np.concatenate([np.zeros(p.numel()) if p.grad is None else p.grad.numpy().ravel() for p in hyper])
+        # the gradient's error is of the order of the sites' error: far from the optimum a loose fixed point
+        # serves, near it the tolerance tightens with the gradient
+        state["tol"] = min(LOOSE_SITE_TOL, max(SITE_TOL, SITE_TOL_PER_GRAD * float(np.abs(grad).max())))
+        return loss, grad
 
     try:
         # one BLAS thread for the sites' small LAPACK calls, as BoTorch's fits and `acquisition.optimize` do:
         # thread hand-offs would cost more than the work (20x slower on a loaded 2-core machine)
         with threadpool_limits(limits=1, user_api="blas"):
-            _run_lbfgs(lbfgs, closure, hyper, max_iter)
+            iterations = _minimize(objective, hyper, max_iter)
             with torch.no_grad():
                 nu, lam, steps = solve_sites(model, likelihood, idx, Y, latents,
                                              *(torch.from_numpy(a.copy()) for a in _sites(state["x"], k)))
@@ -632,7 +626,6 @@ def fit_full_variational(model: Any, loss_fn: Any, likelihood: Any, X: Tensor, Y
             for p, p0 in zip(hyper, start):
                 p.copy_(p0)
         return None
-    iterations = float(lbfgs.state[hyper[0]].get("n_iter", 0)) if hyper else 0.0
-    info = {"iterations": iterations, "epochs": 1.0, "loss": loss, "stopped_early": 0.0, "lbfgs": 1.0,
+    info = {"iterations": float(iterations), "epochs": 1.0, "loss": loss, "stopped_early": 0.0, "lbfgs": 1.0,
             "evaluations": float(state["evals"]), "site_steps": float(state["steps"]), "full_variational": 1.0}
     return info, SiteState(model.Z, nu, lam)
