@@ -449,8 +449,8 @@ class _Hyper:
         for module, prior, closure in self.priors:
             x = closure(module)
             loc, scale = prior.base_dist.loc, prior.base_dist.scale
-            log_x = x.log()
-            log_p = -log_x - scale.log() - 0.5 * math.log(2.0 * math.pi) - 0.5 * ((log_x - loc) / scale) ** 2
+            log_x = x.log()  # Normal(loc, scale).log_prob(log x) - log x, term by term as torch has it
+            log_p = (-((log_x - loc) ** 2) / (2 * scale**2) - scale.log() - math.log(math.sqrt(2 * math.pi))) - log_x
             total = total + (log_p[0] if self.model.constant_scale else log_p).sum()
         return total
 

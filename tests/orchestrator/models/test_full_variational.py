@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
+from threadpoolctl import threadpool_limits
 
 from orchestrator.models import build_model
 from orchestrator.models import full_variational as fv
@@ -130,3 +132,151 @@ def test_observation_index_needs_every_row_in_z():
     X, _ = _data(6)
     assert torch.equal(fv.observation_index(X[[2, 0, 2]], X), torch.tensor([2, 0, 2]))
     assert fv.observation_index(X, X[:5]) is None
+
+
+def _random_model(n: int, d: int, constant_scale: bool = False, use_priors: bool = True,
+                  lengthscale_prior: str = "spec", seed: int = 0) -> tuple[TwoLatentSVGP, torch.Tensor, torch.Tensor]:
+    """A model on Z = X with hyperparameters off their defaults, and its data."""
+    X, Y = _data(n, d, seed)
+    model = TwoLatentSVGP(X, use_priors=use_priors, lengthscale_prior=lengthscale_prior,
+                          constant_scale=constant_scale)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        model.covar_module.base_kernel.lengthscale = 0.2 + torch.rand(2, 1, d, generator=g, **TKWARGS)
+        model.covar_module.outputscale = 0.3 + torch.rand(2, generator=g, **TKWARGS)
+        model.mean_module.constant.copy_(torch.tensor([0.2, math.log(0.4)], **TKWARGS))
+    return model, X, Y
+
+
+def _latents(model: TwoLatentSVGP) -> list[int]:
+    return [0] if model.constant_scale else [0, 1]
+
+
+@pytest.mark.parametrize("constant_scale, use_priors, prior", [(False, True, "spec"), (True, True, "spec"),
+                                                              (False, False, "spec"), (False, True, "dim-scaled")])
+def test_the_hyperparameter_side_is_the_model_kernel_and_its_gradient_autograds(constant_scale, use_priors, prior):
+    model, _, _ = _random_model(12, 3, constant_scale, use_priors, prior)
+    latents = _latents(model)
+    side = fv._Hyper(model, latents)
+    K, parts = side.evaluate()
+    with torch.no_grad():
+        assert torch.allclose(torch.from_numpy(K), model.kzz()[latents], rtol=1e-12, atol=1e-14)
+        assert torch.allclose(parts[-1], model.log_prior(), rtol=1e-12, atol=1e-12)
+    g = torch.Generator().manual_seed(5)
+    d_K = torch.randn(len(latents), 12, 12, generator=g, **TKWARGS)
+    d_K = d_K + d_K.transpose(-1, -2)  # dG/dK of a symmetric K is symmetric
+    d_const, d_prior_var = torch.randn(2, generator=g, **TKWARGS), torch.randn(2, generator=g, **TKWARGS)
+    hyper = [p for name, p in model.named_parameters() if not name.startswith("variational_distribution.")]
+    side.surrogate(parts, d_K.numpy(), d_const.numpy(), d_prior_var.numpy()).backward()
+    got = [None if p.grad is None else p.grad.clone() for p in hyper]
+    model.zero_grad(set_to_none=True)
+    ((d_K * model.kzz()[latents]).sum() + (d_const * model.constant).sum()
+     + (d_prior_var * (model.outputscale + model.jitter())).sum() + model.log_prior()).backward()
+    for p, a in zip(hyper, got):
+        b = torch.zeros_like(p) if p.grad is None else p.grad
+        a = torch.zeros_like(p) if a is None else a
+        assert torch.allclose(a, b, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("constant_scale", [False, True])
+def test_the_profile_gradient_is_the_profile_elbos_derivative(constant_scale):
+    model, X, Y = _random_model(15, 2, constant_scale, seed=3)
+    latents = _latents(model)
+    lik = build_model("quantile", tau=0.2).likelihood
+    idx = fv.observation_index(X, model.Z)
+    side = fv._Hyper(model, latents)
+    x0 = torch.cat([torch.zeros(len(latents) * 15), torch.full((len(latents) * 15,), 1e-6)]).numpy()
+    hyper = [p for name, p in model.named_parameters()
+             if p.requires_grad and not name.startswith("variational_distribution.")]
+    _, x, _ = fv._profile_loss(side, idx, Y, lik, x0, 1e-12)
+    grads = [p.grad.clone() for p in hyper]
+    h = 1e-5
+    with threadpool_limits(limits=1, user_api="blas"):
+        _check_central_differences(model, side, idx, Y, lik, x, hyper, grads, h)
+
+
+def _check_central_differences(model, side, idx, Y, lik, x, hyper, grads, h):
+    for p, grad in zip(hyper, grads):
+        for j in range(p.numel()):
+            values = []
+            for sign in (1.0, -1.0):
+                with torch.no_grad():
+                    p.view(-1)[j] += sign * h
+                values.append(fv._profile_loss(side, idx, Y, lik, x, 1e-12)[0])
+                with torch.no_grad():
+                    p.view(-1)[j] -= sign * h
+            model.zero_grad(set_to_none=True)
+            numeric = (values[0] - values[1]) / (2 * h)
+            assert abs(numeric - float(grad.view(-1)[j])) <= 1e-6 + 1e-5 * abs(numeric)
+
+
+def _plain_fixed_point(problem, nu, lam, steps=3000, beta=0.7):
+    """The plain damped natural-gradient iteration (no acceleration, no means' refinement)."""
+    for _ in range(steps):
+        ev = problem.evaluate(nu, lam)
+        lam_target = np.clip(-2.0 * ev.g_var, *fv.LAMBDA_BOUNDS)
+        nu = (1 - beta) * nu + beta * (ev.g_mean + lam_target * ev.post.mean)
+        lam = (1 - beta) * lam + beta * lam_target
+    return problem.evaluate(nu, lam)
+
+
+@pytest.mark.parametrize("kind", ["quantile", "expectile"])
+def test_the_accelerated_fixed_point_is_the_plain_one(kind):
+    model, X, Y = _random_model(10, 2, seed=4)
+    lik = build_model(kind, tau=0.2).likelihood
+    idx = fv.observation_index(X, model.Z)
+    with torch.no_grad():
+        problem = fv._SiteProblem(model.kzz().numpy(), fv._prior(model), idx, Y, lik)
+    nu, lam = np.zeros((2, 10)), np.full((2, 10), 1e-6)
+    with threadpool_limits(limits=1, user_api="blas"):
+        reference = _plain_fixed_point(problem, nu, lam)
+    nu_s, lam_s, steps, ev = fv._solve(problem, nu, lam, 200, 1e-10)
+    assert steps < 100
+    assert np.allclose(ev.post.mean, reference.post.mean, atol=1e-7)
+    assert np.allclose(ev.post.var, reference.post.var, rtol=1e-7, atol=1e-10)
+    assert ev.elbo >= reference.elbo - 1e-8
+
+
+def test_a_means_step_keeps_the_evaluation_exact():
+    model, X, Y = _random_model(15, 2, seed=5)
+    lik = build_model("quantile", tau=0.2).likelihood
+    idx = fv.observation_index(X, model.Z)
+    with torch.no_grad():
+        problem = fv._SiteProblem(model.kzz().numpy(), fv._prior(model), idx, Y, lik)
+    g = np.random.default_rng(0)
+    nu, lam = g.normal(size=(2, 15)), g.uniform(0.1, 5.0, size=(2, 15))
+    ev = problem.evaluate(nu, lam)
+    for _ in range(3):
+        nu, refined = problem.refine(nu, ev)
+        fresh = problem.evaluate(nu, lam)
+        assert abs(refined.elbo - fresh.elbo) <= 1e-9 * abs(fresh.elbo)
+        assert np.allclose(refined.post.mean, fresh.post.mean, atol=1e-12)
+        assert refined.elbo > ev.elbo  # the means' step climbs
+        ev = refined
+
+
+def test_repeated_inputs_sum_their_observations_gradients():
+    X, Y = _data(10)
+    X = torch.cat([X, X[:4]])
+    Y = torch.cat([Y, Y[:4] - 0.2])
+    model = TwoLatentSVGP(X[:10])
+    lik = build_model("quantile", tau=0.3).likelihood
+    idx = fv.observation_index(X, model.Z)
+    with torch.no_grad():
+        problem = fv._SiteProblem(model.kzz().numpy(), fv._prior(model), idx, Y, lik)
+    nu, lam = np.zeros((2, 10)), np.ones((2, 10))
+    ev = problem.evaluate(nu, lam)
+    assert np.allclose(ev.g_mean[:, :4], ev.obs_g_mean[:, :4] + ev.obs_g_mean[:, 10:])
+    assert np.allclose(ev.g_mean[:, 4:], ev.obs_g_mean[:, 4:10])
+
+
+def test_sites_extrapolate_exactly_where_they_move_linearly_with_the_hyperparameters():
+    g = np.random.default_rng(1)
+    J = g.normal(size=(8, 3))
+    x0 = np.concatenate([g.normal(size=4), g.uniform(1.0, 2.0, size=4)])
+    thetas = [g.normal(size=3) * 0.1 for _ in range(4)]
+    trail = [(t, x0 + J @ t) for t in thetas]
+    theta = 0.3 * thetas[0] - 0.5 * thetas[1] + 1.2 * thetas[2]  # in the span of the trail's differences
+    got = fv._extrapolated(trail, theta, trail[-1][1])
+    assert np.allclose(got, x0 + J @ theta, atol=1e-8)
+    assert np.array_equal(fv._extrapolated(trail[:1], theta, x0), x0)
