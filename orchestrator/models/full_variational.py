@@ -31,7 +31,7 @@ L L^T = K), so prediction, Thompson sampling and checkpoints are unchanged.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,29 +42,27 @@ from threadpoolctl import threadpool_limits
 from torch import Tensor
 
 from orchestrator.models.base import TKWARGS, check_fit_stop
+from orchestrator.models.site_fixed_point import (
+    LAMBDA_BOUNDS,
+    SiteProblem,
+    extrapolate_sites,
+    posterior_factors,
+    solve_fixed_point,
+)
 
 __all__ = ["SiteState", "fit_full_variational", "observation_index", "site_posterior", "solve_sites"]
 
 #: the fixed point stops when no marginal mean or standard deviation moves by more than this (model units)
 SITE_TOL = 1e-5
 #: the fixed point's tolerance while L-BFGS is far from the optimum, and per unit of the largest gradient
-LOOSE_SITE_TOL = 1e-3
-SITE_TOL_PER_GRAD = 1e-2
+LOOSE_SITE_TOL = 1e-2
+SITE_TOL_PER_GRAD = 3e-2
 #: curvature pairs L-BFGS-B keeps (SciPy's default is 10; the d + 3 to 2 d + 4 hyperparameters gain from more)
 LBFGS_HISTORY = 30
 #: most fixed-point steps per hyperparameter value (a warm start from the previous value needs a few)
 SITE_MAX_STEPS = 100
-#: first step size beta of the damped steps (halved on an ELBO decrease, grown by 1.5 up to 1)
-INITIAL_STEP = 0.7
-#: past steps that the Anderson acceleration combines, and the means' steps at fixed lambda before each
-ANDERSON_MEMORY = 5
-MEAN_STEPS = 4
 #: past hyperparameter values whose fixed points the next value's starting sites are extrapolated from
 SITE_TRAIL = 4
-#: relative rounding of the ELBO's sum of nu_i mu_i terms (an ELBO fall within it does not reject a step)
-ELBO_ROUNDING = 1e-11
-#: bounds on the site precisions lambda_i (1e-12 says nothing about h_i; 1e12 pins it)
-LAMBDA_BOUNDS = (1e-12, 1e12)
 #: rows of X and Z closer than this in max-norm are one input (the tolerance of `allocation.unique_rows`)
 MATCH_TOL = 1e-9
 
@@ -99,244 +97,14 @@ def observation_index(X: Tensor, Z: Tensor) -> Tensor | None:
     return idx if bool(matched.all()) else None
 
 
-def _cholesky(A: np.ndarray) -> np.ndarray:
-    """Lower Cholesky factor of the symmetric positive definite `A` (LAPACK potrf, upper triangle zeroed)."""
-    L, info = lapack.dpotrf(A, lower=1, clean=1)
-    if info != 0:
-        raise torch.linalg.LinAlgError(f"B = I + Lambda^1/2 K Lambda^1/2 is not positive definite (potrf: {info})")
-    return L
-
-
-class _Factors(NamedTuple):
-    """The sites' posterior at one (nu, lambda), numpy arrays: marginal means and variances (`k x m`), the
-    summed KL, each latent's factor L_B of B and A = L_B^-1 Lambda^1/2 K (Sigma = K - A^T A), Lambda^1/2 and
-    the clamped lambda."""
-
-    mean: np.ndarray
-    var: np.ndarray
-    kl: float
-    LB: list[np.ndarray]
-    A: list[np.ndarray]
-    s: np.ndarray
-    lam: np.ndarray
-
-
-def _clamped(lam: np.ndarray) -> np.ndarray:
-    return np.maximum(np.minimum(lam, LAMBDA_BOUNDS[1]), LAMBDA_BOUNDS[0])
-
-
-def _factors(K: np.ndarray, nu: np.ndarray, lam: np.ndarray, diag_K: np.ndarray | None = None) -> _Factors:
-    """`site_posterior` on numpy arrays (`K` is `k x m x m`, `diag_K` its diagonals when the caller has them),
-    with the factors the gradient and the means' steps reuse."""
-    m = K.shape[-1]
-    lam = _clamped(lam)
-    s = np.sqrt(lam)
-    diag_K = np.diagonal(K, axis1=-2, axis2=-1) if diag_K is None else diag_K
-    mean, var, factors, products, logdet = np.empty_like(lam), np.empty_like(lam), [], [], 0.0
-    for i in range(lam.shape[0]):
-        sK = s[i][:, None] * K[i]
-        B = sK * s[i]
-        B.flat[:: m + 1] += 1.0
-        LB = _cholesky(B)
-        Knu = K[i] @ nu[i]
-        rhs = np.empty((m, m + 1), order="F")  # [Lambda^1/2 K, Lambda^1/2 K nu]: one triangular solve
-        rhs[:, :m] = sK
-        rhs[:, m] = s[i] * Knu
-        sol, _ = lapack.dtrtrs(LB, rhs, lower=1, overwrite_b=1)
-        A = sol[:, :m]  # L_B^-1 Lambda^1/2 K
-        mean[i] = Knu - A.T @ sol[:, m]
-        var[i] = diag_K[i] - np.einsum("ij,ij->j", A, A)
-        logdet += np.log(LB.diagonal()).sum()
-        factors.append(LB)
-        products.append(A)
-    var = np.maximum(var, 1e-300)
-    kl = 0.5 * (-(lam * var).sum() + (mean * (nu - lam * mean)).sum()) + logdet
-    return _Factors(mean, var, float(kl), factors, products, s, lam)
-
-
 def site_posterior(K: Tensor, nu: Tensor, lam: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(marginal means, marginal variances, KL(q || N(0, K)) summed), each latent's of q(h) ∝ N(0, K)
     prod_i exp(nu_i h_i - lam_i h_i^2 / 2); `K` is `k x m x m`, `nu` and `lam` are `k x m`.
 
     KL = 1/2 (tr B^-1 + mu^T K^-1 mu - m + log |B|), with tr B^-1 = m - sum_i lam_i Sigma_ii (Woodbury:
     B^-1 = I - Lambda^1/2 Sigma Lambda^1/2) and K^-1 mu = nu - Lambda mu (from Sigma^-1 mu = nu)."""
-    f = _factors(*(t.detach().numpy() for t in (K, nu, lam)))
+    f = posterior_factors(*(t.detach().numpy() for t in (K, nu, lam)))
     return torch.from_numpy(f.mean), torch.from_numpy(f.var), torch.tensor(f.kl, **TKWARGS)
-
-
-class _Evaluation(NamedTuple):
-    """The ELBO's parts at one (nu, lambda): the posterior's factors, the expected log-likelihood (summed) and
-    the ELBO without the log prior, the expected log-likelihood's gradients in the sites' marginal means and
-    variances (`k x m`, summed over the observations at each input) and in every observation's means and
-    variances of (f, g) (`2 x n` each)."""
-
-    post: _Factors
-    ell: float
-    elbo: float
-    g_mean: np.ndarray
-    g_var: np.ndarray
-    obs_g_mean: np.ndarray
-    obs_g_var: np.ndarray
-
-
-class _SiteProblem:
-    """The sites' problem at fixed hyperparameters, on numpy arrays: the prior covariances `K` (`k x m x m`) of
-    the first k latents (f, or f and g), the other latent's prior marginal (`prior`: the `2` constant means and
-    jittered outputscales), the likelihood and the observations (observation j at input `idx[j]`; when `idx` is
-    a permutation, the observations are put in the inputs' order once)."""
-
-    def __init__(self, K: np.ndarray, prior: tuple[np.ndarray, np.ndarray], idx: Tensor, Y: Tensor,
-                 likelihood: Any) -> None:
-        self.K, self.likelihood = K, likelihood
-        self.k, self.m = K.shape[0], K.shape[-1]
-        self.diag_K = np.diagonal(self.K, axis1=-2, axis2=-1).copy()
-        const, prior_var = prior
-        idx_np, Y_np = idx.numpy(), Y.detach().numpy()
-        self.idx: np.ndarray | None = idx_np
-        if idx_np.shape[0] == self.m and bool((np.bincount(idx_np, minlength=self.m) == 1).all()):
-            Y_np = np.empty_like(Y_np)
-            Y_np[idx_np] = Y.detach().numpy()  # the observation of input i at i
-            self.idx = None
-        self.Y = Y_np
-        self.const = const[: self.k, None]
-        self.prior_mean = np.full(Y_np.shape[0], const[1])
-        self.prior_var = np.full(Y_np.shape[0], prior_var[1])
-
-    def _sites_sum(self, g: np.ndarray) -> np.ndarray:
-        if self.idx is None:
-            return g
-        return np.stack([np.bincount(self.idx, weights=row, minlength=self.m) for row in g])
-
-    def evaluate(self, nu: np.ndarray, lam: np.ndarray) -> _Evaluation:
-        return self._likelihood_terms(_factors(self.K, nu, lam, self.diag_K))
-
-    def refine(self, nu: np.ndarray, ev: _Evaluation) -> tuple[np.ndarray, _Evaluation]:
-        """One step of the means' fixed point at the evaluation's lambda, K^-1 mu = dE/dmu, as nu = dE/dmu +
-        lambda mu (a quasi-Newton step on the means): Sigma and its factors stay, so the step costs matrix-vector
-        products (O(m^2)) instead of a factorization (O(m^3)). Returns (nu, the evaluation there)."""
-        post = ev.post
-        nu_new = ev.g_mean + post.lam * post.mean
-        mean = np.empty_like(nu_new)
-        for i in range(self.k):
-            mean[i] = self.K[i] @ nu_new[i] - post.A[i].T @ (post.A[i] @ nu_new[i])
-        # only KL's mu^T K^-1 mu / 2 = mu^T (nu - lambda mu) / 2 changes
-        kl = post.kl + 0.5 * ((mean * (nu_new - post.lam * mean)).sum()
-                              - (post.mean * (nu - post.lam * post.mean)).sum())
-        return nu_new, self._likelihood_terms(post._replace(mean=mean, kl=float(kl)))
-
-    def _likelihood_terms(self, post: _Factors) -> _Evaluation:
-        means, variances = self.const + post.mean, post.var
-        if self.idx is not None:
-            means, variances = means[:, self.idx], variances[:, self.idx]
-        if self.k == 2:
-            g_moments = (means[1], variances[1])
-        else:
-            g_moments = (self.prior_mean, self.prior_var)
-        value, grads = self.likelihood.expected_log_prob_grads(self.Y, means[0], variances[0], *g_moments)
-        obs = np.empty((4, value.shape[0]))  # rows: d/dmu_f, d/dmu_g, d/dvar_f, d/dvar_g
-        obs[0], obs[2], obs[1], obs[3] = grads
-        obs_g_mean, obs_g_var = obs[:2], obs[2:]
-        ell = float(value.sum())
-        return _Evaluation(post, ell, ell - post.kl, self._sites_sum(obs_g_mean[: self.k]),
-                           self._sites_sum(obs_g_var[: self.k]), obs_g_mean, obs_g_var)
-
-
-class _History:
-    """The Anderson acceleration's memory: the last `ANDERSON_MEMORY` steps' differences of x and of the residual
-    f = T(x) - x (columns of `dX`, `dF`, in any order: the combination does not depend on it), and the last
-    (x, f)."""
-
-    def __init__(self, size: int) -> None:
-        self.dX = np.empty((size, ANDERSON_MEMORY))
-        self.dF = np.empty((size, ANDERSON_MEMORY))
-        self.count = 0
-        self.last: tuple[np.ndarray, np.ndarray] | None = None
-
-    def push(self, x: np.ndarray, f: np.ndarray) -> None:
-        if self.last is not None:
-            j = self.count % ANDERSON_MEMORY
-            self.dX[:, j] = x - self.last[0]
-            self.dF[:, j] = f - self.last[1]
-            self.count += 1
-        self.last = (x, f)
-
-    def clear(self) -> None:
-        self.count = 0
-
-    def step(self, x: np.ndarray, f: np.ndarray) -> np.ndarray | None:
-        """The accelerated point x + f - (dX + dF) gamma, gamma = argmin |f - dF gamma|; None without memory."""
-        used = min(self.count, ANDERSON_MEMORY)
-        if used == 0:
-            return None
-        dX, dF = self.dX[:, :used], self.dF[:, :used]
-        gram = dF.T @ dF
-        gram.flat[:: used + 1] += 1e-12 * gram.diagonal().max() + 1e-300
-        gamma = lapack.dgesv(gram, dF.T @ f)[2]
-        return x + f - (dX + dF) @ gamma
-
-
-def _refined(problem: _SiteProblem, x: np.ndarray, ev: _Evaluation, tol: float) -> tuple[np.ndarray, _Evaluation]:
-    """x and its evaluation after up to `MEAN_STEPS` of `_SiteProblem.refine`, each kept while the ELBO rises;
-    they stop once a step moves no mean by more than `tol`."""
-    size = x.size // 2
-    for _ in range(MEAN_STEPS):
-        nu, new = problem.refine(x[:size].reshape(ev.post.mean.shape), ev)
-        if not new.elbo > ev.elbo:
-            break
-        moved = np.abs(new.post.mean - ev.post.mean).max()
-        x, ev = np.concatenate([nu.ravel(), x[size:]]), new
-        if moved <= tol:
-            break
-    return x, ev
-
-
-def _solve(problem: _SiteProblem, nu: np.ndarray, lam: np.ndarray, max_steps: int, tol: float
-           ) -> tuple[np.ndarray, np.ndarray, int, _Evaluation]:
-    """The fixed point of the natural-gradient map on x = (nu, lambda), accelerated; returns (nu, lam, steps,
-    the evaluation at the result).
-
-    Each step refines the means at the current lambda (`_refined`: cheap, no factorization), then takes the
-    map's target T = (dE/dmu - 2 dE/dv mu, -2 dE/dv) there. The accelerated point (Anderson acceleration of
-    x -> T on the last `ANDERSON_MEMORY` steps) is the next x while the ELBO does not fall; a fall clears the
-    memory and takes the damped step x + beta (T - x) from the refined x instead, beta halved until the ELBO
-    holds (the check loss's kink can make the plain step overshoot) and grown back by 1.5 after. The
-    iteration stops when no marginal mean or standard deviation moves by more than `tol`."""
-    shape, size = nu.shape, nu.size
-    history = _History(2 * size)
-    cur = problem.evaluate(nu, lam)
-    x = np.concatenate([nu.ravel(), lam.ravel()])
-    beta, steps = INITIAL_STEP, 0
-    for steps in range(1, max_steps + 1):
-        x_ref, cur = _refined(problem, x, cur, tol)
-        lam_target = _clamped(-2.0 * cur.g_var)
-        target = np.concatenate([(cur.g_mean + lam_target * cur.post.mean).ravel(), lam_target.ravel()])
-        history.push(x, target - x)
-        # the ELBO's rounding: KL's mu^T K^-1 mu = mu^T (nu - lambda mu) is a difference of terms of size
-        # sum |nu mu| (thousands where sites pin an ill-conditioned K), and a fall within it is no fall
-        noise = 1e-12 * abs(cur.elbo) + ELBO_ROUNDING * np.abs(x_ref[:size] * cur.post.mean.ravel()).sum()
-        floor = cur.elbo - noise
-        new, x_new = None, history.step(x, target - x)
-        if x_new is not None:
-            x_new[size:] = _clamped(x_new[size:])
-            new = problem.evaluate(x_new[:size].reshape(shape), x_new[size:].reshape(shape))
-            if not new.elbo >= floor:
-                new = None
-                history.clear()
-        if new is None:
-            while True:
-                x_new = x_ref + beta * (target - x_ref)
-                new = problem.evaluate(x_new[:size].reshape(shape), x_new[size:].reshape(shape))
-                if new.elbo >= floor or beta < 1e-4:
-                    break
-                beta *= 0.5
-            beta = min(1.0, 1.5 * beta)
-        moved = max(np.abs(new.post.mean - cur.post.mean).max(),
-                    np.abs(np.sqrt(new.post.var) - np.sqrt(cur.post.var)).max())
-        x, cur = x_new, new
-        if moved <= tol:
-            break
-    x, cur = _refined(problem, x, cur, tol)
-    return x[:size].reshape(shape), x[size:].reshape(shape), steps, cur
 
 
 def _prior(model: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -350,27 +118,9 @@ def solve_sites(model: Any, likelihood: Any, idx: Tensor, Y: Tensor, latents: li
     """The sites' fixed point at the model's current hyperparameters, from (`nu`, `lam`); returns (nu, lam,
     steps). Observation j sits at inducing input `idx[j]`; `latents` is [0] (f) or [0, 1] (f and g). Each step
     is a natural-gradient step on q, accelerated or damped (`_solve`)."""
-    problem = _SiteProblem(model.kzz()[latents].numpy(), _prior(model), idx, Y, likelihood)
-    nu_np, lam_np, steps, _ = _solve(problem, nu.numpy(), lam.numpy(), max_steps, tol)
+    problem = SiteProblem(model.kzz()[latents].numpy(), _prior(model), idx, Y, likelihood)
+    nu_np, lam_np, steps, _ = solve_fixed_point(problem, nu.numpy(), lam.numpy(), max_steps, tol)
     return torch.from_numpy(nu_np), torch.from_numpy(lam_np), steps
-
-
-def _extrapolated(trail: list[tuple[np.ndarray, np.ndarray]], theta: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Starting sites x = (nu, lambda) at hyperparameters `theta` from the fixed points (theta_j, x_j) of the
-    last values (multi-secant): theta - theta_b, b the last, projected on the span of theta_j - theta_b, moves
-    the sites as the same combination of x_j - x_b. Without two past values, `x`."""
-    if len(trail) < 2:
-        return x
-    theta_b, x_b = trail[-1]
-    dT = np.stack([t - theta_b for t, _ in trail[:-1]], -1)
-    dX = np.stack([v - x_b for _, v in trail[:-1]], -1)
-    gram = dT.T @ dT
-    if not gram.diagonal().max() > 0.0:
-        return x
-    gram.flat[:: gram.shape[0] + 1] += 1e-10 * gram.diagonal().max()
-    out = x_b + dX @ np.linalg.solve(gram, dT.T @ (theta - theta_b))
-    out[out.size // 2:] = _clamped(out[out.size // 2:])
-    return out
 
 
 def set_whitened(model: Any, latents: list[int], nu: Tensor, lam: Tensor) -> None:
@@ -391,20 +141,6 @@ def set_whitened(model: Any, latents: list[int], nu: Tensor, lam: Tensor) -> Non
             chols[k] = psd_safe_cholesky(torch.cholesky_inverse(torch.linalg.cholesky(M)))
         model.variational_distribution.variational_mean.copy_(means)
         model.variational_distribution.chol_variational_covar.copy_(chols)
-
-
-def _initial_sites(model: Any, latents: list[int], previous: SiteState | None) -> tuple[Tensor, Tensor]:
-    """Sites to start from: the previous fit's where Z kept their input, nu = 0 and the previous median lambda
-    at new inputs; without a previous fit nu = 0 and lambda = 1e-6 (the prior)."""
-    m = model.Z.shape[0]
-    nu = torch.zeros(len(latents), m, **TKWARGS)
-    lam = torch.full((len(latents), m), 1e-6, **TKWARGS)
-    if previous is not None and previous.nu.shape[0] == len(latents) and previous.Z.shape[0] > 0:
-        old, kept = _match(model.Z, previous.Z)
-        lam[:] = previous.lam.median(dim=-1, keepdim=True).values
-        nu[:, kept] = previous.nu[:, old[kept]]
-        lam[:, kept] = previous.lam[:, old[kept]]
-    return nu, lam
 
 
 def _initial_sites(model: Any, latents: list[int], previous: SiteState | None) -> tuple[Tensor, Tensor]:
@@ -506,7 +242,7 @@ def _profile_loss(side: _Hyper, idx: Tensor, Y: Tensor, likelihood: Any, x: np.n
     K, parts = side.evaluate()
     const, prior_var, log_prior = (t.detach().numpy() for t in parts[3:])
     k, n = K.shape[0], Y.shape[0]
-    nu, lam, steps, ev = _solve(_SiteProblem(K, (const, prior_var), idx, Y, likelihood), *_sites(x, k),
+    nu, lam, steps, ev = solve_fixed_point(SiteProblem(K, (const, prior_var), idx, Y, likelihood), *_sites(x, k),
                                 SITE_MAX_STEPS, tol)
     x = np.concatenate([nu.ravel(), lam.ravel()])
     loss = -(ev.elbo + float(log_prior)) / n
@@ -572,7 +308,7 @@ def fit_full_variational(model: Any, loss_fn: Any, likelihood: Any, X: Tensor, Y
     variational = list(model.variational_distribution.parameters())
     for p in variational:
         p.requires_grad_(False)
-    n, k = Y.shape[0], len(latents)
+    k = len(latents)
     state: dict[str, Any] = {"x": np.concatenate([nu.numpy().ravel(), lam.numpy().ravel()]), "steps": 0,
                              "evals": 0, "tol": LOOSE_SITE_TOL, "trail": []}
 
@@ -586,7 +322,7 @@ def fit_full_variational(model: Any, loss_fn: Any, likelihood: Any, X: Tensor, Y
         _assign(hyper, theta, split)
         for p in hyper:
             p.grad = None
-        start_x = _extrapolated(state["trail"], theta, state["x"])
+        start_x = extrapolate_sites(state["trail"], theta, state["x"])
         try:
             loss, x, steps = _profile_loss(hyper_side, idx, Y, likelihood, start_x, state["tol"])
         except torch.linalg.LinAlgError:

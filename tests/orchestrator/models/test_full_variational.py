@@ -17,6 +17,7 @@ from threadpoolctl import threadpool_limits
 
 from orchestrator.models import build_model
 from orchestrator.models import full_variational as fv
+from orchestrator.models import site_fixed_point as sfp
 from orchestrator.models.base import TKWARGS
 from orchestrator.models.kernels import matern52
 from orchestrator.models.likelihoods import HeteroscedasticGaussianLikelihood
@@ -214,7 +215,7 @@ def _plain_fixed_point(problem, nu, lam, steps=3000, beta=0.7):
     """The plain damped natural-gradient iteration (no acceleration, no means' refinement)."""
     for _ in range(steps):
         ev = problem.evaluate(nu, lam)
-        lam_target = np.clip(-2.0 * ev.g_var, *fv.LAMBDA_BOUNDS)
+        lam_target = np.clip(-2.0 * ev.g_var, *sfp.LAMBDA_BOUNDS)
         nu = (1 - beta) * nu + beta * (ev.g_mean + lam_target * ev.post.mean)
         lam = (1 - beta) * lam + beta * lam_target
     return problem.evaluate(nu, lam)
@@ -226,11 +227,11 @@ def test_the_accelerated_fixed_point_is_the_plain_one(kind):
     lik = build_model(kind, tau=0.2).likelihood
     idx = fv.observation_index(X, model.Z)
     with torch.no_grad():
-        problem = fv._SiteProblem(model.kzz().numpy(), fv._prior(model), idx, Y, lik)
+        problem = sfp.SiteProblem(model.kzz().numpy(), fv._prior(model), idx, Y, lik)
     nu, lam = np.zeros((2, 10)), np.full((2, 10), 1e-6)
     with threadpool_limits(limits=1, user_api="blas"):
         reference = _plain_fixed_point(problem, nu, lam)
-    nu_s, lam_s, steps, ev = fv._solve(problem, nu, lam, 200, 1e-10)
+    _, _, steps, ev = sfp.solve_fixed_point(problem, nu, lam, 200, 1e-10)
     assert steps < 100
     assert np.allclose(ev.post.mean, reference.post.mean, atol=1e-7)
     assert np.allclose(ev.post.var, reference.post.var, rtol=1e-7, atol=1e-10)
@@ -242,7 +243,7 @@ def test_a_means_step_keeps_the_evaluation_exact():
     lik = build_model("quantile", tau=0.2).likelihood
     idx = fv.observation_index(X, model.Z)
     with torch.no_grad():
-        problem = fv._SiteProblem(model.kzz().numpy(), fv._prior(model), idx, Y, lik)
+        problem = sfp.SiteProblem(model.kzz().numpy(), fv._prior(model), idx, Y, lik)
     g = np.random.default_rng(0)
     nu, lam = g.normal(size=(2, 15)), g.uniform(0.1, 5.0, size=(2, 15))
     ev = problem.evaluate(nu, lam)
@@ -263,7 +264,7 @@ def test_repeated_inputs_sum_their_observations_gradients():
     lik = build_model("quantile", tau=0.3).likelihood
     idx = fv.observation_index(X, model.Z)
     with torch.no_grad():
-        problem = fv._SiteProblem(model.kzz().numpy(), fv._prior(model), idx, Y, lik)
+        problem = sfp.SiteProblem(model.kzz().numpy(), fv._prior(model), idx, Y, lik)
     nu, lam = np.zeros((2, 10)), np.ones((2, 10))
     ev = problem.evaluate(nu, lam)
     assert np.allclose(ev.g_mean[:, :4], ev.obs_g_mean[:, :4] + ev.obs_g_mean[:, 10:])
@@ -277,6 +278,6 @@ def test_sites_extrapolate_exactly_where_they_move_linearly_with_the_hyperparame
     thetas = [g.normal(size=3) * 0.1 for _ in range(4)]
     trail = [(t, x0 + J @ t) for t in thetas]
     theta = 0.3 * thetas[0] - 0.5 * thetas[1] + 1.2 * thetas[2]  # in the span of the trail's differences
-    got = fv._extrapolated(trail, theta, trail[-1][1])
+    got = sfp.extrapolate_sites(trail, theta, trail[-1][1])
     assert np.allclose(got, x0 + J @ theta, atol=1e-8)
-    assert np.array_equal(fv._extrapolated(trail[:1], theta, x0), x0)
+    assert np.array_equal(sfp.extrapolate_sites(trail[:1], theta, x0), x0)
