@@ -242,8 +242,8 @@ def _profile_loss(side: _Hyper, idx: Tensor, Y: Tensor, likelihood: Any, x: np.n
     K, parts = side.evaluate()
     const, prior_var, log_prior = (t.detach().numpy() for t in parts[3:])
     k, n = K.shape[0], Y.shape[0]
-    nu, lam, steps, ev = solve_fixed_point(SiteProblem(K, (const, prior_var), idx, Y, likelihood), *_sites(x, k),
-                                SITE_MAX_STEPS, tol)
+    problem = SiteProblem(K, (const, prior_var), idx, Y, likelihood)
+    nu, lam, steps, ev = solve_fixed_point(problem, *_sites(x, k), SITE_MAX_STEPS, tol)
     x = np.concatenate([nu.ravel(), lam.ravel()])
     loss = -(ev.elbo + float(log_prior)) / n
     if not math.isfinite(loss):
@@ -253,7 +253,7 @@ def _profile_loss(side: _Hyper, idx: Tensor, Y: Tensor, likelihood: Any, x: np.n
     for i in range(k):
         B_inv, _ = lapack.dpotri(post.LB[i], lower=1)
         B_inv = np.tril(B_inv) + np.tril(B_inv, -1).T
-        alpha = nu[i] - post.lam[i] * post.mean[i]  # K^-1 mu
+        alpha = lapack.dpotrs(problem.L_K[i], post.mean[i], lower=1)[0]  # K^-1 mu
         d_K[i] = -0.5 * (post.s[i][:, None] * B_inv * post.s[i] - np.outer(alpha, alpha))
     # g at its prior marginal (k = 1): its variance enters the expected log-likelihood
     d_prior_var = np.zeros(2) if k == 2 else np.array([0.0, ev.obs_g_var[1].sum()])
