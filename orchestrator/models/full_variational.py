@@ -3,31 +3,22 @@
 When Z holds every distinct observed input (quantile-expectile-bo.md §1.4 with Z = X, the default while n is
 small), the optimal Gaussian q(h) of a latent GP under a likelihood that factorizes over the data is the
 prior times one Gaussian site per input, q(h) ∝ N(h; 0, K) prod_i exp(nu_i h_i - lambda_i h_i^2 / 2)
-(Opper & Archambeau 2009). The sites are the fixed point of conjugate-computation variational inference
-(Khan & Lin 2017; natural-gradient VI, Salimbeni, Eleftheriadis & Hensman 2018) on the gradients of the
-expected log-likelihood with respect to the marginal means and variances,
+(Opper & Archambeau 2009). At fixed hyperparameters the sites are the fixed point of conjugate-computation
+variational inference (Khan & Lin 2017; natural-gradient VI, Salimbeni, Eleftheriadis & Hensman 2018),
+`orchestrator.models.site_fixed_point`.
 
-    lambda <- -2 dE/dv,    nu <- dE/dmu - 2 dE/dv mu,
-
-one m x m Cholesky per step. The plain iteration converges slowly along the directions where the check
-loss couples neighbouring sites (rates near 0.99); Anderson acceleration (Walker & Ni 2011) of the same map
-reaches the fixed point in about ten steps, with damped steps where the ELBO would fall (the likelihoods
-here are log-concave: lambda >= 0 always). The steps run on numpy arrays (LAPACK directly): at these sizes
-a torch call's overhead is most of a step's cost.
-
-The hyperparameters are fitted by L-BFGS-B (SciPy's, as BoTorch's exact-GP fit) on the profile ELBO G(theta) = max_q ELBO(q, theta). At the sites'
-fixed point its gradient is the partial gradient of the ELBO with q held (the envelope theorem); with q's
-mean and covariance held, theta enters through the constant means (in the expected log-likelihood) and
-KL(q || N(0, K)), whose gradient in K is (W - alpha alpha^T) / 2 with W = Lambda^1/2 B^-1 Lambda^1/2 and
-alpha = K^-1 mu = nu - Lambda mu; autograd then runs through K(theta) and the log prior alone. With
-B = I + Lambda^1/2 K Lambda^1/2 = L_B L_B^T (eigenvalues >= 1):
-
-    Sigma = K - K Lambda^1/2 B^-1 Lambda^1/2 K,    mu = Sigma nu.
+The hyperparameters are fitted by L-BFGS-B (SciPy's, as BoTorch's exact-GP fit) on the profile ELBO
+G(theta) = max_q ELBO(q, theta), so it works on the 2 d + 4 hyperparameters alone instead of on m (m + 3) / 2
+variational values per latent. At the sites' fixed point the gradient of G is the partial gradient of the
+ELBO with q held (the envelope theorem). With q's mean and covariance held, theta enters through the
+constant means (in the expected log-likelihood), the prior marginal of a latent without sites, and
+KL(q || N(0, K)), whose gradient in K is (W - alpha alpha^T) / 2 with W = Lambda^1/2 B^-1 Lambda^1/2,
+B = I + Lambda^1/2 K Lambda^1/2 and alpha = K^-1 mu; `_Hyper` contracts it with the kernel's derivatives, so
+autograd runs through the hyperparameters' constraints and priors alone.
 
 The fitted q(h) is written into `TwoLatentSVGP`'s whitened q(u) (a~ = L^-1 mu, S~ = (I + L^T Lambda L)^-1,
 L L^T = K), so prediction, Thompson sampling and checkpoints are unchanged.
 """
-
 from __future__ import annotations
 
 import math
@@ -54,7 +45,7 @@ __all__ = ["SiteState", "fit_full_variational", "observation_index", "site_poste
 
 #: the fixed point stops when no marginal mean or standard deviation moves by more than this (model units)
 SITE_TOL = 1e-5
-#: the fixed point's tolerance while L-BFGS is far from the optimum, and per unit of the largest gradient
+#: the fixed point's tolerance while L-BFGS-B is far from the optimum, and per unit of the largest gradient
 LOOSE_SITE_TOL = 1e-2
 SITE_TOL_PER_GRAD = 3e-2
 #: curvature pairs L-BFGS-B keeps (SciPy's default is 10; the d + 3 to 2 d + 4 hyperparameters gain from more)
@@ -99,10 +90,8 @@ def observation_index(X: Tensor, Z: Tensor) -> Tensor | None:
 
 def site_posterior(K: Tensor, nu: Tensor, lam: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(marginal means, marginal variances, KL(q || N(0, K)) summed), each latent's of q(h) ∝ N(0, K)
-    prod_i exp(nu_i h_i - lam_i h_i^2 / 2); `K` is `k x m x m`, `nu` and `lam` are `k x m`.
-
-    KL = 1/2 (tr B^-1 + mu^T K^-1 mu - m + log |B|), with tr B^-1 = m - sum_i lam_i Sigma_ii (Woodbury:
-    B^-1 = I - Lambda^1/2 Sigma Lambda^1/2) and K^-1 mu = nu - Lambda mu (from Sigma^-1 mu = nu)."""
+    prod_i exp(nu_i h_i - lam_i h_i^2 / 2); `K` is `k x m x m`, `nu` and `lam` are `k x m`
+    (`site_fixed_point.posterior_factors`)."""
     f = posterior_factors(*(t.detach().numpy() for t in (K, nu, lam)))
     return torch.from_numpy(f.mean), torch.from_numpy(f.var), torch.tensor(f.kl, **TKWARGS)
 
@@ -116,8 +105,8 @@ def _prior(model: Any) -> tuple[np.ndarray, np.ndarray]:
 def solve_sites(model: Any, likelihood: Any, idx: Tensor, Y: Tensor, latents: list[int], nu: Tensor,
                 lam: Tensor, max_steps: int = SITE_MAX_STEPS, tol: float = SITE_TOL) -> tuple[Tensor, Tensor, int]:
     """The sites' fixed point at the model's current hyperparameters, from (`nu`, `lam`); returns (nu, lam,
-    steps). Observation j sits at inducing input `idx[j]`; `latents` is [0] (f) or [0, 1] (f and g). Each step
-    is a natural-gradient step on q, accelerated or damped (`_solve`)."""
+    steps). Observation j sits at inducing input `idx[j]`; `latents` is [0] (f) or [0, 1] (f and g)
+    (`site_fixed_point.solve_fixed_point`)."""
     problem = SiteProblem(model.kzz()[latents].numpy(), _prior(model), idx, Y, likelihood)
     nu_np, lam_np, steps, _ = solve_fixed_point(problem, nu.numpy(), lam.numpy(), max_steps, tol)
     return torch.from_numpy(nu_np), torch.from_numpy(lam_np), steps
@@ -158,14 +147,14 @@ def _initial_sites(model: Any, latents: list[int], previous: SiteState | None) -
 
 
 class _Hyper:
-    """The hyperparameters' side of the profile ELBO: k(Z, Z) + jitter I of the fitted latents in numpy (the
-    Matern-5/2 ARD kernel of `kernels.matern52`, which `TwoLatentSVGP.kzz` uses) and, for dG/dK, dG/dc and
-    the other latent's dG/dvar, a scalar whose autograd gradient in the raw hyperparameters is dG/dtheta: the
-    kernel's derivatives are contracted here, so autograd runs through the constraints and the priors alone.
+    """The hyperparameters' side of the profile ELBO: K = k(Z, Z) + jitter I of the latents with sites, in numpy
+    (the Matern-5/2 ARD kernel of `kernels.matern52`, as `TwoLatentSVGP.kzz` has it), and, from dG/dK, dG/dc and
+    the sites-free latent's dG/dvar, a scalar whose autograd gradient in the raw hyperparameters is dG/dtheta.
 
-    With A = Z / l (k per latent), r^2 = |a_i|^2 + |a_j|^2 - 2 a_i . a_j and p = (1 + sqrt5 r) exp(-sqrt5 r):
-    dK_ij/ds^2 = (p + 5 r^2 / 3 exp(-sqrt5 r)) / ... = K_ij / s^2 off the jitter, and dK_ij/dl_d = s^2 5/3 p
-    (z_id - z_jd)^2 / l_d^3, whose contraction with G is 2 (z_d^2 . G_p 1 - z_d . G_p z_d), G_p = G * p."""
+    With a = z / l, r^2 = |a_i|^2 + |a_j|^2 - 2 a_i . a_j, e = exp(-sqrt5 r) and p = (1 + sqrt5 r) e, the
+    kernel is s^2 k with k = p + 5 r^2 e / 3, so dK/ds^2 = k, and dK_ij/dl_d = s^2 (5/3) p (z_id - z_jd)^2 / l_d^3,
+    whose contraction with G is (5/3) s^2 / l_d^3 * 2 (z_d^2 . G_p 1 - z_d . G_p z_d) with G_p = G * p (G
+    symmetric). The jitter's own dependence on s^2 stays with autograd (`model.jitter()`)."""
 
     def __init__(self, model: Any, latents: list[int]) -> None:
         self.model, self.latents = model, latents
@@ -191,8 +180,9 @@ class _Hyper:
         return total
 
     def evaluate(self) -> tuple[np.ndarray, tuple[Tensor, ...]]:
-        """(K, `k x m x m`, numpy) and the torch leaves' functions the gradient needs: (lengthscales `k x d`,
-        outputscales `k`, jitters `k`, constants `2`, prior variances `2`, log prior), with autograd graphs."""
+        """(K, `k x m x m`, numpy) and the torch values the gradient needs, with their autograd graphs:
+        (lengthscales `k x d`, outputscales `k`, jitters `k`, constants `2`, prior variances `2`, log prior).
+        Keeps the kernel's factors for the next `surrogate`."""
         model = self.model
         with torch.enable_grad():
             ls = model.lengthscale[self.latents, 0]

@@ -47,7 +47,7 @@ def _cholesky(A: np.ndarray) -> np.ndarray:
     """Lower Cholesky factor of the symmetric positive definite `A` (LAPACK potrf, upper triangle zeroed)."""
     L, info = lapack.dpotrf(A, lower=1, clean=1)
     if info != 0:
-        raise torch.linalg.LinAlgError(f"B = I + Lambda^1/2 K Lambda^1/2 is not positive definite (potrf: {info})")
+        raise torch.linalg.LinAlgError(f"a site posterior's matrix is not positive definite (potrf info {info})")
     return L
 
 
