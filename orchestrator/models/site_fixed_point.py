@@ -12,7 +12,6 @@ step's cost. `extrapolate_sites` starts the next hyperparameter value's fixed po
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -36,8 +35,8 @@ INITIAL_STEP = 0.7
 #: past steps that the Anderson acceleration combines, and the means' steps at fixed lambda before each
 ANDERSON_MEMORY = 5
 MEAN_STEPS = 4
-#: the iteration also stops when a step under 10 tolerances leaves an error, predicted from the last two
-#: steps' contraction r as moved r / (1 - r), under this share of the tolerance
+#: the iteration also stops when a step under 10 tolerances leaves an error, predicted from the contraction
+#: r of the last two steps as moved r / (1 - r), under this share of the tolerance
 PREDICTED_SHARE = 0.5
 #: bounds on the site precisions lambda_i (1e-12 says nothing about h_i; 1e12 pins it)
 LAMBDA_BOUNDS = (1e-12, 1e12)
@@ -239,7 +238,7 @@ def _refined(problem: SiteProblem, x: np.ndarray, ev: Evaluation, tol: float) ->
 
 
 def solve_fixed_point(problem: SiteProblem, nu: np.ndarray, lam: np.ndarray, max_steps: int, tol: float
-           ) -> tuple[np.ndarray, np.ndarray, int, Evaluation]:
+                      ) -> tuple[np.ndarray, np.ndarray, int, Evaluation]:
     """The fixed point of the natural-gradient map on x = (nu, lambda), accelerated; returns (nu, lam, steps,
     the evaluation at the result).
 
@@ -248,12 +247,14 @@ def solve_fixed_point(problem: SiteProblem, nu: np.ndarray, lam: np.ndarray, max
     x -> T on the last `ANDERSON_MEMORY` steps) is the next x while the ELBO does not fall; a fall clears the
     memory and takes the damped step x + beta (T - x) from the refined x instead, beta halved until the ELBO
     holds (the check loss's kink can make the plain step overshoot) and grown back by 1.5 after. The
-    iteration stops when no marginal mean or standard deviation moves by more than `tol`."""
+    iteration stops when no marginal mean or standard deviation moves by more than `tol`, or when a step under
+    10 `tol` leaves an error, predicted from its contraction against the step before, under
+    `PREDICTED_SHARE` `tol`."""
     shape, size = nu.shape, nu.size
     history = _History(2 * size)
     cur = problem.evaluate(nu, lam)
     x = np.concatenate([nu.ravel(), lam.ravel()])
-    beta, steps, previous = INITIAL_STEP, 0, math.inf
+    beta, steps, previous = INITIAL_STEP, 0, None
     for steps in range(1, max_steps + 1):
         x_ref, cur = _refined(problem, x, cur, tol)
         lam_target = clamp_precisions(-2.0 * cur.g_var)
@@ -279,7 +280,7 @@ def solve_fixed_point(problem: SiteProblem, nu: np.ndarray, lam: np.ndarray, max
                     np.abs(np.sqrt(new.post.var) - np.sqrt(cur.post.var)).max())
         x, cur = x_new, new
         # near the fixed point the steps shrink by a rate r: the error left is about moved r / (1 - r)
-        rate = moved / previous if moved < previous else 1.0
+        rate = moved / previous if previous is not None and moved < previous else 1.0
         if moved <= tol or (moved <= 10.0 * tol and moved * rate <= PREDICTED_SHARE * tol * (1.0 - rate)):
             break
         previous = moved
