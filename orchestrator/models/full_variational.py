@@ -243,7 +243,7 @@ def _profile_loss(side: _Hyper, idx: Tensor, Y: Tensor, likelihood: Any, x: np.n
     for i in range(k):
         B_inv, _ = lapack.dpotri(post.LB[i], lower=1)
         B_inv = np.tril(B_inv) + np.tril(B_inv, -1).T
-        alpha = lapack.dpotrs(problem.L_K[i], post.mean[i], lower=1)[0]  # K^-1 mu
+        alpha = problem.L_K_inv[i].T @ (problem.L_K_inv[i] @ post.mean[i])  # K^-1 mu
         d_K[i] = -0.5 * (post.s[i][:, None] * B_inv * post.s[i] - np.outer(alpha, alpha))
     # g at its prior marginal (k = 1): its variance enters the expected log-likelihood
     d_prior_var = np.zeros(2) if k == 2 else np.array([0.0, ev.obs_g_var[1].sum()])

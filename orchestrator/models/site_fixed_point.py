@@ -71,9 +71,9 @@ def clamp_precisions(lam: np.ndarray) -> np.ndarray:
 
 
 def posterior_factors(K: np.ndarray, nu: np.ndarray, lam: np.ndarray, diag_K: np.ndarray | None = None,
-                      L_K: list[np.ndarray] | None = None) -> Factors:
-    """The sites' posterior (`Factors`) on numpy arrays: `K` is `k x m x m` (`diag_K` its diagonals and `L_K`
-    its Cholesky factors when the caller has them), `nu` and `lam` are `k x m`.
+                      L_K_inv: np.ndarray | None = None) -> Factors:
+    """The sites' posterior (`Factors`) on numpy arrays: `K` is `k x m x m` (`diag_K` its diagonals and
+    `L_K_inv` its `inverse_factors` when the caller has them), `nu` and `lam` are `k x m`.
 
     KL = 1/2 (tr B^-1 + mu^T K^-1 mu - m + log |B|), with tr B^-1 = m - sum_i lam_i Sigma_ii (Woodbury:
     B^-1 = I - Lambda^1/2 Sigma Lambda^1/2) and mu^T K^-1 mu = |L_K^-1 mu|^2: mu^T (nu - Lambda mu), equal in
@@ -82,7 +82,7 @@ def posterior_factors(K: np.ndarray, nu: np.ndarray, lam: np.ndarray, diag_K: np
     lam = clamp_precisions(lam)
     s = np.sqrt(lam)
     diag_K = np.diagonal(K, axis1=-2, axis2=-1) if diag_K is None else diag_K
-    L_K = [_cholesky(K[i]) for i in range(K.shape[0])] if L_K is None else L_K
+    L_K_inv = inverse_factors(K) if L_K_inv is None else L_K_inv
     mean, var, factors, products, logdet = np.empty_like(lam), np.empty_like(lam), [], [], 0.0
     for i in range(lam.shape[0]):
         sK = s[i][:, None] * K[i]
@@ -101,14 +101,20 @@ def posterior_factors(K: np.ndarray, nu: np.ndarray, lam: np.ndarray, diag_K: np
         factors.append(LB)
         products.append(A)
     var = np.maximum(var, 1e-300)
-    quad = _quadratic(L_K, mean)
+    quad = _quadratic(L_K_inv, mean)
     kl = 0.5 * (quad - (lam * var).sum()) + logdet
     return Factors(mean, var, float(kl), factors, products, s, lam, quad)
 
 
-def _quadratic(L_K: list[np.ndarray], mean: np.ndarray) -> float:
-    """sum over latents of mu^T K^-1 mu = |L_K^-1 mu|^2."""
-    return float(sum((lapack.dtrtrs(L, mu, lower=1)[0] ** 2).sum() for L, mu in zip(L_K, mean)))
+def _quadratic(L_K_inv: np.ndarray, mean: np.ndarray) -> float:
+    """sum over latents of mu^T K^-1 mu = |L_K^-1 mu|^2 (`L_K_inv`: `k x m x m` inverse Cholesky factors)."""
+    w = L_K_inv @ mean[..., None]
+    return float((w * w).sum())
+
+
+def inverse_factors(K: np.ndarray) -> np.ndarray:
+    """L_K^-1, `k x m x m`, of each `m x m` K = L_K L_K^T in `K` (LAPACK potrf and trtri)."""
+    return np.stack([lapack.dtrtri(_cholesky(K[i]), lower=1)[0] for i in range(K.shape[0])])
 
 
 class Evaluation(NamedTuple):
@@ -137,7 +143,7 @@ class SiteProblem:
         self.K, self.likelihood = K, likelihood
         self.k, self.m = K.shape[0], K.shape[-1]
         self.diag_K = np.diagonal(self.K, axis1=-2, axis2=-1).copy()
-        self.L_K = [_cholesky(K[i]) for i in range(self.k)]
+        self.L_K_inv = inverse_factors(K)
         const, prior_var = prior
         idx_np, Y_np = idx.numpy(), Y.detach().numpy()
         self.idx: np.ndarray | None = idx_np
@@ -156,7 +162,7 @@ class SiteProblem:
         return np.stack([np.bincount(self.idx, weights=row, minlength=self.m) for row in g])
 
     def evaluate(self, nu: np.ndarray, lam: np.ndarray) -> Evaluation:
-        return self._likelihood_terms(posterior_factors(self.K, nu, lam, self.diag_K, self.L_K))
+        return self._likelihood_terms(posterior_factors(self.K, nu, lam, self.diag_K, self.L_K_inv))
 
     def refine(self, nu: np.ndarray, ev: Evaluation) -> tuple[np.ndarray, Evaluation]:
         """One step of the means' fixed point at the evaluation's lambda, K^-1 mu = dE/dmu, as nu = dE/dmu +
@@ -167,7 +173,7 @@ class SiteProblem:
         mean = np.empty_like(nu_new)
         for i in range(self.k):
             mean[i] = self.K[i] @ nu_new[i] - post.A[i].T @ (post.A[i] @ nu_new[i])
-        quad = _quadratic(self.L_K, mean)  # only KL's mu^T K^-1 mu / 2 changes
+        quad = _quadratic(self.L_K_inv, mean)  # only KL's mu^T K^-1 mu / 2 changes
         return nu_new, self._likelihood_terms(post._replace(mean=mean, kl=post.kl + 0.5 * (quad - post.quad),
                                                             quad=quad))
 
