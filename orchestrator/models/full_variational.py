@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from gpytorch.priors import LogNormalPrior
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from scipy.linalg import lapack
 from scipy.optimize import minimize
@@ -163,8 +164,7 @@ class _Hyper:
         # LogNormal hyperpriors in closed form (gpytorch's `log_prob` goes through torch.distributions' checks);
         # other priors fall back to `model.log_prior()`
         priors = list(model.named_priors())
-        self.fast_prior = all(hasattr(prior, "base_dist") and type(prior).__name__ == "LogNormalPrior"
-                              for _, _, prior, _, _ in priors)
+        self.fast_prior = all(isinstance(prior, LogNormalPrior) for _, _, prior, _, _ in priors)
         self.priors = [(module, prior, closure) for _, module, prior, closure, _ in priors]
 
     def log_prior(self) -> Tensor:
@@ -175,7 +175,8 @@ class _Hyper:
             x = closure(module)
             loc, scale = prior.base_dist.loc, prior.base_dist.scale
             log_x = x.log()  # Normal(loc, scale).log_prob(log x) - log x, term by term as torch has it
-            log_p = (-((log_x - loc) ** 2) / (2 * scale**2) - scale.log() - math.log(math.sqrt(2 * math.pi))) - log_x
+            log_p = -((log_x - loc) ** 2) / (2 * scale**2) - scale.log() - math.log(math.sqrt(2 * math.pi))
+            log_p = log_p - log_x
             total = total + (log_p[0] if self.model.constant_scale else log_p).sum()
         return total
 
@@ -252,11 +253,10 @@ def _profile_loss(side: _Hyper, idx: Tensor, Y: Tensor, likelihood: Any, x: np.n
     return loss, x, steps
 
 
-def _minimize(objective: Any, hyper: list[Tensor], max_iter: int) -> int:
-    """Minimize `objective(theta) -> (loss, gradient)` over the hyperparameters `hyper` (flattened into theta)
-    by SciPy's L-BFGS-B, as BoTorch's `fit_gpytorch_mll` does, from their current values, at most `max_iter`
-    iterations; leaves them at the result and returns the iterations."""
-    split = np.cumsum([p.numel() for p in hyper])[:-1]
+def _minimize(objective: Any, hyper: list[Tensor], split: np.ndarray, max_iter: int) -> int:
+    """Minimize `objective(theta) -> (loss, gradient)` over the hyperparameters `hyper` (flattened into theta,
+    split at `split`) by SciPy's L-BFGS-B, as BoTorch's `fit_gpytorch_mll` does, from their current values, at
+    most `max_iter` iterations; leaves them at the result and returns the iterations."""
     theta0 = torch.cat([p.detach().reshape(-1) for p in hyper]).numpy().copy()
     result = minimize(objective, theta0, jac=True, method="L-BFGS-B",
                       options={"maxiter": max_iter, "maxcor": LBFGS_HISTORY})
@@ -272,7 +272,7 @@ def _assign(hyper: list[Tensor], theta: np.ndarray, split: np.ndarray) -> None:
 
 def fit_full_variational(model: Any, loss_fn: Any, likelihood: Any, X: Tensor, Y: Tensor, max_iter: int,
                          previous: SiteState | None = None) -> tuple[dict[str, float], SiteState] | None:
-    """Fit the hyperparameters by L-BFGS on the profile ELBO, the sites by their fixed point at each value.
+    """Fit the hyperparameters by L-BFGS-B on the profile ELBO, the sites by their fixed point at each value.
 
     Args:
         model: a `TwoLatentSVGP` whose `Z` holds every distinct row of `X`.
@@ -280,7 +280,7 @@ def fit_full_variational(model: Any, loss_fn: Any, likelihood: Any, X: Tensor, Y
             fitted model's reported loss.
         likelihood: the model's likelihood (`expected_log_prob_grads`).
         X, Y: `n x d` inputs and `n` outcomes in the model's units.
-        max_iter: most L-BFGS iterations on the hyperparameters.
+        max_iter: most L-BFGS-B iterations on the hyperparameters.
         previous: the sites of the previous fit (warm start), or None.
 
     Returns:
@@ -303,7 +303,6 @@ def fit_full_variational(model: Any, loss_fn: Any, likelihood: Any, X: Tensor, Y
                              "evals": 0, "tol": LOOSE_SITE_TOL, "trail": []}
 
     hyper_side = _Hyper(model, latents)
-
     split = np.cumsum([p.numel() for p in hyper])[:-1]
 
     def objective(theta: np.ndarray) -> tuple[float, np.ndarray]:
@@ -333,7 +332,7 @@ def fit_full_variational(model: Any, loss_fn: Any, likelihood: Any, X: Tensor, Y
         # one BLAS thread for the sites' small LAPACK calls, as BoTorch's fits and `acquisition.optimize` do:
         # thread hand-offs would cost more than the work (20x slower on a loaded 2-core machine)
         with threadpool_limits(limits=1, user_api="blas"):
-            iterations = _minimize(objective, hyper, max_iter)
+            iterations = _minimize(objective, hyper, split, max_iter)
             with torch.no_grad():
                 nu, lam, steps = solve_sites(model, likelihood, idx, Y, latents,
                                              *(torch.from_numpy(a.copy()) for a in _sites(state["x"], k)))
