@@ -55,6 +55,11 @@ LBFGS_HISTORY = 30
 SITE_MAX_STEPS = 100
 #: past hyperparameter values whose fixed points the next value's starting sites are extrapolated from
 SITE_TRAIL = 4
+#: the gap per datum between the model's loss and the sites' at the sites' optimum past which the fit goes on
+#: on the model's loss (`_profile_loss`)
+MODEL_GAP = 1e-3
+#: the floor of the model's marginal variances (`svgp.MIN_VARIANCE`: `TwoLatentSVGP.marginals` clamps there)
+MIN_VARIANCE = 1e-12
 #: rows of X and Z closer than this in max-norm are one input (the tolerance of `allocation.unique_rows`)
 MATCH_TOL = 1e-9
 
@@ -204,16 +209,17 @@ class _Hyper:
         self.ls, self.os = ls_np, os_np
         return K, parts
 
-    def surrogate(self, parts: tuple[Tensor, ...], d_K: np.ndarray, d_const: np.ndarray,
-                  d_prior_var: np.ndarray) -> Tensor:
-        """A scalar whose gradient is the profile ELBO's (plus the log prior's), from dG/dK (`k x m x m`), dG/dc
-        and dG/d(prior variance) (`2` each, 0 for the fitted latents)."""
+    def surrogate(self, parts: tuple[Tensor, ...], d_K: np.ndarray, d_const: np.ndarray, d_prior_var: np.ndarray,
+                  d_jitter: np.ndarray) -> Tensor:
+        """A scalar whose gradient is the ELBO's (plus the log prior's), from its gradients in K (`k x m x m`,
+        symmetric), in the constants and in the prior variances (`2` each, 0 for the latents with sites), and in
+        the jitters apart from K's (`k`)."""
         ls, os, jitter, const, prior_var, log_prior = parts
         Gp = d_K * self.p
         contraction = 2.0 * (self.Z2[None] * Gp.sum(-1)[..., None] - self.Z[None] * (Gp @ self.Z)).sum(1)
         d_ls = (5.0 / 3.0) * self.os[:, None] * contraction / self.ls**3
         d_os = (d_K * self.k_unit).sum((1, 2))
-        d_jitter = np.trace(d_K, axis1=1, axis2=2)
+        d_jitter = d_jitter + np.trace(d_K, axis1=1, axis2=2)
         t = torch.from_numpy
         return ((t(d_ls) * ls).sum() + (t(d_os) * os).sum() + (t(d_jitter) * jitter).sum()
                 + (t(d_const) * const).sum() + (t(d_prior_var) * prior_var).sum() + log_prior)
@@ -224,33 +230,71 @@ def _sites(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return x[: x.size // 2].reshape(k, -1), x[x.size // 2:].reshape(k, -1)
 
 
-def _profile_loss(side: _Hyper, idx: Tensor, Y: Tensor, likelihood: Any, x: np.ndarray, tol: float
-                  ) -> tuple[float, np.ndarray, int]:
-    """The negative profile ELBO per datum at the model's hyperparameters, the sites' fixed point found from
-    x = (nu, lambda) to `tol`; its gradient in the hyperparameters is left in their `.grad` (the envelope
-    theorem's partial gradient with q's mean and covariance held: module docstring). Returns (loss, the fixed
-    point's x, steps)."""
+def _profile_loss(side: _Hyper, idx: Tensor, Y: Tensor, likelihood: Any, x: np.ndarray, tol: float,
+                  model_loss: bool = False, report: bool = False) -> tuple[float, float, np.ndarray, int]:
+    """The negative profile ELBO per datum at the model's hyperparameters, with q at the sites' fixed point found
+    from x = (nu, lambda) to `tol`, and (with `model_loss` or `report`; else NaN) the model's `loss_fn` at that
+    q; the gradient of the first (of the second with `model_loss`) in the hyperparameters is left in their
+    `.grad`. Returns (the sites' loss, the model's loss, the fixed point's x, steps).
+
+    The sites see h(Z) ~ N(0, K), K = k(Z, Z) + j I, and the profile gradient is the envelope theorem's, q's
+    mean and covariance held (module docstring). The model's marginals at Z take the cross-covariance without
+    the jitter j (`TwoLatentSVGP.marginals`): mean c + mu - j alpha (alpha = K^-1 mu) and variance Sigma_ii - j
+    + 2 j lambda_i Sigma_ii - j^2 W_ii (W = Lambda^1/2 B^-1 Lambda^1/2; from K^-1 Sigma = I - Lambda Sigma and
+    K^-1 - K^-1 Sigma K^-1 = W). Where the noise is tiny the expected log-likelihood is steep enough in these
+    variances for the jitter to move the model's optimum away from the sites'; the model's loss then has the
+    gradient with the sites held (q moves with K, d Sigma = Sigma K^-1 dK K^-1 Sigma), exact at the sites."""
     K, parts = side.evaluate()
     const, prior_var, log_prior = (t.detach().numpy() for t in parts[3:])
+    jit = parts[2].detach().numpy()[:, None]
     k, n = K.shape[0], Y.shape[0]
     problem = SiteProblem(K, (const, prior_var), idx, Y, likelihood)
     nu, lam, steps, ev = solve_fixed_point(problem, *_sites(x, k), SITE_MAX_STEPS, tol)
     x = np.concatenate([nu.ravel(), lam.ravel()])
-    loss = -(ev.elbo + float(log_prior)) / n
-    if not math.isfinite(loss):
-        return loss, x, steps
     post = ev.post
-    d_K = np.empty_like(K)
-    for i in range(k):
-        B_inv, _ = lapack.dpotri(post.LB[i], lower=1)
-        B_inv = np.tril(B_inv) + np.tril(B_inv, -1).T
-        alpha = problem.L_K_inv[i].T @ (problem.L_K_inv[i] @ post.mean[i])  # K^-1 mu
-        d_K[i] = -0.5 * (post.s[i][:, None] * B_inv * post.s[i] - np.outer(alpha, alpha))
+    L_inv = problem.L_K_inv
+    alpha = (L_inv.transpose(0, 2, 1) @ (L_inv @ post.mean[..., None]))[..., 0]  # K^-1 mu
+    B_inv = np.stack([lapack.dpotri(LB, lower=1)[0] for LB in post.LB])
+    B_inv = np.tril(B_inv) + np.tril(B_inv, -1).transpose(0, 2, 1)
+    W = post.s[:, :, None] * B_inv * post.s[:, None, :]
+    loss, model_loss_value = -(ev.elbo + float(log_prior)) / n, math.nan
+    if model_loss or report:
+        W_diag = np.diagonal(W, axis1=1, axis2=2)
+        var = post.var - jit + 2.0 * jit * post.lam * post.var - jit**2 * W_diag
+        model_ev = problem.likelihood_terms(post._replace(mean=post.mean - jit * alpha,
+                                                          var=np.maximum(var, MIN_VARIANCE)))
+        model_loss_value = -(model_ev.elbo + float(log_prior)) / n
+    if not math.isfinite(model_loss_value if model_loss else loss):
+        return loss, model_loss_value, x, steps
+    d_K = -0.5 * (W - alpha[:, :, None] * alpha[:, None, :])  # -dKL/dK
+    terms, d_jitter = ev, np.zeros(k)
+    if model_loss:
+        terms = model_ev
+        g, h = model_ev.g_mean, model_ev.g_var * (var >= MIN_VARIANCE)  # the clamped variances are constant
+        K_inv = L_inv.transpose(0, 2, 1) @ L_inv
+        eye = np.eye(K.shape[-1])
+        Sigma = K - np.stack([A.T @ A for A in post.A])
+        R = eye - post.lam[:, :, None] * Sigma  # K^-1 Sigma
+        KH = K_inv * h[:, None, :]
+        # q held: the marginals' K^-1 gives j K^-1 g alpha^T (mean) and 2 j (K^-1 H - K^-1 H Sigma Lambda) +
+        # j^2 (K^-1 H W + W H K^-1 - K^-1 H K^-1) (variance), H = diag(h)
+        extra = (jit[..., None] * (K_inv @ g[..., None]) * alpha[:, None, :]
+                 + 2.0 * jit[..., None] * (KH - (KH @ Sigma) * post.lam[:, None, :])
+                 + jit[..., None] ** 2 * (KH @ W + W @ KH.transpose(0, 2, 1) - KH @ K_inv))
+        # the sites held: q's own gradients, the model's (through mean M mu and variance diag(M Sigma M), M = I -
+        # j K^-1) less the sites' (the ELBO's vanish at their fixed point), times d mu = R^T dK alpha and dSigma
+        d_mean = g - jit * (K_inv @ g[..., None])[..., 0] - ev.g_mean
+        d_var = (h[:, :, None] * eye - jit[..., None] * (KH + KH.transpose(0, 2, 1))
+                 + jit[..., None] ** 2 * (KH @ K_inv) - ev.g_var[:, :, None] * eye)
+        extra = extra + (R @ d_mean[..., None]) * alpha[:, None, :] + R @ d_var @ R.transpose(0, 2, 1)
+        d_K = d_K + 0.5 * (extra + extra.transpose(0, 2, 1))
+        # j also stands for itself in the marginals: d mean/dj = -alpha, d var/dj = 2 lambda Sigma_ii - 1 - 2 j W_ii
+        d_jitter = -(g * alpha).sum(-1) + (h * (2.0 * post.lam * post.var - 1.0 - 2.0 * jit * W_diag)).sum(-1)
     # g at its prior marginal (k = 1): its variance enters the expected log-likelihood
-    d_prior_var = np.zeros(2) if k == 2 else np.array([0.0, ev.obs_g_var[1].sum()])
+    d_prior_var = np.zeros(2) if k == 2 else np.array([0.0, terms.obs_g_var[1].sum()])
     with torch.enable_grad():
-        (-side.surrogate(parts, d_K, ev.obs_g_mean.sum(-1), d_prior_var) / n).backward()
-    return loss, x, steps
+        (-side.surrogate(parts, d_K, terms.obs_g_mean.sum(-1), d_prior_var, d_jitter) / n).backward()
+    return loss, model_loss_value, x, steps
 
 
 def _minimize(objective: Any, hyper: list[Tensor], split: np.ndarray, max_iter: int) -> int:
@@ -300,12 +344,12 @@ def fit_full_variational(model: Any, loss_fn: Any, likelihood: Any, X: Tensor, Y
         p.requires_grad_(False)
     k = len(latents)
     state: dict[str, Any] = {"x": np.concatenate([nu.numpy().ravel(), lam.numpy().ravel()]), "steps": 0,
-                             "evals": 0, "tol": LOOSE_SITE_TOL, "trail": []}
+                             "evals": 0, "tol": LOOSE_SITE_TOL, "trail": [], "best": (math.inf, None, None)}
 
     hyper_side = _Hyper(model, latents)
     split = np.cumsum([p.numel() for p in hyper])[:-1]
 
-    def objective(theta: np.ndarray) -> tuple[float, np.ndarray]:
+    def objective(theta: np.ndarray, model_loss: bool = False) -> tuple[float, np.ndarray]:
         check_fit_stop()
         theta = theta.copy()
         _assign(hyper, theta, split)
@@ -313,15 +357,18 @@ def fit_full_variational(model: Any, loss_fn: Any, likelihood: Any, X: Tensor, Y
             p.grad = None
         start_x = extrapolate_sites(state["trail"], theta, state["x"])
         try:
-            loss, x, steps = _profile_loss(hyper_side, idx, Y, likelihood, start_x, state["tol"])
+            losses = _profile_loss(hyper_side, idx, Y, likelihood, start_x, state["tol"], model_loss)
         except torch.linalg.LinAlgError:
             return math.inf, np.zeros_like(theta)
+        loss, x = losses[int(model_loss)], losses[2]
         state["evals"] += 1
-        state["steps"] += steps
+        state["steps"] += losses[3]
         if not math.isfinite(loss):
             return math.inf, np.zeros_like(theta)
         state["x"] = x
         state["trail"] = (state["trail"] + [(theta, x)])[-SITE_TRAIL:]
+        if loss < state["best"][0]:
+            state["best"] = (loss, theta, x)
         grad = np.concatenate([np.zeros(p.numel()) if p.grad is None else p.grad.numpy().ravel() for p in hyper])
         # the gradient's error is of the order of the sites' error: far from the optimum a loose fixed point
         # serves, near it the tolerance tightens with the gradient
@@ -333,6 +380,17 @@ def fit_full_variational(model: Any, loss_fn: Any, likelihood: Any, X: Tensor, Y
         # thread hand-offs would cost more than the work (20x slower on a loaded 2-core machine)
         with threadpool_limits(limits=1, user_api="blas"):
             iterations = _minimize(objective, hyper, split, max_iter)
+            # the model's loss where the sites' profile ELBO is best; where they part by more than
+            # `MODEL_GAP` per datum (tiny noise: the jitter matters), L-BFGS-B goes on on the model's loss
+            sites_loss, model_loss, state["x"], steps = _profile_loss(hyper_side, idx, Y, likelihood, state["x"],
+                                                                     SITE_TOL, report=True)
+            state["steps"] += steps
+            if model_loss - sites_loss > MODEL_GAP:
+                theta = torch.cat([p.detach().reshape(-1) for p in hyper]).numpy().copy()
+                state["best"], state["trail"] = (model_loss, theta, state["x"]), []
+                iterations += _minimize(lambda t: objective(t, True), hyper, split, max_iter)
+                _, theta, state["x"] = state["best"]
+                _assign(hyper, theta, split)
             with torch.no_grad():
                 nu, lam, steps = solve_sites(model, likelihood, idx, Y, latents,
                                              *(torch.from_numpy(a.copy()) for a in _sites(state["x"], k)))

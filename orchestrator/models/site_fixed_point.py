@@ -162,7 +162,7 @@ class SiteProblem:
         return np.stack([np.bincount(self.idx, weights=row, minlength=self.m) for row in g])
 
     def evaluate(self, nu: np.ndarray, lam: np.ndarray) -> Evaluation:
-        return self._likelihood_terms(posterior_factors(self.K, nu, lam, self.diag_K, self.L_K_inv))
+        return self.likelihood_terms(posterior_factors(self.K, nu, lam, self.diag_K, self.L_K_inv))
 
     def refine(self, nu: np.ndarray, ev: Evaluation) -> tuple[np.ndarray, Evaluation]:
         """One step of the means' fixed point at the evaluation's lambda, K^-1 mu = dE/dmu, as nu = dE/dmu +
@@ -174,10 +174,11 @@ class SiteProblem:
         for i in range(self.k):
             mean[i] = self.K[i] @ nu_new[i] - post.A[i].T @ (post.A[i] @ nu_new[i])
         quad = _quadratic(self.L_K_inv, mean)  # only KL's mu^T K^-1 mu / 2 changes
-        return nu_new, self._likelihood_terms(post._replace(mean=mean, kl=post.kl + 0.5 * (quad - post.quad),
+        return nu_new, self.likelihood_terms(post._replace(mean=mean, kl=post.kl + 0.5 * (quad - post.quad),
                                                             quad=quad))
 
-    def _likelihood_terms(self, post: Factors) -> Evaluation:
+    def likelihood_terms(self, post: Factors) -> Evaluation:
+        """The evaluation at the posterior `post` (its marginals may be any, e.g. the model's)."""
         means, variances = self.const + post.mean, post.var
         if self.idx is not None:
             means, variances = means[:, self.idx], variances[:, self.idx]
