@@ -14,7 +14,9 @@ ELBO with q held (the envelope theorem). With q's mean and covariance held, thet
 constant means (in the expected log-likelihood), the prior marginal of a latent without sites, and
 KL(q || N(0, K)), whose gradient in K is (W - alpha alpha^T) / 2 with W = Lambda^1/2 B^-1 Lambda^1/2,
 B = I + Lambda^1/2 K Lambda^1/2 and alpha = K^-1 mu; `_Hyper` contracts it with the kernel's derivatives, so
-autograd runs through the hyperparameters' constraints and priors alone.
+autograd runs through the hyperparameters' constraints and priors alone. The model's own loss (`loss_fn`, the
+fit's reported loss) differs from G by the jitter of K, which its marginals leave out of the cross-covariance;
+where that moves the optimum (tiny noise), L-BFGS-B goes on on the model's loss (`_profile_loss`).
 
 The fitted q(h) is written into `TwoLatentSVGP`'s whitened q(u) (a~ = L^-1 mu, S~ = (I + L^T Lambda L)^-1,
 L L^T = K), so prediction, Thompson sampling and checkpoints are unchanged.
