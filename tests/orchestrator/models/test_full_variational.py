@@ -3,7 +3,9 @@
 The properties proved here: with a Gaussian likelihood the site fixed point is the exact GP posterior; the
 sites written into the whitened q(u) give the same marginals; the profile fit reaches the optimum of the
 free-factor fit in fewer L-BFGS iterations; rescaled sites are the rescaled posterior; repeated inputs
-share one site; the fit falls back to the free factor when Z is not the observed inputs.
+share one site; the fit falls back to the free factor when Z is not the observed inputs; the kernel and
+its contracted gradient in numpy are the model's and autograd's; the profile gradient is the profile ELBO's
+central difference.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import math
 
 import pytest
 import torch
+from threadpoolctl import threadpool_limits
 
 from orchestrator.models import build_model
 from orchestrator.models import full_variational as fv
@@ -130,3 +133,149 @@ def test_observation_index_needs_every_row_in_z():
     X, _ = _data(6)
     assert torch.equal(fv.observation_index(X[[2, 0, 2]], X), torch.tensor([2, 0, 2]))
     assert fv.observation_index(X, X[:5]) is None
+
+
+def _random_model(n: int, d: int, constant_scale: bool = False, use_priors: bool = True,
+                  lengthscale_prior: str = "spec", seed: int = 0) -> tuple[TwoLatentSVGP, torch.Tensor, torch.Tensor]:
+    """A model on Z = X with hyperparameters off their defaults, and its data."""
+    X, Y = _data(n, d, seed)
+    model = TwoLatentSVGP(X, use_priors=use_priors, lengthscale_prior=lengthscale_prior,
+                          constant_scale=constant_scale)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        model.covar_module.base_kernel.lengthscale = 0.2 + torch.rand(2, 1, d, generator=g, **TKWARGS)
+        model.covar_module.outputscale = 0.3 + torch.rand(2, generator=g, **TKWARGS)
+        model.mean_module.constant.copy_(torch.tensor([0.2, math.log(0.4)], **TKWARGS))
+    return model, X, Y
+
+
+def _latents(model: TwoLatentSVGP) -> list[int]:
+    return [0] if model.constant_scale else [0, 1]
+
+
+@pytest.mark.parametrize("constant_scale, use_priors, prior", [(False, True, "spec"), (True, True, "spec"),
+                                                              (False, False, "spec"), (False, True, "dim-scaled")])
+def test_the_hyperparameter_side_is_the_model_kernel_and_its_gradient_autograds(constant_scale, use_priors, prior):
+    model, _, _ = _random_model(12, 3, constant_scale, use_priors, prior)
+    latents = _latents(model)
+    side = fv._Hyper(model, latents)
+    K, parts = side.evaluate()
+    with torch.no_grad():
+        assert torch.allclose(torch.from_numpy(K), model.kzz()[latents], rtol=1e-12, atol=1e-14)
+        assert torch.allclose(parts[-1], model.log_prior(), rtol=1e-12, atol=1e-12)
+    g = torch.Generator().manual_seed(5)
+    d_K = torch.randn(len(latents), 12, 12, generator=g, **TKWARGS)
+    d_K = d_K + d_K.transpose(-1, -2)  # dG/dK of a symmetric K is symmetric
+    d_const, d_prior_var = torch.randn(2, generator=g, **TKWARGS), torch.randn(2, generator=g, **TKWARGS)
+    d_jitter = torch.randn(len(latents), generator=g, **TKWARGS)
+    hyper = [p for name, p in model.named_parameters() if not name.startswith("variational_distribution.")]
+    side.surrogate(parts, d_K.numpy(), d_const.numpy(), d_prior_var.numpy(), d_jitter.numpy()).backward()
+    got = [None if p.grad is None else p.grad.clone() for p in hyper]
+    model.zero_grad(set_to_none=True)
+    ((d_K * model.kzz()[latents]).sum() + (d_const * model.constant).sum()
+     + (d_prior_var * (model.outputscale + model.jitter())).sum() + (d_jitter * model.jitter()[latents]).sum()
+     + model.log_prior()).backward()
+    for p, a in zip(hyper, got):
+        b = torch.zeros_like(p) if p.grad is None else p.grad
+        a = torch.zeros_like(p) if a is None else a
+        assert torch.allclose(a, b, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("constant_scale", [False, True])
+def test_the_profile_gradient_is_the_profile_elbos_derivative(constant_scale):
+    model, X, Y = _random_model(15, 2, constant_scale, seed=3)
+    latents = _latents(model)
+    lik = build_model("quantile", tau=0.2).likelihood
+    idx = fv.observation_index(X, model.Z)
+    side = fv._Hyper(model, latents)
+    x0 = torch.cat([torch.zeros(len(latents) * 15), torch.full((len(latents) * 15,), 1e-6)]).numpy()
+    hyper = [p for name, p in model.named_parameters()
+             if p.requires_grad and not name.startswith("variational_distribution.")]
+    _, _, x, _ = fv._profile_loss(side, idx, Y, lik, x0, 1e-12)
+    grads = [p.grad.clone() for p in hyper]
+    h = 1e-5
+    with threadpool_limits(limits=1, user_api="blas"):
+        _check_central_differences(model, side, idx, Y, lik, x, hyper, grads, h)
+
+
+def _check_central_differences(model, side, idx, Y, lik, x, hyper, grads, h):
+    for p, grad in zip(hyper, grads):
+        for j in range(p.numel()):
+            values = []
+            for sign in (1.0, -1.0):
+                with torch.no_grad():
+                    p.view(-1)[j] += sign * h
+                values.append(fv._profile_loss(side, idx, Y, lik, x, 1e-12)[0])
+                with torch.no_grad():
+                    p.view(-1)[j] -= sign * h
+            model.zero_grad(set_to_none=True)
+            numeric = (values[0] - values[1]) / (2 * h)
+            assert abs(numeric - float(grad.view(-1)[j])) <= 1e-6 + 1e-5 * abs(numeric)
+
+
+def test_the_model_loss_is_loss_fn_and_its_gradient_with_the_sites_held_autograds():
+    """The model's marginals leave the jitter out of the cross-covariance; its loss at the sites' q is the
+    model's `loss_fn` after the sites are written in, and its gradient is autograd's with the sites held."""
+    model, X, Y = _random_model(12, 2, seed=6)
+    with torch.no_grad():
+        model.mean_module.constant.copy_(torch.tensor([0.1, -2.5], **TKWARGS))  # small noise: the jitter shows
+    surrogate = build_model("quantile", tau=0.2)
+    lik = surrogate.likelihood
+    idx = fv.observation_index(X, model.Z)
+    side = fv._Hyper(model, [0, 1])
+    x0 = torch.cat([torch.zeros(24), torch.full((24,), 1e-6)]).numpy()
+    hyper = [p for name, p in model.named_parameters()
+             if p.requires_grad and not name.startswith("variational_distribution.")]
+    _, loss, x, _ = fv._profile_loss(side, idx, Y, lik, x0, 1e-12, model_loss=True)
+    got = [p.grad.clone() for p in hyper]
+    model.zero_grad(set_to_none=True)
+    nu, lam = (torch.from_numpy(a.copy()) for a in fv._sites(x, 2))
+    with torch.no_grad():
+        fv.set_whitened(model, [0, 1], nu, lam)
+        assert abs(loss - float(surrogate._loss(X, Y, 12, model))) <= 1e-9
+    # autograd: q from the held sites, the model's marginals at Z, KL(q || N(0, K))
+    K, j = model.kzz(), model.jitter()
+    P = torch.linalg.inv(K)
+    Sigma = torch.linalg.inv(P + torch.diag_embed(lam))
+    mu = (Sigma @ nu.unsqueeze(-1)).squeeze(-1)
+    alpha = (P @ mu.unsqueeze(-1)).squeeze(-1)
+    PS = P @ Sigma
+
+    def diag(A: torch.Tensor) -> torch.Tensor:
+        return torch.diagonal(A, dim1=-2, dim2=-1)
+
+    mean = model.constant[:, None] + mu - j[:, None] * alpha
+    var = (diag(Sigma) + j[:, None] - 2 * j[:, None] * diag(PS) - j[:, None] ** 2 * diag(P - PS @ P)).clamp_min(1e-12)
+    order = torch.empty_like(idx).index_copy_(0, idx, torch.arange(12))  # observation j at input idx[j]
+    ell = lik.expected_log_prob_moments(Y[order], mean[0], var[0], mean[1], var[1]).sum()
+    kl = 0.5 * (diag(PS).sum() + (mu * alpha).sum() - 24 + torch.logdet(K).sum() - torch.logdet(Sigma).sum())
+    expected = -(ell - kl + model.log_prior()) / 12
+    assert abs(float(expected) - loss) <= 1e-9
+    expected.backward()
+    for p, a in zip(hyper, got):
+        assert torch.allclose(a, p.grad, rtol=1e-8, atol=1e-10)
+
+
+def test_a_fit_with_tiny_noise_goes_on_to_the_model_loss():
+    """Where the noise is tiny the jitter parts the sites' optimum from the model's: the fit ends at the model's."""
+    g = torch.Generator().manual_seed(4)
+    X = torch.rand(20, 6, generator=g, **TKWARGS)
+    w = torch.tensor([1.0, -0.8, 0.6, 0.5, -0.4, 0.3], **TKWARGS)
+    Y = torch.sin(X @ w) + 0.05 * torch.randn(20, generator=g, **TKWARGS)
+    model = build_model("quantile", tau=0.5, lengthscale_prior="dim-scaled")
+    calls = []
+    original = fv._profile_loss
+
+    def spy(*args, **kwargs):
+        out = original(*args, **kwargs)
+        calls.append((kwargs.get("model_loss", args[6] if len(args) > 6 else False), out))
+        return out
+
+    fv._profile_loss = spy
+    try:
+        info = model.fit(X, Y)
+    finally:
+        fv._profile_loss = original
+    assert any(flag for flag, _ in calls)
+    sites_optimum = min(out[1] for flag, out in calls if not flag and math.isfinite(out[1]))
+    assert info["loss"] < sites_optimum - 1e-3  # the model's loss where the sites' profile ELBO is best

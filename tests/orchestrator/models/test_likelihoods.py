@@ -242,3 +242,58 @@ def test_expected_log_prob_stays_finite_where_the_scale_factor_overflows(cls):
         ref = math.log(0.3 * 0.7) + 10.0 - math.exp(10.0) * e_rho
         got = lik.expected_log_prob_moments(t(1.0), t(0.0), t(1.0), t(-10.0), t(0.0))
         assert float(got) == pytest.approx(ref, rel=1e-12)
+
+
+def _moment_grid(n: int = 400, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Random (y, mu_f, var_f, mu_g, var_g), with some variances under the floor `MIN_STD_F`^2 and some scale
+    exponents past the cap `MAX_EXPONENT` (the clamps' flat sides)."""
+    g = torch.Generator().manual_seed(seed)
+    y = 3.0 * torch.randn(n, generator=g, **TK)
+    mu_f = 2.0 * torch.randn(n, generator=g, **TK)
+    var_f = torch.exp(4.0 * torch.randn(n, generator=g, **TK))
+    var_f[:20] = 1e-22
+    mu_g = 1.5 * torch.randn(n, generator=g, **TK)
+    mu_g[20:30] = -70.0
+    var_g = torch.exp(2.0 * torch.randn(n, generator=g, **TK))
+    return y, mu_f, var_f, mu_g, var_g
+
+
+@pytest.mark.parametrize("kind", sorted(LIKELIHOODS))
+@pytest.mark.parametrize("tau", TAUS)
+def test_closed_form_gradients_of_the_expected_log_prob_equal_autograds(kind, tau):
+    lik = LIKELIHOODS[kind](tau)
+    y, *moments = _moment_grid()
+    leaves = [t.clone().requires_grad_(True) for t in moments]
+    value = lik.expected_log_prob_moments(y, *leaves)
+    expected = torch.autograd.grad(value.sum(), leaves)
+    got_value, got = lik.expected_log_prob_grads(y, *moments)
+    assert torch.allclose(got_value, value.detach(), rtol=0.0, atol=1e-12)
+    for name, a, b in zip(("mu_f", "var_f", "mu_g", "var_g"), got, expected):
+        scale = b.abs().clamp_min(1.0)
+        assert bool(((a - b).abs() <= 1e-10 * scale).all()), name
+
+
+def test_the_default_gradients_are_autograds():
+    lik = AsymmetricLaplaceLikelihood(0.3)
+    y, *moments = _moment_grid(50, seed=1)
+    value, grads = super(AsymmetricLaplaceLikelihood, lik).expected_log_prob_grads(y, *moments)
+    got_value, got = lik.expected_log_prob_grads(y, *moments)
+    assert torch.allclose(value, got_value, atol=1e-12)
+    assert all(torch.allclose(a, b, rtol=1e-10, atol=1e-10) for a, b in zip(grads, got))
+    assert not value.requires_grad and not any(t.requires_grad for t in grads)
+
+
+@pytest.mark.parametrize("kind", sorted(LIKELIHOODS))
+def test_the_closed_form_gradients_take_numpy_arrays_alike(kind):
+    lik = LIKELIHOODS[kind](0.2)
+    y, *moments = _moment_grid(100, seed=2)
+    value, grads = lik.expected_log_prob_grads(y, *moments)
+    np_value, np_grads = lik.expected_log_prob_grads(y.numpy(), *(t.numpy() for t in moments))
+    assert isinstance(np_value, np.ndarray) and all(isinstance(g, np.ndarray) for g in np_grads)
+    assert np.allclose(np_value, value.numpy(), rtol=1e-13, atol=1e-13)
+    assert all(np.allclose(a, b.numpy(), rtol=1e-12, atol=1e-13) for a, b in zip(np_grads, grads))
+    # the autograd default converts numpy arrays too
+    base_value, base_grads = super(LIKELIHOODS[kind], lik).expected_log_prob_grads(y.numpy(),
+                                                                                   *(t.numpy() for t in moments))
+    assert isinstance(base_value, np.ndarray)
+    assert all(np.allclose(a, b, rtol=1e-10, atol=1e-10) for a, b in zip(base_grads, np_grads))
