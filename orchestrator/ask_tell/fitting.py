@@ -88,14 +88,15 @@ class ModelFitting:
         """Whether a model fit is due: the proposer uses a model and `initial_design` (at least 2) results are in."""
         return self.needs_model() and len(self._obs_y) >= max(2, self.initial_design)
 
-    def fit(self, restart: bool = False, stop: threading.Event | None = None) -> dict[str, Any]:
-        """Fit (warm-started) the surrogate on all completed results; return diagnostics.
+    def fit(self, restart: bool = True, stop: threading.Event | None = None) -> dict[str, Any]:
+        """Fit the surrogate on all completed results, warm-started and from scratch; return diagnostics.
 
         Args:
             restart: also fit from scratch (the model's default start) and keep whichever fit ends with the
                 lower training loss (negative marginal likelihood or ELBO per datum). A warm start can stay in
                 the basin an early fit found on little data (e.g. a lengthscale that explains the later points
-                as noise); the end of a run asks for this, so that the final recommendation is not that basin's.
+                as noise), so the fit a caller asks for before `best()` restarts, as the end of a run does;
+                False fits warm-started only, as the refits inside `ask` do (`refit_restarts`).
             stop: once this event is set, the fit stops between two training steps and raises `FitInterrupted`,
                 the model in use staying (the central actor's background refit, when the run ends: the final fit
                 on every result replaces it anyway). The SVGP models stop; the exact GPs' fits, short L-BFGS
@@ -246,7 +247,8 @@ class ModelFitting:
 
         With a model: the observed input maximizing the posterior mean of the target at the last fit, with
         that predicted value (spec §1.7); `ask` fits before proposing, so call `fit()` after the last `tell` to
-        include every result. Before the first fit: the best observed value.
+        include every result (that fit restarts, so the answer does not hang on the basin of an early warm
+        start). Before the first fit: the best observed value.
 
         Raises:
             QbatchError: no completed result yet.

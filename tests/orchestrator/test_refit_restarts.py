@@ -42,3 +42,18 @@ def test_ask_restarts_its_refits_only_when_told(restarts: bool) -> None:
             assert math.isfinite(kept) and kept <= max(f["loss_cold"], f["loss_warm"])
         else:
             assert "restart_kept" not in f
+
+
+def test_a_callers_fit_restarts_and_best_follows_the_kept_fit() -> None:
+    """`fit()` called before `best()` also fits from scratch, so the answer does not hang on a warm basin."""
+    opt = AskTellOptimizer(SPACE, model="exact-gp", tau=0.5, initial_design=6, seed=3)
+    for _ in range(3):
+        for t in opt.ask(4):
+            opt.tell(t.trial_id, -((t.params["x"] - 0.3) ** 2) - (t.params["y"] - 0.6) ** 2)
+    diag = opt.fit()
+    assert diag["restart_kept"] in ("warm", "cold")
+    assert min(diag["loss_warm"], diag["loss_cold"]) == pytest.approx(
+        diag["loss_cold"] if diag["restart_kept"] == "cold" else diag["loss_warm"])
+    params, predicted = opt.best()
+    assert params == diag["best_params"] and predicted == diag["best_predicted"]
+    assert "restart_kept" not in opt.fit(restart=False)
