@@ -195,8 +195,8 @@ def _true_levels(config: Mapping[str, Any], params: Sequence[Mapping[str, Any] |
             return None  # not synthetic, or the run's space is not the objective's
         return np.array([math.nan if p is None else obj.quantile(p, tau) for p in params], dtype=float)
     except Exception as exc:  # noqa: BLE001 -- the plot keeps the prediction, and says why the truth is missing
-        log.warning("qbatch: report: best_vs_evaluations.png shows no true %s-quantile of the recommendation: "
-                    "objective %r: %s: %s", _fmt(tau), name, type(exc).__name__, exc)
+        log.info("qbatch: report: best_vs_evaluations.png shows no true %s-quantile of the recommendation: "
+                 "objective %r: %s: %s", _fmt(tau), name, type(exc).__name__, exc)
         return None
 
 

@@ -1,5 +1,6 @@
-"""The time series of a run, read from its trials and events: best so far, the model's predictions, the
-evaluations' intervals, the actor sessions' spans and slots, utilization, queue depth and the PIT of forecasts.
+"""The time series of a run, read from its trials and events: best so far, the model's recommendation and its
+prediction at each refit, the evaluations' intervals, the actor sessions' spans and slots, utilization, queue
+depth, and the PIT and central intervals of the forecasts.
 
 Each is a plain function of the log (orchestrator/store/), for `compute_metrics` and the report's plots;
 the definitions are in orchestrator/report/metrics.py's docstring. Time axes with session spans cut out the

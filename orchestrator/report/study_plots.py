@@ -10,7 +10,8 @@ step, or log) as `IntDistribution`, choice as `CategoricalDistribution`. Importa
 rest), which needs only NumPy and SciPy (Optuna's fANOVA evaluator needs scikit-learn's random forests).
 
 A plot that cannot be drawn (Optuna not installed, fewer than 2 completed trials, importance of one parameter
-or of too few trials for PED-ANOVA's top 10% to hold two) is skipped with its reason logged.
+or of too few trials for PED-ANOVA's top 10% to hold two) is skipped with its reason logged at INFO, which
+`qbatch report` prints.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ SLICE_PARAMS_PER_FIGURE = 4
 
 
 def skip(name: str, reason: str) -> None:
-    """Log that the report's plot `name` is not drawn, and why."""
-    log.warning("qbatch: report: %s.png not drawn: %s", name, reason)
+    """Log (at INFO: `qbatch report` prints these lines after the files it wrote) that the report's plot `name`
+    is not drawn, and why."""
+    log.info("qbatch: report: %s.png not drawn: %s", name, reason)
 
 
 def _choice_label(value: Any) -> Any:

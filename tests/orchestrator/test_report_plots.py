@@ -123,7 +123,7 @@ def _all_differ(paths: dict[str, str]) -> None:
 def test_a_run_with_every_parameter_type_draws_every_plot(tmp_path, caplog):
     pytest.importorskip("optuna")
     store = build_mixed_run(tmp_path / "run")
-    with caplog.at_level(logging.WARNING, logger="orchestrator.report"):
+    with caplog.at_level(logging.INFO, logger="orchestrator.report"):
         t0 = time.perf_counter()
         _, paths = write_report(store.run_dir)
         seconds = time.perf_counter() - t0
@@ -172,7 +172,7 @@ def test_the_study_maps_each_parameter_type_to_its_distribution(tmp_path):
 def test_a_run_with_only_sobol_points_and_failures_draws_without_error(tmp_path, caplog):
     pytest.importorskip("optuna")
     store = build_mixed_run(tmp_path / "run", n=24, sobol=24, fail_every=3, forecasts=False)
-    with caplog.at_level(logging.WARNING, logger="orchestrator.report"):
+    with caplog.at_level(logging.INFO, logger="orchestrator.report"):
         _, paths = write_report(store.run_dir)
     plots = {k: v for k, v in paths.items() if k not in ("summary", "trials")}
     # 16 completed trials: too few for PED-ANOVA's top 10%; no forecasts, no refits
@@ -188,7 +188,7 @@ def test_plots_that_cannot_be_drawn_are_skipped_with_their_reason(tmp_path, capl
     pytest.importorskip("optuna")
     # one parameter: no importance; its slices are one figure
     one = build_mixed_run(tmp_path / "one", n=30, space={"x": {"type": "float", "low": 0.0, "high": 1.0}})
-    with caplog.at_level(logging.WARNING, logger="orchestrator.report"):
+    with caplog.at_level(logging.INFO, logger="orchestrator.report"):
         _, paths = write_report(one.run_dir)
     assert {"parallel_coordinates", "slice"} <= set(paths) and "importance" not in paths
     assert "importance.png not drawn: the space has one parameter ('x')" in caplog.text
@@ -197,7 +197,7 @@ def test_plots_that_cannot_be_drawn_are_skipped_with_their_reason(tmp_path, capl
     caplog.clear()
     lone = build_mixed_run(tmp_path / "lone", n=2, sobol=2, fail_every=2, forecasts=False)
     out = tmp_path / "one" / "report"
-    with caplog.at_level(logging.WARNING, logger="orchestrator.report"):
+    with caplog.at_level(logging.INFO, logger="orchestrator.report"):
         _, paths = write_report(lone.run_dir, out_dir=str(out))
     for key in ("parallel_coordinates", "slice", "importance"):
         assert f"{key}.png not drawn: 1 completed trial(s) with the run's parameters; it needs 2" in caplog.text
@@ -218,7 +218,7 @@ def test_without_optuna_the_parameter_plots_are_skipped(tmp_path, caplog, monkey
 
     store = build_mixed_run(tmp_path / "run", n=24)
     monkeypatch.setattr(builtins, "__import__", no_optuna)
-    with caplog.at_level(logging.WARNING, logger="orchestrator.report"):
+    with caplog.at_level(logging.INFO, logger="orchestrator.report"):
         _, paths = write_report(store.run_dir)
     assert "parallel_coordinates.png not drawn: it is drawn by Optuna, which is not installed" in caplog.text
     assert {"best_vs_evaluations", "predicted_vs_observed", "coverage"} <= set(paths)
@@ -304,3 +304,17 @@ def test_report_of_200_trials_is_fast(tmp_path):
     seconds = time.perf_counter() - t0
     assert set(paths) >= ALL_PLOTS
     assert seconds < 15, seconds
+
+
+def test_qbatch_report_prints_the_plots_it_left_out_after_the_files_it_wrote(tmp_path, capsys):
+    pytest.importorskip("optuna")
+    from orchestrator import cli
+
+    store = build_mixed_run(tmp_path / "run", n=12, space={"x": {"type": "float", "low": 0.0, "high": 1.0}})
+    assert cli.main(["report", store.run_dir, "--out", str(tmp_path / "rep")]) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert lines[-1] == "qbatch: report: importance.png not drawn: the space has one parameter ('x'): its importance is 1"
+    assert f"wrote {tmp_path / 'rep' / 'slice.png'}" in lines
+    assert "not drawn" not in captured.err
+    assert logging.getLogger("orchestrator.report").level == logging.NOTSET  # put back
