@@ -83,19 +83,26 @@ def distributions(space: Mapping[str, Mapping[str, Any]], rows: Sequence[Mapping
     return out
 
 
-def _param_value(dist: Any, value: Any) -> Any:
-    """`value` in the form `dist` takes (a clamped float, an int, a choice's label); None when it has none."""
+#: what `_param_value` gives for a value that `dist` cannot take (None is a choice a space may have)
+_OFF = object()
+
+
+def _param_value(dist: Any, value: Any, present: bool = True) -> Any:
+    """`value` in the form `dist` takes (a clamped float, an int, a choice's label); `_OFF` when it has none, or
+    the trial has no value (`present` False)."""
     from optuna.distributions import CategoricalDistribution, IntDistribution
 
+    if not present:
+        return _OFF
     if isinstance(dist, CategoricalDistribution):
         label = _choice_label(value)
-        return label if label in dist.choices else None
+        return label if any(label is c or (type(label) is type(c) and label == c) for c in dist.choices) else _OFF
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        return None
+        return _OFF
     v = min(max(float(value), dist.low), dist.high)  # a log float mapped back may lie an ulp outside
     if isinstance(dist, IntDistribution):
-        k = int(round(v))
-        return k if (k - dist.low) % dist.step == 0 else None
+        k = round(v)
+        return k if (k - dist.low) % dist.step == 0 else _OFF
     return v
 
 
@@ -113,8 +120,9 @@ def build_study(rows: Sequence[Mapping[str, Any]], space: Mapping[str, Mapping[s
         if state is None or (state == optuna.trial.TrialState.COMPLETE
                              and (value is None or not math.isfinite(value))):
             continue
-        params = {k: _param_value(d, (r.get("params") or {}).get(k)) for k, d in dists.items()}
-        if any(v is None for v in params.values()):
+        given = r.get("params") or {}
+        params = {k: _param_value(d, given.get(k), k in given) for k, d in dists.items()}
+        if any(v is _OFF for v in params.values()):
             continue
         trials.append(optuna.trial.create_trial(
             state=state, params=params, distributions=dists,
@@ -181,7 +189,7 @@ def parameter_figures(
     chunks = [params[len(params) * i // k:len(params) * (i + 1) // k] for i in range(k)]
     for i, chunk in enumerate(chunks):
         key = "slice" if len(chunks) == 1 else f"slice_{i + 1}"
-        fig = _draw(key, lambda: ovm.plot_slice(study, params=chunk, target_name=target), colour_bar=True)
+        fig = _draw(key, lambda chunk=chunk: ovm.plot_slice(study, params=chunk, target_name=target), colour_bar=True)
         if fig is not None:
             fig.set_size_inches(max(6.4, 3.6 * len(chunk)), 4.4)
             part = f" ({i + 1} of {len(chunks)})" if len(chunks) > 1 else ""

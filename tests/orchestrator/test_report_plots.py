@@ -197,13 +197,37 @@ def test_plots_that_cannot_be_drawn_are_skipped_with_their_reason(tmp_path, capl
     caplog.clear()
     lone = build_mixed_run(tmp_path / "lone", n=2, sobol=2, fail_every=2, forecasts=False)
     out = tmp_path / "one" / "report"
+    (out / "slice_3.png").write_bytes(PNG_SIGNATURE)  # a wider run's, reported into the same folder before
     with caplog.at_level(logging.INFO, logger="orchestrator.report"):
         _, paths = write_report(lone.run_dir, out_dir=str(out))
     for key in ("parallel_coordinates", "slice", "importance"):
         assert f"{key}.png not drawn: 1 completed trial(s) with the run's parameters; it needs 2" in caplog.text
         assert key not in paths and not (out / f"{key}.png").exists()
+    assert not (out / "slice_3.png").exists()
     for key in ("best_vs_evaluations", "best_vs_time", "utilization"):
         _png(paths[key])
+
+
+def test_the_study_takes_list_and_none_choices_and_leaves_out_trials_off_the_space():
+    optuna = pytest.importorskip("optuna")
+    from optuna.distributions import CategoricalDistribution
+
+    from orchestrator.report.study_plots import build_study
+
+    space = {"c": {"type": "choice", "choices": [None, True, [1, 2], {"a": 1}, "s"]},
+             "k": {"type": "int", "low": 0, "high": 10, "step": 5}}
+    rows = [{"trial_id": f"t{i}", "state": "completed", "value": float(i), "params": p} for i, p in enumerate([
+        {"c": [1, 2], "k": 5}, {"c": None, "k": 10}, {"c": {"a": 1}, "k": 0}, {"c": True, "k": 0},
+        {"c": "s", "k": 3},  # off the int's grid
+        {"k": 5},  # a parameter missing
+        {"c": "other", "k": 5},  # not one of the choices
+    ])] + [{"trial_id": "r", "state": "running", "value": None, "params": {"c": "s", "k": 5}}]
+    study = build_study(rows, space, "minimize")
+    trials = study.get_trials(deepcopy=False)
+    assert [t.user_attrs["trial_id"] for t in trials] == ["t0", "t1", "t2", "t3"]
+    assert trials[0].distributions["c"] == CategoricalDistribution([None, True, "[1, 2]", '{"a": 1}', "s"])
+    assert [t.params["c"] for t in trials] == ["[1, 2]", None, '{"a": 1}', True]
+    assert study.direction == optuna.study.StudyDirection.MINIMIZE and study.best_trial.value == 0.0
 
 
 def test_without_optuna_the_parameter_plots_are_skipped(tmp_path, caplog, monkeypatch):
@@ -256,7 +280,7 @@ def test_the_value_plot_shows_sources_failures_and_the_recommendation_at_each_re
     (over_time,) = [v for k, v in labels.items() if "over time" in k]
     assert over_time == ["best observed value", "evaluations finished"]
     events = store.events()
-    n, _, pred, params = recommendation_series(events, trials_table(events))
+    n, _, _, params = recommendation_series(events, trials_table(events))
     assert len(n) == len(params) == sum(ev.kind == "refit" for ev in events) and all(p for p in params)
 
 
