@@ -241,15 +241,29 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if args.out is not None and not args.out.strip():  # "" would be "the report folder: No such file"
         raise UsageError(f"`--out` must name a folder; got {args.out!r}")
     store = _open_run(args.run_dir)
+    # the plots the report leaves out, each with its reason (logged at INFO by orchestrator/report/), are
+    # printed after the files it wrote
+    notes: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: notes.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("orchestrator.report")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
     try:
         metrics, paths = write_report(args.run_dir, out_dir=args.out, store=store)
     except OSError as exc:  # --out (or the default report folder) cannot be written
         where = f"`--out` {args.out}" if args.out is not None else "the report folder"
         raise UsageError(f"{where}: {exc.strerror or exc} ({exc.filename})") from None
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
     print(format_summary(metrics))
     print()
     for name, path in paths.items():
         print(f"wrote {path}")
+    for line in notes:
+        print(line)
     return EXIT_OK
 
 

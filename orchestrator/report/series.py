@@ -1,5 +1,6 @@
-"""The time series of a run, read from its trials and events: best so far, the model's predictions, the
-evaluations' intervals, the actor sessions' spans and slots, utilization, queue depth and the PIT of forecasts.
+"""The time series of a run, read from its trials and events: best so far, the model's recommendation and its
+prediction at each refit, the evaluations' intervals, the actor sessions' spans and slots, utilization, queue
+depth, and the PIT and central intervals of the forecasts.
 
 Each is a plain function of the log (orchestrator/store/), for `compute_metrics` and the report's plots;
 the definitions are in orchestrator/report/metrics.py's docstring. Time axes with session spans cut out the
@@ -50,15 +51,25 @@ def best_so_far(trials: Sequence[TrialRecord], direction: str) -> tuple[np.ndarr
 
 
 def predicted_series(events: Sequence[Event], trials: Sequence[TrialRecord]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(results the fit was trained on, time, best_predicted) at each refit event that records it. The count is
-    the event's `info["n"]`; where it is missing, the evaluations finished by the time of the event (that
-    overstates what the model has seen: a fit on 15 results can be drawn at 40)."""
+    """(results the fit was trained on, time, best_predicted) at each refit event that records it: the model's
+    predicted target level of its recommendation when the fit ended (`recommendation_series` without the params)."""
+    ns, ts, vs, _ = recommendation_series(events, trials)
+    return ns, ts, vs
+
+
+def recommendation_series(
+    events: Sequence[Event], trials: Sequence[TrialRecord]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Mapping[str, Any] | None]]:
+    """(results the fit was trained on, time, best_predicted, best_params) at each refit event that records
+    `best_predicted`: the recommendation of each fit (an observed point) and the fit's predicted target level
+    there. The count is the event's `info["n"]`; where it is missing, the evaluations finished by the time of the
+    event (that overstates what the model has seen: a fit on 15 results can be drawn at 40)."""
     done = finished(trials)
     ends = np.array([t.ended_at for t in done], dtype=float)
     # `info["n"]` counts completed results (failures are no observations): the evaluations finished when the
     # n-th of them came in, on the plot's axis of finished evaluations
     nth_completed = [i + 1 for i, t in enumerate(done) if t.status == "completed"]
-    ts, ns, vs = [], [], []
+    ts, ns, vs, ps = [], [], [], []
     for ev in events:
         if ev.kind == "refit":
             v = _info_number(ev.info, ("best_predicted",))
@@ -70,7 +81,9 @@ def predicted_series(events: Sequence[Event], trials: Sequence[TrialRecord]) -> 
                 else:
                     ns.append(int(np.searchsorted(ends, ev.time, side="right")))
                 vs.append(v)
-    return np.array(ns, dtype=float), np.array(ts, dtype=float), np.array(vs, dtype=float)
+                params = ev.info.get("best_params")
+                ps.append(params if isinstance(params, Mapping) else None)
+    return np.array(ns, dtype=float), np.array(ts, dtype=float), np.array(vs, dtype=float), ps
 
 
 def _timed(trials: Sequence[TrialRecord]) -> list[TrialRecord]:
@@ -223,8 +236,10 @@ def _time_weighted_mean(times: np.ndarray, values: np.ndarray) -> float:
     return float(np.sum(values[:-1] * np.diff(times)) / (times[-1] - times[0]))
 
 
-def calibration(trials: Sequence[TrialRecord], direction: str) -> list[float]:
-    """PIT values F(y) of completed trials whose proposal recorded a forecast (see module docstring)."""
+def _forecast_groups(trials: Sequence[TrialRecord], direction: str) -> list[tuple[Any, np.ndarray, list[TrialRecord]]]:
+    """(Forecast, outcomes in the forecast's units `n`, trials `n`) per (family, tau) of the completed trials whose
+    proposal recorded a forecast; the forecasts are of the negated outcome where their record says so (a minimized
+    run's, by default)."""
     scored = [
         t
         for t in trials
@@ -241,16 +256,48 @@ def calibration(trials: Sequence[TrialRecord], direction: str) -> list[float]:
             groups.setdefault((str(fc["family"]), float(fc["tau"])), []).append(t)
         except (KeyError, TypeError, ValueError):
             continue
-    pit: list[float] = []
+    out = []
     for _, group in sorted(groups.items()):
         try:
             fc = Forecast.from_records([t.forecast for t in group])
         except (KeyError, TypeError, ValueError):
             continue
-        y = []
-        for t in group:
-            negated = t.forecast.get("negated", direction == "minimize")
-            y.append(-t.value if negated else t.value)
-        u = fc.cdf(np.asarray(y, dtype=float))
+        y = [-t.value if _negated(t, direction) else t.value for t in group]
+        out.append((fc, np.asarray(y, dtype=float), group))
+    return out
+
+
+def _negated(t: TrialRecord, direction: str) -> bool:
+    return bool(t.forecast.get("negated", direction == "minimize"))
+
+
+def calibration(trials: Sequence[TrialRecord], direction: str) -> list[float]:
+    """PIT values F(y) of completed trials whose proposal recorded a forecast (see module docstring)."""
+    pit: list[float] = []
+    for fc, y, _ in _forecast_groups(trials, direction):
+        u = fc.cdf(y)
         pit.extend(float(v) for v in u.tolist() if math.isfinite(v))
     return pit
+
+
+def forecast_intervals(
+    trials: Sequence[TrialRecord], direction: str, coverage: float = 0.8
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """(observed, predictive median, lower, upper, trial ids), each `n`, in the outcome's units, of the completed
+    trials whose proposal recorded a forecast: the forecast made when the trial was proposed (one step ahead)
+    and its central interval holding `coverage` of the predictive mass."""
+    obs, med, lo, hi, ids = [], [], [], [], []
+    levels = [(1 - coverage) / 2, 0.5, (1 + coverage) / 2]
+    for fc, y, group in _forecast_groups(trials, direction):
+        q = fc.quantile(levels).numpy()
+        for j, t in enumerate(group):
+            a, m, b = q[j]
+            if _negated(t, direction):
+                a, m, b = -b, -m, -a
+            obs.append(t.value)
+            med.append(m)
+            lo.append(a)
+            hi.append(b)
+            ids.append(t.trial_id)
+    return (np.asarray(obs, dtype=float), np.asarray(med, dtype=float), np.asarray(lo, dtype=float),
+            np.asarray(hi, dtype=float), ids)

@@ -2,15 +2,20 @@
 row per trial, with the failure's message and the objective's metrics as logged), into a local folder.
 
 Every file is written by a rename (`_write_atomic`): a reader, or a report interrupted half-way (a full disk),
-sees the previous file or the new one, never a truncated one. `qbatch report RUN_DIR` calls `write_report`.
+sees the previous file or the new one, never a truncated one. Its mode is the run's other files' (the store's
+`_Local.write_atomic`, orchestrator/store/filesystems.py): 0644 less the umask. A plot not drawn this time is
+removed, so that a previous report's does not stay beside this one's. `qbatch report RUN_DIR` calls
+`write_report`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
+import glob
 import io
 import os
+import uuid
 from typing import Any
 
 from orchestrator.report.metrics import RunMetrics, compute_metrics
@@ -18,6 +23,12 @@ from orchestrator.report.plots import _figure, figures
 from orchestrator.store import RunStore, trials_table
 
 __all__ = ["write_report"]
+
+#: the plots a report may draw (`figures`), besides `slice_1.png`, `slice_2.png`, ... of a run with many parameters
+PLOTS = ("best_vs_evaluations", "best_vs_time", "utilization", "predicted_vs_observed", "coverage", "pit_histogram",
+         "parallel_coordinates", "slice", "importance")
+#: the mode of each file, less the umask: the store's (orchestrator/store/filesystems.py)
+FILE_MODE = 0o644
 
 
 def write_report(
@@ -45,11 +56,15 @@ def write_report(
     paths: dict[str, str] = {}
     for key, fig in figures(plt, metrics, events, trials, config):
         paths[key] = _save(fig, plt, out_dir, f"{key}.png")
-    if not metrics.n_calibration:  # a previous report's plots (before log damage, or another run's in a shared
-        # --out) would stay beside a summary that says "forecasts scored 0"
-        for name in ("coverage.png", "pit_histogram.png"):
+    # a previous report's plots (before log damage, or another run's in a shared --out) would stay beside a
+    # summary that says "forecasts scored 0", or a run of fewer parameters
+    drawn = {os.path.abspath(p) for p in paths.values()}
+    stale = [os.path.join(out_dir, f"{key}.png") for key in PLOTS]
+    stale += glob.glob(os.path.join(glob.escape(out_dir), "slice_[0-9]*.png"))
+    for name in stale:
+        if os.path.abspath(name) not in drawn:
             with contextlib.suppress(FileNotFoundError):
-                os.remove(os.path.join(out_dir, name))
+                os.remove(name)
 
     f = io.StringIO(newline="")
     w = csv.writer(f)
@@ -83,37 +98,23 @@ def _csv_cell(v: Any) -> Any:
 def _save(fig: Any, plt: Any, out_dir: str, name: str) -> str:
     path = os.path.join(out_dir, name)
     buf = io.BytesIO()
-    fig.tight_layout()
+    if fig.get_layout_engine() is None:  # Optuna's figures keep the layout of its colour bars (study_plots.py)
+        fig.tight_layout()
     fig.savefig(buf, format="png")
     plt.close(fig)
     return _write_atomic(path, buf.getvalue())
 
 
-def _umask() -> int:
-    """The process's umask: from /proc where Linux shows it, else read by setting it and putting it back."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def _write_atomic(path: str, data: bytes) -> str:
     """Write `data` to `path` by a rename: a reader (or a report interrupted half-way) sees the old file or the
     new one, never a truncated one. The temporary file has a name of its own (two reports writing one folder
-    shared `path.tmp`) and is removed when the write fails (a full disk)."""
-    import tempfile
-
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=os.path.basename(path) + ".", suffix=".tmp")
+    shared `path.tmp`) and is removed when the write fails (a full disk). It is made with `FILE_MODE`, which the
+    umask narrows, as the store makes the run's files."""
+    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the report is read as the rest of the run is
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -8,6 +8,7 @@ Ray is engineer B's test; here the log is built by hand.
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import math
 from pathlib import Path
@@ -170,7 +171,10 @@ def _check_png(path: Path) -> None:
 def test_report_writes_valid_pngs_and_tables(tmp_path):
     store, _ = build_run(tmp_path / "run")
     metrics, paths = write_report(str(tmp_path / "run"))
-    expected = {"best_vs_evaluations", "best_vs_time", "utilization", "coverage", "pit_histogram", "summary", "trials"}
+    expected = {"best_vs_evaluations", "best_vs_time", "utilization", "coverage", "pit_histogram", "summary", "trials",
+                "predicted_vs_observed"}
+    # the parameter plots (tests/orchestrator/test_report_plots.py): one parameter has no importance plot
+    expected |= {"parallel_coordinates", "slice"} if importlib.util.find_spec("optuna") else set()
     assert set(paths) == expected
     for key in expected - {"summary", "trials"}:
         assert Path(paths[key]).parent == tmp_path / "run" / "report"
