@@ -1,5 +1,6 @@
 """Writing a run's report: its plots as PNG, `summary.csv` (the summary table, every digit) and `trials.csv` (one
-row per trial, with the failure's message and the objective's metrics as logged), into a local folder.
+row per trial, the columns of `qbatch.read_trials`: a typed column per parameter and per metric), into a local
+folder.
 
 Every file is written by a rename (`_write_atomic`): a reader, or a report interrupted half-way (a full disk),
 sees the previous file or the new one, never a truncated one. Its mode is the run's other files' (the store's
@@ -16,11 +17,13 @@ import glob
 import io
 import os
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from orchestrator.report.metrics import RunMetrics, compute_metrics
 from orchestrator.report.plots import _figure, figures
 from orchestrator.store import RunStore, trials_table
+from orchestrator.store.frame import log_rows, trials_frame
 
 __all__ = ["write_report"]
 
@@ -71,28 +74,11 @@ def write_report(
     w.writerow(["metric", "value"])
     w.writerows(metrics.summary_rows(full=True))
     paths["summary"] = _write_atomic(os.path.join(out_dir, "summary.csv"), f.getvalue().encode())
-    f = io.StringIO(newline="")
-    cols = ["trial_id", "status", "batch_id", "value", "error", "message", "node_id", "attempt", "proposed_at",
-            "started_at", "ended_at", "params", "metrics"]
-    w = csv.writer(f)
-    w.writerow(cols)
-    for t in trials:
-        d = t.to_dict()
-        info = d.get("info") or {}  # the failure's message and the objective's metrics (JSON), as logged
-        d["message"], d["metrics"] = info.get("message"), info.get("metrics")
-        w.writerow([_csv_cell(d[c]) for c in cols])
-    paths["trials"] = _write_atomic(os.path.join(out_dir, "trials.csv"), f.getvalue().encode())
+    # the columns of `qbatch.read_trials`: one per parameter (typed by the run's space) and per metric
+    frame = trials_frame(log_rows(events), config.get("space") if isinstance(config, Mapping) else None)
+    text = frame.to_csv(index=False, date_format="%Y-%m-%dT%H:%M:%S.%fZ")
+    paths["trials"] = _write_atomic(os.path.join(out_dir, "trials.csv"), text.encode())
     return metrics, paths
-
-
-def _csv_cell(v: Any) -> Any:
-    if v is None:
-        return ""
-    if isinstance(v, dict):
-        import json
-
-        return json.dumps(v, sort_keys=True)
-    return v
 
 
 def _save(fig: Any, plt: Any, out_dir: str, name: str) -> str:

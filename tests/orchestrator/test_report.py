@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from orchestrator.config import load_config
+from orchestrator.store.frame import read_trials
 from orchestrator.report import compute_metrics, format_summary, max_concurrency, write_report
 from orchestrator.store import Event, RunStore
 
@@ -184,15 +185,17 @@ def test_report_writes_valid_pngs_and_tables(tmp_path):
     assert rows["failures"].startswith("exception: ") and rows["completed"] == str(metrics.counts["completed"])
     with open(paths["trials"]) as f:
         trials = list(csv.DictReader(f))
-    assert len(trials) == 40 and {t["status"] for t in trials} == {"completed", "failed"}
-    # the failure's message and the objective's metrics (the helper found only the reason there), as Optuna's
-    # trials_dataframe shows user attributes
+    assert len(trials) == 40 and {t["state"] for t in trials} == {"completed", "failed"}
+    # the columns of qbatch.read_trials: one per parameter and per metric, not JSON text, with the failure's
+    # reason and message, as Optuna's trials_dataframe shows user attributes
+    assert list(trials[0]) == list(read_trials(str(tmp_path / "run")).columns)
     for t in trials:
-        if t["status"] == "failed":
-            assert t["message"] == f"{t['error']} of {t['trial_id']}" and t["metrics"] == "{}"
+        if t["state"] == "failed":
+            assert t["failure_message"] == f"{t['failure_reason']} of {t['trial_id']}"
+            assert t["metric_loss"] == "" and t["value"] == ""
         else:
-            assert json.loads(t["metrics"]) == {"loss": json.loads(t["params"])["x"], "curve": [1, 2]}
-            assert t["message"] == ""
+            assert float(t["metric_loss"]) == float(t["param_x"]) and t["metric_curve"] == "[1, 2]"
+            assert t["failure_message"] == ""
 
 
 def test_report_of_a_run_without_results(tmp_path):
@@ -267,19 +270,37 @@ def test_a_report_that_fails_half_way_leaves_the_previous_tables_whole(tmp_path,
     _, paths = write_report(store.run_dir)
     before = {k: Path(paths[k]).read_bytes() for k in ("summary", "trials")}
     assert before["trials"].count(b"\n") > 10
-    calls = {"n": 0}
-    cell = R._csv_cell
+    calls = {"n": 0, "path": ""}
+    fdopen, os_open = R.os.fdopen, R.os.open
 
-    def failing(v):
-        calls["n"] += 1
-        if calls["n"] > 50:
+    def opening(path, *args):
+        calls["path"] = str(path)
+        return os_open(path, *args)
+
+    class Full:
+        """A file whose write stops half way on a full disk: what it wrote is on disk, the rest is not."""
+
+        def __init__(self, fd, mode):
+            self.f = fdopen(fd, mode)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, data):
+            if "trials.csv" not in calls["path"]:  # the plots and summary.csv are written whole
+                return self.f.write(data)
+            calls["n"] += 1
+            self.f.write(data[: len(data) // 2])
             raise OSError(28, "No space left on device")
-        return cell(v)
 
-    monkeypatch.setattr(R, "_csv_cell", failing)
+    monkeypatch.setattr(R.os, "open", opening)
+    monkeypatch.setattr(R.os, "fdopen", Full)
     with pytest.raises(OSError):
         write_report(store.run_dir)
-    assert calls["n"] > 50
+    assert calls["n"] == 1
     assert {k: Path(paths[k]).read_bytes() for k in ("summary", "trials")} == before
     assert not list(Path(paths["trials"]).parent.glob("*.tmp"))
 
