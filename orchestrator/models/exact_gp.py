@@ -31,7 +31,8 @@ from orchestrator.errors import ConfigError, InputDataError
 from orchestrator.models.base import TKWARGS, SparseLatentParts, Surrogate, check_training_data
 from orchestrator.models.likelihoods import check_tau
 from orchestrator.models.mll_fit import check_fit_maxiter, fit_exact_mll
-from orchestrator.models.svgp import JITTER_REL, MIN_VARIANCE, standardization
+from orchestrator.models.svgp_options import standardization
+from orchestrator.models.two_latent_svgp import JITTER_REL, MIN_VARIANCE
 
 __all__ = ["ExactGP", "KERNEL", "KERNEL_LEGACY"]
 

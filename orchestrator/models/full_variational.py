@@ -60,7 +60,7 @@ SITE_TRAIL = 4
 #: the gap per datum between the model's loss and the sites' at the sites' optimum past which the fit goes on
 #: on the model's loss (`_profile_loss`)
 MODEL_GAP = 1e-3
-#: the floor of the model's marginal variances (`svgp.MIN_VARIANCE`: `TwoLatentSVGP.marginals` clamps there)
+#: the floor of the model's marginal variances (`two_latent_svgp.MIN_VARIANCE`: `TwoLatentSVGP.marginals` clamps there)
 MIN_VARIANCE = 1e-12
 #: rows of X and Z closer than this in max-norm are one input (the tolerance of `allocation.unique_rows`)
 MATCH_TOL = 1e-9

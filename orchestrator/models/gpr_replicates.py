@@ -33,7 +33,7 @@ from orchestrator.models.base import TKWARGS, SparseLatentParts, Surrogate, chec
 from orchestrator.models.distributions import al_constants
 from orchestrator.models.likelihoods import check_tau
 from orchestrator.models.kernels import matern52
-from orchestrator.models.svgp import standardization
+from orchestrator.models.svgp_options import standardization
 
 __all__ = ["ReplicateQuantileGP", "group_replicates", "bootstrap_quantiles"]
 
