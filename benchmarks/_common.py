@@ -1,6 +1,6 @@
 """Shared helpers of the benchmark scripts: confidence intervals, paired comparisons, tables and files.
 
-Used by the reproduction benchmarks of issue 8 (benchmarks/gld.py and the others): Student-t confidence
+Used by the reproduction benchmarks (benchmarks/gld.py and the others): Student-t confidence
 intervals of a mean over repetitions (problems, runs, seeds), paired differences between two methods over
 the same repetitions, a plain-text table printer, writers for CSV + Parquet (pyarrow) tables and PNG
 plots (matplotlib, Agg backend) of a curve's mean with its confidence band, and the checkpointed run

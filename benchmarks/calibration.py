@@ -36,7 +36,7 @@ to `--out` (default results/calibration/). The noisy-Ackley run writes noisy_ack
 row per method x seed x step), noisy_ackley_runs.csv/.parquet, noisy_ackley_summary.csv/.parquet,
 noisy_ackley_paired.csv/.parquet (LOCBO vs the others, paired over seeds) and noisy_ackley.png.
 
-GLD quantile problems with Thompson batches (`--gld`, issue 5): the quantile SVGP (model "quantile") with
+GLD quantile problems with Thompson batches (`--gld`): the quantile SVGP (model "quantile") with
 Thompson sampling (proposer "thompson") maximises the tau-quantile of GLD problems (objectives.gld) through
 `orchestrator.ask_tell.AskTellOptimizer` in synchronous batches (as benchmarks/gld.py: ask B, evaluate B, tell B,
 refit, recommend with `best()`; simple regret q* - q_tau(x_hat) from the exact GLD quantile, q* the L-BFGS-B

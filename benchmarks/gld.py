@@ -83,7 +83,7 @@ METHODS: dict[str, Method] = {
     "sobol": Method("exact-gp", "sobol"),
     "random": Method("exact-gp", "random"),
 }
-#: the methods of issue 8's GLD target, and the quantile methods they are compared with
+#: the methods of the GLD acceptance target, and the quantile methods they are compared with
 QUANTILE_METHODS = ("quantile-ts", "qgibbon", "qgibbon-rescaled")
 BASELINES = ("gpr-ei", "hetgp-ts", "qlognei")
 

@@ -1,4 +1,4 @@
-"""How well does each surrogate recover a GLD problem's tau-quantile from the same data? (issue 8, GLD follow-up)
+"""How well does each surrogate recover a GLD problem's tau-quantile from the same data? (a GLD follow-up)
 
 The GLD benchmark (benchmarks/gld.py) compares whole optimization loops; there HetGP with Thompson sampling
 ties or beats the quantile SVGP. This benchmark isolates the model: on each GLD problem (objectives/gld.py,

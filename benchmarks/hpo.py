@@ -1,4 +1,4 @@
-"""Hyperparameter optimization: quantile TS against qLogNEI and random search at equal evaluations (issue 8).
+"""Hyperparameter optimization: quantile TS against qLogNEI and random search at equal evaluations.
 
 The HPO tasks of the calibrated-BO papers (calibrated-bo.md §2.3) with qbatch's objectives: `cnn`
 (objectives/cnn.py: 6 training hyperparameters -> held-out classification error; default data scikit-learn's

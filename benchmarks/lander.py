@@ -84,7 +84,7 @@ PAPER_TABLE1: dict[tuple[float, str], dict[int, tuple[float, float]]] = {
     (0.02, "hetgp-ts"): {750: (-35.1, 31.9), 1500: (-19.2, 25.2)},
     (0.02, "quantile-ts"): {750: (193.8, 56.4), 1500: (238.9, 14.6)},
 }
-#: issue 8's acceptance target: 10%-quantile reward of quantile TS at 1500 evaluations
+#: the acceptance target: 10%-quantile reward of quantile TS at 1500 evaluations
 TARGET = {"tau": 0.1, "method": "quantile-ts", "min_reward": 240.0}
 #: the paper's protocol (spec §4.2); the target is judged only on runs of this protocol
 FULL: dict[str, Any] = {"taus": [0.1, 0.02], "initial": 300, "budget": 1500, "batch": 25, "runs": "10",

@@ -91,7 +91,7 @@ METHODS: dict[str, Method] = {
     "exact-ts": Method("exact-gp", "thompson"),
 }
 DEFAULT_METHODS = ("quantile-ts", "qgibbon", "gpr-ei")
-#: issue 8's acceptance target: quantile TS within 5% of the optimum quantile at the end (full protocol)
+#: the acceptance target: quantile TS within 5% of the optimum quantile at the end (full protocol)
 TARGET = {"method": "quantile-ts", "max_rel_pct": 5.0}
 #: the paper's protocol (spec §4.3)
 FULL: dict[str, Any] = {"initial": 400, "batches": 12, "batch": 100, "runs": "10"}

@@ -1,4 +1,4 @@
-"""Load test of a run's central actor (issue 7 item 8): thousands of short evaluations, each logged once.
+"""Load test of a run's central actor: thousands of short evaluations, each logged once.
 
 A real qbatch run on a local Ray: `--evals` (default 5,000) evaluations of a ~10 ms objective
 (`objectives.timing.SleepObjective` with a fixed delay), proposed in batches of 500, with 64 evaluations in

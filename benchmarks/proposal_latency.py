@@ -1,6 +1,6 @@
 """Proposal latency: one Thompson-sampling batch and one warm refit, qbatch beside BoTorch, on the same data.
 
-Issue 2's benchmark (quantile-expectile-bo.md §2 for the sampler, §1.4-1.6 for the model). Per setting
+Sources: quantile-expectile-bo.md §2 for the sampler, §1.4-1.6 for the model. Per setting
 (n observations, d dims, m inducing points, q batch size) it times, in one process and on one data set:
 
 (a) **batch proposal** — qbatch: `ThompsonSampling.propose` on a fitted `QuantileSVGP` (q Matheron paths

@@ -1,4 +1,4 @@
-"""Worker utilization of qbatch against a plain Ray loop and Ray Tune (issue 4, "Benchmark").
+"""Worker utilization of qbatch against a plain Ray loop and Ray Tune.
 
 U = busy evaluation time / (slots x span), the span running from the first evaluation's start to the last
 one's end; busy time is measured inside each evaluation around the objective call, the same way for every
@@ -28,7 +28,7 @@ Usage (inside scripts/loopback):
     python benchmarks/utilization.py --out bench-out            # 640 evaluations, Tune with --tune-evals 160
     python benchmarks/utilization.py --quick --out /tmp/u        # 96 evaluations of ~0.5 s, a small model
 Writes utilization.csv (one row per system and repeat) and summary.csv (per system: mean U, 95% CI, ratios).
-Targets (issue 4): qbatch U >= 0.9, >= 3x Ray Tune's best, within 0.05 of the plain Ray loop.
+Targets: qbatch U >= 0.9, >= 3x Ray Tune's best, within 0.05 of the plain Ray loop.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""cluster.yaml is a valid Ray cluster-launcher config, checked with Ray's own schema (issue 4 item 6), whose
+"""cluster.yaml is a valid Ray cluster-launcher config, checked with Ray's own schema, whose
 nodes all install the same Ray and the torch build their hardware uses.
 
 `prepare_config` fills in the provider's defaults exactly as `ray up` does, and `validate_config` checks

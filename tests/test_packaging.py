@@ -1,4 +1,4 @@
-"""What the built distributions carry (review of a fresh, non-editable install): the wheel holds the packages,
+"""What the built distributions carry (a fresh, non-editable install): the wheel holds the packages,
 the example configs (`qbatch run examples/quickstart.yaml` works outside a checkout) and the licence, and no
 tests; the sdist holds what the README's two commands and the test suite need. Built with the installed
 setuptools from a copy of the repository's files, so the checkout is not touched."""

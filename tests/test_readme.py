@@ -157,7 +157,7 @@ def test_every_yaml_config_in_the_readme_is_valid():
 
 
 def test_the_readme_is_a_front_door_of_at_most_300_lines():
-    """Reference material, benchmark notes and history live in docs/ (issue 52 item 6); the README
+    """Reference material, benchmark notes and history live in docs/; the README
     links there."""
     lines = README.splitlines()
     assert len(lines) <= 300, f"README.md has {len(lines)} lines"

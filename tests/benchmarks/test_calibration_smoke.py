@@ -209,9 +209,9 @@ def test_gld_bad_arguments(load_benchmark, tmp_path):
 
 
 def test_fraction_beats_none_ties_minima_equal_to_four_digits(load_benchmark):
-    """Found in review: a 1e-9 tolerance scored runs that all sat at Forrester's global minimum by the last digits
-    of the optimizer (a run 9 steps to the minimum "beat" one that took 7). Minima equal to 4 significant digits
-    now tie, and the tie goes to fewer steps."""
+    """Minima equal to 4 significant digits tie, and the tie goes to fewer steps: a 1e-9 tolerance would score
+    runs that all sit at Forrester's global minimum by the last digits of the optimizer (a run 9 steps to the
+    minimum "beating" one that took 7)."""
     mod = load_benchmark("calibration")
 
     def row(method, seed, minimum, steps, acquisition="ucb"):
@@ -235,8 +235,8 @@ def test_fraction_beats_none_ties_minima_equal_to_four_digits(load_benchmark):
 
 
 def test_fraction_beats_none_compares_within_one_acquisition(load_benchmark):
-    """Found in review: LOCBO and conformal run EI where the function's acquisition is PI or UCB, and were scored
-    against `none` under PI/UCB, so their "gains" were in part PI -> EI. They are scored against `none-ei`."""
+    """LOCBO and conformal run EI where the function's acquisition is PI or UCB, so they are scored against
+    `none-ei`, not `none` under PI/UCB (their "gains" would be in part PI -> EI)."""
     mod = load_benchmark("calibration")
 
     def row(method, seed, minimum, acquisition):

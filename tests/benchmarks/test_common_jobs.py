@@ -95,8 +95,8 @@ def test_drive_guarded_turns_an_exception_into_an_error_and_reports_a_pause(tmp_
 
 
 def test_option_flags_refuse_unknown_names_in_every_benchmark(load_benchmark):
-    """Found in review: `--model-options '{"quantil": {...}}'` was ignored without a word (lander, laser, gld,
-    hpo), gld's `--quick` dropped the user's options, and hpo took `[1]` until every job failed."""
+    """`--model-options '{"quantil": {...}}'` is refused, not ignored without a word (lander, laser, gld, hpo);
+    gld's `--quick` keeps the user's options, and hpo refuses `[1]` rather than take it until every job fails."""
     import pytest
 
     from benchmarks._common import merge_options
@@ -171,9 +171,9 @@ def counting_job(checkpoint: Path | None = None, deadline: float | None = None, 
 
 
 def test_a_resumed_run_names_the_code_of_every_session_that_advanced_it(tmp_path):
-    """Found in review: a run continued from a checkpoint was labelled with the resuming code only, though its
-    first evaluations were made by older code. The checkpoint keeps the code of each session that advanced it;
-    one from before that was recorded counts as unrecorded."""
+    """A run continued from a checkpoint is labelled with the code of each session that advanced it (the
+    checkpoint keeps them), not the resuming code only; a checkpoint without that record counts as
+    unrecorded."""
     import torch as _torch
 
     from benchmarks._common import code_version

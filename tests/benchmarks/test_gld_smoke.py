@@ -1,7 +1,7 @@
 """Smoke run of benchmarks/gld.py (`--quick`: d = 3, tau = 0.75, batch 10, 2 problems, 3 methods, 40
 evaluations): the checkpoint table's rows, regrets against the exact GLD quantile, the summary, the paired
-comparison and the plot; and the same run repeated in a fresh process gives the same recommendations (issue 8:
-runs are reproducible from their config and seed). The full grid never runs in tests."""
+comparison and the plot; and the same run repeated in a fresh process gives the same recommendations (runs are
+reproducible from their config and seed). The full grid never runs in tests."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def test_tables_only_rebuilds_the_tables_from_the_run_files_and_runs_nothing(qui
         again = mod.main(["--quick", "--tables-only", "--methods", "quantile-ts", "gpr-ei", "random",
                           "--out", str(copy)])
     assert "[gld] 0 runs to do" in printed.getvalue()
-    # found in review: a setting missing HetGP-TS and qLogNEI counted toward "beats all present baselines"
+    # a setting missing HetGP-TS and qLogNEI does not count toward "beats all present baselines"
     assert "quantile-ts: beats every baseline in 0/0 complete settings (1 more with a baseline missing or " \
            "partial)" in printed.getvalue()
     assert sorted(p.name for p in (copy / "runs").iterdir()) == files
@@ -344,9 +344,9 @@ def test_quick_mode_takes_the_flags_given(load_benchmark, tmp_path):
 
 
 def test_rows_restored_from_an_older_checkpoint_take_the_runs_settings(load_benchmark):
-    """Found in review: rows restored from a checkpoint written before rows held their settings were tagged as
-    the defaults', so a resumed non-default run lost its early checkpoints from the tables. The checkpoint's key
-    already matched the run's settings, so they take the run's tag."""
+    """Rows restored from a checkpoint whose rows hold no settings take the run's tag (the checkpoint's key
+    matches the run's settings), not the defaults', so a resumed non-default run keeps its early checkpoints in
+    the tables."""
     from objectives.gld import GLDProblem
 
     mod = load_benchmark("gld")

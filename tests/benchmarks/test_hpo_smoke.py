@@ -131,7 +131,7 @@ def test_hpo_resume_reruns_a_run_of_another_protocol(tmp_path, load_benchmark):
         assert {(r["seed"], r["n_evals"]) for r in result["rows"]} == {(s, n) for s in (0, 1) for n in (3, 5)}
         assert {int(float(r["budget"])) for r in read_table(s0)} == {mod.QUICK["budget"]}  # run again, replaced
         assert s1.stat().st_mtime_ns == kept  # a matching run is skipped
-        # found in review: another quantile level was not another protocol (`--resume --tau 0.9` skipped both)
+        # another quantile level is another protocol (`--resume --tau 0.9` must not skip both)
         result = mod.main(argv + ["--resume", "--tau", "0.9"])
         assert {float(r["tau"]) for r in read_table(s0)} == {float(r["tau"]) for r in read_table(s1)} == {0.9}
         assert {r["tau"] for r in result["rows"]} == {0.9}

@@ -1,4 +1,4 @@
-"""Smoke run of benchmarks/load.py (issue 7 item 8): `--quick` (120 evaluations on 4 slots; ~35 s here, most of
+"""Smoke run of benchmarks/load.py: `--quick` (120 evaluations on 4 slots; ~35 s here, most of
 it Ray's and the actor's start-up; default suite) and the full 5,000 evaluations on 64 slots with the peak
 memory compared at 1,000 (marked `benchmark`). Every result is logged exactly once, the central actor's peak
 memory is measured and bounded, and the tables are printed. Run inside scripts/loopback."""
@@ -45,7 +45,7 @@ def test_load_benchmark_quick(tmp_path):
 
 
 @pytest.mark.benchmark
-@pytest.mark.slow  # issue 7: the marked slow suite runs node loss and load
+@pytest.mark.slow  # the marked slow suite runs node loss and load
 def test_load_benchmark_full_5000_evaluations_on_64_slots(tmp_path):
     proc, rows, memory = _run(tmp_path, timeout=1800)
     _check(proc, rows, memory, 1000, 5000)

@@ -1,4 +1,4 @@
-"""Smoke run of benchmarks/utilization.py (`--quick`, in the default suite, issue 8: every benchmark's quick mode
+"""Smoke run of benchmarks/utilization.py (`--quick`, in the default suite: every benchmark's quick mode
 runs in CI): every system runs, the CSV has one row each with a utilization in (0, 1] and the ratio columns."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""User objectives for the fault tests (issue 7 items 1-2), loaded by import path
+"""User objectives for the fault tests, loaded by import path
 ``tests.faults.objectives:PidRecorder`` as any user objective is (objectives/registry.py).
 
 `PidRecorder` tells the test whom to kill: at the start of each evaluation it writes one JSON file into

@@ -1,4 +1,4 @@
-"""Issue 7 item 9: a local run (no `address`) starts a Ray that binds to loopback only, and is local.
+"""A local run (no `address`) starts a Ray that binds to loopback only, and is local.
 
 Inside `scripts/loopback` only `lo` exists, so any Ray binds to 127.0.0.1 and a check there proves nothing.
 These tests therefore run the driver in a fresh network namespace of its own that looks like a machine on a

@@ -1,4 +1,4 @@
-"""Issue 7 item 9: nothing in a run directory is unpickled. A finished real run's directory gets malicious
+"""Nothing in a run directory is unpickled. A finished real run's directory gets malicious
 pickles planted in every place qbatch reads (checkpoints, the event log's segments - as raw pickle bytes and
 as a Parquet column whose Arrow extension metadata is a pickle, the pyarrow CVE-2023-47248 vector - and
 odd files beside them), then `qbatch status`, `qbatch report`, `resume_experiment` and

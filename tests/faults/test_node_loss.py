@@ -1,4 +1,4 @@
-"""Issue 7 item 2 (node loss): a worker node of a `ray.cluster_utils.Cluster` (all on loopback) is removed
+"""A worker node of a `ray.cluster_utils.Cluster` (all on loopback) is removed
 mid-run; the evaluations it was running are re-run on the other nodes (or recorded failed, "worker-lost",
 with ``max_retries: 0``) and the run completes with exactly `budget` records, one per trial id.
 

@@ -1,4 +1,4 @@
-"""Issue 7 item 9: run-directory names from configs cannot escape their parent folder.
+"""Run-directory names from configs cannot escape their parent folder.
 
 A run's folder is `run_dir` if the config (or ``--run-dir``) gives one, else ``runs/<name>-<timestamp>``.
 A `name` that is a path ("../x", "/abs/x", "a/../../b") and a `run_dir` with a ".." component are refused
@@ -151,9 +151,9 @@ def test_run_dir_that_is_a_non_empty_folder_is_refused(tmp_path):
 
 
 def test_a_run_dir_under_the_home_folder_is_expanded_not_made_below_the_working_directory(tmp_path, monkeypatch):
-    """Found in review: `run_dir: ~/runs/x` made a folder named `~` in the working directory; objective paths
-    expanded `~`, the run directory did not. Here the home run directory already holds a run, so the run is
-    refused naming the expanded path, before Ray starts (before the fix it went on to `./~/runs/x`)."""
+    """`run_dir: ~/runs/x` expands `~`, as objective paths do, rather than making a folder named `~` in the
+    working directory. Here the home run directory already holds a run, so the run is refused naming the
+    expanded path, before Ray starts (unexpanded, it would go on to `./~/runs/x`)."""
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir()
     work.mkdir()

@@ -1,4 +1,4 @@
-"""Issue 7 item 1 (worker loss): SIGKILL the process of a running evaluation during a real run.
+"""SIGKILL the process of a running evaluation during a real run.
 
 Evaluations run in a forked child of the Ray worker by default (``isolate="process"``, workers/evaluate.py).
 Killing the child is a crash of the evaluation: one failed record ("crash"), never re-run. Killing the Ray

@@ -1,4 +1,4 @@
-"""Issue 7 item 3: SIGKILL the central actor mid-run. Ray restarts it, it rebuilds from the log and carries
+"""SIGKILL the central actor mid-run. Ray restarts it, it rebuilds from the log and carries
 on; the evaluations that were running keep running (their tasks belong to the run's `EvaluationPool`, not
 to the actor), and the ones that finished while it was down are collected by the new actor - recorded once,
 never re-run, never lost."""

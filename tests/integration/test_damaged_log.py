@@ -1,4 +1,4 @@
-"""Issue 7 item 7 end to end: a run's event log is damaged (one segment truncated, one with bytes flipped in
+"""A run's event log is damaged (one segment truncated, one with bytes flipped in
 the middle); `resume_experiment` keeps every intact record, reports exactly which events were dropped, runs
 again what was lost, and finishes with every trial recorded once and the count equal to the budget."""
 

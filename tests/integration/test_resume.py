@@ -1,4 +1,4 @@
-"""Issue 4 / issue 7 item 4 acceptance: SIGKILL the driver and the central actor mid-run, then
+"""Acceptance: SIGKILL the driver and the central actor mid-run, then
 `resume_experiment` finishes it; no completed result is lost or duplicated and the count equals the budget."""
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ def test_sigkill_driver_and_actor_then_resume(ray_local, tmp_path):
 
 
 def test_a_driver_killed_with_its_own_local_ray_leaves_the_run_free_to_resume(ray_local, tmp_path):
-    """`qbatch run` with its own local Ray, SIGKILLed: its leftover actors end with their raylet (found in review:
-    the central actor lived on holding the writer lock, and `qbatch resume` was refused as if another run were
+    """`qbatch run` with its own local Ray, SIGKILLed: its leftover actors end with their raylet (a central
+    actor living on would hold the writer lock, and `qbatch resume` would be refused as if another run were
     writing; `tests/workers/test_node_watch.py` tests the watch that ends them), and the run resumes to its
     budget with every result once."""
     budget = 24
@@ -137,8 +137,8 @@ def test_resume_proposes_from_the_checkpointed_model(ray_local, tmp_path):
 
 
 def test_a_second_resume_of_a_running_run_is_refused_and_loses_nothing(ray_local, tmp_path):
-    """Two writers of one log lost results silently (found in review); the central actor holds the run's
-    writer lock, so a resume while the run goes on is one error naming the holder, before Ray is touched."""
+    """Two writers of one log would lose results silently; the central actor holds the run's writer lock, so a
+    resume while the run goes on is one error naming the holder, before Ray is touched."""
     import threading
 
     from orchestrator.runner import run_experiment
@@ -201,9 +201,9 @@ def test_a_relative_data_path_is_stored_absolute_and_resumes_from_anywhere(ray_l
 
 
 def test_sigterm_to_the_process_group_starts_nothing_new(ray_local, tmp_path):
-    """Found in review: SIGTERM to the whole process group (SLURM's scancel, a group kill) also stops Ray's GCS, so
-    the driver's `ray.kill` of the central actor (a GCS request) did nothing and the actor went on proposing and
-    starting evaluations for 6-9 s until its raylet drained. The driver now tells the actor to stop directly."""
+    """SIGTERM to the whole process group (SLURM's scancel, a group kill) also stops Ray's GCS, so a `ray.kill`
+    of the central actor (a GCS request) does nothing and the actor would go on proposing and starting
+    evaluations for 6-9 s until its raylet drained: the driver tells the actor to stop directly."""
     cfg = run_config(tmp_path, "group-term", objective={"name": "sleep", "options": {"mean_s": 1.0, "cv": 0.3,
                      "num_cpus": 0.5}}, tau=0.3, batch_size=8, initial_design=8, budget=80)
     run_dir = cfg["run_dir"]

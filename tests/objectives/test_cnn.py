@@ -148,8 +148,8 @@ def test_bad_options_are_named(tmp_path: Path) -> None:
     for _ in range(2):
         with pytest.raises(ObjectiveError, match=r"option 'conv_layers'=4 pools 'digits' images of side 8"):
             deep.data
-    # found in review: a wrong data folder passed the config check and failed every evaluation; now refused
-    # when built (the README: every key is checked before Ray starts), naming the option and what is missing
+    # a wrong data folder is refused when built, not at every evaluation (the README: every key is checked
+    # before Ray starts), naming the option and what is missing
     with pytest.raises(ObjectiveError, match=r"option 'data_dir': CIFAR-10 directory '.*absent' does not exist.*"
                                              r"'check_data': false if it exists only on the worker nodes"):
         CNNTraining(dataset="cifar10", data_dir=tmp_path / "absent")
@@ -170,7 +170,7 @@ def test_bad_options_are_named(tmp_path: Path) -> None:
     for device in ("cuda", "cuda:1"):
         with pytest.raises(ObjectiveError, match=rf"option 'device'='{device}' needs option 'num_gpus' > 0"):
             CNNTraining(device=device)
-    # found in review: 'cuda:1' with one GPU per evaluation names a device the task never sees (Ray gives it cuda:0)
+    # 'cuda:1' with one GPU per evaluation names a device the task never sees (Ray gives it cuda:0)
     with pytest.raises(ObjectiveError, match=r"option 'device'='cuda:1': an evaluation with num_gpus=1 sees cuda:0 to "
                                              r"cuda:0"):
         CNNTraining(device="cuda:1", num_gpus=1)
@@ -192,7 +192,7 @@ def test_resources_default_cpu_and_optional_gpu() -> None:
     assert CNNTraining().resources == Resources(num_cpus=1.0, num_gpus=0.0)
     assert CNNTraining(num_cpus=4, num_gpus=0.5).resources.to_ray_options() == {"num_cpus": 4.0, "num_gpus": 0.5}
     assert CNNTraining.resources == Resources()  # the class default is untouched
-    # found in review: nothing let a user declare the memory a CIFAR-10/SVHN evaluation needs
+    # a user can declare the memory a CIFAR-10/SVHN evaluation needs
     assert CNNTraining(memory=2 * 2**30).resources.to_ray_options() == {"num_cpus": 1.0, "num_gpus": 0.0,
                                                                       "memory": 2 * 2**30}
     with pytest.raises(ObjectiveError, match=r"option 'memory' must be None or an integer >= 1; got 1.5"):
@@ -200,8 +200,8 @@ def test_resources_default_cpu_and_optional_gpu() -> None:
 
 
 def test_channel_stats_sum_in_chunks_without_a_float64_copy_of_the_set() -> None:
-    """Found in review: the per-channel statistics made a float64 copy of the whole training set (2.9 GB peak
-    for CIFAR-10 in every CNN worker). Chunked sums give the same mean and std with a small, bounded peak."""
+    """The per-channel statistics make no float64 copy of the whole training set (2.9 GB peak for CIFAR-10 in
+    every CNN worker): chunked sums give the same mean and std with a small, bounded peak."""
     import tracemalloc
 
     from objectives.datasets import ImageDataset

@@ -213,8 +213,8 @@ def test_lee_file_is_the_one_gensim_names() -> None:
 
 
 def test_pixels_and_labels_that_are_not_as_stored_are_refused(tmp_path: Path) -> None:
-    """Found in review: float pixels in [0, 1] were cast to 0/1 and ints wrapped (300 -> 44), SVHN's 1.5 was cut to
-    1, and bytes labels escaped as numpy's ValueError with no path: the CNN trained on garbage without a word."""
+    """Float pixels in [0, 1] are not cast to 0/1, ints do not wrap (300 -> 44), SVHN's 1.5 is not cut to 1, and
+    bytes labels do not escape as numpy's ValueError with no path: the CNN never trains on garbage silently."""
     from scipy.io import savemat
 
     bad_cifar = [
@@ -238,8 +238,8 @@ def test_pixels_and_labels_that_are_not_as_stored_are_refused(tmp_path: Path) ->
 
 
 def test_the_usual_wrong_folders_get_a_hint(tmp_path: Path) -> None:
-    """Found in review: the CIFAR parent folder, an archive, and the bydate-train folder itself got accurate
-    errors that did not say what to give instead."""
+    """The CIFAR parent folder, an archive, and the bydate-train folder itself get errors that say what to give
+    instead."""
     _write_cifar(tmp_path / "cifar" / "cifar-10-batches-py")
     with pytest.raises(DatasetError, match=r"holds the batches in 'cifar-10-batches-py': give '.*cifar-10-batches-py'"):
         load_cifar10(tmp_path / "cifar")
@@ -252,7 +252,7 @@ def test_the_usual_wrong_folders_get_a_hint(tmp_path: Path) -> None:
 
 
 def test_hidden_files_are_not_newsgroup_messages(tmp_path: Path) -> None:
-    """Found in review: a `.DS_Store` or macOS `._1000` in a group folder was read as a document."""
+    """A `.DS_Store` or macOS `._1000` in a group folder is not read as a document."""
     _write_newsgroups(tmp_path / "news")
     group = tmp_path / "news" / "20news-bydate-train" / "sci.space"
     (group / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1\x00")

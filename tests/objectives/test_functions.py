@@ -167,8 +167,8 @@ def test_bounds_without_the_known_optimum_still_evaluate(name):
 
 
 def test_point_rng_draws_depend_on_the_point_and_seed_only():
-    """Same seed and point, same draws; another seed or point, others. -0.0 is the point 0.0: its bytes differ, and
-    it drew other noise for the same evaluation (found in review)."""
+    """Same seed and point, same draws; another seed or point, others. -0.0 is the point 0.0: its bytes differ,
+    yet it draws the same noise for the same evaluation."""
     x = np.array([0.0, 0.25])
     draw = lambda seed, pt: point_rng(seed, pt).standard_normal(4).tolist()
     assert draw(3, x) == draw(3, x.copy()) == draw(3, [0.0, 0.25])

@@ -187,8 +187,8 @@ def test_bad_options_name_the_option(kw, name):
 
 
 def test_measurement_options_without_a_csv_are_refused():
-    """Found in review: energy_range, n_gp_max, min_repeats and noise_lengthscale_min shape the fit to the
-    measurements; without csv_path they were taken and ignored (the same value came back whatever they were)."""
+    """energy_range, n_gp_max, min_repeats and noise_lengthscale_min shape the fit to the measurements; without
+    csv_path they are refused, not taken and ignored (the same value coming back whatever they are)."""
     with pytest.raises(ObjectiveError, match=r"option\(s\) \['min_repeats', 'energy_range'\] apply to a simulator "
                                              r"fitted to measurements \(option 'csv_path'\)"):
         LaserSimulator(energy_range=[0.2, 0.3], min_repeats=99)

@@ -119,7 +119,7 @@ def test_bad_options_are_named() -> None:
         OnlineLDA(num_topics=1)
     with pytest.raises(ObjectiveError, match=r"option 'max_df'"):
         OnlineLDA(max_df=0.0)
-    # found in review: these passed the config check and failed at every evaluation
+    # these are refused by the config check, not at every evaluation
     with pytest.raises(ObjectiveError, match=r"lee: n_test must be in \[1, 292\] for 293 documents; got 500"):
         OnlineLDA(n_test=500)
     with pytest.raises(ObjectiveError, match=r"lee: n_train \+ n_test must be at most 293 documents; got 300 \+ 60"):
@@ -152,7 +152,7 @@ def test_20newsgroups_layout_end_to_end(tmp_path: Path) -> None:
     assert math.isfinite(res.value)
     assert res.value < 16  # 16 equally likely words would give 16; two clean topics do better
     assert "from" not in set(obj.matrices["vocabulary"])  # headers dropped
-    # refused when built, before a run starts (found in review: it failed every evaluation instead)
+    # refused when built, before a run starts (not at every evaluation)
     with pytest.raises(ObjectiveError, match=r"option 'data_dir': 20 Newsgroups directory '.*missing_news' does not"):
         OnlineLDA(corpus="20newsgroups", data_dir=tmp_path / "missing_news")
     (tmp_path / "empty").mkdir()

@@ -119,7 +119,7 @@ def test_legacy_env_id_without_gym_or_unknown_names_the_env_id(monkeypatch):
             LunarLander(env_id=bad)
     with pytest.raises(ObjectiveError, match="option 'env_id' must be a non-empty string; got 3"):
         LunarLander(env_id=3)
-    # found in review: any registered environment was taken, then every episode failed with a bare IndexError
+    # not any registered environment is taken (every episode would fail with a bare IndexError)
     for other, got in (("LunarLanderContinuous-v3", r"shape \(8,\) and actions Box\(\(2,\)\)"),
                        ("CartPole-v1", r"shape \(4,\) and actions Discrete\(2\)")):
         with pytest.raises(ObjectiveError, match=rf"option 'env_id'='{other}' is not a LunarLander with discrete "
@@ -139,7 +139,7 @@ def test_legacy_env_id_without_gym_or_unknown_names_the_env_id(monkeypatch):
 
 
 def test_an_environment_this_node_cannot_make_is_left_to_the_workers(monkeypatch):
-    """The spaces are checked where the environment can be made. Found in review: Box2D missing on the node that
+    """The spaces are checked where the environment can be made. Box2D missing on the node that
     starts the run (or hosts the central actor), not on the workers, must not refuse the objective; the
     evaluations then make the environment themselves, or fail naming env_id."""
     import gymnasium

@@ -120,7 +120,7 @@ def test_user_objectives_by_path(tmp_path, monkeypatch):
         load_objective("my_obj:NOT_AN_OBJECTIVE")
     with pytest.raises(ObjectiveError, match="built a str, not an Objective"):
         load_objective("my_obj:make_wrong")
-    # found in review: an evaluation function was refused with "bad options" for a config that gave none
+    # an evaluation function is not refused with "bad options" for a config that gives none
     with pytest.raises(ObjectiveError, match="'my_obj:plain' is a callable that needs arguments .*wrap an evaluation "
                                              "function in an Objective subclass"):
         load_objective("my_obj:plain")
@@ -180,9 +180,9 @@ def test_resources_refuse_what_ray_would_refuse_at_every_submission():
 
 
 def test_params_accept_numpy_numbers_and_a_bool_is_not_a_numeric_choice():
-    """Found in review: np.int64 (a pandas frame's ints) and np.float32 (a float32 tensor's) were refused as "must
-    be a finite number"; np.float64 passed only because it subclasses float. And `True` was taken for the choice
-    1 (True == 1)."""
+    """np.int64 (a pandas frame's ints) and np.float32 (a float32 tensor's) are numbers, not refused as "must be
+    a finite number" (np.float64 subclasses float; they do not). And `True` is not taken for the choice 1
+    (True == 1)."""
     import numpy as np
 
     from objectives.base import check_params
@@ -209,8 +209,8 @@ def test_params_accept_numpy_numbers_and_a_bool_is_not_a_numeric_choice():
 
 
 def test_one_seed_rule_for_every_objective():
-    """Found in review: seed -1 gave the sleep objective a bare NumPy ValueError, 2**64 the CNN a torch
-    "Overflow when unpacking long long", while GLD, laser and LDA took any integer."""
+    """Every objective checks its seed alike: seed -1 does not give the sleep objective a bare NumPy ValueError,
+    nor 2**64 the CNN a torch "Overflow when unpacking long long", while GLD, laser and LDA take any integer."""
     import numpy as np
 
     for name, params in (("sleep", {"x0": 0.3, "x1": 0.3}), ("forrester", {"x0": 0.5}), ("gld", {"x0": .5, "x1": .5, "x2": .5})):

@@ -1,6 +1,6 @@
 """Tests of the `qbatch` command line (orchestrator/cli.py).
 
-Acceptance (issue 4): a bad config (unknown key, tau = 1.5, batch size 0, unknown objective) exits non-zero
+Acceptance: a bad config (unknown key, tau = 1.5, batch size 0, unknown objective) exits non-zero
 with one line naming the problem and creates no run directory -- through `main([...])` and through a real
 `python -m orchestrator.cli` process. `status`/`report`/`objectives` never import Ray. The wiring of
 `run`/`resume` to orchestrator.runner is checked with a recording stand-in here; the real end-to-end run on
@@ -45,7 +45,7 @@ BAD = {
     "batch-size": ({"batch_size": 0}, "`batch_size` must be an integer in [1, 4096]; got 0"),
     "objective": ({"objective": {"name": "no-such-objective"}}, "`objective.name` must be a built-in objective"),
 }
-#: bad configs found only against the objective, by the runner (found in review: they did not name the file)
+#: bad configs found only against the objective, by the runner: the error names the file
 BAD_FOR_OBJECTIVE = {
     "space": ({"space": {"x0": {"type": "float", "low": 0.5, "high": 0.2}}}, "low must be < high"),
     "model-options": ({"model": {"type": "quantile", "options": {"bogus": 1}}}, "`model.options`"),
@@ -149,7 +149,7 @@ def test_run_and_resume_call_the_runner(tmp_path, monkeypatch, capsys):
     assert cli.main(["run", str(cfg_path), "--run-dir", str(tmp_path / "taken")]) == 2
     err = capsys.readouterr().err
     assert len(fake.calls) == n and "already holds a run; continue it with `qbatch resume" in err
-    # one a process writes now: a resume would be refused too (found in review)
+    # one a process writes now: a resume would be refused too
     writer = RunStore.open(str(tmp_path / "taken"))
     writer.lock_writer()
     try:
@@ -166,7 +166,7 @@ def test_run_and_resume_call_the_runner(tmp_path, monkeypatch, capsys):
 
 def test_run_finds_the_example_shipped_with_qbatch_outside_a_checkout(tmp_path, monkeypatch, capsys):
     """`qbatch run examples/quickstart.yaml` (the README's command) in a folder without examples/ runs the copy
-    the package carries (a wheel install has no checkout; found in review), and says so; a file that exists
+    the package carries (a wheel install has no checkout), and says so; a file that exists
     wins, and other folders or unknown names stay "not found"."""
     fake = _FakeRunner()
     monkeypatch.setitem(sys.modules, "orchestrator.runner", fake)
@@ -252,8 +252,8 @@ def _stopped_run(root: Path, budget: int) -> None:
 
 
 def test_status_tells_unfinished_trials_from_running_ones(tmp_path, capsys):
-    """Found in review: a run stopped (or resumed with a budget lowered below its results) showed its trials
-    without a result as running and queued for good. Without a process writing the run they are unfinished."""
+    """A run stopped (or resumed with a budget lowered below its results) shows its trials without a result as
+    unfinished, not as running and queued for good: no process writes the run."""
     root = tmp_path / "run"
     _stopped_run(root, budget=6)
     assert cli.main(["status", str(root)]) == 0
@@ -281,7 +281,7 @@ def test_status_tells_unfinished_trials_from_running_ones(tmp_path, capsys):
     assert "unfinished 2 (no process is writing this run; the budget is reached)" in capsys.readouterr().out
 
 
-# ------------------------------------------------------------------ property: hostile configs (issue 7 item 6)
+# ------------------------------------------------------------------ property: hostile configs
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -313,7 +313,8 @@ def test_property_hostile_config_never_half_made(key, value, tmp_path_factory, m
 
 
 def test_bad_paths_options_and_busy_runs_are_usage_errors(tmp_path, monkeypatch, capsys):
-    """Found in review: each of these was a traceback with exit 1 (and a bad run_dir started Ray first)."""
+    """Each of these is one line naming the problem and a usage exit, not a traceback with exit 1 (and a bad
+    run_dir is refused before Ray starts)."""
     monkeypatch.chdir(tmp_path)
     good = _write(tmp_path / "good.yaml", GOOD)
 
@@ -349,8 +350,8 @@ def test_bad_paths_options_and_busy_runs_are_usage_errors(tmp_path, monkeypatch,
         one_line(cli.main(["run", str(good), "--address", addr]), f"`--address` '{addr}': nothing answers at {dead}")
     assert time.monotonic() - t0 < 30
     one_line(cli.main(["run", str(good), "--address", "127.0.0.1:70000"]), "port 70000 is not in 1-65535")
-    # a web server there (Ray's dashboard, the port `ray job submit` takes): Ray's GCS client waited 14 minutes
-    # (found in review); one exchange tells HTTP/1 from the gRPC Ray speaks
+    # a web server there (Ray's dashboard, the port `ray job submit` takes): Ray's GCS client would wait 14
+    # minutes; one exchange tells HTTP/1 from the gRPC Ray speaks
     import http.server
 
     class Quiet(http.server.BaseHTTPRequestHandler):
@@ -405,9 +406,9 @@ def test_bad_paths_options_and_busy_runs_are_usage_errors(tmp_path, monkeypatch,
 
 
 def test_damaged_run_directories_are_usage_errors(tmp_path, capsys):
-    """Found in review: each of these ended in a traceback with exit 1. A config.yaml that this version refuses
-    (hand-edited, or written by an older version) is shown as recorded with a one-line warning naming the key:
-    refusing it would hide runs that `status` and `report` used to show."""
+    """None of these ends in a traceback with exit 1. A config.yaml that this version refuses (hand-edited, or
+    written by an older version) is shown as recorded with a one-line warning naming the key: refusing it would
+    hide runs that `status` and `report` can show."""
 
     def one_line(rc, text):
         err = capsys.readouterr().err
@@ -437,7 +438,7 @@ def test_damaged_run_directories_are_usage_errors(tmp_path, capsys):
     (tmp_path / "run" / "events").write_text("x")
     for cmd in ("status", "report", "resume"):
         one_line(cli.main([cmd, str(tmp_path / "run")]), f"{tmp_path / 'run' / 'events'} is a file where the run")
-    # a file of the run that cannot be read: one line naming it, exit 1, not an OSError traceback (review)
+    # a file of the run that cannot be read: one line naming it, exit 1, not an OSError traceback
     (tmp_path / "run" / "events").unlink()
     (tmp_path / "run" / "events").mkdir()
     (tmp_path / "run" / "config.yaml").unlink()
@@ -449,9 +450,9 @@ def test_damaged_run_directories_are_usage_errors(tmp_path, capsys):
 
 
 def test_resume_refuses_a_space_edited_since_the_run_began(tmp_path, monkeypatch, capsys):
-    """Found in review: after `space.x.high` was edited in config.yaml from 1 to 0.5, a resume went on and the
-    model trained on relabelled points (the logged x = 0.8 read as 0.4). Every logged point must map back to
-    its logged coordinates under the stored space, else the resume is refused before Ray starts."""
+    """After `space.x.high` is edited in config.yaml from 1 to 0.5, a resume would train the model on
+    relabelled points (the logged x = 0.8 read as 0.4). Every logged point must map back to its logged
+    coordinates under the stored space, else the resume is refused before Ray starts."""
     from orchestrator.runner import api
 
     def no_ray(*args, **kwargs):
@@ -499,8 +500,8 @@ def test_the_space_check_accepts_every_parameter_kind_after_a_parquet_round_trip
 
 
 def test_the_end_of_run_lines_keep_a_uri_run_directory():
-    """Found in review: `results in` made a URI run directory 'absolute' against the working directory
-    (`/cwd/file:/tmp/r1`); a URI is printed as given, a local path made absolute."""
+    """`results in` prints a URI run directory as given, not made 'absolute' against the working directory
+    (`/cwd/file:/tmp/r1`), and a local path made absolute."""
     import io
 
     from orchestrator.runner import _report
@@ -515,8 +516,8 @@ def test_the_end_of_run_lines_keep_a_uri_run_directory():
 
 
 def test_a_connection_error_keeps_the_cause_ray_chains():
-    """Found in review: a cluster with token authentication failed as "Failed to connect to Ray cluster at
-    ...", and Ray's cause (an AuthenticationError naming RAY_AUTH_MODE) was dropped."""
+    """A cluster with token authentication that refuses this process fails with Ray's cause (an
+    AuthenticationError naming RAY_AUTH_MODE), not only "Failed to connect to Ray cluster at ..."."""
     from orchestrator.runner import _connection_error_line
 
     class AuthenticationError(Exception):
@@ -536,8 +537,8 @@ def test_a_connection_error_keeps_the_cause_ray_chains():
 
 
 def test_a_reader_that_leaves_the_pipe_ends_the_command_quietly(tmp_path, monkeypatch, capsys):
-    """Own-diff review: with `qbatch objectives | head`, the reader closing the pipe made the new OSError catch
-    print "qbatch: error: BrokenPipeError"; it ends quietly (exit 1), with no second error at exit."""
+    """With `qbatch objectives | head`, the reader closing the pipe does not make the OSError catch print
+    "qbatch: error: BrokenPipeError"; it ends quietly (exit 1), with no second error at exit."""
     sink = open(tmp_path / "sink", "w")
 
     class Closed:
@@ -557,8 +558,8 @@ def test_a_reader_that_leaves_the_pipe_ends_the_command_quietly(tmp_path, monkey
 
 
 def test_an_unreachable_gcs_run_directory_is_one_line_within_the_retry_limit(monkeypatch, capsys):
-    """Found in review: pyarrow retries a gs:// request for google-cloud-cpp's 15 minutes by default, so `qbatch
-    status` (and run, resume) of a bucket it cannot reach said nothing for that long. The store caps the retries
+    """pyarrow retries a gs:// request for google-cloud-cpp's 15 minutes by default, so `qbatch status` (and
+    run, resume) of a bucket it cannot reach would say nothing for that long. The store caps the retries
     (`GCS_RETRY_LIMIT_S`, 60 s; 2 s here) and the command ends with one line naming the URI."""
     import time
 

@@ -1,6 +1,6 @@
-"""Model, proposer, calibrator and run-argument checks made before a run starts (review findings: each of
-these used to pass validation, start Ray, make the run directory, spend the initial design and only then fail
-at the first model batch, or crash with a Python traceback)."""
+"""Model, proposer, calibrator and run-argument checks made before a run starts: without them, each of these
+would pass validation, start Ray, make the run directory, spend the initial design and only then fail at the
+first model batch, or crash with a Python traceback."""
 
 from __future__ import annotations
 
@@ -28,33 +28,33 @@ CAL = {"type": "calibrated"}
         ({"proposer": {**CAL, "options": {"acquisition": "pi"}}, "model": "exact-gp", "calibrator": "conformal"},
          r"calibrator 'conformal' defines EI and UCB"),
         ({"proposer": "calibrated", "model": "heteroscedastic", "calibrator": "conformal"}, r"exact Gaussian GP"),
-        # found in review: both optimize HetGP's f, the mean, whatever tau; its recommendation is the tau-quantile
+        # both optimize HetGP's f, the mean, whatever tau; its recommendation is the tau-quantile
         ({"proposer": "qlognei", "model": "heteroscedastic", "tau": 0.2},
          r"qLogNEI optimizes the model's f, which for HeteroscedasticSVGP is the mean.*tau-quantile.*ignore tau"),
         ({"proposer": "calibrated", "model": "heteroscedastic", "tau": 0.9}, r"calibrated EI optimizes the model's f"),
         ({"proposer": "sobol", "calibrator": "online"},
          r"`calibrator.type` 'online' does not work with `proposer.type` 'sobol'"),
         ({"proposer": "qlognei", "calibrator": "online"}, r"does not work with `proposer.type` 'qlognei'"),
-        # found in review: accepted, and then conformal's options changed nothing (only a spread factor acted)
+        # conformal's options would change nothing (only a spread factor acts)
         ({"proposer": "thompson", "model": "exact-gp", "calibrator": "conformal"},
          r"`calibrator.type` 'conformal' does not work with `proposer.type` 'thompson': .*'online-interval'"),
         ({"proposer": "qgibbon", "calibrator": "conformal"}, r"does not work with `proposer.type` 'qgibbon'"),
-        # found in review: its fold refits were paid for a level map nothing read (only a spread factor acted)
+        # its fold refits would be paid for a level map nothing reads (only a spread factor acts)
         ({"calibrator": "offline-cv"}, r"`calibrator.type` 'offline-cv' does not work with `proposer.type` 'thompson'"),
-        # found in review: GPR-EI optimizes HetGP's f, the mean, whatever tau
+        # GPR-EI optimizes HetGP's f, the mean, whatever tau
         ({"proposer": "gpr-ei", "model": "heteroscedastic", "tau": 0.1}, r"GPR-EI optimizes the model's f"),
         ({"model": {"type": "quantile", "options": {"tau": 0.3}}}, r"`model.options`: `tau` is not a model option"),
         ({"model": {"type": "gpr-replicates", "options": {"num_inducing": 5}}},
          r"`model.options`: bad option .*num_inducing.*; valid options: "
          r"\['fit_maxiter', 'min_noise', 'num_bootstrap', 'seed', 'use_priors'\]"),
-        # found in review: these named no valid option, and exact-gp's list held `tau`, which it then refused
+        # these name the valid options, and exact-gp's list does not hold `tau`, which it refuses
         ({"proposer": {"type": "thompson", "options": {"foo": 1}}},
          r"bad `proposer.options` for 'thompson'.*'foo'; valid options: \['chunk_bytes', 'local_fraction', 'maxiter', 'method', "),
         ({"model": {"type": "exact-gp", "options": {"foo": 1}}},
          r"valid options: \['fit_maxiter', 'warm_start'\] \(tau is the"),
         ({"model": {"type": "exact-gp", "options": {"fit_maxiter": 0}}},
          r"^`model.options`: `fit_maxiter` must be an integer >= 1 or null \(no cap\); got 0$"),
-        # found in review: accepted, and the proposer then held the string 'locbo' as its calibrator
+        # refused: accepted, the proposer would hold the string 'locbo' as its calibrator
         ({"proposer": {**CAL, "options": {"calibrator": "locbo"}}, "model": "exact-gp"},
          r"`proposer.options` \['calibrator'\] are set by the `calibrator` section"),
         # an option the proposer never reads names the option, not a type mismatch, and how to resume
@@ -107,7 +107,7 @@ def test_working_combinations_pass(patch):
 
 def test_the_library_optimizer_checks_at_construction():
     space = {"x": {"type": "float", "low": 0.0, "high": 1.0}}
-    # found in review: these named `model.options` and `proposer.options`, not the key that was wrong
+    # these name the key that is wrong, not `model.options` and `proposer.options`
     with pytest.raises(ConfigError, match=r"^`model.type` must be one of .*; got 'quantil'$"):
         AskTellOptimizer(space, model="quantil")
     with pytest.raises(ConfigError, match=r"^`proposer.type` must be one of .*; got 'thompsn'$"):
@@ -128,7 +128,7 @@ def test_yaml_exponent_floats_are_numbers():
     import yaml
 
     assert yaml.safe_load("a: 1e-3") == {"a": "1e-3"}  # the global SafeLoader is untouched
-    # found in review: a dot and an unsigned exponent (1.5e3) stayed a string, so `timeout_s: 1.5e3` was refused
+    # a dot and an unsigned exponent (1.5e3) make a number, not a string, so `timeout_s: 1.5e3` is taken
     for text, value in [("1.5e3", 1500.0), ("1.0e0", 1.0), ("-2.5E-3", -2.5e-3), (".5e2", 50.0), ("1.5e+3", 1500.0),
                         ("7", 7), ("1.5e", "1.5e"), ("e3", "e3"), ("1.2.3e4", "1.2.3e4")]:
         got = load_config_text(f"objective: {{name: forrester, options: {{v: {text}}}}}\n").objective.options["v"]
@@ -146,7 +146,7 @@ def test_run_arguments_are_checked_before_ray_starts():
         ((None, None, {"queue_lo": 3}), r"unknown `actor_options` \['queue_lo'\]"),
         ((None, None, {"isolate": "fork"}), r"`actor_options.isolate` must be 'process' or 'thread'"),
         ((None, None, {"refit_interval_s": -1}), r"`actor_options.refit_interval_s`"),
-        # found in review: 0 passed here, then the actor refused it inside Ray and left a run dir behind
+        # 0 is refused here, not by the actor inside Ray with a run dir left behind
         ((None, None, {"max_refit_failures": 0}), r"`actor_options.max_refit_failures` must be an integer >= 1"),
     ]:
         with pytest.raises(ConfigError, match=match):
@@ -154,8 +154,8 @@ def test_run_arguments_are_checked_before_ray_starts():
 
 
 def test_an_objective_that_fails_to_build_keeps_its_traceback_and_is_not_blamed_on_options(tmp_path, monkeypatch):
-    """Found in review (library use): a bug in a user objective's constructor read "`objective.options` ... were
-    refused" for a config with no options, and its traceback was dropped (`from None`)."""
+    """Library use: a bug in a user objective's constructor does not read "`objective.options` ... were
+    refused" for a config with no options, and its traceback is kept (not `from None`)."""
     (tmp_path / "badinit_obj.py").write_text(
         "from objectives.base import Objective\n"
         "def helper(d):\n    return d['missing_key']\n"
@@ -172,7 +172,7 @@ def test_an_objective_that_fails_to_build_keeps_its_traceback_and_is_not_blamed_
     import traceback
 
     assert "in helper" in "".join(traceback.format_exception(info.value.__cause__))
-    # through a YAML file (the CLI's way), whose name the error gains, the cause stays (own-diff review)
+    # through a YAML file (the CLI's way), whose name the error gains, the cause stays
     import yaml
 
     from orchestrator.runner import run_experiment
@@ -186,8 +186,8 @@ def test_an_objective_that_fails_to_build_keeps_its_traceback_and_is_not_blamed_
 
 
 def test_an_objective_in_main_is_refused_before_ray_with_the_way_out(monkeypatch):
-    """Found in review: `__main__:MyObj` (a notebook's class) passed every check in the driver, which can import
-    its own __main__, then the central actor failed to load it after Ray started, with no hint."""
+    """`__main__:MyObj` (a notebook's class) is refused in the driver, which can import its own __main__: passed,
+    the central actor would fail to load it after Ray starts, with no hint."""
     import __main__
 
     from objectives.functions import Forrester

@@ -1,6 +1,6 @@
 """Tests of the experiment config (orchestrator/config/): one table, one-line errors naming the key.
 
-Includes the property-based tests of issue 7 item 6: malformed values and malformed YAML always give a
+Includes the property-based tests : malformed values and malformed YAML always give a
 single-line `ConfigError` naming the key (or the YAML line), never another exception type.
 """
 
@@ -241,8 +241,8 @@ def test_build_space_applies_narrowing_overrides():
 
 
 def test_an_int_override_stays_on_the_objectives_grid():
-    """CNN's batch_size takes 32:512:32; an override off that grid passed the config, and then every Sobol point
-    failed the objective's own check, so the failure guard stopped the run (found in review)."""
+    """CNN's batch_size takes 32:512:32; an override off that grid is refused by the config: passed, every Sobol
+    point would fail the objective's own check, so the failure guard would stop the run."""
     grid = {"batch_size": {"type": "int", "low": 32, "high": 512, "step": 32}}
     for ok in ({"type": "int", "low": 64, "high": 256, "step": 64}, {"type": "choice", "choices": [64, 128]},
                {"type": "int", "low": 64, "high": 256}, {"low": 64, "high": 256}):  # the last two keep step 32
@@ -254,9 +254,9 @@ def test_an_int_override_stays_on_the_objectives_grid():
 
 
 def test_an_override_restates_only_what_it_changes():
-    """README: an override keeps what it does not restate. Found in review: each override was checked as a
-    complete float spec before the merge, so `{low, high, step}` for the CNN's int `fc_units` was refused
-    ("unknown key(s) ['step'] for type 'float'"), and `{low: 1e-4}` or `{log: false}` alone were refused too."""
+    """README: an override keeps what it does not restate. An override is checked after the merge, not as a
+    complete float spec: `{low, high, step}` for the CNN's int `fc_units` is taken (not "unknown key(s)
+    ['step'] for type 'float'"), and so are `{low: 1e-4}` or `{log: false}` alone."""
     space = {"fc_units": {"type": "int", "low": 16, "high": 512, "step": 16},
              "lr": {"type": "float", "low": 1e-5, "high": 1e-1, "log": True}}
     for override, want in [
@@ -280,8 +280,8 @@ def test_an_override_restates_only_what_it_changes():
 
 
 def test_a_choice_override_is_a_subset_by_the_objectives_own_test():
-    """Found in review: choices [1, 0] passed as a subset of [true, false] (True == 1 in Python), then every
-    evaluation failed the objective's check ("parameter 'flag'=0 is not one of [True, False])."""
+    """Choices [1, 0] are not a subset of [true, false] (True == 1 in Python): passed, every evaluation would
+    fail the objective's check ("parameter 'flag'=0 is not one of [True, False])."""
     space = {"flag": {"type": "choice", "choices": [True, False]}}
     with pytest.raises(ConfigError, match=r"^`space\.flag` must be a choice among a subset of \[True, False\]"):
         load_config({"objective": "forrester", "space": {"flag": {"type": "choice", "choices": [1, 0]}}}
@@ -323,7 +323,7 @@ def test_yaml_errors_name_the_line(tmp_path):
         load_config(path)
 
 
-# ------------------------------------------------------------------ property-based (issue 7 item 6)
+# ------------------------------------------------------------------ property-based
 BASE = {
     "name": "prop",
     "objective": {"name": "forrester", "options": {}},
@@ -437,9 +437,8 @@ def test_table_has_a_check_and_default_for_every_key():
 
 
 def test_a_bounds_override_keeps_the_objectives_log_scale_and_step():
-    """Found in review: `learning_rate: {low: 1e-4, high: 1e-2}` made cnn's log-scale learning rate linear
-    without a word, and an int override had to restate `type` and `step`. An override of the same type (or
-    without one) now changes only the keys it gives."""
+    """An override of the same type (or without one) changes only the keys it gives: `learning_rate: {low: 1e-4,
+    high: 1e-2}` keeps cnn's learning rate log-scale, and an int override need not restate `type` and `step`."""
     objective_space = {"lr": {"type": "float", "low": 1e-6, "high": 1.0, "log": True},
                        "bs": {"type": "int", "low": 32, "high": 512, "step": 32}}
 
@@ -453,8 +452,8 @@ def test_a_bounds_override_keeps_the_objectives_log_scale_and_step():
 
 
 def test_a_bad_space_of_the_objective_is_named_as_such():
-    """A parameter the config does not override is the objective's own: the error said '`space`', a key the user
-    never wrote (found in review, with tuple choices)."""
+    """A parameter the config does not override is the objective's own (with tuple choices): the error does not
+    name '`space`', a key the user never wrote."""
     own = {"arch": {"type": "choice", "choices": [(64, 64), (128,)]}, "x": {"type": "float", "low": 0.0, "high": 1.0}}
     with pytest.raises(ConfigError, match=r"^the objective's space: parameter 'arch': choice \(64, 64\)"):
         load_config({"objective": "forrester"}).build_space(own)

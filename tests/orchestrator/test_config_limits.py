@@ -76,8 +76,8 @@ def test_tau_inside_the_open_interval_is_accepted(tau):
 
 
 # sizes a config may ask of a model or proposer (orchestrator/limits.py): beyond the bound a ConfigError names the
-# option before Ray starts; found in review: num_features 1e11 passed every check and the run's first proposal
-# failed with "DefaultCPUAllocator: can't allocate memory", naming nothing the user had set
+# option before Ray starts (without the bound, num_features 1e11 passes every check and the run's first proposal
+# fails with "DefaultCPUAllocator: can't allocate memory", naming nothing the user has set)
 _SIZES = [
     ("quantile", {"num_inducing": MAX_INDUCING}, "thompson", {}, "`model.options`: `num_inducing` must be at most"),
     ("gpr-replicates", {"num_bootstrap": MAX_BOOTSTRAP}, "gpr-ei", {}, "`num_bootstrap` must be at most"),
@@ -118,8 +118,8 @@ def test_a_size_beyond_its_bound_is_refused_before_ray_naming_the_option(model, 
 
 
 def test_an_objective_dim_beyond_max_dim_is_refused_before_it_is_built():
-    """`objective.options.dim: 100000000` was accepted and ran out of memory 72 s later, in the objective's
-    constructor (found in review)."""
+    """`objective.options.dim: 100000000` is refused, not accepted to run out of memory 72 s later, in the
+    objective's constructor."""
     cfg = load_config({"objective": {"name": "ackley", "options": {"dim": MAX_DIM}}})
     assert _check_objective(cfg) is not None and len(cfg.build_space(_check_objective(cfg).space)) == MAX_DIM
     for name in ("ackley", "gld", "sleep"):

@@ -53,8 +53,8 @@ def test_log_float_is_uniform_in_log_space():
 
 
 def test_log_int_is_uniform_in_log_space():
-    """Found in review: only round trips and reachability were tested for log ints, both of which hold for a
-    linear map too. Each value's cell runs from v - 0.5 to v + 0.5 in log space: 1..128 spans [0.5, 128.5)."""
+    """Log ints map log-linearly (round trips and reachability alone hold for a linear map too). Each value's
+    cell runs from v - 0.5 to v + 0.5 in log space: 1..128 spans [0.5, 128.5)."""
     p = IntParam("n", 1, 128, log=True)
     assert p.from_unit(0.5) == round(math.sqrt(0.5 * 128.5)) == 8  # a linear map gives 64
     values = [p.from_unit(u) for u in np.linspace(0, 1, 10_001)]
@@ -87,20 +87,20 @@ def test_sobol_is_reproducible_and_space_filling(space):
         ({"a": {"type": "int", "low": 0.5, "high": 10}}, "'a': low must be an integer"),
         ({"a": {"type": "choice", "choices": []}}, "'a': choices must not be empty"),
         ({"a": {"type": "choice", "choices": [1, 1]}}, "'a': duplicate choices"),
-        # found in review: 1.0's bin could never be chosen (to_unit maps 1.0 to 1's), yet both were accepted
+        # 1.0's bin could never be chosen (to_unit maps 1.0 to 1's)
         ({"a": {"type": "choice", "choices": [1, "x", 1.0]}}, "'a': duplicate choices"),
         ({"a": {"type": "vector", "low": 0, "high": 1}}, "'a': type must be one of"),
         ({"a": {"type": "float", "low": 0, "high": 1, "lg": True}}, "'a': unknown key\\(s\\) \\['lg'\\]"),
         ({"a": {"type": "float", "low": 0}}, "'a': missing key 'high'"),
-        # found in review: accepted, then every proposal was +-inf (a float) or off the grid (an int past 2**53)
+        # refused: accepted, every proposal would be +-inf (a float) or off the grid (an int past 2**53)
         ({"a": {"type": "float", "low": -1e308, "high": 1e308}}, "'a': high - low must be a finite float64"),
-        # found in review: a set's order (so each choice's unit cell) changed with PYTHONHASHSEED
+        # a set's order (so each choice's unit cell) changes with PYTHONHASHSEED
         ({"a": {"type": "choice", "choices": {"adam", "sgd"}}}, "'a': choices must be a list"),
         ({"a": {"type": "int", "low": 0, "high": 2**60 - 1}}, "'a': an int parameter's bounds must lie within"),
         ({"a": {"type": "int", "low": -(2**53) - 2, "high": 0}}, "'a': an int parameter's bounds must lie within"),
-        # found in a review of that check: within the bounds, 2**53 values still moved off the grid (cells of 2**-54)
+        # within the bounds above, 2**53 values still move off the grid (cells of 2**-54)
         ({"a": {"type": "int", "low": -(2**52), "high": 2**52}}, "'a': an int parameter may hold at most 2\\*\\*52 values"),
-        # found in review: the top values of a log int to 1e15 did not map back to themselves (2,578 of 3,000)
+        # the top values of a log int to 1e15 do not map back to themselves (2,578 of 3,000)
         ({"a": {"type": "int", "low": 1, "high": 10**15, "log": True}}, "'a': a log int parameter's high must be at most 2"),
     ],
 )
@@ -146,7 +146,7 @@ def test_describe_round_trips(space):
     assert SearchSpace.from_description(space.describe()).describe() == space.describe()
 
 
-# ------------------------------------------------------------------ found in review
+# ------------------------------------------------------------------ edge cases
 def test_log_float_bounds_map_exactly_and_never_outside():
     """exp(log(.)) lands a few ulps outside the bounds (CNN's learning rate [1e-7, 0.1]: 0.10000000000000006 at
     u = 1); the values stay inside, and to_unit of a value within the tolerance stays in the unit cube."""
@@ -191,9 +191,9 @@ def test_choices_given_as_a_mapping_are_refused():
 
 
 def test_choices_that_would_not_come_back_from_a_runs_log_are_refused_for_runs_only():
-    """Found in review: tuple choices passed the driver's checks, then the central actor, which rebuilds the space
-    from config.yaml (where a tuple is a list), refused a `space` key the user never wrote; and a function as a
-    choice failed only when the run directory was written, after Ray had started. A run's space is checked
+    """Tuple choices would pass the driver's checks, then the central actor, which rebuilds the space from
+    config.yaml (where a tuple is a list), would refuse a `space` key the user never wrote; and a function as a
+    choice would fail only when the run directory is written, after Ray has started. A run's space is checked
     (`check_loggable`, from `ExperimentConfig.build_space`); the library, which keeps no log, takes any choice."""
     import enum
     import math
@@ -209,7 +209,7 @@ def test_choices_that_would_not_come_back_from_a_runs_log_are_refused_for_runs_o
     for bad in ((math.sin, math.cos), ({1: "a"},), (Act.RELU, 2), ([1, (2, 3)],)):
         with pytest.raises(SpaceError, match="would not come back"):
             check_loggable(SearchSpace([ChoiceParam("c", bad)]))
-    # NumPy numbers inside list choices are plain numbers (found in review: refused as if not numbers)
+    # NumPy numbers inside list choices are plain numbers, not refused as if not numbers
     nested = SearchSpace.from_description({"arch": {"type": "choice", "choices": [[np.int64(64)], {"w": np.float32(0.5)}]}})
     check_loggable(nested)
     assert nested.params[0].choices == ([64], {"w": 0.5}) and type(nested.params[0].choices[0][0]) is int
@@ -222,7 +222,7 @@ def test_choices_that_would_not_come_back_from_a_runs_log_are_refused_for_runs_o
 
 
 def test_numpy_choices_come_back_as_plain_values():
-    """Found in review: `choices: np.linspace(...)` gave params of np.float64, which JSON and weights-only
+    """`choices: np.linspace(...)` gives params of Python floats, not np.float64, which JSON and weights-only
     checkpoints (get_state) refuse."""
     import json
 
@@ -243,7 +243,7 @@ def test_an_int_range_of_2_to_the_52_values_round_trips():
 
 @pytest.mark.parametrize("step", [0, -2])
 def test_a_step_below_one_is_refused_by_the_space_and_the_config(step):
-    """step 0 divided by zero in the value-count check before the step check ran (found in review)."""
+    """The step check runs before the value-count check, which would divide by a step of 0."""
     from orchestrator.config import load_config
     from orchestrator.errors import ConfigError
 

@@ -1,6 +1,6 @@
 """Orphans of the evaluation sandboxes (workers/processes.py `adopt_orphans`): a Ray evaluation worker adopts
 and reaps its sandboxes' guards and what their group kills end, so none stays a zombie where PID 1 reaps nothing
-(found in review: a container whose entrypoint is the driver had 31 zombies after 400 evaluations)."""
+(a container whose entrypoint is the driver, unreaped, has 31 zombies after 400 evaluations)."""
 
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def _run(prefix: list[str], worker: bool, mode: str = "process") -> list[int]:
 def test_an_evaluation_worker_adopts_and_reaps_its_sandboxes_orphans():
     zombies, guards, _ = _run([], worker=True)
     # at most the last killed sandbox's guard waits to be reaped (at the next evaluation), and none of the
-    # daemonized helpers (found in review: a helper in its own session was adopted and never reaped); the live
+    # daemonized helpers (a helper in its own session is adopted, and reaped too); the live
     # sandbox's guard is this worker's child, not init's
     assert zombies <= 1 and guards == 1
 
@@ -126,8 +126,8 @@ def test_a_sandbox_never_becomes_a_subreaper():
 
 
 def test_an_objective_may_evaluate_another_in_a_sandbox_of_its_own():
-    """Found in review: the worker forked its sandbox holding the adoption lock, which the child inherited held,
-    so an objective that itself called `evaluate_once` hung until its timeout."""
+    """The worker does not fork its sandbox holding the adoption lock (the child would inherit it held), so an
+    objective that itself calls `evaluate_once` does not hang until its timeout."""
     rec = evaluate_once(Nested(), "0-0", {"x": 0.5}, seed=0, timeout_s=30)
     assert rec.status == "completed" and rec.value == 2.0, rec.traceback
 
@@ -141,8 +141,8 @@ def test_outside_an_evaluation_worker_the_process_is_left_as_it_is():
 
 
 def test_no_zombies_pile_up_where_pid_1_reaps_nothing():
-    """The review's case: the evaluating process is PID 1 of its own pid namespace (the driver as a container's
-    entrypoint), which reaps nothing but its own children."""
+    """The evaluating process is PID 1 of its own pid namespace (the driver as a container's entrypoint), which
+    reaps nothing but its own children."""
     probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True)
     if probe.returncode != 0:
         pytest.skip(f"no pid namespace here: {probe.stderr.decode().strip()[:200]}")

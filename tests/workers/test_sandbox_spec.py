@@ -1,8 +1,8 @@
 """A `(name, options)` objective spec is built inside the sandbox child, never in the Ray worker that forks it.
 
 GNU OpenMP (torch's CPU thread pool) is not fork-safe: a child forked from a process that already ran a
-multi-threaded torch op deadlocks at its own first one. When the worker built the objective, a user objective
-that warmed up a model in its constructor timed out at every evaluation (found in review).
+multi-threaded torch op deadlocks at its own first one. Were the worker to build the objective, a user objective
+that warms up a model in its constructor would time out at every evaluation.
 """
 
 from __future__ import annotations
@@ -119,9 +119,9 @@ def test_an_objective_that_cannot_be_built_is_a_failed_record_each_time(user_mod
 
 
 def test_objective_warmed_with_threaded_torch_does_not_deadlock_its_evaluations(user_module):
-    """In a fresh interpreter (this one may have used OpenMP already): before the fix, every evaluation
-    deadlocked in the forked child and ended as a timeout. The same for a warm-up at the module's top level
-    (the worker imported the module before forking for a while: review)."""
+    """In a fresh interpreter (this one may have used OpenMP already): no evaluation deadlocks in the forked
+    child and ends as a timeout. The same for a warm-up at the module's top level (which a worker importing
+    the module before forking would run)."""
     (user_module / "qbatch_warm_module.py").write_text(textwrap.dedent(
         """
         import torch
@@ -196,7 +196,7 @@ class _SeesDevices(Objective):
 
 def test_a_task_given_other_gpus_gets_a_new_sandbox(monkeypatch):
     """Ray sets CUDA_VISIBLE_DEVICES per task; a kept sandbox child keeps the value it was forked with, so a
-    later task on the same worker given another GPU ran on the first one (found in review)."""
+    later task on the same worker given another GPU would run on the first one."""
     obj = _SeesDevices()
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     a = evaluate_once(obj, "0-0", {"x": 0.5}, seed=0)
@@ -208,9 +208,9 @@ def test_a_task_given_other_gpus_gets_a_new_sandbox(monkeypatch):
 
 
 def test_importing_the_objectives_module_is_not_part_of_the_builds_timeout(tmp_path, monkeypatch):
-    """The worker imports a spec's module before it forks (once per worker, untimed, as before the build moved
-    into the child); only the constructor counts against the build's timeout_s. A module that took 1.5 s to
-    import failed every trial at timeout_s = 1 (own-diff review)."""
+    """The worker imports a spec's module before it forks (once per worker, untimed); only the constructor
+    counts against the build's timeout_s, so a module that takes 1.5 s to import does not fail every trial at
+    timeout_s = 1."""
     (tmp_path / "qbatch_slow_import.py").write_text(textwrap.dedent(
         """
         import time
@@ -252,8 +252,8 @@ def _interrupt_the_next_wait(monkeypatch) -> None:
 
 def test_an_interrupted_build_leaves_no_half_built_sandbox(user_module, monkeypatch):
     """Ctrl-C while the sandbox builds (a library call): the child is killed and the next evaluation builds
-    afresh. The sandbox used to claim the spec already, and the next evaluation read the late "ready" message
-    as its result: a spurious crash record (own-diff review)."""
+    afresh. The sandbox does not claim the spec before it is built, so the next evaluation does not read the
+    late "ready" message as its result (a spurious crash record)."""
     spec = ("qbatch_user_objective:Recording", {"log": str(user_module / "built.txt"), "fail": "slow"})
     _interrupt_the_next_wait(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
@@ -264,7 +264,7 @@ def test_an_interrupted_build_leaves_no_half_built_sandbox(user_module, monkeypa
 
 def test_an_interrupted_evaluation_leaves_no_busy_sandbox(user_module, monkeypatch):
     """Ctrl-C while an evaluation runs (a library call): the child still computing x = 0.1 must not answer the
-    next evaluation (it returned 0.1 for x = 0.9: review)."""
+    next evaluation (returning 0.1 for x = 0.9)."""
     spec = ("qbatch_user_objective:Recording", {"log": str(user_module / "built.txt"), "eval_s": 0.5})
     assert evaluate_once(spec, "0-0", {"x": 0.2}, seed=0).value == 0.2  # a ready child
     _interrupt_the_next_wait(monkeypatch)

@@ -221,7 +221,7 @@ class ProposerContract:
             self.make_proposer().propose(model, bad_q)
 
     def test_contract_bad_pending_or_observed_points_raise_naming_them(self) -> None:
-        """Found in review: `reshape(-1, d)` turned a `3 x 4` X_pending for d = 2 into six made-up points."""
+        """A `3 x 4` X_pending for d = 2 is refused, not read as six made-up points (`reshape(-1, d)`)."""
         d = self.dims[0]
         model = self.make_model(d)
         for role in ("X_pending", "X_observed"):

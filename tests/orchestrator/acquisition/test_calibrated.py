@@ -186,8 +186,8 @@ def test_locbo_and_conformal_acquisitions_run_and_differ() -> None:
 def test_conformal_ei_and_ucb_are_weighted_sums_over_botorch_conditioned_posteriors() -> None:
     """conformal-bo.md §1.7 against an independent reference: for each candidate label y^_j, the posterior of
     f(x) given D + (x, y^_j) from BoTorch's `condition_on_observations`, EI and UCB in closed form (scipy),
-    summed with the mixture weights and times (1 - ood). Found in review: only shapes were checked (dropping
-    EI's phi term or UCB's exploration term passed every test)."""
+    summed with the mixture weights and times (1 - ood). Values, not only shapes, are compared: dropping EI's
+    phi term or UCB's exploration term fails here."""
     from scipy import stats
 
     from orchestrator.calibration.conformal import ExactGPParts, candidate_labels
@@ -223,8 +223,8 @@ def test_conformal_ei_and_ucb_are_weighted_sums_over_botorch_conditioned_posteri
 
 
 def test_locbo_ei_uses_the_learned_local_threshold() -> None:
-    """LOCBO's EI reads lambda_t(x) from the calibrator (locbo.md §1.5-1.6). Found in review: the test used a fresh
-    calibrator, whose threshold is alpha everywhere, so an EI that ignored it passed."""
+    """LOCBO's EI reads lambda_t(x) from the calibrator (locbo.md §1.5-1.6). The calibrator has learned, so its
+    threshold is not alpha everywhere and an EI that ignored it fails."""
     from orchestrator.calibration.locbo import locbo_expected_improvement
 
     X, Y = _data(10)
@@ -297,7 +297,7 @@ def test_proposer_with_each_calibrator(calibrator: str, acq: str) -> None:
     ("online", "ei", {"beta": 3.0}, "beta"),
 ])
 def test_options_the_acquisition_and_calibrator_never_read_are_refused(calibrator, acq, options, unread) -> None:
-    """Found in review: `xi` and `route` under locbo or conformal were accepted and changed no acquisition value."""
+    """`xi` and `route` under locbo or conformal are refused: they would change no acquisition value."""
     from orchestrator.ask_tell import AskTellOptimizer
 
     space = {"a": {"type": "float", "low": 0.0, "high": 1.0}, "b": {"type": "float", "low": 0.0, "high": 1.0}}
@@ -363,7 +363,7 @@ def test_forrester_calibrated_bo_reaches_global_minimum_more_often() -> None:
     assert hits["online"] > hits["none"]
 
 
-# ------------------------------------------------------------------ found in review
+# ------------------------------------------------------------------ edge cases
 def test_heteroscedastic_noise_is_the_mean_of_sigma_squared_over_g() -> None:
     """The acquisition's predictive variance equals the `Forecast` variance the calibrators learned from:
     var_f + E[sigma^2], E[sigma^2] = exp(2 mu_g + 2 s_g^2) (it used exp(2 mu_g), narrower when s_g > 0)."""
@@ -398,9 +398,9 @@ def test_a_botorch_model_with_an_outcome_transform_gives_noise_in_its_posterior_
 
 
 def test_quantile_route_ei_keeps_its_tail_far_below_the_incumbent() -> None:
-    """Found in review: the quantile route averaged 128 levels on [0, 1], whose highest quantile is 2.66 sd above
-    the mean, so EI (and its gradient) was exactly 0 at every point more than 2.66 sd below the incumbent, and 9%
-    low at 2 sd. Levels on [F~(f*), 1] keep it: with an identity map it matches the closed form there, to 6 sd."""
+    """The quantile route averages its levels on [F~(f*), 1], not on [0, 1] (whose 128 levels reach only 2.66 sd
+    above the mean, so EI and its gradient would be exactly 0 more than 2.66 sd below the incumbent, and 9% low
+    at 2 sd): with an identity map it matches the closed form there, to 6 sd."""
     cal = build_calibrator("online")  # no data yet: the identity map
     X, Y = _data()
     m = make_gp(X, Y, lengthscale=0.2, noise=0.01)

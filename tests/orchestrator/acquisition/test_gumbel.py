@@ -49,9 +49,9 @@ def test_quartiles_match_brentq(batch):
 
 @pytest.mark.parametrize("tiny", [1e-8, 3e-9, 1e-10])
 def test_quartiles_match_brentq_beside_a_nearly_certain_grid_point(tiny):
-    """Found in review: with one grid point far above the guess and a std near the moments' floor (1e-10), the
-    Newton step's phi(z)/Phi(z) was exp of a difference of two ~1e20 terms, inf, and its step of zero was taken
-    as convergence: both quartiles came back as the first guess, below the largest mean, and every g* with them."""
+    """With one grid point far above the guess and a std near the moments' floor (1e-10), the quartiles match a
+    Brent root and g* reaches the largest mean: the Newton step's phi(z)/Phi(z), exp of a difference of two
+    ~1e20 terms, does not overflow into a step of zero taken as convergence at the first guess."""
     mean, std = _moments(1000, seed=0)
     mean[0] = mean.max() + 0.5
     std[0] = tiny

@@ -365,10 +365,10 @@ def test_cached_moments_match_fitted_model(name):
 
 def test_greedy_gains_never_rise_from_step_to_step():
     """With w = 1 each point added to the batch can only lower the gain everywhere (the quality term is fixed
-    and the Schur complement shrinks), so the best gain of greedy step k + 1 is at most step k's. Found in
-    review: once the gain was positive only on small regions, none of the 1024 random candidates landed there
-    and steps 9-12 returned points with gains up to 80 times below the maximum (4.4e-5 at step 13 after
-    7e-7 at step 12, on this problem); the last step's optima now start each step too."""
+    and the Schur complement shrinks), so the best gain of greedy step k + 1 is at most step k's. Once the gain
+    is positive only on small regions, few of the 1024 random candidates land there; the last step's optima
+    start each step too, so no step returns a point with a gain far below the maximum (random candidates alone
+    gave 80 times below at steps 9-12 on this problem)."""
     g = torch.Generator().manual_seed(1)
     n, d, tau = 150, 3, 0.75
     X = torch.rand(n, d, generator=g, dtype=torch.float64)
@@ -389,8 +389,8 @@ def test_greedy_gains_never_rise_from_step_to_step():
 
 
 def test_min_distance_through_its_tree_matches_the_pairwise_distances():
-    """`min_distance` answers large inputs with a k-d tree (the pairwise tensor of Q-GIBBON's duplicate check
-    was n_candidates x n_observed x d: 2.6 GB at 20,000 observed points in 16-D, found in review)."""
+    """`min_distance` answers large inputs with a k-d tree (a pairwise tensor for Q-GIBBON's duplicate check
+    would be n_candidates x n_observed x d: 2.6 GB at 20,000 observed points in 16-D)."""
     g = torch.Generator().manual_seed(0)
     X = torch.rand(700, 5, generator=g, dtype=torch.float64)
     others = torch.rand(900, 5, generator=g, dtype=torch.float64)
@@ -411,9 +411,9 @@ def test_min_distance_through_its_tree_matches_the_pairwise_distances():
 
 
 def test_on_a_grid_the_batch_is_chosen_where_it_will_be_evaluated(monkeypatch):
-    """Found in review: Q-GIBBON built its batch from unrounded points, so rounding onto int and choice grids
-    made 8-17 of 100 points repeat taken cells, and the optimizer replaced them by random points. With the
-    space's `snap` it scores, de-duplicates and adds each point at its grid cell: nothing is replaced."""
+    """With the space's `snap`, Q-GIBBON scores, de-duplicates and adds each point at its grid cell, so no
+    point of a batch on int and choice grids repeats a taken cell and nothing is replaced by a random point
+    (a batch built from unrounded points repeats 8-17 of 100 cells once rounded)."""
     import orchestrator.ask_tell as AT
 
     space = {f"i{k}": {"type": "int", "low": 0, "high": 7} for k in range(4)}
@@ -438,8 +438,8 @@ def test_on_a_grid_the_batch_is_chosen_where_it_will_be_evaluated(monkeypatch):
 
 
 def test_a_used_up_grid_gets_repeats_not_an_error():
-    """Found in review of the grid snapping: once every cell of a small int/choice space was taken, no snapped
-    candidate was new and Q-GIBBON raised, which stops an actor's run; the optimizer keeps repeats there."""
+    """Once every cell of a small int/choice space is taken, no snapped candidate is new: Q-GIBBON does not
+    raise (which would stop an actor's run), and the optimizer keeps repeats there."""
     import orchestrator.ask_tell as AT
 
     space = {"i": {"type": "int", "low": 0, "high": 5}, "c": {"type": "choice", "choices": ["a", "b"]}}  # 12 cells
@@ -457,7 +457,7 @@ def test_a_used_up_grid_gets_repeats_not_an_error():
 def test_on_a_grid_each_point_is_the_cell_of_largest_gain():
     """With `snap`, candidates are scored again at their grid cells: the point chosen is the cell whose gain is
     largest over all 16 cells of a 4 x 4 grid (g* drawn as the proposer draws it). Ranking candidates by their
-    value before rounding chose another cell in 7 of 12 seeds (mutation review)."""
+    value before rounding fails here: it chooses another cell in 7 of 12 seeds."""
     k = 4
 
     def snap(X):

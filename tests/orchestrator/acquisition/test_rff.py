@@ -92,7 +92,7 @@ def test_paths_match_sparse_posterior_mean_and_covariance() -> None:
 def test_paths_of_an_exact_gp_on_noiseless_data_have_the_posterior_covariance() -> None:
     """Exact GP on noiseless data: the noise sits at its floor and the jitter of K~ = K + jitter I is a sizeable
     share of the posterior variance. The prior draw at Z must have covariance K~ too; drawn with k(Z, Z) alone the
-    paths fell 18-24% short of the posterior variance (found in review). The jitter is 1e-6 x the outputscale,
+    paths fall 18-24% short of the posterior variance. The jitter is 1e-6 x the outputscale,
     at most half the noise: the exact GP's kernel without an outputscale (BoTorch's default priors) leaves it at
     1e-6, too small a share to test, so the GP here is the earlier kernel (a fitted outputscale), loaded as a
     state saved before the priors."""

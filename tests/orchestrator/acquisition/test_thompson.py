@@ -119,8 +119,8 @@ def test_batch_of_1000_in_16_dimensions_with_512_inducing_points() -> None:
 
 
 def test_chunk_bytes_bounds_the_optimizer_evaluations_too(monkeypatch) -> None:
-    """Found in review: `chunk_bytes` chunked the candidate scoring only; L-BFGS-B evaluated all q x restarts
-    starts in chunks of its own 256 MiB default, whatever the option said."""
+    """`chunk_bytes` bounds the chunks of both the candidate scoring and L-BFGS-B's evaluation of all
+    q x restarts starts (not a 256 MiB default of its own, whatever the option says)."""
     import orchestrator.acquisition.thompson as thompson
     from orchestrator.acquisition.optimize import chunk_rows
 
@@ -338,7 +338,7 @@ def test_thompson_on_exact_gp_when_available() -> None:
 def test_restarts_at_one_optimum_are_rejected_together():
     """Candidates of one path within SAME_OPTIMUM_TOL are restarts that reached one optimum: where that optimum
     is pending (or taken by an earlier path), the path moves to its next distinct optimum, not to a restart
-    5e-6 from the pending point (mutation review: rejecting only the blocked candidate passed every test)."""
+    5e-6 from the pending point (rejecting only the blocked candidate fails here)."""
     ts = ThompsonSampling()
     tk = {"dtype": torch.float64}
     cand = torch.tensor([[[0.5], [0.5 + 5e-6], [0.8]],       # path 0: its optimum 0.5 is pending
@@ -349,10 +349,9 @@ def test_restarts_at_one_optimum_are_rejected_together():
 
 
 def test_on_a_grid_thompson_picks_free_cells_itself(monkeypatch):
-    """Found in review: Thompson's paths were optimized off the grid and only rounded by the optimizer, so on
-    a 1,024-cell int grid the points of later batches rounded onto taken cells and were replaced by random
-    ones (44 and 67 of 200 here; 445 of 500 in the review). With the space's `snap` each path moves on to its
-    next candidate that rounds onto a free cell: nothing is replaced."""
+    """With the space's `snap`, each Thompson path moves on to its next candidate that rounds onto a free cell
+    of a 1,024-cell int grid, so no point of a later batch is replaced by a random one (paths optimized off the
+    grid and only rounded by the optimizer lose 44 and 67 of 200 points here)."""
     import orchestrator.ask_tell as AT
 
     space = {f"i{k}": {"type": "int", "low": 1, "high": 4} for k in range(5)}

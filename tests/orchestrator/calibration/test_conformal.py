@@ -164,7 +164,7 @@ def test_calibrator_schedule_and_state(tmp_path) -> None:
 
 def test_a_botorch_gp_with_an_outcome_transform_is_refused():
     """Its posterior is in the data's units, its training targets in standardized ones: conformal scores mixing
-    them would be wrong by the transform's scale (found in review). It must be built without a transform."""
+    them would be wrong by the transform's scale. It must be built without a transform."""
     from botorch.models import SingleTaskGP
 
     X = torch.rand(8, 1, dtype=torch.float64)
@@ -174,9 +174,9 @@ def test_a_botorch_gp_with_an_outcome_transform_is_refused():
 
 
 def test_interval_is_unbounded_where_the_set_reaches_the_label_grids_end() -> None:
-    """Found in review: with an over-confident GP (noise 0.01 against a true 0.64) the mask accepts labels past
-    the mu -+ 6 sd grid, and the interval cut at the grid missed 82 accepted true labels of 400 (covered 0.615 <
-    1 - alpha). An accepted grid end now gives an infinite end, so every accepted label lies inside."""
+    """With an over-confident GP (noise 0.01 against a true 0.64) the mask accepts labels past the mu -+ 6 sd
+    grid: an accepted grid end gives an infinite end, so every accepted label lies inside (an interval cut at
+    the grid misses 82 accepted true labels of 400, covering 0.615 < 1 - alpha)."""
     from orchestrator.calibration.conformal import _matern52, conformal_masks
 
     g = torch.Generator().manual_seed(0)

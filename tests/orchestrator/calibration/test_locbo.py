@@ -157,8 +157,8 @@ def test_localized_coverage_closer_to_nominal_per_region() -> None:
 
 def test_a_decay_factor_outside_zero_one_is_refused() -> None:
     """Each step multiplies the threshold's RKHS coefficients by 1 - lambda_reg eta_t; with lambda_reg eta0 >= 1 it
-    is <= 0 and they flip sign and grow (found in review: |coef| ~ 1e13 after 30 results). Refused, naming both
-    keys, for LOCBO and the local spread term."""
+    is <= 0 and they flip sign and grow (|coef| ~ 1e13 after 30 results). Refused, naming both keys, for LOCBO
+    and the local spread term."""
     from orchestrator.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"`calibrator.options.lambda_reg` x `calibrator.options.eta0` must be < 1"):
@@ -170,8 +170,8 @@ def test_a_decay_factor_outside_zero_one_is_refused() -> None:
 
 def test_the_incumbent_is_the_best_standardized_noisy_outcome():
     """locbo.md §1.6, checklist 10: LOCBO's EI improves on f* = the best standardized noisy y, not the largest
-    posterior mean (found in review: with noisy data it used 1e-5 where the best y standardized was 1.7). The
-    optimizer hands the proposer the observed outcomes before it proposes."""
+    posterior mean (with noisy data the two differ: 1e-5 against a best standardized y of 1.7). The optimizer
+    hands the proposer the observed outcomes before it proposes."""
     from orchestrator.ask_tell import AskTellOptimizer
 
     space = {"a": {"type": "float", "low": 0.0, "high": 1.0}, "b": {"type": "float", "low": 0.0, "high": 1.0}}

@@ -1,4 +1,4 @@
-"""Calibration reporting (issue 5 item 7): PITs, central-interval coverage, PIT histogram, paper 000's score."""
+"""Calibration reporting: PITs, central-interval coverage, PIT histogram, paper 000's score."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def test_score_and_histogram_values() -> None:
     torch.testing.assert_close(rc[:, 0], torch.tensor([1.0, 0.5, 2 / 3], dtype=torch.float64))
     with pytest.raises(InputDataError, match=r"PIT values must lie in \[0, 1\]"):
         calibration_score(torch.tensor([1.5]))
-    with pytest.raises(InputDataError, match=r"2 of 3 do not, the first u\[1\] = 1.7"):  # found in review: no index
+    with pytest.raises(InputDataError, match=r"2 of 3 do not, the first u\[1\] = 1.7"):  # names the index
         calibration_score([0.2, 1.7, float("nan")])
     with pytest.raises(InputDataError, match="bins must be an integer"):
         pit_histogram(u, bins=0)

@@ -256,8 +256,8 @@ def test_misspecified_gp_recalibrated_to_80_percent(misspec: str) -> None:
 
 
 def test_bad_coverages_name_their_key_and_a_nan_forecast_is_refused() -> None:
-    """Found in review: a bad `coverages` of online-interval was reported as `levels` (not its key), and a forecast
-    whose CDF is NaN at y was taken: each calibrator read the NaN PIT differently."""
+    """A bad `coverages` of online-interval is reported as `coverages` (its key), not `levels`, and a forecast
+    whose CDF is NaN at y is refused (each calibrator would read the NaN PIT differently)."""
     from orchestrator.errors import ConfigError, InputDataError
     from orchestrator.models.predictive import Forecast
 
@@ -271,9 +271,9 @@ def test_bad_coverages_name_their_key_and_a_nan_forecast_is_refused() -> None:
 
 
 def test_sigma_scale_of_a_biased_model_stays_a_positive_scale():
-    """Found in review: a model with the right spread and its mean 2 sd off leaves one tail's levels clipped, and
-    the (a2) fit through the origin over the other tail came out negative (median -0.56 over 20 seeds at
-    N = 1000), which made the sigma-route EI <= 0 everywhere and turned UCB into LCB."""
+    """A model with the right spread and its mean 2 sd off leaves one tail's levels clipped; the (a2) fit
+    through the origin over the other tail must not come out negative (median -0.56 over 20 seeds at N = 1000
+    unguarded), which would make the sigma-route EI <= 0 everywhere and turn UCB into LCB."""
     import math
 
     from orchestrator.calibration import SPREAD_MAX, SPREAD_MIN, build_calibrator
@@ -333,9 +333,8 @@ def test_batches_are_covered_at_the_map_they_were_proposed_with(batch: int) -> N
 @pytest.mark.parametrize("overconfidence", [3.0, 5.0])
 def test_recalibrated_intervals_of_a_very_overconfident_model_agree_with_its_cdf(overconfidence: float) -> None:
     """A model over-confident by 3x or 5x needs base levels below 1e-6 for a 90% interval. Clipping the mapped
-    levels to [1e-6, 1 - 1e-6] ended the interval at 4.75 base sd: in review it covered 0.795 (3x) and 0.597 (5x)
-    where the recalibrated CDF covered 0.90; here it covered 0.10 and 0.29 less than the CDF's interval. The
-    quantiles now agree with the CDF."""
+    levels to [1e-6, 1 - 1e-6] would end the interval at 4.75 base sd, covering 0.795 (3x) and 0.597 (5x) where
+    the recalibrated CDF covers 0.90. The quantiles agree with the CDF."""
     rng = np.random.default_rng(8)
     cal = OnlineQuantileRecalibrator(eta=0.05)
     one = Forecast("gaussian", 0.5, torch.zeros(1), torch.zeros(1), torch.zeros(1), 0.0)  # N(0, 1)
@@ -359,8 +358,8 @@ def test_streaming_asks_are_covered_near_nominal_at_the_map_they_were_proposed_w
     are free, results in random order; each ask first flushes the results told since the last one in one
     `update` (`AskTellOptimizer.flush_calibration`). The map each point was proposed with covers 0.905, 0.902 and
     0.901 of a central 90% interval here (2x over-confident model, eta 0.1). One step per batch of the flush
-    instead (each batch's results at the levels in force) covered 0.905, 0.933 and 0.942 (found in review: this
-    test flushed after every result then, and saw 0.90); scoring each result at the levels its batch was proposed
+    instead (each batch's results at the levels in force) covers 0.905, 0.933 and 0.942 (a flush after every
+    result sees 0.90); scoring each result at the levels its batch was proposed
     with (delayed-feedback OGD, one step of eta per batch in all) 0.937, 0.908 and 0.900: with many batches in
     flight its stale steps overshoot."""
     rng = np.random.default_rng(workers)

@@ -1,4 +1,4 @@
-"""Spread factor s_t / s_t(x) of the SVGP proposers (issue 5 item 6): learned from one-step-ahead interval
+"""Spread factor s_t / s_t(x) of the SVGP proposers: learned from one-step-ahead interval
 misses, clipped, local where asked, wired by `attach`."""
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def test_attach_and_options() -> None:
     assert attach(cal, p) is p and p.spread == cal.spread
     attach(build_calibrator("none"), p)
     assert p.spread is None
-    # found in review: options the proposer never reads were accepted and changed nothing
+    # options the proposer never reads are refused (accepted, they would change nothing)
     with pytest.raises(UnsupportedError, match="with `spread: off` calibrator 'online' does nothing"):
         attach(build_calibrator("online", spread="off"), p)
     with pytest.raises(UnsupportedError, match=r"`calibrator.options` \['eta', 'levels'\] act only inside .*'calibrated'"):
@@ -172,9 +172,9 @@ def test_thompson_batch_spreads_out_when_calibrated() -> None:
 
 
 def test_a_state_saved_with_other_options_is_refused():
-    """Found in review: `set_state` silently replaced the options a calibrator was built with (alpha 0.05 -> 0.2,
-    spread local -> global, eta 0.5 -> 0.1 with 23 levels); now it names the options that differ, as a model
-    checkpoint of other options is refused. The same options restore, learned state included."""
+    """`set_state` does not silently replace the options a calibrator was built with (alpha 0.05 -> 0.2, spread
+    local -> global, eta 0.5 -> 0.1 with 23 levels): it names the options that differ, as a model checkpoint
+    of other options is refused. The same options restore, learned state included."""
     from orchestrator.errors import QbatchError
 
     T = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
@@ -197,7 +197,7 @@ def test_a_state_saved_with_other_options_is_refused():
 
 
 def test_the_decay_rule_applies_to_the_local_term_only():
-    """Global mode never reads spread_lambda_reg (found in review: it was refused there too)."""
+    """Global mode never reads spread_lambda_reg, so it does not refuse it."""
     build_calibrator("online", spread="global", spread_lambda_reg=20.0, spread_eta=0.1)
     with pytest.raises(ConfigError, match=r"spread_lambda_reg` x `calibrator.options.spread_eta` must be < 1"):
         build_calibrator("online", spread="local", spread_lambda_reg=20.0, spread_eta=0.1)

@@ -116,7 +116,7 @@ def test_full_and_marginal_posteriors_agree_and_batch_shapes() -> None:
 def test_sparse_parts_reproduce_the_posterior(n_unique: int, noise: float) -> None:
     """Z = the unique inputs and q(u) = the exact posterior at Z give back `posterior_f` (Thompson sampling's input),
     also when noiseless replicates put the bootstrap noise at its floor, where the jitter of K~ = K + jitter I is
-    not negligible: q(u) written with K in place of K~ gave 1.3-1.9 times the variance there (found in review)."""
+    not negligible: q(u) written with K in place of K~ gives 1.3-1.9 times the variance there."""
     Xu, X, Y = _replicated(n_unique=n_unique, reps=8 if noise else 4, d=2, noise=noise)
     model = ReplicateQuantileGP(tau=0.9)
     model.fit(X, Y)
@@ -184,9 +184,9 @@ def test_bad_inputs_name_the_row() -> None:
 
 
 def test_the_final_restart_compares_warm_and_cold_fits_of_the_same_bootstrap():
-    """Found in review: the fit reported no `loss`, so `fit(restart=True)` compared NaN with NaN and always kept
-    the warm fit (logging `restart_kept: warm` as if it had compared); and the warm and the cold fit drew
-    different bootstrap quantiles (seeded by the fit count), so their losses would not have compared."""
+    """The fit reports its `loss`, so `fit(restart=True)` compares the warm and the cold fit (without it, NaN
+    with NaN keeps the warm fit, logging `restart_kept: warm` as if it had compared); and both fits draw the
+    same bootstrap quantiles, so their losses compare."""
     from orchestrator.ask_tell import AskTellOptimizer
 
     space = {"a": {"type": "float", "low": 0.0, "high": 1.0}, "b": {"type": "float", "low": 0.0, "high": 1.0}}

@@ -229,7 +229,7 @@ def test_function_samples_need_two_latents():
 @pytest.mark.parametrize("cls", [AsymmetricLaplaceLikelihood, AsymmetricGaussianLikelihood, HeteroscedasticGaussianLikelihood])
 def test_expected_log_prob_stays_finite_where_the_scale_factor_overflows(cls):
     """E[exp(-k g)] is capped at exp(60): at mu_g = -1000 (an optimizer's wild step) the uncapped factor is inf
-    and the expected log-likelihood -inf or NaN, which stalls the fit (mutation review). Below the cap the
+    and the expected log-likelihood -inf or NaN, which stalls the fit. Below the cap the
     closed form is untouched: at mu_g = -10 the AL value equals log tau(1-tau) - mu_g - e^{-mu_g} E[rho]."""
     lik = cls(0.3)
     t = lambda v: torch.tensor([v], **TK)  # noqa: E731

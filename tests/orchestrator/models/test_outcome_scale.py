@@ -1,6 +1,6 @@
 """Outcome standardization (orchestrator/models/svgp.py `standardization`): every model fits the same problem at
-any outcome scale. Found in review: a spread below 1e-9 was taken for a constant outcome and replaced by 1, so
-outcomes of order 1e-10 were flattened and the recommendation went to a corner of the cube."""
+any outcome scale. A spread below 1e-9 is not taken for a constant outcome and replaced by 1, which would
+flatten outcomes of order 1e-10 and send the recommendation to a corner of the cube."""
 
 from __future__ import annotations
 
@@ -49,8 +49,8 @@ def test_constant_outcomes_get_unit_scale():
 
 @pytest.mark.parametrize("model", ["quantile", "exact-gp"])
 def test_a_large_offset_with_a_small_spread_is_not_a_constant(model):
-    """1e9 + 1e-4 y spreads over ~150 float64 ulps: a real signal (the 1e-12 roundoff cut-off took it for a
-    constant, found in review)."""
+    """1e9 + 1e-4 y spreads over ~150 float64 ulps: a real signal (a 1e-12 roundoff cut-off would take it for a
+    constant)."""
     a1, _ = _fit_best(model, 1.0)
     a, _ = _fit_best(model, 1e-4, offset=1e9)
     assert abs(a - 0.7) < 0.05 and a == pytest.approx(a1, abs=0.05)

@@ -82,9 +82,9 @@ def test_records_round_trip_and_errors():
 
 @pytest.mark.parametrize("ratio", [2.0, 0.3, 0.05, 0.01])
 def test_ag_at_tau_half_is_the_gaussian_sum_for_any_noise_to_f_ratio(ratio):
-    """AG at tau = 1/2 is N(f, sigma^2) (rho = u^2/2), so y ~ N(mu, s^2 + sigma^2) exactly. Found in review: a
-    48-node quadrature over f made the CDF a staircase once sigma << s_f (0.05 off at sigma/s_f = 0.05, the
-    0.9-quantile 1.18 for 1.28), and calibrators then "fixed" a calibrated model."""
+    """AG at tau = 1/2 is N(f, sigma^2) (rho = u^2/2), so y ~ N(mu, s^2 + sigma^2) exactly, also once
+    sigma << s_f, where a 48-node quadrature over f makes the CDF a staircase (0.05 off at sigma/s_f = 0.05,
+    the 0.9-quantile 1.18 for 1.28) that calibrators would then "fix" in a calibrated model."""
     fc = Forecast("asymmetric_gaussian", 0.5, torch.zeros(1), torch.ones(1), torch.tensor([math.log(ratio)]),
                   torch.zeros(1))
     ys = torch.linspace(-3, 3, 301, dtype=torch.float64)
@@ -132,10 +132,10 @@ def test_ag_cdf_matches_quadrature_over_f(tau, ratio):
 @pytest.mark.parametrize("tau,mu_g,var_g", [(0.5, -25.0, 0.0), (0.9, -25.0, 0.0), (0.9, -5.0, 2.5),
                                              (0.99, -3.0, 4.0), (0.9, -1.0, 0.5)])
 def test_al_cdf_stays_finite_and_right_when_the_noise_is_tiny_next_to_f(tau, mu_g, var_g):
-    """Found in review: the asymmetric-Laplace CDF summed exp(a d + (a s)^2 / 2) Phi(-d/s - a s) in log space,
-    whose two parts cancel at 1e15-1e17 once sigma / s_f < ~1e-9 at a Gauss-Hermite node of g (at tau 0.9
-    already for mu_g = -5, var_g = 2.5): the CDF came out 0 or NaN, not monotone, and the median 90.7 for -0.2.
-    Against adaptive quadrature of E_g[E_f[F_AL(y | f, e^g)]] (f ~ N(0, 1))."""
+    """The asymmetric-Laplace CDF stays monotone and finite where the log-space sum of
+    exp(a d + (a s)^2 / 2) Phi(-d/s - a s) cancels at 1e15-1e17, once sigma / s_f < ~1e-9 at a Gauss-Hermite
+    node of g (at tau 0.9 already for mu_g = -5, var_g = 2.5; there the sum gives 0 or NaN and a median of 90.7
+    for -0.2). Against adaptive quadrature of E_g[E_f[F_AL(y | f, e^g)]] (f ~ N(0, 1))."""
     from scipy import integrate
 
     fc = Forecast("asymmetric_laplace", tau, torch.zeros(1), torch.ones(1), torch.tensor([mu_g]),

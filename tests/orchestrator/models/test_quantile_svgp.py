@@ -300,7 +300,7 @@ def test_state_round_trip(fitted, data):
 
 def test_a_restored_model_refits_exactly_as_the_original(data):
     """The state carries the generator (minibatch order, k-means): a resumed run's refits are the interrupted
-    run's, bit for bit. A restore that reseeded the generator refitted differently (mutation review)."""
+    run's, bit for bit (a restore that reseeded the generator would refit differently)."""
     X, Y = data
     original = QuantileSVGP(tau=0.8, num_inducing=16, max_steps=30, warm_max_steps=5, batch_size=64, seed=4)
     original.fit(X[:250], Y[:250])
@@ -425,7 +425,7 @@ def test_elbo_terms(fitted, data):
         assert max(parts) - min(parts) > 1e-3  # the minibatches do differ
         # the loss itself, recomposed from independent pieces: E[log p] by 2-D Gauss-Hermite quadrature of the
         # likelihood's log-density, the KL above, and the spec §1.3 hyperpriors on both latents' kernels. The
-        # unbiasedness check alone passes with the KL dropped or its sign flipped (found in review)
+        # unbiasedness check alone passes with the KL dropped or its sign flipped
         from gpytorch.priors import LogNormalPrior
 
         n, B = X.shape[0], torch.arange(0, 300, 3)[:60]
