@@ -20,10 +20,11 @@ import time
 import traceback
 import warnings
 import zlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -67,7 +68,7 @@ class Method:
     replicate: bool = False
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def code_version() -> str:
     """The code a result comes from: the repository's git commit (`+dirty` when tracked files differ from it;
     "unknown" outside a git checkout) and the torch, gpytorch and botorch versions. Result rows record it

@@ -74,8 +74,9 @@ import sys
 import time
 import warnings
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -84,8 +85,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._common import mean_ci, paired_comparison, plot_curves, write_table  # noqa: E402
 from benchmarks._common import format_table as format_rows  # noqa: E402
+from benchmarks._common import mean_ci, paired_comparison, plot_curves, write_table  # noqa: E402
 
 #: function name -> (objectives.functions class name, constructor kwargs, n_init, acquisition)
 FUNCTIONS: dict[str, tuple[str, dict[str, Any], int, str]] = {

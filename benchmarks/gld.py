@@ -53,18 +53,37 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._common import (  # noqa: E402
-    MODELS, PROPOSERS, BatchRun, Job, Method, checkpoint_evaluations, code_mix_note, config_tag, drive_guarded,
-    format_table, limited_threads, mean_ci, merge_options, paired_comparison, parse_index_list, plot_curves, preflight,
-    read_table, replicate_seed, run_jobs, write_table,
+    MODELS,
+    PROPOSERS,
+    BatchRun,
+    Job,
+    Method,
+    checkpoint_evaluations,
+    code_mix_note,
+    config_tag,
+    drive_guarded,
+    format_table,
+    limited_threads,
+    mean_ci,
+    merge_options,
+    paired_comparison,
+    parse_index_list,
+    plot_curves,
+    preflight,
+    read_table,
+    replicate_seed,
+    run_jobs,
+    write_table,
 )
 
 MODE = "synchronous batches, in-process AskTellOptimizer (the orchestrator's synchronous protocol without Ray)"

@@ -47,19 +47,34 @@ import sys
 import time
 import traceback
 import warnings
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._common import (  # noqa: E402
-    MODELS, PROPOSERS, Method, build_optimizer, code_mix_note, code_version, config_tag, format_table, mean_ci,
-    merge_options, paired_comparison, parse_index_list, plot_curves, preflight, read_table, write_table,
+    MODELS,
+    PROPOSERS,
+    Method,
+    build_optimizer,
+    code_mix_note,
+    code_version,
+    config_tag,
+    format_table,
+    mean_ci,
+    merge_options,
+    paired_comparison,
+    parse_index_list,
+    plot_curves,
+    preflight,
+    read_table,
+    write_table,
 )
 
 MODE = "synchronous batches, in-process AskTellOptimizer built from a validated config (the orchestrator's " \

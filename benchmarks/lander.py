@@ -56,20 +56,37 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._common import build_optimizer as build_shared  # noqa: E402
 from benchmarks._common import (  # noqa: E402
-    MODELS, PROPOSERS, BatchRun, Job, Method, code_mix_note, config_tag, drive_guarded, format_table, mean_ci,
-    merge_options, paired_comparison, parse_index_list, plot_curves, preflight, read_table, replicate_seed, run_jobs,
+    MODELS,
+    PROPOSERS,
+    BatchRun,
+    Job,
+    Method,
+    code_mix_note,
+    config_tag,
+    drive_guarded,
+    format_table,
+    mean_ci,
+    merge_options,
+    paired_comparison,
+    parse_index_list,
+    plot_curves,
+    preflight,
+    read_table,
+    replicate_seed,
+    run_jobs,
     write_table,
 )
+from benchmarks._common import build_optimizer as build_shared  # noqa: E402
 
 MODE = "synchronous batches, in-process AskTellOptimizer built from a validated config (the orchestrator's " \
        "synchronous protocol without Ray)"
@@ -520,9 +537,11 @@ def inspect_runs(folder: Path, runs: Sequence[int], method: str, proto: Protocol
     ref = recorded_final_recommendations(folder, proto.tau, method)
     out = []
     for run in runs:
-        _, lander, error = drive_guarded(  # no checkpoint: the run goes to its end in this call
-            lambda: LanderRun(method, proto, run, episodes, eval_every, model_options, proposer_options,
-                              objective_options), None, None, None, threads, f"[lander] --inspect run {run}")
+        # no checkpoint: the run goes to its end in this call (which calls the lambda, so `run` is this one)
+        _, lander, error = drive_guarded(
+            lambda: LanderRun(method, proto, run, episodes, eval_every, model_options,  # noqa: B023
+                              proposer_options, objective_options),
+            None, None, None, threads, f"[lander] --inspect run {run}")
         if error:
             raise RuntimeError(f"--inspect: run {run} failed: {error}")
         X, Y = lander.opt.observations()
@@ -556,7 +575,7 @@ def make_plots(rows: Sequence[dict], out: Path) -> list[Path]:
     """One PNG per tau: true quantile of the recommendation vs evaluations, mean +- 95% CI over runs."""
     paths = []
     for tau in sorted({r["tau"] for r in rows}):
-        curves = curves_by_method(rows, list(METHODS), "q_true", lambda r: r["tau"] == tau)
+        curves = curves_by_method(rows, list(METHODS), "q_true", lambda r: r["tau"] == tau)  # noqa: B023
         if curves:
             paths.append(plot_curves(
                 curves, out / f"lander_tau{tau:g}.png", logy=False,

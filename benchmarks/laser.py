@@ -56,19 +56,40 @@ import os
 import sys
 import time
 import zlib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._common import (  # noqa: E402
-    MODELS, PROPOSERS, BatchRun, Job, Method, code_mix_note, config_tag, drive_guarded, format_table, mean_ci,
-    merge_options, paired_comparison, plot_curves, preflight, read_table, run_jobs, write_table,
+    MODELS,
+    PROPOSERS,
+    BatchRun,
+    Job,
+    Method,
+    code_mix_note,
+    config_tag,
+    drive_guarded,
+    format_table,
+    mean_ci,
+    merge_options,
+    paired_comparison,
+    plot_curves,
+    preflight,
+    read_table,
+    run_jobs,
+    write_table,
 )
 from benchmarks.lander import (  # noqa: E402
-    _as_types, _std, add_common_args, build_optimizer, curves_by_method, parse_runs,
+    _as_types,
+    _std,
+    add_common_args,
+    build_optimizer,
+    curves_by_method,
+    parse_runs,
 )
 from objectives.laser import MEASUREMENT_OPTIONS  # noqa: E402
 
@@ -537,7 +558,7 @@ def run_simulators(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def design_fit(laser: "LaserRun", loc: float, scale: float) -> dict[str, float]:
+def design_fit(laser: LaserRun, loc: float, scale: float) -> dict[str, float]:
     """How the fitted model's tau-quantile at the observed settings compares with their exact quantiles: Spearman's
     rank correlation, the largest prediction and the largest exact quantile (a model can rank the settings well
     and still recommend the wrong one when it compresses the top); and the noise the model reads there against the

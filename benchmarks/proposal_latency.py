@@ -37,10 +37,11 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import psutil
 import torch
@@ -72,7 +73,7 @@ class Setting:
     q: int
 
     @classmethod
-    def parse(cls, text: str) -> "Setting":
+    def parse(cls, text: str) -> Setting:
         try:
             n, d, m, q = (int(v) for v in text.split(":"))
         except ValueError:
@@ -104,7 +105,7 @@ class PeakRSS:
             self._peak = max(self._peak, self.proc.memory_info().rss)
             self._stop.wait(self.interval)
 
-    def __enter__(self) -> "PeakRSS":
+    def __enter__(self) -> PeakRSS:
         gc.collect()
         self._start = self._peak = self.proc.memory_info().rss
         self._stop = threading.Event()

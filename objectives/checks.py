@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import difflib
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 

@@ -14,12 +14,19 @@ import dataclasses
 import math
 import os
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from objectives.base import EvalResult, Objective, ObjectiveError, Resources
-from objectives.datasets import IMAGE_DATASETS, DatasetError, ImageDataset, check_image_source, load_image_dataset
+from objectives.datasets import (
+    IMAGE_DATASETS,
+    DatasetError,
+    ImageDataset,
+    check_image_source,
+    load_image_dataset,
+)
 from objectives.options import check_choice, check_float, check_int, check_path
 
 #: image side of each data set (digits 8x8, CIFAR-10 and SVHN 32x32): `conv_layers` halvings must leave >= 1

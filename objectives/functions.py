@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from scipy.optimize import minimize

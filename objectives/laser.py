@@ -26,8 +26,9 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 from scipy.interpolate import CubicSpline
@@ -35,9 +36,9 @@ from scipy.stats import skewnorm
 from threadpoolctl import threadpool_limits
 
 from objectives.base import ObjectiveError, SyntheticObjective, check_params
-from objectives.options import check_float, check_int, check_path, check_range
 from objectives.functions import check_tau, maximize_on_box, point_rng
 from objectives.gld import MaternRFF
+from objectives.options import check_float, check_int, check_path, check_range
 
 __all__ = ["ENERGY_COLUMN", "QUAD_BOX", "LaserSimulator"]
 
@@ -196,7 +197,7 @@ class LaserSimulator(SyntheticObjective):
         }
 
     @classmethod
-    def from_csv(cls, path: str | Path, **kwargs: Any) -> "LaserSimulator":
+    def from_csv(cls, path: str | Path, **kwargs: Any) -> LaserSimulator:
         """The simulator fitted to a CSV of LCLS-format measurements (see module docstring)."""
         return cls(csv_path=path, **kwargs)
 

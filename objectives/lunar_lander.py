@@ -25,7 +25,8 @@ all: ``timeout_penalty=0``). The reward is returned as is (not /300).
 from __future__ import annotations
 
 import importlib
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 import numbers
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -11,7 +11,8 @@ import contextlib
 import importlib
 import inspect
 import sys
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from objectives.base import Objective, ObjectiveError, Resources
 

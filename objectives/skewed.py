@@ -14,7 +14,8 @@ so a method that optimizes the mean, or ignores how the noise changes, recommend
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 

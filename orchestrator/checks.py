@@ -12,7 +12,8 @@ for parameter specs, `StoreError` for events.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Mapping, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import numpy as np
 

@@ -8,8 +8,9 @@ float/int map affinely (or in log space), a choice among k values maps to k equa
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -148,7 +149,7 @@ def _plain_choice(value: Any) -> Any:
     return value
 
 
-def check_loggable(space: "SearchSpace") -> None:
+def check_loggable(space: SearchSpace) -> None:
     """Raise `SpaceError` naming the parameter when a choice would not come back the same from a run's log and
     config.yaml (JSON and YAML): a run proposes from the space it reads back, and a resume maps logged params
     onto it. The library (`AskTellOptimizer`) keeps no log and takes any choice values."""
@@ -280,7 +281,7 @@ class SearchSpace:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_description(cls, description: Mapping[str, Mapping[str, Any]]) -> "SearchSpace":
+    def from_description(cls, description: Mapping[str, Mapping[str, Any]]) -> SearchSpace:
         """Build from a plain description ``{name: {"type": ..., ...}}`` (objectives/base.py)."""
         if not isinstance(description, Mapping):
             raise SpaceError(f"space must be a mapping of parameter name to spec; got {type(description).__name__}")

@@ -27,7 +27,8 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from orchestrator.checks import is_int, refuse
 from orchestrator.errors import ConfigError

@@ -20,7 +20,8 @@ import importlib.util
 import os
 import sys
 import warnings
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["PACKAGES", "bind"]
 

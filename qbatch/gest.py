@@ -17,8 +17,14 @@ import math
 from typing import Any
 
 from gest_api import Generator
-from gest_api.vocs import (VOCS, ContextualVariable, ContinuousVariable, DiscreteVariable, MaximizeObjective,
-                           MinimizeObjective)
+from gest_api.vocs import (
+    VOCS,
+    ContextualVariable,
+    ContinuousVariable,
+    DiscreteVariable,
+    MaximizeObjective,
+    MinimizeObjective,
+)
 
 from orchestrator.ask_tell import AskTellOptimizer, TrialError
 from orchestrator.errors import ConfigError, SpaceError

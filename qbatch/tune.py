@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 import pickle
 import warnings
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ray.tune.search import Searcher
 from ray.tune.search.sample import Categorical, Domain, Float, Integer, LogUniform, Quantized, Uniform

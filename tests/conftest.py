@@ -42,7 +42,7 @@ def lcls_csv(shared_dir: Path) -> Path:
     return path
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _ray_rank(path: Path) -> int:
     """0 for a test file with Ray tests (marked `ray`) outside tests/benchmarks, 1 for a benchmark smoke file that
     starts Ray, 2 for any other. Read from the file's text: pytest-xdist's controller, which schedules the files,

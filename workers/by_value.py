@@ -25,9 +25,10 @@ import pickle
 import site
 import sys
 import sysconfig
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from objectives.base import EvalResult, Objective, ObjectiveError, Resources
 
@@ -149,7 +150,7 @@ class ByValue:
     label: str
 
     @classmethod
-    def of(cls, objective: Objective) -> "ByValue":
+    def of(cls, objective: Objective) -> ByValue:
         """Pickle `objective` with Ray's cloudpickle. Functions and classes of `__main__` or a notebook go by value,
         and so does the module that defines a `CallableObjective`'s callable where it is not an installed package
         (a module beside the script, or one on a path the notebook added), which the workers may not import.

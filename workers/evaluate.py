@@ -24,7 +24,8 @@ import sys
 import threading
 import time
 import traceback as tb_module
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from objectives.base import Objective, Resources
 from workers.by_value import ByValue

@@ -13,7 +13,8 @@ import json
 import math
 import numbers
 import sys
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 

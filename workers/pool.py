@@ -23,7 +23,8 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from objectives.base import Resources
 from workers.evaluate import submit_evaluation

@@ -100,7 +100,7 @@ class TrialResult:
     def failure(
         cls, error: str, message: str | None, traceback: str | None, started: float, ended: float | None = None,
         metrics: dict[str, Any] | None = None, **fields: Any,
-    ) -> "TrialResult":
+    ) -> TrialResult:
         """A failed result (`fields`: e.g. `child_pid`, `trial_id`); `ended` defaults to now."""
         return cls("failed", None, error, message, traceback, started, time.time() if ended is None else ended,
                    metrics or {}, **fields)

@@ -21,7 +21,8 @@ import signal
 import tempfile
 import threading
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from objectives.base import Objective
 from workers.by_value import ByValue

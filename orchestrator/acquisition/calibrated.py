@@ -241,7 +241,12 @@ class _ConformalAcquisition(AcquisitionFunction):
         return w, ood
 
     def _mixture(self, X: Tensor, optimistic: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        from orchestrator.calibration.conformal import candidate_labels, conditioned_f, conformal_masks, conformal_weights
+        from orchestrator.calibration.conformal import (
+            candidate_labels,
+            conditioned_f,
+            conformal_masks,
+            conformal_weights,
+        )
 
         if X.shape[-2] != 1:
             raise UnsupportedError(f"conformal acquisitions take `b x 1 x d` inputs; got {tuple(X.shape)}")

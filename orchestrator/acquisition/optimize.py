@@ -13,7 +13,7 @@ gradient separates.
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from linear_operator.utils.cholesky import psd_safe_cholesky
@@ -390,7 +391,9 @@ class QGibbon(Proposer):
             # adding a point changes the gain only near it, so the last step's other optima stay good starts:
             # where the gain is positive on a small part of the cube, random candidates may all miss it
             X_opt, v_opt = maximize_lbfgsb(
-                lambda X, idx: acq.objective(X, log_delta), torch.cat([raw[top], carry]), maxiter=self.maxiter
+                # called within this step only, so `log_delta` is this step's
+                lambda X, idx: acq.objective(X, log_delta),  # noqa: B023
+                torch.cat([raw[top], carry]), maxiter=self.maxiter,
             )
             carry = X_opt[v_opt.topk(min(self.num_restarts, v_opt.shape[0])).indices].detach()
             cands, vals = torch.cat([X_opt.detach(), raw]), torch.cat([v_opt, raw_val])

@@ -18,14 +18,21 @@ the posterior mean of the target: μ(x) + s(x)·(path(x) − μ(x)).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from scipy.spatial import cKDTree
 from torch import Tensor
 
 from orchestrator.acquisition.base import DUPLICATE_TOL, Proposer, min_distance
-from orchestrator.acquisition.optimize import DEFAULT_CHUNK_BYTES, METHODS, chunk_rows, maximize_lbfgsb, top_k_shared
+from orchestrator.acquisition.optimize import (
+    DEFAULT_CHUNK_BYTES,
+    METHODS,
+    chunk_rows,
+    maximize_lbfgsb,
+    top_k_shared,
+)
 from orchestrator.acquisition.rff import MatheronPaths
 from orchestrator.checks import check_bool, check_float, check_int
 from orchestrator.errors import ConfigError, InputDataError

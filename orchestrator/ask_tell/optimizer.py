@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import bisect
 import threading
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -162,7 +163,7 @@ class AskTellOptimizer(TrialRegistry, ComponentFactories, ModelFitting, Calibrat
         self._lock, self._ask_lock, self._calib_lock = threading.RLock(), threading.Lock(), threading.Lock()
 
     @classmethod
-    def from_config(cls, cfg: Any, objective: Any) -> "AskTellOptimizer":
+    def from_config(cls, cfg: Any, objective: Any) -> AskTellOptimizer:
         """The optimizer of a validated `ExperimentConfig` for `objective` (its space and direction, with the
         config's overrides), as the central actor runs it. Calibration updates are deferred to
         `flush_calibration` (which `ask` calls before proposing)."""

@@ -12,7 +12,8 @@ part of `AskTellOptimizer` (orchestrator/ask_tell/optimizer.py).
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor

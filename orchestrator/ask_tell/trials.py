@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import copy
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -51,7 +52,7 @@ class Trial:
     source: str = "sobol"
     info: dict = field(default_factory=dict)
 
-    def copy(self) -> "Trial":
+    def copy(self) -> Trial:
         """A copy the caller may change (`ask`, `pending` and `trial` hand these out: editing a trial's params in
         place, as a training script may do with its config, would otherwise rewrite the optimizer's record)."""
         return Trial(self.trial_id, copy.deepcopy(self.params), self.x.clone(), self.batch_id,

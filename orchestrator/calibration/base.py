@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 from abc import ABC
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -93,7 +94,7 @@ class CalibratedForecast:
         calibrator: supplies `map_levels` (R) and `unmap_levels` (R^{-1}).
     """
 
-    def __init__(self, forecast: Forecast, calibrator: "Calibrator") -> None:
+    def __init__(self, forecast: Forecast, calibrator: Calibrator) -> None:
         self.base = forecast
         self.calibrator = calibrator
 
@@ -126,7 +127,7 @@ class CalibratedForecast:
         return q[:, 0], q[:, 1]
 
 
-class Calibrator(ABC):
+class Calibrator(ABC):  # noqa: B024 -- a subclass overrides one of two update hooks, either
     """Base class of every calibrator (`orchestrator.protocols.CalibratorProtocol`): identity map and unit spread
     until a subclass learns otherwise.
 

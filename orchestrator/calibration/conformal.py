@@ -15,15 +15,16 @@ f | D^_j ~ N(a y^_j + b, s^2) in closed form (EI) rather than with one f-sample 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from orchestrator.calibration.base import Calibrator
-from orchestrator.calibration.options import check_option
 from orchestrator.calibration.locbo import denoise_coefficients
+from orchestrator.calibration.options import check_option
 from orchestrator.checks import check_bool, check_float, check_int
 from orchestrator.errors import InputDataError, UnsupportedError
 
@@ -65,7 +66,7 @@ class ExactGPParts:
     noise_var: float
 
     @classmethod
-    def from_model(cls, model: Any, X_train: Tensor | None = None, Y_train: Tensor | None = None) -> "ExactGPParts":
+    def from_model(cls, model: Any, X_train: Tensor | None = None, Y_train: Tensor | None = None) -> ExactGPParts:
         """From a BoTorch `SingleTaskGP` (its train data, covar, mean, noise) or a qbatch `Surrogate` exact GP.
 
         For a `Surrogate`, the Matérn-5/2 parts come from `sparse_parts("f")` (Z = training inputs) and the noise

@@ -11,7 +11,8 @@ Every function also accepts a `CalibratedForecast` (anything with `.cdf`), to sc
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -292,10 +293,9 @@ class OfflineCVCalibrator(Calibrator):
             iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip", increasing=True)
             iso.fit(np.concatenate([[0.0], u, [1.0]]), np.concatenate([[0.0], p_hat, [1.0]]))
             return np.clip(iso.predict(_GRID), 0.0, 1.0)
+        from scipy.stats import norm
         from sklearn.gaussian_process import GaussianProcessRegressor
         from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
-
-        from scipy.stats import norm
 
         # regress in probit coordinates of u: an over-confident forecast puts its PITs at 1e-10 and 1 - 1e-10,
         # where R is steep in u but smooth in Phi^-1(u)

@@ -16,7 +16,8 @@ with their mean gradient (§4.3): then T in the bounds counts asks, not results.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -215,7 +216,7 @@ class OnlineIntervalCalibrator(OnlineQuantileRecalibrator):
         qs = forecast.quantile(inner) if inner else torch.empty(n, 0, dtype=torch.float64)
         j = 0
         ends = []
-        for v, inf in ((lo, -math.inf), (hi, math.inf)):
+        for v in (lo, hi):
             if 0 < v < 1:
                 ends.append(qs[:, j])
                 j += 1

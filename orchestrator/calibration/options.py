@@ -4,7 +4,8 @@ saved state's options against the calibrator it is restored into (`check_same_op
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 from orchestrator.checks import show
 from orchestrator.config.values import _check_param_spec, _expand_home, _one_line, check_run_dir
@@ -118,7 +119,7 @@ class ExperimentConfig:
         """`direction` if set, else the objective's own ("maximize" | "minimize")."""
         return self.direction if self.direction is not None else objective_direction
 
-    def build_space(self, objective_space: Mapping[str, Mapping[str, Any]]) -> "Any":
+    def build_space(self, objective_space: Mapping[str, Mapping[str, Any]]) -> Any:
         """The objective's space with this config's overrides applied, as a `SearchSpace`.
 
         An override may replace a parameter by a narrower one that the objective still accepts: numeric

@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import yaml
 
 from orchestrator.checks import show, suggest
-from orchestrator.config.experiment import ComponentConfig, ExperimentConfig, FailureGuardConfig, ObjectiveConfig
+from orchestrator.config.experiment import (
+    ComponentConfig,
+    ExperimentConfig,
+    FailureGuardConfig,
+    ObjectiveConfig,
+)
 from orchestrator.config.schema import _MISSING, _SHORTHAND, _TABLE
 from orchestrator.config.values import _one_line
 from orchestrator.errors import ConfigError
@@ -104,7 +110,7 @@ def _construct_float(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
 _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:float", _construct_float)
 
 
-def load_config_text(text: str, source: str = "<config>") -> "ExperimentConfig":
+def load_config_text(text: str, source: str = "<config>") -> ExperimentConfig:
     """Parse YAML `text` and validate it; errors are prefixed by `source`.
 
     Raises:

@@ -10,10 +10,20 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any
 
-from orchestrator.checks import check_bool, check_choice, check_float, check_int, plain_data, refuse, show, suggest
+from orchestrator.checks import (
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+    plain_data,
+    refuse,
+    show,
+    suggest,
+)
 from orchestrator.errors import ConfigError, SpaceError
 from orchestrator.threads import check_threads
 

@@ -12,11 +12,14 @@ objective latent f, so that the region of the optimum keeps its resolution.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from botorch.models.utils.inducing_point_allocators import (
-    GreedyVarianceReduction, InducingPointAllocator, QualityFunction,
+    GreedyVarianceReduction,
+    InducingPointAllocator,
+    QualityFunction,
 )
 from gpytorch.kernels import MaternKernel, ScaleKernel
 from torch import Tensor

@@ -13,8 +13,9 @@ from __future__ import annotations
 import contextlib
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -162,7 +163,7 @@ class Surrogate(ABC):
         z = torch.special.ndtri(torch.tensor(self.tau, dtype=mu_f.dtype, device=mu_f.device))
         return mu_f + z * mu_g.exp()
 
-    def forecast(self, X: Tensor) -> "Forecast":
+    def forecast(self, X: Tensor) -> Forecast:
         """Predictive distribution of y (original units) at `n x d` points, one independent marginal per point."""
         from orchestrator.models.predictive import Forecast
 

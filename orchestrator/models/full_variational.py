@@ -72,7 +72,7 @@ class SiteState:
     def __init__(self, Z: Tensor, nu: Tensor, lam: Tensor) -> None:
         self.Z, self.nu, self.lam = Z.detach().clone(), nu.detach().clone(), lam.detach().clone()
 
-    def rescaled(self, ratio: float) -> "SiteState":
+    def rescaled(self, ratio: float) -> SiteState:
         """The same sites in units where f's zero-mean part is multiplied by `ratio` (a new standardization):
         exp(nu h - lambda h^2 / 2) with h = h' / ratio is exp((nu / ratio) h' - (lambda / ratio^2) h'^2 / 2).
         Row 0 is f; g = log sigma only shifts by a constant, which its constant mean takes."""

@@ -31,8 +31,8 @@ from orchestrator.errors import InputDataError, UnsupportedError
 from orchestrator.limits import MAX_BOOTSTRAP, check_at_most
 from orchestrator.models.base import TKWARGS, SparseLatentParts, Surrogate, check_training_data
 from orchestrator.models.distributions import al_constants
-from orchestrator.models.likelihoods import check_tau
 from orchestrator.models.kernels import matern52
+from orchestrator.models.likelihoods import check_tau
 from orchestrator.models.svgp_options import standardization
 
 __all__ = ["ReplicateQuantileGP", "group_replicates", "bootstrap_quantiles"]

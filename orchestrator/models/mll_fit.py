@@ -23,7 +23,8 @@ iterations, 14-64 s, on a busy machine).
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from botorch.exceptions.errors import ModelFittingError
 from botorch.fit import fit_gpytorch_mll

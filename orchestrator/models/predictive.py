@@ -12,8 +12,9 @@ Everything is in the original units of y.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -93,7 +94,7 @@ class Forecast:
     def __len__(self) -> int:
         return self.mu_f.shape[0]
 
-    def __getitem__(self, idx: Any) -> "Forecast":
+    def __getitem__(self, idx: Any) -> Forecast:
         sel = lambda t: t[idx].reshape(-1)  # noqa: E731
         return Forecast(self.family, self.tau, sel(self.mu_f), sel(self.var_f), sel(self.mu_g), sel(self.var_g))
 
@@ -106,7 +107,7 @@ class Forecast:
         ]
 
     @classmethod
-    def from_records(cls, records: Sequence[dict[str, Any]]) -> "Forecast":
+    def from_records(cls, records: Sequence[dict[str, Any]]) -> Forecast:
         """Inverse of `to_records`; all records must share family and tau."""
         if not records:
             raise ValueError("from_records needs at least one record")

@@ -262,7 +262,7 @@ def solve_fixed_point(problem: SiteProblem, nu: np.ndarray, lam: np.ndarray, max
     cur = problem.evaluate(nu, lam)
     x = np.concatenate([nu.ravel(), lam.ravel()])
     beta, steps, previous = INITIAL_STEP, 0, None
-    for steps in range(1, max_steps + 1):
+    for steps in range(1, max_steps + 1):  # noqa: B007 -- `steps` is read after the loop
         x_ref, cur = _refined(problem, x, cur, tol)
         lam_target = clamp_precisions(-2.0 * cur.g_var)
         target = np.concatenate([(cur.g_mean + lam_target * cur.post.mean).ravel(), lam_target.ravel()])

@@ -26,7 +26,13 @@ from torch import Tensor
 from orchestrator.errors import ConfigError, InputDataError
 from orchestrator.models import distributions as D
 from orchestrator.models.allocation import allocate_inducing, auto_num_inducing
-from orchestrator.models.base import TKWARGS, SparseLatentParts, Surrogate, check_fit_stop, check_training_data
+from orchestrator.models.base import (
+    TKWARGS,
+    SparseLatentParts,
+    Surrogate,
+    check_fit_stop,
+    check_training_data,
+)
 from orchestrator.models.full_variational import SiteState, fit_full_variational
 from orchestrator.models.inducing import KMeansInducingPointSelector
 from orchestrator.models.kernels import matern52

@@ -148,7 +148,7 @@ class SVGPOptions:
             setattr(self, name, check_bool(f"`{name}`", getattr(self, name)))
 
     @classmethod
-    def from_dict(cls, options: dict[str, Any]) -> "SVGPOptions":
+    def from_dict(cls, options: dict[str, Any]) -> SVGPOptions:
         """Build from a dict, naming any unknown key and listing the valid ones."""
         valid = {f.name for f in fields(cls)}
         unknown = sorted(set(options) - valid)

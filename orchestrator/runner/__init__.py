@@ -35,20 +35,20 @@ from __future__ import annotations
 
 from orchestrator.actor import RunAbortedError
 from orchestrator.runner.actors import NAMESPACE, actor_name
-from orchestrator.runner.api import resume_experiment, run_experiment
+from orchestrator.runner.actors import _actor_pid as _actor_pid
 
 # names outside `__all__` that the tests and benchmarks import from here
 from orchestrator.runner.actors import pool_name as pool_name
-from orchestrator.runner.progress import progress_fields as progress_fields
-from orchestrator.runner.actors import _actor_pid as _actor_pid
 from orchestrator.runner.address import _connection_error_line as _connection_error_line
 from orchestrator.runner.address import _other_ray as _other_ray
+from orchestrator.runner.api import resume_experiment, run_experiment
 from orchestrator.runner.drive import _report as _report
 from orchestrator.runner.preflight import _check_log_matches_space as _check_log_matches_space
 from orchestrator.runner.preflight import _check_objective as _check_objective
 from orchestrator.runner.preflight import _check_run_args as _check_run_args
 from orchestrator.runner.preflight import _with_absolute_paths as _with_absolute_paths
 from orchestrator.runner.progress import _show as _show
+from orchestrator.runner.progress import progress_fields as progress_fields
 from orchestrator.runner.signals import _sigterm_interrupts as _sigterm_interrupts
 
 __all__ = ["NAMESPACE", "RunAbortedError", "actor_name", "resume_experiment", "run_experiment"]

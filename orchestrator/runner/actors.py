@@ -14,7 +14,8 @@ import contextlib
 import os
 import re
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from orchestrator.actor import CentralActor
 from orchestrator.errors import QbatchError, UsageError

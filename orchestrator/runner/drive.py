@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Mapping, TextIO
+from collections.abc import Mapping
+from typing import Any, TextIO
 
 from orchestrator.actor import RunAbortedError
 from orchestrator.runner.actors import _actor_pid, _start_actors

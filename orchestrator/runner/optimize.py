@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, TextIO
+from typing import Any, TextIO
 
 from objectives.base import ObjectiveError, Resources
 from orchestrator.errors import ConfigError

@@ -10,7 +10,8 @@ other working directories.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from orchestrator.actor import default_max_concurrent
 from orchestrator.errors import ConfigError

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any, Mapping, TextIO
+from collections.abc import Mapping
+from typing import Any, TextIO
 
 #: seconds with evaluations waiting in Ray's queue and none running before the driver says so (`_QueueWatch`)
 STARVED_WARN_S = 60.0

@@ -16,15 +16,20 @@ from __future__ import annotations
 import contextlib
 import importlib.machinery
 import logging
-import sys
 import os
 import signal
+import sys
 import threading
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from orchestrator.errors import ConfigError, UsageError
 from orchestrator.runner.address import (
-    _TOKEN_SOURCES, _check_reachable, _connection_error_line, _other_ray, _token_refusal,
+    _TOKEN_SOURCES,
+    _check_reachable,
+    _connection_error_line,
+    _other_ray,
+    _token_refusal,
 )
 from orchestrator.runner.signals import _interrupts_held
 

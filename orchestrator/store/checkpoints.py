@@ -12,7 +12,8 @@ import io
 import json
 import os
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from orchestrator.store.errors import StoreError, _first_line
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import errno
 import os
 import uuid
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs

@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import pyarrow.fs as pafs
 

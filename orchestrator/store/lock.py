@@ -113,7 +113,7 @@ class WriterLock:
         except ImportError:  # not POSIX
             return None
         try:
-            f = open(backend.path(_WRITER_LOCK), "r")
+            f = open(backend.path(_WRITER_LOCK))
         except FileNotFoundError:  # never written by a version with the lock, or not yet started
             return False
         except OSError:

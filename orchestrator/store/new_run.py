@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import re
 import socket
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from orchestrator.store.errors import RunDirError, StoreError
 from orchestrator.store.filesystems import _Local, _makedirs, _remove_empty

@@ -9,7 +9,8 @@ live beside this module: `filesystems` (where it is), `new_run` (creating one), 
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import pyarrow.fs as pafs
 import yaml
@@ -54,7 +55,7 @@ class RunStore:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def create(cls, run_dir: str, config: Any, filesystem: pafs.FileSystem | None = None) -> "RunStore":
+    def create(cls, run_dir: str, config: Any, filesystem: pafs.FileSystem | None = None) -> RunStore:
         """Create a run directory holding `config` (a dict or an object with `to_dict()`).
 
         Args:
@@ -92,7 +93,7 @@ class RunStore:
         return store
 
     @classmethod
-    def open(cls, run_dir: str, filesystem: pafs.FileSystem | None = None) -> "RunStore":
+    def open(cls, run_dir: str, filesystem: pafs.FileSystem | None = None) -> RunStore:
         """Open an existing run directory and read its log once (filling `damage`).
 
         Raises:

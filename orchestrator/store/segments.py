@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import io
 import re
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa

@@ -7,8 +7,9 @@ the log): each result counts exactly once, the first completed/failed event of a
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from orchestrator.store.schema import Event
 

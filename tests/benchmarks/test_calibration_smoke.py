@@ -15,7 +15,6 @@ import pytest
 import torch
 
 
-
 def test_calibration_benchmark_smoke(tmp_path, capsys, load_benchmark, one_thread):
     mod = load_benchmark("calibration")
     rc = mod.main(["--functions", "forrester", "--reps", "1", "--steps", "2", "--restarts", "2", "--raw-samples", "32",

@@ -10,7 +10,15 @@ import botorch
 import gpytorch
 import torch
 
-from benchmarks._common import BatchRun, Job, checkpoint_path, drive_guarded, read_table, run_jobs, write_table
+from benchmarks._common import (
+    BatchRun,
+    Job,
+    checkpoint_path,
+    drive_guarded,
+    read_table,
+    run_jobs,
+    write_table,
+)
 
 CALLS: list[tuple] = []
 

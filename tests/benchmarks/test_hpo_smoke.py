@@ -15,7 +15,6 @@ import pytest
 import torch
 
 
-
 def test_hpo_quick(tmp_path, capsys, load_benchmark):
     mod = load_benchmark("hpo")
     threads = torch.get_num_threads()
@@ -55,7 +54,7 @@ def test_hpo_quick(tmp_path, capsys, load_benchmark):
             assert len(first) == 1, (t, s, first)
             assert runs[(t, q["methods"][-1], s)][-1]["cached_evals"] == q["initial"]
     # model-based runs carry a recommendation; random search never fits
-    for (t, m, s), rows in runs.items():
+    for (_, m, _), rows in runs.items():
         assert (json.loads(rows[-1]["recommended"]) == {}) == (m == "random")
     # the recorded best is a real evaluation: re-run the objective at best_params with best_seed
     from objectives.registry import load_objective

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 
-
 def test_proposal_latency_quick(tmp_path, capsys, load_benchmark):
     mod = load_benchmark("proposal_latency")
     threads = torch.get_num_threads()

@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from objectives.base import EvalResult, Objective, ObjectiveError, Resources
 

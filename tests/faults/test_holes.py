@@ -216,7 +216,8 @@ def test_a_row_whose_json_field_is_not_an_object_is_damage_of_that_row_only(tmp_
 
 # ---------------------------------------------------------------------------------------- F7: metrics
 def test_the_metrics_of_one_result_are_capped_in_count_and_bytes_and_the_dropped_named():
-    from workers.metrics import MAX_METRICS, MAX_METRICS_BYTES, clean_metrics as _clean_metrics
+    from workers.metrics import MAX_METRICS, MAX_METRICS_BYTES
+    from workers.metrics import clean_metrics as _clean_metrics
 
     metrics = {f"m{i:05d}": "v" * 900 for i in range(30_000)}
     kept, dropped = _clean_metrics(metrics)
@@ -302,10 +303,9 @@ def test_a_stop_during_a_submission_returns_once_it_is_done_and_nothing_follows(
 
 # ---------------------------------------------------------------------------------------- smaller ones
 def test_a_huge_bad_option_value_gives_a_short_error_line(tmp_path, capsys):
+    from orchestrator.config import load_config
     from orchestrator.errors import ConfigError
     from orchestrator.runner import _check_objective
-
-    from orchestrator.config import load_config
 
     big = "a" * 2_000_000
     with pytest.raises(ConfigError) as exc:

@@ -8,7 +8,7 @@ module); its worker processes are warmed up once so the first measured run does 
 from __future__ import annotations
 
 import collections
-from typing import Iterable
+from collections.abc import Iterable
 
 import pytest
 

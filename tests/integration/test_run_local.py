@@ -591,11 +591,11 @@ def test_evaluations_ray_cannot_schedule_are_shown_waiting_and_warned_of(ray_loc
 def test_the_progress_bar_counts_started_evaluations_as_running(ray_local):
     """The pool's `counts`: held evaluations and those whose attempt has started; `progress_fields` shows the
     driver's `running`/`waiting` in place of the actor's dispatched count."""
+    import ray
+
+    from objectives.base import Resources
     from orchestrator.runner import progress_fields
     from workers.pool import EvaluationPool
-    from objectives.base import Resources
-
-    import ray
 
     objective = ("sleep", {"mean_s": 30.0, "cv": 0.0})
     pool = ray.remote(EvaluationPool).options(num_cpus=0).remote(objective, Resources(num_cpus=4))

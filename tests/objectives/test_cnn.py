@@ -147,7 +147,7 @@ def test_bad_options_are_named(tmp_path: Path) -> None:
     deep.conv_layers = 4  # as if the files held smaller images than the data set's known size
     for _ in range(2):
         with pytest.raises(ObjectiveError, match=r"option 'conv_layers'=4 pools 'digits' images of side 8"):
-            deep.data
+            _ = deep.data
     # a wrong data folder is refused when built, not at every evaluation (the README: every key is checked
     # before Ray starts), naming the option and what is missing
     with pytest.raises(ObjectiveError, match=r"option 'data_dir': CIFAR-10 directory '.*absent' does not exist.*"

@@ -170,7 +170,10 @@ def test_point_rng_draws_depend_on_the_point_and_seed_only():
     """Same seed and point, same draws; another seed or point, others. -0.0 is the point 0.0: its bytes differ,
     yet it draws the same noise for the same evaluation."""
     x = np.array([0.0, 0.25])
-    draw = lambda seed, pt: point_rng(seed, pt).standard_normal(4).tolist()
+
+    def draw(seed, pt):
+        return point_rng(seed, pt).standard_normal(4).tolist()
+
     assert draw(3, x) == draw(3, x.copy()) == draw(3, [0.0, 0.25])
     assert draw(3, np.array([-0.0, 0.25])) == draw(3, x)
     assert draw(4, x) != draw(3, x) and draw(3, np.array([1e-12, 0.25])) != draw(3, x)

@@ -746,7 +746,7 @@ def test_the_sobol_proposer_counts_failed_points_of_its_sequence():
     opt = AskTellOptimizer(space, proposer="sobol", initial_design=8, seed=5)
     X = []
     for q in (8, 2, 2, 4):
-        for i, t in enumerate(opt.ask(q)):
+        for t in opt.ask(q):
             X.append([t.params["a"], t.params["b"]])
             if len(X) == 4:
                 opt.tell(t.trial_id, None, error="exception", message="boom")

@@ -12,7 +12,16 @@ import pytest
 import torch
 
 from orchestrator.checks import (
-    check_bool, check_choice, check_float, check_int, is_int, is_number, plain_data, refuse, show, suggest,
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+    is_int,
+    is_number,
+    plain_data,
+    refuse,
+    show,
+    suggest,
 )
 from orchestrator.errors import ConfigError, InputDataError, SpaceError
 

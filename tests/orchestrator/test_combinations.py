@@ -189,7 +189,6 @@ def test_an_objective_in_main_is_refused_before_ray_with_the_way_out(monkeypatch
     """`__main__:MyObj` (a notebook's class) is refused in the driver, which can import its own __main__: passed,
     the central actor would fail to load it after Ray starts, with no hint."""
     import __main__
-
     from objectives.functions import Forrester
 
     monkeypatch.setattr(__main__, "MyObj", Forrester, raising=False)

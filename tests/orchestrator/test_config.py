@@ -17,11 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.config import (
+    _TABLE,
     CALIBRATOR_TYPES,
     MODEL_TYPES,
     PROPOSER_TYPES,
     ExperimentConfig,
-    _TABLE,
     _Key,
     load_config,
     load_config_text,

@@ -13,7 +13,14 @@ from objectives.options import MAX_DIM
 from orchestrator.config import load_config, load_config_text
 from orchestrator.errors import ConfigError, SpaceError
 from orchestrator.limits import (
-    MAX_BOOTSTRAP, MAX_FEATURES, MAX_GRID, MAX_INDUCING, MAX_MAX_SAMPLES, MAX_MC_SAMPLES, MAX_RAW_SAMPLES, MAX_RESTARTS,
+    MAX_BOOTSTRAP,
+    MAX_FEATURES,
+    MAX_GRID,
+    MAX_INDUCING,
+    MAX_MAX_SAMPLES,
+    MAX_MC_SAMPLES,
+    MAX_RAW_SAMPLES,
+    MAX_RESTARTS,
 )
 from orchestrator.runner import _check_objective
 from orchestrator.space import FloatParam, SearchSpace

@@ -14,7 +14,12 @@ from orchestrator.calibration import CALIBRATORS, build_calibrator
 from orchestrator.calibration.base import Calibrator
 from orchestrator.models import MODELS, build_model
 from orchestrator.models.base import Surrogate
-from orchestrator.protocols import CalibratorProtocol, ProposerProtocol, SurrogateProtocol, VariationalSurrogate
+from orchestrator.protocols import (
+    CalibratorProtocol,
+    ProposerProtocol,
+    SurrogateProtocol,
+    VariationalSurrogate,
+)
 
 
 def _members(protocol: type) -> set[str]:

@@ -21,7 +21,13 @@ import torch
 
 from objectives.base import EvalResult, Objective, Resources
 from workers.evaluate import evaluate_once, submit_evaluation, task_options
-from workers.records import FAILURE_REASONS, MAX_MESSAGE_CHARS, MAX_METRIC_CHARS, MAX_TRACEBACK_CHARS, classify_value
+from workers.records import (
+    FAILURE_REASONS,
+    MAX_MESSAGE_CHARS,
+    MAX_METRIC_CHARS,
+    MAX_TRACEBACK_CHARS,
+    classify_value,
+)
 
 SPACE = {"x": {"type": "float", "low": 0.0, "high": 1.0}}
 
@@ -42,7 +48,7 @@ class Raising(Objective):
     space = SPACE
 
     def evaluate(self, params, seed):
-        raise RuntimeError("boom at x=%s" % params["x"])
+        raise RuntimeError(f"boom at x={params['x']}")
 
 
 class UnprintableError(Exception):

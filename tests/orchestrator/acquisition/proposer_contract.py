@@ -108,7 +108,7 @@ class PartsSurrogate(Surrogate):
         self._log_scale = log_scale
 
     @classmethod
-    def random(cls, d: int, m: int = 16, seed: int = 0, **kwargs: Any) -> "PartsSurrogate":
+    def random(cls, d: int, m: int = 16, seed: int = 0, **kwargs: Any) -> PartsSurrogate:
         """A one-latent-f surrogate from `random_parts(d, m, seed)`; kwargs go to the constructor."""
         return cls(random_parts(d, m, seed), **kwargs)
 

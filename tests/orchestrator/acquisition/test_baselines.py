@@ -195,7 +195,7 @@ def test_qlognei_beats_random_search_on_a_1d_function_at_equal_evaluations() -> 
     best_bo = float(f(Xu[model.posterior_f(Xu, full_cov=False)[0].argmax(), 0]))
     # random search: 8 points x 3 replicates, recommendation = best sample mean; averaged over 20 runs
     rand_best = []
-    for r in range(20):
+    for _ in range(20):
         Xr = torch.rand(8, 1, generator=gen, **TK)
         _, Yr = evaluate(Xr)
         rand_best.append(float(f(Xr[Yr.reshape(8, reps).mean(-1).argmax(), 0])))

@@ -31,7 +31,9 @@ def _moments(n: int, seed: int, batch: tuple[int, ...] = ()) -> tuple[torch.Tens
 
 
 def _brentq_quantile(mean: np.ndarray, std: np.ndarray, p: float) -> float:
-    f = lambda y: np.sum(stats.norm.logcdf((y - mean) / std)) - math.log(p)
+    def f(y: float) -> float:
+        return np.sum(stats.norm.logcdf((y - mean) / std)) - math.log(p)
+
     return optimize.brentq(f, (mean - 8 * std).min(), (mean + 8 * std).max(), xtol=1e-13)
 
 
@@ -67,7 +69,10 @@ def test_fitted_gumbel_reproduces_quartiles_and_median():
     mean, std = _moments(500, seed=2)
     a, b = fit_gumbel(mean, std)
     y25, y75 = max_value_quantiles(mean, std)
-    G = lambda y: torch.exp(-torch.exp(-(y - a) / b))
+
+    def G(y: torch.Tensor) -> torch.Tensor:
+        return torch.exp(-torch.exp(-(y - a) / b))
+
     assert G(y25).item() == pytest.approx(0.25, abs=1e-10)
     assert G(y75).item() == pytest.approx(0.75, abs=1e-10)
     samples = sample_gumbel(a, b, 200_000, torch.Generator().manual_seed(0))

@@ -22,8 +22,8 @@ from orchestrator.acquisition import gibbon_terms as T
 from orchestrator.acquisition.base import DUPLICATE_TOL, min_distance
 from orchestrator.acquisition.qgibbon import QGibbon, QGibbonAcquisition
 from orchestrator.errors import ConfigError, InputDataError, UnsupportedError
-from orchestrator.models import distributions as D
 from orchestrator.models import build_model
+from orchestrator.models import distributions as D
 from orchestrator.models.base import Surrogate
 from tests.orchestrator.acquisition.proposer_contract import PartsSurrogate, ProposerContract, random_parts
 

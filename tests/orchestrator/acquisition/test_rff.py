@@ -11,12 +11,12 @@ import re
 
 import pytest
 import torch
+from proposer_contract import PartsSurrogate, random_parts
 from scipy import stats
 
 from orchestrator.acquisition.rff import SUPPORTED_NU, MaternFourierFeatures, MatheronPaths, matern_kernel
 from orchestrator.errors import InputDataError, UnsupportedError
 from orchestrator.models.base import SparseLatentParts
-from proposer_contract import PartsSurrogate, random_parts
 
 TK = {"dtype": torch.float64}
 #: |z| bound for many simultaneous z-scores (two-sided p ~ 1e-5 each)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from proposer_contract import PartsSurrogate, ProposerContract, random_parts
+from test_rff import Z_MAX, _moment_z_scores
 
 from orchestrator.acquisition.base import DUPLICATE_TOL, min_distance
 from orchestrator.acquisition.optimize import maximize_lbfgsb, top_k_shared
@@ -14,8 +16,6 @@ from orchestrator.acquisition.rff import MatheronPaths
 from orchestrator.acquisition.thompson import ThompsonSampling, default_num_restarts, default_raw_samples
 from orchestrator.errors import ConfigError, InputDataError
 from orchestrator.models.base import Surrogate
-from proposer_contract import PartsSurrogate, ProposerContract, random_parts
-from test_rff import Z_MAX, _moment_z_scores
 
 TK = {"dtype": torch.float64}
 

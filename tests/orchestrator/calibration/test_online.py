@@ -55,7 +55,7 @@ def test_coverage_bound_adversarial_stream(eta: float) -> None:
     rng = np.random.default_rng(3)
     k = int(np.flatnonzero(np.isclose(LEVELS, 0.3))[0])
     hits = np.zeros_like(LEVELS)
-    for t in range(T):
+    for _ in range(T):
         qk = cal.raw_levels()[k]
         # counter the current level: below it when it is high, above it when it is low
         u = float(np.clip(qk - 1e-9, 0, 1)) if qk > 0.3 else float(np.clip(qk + 1e-9, 0, 1))

@@ -8,7 +8,14 @@ import math
 import pytest
 import torch
 
-from orchestrator.calibration import SPREAD_MAX, SPREAD_MIN, SpreadTracker, attach, build_calibrator, interval_coverage
+from orchestrator.calibration import (
+    SPREAD_MAX,
+    SPREAD_MIN,
+    SpreadTracker,
+    attach,
+    build_calibrator,
+    interval_coverage,
+)
 from orchestrator.calibration.spread import scaled_forecast
 from orchestrator.errors import ConfigError, InputDataError, UnsupportedError
 from orchestrator.models.predictive import Forecast
@@ -23,7 +30,7 @@ def test_global_spread_learns_the_missing_width() -> None:
     cal = build_calibrator("online", spread_eta=0.05)
     X = torch.rand(1, 2, dtype=torch.float64)
     us, T = [], 800
-    for t in range(T):
+    for _ in range(T):
         fc = _fc(0.0, 1.0)
         y = 3.0 * torch.randn(1, generator=g, dtype=torch.float64)  # truth 3x wider than the f-posterior
         us.append(scaled_forecast(fc, cal.spread(X)[0]).cdf(y))
@@ -69,7 +76,7 @@ def test_noise_dominated_forecasts_leave_the_spread_alone() -> None:
 def test_local_spread_separates_regions() -> None:
     g = torch.Generator().manual_seed(2)
     cal = build_calibrator("online", spread="local", spread_eta=0.1, spread_lengthscale=0.15)
-    for t in range(600):
+    for _ in range(600):
         x = torch.rand(1, 1, generator=g, dtype=torch.float64)
         wide = 4.0 if x.item() < 0.5 else 1.0  # over-confident on the left only
         y = wide * torch.randn(1, generator=g, dtype=torch.float64)
