@@ -2,12 +2,12 @@
 and the value it refused (STYLE.md §4.6, as Ray's `_common/ray_option_utils.py` checks task options).
 
 Every message reads ``<name> must be <what>; got <value>``: `name` is the option as its owner writes it
-("`batch_size`", "qgibbon.grid_size", "option 'dim'"), `what` the accepted values (worded from the bounds unless
-the owner words it), and the value is shown on one line, cut at 80 characters. A bool is not a number here
-(Python counts True as 1), and NumPy scalars count as the Python values they hold; each check returns the
+("`batch_size`", "qgibbon.grid_size", "option 'dim'"), `what` the accepted values (worded from the bounds
+unless the owner words it), and the value is shown on one line, cut at 80 characters. A bool is not a number
+here (Python counts True as 1), and NumPy scalars count as the Python values they hold; each check returns the
 Python value. Each check raises the error type its owner gives (`error`). This module lives in the lowest
-package, which imports no other: `orchestrator.checks` gives it qbatch's `ConfigError` as the default error and
-`objectives.options` words it for objective options (`ObjectiveError`).
+package, which imports no other: `orchestrator.checks` gives it qbatch's `ConfigError` as the default error
+and `objectives.options` words it for objective options (`ObjectiveError`).
 """
 
 from __future__ import annotations
@@ -83,7 +83,8 @@ def check_int(
     must: str | None = None,
     error: type[Exception],
 ) -> int | None:
-    """`value` as an int in [lo, hi] (either end may be None; [lo, hi) with `hi_open`); None passes when `optional`.
+    """`value` as an int in [lo, hi] (either end may be None; [lo, hi) with `hi_open`); None passes when
+    `optional`.
 
     `must` words the accepted values in the message; by default the bounds do ("an integer in [1, 4096]").
     A float is refused even when whole (2.0), and so is a bool.
@@ -112,8 +113,9 @@ def check_float(
     must: str | None = None,
     error: type[Exception],
 ) -> float | None:
-    """`value` as a finite float within `lo` and `hi` (either end may be None; each end closed unless `lo_open` /
-    `hi_open`); None passes when `optional`. An integer is accepted (and returned as a float) unless it is beyond the float range.
+    """`value` as a finite float within `lo` and `hi` (either end may be None; each end closed unless
+    `lo_open` / `hi_open`); None passes when `optional`. An integer is accepted (and returned as a float)
+    unless it is beyond the float range.
 
     `must` words the accepted values in the message; by default the bounds do ("a number in (0, 1]", "a number
     > 0").
@@ -145,8 +147,8 @@ def suggest(value: Any, valid: Iterable[Any]) -> str:
 
 
 def is_among(value: Any, values: Iterable[Any]) -> bool:
-    """Whether `value` equals one of `values` of its own kind: a bool matches only a bool (True == 1 in Python),
-    a string only a string, and a value whose == gives no truth value (an array) matches none."""
+    """Whether `value` equals one of `values` of its own kind: a bool matches only a bool (True == 1 in
+    Python), a string only a string, and a value whose == gives no truth value (an array) matches none."""
     def same_kind(v: Any) -> bool:
         return is_bool(v) == is_bool(value) and isinstance(v, str) == isinstance(value, str)
 
@@ -165,8 +167,9 @@ def check_choice(
     must: str | None = None,
     error: type[Exception],
 ) -> Any:
-    """`value`, one of `values` (`is_among`); None passes when `optional`. The message lists them ("one of 'a',
-    'b', null") unless `must` words them, and names the closest one where a misspelt string is close to one."""
+    """`value`, one of `values` (`is_among`); None passes when `optional`. The message lists them ("one of
+    'a', 'b', null") unless `must` words them, and names the closest one where a misspelt string is close to
+    one."""
     values = tuple(values)
     if value is None and optional:
         return None

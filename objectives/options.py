@@ -34,9 +34,10 @@ __all__ = [
     "check_str",
 ]
 
-#: the most parameters a search space may have (a built-in objective's `dim` option, any objective's space): the
-#: proposers' candidate sets grow with the dimension (max(5000, 1000 d) Sobol points for Thompson sampling, spec
-#: §2); without the bound dim 10^8 passes every check and runs out of memory 72 s later, in the objective's constructor
+#: the most parameters a search space may have (a built-in objective's `dim` option, any objective's space):
+#: the proposers' candidate sets grow with the dimension (max(5000, 1000 d) Sobol points for Thompson
+#: sampling, spec §2); without the bound dim 10^8 passes every check and runs out of memory 72 s later, in the
+#: objective's constructor
 MAX_DIM = 1000
 
 
@@ -56,7 +57,9 @@ def check_int(key: str, value: Any, low: int | None = None, high: int | None = N
               optional: bool = False) -> int | None:
     """`value` as an int in [low, high] (either end may be None); None passes when `optional`."""
     what = _none_or(checks.interval("an integer", low, high), optional)
-    return checks.check_int(_option(key), value, low, high, optional=optional, must=what, error=ObjectiveError)
+    return checks.check_int(
+        _option(key), value, low, high, optional=optional, must=what, error=ObjectiveError
+    )
 
 
 def check_float(
@@ -110,7 +113,11 @@ def check_path(key: str, value: Any, *, kind: str | None = None, optional: bool 
 def check_range(key: str, value: Any) -> tuple[float, float]:
     """`value` as a pair (low, high) of finite numbers with low < high."""
     what = "a pair (low, high) of finite numbers with low < high"
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) and not isinstance(value, np.ndarray):
+    if (
+        isinstance(value, (str, bytes))
+        or not isinstance(value, Sequence)
+        and not isinstance(value, np.ndarray)
+    ):
         raise _refuse(key, what, value)
     if len(value) != 2:
         raise _refuse(key, what, value)

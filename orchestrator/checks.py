@@ -3,10 +3,10 @@ caller names another error type, and `plain_data`, the one walker of nested plai
 event log's JSON fields).
 
 Every message reads ``<name> must be <what>; got <value>``: `name` is the option as its owner writes it
-("`batch_size`", "qgibbon.grid_size", "q"), `what` the accepted values (worded from the bounds unless the owner
-words it), and the value is shown on one line, cut at 80 characters (`objectives.checks`). The error type is the
-owner's: `ConfigError` (the default) for config and model options, `InputDataError` for arguments, `SpaceError`
-for parameter specs, `StoreError` for events.
+("`batch_size`", "qgibbon.grid_size", "q"), `what` the accepted values (worded from the bounds unless the
+owner words it), and the value is shown on one line, cut at 80 characters (`objectives.checks`). The error
+type is the owner's: `ConfigError` (the default) for config and model options, `InputDataError` for arguments,
+`SpaceError` for parameter specs, `StoreError` for events.
 """
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ def plain_data(
     child: Callable[[str, str], str] = _dotted,
     budget: list[int] | None = None,
 ) -> Any:
-    """`value` as plain data (None, bool, str, int, float, and lists and string-keyed dicts of them): a copy with
-    NumPy numbers and booleans as Python ones, tuples as lists and mappings as dicts.
+    """`value` as plain data (None, bool, str, int, float, and lists and string-keyed dicts of them): a copy
+    with NumPy numbers and booleans as Python ones, tuples as lists and mappings as dicts.
 
     Args:
         value: the data.

@@ -1,11 +1,11 @@
-"""Comments and docstrings say what the code does and why, in the present tense: the history of how it came to be
-(review findings, issue and item numbers, dated notes) is git's.
+"""Comments and docstrings say what the code does and why, in the present tense: the history of how it came to
+be (review findings, issue and item numbers, dated notes) is git's.
 
-Library code: every module of each library package (a top-level folder of the repository with an `__init__.py`,
-other than tests/ and benchmarks/); the tests and the benchmarks are held to the same rule. The whole text of
-each module is read, messages included. A reference to another project's issue names its repository
-(`meta-pytorch/botorch issue #3368`) and is not matched. Dates are looked for in library code only: tests and
-benchmarks hold dates as data (file names, YAML values).
+Library code: every module of each library package (a top-level folder of the repository with an
+`__init__.py`, other than tests/ and benchmarks/); the tests and the benchmarks are held to the same rule. The
+whole text of each module is read, messages included. A reference to another project's issue names its
+repository (`meta-pytorch/botorch issue #3368`) and is not matched. Dates are looked for in library code only:
+tests and benchmarks hold dates as data (file names, YAML values).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ HISTORY = {
 }
 #: the notes that tests and benchmarks are checked for too
 NOT_IN_TESTS = ("review finding", "issue reference")
-#: test modules whose docstrings are still to be rewritten, with how many history lines each holds as a ceiling:
-#: other branches edit them now, and they leave this list when those land
+#: test modules whose docstrings are still to be rewritten, with how many history lines each holds as a
+#: ceiling: other branches edit them now, and they leave this list when those land
 NOT_YET_REWRITTEN = {
     "tests/orchestrator/test_actor_checkpoint.py": 5,
     "tests/orchestrator/test_actor_guards.py": 13,
@@ -66,7 +66,8 @@ def test_library_files_are_found():
 @pytest.mark.parametrize("kind", sorted(HISTORY))
 def test_library_code_holds_no_history(kind):
     hits = _hits(kind, library_files())
-    assert not hits, f"{kind} in library code (say what and why in the present tense; git keeps the history):\n" + (
+    assert not hits, (f"{kind} in library code (say what and why in the present tense; git keeps the "
+                      "history):\n") + (
         "\n".join(f"{name}:{line}" for name, lines in hits.items() for line in lines))
 
 
@@ -84,7 +85,8 @@ def test_tests_and_benchmarks_hold_no_history(kind):
         "\n".join(f"{name}:{line}" for name, lines in new.items() for line in lines))
     grown = {name: (len(hits.get(name, [])), ceiling) for name, ceiling in NOT_YET_REWRITTEN.items()
              if kind == "review finding" and len(hits.get(name, [])) > ceiling}
-    assert not grown, f"history in the modules still to rewrite grew past their ceiling (now, ceiling): {grown}"
+    assert not grown, ("history in the modules still to rewrite grew past their ceiling (now, ceiling): "
+                       f"{grown}")
 
 
 @pytest.mark.parametrize("text, kind", [

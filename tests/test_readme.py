@@ -177,18 +177,27 @@ def test_the_library_section_uses_one_import_and_optimize():
     section = _section("As a library")
     blocks = _code_blocks(section)
     assert blocks and all("import qbatch" in b for b in blocks)
-    assert not [b for b in blocks if re.search(r"^\s*(from|import) (orchestrator|workers|objectives)\b", b, re.M)]
+    assert not [b for b in blocks if re.search(r"^\s*(from|import) "
+                                               r"(orchestrator|workers|objectives)\b", b, re.M)]
     assert any("qbatch.optimize(" in b for b in blocks)
 
 
 @pytest.mark.ray
 def test_the_library_sections_optimize_snippet_runs(tmp_path):
-    """The snippet as written, as a script in a folder of its own (its function is then `__main__`'s), with the
-    repository on the path as an installed package is; run inside `scripts/loopback` like the Ray tests."""
+    """The snippet as written, as a script in a folder of its own (its function is then `__main__`'s), with
+    the repository on the path as an installed package is; run inside `scripts/loopback` like the Ray
+    tests."""
     snippet = next(b for b in _code_blocks(_section("As a library")) if "qbatch.optimize(" in b)
-    (tmp_path / "snippet.py").write_text(snippet + "\nprint('rows', len(df), 'state', sorted(set(df['state'])))\n")
-    proc = subprocess.run([sys.executable, "snippet.py"], cwd=tmp_path, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    (tmp_path / "snippet.py").write_text(snippet + "\nprint('rows', len(df), 'state', "
+                                                   "sorted(set(df['state'])))\n")
+    proc = subprocess.run(
+        [sys.executable, "snippet.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "Recommendation(params={'x': " in proc.stdout
     assert "rows 30 state ['completed']" in proc.stdout

@@ -3,13 +3,14 @@
 quantile-expectile-bo.md §1.3-1.6 (Picheny et al. 2022; Hensman et al. 2013; Saul et al. 2016): the model
 `orchestrator.models.two_latent_svgp.TwoLatentSVGP` over f and g = log sigma (g one learned constant with the
 option `noise_scale: constant`), with shared inducing inputs Z refreshed at every fit (never trained: every
-observation while n is small, then a growing greedy allocation, `orchestrator.models.allocation`; or the spec's
-k-means). Training maximises the ELBO (both KL terms, hyperpriors as GPyTorch adds them): on all the data with
-L-BFGS while n is small (over the hyperparameters alone, with q(u) at its natural-gradient fixed point, while Z
-is every observed input: `orchestrator.models.full_variational`), else on minibatches (N/|B| scaling) with Adam,
-a plateau learning-rate schedule and early stopping (§1.6). At every refresh q(u) is warm-started by projecting
-the previous posterior onto the new Z (§1.4); the warm start and `sparse_parts` speak the unwhitened (a, S) of
-the spec.
+observation while n is small, then a growing greedy allocation, `orchestrator.models.allocation`; or the
+spec's k-means). Training maximises the ELBO (both KL terms, hyperpriors as GPyTorch adds them): on all the
+data with L-BFGS while n is small (over the hyperparameters alone, with q(u) at its natural-gradient fixed
+point, while Z
+is every observed input: `orchestrator.models.full_variational`), else on minibatches (N/|B| scaling) with
+Adam, a plateau learning-rate schedule and early stopping (§1.6). At every refresh q(u) is warm-started by
+projecting the previous posterior onto the new Z (§1.4); the warm start and `sparse_parts` speak the
+unwhitened (a, S) of the spec.
 """
 
 from __future__ import annotations
@@ -198,16 +199,24 @@ class TwoLatentSVGPSurrogate(Surrogate):
             const[0] = const[0] * ratio + shift
             const[1] = const[1] + math.log(ratio)
             new.mean_module.constant.copy_(const)
-            new.covar_module.outputscale = (old.outputscale.detach() * torch.tensor([ratio**2, 1.0], **TKWARGS)
-                                            ).clamp_min(2 * MIN_OUTPUTSCALE)
+            new.covar_module.outputscale = (
+                old.outputscale.detach() * torch.tensor([ratio**2, 1.0], **TKWARGS)
+            ).clamp_min(2 * MIN_OUTPUTSCALE)
         new.set_variational(torch.stack(means), torch.stack(chols))
         return new
 
     def _new_model(self, Z: Tensor) -> TwoLatentSVGP:
-        """A `TwoLatentSVGP` on inducing inputs `Z` as the options ask (cold, warm-projected and restored fits)."""
+        """A `TwoLatentSVGP` on inducing inputs `Z` as the options ask (cold, warm-projected and restored
+        fits)."""
         opt = self.options
-        return TwoLatentSVGP(Z, opt.lengthscale_init, opt.outputscale_init, opt.use_priors, opt.lengthscale_prior,
-                             opt.noise_scale == "constant")
+        return TwoLatentSVGP(
+            Z,
+            opt.lengthscale_init,
+            opt.outputscale_init,
+            opt.use_priors,
+            opt.lengthscale_prior,
+            opt.noise_scale == "constant",
+        )
 
     def _cold_model(self, Z: Tensor, Y_std: Tensor) -> TwoLatentSVGP:
         opt = self.options
@@ -215,7 +224,8 @@ class TwoLatentSVGPSurrogate(Surrogate):
         c_f, c_g = self._initial_constants(Y_std)
         with torch.no_grad():
             model.mean_module.constant.copy_(torch.tensor([c_f, c_g], **TKWARGS))
-            if opt.y_scale is not None:  # s^2 = outputscale_init * Var(Y) as the model sees it (1 standardized)
+            # s^2 = outputscale_init * Var(Y) as the model sees it (1 standardized)
+            if opt.y_scale is not None:
                 model.covar_module.outputscale = torch.full(
                     (2,), max(opt.outputscale_init * _variance(Y_std), 2 * MIN_OUTPUTSCALE), **TKWARGS)
             model.set_variational(torch.zeros(2, Z.shape[0], **TKWARGS), model.kzz_chol())
@@ -263,9 +273,9 @@ class TwoLatentSVGPSurrogate(Surrogate):
         return auto_num_inducing(n) if m == "auto" else int(m)
 
     def _inducing_inputs(self, X: Tensor) -> Tensor:
-        """Z for a fit on `X`: k-means centroids (placement "kmeans", spec §1.4), else the greedy allocation of
-        `orchestrator.models.allocation` among the observed inputs, weighted by the previous fit's f at a warm
-        refit (placement "auto")."""
+        """Z for a fit on `X`: k-means centroids (placement "kmeans", spec §1.4), else the greedy allocation
+        of `orchestrator.models.allocation` among the observed inputs, weighted by the previous fit's f at a
+        warm refit (placement "auto")."""
         opt, warm = self.options, self.model is not None
         m = self.num_inducing_for(X.shape[0])
         if opt.inducing_placement == "kmeans":
@@ -327,7 +337,9 @@ class TwoLatentSVGPSurrogate(Surrogate):
                 return info, None
         return self._train_adam(model, X, Y, warm), None
 
-    def _train_lbfgs(self, model: TwoLatentSVGP, X: Tensor, Y: Tensor, max_iter: int) -> dict[str, float] | None:
+    def _train_lbfgs(
+        self, model: TwoLatentSVGP, X: Tensor, Y: Tensor, max_iter: int
+    ) -> dict[str, float] | None:
         """Full-batch L-BFGS (at most `max_iter` iterations) on the exact negative ELBO; None (the model as it
         came) when the loss turns non-finite, so the caller falls back to Adam."""
         n = X.shape[0]

@@ -1,11 +1,12 @@
 """The two-latent variational model (f, g = log sigma) and its test-input-free predictive factors.
 
-quantile-expectile-bo.md §1.3-1.5 (Hensman et al. 2013; Saul et al. 2016): two independent latent GPs, each with
-a constant mean and a Matern-5/2 ARD kernel (GPyTorch `ScaleKernel(MaternKernel)` with batch shape [2]), fixed
-inducing inputs Z and a Gaussian q(u_f) q(u_g) stored whitened (GPyTorch `CholeskyVariationalDistribution` over
-u~ = L^-1 u, L = chol k(Z, Z), allowed by §1.4). `TwoLatentSVGP.marginals` and `kl_divergence` give the ELBO's
-terms; `PredictiveCache` holds one latent's posterior factors, so a prediction costs O(m^2) per point and
-`... x n x d` batches need no Python loop. The surrogate that fits this model is `orchestrator.models.svgp`.
+quantile-expectile-bo.md §1.3-1.5 (Hensman et al. 2013; Saul et al. 2016): two independent latent GPs, each
+with a constant mean and a Matern-5/2 ARD kernel (GPyTorch `ScaleKernel(MaternKernel)` with batch shape [2]),
+fixed inducing inputs Z and a Gaussian q(u_f) q(u_g) stored whitened (GPyTorch
+`CholeskyVariationalDistribution` over u~ = L^-1 u, L = chol k(Z, Z), allowed by §1.4).
+`TwoLatentSVGP.marginals` and `kl_divergence` give the ELBO's terms; `PredictiveCache` holds one latent's
+posterior factors, so a prediction costs O(m^2) per point and `... x n x d` batches need no Python loop. The
+surrogate that fits this model is `orchestrator.models.svgp`.
 """
 
 from __future__ import annotations
@@ -49,12 +50,20 @@ class TwoLatentSVGP(gpytorch.Module):
             default of `lengthscale_prior`, see `lengthscale_prior_params`).
         use_priors: register the LogNormal hyperpriors of spec §1.3.
         lengthscale_prior: "spec" or "dim-scaled" (`SVGPOptions`).
-        constant_scale: g is its constant mean alone (`SVGPOptions.noise_scale` "constant"): its kernel variance
-            is held at `MIN_OUTPUTSCALE`, its lengthscales get no gradient and its hyperpriors leave `log_prior`.
+        constant_scale: g is its constant mean alone (`SVGPOptions.noise_scale` "constant"): its kernel
+            variance is held at `MIN_OUTPUTSCALE`, its lengthscales get no gradient and its hyperpriors leave
+            `log_prior`.
     """
 
-    def __init__(self, Z: Tensor, lengthscale_init: float | None = None, outputscale_init: float = 0.5,
-                 use_priors: bool = True, lengthscale_prior: str = "spec", constant_scale: bool = False) -> None:
+    def __init__(
+        self,
+        Z: Tensor,
+        lengthscale_init: float | None = None,
+        outputscale_init: float = 0.5,
+        use_priors: bool = True,
+        lengthscale_prior: str = "spec",
+        constant_scale: bool = False,
+    ) -> None:
         super().__init__()
         m, d = Z.shape
         self.constant_scale = bool(constant_scale)
@@ -84,8 +93,9 @@ class TwoLatentSVGP(gpytorch.Module):
 
     @property
     def lengthscale(self) -> Tensor:
-        """`2 x 1 x d` ARD lengthscales; with `constant_scale`, g's are held where they were set (no gradient: they
-        would act on a kernel of variance `MIN_OUTPUTSCALE`, and Adam's normalized steps would move them anyway)."""
+        """`2 x 1 x d` ARD lengthscales; with `constant_scale`, g's are held where they were set (no gradient:
+        they would act on a kernel of variance `MIN_OUTPUTSCALE`, and Adam's normalized steps would move them
+        anyway)."""
         ls = self.covar_module.base_kernel.lengthscale
         if self.constant_scale:
             return torch.stack([ls[0], ls[1].detach()])
@@ -93,8 +103,8 @@ class TwoLatentSVGP(gpytorch.Module):
 
     @property
     def outputscale(self) -> Tensor:
-        """`2` kernel variances; with `constant_scale`, g's is `MIN_OUTPUTSCALE` whatever its parameter holds (g
-        is then its constant mean, to within sqrt(MIN_OUTPUTSCALE) = 0.001)."""
+        """`2` kernel variances; with `constant_scale`, g's is `MIN_OUTPUTSCALE` whatever its parameter holds
+        (g is then its constant mean, to within sqrt(MIN_OUTPUTSCALE) = 0.001)."""
         s = self.covar_module.outputscale
         if self.constant_scale:
             return torch.stack([s[0], torch.full_like(s[1], MIN_OUTPUTSCALE)])

@@ -1,4 +1,5 @@
-"""Drive one experiment on Ray: validate, connect, create the run directory and the central actor, show progress.
+"""Drive one experiment on Ray: validate, connect, create the run directory and the central actor, show
+progress.
 
 ARCHITECTURE.md "The path of one evaluation", step 1. `run_experiment` is what
 `qbatch run` calls and `resume_experiment` what `qbatch resume` calls. The config is validated, the
@@ -19,11 +20,13 @@ The modules:
 - `optimize`: `optimize(fn, space, budget=...)`, a plain Python callable run through them (`qbatch.optimize`).
 - `preflight`: the checks before Ray starts (arguments, config, objective, space, the log against the space)
   and the one after (room on the cluster for one evaluation).
-- `session`: `ray_session`, one run's use of Ray, and `OwnRay`, the Ray qbatch started, shared by the runs of the
-  process; the worker setup hook where a module of the driver's folders shadows one of the library's packages.
+- `session`: `ray_session`, one run's use of Ray, and `OwnRay`, the Ray qbatch started, shared by the runs of
+  the process; the worker setup hook where a module of the driver's folders shadows one of the library's
+  packages.
 - `address`: what an `--address` names (reachable, a GCS and not a web server, another Ray than this one).
 - `signals`: SIGTERM interrupting a run as Ctrl-C does; interrupts held while the local Ray shuts down.
-- `actors`: the central actor and the evaluation pool, their names, creating them, waiting for the central actor.
+- `actors`: the central actor and the evaluation pool, their names, creating them, waiting for the central
+  actor.
 - `drive`: the loop that runs the central actor to the end, then the report and the final lines.
 - `progress`: the progress bar's fields, the actor's notices above it, the starved-queue warning.
 

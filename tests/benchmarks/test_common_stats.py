@@ -1,4 +1,5 @@
-"""The statistics of benchmarks/_common.py that the README's figures rest on, against scipy computed directly."""
+"""The statistics of benchmarks/_common.py that the README's figures rest on, against scipy computed
+directly."""
 
 from __future__ import annotations
 

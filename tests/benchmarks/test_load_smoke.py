@@ -18,10 +18,21 @@ pytestmark = pytest.mark.ray
 
 
 def _run(tmp_path, *extra, timeout):
-    cmd = [sys.executable, str(REPO / "benchmarks" / "load.py"), "--no-progress", "--out", str(tmp_path), *extra]
+    cmd = [
+        sys.executable,
+        str(REPO / "benchmarks" / "load.py"),
+        "--no-progress",
+        "--out",
+        str(tmp_path),
+        *extra,
+    ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     rows = list(csv.DictReader(open(tmp_path / "load.csv"))) if (tmp_path / "load.csv").exists() else []
-    memory = list(csv.DictReader(open(tmp_path / "load_memory.csv"))) if (tmp_path / "load_memory.csv").exists() else []
+    memory = (
+        list(csv.DictReader(open(tmp_path / "load_memory.csv")))
+        if (tmp_path / "load_memory.csv").exists()
+        else []
+    )
     return proc, rows, memory
 
 
@@ -30,7 +41,12 @@ def _check(proc, rows, memory, mark, n):
     assert [r["system"] for r in rows] == ["qbatch", "plain-ray"]
     r = rows[0]
     assert int(r["evaluations"]) == n and int(r["trials_logged"]) == n, r
-    assert int(r["lost"]) == 0 and int(r["duplicated"]) == 0 and int(r["failed"]) == 0 and r["each_once"] == "True", r
+    assert (
+        int(r["lost"]) == 0
+        and int(r["duplicated"]) == 0
+        and int(r["failed"]) == 0
+        and r["each_once"] == "True"
+    ), r
     assert mark <= int(r["done_at_mark"]) < n, r
     assert 0 < float(r["actor_peak_at_mark_mb"]) <= float(r["actor_peak_mb"]) < 4096, r
     assert float(r["evals_per_s"]) > 0 and float(r["pool_peak_mb"]) > 0, r

@@ -30,7 +30,8 @@ def finished_counts(events: Iterable[Any]) -> collections.Counter:
 
 
 def audit(run_dir: str, budget: int) -> dict[str, Any]:
-    """Counts of the event log: lost = budget - trials with a record, duplicated = records beyond the first."""
+    """Counts of the event log: lost = budget - trials with a record, duplicated = records beyond the
+    first."""
     from orchestrator.store import RunStore
 
     store = RunStore.open(run_dir)

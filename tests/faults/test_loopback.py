@@ -25,7 +25,7 @@ pytestmark = pytest.mark.ray
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
 LAN_IP = "10.77.0.1"
 
-_CHILD = r'''
+_CHILD = r"""
 import io, json, sys, threading, time
 import psutil
 
@@ -63,9 +63,10 @@ else:
         out.update(nodes=nodes(), listen=listening())
     th.join(180)
     import ray
-    out.update(done=box.get("summary", {}).get("done"), error=box.get("error"), ray_left_up=ray.is_initialized())
+    out.update(done=box.get("summary", {}).get("done"), error=box.get("error"),
+               ray_left_up=ray.is_initialized())
 print("RESULT " + json.dumps(out))
-'''
+"""
 
 
 def _in_lan_namespace(tmp_path, *args: str) -> dict:

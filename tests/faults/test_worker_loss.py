@@ -171,5 +171,6 @@ def test_frozen_ray_worker_is_timed_out(ray_local, tmp_path):
     summary = run.result(RUN_TIMEOUT_S)
     a = _check_exactly_once(cfg, summary)
     rec = a["results"][trial_of(a["events"], victim["params"])]
-    assert finished_in_time, f"the run was still waiting for the frozen worker {time.time() - t_stop:.0f} s later"
+    assert finished_in_time, (f"the run was still waiting for the frozen worker {time.time() - t_stop:.0f} s "
+                              "later")
     assert rec.kind == "failed" and rec.error == "timeout", (rec.kind, rec.error)

@@ -53,8 +53,9 @@ def test_evaluations_spread_over_nodes(cluster, tmp_path):
     nodes = collections.Counter(e.node_id for e in done)
     assert len(nodes) >= 2, nodes
     assert set(nodes) <= {cluster["plain"], cluster["sensor"], cluster["head"]}
-    # the central actor goes to the driver's node, not any node where its refits would compete with evaluations
-    # (the head under `ray job submit`; here, on one machine, whichever raylet the driver attached to)
+    # the central actor goes to the driver's node, not any node where its refits would compete with
+    # evaluations (the head under `ray job submit`; here, on one machine, whichever raylet the driver attached
+    # to)
     import ray
 
     assert summary["node_id"] == ray.get_runtime_context().get_node_id()

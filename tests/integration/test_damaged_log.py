@@ -61,7 +61,9 @@ def test_resume_after_damaged_segments_keeps_intact_records_and_reports_the_loss
     intact = store.events()
     assert len(store.damage) == 2 and all(p.name in "".join(store.damage) for p in (truncated, flipped))
     assert len(intact) == len(before) - len(dropped), "only the damaged segments' events are lost"
-    assert lost_results and not lost_results & {e.trial_id for e in intact if e.kind in ("completed", "failed")}
+    assert lost_results and not lost_results & {
+        e.trial_id for e in intact if e.kind in ("completed", "failed")
+    }
 
     out = io.StringIO()
     summary = resume_experiment(run_dir, address=ray_local, progress=False, out=out)

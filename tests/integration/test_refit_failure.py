@@ -33,7 +33,8 @@ def _actor(tmp_path, name: str, **over) -> CentralActor:
 
 @pytest.fixture(autouse=True)
 def _switch_interval():
-    """`CentralActor.run` shortens the interpreter's switch interval (its own process's, normally): restore it."""
+    """`CentralActor.run` shortens the interpreter's switch interval (its own process's, normally): restore
+    it."""
     before = sys.getswitchinterval()
     yield
     sys.setswitchinterval(before)
@@ -190,7 +191,9 @@ def test_a_run_that_ends_before_its_first_model_batch_is_still_fitted_at_the_end
     assert summary["best_predicted"] is not None
 
 
-def test_the_final_fit_neither_aborts_a_finished_run_nor_escapes_when_it_cannot_be_logged(ray_local, tmp_path):
+def test_the_final_fit_neither_aborts_a_finished_run_nor_escapes_when_it_cannot_be_logged(
+    ray_local, tmp_path
+):
     """The end-of-run fit does not count toward `max_refit_failures` (a run with every evaluation done would
     report "aborted"), and a failed write of its refit event does not escape `run()` as a traceback with the
     writer lock still held."""

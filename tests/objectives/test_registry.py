@@ -94,7 +94,8 @@ BAD_DECLARATIONS = textwrap.dedent(
     ("ListSpec", "the spec of parameter 'x' in its `space` must be a mapping"),
     ("RaisingSpace", "reading its space, resources or direction raised RuntimeError: no space today"),
     ("Shouting", "its `direction` must be 'maximize' or 'minimize'; got 'MAXIMIZE'"),
-    ("DictResources", "its `resources` must be an objectives.base.Resources, e.g. Resources(num_cpus=1); got a dict"),
+    ("DictResources", "its `resources` must be an objectives.base.Resources, e.g. Resources(num_cpus=1); got "
+                      "a dict"),
 ])
 def test_a_user_objective_that_declares_a_bad_space_or_resources_is_one_line_before_ray(
         attr, message, tmp_path, monkeypatch):

@@ -105,7 +105,16 @@ def test_hostile_values_become_failures_that_never_reach_the_observations():
         assert opt.tell(t.trial_id, v) == "failed"
     assert opt.tell(trials[7].trial_id, 5.0, error="timeout") == "failed"
     assert opt.tell(trials[8].trial_id, np.float32(0.25)) == "completed"
-    assert [f["error"] for f in opt.failures] == ["nan", "inf", "inf", "none", "non-numeric", "array", "inf", "timeout"]
+    assert [f["error"] for f in opt.failures] == [
+        "nan",
+        "inf",
+        "inf",
+        "none",
+        "non-numeric",
+        "array",
+        "inf",
+        "timeout",
+    ]
     X, Y = opt.observations()
     assert Y.tolist() == [0.25] and X.shape == (1, 2)
     assert opt.num_pending == 0
@@ -122,7 +131,10 @@ def test_a_number_type_whose_conversion_raises_is_a_failure_not_an_exception():
     opt = AskTellOptimizer(SMALL, initial_design=2)
     t = opt.ask(1)[0]
     assert opt.tell(t.trial_id, BadFloat(1.0)) == "failed"
-    assert opt.failures[-1]["error"] == "non-numeric" and "RuntimeError: cannot convert" in opt.failures[-1]["message"]
+    assert (
+        opt.failures[-1]["error"] == "non-numeric"
+        and "RuntimeError: cannot convert" in opt.failures[-1]["message"]
+    )
 
 
 def test_minimize_negates_at_the_edge():
@@ -154,9 +166,9 @@ def test_snapped_duplicates_are_replaced_until_the_space_is_exhausted():
 
 
 def test_a_batch_that_fills_a_grid_takes_its_last_free_cells():
-    """`ask` gives no repeats while cells are left, also on a nearly full grid: replacing a duplicate by one of
-    64 random grid points only rarely hits the last free cells (991 distinct of 1,000 here; 1,148 of 1,200 on
-    the log-int x choice grid)."""
+    """`ask` gives no repeats while cells are left, also on a nearly full grid: replacing a duplicate by one
+    of 64 random grid points only rarely hits the last free cells (991 distinct of 1,000 here; 1,148 of 1,200
+    on the log-int x choice grid)."""
     for space, q in [({"k": {"type": "int", "low": 0, "high": 999}}, 1000),
                      ({"k": {"type": "int", "low": 1, "high": 400, "log": True},
                        "c": {"type": "choice", "choices": ["a", "b", "c"]}}, 1200)]:
@@ -166,12 +178,16 @@ def test_a_batch_that_fills_a_grid_takes_its_last_free_cells():
 
 
 def test_the_grid_cells_are_every_point_of_the_space_as_ask_snaps_them():
-    """`_grid_cells` (the free-cell listing of `_dedupe`) takes the product of per-parameter coordinates; it must
-    equal mapping each point of the grid, as `ask` snaps a proposal (steps, log ints, unhashable choices)."""
+    """`_grid_cells` (the free-cell listing of `_dedupe`) takes the product of per-parameter coordinates; it
+    must equal mapping each point of the grid, as `ask` snaps a proposal (steps, log ints, unhashable
+    choices)."""
     import itertools
 
-    space = {"k": {"type": "int", "low": 5, "high": 30, "step": 5}, "j": {"type": "int", "low": 1, "high": 40, "log": True},
-             "c": {"type": "choice", "choices": [[1], {"a": 1}, None, "s"]}}
+    space = {
+        "k": {"type": "int", "low": 5, "high": 30, "step": 5},
+        "j": {"type": "int", "low": 1, "high": 40, "log": True},
+        "c": {"type": "choice", "choices": [[1], {"a": 1}, None, "s"]},
+    }
     opt = AskTellOptimizer(space, seed=0)
     values = [range(5, 31, 5), range(1, 41), [[1], {"a": 1}, None, "s"]]
     points = [dict(zip(["k", "j", "c"], combo)) for combo in itertools.product(*values)]
@@ -182,8 +198,8 @@ def test_the_grid_cells_are_every_point_of_the_space_as_ask_snaps_them():
 
 
 def test_a_discrete_model_batch_never_repeats_an_observed_point():
-    """Thompson points avoid observed points in the unit cube, and snapping onto an int/choice grid must not put
-    them back on observed ones (a second model batch repeating (relu, layers=5) with 21 of the 32 points
+    """Thompson points avoid observed points in the unit cube, and snapping onto an int/choice grid must not
+    put them back on observed ones (a second model batch repeating (relu, layers=5) with 21 of the 32 points
     unseen): `ask` promises points that are neither pending nor observed while any are left."""
     space = {"layers": {"type": "int", "low": 1, "high": 8},
              "act": {"type": "choice", "choices": ["relu", "tanh", "gelu", "silu"]}}
@@ -203,8 +219,11 @@ def test_a_discrete_model_batch_never_repeats_an_observed_point():
 
 def test_tell_point_keeps_each_parameter_in_its_own_type():
     """`tell_point({"layers": 2.0, ...})` keeps the int 2, and `best()` recommends layers=2, not 2.0."""
-    space = {"layers": {"type": "int", "low": 1, "high": 8}, "lr": {"type": "float", "low": 1e-4, "high": 1.0, "log": True},
-             "act": {"type": "choice", "choices": ["relu", "tanh"]}}
+    space = {
+        "layers": {"type": "int", "low": 1, "high": 8},
+        "lr": {"type": "float", "low": 1e-4, "high": 1.0, "log": True},
+        "act": {"type": "choice", "choices": ["relu", "tanh"]},
+    }
     opt = AskTellOptimizer(space)
     opt.tell_point({"layers": 2.0, "lr": 1, "act": "tanh"}, 1.0)
     params, _ = opt.best()
@@ -262,8 +281,8 @@ class RepeatingProposer(Proposer):
 
 
 def test_a_proposer_that_repeats_points_in_a_float_space_still_gives_distinct_trials(monkeypatch):
-    """The proposer base class refuses repeats and `ask` checks proposers in float spaces too: a user's proposer
-    handing out the same point q times, and an observed one, does not get them through."""
+    """The proposer base class refuses repeats and `ask` checks proposers in float spaces too: a user's
+    proposer handing out the same point q times, and an observed one, does not get them through."""
     monkeypatch.setitem(acquisition.PROPOSERS, "repeating", f"{__name__}:RepeatingProposer")
     opt = AskTellOptimizer(SMALL, initial_design=2, proposer="repeating", seed=0)
     opt.tell_point({"a": 0.0, "b": 1.0}, 0.0)  # the cube's centre, observed
@@ -307,7 +326,9 @@ def _fast_model():
 FAST_TS = {"num_features": 128, "raw_samples": 128, "num_restarts": 1, "maxiter": 20}
 
 
-def test_model_phase_pending_points_reach_the_proposer_and_failures_do_not_reach_the_model(spy_model, monkeypatch):
+def test_model_phase_pending_points_reach_the_proposer_and_failures_do_not_reach_the_model(
+    spy_model, monkeypatch
+):
     monkeypatch.setitem(acquisition.PROPOSERS, "spy", f"{__name__}:SpyProposer")
     SpyProposer.calls = []
     opt = AskTellOptimizer(SMALL, initial_design=8, proposer="spy", seed=0, model_options=_fast_model())
@@ -334,8 +355,16 @@ def test_model_phase_pending_points_reach_the_proposer_and_failures_do_not_reach
 
 
 def test_thompson_loop_minimize_calibrator_and_best_in_user_units():
-    opt = AskTellOptimizer(SMALL, direction="minimize", tau=0.3, initial_design=10, seed=1, calibrator="online",
-                           model_options=_fast_model(), proposer_options=FAST_TS)
+    opt = AskTellOptimizer(
+        SMALL,
+        direction="minimize",
+        tau=0.3,
+        initial_design=10,
+        seed=1,
+        calibrator="online",
+        model_options=_fast_model(),
+        proposer_options=FAST_TS,
+    )
     rng = np.random.default_rng(0)
     first = opt.ask(10)
     for t in reversed(first):
@@ -364,8 +393,8 @@ def test_the_order_results_come_in_does_not_change_the_fit_or_the_next_batch():
     def make():
         opt = AskTellOptimizer(SMALL, tau=0.3, initial_design=8, seed=2, calibrator="online",
                                model_options=_fast_model(), proposer_options=FAST_TS)
-        assert opt.defer_calibration  # the default (off, a library loop's calibrator would learn each result in
-        # the order told)
+        # the default (off, a library loop's calibrator would learn each result in the order told)
+        assert opt.defer_calibration
         return opt
 
     def run(order):
@@ -469,8 +498,8 @@ def _forrester(x: float) -> float:
 
 
 def _put_in_the_noise_basin(opt: AskTellOptimizer) -> None:
-    """Hyperparameters that explain every point as noise (a long lengthscale, the noise at the data's variance):
-    what a fit on the first few points of a run can find, and where a warm-started L-BFGS stays."""
+    """Hyperparameters that explain every point as noise (a long lengthscale, the noise at the data's
+    variance): what a fit on the first few points of a run can find, and where a warm-started L-BFGS stays."""
     m = opt._model.model
     with torch.no_grad():
         # no outputscale (BoTorch's default kernel); its lengthscale prior pulls a fit away from 30 (the basin
@@ -491,7 +520,8 @@ def test_fit_with_restart_leaves_a_basin_the_warm_start_stays_in():
     assert abs(first["best_params"]["x"] - 0.757) < 0.02
     _put_in_the_noise_basin(opt)
     warm = opt.fit()
-    assert abs(warm["best_params"]["x"] - 0.757) > 0.2, "the warm start left the basin: the test shows nothing"
+    assert abs(warm["best_params"]["x"] - 0.757) > 0.2, ("the warm start left the basin: the test shows "
+                                                         "nothing")
     _put_in_the_noise_basin(opt)
     out = opt.fit(restart=True)
     assert out["restart_kept"] == "cold" and out["loss_cold"] < out["loss_warm"] - 1.0
@@ -550,7 +580,8 @@ def test_a_fit_that_is_not_finite_is_refused_and_the_model_kept(monkeypatch):
 
 # ------------------------------------------------------------------ the library API
 def test_prior_results_count_toward_the_initial_design():
-    """200 results added with `tell_point` (an Optuna-style warm start) still got a whole first batch of Sobol."""
+    """200 results added with `tell_point` (an Optuna-style warm start) still got a whole first batch of
+    Sobol."""
     opt = AskTellOptimizer(SMALL, tau=0.5, initial_design=10, seed=0, model_options=_fast_model(),
                            proposer_options=FAST_TS)
     rng = np.random.default_rng(0)
@@ -569,12 +600,16 @@ def test_prior_results_count_toward_the_initial_design():
 
 
 def test_best_is_a_point_as_told_and_trials_handed_out_are_copies():
-    """`best()` mapped the point back from its unit coordinates (lr 0.0010000000000000002 for a told 0.001), and
-    `ask` handed out the optimizer's own records, so editing a trial's params rewrote history."""
+    """`best()` mapped the point back from its unit coordinates (lr 0.0010000000000000002 for a told 0.001),
+    and `ask` handed out the optimizer's own records, so editing a trial's params rewrote history."""
     opt = AskTellOptimizer(SPACE, tau=0.5, initial_design=4, seed=1, model_options=_fast_model(),
                            proposer_options=FAST_TS)
-    told = [{"lr": 1e-3, "width": 16, "act": "tanh", "drop": 0.1}, {"lr": 3e-2, "width": 64, "act": "relu", "drop": 0.3},
-            {"lr": 2e-4, "width": 8, "act": "relu", "drop": 0.0}, {"lr": 7e-3, "width": 32, "act": "tanh", "drop": 0.45}]
+    told = [
+        {"lr": 1e-3, "width": 16, "act": "tanh", "drop": 0.1},
+        {"lr": 3e-2, "width": 64, "act": "relu", "drop": 0.3},
+        {"lr": 2e-4, "width": 8, "act": "relu", "drop": 0.0},
+        {"lr": 7e-3, "width": 32, "act": "tanh", "drop": 0.45},
+    ]
     for i, p in enumerate(told):
         opt.tell_point(p, float(i == 0))
     opt.fit()
@@ -597,8 +632,16 @@ def test_tell_many_tells_nothing_when_one_id_is_bad():
     assert opt.tell_many(ids, [1.0, 2.0, 3.0]) == ["completed"] * 3
 
 
-@pytest.mark.parametrize("other", [{"direction": "minimize"}, {"tau": 0.9}, {"space": {"a": {"type": "float", "low": 0.0, "high": 100.0}, "b": SMALL["b"]}},
-                                   {"model": "expectile"}, {"model_options": {"num_inducing": 8}}])
+@pytest.mark.parametrize(
+    "other",
+    [
+        {"direction": "minimize"},
+        {"tau": 0.9},
+        {"space": {"a": {"type": "float", "low": 0.0, "high": 100.0}, "b": SMALL["b"]}},
+        {"model": "expectile"},
+        {"model_options": {"num_inducing": 8}},
+    ],
+)
 def test_a_state_of_an_optimizer_set_up_otherwise_is_refused(other):
     """A state is refused by an optimizer it does not fit: a minimize state loaded into a maximize optimizer
     would flip the sign of every value, one of another space relabel its points, one at tau 0.1 keep proposing
@@ -633,8 +676,8 @@ def test_numpy_integers_are_integers():
                                                          ("exact-gp", "calibrated", "offline-cv")])
 def test_a_fitted_optimizer_pickles_and_deep_copies(model, proposer, calibrator):
     """Library use: `pickle.dumps` and `copy.deepcopy` of an optimizer work (its locks and the quantile SVGP's
-    cached KL factors, non-leaf tensors of the last ELBO's graph, are left out), so it can be `ray.put`, passed
-    to an actor or cached. A copy asks what the original asks and has locks of its own."""
+    cached KL factors, non-leaf tensors of the last ELBO's graph, are left out), so it can be `ray.put`,
+    passed to an actor or cached. A copy asks what the original asks and has locks of its own."""
     import copy
     import pickle
 
@@ -680,7 +723,8 @@ def test_a_fit_that_learned_no_lengthscale_warns_once():
         said = [str(w.message) for w in caught if issubclass(w.category, ModelWarning)]
         assert diag["lengthscales_at_prior_mode"] == float(flat) == again["lengthscales_at_prior_mode"]
         if flat:
-            assert len(said) == 1 and "all 20 lengthscales" in said[0] and "lengthscale_prior: dim-scaled" in said[0]
+            assert len(said) == 1 and "all 20 lengthscales" in said[0] and ("lengthscale_prior: "
+                                                                            "dim-scaled") in said[0]
         else:
             assert said == []
 
@@ -697,9 +741,9 @@ def test_an_optimizer_pickled_before_the_prior_mode_warning_still_fits():
 
 
 def test_the_sobol_proposer_continues_the_initial_designs_sequence():
-    """Without a `seed` option the optimizer's seed continues the design's sequence: a sequence scrambled afresh
-    for each batch makes batches of 1-4 no more even than random points (centred L2 discrepancy 3.1e-3 at
-    q = 1, random 2.9e-3, one sequence 4.2e-5)."""
+    """Without a `seed` option the optimizer's seed continues the design's sequence: a sequence scrambled
+    afresh for each batch makes batches of 1-4 no more even than random points (centred L2 discrepancy 3.1e-3
+    at q = 1, random 2.9e-3, one sequence 4.2e-5)."""
     space = {"a": {"type": "float", "low": 0.0, "high": 1.0}, "b": {"type": "float", "low": 0.0, "high": 1.0}}
     opt = AskTellOptimizer(space, proposer="sobol", initial_design=8, seed=5)
     X = []
@@ -712,7 +756,8 @@ def test_the_sobol_proposer_continues_the_initial_designs_sequence():
 
 
 def test_a_lost_worker_does_not_make_its_point_taken():
-    """One `worker-lost` (a node pre-empted) does not ban the point for good (on a grid, maybe the best cell)."""
+    """One `worker-lost` (a node pre-empted) does not ban the point for good (on a grid, maybe the best
+    cell)."""
     from orchestrator.acquisition.base import Proposer
 
     class WantsTheTop(Proposer):
@@ -758,9 +803,9 @@ def test_the_sobol_proposer_counts_failed_points_of_its_sequence():
 
 def test_a_replay_without_calibrator_checkpoint_rebuilds_the_online_calibrator():
     """A resume without a usable calibrator checkpoint tells every logged result again and flushes once. The
-    online recalibrator steps once per ask, so that flush must update it round by round (`end_calibration_round`
-    where the log shows a model batch proposed): one update for all the results would leave its levels one step
-    from the identity however long the run."""
+    online recalibrator steps once per ask, so that flush must update it round by round
+    (`end_calibration_round` where the log shows a model batch proposed): one update for all the results would
+    leave its levels one step from the identity however long the run."""
     kw = dict(model="exact-gp", proposer="calibrated", initial_design=6, seed=2, calibrator="online",
               calibrator_options={"eta": 0.2},
               proposer_options={"acquisition": "ucb", "raw_samples": 32, "num_restarts": 1, "maxiter": 10})
@@ -786,7 +831,8 @@ def test_a_replay_without_calibrator_checkpoint_rebuilds_the_online_calibrator()
     assert new.flush_calibration() == twin.flush_calibration() == 36  # the design results carry no forecast
     np.testing.assert_allclose(new.calibrator.raw_levels(), opt.calibrator.raw_levels(), atol=1e-12)
     np.testing.assert_allclose(twin.calibrator.raw_levels(), opt.calibrator.raw_levels(), atol=1e-12)
-    assert np.abs(opt.calibrator.raw_levels() - opt.calibrator.levels).max() > 0.1  # the map has moved off the identity
+    # the map has moved off the identity
+    assert np.abs(opt.calibrator.raw_levels() - opt.calibrator.levels).max() > 0.1
 
 
 def test_neighbouring_values_of_a_wide_log_int_are_distinct_points():
@@ -798,7 +844,9 @@ def test_neighbouring_values_of_a_wide_log_int_are_distinct_points():
     opt = AskTellOptimizer(space, seed=0)
     X = opt.space.to_unit([{"k": 99_994, "x": 0.5}, {"k": 99_995, "x": 0.5}, {"k": 99_995, "x": 0.5 + 1e-9}],
                           dtype=torch.float64)
-    out = opt._dedupe(X, torch.empty(0, 2, dtype=torch.float64), torch.empty(0, 2, dtype=torch.float64), batch_id=0)
+    out = opt._dedupe(
+        X, torch.empty(0, 2, dtype=torch.float64), torch.empty(0, 2, dtype=torch.float64), batch_id=0
+    )
     assert torch.equal(out[:2], X[:2])  # two values of k: both kept
     assert not torch.equal(out[2], X[2])  # a repeat of the second (x within DUPLICATE_TOL): replaced
     one = AskTellOptimizer({"k": space["k"]}, seed=0)
@@ -812,9 +860,16 @@ def test_a_streaming_ask_teaches_the_online_calibrator_in_one_step():
     from orchestrator.calibration import OnlineQuantileRecalibrator
     from orchestrator.models.predictive import Forecast
 
-    opt = AskTellOptimizer(SMALL, model="exact-gp", proposer="calibrated", initial_design=6, seed=2,
-                           calibrator="online", calibrator_options={"eta": 0.2},
-                           proposer_options={"acquisition": "ucb", "raw_samples": 32, "num_restarts": 1, "maxiter": 10})
+    opt = AskTellOptimizer(
+        SMALL,
+        model="exact-gp",
+        proposer="calibrated",
+        initial_design=6,
+        seed=2,
+        calibrator="online",
+        calibrator_options={"eta": 0.2},
+        proposer_options={"acquisition": "ucb", "raw_samples": 32, "num_restarts": 1, "maxiter": 10},
+    )
     for t in opt.ask(6):
         opt.tell(t.trial_id, f_true(t.params))
     a, b = opt.ask(3), opt.ask(3)  # b is proposed while a is pending
@@ -834,9 +889,16 @@ def test_a_streaming_ask_teaches_the_online_calibrator_in_one_step():
 
 
 def _online_opt():
-    return AskTellOptimizer(SMALL, model="exact-gp", proposer="calibrated", initial_design=6, seed=2,
-                            calibrator="online", calibrator_options={"eta": 0.2},
-                            proposer_options={"acquisition": "ucb", "raw_samples": 32, "num_restarts": 1, "maxiter": 10})
+    return AskTellOptimizer(
+        SMALL,
+        model="exact-gp",
+        proposer="calibrated",
+        initial_design=6,
+        seed=2,
+        calibrator="online",
+        calibrator_options={"eta": 0.2},
+        proposer_options={"acquisition": "ucb", "raw_samples": 32, "num_restarts": 1, "maxiter": 10},
+    )
 
 
 def test_a_state_saved_between_tells_keeps_the_calibration_round():
@@ -858,8 +920,8 @@ def test_a_state_saved_between_tells_keeps_the_calibration_round():
 
 
 def test_a_result_told_during_an_ask_is_learned_with_the_next_round_after_a_checkpoint_restore():
-    """Streaming: a result told while an ask runs (after its flush) is logged before that ask's proposals, so a
-    replay puts it in the round before, beside results a calibrator checkpoint has learned. It does not stay
+    """Streaming: a result told while an ask runs (after its flush) is logged before that ask's proposals, so
+    a replay puts it in the round before, beside results a calibrator checkpoint has learned. It does not stay
     there after `restore_calibrator`, so the next flush steps once, as the run did."""
     opt = _online_opt()
     for t in opt.ask(6):
@@ -896,8 +958,8 @@ def test_a_result_told_during_an_ask_is_learned_with_the_next_round_after_a_chec
 
 def test_a_fit_stops_between_training_steps_once_its_stop_event_is_set():
     """`fit(stop=event)`: the SVGP's training loop asks the event between steps, so a fit nobody will use (the
-    central actor's background refit when the run ends) stops with `FitInterrupted` and the model in use stays;
-    an event that is never set changes nothing."""
+    central actor's background refit when the run ends) stops with `FitInterrupted` and the model in use
+    stays; an event that is never set changes nothing."""
     import threading
 
     from orchestrator.errors import FitInterrupted
@@ -919,7 +981,8 @@ def test_a_fit_stops_between_training_steps_once_its_stop_event_is_set():
     for t in opt.ask(4):
         opt.tell(t.trial_id, math.sin(6 * t.params["x"]))
     stop = threading.Event()
-    timer = threading.Timer(0.5, stop.set)  # a warm fit of 10**6 steps without early stopping, stopped at 0.5 s
+    # a warm fit of 10**6 steps without early stopping, stopped at 0.5 s
+    timer = threading.Timer(0.5, stop.set)
     timer.start()
     try:
         with pytest.raises(FitInterrupted):
@@ -959,4 +1022,7 @@ def test_a_state_saved_during_a_flush_holds_every_result_queued_or_learned():
     flush.join(10)
     saver.join(10)
     state = states[0]
-    assert len(state["calib_taught"]) + len(state["calib_queue"]) == 4, (state["calib_taught"], state["calib_queue"])
+    assert len(state["calib_taught"]) + len(state["calib_queue"]) == 4, (
+        state["calib_taught"],
+        state["calib_queue"],
+    )

@@ -1,6 +1,6 @@
-"""The process's own Ray in orchestrator/runner/session.py without starting one: every run that `OwnRay.acquire`
-counts as sharing it gives its share back on every path, and the process's SIGTERM handler from before Ray is kept
-for the main thread to put back."""
+"""The process's own Ray in orchestrator/runner/session.py without starting one: every run that
+`OwnRay.acquire` counts as sharing it gives its share back on every path, and the process's SIGTERM handler
+from before Ray is kept for the main thread to put back."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from orchestrator.runner import preflight, session
 
 @pytest.fixture
 def no_real_ray(monkeypatch):
-    """`OwnRay.acquire` "starts" a Ray (a flag), `OwnRay._shutdown` "stops" it: the counting is real, on a fresh
-    `OWN_RAY`."""
+    """`OwnRay.acquire` "starts" a Ray (a flag), `OwnRay._shutdown` "stops" it: the counting is real, on a
+    fresh `OWN_RAY`."""
     import ray
 
     state = {"up": False, "shutdowns": 0}
@@ -43,7 +43,8 @@ def test_a_feasibility_check_that_raises_gives_the_runs_share_back(no_real_ray, 
 
     monkeypatch.setattr(preflight, "default_max_concurrent", boom)
     with pytest.raises(raised):
-        with session.ray_session(None, None) as started:  # as `run_experiment` and `resume_experiment` hold it
+        # as `run_experiment` and `resume_experiment` hold it
+        with session.ray_session(None, None) as started:
             assert started and session.OWN_RAY.runs == 1
             preflight._check_feasible(None)
     assert session.OWN_RAY.runs == 0 and no_real_ray == {"up": False, "shutdowns": 1}
@@ -60,8 +61,9 @@ def test_the_last_run_to_end_shuts_the_shared_ray_down(no_real_ray):
 
 
 def test_a_pending_sigterm_handler_from_before_ray_is_not_overwritten(no_real_ray, monkeypatch):
-    """A shared Ray shut down by another thread cannot put the handler back (signals are set in the main thread
-    only); the next main-thread start keeps the process's own handler as the one from before, not Ray's."""
+    """A shared Ray shut down by another thread cannot put the handler back (signals are set in the main
+    thread only); the next main-thread start keeps the process's own handler as the one from before, not
+    Ray's."""
     def mine(signum, frame):
         pass
 

@@ -1,8 +1,9 @@
-"""A `(name, options)` objective spec is built inside the sandbox child, never in the Ray worker that forks it.
+"""A `(name, options)` objective spec is built inside the sandbox child, never in the Ray worker that forks
+it.
 
 GNU OpenMP (torch's CPU thread pool) is not fork-safe: a child forked from a process that already ran a
-multi-threaded torch op deadlocks at its own first one. Were the worker to build the objective, a user objective
-that warms up a model in its constructor would time out at every evaluation.
+multi-threaded torch op deadlocks at its own first one. Were the worker to build the objective, a user
+objective that warms up a model in its constructor would time out at every evaluation.
 """
 
 from __future__ import annotations
@@ -101,8 +102,8 @@ def test_spec_is_built_once_in_the_sandbox_child(user_module):
 
 @pytest.mark.parametrize("fail,message", [
     ("raise", r"loading the objective failed: RuntimeError: no model file at /models/missing.pt"),
-    ("exit", r"loading the objective failed: RuntimeError: the sandbox process died while building the objective "
-             r"\(exit code 3\)"),
+    ("exit", r"loading the objective failed: RuntimeError: the sandbox process died while building the "
+             r"objective \(exit code 3\)"),
 ])
 def test_an_objective_that_cannot_be_built_is_a_failed_record_each_time(user_module, fail, message):
     log = user_module / "built.txt"
@@ -143,7 +144,8 @@ def test_objective_warmed_with_threaded_torch_does_not_deadlock_its_evaluations(
     ))
     code = textwrap.dedent(
         """
-        import torch  # imported, no op run: only the first import's time, which a loaded machine stretches a lot
+        # imported, no op run: only the first import's time, which a loaded machine stretches a lot
+        import torch
         from workers.evaluate import evaluate_once
         for spec in (("qbatch_user_objective:WarmTorch", {}), ("qbatch_warm_module:Warm", {})):
             for i in range(2):
@@ -158,12 +160,18 @@ def test_objective_warmed_with_threaded_torch_does_not_deadlock_its_evaluations(
 
 
 def test_a_hung_constructor_is_a_timeout_of_its_own_build(user_module):
-    """The build gets `timeout_s` of its own: a hung constructor is killed there and recorded as such (before, it
-    waited for the central actor's backstop and was recorded as a frozen worker, at every trial)."""
+    """The build gets `timeout_s` of its own: a hung constructor is killed there and recorded as such (before,
+    it waited for the central actor's backstop and was recorded as a frozen worker, at every trial)."""
     log = user_module / "built.txt"
     calls = []
-    rec = evaluate_once(("qbatch_user_objective:Recording", {"log": str(log), "fail": "hang"}), "0-0", {"x": 0.5},
-                        seed=0, timeout_s=1.5, on_progress=lambda: calls.append(1))
+    rec = evaluate_once(
+        ("qbatch_user_objective:Recording", {"log": str(log), "fail": "hang"}),
+        "0-0",
+        {"x": 0.5},
+        seed=0,
+        timeout_s=1.5,
+        on_progress=lambda: calls.append(1),
+    )
     assert (rec.status, rec.error) == ("failed", "timeout")
     assert rec.message == "timeout after 1.5 s while building the objective"
     assert "building the objective took longer than timeout_s=1.5 s" in rec.traceback
@@ -181,8 +189,12 @@ def test_a_slow_constructor_is_built_once_and_reported_once(user_module):
     log = user_module / "built.txt"
     spec = ("qbatch_user_objective:Recording", {"log": str(log), "fail": "slow", "eval_s": 2.0})
     calls = []
-    recs = [evaluate_once(spec, f"0-{i}", {"x": 0.5}, seed=i, timeout_s=3.5, on_progress=lambda: calls.append(time.time()))
-            for i in range(2)]
+    recs = [
+        evaluate_once(
+            spec, f"0-{i}", {"x": 0.5}, seed=i, timeout_s=3.5, on_progress=lambda: calls.append(time.time())
+        )
+        for i in range(2)
+    ]
     assert [r.status for r in recs] == ["completed"] * 2 and len(calls) == 2
     assert len(_builders(log)) == 1 and calls[0] + 1.9 < calls[1] <= recs[0].started_at
 
@@ -236,7 +248,8 @@ def test_importing_the_objectives_module_is_not_part_of_the_builds_timeout(tmp_p
 
 
 def _interrupt_the_next_wait(monkeypatch) -> None:
-    """The worker's next wait on its sandbox raises KeyboardInterrupt (Ctrl-C in a library call); later ones wait."""
+    """The worker's next wait on its sandbox raises KeyboardInterrupt (Ctrl-C in a library call); later ones
+    wait."""
     import multiprocessing.connection as mc
 
     poll, interrupted = mc.Connection.poll, []
@@ -277,7 +290,8 @@ def test_an_interrupted_evaluation_leaves_no_busy_sandbox(user_module, monkeypat
 def test_a_module_that_fails_to_import_is_reported_as_such(tmp_path, monkeypatch):
     """A slow module that then fails to import: the failure says so, with no build timeout (it was imported in
     the worker, untimed, then again in the child within the build's timeout: "timeout ... while building")."""
-    (tmp_path / "qbatch_bad_import.py").write_text("import time\ntime.sleep(1.5)\nraise ImportError('no libfoo.so')\n")
+    (tmp_path / "qbatch_bad_import.py").write_text("import time\ntime.sleep(1.5)\nraise ImportError('no "
+                                                   "libfoo.so')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     rec = evaluate_once(("qbatch_bad_import:Thing", {}), "0-0", {"x": 0.5}, seed=0, timeout_s=1.0)
     assert (rec.status, rec.error) == ("failed", "exception"), rec

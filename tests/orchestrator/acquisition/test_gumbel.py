@@ -51,7 +51,8 @@ def test_quartiles_match_brentq(batch):
 
 @pytest.mark.parametrize("tiny", [1e-8, 3e-9, 1e-10])
 def test_quartiles_match_brentq_beside_a_nearly_certain_grid_point(tiny):
-    """With one grid point far above the guess and a std near the moments' floor (1e-10), the quartiles match a
+    """With one grid point far above the guess and a std near the moments' floor (1e-10), the quartiles match
+    a
     Brent root and g* reaches the largest mean: the Newton step's phi(z)/Phi(z), exp of a difference of two
     ~1e20 terms, does not overflow into a step of zero taken as convergence at the first guess."""
     mean, std = _moments(1000, seed=0)
@@ -88,8 +89,8 @@ def test_large_grid_quartiles():
 
 
 def test_bracket_widens_when_product_is_below_level(monkeypatch):
-    """The spec's bracket top max(μ + 5s) has F >= Φ(5)^N, below 0.75 once N > 10^6; the search then widens it.
-    Shown here with a 1-std bracket (Φ(1)^50 ≈ 2e-4 < 0.75) to keep the grid small."""
+    """The spec's bracket top max(μ + 5s) has F >= Φ(5)^N, below 0.75 once N > 10^6; the search then widens
+    it. Shown here with a 1-std bracket (Φ(1)^50 ≈ 2e-4 < 0.75) to keep the grid small."""
     monkeypatch.setattr(gumbel, "BRACKET_STDS", 1.0)
     n = 50
     mean = torch.zeros(n, **TK)
@@ -131,8 +132,10 @@ def test_build_grid_contains_observed():
     "mean, std, match",
     [
         (torch.zeros(0, **TK), torch.ones(0, **TK), "empty"),
-        (torch.tensor([0.0, float("nan")], **TK), torch.ones(2, **TK), r"posterior mean .* not finite:.*index 1 \(nan\)"),
-        (torch.zeros(2, **TK), torch.tensor([1.0, float("inf")], **TK), r"posterior std .* not finite:.*index 1 \(inf\)"),
+        (torch.tensor([0.0, float("nan")], **TK), torch.ones(2, **TK), r"posterior mean .* not "
+                                                                       r"finite:.*index 1 \(nan\)"),
+        (torch.zeros(2, **TK), torch.tensor([1.0, float("inf")], **TK), r"posterior std .* not "
+                                                                        r"finite:.*index 1 \(inf\)"),
         (torch.zeros(2, **TK), torch.tensor([1.0, 0.0], **TK), "must be > 0"),
     ],
 )
