@@ -75,14 +75,8 @@ class SobolProposer(Proposer):
         self.seed = check_int("sobol.seed", seed, 0, 2**63, hi_open=True, optional=True,
                               must="an integer in [0, 2**63) or null")
 
-    def _propose(
-        self,
-        model: Surrogate | None,
-        q: int,
-        X_pending: Tensor,
-        X_observed: Tensor,
-        generator: torch.Generator,
-    ) -> Tensor:
+    def _propose(self, model: Surrogate | None, q: int, X_pending: Tensor, X_observed: Tensor,
+                 generator: torch.Generator) -> Tensor:
         d = X_pending.shape[-1]
         if self.seed is None:
             scramble_seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
@@ -107,14 +101,8 @@ class RandomProposer(Proposer):
 
     requires_model = False
 
-    def _propose(
-        self,
-        model: Surrogate | None,
-        q: int,
-        X_pending: Tensor,
-        X_observed: Tensor,
-        generator: torch.Generator,
-    ) -> Tensor:
+    def _propose(self, model: Surrogate | None, q: int, X_pending: Tensor, X_observed: Tensor,
+                 generator: torch.Generator) -> Tensor:
         d = X_pending.shape[-1]
         X = torch.rand(q, d, generator=generator, dtype=torch.float64).to(X_pending.device)
         return _replace_taken(X, torch.cat([X_pending, X_observed]), generator)
@@ -238,14 +226,8 @@ class LogNEIProposer(_BoTorchProposer):
     def check_model(self, model: Surrogate) -> None:
         check_target_is_f(model, "qLogNEI")
 
-    def _propose(
-        self,
-        model: Surrogate | None,
-        q: int,
-        X_pending: Tensor,
-        X_observed: Tensor,
-        generator: torch.Generator,
-    ) -> Tensor:
+    def _propose(self, model: Surrogate | None, q: int, X_pending: Tensor, X_observed: Tensor,
+                 generator: torch.Generator) -> Tensor:
         from botorch.acquisition.logei import qLogNoisyExpectedImprovement
         from botorch.sampling import SobolQMCNormalSampler
 
@@ -306,14 +288,8 @@ class ReplicatedEIProposer(_BoTorchProposer):
     def check_model(self, model: Surrogate) -> None:
         check_target_is_f(model, "GPR-EI")
 
-    def _propose(
-        self,
-        model: Surrogate | None,
-        q: int,
-        X_pending: Tensor,
-        X_observed: Tensor,
-        generator: torch.Generator,
-    ) -> Tensor:
+    def _propose(self, model: Surrogate | None, q: int, X_pending: Tensor, X_observed: Tensor,
+                 generator: torch.Generator) -> Tensor:
         from botorch.acquisition.analytic import LogExpectedImprovement
 
         d = X_pending.shape[-1]

@@ -144,7 +144,17 @@ class _GaussianAcquisition(AcquisitionFunction):
         return self.calibrator.unmap_levels(u)
 
 
-class CalibratedExpectedImprovement(_GaussianAcquisition):
+class _ImprovementAcquisition(_GaussianAcquisition):
+    """An acquisition of the improvement over an incumbent `best_f` by a margin `xi` (EI and PI)."""
+
+    def __init__(self, model: Any, best_f: float | Tensor, calibrator: Any = None, route: str = "quantile",
+                 xi: float = 0.0, X_pending: Tensor | None = None) -> None:
+        super().__init__(model, calibrator, route, X_pending)
+        self.register_buffer("best_f", torch.as_tensor(best_f, dtype=torch.float64))
+        self.xi = float(xi)
+
+
+class CalibratedExpectedImprovement(_ImprovementAcquisition):
     """EI of y over `best_f` under the recalibrated predictive (maximization).
 
     Args:
@@ -154,19 +164,6 @@ class CalibratedExpectedImprovement(_GaussianAcquisition):
         route: "quantile" (§1.6 b) or "sigma" (§1.6 a).
         xi: improvement margin (GPyOpt's jitter).
     """
-
-    def __init__(
-        self,
-        model: Any,
-        best_f: float | Tensor,
-        calibrator: Any = None,
-        route: str = "quantile",
-        xi: float = 0.0,
-        X_pending: Tensor | None = None,
-    ) -> None:
-        super().__init__(model, calibrator, route, X_pending)
-        self.register_buffer("best_f", torch.as_tensor(best_f, dtype=torch.float64))
-        self.xi = float(xi)
 
     def forward(self, X: Tensor) -> Tensor:
         mu, sd, _ = self._predictive(X)
@@ -187,21 +184,8 @@ class CalibratedExpectedImprovement(_GaussianAcquisition):
         return tail * (q - target).clamp_min(0.0).mean(-1)
 
 
-class CalibratedProbabilityOfImprovement(_GaussianAcquisition):
+class CalibratedProbabilityOfImprovement(_ImprovementAcquisition):
     """P(y > f* + xi) under the recalibrated predictive: 1 - R^-1(Phi((f* + xi - mu)/sigma~))."""
-
-    def __init__(
-        self,
-        model: Any,
-        best_f: float | Tensor,
-        calibrator: Any = None,
-        route: str = "quantile",
-        xi: float = 0.0,
-        X_pending: Tensor | None = None,
-    ) -> None:
-        super().__init__(model, calibrator, route, X_pending)
-        self.register_buffer("best_f", torch.as_tensor(best_f, dtype=torch.float64))
-        self.xi = float(xi)
 
     def forward(self, X: Tensor) -> Tensor:
         mu, sd, _ = self._predictive(X)
