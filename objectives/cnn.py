@@ -343,9 +343,8 @@ class CNNTraining(Objective):
         with torch.no_grad():
             for start in range(0, X_te.shape[0], _EVAL_BATCH):
                 logits = model(prep(X_te[start : start + _EVAL_BATCH]))
-                ok = (logits.argmax(dim=1) == y_te[start : start + _EVAL_BATCH]) & torch.isfinite(logits).all(
-                    dim=1
-                )
+                ok = ((logits.argmax(dim=1) == y_te[start : start + _EVAL_BATCH])
+                      & torch.isfinite(logits).all(dim=1))
                 wrong += int((~ok).sum())
         error = wrong / int(X_te.shape[0])
         return EvalResult(

@@ -137,9 +137,8 @@ class IntParam:
         u = np.clip(np.asarray(u, dtype=np.float64), 0.0, 1.0)
         if self.log:
             lo, hi = self._log_bounds()
-            return np.clip(np.round(np.exp(lo + u * (hi - lo))), self.low, self.high).astype(np.int64) - int(
-                self.low
-            )
+            values = np.clip(np.round(np.exp(lo + u * (hi - lo))), self.low, self.high)
+            return values.astype(np.int64) - int(self.low)
         return _bin_index(u, self.size)
 
     def describe(self) -> dict[str, Any]:

@@ -44,9 +44,8 @@ class Replay:
         with self._lock:
             if trial_id in self._trials:
                 return self._trials[trial_id]
-            xt = torch.as_tensor(list(x) if not isinstance(x, Tensor) else x, **self._tk).reshape(
-                self.space.dim
-            )
+            xt = torch.as_tensor(list(x) if not isinstance(x, Tensor) else x, **self._tk)
+            xt = xt.reshape(self.space.dim)
             seed = trial_seed(self.seed, trial_id) if seed is None else int(seed)
             t = Trial(trial_id, dict(params), xt, int(batch_id), forecast, seed, source)
             if sobol_index is not None:

@@ -170,9 +170,8 @@ def locbo_expected_improvement(
             (L.unsqueeze(-1) - f) / sn.unsqueeze(-1)
         )
         dens = _phi((f - mu.unsqueeze(-1)) / sf.unsqueeze(-1)) / sf.unsqueeze(-1)
-        inner = inner + half.squeeze(-1) * ((f - best_f.unsqueeze(-1)).clamp_min(0) * dens * in_prob * w).sum(
-            -1
-        )
+        gain = (f - best_f.unsqueeze(-1)).clamp_min(0) * dens * in_prob * w
+        inner = inner + half.squeeze(-1) * gain.sum(-1)
     tail = alpha / lam * (ei_f - inner).clamp_min(0.0)
     return inside + tail
 
