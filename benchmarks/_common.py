@@ -1,6 +1,6 @@
 """Shared helpers of the benchmark scripts: confidence intervals, paired comparisons, tables and files.
 
-Used by the reproduction benchmarks of issue 8 (benchmarks/gld.py and the others): Student-t confidence
+Used by the reproduction benchmarks (benchmarks/gld.py and the others): Student-t confidence
 intervals of a mean over repetitions (problems, runs, seeds), paired differences between two methods over
 the same repetitions, a plain-text table printer, writers for CSV + Parquet (pyarrow) tables and PNG
 plots (matplotlib, Agg backend) of a curve's mean with its confidence band, and the checkpointed run
@@ -20,10 +20,11 @@ import time
 import traceback
 import warnings
 import zlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -63,11 +64,12 @@ class Method:
     model_options: dict = field(default_factory=dict)
     proposer_options: dict = field(default_factory=dict)
     #: GPR-EI (spec §4.4): each batch is one point evaluated `batch` times (the GLD and lander benchmarks
-    #: replicate the initial design points too; the laser's initial data are measured settings, not replicated)
+    #: replicate the initial design points too; the laser's initial data are measured settings, not
+    #: replicated)
     replicate: bool = False
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def code_version() -> str:
     """The code a result comes from: the repository's git commit (`+dirty` when tracked files differ from it;
     "unknown" outside a git checkout) and the torch, gpytorch and botorch versions. Result rows record it
@@ -80,8 +82,13 @@ def code_version() -> str:
 
     repo = str(Path(__file__).resolve().parents[1])
     try:
-        sha = subprocess.run(["git", "-C", repo, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
-                             timeout=30, check=True).stdout.strip()
+        sha = subprocess.run(
+            ["git", "-C", repo, "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.strip()
         dirty = subprocess.run(["git", "-C", repo, "diff", "--quiet", "HEAD", "--"], capture_output=True,
                                timeout=30).returncode != 0
         commit = sha + ("+dirty" if dirty else "")
@@ -136,7 +143,9 @@ def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float,
     return float(x.mean()), half, n
 
 
-def paired_comparison(a: Mapping[Any, float], b: Mapping[Any, float], level: float = 0.95) -> dict[str, float]:
+def paired_comparison(
+    a: Mapping[Any, float], b: Mapping[Any, float], level: float = 0.95
+) -> dict[str, float]:
     """Compare method A with method B over the repetitions both have (lower is better, e.g. regret).
 
     Args:
@@ -152,7 +161,8 @@ def paired_comparison(a: Mapping[Any, float], b: Mapping[Any, float], level: flo
 
     keys = sorted(set(a) & set(b))
     diff = np.asarray([a[k] - b[k] for k in keys], dtype=np.float64)
-    diff = diff[~np.isnan(diff)]  # a repetition missing in either arm leaves every statistic (Wilcoxon gave NaN)
+    # a repetition missing in either arm leaves every statistic (Wilcoxon gave NaN)
+    diff = diff[~np.isnan(diff)]
     mean, half, n = mean_ci(diff.tolist(), level)
     wins = int((diff < 0).sum())
     losses = int((diff > 0).sum())
@@ -180,8 +190,11 @@ def _fmt(v: Any, digits: int) -> str:
     return str(v)
 
 
-def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None, digits: int = 4) -> str:
-    """A fixed-width plain-text table of `rows` (dicts), columns in the given order (default: the first row's)."""
+def format_table(
+    rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None, digits: int = 4
+) -> str:
+    """A fixed-width plain-text table of `rows` (dicts), columns in the given order (default: the first
+    row's)."""
     if not rows:
         return "(no rows)"
     columns = list(columns or rows[0].keys())
@@ -286,7 +299,8 @@ def as_float_rows(rows: Iterable[Mapping[str, Any]], keys: Sequence[str]) -> lis
 
 
 def parse_index_list(spec: str, flag: str, example: int = 10) -> list[int]:
-    """`--runs` / `--seeds` / `--problems`: a count (10 = 0..9), a range (0-9) or a list (1,4,7); indices >= 0.
+    """`--runs` / `--seeds` / `--problems`: a count (10 = 0..9), a range (0-9) or a list (1,4,7); indices
+    >= 0.
 
     Raises SystemExit with one line naming `flag` for anything else.
     """
@@ -300,9 +314,11 @@ def parse_index_list(spec: str, flag: str, example: int = 10) -> list[int]:
         else:
             out = list(range(int(spec)))
     except ValueError:
-        raise SystemExit(f"{flag}: a count ({example}), a range (0-{example - 1}) or a list (1,4,7); got {spec!r}") from None
+        raise SystemExit(f"{flag}: a count ({example}), a range (0-{example - 1}) or a list (1,4,7); got "
+                         f"{spec!r}") from None
     if not out or min(out) < 0:
-        raise SystemExit(f"{flag}: {spec!r} selects nothing (a count >= 1, or indices >= 0; index 0 alone is 0-0)")
+        raise SystemExit(f"{flag}: {spec!r} selects nothing (a count >= 1, or indices >= 0; index 0 alone is "
+                         "0-0)")
     return out
 
 
@@ -318,11 +334,12 @@ PROPOSERS = tuple(_PROPOSER_REGISTRY)
 def merge_options(
     quick: Mapping[str, Mapping[str, Any]], given: Any, flag: str, known: Sequence[str]
 ) -> dict[str, dict[str, Any]]:
-    """`given` (name -> options, from a JSON flag) over `quick`, per name. A non-mapping, or a name that is not
-    in `known` (a misspelled model is otherwise ignored without a word), is one clear error naming `flag`."""
+    """`given` (name -> options, from a JSON flag) over `quick`, per name. A non-mapping, or a name that is
+    not in `known` (a misspelled model is otherwise ignored without a word), is one clear error naming
+    `flag`."""
     if not isinstance(given, Mapping) or not all(isinstance(v, Mapping) for v in given.values()):
-        raise SystemExit(f'{flag}: a JSON object of name -> options, e.g. {{"quantile": {{"num_inducing": 64}}}}; '
-                         f"got {given!r}")
+        raise SystemExit(f'{flag}: a JSON object of name -> options, e.g. {{"quantile": {{"num_inducing": '
+                         f"64}}}}; got {given!r}")
     unknown = sorted(set(given) - set(known))
     if unknown:
         raise SystemExit(f"{flag}: unknown name(s) {unknown}; valid: {sorted(known)}")
@@ -351,11 +368,11 @@ def build_optimizer(raw_config: Mapping[str, Any]) -> tuple[Any, Any, Any, str]:
 
 
 def preflight(builds: Mapping[str, Callable[[], Any]], tag: str) -> None:
-    """Build every method once before any run starts: `builds` maps a label (the method) to a function that builds
-    its optimizer as a run would. A bad option (a `QbatchError` such as ConfigError, or an `ObjectiveError`)
-    ends the benchmark here with one line naming the method and the key, before any evaluation; without this
-    check every run of the grid would fail on its own and be recorded as an error row, and the command would
-    still exit 0.
+    """Build every method once before any run starts: `builds` maps a label (the method) to a function that
+    builds its optimizer as a run would. A bad option (a `QbatchError` such as ConfigError, or an
+    `ObjectiveError`) ends the benchmark here with one line naming the method and the key, before any
+    evaluation; without this check every run of the grid would fail on its own and be recorded as an error
+    row, and the command would still exit 0.
 
     Raises:
         SystemExit: with that line, for the first method that does not build.
@@ -372,7 +389,7 @@ def preflight(builds: Mapping[str, Callable[[], Any]], tag: str) -> None:
                 raise SystemExit(f"[{tag}] {label}: {exc}") from None
 
 
-# ---------------------------------------------------------------------------------------------------- checkpointed runs
+# ------------------------------------------------------------------------------------------ checkpointed runs
 class BatchRun:
     """One synchronous BO run that can be checkpointed between batches (subclasses: the benchmarks).
 
@@ -400,7 +417,8 @@ class BatchRun:
         raise NotImplementedError
 
     def get_state(self) -> dict[str, Any]:
-        """The optimizer's state (`self.opt`), the evaluation count `n`, `times` and the subclass's own records."""
+        """The optimizer's state (`self.opt`), the evaluation count `n`, `times` and the subclass's own
+        records."""
         return {"opt": self.opt.get_state(), "n": self.n, "times": dict(self.times), **self.records_state()}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
@@ -441,7 +459,8 @@ def checkpoint_evaluations(path: Path) -> int | None:
 
 def checkpoint_codes(path: Path) -> list[str]:
     """The code versions (`code_version`) of the sessions that advanced the run saved at `path`, oldest first;
-    a checkpoint from before they were recorded starts with "unrecorded" ([] without a readable checkpoint)."""
+    a checkpoint from before they were recorded starts with "unrecorded" ([] without a readable
+    checkpoint)."""
     import torch
 
     if not path.exists():
@@ -494,7 +513,9 @@ def drive(run: BatchRun, checkpoint: Path | None, deadline: float | None = None,
         if checkpoint is not None:
             save_checkpoint(checkpoint, {"key": run.key, "run": run.get_state(), "codes": codes})
     while not run.done:
-        if steps and ((deadline is not None and time.time() > deadline) or (stop_after and steps >= stop_after)):
+        if steps and (
+            (deadline is not None and time.time() > deadline) or (stop_after and steps >= stop_after)
+        ):
             return "paused", time.perf_counter() - t0
         timed(run.step)
         steps += 1
@@ -505,7 +526,8 @@ def drive(run: BatchRun, checkpoint: Path | None, deadline: float | None = None,
 
 # ---------------------------------------------------------------------------------------------------- jobs
 def limited_threads(threads: int) -> Any:
-    """Torch and BLAS/OpenMP thread pools limited to `threads` (one run per process, `--workers` processes)."""
+    """Torch and BLAS/OpenMP thread pools limited to `threads` (one run per process, `--workers`
+    processes)."""
     import torch
     from threadpoolctl import threadpool_limits
 
@@ -541,11 +563,13 @@ def drive_guarded(make_run: Callable[[], BatchRun], checkpoint: Path | None, dea
 
 @dataclass
 class Job:
-    """One run to do: `fn(*args, checkpoint=..., deadline=...)` returning (status, rows), written to `<stem>.csv`.
+    """One run to do: `fn(*args, checkpoint=..., deadline=...)` returning (status, rows), written to
+    `<stem>.csv`.
 
     `fn` returns ("done", rows), ("paused", []) or ("skipped", []) (see `drive`). `finished_rule`, when given,
-    decides whether the run is already finished (GLD counts a method finished by any result file of its problem
-    that holds the final checkpoint); by default a run is finished when its result file exists without an error.
+    decides whether the run is already finished (GLD counts a method finished by any result file of its
+    problem that holds the final checkpoint); by default a run is finished when its result file exists without
+    an error.
     """
 
     stem: Path
@@ -562,13 +586,16 @@ class Job:
         return checkpoint_path(self.stem)
 
     def finished(self) -> bool:
-        """Whether the run need not be run again (`finished_rule`, else: a result file without an error row)."""
+        """Whether the run need not be run again (`finished_rule`, else: a result file without an error
+        row)."""
         if self.finished_rule is not None:
             return self.finished_rule()
         return self.csv.exists() and not any(r.get("error") for r in read_table(self.csv))
 
 
-def run_jobs(jobs: Sequence[Job], workers: int, resume: bool, deadline: float | None, tag: str) -> dict[str, int]:
+def run_jobs(
+    jobs: Sequence[Job], workers: int, resume: bool, deadline: float | None, tag: str
+) -> dict[str, int]:
     """Run the jobs (in order; `workers` processes), writing each result file as its run finishes.
 
     Without `resume` every job starts over (its checkpoint is deleted); with it, finished jobs are skipped

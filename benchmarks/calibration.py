@@ -22,8 +22,9 @@ code excludes a band around the optimum), T = 50 BO steps, 7 seeds; the same ini
 stream (seeded by (seed, point)) for every method of a seed. Metric (eq. 41): simple regret max f - f(x_t*)
 with t* = argmax_t of the NOISY observations (initial design included), per step (and `oracle_regret`, that of
 the best TRUE value observed, a lower bound); also the long-run miscoverage of each method's (1 - alpha) set
-(LOCBO's lambda_t(x) set; the central interval of the recalibrated predictive for the others). OCBO-L (localized recalibrator) and CBO (conformal;
-`--methods conformal` adds qbatch's conformal EI) are not in the default set.
+(LOCBO's lambda_t(x) set; the central interval of the recalibrated predictive for the others). OCBO-L
+(localized recalibrator) and CBO (conformal; `--methods conformal` adds qbatch's conformal EI) are not in the
+default set.
 
     python benchmarks/calibration.py --quick                # Forrester, 2 repetitions, 8 steps
     python benchmarks/calibration.py --reps 5 --steps 25     # the papers' protocol on every function
@@ -36,33 +37,34 @@ to `--out` (default results/calibration/). The noisy-Ackley run writes noisy_ack
 row per method x seed x step), noisy_ackley_runs.csv/.parquet, noisy_ackley_summary.csv/.parquet,
 noisy_ackley_paired.csv/.parquet (LOCBO vs the others, paired over seeds) and noisy_ackley.png.
 
-GLD quantile problems with Thompson batches (`--gld`, issue 5): the quantile SVGP (model "quantile") with
+GLD quantile problems with Thompson batches (`--gld`): the quantile SVGP (model "quantile") with
 Thompson sampling (proposer "thompson") maximises the tau-quantile of GLD problems (objectives.gld) through
-`orchestrator.ask_tell.AskTellOptimizer` in synchronous batches (as benchmarks/gld.py: ask B, evaluate B, tell B,
-refit, recommend with `best()`; simple regret q* - q_tau(x_hat) from the exact GLD quantile, q* the L-BFGS-B
-optimum raised to the best exact quantile evaluated by any calibrator on the problem). Calibrators none, online
-and locbo. Thompson sampling samples f, so a calibrator reaches its proposals only through the spread factor of
-orchestrator/calibration/spread.py (the path mu + s(x)(path - mu)): `online` brings the global s_t, `locbo` the
-local s_t(x) (their default `spread` modes); the online level map R_t and LOCBO's threshold lambda_t(x) do not
-change the proposals (offline-cv would also act only through s_t and is left out; conformal works only inside
-the calibrated EI/UCB and is refused with Thompson sampling). Per problem the
-initial Sobol design (seeded by the problem) and the first fit are computed once and shared by every calibrator,
-and the proposer's seeds are the same, so the runs are paired (the first Thompson batch is identical: s = 1 before
-any result). Each proposed point's y is scored against the forecast recorded when its batch was proposed, with
-the calibrator's state at proposal time: the model's forecast ("model"), through the level map R_t ("recal", the
-identity for none and locbo) and with var_f scaled by s_t(x)^2 ("spread", what Thompson sampling used); reported
-are the coverage of the central 50/80/90% intervals and paper 000's calibration score (per run, then averaged over
-problems). Defaults d = 3, tau = 0.75, batch 10, initial 50 d, 10 problems, and a REDUCED budget of 350
-evaluations (paper 003: 250 d = 750) so that the default run takes ~14 minutes on one core; `--problems`,
-`--budget`, `--initial`, `--batch`, `--tau`, `--dim` change them. `--gld --quick`: 2 problems, 20 + 2 x 10
-evaluations, a short SVGP training (~10 s). Writes gld_checkpoints (one row per calibrator x problem x batch, with
-the recommendation and its regret), gld_points (one row per proposed point: y, s(x), the recorded forecast, PITs),
-gld_runs (one row per calibrator x problem), gld_summary (one row per calibrator: regret mean and 95% CI, paired
-difference against none with its CI, wins and Wilcoxon p, coverages and scores), each as .csv and .parquet,
-gld_table.txt and gld_calibration.png (regret vs evaluations, mean +- 95% CI over problems).
+`orchestrator.ask_tell.AskTellOptimizer` in synchronous batches (as benchmarks/gld.py: ask B, evaluate B, tell
+B, refit, recommend with `best()`; simple regret q* - q_tau(x_hat) from the exact GLD quantile, q* the
+L-BFGS-B optimum raised to the best exact quantile evaluated by any calibrator on the problem). Calibrators
+none, online and locbo. Thompson sampling samples f, so a calibrator reaches its proposals only through the
+spread factor of orchestrator/calibration/spread.py (the path mu + s(x)(path - mu)): `online` brings the
+global s_t, `locbo` the local s_t(x) (their default `spread` modes); the online level map R_t and LOCBO's
+threshold lambda_t(x) do not change the proposals (offline-cv would also act only through s_t and is left out;
+conformal works only inside the calibrated EI/UCB and is refused with Thompson sampling). Per problem the
+initial Sobol design (seeded by the problem) and the first fit are computed once and shared by every
+calibrator, and the proposer's seeds are the same, so the runs are paired (the first Thompson batch is
+identical: s = 1 before any result). Each proposed point's y is scored against the forecast recorded when its
+batch was proposed, with the calibrator's state at proposal time: the model's forecast ("model"), through the
+level map R_t ("recal", the identity for none and locbo) and with var_f scaled by s_t(x)^2 ("spread", what
+Thompson sampling used); reported are the coverage of the central 50/80/90% intervals and paper 000's
+calibration score (per run, then averaged over problems). Defaults d = 3, tau = 0.75, batch 10, initial 50 d,
+10 problems, and a REDUCED budget of 350 evaluations (paper 003: 250 d = 750) so that the default run takes
+~14 minutes on one core; `--problems`, `--budget`, `--initial`, `--batch`, `--tau`, `--dim` change them.
+`--gld --quick`: 2 problems, 20 + 2 x 10 evaluations, a short SVGP training (~10 s). Writes gld_checkpoints
+(one row per calibrator x problem x batch, with the recommendation and its regret), gld_points (one row per
+proposed point: y, s(x), the recorded forecast, PITs), gld_runs (one row per calibrator x problem),
+gld_summary (one row per calibrator: regret mean and 95% CI, paired difference against none with its CI, wins
+and Wilcoxon p, coverages and scores), each as .csv and .parquet, gld_table.txt and gld_calibration.png
+(regret vs evaluations, mean +- 95% CI over problems).
 
-    python benchmarks/calibration.py --gld --quick            # smoke run (~10 s)
-    python benchmarks/calibration.py --gld                    # d 3, tau 0.75, batch 10, 10 problems, budget 350
+    python benchmarks/calibration.py --gld --quick  # smoke run (~10 s)
+    python benchmarks/calibration.py --gld          # d 3, tau 0.75, batch 10, 10 problems, budget 350
 """
 
 from __future__ import annotations
@@ -74,8 +76,9 @@ import sys
 import time
 import warnings
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -84,8 +87,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._common import mean_ci, paired_comparison, plot_curves, write_table  # noqa: E402
 from benchmarks._common import format_table as format_rows  # noqa: E402
+from benchmarks._common import mean_ci, paired_comparison, plot_curves, write_table  # noqa: E402
 
 #: function name -> (objectives.functions class name, constructor kwargs, n_init, acquisition)
 FUNCTIONS: dict[str, tuple[str, dict[str, Any], int, str]] = {
@@ -210,18 +213,18 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def format_table(summary: list[dict[str, Any]]) -> str:
     """Paper 000's Table 1 layout, plus the calibration scores."""
-    head = (f"{'Objective':<14} {'Method':<12} {'Acq.':<5} {'Minimum Found (↓)':<20} {'Frac. beats none (↑)':<21} "
-            f"{'AUC (↓)':<8} {'Cal. model':<11} {'Cal. recal.':<11}")
+    head = (f"{'Objective':<14} {'Method':<12} {'Acq.':<5} {'Minimum Found (↓)':<20} "
+            f"{'Frac. beats none (↑)':<21} {'AUC (↓)':<8} {'Cal. model':<11} {'Cal. recal.':<11}")
     lines = [head, "-" * len(head)]
     for s in summary:
         frac = "—" if math.isnan(s["fraction_beats_none"]) else f"{s['fraction_beats_none']:.2f}"
         se = "" if math.isnan(s["se"]) else f" ({s['se']:.3f})"
         lines.append(
-            f"{s['function']:<14} {s['method']:<12} {s.get('acquisition', ''):<5} {s['minimum']:.3f}{se:<12} {frac:<21} "
-            f"{s['auc']:<8.4f} {s['cal_score_model']:<11.4f} {s['cal_score_recalibrated']:<11.4f}"
+            f"{s['function']:<14} {s['method']:<12} {s.get('acquisition', ''):<5} {s['minimum']:.3f}{se:<12} "
+            f"{frac:<21} {s['auc']:<8.4f} {s['cal_score_model']:<11.4f} {s['cal_score_recalibrated']:<11.4f}"
         )
-    lines.append("Frac. beats none: against no calibration under the same acquisition (none, or none-ei where a "
-                 "method runs EI in place of the function's own).")
+    lines.append("Frac. beats none: against no calibration under the same acquisition (none, or none-ei "
+                 "where a method runs EI in place of the function's own).")
     return "\n".join(lines)
 
 
@@ -235,12 +238,19 @@ def make_plots(rows: list[dict[str, Any]], out: Path) -> list[Path]:
             reps = [[max(float(b) - fstar, 1e-12) for b in r["best_so_far"].split(";")]
                     for r in rows if r["function"] == fn and r["method"] == method]
             curves[method] = (list(range(len(reps[0]))), reps)
-        paths.append(plot_curves(curves, out / f"calibration_{fn}.png", xlabel="BO step", ylabel="best-so-far regret",
-                                 title=f"{fn}: calibrated BO (mean +- 95% CI over repetitions)"))
+        paths.append(
+            plot_curves(
+                curves,
+                out / f"calibration_{fn}.png",
+                xlabel="BO step",
+                ylabel="best-so-far regret",
+                title=f"{fn}: calibrated BO (mean +- 95% CI over repetitions)",
+            )
+        )
     return paths
 
 
-# ------------------------------------------------------------------------------------ noisy Ackley (paper 002)
+# ----------------------------------------------------------------------------------- noisy Ackley (paper 002)
 #: noisy-Ackley methods: calibrator name and options (locbo.md §1.8 V-C column, §1.9 baselines)
 LOCBO_PAPER = {"alpha": 0.2, "eta0": 5e-3, "decay": 0.05, "lambda_reg": 4e-3, "kappa": 4.0}
 ACKLEY_METHODS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -264,7 +274,8 @@ def _noise_seed(seed: int, i: int) -> int:
 
 def run_noisy_ackley(method: str, seed: int, steps: int, restarts: int, raw: int, n_init: int = 5,
                      noise_scale: float = 1.0) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """One LOCBO-protocol run (locbo.md §3.2); returns the run's row and one row per step (0 = initial design).
+    """One LOCBO-protocol run (locbo.md §3.2); returns the run's row and one row per step (0 = initial
+    design).
 
     The initial design (seeded by `seed`) and the noise of the i-th observation (seeded by (seed, i, x)) are
     the same for every method. The calibrator sees BO queries only, each scored against the forecast of the
@@ -282,8 +293,13 @@ def run_noisy_ackley(method: str, seed: int, steps: int, restarts: int, raw: int
 
     def observe(Z: torch.Tensor, start: int) -> torch.Tensor:
         xs = lo + Z.numpy() * (hi - lo)
-        return torch.tensor([obj.evaluate({"x0": float(x[0]), "x1": float(x[1])}, _noise_seed(seed, start + i))
-                             for i, x in enumerate(xs)], dtype=torch.float64)
+        return torch.tensor(
+            [
+                obj.evaluate({"x0": float(x[0]), "x1": float(x[1])}, _noise_seed(seed, start + i))
+                for i, x in enumerate(xs)
+            ],
+            dtype=torch.float64,
+        )
 
     def true_f(Z: torch.Tensor) -> np.ndarray:
         return obj.f(lo + Z.numpy() * (hi - lo))
@@ -301,9 +317,21 @@ def run_noisy_ackley(method: str, seed: int, steps: int, restarts: int, raw: int
         return float(fstar - true_f(X[i : i + 1])[0]), float(fstar - true_f(X).max())
 
     r0, o0 = regret()
-    step_rows = [{"method": method, "seed": seed, "step": 0, "n_obs": n_init, "regret": r0, "oracle_regret": o0,
-                  "x0": float("nan"), "x1": float("nan"), "y": float("nan"), "f": float("nan"),
-                  "covered": float("nan")}]
+    step_rows = [
+        {
+            "method": method,
+            "seed": seed,
+            "step": 0,
+            "n_obs": n_init,
+            "regret": r0,
+            "oracle_regret": o0,
+            "x0": float("nan"),
+            "x1": float("nan"),
+            "y": float("nan"),
+            "f": float("nan"),
+            "covered": float("nan"),
+        }
+    ]
     misses = 0
     t0 = time.perf_counter()
     for t in range(1, steps + 1):
@@ -327,17 +355,27 @@ def run_noisy_ackley(method: str, seed: int, steps: int, restarts: int, raw: int
         step_rows.append({"method": method, "seed": seed, "step": t, "n_obs": n_init + t, "regret": r,
                           "oracle_regret": o, "x0": float(xo[0]), "x1": float(xo[1]), "y": float(y[0]),
                           "f": float(true_f(x)[0]), "covered": float(covered)})
-    run = {"method": method, "seed": seed, "steps": steps, "n_init": n_init, "noise_scale": noise_scale,
-           "calibrator": cal_name, "calibrator_options": json.dumps(cal_opts), "final_regret": step_rows[-1]["regret"],
-           "final_oracle_regret": step_rows[-1]["oracle_regret"],
-           "mean_regret": float(np.mean([r["regret"] for r in step_rows[1:]])) if steps else r0,
-           "miscoverage": misses / steps if steps else float("nan"), "alpha": alpha,
-           "seconds": time.perf_counter() - t0}
+    run = {
+        "method": method,
+        "seed": seed,
+        "steps": steps,
+        "n_init": n_init,
+        "noise_scale": noise_scale,
+        "calibrator": cal_name,
+        "calibrator_options": json.dumps(cal_opts),
+        "final_regret": step_rows[-1]["regret"],
+        "final_oracle_regret": step_rows[-1]["oracle_regret"],
+        "mean_regret": float(np.mean([r["regret"] for r in step_rows[1:]])) if steps else r0,
+        "miscoverage": misses / steps if steps else float("nan"),
+        "alpha": alpha,
+        "seconds": time.perf_counter() - t0,
+    }
     return run, step_rows
 
 
 def summarise_noisy_ackley(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Per method: final and step-averaged simple regret (mean +- 95% CI over seeds), miscoverage; LOCBO paired."""
+    """Per method: final and step-averaged simple regret (mean +- 95% CI over seeds), miscoverage; LOCBO
+    paired."""
     summary, paired = [], []
     methods = list(dict.fromkeys(r["method"] for r in runs))
     by = {m: {r["seed"]: r for r in runs if r["method"] == m} for m in methods}
@@ -359,38 +397,53 @@ def summarise_noisy_ackley(runs: list[dict[str, Any]]) -> tuple[list[dict[str, A
                                   {s: r["final_regret"] for s, r in by[b].items()})
             ca = paired_comparison({s: r["mean_regret"] for s, r in by[a].items()},
                                    {s: r["mean_regret"] for s, r in by[b].items()})
-            paired.append({"method": a, "versus": b, "n": c["n"], "mean_diff": c["mean_diff"], "ci": c["ci"],
-                           "wins": c["wins"], "p_wilcoxon": c["p_wilcoxon"],
-                           "significant": bool(not math.isnan(c["ci"]) and abs(c["mean_diff"]) > c["ci"]),
-                           "avg_mean_diff": ca["mean_diff"], "avg_ci": ca["ci"], "avg_wins": ca["wins"],
-                           "avg_significant": bool(not math.isnan(ca["ci"]) and abs(ca["mean_diff"]) > ca["ci"])})
+            paired.append(
+                {
+                    "method": a,
+                    "versus": b,
+                    "n": c["n"],
+                    "mean_diff": c["mean_diff"],
+                    "ci": c["ci"],
+                    "wins": c["wins"],
+                    "p_wilcoxon": c["p_wilcoxon"],
+                    "significant": bool(not math.isnan(c["ci"]) and abs(c["mean_diff"]) > c["ci"]),
+                    "avg_mean_diff": ca["mean_diff"],
+                    "avg_ci": ca["ci"],
+                    "avg_wins": ca["wins"],
+                    "avg_significant": bool(not math.isnan(ca["ci"]) and abs(ca["mean_diff"]) > ca["ci"]),
+                }
+            )
     return summary, paired
 
 
-# ------------------------------------------------------------------------- GLD quantile problems (Thompson batches)
-#: GLD calibrators: config name and options. Thompson sampling on the quantile SVGP samples f, not y, so a level
-#: map cannot reach it: a calibrator acts on the proposals only through its spread factor s_t / s_t(x)
+# ------------------------------------------------------------------- GLD quantile problems (Thompson batches)
+#: GLD calibrators: config name and options. Thompson sampling on the quantile SVGP samples f, not y, so a
+#: level map cannot reach it: a calibrator acts on the proposals only through its spread factor s_t / s_t(x)
 #: (orchestrator.calibration.spread, wired by `attach`): `online` carries the global s_t (its default spread),
-#: `locbo` the local s_t(x) (its default); LOCBO's own threshold lambda_t(x) and the online level map R_t do not
-#: change which points Thompson sampling proposes, they only recalibrate the reported forecast
+#: `locbo` the local s_t(x) (its default); LOCBO's own threshold lambda_t(x) and the online level map R_t do
+#: not change which points Thompson sampling proposes, they only recalibrate the reported forecast
 GLD_METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "none": ("none", {}),
     "online": ("online", {}),
     "locbo": ("locbo", {}),
 }
-#: default setting: paper 003's d = 3, tau = 0.75, batch 10, initial 50 d, but a budget of 350 evaluations (150 Sobol +
-#: 20 Thompson batches; the paper's 250 d = 750 would take ~3x longer): ~14 minutes for 10 problems on one core
+#: default setting: paper 003's d = 3, tau = 0.75, batch 10, initial 50 d, but a budget of 350 evaluations
+#: (150 Sobol + 20 Thompson batches; the paper's 250 d = 750 would take ~3x longer): ~14 minutes for 10
+#: problems on one core
 GLD_DEFAULT = {"dim": 3, "tau": 0.75, "batch": 10, "problems": 10, "budget": 350}
 #: smoke run: 2 problems, 20 Sobol points, two Thompson batches of 10, a short SVGP training
 GLD_QUICK = {"dim": 3, "tau": 0.75, "batch": 10, "problems": 2, "initial": 20, "budget": 40,
              "model_options": {"max_steps": 150, "warm_max_steps": 20, "num_inducing": 16}}
-#: forecasts scored per proposed point: the model's, the calibrator's level map R_t applied to it (identity for
-#: none and locbo), and the model's with var_f scaled by s_t(x)^2 (the spread Thompson sampling used)
+#: forecasts scored per proposed point: the model's, the calibrator's level map R_t applied to it (identity
+#: for none and locbo), and the model's with var_f scaled by s_t(x)^2 (the spread Thompson sampling used)
 GLD_FORECASTS = ("model", "recal", "spread")
-GLD_MODE = "synchronous batches, in-process AskTellOptimizer (the orchestrator's synchronous protocol without Ray)"
+GLD_MODE = ("synchronous batches, in-process AskTellOptimizer (the orchestrator's synchronous protocol "
+            "without Ray)")
 
 
-def _gld_first_fit(problem: Any, tau: float, n0: int, problem_id: int, model_options: dict) -> tuple[dict, list]:
+def _gld_first_fit(
+    problem: Any, tau: float, n0: int, problem_id: int, model_options: dict
+) -> tuple[dict, list]:
     """Initial Sobol design (seeded by the problem) evaluated and fitted once; its state is shared by every
     calibrator of the problem, so the runs are paired from the same design and first fit."""
     from orchestrator.ask_tell import AskTellOptimizer
@@ -404,25 +457,44 @@ def _gld_first_fit(problem: Any, tau: float, n0: int, problem_id: int, model_opt
     return opt.get_state(), [t.x.tolist() for t in trials]
 
 
-def run_gld(method: str, problem: Any, problem_id: int, tau: float, batch: int, n0: int, budget: int,
-            model_options: dict, first: tuple[dict, list]) -> tuple[list[dict], list[dict], list[list[float]]]:
+def run_gld(
+    method: str,
+    problem: Any,
+    problem_id: int,
+    tau: float,
+    batch: int,
+    n0: int,
+    budget: int,
+    model_options: dict,
+    first: tuple[dict, list],
+) -> tuple[list[dict], list[dict], list[list[float]]]:
     """One quantile-SVGP + Thompson run with calibrator `method` on one GLD problem.
 
-    Synchronous batches: ask `batch` points (each carries the forecast recorded when it was proposed), evaluate
-    them, score the forecasts against the observed y with the calibrator's state at proposal time (it changes only
-    when results are told), tell them and update the calibrator with the batch (one `flush_calibration`, as the
-    actor's synchronous runs do), refit, recommend with `best()`.
+    Synchronous batches: ask `batch` points (each carries the forecast recorded when it was proposed),
+    evaluate them, score the forecasts against the observed y with the calibrator's state at proposal time (it
+    changes only when results are told), tell them and update the calibrator with the batch (one
+    `flush_calibration`, as the actor's synchronous runs do), refit, recommend with `best()`.
 
     Returns:
-        checkpoint rows (regret filled in by the caller), one row per proposed point (PITs), every evaluated point.
+        checkpoint rows (regret filled in by the caller), one row per proposed point (PITs), every evaluated
+        point.
     """
     from orchestrator.ask_tell import AskTellOptimizer
     from orchestrator.calibration.spread import scaled_forecast
     from orchestrator.models.predictive import Forecast
 
     cal_name, cal_opts = GLD_METHODS[method]
-    opt = AskTellOptimizer(problem.space, model="quantile", tau=tau, proposer="thompson", calibrator=cal_name,
-                           calibrator_options=cal_opts, initial_design=n0, seed=problem_id, model_options=model_options)
+    opt = AskTellOptimizer(
+        problem.space,
+        model="quantile",
+        tau=tau,
+        proposer="thompson",
+        calibrator=cal_name,
+        calibrator_options=cal_opts,
+        initial_design=n0,
+        seed=problem_id,
+        model_options=model_options,
+    )
     opt.set_state(first[0])
     evaluated = [list(x) for x in first[1]]
     n, t_start = len(evaluated), time.perf_counter()
@@ -432,11 +504,21 @@ def run_gld(method: str, problem: Any, problem_id: int, tau: float, batch: int, 
     def record() -> None:
         params, predicted = opt.best()
         cal = opt.calibrator
-        checkpoints.append({"method": method, "problem": problem_id, "n_evals": n,
-                            "x_rec": json.dumps([params[k] for k in problem.space]), "predicted": float(predicted),
-                            "s_center": float(cal.spread_tracker(torch.full((1, problem.dim), 0.5, dtype=torch.float64))[0])
-                            if cal is not None and cal.spread_tracker is not None else 1.0,
-                            "elapsed_s": time.perf_counter() - t_start})
+        checkpoints.append(
+            {
+                "method": method,
+                "problem": problem_id,
+                "n_evals": n,
+                "x_rec": json.dumps([params[k] for k in problem.space]),
+                "predicted": float(predicted),
+                "s_center": float(
+                    cal.spread_tracker(torch.full((1, problem.dim), 0.5, dtype=torch.float64))[0]
+                )
+                if cal is not None and cal.spread_tracker is not None
+                else 1.0,
+                "elapsed_s": time.perf_counter() - t_start,
+            }
+        )
 
     record()
     step = 0
@@ -454,15 +536,26 @@ def run_gld(method: str, problem: Any, problem_id: int, tau: float, batch: int, 
              "recal": (cal.recalibrate(fc).cdf(y) if cal is not None else fc.cdf(y)).reshape(-1),
              "spread": scaled_forecast(fc, s).cdf(y).reshape(-1)}
         for i, t in enumerate(trials):
-            points.append({"method": method, "problem": problem_id, "step": step, "n_obs": n, "trial_id": t.trial_id,
-                           "x": json.dumps(t.x.tolist()), "y": float(y[i]), "spread": float(s[i]),
-                           "forecast": json.dumps(t.forecast),
-                           **{f"u_{k}": float(u[k][i].clamp(0.0, 1.0)) for k in GLD_FORECASTS}})
+            points.append(
+                {
+                    "method": method,
+                    "problem": problem_id,
+                    "step": step,
+                    "n_obs": n,
+                    "trial_id": t.trial_id,
+                    "x": json.dumps(t.x.tolist()),
+                    "y": float(y[i]),
+                    "spread": float(s[i]),
+                    "forecast": json.dumps(t.forecast),
+                    **{f"u_{k}": float(u[k][i].clamp(0.0, 1.0)) for k in GLD_FORECASTS},
+                }
+            )
         for t, v in zip(trials, y.tolist()):
             opt.tell(t.trial_id, v)
             evaluated.append(t.x.tolist())
-        # the calibrator learns the batch as the central actor's synchronous runs have it learn one: in one update
-        # (the online recalibrator: one step, the batch's results scored at the levels it was proposed with)
+        # the calibrator learns the batch as the central actor's synchronous runs have it learn one: in one
+        # update (the online recalibrator: one step, the batch's results scored at the levels it was proposed
+        # with)
         opt.flush_calibration()
         n += len(trials)
         opt.fit()
@@ -475,11 +568,16 @@ def _gld_run_row(method: str, problem_id: int, checkpoints: list[dict], points: 
     from orchestrator.calibration import calibration_score, interval_coverage
 
     cps = sorted(checkpoints, key=lambda r: r["n_evals"])
-    row: dict[str, Any] = {"method": method, "problem": problem_id, "n_evals": cps[-1]["n_evals"],
-                           "final_regret": cps[-1]["regret"],
-                           "bo_avg_regret": float(np.mean([c["regret"] for c in cps[1:]] or [cps[0]["regret"]])),
-                           "n_pits": len(points), "final_s_center": cps[-1]["s_center"],
-                           "seconds": cps[-1]["elapsed_s"]}
+    row: dict[str, Any] = {
+        "method": method,
+        "problem": problem_id,
+        "n_evals": cps[-1]["n_evals"],
+        "final_regret": cps[-1]["regret"],
+        "bo_avg_regret": float(np.mean([c["regret"] for c in cps[1:]] or [cps[0]["regret"]])),
+        "n_pits": len(points),
+        "final_s_center": cps[-1]["s_center"],
+        "seconds": cps[-1]["elapsed_s"],
+    }
     for k in GLD_FORECASTS:
         u = torch.tensor([p[f"u_{k}"] for p in points], dtype=torch.float64)
         cov = interval_coverage(u)
@@ -491,7 +589,8 @@ def _gld_run_row(method: str, problem_id: int, checkpoints: list[dict], points: 
 
 def summarise_gld(runs: list[dict[str, Any]], methods: Sequence[str]) -> list[dict[str, Any]]:
     """One summary row per calibrator: final regret mean and 95% CI over problems, paired difference against
-    `none` (mean, CI, wins, Wilcoxon p), and the per-run coverages and calibration scores averaged over problems."""
+    `none` (mean, CI, wins, Wilcoxon p), and the per-run coverages and calibration scores averaged over
+    problems."""
     by = {m: {r["problem"]: r for r in runs if r["method"] == m} for m in methods}
     out = []
     for m in methods:
@@ -509,10 +608,17 @@ def summarise_gld(runs: list[dict[str, Any]], methods: Sequence[str]) -> list[di
                                   {p: r["final_regret"] for p, r in by["none"].items()})
             ca = paired_comparison({p: r["bo_avg_regret"] for p, r in by[m].items()},
                                    {p: r["bo_avg_regret"] for p, r in by["none"].items()})
-            row.update(diff_vs_none=c["mean_diff"], diff_ci95=c["ci"], wins_vs_none=c["wins"], ties_vs_none=c["ties"],
-                       p_wilcoxon=c["p_wilcoxon"],
-                       significant=bool(not math.isnan(c["ci"]) and abs(c["mean_diff"]) > c["ci"]),
-                       avg_diff_vs_none=ca["mean_diff"], avg_diff_ci95=ca["ci"], avg_p_wilcoxon=ca["p_wilcoxon"])
+            row.update(
+                diff_vs_none=c["mean_diff"],
+                diff_ci95=c["ci"],
+                wins_vs_none=c["wins"],
+                ties_vs_none=c["ties"],
+                p_wilcoxon=c["p_wilcoxon"],
+                significant=bool(not math.isnan(c["ci"]) and abs(c["mean_diff"]) > c["ci"]),
+                avg_diff_vs_none=ca["mean_diff"],
+                avg_diff_ci95=ca["ci"],
+                avg_p_wilcoxon=ca["p_wilcoxon"],
+            )
         else:
             row.update(diff_vs_none=float("nan"), diff_ci95=float("nan"), wins_vs_none=float("nan"),
                        ties_vs_none=float("nan"), p_wilcoxon=float("nan"), significant=False,
@@ -527,12 +633,14 @@ def summarise_gld(runs: list[dict[str, Any]], methods: Sequence[str]) -> list[di
 
 
 def format_gld_table(summary: list[dict[str, Any]], label: str) -> str:
-    """Paper 000's Table 1 layout (objective, method, metric (SE-like spread), fraction beating none), with the
-    final simple regret (mean +- 95% CI half-width), the paired difference against none and its Wilcoxon p, and
-    paper 000's calibration score of the model's forecast and of the calibrated ones (recal: level map R_t;
+    """Paper 000's Table 1 layout (objective, method, metric (SE-like spread), fraction beating none), with
+    the final simple regret (mean +- 95% CI half-width), the paired difference against none and its Wilcoxon
+    p, and paper 000's calibration score of the model's forecast and of the calibrated ones (recal: level map
+    R_t;
     spread: var_f x s_t(x)^2, what Thompson sampling used)."""
     head = (f"{'Objective':<20} {'Method':<8} {'Final regret (↓)':<20} {'Frac. beats none (↑)':<21} "
-            f"{'Δ vs none (95% CI)':<22} {'Wilcoxon p':<11} {'Cal. model':<11} {'Cal. recal.':<12} {'Cal. spread':<11}")
+            f"{'Δ vs none (95% CI)':<22} {'Wilcoxon p':<11} {'Cal. model':<11} {'Cal. recal.':<12} "
+            f"{'Cal. spread':<11}")
     lines = [head, "-" * len(head)]
     for s in summary:
         ci = "" if math.isnan(s["regret_ci95"]) else f" ± {s['regret_ci95']:.3f}"
@@ -540,8 +648,9 @@ def format_gld_table(summary: list[dict[str, Any]], label: str) -> str:
         diff = "—" if math.isnan(s["diff_vs_none"]) else (
             f"{s['diff_vs_none']:+.3f}" + ("" if math.isnan(s["diff_ci95"]) else f" ± {s['diff_ci95']:.3f}"))
         p = "—" if math.isnan(s["p_wilcoxon"]) else f"{s['p_wilcoxon']:.3f}"
-        lines.append(f"{label:<20} {s['method']:<8} {s['regret_mean']:.3f}{ci:<14} {frac:<21} {diff:<22} {p:<11} "
-                     f"{s['cal_score_model']:<11.4f} {s['cal_score_recal']:<12.4f} {s['cal_score_spread']:<11.4f}")
+        lines.append(f"{label:<20} {s['method']:<8} {s['regret_mean']:.3f}{ci:<14} {frac:<21} {diff:<22} "
+                     f"{p:<11} {s['cal_score_model']:<11.4f} {s['cal_score_recal']:<12.4f} "
+                     f"{s['cal_score_spread']:<11.4f}")
     return "\n".join(lines)
 
 
@@ -557,7 +666,11 @@ def _write_gld(out: Path, label: str, methods: Sequence[str], checkpoints: list[
     write_table(runs, out / "gld_runs")
     write_table(summary, out / "gld_summary")
     table = format_gld_table(summary, label)
-    cov_cols = ["method", "problems"] + [f"cov{c}_{k}" for k in GLD_FORECASTS for c in (50, 80, 90)] + ["final_s_center"]
+    cov_cols = (
+        ["method", "problems"]
+        + [f"cov{c}_{k}" for k in GLD_FORECASTS for c in (50, 80, 90)]
+        + ["final_s_center"]
+    )
     cov_table = format_rows(summary, cov_cols, digits=3)
     (out / "gld_table.txt").write_text(table + "\n\n" + cov_table + "\n")
     evals = sorted({c["n_evals"] for c in checkpoints})
@@ -569,27 +682,30 @@ def _write_gld(out: Path, label: str, methods: Sequence[str], checkpoints: list[
             d = {c["n_evals"]: c["regret"] for c in checkpoints if c["method"] == m and c["problem"] == pid}
             reps.append([max(d[e], 1e-12) for e in evals])
         curves[m] = (evals, reps)
-    plot_curves(curves, out / "gld_calibration.png", xlabel="evaluations", ylabel="simple regret q* - q_tau(x_hat)",
+    plot_curves(curves, out / "gld_calibration.png", xlabel="evaluations", ylabel="simple regret q* - "
+                                                                                  "q_tau(x_hat)",
                 title=f"{label}: quantile TS, mean +- 95% CI, {len(problems)} problems")
     if final:
-        print(f"\nGLD quantile problems, quantile SVGP + Thompson batches ({label}, initial {setting['initial']}, budget "
-              f"{setting['budget']}, {len(problems)} problems): final simple regret mean ± 95% CI half-width; Frac. beats "
-              f"none = paired wins (ties count as losses); Δ = paired mean difference (negative = calibrator better); "
-              f"calibration score of paper 000 (0 = calibrated) of the one-step-ahead forecasts at the proposed "
-              f"points, averaged over problems:")
+        print(f"\nGLD quantile problems, quantile SVGP + Thompson batches ({label}, initial "
+              f"{setting['initial']}, budget {setting['budget']}, {len(problems)} problems): final simple "
+              "regret mean ± 95% CI half-width; Frac. beats none = paired wins (ties count as losses); Δ = "
+              "paired mean difference (negative = calibrator better); calibration score of paper 000 (0 = "
+              f"calibrated) of the one-step-ahead forecasts at the proposed points, averaged over problems:")
         print(table)
-        print("\nOne-step-ahead coverage of the central 50/80/90% predictive intervals of y at the proposed points "
-              "(model = the model's forecast; recal = through the calibrator's level map R_t; spread = var_f x "
-              "s_t(x)^2; final_s_center = s_t(x) at the cube's centre after the last batch):")
+        print("\nOne-step-ahead coverage of the central 50/80/90% predictive intervals of y at the proposed "
+              "points (model = the model's forecast; recal = through the calibrator's level map R_t; spread "
+              "= var_f x s_t(x)^2; final_s_center = s_t(x) at the cube's centre after the last batch):")
         print(cov_table)
-        print("\nPaired BO-average regret (per problem, mean over the checkpoints after the initial design), vs none:")
+        print("\nPaired BO-average regret (per problem, mean over the checkpoints after the initial design), "
+              "vs none:")
         print(format_rows(summary, ["method", "bo_avg_regret_mean", "bo_avg_regret_ci95", "avg_diff_vs_none",
                                     "avg_diff_ci95", "avg_p_wilcoxon", "seconds"]))
     return summary
 
 
 def main_gld(a: argparse.Namespace) -> int:
-    """The `--gld` experiment: quantile SVGP + Thompson batches on GLD problems, each calibrator against none."""
+    """The `--gld` experiment: quantile SVGP + Thompson batches on GLD problems, each calibrator against
+    none."""
     from objectives.gld import GLDProblem
 
     methods = a.methods or list(GLD_METHODS)
@@ -607,15 +723,17 @@ def main_gld(a: argparse.Namespace) -> int:
     budget = q["budget"] if a.quick or a.budget is None else a.budget
     model_options = dict(q.get("model_options", {})) if a.quick else {}
     if dim < 1 or batch < 1 or initial < 2 or not (0 < tau < 1) or not problems:
-        raise SystemExit(f"--gld needs --dim >= 1, --batch >= 1, --initial >= 2, --tau in (0, 1) and a problem; "
-                         f"got {dim}, {batch}, {initial}, {tau}, {problems}")
+        raise SystemExit("--gld needs --dim >= 1, --batch >= 1, --initial >= 2, --tau in (0, 1) and a "
+                         f"problem; got {dim}, {batch}, {initial}, {tau}, {problems}")
     if budget <= initial:
-        raise SystemExit(f"--budget ({budget}) must exceed --initial ({initial}): no Thompson batch would run")
+        raise SystemExit(f"--budget ({budget}) must exceed --initial ({initial}): no Thompson batch would "
+                         "run")
     label = f"gld-d{dim}-tau{tau:g}-b{batch}"
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     print(f"[gld-calibration] {GLD_MODE}; quantile SVGP + Thompson; calibrators {methods}; {label}; problems "
-          f"{problems}; initial {initial}, budget {budget}{' (quick: short SVGP training)' if a.quick else ''}",
+          f"{problems}; initial {initial}, budget "
+          f"{budget}{' (quick: short SVGP training)' if a.quick else ''}",
           flush=True)
     t_all = time.perf_counter()
     setting = dict(d=dim, tau=tau, batch=batch, initial=initial, budget=budget)
@@ -627,7 +745,8 @@ def main_gld(a: argparse.Namespace) -> int:
         _, q_opt = problem.optimum(tau)
         t0 = time.perf_counter()
         first = _gld_first_fit(problem, tau, initial, pid, model_options)
-        print(f"[gld-calibration] problem {pid}: initial design and first fit {time.perf_counter() - t0:.1f} s", flush=True)
+        print(f"[gld-calibration] problem {pid}: initial design and first fit {time.perf_counter() - t0:.1f} "
+              "s", flush=True)
         per: dict[str, tuple[list[dict], list[dict]]] = {}
         evaluated_all = [x for x in first[1]]
         for m in methods:
@@ -647,9 +766,9 @@ def main_gld(a: argparse.Namespace) -> int:
             points += pts
             runs.append(_gld_run_row(m, pid, cps, pts))
             r = runs[-1]
-            print(f"[gld-calibration] problem {pid} {m:<7}: final regret {r['final_regret']:.4f}, cov80 model "
-                  f"{r['cov80_model']:.2f} / spread {r['cov80_spread']:.2f}, s(centre) {r['final_s_center']:.2f} "
-                  f"({r['seconds']:.1f} s)", flush=True)
+            print(f"[gld-calibration] problem {pid} {m:<7}: final regret {r['final_regret']:.4f}, cov80 "
+                  f"model {r['cov80_model']:.2f} / spread {r['cov80_spread']:.2f}, s(centre) "
+                  f"{r['final_s_center']:.2f} ({r['seconds']:.1f} s)", flush=True)
         if pid != problems[-1]:
             _write_gld(out, label, methods, checkpoints, points, runs, setting, final=False)
     _write_gld(out, label, methods, checkpoints, points, runs, setting, final=True)
@@ -681,27 +800,33 @@ def main_noisy_ackley(a: argparse.Namespace) -> int:
     methods = a.methods or list(ACKLEY_DEFAULT)
     unknown = [m for m in methods if m not in ACKLEY_METHODS]
     if unknown:
-        raise SystemExit(f"--methods: {unknown} are not noisy-Ackley methods; choose from {list(ACKLEY_METHODS)}")
+        raise SystemExit(f"--methods: {unknown} are not noisy-Ackley methods; choose from "
+                         f"{list(ACKLEY_METHODS)}")
     seeds = ACKLEY_QUICK["seeds"] if a.quick else (a.reps if a.reps is not None else ACKLEY_PROTOCOL["seeds"])
-    steps = ACKLEY_QUICK["steps"] if a.quick else (a.steps if a.steps is not None else ACKLEY_PROTOCOL["steps"])
+    steps = (
+        ACKLEY_QUICK["steps"] if a.quick else (a.steps if a.steps is not None else ACKLEY_PROTOCOL["steps"])
+    )
     restarts = ACKLEY_QUICK["restarts"] if a.quick else a.restarts
     raw = ACKLEY_QUICK["raw"] if a.quick else a.raw_samples
     if seeds < 1 or steps < 1 or restarts < 1 or raw < 1:
-        raise SystemExit(f"--reps, --steps, --restarts and --raw-samples must be >= 1; got {seeds}, {steps}, {restarts}, {raw}")
+        raise SystemExit(f"--reps, --steps, --restarts and --raw-samples must be >= 1; got {seeds}, {steps}, "
+                         f"{restarts}, {raw}")
     if not (math.isfinite(a.ackley_noise) and a.ackley_noise >= 0):
         raise SystemExit(f"--ackley-noise must be a finite number >= 0; got {a.ackley_noise}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    print(f"[noisy-ackley] methods {methods}; seeds 0..{seeds - 1}; T = {steps}; n_init = {ACKLEY_PROTOCOL['n_init']}; "
-          f"noise scale {a.ackley_noise:g}; optimize_acqf {restarts} restarts x {raw} raw samples", flush=True)
+    print(f"[noisy-ackley] methods {methods}; seeds 0..{seeds - 1}; T = {steps}; n_init = "
+          f"{ACKLEY_PROTOCOL['n_init']}; noise scale {a.ackley_noise:g}; optimize_acqf {restarts} restarts x "
+          f"{raw} raw samples", flush=True)
     t_start = time.perf_counter()
     jobs = [(m, seed, steps, restarts, raw, ACKLEY_PROTOCOL["n_init"], a.ackley_noise)
             for seed in range(seeds) for m in methods]
     results: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
 
     def report(run: dict[str, Any]) -> None:
-        print(f"[noisy-ackley] {run['method']:<10} seed {run['seed']}: final regret {run['final_regret']:.4f}, "
-              f"miscoverage {run['miscoverage']:.2f} ({run['seconds']:.1f} s)", flush=True)
+        print(f"[noisy-ackley] {run['method']:<10} seed {run['seed']}: final regret "
+              f"{run['final_regret']:.4f}, miscoverage {run['miscoverage']:.2f} ({run['seconds']:.1f} "
+              "s)", flush=True)
 
     if a.workers == 1:
         for job in jobs:
@@ -732,14 +857,33 @@ def main_noisy_ackley(a: argparse.Namespace) -> int:
                    for s in range(seeds)]) for m in methods}
     plot = plot_curves(curves, out / "noisy_ackley.png", xlabel="BO step", ylabel="simple regret (eq. 41)",
                        title=f"Noisy Ackley (paper 002 V-C), mean +- 95% CI over {seeds} seeds")
-    print("\nNoisy Ackley (locbo.md §3.2): simple regret max f - f(x_t*), t* = argmax of noisy y; mean and 95% CI "
-          "half-width over seeds; mean_regret = averaged over steps 1..T; miscoverage of the (1 - alpha) set:")
+    print("\nNoisy Ackley (locbo.md §3.2): simple regret max f - f(x_t*), t* = argmax of noisy y; mean and "
+          "95% CI half-width over seeds; mean_regret = averaged over steps 1..T; miscoverage of the (1 - "
+          "alpha) set:")
     print(format_rows(summary, ["method", "seeds", "steps", "final_regret", "final_ci95", "final_median",
                                 "mean_regret", "mean_ci95", "miscoverage", "alpha", "seconds"]))
     if paired:
-        print("\nPaired over seeds (method - versus; negative = method better; significant = 95% CI excludes 0):")
-        print(format_rows(paired, ["method", "versus", "n", "mean_diff", "ci", "wins", "p_wilcoxon", "significant",
-                                   "avg_mean_diff", "avg_ci", "avg_wins", "avg_significant"]))
+        print("\nPaired over seeds (method - versus; negative = method better; significant = 95% CI excludes "
+              "0):")
+        print(
+            format_rows(
+                paired,
+                [
+                    "method",
+                    "versus",
+                    "n",
+                    "mean_diff",
+                    "ci",
+                    "wins",
+                    "p_wilcoxon",
+                    "significant",
+                    "avg_mean_diff",
+                    "avg_ci",
+                    "avg_wins",
+                    "avg_significant",
+                ],
+            )
+        )
     print(f"\n[noisy-ackley] wrote {out} ({len(step_rows)} step rows, plot {plot.name}) in "
           f"{time.perf_counter() - t_start:.1f} s")
     return 0
@@ -750,8 +894,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--noisy-ackley", action="store_true",
                    help="paper 002's noisy-Ackley experiment (LOCBO) instead of paper 000's functions")
     p.add_argument("--gld", action="store_true",
-                   help="GLD quantile problems: quantile SVGP + Thompson batches, calibrators none/online/locbo")
-    p.add_argument("--problems", default=None, help="--gld: count (10), range (0-9) or list (1,4,7); default 10")
+                   help="GLD quantile problems: quantile SVGP + Thompson batches, calibrators "
+                        "none/online/locbo")
+    p.add_argument("--problems", default=None, help="--gld: count (10), range (0-9) or list (1,4,7); default "
+                                                    "10")
     p.add_argument("--budget", type=int, default=None, help="--gld: total evaluations per run (default 350)")
     p.add_argument("--initial", type=int, default=None, help="--gld: initial Sobol design (default 50 d)")
     p.add_argument("--batch", type=int, default=None, help="--gld: Thompson batch size (default 10)")
@@ -765,11 +911,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None, help="BO steps (default 25; noisy Ackley 50)")
     p.add_argument("--restarts", type=int, default=8)
     p.add_argument("--raw-samples", type=int, default=256)
-    p.add_argument("--ackley-noise", type=float, default=1.0, help="noise scale of the noisy Ackley (0: Fig. 5a)")
+    p.add_argument("--ackley-noise", type=float, default=1.0, help="noise scale of the noisy Ackley (0: Fig. "
+                                                                   "5a)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (per process)")
     p.add_argument("--workers", type=int, default=1, help="noisy Ackley: parallel processes (one run each)")
     p.add_argument("--quick", action="store_true",
-                   help="smoke run: Forrester, 2 repetitions, 8 steps (noisy Ackley: 2 seeds, 3 steps), light optimizer")
+                   help="smoke run: Forrester, 2 repetitions, 8 steps (noisy Ackley: 2 seeds, 3 steps), "
+                        "light optimizer")
     p.add_argument("--out", default="results/calibration")
     a = p.parse_args(argv)
     if a.threads < 1 or a.workers < 1:
@@ -787,7 +935,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"--methods: {unknown} are not calibrators of this experiment; choose from {list(METHODS)}")
     fns = a.functions or (["forrester"] if a.quick else list(FUNCTIONS))
-    reps, steps = (2, 8) if a.quick else (a.reps if a.reps is not None else 5, a.steps if a.steps is not None else 25)
+    reps, steps = (
+        (2, 8) if a.quick else (a.reps if a.reps is not None else 5, a.steps if a.steps is not None else 25)
+    )
     restarts, raw = (2, 32) if a.quick else (a.restarts, a.raw_samples)
     if reps < 1 or steps < 1:
         p.error(f"--reps and --steps must be >= 1; got {reps}, {steps}")
@@ -799,7 +949,8 @@ def main(argv: list[str] | None = None) -> int:
             for method in methods:
                 r = run_one(fn, method, seed, steps, restarts, raw)
                 rows.append(r)
-                print(f"{fn:<14} {method:<11} seed {seed}: min {r['minimum']:.4f} ({r['seconds']:.1f} s)", flush=True)
+                print(f"{fn:<14} {method:<11} seed {seed}: min {r['minimum']:.4f} ({r['seconds']:.1f} "
+                      "s)", flush=True)
     write_table(rows, out / "runs")
     summary = summarise(rows)
     write_table(summary, out / "summary")

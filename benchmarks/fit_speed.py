@@ -18,8 +18,9 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -72,11 +73,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--dims", nargs="+", type=int, default=[2, 6])
     ap.add_argument("--ns", nargs="+", type=int, default=[20, 50, 100])
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--also", nargs="*", default=[], help="other `optimizer` options to time beside the default "
-                    "(a screen: their times and final losses are added to fit_speed.csv)")
+    ap.add_argument("--also", nargs="*", default=[], help="other `optimizer` options to time beside the "
+                    "default (a screen: their times and final losses are added to fit_speed.csv)")
     ap.add_argument("--out", default=str(REPO / "results" / "fit_speed"))
     args = ap.parse_args(argv)
-    dims, ns, reps = (QUICK["dims"], QUICK["ns"], QUICK["reps"]) if args.quick else (args.dims, args.ns, args.reps)
+    dims, ns, reps = (
+        (QUICK["dims"], QUICK["ns"], QUICK["reps"]) if args.quick else (args.dims, args.ns, args.reps)
+    )
     rows = []
     with limited_threads(1), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -95,7 +98,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                    "ratio": statistics.median(r["ratio"] for r in sel), "target": TARGET}
             for optimizer in args.also:  # the screened optimizers: median time and ratio to BoTorch
                 row[f"{optimizer}_s"] = statistics.median(r[f"{optimizer}_s"] for r in sel)
-                row[f"{optimizer}_ratio"] = statistics.median(r[f"{optimizer}_s"] / r["botorch_s"] for r in sel)
+                row[f"{optimizer}_ratio"] = statistics.median(
+                    r[f"{optimizer}_s"] / r["botorch_s"] for r in sel
+                )
             summary.append(row)
     for s in summary:
         s["met"] = bool(s["ratio"] <= TARGET)

@@ -35,12 +35,13 @@ Long runs: each run saves a checkpoint (optimizer state, rows, evaluated points,
 `OUT/runs/<run>.ckpt.pt`) after every batch, removed when the run finishes. `--resume` continues it
 (bit-identical to an uninterrupted run); `--time-limit S` starts no batch after S seconds, so a run longer
 than a command or a session (qLogNEI at d = 6) is finished in pieces.
-Results in --out (default results/gld/): runs/*.csv (one per setting x problem x method, written as they finish;
---resume skips the methods already finished, so a grid can be filled in over several sessions and methods added
-later; q* of a problem is the best over all of its runs), gld.csv + gld.parquet (every checkpoint), summary.csv (final regret, mean
-and 95% CI per setting x method), paired.csv (paired over problems), gld_<setting>.png (regret vs
-evaluations, mean +- 95% CI). The tables cover the selection (--settings, --problems, --methods); a selection with
-no finished run (every run paused, say) leaves the folder's tables as they were.
+Results in --out (default results/gld/): runs/*.csv (one per setting x problem x method, written as they
+finish; --resume skips the methods already finished, so a grid can be filled in over several sessions and
+methods added later; q* of a problem is the best over all of its runs), gld.csv + gld.parquet (every
+checkpoint), summary.csv (final regret, mean and 95% CI per setting x method), paired.csv (paired over
+problems), gld_<setting>.png (regret vs evaluations, mean +- 95% CI). The tables cover the selection
+(--settings, --problems, --methods); a selection with no finished run (every run paused, say) leaves the
+folder's tables as they were.
 """
 
 from __future__ import annotations
@@ -53,21 +54,41 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._common import (  # noqa: E402
-    MODELS, PROPOSERS, BatchRun, Job, Method, checkpoint_evaluations, code_mix_note, config_tag, drive_guarded,
-    format_table, limited_threads, mean_ci, merge_options, paired_comparison, parse_index_list, plot_curves, preflight,
-    read_table, replicate_seed, run_jobs, write_table,
+    MODELS,
+    PROPOSERS,
+    BatchRun,
+    Job,
+    Method,
+    checkpoint_evaluations,
+    code_mix_note,
+    config_tag,
+    drive_guarded,
+    format_table,
+    limited_threads,
+    mean_ci,
+    merge_options,
+    paired_comparison,
+    parse_index_list,
+    plot_curves,
+    preflight,
+    read_table,
+    replicate_seed,
+    run_jobs,
+    write_table,
 )
 
-MODE = "synchronous batches, in-process AskTellOptimizer (the orchestrator's synchronous protocol without Ray)"
+MODE = ("synchronous batches, in-process AskTellOptimizer (the orchestrator's synchronous protocol without "
+        "Ray)")
 
 
 METHODS: dict[str, Method] = {
@@ -76,14 +97,14 @@ METHODS: dict[str, Method] = {
     "qgibbon-rescaled": Method("quantile", "qgibbon", proposer_options={"repulsion": "rescaled"}),
     "gpr-ei": Method("gpr-replicates", "gpr-ei", replicate=True),
     "hetgp-ts": Method("heteroscedastic", "thompson"),
-    # BoTorch's default joint optimization of the q points (optimize_acqf(sequential=False)), as its tutorials run
-    # it: 2.6x faster than sequential greedy at q = 10 and 10x at q = 50 (d = 6, n = 1000), for a batch value
-    # within 0.04 of greedy's in log-EI; the greedy mode made qLogNEI alone cost days on the full grid
+    # BoTorch's default joint optimization of the q points (optimize_acqf(sequential=False)), as its tutorials
+    # run it: 2.6x faster than sequential greedy at q = 10 and 10x at q = 50 (d = 6, n = 1000), for a batch
+    # value within 0.04 of greedy's in log-EI; the greedy mode made qLogNEI alone cost days on the full grid
     "qlognei": Method("exact-gp", "qlognei", proposer_options={"sequential": False}),
     "sobol": Method("exact-gp", "sobol"),
     "random": Method("exact-gp", "random"),
 }
-#: the methods of issue 8's GLD target, and the quantile methods they are compared with
+#: the methods of the GLD acceptance target, and the quantile methods they are compared with
 QUANTILE_METHODS = ("quantile-ts", "qgibbon", "qgibbon-rescaled")
 BASELINES = ("gpr-ei", "hetgp-ts", "qlognei")
 
@@ -115,15 +136,21 @@ class Setting:
 
 
 def settings_tag(method: str, initial: int, options: Mapping[str, Any]) -> str:
-    """Hash of what a run's result depends on beyond its file name (setting label, problem, method) and budget:
-    the initial design size and the method's model and proposer options. Every row records it (`settings`), and
-    `--resume` and the tables take only the runs made with the settings asked for (a folder may hold others).
+    """Hash of what a run's result depends on beyond its file name (setting label, problem, method) and
+    budget: the initial design size and the method's model and proposer options. Every row records it
+    (`settings`), and `--resume` and the tables take only the runs made with the settings asked for (a folder
+    may hold others).
 
     `options`: model or proposer name -> options given on the command line (`--model-options`,
     `--proposer-options`; the names of the two registries differ), over the method's own."""
     m = METHODS[method]
-    return config_tag({"initial": int(initial), "model_options": {**m.model_options, **options.get(m.model, {})},
-                       "proposer_options": {**m.proposer_options, **options.get(m.proposer, {})}})
+    return config_tag(
+        {
+            "initial": int(initial),
+            "model_options": {**m.model_options, **options.get(m.model, {})},
+            "proposer_options": {**m.proposer_options, **options.get(m.proposer, {})},
+        }
+    )
 
 
 class GLDRun(BatchRun):
@@ -147,11 +174,20 @@ class GLDRun(BatchRun):
             p_opts.setdefault("seed", problem_id)  # one Sobol sequence: initial design and batches
         self.n0 = max(2, round(setting.initial / setting.batch)) if method.replicate else setting.initial
         self.opt = AskTellOptimizer(
-            problem.space, model=method.model, tau=setting.tau, proposer=method.proposer, initial_design=self.n0,
-            seed=problem_id, model_options=self.m_opts, proposer_options=p_opts,
+            problem.space,
+            model=method.model,
+            tau=setting.tau,
+            proposer=method.proposer,
+            initial_design=self.n0,
+            seed=problem_id,
+            model_options=self.m_opts,
+            proposer_options=p_opts,
         )
-        self.key = json.dumps([name, setting.label, setting.initial, setting.budget, problem_id, self.m_opts, p_opts],
-                              sort_keys=True, default=str)
+        self.key = json.dumps(
+            [name, setting.label, setting.initial, setting.budget, problem_id, self.m_opts, p_opts],
+            sort_keys=True,
+            default=str,
+        )
         self.tag = settings_tag(name, setting.initial, options)
         self.n = 0
         self.rows: list[dict] = []
@@ -228,8 +264,8 @@ def run_problem(
 
     With `checkpoint` the run is saved there after every batch and continued from it (`_common.drive`). A run
     that raises gives ("done", one row with the error). q* here is the L-BFGS optimum raised to the best exact
-    quantile of any point the run evaluated; `merge_rows` raises it further to the best over every job that ran
-    on the problem.
+    quantile of any point the run evaluated; `merge_rows` raises it further to the best over every job that
+    ran on the problem.
     """
     import numpy as np
 
@@ -249,15 +285,31 @@ def run_problem(
     if status != "done":
         return status, []
     if error:
-        rows = [{"method": method, "d": setting.d, "tau": setting.tau, "batch": setting.batch, "problem": problem_id,
-                 "initial": setting.initial, "settings": settings_tag(method, setting.initial, options),
-                 "n_evals": 0, "x_rec": "[]", "predicted": float("nan"), "fit_s": float("nan"),
-                 "propose_s": float("nan"), "elapsed_s": time.perf_counter() - t0, "error": error}]
+        rows = [
+            {
+                "method": method,
+                "d": setting.d,
+                "tau": setting.tau,
+                "batch": setting.batch,
+                "problem": problem_id,
+                "initial": setting.initial,
+                "settings": settings_tag(method, setting.initial, options),
+                "n_evals": 0,
+                "x_rec": "[]",
+                "predicted": float("nan"),
+                "fit_s": float("nan"),
+                "propose_s": float("nan"),
+                "elapsed_s": time.perf_counter() - t0,
+                "error": error,
+            }
+        ]
         evaluated: list[list[float]] = []
     else:
         rows, evaluated = run.rows, run.evaluated
     print(f"{label}: {time.perf_counter() - t0:.1f} s {error}", flush=True)
-    q_eval = float(problem.quantile_unit(np.asarray(evaluated), setting.tau).max()) if evaluated else -math.inf
+    q_eval = (
+        float(problem.quantile_unit(np.asarray(evaluated), setting.tau).max()) if evaluated else -math.inf
+    )
     q_star = max(q_opt, q_eval)
     for row in rows:
         x = json.loads(row["x_rec"])
@@ -276,7 +328,8 @@ def job_path(runs: Path, setting: Setting, problem: int, method: str) -> Path:
 
 
 def _method_done(runs: Path, setting: Setting, problem: int, method: str, options: Mapping[str, Any]) -> bool:
-    """Whether `method` finished on (setting, problem): the GLD job's rule for `--resume` (see `done_methods`)."""
+    """Whether `method` finished on (setting, problem): the GLD job's rule for `--resume` (see
+    `done_methods`)."""
     return method in done_methods(runs, setting, problem, options)
 
 
@@ -291,8 +344,13 @@ def done_methods(
         stem = path.name[:-len(".csv")]
         if stem != f"{setting.label}-p{problem}" and not stem.startswith(f"{setting.label}-p{problem}-"):
             continue  # e.g. p1 must not match p10
-        done |= {r["method"] for r in read_run_file(path) if not r.get("error") and r["n_evals"] == setting.budget
-                 and r["settings"] == settings_tag(r["method"], setting.initial, options or {})}
+        done |= {
+            r["method"]
+            for r in read_run_file(path)
+            if not r.get("error")
+            and r["n_evals"] == setting.budget
+            and r["settings"] == settings_tag(r["method"], setting.initial, options or {})
+        }
     return done
 
 
@@ -300,13 +358,29 @@ def read_run_file(path: Path) -> list[dict]:
     """The checkpoint rows of one result file, with their numeric columns parsed from the CSV's strings."""
     rows = []
     for r in read_table(path):
-        r = {**r, "d": int(r["d"]), "tau": float(r["tau"]), "batch": int(r["batch"]), "problem": int(r["problem"]),
-             "n_evals": int(r["n_evals"])}
-        if not r.get("settings"):  # written before rows recorded their settings: every such run used the defaults
+        r = {
+            **r,
+            "d": int(r["d"]),
+            "tau": float(r["tau"]),
+            "batch": int(r["batch"]),
+            "problem": int(r["problem"]),
+            "n_evals": int(r["n_evals"]),
+        }
+        # written before rows recorded their settings: every such run used the defaults
+        if not r.get("settings"):
             r["initial"] = INITIAL_PER_DIM * r["d"]
             r["settings"] = settings_tag(r["method"], r["initial"], {})
         r["initial"] = int(r["initial"])
-        for k in ("regret", "q_rec", "q_star", "q_star_lbfgs", "predicted", "fit_s", "propose_s", "elapsed_s"):
+        for k in (
+            "regret",
+            "q_rec",
+            "q_star",
+            "q_star_lbfgs",
+            "predicted",
+            "fit_s",
+            "propose_s",
+            "elapsed_s",
+        ):
             if k in r:
                 r[k] = float(r[k])
         rows.append(r)
@@ -328,9 +402,9 @@ def _at_budget(rows: Sequence[dict], budgets: dict[tuple, int]) -> tuple[list[di
 
 def paired_with(rows: Sequence[dict], base_dir: Path, settings: Sequence[Setting]) -> list[dict]:
     """This folder's final recommendations against those of the runs made with the default options (no
-    `--model-options` or `--proposer-options`) in another folder `base_dir`, paired by (setting, method, problem):
-    how a variant compares with the default on the same problems. The difference of regrets is that of the exact
-    quantiles, q_tau(x_hat) there - here (q* cancels; negative = this folder better)."""
+    `--model-options` or `--proposer-options`) in another folder `base_dir`, paired by (setting, method,
+    problem): how a variant compares with the default on the same problems. The difference of regrets is that
+    of the exact quantiles, q_tau(x_hat) there - here (q* cancels; negative = this folder better)."""
     by_label = {(s.d, s.tau, s.batch): s for s in settings}
     base: dict[tuple, float] = {}
     for path in sorted((base_dir / "runs").glob("*.csv")):
@@ -348,7 +422,8 @@ def paired_with(rows: Sequence[dict], base_dir: Path, settings: Sequence[Setting
             theirs = {k[4]: v for k, v in base.items() if k[:4] == (d, tau, batch, m)}
             if not mine or not theirs:
                 continue
-            # regret here - regret there = q_rec there - q_rec here: pass the negated quantiles (lower = better)
+            # regret here - regret there = q_rec there - q_rec here: pass the negated quantiles (lower =
+            # better)
             pc = paired_comparison({p: -v for p, v in mine.items()}, {p: -v for p, v in theirs.items()})
             out.append({"d": d, "tau": tau, "batch": batch, "method": m, "problems": pc["n"],
                         "mean_diff": pc["mean_diff"], "ci95": pc["ci"], "better": round(pc["wins"] * pc["n"]),
@@ -357,8 +432,9 @@ def paired_with(rows: Sequence[dict], base_dir: Path, settings: Sequence[Setting
 
 
 def merge_rows(rows: Sequence[dict]) -> list[dict]:
-    """Rows of every job, one per (setting, problem, method, checkpoint) (a later file's row replaces an earlier
-    one's), with q* of a problem the best over all of its jobs and regret = q* - q_tau(x_hat) against it."""
+    """Rows of every job, one per (setting, problem, method, checkpoint) (a later file's row replaces an
+    earlier one's), with q* of a problem the best over all of its jobs and regret = q* - q_tau(x_hat) against
+    it."""
     unique: dict[tuple, dict] = {}
     for r in rows:
         unique[(r["d"], r["tau"], r["batch"], r["problem"], r["method"], r["n_evals"])] = dict(r)
@@ -372,7 +448,7 @@ def merge_rows(rows: Sequence[dict]) -> list[dict]:
     return list(unique.values())
 
 
-# ---------------------------------------------------------------------------------------------------- analysis
+# --------------------------------------------------------------------------------------------------- analysis
 def final_rows(rows: Sequence[dict]) -> list[dict]:
     """The last checkpoint of every (method, setting, problem) run."""
     last: dict[tuple, dict] = {}
@@ -399,7 +475,8 @@ def _bo_average(rows: Sequence[dict], s: tuple, method: str) -> dict[int, float]
 
 
 def summarize(rows: Sequence[dict]) -> tuple[list[dict], list[dict], list[dict]]:
-    """Summary (mean +- 95% CI of the final regret), paired comparisons, and the target's fraction of settings."""
+    """Summary (mean +- 95% CI of the final regret), paired comparisons, and the target's fraction of
+    settings."""
     fin = final_rows(rows)
     settings = sorted({(r["d"], r["tau"], r["batch"]) for r in fin})
     methods = [m for m in METHODS if any(r["method"] == m for r in fin)]
@@ -412,12 +489,25 @@ def summarize(rows: Sequence[dict]) -> tuple[list[dict], list[dict], list[dict]]
             if not by_method[m]:
                 continue
             mean, half, n = mean_ci(list(by_method[m].values()))
-            n_evals = max(r["n_evals"] for r in fin if (r["d"], r["tau"], r["batch"]) == s and r["method"] == m)
+            n_evals = max(
+                r["n_evals"] for r in fin if (r["d"], r["tau"], r["batch"]) == s and r["method"] == m
+            )
             avg_mean, avg_half, _ = mean_ci(list(_bo_average(rows, s, m).values()))
-            summary.append({"d": s[0], "tau": s[1], "batch": s[2], "method": m, "n_evals": n_evals,
-                            "problems": n, "regret_mean": mean, "regret_ci95": half,
-                            "regret_median": float(statistics.median(by_method[m].values())) if n else float("nan"),
-                            "bo_avg_regret_mean": avg_mean, "bo_avg_regret_ci95": avg_half})
+            summary.append(
+                {
+                    "d": s[0],
+                    "tau": s[1],
+                    "batch": s[2],
+                    "method": m,
+                    "n_evals": n_evals,
+                    "problems": n,
+                    "regret_mean": mean,
+                    "regret_ci95": half,
+                    "regret_median": float(statistics.median(by_method[m].values())) if n else float("nan"),
+                    "bo_avg_regret_mean": avg_mean,
+                    "bo_avg_regret_ci95": avg_half,
+                }
+            )
         quantile = [m for m in QUANTILE_METHODS if by_method.get(m)]
         others = [m for m in methods if m not in quantile] + [m for m in quantile]
         for a in quantile:
@@ -437,7 +527,9 @@ def summarize(rows: Sequence[dict]) -> tuple[list[dict], list[dict], list[dict]]
         if not present:
             continue  # the target needs a quantile method and at least one of its baselines in full
         for a in quantile:
-            row[f"{a}_beats_all"] = all(paired_comparison(by_method[a], by_method[b])["mean_diff"] < 0 for b in present)
+            row[f"{a}_beats_all"] = all(
+                paired_comparison(by_method[a], by_method[b])["mean_diff"] < 0 for b in present
+            )
         row["baselines_present"] = ",".join(present)
         row["baselines_partial"] = ",".join(partial)
         row["complete"] = len(present) == len(BASELINES)
@@ -468,7 +560,8 @@ def make_plots(rows: Sequence[dict], out: Path) -> list[Path]:
                 curves[m] = (xs, reps)
         label = f"d{s[0]}-tau{s[1]:g}-b{s[2]}"
         paths.append(plot_curves(curves, out / f"gld_{label}.png",
-                                 title=f"GLD d={s[0]}, tau={s[1]:g}, batch {s[2]} (mean +- 95% CI over problems)"))
+                                 title=f"GLD d={s[0]}, tau={s[1]:g}, batch {s[2]} (mean +- 95% CI over "
+                                       "problems)"))
     return paths
 
 
@@ -480,7 +573,8 @@ def _parse_settings(items: Sequence[str]) -> list[tuple[int, float, int]]:
             d, tau, b = it.split(":")
             out.append((int(d), float(tau), int(b)))
         except ValueError:
-            raise SystemExit(f"--settings: each item must be d:tau:batch, e.g. 3:0.75:10; got {it!r}") from None
+            raise SystemExit("--settings: each item must be d:tau:batch, e.g. 3:0.75:10; got "
+                             f"{it!r}") from None
         if not (out[-1][0] >= 1 and 0 < out[-1][1] < 1 and out[-1][2] >= 1):
             raise SystemExit(f"--settings: need d >= 1, tau in (0, 1), batch >= 1; got {it!r}")
     return out
@@ -491,7 +585,8 @@ def _parse_problems(spec: str) -> list[int]:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="CI smoke run: d=3, tau=0.75, 2 problems, 3 methods, tiny budget")
+    ap.add_argument("--quick", action="store_true", help="CI smoke run: d=3, tau=0.75, 2 problems, 3 "
+                                                         "methods, tiny budget")
     ap.add_argument("--methods", nargs="+", choices=sorted(METHODS), help="methods (default: all)")
     ap.add_argument("--settings", nargs="+", help="d:tau:batch items (default: the full 2x2x2 grid)")
     ap.add_argument("--problems", help="count (10 = problems 0..9; the default), range 0-9, or list 1,4,7")
@@ -502,9 +597,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--proposer-options", type=json.loads, default={},
                     help='JSON: proposer name -> options, e.g. {"thompson": {"shared_features": false}}')
     ap.add_argument("--paired-with", metavar="DIR",
-                    help="also compare the final regrets with the runs made with the default options in another "
-                         "run folder (e.g. benchmarks/results/gld_full), paired by setting, method and problem "
-                         "(OUT/paired_with.csv)")
+                    help="also compare the final regrets with the runs made with the default options in "
+                         "another run folder (e.g. benchmarks/results/gld_full), paired by setting, method "
+                         "and problem (OUT/paired_with.csv)")
     ap.add_argument("--workers", type=int, default=1, help="parallel processes (one problem each)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
     ap.add_argument("--resume", action="store_true",
@@ -547,7 +642,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     methods = list(args.methods) if args.methods else q["methods"]
     initial = args.initial if args.initial is not None else q["initial"]
     budget = args.budget if args.budget is not None else q["budget"]
-    options = {**args.model_options, **args.proposer_options}  # the model and proposer registries' names differ
+    # the model and proposer registries' names differ
+    options = {**args.model_options, **args.proposer_options}
     settings = [Setting(d, tau, b, initial or INITIAL_PER_DIM * d, budget or BUDGET_PER_DIM * d)
                 for d, tau, b in triples]
     for s in settings:
@@ -556,8 +652,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(f"[gld] {MODE}; methods {methods}; {len(settings)} settings x {len(problems)} problems", flush=True)
     t_start = time.perf_counter()
 
-    # one job per (setting, problem, method), so a grid can be filled in over several sessions and a method added
-    # later; --resume skips the methods a result file already holds (`done_methods`, old layout included)
+    # one job per (setting, problem, method), so a grid can be filled in over several sessions and a method
+    # added later; --resume skips the methods a result file already holds (`done_methods`, old layout
+    # included)
     runs = out / "runs"
     grid = [Job(job_path(runs, s, p, m), run_problem, (s, p, m, options, args.threads),
                 finished_rule=functools.partial(_method_done, runs, s, p, m, options))
@@ -567,21 +664,32 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         from objectives.gld import GLDProblem
 
         first = GLDProblem(dim=settings[0].d, problem=problems[0])
-        preflight({m: functools.partial(GLDRun, m, settings[0], first, problems[0], options) for m in methods},
-                  "gld")
+        preflight(
+            {m: functools.partial(GLDRun, m, settings[0], first, problems[0], options) for m in methods},
+            "gld",
+        )
     deadline = None if args.time_limit is None else time.time() + args.time_limit
     counts = run_jobs(jobs, args.workers, args.resume, deadline, "gld")
     missing = counts["paused"] + counts["skipped"]
     if missing:
-        print(f"[gld] {missing} of {len(jobs) - counts['finished before']} runs not finished ({counts['paused']} "
-              f"paused at a checkpoint, {counts['skipped']} not started): run again with --resume", flush=True)
-    paused = [(job.stem.name, n, job.args[0].budget) for job in grid if (n := checkpoint_evaluations(job.checkpoint))]
+        print(f"[gld] {missing} of {len(jobs) - counts['finished before']} runs not finished "
+              f"({counts['paused']} paused at a checkpoint, {counts['skipped']} not started): run again with "
+              "--resume", flush=True)
+    paused = [
+        (job.stem.name, n, job.args[0].budget)
+        for job in grid
+        if (n := checkpoint_evaluations(job.checkpoint))
+    ]
 
     rows = []
     budgets = {(s.d, s.tau, s.batch): s.budget for s in settings}
     for path in sorted(runs.glob("*.csv"), key=lambda p: p.stat().st_mtime):
         for r in read_run_file(path):
-            if (r["d"], r["tau"], r["batch"]) in budgets and r["problem"] in problems and r["method"] in methods:
+            if (
+                (r["d"], r["tau"], r["batch"]) in budgets
+                and r["problem"] in problems
+                and r["method"] in methods
+            ):
                 rows.append(r)
     rows, other = _at_budget(rows, budgets)
     tags = {(s.d, s.tau, s.batch, m): settings_tag(m, s.initial, options) for s in settings for m in methods}
@@ -590,22 +698,32 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                       for r, ok in zip(rows, mine) if not ok})
     rows = [r for r, ok in zip(rows, mine) if ok]
     if foreign:
-        print(f"[gld] left out {len(foreign)} runs made with other settings (initial design or options; column "
-              f"`settings`): {', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}", flush=True)
+        print(f"[gld] left out {len(foreign)} runs made with other settings (initial design or options; "
+              f"column `settings`): {', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}", flush=True)
     if other:
-        print(f"[gld] left out {len(other)} runs that ended at another budget (the file names do not hold the "
-              f"budget; use another --out for other budgets): {', '.join(other[:5])}{' ...' if len(other) > 5 else ''}",
+        print(f"[gld] left out {len(other)} runs that ended at another budget (the file names do not hold "
+              "the budget; use another --out for other budgets): "
+              f"{', '.join(other[:5])}{' ...' if len(other) > 5 else ''}",
               flush=True)
     if note := code_mix_note(rows):
         print(f"[gld] {note}", flush=True)
     rows = merge_rows(rows)
-    rows.sort(key=lambda r: (r["d"], r["tau"], r["batch"], list(METHODS).index(r["method"]), r["problem"], r["n_evals"]))
+    rows.sort(
+        key=lambda r: (
+            r["d"],
+            r["tau"],
+            r["batch"],
+            list(METHODS).index(r["method"]),
+            r["problem"],
+            r["n_evals"],
+        )
+    )
     if not rows:
         # nothing of the selection has finished (say every run paused at its checkpoint): empty tables written
         # here would replace the ones a wider selection wrote into this folder before
         _print_paused(paused)
-        print(f"\n[gld] no finished run in the selection: the tables and plots in {out} are left as they were "
-              f"({time.perf_counter() - t_start:.1f} s)")
+        print(f"\n[gld] no finished run in the selection: the tables and plots in {out} are left as they "
+              f"were ({time.perf_counter() - t_start:.1f} s)")
         return {"rows": [], "summary": [], "paired": [], "target": [], "plots": [], "counts": counts,
                 "paired_with": [], "missing": missing, "paused": paused}
     write_table(rows, out / "gld")
@@ -622,15 +740,32 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     print(f"\n[gld] {MODE}")
     print("\nFinal simple regret q* - q_tau(x_hat) (mean, 95% CI half-width, over problems):")
-    print(format_table(summary, ["d", "tau", "batch", "method", "n_evals", "problems", "regret_mean", "regret_ci95",
-                                 "regret_median", "bo_avg_regret_mean", "bo_avg_regret_ci95"]))
+    print(
+        format_table(
+            summary,
+            [
+                "d",
+                "tau",
+                "batch",
+                "method",
+                "n_evals",
+                "problems",
+                "regret_mean",
+                "regret_ci95",
+                "regret_median",
+                "bo_avg_regret_mean",
+                "bo_avg_regret_ci95",
+            ],
+        )
+    )
     print("(bo_avg: per problem, the regret averaged over the checkpoints after the initial design)")
     if paired:
         print("\nPaired over problems (method - versus; negative = method better):")
         print(format_table(paired, ["d", "tau", "batch", "method", "versus", "n", "mean_diff", "ci", "wins",
                                     "p_wilcoxon", "beats"]))
     if target:
-        print("\nIssue 8 target (quantile method beats GPR-EI, HetGP-TS and qLogNEI, paired mean over problems):")
+        print("\nIssue 8 target (quantile method beats GPR-EI, HetGP-TS and qLogNEI, paired mean over "
+              "problems):")
         print(format_table(target))
         for m in QUANTILE_METHODS:
             # only settings with every baseline on every problem count: a partial one is no win yet
@@ -639,17 +774,29 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             if flags or partial:
                 print(f"  {m}: beats every baseline in {sum(flags)}/{len(flags)} complete settings"
                       + (f" ({partial} more with a baseline missing or partial)" if partial else ""))
-        either = [any(t.get(f"{m}_beats_all", False) for m in QUANTILE_METHODS) for t in target if t["complete"]]
+        either = [
+            any(t.get(f"{m}_beats_all", False) for m in QUANTILE_METHODS) for t in target if t["complete"]
+        ]
         print(f"  any quantile method, settings with all of {', '.join(BASELINES)} on every problem: "
               f"{sum(either)}/{len(either)} (target: >= 75% of the full grid)")
     if pw:
-        print(f"\nFinal regret against the default runs in {args.paired_with}, paired by problem (mean_diff = this - "
-              "that, with its 95% CI; better = problems where this is lower; Wilcoxon p):")
+        print(f"\nFinal regret against the default runs in {args.paired_with}, paired by problem (mean_diff "
+              "= this - that, with its 95% CI; better = problems where this is lower; Wilcoxon p):")
         print(format_table(pw))
     _print_paused(paused)
-    print(f"\n[gld] wrote {out} ({len(rows)} rows, {len(plots)} plots) in {time.perf_counter() - t_start:.1f} s")
-    return {"rows": rows, "summary": summary, "paired": paired, "target": target, "plots": plots, "counts": counts,
-            "paired_with": pw, "missing": missing, "paused": paused}
+    print(f"\n[gld] wrote {out} ({len(rows)} rows, {len(plots)} plots) in "
+          f"{time.perf_counter() - t_start:.1f} s")
+    return {
+        "rows": rows,
+        "summary": summary,
+        "paired": paired,
+        "target": target,
+        "plots": plots,
+        "counts": counts,
+        "paired_with": pw,
+        "missing": missing,
+        "paused": paused,
+    }
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""How well does each surrogate recover a GLD problem's tau-quantile from the same data? (issue 8, GLD follow-up)
+"""How well does each surrogate recover a GLD problem's tau-quantile from the same data? (a GLD follow-up)
 
 The GLD benchmark (benchmarks/gld.py) compares whole optimization loops; there HetGP with Thompson sampling
 ties or beats the quantile SVGP. This benchmark isolates the model: on each GLD problem (objectives/gld.py,
@@ -30,10 +30,11 @@ import argparse
 import sys
 import time
 import warnings
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from itertools import product
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -126,7 +127,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="CI smoke run: 2 problems, n = 40, short fits")
     ap.add_argument("--dim", type=int, help="GLD dimension (3)")
     ap.add_argument("--taus", type=float, nargs="+", help="quantile levels (0.75 0.95)")
-    ap.add_argument("--n", type=int, nargs="+", help="observations per fit (150 750: the loop's start and end)")
+    ap.add_argument("--n", type=int, nargs="+", help="observations per fit (150 750: the loop's start and "
+                                                     "end)")
     ap.add_argument("--problems", help="count (10 = problems 0..9), range 0-9, or list 1,4,7")
     ap.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     ap.add_argument("--workers", type=int, default=1, help="parallel processes (one problem x setting each)")
@@ -169,10 +171,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if paired:
         write_table(paired, out / "paired")
     print("\nEstimate of q_tau against the exact GLD quantile, mean (95% CI half-width) over problems:")
-    print(format_table(summary, ["tau", "n", "model", "rmse", "rmse_ci", "corr", "regret", "regret_ci", "problems"]))
+    print(
+        format_table(
+            summary, ["tau", "n", "model", "rmse", "rmse_ci", "corr", "regret", "regret_ci", "problems"]
+        )
+    )
     if paired:
-        print("\nPaired over problems, quantile SVGP minus the other model (negative = quantile SVGP better):")
-        print(format_table(paired, ["tau", "n", "metric", "vs", "mean_diff", "ci", "wins", "pairs", "p_wilcoxon"]))
+        print("\nPaired over problems, quantile SVGP minus the other model (negative = quantile SVGP "
+              "better):")
+        print(
+            format_table(
+                paired, ["tau", "n", "metric", "vs", "mean_diff", "ci", "wins", "pairs", "p_wilcoxon"]
+            )
+        )
     print(f"\nResults in {out}")
     return {"rows": rows, "summary": summary, "paired": paired, "out": out}
 

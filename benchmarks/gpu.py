@@ -48,7 +48,8 @@ PARAMS = {"batch_size": 64, "learning_rate": 0.03, "lr_decay": 1e-4, "l2": 1e-5,
 
 
 def write_random_cifar(directory: Path, n_train: int, n_test: int, seed: int = 0) -> Path:
-    """CIFAR-10's python-pickle layout (5 training batches and a test batch) holding random pixels and labels."""
+    """CIFAR-10's python-pickle layout (5 training batches and a test batch) holding random pixels and
+    labels."""
     rng = np.random.default_rng(seed)
     directory.mkdir(parents=True, exist_ok=True)
     sizes = [n_train // 5] * 5 + [n_test]
@@ -69,8 +70,14 @@ def time_objective(dataset: str, data_dir: Path | None, device: str, epochs: int
     from objectives.cnn import CNNTraining
 
     gpu = device == "cuda"
-    obj = CNNTraining(dataset="cifar10" if data_dir is not None else "digits", data_dir=data_dir, epochs=epochs,
-                      device=device, num_gpus=1.0 if gpu else 0.0, num_threads=threads)
+    obj = CNNTraining(
+        dataset="cifar10" if data_dir is not None else "digits",
+        data_dir=data_dir,
+        epochs=epochs,
+        device=device,
+        num_gpus=1.0 if gpu else 0.0,
+        num_threads=threads,
+    )
     obj(PARAMS, seed=10_000)  # warm-up: data loading, the CUDA context, cuDNN's kernel choice
     rows = []
     for r in range(repeats):
@@ -92,9 +99,13 @@ def timed_run(mode: str, root: Path, args: argparse.Namespace, num_cpus: int) ->
     from orchestrator.store import RunStore
 
     gpu = mode == "gpu"
-    options = {"dataset": "digits", "epochs": args.epochs,
-               "num_gpus": 1.0 / args.share if gpu else 0.0, "num_cpus": 1.0 if gpu else float(args.cpu_threads),
-               "num_threads": 1 if gpu else args.cpu_threads}
+    options = {
+        "dataset": "digits",
+        "epochs": args.epochs,
+        "num_gpus": 1.0 / args.share if gpu else 0.0,
+        "num_cpus": 1.0 if gpu else float(args.cpu_threads),
+        "num_threads": 1 if gpu else args.cpu_threads,
+    }
     config = {"name": f"gpu-{mode}", "objective": {"name": "cnn", "options": options}, "tau": 0.5,
               "batch_size": args.run_batch, "initial_design": args.run_initial, "budget": args.run_budget,
               "max_concurrent": args.share, "timeout_s": 600, "max_retries": 0, "seed": 0}
@@ -107,15 +118,25 @@ def timed_run(mode: str, root: Path, args: argparse.Namespace, num_cpus: int) ->
     failed = [e for e in results if e.kind == "failed"]
     span = max(e.ended_at for e in done) - min(e.started_at for e in done) if done else float("nan")
     used = [float((e.info or {}).get("metrics", {}).get("used_gpu", float("nan"))) for e in done]
-    return {"mode": mode, "num_gpus": options["num_gpus"], "num_cpus": options["num_cpus"],
-            "concurrent": args.share, "budget": args.run_budget, "completed": len(done), "failed": len(failed),
-            "used_gpu_share": float(np.mean(used)) if used else float("nan"), "span_s": span, "wall_s": wall,
-            "evals_per_min": 60.0 * len(done) / span if done else float("nan"),
-            "best": min((e.value for e in done), default=float("nan"))}
+    return {
+        "mode": mode,
+        "num_gpus": options["num_gpus"],
+        "num_cpus": options["num_cpus"],
+        "concurrent": args.share,
+        "budget": args.run_budget,
+        "completed": len(done),
+        "failed": len(failed),
+        "used_gpu_share": float(np.mean(used)) if used else float("nan"),
+        "span_s": span,
+        "wall_s": wall,
+        "evals_per_min": 60.0 * len(done) / span if done else float("nan"),
+        "best": min((e.value for e in done), default=float("nan")),
+    }
 
 
 def summarize(objective_rows: list[dict[str, Any]], run_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Median seconds per evaluation by data set and device, evaluations per minute by run mode; CPU/GPU ratios."""
+    """Median seconds per evaluation by data set and device, evaluations per minute by run mode; CPU/GPU
+    ratios."""
     out = []
     for dataset in dict.fromkeys(r["dataset"] for r in objective_rows):
         med = {d: statistics.median(r["seconds"] for r in objective_rows if r["dataset"] == dataset
@@ -143,8 +164,13 @@ def plot(objective_rows: list[dict[str, Any]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     width = 0.8 / max(1, len(devices))
     for j, d in enumerate(devices):
-        med = [statistics.median([r["seconds"] for r in objective_rows if r["dataset"] == ds and r["device"] == d]
-                                 or [float("nan")]) for ds in datasets]
+        med = [
+            statistics.median(
+                [r["seconds"] for r in objective_rows if r["dataset"] == ds and r["device"] == d]
+                or [float("nan")]
+            )
+            for ds in datasets
+        ]
         ax.bar(np.arange(len(datasets)) + j * width, med, width, label=d)
     ax.set_xticks(np.arange(len(datasets)) + width * (len(devices) - 1) / 2, datasets)
     ax.set_ylabel("seconds per evaluation (median)")
@@ -164,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cifar-train", type=int, default=10_000, help="random CIFAR-10-shaped training images")
     p.add_argument("--cifar-epochs", type=int, default=1)
     p.add_argument("--cpu-threads", type=int, default=4)
-    p.add_argument("--share", type=int, default=4, help="evaluations at a time (on the GPU: 1/share GPU each)")
+    p.add_argument("--share", type=int, default=4, help="evaluations at a time (on the GPU: 1/share GPU "
+                                                        "each)")
     p.add_argument("--run-budget", type=int, default=32)
     p.add_argument("--run-initial", type=int, default=8)
     p.add_argument("--run-batch", type=int, default=8)
@@ -179,11 +206,14 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available()
     devices = ["cuda", "cpu"] if cuda else ["cpu"]
-    print(f"code {code_version()}; CUDA device: {torch.cuda.get_device_name(0) if cuda else 'none, GPU rows skipped'}",
+    print(f"code {code_version()}; CUDA device: "
+          f"{torch.cuda.get_device_name(0) if cuda else 'none, GPU rows skipped'}",
           flush=True)
     objective_rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        cifar = write_random_cifar(Path(tmp) / "cifar-random", args.cifar_train, max(100, args.cifar_train // 10))
+        cifar = write_random_cifar(
+            Path(tmp) / "cifar-random", args.cifar_train, max(100, args.cifar_train // 10)
+        )
         for dataset, data_dir, epochs in (("digits", None, args.epochs),
                                           ("cifar10-random", cifar, args.cifar_epochs)):
             for device in devices:

@@ -1,4 +1,4 @@
-"""Hyperparameter optimization: quantile TS against qLogNEI and random search at equal evaluations (issue 8).
+"""Hyperparameter optimization: quantile TS against qLogNEI and random search at equal evaluations.
 
 The HPO tasks of the calibrated-BO papers (calibrated-bo.md §2.3) with qbatch's objectives: `cnn`
 (objectives/cnn.py: 6 training hyperparameters -> held-out classification error; default data scikit-learn's
@@ -10,9 +10,9 @@ and the data order). Each method is built exactly as the central actor builds it
 The optimization runs in **synchronous batches in this process**: ask B points, evaluate B, tell B, refit,
 repeat (the orchestrator's `synchronous: true` protocol minus Ray; the actor wraps the same optimizer).
 
-Methods (model + proposer): quantile-ts (quantile SVGP of the median + Thompson sampling), quantile-ts-dim (the
-same with the dimension-scaled lengthscale prior instead of the spec's), qlognei (exact GP + BoTorch qLogNEI),
-random (uniform random search; model-free, never fitted). Run r of every method uses
+Methods (model + proposer): quantile-ts (quantile SVGP of the median + Thompson sampling), quantile-ts-dim
+(the same with the dimension-scaled lengthscale prior instead of the spec's), qlognei (exact GP + BoTorch
+qLogNEI), random (uniform random search; model-free, never fitted). Run r of every method uses
 config seed r, hence the same scrambled-Sobol initial design and the same per-trial evaluation seeds (trial
 ids "0-0", ... are shared), so the initial design is evaluated once per (task, seed) and its values are
 reused by the other methods (an evaluation cache keyed by objective, parameters and seed: a speed-up only,
@@ -21,9 +21,9 @@ the CNN is bit-for-bit deterministic on the CPU for a fixed seed and thread coun
 Metric: best found objective (the lowest observed error / perplexity, failures excluded) after each
 synchronous batch, vs the number of evaluations, as the papers' "minimum found" (calibrated-bo.md §2.5).
 Columns `best_params`/`best_seed` name the evaluation that produced it (re-running the objective there
-with that seed reproduces the value). Columns `recommended`/`predicted` add the model's recommendation (spec §1.7, `AskTellOptimizer.best()`) of the
-latest fit; the model is not refitted after the last batch (the metric does not need it), so at the final
-checkpoint that is the fit the last batch was proposed from.
+with that seed reproduces the value). Columns `recommended`/`predicted` add the model's recommendation (spec
+§1.7, `AskTellOptimizer.best()`) of the latest fit; the model is not refitted after the last batch (the metric
+does not need it), so at the final checkpoint that is the fit the last batch was proposed from.
 Reported: mean +- 95% Student-t CI over seeds at the end, and the same for the average of the best-so-far
 curve over the batch checkpoints after the initial design (an area-under-the-curve companion); paired
 comparisons over seeds (mean difference with its 95% CI, wins, Wilcoxon p) for every pair of methods.
@@ -33,8 +33,9 @@ Usage:
     python benchmarks/hpo.py --tasks cnn lda --seeds 5 --initial 10 --budget 50 --batch 5
     python benchmarks/hpo.py --tasks cnn --cnn-epochs 6 --seeds 0-9 --workers 4 --resume
 Results in --out (default results/hpo/): runs/*.csv (one per task x method x seed, written as they finish;
---resume skips those present with the same protocol), hpo.csv + hpo.parquet (every checkpoint), summary.csv/.parquet, paired.csv/
-.parquet, hpo_<task>.png (best found vs evaluations, mean +- 95% CI over seeds).
+--resume skips those present with the same protocol), hpo.csv + hpo.parquet (every checkpoint),
+summary.csv/.parquet, paired.csv/ .parquet, hpo_<task>.png (best found vs evaluations, mean +- 95% CI over
+seeds).
 """
 
 from __future__ import annotations
@@ -47,19 +48,34 @@ import sys
 import time
 import traceback
 import warnings
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._common import (  # noqa: E402
-    MODELS, PROPOSERS, Method, build_optimizer, code_mix_note, code_version, config_tag, format_table, mean_ci,
-    merge_options, paired_comparison, parse_index_list, plot_curves, preflight, read_table, write_table,
+    MODELS,
+    PROPOSERS,
+    Method,
+    build_optimizer,
+    code_mix_note,
+    code_version,
+    config_tag,
+    format_table,
+    mean_ci,
+    merge_options,
+    paired_comparison,
+    parse_index_list,
+    plot_curves,
+    preflight,
+    read_table,
+    write_table,
 )
 
 MODE = "synchronous batches, in-process AskTellOptimizer built from a validated config (the orchestrator's " \
@@ -69,7 +85,8 @@ MODE = "synchronous batches, in-process AskTellOptimizer built from a validated 
 METHODS: dict[str, Method] = {
     "quantile-ts": Method("quantile", "thompson"),
     # the same with the dimension-scaled lengthscale prior (orchestrator/models/svgp.py `lengthscale_prior`):
-    # with 10-50 points in 6-D the spec's prior (mode 0.074) holds the fit at lengthscales that generalize nothing
+    # with 10-50 points in 6-D the spec's prior (mode 0.074) holds the fit at lengthscales that generalize
+    # nothing
     "quantile-ts-dim": Method("quantile", "thompson", model_options={"lengthscale_prior": "dim-scaled"}),
     "qlognei": Method("exact-gp", "qlognei"),
     # random search never fits; its config still names a model (the schema requires one)
@@ -89,7 +106,8 @@ QUICK: dict[str, Any] = {
     "budget": 5,
     "batch": 2,
     "methods": list(METHODS),
-    # smoke only: one epoch of one conv block / two passes, and a narrowed space (config `space` overrides) of cheap settings
+    # smoke only: one epoch of one conv block / two passes, and a narrowed space (config `space` overrides) of
+    # cheap settings
     "objectives": {
         "cnn": {"name": "cnn", "options": {"dataset": "digits", "epochs": 1, "conv_layers": 1},
                 "space": {"batch_size": {"type": "int", "low": 256, "high": 512, "step": 32},
@@ -106,7 +124,8 @@ QUICK: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class Protocol:
-    """One HPO protocol: initial design size, evaluation budget, synchronous batch size, tau of quantile TS."""
+    """One HPO protocol: initial design size, evaluation budget, synchronous batch size, tau of quantile
+    TS."""
 
     initial: int
     budget: int
@@ -136,7 +155,10 @@ def method_config(name: str, task: str, proto: Protocol, seed: int, objective: M
         "objective": {"name": objective["name"], "options": dict(objective.get("options", {}))},
         "tau": proto.tau,
         "model": {"type": m.model, "options": {**m.model_options, **model_options.get(m.model, {})}},
-        "proposer": {"type": m.proposer, "options": {**m.proposer_options, **proposer_options.get(m.proposer, {})}},
+        "proposer": {
+            "type": m.proposer,
+            "options": {**m.proposer_options, **proposer_options.get(m.proposer, {})},
+        },
         "batch_size": proto.batch,
         "initial_design": proto.initial,
         "budget": proto.budget,
@@ -202,11 +224,24 @@ def optimize(name: str, task: str, proto: Protocol, seed: int, objective: Mappin
         if opt.model is not None:
             params, predicted = opt.best()
             rec, pred = json.dumps(params), float(predicted)
-        rows.append({"task": task, "method": name, "seed": seed, "n_evals": n,
-                     "best_value": sign * best if math.isfinite(best) else math.nan, "best_params": best_params,
-                     "best_seed": best_seed,
-                     "recommended": rec, "predicted": pred, "failures": failures, "cached_evals": cached,
-                     "fit_s": fit_s, "propose_s": propose_s, "eval_s": eval_s})
+        rows.append(
+            {
+                "task": task,
+                "method": name,
+                "seed": seed,
+                "n_evals": n,
+                "best_value": sign * best if math.isfinite(best) else math.nan,
+                "best_params": best_params,
+                "best_seed": best_seed,
+                "recommended": rec,
+                "predicted": pred,
+                "failures": failures,
+                "cached_evals": cached,
+                "fit_s": fit_s,
+                "propose_s": propose_s,
+                "eval_s": eval_s,
+            }
+        )
 
     t_start = time.perf_counter()
     evaluate(opt.ask(cfg.initial_design))
@@ -225,8 +260,16 @@ def optimize(name: str, task: str, proto: Protocol, seed: int, objective: Mappin
     return rows
 
 
-def run_one(name: str, task: str, proto: Protocol, seed: int, objective: Mapping[str, Any],
-            model_options: Mapping[str, Any], proposer_options: Mapping[str, Any], threads: int = 1) -> list[dict]:
+def run_one(
+    name: str,
+    task: str,
+    proto: Protocol,
+    seed: int,
+    objective: Mapping[str, Any],
+    model_options: Mapping[str, Any],
+    proposer_options: Mapping[str, Any],
+    threads: int = 1,
+) -> list[dict]:
     """One (task, method, seed) run with its protocol columns; a failing run becomes one row with `error`."""
     import torch
 
@@ -244,19 +287,29 @@ def run_one(name: str, task: str, proto: Protocol, seed: int, objective: Mapping
         err = f"{type(exc).__name__}: {exc}"
         rows = [{"task": task, "method": name, "seed": seed, "n_evals": 0, "best_value": math.nan}]
     rows = [{**r, **base, "error": err} for r in rows]
-    print(f"[hpo] {task} {name} seed {seed}: best {rows[-1]['best_value']:.5g} after {rows[-1]['n_evals']} evals "
-          f"({time.perf_counter() - t0:.1f} s: fit {rows[-1].get('fit_s', 0):.1f}, propose "
+    print(f"[hpo] {task} {name} seed {seed}: best {rows[-1]['best_value']:.5g} after {rows[-1]['n_evals']} "
+          f"evals ({time.perf_counter() - t0:.1f} s: fit {rows[-1].get('fit_s', 0):.1f}, propose "
           f"{rows[-1].get('propose_s', 0):.1f}, evaluate {rows[-1].get('eval_s', 0):.1f}) {err}", flush=True)
     return rows
 
 
-def run_seed(task: str, seed: int, methods: Sequence[str], proto: Protocol, objective: Mapping[str, Any],
-             model_options: Mapping[str, Any], proposer_options: Mapping[str, Any], threads: int = 1) -> list[list[dict]]:
+def run_seed(
+    task: str,
+    seed: int,
+    methods: Sequence[str],
+    proto: Protocol,
+    objective: Mapping[str, Any],
+    model_options: Mapping[str, Any],
+    proposer_options: Mapping[str, Any],
+    threads: int = 1,
+) -> list[list[dict]]:
     """Every method on one (task, seed) in one process (they share the initial design's evaluations)."""
-    return [run_one(m, task, proto, seed, objective, model_options, proposer_options, threads) for m in methods]
+    return [
+        run_one(m, task, proto, seed, objective, model_options, proposer_options, threads) for m in methods
+    ]
 
 
-# ---------------------------------------------------------------------------------------------------- analysis
+# --------------------------------------------------------------------------------------------------- analysis
 def _final(rows: Sequence[dict], task: str, method: str) -> dict[int, float]:
     last: dict[int, dict] = {}
     for r in rows:
@@ -281,7 +334,8 @@ def _curve_average(rows: Sequence[dict], task: str, method: str) -> dict[int, fl
 
 
 def summarize(rows: Sequence[dict]) -> tuple[list[dict], list[dict]]:
-    """Summary (mean +- 95% CI over seeds of the final best and of the curve average) and paired comparisons."""
+    """Summary (mean +- 95% CI over seeds of the final best and of the curve average) and paired
+    comparisons."""
     summary, paired = [], []
     for task in dict.fromkeys(r["task"] for r in rows):
         methods = [m for m in METHODS if any(r["task"] == task and r["method"] == m for r in rows)]
@@ -295,20 +349,43 @@ def summarize(rows: Sequence[dict]) -> tuple[list[dict], list[dict]]:
             sel = [r for r in rows if r["task"] == task and r["method"] == m and not r.get("error")]
             n_evals = max(r["n_evals"] for r in sel)
             last = [r for r in sel if r["n_evals"] == n_evals]
-            summary.append({
-                "task": task, "method": m, "n_evals": n_evals, "seeds": k, "best_mean": mean, "best_ci95": half,
-                "best_min": min(finals[m].values()), "best_max": max(finals[m].values()),
-                "curve_avg_mean": a_mean, "curve_avg_ci95": a_half,
-                "failures": sum(r["failures"] for r in last), "run_s_mean": mean_ci([r["run_s"] for r in last])[0],
-            })
+            summary.append(
+                {
+                    "task": task,
+                    "method": m,
+                    "n_evals": n_evals,
+                    "seeds": k,
+                    "best_mean": mean,
+                    "best_ci95": half,
+                    "best_min": min(finals[m].values()),
+                    "best_max": max(finals[m].values()),
+                    "curve_avg_mean": a_mean,
+                    "curve_avg_ci95": a_half,
+                    "failures": sum(r["failures"] for r in last),
+                    "run_s_mean": mean_ci([r["run_s"] for r in last])[0],
+                }
+            )
         for a, b in combinations(methods, 2):
             if finals[a] and finals[b]:
                 c = paired_comparison(finals[a], finals[b])
                 ca = paired_comparison(avgs[a], avgs[b])
-                paired.append({"task": task, "method": a, "versus": b, "n": c["n"], "mean_diff": c["mean_diff"],
-                               "ci": c["ci"], "wins": c["wins"], "ties": c["ties"], "p_wilcoxon": c["p_wilcoxon"],
-                               "significant": bool(not math.isnan(c["ci"]) and abs(c["mean_diff"]) > c["ci"]),
-                               "avg_mean_diff": ca["mean_diff"], "avg_ci": ca["ci"], "avg_wins": ca["wins"]})
+                paired.append(
+                    {
+                        "task": task,
+                        "method": a,
+                        "versus": b,
+                        "n": c["n"],
+                        "mean_diff": c["mean_diff"],
+                        "ci": c["ci"],
+                        "wins": c["wins"],
+                        "ties": c["ties"],
+                        "p_wilcoxon": c["p_wilcoxon"],
+                        "significant": bool(not math.isnan(c["ci"]) and abs(c["mean_diff"]) > c["ci"]),
+                        "avg_mean_diff": ca["mean_diff"],
+                        "avg_ci": ca["ci"],
+                        "avg_wins": ca["wins"],
+                    }
+                )
     return summary, paired
 
 
@@ -331,7 +408,8 @@ def make_plots(rows: Sequence[dict], out: Path) -> list[Path]:
         if curves:
             paths.append(plot_curves(curves, out / f"hpo_{task}.png", logy=False,
                                      ylabel=f"best {VALUE_NAMES.get(task, 'value')} found",
-                                     title=f"HPO {task}: best found vs evaluations (mean +- 95% CI over seeds)"))
+                                     title=f"HPO {task}: best found vs evaluations (mean +- 95% CI over "
+                                           "seeds)"))
     return paths
 
 
@@ -341,12 +419,14 @@ def _parse_seeds(spec: str) -> list[int]:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="CI smoke run: both tasks, 2 seeds, 5 evaluations, cheap settings")
+    ap.add_argument("--quick", action="store_true", help="CI smoke run: both tasks, 2 seeds, 5 evaluations, "
+                                                         "cheap settings")
     ap.add_argument("--tasks", nargs="+", choices=sorted(FULL_OBJECTIVES), help="tasks (default: cnn lda)")
     ap.add_argument("--methods", nargs="+", choices=list(METHODS), help="methods (default: all)")
     ap.add_argument("--seeds", default="5", help="count (5 = seeds 0..4), range 0-4, or list 1,4,7")
     ap.add_argument("--initial", type=int, default=10, help="initial Sobol design (10)")
-    ap.add_argument("--budget", type=int, default=50, help="total evaluations per run (50, the papers' CNN budget)")
+    ap.add_argument("--budget", type=int, default=50, help="total evaluations per run (50, the papers' CNN "
+                                                           "budget)")
     ap.add_argument("--batch", type=int, default=5, help="synchronous batch size (5)")
     ap.add_argument("--tau", type=float, default=0.5, help="quantile level of quantile TS (0.5: the median)")
     ap.add_argument("--cnn-epochs", type=int, help="CNN training epochs (objective default 6)")
@@ -365,8 +445,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.error("--workers and --threads must be >= 1")
     args.model_options = merge_options(QUICK["model_options"] if args.quick else {}, args.model_options,
                                        "--model-options", MODELS)
-    args.proposer_options = merge_options(QUICK["proposer_options"] if args.quick else {}, args.proposer_options,
-                                          "--proposer-options", PROPOSERS)
+    args.proposer_options = merge_options(
+        QUICK["proposer_options"] if args.quick else {},
+        args.proposer_options,
+        "--proposer-options",
+        PROPOSERS,
+    )
     if args.quick:
         args.tasks = args.tasks or QUICK["tasks"]
         args.seeds = QUICK["seeds"]
@@ -419,8 +503,12 @@ def recorded(path: Path, args: argparse.Namespace) -> list[dict]:
             r[k] = float(r[k]) if r.get(k) not in (None, "") else math.nan
         r["error"] = r.get("error") or ""
         # the level too (else `--resume --tau 0.5` takes runs at tau 0.9 for done and tabulates them)
-        same = (r["initial"], r["budget"], r["batch"], r["tau"]) == (args.initial, args.budget, args.batch, args.tau) \
-            or r["error"]
+        same = (r["initial"], r["budget"], r["batch"], r["tau"]) == (
+            args.initial,
+            args.budget,
+            args.batch,
+            args.tau,
+        ) or r["error"]
         if (r["task"], r["method"], r["seed"]) in wanted and same \
                 and r.get("objective") == json.dumps(args.objectives[r["task"]], sort_keys=True) \
                 and (r.get("settings") or settings_tag(r["method"], r["task"], args, options=False)) \
@@ -434,8 +522,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     out = Path(args.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     proto = Protocol(args.initial, args.budget, args.batch, args.tau)
-    print(f"[hpo] {MODE}; tasks {args.tasks}; methods {args.methods}; seeds {args.seeds}; initial {args.initial}, "
-          f"budget {args.budget}, batch {args.batch}; objectives {json.dumps(args.objectives)}", flush=True)
+    print(f"[hpo] {MODE}; tasks {args.tasks}; methods {args.methods}; seeds {args.seeds}; initial "
+          f"{args.initial}, budget {args.budget}, batch {args.batch}; objectives "
+          f"{json.dumps(args.objectives)}", flush=True)
     t_start = time.perf_counter()
     preflight({f"{task} {m}": functools.partial(build_optimizer, method_config(
         m, task, proto, 0, args.objectives[task], args.model_options, args.proposer_options))
@@ -447,7 +536,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     jobs = []
     for task in args.tasks:
         for s in args.seeds:
-            todo = [m for m in args.methods if not (args.resume and recorded(path_of(task, m, s).with_suffix(".csv"), args))]
+            todo = [
+                m
+                for m in args.methods
+                if not (args.resume and recorded(path_of(task, m, s).with_suffix(".csv"), args))
+            ]
             if todo:
                 jobs.append((task, s, todo))
     job_args = (proto,)
@@ -474,7 +567,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 save(fut.result())
 
     rows = [r for path in sorted((out / "runs").glob("*.csv")) for r in recorded(path, args)]
-    rows.sort(key=lambda r: (args.tasks.index(r["task"]), list(METHODS).index(r["method"]), r["seed"], r["n_evals"]))
+    rows.sort(
+        key=lambda r: (args.tasks.index(r["task"]), list(METHODS).index(r["method"]), r["seed"], r["n_evals"])
+    )
     if note := code_mix_note(rows):
         print(f"[hpo] {note}", flush=True)
     write_table(rows, out / "hpo")
@@ -486,19 +581,40 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     plots = make_plots(rows, out)
 
     print(f"\n[hpo] {MODE}")
-    print("\nBest found (lowest observed error / perplexity) at the end, mean and 95% CI half-width over seeds; "
-          "curve_avg = best found averaged over the checkpoints after the initial design:")
+    print("\nBest found (lowest observed error / perplexity) at the end, mean and 95% CI half-width over "
+          "seeds; curve_avg = best found averaged over the checkpoints after the initial design:")
     print(format_table(summary, ["task", "method", "n_evals", "seeds", "best_mean", "best_ci95", "best_min",
                                  "best_max", "curve_avg_mean", "curve_avg_ci95", "failures", "run_s_mean"]))
     if paired:
-        print("\nPaired over seeds (method - versus; negative = method better; significant = 95% CI excludes 0):")
-        print(format_table(paired, ["task", "method", "versus", "n", "mean_diff", "ci", "wins", "ties", "p_wilcoxon",
-                                    "significant", "avg_mean_diff", "avg_ci", "avg_wins"]))
+        print("\nPaired over seeds (method - versus; negative = method better; significant = 95% CI excludes "
+              "0):")
+        print(
+            format_table(
+                paired,
+                [
+                    "task",
+                    "method",
+                    "versus",
+                    "n",
+                    "mean_diff",
+                    "ci",
+                    "wins",
+                    "ties",
+                    "p_wilcoxon",
+                    "significant",
+                    "avg_mean_diff",
+                    "avg_ci",
+                    "avg_wins",
+                ],
+            )
+        )
     errors = [r for r in rows if r["error"]]
     if errors:
-        print(f"\n{len(errors)} failed runs: " + "; ".join(f"{r['task']} {r['method']} seed {r['seed']}: {r['error']}"
+        print(f"\n{len(errors)} failed runs: " + "; ".join(f"{r['task']} {r['method']} seed {r['seed']}: "
+                                                           f"{r['error']}"
                                                       for r in errors))
-    print(f"\n[hpo] wrote {out} ({len(rows)} rows, {len(plots)} plots) in {time.perf_counter() - t_start:.1f} s")
+    print(f"\n[hpo] wrote {out} ({len(rows)} rows, {len(plots)} plots) in "
+          f"{time.perf_counter() - t_start:.1f} s")
     return {"rows": rows, "summary": summary, "paired": paired, "plots": plots}
 
 

@@ -36,7 +36,8 @@ Usage:
     python benchmarks/lander.py --workers 16 --resume --time-limit 420  # full: 3 methods x 2 taus x 10 runs
     python benchmarks/lander.py --methods quantile-ts gpr-ei --taus 0.1 --runs 0-4 --workers 2
     python benchmarks/lander.py --taus 0.1 --damping benchmarks/results/lander_*  # where recorded runs ended
-    python benchmarks/lander.py --taus 0.1 --methods quantile-ts --runs 4 --inspect benchmarks/results/lander_head
+    python benchmarks/lander.py --taus 0.1 --methods quantile-ts --runs 4 \\
+        --inspect benchmarks/results/lander_head
 Results in --out (default results/lander/): runs/*.csv (one per method x tau x run, named with the protocol
 and a hash of the method's settings), lander.csv + lander.parquet (every checkpoint of the finished runs),
 table1.csv/.parquet (mean (std) over runs at 750 and 1500 evaluations, shaped like the paper's Table 1, with
@@ -56,20 +57,37 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._common import build_optimizer as build_shared  # noqa: E402
 from benchmarks._common import (  # noqa: E402
-    MODELS, PROPOSERS, BatchRun, Job, Method, code_mix_note, config_tag, drive_guarded, format_table, mean_ci,
-    merge_options, paired_comparison, parse_index_list, plot_curves, preflight, read_table, replicate_seed, run_jobs,
+    MODELS,
+    PROPOSERS,
+    BatchRun,
+    Job,
+    Method,
+    code_mix_note,
+    config_tag,
+    drive_guarded,
+    format_table,
+    mean_ci,
+    merge_options,
+    paired_comparison,
+    parse_index_list,
+    plot_curves,
+    preflight,
+    read_table,
+    replicate_seed,
+    run_jobs,
     write_table,
 )
+from benchmarks._common import build_optimizer as build_shared  # noqa: E402
 
 MODE = "synchronous batches, in-process AskTellOptimizer built from a validated config (the orchestrator's " \
        "synchronous protocol without Ray)"
@@ -84,7 +102,7 @@ PAPER_TABLE1: dict[tuple[float, str], dict[int, tuple[float, float]]] = {
     (0.02, "hetgp-ts"): {750: (-35.1, 31.9), 1500: (-19.2, 25.2)},
     (0.02, "quantile-ts"): {750: (193.8, 56.4), 1500: (238.9, 14.6)},
 }
-#: issue 8's acceptance target: 10%-quantile reward of quantile TS at 1500 evaluations
+#: the acceptance target: 10%-quantile reward of quantile TS at 1500 evaluations
 TARGET = {"tau": 0.1, "method": "quantile-ts", "min_reward": 240.0}
 #: the paper's protocol (spec §4.2); the target is judged only on runs of this protocol
 FULL: dict[str, Any] = {"taus": [0.1, 0.02], "initial": 300, "budget": 1500, "batch": 25, "runs": "10",
@@ -133,16 +151,17 @@ class Protocol:
         return sorted(pts)
 
 
-# ---------------------------------------------------------------------------------------------------- building
+# --------------------------------------------------------------------------------------------------- building
 def build_optimizer(raw_config: Mapping[str, Any]) -> tuple[Any, Any, Any]:
-    """(config, objective, optimizer) built exactly as the central actor builds them (`_common.build_optimizer`;
-    the objective is built once per process for a given (name, options))."""
+    """(config, objective, optimizer) built exactly as the central actor builds them
+    (`_common.build_optimizer`; the objective is built once per process for a given (name, options))."""
     cfg, objective, opt, _ = build_shared(raw_config)
     return cfg, objective, opt
 
 
 def lander_objective(options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The objective config of every run (the runs, their result-file tags and the preflight build the same)."""
+    """The objective config of every run (the runs, their result-file tags and the preflight build the
+    same)."""
     return {"name": "lunar-lander", "options": dict(options or {})}
 
 
@@ -158,7 +177,10 @@ def method_config(
         "objective": dict(objective),
         "tau": proto.tau,
         "model": {"type": m.model, "options": {**m.model_options, **model_options.get(m.model, {})}},
-        "proposer": {"type": m.proposer, "options": {**m.proposer_options, **proposer_options.get(m.proposer, {})}},
+        "proposer": {
+            "type": m.proposer,
+            "options": {**m.proposer_options, **proposer_options.get(m.proposer, {})},
+        },
         "batch_size": proto.batch,
         "initial_design": n0,
         "budget": proto.budget,
@@ -184,7 +206,14 @@ class LanderRun(BatchRun):
         self.n = 0
         self.batches: list[dict] = []  # one per fit: the recommendation and the checkpoints it covers
         self.q_cache: dict[str, float] = {}
-        self.times = {"fit_s": 0.0, "propose_s": 0.0, "eval_s": 0.0, "quantile_s": 0.0, "run_s": 0.0, "cpu_s": 0.0}
+        self.times = {
+            "fit_s": 0.0,
+            "propose_s": 0.0,
+            "eval_s": 0.0,
+            "quantile_s": 0.0,
+            "run_s": 0.0,
+            "cpu_s": 0.0,
+        }
 
     # --- evaluation
     def _fly(self, params: Mapping[str, Any], seed: int) -> tuple[Any, str | None]:
@@ -217,10 +246,19 @@ class LanderRun(BatchRun):
             t0 = time.perf_counter()
             self.q_cache[key] = self.obj.empirical_quantile(params, self.proto.tau, self.episodes, EVAL_SEED0)
             self.times["quantile_s"] += time.perf_counter() - t0
-        self.batches.append({"batch_end": self.n, "params": key, "predicted": float(predicted), "covers": covers,
-                             "q_true": self.q_cache.get(key, float("nan")), "fit_s": self.times["fit_s"],
-                             "propose_s": self.times["propose_s"], "eval_s": self.times["eval_s"],
-                             "failures": self.opt.num_failed})
+        self.batches.append(
+            {
+                "batch_end": self.n,
+                "params": key,
+                "predicted": float(predicted),
+                "covers": covers,
+                "q_true": self.q_cache.get(key, float("nan")),
+                "fit_s": self.times["fit_s"],
+                "propose_s": self.times["propose_s"],
+                "eval_s": self.times["eval_s"],
+                "failures": self.opt.num_failed,
+            }
+        )
 
     # --- BatchRun
     def start(self) -> None:
@@ -257,7 +295,9 @@ class LanderRun(BatchRun):
                              "propose_s": b["propose_s"], "eval_s": b["eval_s"], "failures": b["failures"],
                              "error": ""})
         if rows:
-            rows[-1].update(run_s=self.times["run_s"], cpu_s=self.times["cpu_s"], quantile_s=self.times["quantile_s"])
+            rows[-1].update(
+                run_s=self.times["run_s"], cpu_s=self.times["cpu_s"], quantile_s=self.times["quantile_s"]
+            )
         return rows
 
 
@@ -276,22 +316,29 @@ def run_one(
     base = {"method": name, "tau": proto.tau, "run": run, "batch": proto.batch, "initial": proto.initial,
             "budget": proto.budget, "episodes": episodes, "mode": MODE}
     status, lander, error = drive_guarded(
-        lambda: LanderRun(name, proto, run, episodes, eval_every, model_options, proposer_options, objective_options),
-        checkpoint, deadline, stop_after, threads, f"[lander] {name} tau={proto.tau:g} run {run}")
+        lambda: LanderRun(
+            name, proto, run, episodes, eval_every, model_options, proposer_options, objective_options
+        ),
+        checkpoint,
+        deadline,
+        stop_after,
+        threads,
+        f"[lander] {name} tau={proto.tau:g} run {run}",
+    )
     if error:
         return "done", [{**base, "n_evals": 0, "params": "{}", "q_true": float("nan"), "error": error}]
     if status != "done":
         return status, []
     rows = lander.rows(base)
     t = lander.times
-    print(f"[lander] {name} tau={proto.tau:g} run {run}: final q_true {rows[-1]['q_true']:.1f} ({t['run_s']:.0f} s, "
-          f"CPU {t['cpu_s']:.0f} s: "
+    print(f"[lander] {name} tau={proto.tau:g} run {run}: final q_true {rows[-1]['q_true']:.1f} "
+          f"({t['run_s']:.0f} s, CPU {t['cpu_s']:.0f} s: "
           f"fit {t['fit_s']:.0f}, propose {t['propose_s']:.0f}, episodes {t['eval_s']:.0f}, true quantiles "
           f"{t['quantile_s']:.0f})", flush=True)
     return status, rows
 
 
-# ---------------------------------------------------------------------------------------------------- analysis
+# --------------------------------------------------------------------------------------------------- analysis
 def _std(vals: Sequence[float]) -> float:
     import numpy as np
 
@@ -304,14 +351,19 @@ def is_full(args: argparse.Namespace) -> bool:
 
 
 def table1(rows: Sequence[dict], checkpoints: Sequence[int]) -> list[dict]:
-    """Paper 003 Table 1 shape: per (tau, method), mean (std) over runs of the true quantile at `checkpoints`."""
+    """Paper 003 Table 1 shape: per (tau, method), mean (std) over runs of the true quantile at
+    `checkpoints`."""
     out = []
     for tau in sorted({r["tau"] for r in rows}, reverse=True):
         for m in METHODS:
             sel = [r for r in rows if r["tau"] == tau and r["method"] == m and not r["error"]]
             if not sel:
                 continue
-            row: dict[str, Any] = {"level": f"{tau * 100:g}%", "method": m, "runs": len({r["run"] for r in sel})}
+            row: dict[str, Any] = {
+                "level": f"{tau * 100:g}%",
+                "method": m,
+                "runs": len({r["run"] for r in sel}),
+            }
             for c in checkpoints:
                 vals = [r["q_true"] for r in sel if r["n_evals"] == c]
                 if vals:
@@ -334,11 +386,22 @@ def summarize(rows: Sequence[dict], full: bool) -> list[dict]:
             fin = [r for r in sel if r["n_evals"] == last]
             vals = [r["q_true"] for r in fin]
             mean, half, k = mean_ci(vals)
-            row = {"tau": tau, "method": m, "n_evals": last, "runs": k, "q_true_mean": mean, "q_true_std": _std(vals),
-                   "q_true_ci95": half, "q_true_min": min(vals), "q_true_max": max(vals),
-                   "run_s_mean": mean_ci([r["run_s"] for r in fin])[0], "cpu_s_mean": mean_ci([r["cpu_s"] for r in fin])[0]}
+            row = {
+                "tau": tau,
+                "method": m,
+                "n_evals": last,
+                "runs": k,
+                "q_true_mean": mean,
+                "q_true_std": _std(vals),
+                "q_true_ci95": half,
+                "q_true_min": min(vals),
+                "q_true_max": max(vals),
+                "run_s_mean": mean_ci([r["run_s"] for r in fin])[0],
+                "cpu_s_mean": mean_ci([r["cpu_s"] for r in fin])[0],
+            }
             if full and tau == TARGET["tau"] and m == TARGET["method"]:
-                row["target"] = f">= {TARGET['min_reward']:g}: {'met' if mean >= TARGET['min_reward'] else 'MISSED'}"
+                row["target"] = (f">= {TARGET['min_reward']:g}: "
+                                 f"{'met' if mean >= TARGET['min_reward'] else 'MISSED'}")
             out.append(row)
     return out
 
@@ -351,7 +414,9 @@ def paired_with(rows: Sequence[dict], base_dir: Path, checkpoints: Sequence[int]
     for f in sorted((base_dir / "runs").glob("*.csv")):
         for r in read_table(f):
             if not r.get("error"):
-                base[(float(r["tau"]), r["method"], int(float(r["n_evals"])), int(r["run"]))] = float(r["q_true"])
+                base[(float(r["tau"]), r["method"], int(float(r["n_evals"])), int(r["run"]))] = float(
+                    r["q_true"]
+                )
     out = []
     for tau in sorted({r["tau"] for r in rows}, reverse=True):
         for m in METHODS:
@@ -362,13 +427,24 @@ def paired_with(rows: Sequence[dict], base_dir: Path, checkpoints: Sequence[int]
                 if not mine or not theirs:
                     continue
                 pc = paired_comparison(mine, theirs)
-                out.append({"tau": tau, "method": m, "n_evals": c, "runs": pc["n"], "mean_diff": pc["mean_diff"],
-                            "ci95": pc["ci"], "ahead": round((1 - pc["wins"] - pc["ties"]) * pc["n"]),
-                            "p_wilcoxon": pc["p_wilcoxon"]})
+                out.append(
+                    {
+                        "tau": tau,
+                        "method": m,
+                        "n_evals": c,
+                        "runs": pc["n"],
+                        "mean_diff": pc["mean_diff"],
+                        "ci95": pc["ci"],
+                        "ahead": round((1 - pc["wins"] - pc["ties"]) * pc["n"]),
+                        "p_wilcoxon": pc["p_wilcoxon"],
+                    }
+                )
     return out
 
 
-def curves_by_method(rows: Sequence[dict], methods: Sequence[str], key: str, select: Callable[[dict], bool]) -> dict:
+def curves_by_method(
+    rows: Sequence[dict], methods: Sequence[str], key: str, select: Callable[[dict], bool]
+) -> dict:
     """label -> (x values, per-run value lists) for `plot_curves`: runs that reached every x only."""
     curves = {}
     for m in methods:
@@ -394,10 +470,19 @@ def final_recommendations(rows: Sequence[dict]) -> list[dict]:
 
 
 def recorded_final_recommendations(folder: Path, tau: float, method: str) -> list[dict]:
-    """`final_recommendations` of `method`'s runs at level `tau` in a recorded folder's lander.csv (CSV values are
+    """`final_recommendations` of `method`'s runs at level `tau` in a recorded folder's lander.csv (CSV values
+    are
     strings: tau, run and n_evals converted, the rest as read)."""
-    rows = [{**r, "tau": float(r["tau"]), "run": int(r["run"]), "n_evals": int(r["n_evals"]), "error": r["error"] or ""}
-            for r in read_table(Path(folder) / "lander.csv")]
+    rows = [
+        {
+            **r,
+            "tau": float(r["tau"]),
+            "run": int(r["run"]),
+            "n_evals": int(r["n_evals"]),
+            "error": r["error"] or "",
+        }
+        for r in read_table(Path(folder) / "lander.csv")
+    ]
     return [r for r in final_recommendations(rows) if r["tau"] == tau and r["method"] == method]
 
 
@@ -470,10 +555,13 @@ DAMPING_BANDS: tuple[tuple[str, float, float], ...] = (("< 50", -math.inf, 50.0)
                                                        (">= 200", 200.0, math.inf))
 
 
-def damping(folders: Sequence[Path], tau: float = 0.1, method: str = "quantile-ts") -> tuple[list[dict], list[dict]]:
+def damping(
+    folders: Sequence[Path], tau: float = 0.1, method: str = "quantile-ts"
+) -> tuple[list[dict], list[dict]]:
     """Where the final recommendations of recorded runs lie: per run (every folder's `lander.csv`, `method` at
-    level `tau`), its true quantile and its gains, with the angle atan2(vertical_speed_gain, hover_gain) in degrees
-    (w3 against w2: the damping against the position gain of the controller's altitude loop, hover_todo = (target
+    level `tau`), its true quantile and its gains, with the angle atan2(vertical_speed_gain, hover_gain) in
+    degrees (w3 against w2: the damping against the position gain of the controller's altitude loop,
+    hover_todo = (target
     - y) w2 - vy w3; 45 where they are equal, 90 with no position gain); and per band of the true quantile
     (`DAMPING_BANDS`), how many runs and the range and median of the angle. Answers "are the failed runs
     scattered, or stuck in one place?"."""
@@ -483,9 +571,18 @@ def damping(folders: Sequence[Path], tau: float = 0.1, method: str = "quantile-t
     for folder in folders:
         for r in recorded_final_recommendations(folder, tau, method):
             gains = json.loads(r["params"])
-            runs.append({"folder": Path(folder).name, "run": r["run"], "n_evals": r["n_evals"],
-                         "q_true": float(r["q_true"]), **gains,
-                         "damping_deg": math.degrees(math.atan2(gains["vertical_speed_gain"], gains["hover_gain"]))})
+            runs.append(
+                {
+                    "folder": Path(folder).name,
+                    "run": r["run"],
+                    "n_evals": r["n_evals"],
+                    "q_true": float(r["q_true"]),
+                    **gains,
+                    "damping_deg": math.degrees(
+                        math.atan2(gains["vertical_speed_gain"], gains["hover_gain"])
+                    ),
+                }
+            )
     bands = []
     for name, lo, hi in DAMPING_BANDS:
         angle = np.array([r["damping_deg"] for r in runs if lo <= r["q_true"] < hi])
@@ -503,26 +600,38 @@ INSPECT_NEAREST = 5
 INSPECTABLE = ("quantile-ts",)
 
 
-def inspect_runs(folder: Path, runs: Sequence[int], method: str, proto: Protocol, episodes: int, eval_every: int,
-                 model_options: Mapping[str, Any], proposer_options: Mapping[str, Any],
-                 objective_options: Mapping[str, Any], threads: int = 1) -> list[dict]:
-    """Re-run each of `runs` (`method`, level `proto.tau`) to its end, in this process and without a checkpoint
-    (runs are reproducible from their config and seed, so this is the recorded run when the settings match), and
-    ask its final model about controllers whose true quantile is known: its own final recommendation and the final
-    recommendations of `method`'s runs at that level in `folder` (its lander.csv). Per (run, controller): the
-    model's predicted quantile (the recommendation rule's value, user units) and the posterior SD of f there, the
-    true quantile as recorded, z = (true - predicted) / SD, and the max-norm distance (unit cube) to the run's
-    nearest observations with their rewards. Answers "is a failed run's model unsure about the controllers the
-    other runs found, or sure and wrong?". One row per (run, controller), the run's fitted lengthscales of f and
-    outputscale in every row."""
+def inspect_runs(
+    folder: Path,
+    runs: Sequence[int],
+    method: str,
+    proto: Protocol,
+    episodes: int,
+    eval_every: int,
+    model_options: Mapping[str, Any],
+    proposer_options: Mapping[str, Any],
+    objective_options: Mapping[str, Any],
+    threads: int = 1,
+) -> list[dict]:
+    """Re-run each of `runs` (`method`, level `proto.tau`) to its end, in this process and without a
+    checkpoint (runs are reproducible from their config and seed, so this is the recorded run when the
+    settings match), and
+    ask its final model about controllers whose true quantile is known: its own final recommendation and the
+    final recommendations of `method`'s runs at that level in `folder` (its lander.csv). Per (run,
+    controller): the model's predicted quantile (the recommendation rule's value, user units) and the
+    posterior SD of f there, the true quantile as recorded, z = (true - predicted) / SD, and the max-norm
+    distance (unit cube) to the run's nearest observations with their rewards. Answers "is a failed run's
+    model unsure about the controllers the other runs found, or sure and wrong?". One row per (run,
+    controller), the run's fitted lengthscales of f and outputscale in every row."""
     import torch
 
     ref = recorded_final_recommendations(folder, proto.tau, method)
     out = []
     for run in runs:
-        _, lander, error = drive_guarded(  # no checkpoint: the run goes to its end in this call
-            lambda: LanderRun(method, proto, run, episodes, eval_every, model_options, proposer_options,
-                              objective_options), None, None, None, threads, f"[lander] --inspect run {run}")
+        # no checkpoint: the run goes to its end in this call (which calls the lambda, so `run` is this one)
+        _, lander, error = drive_guarded(
+            lambda: LanderRun(method, proto, run, episodes, eval_every, model_options,  # noqa: B023
+                              proposer_options, objective_options),
+            None, None, None, threads, f"[lander] --inspect run {run}")
         if error:
             raise RuntimeError(f"--inspect: run {run} failed: {error}")
         X, Y = lander.opt.observations()
@@ -530,8 +639,9 @@ def inspect_runs(folder: Path, runs: Sequence[int], method: str, proto: Protocol
         loc, scale = model.outcome_transform
         sign = lander.opt.sign
         own = lander.batches[-1]
-        asked = [("own", run, own["q_true"], own["params"])] + [(folder.name, r["run"], float(r["q_true"]), r["params"])
-                                                               for r in ref]
+        asked = [("own", run, own["q_true"], own["params"])] + [
+            (folder.name, r["run"], float(r["q_true"]), r["params"]) for r in ref
+        ]
         U = space.to_unit([json.loads(p) for _, _, _, p in asked], dtype=X.dtype)
         with torch.no_grad():
             mean = sign * (loc + scale * model.objective_mean(U).reshape(-1))
@@ -542,13 +652,24 @@ def inspect_runs(folder: Path, runs: Sequence[int], method: str, proto: Protocol
         ls = [float(v) for v in hyper.lengthscale[0].detach().reshape(-1)]
         for i, (source, source_run, q_true, params) in enumerate(asked):
             near = dist[i].argsort()[:INSPECT_NEAREST]
-            out.append({"run": run, "final_q_true": own["q_true"], "source": source, "source_run": source_run,
-                        "params": params, "q_true": q_true, "predicted": float(mean[i]), "f_sd": float(sd[i]),
-                        "z": (q_true - float(mean[i])) / float(sd[i]) if float(sd[i]) > 0 else float("nan"),
-                        "nearest_dist_min": float(dist[i, near[0]]), "nearest_dist_max": float(dist[i, near[-1]]),
-                        "nearest_rewards": json.dumps([round(sign * float(Y[j]), 1) for j in near]),
-                        "lengthscales_f": json.dumps([round(v, 3) for v in ls]),
-                        "outputscale_f": float(hyper.outputscale[0].detach())})
+            out.append(
+                {
+                    "run": run,
+                    "final_q_true": own["q_true"],
+                    "source": source,
+                    "source_run": source_run,
+                    "params": params,
+                    "q_true": q_true,
+                    "predicted": float(mean[i]),
+                    "f_sd": float(sd[i]),
+                    "z": (q_true - float(mean[i])) / float(sd[i]) if float(sd[i]) > 0 else float("nan"),
+                    "nearest_dist_min": float(dist[i, near[0]]),
+                    "nearest_dist_max": float(dist[i, near[-1]]),
+                    "nearest_rewards": json.dumps([round(sign * float(Y[j]), 1) for j in near]),
+                    "lengthscales_f": json.dumps([round(v, 3) for v in ls]),
+                    "outputscale_f": float(hyper.outputscale[0].detach()),
+                }
+            )
     return out
 
 
@@ -556,7 +677,7 @@ def make_plots(rows: Sequence[dict], out: Path) -> list[Path]:
     """One PNG per tau: true quantile of the recommendation vs evaluations, mean +- 95% CI over runs."""
     paths = []
     for tau in sorted({r["tau"] for r in rows}):
-        curves = curves_by_method(rows, list(METHODS), "q_true", lambda r: r["tau"] == tau)
+        curves = curves_by_method(rows, list(METHODS), "q_true", lambda r: r["tau"] == tau)  # noqa: B023
         if curves:
             paths.append(plot_curves(
                 curves, out / f"lander_tau{tau:g}.png", logy=False,
@@ -573,7 +694,8 @@ def parse_runs(spec: str) -> list[int]:
 def add_common_args(ap: argparse.ArgumentParser, out: str) -> None:
     """The options both benchmarks share: runs, options, parallelism, resume and time limit."""
     ap.add_argument("--runs", "--seeds", dest="runs",
-                    help="count (10 = runs 0..9), range 0-9, or list 1,4,7; run r uses config seed r (default 10)")
+                    help="count (10 = runs 0..9), range 0-9, or list 1,4,7; run r uses config seed r "
+                         "(default 10)")
     ap.add_argument("--model-options", type=json.loads, default={},
                     help='JSON: model name -> options, e.g. {"quantile": {"num_inducing": 64}}')
     ap.add_argument("--proposer-options", type=json.loads, default={},
@@ -583,7 +705,8 @@ def add_common_args(ap: argparse.ArgumentParser, out: str) -> None:
     ap.add_argument("--resume", action="store_true",
                     help="skip finished runs in OUT/runs and continue checkpointed ones")
     ap.add_argument("--time-limit", type=float,
-                    help="seconds after which no new batch starts (runs pause at a checkpoint; use with --resume)")
+                    help="seconds after which no new batch starts (runs pause at a checkpoint; use with "
+                         "--resume)")
     ap.add_argument("--out", default=out, help="output directory")
 
 
@@ -601,25 +724,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--episodes", type=int, help="fresh episodes per true-quantile estimate (200)")
     ap.add_argument("--eval-every", type=int, help="true-quantile checkpoints every N evaluations (150)")
     ap.add_argument("--objective-options", type=json.loads, default={},
-                    help='JSON: LunarLander options, e.g. {"timeout_penalty": -100} (the pubcode\'s sign, A11)')
+                    help='JSON: LunarLander options, e.g. {"timeout_penalty": -100} (the pubcode\'s sign, '
+                         'A11)')
     ap.add_argument("--cross-levels", nargs="+", type=float, metavar="LEVEL",
-                    help="also score every finished run's final recommendation at these reward quantile levels "
-                         "(--episodes fresh episodes; OUT/levels.csv), e.g. 0.02 0.1")
+                    help="also score every finished run's final recommendation at these reward quantile "
+                         "levels (--episodes fresh episodes; OUT/levels.csv), e.g. 0.02 0.1")
     ap.add_argument("--cross-env", metavar="ENV_ID",
                     help="also fly every finished run's final recommendation in this environment on the same "
-                         "episodes (OUT/envs.csv), e.g. gym:LunarLander-v2 (the paper's; pip install gym==0.26.2)")
+                         "episodes (OUT/envs.csv), e.g. gym:LunarLander-v2 (the paper's; pip install "
+                         "gym==0.26.2)")
     ap.add_argument("--damping", nargs="+", metavar="DIR",
-                    help="run nothing: tabulate where the final recommendations of the quantile-ts runs at the first "
-                         "--taus level in these recorded folders (those with a lander.csv) lie (the angle of (hover_gain, vertical_speed_gain) "
-                         "by band of their true quantile; OUT/damping.csv, OUT/damping_runs.csv)")
+                    help="run nothing: tabulate where the final recommendations of the quantile-ts runs at "
+                         "the first --taus level in these recorded folders (those with a lander.csv) lie "
+                         "(the angle of (hover_gain, vertical_speed_gain) by band of their true quantile; "
+                         "OUT/damping.csv, OUT/damping_runs.csv)")
     ap.add_argument("--inspect", metavar="DIR",
-                    help="re-run each of --runs (the first --methods and --taus) to its end without writing run files, "
-                         "and ask its final model about its own final recommendation and those of the runs in DIR "
-                         "(predicted quantile, posterior SD of f, true quantile; OUT/inspect.csv)")
+                    help="re-run each of --runs (the first --methods and --taus) to its end without writing "
+                         "run files, and ask its final model about its own final recommendation and those of "
+                         "the runs in DIR (predicted quantile, posterior SD of f, true quantile; "
+                         "OUT/inspect.csv)")
     ap.add_argument("--paired-with", metavar="DIR",
-                    help="also compare every finished run with the same method, level and run number in another "
-                         "run folder (e.g. benchmarks/results/lander_full), at 750 evaluations and at the budget "
-                         "(OUT/paired_with.csv)")
+                    help="also compare every finished run with the same method, level and run number in "
+                         "another run folder (e.g. benchmarks/results/lander_full), at 750 evaluations and "
+                         "at the budget (OUT/paired_with.csv)")
     add_common_args(ap, str(REPO / "results" / "lander"))
     args = ap.parse_args(argv)
     if args.paired_with is not None and not (Path(args.paired_with) / "runs").is_dir():
@@ -633,13 +760,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if getattr(args, k) is None:
             setattr(args, k, defaults[k])
     if args.inspect is not None and args.methods[0] not in INSPECTABLE:
-        ap.error(f"--inspect: the first --methods must be one of {list(INSPECTABLE)} (a model whose target is its "
-                 f"latent f); got {args.methods[0]!r}")
+        ap.error(f"--inspect: the first --methods must be one of {list(INSPECTABLE)} (a model whose target "
+                 f"is its latent f); got {args.methods[0]!r}")
     quick_opts = (QUICK["model_options"], QUICK["proposer_options"]) if args.quick else ({}, {})
     args.model_options = merge_options(quick_opts[0], args.model_options, "--model-options", MODELS)
-    args.proposer_options = merge_options(quick_opts[1], args.proposer_options, "--proposer-options", PROPOSERS)
+    args.proposer_options = merge_options(
+        quick_opts[1], args.proposer_options, "--proposer-options", PROPOSERS
+    )
     if not isinstance(args.objective_options, dict):
-        ap.error(f'--objective-options: a JSON object, e.g. {{"timeout_penalty": -100}}; got {args.objective_options!r}')
+        ap.error(f'--objective-options: a JSON object, e.g. {{"timeout_penalty": -100}}; got '
+                 f'{args.objective_options!r}')
     args.runs = parse_runs(str(args.runs))
     if args.workers < 1 or args.threads < 1 or args.episodes < 2 or args.eval_every < 1:
         ap.error("--workers, --threads, --eval-every must be >= 1 and --episodes >= 2")
@@ -673,7 +803,8 @@ def _as_types(r: dict, ints: Sequence[str], floats: Sequence[str]) -> dict:
 
 
 def make_jobs(args: argparse.Namespace) -> list[Job]:
-    """The runs `args` ask for, run-major (a time limit leaves the same runs finished for every method and tau).
+    """The runs `args` ask for, run-major (a time limit leaves the same runs finished for every method and
+    tau).
 
     Result files are named with the protocol and a hash of the method's settings, so runs of other settings
     in the same OUT are never mixed in or resumed.
@@ -686,7 +817,11 @@ def make_jobs(args: argparse.Namespace) -> list[Job]:
                 objective = lander_objective(args.objective_options)
                 settings = method_config(m, p, 0, objective, args.model_options, args.proposer_options)
                 tag = config_tag([settings, args.episodes, args.eval_every])
-                stem = Path(args.out) / "runs" / f"{m}-tau{tau:g}-n{args.initial}-{args.budget}-b{args.batch}-{tag}-r{r}"
+                stem = (
+                    Path(args.out)
+                    / "runs"
+                    / f"{m}-tau{tau:g}-n{args.initial}-{args.budget}-b{args.batch}-{tag}-r{r}"
+                )
                 jobs.append(Job(stem, run_one, (m, p, r, args.episodes, args.eval_every, args.model_options,
                                                 args.proposer_options, args.threads, args.objective_options)))
     return jobs
@@ -713,21 +848,38 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         rows = inspect_runs(Path(args.inspect), args.runs, method, proto, args.episodes, args.eval_every,
                             args.model_options, args.proposer_options, args.objective_options, args.threads)
         write_table(rows, out / "inspect")
-        print(f"[lander] {method} at the {proto.tau * 100:g}% level, runs {args.runs} re-run to {args.budget} "
-              f"evaluations; their final models at their own final recommendation and at those of {args.inspect} "
-              f"(f_sd: posterior SD of f; z = (q_true - predicted) / f_sd; nearest: max-norm distance in the unit cube "
-              f"to the run's {INSPECT_NEAREST} nearest observations):")
-        print(format_table(rows, ["run", "final_q_true", "source", "source_run", "q_true", "predicted", "f_sd", "z",
-                                  "nearest_dist_min", "nearest_dist_max", "nearest_rewards"]))
+        print(f"[lander] {method} at the {proto.tau * 100:g}% level, runs {args.runs} re-run to "
+              f"{args.budget} evaluations; their final models at their own final recommendation and at those "
+              f"of {args.inspect} (f_sd: posterior SD of f; z = (q_true - predicted) / f_sd; nearest: "
+              f"max-norm distance in the unit cube to the run's {INSPECT_NEAREST} nearest observations):")
+        print(
+            format_table(
+                rows,
+                [
+                    "run",
+                    "final_q_true",
+                    "source",
+                    "source_run",
+                    "q_true",
+                    "predicted",
+                    "f_sd",
+                    "z",
+                    "nearest_dist_min",
+                    "nearest_dist_max",
+                    "nearest_rewards",
+                ],
+            )
+        )
         for run in args.runs:
             r = next(r for r in rows if r["run"] == run)
-            print(f"[lander] run {run}: lengthscales of f {r['lengthscales_f']}, outputscale {r['outputscale_f']:.3f}")
+            print(f"[lander] run {run}: lengthscales of f {r['lengthscales_f']}, outputscale "
+                  f"{r['outputscale_f']:.3f}")
         return {"inspect": rows}
     (out / "runs").mkdir(parents=True, exist_ok=True)
     deadline = None if args.time_limit is None else time.time() + args.time_limit
-    print(f"[lander] {MODE}; methods {args.methods}; taus {args.taus}; runs {args.runs}; initial {args.initial}, "
-          f"budget {args.budget}, batch {args.batch}; true quantile from {args.episodes} fresh episodes "
-          f"(seeds {EVAL_SEED0}+i)", flush=True)
+    print(f"[lander] {MODE}; methods {args.methods}; taus {args.taus}; runs {args.runs}; initial "
+          f"{args.initial}, budget {args.budget}, batch {args.batch}; true quantile from {args.episodes} "
+          f"fresh episodes (seeds {EVAL_SEED0}+i)", flush=True)
     t_start = time.perf_counter()
     objective = lander_objective(args.objective_options)
     preflight({f"{m} tau {tau:g}": functools.partial(
@@ -741,9 +893,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for job in jobs:
         if job.csv.exists():
             for r in read_table(job.csv):
-                r = _as_types({**r, "tau": float(r["tau"]), "run": int(r["run"])},
-                              ("n_evals", "batch_end", "batch", "initial", "budget", "episodes", "failures"),
-                              ("q_true", "predicted", "fit_s", "propose_s", "eval_s", "run_s", "cpu_s", "quantile_s"))
+                r = _as_types(
+                    {**r, "tau": float(r["tau"]), "run": int(r["run"])},
+                    ("n_evals", "batch_end", "batch", "initial", "budget", "episodes", "failures"),
+                    ("q_true", "predicted", "fit_s", "propose_s", "eval_s", "run_s", "cpu_s", "quantile_s"),
+                )
                 rows.append(r)
     rows.sort(key=lambda r: (-r["tau"], list(METHODS).index(r["method"]), r["run"], r["n_evals"]))
     if note := code_mix_note(rows):
@@ -762,31 +916,47 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         plots = make_plots(rows, out)
 
     print(f"\n[lander] {MODE}")
-    print(f"\nTable 1 shape: true {'/'.join(f'{t * 100:g}%' for t in args.taus)} reward quantile of the recommended "
-          f"controller, mean (std) over runs ({args.episodes} fresh episodes per estimate):")
+    print(f"\nTable 1 shape: true {'/'.join(f'{t * 100:g}%' for t in args.taus)} reward quantile of the "
+          f"recommended controller, mean (std) over runs ({args.episodes} fresh episodes per estimate):")
     print(format_table(t1))
     print("\nFinal true quantile (mean, std, 95% CI half-width over runs):")
-    print(format_table(summary, ["tau", "method", "n_evals", "runs", "q_true_mean", "q_true_std", "q_true_ci95",
-                                 "q_true_min", "q_true_max", "run_s_mean", "cpu_s_mean"] +
-                       (["target"] if any("target" in s for s in summary) else [])))
-    # the optional re-scorings of the final recommendations: (result key and table stem, asked?, scorer, title)
+    print(
+        format_table(
+            summary,
+            [
+                "tau",
+                "method",
+                "n_evals",
+                "runs",
+                "q_true_mean",
+                "q_true_std",
+                "q_true_ci95",
+                "q_true_min",
+                "q_true_max",
+                "run_s_mean",
+                "cpu_s_mean",
+            ]
+            + (["target"] if any("target" in s for s in summary) else []),
+        )
+    )
+    # the optional re-scorings of the final recommendations: (result key and table stem, asked?, scorer,
+    # title)
     extras: dict[str, list[dict]] = {}
     held_out: dict = {}  # our environment's held-out episodes, flown once for both scorings
     checkpoints = [c for c in (750,) if args.initial <= c < args.budget] + [args.budget]
     for stem, asked, score, title in (
         ("paired_with", args.paired_with,
          lambda: paired_with(rows, Path(args.paired_with), checkpoints),
-         f"True quantiles against {args.paired_with}, paired by run (mean_diff = this - other, with its 95% CI; "
-         "ahead = runs where this is higher; Wilcoxon p)"),
+         f"True quantiles against {args.paired_with}, paired by run (mean_diff = this - other, with its 95% "
+         "CI; ahead = runs where this is higher; Wilcoxon p)"),
         ("levels", args.cross_levels,
          lambda: cross_levels(rows, args.cross_levels, args.episodes, args.objective_options, held_out),
          f"Final recommendations at every level (true reward quantiles over {args.episodes} fresh episodes; "
          "p_below_0 = fraction of episodes with negative reward)"),
         ("envs", args.cross_env,
          lambda: cross_env(rows, args.cross_env, args.episodes, args.objective_options, held_out),
-         f"Final recommendations in two environments ({args.episodes} episodes on the same seeds; q = the run's "
-         "reward quantile; "
-         "same_seed_equal = share of seeds with equal rewards)"),
+         f"Final recommendations in two environments ({args.episodes} episodes on the same seeds; q = the "
+         "run's reward quantile; same_seed_equal = share of seeds with equal rewards)"),
     ):
         extras[stem] = score() if asked and rows else []
         if extras[stem]:
@@ -798,11 +968,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"\n{len(errors)} failed runs: " + "; ".join(f"{r['method']} tau={r['tau']:g} run {r['run']}: "
                                                       f"{r['error']}" for r in errors))
     if missing:
-        print(f"\n[lander] {missing} of {len(jobs)} runs not finished ({counts['paused']} paused at a checkpoint, "
-              f"{counts['skipped']} not started): run again with --resume")
-    print(f"\n[lander] wrote {out} ({len(rows)} rows, {len(plots)} plots) in {time.perf_counter() - t_start:.1f} s")
-    return {"rows": rows, "table1": t1, "summary": summary, "plots": plots, "missing": missing, "counts": counts,
-            **extras}
+        print(f"\n[lander] {missing} of {len(jobs)} runs not finished ({counts['paused']} paused at a "
+              f"checkpoint, {counts['skipped']} not started): run again with --resume")
+    print(f"\n[lander] wrote {out} ({len(rows)} rows, {len(plots)} plots) in "
+          f"{time.perf_counter() - t_start:.1f} s")
+    return {
+        "rows": rows,
+        "table1": t1,
+        "summary": summary,
+        "plots": plots,
+        "missing": missing,
+        "counts": counts,
+        **extras,
+    }
 
 
 if __name__ == "__main__":

@@ -37,9 +37,9 @@ Usage:
     python benchmarks/laser.py --workers 16 --resume --time-limit 420   # full: 3 methods x 10 runs
     python benchmarks/laser.py --methods quantile-ts gpr-ei --runs 0-4 --workers 2
     python benchmarks/laser.py --peak        # the optimum's neighbourhood: is q* a broad hump or a spike?
-    python benchmarks/laser.py --replicates 0 10 30 --runs 0-2   # measurements at x* the model needs to pick it
-    python benchmarks/laser.py --replicates 0 --methods expectile-ts   # the same for another method's model
-    python benchmarks/laser.py --simulators 0 1 2 3   # how the simulator's optimum depends on its fit's subsample
+    python benchmarks/laser.py --replicates 0 10 30 --runs 0-2  # measurements at x* needed to pick it
+    python benchmarks/laser.py --replicates 0 --methods expectile-ts  # the same for another method's model
+    python benchmarks/laser.py --simulators 0 1 2 3  # how the simulator's optimum depends on its fit's sample
 Results in --out (default results/laser/): runs/*.csv (one per method x run; named with the protocol and a
 hash of the settings), laser.csv + laser.parquet (every checkpoint: one per batch), summary.csv/.parquet
 (final distance, mean +- 95% CI, with the issue's target), paired.csv/.parquet (Thompson sampling against each
@@ -56,32 +56,56 @@ import os
 import sys
 import time
 import zlib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._common import (  # noqa: E402
-    MODELS, PROPOSERS, BatchRun, Job, Method, code_mix_note, config_tag, drive_guarded, format_table, mean_ci,
-    merge_options, paired_comparison, plot_curves, preflight, read_table, run_jobs, write_table,
+    MODELS,
+    PROPOSERS,
+    BatchRun,
+    Job,
+    Method,
+    code_mix_note,
+    config_tag,
+    drive_guarded,
+    format_table,
+    mean_ci,
+    merge_options,
+    paired_comparison,
+    plot_curves,
+    preflight,
+    read_table,
+    run_jobs,
+    write_table,
 )
 from benchmarks.lander import (  # noqa: E402
-    _as_types, _std, add_common_args, build_optimizer, curves_by_method, parse_runs,
+    _as_types,
+    _std,
+    add_common_args,
+    build_optimizer,
+    curves_by_method,
+    parse_runs,
 )
 from objectives.laser import MEASUREMENT_OPTIONS  # noqa: E402
 
 MODE = "synchronous batches, in-process AskTellOptimizer built from a validated config (the orchestrator's " \
        "synchronous protocol without Ray)"
 #: the LCLS measurements in the shared folder beside the repository (as the tests find it)
-DEFAULT_CSV = str(Path(os.environ.get("QBATCH_SHARED", REPO.parent / "shared")) / "data" / "lcls" / "data.csv")
+DEFAULT_CSV = str(
+    Path(os.environ.get("QBATCH_SHARED", REPO.parent / "shared")) / "data" / "lcls" / "data.csv"
+)
 METHODS: dict[str, Method] = {
     "quantile-ts": Method("quantile", "thompson"),
     "qgibbon": Method("quantile", "qgibbon", proposer_options={"repulsion": "paper"}),
     "gpr-ei": Method("gpr-replicates", "gpr-ei", replicate=True),
     "hetgp-ts": Method("heteroscedastic", "thompson"),
-    # the paper's expectile variant (asymmetric-Gaussian likelihood), scored, as every method, by the exact quantile
+    # the paper's expectile variant (asymmetric-Gaussian likelihood), scored, as every method, by the exact
+    # quantile
     "expectile-ts": Method("expectile", "thompson"),
     # the same two-latent models with one noise scale everywhere (model option noise_scale: constant)
     "quantile-ts-const": Method("quantile", "thompson", model_options={"noise_scale": "constant"}),
@@ -91,7 +115,7 @@ METHODS: dict[str, Method] = {
     "exact-ts": Method("exact-gp", "thompson"),
 }
 DEFAULT_METHODS = ("quantile-ts", "qgibbon", "gpr-ei")
-#: issue 8's acceptance target: quantile TS within 5% of the optimum quantile at the end (full protocol)
+#: the acceptance target: quantile TS within 5% of the optimum quantile at the end (full protocol)
 TARGET = {"method": "quantile-ts", "max_rel_pct": 5.0}
 #: the paper's protocol (spec §4.3)
 FULL: dict[str, Any] = {"initial": 400, "batches": 12, "batch": 100, "runs": "10"}
@@ -109,8 +133,10 @@ QUICK: dict[str, Any] = {
         "heteroscedastic": {"max_steps": 100, "warm_max_steps": 30, "num_inducing": 16},
         "expectile": {"max_steps": 100, "warm_max_steps": 30, "num_inducing": 16},
     },
-    "proposer_options": {"thompson": {"raw_samples": 512, "num_restarts": 2, "num_features": 256},
-                         "qgibbon": {"raw_samples": 128, "num_restarts": 2, "maxiter": 20, "num_max_samples": 5}},
+    "proposer_options": {
+        "thompson": {"raw_samples": 512, "num_restarts": 2, "num_features": 256},
+        "qgibbon": {"raw_samples": 128, "num_restarts": 2, "maxiter": 20, "num_max_samples": 5},
+    },
 }
 
 
@@ -125,7 +151,10 @@ def method_config(
         "objective": dict(objective),
         "tau": tau,
         "model": {"type": m.model, "options": {**m.model_options, **model_options.get(m.model, {})}},
-        "proposer": {"type": m.proposer, "options": {**m.proposer_options, **proposer_options.get(m.proposer, {})}},
+        "proposer": {
+            "type": m.proposer,
+            "options": {**m.proposer_options, **proposer_options.get(m.proposer, {})},
+        },
         "batch_size": batch,
         "initial_design": initial,
         "budget": budget,
@@ -140,7 +169,9 @@ def initial_rows(n_rows: int, initial: int, run: int) -> list[int]:
 
     if initial > n_rows:
         raise SystemExit(f"--initial ({initial}) exceeds the {n_rows} measured settings of the CSV")
-    return sorted(np.random.default_rng([int(run), 0x1A5E]).choice(n_rows, size=initial, replace=False).tolist())
+    return sorted(
+        np.random.default_rng([int(run), 0x1A5E]).choice(n_rows, size=initial, replace=False).tolist()
+    )
 
 
 def protocol_budget(initial: int, batches: int, batch: int) -> int:
@@ -156,8 +187,12 @@ class LaserRun(BatchRun):
                  proposer_options: Mapping[str, Any]) -> None:
         self.tau, self.initial, self.run, self.initial_y = tau, initial, run, initial_y
         self.budget = protocol_budget(initial, batches, batch)
-        raw = method_config(name, tau, initial, self.budget, batch, run, objective, model_options, proposer_options)
-        self.key = json.dumps([{**raw, "objective": portable(objective)}, initial_y], sort_keys=True, default=str)
+        raw = method_config(
+            name, tau, initial, self.budget, batch, run, objective, model_options, proposer_options
+        )
+        self.key = json.dumps(
+            [{**raw, "objective": portable(objective)}, initial_y], sort_keys=True, default=str
+        )
         self.cfg, self.sim, self.opt = build_optimizer(raw)
         self.synthetic = "csv_path" not in objective["options"]
         _, self.q_opt = self.sim.optimum(tau)  # cached per simulator (one per process)
@@ -170,7 +205,9 @@ class LaserRun(BatchRun):
         import numpy as np
 
         if len(X):
-            self.q_eval_max = max(self.q_eval_max, float(self.sim.quantile_array(np.asarray(X), self.tau).max()))
+            self.q_eval_max = max(
+                self.q_eval_max, float(self.sim.quantile_array(np.asarray(X), self.tau).max())
+            )
 
     def _evaluate(self, trials: Sequence[Any]) -> None:
         X = []
@@ -189,9 +226,17 @@ class LaserRun(BatchRun):
         self.opt.fit()
         self.times["fit_s"] += time.perf_counter() - t0
         params, predicted = self.opt.best()
-        self.records.append({"n_evals": self.n, "params": json.dumps(params), "predicted": float(predicted),
-                             "q_rec": self.sim.quantile(params, self.tau), "fit_s": self.times["fit_s"], "propose_s": self.times["propose_s"],
-                             "failures": self.opt.num_failed})
+        self.records.append(
+            {
+                "n_evals": self.n,
+                "params": json.dumps(params),
+                "predicted": float(predicted),
+                "q_rec": self.sim.quantile(params, self.tau),
+                "fit_s": self.times["fit_s"],
+                "propose_s": self.times["propose_s"],
+                "failures": self.opt.num_failed,
+            }
+        )
 
     def start(self) -> None:
         from orchestrator.ask_tell import trial_seed
@@ -238,7 +283,8 @@ class LaserRun(BatchRun):
         self.records = [dict(r) for r in state["records"]]
 
     def rows(self, base: Mapping[str, Any]) -> list[dict]:
-        """One row per fit (after the initial design and after each batch); `q_eval_max` is the run's final."""
+        """One row per fit (after the initial design and after each batch); `q_eval_max` is the run's
+        final."""
         rows = [{**base, **r, "q_opt_lbfgs": self.q_opt, "q_eval_max": self.q_eval_max, "error": ""}
                 for r in self.records]
         rows[-1].update(run_s=self.times["run_s"], cpu_s=self.times["cpu_s"])
@@ -254,10 +300,17 @@ def run_one(
     if deadline is not None and time.time() > deadline:
         return "skipped", []
     synthetic = "csv_path" not in objective["options"]
-    base = {"method": name, "tau": tau, "run": run, "batch": batch, "initial": initial,
-            "budget": protocol_budget(initial, batches, batch),
-            "simulator": "synthetic" if synthetic else f"csv:{objective['options']['csv_path']}",
-            "initial_source": "sobol" if synthetic else f"measured settings, {initial_y} outcomes", "mode": MODE}
+    base = {
+        "method": name,
+        "tau": tau,
+        "run": run,
+        "batch": batch,
+        "initial": initial,
+        "budget": protocol_budget(initial, batches, batch),
+        "simulator": "synthetic" if synthetic else f"csv:{objective['options']['csv_path']}",
+        "initial_source": "sobol" if synthetic else f"measured settings, {initial_y} outcomes",
+        "mode": MODE,
+    }
     status, laser, error = drive_guarded(
         lambda: LaserRun(name, tau, initial, batches, batch, run, objective, initial_y, model_options,
                          proposer_options),
@@ -269,11 +322,12 @@ def run_one(
     rows = laser.rows(base)
     t = laser.times
     print(f"[laser] {name} run {run}: final q(x_hat) {rows[-1]['q_rec']:.4f} vs optimum {laser.q_opt:.4f} "
-          f"({t['run_s']:.0f} s, CPU {t['cpu_s']:.0f} s: fit {t['fit_s']:.0f}, propose {t['propose_s']:.0f})", flush=True)
+          f"({t['run_s']:.0f} s, CPU {t['cpu_s']:.0f} s: fit {t['fit_s']:.0f}, propose "
+          f"{t['propose_s']:.0f})", flush=True)
     return status, rows
 
 
-# ---------------------------------------------------------------------------------------------------- analysis
+# --------------------------------------------------------------------------------------------------- analysis
 def add_distances(rows: list[dict]) -> float:
     """Fill `q_star`, `distance` and `distance_pct` in place; returns q*.
 
@@ -306,13 +360,24 @@ def summarize(rows: Sequence[dict], full: bool) -> list[dict]:
         last = fin[0]["n_evals"]
         d_mean, d_half, k = mean_ci([r["distance"] for r in fin])
         p_mean, p_half, _ = mean_ci([r["distance_pct"] for r in fin])
-        row = {"method": m, "n_evals": last, "runs": k, "q_rec_mean": mean_ci([r["q_rec"] for r in fin])[0],
-               "q_star": fin[0]["q_star"], "distance_mean": d_mean, "distance_ci95": d_half,
-               "distance_pct_mean": p_mean, "distance_pct_std": _std([r["distance_pct"] for r in fin]),
-               "distance_pct_ci95": p_half, "distance_pct_max": max(r["distance_pct"] for r in fin),
-               "run_s_mean": mean_ci([r["run_s"] for r in fin])[0], "cpu_s_mean": mean_ci([r["cpu_s"] for r in fin])[0]}
+        row = {
+            "method": m,
+            "n_evals": last,
+            "runs": k,
+            "q_rec_mean": mean_ci([r["q_rec"] for r in fin])[0],
+            "q_star": fin[0]["q_star"],
+            "distance_mean": d_mean,
+            "distance_ci95": d_half,
+            "distance_pct_mean": p_mean,
+            "distance_pct_std": _std([r["distance_pct"] for r in fin]),
+            "distance_pct_ci95": p_half,
+            "distance_pct_max": max(r["distance_pct"] for r in fin),
+            "run_s_mean": mean_ci([r["run_s"] for r in fin])[0],
+            "cpu_s_mean": mean_ci([r["cpu_s"] for r in fin])[0],
+        }
         if full and m == TARGET["method"]:
-            row["target"] = f"<= {TARGET['max_rel_pct']:g}%: {'met' if p_mean <= TARGET['max_rel_pct'] else 'MISSED'}"
+            row["target"] = (f"<= {TARGET['max_rel_pct']:g}%: "
+                             f"{'met' if p_mean <= TARGET['max_rel_pct'] else 'MISSED'}")
         out.append(row)
     return out
 
@@ -326,8 +391,17 @@ def paired(rows: Sequence[dict]) -> list[dict]:
     for b in (m for m in finals if m != a and a in finals):
         c = paired_comparison(finals[a], finals[b])
         if c["n"]:
-            out.append({"method": a, "against": b, "runs": c["n"], "diff_pct_mean": c["mean_diff"], "diff_pct_ci95": c["ci"],
-                        "wins": round(c["wins"] * c["n"]), "p_wilcoxon": c["p_wilcoxon"]})
+            out.append(
+                {
+                    "method": a,
+                    "against": b,
+                    "runs": c["n"],
+                    "diff_pct_mean": c["mean_diff"],
+                    "diff_pct_ci95": c["ci"],
+                    "wins": round(c["wins"] * c["n"]),
+                    "p_wilcoxon": c["p_wilcoxon"],
+                }
+            )
     return out
 
 
@@ -356,23 +430,27 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--peak", action="store_true",
                     help="no optimization: the fitted fields and the quantile around the simulator's optimum")
     ap.add_argument("--replicates", type=int, nargs="+", metavar="K",
-                    help="diagnostic instead of the protocol: fit the quantile SVGP (quantile-ts's model; another "
-                         "method's with --methods NAME) to each run's initial design plus K simulated measurements "
-                         "at the optimum's setting (cumulative, ascending K), refit as at a run's end (warm and "
-                         "cold, the lower loss kept), and record the recommendation; writes replicates.csv")
+                    help="diagnostic instead of the protocol: fit the quantile SVGP (quantile-ts's model; "
+                         "another method's with --methods NAME) to each run's initial design plus K "
+                         "simulated measurements at the optimum's setting (cumulative, ascending K), refit "
+                         "as at a run's end (warm and cold, the lower loss kept), and record the "
+                         "recommendation; writes replicates.csv")
     ap.add_argument("--simulators", type=int, nargs="+", metavar="SEED",
-                    help="diagnostic instead of the protocol: build the simulator with each model_seed (which rows "
-                         "fit its energy GP) and record its optimum q*, the best measured setting's exact quantile, "
-                         "the optimum's distance to the nearest measured setting and the energy GP's shortest "
-                         "lengthscales; writes simulators.csv")
+                    help="diagnostic instead of the protocol: build the simulator with each model_seed "
+                         "(which rows fit its energy GP) and record its optimum q*, the best measured "
+                         "setting's exact quantile, the optimum's distance to the nearest measured setting "
+                         "and the energy GP's shortest lengthscales; writes simulators.csv")
     ap.add_argument("--initial", type=int, help="initial points (400)")
     ap.add_argument("--batches", type=int, help="BO batches after the initial points (12)")
     ap.add_argument("--batch", type=int, help="batch size (100)")
     ap.add_argument("--csv", help=f"LCLS-format CSV for LaserSimulator.from_csv (default {DEFAULT_CSV}; the "
-                                  "synthetic simulator when the default is missing, an error when a given one is)")
-    ap.add_argument("--synthetic", action="store_true", help="use the synthetic simulator (also when --csv is missing)")
+                                  "synthetic simulator when the default is missing, an error when a given "
+                                  "one is)")
+    ap.add_argument("--synthetic", action="store_true", help="use the synthetic simulator (also when --csv "
+                                                             "is missing)")
     ap.add_argument("--initial-y", choices=("simulated", "measured"), default="simulated",
-                    help="outcomes of the initial measured settings: drawn from the simulator (default) or the CSV's")
+                    help="outcomes of the initial measured settings: drawn from the simulator (default) or "
+                         "the CSV's")
     ap.add_argument("--objective-options", type=json.loads,
                     help='JSON: extra LaserSimulator options, e.g. {"n_gp_max": 400}')
     add_common_args(ap, str(REPO / "results" / "laser"))
@@ -386,12 +464,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if getattr(args, k) is None:
             setattr(args, k, defaults[k])
     if args.objective_options is not None and not isinstance(args.objective_options, dict):
-        raise SystemExit(f'--objective-options: a JSON object, e.g. {{"n_gp_max": 400}}; got {args.objective_options!r}')
+        raise SystemExit(f'--objective-options: a JSON object, e.g. {{"n_gp_max": 400}}; got '
+                         f'{args.objective_options!r}')
     args.user_objective_options = dict(args.objective_options or {})
     args.objective_options = {**defaults["objective_options"], **args.user_objective_options}
     quick_opts = (QUICK["model_options"], QUICK["proposer_options"]) if args.quick else ({}, {})
     args.model_options = merge_options(quick_opts[0], args.model_options, "--model-options", MODELS)
-    args.proposer_options = merge_options(quick_opts[1], args.proposer_options, "--proposer-options", PROPOSERS)
+    args.proposer_options = merge_options(
+        quick_opts[1], args.proposer_options, "--proposer-options", PROPOSERS
+    )
     args.runs = parse_runs(str(args.runs))
     if args.workers < 1 or args.threads < 1 or args.batches < 0 or args.batch < 1 or args.initial < 2:
         ap.error("--workers, --threads, --batch must be >= 1, --batches >= 0, --initial >= 2")
@@ -420,9 +501,25 @@ def make_jobs(args: argparse.Namespace, objective: Mapping[str, Any]) -> list[Jo
                                      args.model_options, args.proposer_options)
             tag = config_tag([settings, args.initial_y])
             name = f"{m}-{sim_tag}-tau{args.tau:g}-n{args.initial}+{args.batches}x{args.batch}-{tag}-r{r}"
-            jobs.append(Job(Path(args.out) / "runs" / name, run_one,
-                            (m, args.tau, args.initial, args.batches, args.batch, r, objective, args.initial_y,
-                             args.model_options, args.proposer_options, args.threads)))
+            jobs.append(
+                Job(
+                    Path(args.out) / "runs" / name,
+                    run_one,
+                    (
+                        m,
+                        args.tau,
+                        args.initial,
+                        args.batches,
+                        args.batch,
+                        r,
+                        objective,
+                        args.initial_y,
+                        args.model_options,
+                        args.proposer_options,
+                        args.threads,
+                    ),
+                )
+            )
     return jobs
 
 
@@ -431,7 +528,8 @@ def objective_of(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     options = dict(args.objective_options)
     csv = Path(args.csv or DEFAULT_CSV)
     if args.csv is not None and not args.synthetic and not csv.is_file():
-        raise SystemExit(f"--csv: no such file {args.csv!r} (leave --csv out to fall back to the synthetic simulator)")
+        raise SystemExit(f"--csv: no such file {args.csv!r} (leave --csv out to fall back to the synthetic "
+                         "simulator)")
     if not args.synthetic and csv.is_file():
         options["csv_path"] = str(csv.resolve())
         simulator = f"LCLS CSV {options['csv_path']}; initial points: {args.initial} measured settings " \
@@ -440,26 +538,43 @@ def objective_of(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         if not args.synthetic:
             print(f"[laser] {csv} is missing: falling back to the synthetic simulator", flush=True)
         # the quick mode's fit options are for the measurements; options the user gave stay (and are refused)
-        options = {k: v for k, v in options.items() if k not in MEASUREMENT_OPTIONS or k in args.user_objective_options}
+        options = {
+            k: v
+            for k, v in options.items()
+            if k not in MEASUREMENT_OPTIONS or k in args.user_objective_options
+        }
         simulator = f"synthetic simulator; initial points: a scrambled Sobol design of {args.initial}"
     return {"name": "laser", "options": options}, simulator
 
 
 def optimum_site(sim: Any, tau: float) -> tuple[Any, Any, float, dict[str, Any]]:
-    """The simulator's optimum: its setting `x`, `x` in the unit cube, q*, and where it lies (its unit-cube distance
-    to the nearest measured (or synthetic stand-in) setting, and its coordinates on the box's edge)."""
+    """The simulator's optimum: its setting `x`, `x` in the unit cube, q*, and where it lies (its unit-cube
+    distance to the nearest measured (or synthetic stand-in) setting, and its coordinates on the box's
+    edge)."""
     import numpy as np
 
     params, q_star = sim.optimum(tau)
     x = np.array([params[n] for n in sim.names])
     z = sim._to_unit(x[None])[0]
     X_data, _ = sim.initial_data()
-    return x, z, q_star, {"nearest_measured": float(np.sqrt(((sim._to_unit(X_data) - z) ** 2).sum(axis=1)).min()),
-                          "box_edge_coords": int(((z < 1e-3) | (z > 1 - 1e-3)).sum())}
+    return (
+        x,
+        z,
+        q_star,
+        {
+            "nearest_measured": float(np.sqrt(((sim._to_unit(X_data) - z) ** 2).sum(axis=1)).min()),
+            "box_edge_coords": int(((z < 1e-3) | (z > 1 - 1e-3)).sum()),
+        },
+    )
 
 
-def peak_profile(sim: Any, tau: float, radii: Sequence[float] = (0.01, 0.03, 0.1, 0.2, 0.4), n_dirs: int = 200,
-                 seed: int = 0) -> list[dict]:
+def peak_profile(
+    sim: Any,
+    tau: float,
+    radii: Sequence[float] = (0.01, 0.03, 0.1, 0.2, 0.4),
+    n_dirs: int = 200,
+    seed: int = 0,
+) -> list[dict]:
     """The exact tau-quantile around the simulator's optimum: for each radius r (unit-cube units), `n_dirs`
     random directions, points clipped to the box; mean/min/max of q, and the mean of the fields (mean energy,
     omega, alpha). Row r = 0 is the optimum itself, with the distance to the nearest measured setting."""
@@ -467,8 +582,18 @@ def peak_profile(sim: Any, tau: float, radii: Sequence[float] = (0.01, 0.03, 0.1
 
     x, z, q_star, site = optimum_site(sim, tau)
     _, om, al = sim.sn_params(x[None])
-    rows = [{"radius": 0.0, "q_mean": q_star, "q_min": q_star, "q_max": q_star,
-             "mean_energy": float(sim.mean_array(x[None])[0]), "omega": float(om[0]), "alpha": float(al[0]), **site}]
+    rows = [
+        {
+            "radius": 0.0,
+            "q_mean": q_star,
+            "q_min": q_star,
+            "q_max": q_star,
+            "mean_energy": float(sim.mean_array(x[None])[0]),
+            "omega": float(om[0]),
+            "alpha": float(al[0]),
+            **site,
+        }
+    ]
     rng = np.random.default_rng(seed)
     for r in radii:
         U = rng.standard_normal((n_dirs, len(z)))
@@ -476,9 +601,19 @@ def peak_profile(sim: Any, tau: float, radii: Sequence[float] = (0.01, 0.03, 0.1
         Xs = sim._from_unit(np.clip(z + r * U, 0.0, 1.0))
         q = sim.quantile_array(Xs, tau)
         _, om, al = sim.sn_params(Xs)
-        rows.append({"radius": float(r), "q_mean": float(q.mean()), "q_min": float(q.min()), "q_max": float(q.max()),
-                     "mean_energy": float(sim.mean_array(Xs).mean()), "omega": float(om.mean()),
-                     "alpha": float(al.mean()), "nearest_measured": float("nan"), "box_edge_coords": -1})
+        rows.append(
+            {
+                "radius": float(r),
+                "q_mean": float(q.mean()),
+                "q_min": float(q.min()),
+                "q_max": float(q.max()),
+                "mean_energy": float(sim.mean_array(Xs).mean()),
+                "omega": float(om.mean()),
+                "alpha": float(al.mean()),
+                "nearest_measured": float("nan"),
+                "box_edge_coords": -1,
+            }
+        )
     return rows
 
 
@@ -528,8 +663,9 @@ def run_simulators(args: argparse.Namespace) -> list[dict]:
     for seed in args.simulators:
         sim = load_objective(objective["name"], {**objective["options"], "model_seed": seed})
         rows.append(simulator_row(sim, args.tau))
-        print(f"[laser] model_seed {seed}: q* {rows[-1]['q_star']:.3f}, best measured {rows[-1]['best_measured_q']:.3f}, "
-              f"nearest measured setting {rows[-1]['nearest_measured']:.3f} away", flush=True)
+        print(f"[laser] model_seed {seed}: q* {rows[-1]['q_star']:.3f}, best measured "
+              f"{rows[-1]['best_measured_q']:.3f}, nearest measured setting "
+              f"{rows[-1]['nearest_measured']:.3f} away", flush=True)
     print(format_table(rows))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -537,12 +673,13 @@ def run_simulators(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def design_fit(laser: "LaserRun", loc: float, scale: float) -> dict[str, float]:
-    """How the fitted model's tau-quantile at the observed settings compares with their exact quantiles: Spearman's
-    rank correlation, the largest prediction and the largest exact quantile (a model can rank the settings well
-    and still recommend the wrong one when it compresses the top); and the noise the model reads there against the
-    simulator's: the median over those settings of the model's noise standard deviation (``sqrt(c_v) e^g``, g at
-    its posterior mean, in the outcome's units; NaN for a model without a scale latent) and of the skew-normal's."""
+def design_fit(laser: LaserRun, loc: float, scale: float) -> dict[str, float]:
+    """How the fitted model's tau-quantile at the observed settings compares with their exact quantiles:
+    Spearman's rank correlation, the largest prediction and the largest exact quantile (a model can rank the
+    settings well and still recommend the wrong one when it compresses the top); and the noise the model reads
+    there against the simulator's: the median over those settings of the model's noise standard deviation
+    (``sqrt(c_v) e^g``, g at its posterior mean, in the outcome's units; NaN for a model without a scale
+    latent) and of the skew-normal's."""
     import math
 
     import numpy as np
@@ -564,27 +701,43 @@ def design_fit(laser: "LaserRun", loc: float, scale: float) -> dict[str, float]:
     Xo = np.array([laser.sim.to_array(p) for p in laser.opt.space.from_unit(X)])
     true = laser.sim.quantile_array(Xo, laser.tau)
     sim_sd = float(np.median(laser.sim.noise_sd_array(Xo)))
-    return {"spearman": float(spearmanr(pred, true)[0]), "predicted_max": float(pred.max()), "q_true_max": float(true.max()),
-            "model_noise_sd": noise_sd, "sim_noise_sd": sim_sd}
+    return {
+        "spearman": float(spearmanr(pred, true)[0]),
+        "predicted_max": float(pred.max()),
+        "q_true_max": float(true.max()),
+        "model_noise_sd": noise_sd,
+        "sim_noise_sd": sim_sd,
+    }
 
 
 def run_replicates(args: argparse.Namespace) -> list[dict]:
-    """`--replicates K ...`: how many measurements at the optimum's setting x* the quantile SVGP needs before it
+    """`--replicates K ...`: how many measurements at the optimum's setting x* the quantile SVGP needs before
+    it
     recommends x*. Per run: the protocol's initial design (as `LaserRun.start`, the model quantile-ts uses, or
-    that of the one method `--methods` names, with --model-options), then K simulated measurements at x* (seeds
-    10**6 + i, added cumulatively in ascending K), each time `AskTellOptimizer.fit(restart=True)` (what a run's
-    end asks for) and its recommendation scored by its exact quantile, with the fit's ranking of the observed
-    settings (`design_fit`). Writes replicates.csv (a row per run and K)."""
+    that of the one method `--methods` names, with --model-options), then K simulated measurements at x*
+    (seeds 10**6 + i, added cumulatively in ascending K), each time `AskTellOptimizer.fit(restart=True)` (what
+    a run's end asks for) and its recommendation scored by its exact quantile, with the fit's ranking of the
+    observed settings (`design_fit`). Writes replicates.csv (a row per run and K)."""
     import torch
 
     objective, simulator = objective_of(args)
-    print(f"[laser] --replicates {args.replicates}: {simulator}; tau {args.tau:g}; method {args.design_method}; runs "
-          f"{args.runs}", flush=True)
+    print(f"[laser] --replicates {args.replicates}: {simulator}; tau {args.tau:g}; method "
+          f"{args.design_method}; runs {args.runs}", flush=True)
     rows: list[dict] = []
     torch.set_num_threads(args.threads)
     for run in args.runs:
-        laser = LaserRun(args.design_method, args.tau, args.initial, 0, args.batch, run, objective, args.initial_y,
-                         args.model_options, args.proposer_options)
+        laser = LaserRun(
+            args.design_method,
+            args.tau,
+            args.initial,
+            0,
+            args.batch,
+            run,
+            objective,
+            args.initial_y,
+            args.model_options,
+            args.proposer_options,
+        )
         laser.start()
         params_star, q_opt = laser.sim.optimum(args.tau)
         x_star = torch.as_tensor(laser.opt.space.to_unit([params_star]), dtype=torch.float64)
@@ -604,16 +757,45 @@ def run_replicates(args: argparse.Namespace) -> list[dict]:
                 f_star = float(laser.opt.model.objective_mean(x_star).reshape(-1)[0])
             loc, scale = laser.opt.model.outcome_transform
             fit = design_fit(laser, float(loc), float(scale))
-            rows.append({"run": run, "design_at_opt": at_star, "replicates": k, "q_rec": q_rec, "q_opt": q_opt,
-                         "distance_pct": 100.0 * (q_opt - q_rec) / abs(q_opt), "predicted_at_rec": float(predicted),
-                         "predicted_at_opt": laser.opt.sign * float(loc + scale * f_star), **fit,
-                         "fit_kept": diag.get("restart_kept", ""), "simulator": simulator,
-                         "method": args.design_method})
-            print(f"[laser] run {run}, {k} measurements at x*: q(x_hat) {q_rec:.4f} ({rows[-1]['distance_pct']:.1f}% "
-                  f"from q* {q_opt:.4f}); model's quantile at x_hat {predicted:.3f}, at x* "
-                  f"{rows[-1]['predicted_at_opt']:.3f}", flush=True)
-    print(format_table(rows, ["run", "design_at_opt", "replicates", "q_rec", "distance_pct", "predicted_at_rec", "predicted_at_opt",
-                              "spearman", "predicted_max", "q_true_max", "model_noise_sd", "sim_noise_sd", "fit_kept"]))
+            rows.append(
+                {
+                    "run": run,
+                    "design_at_opt": at_star,
+                    "replicates": k,
+                    "q_rec": q_rec,
+                    "q_opt": q_opt,
+                    "distance_pct": 100.0 * (q_opt - q_rec) / abs(q_opt),
+                    "predicted_at_rec": float(predicted),
+                    "predicted_at_opt": laser.opt.sign * float(loc + scale * f_star),
+                    **fit,
+                    "fit_kept": diag.get("restart_kept", ""),
+                    "simulator": simulator,
+                    "method": args.design_method,
+                }
+            )
+            print(f"[laser] run {run}, {k} measurements at x*: q(x_hat) {q_rec:.4f} "
+                  f"({rows[-1]['distance_pct']:.1f}% from q* {q_opt:.4f}); model's quantile at x_hat "
+                  f"{predicted:.3f}, at x* {rows[-1]['predicted_at_opt']:.3f}", flush=True)
+    print(
+        format_table(
+            rows,
+            [
+                "run",
+                "design_at_opt",
+                "replicates",
+                "q_rec",
+                "distance_pct",
+                "predicted_at_rec",
+                "predicted_at_opt",
+                "spearman",
+                "predicted_max",
+                "q_true_max",
+                "model_noise_sd",
+                "sim_noise_sd",
+                "fit_kept",
+            ],
+        )
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_table(rows, out / "replicates")
@@ -646,9 +828,26 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
           f"{args.initial} + {args.batches} x {args.batch} evaluations", flush=True)
     t_start = time.perf_counter()
     budget = protocol_budget(args.initial, args.batches, args.batch)
-    preflight({m: functools.partial(build_optimizer, method_config(
-        m, args.tau, args.initial, budget, args.batch, 0, objective, args.model_options, args.proposer_options))
-        for m in args.methods}, "laser")
+    preflight(
+        {
+            m: functools.partial(
+                build_optimizer,
+                method_config(
+                    m,
+                    args.tau,
+                    args.initial,
+                    budget,
+                    args.batch,
+                    0,
+                    objective,
+                    args.model_options,
+                    args.proposer_options,
+                ),
+            )
+            for m in args.methods
+        },
+        "laser",
+    )
     jobs = make_jobs(args, objective)
     counts = run_jobs(jobs, args.workers, args.resume, deadline, "laser")
 
@@ -656,10 +855,22 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for job in jobs:
         if job.csv.exists():
             for r in read_table(job.csv):
-                rows.append(_as_types({**r, "tau": float(r["tau"]), "run": int(r["run"])},
-                                      ("n_evals", "batch", "initial", "budget", "failures"),
-                                      ("q_rec", "q_opt_lbfgs", "q_eval_max", "predicted", "fit_s", "propose_s",
-                                       "run_s", "cpu_s")))
+                rows.append(
+                    _as_types(
+                        {**r, "tau": float(r["tau"]), "run": int(r["run"])},
+                        ("n_evals", "batch", "initial", "budget", "failures"),
+                        (
+                            "q_rec",
+                            "q_opt_lbfgs",
+                            "q_eval_max",
+                            "predicted",
+                            "fit_s",
+                            "propose_s",
+                            "run_s",
+                            "cpu_s",
+                        ),
+                    )
+                )
     rows.sort(key=lambda r: (list(METHODS).index(r["method"]), r["run"], r["n_evals"]))
     if note := code_mix_note(rows):
         print(f"[laser] {note}", flush=True)
@@ -679,23 +890,51 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     print(f"\n[laser] {MODE}; {simulator}")
     q_lbfgs = next((r["q_opt_lbfgs"] for r in rows if not r["error"]), float("nan"))
-    print(f"optimum q* = {q_star:.4f} (L-BFGS-B optimum {q_lbfgs:.4f}; raised to the best evaluated point if higher)")
+    print(f"optimum q* = {q_star:.4f} (L-BFGS-B optimum {q_lbfgs:.4f}; raised to the best evaluated point if "
+          "higher)")
     print(f"\nFinal distance of the recommendation's exact {args.tau:g}-quantile from q* (over runs):")
-    print(format_table(summary, ["method", "n_evals", "runs", "q_rec_mean", "q_star", "distance_mean",
-                                 "distance_ci95", "distance_pct_mean", "distance_pct_std", "distance_pct_ci95",
-                                 "distance_pct_max", "run_s_mean", "cpu_s_mean"] +
-                       (["target"] if any("target" in s for s in summary) else [])))
+    print(
+        format_table(
+            summary,
+            [
+                "method",
+                "n_evals",
+                "runs",
+                "q_rec_mean",
+                "q_star",
+                "distance_mean",
+                "distance_ci95",
+                "distance_pct_mean",
+                "distance_pct_std",
+                "distance_pct_ci95",
+                "distance_pct_max",
+                "run_s_mean",
+                "cpu_s_mean",
+            ]
+            + (["target"] if any("target" in s for s in summary) else []),
+        )
+    )
     if pairs:
         print(f"\nPaired by run (distance, % of q*; negative: {TARGET['method']} closer):")
         print(format_table(pairs))
     errors = [r for r in rows if r["error"]]
     if errors:
-        print(f"\n{len(errors)} failed runs: " + "; ".join(f"{r['method']} run {r['run']}: {r['error']}" for r in errors))
+        print(f"\n{len(errors)} failed runs: " + "; ".join(f"{r['method']} run {r['run']}: "
+                                                           f"{r['error']}" for r in errors))
     if missing:
-        print(f"\n[laser] {missing} of {len(jobs)} runs not finished ({counts['paused']} paused at a checkpoint, "
-              f"{counts['skipped']} not started): run again with --resume")
-    print(f"\n[laser] wrote {out} ({len(rows)} rows, {len(plots)} plots) in {time.perf_counter() - t_start:.1f} s")
-    return {"rows": rows, "summary": summary, "paired": pairs, "plots": plots, "q_star": q_star, "missing": missing, "counts": counts}
+        print(f"\n[laser] {missing} of {len(jobs)} runs not finished ({counts['paused']} paused at a "
+              f"checkpoint, {counts['skipped']} not started): run again with --resume")
+    print(f"\n[laser] wrote {out} ({len(rows)} rows, {len(plots)} plots) in "
+          f"{time.perf_counter() - t_start:.1f} s")
+    return {
+        "rows": rows,
+        "summary": summary,
+        "paired": pairs,
+        "plots": plots,
+        "q_star": q_star,
+        "missing": missing,
+        "counts": counts,
+    }
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Load test of a run's central actor (issue 7 item 8): thousands of short evaluations, each logged once.
+"""Load test of a run's central actor: thousands of short evaluations, each logged once.
 
 A real qbatch run on a local Ray: `--evals` (default 5,000) evaluations of a ~10 ms objective
 (`objectives.timing.SleepObjective` with a fixed delay), proposed in batches of 500, with 64 evaluations in
@@ -10,19 +10,20 @@ evaluations are done and at the end: it must stay bounded, i.e. grow by far less
 evaluations (`--max-ratio`, `--max-kb-per-eval`).
 
 `load_memory_trace_<isolate>.csv` holds the actor's resident set against the evaluations done, sampled
-every 0.25 s. Reported per run: wall and span seconds, evaluations per second over the span, the exact-once audit of the
-event log (each trial id has exactly one completed/failed record; `lost` = budget - trials with a record,
-`duplicated` = records beyond the first per trial), the actor's and the evaluation pool's peak RSS, and the
-number of log segments. A plain Ray loop (the same sleeping task refilled with `ray.wait`, no qbatch) on the
-same slots gives the machine's practical throughput for comparison.
+every 0.25 s. Reported per run: wall and span seconds, evaluations per second over the span, the exact-once
+audit of the event log (each trial id has exactly one completed/failed record; `lost` = budget - trials with a
+record, `duplicated` = records beyond the first per trial), the actor's and the evaluation pool's peak RSS,
+and the number of log segments. A plain Ray loop (the same sleeping task refilled with `ray.wait`, no qbatch)
+on the same slots gives the machine's practical throughput for comparison.
 
 Slots: Ray starts with `num_cpus = slots` even on a 2-core machine and each evaluation asks for one CPU, so
 exactly `slots` evaluations run at once; they only sleep, but each is a Ray task (and, with the default
-``isolate="process"``, a forked child), so the cores are shared by Ray's own processes, the actor and the pool.
+``isolate="process"``, a forked child), so the cores are shared by Ray's own processes, the actor and the
+pool.
 
 Usage (inside scripts/loopback):
-    python benchmarks/load.py --out bench-out/load          # 5,000 evaluations (peak compared at 1,000), 64 slots
-    python benchmarks/load.py --quick --out /tmp/load       # 120 evaluations (compared at 40), 4 slots (~30 s)
+    python benchmarks/load.py --out bench-out/load     # 5,000 evaluations (peak compared at 1,000), 64 slots
+    python benchmarks/load.py --quick --out /tmp/load  # 120 evaluations (compared at 40), 4 slots (~30 s)
 The exit status is 1 when an evaluation was lost or duplicated, or the peak memory was not bounded.
 """
 
@@ -175,8 +176,10 @@ def run_qbatch(args: argparse.Namespace, n: int, isolate: str) -> dict[str, Any]
     run_dir = str(Path(args.out).resolve() / f"load-{n}-{isolate}-{int(time.time() * 1000)}")
     cfg = {
         "name": f"load-{n}",
-        "objective": {"name": "sleep", "options": {"dim": args.dim, "mean_s": args.eval_s, "cv": 0.0, "noise": 0.1,
-                                                   "num_cpus": 1}},
+        "objective": {
+            "name": "sleep",
+            "options": {"dim": args.dim, "mean_s": args.eval_s, "cv": 0.0, "noise": 0.1, "num_cpus": 1},
+        },
         "model": {"type": "quantile", "options": {}},
         "proposer": {"type": args.proposer, "options": {}},
         "batch_size": args.batch_size,
@@ -217,12 +220,17 @@ def run_qbatch(args: argparse.Namespace, n: int, isolate: str) -> dict[str, Any]
         "lost": audit["lost"],
         "duplicated": audit["duplicated"],
         "failed": audit["failed"],
-        "each_once": audit["lost"] == 0 and audit["duplicated"] == 0 and audit["unproposed"] == 0
-        and summary["done"] == n and audit["damage"] == 0,
+        "each_once": audit["lost"] == 0
+        and audit["duplicated"] == 0
+        and audit["unproposed"] == 0
+        and summary["done"] == n
+        and audit["damage"] == 0,
         "done_at_mark": sampler.done_at_mark if sampler.done_at_mark is not None else "",
         "actor_peak_at_mark_mb": mb(sampler.actor_hwm_at_mark_kb),
         "actor_peak_mb": mb(sampler.actor_hwm_kb),
-        "actor_rss_end_mb": mb(sampler.actor_rss_kb) if sampler.actor_rss_kb == sampler.actor_rss_kb else float("nan"),
+        "actor_rss_end_mb": mb(sampler.actor_rss_kb)
+        if sampler.actor_rss_kb == sampler.actor_rss_kb
+        else float("nan"),
         "pool_peak_mb": mb(sampler.pool_hwm_kb),
         "segments": audit["segments"],
         "run_dir": run_dir,
@@ -261,31 +269,55 @@ def run_plain(args: argparse.Namespace, n: int) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- main
-COLUMNS = ["system", "isolate", "proposer", "evaluations", "slots", "wall_s", "span_s", "evals_per_s",
-           "trials_logged", "lost", "duplicated", "failed", "each_once", "done_at_mark", "actor_peak_at_mark_mb",
-           "actor_peak_mb", "actor_rss_end_mb", "pool_peak_mb", "segments"]
+COLUMNS = [
+    "system",
+    "isolate",
+    "proposer",
+    "evaluations",
+    "slots",
+    "wall_s",
+    "span_s",
+    "evals_per_s",
+    "trials_logged",
+    "lost",
+    "duplicated",
+    "failed",
+    "each_once",
+    "done_at_mark",
+    "actor_peak_at_mark_mb",
+    "actor_peak_mb",
+    "actor_rss_end_mb",
+    "pool_peak_mb",
+    "segments",
+]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--evals", type=int, default=None, help="evaluations of the run (default 5000; --quick 120)")
+    p.add_argument("--evals", type=int, default=None, help="evaluations of the run (default 5000; --quick "
+                                                           "120)")
     p.add_argument("--compare", type=int, default=None,
                    help="evaluations done at which the actor's peak memory is compared with its final peak "
                         "(default 1000; --quick 40)")
     p.add_argument("--slots", type=int, default=None, help="max_concurrent (default 64; --quick 4)")
-    p.add_argument("--batch-size", type=int, default=None, help="proposal batch size (default 500; --quick 20)")
+    p.add_argument("--batch-size", type=int, default=None, help="proposal batch size (default 500; --quick "
+                                                                "20)")
     p.add_argument("--eval-s", type=float, default=0.01, help="seconds one evaluation sleeps (default 0.01)")
     p.add_argument("--dim", type=int, default=4)
     p.add_argument("--proposer", default="random", help="proposer type (random, sobol, thompson, ...)")
-    p.add_argument("--isolate", default="process", help="comma-separated evaluation isolation modes: process,thread")
+    p.add_argument("--isolate", default="process", help="comma-separated evaluation isolation modes: "
+                                                        "process,thread")
     p.add_argument("--max-ratio", type=float, default=1.5,
-                   help="largest accepted ratio of the final peak to the peak at --compare evaluations (default 1.5)")
+                   help="largest accepted ratio of the final peak to the peak at --compare evaluations "
+                        "(default 1.5)")
     p.add_argument("--max-kb-per-eval", type=float, default=None,
-                   help="largest accepted peak-memory growth per extra evaluation in KiB (default 20; --quick: not "
-                        "checked, a few hundred evaluations are too few to tell growth from noise)")
+                   help="largest accepted peak-memory growth per extra evaluation in KiB (default 20; "
+                        "--quick: not checked, a few hundred evaluations are too few to tell growth from "
+                        "noise)")
     p.add_argument("--no-plain", action="store_true", help="skip the plain Ray loop")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="120 evaluations (memory compared at 40) on 4 slots, batches of 20, no warm-up")
+    p.add_argument("--quick", action="store_true", help="120 evaluations (memory compared at 40) on 4 slots, "
+                                                        "batches of 20, no warm-up")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--out", default="bench-out/load")
     args = p.parse_args(argv)
@@ -303,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    # address="local": always a fresh local Ray, never a cluster named by RAY_ADDRESS or a `ray start` on this machine
+    # address="local": always a fresh local Ray, never a cluster named by RAY_ADDRESS or a `ray start` on this
+    # machine
     ray.init(address="local", num_cpus=args.slots, include_dashboard=False, log_to_driver=False)
     rows: list[dict[str, Any]] = []
     try:
@@ -323,9 +356,9 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr, flush=True)
             rows.append(run_qbatch(args, n, isolate))
             r = rows[-1]
-            print(f"[load]   {r['evals_per_s']:.1f} evaluations/s, lost {r['lost']}, duplicated {r['duplicated']}, "
-                  f"actor peak {r['actor_peak_at_mark_mb']:.0f} MB at {args.compare}, {r['actor_peak_mb']:.0f} MB "
-                  f"at {n}", file=sys.stderr, flush=True)
+            print(f"[load]   {r['evals_per_s']:.1f} evaluations/s, lost {r['lost']}, duplicated "
+                  f"{r['duplicated']}, actor peak {r['actor_peak_at_mark_mb']:.0f} MB at {args.compare}, "
+                  f"{r['actor_peak_mb']:.0f} MB at {n}", file=sys.stderr, flush=True)
         if not args.no_plain:
             print(f"[load] plain Ray loop: {args.evals} evaluations ...", file=sys.stderr, flush=True)
             rows.append(run_plain(args, args.evals))
@@ -365,8 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     exact = all(r["each_once"] for r in rows)
     bounded = all(c["bounded"] for c in checks)
     print(f"\nevery result logged exactly once: {'yes' if exact else 'NO'}; "
-          f"actor peak memory bounded (ratio <= {args.max_ratio:g}, <= {args.max_kb_per_eval:g} KiB per extra "
-          f"evaluation): {'yes' if bounded else 'NO'}")
+          f"actor peak memory bounded (ratio <= {args.max_ratio:g}, <= {args.max_kb_per_eval:g} KiB per "
+          f"extra evaluation): {'yes' if bounded else 'NO'}")
     return 0 if exact and bounded else 1
 
 

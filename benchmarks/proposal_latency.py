@@ -1,6 +1,6 @@
 """Proposal latency: one Thompson-sampling batch and one warm refit, qbatch beside BoTorch, on the same data.
 
-Issue 2's benchmark (quantile-expectile-bo.md §2 for the sampler, §1.4-1.6 for the model). Per setting
+Sources: quantile-expectile-bo.md §2 for the sampler, §1.4-1.6 for the model. Per setting
 (n observations, d dims, m inducing points, q batch size) it times, in one process and on one data set:
 
 (a) **batch proposal** — qbatch: `ThompsonSampling.propose` on a fitted `QuantileSVGP` (q Matheron paths
@@ -37,10 +37,11 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import psutil
 import torch
@@ -72,7 +73,7 @@ class Setting:
     q: int
 
     @classmethod
-    def parse(cls, text: str) -> "Setting":
+    def parse(cls, text: str) -> Setting:
         try:
             n, d, m, q = (int(v) for v in text.split(":"))
         except ValueError:
@@ -104,7 +105,7 @@ class PeakRSS:
             self._peak = max(self._peak, self.proc.memory_info().rss)
             self._stop.wait(self.interval)
 
-    def __enter__(self) -> "PeakRSS":
+    def __enter__(self) -> PeakRSS:
         gc.collect()
         self._start = self._peak = self.proc.memory_info().rss
         self._stop = threading.Event()
@@ -132,7 +133,8 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float, float]:
 # BoTorch side
 # ------------------------------------------------------------------------------------------------------------
 def botorch_svgp(X: torch.Tensor, Y: torch.Tensor, m: int):
-    """BoTorch's SingleTaskVariationalGP with m inducing points and a Matérn-5/2 ARD kernel (standardized Y)."""
+    """BoTorch's SingleTaskVariationalGP with m inducing points and a Matérn-5/2 ARD kernel (standardized
+    Y)."""
     from botorch.models.approximate_gp import SingleTaskVariationalGP
     from gpytorch.kernels import MaternKernel, ScaleKernel
 
@@ -165,8 +167,14 @@ def botorch_thompson(model, q: int, d: int, raw_samples: int, restarts: int, max
     bounds = torch.stack([torch.zeros(d), torch.ones(d)]).to(torch.float64)
     # raw scoring of N q-batches in memory-bounded chunks (~64 MiB of features per chunk)
     init_batch = max(1, 2**23 // (q * 1024))
-    X, _ = optimize_acqf(acq, bounds=bounds, q=q, num_restarts=restarts, raw_samples=raw_samples,
-                         options={"maxiter": maxiter, "init_batch_limit": init_batch, "batch_limit": restarts})
+    X, _ = optimize_acqf(
+        acq,
+        bounds=bounds,
+        q=q,
+        num_restarts=restarts,
+        raw_samples=raw_samples,
+        options={"maxiter": maxiter, "init_batch_limit": init_batch, "batch_limit": restarts},
+    )
     return X
 
 
@@ -197,9 +205,13 @@ def run_setting(s: Setting, args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def _time_thompson(s: Setting, args, qb, bt, X, raw: int, restarts: int, common: dict) -> list[dict[str, Any]]:
+def _time_thompson(
+    s: Setting, args, qb, bt, X, raw: int, restarts: int, common: dict
+) -> list[dict[str, Any]]:
     rows = []
-    ts = ThompsonSampling(num_features=args.num_features, raw_samples=raw, num_restarts=restarts, maxiter=args.maxiter)
+    ts = ThompsonSampling(
+        num_features=args.num_features, raw_samples=raw, num_restarts=restarts, maxiter=args.maxiter
+    )
     _, t_q, mem_q = timed(lambda: ts.propose(qb, s.q, X_observed=X, seed=args.seed))
     _, t_b, mem_b = timed(lambda: botorch_thompson(bt, s.q, s.d, raw, restarts, args.maxiter))
     rows.append({**common, "task": "thompson_batch", "library": "qbatch", "seconds": t_q, "peak_mib": mem_q,
@@ -221,8 +233,10 @@ def _time_refit(args, qb, bt, X_all, Y_all, common: dict) -> list[dict[str, Any]
 
 
 def print_table(rows: list[dict[str, Any]], memory_growth: bool = True) -> None:
-    head = f"{'n':>6} {'d':>3} {'m':>4} {'q':>5}  {'task':<16} {'qbatch s':>9} {'botorch s':>9} {'ratio':>7} " \
-           f"{'target':>7} {'qb MiB':>8} {'bt MiB':>8}"
+    head = (
+        f"{'n':>6} {'d':>3} {'m':>4} {'q':>5}  {'task':<16} {'qbatch s':>9} {'botorch s':>9} {'ratio':>7} "
+        f"{'target':>7} {'qb MiB':>8} {'bt MiB':>8}"
+    )
     print(head)
     print("-" * len(head))
     for qb, bt in zip(rows[0::2], rows[1::2]):
@@ -250,21 +264,30 @@ def print_table(rows: list[dict[str, Any]], memory_growth: bool = True) -> None:
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help=f"one tiny setting n:d:m:q = {':'.join(map(str, QUICK))} (CI smoke)")
-    p.add_argument("--settings", nargs="+", metavar="N:D:M:Q", help="settings to run (default: the full grid)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--quick", action="store_true", help="one tiny setting n:d:m:q = "
+                                                        f"{':'.join(map(str, QUICK))} (CI smoke)")
+    p.add_argument("--settings", nargs="+", metavar="N:D:M:Q", help="settings to run (default: the full "
+                                                                    "grid)")
     p.add_argument("--out", type=Path, default=REPO / "results" / "proposal_latency", help="output folder")
-    p.add_argument("--raw-samples", type=int, default=None, help="random candidates per path (default max(5000, 1000 d))")
-    p.add_argument("--restarts", type=int, default=None, help="L-BFGS-B starts per path (default: qbatch's rule)")
+    p.add_argument("--raw-samples", type=int, default=None, help="random candidates per path (default "
+                                                                 "max(5000, 1000 d))")
+    p.add_argument("--restarts", type=int, default=None, help="L-BFGS-B starts per path (default: qbatch's "
+                                                              "rule)")
     p.add_argument("--maxiter", type=int, default=200, help="L-BFGS-B iterations")
     p.add_argument("--num-features", type=int, default=1024,
-                   help="qbatch's random Fourier features (BoTorch's PathwiseThompsonSampling always uses its default 1024)")
+                   help="qbatch's random Fourier features (BoTorch's PathwiseThompsonSampling always uses "
+                        "its default 1024)")
     p.add_argument("--fit-steps", type=int, default=100, help="BoTorch full-batch Adam steps per fit")
-    p.add_argument("--cold-steps", type=int, default=500, help="qbatch cold-fit step cap (stage only, not timed)")
+    p.add_argument("--cold-steps", type=int, default=500, help="qbatch cold-fit step cap (stage only, not "
+                                                               "timed)")
     p.add_argument("--tasks", nargs="+", choices=("thompson", "refit"), default=["thompson", "refit"],
                    help="which timings to run (default both)")
     p.add_argument("--tau", type=float, default=0.8)
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's "
+                                                             "choice)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.threads:

@@ -11,8 +11,8 @@ step) scales to B = 100. This script times one batch of each, with equal restart
 Both use the same data (a noisy Hartmann-3 with skewed, input-dependent noise), the same candidate-set /
 grid size for the max values, the same number of inducing points, restarts and raw samples. Model fitting
 is not timed; the two methods are timed alternately `--repeats` times and the best time of each is kept
-(the machine may be shared). Prints both times and the ratio (target: qbatch <= 0.5 × BoTorch) and writes one CSV row per
-method to `--out` (default results/qgibbon_latency/latency.csv).
+(the machine may be shared). Prints both times and the ratio (target: qbatch <= 0.5 × BoTorch) and writes one
+CSV row per method to `--out` (default results/qgibbon_latency/latency.csv).
 
 Usage:
     python benchmarks/qgibbon_latency.py            # q = 100, d = 3, n = 150
@@ -38,8 +38,26 @@ if str(REPO) not in sys.path:
 from orchestrator.acquisition.qgibbon import QGibbon  # noqa: E402
 from orchestrator.models.quantile_svgp import QuantileSVGP  # noqa: E402
 
-FIELDS = ["method", "q", "d", "n", "num_inducing", "num_restarts", "raw_samples", "grid_size", "maxiter",
-          "repeats", "seconds", "all_seconds", "ms_per_point", "ratio_to_botorch", "threads", "device", "torch", "botorch"]
+FIELDS = [
+    "method",
+    "q",
+    "d",
+    "n",
+    "num_inducing",
+    "num_restarts",
+    "raw_samples",
+    "grid_size",
+    "maxiter",
+    "repeats",
+    "seconds",
+    "all_seconds",
+    "ms_per_point",
+    "ratio_to_botorch",
+    "threads",
+    "device",
+    "torch",
+    "botorch",
+]
 
 
 def make_data(n: int, d: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,7 +72,9 @@ def make_data(n: int, d: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def fit_qbatch(X, Y, args):
-    model = QuantileSVGP(tau=args.tau, num_inducing=args.num_inducing, max_steps=args.fit_steps, seed=args.seed)
+    model = QuantileSVGP(
+        tau=args.tau, num_inducing=args.num_inducing, max_steps=args.fit_steps, seed=args.seed
+    )
     model.fit(X, Y)
     return model
 
@@ -98,8 +118,15 @@ def time_botorch(model, X, args) -> float:
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        B, _ = optimize_acqf(acq, bounds, q=args.q, num_restarts=args.num_restarts, raw_samples=args.raw_samples,
-                             sequential=True, options={"maxiter": args.maxiter})
+        B, _ = optimize_acqf(
+            acq,
+            bounds,
+            q=args.q,
+            num_restarts=args.num_restarts,
+            raw_samples=args.raw_samples,
+            sequential=True,
+            options={"maxiter": args.maxiter},
+        )
     seconds = time.perf_counter() - t0
     assert B.shape == (args.q, d)
     return seconds
@@ -117,16 +144,34 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--raw-samples", type=int, default=None)
     p.add_argument("--grid-size", type=int, default=None, help="random points of the max-value grid (1000·d)")
     p.add_argument("--maxiter", type=int, default=None, help="L-BFGS-B iterations per start (both methods)")
-    p.add_argument("--fit-steps", type=int, default=None, help="optimizer steps of each model fit (not timed)")
+    p.add_argument("--fit-steps", type=int, default=None, help="optimizer steps of each model fit (not "
+                                                               "timed)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    p.add_argument("--repeats", type=int, default=None, help="interleaved timings of each method; the best is kept")
+    p.add_argument("--repeats", type=int, default=None, help="interleaved timings of each method; the best "
+                                                             "is kept")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=REPO / "results" / "qgibbon_latency")
     args = p.parse_args(argv)
-    quick = {"repeats": 1, "q": 10, "n": 40, "num_restarts": 2, "raw_samples": 64, "grid_size": 200, "maxiter": 20,
-             "fit_steps": 30}
-    full = {"repeats": 2, "q": 100, "n": 50 * args.d, "num_restarts": 10, "raw_samples": 512, "grid_size": 1000 * args.d,
-            "maxiter": 200, "fit_steps": 500}
+    quick = {
+        "repeats": 1,
+        "q": 10,
+        "n": 40,
+        "num_restarts": 2,
+        "raw_samples": 64,
+        "grid_size": 200,
+        "maxiter": 20,
+        "fit_steps": 30,
+    }
+    full = {
+        "repeats": 2,
+        "q": 100,
+        "n": 50 * args.d,
+        "num_restarts": 10,
+        "raw_samples": 512,
+        "grid_size": 1000 * args.d,
+        "maxiter": 200,
+        "fit_steps": 500,
+    }
     for key, val in (quick if args.quick else full).items():
         if getattr(args, key) is None:
             setattr(args, key, val)
@@ -148,16 +193,38 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ratio = t_q / t_b
     import botorch
 
-    common = {"q": args.q, "d": args.d, "n": args.n, "num_inducing": args.num_inducing,
-              "num_restarts": args.num_restarts, "raw_samples": args.raw_samples, "grid_size": args.grid_size,
-              "maxiter": args.maxiter, "repeats": args.repeats, "threads": torch.get_num_threads(), "device": platform.processor() or "cpu",
-              "torch": torch.__version__, "botorch": botorch.__version__}
+    common = {
+        "q": args.q,
+        "d": args.d,
+        "n": args.n,
+        "num_inducing": args.num_inducing,
+        "num_restarts": args.num_restarts,
+        "raw_samples": args.raw_samples,
+        "grid_size": args.grid_size,
+        "maxiter": args.maxiter,
+        "repeats": args.repeats,
+        "threads": torch.get_num_threads(),
+        "device": platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "botorch": botorch.__version__,
+    }
     rows = [
-        {"method": "qbatch.QGibbon", "seconds": round(t_q, 4), "all_seconds": " ".join(f"{t:.3f}" for t in times_q), "ms_per_point": round(1000 * t_q / args.q, 2),
-         "ratio_to_botorch": round(ratio, 4), **common},
-        {"method": "botorch.qLowerBoundMaxValueEntropy(sequential)", "seconds": round(t_b, 4),
-         "all_seconds": " ".join(f"{t:.3f}" for t in times_b),
-         "ms_per_point": round(1000 * t_b / args.q, 2), "ratio_to_botorch": 1.0, **common},
+        {
+            "method": "qbatch.QGibbon",
+            "seconds": round(t_q, 4),
+            "all_seconds": " ".join(f"{t:.3f}" for t in times_q),
+            "ms_per_point": round(1000 * t_q / args.q, 2),
+            "ratio_to_botorch": round(ratio, 4),
+            **common,
+        },
+        {
+            "method": "botorch.qLowerBoundMaxValueEntropy(sequential)",
+            "seconds": round(t_b, 4),
+            "all_seconds": " ".join(f"{t:.3f}" for t in times_b),
+            "ms_per_point": round(1000 * t_b / args.q, 2),
+            "ratio_to_botorch": 1.0,
+            **common,
+        },
     ]
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "latency.csv"
@@ -167,11 +234,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if new:
             w.writeheader()
         w.writerows(rows)
-    print(f"q = {args.q}, d = {args.d}, n = {args.n}, restarts = {args.num_restarts}, raw = {args.raw_samples}, "
-          f"grid = {args.grid_size}, threads = {torch.get_num_threads()}")
+    print(f"q = {args.q}, d = {args.d}, n = {args.n}, restarts = {args.num_restarts}, raw = "
+          f"{args.raw_samples}, grid = {args.grid_size}, threads = {torch.get_num_threads()}")
     print(f"  qbatch Q-GIBBON           {t_q:9.2f} s  ({1000 * t_q / args.q:.1f} ms/point)")
     print(f"  BoTorch GIBBON sequential {t_b:9.2f} s  ({1000 * t_b / args.q:.1f} ms/point)")
-    print(f"  ratio qbatch / BoTorch    {ratio:9.3f}  (target <= 0.5: {'met' if ratio <= 0.5 else 'NOT met'})")
+    print(f"  ratio qbatch / BoTorch    {ratio:9.3f}  (target <= 0.5: "
+          f"{'met' if ratio <= 0.5 else 'NOT met'})")
     print(f"  wrote {path}")
     return rows
 

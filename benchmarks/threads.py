@@ -1,11 +1,13 @@
-"""Threads: the README's library loop at qbatch's default thread setting, against one torch thread set outside.
+"""Threads: the README's library loop at qbatch's default thread setting, against one torch thread set
+outside.
 
-The loop of README "An example" (docs/library.md): `AskTellOptimizer` over `lr` (log-float) and `width` (int, step
-32), the quantile model at tau = 0.1, Thompson sampling, `initial_design=20`; five rounds of `ask(100)` and `tell`,
-then `fit()` and `best()`, on a noisy objective of both parameters. Arms, each in this process, alternating over the
-repeats:
+The loop of README "An example" (docs/library.md): `AskTellOptimizer` over `lr` (log-float) and `width` (int,
+step 32), the quantile model at tau = 0.1, Thompson sampling, `initial_design=20`; five rounds of `ask(100)`
+and `tell`, then `fit()` and `best()`, on a noisy objective of both parameters. Arms, each in this process,
+alternating over the repeats:
 
-- `default`: the loop as the README writes it, with torch's threads as a fresh process has them (one per core);
+- `default`: the loop as the README writes it, with torch's threads as a fresh process has them (one per
+  core);
   qbatch bounds its own fits and proposals (`threads: auto`, orchestrator/threads.py);
 - `single`: `torch.set_num_threads(1)` before the loop, the advice the docs gave before qbatch bounded them;
 - `unbounded` (with `--unbounded`): `AskTellOptimizer(threads=<torch's default>)`, the loop as it ran before
@@ -18,7 +20,8 @@ Usage:
     python benchmarks/threads.py                 # 5 x ask(100), 2 repeats of each arm (minutes on 2 cores)
     python benchmarks/threads.py --unbounded     # also the unbounded arm
     python benchmarks/threads.py --quick         # 2 x ask(10), short fits, 1 repeat (the CI smoke run)
-Results in --out (default results/threads/): threads.csv (every repeat) and summary.csv (per arm, and the ratio).
+Results in --out (default results/threads/): threads.csv (every repeat) and summary.csv (per arm, and the
+ratio).
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -56,8 +60,8 @@ ARMS = ("default", "single", "unbounded")
 
 
 def my_noisy_objective(params: dict[str, Any], seed: int) -> float:
-    """A noisy objective of the README's two parameters: a smooth peak at lr = 1e-3, width = 256, with noise whose
-    spread grows away from small widths (so its quantiles and its mean peak apart)."""
+    """A noisy objective of the README's two parameters: a smooth peak at lr = 1e-3, width = 256, with noise
+    whose spread grows away from small widths (so its quantiles and its mean peak apart)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -66,8 +70,11 @@ def my_noisy_objective(params: dict[str, Any], seed: int) -> float:
     return -(x ** 2) - w ** 2 + (0.2 + 0.3 * params["width"] / 512) * float(rng.standard_normal())
 
 
-def run_loop(arm: str, rounds: int, q: int, initial_design: int, model_options: dict | None = None) -> dict[str, Any]:
-    """One run of the library loop in `arm`; the times of the loop, of its first model `ask` and of its `fit`."""
+def run_loop(
+    arm: str, rounds: int, q: int, initial_design: int, model_options: dict | None = None
+) -> dict[str, Any]:
+    """One run of the library loop in `arm`; the times of the loop, of its first model `ask` and of its
+    `fit`."""
     from orchestrator.ask_tell import AskTellOptimizer
     from orchestrator.threads import resolve_threads
 
@@ -77,8 +84,15 @@ def run_loop(arm: str, rounds: int, q: int, initial_design: int, model_options: 
         outside = torch.get_num_threads()
         kwargs = {"threads": TORCH_DEFAULT} if arm == "unbounded" else {}
         t0 = time.perf_counter()
-        opt = AskTellOptimizer(SPACE, model="quantile", tau=0.1, proposer="thompson", initial_design=initial_design,
-                               model_options=model_options, **kwargs)
+        opt = AskTellOptimizer(
+            SPACE,
+            model="quantile",
+            tau=0.1,
+            proposer="thompson",
+            initial_design=initial_design,
+            model_options=model_options,
+            **kwargs,
+        )
         asks = []
         for _ in range(rounds):
             t = time.perf_counter()
@@ -121,8 +135,10 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="CI smoke run: 2 rounds of ask(10), short fits, one repeat")
-    ap.add_argument("--repeats", type=int, default=None, help=f"repeats of each arm (default {FULL['repeats']})")
+    ap.add_argument("--quick", action="store_true", help="CI smoke run: 2 rounds of ask(10), short fits, one "
+                                                         "repeat")
+    ap.add_argument("--repeats", type=int, default=None, help="repeats of each arm (default "
+                                                              f"{FULL['repeats']})")
     ap.add_argument("--unbounded", action="store_true", help="also time the loop with qbatch's bound lifted")
     ap.add_argument("--out", default=str(REPO / "results" / "threads"))
     args = ap.parse_args(argv)
@@ -133,21 +149,26 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         setting["repeats"] = args.repeats
     arms = ARMS if args.unbounded else ARMS[:2]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
-    print(f"[threads] torch's default {TORCH_DEFAULT} threads, {os.cpu_count()} CPUs, load average {load:.2f}; "
-          f"{setting['rounds']} rounds of ask({setting['q']}), {setting['repeats']} repeat(s) of {', '.join(arms)}",
+    print(f"[threads] torch's default {TORCH_DEFAULT} threads, {os.cpu_count()} CPUs, load average "
+          f"{load:.2f}; {setting['rounds']} rounds of ask({setting['q']}), {setting['repeats']} repeat(s) of "
+          f"{', '.join(arms)}",
           flush=True)
     rows = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        run_loop("single", 2, 5, 5, {"max_steps": 20})  # first calls pay for imports and lazy set-up: not timed
+        # first calls pay for imports and lazy set-up: not timed
+        run_loop("single", 2, 5, 5, {"max_steps": 20})
         for rep in range(setting["repeats"]):
             for arm in arms:
-                row = run_loop(arm, setting["rounds"], setting["q"], setting["initial_design"], setting["model_options"])
+                row = run_loop(
+                    arm, setting["rounds"], setting["q"], setting["initial_design"], setting["model_options"]
+                )
                 row.update(repeat=rep, rounds=setting["rounds"], q=setting["q"], torch_default=TORCH_DEFAULT,
                            cpus=os.cpu_count(), load_average=load, code=code_version())
                 rows.append(row)
                 print(f"[threads] {arm} (repeat {rep}): {row['seconds']:.1f} s, first model ask "
-                      f"{row['first_model_ask_s']:.1f} s (torch threads outside {row['threads_outside']})", flush=True)
+                      f"{row['first_model_ask_s']:.1f} s (torch threads outside "
+                      f"{row['threads_outside']})", flush=True)
     summary = summarize(rows)
     out = Path(args.out)
     write_table(rows, out / "threads", parquet=False)

@@ -1,4 +1,4 @@
-"""Worker utilization of qbatch against a plain Ray loop and Ray Tune (issue 4, "Benchmark").
+"""Worker utilization of qbatch against a plain Ray loop and Ray Tune.
 
 U = busy evaluation time / (slots x span), the span running from the first evaluation's start to the last
 one's end; busy time is measured inside each evaluation around the objective call, the same way for every
@@ -28,7 +28,7 @@ Usage (inside scripts/loopback):
     python benchmarks/utilization.py --out bench-out            # 640 evaluations, Tune with --tune-evals 160
     python benchmarks/utilization.py --quick --out /tmp/u        # 96 evaluations of ~0.5 s, a small model
 Writes utilization.csv (one row per system and repeat) and summary.csv (per system: mean U, 95% CI, ratios).
-Targets (issue 4): qbatch U >= 0.9, >= 3x Ray Tune's best, within 0.05 of the plain Ray loop.
+Targets: qbatch U >= 0.9, >= 3x Ray Tune's best, within 0.05 of the plain Ray loop.
 """
 
 from __future__ import annotations
@@ -38,8 +38,9 @@ import csv
 import math
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -51,8 +52,9 @@ from benchmarks._common import mean_ci, read_table  # noqa: E402
 from objectives.timing import SleepObjective  # noqa: E402
 
 SYSTEMS = ("qbatch", "qbatch-sync", "plain-ray", "tune", "tune-reuse")
-#: `--quick`'s model and proposer options: the smoke run checks that every system runs and is measured, so qbatch's
-#: model is the quantile SVGP and Thompson sampling, small (the default model's final fit alone took 16 s of it)
+#: `--quick`'s model and proposer options: the smoke run checks that every system runs and is measured, so
+#: qbatch's model is the quantile SVGP and Thompson sampling, small (the default model's final fit alone took
+#: 16 s of it)
 QUICK_MODEL = {"num_inducing": 16, "max_steps": 60, "warm_max_steps": 20}
 QUICK_PROPOSER = {"num_features": 128, "raw_samples": 128, "num_restarts": 1, "maxiter": 20}
 
@@ -67,7 +69,8 @@ def span_utilization(intervals: list[tuple[float, float]], slots: int) -> tuple[
 
 
 def greedy_utilization(durations: Sequence[float], slots: int) -> float:
-    """U of a zero-overhead greedy schedule of `durations` in this order: each starts the instant a slot frees."""
+    """U of a zero-overhead greedy schedule of `durations` in this order: each starts the instant a slot
+    frees."""
     free = np.zeros(slots)
     for d in durations:
         i = int(np.argmin(free))
@@ -75,7 +78,9 @@ def greedy_utilization(durations: Sequence[float], slots: int) -> float:
     return float(np.sum(durations) / (slots * free.max())) if len(durations) else float("nan")
 
 
-def ideal_utilization(n: int, slots: int, mean_s: float, cv: float, reps: int = 2000, seed: int = 0) -> tuple[float, float]:
+def ideal_utilization(
+    n: int, slots: int, mean_s: float, cv: float, reps: int = 2000, seed: int = 0
+) -> tuple[float, float]:
     """(mean, std) of U for a zero-overhead greedy scheduler on the same load (simulated).
 
     `n` lognormal evaluation times (mean `mean_s`, coefficient of variation `cv`) start in order on the
@@ -120,7 +125,13 @@ def run_qbatch(args: argparse.Namespace, n: int, synchronous: bool) -> dict[str,
     events = RunStore.open(run_dir).events()
     done = [e for e in events if e.kind in ("completed", "failed")]
     refits = [e.info["seconds"] for e in events if e.kind == "refit"]
-    props = sorted({(e.batch_id, e.info["proposal_seconds"]) for e in events if e.kind == "proposed" and e.info.get("source") == "model"})
+    props = sorted(
+        {
+            (e.batch_id, e.info["proposal_seconds"])
+            for e in events
+            if e.kind == "proposed" and e.info.get("source") == "model"
+        }
+    )
     return {
         "intervals": [(e.started_at, e.ended_at) for e in done],
         "wall_s": wall,
@@ -149,7 +160,9 @@ def run_plain(args: argparse.Namespace, n: int) -> dict[str, Any]:
     names = list(obj.space)
 
     def submit(i: int) -> Any:
-        return evaluate.remote({k: float(v) for k, v in zip(names, rng.random(len(names)))}, args.run_seed * 100_003 + i)
+        return evaluate.remote(
+            {k: float(v) for k, v in zip(names, rng.random(len(names)))}, args.run_seed * 100_003 + i
+        )
 
     t0 = time.time()
     inflight = [submit(i) for i in range(min(args.slots, n))]
@@ -187,10 +200,14 @@ def run_tune(args: argparse.Namespace, n: int, reuse: bool) -> dict[str, Any]:
     tuner = tune.Tuner(
         tune.with_resources(trainable, {"cpu": 1}),
         param_space=space,
-        tune_config=tune.TuneConfig(search_alg=search_alg, num_samples=n, reuse_actors=reuse,
-                                    max_concurrent_trials=args.slots),
-        run_config=tune.RunConfig(name=f"tune-{'reuse' if reuse else 'fresh'}-{args.run_seed}-{int(time.time())}",
-                                  storage_path=str(Path(args.out).resolve() / "tune"), verbose=0),
+        tune_config=tune.TuneConfig(
+            search_alg=search_alg, num_samples=n, reuse_actors=reuse, max_concurrent_trials=args.slots
+        ),
+        run_config=tune.RunConfig(
+            name=f"tune-{'reuse' if reuse else 'fresh'}-{args.run_seed}-{int(time.time())}",
+            storage_path=str(Path(args.out).resolve() / "tune"),
+            verbose=0,
+        ),
     )
     t0 = time.time()
     results = tuner.fit()
@@ -214,10 +231,11 @@ def _objective_options(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--slots", type=int, default=16)
-    p.add_argument("--evals", type=int, default=None, help="evaluations per qbatch / plain run (default 640; --quick 96)")
+    p.add_argument("--evals", type=int, default=None, help="evaluations per qbatch / plain run (default 640; "
+                                                           "--quick 96)")
     p.add_argument("--tune-evals", type=int, default=None,
-                   help="evaluations for each Ray Tune run (default 160, --quick 48: Tune's U does not grow with "
-                        "length, and 640 takes ~20 min)")
+                   help="evaluations for each Ray Tune run (default 160, --quick 48: Tune's U does not grow "
+                        "with length, and 640 takes ~20 min)")
     p.add_argument("--mean", type=float, default=2.0, help="mean evaluation time in seconds")
     p.add_argument("--cv", type=float, default=0.5, help="coefficient of variation of evaluation times")
     p.add_argument("--dim", type=int, default=4)
@@ -226,11 +244,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queue-low", type=int, default=None, help="actor's queue_low (default max(slots, B/2))")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=1,
-                   help="runs of every system (seeds seed, seed+1, ...): one U is a single draw of the tail (see "
-                        "the ideal-scheduler row), so compare means")
-    p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {','.join(SYSTEMS)}")
+                   help="runs of every system (seeds seed, seed+1, ...): one U is a single draw of the tail "
+                        "(see the ideal-scheduler row), so compare means")
+    p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of "
+                                                                f"{','.join(SYSTEMS)}")
     p.add_argument("--quick", action="store_true",
-                   help="96 evaluations of ~0.5 s (Tune: 48), qbatch with a small model (QUICK_MODEL, QUICK_PROPOSER)")
+                   help="96 evaluations of ~0.5 s (Tune: 48), qbatch with a small model (QUICK_MODEL, "
+                        "QUICK_PROPOSER)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--out", default="bench-out/utilization")
     p.add_argument("--from-csv", metavar="CSV",
@@ -292,15 +312,28 @@ def main(argv: list[str] | None = None) -> int:
                 # draw of evaluation times allowed (the tail's luck), so U / U_ideal is the system's own share
                 order = sorted(res["intervals"])
                 u_ideal = greedy_utilization([e - s_ for s_, e in order], args.slots)
-                row = {"system": system, "repeat": rep, "evaluations": len(res["intervals"]), "failed": res["failed"],
-                       "slots": args.slots, "mean_s": args.mean, "cv": args.cv, "U": u, "U_ideal_same_draw": u_ideal,
-                       "efficiency": u / u_ideal, "busy_s": busy, "span_s": span,
-                       "wall_s": res["wall_s"], "refits": res.get("refits", ""),
-                       "refit_s_median": res.get("refit_s_median", ""),
-                       "proposal_s_median": res.get("proposal_s_median", ""), "best": res.get("best", "")}
+                row = {
+                    "system": system,
+                    "repeat": rep,
+                    "evaluations": len(res["intervals"]),
+                    "failed": res["failed"],
+                    "slots": args.slots,
+                    "mean_s": args.mean,
+                    "cv": args.cv,
+                    "U": u,
+                    "U_ideal_same_draw": u_ideal,
+                    "efficiency": u / u_ideal,
+                    "busy_s": busy,
+                    "span_s": span,
+                    "wall_s": res["wall_s"],
+                    "refits": res.get("refits", ""),
+                    "refit_s_median": res.get("refit_s_median", ""),
+                    "proposal_s_median": res.get("proposal_s_median", ""),
+                    "best": res.get("best", ""),
+                }
                 rows.append(row)
-                print(f"[utilization] {system}: U = {u:.3f} (busy {busy:.0f} s over {span:.0f} s x {args.slots}; "
-                      f"ideal for these durations {u_ideal:.3f})", file=sys.stderr, flush=True)
+                print(f"[utilization] {system}: U = {u:.3f} (busy {busy:.0f} s over {span:.0f} s x "
+                      f"{args.slots}; ideal for these durations {u_ideal:.3f})", file=sys.stderr, flush=True)
         finally:
             ray.shutdown()
 
@@ -321,13 +354,16 @@ def read_rows(path: str) -> list[dict[str, Any]]:
 
 
 def summarize(rows: list[dict[str, Any]], systems: list[str], args: argparse.Namespace) -> int:
-    """Per system over the repeats: mean U with its 95% Student-t interval, the ratios of the means; printed and
-    written to OUT/summary.csv (and the per-run rows, with their per-repeat ratios, to OUT/utilization.csv)."""
+    """Per system over the repeats: mean U with its 95% Student-t interval, the ratios of the means; printed
+    and written to OUT/summary.csv (and the per-run rows, with their per-repeat ratios, to
+    OUT/utilization.csv)."""
     repeats = sorted({r["repeat"] for r in rows})
 
     def ratios(by: dict[str, float], target: dict[str, Any]) -> None:
         tune_best = max([by[s] for s in ("tune", "tune-reuse") if s in by], default=float("nan"))
-        target["U_over_tune_best"] = target["U"] / tune_best if tune_best == tune_best and tune_best > 0 else ""
+        target["U_over_tune_best"] = (
+            target["U"] / tune_best if tune_best == tune_best and tune_best > 0 else ""
+        )
         target["U_minus_plain"] = target["U"] - by["plain-ray"] if "plain-ray" in by else ""
 
     for rep in repeats:
@@ -372,14 +408,15 @@ def summarize(rows: list[dict[str, Any]], systems: list[str], args: argparse.Nam
         w.writeheader()
         w.writerows(summary)
 
-    print(f"\n{'system':<18} {'runs':>5} {'evals':>6} {'U mean':>7} {'± 95%':>7} {'min':>6} {'max':>6} {'U/ideal':>8}")
+    print(f"\n{'system':<18} {'runs':>5} {'evals':>6} {'U mean':>7} {'± 95%':>7} {'min':>6} {'max':>6} "
+          f"{'U/ideal':>8}")
     for r in summary:
         ci = "" if r["U_ci95"] != r["U_ci95"] else f"{r['U_ci95']:.3f}"
-        print(f"{r['system']:<18} {r['runs']:>5} {r['evaluations']:>6} {r['U']:>7.3f} {ci:>7} {r['U_min']:>6.3f} "
-              f"{r['U_max']:>6.3f} {r['efficiency']:>8.3f}")
-    print(f"(ideal: a zero-overhead greedy scheduler on the same load, {ideal_n} evaluations; the band is the "
-          f"spread of one run, std {ideal_std:.3f}. U/ideal: each run's U over that of a zero-overhead scheduler "
-          f"given the run's own durations in its start order, averaged over runs)")
+        print(f"{r['system']:<18} {r['runs']:>5} {r['evaluations']:>6} {r['U']:>7.3f} {ci:>7} "
+              f"{r['U_min']:>6.3f} {r['U_max']:>6.3f} {r['efficiency']:>8.3f}")
+    print(f"(ideal: a zero-overhead greedy scheduler on the same load, {ideal_n} evaluations; the band is "
+          f"the spread of one run, std {ideal_std:.3f}. U/ideal: each run's U over that of a zero-overhead "
+          f"scheduler given the run's own durations in its start order, averaged over runs)")
     if "qbatch" in by:
         q = by["qbatch"]
         print(f"\nqbatch U = {q:.3f} (target >= 0.9)")
@@ -387,9 +424,11 @@ def summarize(rows: list[dict[str, Any]], systems: list[str], args: argparse.Nam
         if tune_best == tune_best:
             print(f"qbatch / Ray Tune best = {q / tune_best:.2f}x (target >= 3x)")
         if "plain-ray" in by:
-            print(f"plain Ray loop U = {by['plain-ray']:.3f}; qbatch - plain = {q - by['plain-ray']:+.3f} (target >= -0.05)")
+            print(f"plain Ray loop U = {by['plain-ray']:.3f}; qbatch - plain = {q - by['plain-ray']:+.3f} "
+                  "(target >= -0.05)")
         if "qbatch-sync" in by:
-            print(f"qbatch synchronous U = {by['qbatch-sync']:.3f}; streaming / synchronous = {q / by['qbatch-sync']:.2f}x")
+            print(f"qbatch synchronous U = {by['qbatch-sync']:.3f}; streaming / synchronous = "
+                  f"{q / by['qbatch-sync']:.2f}x")
         print(f"qbatch / ideal = {q / ideal_mean:.3f}")
     print(f"CSV: {path} (per run), {spath} (per system)")
     return 0

@@ -16,8 +16,9 @@ from __future__ import annotations
 import math
 import numbers
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -38,17 +39,19 @@ class Resources:
     custom: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        """Refuse what Ray would refuse at every submission (the run would retry it forever, evaluating nothing)."""
+        """Refuse what Ray would refuse at every submission (the run would retry it forever, evaluating
+        nothing)."""
         for key in ("num_cpus", "num_gpus"):
             _check_quantity(key, getattr(self, key))
         if self.memory is not None:
             _check_quantity("memory", self.memory)
         if not isinstance(self.custom, Mapping):
-            raise ObjectiveError(f"custom resources must be a mapping of name to quantity; got {self.custom!r}")
+            raise ObjectiveError("custom resources must be a mapping of name to quantity; got "
+                                 f"{self.custom!r}")
         for name, q in self.custom.items():
             if not isinstance(name, str) or not name or name in ("CPU", "GPU"):
-                raise ObjectiveError(f"custom resource name {name!r} is not allowed (a non-empty name other than "
-                                     "'CPU' and 'GPU': those are num_cpus and num_gpus)")
+                raise ObjectiveError(f"custom resource name {name!r} is not allowed (a non-empty name other "
+                                     "than 'CPU' and 'GPU': those are num_cpus and num_gpus)")
             _check_quantity(f"custom resource {name!r}", q)
 
     def to_ray_options(self) -> dict[str, Any]:
@@ -97,7 +100,8 @@ class Objective(ABC):
         """Evaluate at `params` (names of `space` to values) with random `seed`."""
 
     def __call__(self, params: Mapping[str, Any], seed: int = 0) -> float | EvalResult:
-        # one rule for every objective (NumPy and torch seeders refuse negatives or 2**64 each in their own words)
+        # one rule for every objective (NumPy and torch seeders refuse negatives or 2**64 each in their own
+        # words)
         if is_bool(seed) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**63:
             raise ObjectiveError(f"seed must be an integer in [0, 2**63); got {seed!r}")
         self.check_params(params)
@@ -126,9 +130,9 @@ def is_bool(value: Any) -> bool:
 
 
 def is_json_data(value: Any, tuples: bool = False) -> bool:
-    """Whether `value` comes back equal, and of the same type, from JSON (and YAML): None, bool, int, float, str,
-    and lists and string-keyed dicts of them, of exactly these types (an IntEnum would come back an int, a
-    non-string key a string). `tuples`: count tuples as lists (they come back lists)."""
+    """Whether `value` comes back equal, and of the same type, from JSON (and YAML): None, bool, int, float,
+    str, and lists and string-keyed dicts of them, of exactly these types (an IntEnum would come back an int,
+    a non-string key a string). `tuples`: count tuples as lists (they come back lists)."""
     if value is None or type(value) in (bool, int, float, str):
         return True
     if type(value) is list or (tuples and type(value) is tuple):

@@ -14,12 +14,19 @@ import dataclasses
 import math
 import os
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from objectives.base import EvalResult, Objective, ObjectiveError, Resources
-from objectives.datasets import IMAGE_DATASETS, DatasetError, ImageDataset, check_image_source, load_image_dataset
+from objectives.datasets import (
+    IMAGE_DATASETS,
+    DatasetError,
+    ImageDataset,
+    check_image_source,
+    load_image_dataset,
+)
 from objectives.options import check_choice, check_float, check_int, check_path
 
 #: image side of each data set (digits 8x8, CIFAR-10 and SVHN 32x32): `conv_layers` halvings must leave >= 1
@@ -82,15 +89,16 @@ class CNNTraining(Objective):
         num_gpus: GPUs (may be fractional) one evaluation asks the cluster for; 0 by default.
         memory: bytes of memory one evaluation asks the cluster for (Ray's `memory`); None (default) asks for
             none, so Ray packs evaluations by CPUs alone. CIFAR-10 and SVHN hold their training set in every
-            worker (about 0.2 and 0.25 GB of uint8 images; float32 batches come on top): give it on small nodes.
+            worker (about 0.2 and 0.25 GB of uint8 images; float32 batches come on top): give it on small
+            nodes.
         num_threads: torch CPU threads during an evaluation; default ``int(num_cpus)``.
         momentum: SGD momentum in [0, 1).
         conv_layers: number of conv blocks (1 to 4; the image must stay at least 1x1 after pooling).
         n_train: train on this many images of the training set (a fixed random subset, the same in every
             evaluation and worker: `TRAIN_SUBSET_SEED`), or None (default) for all of it. Cuts an evaluation's
-            cost on CIFAR-10 or SVHN (50,000 and 73,257 images) where a CPU cluster cannot train on all of them;
-            the test set stays whole. More than the training set holds is refused when the data are loaded
-            (at once for digits, whose training set has 1,257 images).
+            cost on CIFAR-10 or SVHN (50,000 and 73,257 images) where a CPU cluster cannot train on all of
+            them; the test set stays whole. More than the training set holds is refused when the data are
+            loaded (at once for digits, whose training set has 1,257 images).
     """
 
     name = "cnn"
@@ -116,21 +124,24 @@ class CNNTraining(Objective):
     ) -> None:
         check_choice("dataset", dataset, IMAGE_DATASETS)
         check_int("epochs", epochs, 1)
-        if device not in (None, "cpu", "cuda") and not (isinstance(device, str) and device.startswith("cuda:")):
+        if device not in (None, "cpu", "cuda") and not (
+            isinstance(device, str) and device.startswith("cuda:")
+        ):
             raise ObjectiveError(f"option 'device' must be None, 'cpu', 'cuda' or 'cuda:N'; got {device!r}")
         num_cpus = check_float("num_cpus", num_cpus, 0.0, low_open=True)
         num_gpus = check_float("num_gpus", num_gpus, 0.0)
         if isinstance(device, str) and device.startswith("cuda") and num_gpus == 0:
             # an evaluation that asks for no GPU sees an empty CUDA_VISIBLE_DEVICES (qbatch sets Ray's
             # RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO, workers/evaluate.py): every evaluation would fail
-            raise ObjectiveError(f"option 'device'={device!r} needs option 'num_gpus' > 0 (an evaluation sees no "
-                                 "GPU unless it asks for one); got num_gpus=0")
+            raise ObjectiveError(f"option 'device'={device!r} needs option 'num_gpus' > 0 (an evaluation "
+                                 "sees no GPU unless it asks for one); got num_gpus=0")
         if isinstance(device, str) and device.startswith("cuda:"):
             # Ray numbers the GPUs it gives a task from 0: a task of num_gpus g sees cuda:0 .. cuda:ceil(g)-1
             index = device[len("cuda:"):]
             if not index.isdigit() or int(index) >= math.ceil(num_gpus):
-                raise ObjectiveError(f"option 'device'={device!r}: an evaluation with num_gpus={num_gpus:g} sees "
-                                     f"cuda:0 to cuda:{math.ceil(num_gpus) - 1} (Ray numbers a task's GPUs from 0)")
+                raise ObjectiveError(f"option 'device'={device!r}: an evaluation with num_gpus={num_gpus:g} "
+                                     f"sees cuda:0 to cuda:{math.ceil(num_gpus) - 1} (Ray numbers a task's "
+                                     "GPUs from 0)")
         check_int("num_threads", num_threads, 1, optional=True)
         momentum = check_float("momentum", momentum, 0.0, 1.0, high_open=True)
         check_int("conv_layers", conv_layers, 1, 4)
@@ -147,22 +158,26 @@ class CNNTraining(Objective):
         check_int("memory", memory, 1, optional=True)
         self.resources = Resources(num_cpus=float(num_cpus), num_gpus=float(num_gpus), memory=memory)
         if dataset != "digits" and data_dir is None:
-            raise ObjectiveError(f"option 'data_dir' is required for dataset {dataset!r} (nothing is downloaded)")
+            raise ObjectiveError(f"option 'data_dir' is required for dataset {dataset!r} (nothing is "
+                                 "downloaded)")
         if dataset == "digits" and data_dir is not None:
-            raise ObjectiveError("option 'data_dir' must be None for dataset 'digits' (it ships with scikit-learn)")
+            raise ObjectiveError("option 'data_dir' must be None for dataset 'digits' (it ships with "
+                                 "scikit-learn)")
         if not isinstance(check_data, bool):
             raise ObjectiveError(f"option 'check_data' must be true or false; got {check_data!r}")
-        if check_data:  # the files are there (not read): a wrong folder is refused now, not at every evaluation
+        # the files are there (not read): a wrong folder is refused now, not at every evaluation
+        if check_data:
             try:
                 check_image_source(dataset, data_dir)
             except DatasetError as exc:
-                raise DatasetError(f"option 'data_dir': {exc} (option 'check_data': false if it exists only on "
-                                   "the worker nodes)") from None
+                raise DatasetError(f"option 'data_dir': {exc} (option 'check_data': false if it exists only "
+                                   "on the worker nodes)") from None
         # the known image sides: a too deep network is refused here, before any run starts
         self._check_side(_IMAGE_SIDE[dataset])
         self._data: ImageDataset | None = None
         self._tensors: dict[str, Any] = {}
-        if dataset == "digits" and self.n_train is not None:  # built in and small: a too large n_train fails now
+        # built in and small: a too large n_train fails now
+        if dataset == "digits" and self.n_train is not None:
             _ = self.data
 
     # the loaded data stays behind when the objective is shipped to a worker; each worker loads its own
@@ -181,8 +196,8 @@ class CNNTraining(Objective):
             if self.n_train is not None:
                 n = data.X_train.shape[0]
                 if self.n_train > n:
-                    raise ObjectiveError(f"option 'n_train'={self.n_train} exceeds the {n} training images of "
-                                         f"dataset {self.dataset!r}")
+                    raise ObjectiveError(f"option 'n_train'={self.n_train} exceeds the {n} training images "
+                                         f"of dataset {self.dataset!r}")
                 keep = np.sort(np.random.default_rng(TRAIN_SUBSET_SEED).permutation(n)[: self.n_train])
                 data = dataclasses.replace(data, X_train=data.X_train[keep], y_train=data.y_train[keep])
             self._data = data
@@ -191,7 +206,8 @@ class CNNTraining(Objective):
     def _check_side(self, side: int) -> None:
         if side < 2**self.conv_layers:
             raise ObjectiveError(
-                f"option 'conv_layers'={self.conv_layers} pools {self.dataset!r} images of side {side} below 1x1"
+                f"option 'conv_layers'={self.conv_layers} pools {self.dataset!r} images of side {side} below "
+                "1x1"
             )
 
     def _device(self) -> Any:
@@ -327,7 +343,8 @@ class CNNTraining(Objective):
         with torch.no_grad():
             for start in range(0, X_te.shape[0], _EVAL_BATCH):
                 logits = model(prep(X_te[start : start + _EVAL_BATCH]))
-                ok = (logits.argmax(dim=1) == y_te[start : start + _EVAL_BATCH]) & torch.isfinite(logits).all(dim=1)
+                ok = ((logits.argmax(dim=1) == y_te[start : start + _EVAL_BATCH])
+                      & torch.isfinite(logits).all(dim=1))
                 wrong += int((~ok).sum())
         error = wrong / int(X_te.shape[0])
         return EvalResult(

@@ -117,9 +117,11 @@ class TextCorpus:
 
 def _require_dir(path: str | os.PathLike[str], what: str) -> Path:
     p = Path(path).expanduser()
-    if p.is_file():  # the archive itself, or one of the dataset's files: the message says what to give instead
-        raise DatasetError(f"{what} directory {str(p)!r} is a file; give the directory that holds the dataset's "
-                           "files (extract an archive first: nothing is unpacked or downloaded here)")
+    # the archive itself, or one of the dataset's files: the message says what to give instead
+    if p.is_file():
+        raise DatasetError(f"{what} directory {str(p)!r} is a file; give the directory that holds the "
+                           "dataset's files (extract an archive first: nothing is unpacked or downloaded "
+                           "here)")
     if not p.is_dir():
         raise DatasetError(f"{what} directory {str(p)!r} does not exist or is not a directory")
     return p
@@ -182,9 +184,11 @@ def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     data = np.asarray(batch[b"data"])
     labels = np.asarray(batch[b"labels"])
     if data.dtype != np.uint8:
-        raise DatasetError(f"CIFAR-10 file {str(path)!r}: b'data' must hold uint8 pixels; got dtype {data.dtype}")
+        raise DatasetError(f"CIFAR-10 file {str(path)!r}: b'data' must hold uint8 pixels; got dtype "
+                           f"{data.dtype}")
     if labels.dtype.kind not in "iu":
-        raise DatasetError(f"CIFAR-10 file {str(path)!r}: b'labels' must be integers; got dtype {labels.dtype}")
+        raise DatasetError(f"CIFAR-10 file {str(path)!r}: b'labels' must be integers; got dtype "
+                           f"{labels.dtype}")
     labels = labels.astype(np.int64)
     if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or data.shape[0] != labels.shape[0]:
         raise DatasetError(
@@ -244,7 +248,8 @@ def _read_svhn_mat(path: Path) -> tuple[np.ndarray, np.ndarray]:
     y = y.astype(np.int64)
     if X.ndim != 4 or X.shape[:3] != (32, 32, 3) or X.shape[3] != y.shape[0]:
         raise DatasetError(
-            f"SVHN file {str(path)!r}: expected X `32 x 32 x 3 x n` and n labels; got X {X.shape}, {y.shape[0]} labels"
+            f"SVHN file {str(path)!r}: expected X `32 x 32 x 3 x n` and n labels; got X {X.shape}, "
+            f"{y.shape[0]} labels"
         )
     if y.size and (y.min() < 1 or y.max() > 10):
         raise DatasetError(f"SVHN file {str(path)!r} has labels outside 1..10")
@@ -298,7 +303,8 @@ def check_image_source(name: str, data_dir: str | os.PathLike[str] | None = None
 
 
 def load_image_dataset(name: str, data_dir: str | os.PathLike[str] | None = None) -> ImageDataset:
-    """Load an image data set by name: ``"digits"`` (built in), ``"cifar10"`` or ``"svhn"`` (need `data_dir`)."""
+    """Load an image data set by name: ``"digits"`` (built in), ``"cifar10"`` or ``"svhn"`` (need
+    `data_dir`)."""
     _check_image_args(name, data_dir)
     if name == "digits":
         return load_digits()
@@ -313,7 +319,8 @@ def _split_fixed(docs: list[str], n_train: int | None, n_test: int, split_seed: 
         raise DatasetError(f"{what}: n_test must be in [1, {n - 1}] for {n} documents; got {n_test}")
     n_train = n - n_test if n_train is None else n_train
     if n_train < 1 or n_train + n_test > n:
-        raise DatasetError(f"{what}: n_train + n_test must be at most {n} documents; got {n_train} + {n_test}")
+        raise DatasetError(f"{what}: n_train + n_test must be at most {n} documents; got {n_train} + "
+                           f"{n_test}")
     perm = np.random.default_rng(split_seed).permutation(n)
     test = [docs[i] for i in perm[:n_test]]
     train = [docs[i] for i in perm[n_test : n_test + n_train]]
@@ -327,7 +334,8 @@ def _gensim_test_file(name: str) -> Path:
 
     spec = importlib.util.find_spec("gensim")
     if spec is None or not spec.submodule_search_locations:
-        raise DatasetError("corpus 'lee' ships with gensim, which is not installed (pip install 'qbatch[lda]')")
+        raise DatasetError("corpus 'lee' ships with gensim, which is not installed (pip install "
+                           "'qbatch[lda]')")
     path = Path(list(spec.submodule_search_locations)[0]) / "test" / "test_data" / name
     if not path.is_file():
         raise DatasetError(f"gensim's test-data file {str(path)!r} is missing; reinstall gensim")
@@ -386,7 +394,8 @@ def load_newsgroups(
     present = _newsgroup_parts(d)
     files = _newsgroup_files(present)
     if not files:
-        raise DatasetError(f"20 Newsgroups directory {str(d)!r} has no documents under {[p.name for p in present]}")
+        raise DatasetError(f"20 Newsgroups directory {str(d)!r} has no documents under "
+                           f"{[p.name for p in present]}")
     docs = [_read_newsgroup_file(f) for f in files]
     return _split_fixed(docs, n_train, n_test, split_seed, "20newsgroups")
 
@@ -401,8 +410,8 @@ def _newsgroup_parts(data_dir: str | os.PathLike[str]) -> list[Path]:
         hint = (f"; it is one of them itself: give its parent {str(d.parent)!r}"
                 if d.name in (NEWSGROUPS_TRAIN_DIR, NEWSGROUPS_TEST_DIR, NEWSGROUPS_18828_DIR) else "")
         raise DatasetError(f"20 Newsgroups directory {str(d)!r} holds neither {NEWSGROUPS_TRAIN_DIR!r} nor "
-                           f"{NEWSGROUPS_TEST_DIR!r} (from 20news-bydate.tar.gz) nor {NEWSGROUPS_18828_DIR!r} (from "
-                           f"20news-18828.tar.gz){hint}")
+                           f"{NEWSGROUPS_TEST_DIR!r} (from 20news-bydate.tar.gz) nor "
+                           f"{NEWSGROUPS_18828_DIR!r} (from 20news-18828.tar.gz){hint}")
     return present
 
 
@@ -420,7 +429,8 @@ def _check_text_args(name: str, data_dir: str | os.PathLike[str] | None) -> None
             raise DatasetError("corpus 'lee' ships with gensim and takes no data_dir")
     elif name == "20newsgroups":
         if data_dir is None:
-            raise DatasetError("corpus '20newsgroups' needs data_dir (a local directory; nothing is downloaded)")
+            raise DatasetError("corpus '20newsgroups' needs data_dir (a local directory; nothing is "
+                               "downloaded)")
     else:
         raise DatasetError(f"unknown text corpus {name!r}; choose one of {list(TEXT_CORPORA)}")
 
@@ -448,13 +458,16 @@ def check_text_source(name: str, data_dir: str | os.PathLike[str] | None = None,
     need = (n_train or 1) + (n_test or 0)
     if n_files < need:
         raise DatasetError(
-            f"option 'data_dir': {str(data_dir)!r} holds {n_files} documents under {[p.name for p in present]}; "
-            f"the split needs n_train + n_test = {need} (options 'n_train', 'n_test'; the defaults "
-            f"{NEWSGROUPS_SPLIT[0]} + {NEWSGROUPS_SPLIT[1]} need both bydate folders, or {NEWSGROUPS_18828_DIR!r})"
+            f"option 'data_dir': {str(data_dir)!r} holds {n_files} documents under "
+            f"{[p.name for p in present]}; the split needs n_train + n_test = {need} (options 'n_train', "
+            f"'n_test'; the defaults {NEWSGROUPS_SPLIT[0]} + {NEWSGROUPS_SPLIT[1]} need both bydate folders, "
+            f"or {NEWSGROUPS_18828_DIR!r})"
         )
 
 
-def load_text_corpus(name: str, data_dir: str | os.PathLike[str] | None = None, **split: int | None) -> TextCorpus:
+def load_text_corpus(
+    name: str, data_dir: str | os.PathLike[str] | None = None, **split: int | None
+) -> TextCorpus:
     """Load a text corpus by name: ``"lee"`` (built in) or ``"20newsgroups"`` (needs `data_dir`)."""
     _check_text_args(name, data_dir)
     if name == "lee":

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from scipy.optimize import minimize
@@ -53,7 +54,8 @@ __all__ = [
 
 # ----------------------------------------------------------------------------------------------- helpers
 def point_rng(seed: int, x: np.ndarray) -> np.random.Generator:
-    """A generator seeded by ``(seed, x)``: same seed and point give the same draws, any change gives new ones.
+    """A generator seeded by ``(seed, x)``: same seed and point give the same draws, any change gives new
+    ones.
 
     Args:
         seed: the evaluation's random seed (any integer; reduced modulo 2**64).
@@ -64,12 +66,18 @@ def point_rng(seed: int, x: np.ndarray) -> np.random.Generator:
     # + 0.0 makes -0.0 the point 0.0 (its bytes differ) and changes no other value
     point = np.ascontiguousarray(x, dtype=np.float64) + 0.0
     digest = hashlib.blake2b(point.tobytes(), digest_size=8).digest()
-    return np.random.default_rng(np.random.SeedSequence([int(seed) % 2**64, int.from_bytes(digest, "little")]))
+    return np.random.default_rng(
+        np.random.SeedSequence([int(seed) % 2**64, int.from_bytes(digest, "little")])
+    )
 
 
 def check_tau(tau: float) -> float:
     """Return `tau` as a float in (0, 1) or raise `ObjectiveError` naming it."""
-    if isinstance(tau, bool) or not isinstance(tau, (int, float, np.floating)) or not (0.0 < float(tau) < 1.0):
+    if (
+        isinstance(tau, bool)
+        or not isinstance(tau, (int, float, np.floating))
+        or not (0.0 < float(tau) < 1.0)
+    ):
         raise ObjectiveError(f"quantile level tau must be in (0, 1); got {tau!r}")
     return float(tau)
 

@@ -1,8 +1,9 @@
-"""Laser (free-electron laser) tuning simulator: 16 quadrupole strengths -> X-ray pulse energy, skew-normal noise.
+"""Laser (free-electron laser) tuning simulator: 16 quadrupole strengths -> X-ray pulse energy, skew-normal
+noise.
 
 Implements quantile-expectile-bo.md §4.3 (paper 003, after McIntire et al. 2016). The outcome at a setting
-``x`` is ``Y ~ SN(xi(x), omega(x), alpha(x))``, density ``(2/omega) phi(z) Phi(alpha z)``, ``z = (y - xi)/omega``;
-its exact tau-quantile is ``xi + omega * SN^-1(tau; alpha)``.
+``x`` is ``Y ~ SN(xi(x), omega(x), alpha(x))``, density ``(2/omega) phi(z) Phi(alpha z)``, ``z = (y -
+xi)/omega``; its exact tau-quantile is ``xi + omega * SN^-1(tau; alpha)``.
 
 Built from a CSV in the format of the LCLS data (`LaserSimulator.from_csv`):
   1. keep rows with ``0.2 < GDET:FEE1:241:ENRC < 6.0``; inputs are the 16 ``QUAD:*BCTRL`` columns, the box
@@ -10,11 +11,12 @@ Built from a CSV in the format of the LCLS data (`LaserSimulator.from_csv`):
   2. fit a GP m(x) to the pulse energy (scikit-learn, Matérn-5/2 ARD + white noise, on a seeded subsample);
   3. group repeated shots by rounding the inputs to 4 decimals; in each group with at least `min_repeats`
      shots fit (xi, omega, alpha) by maximum likelihood (`scipy.stats.skewnorm.fit`), with |alpha| capped;
-  4. fit GPs to log omega and to alpha over the group centres (isotropic lengthscale >= `noise_lengthscale_min`).
+  4. fit GPs to log omega and to alpha over the group centres (isotropic lengthscale >=
+     `noise_lengthscale_min`).
 A14 (does xi carry the signal or is it added to m?): xi carries it, and is *derived* so that the simulated
-mean equals the energy GP: ``xi(x) = m(x) - omega(x) delta(alpha(x)) sqrt(2/pi)``, ``delta = alpha/sqrt(1+alpha^2)``.
-The group estimates of xi are not modelled separately (they are m minus the same offset at the groups, up to
-the GP's smoothing).
+mean equals the energy GP: ``xi(x) = m(x) - omega(x) delta(alpha(x)) sqrt(2/pi)``, ``delta =
+alpha/sqrt(1+alpha^2)``. The group estimates of xi are not modelled separately (they are m minus the same
+offset at the groups, up to the GP's smoothing).
 
 Without a file (`LaserSimulator()`), a synthetic simulator of the same form is used: fixed-seed Matérn-5/2 GP
 draws (random Fourier features) in 16-D for m, log omega and alpha over the same named, plausible box.
@@ -26,8 +28,9 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 from scipy.interpolate import CubicSpline
@@ -35,9 +38,9 @@ from scipy.stats import skewnorm
 from threadpoolctl import threadpool_limits
 
 from objectives.base import ObjectiveError, SyntheticObjective, check_params
-from objectives.options import check_float, check_int, check_path, check_range
 from objectives.functions import check_tau, maximize_on_box, point_rng
 from objectives.gld import MaternRFF
+from objectives.options import check_float, check_int, check_path, check_range
 
 __all__ = ["ENERGY_COLUMN", "QUAD_BOX", "LaserSimulator"]
 
@@ -62,7 +65,9 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 class _GPMean:
     """Posterior mean of a fitted scikit-learn GP, on unit-cube inputs, in the target's units."""
 
-    def __init__(self, Z: np.ndarray, y: np.ndarray, ard: bool, seed: int, lengthscale_min: float = 1e-2) -> None:
+    def __init__(
+        self, Z: np.ndarray, y: np.ndarray, ard: bool, seed: int, lengthscale_min: float = 1e-2
+    ) -> None:
         from sklearn.exceptions import ConvergenceWarning
         from sklearn.gaussian_process import GaussianProcessRegressor
         from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
@@ -177,12 +182,17 @@ class LaserSimulator(SyntheticObjective):
         )
         self.csv_path = check_path("csv_path", csv_path, kind="file")
         if self.csv_path is None:  # they shape the fit to the measurements; the synthetic fields ignore them
-            given = {"n_gp_max": n_gp_max, "min_repeats": min_repeats, "energy_range": tuple(map(float, energy_range)),
-                     "noise_lengthscale_min": noise_lengthscale_min}
+            given = {
+                "n_gp_max": n_gp_max,
+                "min_repeats": min_repeats,
+                "energy_range": tuple(map(float, energy_range)),
+                "noise_lengthscale_min": noise_lengthscale_min,
+            }
             unused = [k for k in MEASUREMENT_OPTIONS if given[k] != MEASUREMENT_OPTIONS[k]]
             if unused:
-                raise ObjectiveError(f"option(s) {unused} apply to a simulator fitted to measurements (option "
-                                     "'csv_path'); the synthetic simulator (no csv_path) would ignore them")
+                raise ObjectiveError(f"option(s) {unused} apply to a simulator fitted to measurements "
+                                     "(option 'csv_path'); the synthetic simulator (no csv_path) would "
+                                     "ignore them")
         self._optimum_cache: dict[float, tuple[dict[str, Any], float]] = {}
         self._ppf_splines: dict[float, CubicSpline] = {}
         self.groups: dict[str, np.ndarray] = {}
@@ -196,7 +206,7 @@ class LaserSimulator(SyntheticObjective):
         }
 
     @classmethod
-    def from_csv(cls, path: str | Path, **kwargs: Any) -> "LaserSimulator":
+    def from_csv(cls, path: str | Path, **kwargs: Any) -> LaserSimulator:
         """The simulator fitted to a CSV of LCLS-format measurements (see module docstring)."""
         return cls(csv_path=path, **kwargs)
 
@@ -219,7 +229,8 @@ class LaserSimulator(SyntheticObjective):
             raise ObjectiveError(f"cannot read option 'csv_path'={str(path)!r}: {exc}") from exc
         quads = [c for c in header if c.startswith("QUAD:") and c.endswith("BCTRL")]
         if ENERGY_COLUMN not in header:
-            raise ObjectiveError(f"option 'csv_path': {str(path)!r} lacks the energy column {ENERGY_COLUMN!r}")
+            raise ObjectiveError(f"option 'csv_path': {str(path)!r} lacks the energy column "
+                                 f"{ENERGY_COLUMN!r}")
         if not quads:
             raise ObjectiveError(f"option 'csv_path': {str(path)!r} has no 'QUAD:*BCTRL' input columns")
         cols = [header.index(c) for c in quads + [ENERGY_COLUMN]]
@@ -232,8 +243,8 @@ class LaserSimulator(SyntheticObjective):
                     data[i, j] = np.nan
                 if not np.isfinite(data[i, j]):
                     raise ObjectiveError(
-                        f"option 'csv_path': {str(path)!r}: data row {i} (line {line}) has a missing or non-numeric "
-                        f"{header[c]!r}: {row[c] if c < len(row) else ''!r}"
+                        f"option 'csv_path': {str(path)!r}: data row {i} (line {line}) has a missing or "
+                        f"non-numeric {header[c]!r}: {row[c] if c < len(row) else ''!r}"
                     )
         lo_e, hi_e = energy_range
         data = data[(data[:, -1] > lo_e) & (data[:, -1] < hi_e)]
@@ -270,7 +281,9 @@ class LaserSimulator(SyntheticObjective):
         if len(centres) >= 3:
             C = np.array(centres)
             ls_min = self.noise_lengthscale_min
-            log_omega_gp = _GPMean(C, np.log(np.array(omegas)), ard=False, seed=self.model_seed, lengthscale_min=ls_min)
+            log_omega_gp = _GPMean(
+                C, np.log(np.array(omegas)), ard=False, seed=self.model_seed, lengthscale_min=ls_min
+            )
             a = np.clip(np.array(alphas) / self.alpha_max, -0.95, 0.95)
             alpha_gp = _GPMean(C, self.alpha_max * np.arctanh(a), ard=False, seed=self.model_seed,
                                lengthscale_min=ls_min)
@@ -310,7 +323,8 @@ class LaserSimulator(SyntheticObjective):
     def _as_array(self, X: np.ndarray) -> np.ndarray:
         X = np.atleast_2d(np.asarray(X, dtype=np.float64))
         if X.shape[1] != len(self.names):
-            raise ObjectiveError(f"expected an `n x {len(self.names)}` array of settings; got shape {X.shape}")
+            raise ObjectiveError(f"expected an `n x {len(self.names)}` array of settings; got shape "
+                                 f"{X.shape}")
         return X
 
     def sn_params(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -328,8 +342,8 @@ class LaserSimulator(SyntheticObjective):
         return xi + omega * (alpha / np.sqrt(1.0 + alpha**2)) * _SQRT_2_OVER_PI
 
     def noise_sd_array(self, X: np.ndarray) -> np.ndarray:
-        """Standard deviation of the simulated pulse energy at the rows of an `n x 16` array (the skew-normal's,
-        ``omega sqrt(1 - 2 delta^2 / pi)``)."""
+        """Standard deviation of the simulated pulse energy at the rows of an `n x 16` array (the
+        skew-normal's, ``omega sqrt(1 - 2 delta^2 / pi)``)."""
         _, omega, alpha = self.sn_params(X)
         return omega * np.sqrt(1.0 - (alpha**2 / (1.0 + alpha**2)) * _SQRT_2_OVER_PI**2)
 
@@ -340,7 +354,8 @@ class LaserSimulator(SyntheticObjective):
         return xi + omega * skewnorm.ppf(tau, alpha)
 
     def sample_array(self, X: np.ndarray, rng: np.random.Generator, size: int = 1) -> np.ndarray:
-        """`size x n` draws at the rows of an `n x 16` array: ``xi + omega (delta |U0| + sqrt(1-delta^2) U1)``."""
+        """`size x n` draws at the rows of an `n x 16` array: ``xi + omega (delta |U0| + sqrt(1-delta^2)
+        U1)``."""
         xi, omega, alpha = self.sn_params(X)
         delta = alpha / np.sqrt(1.0 + alpha**2)
         u0, u1 = rng.standard_normal((2, size, xi.size))

@@ -3,9 +3,9 @@
 Implements the online-LDA task of the calibrated-BO papers (calibrated-bo.md §2.3, Table 5 [A] /
 Table 2 [B]): Hoffman, Blei and Bach (2010), "Online Learning for Latent Dirichlet Allocation", run with
 scikit-learn's `LatentDirichletAllocation(learning_method="online")`, whose t-th minibatch update
-(t = 1, 2, ...) takes the step ``rho_t = (tau0 + t) ** -kappa``. The objective trains on a fixed training split until the
-training bound stops improving and returns the per-word perplexity bound of Hoffman et al.'s eq. (16) on
-a fixed held-out split. The seed sets the random initial topics and the order of the documents.
+(t = 1, 2, ...) takes the step ``rho_t = (tau0 + t) ** -kappa``. The objective trains on a fixed training
+split until the training bound stops improving and returns the per-word perplexity bound of Hoffman et al.'s
+eq. (16) on a fixed held-out split. The seed sets the random initial topics and the order of the documents.
 
 References:
     M. D. Hoffman, D. M. Blei, F. Bach. Online Learning for Latent Dirichlet Allocation. NeurIPS 2010.
@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -94,9 +95,11 @@ class OnlineLDA(Objective):
     Args:
         corpus: ``"lee"`` (gensim's Lee background corpus, 233 distinct train / 60 test; the default) or
             ``"20newsgroups"`` (from `data_dir`, 11,000 train / 2,200 test as in the papers).
-        data_dir: local 20 Newsgroups directory (``20news-bydate-train``/``-test`` inside, or ``20news-18828``).
+        data_dir: local 20 Newsgroups directory (``20news-bydate-train``/``-test`` inside, or
+            ``20news-18828``).
         check_data: check the corpus when the objective is built, i.e. before a run starts (the driver and the
-            central actor build it too): 20 Newsgroups' folder layout, Lee's split sizes. False for a folder that
+            central actor build it too): 20 Newsgroups' folder layout, Lee's split sizes. False for a folder
+            that
             exists only on the worker nodes of a cluster: a problem then fails each evaluation instead.
         num_topics: number of topics K.
         max_passes: most passes over the training documents.
@@ -133,8 +136,14 @@ class OnlineLDA(Objective):
         check_choice("corpus", corpus, TEXT_CORPORA)
         data_dir = check_path("data_dir", data_dir)
         if corpus != "lee" and data_dir is None:
-            raise ObjectiveError(f"option 'data_dir' is required for corpus {corpus!r} (nothing is downloaded)")
-        for key, v, lo in (("num_topics", num_topics, 2), ("max_passes", max_passes, 1), ("vocab_size", vocab_size, 10), ("min_df", min_df, 1)):
+            raise ObjectiveError(f"option 'data_dir' is required for corpus {corpus!r} (nothing is "
+                                 "downloaded)")
+        for key, v, lo in (
+            ("num_topics", num_topics, 2),
+            ("max_passes", max_passes, 1),
+            ("vocab_size", vocab_size, 10),
+            ("min_df", min_df, 1),
+        ):
             check_int(key, v, lo)
         check_int("n_train", n_train, 1, optional=True)
         check_int("n_test", n_test, 1, optional=True)
@@ -192,12 +201,14 @@ class OnlineLDA(Objective):
             try:
                 X_train = vec.fit_transform(corpus.train).tocsr()
             except ValueError as exc:  # empty vocabulary after pruning
-                raise ObjectiveError(f"corpus {self.corpus!r}: no vocabulary left ({exc}); lower 'min_df'") from exc
+                raise ObjectiveError(f"corpus {self.corpus!r}: no vocabulary left ({exc}); lower "
+                                     "'min_df'") from exc
             X_test = vec.transform(corpus.test).tocsr()
             keep_tr = np.flatnonzero(np.asarray(X_train.sum(axis=1)).ravel() > 0)
             keep_te = np.flatnonzero(np.asarray(X_test.sum(axis=1)).ravel() > 0)
             if keep_te.size == 0:
-                raise ObjectiveError(f"corpus {self.corpus!r}: no held-out document has a word of the vocabulary")
+                raise ObjectiveError(f"corpus {self.corpus!r}: no held-out document has a word of the "
+                                     "vocabulary")
             X_train, X_test = X_train[keep_tr], X_test[keep_te]
             # fixed subset of training documents whose bound tells when training has converged
             monitor = np.random.default_rng(0).permutation(X_train.shape[0])[: min(X_train.shape[0], 500)]

@@ -25,7 +25,8 @@ all: ``timeout_penalty=0``). The reward is returned as is (not /300).
 from __future__ import annotations
 
 import importlib
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -38,7 +39,14 @@ __all__ = ["GYMNASIUM_HEURISTIC", "LunarLander", "heuristic_controller_6d"]
 GYMNASIUM_HEURISTIC: tuple[float, ...] = (0.5, 1.0, 0.5, 0.5, 0.0, 0.5)
 #: `env_id` prefix that selects the legacy ``gym`` package instead of gymnasium
 LEGACY_PREFIX = "gym:"
-_NAMES = ("angle_gain", "angular_speed_gain", "hover_gain", "vertical_speed_gain", "contact_angle", "contact_damping")
+_NAMES = (
+    "angle_gain",
+    "angular_speed_gain",
+    "hover_gain",
+    "vertical_speed_gain",
+    "contact_angle",
+    "contact_damping",
+)
 
 
 def heuristic_controller_6d(s: Sequence[float], w: Sequence[float]) -> int:
@@ -113,7 +121,8 @@ class LunarLander(Objective):
             return importlib.import_module(package), env_id
         except ImportError as exc:
             hint = "pip install gym==0.26.2" if legacy else "pip install 'qbatch[lander]'"
-            raise ObjectiveError(f"option 'env_id'={self.env_id!r} needs the {package!r} package: {hint}") from exc
+            raise ObjectiveError(f"option 'env_id'={self.env_id!r} needs the {package!r} package: "
+                                 f"{hint}") from exc
 
     def _check_env_id(self) -> None:
         """Raise `ObjectiveError` naming `env_id` when its package is missing or does not register the id."""
@@ -125,9 +134,10 @@ class LunarLander(Objective):
                 f"option 'env_id'={self.env_id!r} is not an environment of {gym.__name__!r}: {exc}"
             ) from None
         # the controller reads LunarLander's 8-value state and fires one of its 4 discrete engines: another
-        # environment (LunarLanderContinuous, CartPole) would fail every episode with a bare IndexError. `make_env`
-        # checks that wherever the environment is made; where a dependency is missing here (Box2D on the node
-        # that starts the run, not on the worker nodes), each evaluation makes it, checks it and says what is wrong
+        # environment (LunarLanderContinuous, CartPole) would fail every episode with a bare IndexError.
+        # `make_env` checks that wherever the environment is made; where a dependency is missing here (Box2D
+        # on the node that starts the run, not on the worker nodes), each evaluation makes it, checks it and
+        # says what is wrong
         try:
             self.make_env()
         except ObjectiveError as exc:
@@ -140,19 +150,21 @@ class LunarLander(Objective):
         if self._env is None:
             gym, env_id = self._package()
             legacy = gym.__name__ == "gym"
-            # gym 0.26's passive checker calls numpy aliases that numpy 2 removed; the episode loop checks itself
+            # gym 0.26's passive checker calls numpy aliases that numpy 2 removed; the episode loop checks
+            # itself
             options = {"disable_env_checker": True} if legacy else {}
             try:
                 env = gym.make(env_id, max_episode_steps=self.steps_limit, **options)
             except Exception as exc:
-                raise ObjectiveError(f"cannot make {gym.__name__} environment env_id={self.env_id!r}: {exc}") from exc
+                raise ObjectiveError(f"cannot make {gym.__name__} environment env_id={self.env_id!r}: "
+                                     f"{exc}") from exc
             obs, act = env.observation_space, env.action_space
             if tuple(getattr(obs, "shape", ()) or ()) != (8,) or getattr(act, "n", None) != 4:
                 env.close()
                 raise ObjectiveError(
-                    f"option 'env_id'={self.env_id!r} is not a LunarLander with discrete engines: the heuristic "
-                    f"controller needs an 8-value observation and 4 discrete actions; got observations of shape "
-                    f"{getattr(obs, 'shape', None)} and actions {type(act).__name__}"
+                    f"option 'env_id'={self.env_id!r} is not a LunarLander with discrete engines: the "
+                    "heuristic controller needs an 8-value observation and 4 discrete actions; got "
+                    f"observations of shape {getattr(obs, 'shape', None)} and actions {type(act).__name__}"
                     f"({getattr(act, 'n', None) or getattr(act, 'shape', None)})")
             self._env = env
         return self._env
@@ -199,8 +211,11 @@ class LunarLander(Objective):
             raise ObjectiveError(f"quantile level tau must be in (0, 1); got {tau!r}")
         return float(np.quantile(self.episode_rewards(params, n_episodes, seed0), tau))
 
-    def episode_rewards(self, params: Mapping[str, Any], n_episodes: int = 100, seed0: int = 10**6) -> np.ndarray:
-        """Rewards of `n_episodes` episodes with seeds ``seed0, seed0+1, ...`` (what `empirical_quantile` reads)."""
+    def episode_rewards(
+        self, params: Mapping[str, Any], n_episodes: int = 100, seed0: int = 10**6
+    ) -> np.ndarray:
+        """Rewards of `n_episodes` episodes with seeds ``seed0, seed0+1, ...`` (what `empirical_quantile`
+        reads)."""
         n_episodes = check_int("n_episodes", n_episodes, 1)  # 0 would end in numpy's IndexError
         w = self.params_to_gains(params)
         return np.array([self.episode(w, seed0 + i)[0] for i in range(n_episodes)])

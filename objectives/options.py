@@ -4,7 +4,8 @@ The built-in objectives call these in their constructors, so a bad entry of `obj
 `ObjectiveError` before any run starts (the brief: "bad input gets a clear error, naming the key or value"),
 in one format across objectives: ``option 'key' must be ...; got value``. Nothing is coerced: ``"no"`` is
 not a boolean, ``True`` is not a number and ``2.0`` is not an integer (YAML and JSON give the right types).
-User objectives may use them too.
+User objectives may use them too. The integer, number, boolean and choice checks are those of
+`objectives.checks` (the one checker, which the orchestrator's options use too), worded for objective options.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ from __future__ import annotations
 import math
 import numbers
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
-from objectives.base import ObjectiveError, is_bool, is_choice
+from objectives import checks
+from objectives.base import ObjectiveError, is_bool
 
 __all__ = [
     "MAX_DIM",
@@ -31,38 +34,32 @@ __all__ = [
     "check_str",
 ]
 
-#: the most parameters a search space may have (a built-in objective's `dim` option, any objective's space): the
-#: proposers' candidate sets grow with the dimension (max(5000, 1000 d) Sobol points for Thompson sampling, spec
-#: §2); without the bound dim 10^8 passes every check and runs out of memory 72 s later, in the objective's constructor
+#: the most parameters a search space may have (a built-in objective's `dim` option, any objective's space):
+#: the proposers' candidate sets grow with the dimension (max(5000, 1000 d) Sobol points for Thompson
+#: sampling, spec §2); without the bound dim 10^8 passes every check and runs out of memory 72 s later, in the
+#: objective's constructor
 MAX_DIM = 1000
 
 
+def _option(key: str) -> str:
+    return f"option {key!r}"
+
+
 def _refuse(key: str, what: str, value: Any) -> ObjectiveError:
-    return ObjectiveError(f"option {key!r} must be {what}; got {value!r}")
+    return checks.refuse(_option(key), what, value, ObjectiveError)
 
 
-def _describe(kind: str, low: Any, high: Any, low_open: bool, high_open: bool) -> str:
-    if low is not None and high is not None:
-        return f"{kind} in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-    if low is not None:
-        return f"{kind} {'>' if low_open else '>='} {low:g}"
-    if high is not None:
-        return f"{kind} {'<' if high_open else '<='} {high:g}"
-    return kind
+def _none_or(what: str, optional: bool) -> str:
+    return "None or " + what if optional else what
 
 
-def check_int(key: str, value: Any, low: int | None = None, high: int | None = None, *, optional: bool = False) -> int | None:
+def check_int(key: str, value: Any, low: int | None = None, high: int | None = None, *,
+              optional: bool = False) -> int | None:
     """`value` as an int in [low, high] (either end may be None); None passes when `optional`."""
-    if value is None and optional:
-        return None
-    what = _describe("an integer", low, high, False, False)
-    if optional:
-        what = "None or " + what
-    if is_bool(value) or not isinstance(value, (int, np.integer)):
-        raise _refuse(key, what, value)
-    if (low is not None and value < low) or (high is not None and value > high):
-        raise _refuse(key, what, value)
-    return int(value)
+    what = _none_or(checks.interval("an integer", low, high), optional)
+    return checks.check_int(
+        _option(key), value, low, high, optional=optional, must=what, error=ObjectiveError
+    )
 
 
 def check_float(
@@ -76,28 +73,14 @@ def check_float(
     optional: bool = False,
 ) -> float | None:
     """`value` as a finite float within the given ends (open or closed); None passes when `optional`."""
-    if value is None and optional:
-        return None
-    what = _describe("a finite number", low, high, low_open, high_open)
-    if optional:
-        what = "None or " + what
-    if is_bool(value) or not isinstance(value, numbers.Real):
-        raise _refuse(key, what, value)
-    v = float(value)
-    if not math.isfinite(v):
-        raise _refuse(key, what, value)
-    if low is not None and (v < low or (low_open and v == low)):
-        raise _refuse(key, what, value)
-    if high is not None and (v > high or (high_open and v == high)):
-        raise _refuse(key, what, value)
-    return v
+    what = _none_or(checks.interval("a finite number", low, high, low_open, high_open, "g"), optional)
+    return checks.check_float(_option(key), value, low, high, lo_open=low_open, hi_open=high_open,
+                              optional=optional, must=what, error=ObjectiveError)
 
 
 def check_bool(key: str, value: Any) -> bool:
     """`value` as a bool: true or false only (a string such as "no" is refused, not read as True)."""
-    if not is_bool(value):
-        raise _refuse(key, "true or false", value)
-    return bool(value)
+    return checks.check_bool(_option(key), value, error=ObjectiveError)
 
 
 def check_str(key: str, value: Any) -> str:
@@ -108,11 +91,9 @@ def check_str(key: str, value: Any) -> str:
 
 
 def check_choice(key: str, value: Any, choices: Iterable[Any]) -> Any:
-    """`value`, which must be one of `choices`."""
+    """`value`, which must be one of `choices` (a bool matches only a bool, a string only a string)."""
     choices = list(choices)
-    if not is_choice(value, choices):
-        raise _refuse(key, f"one of {choices}", value)
-    return value
+    return checks.check_choice(_option(key), value, choices, must=f"one of {choices}", error=ObjectiveError)
 
 
 def check_path(key: str, value: Any, *, kind: str | None = None, optional: bool = True) -> Path | None:
@@ -132,7 +113,11 @@ def check_path(key: str, value: Any, *, kind: str | None = None, optional: bool 
 def check_range(key: str, value: Any) -> tuple[float, float]:
     """`value` as a pair (low, high) of finite numbers with low < high."""
     what = "a pair (low, high) of finite numbers with low < high"
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) and not isinstance(value, np.ndarray):
+    if (
+        isinstance(value, (str, bytes))
+        or not isinstance(value, Sequence)
+        and not isinstance(value, np.ndarray)
+    ):
         raise _refuse(key, what, value)
     if len(value) != 2:
         raise _refuse(key, what, value)

@@ -14,7 +14,8 @@ so a method that optimizes the mean, or ignores how the noise changes, recommend
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -39,7 +40,9 @@ class SkewedNoiseProblem(SyntheticObjective):
     def __init__(self, dim: int = 3) -> None:
         self.dim = check_int("dim", dim, 1, MAX_DIM)
         self.name = f"skewed-{self.dim}d"
-        self.space = {f"x{i}": {"type": "float", "low": 0.0, "high": 1.0, "log": False} for i in range(self.dim)}
+        self.space = {
+            f"x{i}": {"type": "float", "low": 0.0, "high": 1.0, "log": False} for i in range(self.dim)
+        }
         even = np.arange(self.dim) % 2 == 0
         self.a = np.where(even, 0.3, 0.65)
         self.b = np.where(even, 0.7, 0.35)
@@ -90,7 +93,13 @@ class SkewedNoiseProblem(SyntheticObjective):
         """Best tau-quantile over [0, 1]^d by multi-start L-BFGS-B; cached."""
         tau = check_tau(tau)
         if tau not in self._optimum_cache:
-            x, v = maximize_on_box(lambda X: self.quantile_unit(X, tau), np.zeros(self.dim), np.ones(self.dim),
-                                   n_raw=5000, n_starts=20, seed=0)
+            x, v = maximize_on_box(
+                lambda X: self.quantile_unit(X, tau),
+                np.zeros(self.dim),
+                np.ones(self.dim),
+                n_raw=5000,
+                n_starts=20,
+                seed=0,
+            )
             self._optimum_cache[tau] = ({k: float(xi) for k, xi in zip(self.space, x)}, float(v))
         return self._optimum_cache[tau]

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -56,8 +57,10 @@ class SleepObjective(Objective):
         fail_rate: float = 0.0,
     ) -> None:
         dim = check_int("dim", dim, 1, MAX_DIM)
-        mean_s, cv, noise, num_cpus = (check_float(k, v, 0.0) for k, v in
-                                       (("mean_s", mean_s), ("cv", cv), ("noise", noise), ("num_cpus", num_cpus)))
+        mean_s, cv, noise, num_cpus = (
+            check_float(k, v, 0.0)
+            for k, v in (("mean_s", mean_s), ("cv", cv), ("noise", noise), ("num_cpus", num_cpus))
+        )
         self.fail_rate = check_float("fail_rate", fail_rate, 0.0, 1.0)
         int_param = check_int("int_param", int_param, 0)
         self.dim = dim
@@ -68,7 +71,8 @@ class SleepObjective(Objective):
         if int_param:
             self.space["k"] = {"type": "int", "low": 0, "high": int(int_param)}
         if custom_resources is not None and not isinstance(custom_resources, Mapping):
-            raise ObjectiveError(f"option 'custom_resources' must be a mapping of name to quantity; got {custom_resources!r}")
+            raise ObjectiveError("option 'custom_resources' must be a mapping of name to quantity; got "
+                                 f"{custom_resources!r}")
         try:
             self.resources = Resources(num_cpus=num_cpus, custom=dict(custom_resources or {}))
         except ObjectiveError as exc:

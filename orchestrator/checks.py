@@ -1,24 +1,24 @@
-"""Type and range checks of option values: one function per kind of value, each error naming the option and the
-value it refused (STYLE.md §4.6, as Ray's `_common/ray_option_utils.py` checks task options).
+"""qbatch's option checks: those of `objectives.checks` (the one checker) raising `ConfigError` unless the
+caller names another error type, and `plain_data`, the one walker of nested plain data (config options and the
+event log's JSON fields).
 
 Every message reads ``<name> must be <what>; got <value>``: `name` is the option as its owner writes it
-("`batch_size`", "qgibbon.grid_size", "q"), `what` the accepted values (worded from the bounds unless the owner
-words it), and the value is shown on one line, cut at 80 characters. A bool is not a number here (Python counts
-True as 1), and NumPy scalars count as the Python values they hold; each check returns the Python value. The
-error type is the owner's: `ConfigError` (the default) for config and model options, `InputDataError` for
-arguments, `SpaceError` for parameter specs, `StoreError` for events. `plain_data` is the one walker of nested
-plain data (config options and the event log's JSON fields).
+("`batch_size`", "qgibbon.grid_size", "q"), `what` the accepted values (worded from the bounds unless the
+owner words it), and the value is shown on one line, cut at 80 characters (`objectives.checks`). The error
+type is the owner's: `ConfigError` (the default) for config and model options, `InputDataError` for arguments,
+`SpaceError` for parameter specs, `StoreError` for events.
 """
 
 from __future__ import annotations
 
-import difflib
-import math
-from typing import Any, Callable, Iterable, Mapping
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import numpy as np
 
-from objectives.base import is_bool
+from objectives import checks as _checks
+from objectives.checks import is_bool, is_int, is_number, show, suggest
 from orchestrator.errors import ConfigError
 
 __all__ = [
@@ -26,140 +26,27 @@ __all__ = [
     "refuse", "show", "suggest",
 ]
 
-#: the longest shown value: a longer repr is cut, so a message stays one line
-SHOW_CHARS = 80
+_Check = TypeVar("_Check", bound=Callable[..., Any])
 
 
-def show(value: Any) -> str:
-    """A short one-line repr of a refused value."""
-    text = repr(value)
-    return text if len(text) <= SHOW_CHARS else text[:SHOW_CHARS - 3] + "..."
+def _config_error_by_default(check: _Check) -> _Check:
+    """`check` of `objectives.checks` raising `ConfigError` where the caller gives no `error`."""
+    @functools.wraps(check)
+    def bound(*args: Any, error: type[Exception] = ConfigError, **kwargs: Any) -> Any:
+        return check(*args, error=error, **kwargs)
+
+    return bound  # type: ignore[return-value]
+
+
+check_bool = _config_error_by_default(_checks.check_bool)
+check_int = _config_error_by_default(_checks.check_int)
+check_float = _config_error_by_default(_checks.check_float)
+check_choice = _config_error_by_default(_checks.check_choice)
 
 
 def refuse(name: str, must: str, value: Any, error: type[Exception] = ConfigError) -> Exception:
     """The error "`name` must be `must`; got `value`" of type `error` (returned, for the caller to raise)."""
-    return error(f"{name} must be {must}; got {show(value)}")
-
-
-def is_int(value: Any) -> bool:
-    """Whether `value` is an integer, Python's or NumPy's, and not a bool."""
-    return not is_bool(value) and isinstance(value, (int, np.integer))
-
-
-def is_number(value: Any) -> bool:
-    """Whether `value` is an integer or a float, Python's or NumPy's, and not a bool."""
-    return not is_bool(value) and isinstance(value, (int, float, np.integer, np.floating))
-
-
-def _interval(kind: str, lo: Any, hi: Any, lo_open: bool, hi_open: bool, fmt: str) -> str:
-    """`kind` with its bounds in words: "an integer in [1, 4096]", "a number > 0", "an integer >= 1"."""
-    has_lo = lo is not None and lo != -math.inf
-    has_hi = hi is not None and hi != math.inf
-    if has_lo and has_hi:
-        return f"{kind} in {'(' if lo_open else '['}{lo:{fmt}}, {hi:{fmt}}{')' if hi_open else ']'}"
-    if has_lo:
-        return f"{kind} {'>' if lo_open else '>='} {lo:{fmt}}"
-    if has_hi:
-        return f"{kind} {'<' if hi_open else '<='} {hi:{fmt}}"
-    return kind
-
-
-def check_bool(name: str, value: Any, *, error: type[Exception] = ConfigError) -> bool:
-    """`value` as a bool: true or false only (1, "yes" and None are refused)."""
-    if not is_bool(value):
-        raise refuse(name, "true or false", value, error)
-    return bool(value)
-
-
-def check_int(
-    name: str,
-    value: Any,
-    lo: int | None = None,
-    hi: int | None = None,
-    *,
-    hi_open: bool = False,
-    optional: bool = False,
-    must: str | None = None,
-    error: type[Exception] = ConfigError,
-) -> int | None:
-    """`value` as an int in [lo, hi] (either end may be None; [lo, hi) with `hi_open`); None passes when `optional`.
-
-    `must` words the accepted values in the message; by default the bounds do ("an integer in [1, 4096]").
-    A float is refused even when whole (2.0), and so is a bool.
-    """
-    if value is None and optional:
-        return None
-    if must is None:
-        must = _interval("an integer", lo, hi, False, hi_open, "")
-    if not is_int(value):
-        raise refuse(name, must, value, error)
-    v = int(value)
-    if (lo is not None and v < lo) or (hi is not None and (v >= hi if hi_open else v > hi)):
-        raise refuse(name, must, v, error)
-    return v
-
-
-def check_float(
-    name: str,
-    value: Any,
-    lo: float = -math.inf,
-    hi: float = math.inf,
-    *,
-    lo_open: bool = False,
-    hi_open: bool = False,
-    optional: bool = False,
-    must: str | None = None,
-    error: type[Exception] = ConfigError,
-) -> float | None:
-    """`value` as a finite float within `lo` and `hi` (each end closed unless `lo_open` / `hi_open`); None passes
-    when `optional`. An integer is accepted (and returned as a float) unless it is beyond the float range.
-
-    `must` words the accepted values in the message; by default the bounds do ("a number in (0, 1]", "a number
-    > 0").
-    """
-    if value is None and optional:
-        return None
-    if must is None:
-        must = _interval("a number", lo, hi, lo_open, hi_open, "g")
-    if not is_number(value):
-        raise refuse(name, must, value, error)
-    try:
-        x = float(value)
-    except OverflowError:  # an integer beyond the float range
-        raise refuse(name, must, value, error) from None
-    ok = math.isfinite(x) and (x > lo if lo_open else x >= lo) and (x < hi if hi_open else x <= hi)
-    if not ok:
-        raise refuse(name, must, value, error)
-    return x
-
-
-def suggest(value: Any, valid: Iterable[Any]) -> str:
-    """" (did you mean 'x'?)" where the string `value` is close to one of `valid`, else ""."""
-    if not isinstance(value, str):
-        return ""
-    close = difflib.get_close_matches(value, [str(v) for v in valid], n=1, cutoff=0.7)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def check_choice(
-    name: str,
-    value: Any,
-    values: Iterable[Any],
-    *,
-    optional: bool = False,
-    must: str | None = None,
-    error: type[Exception] = ConfigError,
-) -> Any:
-    """`value`, a string among `values`; None passes when `optional`. The message lists them ("one of 'a', 'b',
-    null") unless `must` words them, and names the closest one where a misspelt string is close to one."""
-    values = tuple(values)
-    if value is None and optional:
-        return None
-    if not isinstance(value, str) or value not in values:
-        if must is None:
-            must = "one of " + ", ".join(repr(v) for v in values) + (", null" if optional else "")
-        raise error(f"{name} must be {must}; got {show(value)}{suggest(value, values)}")
-    return value
+    return _checks.refuse(name, must, value, error)
 
 
 #: a refusal of `plain_data`: (where, what is wrong, the value) -> the error to raise. What is wrong is one of
@@ -181,8 +68,8 @@ def plain_data(
     child: Callable[[str, str], str] = _dotted,
     budget: list[int] | None = None,
 ) -> Any:
-    """`value` as plain data (None, bool, str, int, float, and lists and string-keyed dicts of them): a copy with
-    NumPy numbers and booleans as Python ones, tuples as lists and mappings as dicts.
+    """`value` as plain data (None, bool, str, int, float, and lists and string-keyed dicts of them): a copy
+    with NumPy numbers and booleans as Python ones, tuples as lists and mappings as dicts.
 
     Args:
         value: the data.

@@ -8,8 +8,16 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
-    "QbatchError", "ConfigError", "SpaceError", "InputDataError", "UnsupportedError", "UsageError", "ModelFitError",
-    "ModelWarning", "FitInterrupted", "describe_nonfinite",
+    "QbatchError",
+    "ConfigError",
+    "SpaceError",
+    "InputDataError",
+    "UnsupportedError",
+    "UsageError",
+    "ModelFitError",
+    "ModelWarning",
+    "FitInterrupted",
+    "describe_nonfinite",
 ]
 
 
@@ -54,8 +62,8 @@ class ModelWarning(UserWarning):
 
 
 def describe_nonfinite(t: Any) -> str | None:
-    """For an error message: None when every entry of the tensor `t` is finite, else "k of n entries, the first at
-    flat index i (value)"."""
+    """For an error message: None when every entry of the tensor `t` is finite, else "k of n entries, the
+    first at flat index i (value)"."""
     import torch
 
     bad = ~torch.isfinite(t)

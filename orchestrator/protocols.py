@@ -1,13 +1,13 @@
 """The typed seams between the ask/tell optimizer and its three components: surrogate, proposer, calibrator.
 
 `AskTellOptimizer` (orchestrator/ask_tell/), the central actor (orchestrator/actor/) and `attach`
-(orchestrator/calibration/spread.py) are written against these Protocols: a component needs what is listed here
-and nothing else. Every built-in component subclasses its base class, which gives each member below its default:
-`Surrogate` (orchestrator/models/base.py), `Proposer` (orchestrator/acquisition/base.py), `Calibrator`
-(orchestrator/calibration/base.py). A capability that some components have and others lack is a member that each
-of them declares (`ProposerProtocol.uses_spread`, `CalibratorProtocol.acquisition_only`, ...), not an attribute
-that is there or not; only the ELBO of the variational surrogates is a Protocol of its own
-(`VariationalSurrogate`), since its method exists on those models alone.
+(orchestrator/calibration/spread.py) are written against these Protocols: a component needs what is listed
+here and nothing else. Every built-in component subclasses its base class, which gives each member below its
+default: `Surrogate` (orchestrator/models/base.py), `Proposer` (orchestrator/acquisition/base.py),
+`Calibrator` (orchestrator/calibration/base.py). A capability that some components have and others lack is a
+member that each of them declares (`ProposerProtocol.uses_spread`, `CalibratorProtocol.acquisition_only`,
+...), not an attribute that is there or not; only the ELBO of the variational surrogates is a Protocol of its
+own (`VariationalSurrogate`), since its method exists on those models alone.
 
 The module imports no torch at run time: the annotations name `Tensor`, `Forecast` and `SparseLatentParts`
 for type checkers only.
@@ -15,7 +15,8 @@ for type checkers only.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -74,8 +75,8 @@ class SurrogateProtocol(Protocol):
 
 @runtime_checkable
 class VariationalSurrogate(Protocol):
-    """A surrogate fitted by maximizing an ELBO (the SVGPs): `AskTellOptimizer.fit(restart=True)` compares its warm
-    and cold fits by the full-data bound, where the fit itself reports a minibatch average."""
+    """A surrogate fitted by maximizing an ELBO (the SVGPs): `AskTellOptimizer.fit(restart=True)` compares its
+    warm and cold fits by the full-data bound, where the fit itself reports a minibatch average."""
 
     def elbo(self, X: Tensor, Y: Tensor) -> float:
         """Full-data ELBO per datum of the fitted model on raw data (`n x d`, `n`)."""
@@ -101,7 +102,9 @@ class CalibratorProtocol(Protocol):
     #: results learned from
     num_updates: int
 
-    def update(self, forecast: Forecast, y: Tensor | float | Sequence[float], X: Tensor | None = None) -> None:
+    def update(
+        self, forecast: Forecast, y: Tensor | float | Sequence[float], X: Tensor | None = None
+    ) -> None:
         """Learn from completed results: the forecast recorded at proposal and the observed y."""
 
     def observe(self, y: Tensor | Sequence[float], X: Tensor) -> None:
@@ -164,7 +167,8 @@ class ProposerProtocol(Protocol):
         """`q x d` float64 points in the unit cube."""
 
     def check_model(self, model: SurrogateProtocol) -> None:
-        """Raise `UnsupportedError` (or `ConfigError`) when this proposer cannot use `model` (maybe unfitted)."""
+        """Raise `UnsupportedError` (or `ConfigError`) when this proposer cannot use `model` (maybe
+        unfitted)."""
 
     def get_state(self) -> dict[str, Any]:
         """Plain values only."""

@@ -1,4 +1,5 @@
-"""The recommendation: which observed input a run hands back (quantile-expectile-bo.md §1.7, and a robust rule).
+"""The recommendation: which observed input a run hands back (quantile-expectile-bo.md §1.7, and a robust
+rule).
 
 The spec recommends the observed input with the largest posterior mean of the target. The posterior mean at a
 point that was measured once in a noisy region can sit high on one lucky draw; a lower confidence bound,

@@ -8,8 +8,9 @@ float/int map affinely (or in log space), a choice among k values maps to k equa
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -69,23 +70,29 @@ class IntParam:
                 raise SpaceError(f"parameter {self.name!r}: {key} must be an integer; got {v!r}")
         _check_bounds(self.name, self.low, self.high, self.log)
         if max(abs(int(self.low)), abs(int(self.high))) > _MAX_EXACT_INT:  # values pass through float64
-            raise SpaceError(f"parameter {self.name!r}: an int parameter's bounds must lie within +-2**53 "
-                             f"({_MAX_EXACT_INT}), where float64 holds every integer; got low={self.low}, high={self.high}")
+            raise SpaceError(
+                f"parameter {self.name!r}: an int parameter's bounds must lie within +-2**53 "
+                f"({_MAX_EXACT_INT}), where float64 holds every integer; got low={self.low}, high={self.high}"
+            )
         if self.step < 1:  # before the division below (step 0 would be a ZeroDivisionError)
             raise SpaceError(f"parameter {self.name!r}: step must be >= 1; got {self.step}")
         if self.size > _MAX_EXACT_INT // 2:  # cells of 1/size in [0, 1]
-            raise SpaceError(f"parameter {self.name!r}: an int parameter may hold at most 2**52 values (each is a "
-                             f"cell of the float64 unit interval); got low={self.low}, high={self.high}, step={self.step}")
+            raise SpaceError(f"parameter {self.name!r}: an int parameter may hold at most 2**52 values (each "
+                             f"is a cell of the float64 unit interval); got low={self.low}, "
+                             f"high={self.high}, step={self.step}")
         if (self.high - self.low) % self.step:
             raise SpaceError(
-                f"parameter {self.name!r}: high - low ({self.high} - {self.low}) must be a multiple of step {self.step}"
+                f"parameter {self.name!r}: high - low ({self.high} - {self.low}) must be a multiple of step "
+                f"{self.step}"
             )
         if self.log and self.step != 1:
-            raise SpaceError(f"parameter {self.name!r}: a log int parameter must have step 1; got {self.step}")
+            raise SpaceError(f"parameter {self.name!r}: a log int parameter must have step 1; got "
+                             f"{self.step}")
         if self.log and int(self.high) > _MAX_LOG_INT:
             raise SpaceError(f"parameter {self.name!r}: a log int parameter's high must be at most 2**44 "
-                             f"({_MAX_LOG_INT}): above that, neighbouring values lie closer together in the unit "
-                             f"interval than float64 tells apart (they do not map back to themselves); got high={self.high}")
+                             f"({_MAX_LOG_INT}): above that, neighbouring values lie closer together in the "
+                             "unit interval than float64 tells apart (they do not map back to themselves); "
+                             f"got high={self.high}")
 
     @property
     def values(self) -> np.ndarray:
@@ -97,14 +104,15 @@ class IntParam:
         return (int(self.high) - int(self.low)) // int(self.step) + 1
 
     def _log_bounds(self) -> tuple[float, float]:
-        """The log-scale ends of a log int's unit interval: each value owns [v - 0.5, v + 0.5] (low's cell starts
-        at low itself when low <= 0.5)."""
+        """The log-scale ends of a log int's unit interval: each value owns [v - 0.5, v + 0.5] (low's cell
+        starts at low itself when low <= 0.5)."""
         return math.log(self.low - 0.5 if self.low > 0.5 else self.low), math.log(self.high + 0.5)
 
     def to_unit(self, v: Any) -> float:
         x = _check_in(self.name, _number(self.name, v), self.low, self.high, rel_tol=0.0)
         if x != round(x) or (round(x) - self.low) % self.step:
-            raise SpaceError(f"parameter {self.name!r}={v!r} is not on the grid {self.low}:{self.high}:{self.step}")
+            raise SpaceError(f"parameter {self.name!r}={v!r} is not on the grid "
+                             f"{self.low}:{self.high}:{self.step}")
         if self.log:
             lo, hi = self._log_bounds()
             return (math.log(x) - lo) / (hi - lo)
@@ -121,24 +129,31 @@ class IntParam:
         return int(self.low + i * self.step)
 
     def cell_index(self, u: np.ndarray) -> np.ndarray:
-        """The grid index (0 .. size - 1) that `from_unit` rounds each unit coordinate of `u` to, vectorized: what
-        tells two points' values apart exactly (adjacent values of a log int near 1e5 lie under 1e-6 apart in
-        the unit interval). A log int's index goes through NumPy's `exp`, `from_unit`'s through `math.exp`; they
-        could differ by an ulp, which matters only at a cell's very edge, and `ask` applies this to snapped points,
-        which lie at cell centres."""
+        """The grid index (0 .. size - 1) that `from_unit` rounds each unit coordinate of `u` to, vectorized:
+        what tells two points' values apart exactly (adjacent values of a log int near 1e5 lie under 1e-6
+        apart in the unit interval). A log int's index goes through NumPy's `exp`, `from_unit`'s through
+        `math.exp`; they could differ by an ulp, which matters only at a cell's very edge, and `ask` applies
+        this to snapped points, which lie at cell centres."""
         u = np.clip(np.asarray(u, dtype=np.float64), 0.0, 1.0)
         if self.log:
             lo, hi = self._log_bounds()
-            return np.clip(np.round(np.exp(lo + u * (hi - lo))), self.low, self.high).astype(np.int64) - int(self.low)
+            values = np.clip(np.round(np.exp(lo + u * (hi - lo))), self.low, self.high)
+            return values.astype(np.int64) - int(self.low)
         return _bin_index(u, self.size)
 
     def describe(self) -> dict[str, Any]:
-        return {"type": "int", "low": int(self.low), "high": int(self.high), "step": int(self.step), "log": self.log}
+        return {
+            "type": "int",
+            "low": int(self.low),
+            "high": int(self.high),
+            "step": int(self.step),
+            "log": self.log,
+        }
 
 
 def _plain_choice(value: Any) -> Any:
-    """NumPy scalars as plain Python values, inside lists and dicts too (a trial's params go into JSON, the log
-    and weights-only checkpoints)."""
+    """NumPy scalars as plain Python values, inside lists and dicts too (a trial's params go into JSON, the
+    log and weights-only checkpoints)."""
     if isinstance(value, np.generic):
         return value.item()
     if type(value) is list:
@@ -148,7 +163,7 @@ def _plain_choice(value: Any) -> Any:
     return value
 
 
-def check_loggable(space: "SearchSpace") -> None:
+def check_loggable(space: SearchSpace) -> None:
     """Raise `SpaceError` naming the parameter when a choice would not come back the same from a run's log and
     config.yaml (JSON and YAML): a run proposes from the space it reads back, and a resume maps logged params
     onto it. The library (`AskTellOptimizer`) keeps no log and takes any choice values."""
@@ -157,14 +172,14 @@ def check_loggable(space: "SearchSpace") -> None:
             for c in p.choices:
                 if not is_json_data(c):  # a tuple comes back a list
                     hint = f"; write the tuple {c!r} as the list {list(c)!r}" if isinstance(c, tuple) else ""
-                    raise SpaceError(f"parameter {p.name!r}: choice {c!r:.80} would not come back the same from the "
-                                     f"run's log: a run's choices are None, bools, numbers, strings, or lists and "
-                                     f"string-keyed dicts of them{hint}")
+                    raise SpaceError(f"parameter {p.name!r}: choice {c!r:.80} would not come back the same "
+                                     "from the run's log: a run's choices are None, bools, numbers, "
+                                     f"strings, or lists and string-keyed dicts of them{hint}")
 
 
 def _bin_index(u: np.ndarray, k: int) -> np.ndarray:
-    """Which of `k` equal bins of [0, 1] each coordinate of `u` falls in (clipped to the interval), as int64: the
-    vectorized `min(int(u * k), k - 1)` of the linear int's and the choice's `from_unit`."""
+    """Which of `k` equal bins of [0, 1] each coordinate of `u` falls in (clipped to the interval), as int64:
+    the vectorized `min(int(u * k), k - 1)` of the linear int's and the choice's `from_unit`."""
     return np.minimum((np.clip(np.asarray(u, dtype=np.float64), 0.0, 1.0) * k).astype(np.int64), k - 1)
 
 
@@ -174,9 +189,12 @@ class ChoiceParam:
     choices: tuple[Any, ...]
 
     def __post_init__(self) -> None:
-        if isinstance(self.choices, (set, frozenset)):  # its order changes with PYTHONHASHSEED: so would the space
-            raise SpaceError(f"parameter {self.name!r}: choices must be a list or tuple; got a {type(self.choices).__name__}")
-        # numpy scalars as plain Python values: a trial's params go into JSON, the log and weights-only checkpoints
+        # its order changes with PYTHONHASHSEED: so would the space
+        if isinstance(self.choices, (set, frozenset)):
+            raise SpaceError(f"parameter {self.name!r}: choices must be a list or tuple; got a "
+                             f"{type(self.choices).__name__}")
+        # numpy scalars as plain Python values: a trial's params go into JSON, the log and weights-only
+        # checkpoints
         object.__setattr__(self, "choices", tuple(_plain_choice(c) for c in self.choices))
         if len(self.choices) < 1:
             raise SpaceError(f"parameter {self.name!r}: choices must not be empty")
@@ -226,8 +244,8 @@ def _number(name: str, v: Any) -> float:
 
 #: the largest integer up to which float64 (the unit cube's type) holds every integer exactly
 _MAX_EXACT_INT = 2**53
-#: the largest `high` of a log int parameter: up to it every value maps to the unit interval and back to itself
-#: (checked to 2**47; 2**48 is the first power of two where neighbouring values start to merge)
+#: the largest `high` of a log int parameter: up to it every value maps to the unit interval and back to
+#: itself (checked to 2**47; 2**48 is the first power of two where neighbouring values start to merge)
 _MAX_LOG_INT = 2**44
 
 
@@ -238,7 +256,8 @@ def _check_bounds(name: str, low: Any, high: Any, log: bool) -> None:
     if not low < high:
         raise SpaceError(f"parameter {name!r}: low must be < high; got low={low}, high={high}")
     if not math.isfinite(float(high) - float(low)):  # e.g. -1e308 .. 1e308: every point would map to +-inf
-        raise SpaceError(f"parameter {name!r}: high - low must be a finite float64; got low={low}, high={high}")
+        raise SpaceError(f"parameter {name!r}: high - low must be a finite float64; got low={low}, "
+                         f"high={high}")
     if log and low <= 0:
         raise SpaceError(f"parameter {name!r}: a log parameter needs low > 0; got low={low}")
 
@@ -280,10 +299,11 @@ class SearchSpace:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_description(cls, description: Mapping[str, Mapping[str, Any]]) -> "SearchSpace":
+    def from_description(cls, description: Mapping[str, Mapping[str, Any]]) -> SearchSpace:
         """Build from a plain description ``{name: {"type": ..., ...}}`` (objectives/base.py)."""
         if not isinstance(description, Mapping):
-            raise SpaceError(f"space must be a mapping of parameter name to spec; got {type(description).__name__}")
+            raise SpaceError("space must be a mapping of parameter name to spec; got "
+                             f"{type(description).__name__}")
         _check_dim(len(description))  # before building a parameter of each
         params: list[Parameter] = []
         for name, spec in description.items():
@@ -295,7 +315,8 @@ class SearchSpace:
             unknown = set(spec) - SPEC_KEYS[kind]
             if unknown:
                 raise SpaceError(
-                    f"parameter {name!r}: unknown key(s) {sorted(unknown)} for type {kind!r}; allowed {sorted(SPEC_KEYS[kind])}"
+                    f"parameter {name!r}: unknown key(s) {sorted(unknown)} for type {kind!r}; allowed "
+                    f"{sorted(SPEC_KEYS[kind])}"
                 )
             log = check_bool(f"parameter {name!r}: log", spec.get("log", False), error=SpaceError)
             try:
@@ -306,7 +327,8 @@ class SearchSpace:
                 else:
                     choices = spec["choices"]
                     if (isinstance(choices, (str, bytes, Mapping, set, frozenset))
-                            or not isinstance(choices, Iterable)):  # a set's order changes with PYTHONHASHSEED
+                            # a set's order changes with PYTHONHASHSEED
+                            or not isinstance(choices, Iterable)):
                         raise SpaceError(f"parameter {name!r}: choices must be a list; got {choices!r}")
                     params.append(ChoiceParam(name, tuple(choices)))
             except KeyError as exc:

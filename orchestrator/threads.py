@@ -1,25 +1,28 @@
-"""Bounded torch threads for qbatch's own model work: a fit or a proposal runs with at most a few intra-op threads,
-and the caller's setting is restored when it ends.
+"""Bounded torch threads for qbatch's own model work: a fit or a proposal runs with at most a few intra-op
+threads, and the caller's setting is restored when it ends.
 
-torch starts one intra-op thread per core. GP algebra at qbatch's sizes gains little from more than one thread, and
-on a machine whose cores other work keeps busy, OpenMP's spinning barriers make each parallel region wait for a
-thread that has no core: the README's library loop took 394 s for its first model `ask(100)` with torch's default
-threads and 17 s with one (benchmarks/threads.py measures it). `bounded_threads(threads)` is the scope that
-`AskTellOptimizer.fit` and `ask` run in, so the library and the central actor, which calls them, are bounded alike.
+torch starts one intra-op thread per core. GP algebra at qbatch's sizes gains little from more than one
+thread, and on a machine whose cores other work keeps busy, OpenMP's spinning barriers make each parallel
+region wait for a
+thread that has no core: the README's library loop took 394 s for its first model `ask(100)` with torch's
+default threads and 17 s with one (benchmarks/threads.py measures it). `bounded_threads(threads)` is the scope
+that `AskTellOptimizer.fit` and `ask` run in, so the library and the central actor, which calls them, are
+bounded alike.
 
 `threads` is "auto" (the default: at most `DEFAULT_THREADS`, never more than the caller's own setting) or an
-integer, used as given. The config key `threads` and `AskTellOptimizer(threads=...)` take either. The BLAS of numpy
-and scipy (OpenBLAS: the k-means of the inducing points, SciPy's L-BFGS-B) is bounded alike, through threadpoolctl:
-it starts one thread per core too, whose threads spin as OpenMP's do.
+integer, used as given. The config key `threads` and `AskTellOptimizer(threads=...)` take either. The BLAS of
+numpy and scipy (OpenBLAS: the k-means of the inducing points, SciPy's L-BFGS-B) is bounded alike, through
+threadpoolctl: it starts one thread per core too, whose threads spin as OpenMP's do.
 
-Threads. torch's setting is partly per thread and partly per process. With torch's OpenMP backend, each thread's
-parallel regions use that thread's own OpenMP thread count (fixed at its first parallel region from the process
-default, and changed only by `torch.set_num_threads` in that thread), while `torch.set_num_threads` also sets the
-process default (for threads that have not run a parallel region yet) and MKL's thread count, which is
-process-wide. So while any bounded call runs, MKL everywhere in the process, and torch in threads that start their
-first parallel region then, use the bound too; so do numpy's and scipy's BLAS, whose thread count is process-wide
-(the first concurrent call's count). Each thread's own count is restored when its call ends; the process-wide
-settings (the first concurrent call's caller's) when the last concurrent call ends.
+Threads. torch's setting is partly per thread and partly per process. With torch's OpenMP backend, each
+thread's parallel regions use that thread's own OpenMP thread count (fixed at its first parallel region from
+the process default, and changed only by `torch.set_num_threads` in that thread), while
+`torch.set_num_threads` also sets the process default (for threads that have not run a parallel region yet)
+and MKL's thread count, which is process-wide. So while any bounded call runs, MKL everywhere in the process,
+and torch in threads that start their first parallel region then, use the bound too; so do numpy's and scipy's
+BLAS, whose thread count is process-wide (the first concurrent call's count). Each thread's own count is
+restored when its call ends; the process-wide settings (the first concurrent call's caller's) when the last
+concurrent call ends.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from orchestrator.checks import is_int, refuse
 from orchestrator.errors import ConfigError
@@ -35,9 +39,10 @@ from orchestrator.errors import ConfigError
 __all__ = ["DEFAULT_THREADS", "MAX_THREADS", "bounded_threads", "check_threads", "default_threads",
            "resolve_threads"]
 
-#: the most intra-op threads of a fit or a proposal with `threads: auto`. One: on 2 cores shared with other work,
-#: the README's library loop ran its first model `ask(100)` in 17 s on one thread and in 394 s on torch's default
-#: two (benchmarks/threads.py times the loop); a machine whose cores are free for the run may set more (`threads`)
+#: the most intra-op threads of a fit or a proposal with `threads: auto`. One: on 2 cores shared with other
+#: work, the README's library loop ran its first model `ask(100)` in 17 s on one thread and in 394 s on
+#: torch's default two (benchmarks/threads.py times the loop); a machine whose cores are free for the run may
+#: set more (`threads`)
 DEFAULT_THREADS = 1
 #: the largest `threads` accepted
 MAX_THREADS = 1024
@@ -50,7 +55,8 @@ _blas: Any = None  # threadpoolctl's limits on the BLAS libraries while blocks r
 
 
 def check_threads(name: str, value: Any, error: type[Exception] = ConfigError) -> str | int:
-    """`value` if it is "auto" or an integer in [1, `MAX_THREADS`] (as a Python int); else `error` naming `name`."""
+    """`value` if it is "auto" or an integer in [1, `MAX_THREADS`] (as a Python int); else `error` naming
+    `name`."""
     if isinstance(value, str) and value == "auto":
         return value
     if is_int(value) and 1 <= int(value) <= MAX_THREADS:
@@ -68,8 +74,8 @@ def default_threads() -> int:
 
 
 def resolve_threads(threads: str | int, current: int) -> int:
-    """The intra-op threads of a bounded call: `threads` itself when it is an integer; for "auto", the smaller of
-    `default_threads()` and `current`, the caller's own setting (a caller that chose fewer keeps them)."""
+    """The intra-op threads of a bounded call: `threads` itself when it is an integer; for "auto", the smaller
+    of `default_threads()` and `current`, the caller's own setting (a caller that chose fewer keeps them)."""
     if threads == "auto":
         return max(1, min(default_threads(), current))
     return int(threads)
@@ -79,8 +85,8 @@ def resolve_threads(threads: str | int, current: int) -> int:
 def bounded_threads(threads: str | int = "auto") -> Iterator[int]:
     """Run the block with torch's intra-op threads set by `threads` (`resolve_threads`); yields that count.
 
-    Blocks nest (an `ask` that fits runs one inside the other) and may run in several threads at once: the module
-    docstring says what the other threads of the process see meanwhile.
+    Blocks nest (an `ask` that fits runs one inside the other) and may run in several threads at once: the
+    module docstring says what the other threads of the process see meanwhile.
     """
     import torch
 
@@ -122,8 +128,8 @@ def _limit_blas(n: int) -> Any:
 
 
 def _set_own_openmp(n: int) -> None:
-    """Set the calling thread's OpenMP thread count (`omp_set_num_threads`, per thread) without torch's process-wide
-    setting; through threadpoolctl, which finds the OpenMP runtime torch loaded."""
+    """Set the calling thread's OpenMP thread count (`omp_set_num_threads`, per thread) without torch's
+    process-wide setting; through threadpoolctl, which finds the OpenMP runtime torch loaded."""
     global _openmp
     try:
         if _openmp is None:

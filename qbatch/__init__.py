@@ -1,18 +1,20 @@
-"""qbatch: distributed large-batch quantile Bayesian optimization, and its adapters to Ray Tune, Optuna and gest-api.
+"""qbatch: distributed large-batch quantile Bayesian optimization, and its adapters to Ray Tune, Optuna and
+gest-api.
 
-One import for the library (ARCHITECTURE.md "Layout"): this facade re-exports the public API, whose code stays in
-`orchestrator/`, `workers/` and `objectives/`. Each name is imported on first use, so `import qbatch` loads
+One import for the library (ARCHITECTURE.md "Layout"): this facade re-exports the public API, whose code stays
+in `orchestrator/`, `workers/` and `objectives/`. Each name is imported on first use, so `import qbatch` loads
 neither torch nor Ray. The adapters are the submodules `qbatch.tune`, `qbatch.optuna` and `qbatch.gest`.
 
-- `optimize(fn, space, budget=...)`: optimize a plain Python callable on Ray, with a run directory and its log.
+- `optimize(fn, space, budget=...)`: optimize a plain Python callable on Ray, with a run directory and its
+  log.
 - `AskTellOptimizer`: the ask/tell optimizer, without Ray.
 - `run_experiment`, `resume_experiment`: run a config (YAML path, dict) on Ray; finish an interrupted run.
 - `read_trials(run_dir)`: a run's trials as a pandas DataFrame, one row per trial.
 - `Objective`, `EvalResult`, `Resources`: the objective protocol.
 
 Importing this package first binds the names of those three packages to the installation beside it
-(`qbatch._packages`), so a user's `objectives.py`, `workers.py` or `orchestrator.py` in the working folder does
-not break the library.
+(`qbatch._packages`), so a user's `objectives.py`, `workers.py` or `orchestrator.py` in the working folder
+does not break the library.
 """
 
 from __future__ import annotations

@@ -17,8 +17,14 @@ import math
 from typing import Any
 
 from gest_api import Generator
-from gest_api.vocs import (VOCS, ContextualVariable, ContinuousVariable, DiscreteVariable, MaximizeObjective,
-                           MinimizeObjective)
+from gest_api.vocs import (
+    VOCS,
+    ContextualVariable,
+    ContinuousVariable,
+    DiscreteVariable,
+    MaximizeObjective,
+    MinimizeObjective,
+)
 
 from orchestrator.ask_tell import AskTellOptimizer, TrialError
 from orchestrator.errors import ConfigError, SpaceError
@@ -68,8 +74,8 @@ def _direction(vocs: VOCS) -> tuple[str, str]:
     """The VOCS's one objective and its direction; anything else raises naming what qbatch cannot take."""
     if vocs.constraints:
         name = next(iter(vocs.constraints))
-        raise ConfigError(f"constraint {name!r}: qbatch optimizes without constraints; fold the constraint into the "
-                          f"objective (a penalty) or use a generator that models constraints")
+        raise ConfigError(f"constraint {name!r}: qbatch optimizes without constraints; fold the constraint "
+                          f"into the objective (a penalty) or use a generator that models constraints")
     if len(vocs.objectives) != 1:
         raise ConfigError(f"qbatch optimizes one objective; the VOCS has {len(vocs.objectives)}: "
                           f"{vocs.objective_names}")
@@ -116,10 +122,12 @@ class QbatchGenerator(Generator):
         if optimizer is None:
             optimizer = AskTellOptimizer(space, direction=direction, **options)
         elif options:
-            raise ConfigError(f"options {sorted(options)} go to an optimizer this generator builds; `optimizer` is built")
+            raise ConfigError(f"options {sorted(options)} go to an optimizer this generator builds; "
+                              "`optimizer` is built")
         elif list(optimizer.space.describe()) != list(space) or optimizer.direction != direction:
-            raise ConfigError(f"the optimizer's parameters {list(optimizer.space.describe())} ({optimizer.direction}) "
-                              f"are not the VOCS's variables {list(space)} ({direction})")
+            raise ConfigError(f"the optimizer's parameters {list(optimizer.space.describe())} "
+                              f"({optimizer.direction}) are not the VOCS's variables {list(space)} "
+                              f"({direction})")
         self._optimizer = optimizer
         self._constants = {name: c.value for name, c in vocs.constants.items()}
 
@@ -135,14 +143,14 @@ class QbatchGenerator(Generator):
         return self._optimizer
 
     def suggest(self, num_points: int | None = None) -> list[dict]:
-        """`num_points` new points (`batch_size` without it), each with the VOCS's constants and its ``"_id"``;
-        every point suggested and not yet ingested is pending, so the next ones avoid it."""
+        """`num_points` new points (`batch_size` without it), each with the VOCS's constants and its
+        ``"_id"``; every point suggested and not yet ingested is pending, so the next ones avoid it."""
         trials = self._optimizer.ask(self.batch_size if num_points is None else num_points)
         return [{**t.params, **self._constants, "_id": t.trial_id} for t in trials]
 
     def ingest(self, results: list[dict]) -> None:
-        """Tell each result: by its ``"_id"``, or, without one, as a result at its variables' values. A missing,
-        NaN or infinite objective value is a recorded failure.
+        """Tell each result: by its ``"_id"``, or, without one, as a result at its variables' values. A
+        missing, NaN or infinite objective value is a recorded failure.
 
         Raises:
             ValueError: an ``"_id"`` this generator did not suggest, or one already ingested (nothing of
@@ -160,13 +168,16 @@ class QbatchGenerator(Generator):
             tid = r.get("_id")
             if tid is None:
                 point = {name: r[name] for name in self.vocs.variable_names if name in r}
-                self._optimizer.tell_point(point, r.get(self._objective))  # (a missing variable raises by name)
+                # (a missing variable raises by name)
+                self._optimizer.tell_point(point, r.get(self._objective))
             elif self._objective not in r:
-                self._optimizer.tell(tid, None, error="no-value", message=f"the result has no {self._objective!r}")
+                self._optimizer.tell(tid, None, error="no-value", message="the result has no "
+                                                                          f"{self._objective!r}")
             else:
                 self._optimizer.tell(tid, r[self._objective])
 
     def finalize(self) -> None:
-        """Refit the model on every ingested result (when one is due), so that `optimizer.best()` covers them."""
+        """Refit the model on every ingested result (when one is due), so that `optimizer.best()` covers
+        them."""
         if self._optimizer.can_fit() and self._optimizer.num_stale > 0:
             self._optimizer.fit()

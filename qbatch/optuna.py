@@ -1,22 +1,23 @@
 """Optuna adapter: `QbatchSampler`, an Optuna sampler driven by qbatch's `AskTellOptimizer`.
 
-Optuna samples one trial at a time; qbatch proposes batches. As OptunaHub's batch sampler does, the first trial
-of a batch asks `batch_size` points at once and the trials after it take the queued points, one each, through
-relative sampling (`sample_relative`); `after_trial` tells each trial's value, or a failure for a failed or
-pruned trial. Every point asked and not yet told is pending in the optimizer, so the next batch avoids the
-points still queued or running (`study.optimize(..., n_jobs=k)` runs k trials at once). The adapter goes through
-the optimizer's public methods only.
+Optuna samples one trial at a time; qbatch proposes batches. As OptunaHub's batch sampler does, the first
+trial of a batch asks `batch_size` points at once and the trials after it take the queued points, one each,
+through relative sampling (`sample_relative`); `after_trial` tells each trial's value, or a failure for a
+failed or pruned trial. Every point asked and not yet told is pending in the optimizer, so the next batch
+avoids the points still queued or running (`study.optimize(..., n_jobs=k)` runs k trials at once). The adapter
+goes through the optimizer's public methods only.
 
-The search space is given up front, as Optuna distributions (`FloatDistribution`, log or not, `IntDistribution`,
-`CategoricalDistribution`) or as qbatch's space description (orchestrator/space.py); the objective suggests
-each parameter with the same distribution.
+The search space is given up front, as Optuna distributions (`FloatDistribution`, log or not,
+`IntDistribution`, `CategoricalDistribution`) or as qbatch's space description (orchestrator/space.py); the
+objective suggests each parameter with the same distribution.
 """
 
 from __future__ import annotations
 
 import threading
 import warnings
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.samplers import BaseSampler
@@ -33,13 +34,15 @@ _DIRECTION = {StudyDirection.MAXIMIZE: "maximize", StudyDirection.MINIMIZE: "min
 
 
 def _spec(name: str, dist: Any) -> dict[str, Any]:
-    """The qbatch spec of one Optuna distribution (a qbatch spec passes as it is); others raise naming `name`."""
+    """The qbatch spec of one Optuna distribution (a qbatch spec passes as it is); others raise naming
+    `name`."""
     if isinstance(dist, Mapping):
         return dict(dist)
     if isinstance(dist, FloatDistribution):
         if dist.step is not None:
-            raise SpaceError(f"parameter {name!r}: qbatch float parameters have no step (got step={dist.step}); use "
-                             f"a FloatDistribution without one, an IntDistribution or a CategoricalDistribution")
+            raise SpaceError(f"parameter {name!r}: qbatch float parameters have no step (got "
+                             f"step={dist.step}); use a FloatDistribution without one, an IntDistribution or "
+                             "a CategoricalDistribution")
         return {"type": "float", "low": dist.low, "high": dist.high, "log": dist.log}
     if isinstance(dist, IntDistribution):
         return {"type": "int", "low": dist.low, "high": dist.high, "step": dist.step, "log": dist.log}
@@ -78,7 +81,8 @@ class QbatchSampler(BaseSampler):
         ``optuna.create_study(sampler=QbatchSampler({"x": FloatDistribution(-5, 5)}, batch_size=4, tau=0.2))``
 
     Args:
-        search_space: ``{name: Optuna distribution or qbatch spec}``; None with `optimizer`, whose space it is.
+        search_space: ``{name: Optuna distribution or qbatch spec}``; None with `optimizer`, whose space it
+            is.
         batch_size: the `q` of each `ask`, e.g. the `n_jobs` of `study.optimize` or a multiple of it.
         optimizer: an optimizer to drive (e.g. `AskTellOptimizer.from_config(cfg, objective)`), in place of
             `search_space` and `options`; its direction must be the study's.
@@ -86,8 +90,8 @@ class QbatchSampler(BaseSampler):
             the direction is the study's.
 
     Raises:
-        ConfigError: a bad `batch_size`, `direction` among the options, or neither or both of `search_space` and
-            `optimizer`.
+        ConfigError: a bad `batch_size`, `direction` among the options, or neither or both of `search_space`
+            and `optimizer`.
         SpaceError: a distribution qbatch cannot represent, naming the parameter.
     """
 
@@ -100,7 +104,8 @@ class QbatchSampler(BaseSampler):
         if (search_space is None) == (optimizer is None):
             raise ConfigError("pass either `search_space` (with the optimizer's options) or `optimizer`")
         if optimizer is not None and options:
-            raise ConfigError(f"options {sorted(options)} go to an optimizer this sampler builds; `optimizer` is built")
+            raise ConfigError(f"options {sorted(options)} go to an optimizer this sampler builds; "
+                              "`optimizer` is built")
         self._space = optimizer.space if optimizer is not None else space_from_optuna(search_space)
         self._distributions = distributions_of(self._space)
         self._optimizer = optimizer
@@ -146,7 +151,8 @@ class QbatchSampler(BaseSampler):
                 try:
                     trials = opt.ask(self._batch_size)
                 except ModelFitError as exc:  # as the central actor does: the current model stays in use
-                    warnings.warn(f"qbatch refit refused, proposing from the current model: {exc}", stacklevel=2)
+                    warnings.warn("qbatch refit refused, proposing from the current model: "
+                                  f"{exc}", stacklevel=2)
                     trials = opt.ask(self._batch_size, fit=False)
                 self._queue = [t.trial_id for t in trials]
             qid = self._queue.pop(0)
@@ -155,20 +161,21 @@ class QbatchSampler(BaseSampler):
 
     def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
-        """Never samples: a parameter reaches here only when the objective suggests it outside the search space,
-        or with another distribution than the space gives it; both raise, naming the parameter."""
+        """Never samples: a parameter reaches here only when the objective suggests it outside the search
+        space, or with another distribution than the space gives it; both raise, naming the parameter."""
         if param_name in self._distributions:
             raise SpaceError(f"parameter {param_name!r}: the objective suggests {param_distribution!r}, the "
-                             f"QbatchSampler's search space has {self._distributions[param_name]!r}; suggest it with "
-                             f"the search space's distribution")
+                             f"QbatchSampler's search space has {self._distributions[param_name]!r}; suggest "
+                             f"it with the search space's distribution")
         raise SpaceError(f"parameter {param_name!r} is not in the QbatchSampler's search space "
                          f"{sorted(self._distributions)}; add it to `search_space`")
 
     def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState,
                     values: Sequence[float] | None) -> None:
-        """Tell the optimizer the trial's value; a failed or pruned trial becomes a recorded failure. A trial that
-        evaluated other values than its proposal (fixed parameters) fails that proposal and, when complete, adds
-        its own point with `tell_point`; so does a complete trial that sampled nothing here (`enqueue_trial`)."""
+        """Tell the optimizer the trial's value; a failed or pruned trial becomes a recorded failure. A trial
+        that evaluated other values than its proposal (fixed parameters) fails that proposal and, when
+        complete, adds its own point with `tell_point`; so does a complete trial that sampled nothing here
+        (`enqueue_trial`)."""
         with self._lock:
             qid = self._trials.pop(trial.number, None)
             opt = self._optimizer
@@ -187,7 +194,8 @@ class QbatchSampler(BaseSampler):
                     return
                 else:
                     reason = "pruned" if state == TrialState.PRUNED else "failed"
-                    opt.tell(qid, None, error=reason, message=f"Optuna trial {trial.number} ended {state.name}")
+                    opt.tell(qid, None, error=reason, message=f"Optuna trial {trial.number} ended "
+                                                              f"{state.name}")
                     return
             if state == TrialState.COMPLETE and all(name in trial.params for name in self._distributions):
                 try:

@@ -2,9 +2,9 @@
 
 Tune asks a searcher for one configuration at a time (`suggest(trial_id)`); qbatch proposes batches. One
 `ask(batch_size)` fills a queue that the following `suggest` calls drain, each Tune trial id mapped to the
-qbatch trial it got, and `on_trial_complete` tells that trial's metric (or a failure). Every point asked and not
-yet told, queued or running, is pending in the optimizer, so the next batch avoids them (STYLE.md §4.8: the
-optimizer works like a Tune `Searcher`). The adapter goes through the optimizer's public methods only.
+qbatch trial it got, and `on_trial_complete` tells that trial's metric (or a failure). Every point asked and
+not yet told, queued or running, is pending in the optimizer, so the next batch avoids them (STYLE.md §4.8:
+the optimizer works like a Tune `Searcher`). The adapter goes through the optimizer's public methods only.
 
 The search space is qbatch's space description (``{name: {"type": "float", "low": ..., "high": ...}}``,
 orchestrator/space.py) or Tune's domains (`tune.uniform`, `loguniform`, `randint`, `lograndint`, `qrandint`,
@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 import pickle
 import warnings
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ray.tune.search import Searcher
 from ray.tune.search.sample import Categorical, Domain, Float, Integer, LogUniform, Quantized, Uniform
@@ -53,9 +54,9 @@ def _domain_spec(name: str, domain: Domain) -> dict[str, Any]:
         return {"type": "choice", "choices": list(domain.categories)}
     kind = f"{type(domain).__name__} domain sampled by {type(sampler).__name__.strip('_').lower()}"
     raise SpaceError(
-        f"parameter {name!r}: qbatch cannot represent a Tune {kind}{f' quantized by {q}' if q is not None else ''}; "
-        f"use tune.uniform, tune.loguniform, tune.randint, tune.lograndint, tune.qrandint or tune.choice, or a "
-        f"qbatch space description")
+        f"parameter {name!r}: qbatch cannot represent a Tune "
+        f"{kind}{f' quantized by {q}' if q is not None else ''}; use tune.uniform, tune.loguniform, "
+        f"tune.randint, tune.lograndint, tune.qrandint or tune.choice, or a qbatch space description")
 
 
 def _is_qbatch_spec(value: Any) -> bool:
@@ -66,8 +67,9 @@ def _is_qbatch_spec(value: Any) -> bool:
 def space_from_tune(config: Mapping[str, Any], constants: bool = True) -> dict[str, tuple[tuple, dict]]:
     """The qbatch parameters of a Tune config or a qbatch space description: ``{name: (path, spec)}``.
 
-    A nested domain (``{"opt": {"lr": tune.loguniform(...)}}``) is named by its path joined with "/" (``"opt/lr"``),
-    as Tune's own searchers name it. Plain values are constants, which Tune merges into each trial's config.
+    A nested domain (``{"opt": {"lr": tune.loguniform(...)}}``) is named by its path joined with "/"
+    (``"opt/lr"``), as Tune's own searchers name it. Plain values are constants, which Tune merges into each
+    trial's config.
 
     Args:
         config: Tune domains, qbatch specs (``{"type": "float", "low": ..., "high": ...}``) and constants.
@@ -96,15 +98,16 @@ def space_from_tune(config: Mapping[str, Any], constants: bool = True) -> dict[s
     resolved, domains, grids = parse_spec_vars({"/".join(map(str, p)): v for p, v in flat.items()})
     paths = {"/".join(map(str, p)): p for p in flat}
     for (name, *_), _ in grids:
-        raise SpaceError(f"parameter {name!r}: a grid search cannot be converted to a qbatch space; use tune.choice")
+        raise SpaceError(f"parameter {name!r}: a grid search cannot be converted to a qbatch space; use "
+                         "tune.choice")
     for (name, *rest), value in domains:
         if rest:  # a domain inside a list: Tune's paths go through list indices, a trial's config would not
             raise SpaceError(f"parameter {name!r}: a Tune domain inside a list is not supported; use a dict")
         specs[name] = (paths[name], _domain_spec(name, value))
     if not constants and resolved:
         name = "/".join(map(str, resolved[0][0]))
-        raise SpaceError(f"parameter {name!r}: {resolved[0][1]!r} is not a Tune domain or a qbatch spec; give "
-                         f"constants in the Tuner's param_space")
+        raise SpaceError(f"parameter {name!r}: {resolved[0][1]!r} is not a Tune domain or a qbatch spec; "
+                         f"give constants in the Tuner's param_space")
     return {name: specs[name] for name in order if name in specs}
 
 
@@ -125,7 +128,8 @@ class QbatchSearch(Searcher):
 
     Example:
         ``tune.Tuner(train, tune_config=tune.TuneConfig(search_alg=QbatchSearch(tau=0.2), metric="loss",
-        mode="min", max_concurrent_trials=4, num_samples=40), param_space={"lr": tune.loguniform(1e-4, 1e-1)})``
+        mode="min", max_concurrent_trials=4, num_samples=40), param_space={"lr": tune.loguniform(1e-4,
+        1e-1)})``
 
     Args:
         space: qbatch's space description or Tune domains; None takes them from the Tuner's `param_space`.
@@ -143,8 +147,15 @@ class QbatchSearch(Searcher):
         SpaceError: a space qbatch cannot represent (the message names the key).
     """
 
-    def __init__(self, space: Mapping[str, Any] | None = None, metric: str | None = None, mode: str | None = None,
-                 batch_size: int | None = None, optimizer: AskTellOptimizer | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        space: Mapping[str, Any] | None = None,
+        metric: str | None = None,
+        mode: str | None = None,
+        batch_size: int | None = None,
+        optimizer: AskTellOptimizer | None = None,
+        **options: Any,
+    ) -> None:
         if mode is not None and mode not in _DIRECTION:
             raise ConfigError(f"`mode` must be 'max' or 'min'; got {mode!r}")
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
@@ -157,7 +168,8 @@ class QbatchSearch(Searcher):
                 raise ConfigError("pass either `optimizer` or `space` and the optimizer's options, not both")
             mode = mode or ("max" if optimizer.direction == "maximize" else "min")
             if _DIRECTION[mode] != optimizer.direction:
-                raise ConfigError(f"`mode` {mode!r} disagrees with the optimizer's direction {optimizer.direction!r}")
+                raise ConfigError(f"`mode` {mode!r} disagrees with the optimizer's direction "
+                                  f"{optimizer.direction!r}")
         super().__init__(metric=metric, mode=mode)
         self._optimizer = optimizer
         self._paths: dict[str, tuple] | None = None
@@ -188,9 +200,9 @@ class QbatchSearch(Searcher):
         return self._batch_size or self._max_concurrent or DEFAULT_BATCH_SIZE
 
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec: Any) -> bool:
-        """Take the `TuneConfig`'s metric and mode where the searcher has none, and the `param_space`'s domains
-        where it has no space yet. False (Tune then refuses the run) when the config has domains and the
-        searcher has a space already."""
+        """Take the `TuneConfig`'s metric and mode where the searcher has none, and the `param_space`'s
+        domains where it has no space yet. False (Tune then refuses the run) when the config has domains and
+        the searcher has a space already."""
         if mode is not None and mode not in _DIRECTION:
             raise ConfigError(f"`mode` must be 'max' or 'min'; got {mode!r}")
         converted = space_from_tune(config or {})
@@ -205,7 +217,8 @@ class QbatchSearch(Searcher):
         return True
 
     def set_max_concurrency(self, max_concurrent: int) -> bool:
-        """Tune's `max_concurrent_trials` becomes the default batch size; Tune still limits the running trials."""
+        """Tune's `max_concurrent_trials` becomes the default batch size; Tune still limits the running
+        trials."""
         self._max_concurrent = int(max_concurrent)
         return False
 
@@ -214,12 +227,14 @@ class QbatchSearch(Searcher):
             raise UsageError("QbatchSearch has no search space: pass `space`, or Tune domains in the Tuner's "
                              "param_space")
         if self._metric is None or self._mode is None:
-            raise UsageError("QbatchSearch needs a metric and a mode: pass them to QbatchSearch, or to TuneConfig "
-                             "with a non-empty param_space (Tune hands a searcher its metric and mode only then)")
+            raise UsageError("QbatchSearch needs a metric and a mode: pass them to QbatchSearch, or to "
+                             "TuneConfig with a non-empty param_space (Tune hands a searcher its metric and "
+                             "mode only then)")
         return AskTellOptimizer(self._space, direction=_DIRECTION[self._mode], **self._options)
 
     def suggest(self, trial_id: str) -> dict | None:
-        """The next queued point's config for the Tune trial `trial_id`; an empty queue is refilled by one `ask`."""
+        """The next queued point's config for the Tune trial `trial_id`; an empty queue is refilled by one
+        `ask`."""
         if self._optimizer is None:
             self._optimizer = self._build()
         if not self._queue:
@@ -240,7 +255,8 @@ class QbatchSearch(Searcher):
         if qid is None or self._optimizer is None or self._optimizer.is_told(qid):
             return
         if error:
-            self._optimizer.tell(qid, None, error="tune-error", message=f"Tune trial {trial_id} raised an error")
+            self._optimizer.tell(qid, None, error="tune-error", message=f"Tune trial {trial_id} raised an "
+                                                                        "error")
         elif not result or self._metric not in result:
             self._optimizer.tell(qid, None, error="no-metric",
                                  message=f"Tune trial {trial_id} reported no {self._metric!r}")
@@ -249,9 +265,18 @@ class QbatchSearch(Searcher):
 
     def get_state(self) -> dict[str, Any]:
         """The searcher's whole state: the optimizer (it pickles), the queue and the trial ids' mapping."""
-        return {"optimizer": self._optimizer, "space": self._space, "paths": self._paths, "metric": self._metric,
-                "mode": self._mode, "options": dict(self._options), "batch_size": self._batch_size,
-                "max_concurrent": self._max_concurrent, "queue": list(self._queue), "trials": dict(self._trials)}
+        return {
+            "optimizer": self._optimizer,
+            "space": self._space,
+            "paths": self._paths,
+            "metric": self._metric,
+            "mode": self._mode,
+            "options": dict(self._options),
+            "batch_size": self._batch_size,
+            "max_concurrent": self._max_concurrent,
+            "queue": list(self._queue),
+            "trials": dict(self._trials),
+        }
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Restore from `get_state`."""

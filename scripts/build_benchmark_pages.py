@@ -26,8 +26,9 @@ import math
 import re
 import statistics
 import sys
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import jinja2
 
@@ -101,7 +102,7 @@ class Table(list):
         super().__init__(rows)
         self.source = source
 
-    def rows(self, **where: Any) -> "Table":
+    def rows(self, **where: Any) -> Table:
         """The rows whose columns match `where` (numbers compared as numbers; a list matches any of
         its items)."""
         for key in where:
@@ -139,7 +140,7 @@ class Table(list):
                 seen.append(r[name])
         return seen
 
-    def sort(self, key: str, reverse: bool = False) -> "Table":  # type: ignore[override]
+    def sort(self, key: str, reverse: bool = False) -> Table:  # type: ignore[override]
         return Table(sorted(self, key=lambda r: _number(r[key]), reverse=reverse), self.source)
 
 

@@ -1,4 +1,4 @@
-"""cluster.yaml is a valid Ray cluster-launcher config, checked with Ray's own schema (issue 4 item 6), whose
+"""cluster.yaml is a valid Ray cluster-launcher config, checked with Ray's own schema, whose
 nodes all install the same Ray and the torch build their hardware uses.
 
 `prepare_config` fills in the provider's defaults exactly as `ray up` does, and `validate_config` checks
@@ -39,7 +39,11 @@ def test_cluster_yaml_has_cpu_and_gpu_workers_that_install_qbatch(cluster):
     head = types[cluster["head_node_type"]]
     assert head["resources"].get("CPU") == 0  # evaluations never run beside the central actor
     gpu = [n for n, t in types.items() if t.get("resources", {}).get("GPU", 0) >= 1]
-    cpu = [n for n, t in types.items() if n != cluster["head_node_type"] and not t.get("resources", {}).get("GPU")]
+    cpu = [
+        n
+        for n, t in types.items()
+        if n != cluster["head_node_type"] and not t.get("resources", {}).get("GPU")
+    ]
     assert gpu and cpu
     assert sum(t.get("max_workers", 0) for t in types.values()) <= cluster["max_workers"]
     assert any("pip install" in c and "qbatch" in c for c in cluster["setup_commands"])
@@ -69,9 +73,9 @@ CPU_INDEX = "--index-url https://download.pytorch.org/whl/cpu"
 
 
 def _node_setup(cluster: dict, node_type: str) -> list[str]:
-    """The setup commands a node of `node_type` runs, by the launcher's rule: the head runs `setup_commands` then
-    `head_setup_commands`; a worker runs its type's own `worker_setup_commands` where it has them (in place of
-    both global lists), else `setup_commands` then `worker_setup_commands`."""
+    """The setup commands a node of `node_type` runs, by the launcher's rule: the head runs `setup_commands`
+    then `head_setup_commands`; a worker runs its type's own `worker_setup_commands` where it has them (in
+    place of both global lists), else `setup_commands` then `worker_setup_commands`."""
     if node_type == cluster["head_node_type"]:
         return cluster["setup_commands"] + cluster.get("head_setup_commands", [])
     own = cluster["available_node_types"][node_type].get("worker_setup_commands")
@@ -85,8 +89,8 @@ def _ray_pins(commands: list[str]) -> list[str]:
 
 
 def _check_versions(cluster: dict) -> None:
-    """Every node installs one exact Ray version, and torch before qbatch: the CPU build where the node type has
-    no GPU, PyPI's (CUDA) build where it has one."""
+    """Every node installs one exact Ray version, and torch before qbatch: the CPU build where the node type
+    has no GPU, PyPI's (CUDA) build where it has one."""
     pins = set()
     for name, node in cluster["available_node_types"].items():
         commands = _node_setup(cluster, name)
@@ -103,7 +107,9 @@ def _check_versions(cluster: dict) -> None:
 
 def test_every_node_installs_the_heads_ray_and_the_torch_its_hardware_uses(cluster):
     _check_versions(cluster)
-    (version,) = {p.split("==")[1] for t in cluster["available_node_types"] for p in _ray_pins(_node_setup(cluster, t))}
+    (version,) = {
+        p.split("==")[1] for t in cluster["available_node_types"] for p in _ray_pins(_node_setup(cluster, t))
+    }
     # at least the Ray qbatch requires (pyproject.toml), and the README's torch
     minimum = re.search(r'"ray\[default\]>=([\d.]+)"', (REPO / "pyproject.toml").read_text()).group(1)
     assert tuple(map(int, version.split("."))) >= tuple(map(int, minimum.split(".")))
@@ -117,11 +123,13 @@ def _cpu_worker(c: dict) -> dict:
 
 
 @pytest.mark.parametrize("mutate", [
-    lambda c: c["setup_commands"].__setitem__(1, 'python3 -m pip install "ray[default]>=2.9" boto3'),  # unpinned
+    # unpinned
+    lambda c: c["setup_commands"].__setitem__(1, 'python3 -m pip install "ray[default]>=2.9" boto3'),
     lambda c: c["available_node_types"]["gpu-worker"]["worker_setup_commands"].__setitem__(
         1, 'python3 -m pip install "ray[default]==2.59.0" boto3'),  # another Ray on the GPU nodes
     lambda c: _cpu_worker(c).update(worker_setup_commands=[x.replace(" " + CPU_INDEX, "")
-                                                           for x in c["setup_commands"]]),  # CUDA torch on CPU nodes
+                                                           # CUDA torch on CPU nodes
+                                                           for x in c["setup_commands"]]),
     lambda c: c["available_node_types"]["gpu-worker"].pop("worker_setup_commands"),  # CPU torch on a GPU node
     lambda c: c["setup_commands"].reverse(),  # qbatch first: pip would pull PyPI's torch for it
 ])

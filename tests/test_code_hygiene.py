@@ -1,9 +1,11 @@
-"""Comments and docstrings of library code say what the code does and why, in the present tense: the history of
-how it came to be (review findings, issue and item numbers, dated notes) is git's.
+"""Comments and docstrings say what the code does and why, in the present tense: the history of how it came to
+be (review findings, issue and item numbers, dated notes) is git's.
 
-Library code: every module of each library package (a top-level folder of the repository with an `__init__.py`,
-other than tests/ and benchmarks/). The whole text of each module is read, messages included. A reference to
-another project's issue names its repository (`meta-pytorch/botorch issue #3368`) and is not matched.
+Library code: every module of each library package (a top-level folder of the repository with an
+`__init__.py`, other than tests/ and benchmarks/); the tests and the benchmarks are held to the same rule. The
+whole text of each module is read, messages included. A reference to another project's issue names its
+repository (`meta-pytorch/botorch issue #3368`) and is not matched. Dates are looked for in library code only:
+tests and benchmarks hold dates as data (file names, YAML values).
 """
 
 from __future__ import annotations
@@ -16,17 +18,44 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 NOT_LIBRARY = {"tests", "benchmarks"}
 
-#: name -> pattern (case-insensitive) of a changelog note in library code
+#: name -> pattern (case-insensitive) of a changelog note
 HISTORY = {
     "review finding": r"found in review|\breview\b",
     "issue reference": r"\bissues? \d+",
     "dated note": r"\b20\d\d-[01]\d-[0-3]\d\b",
 }
+#: the notes that tests and benchmarks are checked for too
+NOT_IN_TESTS = ("review finding", "issue reference")
+#: test modules whose docstrings are still to be rewritten, with how many history lines each holds as a
+#: ceiling: other branches edit them now, and they leave this list when those land
+NOT_YET_REWRITTEN = {
+    "tests/orchestrator/test_actor_checkpoint.py": 5,
+    "tests/orchestrator/test_actor_guards.py": 13,
+    "tests/orchestrator/test_report.py": 6,
+}
+#: this module, which holds the patterns' examples
+SELF = Path(__file__).resolve().relative_to(REPO).as_posix()
 
 
 def library_files() -> list[Path]:
     return [path for init in sorted(REPO.glob("*/__init__.py")) if init.parent.name not in NOT_LIBRARY
             for path in sorted(init.parent.rglob("*.py"))]
+
+
+def other_checked_files() -> list[Path]:
+    return [path for folder in sorted(NOT_LIBRARY) for path in sorted((REPO / folder).rglob("*.py"))
+            if path.relative_to(REPO).as_posix() != SELF]
+
+
+def _hits(kind: str, paths: list[Path]) -> dict[str, list[str]]:
+    """file -> its lines that match the pattern of `kind`."""
+    pattern = re.compile(HISTORY[kind], re.IGNORECASE)
+    hits: dict[str, list[str]] = {}
+    for path in paths:
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if pattern.search(line):
+                hits.setdefault(path.relative_to(REPO).as_posix(), []).append(f"{i}: {line.strip()}")
+    return hits
 
 
 def test_library_files_are_found():
@@ -36,11 +65,28 @@ def test_library_files_are_found():
 
 @pytest.mark.parametrize("kind", sorted(HISTORY))
 def test_library_code_holds_no_history(kind):
-    pattern = re.compile(HISTORY[kind], re.IGNORECASE)
-    hits = [f"{path.relative_to(REPO)}:{i}: {line.strip()}" for path in library_files()
-            for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
-    assert not hits, f"{kind} in library code (say what and why in the present tense; git keeps the history):\n" + (
-        "\n".join(hits))
+    hits = _hits(kind, library_files())
+    assert not hits, (f"{kind} in library code (say what and why in the present tense; git keeps the "
+                      "history):\n") + (
+        "\n".join(f"{name}:{line}" for name, lines in hits.items() for line in lines))
+
+
+def test_test_and_benchmark_files_are_found():
+    names = {path.relative_to(REPO).as_posix() for path in other_checked_files()}
+    assert "tests/orchestrator/acquisition/test_thompson.py" in names and "benchmarks/_common.py" in names
+    assert SELF not in names and set(NOT_YET_REWRITTEN) <= names
+
+
+@pytest.mark.parametrize("kind", NOT_IN_TESTS)
+def test_tests_and_benchmarks_hold_no_history(kind):
+    hits = _hits(kind, other_checked_files())
+    new = {name: lines for name, lines in hits.items() if name not in NOT_YET_REWRITTEN}
+    assert not new, f"{kind} in tests or benchmarks (say what the test checks, in the present tense):\n" + (
+        "\n".join(f"{name}:{line}" for name, lines in new.items() for line in lines))
+    grown = {name: (len(hits.get(name, [])), ceiling) for name, ceiling in NOT_YET_REWRITTEN.items()
+             if kind == "review finding" and len(hits.get(name, [])) > ceiling}
+    assert not grown, ("history in the modules still to rewrite grew past their ceiling (now, ceiling): "
+                       f"{grown}")
 
 
 @pytest.mark.parametrize("text, kind", [

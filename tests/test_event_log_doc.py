@@ -1,6 +1,7 @@
 """The documentation of the event log and of the trials DataFrame says what the code does: docs/event-log.md's
-schema table is the Arrow schema of a segment (names in order, types, nullability, the JSON columns), its kinds
-table the kinds the log accepts, and docs/library.md's DataFrame table the columns `read_trials` gives."""
+schema table is the Arrow schema of a segment (names in order, types, nullability, the JSON columns), its
+kinds table the kinds the log accepts, and docs/library.md's DataFrame table the columns `read_trials`
+gives."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ EVENT_LOG = (DOCS / "event-log.md").read_text()
 LIBRARY = (DOCS / "library.md").read_text()
 
 #: the documented type -> the Arrow type
-_TYPES = {"int64": pa.int64(), "float64": pa.float64(), "string": pa.string(), "string (JSON object)": pa.string(),
+_TYPES = {"int64": pa.int64(), "float64": pa.float64(), "string": pa.string(), "string (JSON "
+                                                                               "object)": pa.string(),
           "list of float64": pa.list_(pa.float64())}
 
 

@@ -5,8 +5,8 @@ The graph: one node per module of each library package (a top-level folder of th
 names another library module, relative imports resolved. Every statement counts, wherever it stands: at module
 level, inside a function (an import deferred to dodge a cycle is still a cycle) and under `if TYPE_CHECKING:`.
 `from package import name` is an edge to the submodule `package.name` where there is one, else to the package.
-Not edges: the parent packages' `__init__` that Python runs before a submodule (every submodule would then be in
-a cycle with its package), and `importlib.import_module` on a string (the registries' lazy tables).
+Not edges: the parent packages' `__init__` that Python runs before a submodule (every submodule would then be
+in a cycle with its package), and `importlib.import_module` on a string (the registries' lazy tables).
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ def library_modules(root: Path = REPO) -> dict[str, Path]:
     return modules
 
 
-def _imported(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, modules: dict[str, Path]) -> set[str]:
+def _imported(
+    node: ast.Import | ast.ImportFrom, module: str, is_package: bool, modules: dict[str, Path]
+) -> set[str]:
     """The library modules that one import statement of `module` names."""
     def known(name: str) -> str | None:  # the longest prefix of `name` that is a library module
         while name and name not in modules:
@@ -119,8 +121,12 @@ def find_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
     return cycles
 
 
-def _describe(cycle: list[str], graph: dict[str, dict[str, int]], modules: dict[str, Path], root: Path) -> str:
-    steps = [f"  {a} -> {b}  ({modules[a].relative_to(root)}:{graph[a][b]})" for a, b in zip(cycle, cycle[1:])]
+def _describe(
+    cycle: list[str], graph: dict[str, dict[str, int]], modules: dict[str, Path], root: Path
+) -> str:
+    steps = [
+        f"  {a} -> {b}  ({modules[a].relative_to(root)}:{graph[a][b]})" for a, b in zip(cycle, cycle[1:])
+    ]
     return " -> ".join(cycle) + "\n" + "\n".join(steps)
 
 

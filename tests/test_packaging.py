@@ -1,4 +1,4 @@
-"""What the built distributions carry (review of a fresh, non-editable install): the wheel holds the packages,
+"""What the built distributions carry (a fresh, non-editable install): the wheel holds the packages,
 the example configs (`qbatch run examples/quickstart.yaml` works outside a checkout) and the licence, and no
 tests; the sdist holds what the README's two commands and the test suite need. Built with the installed
 setuptools from a copy of the repository's files, so the checkout is not touched."""
@@ -63,8 +63,19 @@ def test_wheel_carries_the_examples_and_no_tests(dists):
 
 def test_sdist_carries_what_the_readme_commands_and_tests_need(dists):
     sdist, _ = dists
-    need = ["LICENSE", "README.md", "pyproject.toml", "MANIFEST.in", "cluster.yaml", ".ci/run", "scripts/loopback",
-            "examples/quickstart.yaml", "tests/conftest.py", "tests/test_readme.py", "benchmarks/gld.py",
-            "benchmarks/results/utilization_fresh/utilization.csv"]
+    need = [
+        "LICENSE",
+        "README.md",
+        "pyproject.toml",
+        "MANIFEST.in",
+        "cluster.yaml",
+        ".ci/run",
+        "scripts/loopback",
+        "examples/quickstart.yaml",
+        "tests/conftest.py",
+        "tests/test_readme.py",
+        "benchmarks/gld.py",
+        "benchmarks/results/utilization_fresh/utilization.csv",
+    ]
     assert [n for n in need if n not in sdist] == []
     assert not [n for n in sdist if "__pycache__" in n or n.endswith(".pyc")]

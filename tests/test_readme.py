@@ -132,10 +132,10 @@ def test_the_component_options_table_matches_the_constructors():
     for key, names in listed.items():
         kind, name = key.split(" ")
         name = name.strip("`")
-        target = {
-            "model": lambda: ":".join(MODELS[name]),
-            "proposer": lambda: PROPOSERS[name],
-            "calibrator": lambda: CALIBRATORS[name][0],
+        target = {  # one lambda is called at once, with this `name`
+            "model": lambda: ":".join(MODELS[name]),  # noqa: B023
+            "proposer": lambda: PROPOSERS[name],  # noqa: B023
+            "calibrator": lambda: CALIBRATORS[name][0],  # noqa: B023
         }[kind]()
         assert names == params(target), key
 
@@ -157,7 +157,7 @@ def test_every_yaml_config_in_the_readme_is_valid():
 
 
 def test_the_readme_is_a_front_door_of_at_most_300_lines():
-    """Reference material, benchmark notes and history live in docs/ (issue 52 item 6); the README
+    """Reference material, benchmark notes and history live in docs/; the README
     links there."""
     lines = README.splitlines()
     assert len(lines) <= 300, f"README.md has {len(lines)} lines"
@@ -177,18 +177,27 @@ def test_the_library_section_uses_one_import_and_optimize():
     section = _section("As a library")
     blocks = _code_blocks(section)
     assert blocks and all("import qbatch" in b for b in blocks)
-    assert not [b for b in blocks if re.search(r"^\s*(from|import) (orchestrator|workers|objectives)\b", b, re.M)]
+    assert not [b for b in blocks if re.search(r"^\s*(from|import) "
+                                               r"(orchestrator|workers|objectives)\b", b, re.M)]
     assert any("qbatch.optimize(" in b for b in blocks)
 
 
 @pytest.mark.ray
 def test_the_library_sections_optimize_snippet_runs(tmp_path):
-    """The snippet as written, as a script in a folder of its own (its function is then `__main__`'s), with the
-    repository on the path as an installed package is; run inside `scripts/loopback` like the Ray tests."""
+    """The snippet as written, as a script in a folder of its own (its function is then `__main__`'s), with
+    the repository on the path as an installed package is; run inside `scripts/loopback` like the Ray
+    tests."""
     snippet = next(b for b in _code_blocks(_section("As a library")) if "qbatch.optimize(" in b)
-    (tmp_path / "snippet.py").write_text(snippet + "\nprint('rows', len(df), 'state', sorted(set(df['state'])))\n")
-    proc = subprocess.run([sys.executable, "snippet.py"], cwd=tmp_path, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    (tmp_path / "snippet.py").write_text(snippet + "\nprint('rows', len(df), 'state', "
+                                                   "sorted(set(df['state'])))\n")
+    proc = subprocess.run(
+        [sys.executable, "snippet.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "Recommendation(params={'x': " in proc.stdout
     assert "rows 30 state ['completed']" in proc.stdout

@@ -1,15 +1,15 @@
 """A plain Python callable as an objective, and its trip to the workers by value.
 
-ARCHITECTURE.md "The path of one evaluation", step 3, for `qbatch.optimize`: the objective is a function, a lambda
-or a callable object, perhaps defined in a notebook or in `__main__`, which no worker can import by name.
-`CallableObjective` wraps it with its space, direction and resources; `ByValue` carries it to the workers as
-cloudpickle bytes (Ray's serializer, which pickles `__main__` and notebook code by value), beside the
-`(name, options)` spec that a YAML config names.
+ARCHITECTURE.md "The path of one evaluation", step 3, for `qbatch.optimize`: the objective is a function, a
+lambda or a callable object, perhaps defined in a notebook or in `__main__`, which no worker can import by
+name. `CallableObjective` wraps it with its space, direction and resources; `ByValue` carries it to the
+workers as cloudpickle bytes (Ray's serializer, which pickles `__main__` and notebook code by value), beside
+the `(name, options)` spec that a YAML config names.
 
-The bytes are unpickled only in the sandbox child (workers/sandbox.py), as a spec is built only there, so the Ray
-worker runs none of the user's code before it forks; their digest identifies the objective, so the child that
-built it serves the worker's later evaluations. The bytes travel through Ray's object store and never enter the
-run directory, where nothing is unpickled.
+The bytes are unpickled only in the sandbox child (workers/sandbox.py), as a spec is built only there, so the
+Ray worker runs none of the user's code before it forks; their digest identifies the objective, so the child
+that built it serves the worker's later evaluations. The bytes travel through Ray's object store and never
+enter the run directory, where nothing is unpickled.
 
 The run's config.yaml names `CALLABLE_OBJECTIVE` with the space, direction and resources as its options: the
 central actor builds that stand-in (no callable: it only reads the space) and the driver hands the workers the
@@ -25,9 +25,10 @@ import pickle
 import site
 import sys
 import sysconfig
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from objectives.base import EvalResult, Objective, ObjectiveError, Resources
 
@@ -41,7 +42,8 @@ _LIBRARY = ("objectives", "workers", "orchestrator", "qbatch")
 
 def _seed_style(fn: Callable[..., Any]) -> str:
     """How `fn` takes the evaluation's seed: "positional" (a second positional parameter), "keyword" (a
-    keyword-only parameter named `seed`), or "none" (it takes the params alone, or its signature cannot be read)."""
+    keyword-only parameter named `seed`), or "none" (it takes the params alone, or its signature cannot be
+    read)."""
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
@@ -67,8 +69,8 @@ class CallableObjective(Objective):
         direction: "maximize" or "minimize", the sense of `fn`'s value.
         resources: what one evaluation needs (a `Resources`, or a mapping of its fields); default one CPU.
         label: a name for `fn` in messages and the run's config (default: its qualified name).
-        fn: the callable. None builds the stand-in the central actor reads the space from: evaluating it raises
-            `ObjectiveError`, since a run's config cannot hold a callable.
+        fn: the callable. None builds the stand-in the central actor reads the space from: evaluating it
+            raises `ObjectiveError`, since a run's config cannot hold a callable.
     """
 
     noisy = True
@@ -84,7 +86,8 @@ class CallableObjective(Objective):
         if fn is not None and not callable(fn):
             raise ObjectiveError(f"the objective must be callable; got a {type(fn).__name__}")
         if not isinstance(space, Mapping):
-            raise ObjectiveError(f"space must be a mapping of parameter name to spec; got a {type(space).__name__}")
+            raise ObjectiveError("space must be a mapping of parameter name to spec; got a "
+                                 f"{type(space).__name__}")
         if direction not in ("maximize", "minimize"):
             raise ObjectiveError(f"direction must be 'maximize' or 'minimize'; got {direction!r}")
         if resources is None:
@@ -93,7 +96,8 @@ class CallableObjective(Objective):
             try:
                 resources = Resources(**dict(resources))
             except TypeError as exc:
-                raise ObjectiveError(f"resources: {exc} (fields: num_cpus, num_gpus, memory, custom)") from None
+                raise ObjectiveError(f"resources: {exc} (fields: num_cpus, num_gpus, memory, "
+                                     "custom)") from None
         if not isinstance(resources, Resources):
             raise ObjectiveError(f"resources must be a Resources or a mapping of its fields; got "
                                  f"{type(resources).__name__}")
@@ -106,7 +110,8 @@ class CallableObjective(Objective):
         self._seed = "none" if fn is None else _seed_style(fn)
 
     def options(self) -> dict[str, Any]:
-        """The keyword options that build this objective's stand-in (`fn` left out): what config.yaml holds."""
+        """The keyword options that build this objective's stand-in (`fn` left out): what config.yaml
+        holds."""
         r = self.resources
         return {"space": self.space, "direction": self.direction, "label": self.label,
                 "resources": {"num_cpus": r.num_cpus, "num_gpus": r.num_gpus, "memory": r.memory,
@@ -115,8 +120,8 @@ class CallableObjective(Objective):
     def evaluate(self, params: Mapping[str, Any], seed: int) -> float | EvalResult:
         if self.fn is None:
             raise ObjectiveError(
-                f"objective {self.label!r} is a Python callable, which a run's config cannot hold: run and resume "
-                "it with qbatch.optimize(fn, space, ...), which hands the callable to the workers")
+                f"objective {self.label!r} is a Python callable, which a run's config cannot hold: run and "
+                "resume it with qbatch.optimize(fn, space, ...), which hands the callable to the workers")
         if self._seed == "positional":
             return self.fn(dict(params), seed)
         if self._seed == "keyword":
@@ -149,14 +154,15 @@ class ByValue:
     label: str
 
     @classmethod
-    def of(cls, objective: Objective) -> "ByValue":
-        """Pickle `objective` with Ray's cloudpickle. Functions and classes of `__main__` or a notebook go by value,
-        and so does the module that defines a `CallableObjective`'s callable where it is not an installed package
-        (a module beside the script, or one on a path the notebook added), which the workers may not import.
+    def of(cls, objective: Objective) -> ByValue:
+        """Pickle `objective` with Ray's cloudpickle. Functions and classes of `__main__` or a notebook go by
+        value, and so does the module that defines a `CallableObjective`'s callable where it is not an
+        installed package (a module beside the script, or one on a path the notebook added), which the workers
+        may not import.
 
         Raises:
-            ObjectiveError: it cannot be pickled (e.g. it holds a lock or an open connection); the message names
-                the objective and the cause.
+            ObjectiveError: it cannot be pickled (e.g. it holds a lock or an open connection); the message
+                names the objective and the cause.
         """
         import ray.cloudpickle as cloudpickle
 
@@ -172,8 +178,8 @@ class ByValue:
         except Exception as exc:  # noqa: BLE001 - anything the user's callable holds may refuse pickling
             raise ObjectiveError(
                 f"objective {objective.name!r} cannot be sent to the workers: pickling it failed with "
-                f"{type(exc).__name__}: {exc} (build what cannot be pickled, a lock, a client, an open file, inside "
-                "the function, or in a class's __call__ on first use)") from exc
+                f"{type(exc).__name__}: {exc} (build what cannot be pickled, a lock, a client, an open file, "
+                "inside the function, or in a class's __call__ on first use)") from exc
         finally:
             if mine:
                 cloudpickle.unregister_pickle_by_value(module)
@@ -187,7 +193,8 @@ class ByValue:
         """
         objective = pickle.loads(self.payload)
         if not isinstance(objective, Objective):
-            raise TypeError(f"the objective {self.label!r} unpickled as a {type(objective).__name__}, not an Objective")
+            raise TypeError(f"the objective {self.label!r} unpickled as a {type(objective).__name__}, not an "
+                            "Objective")
         return objective
 
 

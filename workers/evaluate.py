@@ -1,16 +1,16 @@
 """One evaluation of an objective as a Ray task: resources, timeout, retries, failures as records.
 
 ARCHITECTURE.md "The path of one evaluation", step 3. Each evaluation runs the objective in a child process of
-the Ray worker (``isolate="process"``, workers/sandbox.py), so a hang past `timeout_s` is killed and a crash of
-the objective (``os.abort``, a segfault) cannot take the worker down; ``isolate="thread"`` runs it in a thread
-instead (no fork; a hung thread is abandoned, not killed). Whatever happens - an exception, a NaN, inf, None, a
-string, an array, a timeout, a crash - the task returns one `TrialResult` (workers/records.py, which lists what
-it holds); only the loss of the Ray worker or node itself surfaces as a Ray error, which Ray retries
-(`max_retries`) and the central actor records as "worker-lost". A result is never recorded twice: the actor
-ingests exactly once per trial id.
+the Ray worker (``isolate="process"``, workers/sandbox.py), so a hang past `timeout_s` is killed and a crash
+of the objective (``os.abort``, a segfault) cannot take the worker down; ``isolate="thread"`` runs it in a
+thread instead (no fork; a hung thread is abandoned, not killed). Whatever happens - an exception, a NaN, inf,
+None, a string, an array, a timeout, a crash - the task returns one `TrialResult` (workers/records.py, which
+lists what it holds); only the loss of the Ray worker or node itself surfaces as a Ray error, which Ray
+retries (`max_retries`) and the central actor records as "worker-lost". A result is never recorded twice: the
+actor ingests exactly once per trial id.
 
-A timeout's traceback holds where the objective hung: the child's Python stacks, which it writes (faulthandler,
-on `STACK_SIGNAL`) just before it is killed, or the abandoned thread's stack.
+A timeout's traceback holds where the objective hung: the child's Python stacks, which it writes
+(faulthandler, on `STACK_SIGNAL`) just before it is killed, or the abandoned thread's stack.
 
 This module holds the task and its public API; the call of the objective and its payload are in
 workers/call.py, the sandbox in workers/sandbox.py, its process plumbing in workers/processes.py.
@@ -24,7 +24,8 @@ import sys
 import threading
 import time
 import traceback as tb_module
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from objectives.base import Objective, Resources
 from workers.by_value import ByValue
@@ -54,9 +55,9 @@ def evaluation_runtime_env(isolate: str = "process") -> dict[str, Any]:
 
     `RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1`: an evaluation sees the GPUs its objective asks for and no others.
     Ray (2.60 here) no longer empties it for a task that asks for no GPU: the task keeps the node's
-    CUDA_VISIBLE_DEVICES (all its GPUs), so on a GPU node every CPU-only evaluation of a torch objective trained
-    on GPU 0, beside the evaluations Ray had given it to (seen on an H100: `benchmarks/gpu.py`'s CPU run had
-    `used_gpu` 1)."""
+    CUDA_VISIBLE_DEVICES (all its GPUs), so on a GPU node every CPU-only evaluation of a torch objective
+    trained on GPU 0, beside the evaluations Ray had given it to (seen on an H100: `benchmarks/gpu.py`'s CPU
+    run had `used_gpu` 1)."""
     return {"env_vars": {"QBATCH_EVALUATION_WORKER": isolate, "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1"}}
 
 
@@ -81,8 +82,11 @@ def _resolve_objective(objective: Objective | tuple[str, Mapping[str, Any]] | By
     return _OBJECTIVE_CACHE[key]
 
 
-def _run_in_thread(objective: Objective, params: Mapping[str, Any], seed: int, timeout_s: float) -> TrialResult:
-    """Evaluate in a thread of this process (``isolate="thread"``); past `timeout_s` the thread is abandoned."""
+def _run_in_thread(
+    objective: Objective, params: Mapping[str, Any], seed: int, timeout_s: float
+) -> TrialResult:
+    """Evaluate in a thread of this process (``isolate="thread"``); past `timeout_s` the thread is
+    abandoned."""
     box: list[TrialResult] = []
     started = time.time()
     thread = threading.Thread(target=lambda: box.append(call_objective(objective, params, seed)), daemon=True)
@@ -94,8 +98,8 @@ def _run_in_thread(objective: Objective, params: Mapping[str, Any], seed: int, t
     stack = "" if frame is None else printable("".join(tb_module.format_stack(frame)))
     stack = f"\n\nits stack when it was abandoned:\n{stack}" if stack else ""
     return TrialResult.failure("timeout", f"timeout after {timeout_s:g} s",
-                               cap(f"the evaluation ran past timeout_s={timeout_s:g} s; its thread was abandoned "
-                                   f"(isolate='thread'){stack}", MAX_TRACEBACK_CHARS), started)
+                               cap(f"the evaluation ran past timeout_s={timeout_s:g} s; its thread was "
+                                   f"abandoned (isolate='thread'){stack}", MAX_TRACEBACK_CHARS), started)
 
 
 def evaluate_once(
@@ -117,8 +121,8 @@ def evaluate_once(
         seed: the evaluation's random seed.
         timeout_s: seconds before the evaluation is killed (process) or abandoned (thread).
         isolate: "process" (forked child, killable) or "thread".
-        on_progress: called when a new sandbox child has imported a `(name, options)` spec's module (not timed)
-            and when it has built the objective (`timeout_s` of its own, before the evaluation's).
+        on_progress: called when a new sandbox child has imported a `(name, options)` spec's module (not
+            timed) and when it has built the objective (`timeout_s` of its own, before the evaluation's).
 
     Returns:
         The evaluation's `TrialResult`, with `trial_id`, `pid` and `node_id` set.
@@ -156,7 +160,8 @@ def _evaluation_task(
     report_start: Any = None,
 ) -> TrialResult:
     def report() -> None:
-        if report_start is not None:  # the pool's handle: tell it when this attempt starts (it may have been queued)
+        # the pool's handle: tell it when this attempt starts (it may have been queued)
+        if report_start is not None:
             try:
                 report_start.started.remote(trial_id, time.time())
             except Exception:  # noqa: BLE001 - the pool is gone: its owner sees that on the ref, not here

@@ -1,5 +1,5 @@
-"""The metrics of an evaluation's record: which values of an objective's `EvalResult.metrics` the log keeps, as
-what, and the caps on their count and size; a note for each one it drops.
+"""The metrics of an evaluation's record: which values of an objective's `EvalResult.metrics` the log keeps,
+as what, and the caps on their count and size; a note for each one it drops.
 
 ARCHITECTURE.md "The path of one evaluation", step 4: every read of the log and every row of trials.csv holds
 the metrics, so a record keeps only plain JSON data of bounded size. The call of the objective
@@ -13,7 +13,8 @@ import json
 import math
 import numbers
 import sys
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -59,21 +60,25 @@ def _metric_value(v: Any) -> tuple[bool, Any]:
         if isinstance(item, np.floating):  # np.longdouble's item() is itself
             item = float(item)
         return (False, None) if isinstance(item, (np.generic, np.ndarray)) else _metric_value(item)
-    if isinstance(v, int):  # exact within int64 (an id, a count); beyond it a float, as the log's readers expect
+    # exact within int64 (an id, a count); beyond it a float, as the log's readers expect
+    if isinstance(v, int):
         if -_INT64 <= v < _INT64:
             return True, int(v)
         x = _finite_float(v)
         return x is not None, x
-    if isinstance(v, (numbers.Real, decimal.Decimal)):  # a float, Fraction, Decimal; NaN and inf too: a diverged loss is worth keeping
+    # a float, Fraction, Decimal; NaN and inf too: a diverged loss is worth keeping
+    if isinstance(v, (numbers.Real, decimal.Decimal)):
         try:
             return True, float(v)
         except Exception:  # noqa: BLE001 - a number type of user code whose conversion raises
             return False, None
     if isinstance(v, str):
         return True, cap(str(v), MAX_METRIC_CHARS)
-    if isinstance(v, (list, tuple, Mapping)):  # small JSON data (a per-epoch curve, a config dict), kept whole
+    # small JSON data (a per-epoch curve, a config dict), kept whole
+    if isinstance(v, (list, tuple, Mapping)):
         try:
-            if not is_json_data(v, tuples=True):  # numpy/torch inside, a non-string key (JSON would rename it), a set
+            # numpy/torch inside, a non-string key (JSON would rename it), a set
+            if not is_json_data(v, tuples=True):
                 return False, None
             text = json.dumps(v, allow_nan=True, separators=(",", ":"))
         except (TypeError, ValueError, RecursionError):  # a cycle, nesting too deep
@@ -86,9 +91,10 @@ def clean_metrics(metrics: Any) -> tuple[dict[str, Any], list[str]]:
     """The metrics the log keeps, and a note for each one it cannot keep (the record's `metrics_dropped`).
 
     Kept: None, bools, numbers (NumPy scalars and 0-d arrays or tensors by their value; ints exact within
-    int64; Fraction and Decimal as floats; NaN and inf as they are), strings (capped), and lists/dicts of plain
-    JSON data (string keys) up to `MAX_METRIC_CHARS` encoded. Keys are strings (`str(key)`, capped); a key that
-    repeats one already kept is dropped, as is anything else. At most `MAX_DROPPED_NOTES` notes, then a count.
+    int64; Fraction and Decimal as floats; NaN and inf as they are), strings (capped), and lists/dicts of
+    plain JSON data (string keys) up to `MAX_METRIC_CHARS` encoded. Keys are strings (`str(key)`, capped); a
+    key that repeats one already kept is dropped, as is anything else. At most `MAX_DROPPED_NOTES` notes, then
+    a count.
     """
     if metrics is None:
         return {}, []
@@ -110,7 +116,8 @@ def clean_metrics(metrics: Any) -> tuple[dict[str, Any], list[str]]:
         if key in out:
             dropped.append(f"{key[:80]!r}: the same name as another metric's")
         elif ok:
-            item = len(json.dumps({key: value}, allow_nan=True, separators=(",", ":"))) - 1  # '"k":v' and a comma
+            # '"k":v' and a comma
+            item = len(json.dumps({key: value}, allow_nan=True, separators=(",", ":"))) - 1
             if size + item > MAX_METRICS_BYTES:
                 over.append(key)
                 continue
@@ -118,12 +125,13 @@ def clean_metrics(metrics: Any) -> tuple[dict[str, Any], list[str]]:
             size += item
         else:
             what = f"a {type(v).__name__}" if not isinstance(v, (list, tuple, Mapping)) else \
-                f"a {type(v).__name__} that is not plain JSON data (string keys) of at most {MAX_METRIC_CHARS} characters"
+                (f"a {type(v).__name__} that is not plain JSON data (string keys) of at most "
+                 f"{MAX_METRIC_CHARS} characters")
             dropped.append(f"{key[:80]!r}: {what}")
     if over:
         names = ", ".join(repr(n[:80]) for n in over[:5]) + (", ..." if len(over) > 5 else "")
-        dropped.insert(0, f"{len(over)} metrics past the first {len(out)} kept (at most {MAX_METRICS} metrics and "
-                          f"{MAX_METRICS_BYTES} characters of them in a record): {names}")
+        dropped.insert(0, f"{len(over)} metrics past the first {len(out)} kept (at most {MAX_METRICS} "
+                          f"metrics and {MAX_METRICS_BYTES} characters of them in a record): {names}")
     if len(dropped) > MAX_DROPPED_NOTES:
         dropped = dropped[:MAX_DROPPED_NOTES] + [f"... and {len(dropped) - MAX_DROPPED_NOTES} more"]
     return out, dropped

@@ -23,7 +23,8 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from objectives.base import Resources
 from workers.evaluate import submit_evaluation
@@ -42,8 +43,8 @@ def exit_with_node(what: str, check_s: float = NODE_CHECK_S) -> bool:
     When a driver that started a local Ray is SIGKILLed, its raylet goes with it, but the actors live on until
     Ray's own checks end them (seconds here, about a minute in another PID namespace); the central actor would
     keep the run's writer lock that long, and `qbatch resume` would be refused as if another run were writing.
-    Whatever the actor was doing is safe to cut: every log write is atomic. Outside an actor (a driver, a test)
-    nothing is started. Returns whether the watch was started.
+    Whatever the actor was doing is safe to cut: every log write is atomic. Outside an actor (a driver, a
+    test) nothing is started. Returns whether the watch was started.
     """
     import ray
 
@@ -54,9 +55,9 @@ def exit_with_node(what: str, check_s: float = NODE_CHECK_S) -> bool:
 
 
 def watch_parent(what: str, check_s: float = NODE_CHECK_S) -> None:
-    """Start a daemon thread that ends this process (exit status 1, a logged warning, on stderr unless the process
-    configured logging otherwise) once its parent process is gone (it is then re-parented), checking every
-    `check_s` seconds."""
+    """Start a daemon thread that ends this process (exit status 1, a logged warning, on stderr unless the
+    process configured logging otherwise) once its parent process is gone (it is then re-parented), checking
+    every `check_s` seconds."""
     parent = os.getppid()
 
     def watch() -> None:
@@ -75,8 +76,8 @@ class EvaluationPool:
     central actor (an actor's creator owns it, and the point is not to share the central actor's fate).
 
     Args:
-        objective: the objective as `submit_evaluation` takes it (an `Objective`, a `(name, options)` spec or a
-            `ByValue` objective).
+        objective: the objective as `submit_evaluation` takes it (an `Objective`, a `(name, options)` spec or
+            a `ByValue` objective).
         resources: the objective's `Resources`.
         timeout_s, max_retries, isolate: as in `submit_evaluation`.
     """
@@ -111,8 +112,15 @@ class EvaluationPool:
         for trial_id, attempt, params, seed in items:
             if trial_id not in self._held:
                 ref = submit_evaluation(
-                    self._objective, trial_id, params, seed, resources=self._resources, timeout_s=self._timeout_s,
-                    max_retries=self._max_retries, isolate=self._isolate, report_start=self._me,
+                    self._objective,
+                    trial_id,
+                    params,
+                    seed,
+                    resources=self._resources,
+                    timeout_s=self._timeout_s,
+                    max_retries=self._max_retries,
+                    isolate=self._isolate,
+                    report_start=self._me,
                 )
                 self._held[trial_id] = (ref, int(attempt), time.time())
             refs.append(self._held[trial_id][0])
@@ -165,7 +173,8 @@ class EvaluationPool:
         return n
 
     def held(self) -> dict[str, tuple[Any, int, float]]:
-        """Every evaluation not yet released: trial_id -> (ref, attempt, submitted at); running or finished."""
+        """Every evaluation not yet released: trial_id -> (ref, attempt, submitted at); running or
+        finished."""
         return dict(self._held)
 
     def size(self) -> int:

@@ -35,7 +35,8 @@ __all__ = [
 #: the signal on which a sandbox child writes the Python stacks of its threads (faulthandler), sent to a child
 #: that ran past its timeout just before it is killed, so the record says where the objective hung
 STACK_SIGNAL = signal.SIGUSR2
-#: how long a timed-out child is given to write its stacks (it may be stopped, or its objective took the signal)
+#: how long a timed-out child is given to write its stacks (it may be stopped, or its objective took the
+#: signal)
 STACK_WAIT_S = 1.0
 #: the most of a stack dump read back (many deep threads); the record keeps its head and tail (`cap`), and so
 #: the main thread, which faulthandler writes last
@@ -80,8 +81,8 @@ class _Adoption:
     def forget_in_child(self) -> None:
         """In a forked child: the kernel does not pass the subreaper flag on, and `lock` may have been held by
         another thread at the fork (an objective that itself calls `evaluate_once` would hang on it).
-        A child never becomes a subreaper itself: a sandbox runs objective code, whose own children (a `Popen` it
-        waits for) `reap_orphans` would reap."""
+        A child never becomes a subreaper itself: a sandbox runs objective code, whose own children (a `Popen`
+        it waits for) `reap_orphans` would reap."""
         self.lock = threading.Lock()
         self.subreaper = False
         self.sandbox_pids.clear()
@@ -92,15 +93,16 @@ os.register_at_fork(after_in_child=_ADOPTION.forget_in_child)
 
 
 def adopt_orphans() -> bool:
-    """Make this Ray evaluation worker (`evaluation_runtime_env` marks it) the subreaper of its sandboxes' orphans.
+    """Make this Ray evaluation worker (`evaluation_runtime_env` marks it) the subreaper of its sandboxes'
+    orphans.
 
-    A sandbox's guard (`guard_group`) and what its group kill ends are orphans: re-parented to PID 1, they stay
-    zombies for good where PID 1 reaps nothing (a container whose entrypoint is the driver, `docker run img qbatch
-    run ...`): one per timeout, crash or new objective, until the container runs out of pids (31 after 400
-    evaluations). Adopted here, `reap_orphans` collects them, and so every orphan below the worker
+    A sandbox's guard (`guard_group`) and what its group kill ends are orphans: re-parented to PID 1, they
+    stay zombies for good where PID 1 reaps nothing (a container whose entrypoint is the driver, `docker run
+    img qbatch run ...`): one per timeout, crash or new objective, until the container runs out of pids (31
+    after 400 evaluations). Adopted here, `reap_orphans` collects them, and so every orphan below the worker
     (a helper the objective started in a session of its own too). Once per process; elsewhere (library use of
-    `evaluate_once`) the caller's process is left as it is. A dying worker's orphans still go to PID 1: with no
-    init there, run containers with one (`docker run --init`, README)."""
+    `evaluate_once`) the caller's process is left as it is. A dying worker's orphans still go to PID 1: with
+    no init there, run containers with one (`docker run --init`, README)."""
     if _ADOPTION.subreaper is None:
         _ADOPTION.subreaper = False
         # a process-isolated evaluation worker only: one for thread-isolated evaluations runs objective code
@@ -114,8 +116,8 @@ def adopt_orphans() -> bool:
 
 
 def track_sandbox(pid: int) -> None:
-    """Count the sandbox `pid`, which this subreaper worker just forked, among the children `reap_orphans` leaves
-    alone (multiprocessing waits for it)."""
+    """Count the sandbox `pid`, which this subreaper worker just forked, among the children `reap_orphans`
+    leaves alone (multiprocessing waits for it)."""
     with _ADOPTION.lock:
         _ADOPTION.sandbox_pids.add(pid)
 
@@ -148,9 +150,9 @@ def _proc_stat(pid: int) -> tuple[str, int, int] | None:
 
 
 def reap_orphans() -> None:
-    """Reap the zombies among this subreaper worker's children that are not its sandboxes: the orphans it adopted
-    (the sandboxes' guards, what a group kill ended, a helper the objective started in a session of its own,
-    which otherwise stay zombies). In a process-isolated worker no objective code runs, so a child
+    """Reap the zombies among this subreaper worker's children that are not its sandboxes: the orphans it
+    adopted (the sandboxes' guards, what a group kill ended, a helper the objective started in a session of
+    its own, which otherwise stay zombies). In a process-isolated worker no objective code runs, so a child
     that is not a sandbox is one of them. A sandbox is forgotten once it is no longer a child here."""
     if not _ADOPTION.subreaper:
         return
@@ -171,7 +173,8 @@ def reap_orphans() -> None:
 
 
 def guard_group() -> None:
-    """Start a guard that SIGKILLs this process group once the calling sandbox child has ended, however it ends.
+    """Start a guard that SIGKILLs this process group once the calling sandbox child has ended, however it
+    ends.
 
     The kernel kills the sandbox with its Ray worker (`die_with_parent`), but not what the objective started
     in the sandbox's group (a simulator's processes, a Pool): re-parented to init, those would run on beside
@@ -194,7 +197,8 @@ def guard_group() -> None:
         os.close(pidfd)
         os.waitpid(middle, 0)
         return
-    try:  # the middle process: fork the guard and leave (the objective has not run: one thread, nothing locked)
+    # the middle process: fork the guard and leave (the objective has not run: one thread, nothing locked)
+    try:
         if os.fork() == 0:
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
                         signal.SIGUSR2):

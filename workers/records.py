@@ -1,9 +1,9 @@
-"""What an evaluation's record holds, in pieces that need no process or Ray: the record itself (`TrialResult`), the
-failure reasons, the check of an objective's return value, and the caps and escapes a text passes before it enters
-the record or the log.
+"""What an evaluation's record holds, in pieces that need no process or Ray: the record itself
+(`TrialResult`), the failure reasons, the check of an objective's return value, and the caps and escapes a
+text passes before it enters the record or the log.
 
-The evaluation task (workers/evaluate.py) builds its records with them; the config, the optimizer's `tell`, the
-store, the central actor, the runner and the CLI use them without importing that task.
+The evaluation task (workers/evaluate.py) builds its records with them; the config, the optimizer's `tell`,
+the store, the central actor, the runner and the CLI use them without importing that task.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ __all__ = [
     "printable",
 ]
 
-#: longest `timeout_s` (about 11.6 days): the wait on the evaluation's child process overflows past about 24 days
+#: longest `timeout_s` (about 11.6 days): the wait on the evaluation's child process overflows past about 24
+#: days
 MAX_TIMEOUT_S = 1_000_000.0
 
 #: longest message, traceback and metric string a record keeps (every read of the log loads them: `status`,
@@ -60,8 +61,8 @@ FAILURE_REASONS = (
 @dataclass
 class TrialResult:
     """The outcome of one evaluation, from the worker to the log: what the evaluation task returns
-    (workers/evaluate.py) whatever the objective did, and what the central actor makes itself for an evaluation
-    that never reports (its timeout backstop, a lost worker or node).
+    (workers/evaluate.py) whatever the objective did, and what the central actor makes itself for an
+    evaluation that never reports (its timeout backstop, a lost worker or node).
 
     The actor writes it as the trial's `completed` or `failed` event (`RunLog.result_event`,
     orchestrator/actor/log.py): `status` is the event's kind; `value`, `error`, `traceback`, `node_id`, `pid`,
@@ -98,12 +99,27 @@ class TrialResult:
 
     @classmethod
     def failure(
-        cls, error: str, message: str | None, traceback: str | None, started: float, ended: float | None = None,
-        metrics: dict[str, Any] | None = None, **fields: Any,
-    ) -> "TrialResult":
+        cls,
+        error: str,
+        message: str | None,
+        traceback: str | None,
+        started: float,
+        ended: float | None = None,
+        metrics: dict[str, Any] | None = None,
+        **fields: Any,
+    ) -> TrialResult:
         """A failed result (`fields`: e.g. `child_pid`, `trial_id`); `ended` defaults to now."""
-        return cls("failed", None, error, message, traceback, started, time.time() if ended is None else ended,
-                   metrics or {}, **fields)
+        return cls(
+            "failed",
+            None,
+            error,
+            message,
+            traceback,
+            started,
+            time.time() if ended is None else ended,
+            metrics or {},
+            **fields,
+        )
 
 
 def classify_value(value: Any) -> tuple[float | None, str | None, str | None]:
@@ -121,23 +137,27 @@ def classify_value(value: Any) -> tuple[float | None, str | None, str | None]:
     if isinstance(value, (str, bytes)):
         return None, "non-numeric", f"the objective returned a string ({value[:80]!r}), not a number"
     if isinstance(value, (list, tuple, np.ndarray)) or type(value).__name__ == "Tensor":
-        # (not `getattr(value, "shape", (len(value),))`: it evaluates len() of a 0-d array or tensor, which raises)
+        # (not `getattr(value, "shape", (len(value),))`: it evaluates len() of a 0-d array or tensor, which
+        # raises)
         shape = tuple(value.shape) if hasattr(value, "shape") else (len(value),)
         if len(shape) == 0 and hasattr(value, "item"):  # a 0-d tensor or array holds one number
             try:
                 item = value.item()
             except Exception as exc:  # noqa: BLE001 - e.g. a 0-d object array of user code
-                return None, "non-numeric", f"the objective's 0-d {type(value).__name__} is not a number ({describe_exception(exc)})"
+                return None, "non-numeric", (f"the objective's 0-d {type(value).__name__} is not a number "
+                                             f"({describe_exception(exc)})")
             return classify_value(item)
         return None, "array", f"the objective returned an array of shape {shape}, not one number"
-    if not isinstance(value, (numbers.Real, np.integer, np.floating, decimal.Decimal)):  # Fraction, Decimal too
+    # Fraction, Decimal too
+    if not isinstance(value, (numbers.Real, np.integer, np.floating, decimal.Decimal)):
         return None, "non-numeric", f"the objective returned a {type(value).__name__}, not a number"
     try:
         x = float(value)
     except OverflowError:  # an int (or int-like) beyond the float range
         return None, "inf", "the objective returned a number too large for a float"
     except Exception as exc:  # noqa: BLE001 - a number type of user code whose conversion raises
-        return None, "non-numeric", f"the objective's {type(value).__name__} is not a number ({describe_exception(exc)})"
+        return None, "non-numeric", (f"the objective's {type(value).__name__} is not a number "
+                                     f"({describe_exception(exc)})")
     if math.isnan(x):
         return None, "nan", "the objective returned NaN"
     if math.isinf(x):
@@ -148,8 +168,8 @@ def classify_value(value: Any) -> tuple[float | None, str | None, str | None]:
 def cap(text: str, limit: int, head: int | None = None, sep: str = "\n") -> str:
     """`text`, or its head and tail with the number of characters cut between them when it exceeds `limit`.
 
-    `head` characters are kept from the start (default a quarter of `limit`), the rest of `limit` from the end;
-    `sep` stands either side of the cut note (a newline; a space for one-line messages)."""
+    `head` characters are kept from the start (default a quarter of `limit`), the rest of `limit` from the
+    end; `sep` stands either side of the cut note (a newline; a space for one-line messages)."""
     if len(text) <= limit:
         return text
     head = limit // 4 if head is None else head

@@ -3,10 +3,10 @@ another, killable at its timeout and unable to take the worker down with it.
 
 ARCHITECTURE.md "The path of one evaluation", step 3. The child is forked once per objective (and per set of
 accelerators Ray gives the task) and serves the worker's evaluations as Ray reuses the worker; a killed or
-crashed one is replaced. A `(name, options)` spec is imported and built in the child, and a `ByValue` objective
-(workers/by_value.py) unpickled there, so the worker never runs objective code. The child is the leader of its
-own process group, which a guard and a timeout kill end whole, and it writes its Python stacks on `STACK_SIGNAL`
-before a timeout kills it. The kernel-facing pieces are in
+crashed one is replaced. A `(name, options)` spec is imported and built in the child, and a `ByValue`
+objective (workers/by_value.py) unpickled there, so the worker never runs objective code. The child is the
+leader of its own process group, which a guard and a timeout kill end whole, and it writes its Python stacks
+on `STACK_SIGNAL` before a timeout kills it. The kernel-facing pieces are in
 workers/processes.py; the task that uses `run_in_child` is workers/evaluate.py.
 """
 
@@ -21,7 +21,8 @@ import signal
 import tempfile
 import threading
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from objectives.base import Objective
 from workers.by_value import ByValue
@@ -74,7 +75,8 @@ def _sandbox_main(
         if isinstance(objective, ByValue):
             started = time.time()
             try:
-                # unpickling imports what the callable names: untimed, as a spec's import (nothing left to build)
+                # unpickling imports what the callable names: untimed, as a spec's import (nothing left to
+                # build)
                 objective = objective.load()
             except BaseException as exc:  # noqa: BLE001 - user code: its failure is the evaluation's record
                 conn.send(("failed", load_failure(exc, started)))
@@ -86,7 +88,8 @@ def _sandbox_main(
 
             started = time.time()
             try:
-                import_objective_module(objective[0])  # not timed by the worker (the actor's backstop bounds it)
+                # not timed by the worker (the actor's backstop bounds it)
+                import_objective_module(objective[0])
                 conn.send(("imported", None))
                 name, options = objective
                 objective = load_objective(name, options)  # timed: timeout_s of its own
@@ -156,8 +159,11 @@ class _Sandbox:
         except OSError:  # no writable temporary directory: timeouts then come without the stacks
             self.stack_file = None
         stack_fd = None if self.stack_file is None else self.stack_file.fileno()
-        proc = ctx.Process(target=_sandbox_main, args=(child_conn, parent_conn, objective, os.getpid(), stack_fd),
-                           daemon=True)
+        proc = ctx.Process(
+            target=_sandbox_main,
+            args=(child_conn, parent_conn, objective, os.getpid(), stack_fd),
+            daemon=True,
+        )
         # the child inherits the worker's objects frozen: its garbage collector then never walks (and so never
         # copies on write) the worker's heap
         adopt = adopt_orphans()
@@ -174,8 +180,8 @@ class _Sandbox:
             self.proc, self.conn, self.objective = proc, parent_conn, objective
             return None
         # spec_key is set once the child is ready: until then this sandbox serves nothing (set earlier, an
-        # interrupted wait would leave it claiming the spec, and the next evaluation would read the late "ready"
-        # as its result)
+        # interrupted wait would leave it claiming the spec, and the next evaluation would read the late
+        # "ready" as its result)
         self.proc, self.conn = proc, parent_conn
         started = time.time()
         try:
@@ -188,15 +194,16 @@ class _Sandbox:
                 if not parent_conn.poll(build_timeout_s):
                     stacks = stacks_of(proc.pid, self.stack_file)
                     self.close(kill=True, wait=True)
-                    text = cap(f"building the objective took longer than timeout_s={build_timeout_s:g} s and was "
-                               f"killed (pid {proc.pid}); a constructor that needs longer needs a larger timeout_s"
-                               f"{stacks}", MAX_TRACEBACK_CHARS)
+                    text = cap(f"building the objective took longer than timeout_s={build_timeout_s:g} s and "
+                               f"was killed (pid {proc.pid}); a constructor that needs longer needs a larger "
+                               f"timeout_s{stacks}", MAX_TRACEBACK_CHARS)
                     message = f"timeout after {build_timeout_s:g} s while building the objective"
                     return TrialResult.failure("timeout", message, text, started, child_pid=proc.pid)
                 step, failure = parent_conn.recv()
         except (EOFError, OSError):
             self.close(kill=True, wait=True)
-            died = RuntimeError(f"the sandbox process died while building the objective (exit code {proc.exitcode})")
+            died = RuntimeError("the sandbox process died while building the objective (exit code "
+                                f"{proc.exitcode})")
             return dataclasses.replace(load_failure(died, started), child_pid=proc.pid)
         except BaseException:  # interrupted (KeyboardInterrupt in a library call): no child half-built left
             self.close(kill=True, wait=True)
@@ -227,12 +234,17 @@ class _Sandbox:
                 threading.Thread(target=reap, args=(proc,), name="qbatch-reap", daemon=True).start()
 
     def run(
-        self, objective: Objective | tuple[str, Mapping[str, Any]] | ByValue, params: Mapping[str, Any], seed: int,
-        timeout_s: float, on_progress: Callable[[], None] | None = None,
+        self,
+        objective: Objective | tuple[str, Mapping[str, Any]] | ByValue,
+        params: Mapping[str, Any],
+        seed: int,
+        timeout_s: float,
+        on_progress: Callable[[], None] | None = None,
     ) -> TrialResult:
-        """Evaluate in the child (forked first if needed). A spec's build gets `timeout_s` of its own, then the
-        evaluation its full `timeout_s`; `on_progress` is called after a new child's import and after its build
-        (the task re-reports its start each time, so the central actor's backstop deadline counts from there)."""
+        """Evaluate in the child (forked first if needed). A spec's build gets `timeout_s` of its own, then
+        the evaluation its full `timeout_s`; `on_progress` is called after a new child's import and after its
+        build (the task re-reports its start each time, so the central actor's backstop deadline counts from
+        there)."""
         if self.proc is None or not self._serves(objective) or not self.proc.is_alive():
             failure = self._fork(objective, timeout_s, on_progress)
             if failure is not None:
@@ -253,7 +265,8 @@ class _Sandbox:
             self.close(kill=True, wait=True)
             return TrialResult.failure(
                 "timeout", f"timeout after {timeout_s:g} s",
-                cap(f"the evaluation ran past timeout_s={timeout_s:g} s and was killed (pid {proc.pid}){stacks}",
+                cap(f"the evaluation ran past timeout_s={timeout_s:g} s and was killed (pid "
+                    f"{proc.pid}){stacks}",
                     MAX_TRACEBACK_CHARS), started, child_pid=proc.pid)
         try:
             result = self.conn.recv()
@@ -268,20 +281,22 @@ class _Sandbox:
         # no answer: the child died first (os.abort, a segfault, killed)
         self.close(kill=True, wait=True)
         code = proc.exitcode
-        what = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
+        what = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else ("exit code "
+                                                                                             f"{code}")
         return TrialResult.failure(
             "crash", f"crash ({what})",
             f"the evaluation process (pid {proc.pid}) died with {what} before returning a result", started,
             child_pid=proc.pid)
 
 
-#: what Ray sets per task to give it its GPUs (and other accelerators); a child keeps the value it was forked with
+#: what Ray sets per task to give it its GPUs (and other accelerators); a child keeps the value it was forked
+#: with
 _DEVICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 
 
 def _visible_devices() -> tuple[str | None, ...]:
-    """The accelerators Ray assigned to the current task. A kept sandbox child forked for an earlier task would
-    run on that task's GPU while this one's stays idle, so a change forks a new child."""
+    """The accelerators Ray assigned to the current task. A kept sandbox child forked for an earlier task
+    would run on that task's GPU while this one's stays idle, so a change forks a new child."""
     return tuple(os.environ.get(k) for k in _DEVICE_VARIABLES)
 
 

@@ -33,7 +33,8 @@ def build_proposer(name: str, **options: Any) -> Proposer:
     module_name, _, attr = PROPOSERS[name].partition(":")
     cls = getattr(importlib.import_module(module_name), attr)
     hooks = sorted({"spread", "calibrator"} & set(options))
-    if hooks:  # `attach` sets them from the calibrator; given here they would be ignored or break the proposer
+    # `attach` sets them from the calibrator; given here they would be ignored or break the proposer
+    if hooks:
         raise ConfigError(f"`proposer.options` {hooks} are set by the `calibrator` section, not here")
     try:
         return cls(**options)

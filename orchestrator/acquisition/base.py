@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -38,18 +39,18 @@ def check_target_is_f(model: Any, proposer: str) -> None:
     if (isinstance(model, Surrogate) and model.family == "gaussian" and model.num_outputs_latent == 2
             and float(model.tau) != 0.5):
         raise UnsupportedError(
-            f"{proposer} optimizes the model's f, which for {type(model).__name__} is the mean, while the run's "
-            "target is its tau-quantile (the plug-in mu_f + Phi^-1(tau) exp(mu_g)): it would ignore tau. Use "
-            "proposer 'thompson' (it samples that plug-in quantile) or tau 0.5 (the mean)")
+            f"{proposer} optimizes the model's f, which for {type(model).__name__} is the mean, while the "
+            "run's target is its tau-quantile (the plug-in mu_f + Phi^-1(tau) exp(mu_g)): it would ignore "
+            "tau. Use proposer 'thompson' (it samples that plug-in quantile) or tau 0.5 (the mean)")
 
 
 class Proposer(ABC):
     """Proposes a batch of `q` points to evaluate next (`orchestrator.protocols.ProposerProtocol`).
 
     A model-free proposer (Sobol, random search) sets `requires_model = False`; it then receives
-    `model=None` and the caller need not fit a model for it. The hooks below are set from outside: the calibrator's
-    by `attach` (orchestrator/calibration/spread.py), `observed_y` and `snap` by the optimizer; a subclass that
-    reads one sets its `uses_*` flag.
+    `model=None` and the caller need not fit a model for it. The hooks below are set from outside: the
+    calibrator's by `attach` (orchestrator/calibration/spread.py), `observed_y` and `snap` by the optimizer; a
+    subclass that reads one sets its `uses_*` flag.
     """
 
     #: whether `propose` needs a fitted surrogate
@@ -67,16 +68,22 @@ class Proposer(ABC):
     calibrator: CalibratorProtocol | None = None
     #: the outcomes observed so far, in the units the model is fitted to (before its standardization)
     observed_y: Tensor | None = None
-    #: rounding onto the search space's grid (`SearchSpace.snap`): the optimizer sets it when the space has int
-    #: or choice parameters, and a proposer that searches on the grid compares its candidates where they will be
-    #: evaluated
+    #: rounding onto the search space's grid (`SearchSpace.snap`): the optimizer sets it when the space has
+    #: int or choice parameters, and a proposer that searches on the grid compares its candidates where they
+    #: will be evaluated
     snap: Callable[[Tensor], Tensor] | None = None
 
     @abstractmethod
     def _propose(
-        self, model: Surrogate | None, q: int, X_pending: Tensor, X_observed: Tensor, generator: torch.Generator
+        self,
+        model: Surrogate | None,
+        q: int,
+        X_pending: Tensor,
+        X_observed: Tensor,
+        generator: torch.Generator,
     ) -> Tensor:
-        """Return `q x d` distinct points in `[0, 1]^d`, none within `DUPLICATE_TOL` of `X_pending` or `X_observed`."""
+        """Return `q x d` distinct points in `[0, 1]^d`, none within `DUPLICATE_TOL` of `X_pending` or
+        `X_observed`."""
 
     def check_model(self, model: Surrogate) -> None:
         """Raise `UnsupportedError` (or `ConfigError`) when this proposer cannot use `model`.
@@ -137,7 +144,8 @@ class Proposer(ABC):
 
 
 def _points(name: str, X: Tensor | None, d: int, tk: dict[str, Any]) -> Tensor:
-    """`X` as an `m x d` tensor of unit-cube points (none: `0 x d`). `InputDataError` naming `name` and the first
+    """`X` as an `m x d` tensor of unit-cube points (none: `0 x d`). `InputDataError` naming `name` and the
+    first
     bad row otherwise: reshaped, a `3 x 4` array for d = 2 would become six made-up points that steer
     de-duplication, Q-GIBBON's repulsion and the max-value grid."""
     if X is None or X.numel() == 0:
@@ -153,16 +161,19 @@ def _points(name: str, X: Tensor | None, d: int, tk: dict[str, Any]) -> Tensor:
 
 
 def min_distance(X: Tensor, others: Tensor, bound: float = math.inf) -> Tensor:
-    """Max-norm distance from each row of `X` (`n x d`) to its nearest row of `others` (`m x d`); inf if m = 0.
+    """Max-norm distance from each row of `X` (`n x d`) to its nearest row of `others` (`m x d`); inf if
+    m = 0.
 
     Small inputs are compared pairwise; larger ones through a k-d tree of `others`, in O(n + m) memory
     (pairwise, 1,000 candidates against 20,000 observed points in 16-D took 2.6 s and a 2.6 GB temporary).
     A distance above `bound` may come back as inf: a duplicate test passes its tolerance, and the tree
-    search then stops early (0.005 s instead of 0.06 s there). No gradient: the callers test for duplicates."""
+    search then stops early (0.005 s instead of 0.06 s there). No gradient: the callers test for
+    duplicates."""
     n, m = X.shape[0], others.shape[0]
     if m == 0:
         return torch.full(X.shape[:1], math.inf, dtype=X.dtype, device=X.device)
-    if n * m <= _PAIRWISE_MAX or n < _TREE_MIN_ROWS:  # a tree costs O(m log m) to build: worth it for many rows
+    # a tree costs O(m log m) to build: worth it for many rows
+    if n * m <= _PAIRWISE_MAX or n < _TREE_MIN_ROWS:
         rows = max(1, _PAIRWISE_MAX * 16 // (m * X.shape[-1]))  # a bounded temporary (~32 MB)
         return torch.cat([(X[i : i + rows].unsqueeze(-2) - others.unsqueeze(-3)).abs().amax(-1).amin(-1)
                           for i in range(0, n, rows)]).detach()
@@ -173,6 +184,7 @@ def min_distance(X: Tensor, others: Tensor, bound: float = math.inf) -> Tensor:
     return torch.as_tensor(dist, dtype=X.dtype, device=X.device)
 
 
-#: pairs compared directly by `min_distance`; above it, a k-d tree when there are `_TREE_MIN_ROWS` rows or more
+#: pairs compared directly by `min_distance`; above it, a k-d tree when there are `_TREE_MIN_ROWS` rows or
+#: more
 _PAIRWISE_MAX = 1 << 14
 _TREE_MIN_ROWS = 64

@@ -70,13 +70,13 @@ class SobolProposer(Proposer):
     requires_model = False
 
     def __init__(self, seed: int | None = None) -> None:
-        # bounded as torch's generators take it: a larger seed would pass here and break the run at its first batch
+        # bounded as torch's generators take it: a larger seed would pass here and break the run at its first
+        # batch
         self.seed = check_int("sobol.seed", seed, 0, 2**63, hi_open=True, optional=True,
                               must="an integer in [0, 2**63) or null")
 
-    def _propose(
-        self, model: Surrogate | None, q: int, X_pending: Tensor, X_observed: Tensor, generator: torch.Generator
-    ) -> Tensor:
+    def _propose(self, model: Surrogate | None, q: int, X_pending: Tensor, X_observed: Tensor,
+                 generator: torch.Generator) -> Tensor:
         d = X_pending.shape[-1]
         if self.seed is None:
             scramble_seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
@@ -101,9 +101,8 @@ class RandomProposer(Proposer):
 
     requires_model = False
 
-    def _propose(
-        self, model: Surrogate | None, q: int, X_pending: Tensor, X_observed: Tensor, generator: torch.Generator
-    ) -> Tensor:
+    def _propose(self, model: Surrogate | None, q: int, X_pending: Tensor, X_observed: Tensor,
+                 generator: torch.Generator) -> Tensor:
         d = X_pending.shape[-1]
         X = torch.rand(q, d, generator=generator, dtype=torch.float64).to(X_pending.device)
         return _replace_taken(X, torch.cat([X_pending, X_observed]), generator)
@@ -136,13 +135,19 @@ def _surrogate_model_class() -> type:
             return torch.Size([])
 
         def posterior(
-            self, X: Tensor, output_indices: list[int] | None = None, observation_noise: bool | Tensor = False,
-            posterior_transform: Any = None, **kwargs: Any,
+            self,
+            X: Tensor,
+            output_indices: list[int] | None = None,
+            observation_noise: bool | Tensor = False,
+            posterior_transform: Any = None,
+            **kwargs: Any,
         ) -> GPyTorchPosterior:
             """Posterior of f at `batch x n x d` (noise-free; `observation_noise` is ignored)."""
             mean, cov = self.surrogate.posterior_f(X, full_cov=True)
             n = cov.shape[-1]
-            cov = 0.5 * (cov + cov.transpose(-1, -2)) + 1e-9 * torch.eye(n, dtype=cov.dtype, device=cov.device)
+            cov = 0.5 * (cov + cov.transpose(-1, -2)) + 1e-9 * torch.eye(
+                n, dtype=cov.dtype, device=cov.device
+            )
             post = GPyTorchPosterior(MultivariateNormal(mean, cov))
             if posterior_transform is not None:
                 return posterior_transform(post)
@@ -172,7 +177,9 @@ class _BoTorchProposer(Proposer):
         self.raw_samples = _check_int(self._name, "raw_samples", raw_samples, 1, MAX_RAW_SAMPLES)
         self.maxiter = _check_int(self._name, "maxiter", maxiter, 1)
 
-    def _optimize(self, acqf: Any, d: int, q: int, generator: torch.Generator, sequential: bool = False) -> Tensor:
+    def _optimize(
+        self, acqf: Any, d: int, q: int, generator: torch.Generator, sequential: bool = False
+    ) -> Tensor:
         from botorch.optim import optimize_acqf
 
         tk = {"dtype": torch.float64}
@@ -219,9 +226,8 @@ class LogNEIProposer(_BoTorchProposer):
     def check_model(self, model: Surrogate) -> None:
         check_target_is_f(model, "qLogNEI")
 
-    def _propose(
-        self, model: Surrogate | None, q: int, X_pending: Tensor, X_observed: Tensor, generator: torch.Generator
-    ) -> Tensor:
+    def _propose(self, model: Surrogate | None, q: int, X_pending: Tensor, X_observed: Tensor,
+                 generator: torch.Generator) -> Tensor:
         from botorch.acquisition.logei import qLogNoisyExpectedImprovement
         from botorch.sampling import SobolQMCNormalSampler
 
@@ -243,8 +249,13 @@ class LogNEIProposer(_BoTorchProposer):
         return _replace_taken(X, torch.cat([X_pending, X_observed]), generator)
 
     def get_state(self) -> dict[str, Any]:
-        return {"num_restarts": self.num_restarts, "raw_samples": self.raw_samples, "mc_samples": self.mc_samples,
-                "sequential": self.sequential, "maxiter": self.maxiter}
+        return {
+            "num_restarts": self.num_restarts,
+            "raw_samples": self.raw_samples,
+            "mc_samples": self.mc_samples,
+            "sequential": self.sequential,
+            "maxiter": self.maxiter,
+        }
 
     def set_state(self, state: dict[str, Any]) -> None:
         self.__init__(**state)
@@ -277,9 +288,8 @@ class ReplicatedEIProposer(_BoTorchProposer):
     def check_model(self, model: Surrogate) -> None:
         check_target_is_f(model, "GPR-EI")
 
-    def _propose(
-        self, model: Surrogate | None, q: int, X_pending: Tensor, X_observed: Tensor, generator: torch.Generator
-    ) -> Tensor:
+    def _propose(self, model: Surrogate | None, q: int, X_pending: Tensor, X_observed: Tensor,
+                 generator: torch.Generator) -> Tensor:
         from botorch.acquisition.analytic import LogExpectedImprovement
 
         d = X_pending.shape[-1]
@@ -310,7 +320,8 @@ class ReplicatedEIProposer(_BoTorchProposer):
 
 
 def expected_improvement(mean: Tensor, std: Tensor, best_f: float) -> Tensor:
-    """Closed-form EI, (mu - eta) Phi(z) + sigma phi(z), z = (mu - eta)/sigma (the test oracle of `gpr-ei`)."""
+    """Closed-form EI, (mu - eta) Phi(z) + sigma phi(z), z = (mu - eta)/sigma (the test oracle of
+    `gpr-ei`)."""
     z = (mean - best_f) / std
     normal = torch.distributions.Normal(torch.zeros_like(z), torch.ones_like(z))
     return (mean - best_f) * normal.cdf(z) + std * normal.log_prob(z).exp()

@@ -1,11 +1,13 @@
-"""Calibrated EI / PI / UCB, LOCBO EI and conformal EI / UCB as BoTorch acquisitions, and one generic proposer.
+"""Calibrated EI / PI / UCB, LOCBO EI and conformal EI / UCB as BoTorch acquisitions, and one generic
+proposer.
 
 Gaussian-likelihood surrogates only (the exact GP, or a BoTorch GP): the predictive of y at x is
 N(mu, sigma~^2) with sigma~^2 = sigma_f^2 + sigma^2, in standardized units, maximization.
 - calibrated-bo.md §1.6 (a), sigma-rescaling: sigma~ -> s sigma~ with the calibrator's global s, closed forms.
-- §1.6 (b), recalibrated-quantile route: Q~(p) = mu + sigma~ Phi^-1(R(p)); PI = 1 - R^-1(Phi((f* + xi - mu)/sigma~)),
-  EI = int_{p*}^1 (Q~(p) - f*) dp with p* = F~(f*), by K midpoint levels on [p*, 1] (the spec's levels on [0, 1]
-  give EI 0 more than 2.7 sd below f*; these reach about 8 sd), UCB = Q~(Phi(beta)). R does not depend on x.
+- §1.6 (b), recalibrated-quantile route: Q~(p) = mu + sigma~ Phi^-1(R(p)); PI = 1 - R^-1(Phi((f* + xi -
+  mu)/sigma~)), EI = int_{p*}^1 (Q~(p) - f*) dp with p* = F~(f*), by K midpoint levels on [p*, 1] (the spec's
+  levels on [0, 1] give EI 0 more than 2.7 sd below f*; these reach about 8 sd), UCB = Q~(Phi(beta)). R does
+  not depend on x.
 - locbo.md §1.6: EI under the denoised calibrated posterior of f (calibration/locbo.py).
 - conformal-bo.md §1.7: EI / UCB averaged over GPs conditioned on candidate labels with conformal weights.
 `AcquisitionProposer` optimizes any of them with `botorch.optim.optimize_acqf`, one point at a time for q > 1
@@ -48,7 +50,9 @@ EI_LEVEL_EPS = 1e-15
 MIN_STD = 1e-9
 
 
-def gaussian_predictive(model: Any, X: Tensor, X_pending: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+def gaussian_predictive(
+    model: Any, X: Tensor, X_pending: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
     """(mu, var_f, noise_var), each `b`, of a Gaussian-likelihood model at `b x 1 x d` (standardized units).
 
     With `X_pending` (`m x d`), var_f is the posterior variance after also observing f + noise at the pending
@@ -60,16 +64,22 @@ def gaussian_predictive(model: Any, X: Tensor, X_pending: Tensor | None = None) 
     from orchestrator.models.base import Surrogate
 
     if X.ndim < 2 or X.shape[-2] != 1:
-        raise UnsupportedError(f"analytic calibrated acquisitions take `b x 1 x d` inputs; got {tuple(X.shape)}")
+        raise UnsupportedError("analytic calibrated acquisitions take `b x 1 x d` inputs; got "
+                               f"{tuple(X.shape)}")
     x = X.squeeze(-2)
     d = x.shape[-1]
     x = x.reshape(-1, d)
     m = 0 if X_pending is None else X_pending.shape[0]
-    Xc = x.unsqueeze(-2) if m == 0 else torch.cat([X_pending.to(x).expand(x.shape[0], m, d), x.unsqueeze(-2)], dim=-2)
+    Xc = (
+        x.unsqueeze(-2)
+        if m == 0
+        else torch.cat([X_pending.to(x).expand(x.shape[0], m, d), x.unsqueeze(-2)], dim=-2)
+    )
     if isinstance(model, Surrogate):
         if model.family != "gaussian":
             raise UnsupportedError(
-                f"calibrated EI/PI/UCB need a Gaussian-likelihood surrogate (exact-gp or heteroscedastic); got family {model.family!r}"
+                "calibrated EI/PI/UCB need a Gaussian-likelihood surrogate (exact-gp or heteroscedastic); "
+                f"got family {model.family!r}"
             )
         mean, cov = model.posterior_f(Xc, full_cov=True)
         mu_g, var_g = model.posterior_g(Xc, full_cov=False)
@@ -101,7 +111,9 @@ def _phi(z: Tensor) -> Tensor:
 class _GaussianAcquisition(AcquisitionFunction):
     """Shared parts: the model's Gaussian predictive, pending points, the calibrator and the route."""
 
-    def __init__(self, model: Any, calibrator: Any = None, route: str = "quantile", X_pending: Tensor | None = None) -> None:
+    def __init__(
+        self, model: Any, calibrator: Any = None, route: str = "quantile", X_pending: Tensor | None = None
+    ) -> None:
         super().__init__(model)
         if route not in ("quantile", "sigma"):
             raise ConfigError(f"`proposer.options.route` must be one of ['quantile', 'sigma']; got {route!r}")
@@ -132,7 +144,17 @@ class _GaussianAcquisition(AcquisitionFunction):
         return self.calibrator.unmap_levels(u)
 
 
-class CalibratedExpectedImprovement(_GaussianAcquisition):
+class _ImprovementAcquisition(_GaussianAcquisition):
+    """An acquisition of the improvement over an incumbent `best_f` by a margin `xi` (EI and PI)."""
+
+    def __init__(self, model: Any, best_f: float | Tensor, calibrator: Any = None, route: str = "quantile",
+                 xi: float = 0.0, X_pending: Tensor | None = None) -> None:
+        super().__init__(model, calibrator, route, X_pending)
+        self.register_buffer("best_f", torch.as_tensor(best_f, dtype=torch.float64))
+        self.xi = float(xi)
+
+
+class CalibratedExpectedImprovement(_ImprovementAcquisition):
     """EI of y over `best_f` under the recalibrated predictive (maximization).
 
     Args:
@@ -142,12 +164,6 @@ class CalibratedExpectedImprovement(_GaussianAcquisition):
         route: "quantile" (§1.6 b) or "sigma" (§1.6 a).
         xi: improvement margin (GPyOpt's jitter).
     """
-
-    def __init__(self, model: Any, best_f: float | Tensor, calibrator: Any = None, route: str = "quantile", xi: float = 0.0,
-                 X_pending: Tensor | None = None) -> None:
-        super().__init__(model, calibrator, route, X_pending)
-        self.register_buffer("best_f", torch.as_tensor(best_f, dtype=torch.float64))
-        self.xi = float(xi)
 
     def forward(self, X: Tensor) -> Tensor:
         mu, sd, _ = self._predictive(X)
@@ -168,14 +184,8 @@ class CalibratedExpectedImprovement(_GaussianAcquisition):
         return tail * (q - target).clamp_min(0.0).mean(-1)
 
 
-class CalibratedProbabilityOfImprovement(_GaussianAcquisition):
+class CalibratedProbabilityOfImprovement(_ImprovementAcquisition):
     """P(y > f* + xi) under the recalibrated predictive: 1 - R^-1(Phi((f* + xi - mu)/sigma~))."""
-
-    def __init__(self, model: Any, best_f: float | Tensor, calibrator: Any = None, route: str = "quantile", xi: float = 0.0,
-                 X_pending: Tensor | None = None) -> None:
-        super().__init__(model, calibrator, route, X_pending)
-        self.register_buffer("best_f", torch.as_tensor(best_f, dtype=torch.float64))
-        self.xi = float(xi)
 
     def forward(self, X: Tensor) -> Tensor:
         mu, sd, _ = self._predictive(X)
@@ -198,9 +208,12 @@ class CalibratedUpperConfidenceBound(_GaussianAcquisition):
 
 
 class LOCBOExpectedImprovement(_GaussianAcquisition):
-    """EI under LOCBO's denoised calibrated posterior of f (locbo.md §1.5–1.6), threshold from the calibrator."""
+    """EI under LOCBO's denoised calibrated posterior of f (locbo.md §1.5–1.6), threshold from the
+    calibrator."""
 
-    def __init__(self, model: Any, best_f: float | Tensor, calibrator: Any, X_pending: Tensor | None = None) -> None:
+    def __init__(
+        self, model: Any, best_f: float | Tensor, calibrator: Any, X_pending: Tensor | None = None
+    ) -> None:
         super().__init__(model, calibrator, "quantile", X_pending)
         # a public acquisition: `calibrator` is the caller's object, which may be any calibrator, or none
         if not hasattr(calibrator, "threshold"):
@@ -241,7 +254,12 @@ class _ConformalAcquisition(AcquisitionFunction):
         return w, ood
 
     def _mixture(self, X: Tensor, optimistic: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        from orchestrator.calibration.conformal import candidate_labels, conditioned_f, conformal_masks, conformal_weights
+        from orchestrator.calibration.conformal import (
+            candidate_labels,
+            conditioned_f,
+            conformal_masks,
+            conformal_weights,
+        )
 
         if X.shape[-2] != 1:
             raise UnsupportedError(f"conformal acquisitions take `b x 1 x d` inputs; got {tuple(X.shape)}")
@@ -262,7 +280,8 @@ class _ConformalAcquisition(AcquisitionFunction):
 
 
 def _conditional_var(parts: Any, Xc: Tensor) -> tuple[Tensor, Tensor]:
-    """Posterior mean/variance of f at the last point of each `b x (m+1) x d` given D and noisy pending points."""
+    """Posterior mean/variance of f at the last point of each `b x (m+1) x d` given D and noisy pending
+    points."""
     n = parts.X.shape[0]
     b, m1, d = Xc.shape
     Xa = torch.cat([parts.X.expand(b, n, d), Xc], -2)
@@ -290,7 +309,8 @@ class ConformalExpectedImprovement(_ConformalAcquisition):
 
 
 class ConformalUpperConfidenceBound(_ConformalAcquisition):
-    """Conformal UCB: optimistic mask o_j = 1{y^_j >= mu(x)}, utility mean_j + beta s_j, beta = Phi^-1(1 - alpha/2)."""
+    """Conformal UCB: optimistic mask o_j = 1{y^_j >= mu(x)}, utility mean_j + beta s_j, beta = Phi^-1(1 -
+    alpha/2)."""
 
     def forward(self, X: Tensor) -> Tensor:
         om, f_mean, f_sd, ood = self._mixture(X, optimistic=True)
@@ -333,7 +353,8 @@ class AcquisitionProposer(Proposer):
         maxiter: int = 200,
     ) -> None:
         if acquisition not in ACQUISITIONS:
-            raise ConfigError(f"`proposer.options.acquisition` must be one of {list(ACQUISITIONS)}; got {acquisition!r}")
+            raise ConfigError(f"`proposer.options.acquisition` must be one of {list(ACQUISITIONS)}; got "
+                              f"{acquisition!r}")
         if route not in ("quantile", "sigma"):
             raise ConfigError(f"`proposer.options.route` must be one of ['quantile', 'sigma']; got {route!r}")
         num_restarts = check_int("`proposer.options.num_restarts`", num_restarts, 1)
@@ -359,23 +380,26 @@ class AcquisitionProposer(Proposer):
 
         if isinstance(model, Surrogate) and model.family != "gaussian":
             raise UnsupportedError(
-                f"calibrated EI/PI/UCB need a Gaussian-likelihood surrogate (model exact-gp or heteroscedastic); "
-                f"got {type(model).__name__} (family {model.family!r})"
+                "calibrated EI/PI/UCB need a Gaussian-likelihood surrogate (model exact-gp or "
+                f"heteroscedastic); got {type(model).__name__} (family {model.family!r})"
             )
         check_target_is_f(model, f"calibrated {self.acquisition.upper()}")
         name = "none" if self.calibrator is None else self.calibrator.name
         if name == "locbo" and self.acquisition != "ei":
-            raise ConfigError(f"calibrator 'locbo' defines EI only; got `proposer.options.acquisition` {self.acquisition!r}")
+            raise ConfigError("calibrator 'locbo' defines EI only; got `proposer.options.acquisition` "
+                              f"{self.acquisition!r}")
         if name == "conformal":
             if self.acquisition == "pi":
-                raise ConfigError("calibrator 'conformal' defines EI and UCB; got `proposer.options.acquisition` 'pi'")
+                raise ConfigError("calibrator 'conformal' defines EI and UCB; got "
+                                  "`proposer.options.acquisition` 'pi'")
             if isinstance(model, Surrogate) and model.num_outputs_latent != 1:
-                raise UnsupportedError(f"conformal sets need an exact Gaussian GP (model exact-gp); got {type(model).__name__}")
+                raise UnsupportedError("conformal sets need an exact Gaussian GP (model exact-gp); got "
+                                       f"{type(model).__name__}")
         self._check_read_options(name)
 
     def _check_read_options(self, calibrator: str) -> None:
-        """`ConfigError` for an option set away from its default that this acquisition and calibrator never read
-        (`xi` and `route` under locbo or conformal would change nothing): `xi` is EI's and PI's
+        """`ConfigError` for an option set away from its default that this acquisition and calibrator never
+        read (`xi` and `route` under locbo or conformal would change nothing): `xi` is EI's and PI's
         margin, but LOCBO's and the conformal acquisitions have none; `route` picks how online and offline-cv
         recalibrate; `beta` is UCB's weight."""
         unread = {}
@@ -386,12 +410,15 @@ class AcquisitionProposer(Proposer):
         if self.beta != 2.0 and self.acquisition != "ucb":
             unread["beta"] = self.beta
         if unread:
-            raise ConfigError(f"`proposer.options` {sorted(unread)} ({', '.join(f'{k}={v!r}' for k, v in unread.items())}) "
-                              f"are not read by acquisition {self.acquisition!r} with calibrator {calibrator!r}; "
-                              "remove them (to resume a run made before this check, from its config.yaml: they "
-                              "changed nothing in it)")
+            raise ConfigError(f"`proposer.options` {sorted(unread)} "
+                              f"({', '.join(f'{k}={v!r}' for k, v in unread.items())}) are not read by "
+                              f"acquisition {self.acquisition!r} with calibrator {calibrator!r}; remove them "
+                              "(to resume a run made before this check, from its config.yaml: they changed "
+                              "nothing in it)")
 
-    def build(self, model: Any, X_observed: Tensor, generator: torch.Generator | None = None) -> AcquisitionFunction:
+    def build(
+        self, model: Any, X_observed: Tensor, generator: torch.Generator | None = None
+    ) -> AcquisitionFunction:
         """The acquisition for the current model and calibrator (incumbent: best posterior mean at X_observed;
         LOCBO's: the best observed outcome, standardized, when `observed_y` is set)."""
         self.check_model(model)
@@ -418,7 +445,9 @@ class AcquisitionProposer(Proposer):
             return CalibratedProbabilityOfImprovement(model, best, use, self.route, self.xi)
         return CalibratedUpperConfidenceBound(model, self.beta, use, self.route)
 
-    def _conformal(self, model: Any, X_observed: Tensor, best: float, generator: torch.Generator | None) -> AcquisitionFunction:
+    def _conformal(
+        self, model: Any, X_observed: Tensor, best: float, generator: torch.Generator | None
+    ) -> AcquisitionFunction:
         from orchestrator.calibration.conformal import DensityRatioEstimator, ExactGPParts
 
         cal = self.calibrator
@@ -431,7 +460,11 @@ class AcquisitionProposer(Proposer):
             d = parts.X.shape[-1]
             seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator)) if generator is not None else 0
             sob = torch.quasirandom.SobolEngine(d, scramble=True, seed=seed).draw(512).to(torch.float64)
-            plain = (CalibratedExpectedImprovement(model, best) if self.acquisition == "ei" else CalibratedUpperConfidenceBound(model, self.beta))
+            plain = (
+                CalibratedExpectedImprovement(model, best)
+                if self.acquisition == "ei"
+                else CalibratedUpperConfidenceBound(model, self.beta)
+            )
             with torch.no_grad():
                 a = plain(sob.unsqueeze(-2))
             temp = a.std().clamp_min(1e-12)
@@ -445,7 +478,9 @@ class AcquisitionProposer(Proposer):
             return ConformalUpperConfidenceBound(parts, alpha, **kw)
         return ConformalExpectedImprovement(parts, best, alpha, **kw)  # EI or UCB only (check_model)
 
-    def _propose(self, model: Any, q: int, X_pending: Tensor, X_observed: Tensor, generator: torch.Generator) -> Tensor:
+    def _propose(
+        self, model: Any, q: int, X_pending: Tensor, X_observed: Tensor, generator: torch.Generator
+    ) -> Tensor:
         d = X_observed.shape[-1] if X_observed.numel() else X_pending.shape[-1]
         bounds = torch.stack([torch.zeros(d, dtype=torch.float64), torch.ones(d, dtype=torch.float64)])
         acq = self.build(model, X_observed, generator)
@@ -470,10 +505,18 @@ class AcquisitionProposer(Proposer):
 
     def _fallback(self, acq: AcquisitionFunction, taken: Tensor, d: int, seed: int) -> Tensor:
         """Best raw Sobol point that repeats nothing (when the optimum sits on a taken point)."""
-        sob = torch.quasirandom.SobolEngine(d, scramble=True, seed=seed).draw(max(self.raw_samples, 64)).to(torch.float64)
+        sob = (
+            torch.quasirandom.SobolEngine(d, scramble=True, seed=seed)
+            .draw(max(self.raw_samples, 64))
+            .to(torch.float64)
+        )
         with torch.no_grad():
             vals = acq(sob.unsqueeze(-2))
-        vals = torch.where(min_distance(sob, taken, bound=2 * DUPLICATE_TOL) < DUPLICATE_TOL, torch.full_like(vals, -math.inf), vals)
+        vals = torch.where(
+            min_distance(sob, taken, bound=2 * DUPLICATE_TOL) < DUPLICATE_TOL,
+            torch.full_like(vals, -math.inf),
+            vals,
+        )
         return sob[int(vals.argmax())].reshape(1, d)
 
     def get_state(self) -> dict[str, Any]:

@@ -4,8 +4,10 @@ quantile-expectile-bo.md §3.2 (Picheny et al. 2022, appendix eqs 14-20) and §3
 Two latents f ⊥ g with σ = e^g log-normal; the observation law is the asymmetric Laplace (constants
 c_m, c_v) or the asymmetric Gaussian (m_e, v_e), both from `orchestrator.models.distributions`:
 
-- C_ij = Σ_f[i,j] + c_m² Cov(σ_i, σ_j), Cov(σ_i, σ_j) = exp(μ_gi + μ_gj + ½(s²_gi + s²_gj)) (e^{Σ_g[i,j]} − 1);
-- C_ii = s²_fi + N_i with the noise part N_i = c_m² Var(σ_i) + c_v E[σ_i²] = e^{2μ_g + 2s²_g} (c_v − c_m² expm1(−s²_g));
+- C_ij = Σ_f[i,j] + c_m² Cov(σ_i, σ_j), Cov(σ_i, σ_j) = exp(μ_gi + μ_gj + ½(s²_gi + s²_gj)) (e^{Σ_g[i,j]} −
+  1);
+- C_ii = s²_fi + N_i with the noise part N_i = c_m² Var(σ_i) + c_v E[σ_i²] = e^{2μ_g + 2s²_g} (c_v − c_m²
+  expm1(−s²_g));
 - V_i(g*) = s²_fi v(γ_i) + N_i, γ_i = (g* − μ_fi)/s_fi, v(γ) = Var(Z | Z ≤ γ) = 1 − γr − r², r = φ(γ)/Φ(γ).
 
 The acquisition pieces (quality Q = mean_{g*} ½ log(C_ii/V_i), repulsion R = ½ log(Schur/C_xx)) are
@@ -64,9 +66,9 @@ _LOG_HALF = math.log(0.5)
 
 
 def _log_truncation_direct(gamma: Tensor) -> tuple[Tensor, Tensor]:
-    """(log v, log(1 − v)) from r = φ(γ)/Φ(γ) = exp(log φ − log Φ), for γ >= TRUNC_ASYMPTOTIC_GAMMA (there torch's
-    log_ndtr and its gradient are accurate; BoTorch's `log_ndtr` guards the far left tail, which the asymptotic
-    branch covers)."""
+    """(log v, log(1 − v)) from r = φ(γ)/Φ(γ) = exp(log φ − log Φ), for γ >= TRUNC_ASYMPTOTIC_GAMMA (there
+    torch's log_ndtr and its gradient are accurate; BoTorch's `log_ndtr` guards the far left tail, which the
+    asymptotic branch covers)."""
     log_r = log_phi(gamma) - torch.special.log_ndtr(gamma)
     r = log_r.exp()
     g_plus_r = (gamma + r).clamp_min(torch.finfo(gamma.dtype).tiny)  # > 0 mathematically (E[Z|Z<=γ] = −r < γ)
@@ -129,7 +131,8 @@ def log_noise_variance(mu_g: Tensor, var_g: Tensor, c_m: float, c_v: float) -> T
 def sigma_cross_covariance(
     mu_g_i: Tensor, var_g_i: Tensor, mu_g_j: Tensor, var_g_j: Tensor, cov_g_ij: Tensor
 ) -> Tensor:
-    """Cov(σ_i, σ_j) = exp(μ_gi + μ_gj + ½(s²_gi + s²_gj)) · expm1(Σ_g[i,j]) for σ = e^g (spec §3.2, the ×½ form).
+    """Cov(σ_i, σ_j) = exp(μ_gi + μ_gj + ½(s²_gi + s²_gj)) · expm1(Σ_g[i,j]) for σ = e^g (spec §3.2, the ×½
+    form).
 
     The exponent is formed in log space and exponentiated once; all arguments broadcast.
     """

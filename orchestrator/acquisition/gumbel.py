@@ -3,7 +3,8 @@
 quantile-expectile-bo.md §3.3: on a grid X_g = (observed inputs) ∪ (random points), with the f-posterior
 marginals μ_f, s_f (f only, never y), F(y) = Π_x Φ((y − μ_f(x))/s_f(x)) is evaluated as exp Σ log Φ; its
 quartiles y_.25, y_.75 are found by a vectorised bisection in log space (all levels and batch entries at
-once, each step a Newton step on −log(−log F), nearly linear in y, when it stays inside the bracket), a max-Gumbel G(y) = exp(−e^{−(y−a)/b}) is matched to them, and samples g* = a − b log(−log U) drawn.
+once, each step a Newton step on −log(−log F), nearly linear in y, when it stays inside the bracket), a
+max-Gumbel G(y) = exp(−e^{−(y−a)/b}) is matched to them, and samples g* = a − b log(−log U) drawn.
 
 References:
     Wang, Z. and Jegelka, S. Max-value Entropy Search for Efficient Bayesian Optimization. ICML 2017.
@@ -32,7 +33,8 @@ __all__ = [
 #: spec §3.5: if the two quartiles coincide the Gumbel scale b falls back to this small positive value
 #: (relative to the largest posterior std on the grid, with an absolute floor of 1e-12)
 GUMBEL_MIN_SCALE = 1e-8
-#: the search stops when every step (or bracket) is smaller than this times the largest posterior std on the grid
+#: the search stops when every step (or bracket) is smaller than this times the largest posterior std on the
+#: grid
 BISECTION_REL_TOL = 1e-12
 #: spec §3.3: the initial bracket is [min(μ − 5s), max(μ + 5s)]
 BRACKET_STDS = 5.0
@@ -109,8 +111,8 @@ def max_value_quantiles(mean: Tensor, std: Tensor, probs: tuple[float, ...] = (_
             hi = torch.where(below, hi, y)
             # Newton step on u(y) = -log(-log F(y)), nearly linear in y when F is close to a Gumbel;
             # kept only when it lands inside the bracket, otherwise bisect
-            # phi(z)/Phi(z) = sqrt(2/pi) / erfcx(-z/sqrt(2)): exp(log phi - log Phi) is inf far in the left tail
-            # (z ~ -1e10 at a std near the 1e-10 floor), and its zero step would pass for convergence
+            # phi(z)/Phi(z) = sqrt(2/pi) / erfcx(-z/sqrt(2)): exp(log phi - log Phi) is inf far in the left
+            # tail (z ~ -1e10 at a std near the 1e-10 floor), and its zero step would pass for convergence
             dL = (_SQRT_2_OVER_PI / torch.special.erfcx(-z * _SQRT_HALF) / std).sum(-1)
             y_newton = y - (-torch.log(-L) - u_p) * (-L) / dL
             inside = (y_newton >= lo) & (y_newton <= hi) & torch.isfinite(y_newton) & torch.isfinite(dL)

@@ -13,7 +13,7 @@ gradient separates.
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -36,7 +36,8 @@ DEFAULT_CHUNK_BYTES = 64 * 2**20
 
 
 def chunk_rows(width: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES, itemsize: int = 8) -> int:
-    """Rows per chunk so that a `rows x width` matrix of `itemsize`-byte numbers fits in `chunk_bytes` (>= 1)."""
+    """Rows per chunk so that a `rows x width` matrix of `itemsize`-byte numbers fits in `chunk_bytes` (>=
+    1)."""
     return max(1, int(chunk_bytes // (max(1, width) * itemsize)))
 
 
@@ -151,7 +152,11 @@ def maximize_lbfgsb(
             # otherwise stall on thread hand-offs (20x slower on a loaded 2-core machine)
             with threadpool_limits(limits=1, user_api="blas"):
                 X_final, _, _ = fmin_l_bfgs_b_batched(
-                    batched, x0.reshape(p, d), bounds=[(0.0, 1.0)] * d, maxiter=maxiter, pass_batch_indices=True
+                    batched,
+                    x0.reshape(p, d),
+                    bounds=[(0.0, 1.0)] * d,
+                    maxiter=maxiter,
+                    pass_batch_indices=True,
                 )
     if method == "joint":
 

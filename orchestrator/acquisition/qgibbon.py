@@ -9,12 +9,12 @@ at once (`orchestrator.acquisition.optimize`). g* samples come once per batch fr
 
 Decisions (spec ambiguities): A4 the log-normal cross-covariance uses the ×½ factor (not the public code's
 ×2); A5 |𝓜| = 10 samples on a grid of observed ∪ 1000·d random points; A6 the repulsion weight defaults to
-"paper" (w = 1, eq 12: the gains then add up exactly to α_QG of the batch); "rescaled" gives w_k = 1/|P|² as in
-trieste and the authors' code. On a fitted QuantileSVGP (d = 2, n = 100, q = 30) "rescaled" put the whole batch
-on one spot (median nearest-neighbour distance ~1e-6, i.e. replicates), "paper" spread it (median 0.14). The GLD
-benchmark (d 3, tau 0.75, batch 10, 10 problems; README "GLD quantile optimization") found no significant
-difference in final regret ("rescaled" - "paper" = -0.022 +- 0.052, p 0.32), so the default stays "paper", the one
-that keeps batches spread. g* is drawn once per batch (trieste's behaviour).
+"paper" (w = 1, eq 12: the gains then add up exactly to α_QG of the batch); "rescaled" gives w_k = 1/|P|² as
+in trieste and the authors' code. On a fitted QuantileSVGP (d = 2, n = 100, q = 30) "rescaled" put the whole
+batch on one spot (median nearest-neighbour distance ~1e-6, i.e. replicates), "paper" spread it (median 0.14).
+The GLD benchmark (d 3, tau 0.75, batch 10, 10 problems; README "GLD quantile optimization") found no
+significant difference in final regret ("rescaled" - "paper" = -0.022 +- 0.052, p 0.32), so the default stays
+"paper", the one that keeps batches spread. g* is drawn once per batch (trieste's behaviour).
 
 The posterior moments are computed from the model's `sparse_parts` (the same formulas as `posterior_f`,
 checked against it in the tests), so the cross-covariances with the pending set and chol(C_PP) are cached
@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from linear_operator.utils.cholesky import psd_safe_cholesky
@@ -67,7 +68,8 @@ class _SparseLatents:
     def __init__(self, parts_f: SparseLatentParts, parts_g: SparseLatentParts) -> None:
         for name, p in (("f", parts_f), ("g", parts_g)):
             if float(p.nu) != 2.5:
-                raise UnsupportedError(f"QGibbon supports Matérn-5/2 latents only; latent {name} has nu = {p.nu}")
+                raise UnsupportedError(f"QGibbon supports Matérn-5/2 latents only; latent {name} has nu = "
+                                       f"{p.nu}")
         if parts_f.Z.shape != parts_g.Z.shape:
             raise UnsupportedError(
                 f"QGibbon needs the same number of inducing points for f and g; got {tuple(parts_f.Z.shape)} "
@@ -171,8 +173,8 @@ class QGibbonAcquisition:
         bad = ~torch.isfinite(s) | (s <= 0)
         if bad.any():
             i = int(bad.reshape(-1).nonzero()[0])
-            raise InputDataError(f"spread(x) must be finite and > 0 at every point; {int(bad.sum())} of {s.numel()} "
-                                 f"are not, the first s(x) = {s.reshape(-1)[i].item()} at x = "
+            raise InputDataError(f"spread(x) must be finite and > 0 at every point; {int(bad.sum())} of "
+                                 f"{s.numel()} are not, the first s(x) = {s.reshape(-1)[i].item()} at x = "
                                  f"{X.reshape(-1, X.shape[-1])[i].tolist()}")
         return s.to(**self.tk)
 
@@ -291,8 +293,8 @@ class QGibbon(Proposer):
             plus as many of the previous step's optima.
         maxiter: L-BFGS-B iterations per start.
         repulsion: "paper" (default, w = 1, eq 12) or "rescaled" (w = 1/|P|², trieste and the authors' code;
-            it can collapse large batches onto replicates; on GLD, tau 0.75, batch 50 it was better than "paper" by a
-            difference within the noise, p = 0.50: README, GLD).
+            it can collapse large batches onto replicates; on GLD, tau 0.75, batch 50 it was better than
+            "paper" by a difference within the noise, p = 0.50: README, GLD).
         spread: optional calibration hook s(x) (`... x n x d` -> `... x n`): Q-GIBBON uses s(x)·σ_f(x)
             everywhere (Gumbel grid, quality, repulsion).
         floor_max_values: floor g* at the largest posterior mean on the grid (spec §3.5 option; default off).
@@ -318,9 +320,14 @@ class QGibbon(Proposer):
         raw_samples = check_int("qgibbon.raw_samples", raw_samples, 1)
         num_restarts = check_int("qgibbon.num_restarts", num_restarts, 1)
         maxiter = check_int("qgibbon.maxiter", maxiter, 1)
-        grid_size = check_int("qgibbon.grid_size", grid_size, 0, optional=True, must="an integer >= 0 or null")
-        for key, val, high in (("num_max_samples", num_max_samples, MAX_MAX_SAMPLES), ("grid_size", grid_size, MAX_GRID),
-                               ("raw_samples", raw_samples, MAX_RAW_SAMPLES), ("num_restarts", num_restarts, MAX_RESTARTS)):
+        grid_size = check_int("qgibbon.grid_size", grid_size, 0, optional=True, must="an integer >= 0 or "
+                                                                                     "null")
+        for key, val, high in (
+            ("num_max_samples", num_max_samples, MAX_MAX_SAMPLES),
+            ("grid_size", grid_size, MAX_GRID),
+            ("raw_samples", raw_samples, MAX_RAW_SAMPLES),
+            ("num_restarts", num_restarts, MAX_RESTARTS),
+        ):
             check_at_most(f"qgibbon.{key}", val, high)
         if repulsion not in REPULSION_MODES:
             raise ConfigError(f"qgibbon.repulsion must be one of {REPULSION_MODES}; got {repulsion!r}")
@@ -344,9 +351,14 @@ class QGibbon(Proposer):
         _check_model(model)
 
     def acquisition(
-        self, model: Surrogate, X_observed: Tensor, generator: torch.Generator, X_pending: Tensor | None = None
+        self,
+        model: Surrogate,
+        X_observed: Tensor,
+        generator: torch.Generator,
+        X_pending: Tensor | None = None,
     ) -> QGibbonAcquisition:
-        """Draw g* (spec §3.3) and build the batch state with `X_pending` (`m x d`) already in the pending set."""
+        """Draw g* (spec §3.3) and build the batch state with `X_pending` (`m x d`) already in the pending
+        set."""
         parts = model.sparse_parts("f")
         d = parts.Z.shape[-1]
         tk = {"dtype": parts.Z.dtype, "device": parts.Z.device}
@@ -390,7 +402,9 @@ class QGibbon(Proposer):
             # adding a point changes the gain only near it, so the last step's other optima stay good starts:
             # where the gain is positive on a small part of the cube, random candidates may all miss it
             X_opt, v_opt = maximize_lbfgsb(
-                lambda X, idx: acq.objective(X, log_delta), torch.cat([raw[top], carry]), maxiter=self.maxiter
+                # called within this step only, so `log_delta` is this step's
+                lambda X, idx: acq.objective(X, log_delta),  # noqa: B023
+                torch.cat([raw[top], carry]), maxiter=self.maxiter,
             )
             carry = X_opt[v_opt.topk(min(self.num_restarts, v_opt.shape[0])).indices].detach()
             cands, vals = torch.cat([X_opt.detach(), raw]), torch.cat([v_opt, raw_val])
@@ -419,9 +433,9 @@ class QGibbon(Proposer):
 
     @staticmethod
     def _best_new(cands: Tensor, vals: Tensor, X_P: Tensor, X_observed: Tensor) -> Tensor:
-        """The best candidate that repeats no pending, chosen, or observed point (max-norm > DUPLICATE_TOL); the
-        best candidate when every one repeats (a grid whose cells are all taken: the optimizer then keeps the
-        repeat, as it does for any proposer once a discrete space is used up)."""
+        """The best candidate that repeats no pending, chosen, or observed point (max-norm > DUPLICATE_TOL);
+        the best candidate when every one repeats (a grid whose cells are all taken: the optimizer then keeps
+        the repeat, as it does for any proposer once a discrete space is used up)."""
         others = torch.cat([X_P, X_observed.to(X_P)])
         order = vals.argsort(descending=True)
         ok = min_distance(cands[order], others, bound=2 * DUPLICATE_TOL) > DUPLICATE_TOL

@@ -10,8 +10,8 @@ and draw their own (w, u), as the authors' code does (`renew_rff` once per model
 scoring all paths on a common candidate set one matrix product (`evaluate_shared`) and keeps memory at
 O(L d) for (ω, β). Each path is still an exact Gaussian process given (ω, β); paths of one batch share
 the RFF kernel error (of order s²·sqrt(2/L)). `shared_features=False` redraws (ω, β) per path (exact
-posterior marginally over ω; O(q L d) memory): `ThompsonSampling(shared_features=False)`, and the tests' unbiased
-reference.
+posterior marginally over ω; O(q L d) memory): `ThompsonSampling(shared_features=False)`, and the tests'
+unbiased reference.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from orchestrator.models.base import SparseLatentParts
 
 __all__ = ["SUPPORTED_NU", "MaternFourierFeatures", "MatheronPaths", "matern_kernel"]
 
-#: Matérn smoothness values with a Student-t spectral density of integer degrees of freedom 2ν (spec §2 step 1)
+#: Matérn smoothness values with a Student-t spectral density of integer degrees of freedom 2ν (spec §2
+#: step 1)
 SUPPORTED_NU = (0.5, 1.5, 2.5)
 
 
@@ -55,7 +56,9 @@ def matern_kernel(lengthscale: Tensor, outputscale: Tensor, nu: float = 2.5) -> 
     """
     nu = _check_nu(nu)
     d = lengthscale.shape[-1]
-    kern = ScaleKernel(MaternKernel(nu=nu, ard_num_dims=d)).to(dtype=lengthscale.dtype, device=lengthscale.device)
+    kern = ScaleKernel(MaternKernel(nu=nu, ard_num_dims=d)).to(
+        dtype=lengthscale.dtype, device=lengthscale.device
+    )
     kern.base_kernel.lengthscale = lengthscale.detach().reshape(1, d)
     kern.outputscale = outputscale.detach().reshape(())
     kern.requires_grad_(False)
@@ -93,8 +96,13 @@ class MaternFourierFeatures:
         batch_shape = torch.Size(batch_shape)
         dof = int(round(2 * nu))
         z = torch.randn(*batch_shape, d, num_features, generator=generator, **tk)
-        # chi-square with an integer number of degrees of freedom: a sum of squared normals (keeps `generator`)
-        c = torch.randn(*batch_shape, dof, num_features, generator=generator, **tk).square().sum(-2, keepdim=True)
+        # chi-square with an integer number of degrees of freedom: a sum of squared normals (keeps
+        # `generator`)
+        c = (
+            torch.randn(*batch_shape, dof, num_features, generator=generator, **tk)
+            .square()
+            .sum(-2, keepdim=True)
+        )
         #: `*batch x d x L` frequencies (stored transposed, ready for `X @ omega`)
         self.omega = z * torch.sqrt(2 * nu / c) / lengthscale.detach().reshape(d, 1)
         #: `*batch x L` phases
@@ -145,7 +153,9 @@ class MatheronPaths:
         with torch.no_grad():
             # K_ZZ = k(Z, Z) + parts.jitter * I exactly as the model's own formulas; psd_safe_cholesky adds
             # GPyTorch's `cholesky_jitter` on top only if that matrix is numerically singular
-            K_zz = self.kernel.forward(Z, Z) + float(parts.jitter) * torch.eye(m, dtype=Z.dtype, device=Z.device)
+            K_zz = self.kernel.forward(Z, Z) + float(parts.jitter) * torch.eye(
+                m, dtype=Z.dtype, device=Z.device
+            )
             self._chol_zz = psd_safe_cholesky(K_zz)
             self.features = MaternFourierFeatures(
                 parts.lengthscale,
@@ -166,8 +176,8 @@ class MatheronPaths:
                 prior_z = self.w @ phi_z.mT  # `q x m`
             else:
                 prior_z = (phi_z @ self.w.unsqueeze(-1)).squeeze(-1)
-            # the update solves with K~ = k(Z, Z) + jitter I, so the prior draw at Z must have covariance K~ as
-            # well: without this term the paths' covariance falls short of the posterior's by
+            # the update solves with K~ = k(Z, Z) + jitter I, so the prior draw at Z must have covariance K~
+            # as well: without this term the paths' covariance falls short of the posterior's by
             # jitter k_xZ K~^-2 k_Zx (18-24% of the variance for an exact GP on nearly noiseless data)
             jitter = float(parts.jitter)
             if jitter > 0:
@@ -207,7 +217,8 @@ class MatheronPaths:
         return self.constant_mean + prior + update
 
     def evaluate_shared(self, X: Tensor, path_index: Tensor | None = None) -> Tensor:
-        """All paths (or the paths `path_index`, `k` long) on the same points `X` (`n x d`): `n x q` (or `n x k`).
+        """All paths (or the paths `path_index`, `k` long) on the same points `X` (`n x d`): `n x q` (or `n x
+        k`).
 
         With shared features, two matrix products (`n x L` features). With features per path, each path's
         features are computed on `X`: `k x n x L` numbers, k times the time and memory.
@@ -227,7 +238,8 @@ class MatheronPaths:
         return f.amplitude * torch.cos(X @ omega + beta.unsqueeze(-2))
 
     def mean(self, X: Tensor) -> Tensor:
-        """Posterior mean of the latent at `... x n x d` (the variational posterior's mean, spec §1.4): `... x n`."""
+        """Posterior mean of the latent at `... x n x d` (the variational posterior's mean, spec §1.4): `... x
+        n`."""
         return self.constant_mean + self.cross_covariance(X) @ self.mean_weights
 
 
@@ -245,7 +257,11 @@ def _check_parts(parts: SparseLatentParts) -> None:
     }
     for name, shape in expected.items():
         t = getattr(parts, name)
-        if not isinstance(t, Tensor) or t.numel() != math.prod(shape) or (len(shape) == 2 and t.shape != shape):
+        if (
+            not isinstance(t, Tensor)
+            or t.numel() != math.prod(shape)
+            or (len(shape) == 2 and t.shape != shape)
+        ):
             got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
             raise InputDataError(f"SparseLatentParts.{name} must have shape {shape}; got {got}")
         _check_finite(name, t)

@@ -18,14 +18,21 @@ the posterior mean of the target: μ(x) + s(x)·(path(x) − μ(x)).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from scipy.spatial import cKDTree
 from torch import Tensor
 
 from orchestrator.acquisition.base import DUPLICATE_TOL, Proposer, min_distance
-from orchestrator.acquisition.optimize import DEFAULT_CHUNK_BYTES, METHODS, chunk_rows, maximize_lbfgsb, top_k_shared
+from orchestrator.acquisition.optimize import (
+    DEFAULT_CHUNK_BYTES,
+    METHODS,
+    chunk_rows,
+    maximize_lbfgsb,
+    top_k_shared,
+)
 from orchestrator.acquisition.rff import MatheronPaths
 from orchestrator.checks import check_bool, check_float, check_int
 from orchestrator.errors import ConfigError, InputDataError
@@ -119,7 +126,8 @@ class TargetPaths:
         s = self.spread(X)
         if s.shape != X.shape[:-1]:
             raise InputDataError(
-                f"spread must map `... x n x d` to `... x n`; got shape {tuple(s.shape)} for X of shape {tuple(X.shape)}"
+                f"spread must map `... x n x d` to `... x n`; got shape {tuple(s.shape)} for X of shape "
+                f"{tuple(X.shape)}"
             )
         mu = self._mean(X)
         if batch_last:  # paths are `n x q`, X is `n x d`
@@ -128,7 +136,8 @@ class TargetPaths:
         return paths + (s - 1) * (paths - mu)
 
     def shared(self, X: Tensor, path_index: Tensor | None = None) -> Tensor:
-        """All q targets (or those of `path_index`, `k` long) at shared points `X` (`n x d`): `n x q` (`n x k`)."""
+        """All q targets (or those of `path_index`, `k` long) at shared points `X` (`n x d`): `n x q` (`n x
+        k`)."""
         t = self.f.evaluate_shared(X, path_index)
         if self.g is not None:
             t = t + self.z * self.g.evaluate_shared(X, path_index).exp()
@@ -166,8 +175,8 @@ class ThompsonSampling(Proposer):
             `LOCAL_BEST_FRACTION` by the posterior mean of the target, at least one) instead of from the Sobol
             set: BoTorch's `sample_perturbed_subset_dims` (Gaussian steps of `LOCAL_SIGMA`, a subset of the
             dimensions when d > 20), as BoTorch's `optimize_acqf` seeds its starts around the best points. In
-            many dimensions a space-filling set leaves the region of the best points with few candidates, so the
-            paths' maxima there go unfound. 0 (the spec's all-Sobol set) turns it off.
+            many dimensions a space-filling set leaves the region of the best points with few candidates, so
+            the paths' maxima there go unfound. 0 (the spec's all-Sobol set) turns it off.
 
     Raises:
         ConfigError: naming the option that is out of range.
@@ -220,13 +229,25 @@ class ThompsonSampling(Proposer):
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
-        valid = {"num_features", "raw_samples", "num_restarts", "maxiter", "method", "chunk_bytes", "shared_features",
-                 "local_fraction"}
+        valid = {
+            "num_features",
+            "raw_samples",
+            "num_restarts",
+            "maxiter",
+            "method",
+            "chunk_bytes",
+            "shared_features",
+            "local_fraction",
+        }
         unknown = set(state) - valid
         if unknown:
             raise ConfigError(f"unknown ThompsonSampling option(s) {sorted(unknown)}; valid: {sorted(valid)}")
         for name in ("num_features", "maxiter", "chunk_bytes"):
-            setattr(self, name, _positive_int_or_none(name, state.get(name, getattr(self, name, None)), none_ok=False))
+            setattr(
+                self,
+                name,
+                _positive_int_or_none(name, state.get(name, getattr(self, name, None)), none_ok=False),
+            )
         for name in ("raw_samples", "num_restarts"):
             setattr(self, name, _positive_int_or_none(name, state.get(name, getattr(self, name, None))))
         for name, high in (("num_features", MAX_FEATURES), ("raw_samples", MAX_RAW_SAMPLES),
@@ -262,7 +283,9 @@ class ThompsonSampling(Proposer):
 
         # 1. score the shared candidates for every path (chunked matrix products), keep the best per path
         keep = min(restarts + EXTRA_CANDIDATES, n_raw)
-        raw_val, raw_idx = top_k_shared(target.shared, X_raw, keep, width=target.width, chunk_bytes=self.chunk_bytes)
+        raw_val, raw_idx = top_k_shared(
+            target.shared, X_raw, keep, width=target.width, chunk_bytes=self.chunk_bytes
+        )
 
         # 2. one batched L-BFGS-B over all (path, start) problems
         starts = X_raw[raw_idx[:, :restarts]].reshape(q * restarts, d)
@@ -282,16 +305,20 @@ class ThompsonSampling(Proposer):
         order = val.argsort(dim=1, descending=True)
         cand = cand.gather(1, order.unsqueeze(-1).expand_as(cand))
         if self.snap is not None:
-            # on the grid: a path whose best point rounds onto a taken cell moves on to its next candidate here,
-            # instead of the optimizer replacing it by a random cell (which it otherwise does to 445 of 500 points
-            # on a 1,024-cell int grid). Its fallback points stay off the grid, so the selection still ends when the
-            # grid is used up; the optimizer then snaps them and keeps repeats only where no cell is free.
+            # on the grid: a path whose best point rounds onto a taken cell moves on to its next candidate
+            # here, instead of the optimizer replacing it by a random cell (which it otherwise does to 445 of
+            # 500 points on a 1,024-cell int grid). Its fallback points stay off the grid, so the selection
+            # still ends when the grid is used up; the optimizer then snaps them and keeps repeats only where
+            # no cell is free.
             cand = self.snap(cand.reshape(-1, d)).to(**tk).reshape(cand.shape)
         forbidden = torch.cat([X_pending.to(**tk), X_observed.to(**tk)])
         return self._select_distinct(target, cand, forbidden, X_raw, generator)
 
-    def _local_candidates(self, model: Surrogate, X_observed: Tensor, n: int, generator: torch.Generator) -> Tensor:
-        """`n` candidates around the best observed inputs by the posterior mean of the target (`local_fraction`)."""
+    def _local_candidates(
+        self, model: Surrogate, X_observed: Tensor, n: int, generator: torch.Generator
+    ) -> Tensor:
+        """`n` candidates around the best observed inputs by the posterior mean of the target
+        (`local_fraction`)."""
         from botorch.optim.initializers import sample_perturbed_subset_dims
 
         with torch.no_grad():
@@ -300,7 +327,8 @@ class ThompsonSampling(Proposer):
         best = X_observed[mean.topk(min(k, mean.numel())).indices]
         bounds = torch.stack([torch.zeros_like(best[0]), torch.ones_like(best[0])])
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
-        with torch.random.fork_rng(devices=[best.device] if best.is_cuda else []):  # BoTorch draws from torch's RNG
+        # BoTorch draws from torch's RNG
+        with torch.random.fork_rng(devices=[best.device] if best.is_cuda else []):
             torch.manual_seed(seed)
             return sample_perturbed_subset_dims(best, bounds, n, sigma=LOCAL_SIGMA)
 
@@ -334,11 +362,17 @@ class ThompsonSampling(Proposer):
             if need.numel():  # rare: all of these paths' candidates are taken
                 settled = ((ptr < C) | fixed).clone()
                 settled[need] = False
-                chosen[need] = self._fallback(target, need, torch.cat([forbidden, chosen[settled]]), X_raw, generator)
+                chosen[need] = self._fallback(
+                    target, need, torch.cat([forbidden, chosen[settled]]), X_raw, generator
+                )
                 fixed[need] = True
             # within-batch duplicates: the later path of each close pair moves on
-            pairs = cKDTree(chosen.cpu().numpy()).query_pairs(r=2 * DUPLICATE_TOL, p=float("inf"), output_type="ndarray")
-            losers = sorted({max(i, j) for i, j in pairs.tolist() if (chosen[i] - chosen[j]).abs().max() < DUPLICATE_TOL})
+            pairs = cKDTree(chosen.cpu().numpy()).query_pairs(
+                r=2 * DUPLICATE_TOL, p=float("inf"), output_type="ndarray"
+            )
+            losers = sorted(
+                {max(i, j) for i, j in pairs.tolist() if (chosen[i] - chosen[j]).abs().max() < DUPLICATE_TOL}
+            )
             if not losers:
                 return chosen
             for j in losers:
@@ -351,8 +385,8 @@ class ThompsonSampling(Proposer):
     def _fallback(
         self, target: TargetPaths, paths: Tensor, others: Tensor, X_raw: Tensor, generator: torch.Generator
     ) -> Tensor:
-        """For each of `paths` (`k` long) in turn: its best raw candidate (then fresh uniform point) that repeats
-        none of `others` nor the points picked for the paths before it. Returns `k x d`."""
+        """For each of `paths` (`k` long) in turn: its best raw candidate (then fresh uniform point) that
+        repeats none of `others` nor the points picked for the paths before it. Returns `k x d`."""
         with torch.no_grad():
             step = max(1, chunk_rows(target.width, self.chunk_bytes))
             vals = torch.cat([target.shared(c, paths) for c in X_raw.split(step)])  # `N x k`
@@ -368,7 +402,9 @@ class ThompsonSampling(Proposer):
                     break
                 fresh = torch.rand(X_raw.shape, generator=generator, dtype=X_raw.dtype).to(X_raw.device)
                 with torch.no_grad():
-                    fresh_vals = torch.cat([target.shared(c, paths[col : col + 1]) for c in fresh.split(step)])
+                    fresh_vals = torch.cat(
+                        [target.shared(c, paths[col : col + 1]) for c in fresh.split(step)]
+                    )
                 pool = fresh[fresh_vals[:, 0].argsort(descending=True)]
         return torch.stack(picked)
 
@@ -377,7 +413,9 @@ def _first_free(rejected: Tensor) -> Tensor:
     """Index of the first False per row of a `q x C` mask (C where a row is all True)."""
     free = ~rejected
     C = rejected.shape[-1]
-    return torch.where(free.any(-1), free.to(torch.int8).argmax(-1), torch.full(free.shape[:-1], C, device=free.device))
+    return torch.where(
+        free.any(-1), free.to(torch.int8).argmax(-1), torch.full(free.shape[:-1], C, device=free.device)
+    )
 
 
 def _near(X: Tensor, others: Tensor) -> Tensor:

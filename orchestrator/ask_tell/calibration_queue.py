@@ -1,11 +1,12 @@
-"""The ask/tell optimizer's calibrator updates, queued at `tell` and applied at a flush (calibrated-bo.md §4.3).
+"""The ask/tell optimizer's calibrator updates, queued at `tell` and applied at a flush (calibrated-bo.md
+§4.3).
 
-Each model-based trial carries the forecast the model made for it; when its result is told, the pair waits in a
-queue, and `flush_calibration` (which `ask` calls before a model-based proposal) teaches the calibrator all the
-results queued since the last flush in one update, in the order their trials were asked, so that what a batch
-teaches it does not depend on the order its results came in. A replay of a log marks where each ask flushed
-(`end_calibration_round`, orchestrator/ask_tell/replay.py). `CalibrationQueue` is one part of `AskTellOptimizer`
-(orchestrator/ask_tell/optimizer.py).
+Each model-based trial carries the forecast the model made for it; when its result is told, the pair waits in
+a queue, and `flush_calibration` (which `ask` calls before a model-based proposal) teaches the calibrator all
+the results queued since the last flush in one update, in the order their trials were asked, so that what a
+batch teaches it does not depend on the order its results came in. A replay of a log marks where each ask
+flushed (`end_calibration_round`, orchestrator/ask_tell/replay.py). `CalibrationQueue` is one part of
+`AskTellOptimizer` (orchestrator/ask_tell/optimizer.py).
 """
 
 from __future__ import annotations
@@ -54,26 +55,34 @@ class CalibrationQueue:
         return self._calibrator
 
     def _queue_calibration(self, seq: int, trial: Trial, y: float) -> None:
-        """Queue the update a completed `trial` brings (caller holds `_lock`): its forecast and observed `y`, for a
-        calibrator that learns from it (its forecast was recorded, or the calibrator `needs_every_result`)."""
-        if self._calibrator is not None and (trial.forecast is not None or self._calibrator.needs_every_result):
-            self._calib_queue.append(_CalibUpdate(seq, trial.trial_id, trial.forecast, y, trial.x, self._calib_round))
+        """Queue the update a completed `trial` brings (caller holds `_lock`): its forecast and observed `y`,
+        for a calibrator that learns from it (its forecast was recorded, or the calibrator
+        `needs_every_result`)."""
+        if self._calibrator is not None and (
+            trial.forecast is not None or self._calibrator.needs_every_result
+        ):
+            self._calib_queue.append(
+                _CalibUpdate(seq, trial.trial_id, trial.forecast, y, trial.x, self._calib_round)
+            )
 
     def flush_calibration(self) -> int:
-        """Apply the queued calibrator updates (forecast recorded at proposal, observed y): the results told since
-        the last flush, in the order their trials were asked, in one `update`, so that the online recalibrator
-        takes one step for them (calibrated-bo.md §4.3). `ask` flushes before a model-based proposal, so its map
-        changes once per proposal: in a synchronous run with the results of the batch before, in a streaming run
-        with whatever came in since the last ask, from any batches. One step per batch in a streaming flush
-        instead (each batch's results apart, at the levels in force) over-covered, 0.933-0.942 of a central 90%
-        interval with 8-16-point batches (`tests/orchestrator/calibration/test_online.py`). Results queued in
-        several rounds (`end_calibration_round`: a resume replaying the log without a calibrator checkpoint) get
-        one update per round, as the asks they came before gave them: one update for all of them would leave the
-        map one step from the identity. A replay's rounds are exact for a synchronous run; for a streaming run
-        too where the log records which results each ask's flush learned (the actor's `info["learned_ids"]`: a
-        result told while the ask ran is logged before its proposals; the flush at the end of a session is
-        marked by its final fit's record). They are approximate for logs of older versions, which record
-        neither, and at the ask of a batch whose proposals were lost from a damaged log."""
+        """Apply the queued calibrator updates (forecast recorded at proposal, observed y): the results told
+        since the last flush, in the order their trials were asked, in one `update`, so that the online
+        recalibrator takes one step for them (calibrated-bo.md §4.3). `ask` flushes before a model-based
+        proposal, so its map
+        changes once per proposal: in a synchronous run with the results of the batch before, in a streaming
+        run with whatever came in since the last ask, from any batches. One step per batch in a streaming
+        flush instead (each batch's results apart, at the levels in force) over-covered, 0.933-0.942 of a
+        central 90% interval with 8-16-point batches (`tests/orchestrator/calibration/test_online.py`).
+        Results queued in several rounds (`end_calibration_round`: a resume replaying the log without a
+        calibrator checkpoint) get
+        one update per round, as the asks they came before gave them: one update for all of them would leave
+        the map one step from the identity. A replay's rounds are exact for a synchronous run; for a streaming
+        run too where the log records which results each ask's flush learned (the actor's
+        `info["learned_ids"]`: a result told while the ask ran is logged before its proposals; the flush at
+        the end of a session is marked by its final fit's record). They are approximate for logs of older
+        versions, which record neither, and at the ask of a batch whose proposals were lost from a damaged
+        log."""
         with self._calib_lock:
             with self._lock:
                 todo = sorted(self._calib_queue, key=lambda u: (u.round, u.seq))

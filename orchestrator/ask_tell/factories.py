@@ -1,11 +1,11 @@
-"""Building the ask/tell optimizer's components from its options: the surrogate (orchestrator.models), the batch
-proposer (orchestrator.acquisition) and the calibrator (orchestrator.calibration), each by its factory, and the check
-that they work together.
+"""Building the ask/tell optimizer's components from its options: the surrogate (orchestrator.models), the
+batch proposer (orchestrator.acquisition) and the calibrator (orchestrator.calibration), each by its factory,
+and the check that they work together.
 
-Each factory is imported where it is first called (the registries' lazy tables load a component's code only when
-it is chosen). A bad option or combination is a `ConfigError` naming its config key when the optimizer is created
-(`check_options`), not after the initial design was spent. `ComponentFactories` is one part of `AskTellOptimizer`
-(orchestrator/ask_tell/optimizer.py).
+Each factory is imported where it is first called (the registries' lazy tables load a component's code only
+when it is chosen). A bad option or combination is a `ConfigError` naming its config key when the optimizer is
+created (`check_options`), not after the initial design was spent. `ComponentFactories` is one part of
+`AskTellOptimizer` (orchestrator/ask_tell/optimizer.py).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ def _under(key: str, exc: BaseException) -> str:
 
 
 class ComponentFactories:
-    """The optimizer's model, proposer and calibrator, built from its `model_*`, `proposer_*` and `calibrator_*`
-    settings."""
+    """The optimizer's model, proposer and calibrator, built from its `model_*`, `proposer_*` and
+    `calibrator_*` settings."""
 
     def _build_model(self) -> SurrogateProtocol:
         from orchestrator.models import build_model
@@ -61,16 +61,19 @@ class ComponentFactories:
         from orchestrator.calibration import build_calibrator
 
         options = dict(self.calibrator_options)
-        if self.calibrator_name == "offline-cv" and not {"model", "model_options", "model_factory"} & set(options):
-            # the folds refit the run's own model (calibrated-bo.md §1.3), unless the config names a fold model
+        if self.calibrator_name == "offline-cv" and not {"model", "model_options", "model_factory"} & set(
+            options
+        ):
+            # the folds refit the run's own model (calibrated-bo.md §1.3), unless the config names a fold
+            # model
             options["model"] = self.model_name
             options["model_options"] = {"tau": self.model_tau, **self.model_options}
         return build_calibrator(self.calibrator_name, **options)
 
     def check_options(self) -> None:
-        """Build the model, the calibrator and the proposer once and check that they work together: a bad option
-        or combination is a `ConfigError` naming its config section now, not an error at the first model batch
-        (after the initial design was spent). The built objects are dropped."""
+        """Build the model, the calibrator and the proposer once and check that they work together: a bad
+        option or combination is a `ConfigError` naming its config section now, not an error at the first
+        model batch (after the initial design was spent). The built objects are dropped."""
         from orchestrator.models import MODELS
 
         if self.model_name not in MODELS:
@@ -85,17 +88,21 @@ class ComponentFactories:
             msg = str(exc).splitlines()[0]
             if msg.startswith("`calibrator.options`"):
                 raise ConfigError(f"{msg} (`proposer.type` {self.proposer_name!r})") from None
-            raise ConfigError(f"`calibrator.type` {self.calibrator_name!r} does not work with `proposer.type` "
-                              f"{self.proposer_name!r}: {msg}") from None
+            raise ConfigError(f"`calibrator.type` {self.calibrator_name!r} does not work with "
+                              f"`proposer.type` {self.proposer_name!r}: {msg}") from None
         except ConfigError as exc:
             raise ConfigError(_under("proposer.options", exc)) from None
         if proposer.requires_model:
             try:
                 proposer.check_model(model)
             except (UnsupportedError, ConfigError) as exc:
-                raise ConfigError(f"`proposer.type` {self.proposer_name!r} with `model.type` {self.model_name!r}"
-                                  f"{'' if self.calibrator_name in (None, 'none') else f' and `calibrator.type` {self.calibrator_name!r}'}"
-                                  f": {str(exc).splitlines()[0]}") from None
+                calibrator = ("" if self.calibrator_name in (None, "none")
+                              else f" and `calibrator.type` {self.calibrator_name!r}")
+                raise ConfigError(
+                    f"`proposer.type` {self.proposer_name!r} with `model.type` "
+                    f"{self.model_name!r}{calibrator}"
+                    f": {str(exc).splitlines()[0]}"
+                ) from None
 
     def prepare(self) -> None:
         """Import the model's and proposer's code and build the proposer now rather than at the first fit.
@@ -108,7 +115,8 @@ class ComponentFactories:
             self._proposer = self._build_proposer()
 
     def needs_model(self) -> bool:
-        """Whether the proposer reads a surrogate (Sobol and random search do not: no fit is ever made for them)."""
+        """Whether the proposer reads a surrogate (Sobol and random search do not: no fit is ever made for
+        them)."""
         if self._proposer is None:
             self._proposer = self._build_proposer()
         return bool(self._proposer.requires_model)

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import bisect
 import threading
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -53,7 +54,9 @@ def _plain_int(v: Any) -> Any:
     return int(v) if isinstance(v, np.integer) else v
 
 
-class AskTellOptimizer(TrialRegistry, ComponentFactories, ModelFitting, CalibrationQueue, DuplicateHandling, Replay):
+class AskTellOptimizer(
+    TrialRegistry, ComponentFactories, ModelFitting, CalibrationQueue, DuplicateHandling, Replay
+):
     """Quantile (or expectile / mean) Bayesian optimization driven by ask and tell.
 
     Args:
@@ -71,9 +74,9 @@ class AskTellOptimizer(TrialRegistry, ComponentFactories, ModelFitting, Calibrat
         model_options, proposer_options, calibrator_options: keyword options of the factories.
         recommendation: the rule `best()` applies among the observed inputs (`orchestrator.recommend`):
             "mean" (default, spec §1.7), "lcb" or "lcb-2".
-        threads: torch's intra-op threads in `fit` and `ask` (`orchestrator.threads.bounded_threads`; the caller's
-            setting is restored after each): "auto" (default: at most `DEFAULT_THREADS`, never more than the
-            caller's own) or an integer, used as given.
+        threads: torch's intra-op threads in `fit` and `ask` (`orchestrator.threads.bounded_threads`; the
+            caller's setting is restored after each): "auto" (default: at most `DEFAULT_THREADS`, never more
+            than the caller's own) or an integer, used as given.
     """
 
     def __init__(
@@ -132,22 +135,23 @@ class AskTellOptimizer(TrialRegistry, ComponentFactories, ModelFitting, Calibrat
         self._init_fitting()
         self._proposer: ProposerProtocol | None = None
         self._calibrator: CalibratorProtocol | None = self._build_calibrator()
-        #: True (the default): `tell` queues calibrator updates and `flush_calibration` (called by `ask` before
-        #: a model-based proposal, or by you) applies them, each flush in ask order, so what a batch teaches the
-        #: calibrator does not depend on the order its results were told (applied at each `tell`, they would
-        #: teach it in arrival order); `calibrator` may so hold
+        #: True (the default): `tell` queues calibrator updates and `flush_calibration` (called by `ask`
+        #: before a model-based proposal, or by you) applies them, each flush in ask order, so what a batch
+        #: teaches the calibrator does not depend on the order its results were told (applied at each `tell`,
+        #: they would teach it in arrival order); `calibrator` may so hold
         #: updates not yet applied (`fit` does not apply them: the central actor's refit thread must not touch
         #: the calibrator, only its proposing thread). False applies each result at once, in the order told.
         self.defer_calibration = True
         self._init_calibration_queue()
-        self.check_options()  # a bad model/proposer/calibrator option or combination fails here, not after the design
+        # a bad model/proposer/calibrator option or combination fails here, not after the design
+        self.check_options()
 
     _LOCKS = ("_lock", "_ask_lock", "_calib_lock")
 
     def __getstate__(self) -> dict[str, Any]:
         """Picklable (and deep-copyable) like a BoTorch model or an Optuna study: `ray.put`, a Ray actor's
-        argument, joblib; a snapshot taken between `ask`s and `tell`s, without the locks (`pickle.dumps` raises
-        on an RLock). `get_state` / `set_state` remain the versioned, portable form."""
+        argument, joblib; a snapshot taken between `ask`s and `tell`s, without the locks (`pickle.dumps`
+        raises on an RLock). `get_state` / `set_state` remain the versioned, portable form."""
         with self._ask_lock, self._calib_lock, self._lock:
             # the containers copied under the locks: a `tell` from another thread during the pickling that
             # follows does not change what is pickled
@@ -162,7 +166,7 @@ class AskTellOptimizer(TrialRegistry, ComponentFactories, ModelFitting, Calibrat
         self._lock, self._ask_lock, self._calib_lock = threading.RLock(), threading.Lock(), threading.Lock()
 
     @classmethod
-    def from_config(cls, cfg: Any, objective: Any) -> "AskTellOptimizer":
+    def from_config(cls, cfg: Any, objective: Any) -> AskTellOptimizer:
         """The optimizer of a validated `ExperimentConfig` for `objective` (its space and direction, with the
         config's overrides), as the central actor runs it. Calibration updates are deferred to
         `flush_calibration` (which `ask` calls before proposing)."""
@@ -204,8 +208,8 @@ class AskTellOptimizer(TrialRegistry, ComponentFactories, ModelFitting, Calibrat
 
         Raises:
             TrialError: `q` is not an integer >= 1.
-            ModelFitError: with `fit`, the refit was refused (see `fit`); `ask(q, fit=False)` proposes from the
-                current model, or continues the Sobol design before the first one.
+            ModelFitError: with `fit`, the refit was refused (see `fit`); `ask(q, fit=False)` proposes from
+                the current model, or continues the Sobol design before the first one.
         """
         q = _plain_int(q)
         if isinstance(q, bool) or not isinstance(q, int) or q < 1:
@@ -214,7 +218,8 @@ class AskTellOptimizer(TrialRegistry, ComponentFactories, ModelFitting, Calibrat
         if design or self._design_left() > 0 or (
             not model_free and self._model is None and not (fit and self.can_fit())
         ):
-            with self._lock:  # a Sobol draw is cheap: it does not wait for a model-based `ask` in another thread
+            # a Sobol draw is cheap: it does not wait for a model-based `ask` in another thread
+            with self._lock:
                 return self._ask(q, fit=False, sobol=True)
         with self._ask_lock, bounded_threads(self.threads):
             return self._ask(q, fit)
@@ -222,7 +227,12 @@ class AskTellOptimizer(TrialRegistry, ComponentFactories, ModelFitting, Calibrat
     def _ask(self, q: int, fit: bool, sobol: bool = False) -> list[Trial]:
         if not sobol:
             self.flush_calibration()
-        if fit and self._design_left() <= 0 and self.can_fit() and (self._model is None or self.num_stale > 0):
+        if (
+            fit
+            and self._design_left() <= 0
+            and self.can_fit()
+            and (self._model is None or self.num_stale > 0)
+        ):
             self.fit(restart=self.refit_restarts)
         with self._lock:
             batch_id = self._next_batch
@@ -230,25 +240,29 @@ class AskTellOptimizer(TrialRegistry, ComponentFactories, ModelFitting, Calibrat
             X_pending = self._stack([t.x for t in self._pending.values()])
             X_observed = self._stack(self._obs_x)
             failed = [f for f in self.failures if f["trial_id"] in self._trials]
-            # where an evaluation failed: never proposed again by a proposer that avoids taken points (GPR-EI and
-            # qLogNEI, whose models never see a failure, would propose a failing corner batch after batch); a
-            # point that also has a completed result is an observed one anyway. Not for a lost worker or node:
-            # that says nothing about the point (one pre-emption would ban the best cell)
-            X_failed = self._stack([self._trials[f["trial_id"]].x for f in failed if f["error"] not in _NO_BAN])
+            # where an evaluation failed: never proposed again by a proposer that avoids taken points (GPR-EI
+            # and qLogNEI, whose models never see a failure, would propose a failing corner batch after
+            # batch); a point that also has a completed result is an observed one anyway. Not for a lost
+            # worker or node: that says nothing about the point (one pre-emption would ban the best cell)
+            X_failed = self._stack(
+                [self._trials[f["trial_id"]].x for f in failed if f["error"] not in _NO_BAN]
+            )
             X_all_failed = self._stack([self._trials[f["trial_id"]].x for f in failed])
             model = self._model
         forecasts: list[dict | None] = [None] * q
         if sobol or self._design_left() > 0 or (model is None and self.needs_model()):
             X, source = self._sobol(q), "sobol"
         else:
-            # a model-free proposer (Sobol) counts what was asked to continue its sequence: failures used points too
+            # a model-free proposer (Sobol) counts what was asked to continue its sequence: failures used
+            # points too
             seen = X_observed if self.needs_model() else torch.cat([X_observed, X_all_failed])
             X, source = self._propose(model, q, batch_id, X_pending, seen), "model"
         X_taken = torch.cat([X_observed, X_failed])
         if self._proposer is None or not self._proposer.allows_repeats:
             X = self._dedupe(X, X_pending, X_taken, batch_id)
-        elif self._only_failed(X[0], X_observed, X_failed):  # GPR-EI repeats its point on purpose, but not one
-            # that has only failed: its replicates go to a new point instead
+        elif self._only_failed(X[0], X_observed, X_failed):
+            # GPR-EI repeats its point on purpose, but not one that has only failed: its replicates go to a
+            # new point instead
             X = self._dedupe(X[:1], X_pending, X_taken, batch_id).expand(X.shape[0], -1).clone()
         if source == "model" and model is not None:
             with torch.no_grad():
@@ -258,7 +272,9 @@ class AskTellOptimizer(TrialRegistry, ComponentFactories, ModelFitting, Calibrat
             params = self.space.from_unit(X)
             for i in range(q):
                 tid = f"{batch_id}-{i}"
-                t = Trial(tid, params[i], X[i].clone(), batch_id, forecasts[i], trial_seed(self.seed, tid), source)
+                t = Trial(
+                    tid, params[i], X[i].clone(), batch_id, forecasts[i], trial_seed(self.seed, tid), source
+                )
                 if source == "sobol":
                     t.info["sobol_index"] = self._n_sobol - q + i
                 self._add_trial(t)
@@ -281,7 +297,11 @@ class AskTellOptimizer(TrialRegistry, ComponentFactories, ModelFitting, Calibrat
         if self._proposer.uses_observed_y:  # LOCBO's incumbent is the best observed outcome
             self._proposer.observed_y = torch.tensor(self._obs_y, dtype=torch.float64)
         X = self._proposer.propose(
-            model, q, X_pending=X_pending, X_observed=X_observed, seed=trial_seed(self.seed, f"batch-{batch_id}"),
+            model,
+            q,
+            X_pending=X_pending,
+            X_observed=X_observed,
+            seed=trial_seed(self.seed, f"batch-{batch_id}"),
             dim=self.space.dim,
         )
         return self.space.snap(X.detach().to(**self._tk))

@@ -1,18 +1,20 @@
-"""The trial registry of the ask/tell optimizer: every trial asked, restored or added, and where each one stands.
+"""The trial registry of the ask/tell optimizer: every trial asked, restored or added, and where each one
+stands.
 
-A trial is registered once, in ask order (`_add_trial`); it is pending until told, then "completed" or "failed".
-Completed results are kept as observations in ask order, whatever order they were told in, so that the same config
-and seed give the same fits in a synchronous run. The registry also counts the initial design still owed
-(`design_left`). `TrialRegistry` is one part of `AskTellOptimizer` (orchestrator/ask_tell/optimizer.py), whose
-`_lock` guards this state.
+A trial is registered once, in ask order (`_add_trial`); it is pending until told, then "completed" or
+"failed". Completed results are kept as observations in ask order, whatever order they were told in, so that
+the same config and seed give the same fits in a synchronous run. The registry also counts the initial design
+still owed (`design_left`). `TrialRegistry` is one part of `AskTellOptimizer`
+(orchestrator/ask_tell/optimizer.py), whose `_lock` guards this state.
 """
 
 from __future__ import annotations
 
 import copy
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -28,8 +30,9 @@ class TrialError(QbatchError, ValueError):
 
 @dataclass
 class Trial:
-    """One point handed out by `ask`: the proposal. Its evaluation's outcome is a `workers.records.TrialResult`,
-    and the run's log records both as `Event`s (orchestrator/store/schema.py says how the three relate).
+    """One point handed out by `ask`: the proposal. Its evaluation's outcome is a
+    `workers.records.TrialResult`, and the run's log records both as `Event`s (orchestrator/store/schema.py
+    says how the three relate).
 
     Attributes:
         trial_id: unique id, ``f"{batch_id}-{i}"``.
@@ -51,9 +54,10 @@ class Trial:
     source: str = "sobol"
     info: dict = field(default_factory=dict)
 
-    def copy(self) -> "Trial":
-        """A copy the caller may change (`ask`, `pending` and `trial` hand these out: editing a trial's params in
-        place, as a training script may do with its config, would otherwise rewrite the optimizer's record)."""
+    def copy(self) -> Trial:
+        """A copy the caller may change (`ask`, `pending` and `trial` hand these out: editing a trial's params
+        in place, as a training script may do with its config, would otherwise rewrite the optimizer's
+        record)."""
         return Trial(self.trial_id, copy.deepcopy(self.params), self.x.clone(), self.batch_id,
                      copy.deepcopy(self.forecast), self.seed, self.source, copy.deepcopy(self.info))
 
@@ -109,8 +113,8 @@ class TrialRegistry:
     @property
     def design_left(self) -> int:
         """Initial-design points still owed, 0 once the design is done: `initial_design` less the Sobol points
-        asked and the completed results added with `tell_point` (200 prior results need no first batch of Sobol).
-        While it is above 0, `ask` continues the Sobol design."""
+        asked and the completed results added with `tell_point` (200 prior results need no first batch of
+        Sobol). While it is above 0, `ask` continues the Sobol design."""
         return max(0, self._design_left())
 
     def _design_left(self) -> int:
@@ -128,8 +132,8 @@ class TrialRegistry:
         return trial_id in self._told
 
     def told_by_source(self) -> dict[str, int]:
-        """Trials told (completed or failed) by where their point came from: "sobol" and "model" always, "user" (and
-        "unknown", for a replayed log's orphaned results) where there are any."""
+        """Trials told (completed or failed) by where their point came from: "sobol" and "model" always,
+        "user" (and "unknown", for a replayed log's orphaned results) where there are any."""
         counts = {"sobol": 0, "model": 0}
         with self._lock:
             for tid in self._told:
@@ -166,11 +170,11 @@ class TrialRegistry:
             return self._stack(self._obs_x), torch.tensor(self._obs_y, **self._tk), list(self._obs_ids)
 
     def trials_dataframe(self) -> Any:
-        """The trials as a pandas DataFrame, one row per trial in ask order (`qbatch.read_trials` reads a run's the
-        same way): `trial_id`, `batch_id`, `state` ("pending", "completed", "failed"), `value` (user units),
-        `param_<name>` per parameter (typed by the space), `source` ("sobol", "model", "user"), `failure_reason`,
-        `failure_message`. The columns of a run's times, node and metrics, which the optimizer does not see, are
-        empty here."""
+        """The trials as a pandas DataFrame, one row per trial in ask order (`qbatch.read_trials` reads a
+        run's the same way): `trial_id`, `batch_id`, `state` ("pending", "completed", "failed"), `value` (user
+        units), `param_<name>` per parameter (typed by the space), `source` ("sobol", "model", "user"),
+        `failure_reason`, `failure_message`. The columns of a run's times, node and metrics, which the
+        optimizer does not see, are empty here."""
         from orchestrator.store.frame import trials_frame
 
         with self._lock:

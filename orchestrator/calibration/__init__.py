@@ -85,7 +85,8 @@ def build_calibrator(name: str, **options: Any) -> Calibrator:
     unknown = sorted(set(opts) - set(valid))
     if unknown:
         raise ConfigError(
-            f"unknown `calibrator.options` {unknown} for type {name!r}; valid: {sorted(valid + ['spread'] + list(SPREAD_KEYS))}"
+            f"unknown `calibrator.options` {unknown} for type {name!r}; valid: "
+            f"{sorted(valid + ['spread'] + list(SPREAD_KEYS))}"
         )
     cal = cls(spread=tracker, **opts)
     # what the config set, so `attach` can refuse options the chosen proposer would never read

@@ -1,7 +1,8 @@
 """The calibrator interface: what the central actor feeds with one-step-ahead results.
 
-A calibrator consumes, in ask order (`AskTellOptimizer.flush_calibration` sorts the results it has), the `Forecast` recorded when a point was proposed and the
-observed y (calibrated-bo.md §1.5 "pure online", locbo.md §1.3). It never sees pending or fantasized
+A calibrator consumes, in ask order (`AskTellOptimizer.flush_calibration` sorts the results it has), the
+`Forecast` recorded when a point was proposed and the observed y (calibrated-bo.md §1.5 "pure online",
+locbo.md §1.3). It never sees pending or fantasized
 points: only `update` changes its state, and only the actor calls it, with completed results.
 Its current map sends a nominal level p to the level of the base forecast to use,
 Q̃_x(p) = Q_x(R(p)) (calibrated-bo.md §1.5–1.6), and its `spread(X)` is the factor s(x) by which
@@ -13,7 +14,8 @@ from __future__ import annotations
 
 import math
 from abc import ABC
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,21 +38,24 @@ __all__ = [
 
 #: inside the calibrated acquisitions (UCB, PI) recalibrated levels are clipped to [LEVEL_EPS, 1 - LEVEL_EPS]
 #: before a quantile is taken, so that a level pushed outside (0, 1) (calibrated-bo.md §1.5 Lemma 3: q in
-#: [-eta, 1 + eta]) gives a wide but finite quantile to optimize; the sigma route leaves such levels out of its
-#: fit. `CalibratedForecast.quantile` does not clip (it reports infinite quantiles). The spec leaves the clip
-#: open ("[not in paper]")
+#: [-eta, 1 + eta]) gives a wide but finite quantile to optimize; the sigma route leaves such levels out of
+#: its fit. `CalibratedForecast.quantile` does not clip (it reports infinite quantiles). The spec leaves the
+#: clip open ("[not in paper]")
 LEVEL_EPS = 1e-6
 
 
-def as_observations(forecast: Forecast, y: Tensor | float | Sequence[float], X: Tensor | None = None) -> tuple[Forecast, Tensor, Tensor | None]:
+def as_observations(
+    forecast: Forecast, y: Tensor | float | Sequence[float], X: Tensor | None = None
+) -> tuple[Forecast, Tensor, Tensor | None]:
     """Check a (forecast, y[, X]) triple and return it with `y` as an `n` float64 tensor.
 
     Raises:
-        InputDataError: `forecast` is not a `Forecast`, lengths differ, y or the forecast's CDF at y is not finite,
-            or X has the wrong shape.
+        InputDataError: `forecast` is not a `Forecast`, lengths differ, y or the forecast's CDF at y is not
+            finite, or X has the wrong shape.
     """
     if not isinstance(forecast, Forecast):
-        raise InputDataError(f"forecast must be an orchestrator.models.predictive.Forecast; got {type(forecast).__name__}")
+        raise InputDataError("forecast must be an orchestrator.models.predictive.Forecast; got "
+                             f"{type(forecast).__name__}")
     yt = torch.as_tensor(y, dtype=torch.float64).reshape(-1)
     if yt.shape[0] != len(forecast):
         raise InputDataError(f"y has {yt.shape[0]} values but the forecast has {len(forecast)} points")
@@ -61,7 +66,8 @@ def as_observations(forecast: Forecast, y: Tensor | float | Sequence[float], X: 
     bad = ~torch.isfinite(torch.as_tensor(forecast.cdf(yt), dtype=torch.float64).reshape(-1))
     if bad.any():  # a NaN PIT is read differently by each calibrator (above every level, a miss, a hit)
         i = int(bad.nonzero()[0])
-        raise InputDataError(f"forecast {i} is not finite at y = {yt[i].item()} (its CDF there is not a number)")
+        raise InputDataError(f"forecast {i} is not finite at y = {yt[i].item()} (its CDF there is not a "
+                             "number)")
     if X is not None:
         X = torch.as_tensor(X, dtype=torch.float64)
         X = X.reshape(1, -1) if X.ndim == 1 and len(forecast) == 1 else X
@@ -71,7 +77,8 @@ def as_observations(forecast: Forecast, y: Tensor | float | Sequence[float], X: 
 
 
 def monotone_interp(x: Tensor, xp: Tensor, fp: Tensor) -> Tensor:
-    """Piecewise-linear interpolation through knots (`xp` increasing, `fp` non-decreasing), differentiable in `x`.
+    """Piecewise-linear interpolation through knots (`xp` increasing, `fp` non-decreasing), differentiable in
+    `x`.
 
     Values outside [xp[0], xp[-1]] are clamped to the end values. `x` has any shape.
     """
@@ -93,7 +100,7 @@ class CalibratedForecast:
         calibrator: supplies `map_levels` (R) and `unmap_levels` (R^{-1}).
     """
 
-    def __init__(self, forecast: Forecast, calibrator: "Calibrator") -> None:
+    def __init__(self, forecast: Forecast, calibrator: Calibrator) -> None:
         self.base = forecast
         self.calibrator = calibrator
 
@@ -108,13 +115,15 @@ class CalibratedForecast:
         """`n x k` recalibrated quantiles Q(R(p)); -inf where R(p) = 0 and +inf where R(p) = 1 (a level the
         online recursion pushed out of [0, 1], calibrated-bo.md §1.5 Lemma 3: q < 0 means Q(q) = -inf).
 
-        The mapped levels are not clipped: clipping them to [LEVEL_EPS, 1 - LEVEL_EPS] would end every interval
-        at 4.75 base sd, and a central 90% interval of a model 3x over-confident would cover 0.795 of y where the
-        recalibrated CDF covers 0.90.
+        The mapped levels are not clipped: clipping them to [LEVEL_EPS, 1 - LEVEL_EPS] would end every
+        interval at 4.75 base sd, and a central 90% interval of a model 3x over-confident would cover 0.795 of
+        y where the recalibrated CDF covers 0.90.
         """
         p = torch.as_tensor(levels, dtype=torch.float64).reshape(-1)
         r = self.calibrator.map_levels(p)
-        q = self.base.quantile(r.clamp(torch.finfo(torch.float64).tiny, 1 - torch.finfo(torch.float64).eps / 2))
+        q = self.base.quantile(
+            r.clamp(torch.finfo(torch.float64).tiny, 1 - torch.finfo(torch.float64).eps / 2)
+        )
         q = torch.where(r <= 0, torch.tensor(-math.inf, dtype=q.dtype), q)
         return torch.where(r >= 1, torch.tensor(math.inf, dtype=q.dtype), q)
 
@@ -126,9 +135,9 @@ class CalibratedForecast:
         return q[:, 0], q[:, 1]
 
 
-class Calibrator(ABC):
-    """Base class of every calibrator (`orchestrator.protocols.CalibratorProtocol`): identity map and unit spread
-    until a subclass learns otherwise.
+class Calibrator(ABC):  # noqa: B024 -- a subclass overrides one of two update hooks, either
+    """Base class of every calibrator (`orchestrator.protocols.CalibratorProtocol`): identity map and unit
+    spread until a subclass learns otherwise.
 
     Subclasses override `_update_one` (one completed result, O(levels)) or `_update_results` (the results of
     one `update` call together) and, when their map is not the
@@ -159,15 +168,18 @@ class Calibrator(ABC):
         self.num_updates = 0
 
     # ------------------------------------------------------------------ online updates
-    def update(self, forecast: Forecast, y: Tensor | float | Sequence[float], X: Tensor | None = None) -> None:
-        """Consume completed results (the optimizer's flush passes the results told since the last ask per call).
+    def update(
+        self, forecast: Forecast, y: Tensor | float | Sequence[float], X: Tensor | None = None
+    ) -> None:
+        """Consume completed results (the optimizer's flush passes the results told since the last ask per
+        call).
 
-        By default each result is scored against the level (LOCBO: threshold) left by the results before it, in
-        the order given (`_update_one`); the online guarantee holds for any ordering (calibrated-bo.md §4.2).
-        The online recalibrator instead scores all of them at the levels in force and takes one step (§4.3;
-        `OnlineQuantileRecalibrator.update_pit_batch`): the optimizer calls it once per ask, so in a
-        synchronous run these are the levels the batch was proposed with. The spread factor, if any, steps once
-        per result.
+        By default each result is scored against the level (LOCBO: threshold) left by the results before it,
+        in the order given (`_update_one`); the online guarantee holds for any ordering (calibrated-bo.md
+        §4.2). The online recalibrator instead scores all of them at the levels in force and takes one step
+        (§4.3; `OnlineQuantileRecalibrator.update_pit_batch`): the optimizer calls it once per ask, so in a
+        synchronous run these are the levels the batch was proposed with. The spread factor, if any, steps
+        once per result.
 
         Args:
             forecast: the forecast recorded when the point(s) were proposed (`n` points; the optimizer passes
@@ -180,7 +192,8 @@ class Calibrator(ABC):
         """
         forecast, yt, X = as_observations(forecast, y, X)
         if X is None and (self.needs_x or (self.spread_tracker is not None and self.spread_tracker.needs_x)):
-            raise InputDataError(f"calibrator {self.name!r} is localized and needs the points X of each result")
+            raise InputDataError(f"calibrator {self.name!r} is localized and needs the points X of each "
+                                 "result")
         self._update_results(forecast, yt, X)
         if self.spread_tracker is not None:
             for i in range(yt.shape[0]):
@@ -196,8 +209,8 @@ class Calibrator(ABC):
         """One result: `forecast` of one point, scalar `y`, `d` point `x` (or None)."""
 
     def observe(self, y: Tensor | Sequence[float], X: Tensor) -> None:
-        """Results that carry no forecast (`n` values at `n x d` points), for `needs_every_result` calibrators;
-        the others learn only from forecasts and ignore them."""
+        """Results that carry no forecast (`n` values at `n x d` points), for `needs_every_result`
+        calibrators; the others learn only from forecasts and ignore them."""
 
     # ------------------------------------------------------------------ the current map
     def map_levels(self, p: Tensor) -> Tensor:
@@ -211,12 +224,13 @@ class Calibrator(ABC):
     def sigma_scale(self) -> float:
         """Global scale s of the Gaussian sigma-rescaling route (calibrated-bo.md §1.6 (a2)).
 
-        Least-squares match of the recalibrated quantiles: s = sum_k z_k z~_k / sum_k z_k^2 with z_k = Phi^-1(p_k),
-        z~_k = Phi^-1(R(p_k)) over p_k = 0.05, 0.10, ..., 0.95, leaving out levels whose R(p_k) is clipped
-        (outside [LEVEL_EPS, 1 - LEVEL_EPS]: an infinite quantile has no finite scale). 1 for the identity map.
-        Clipped to [SPREAD_MIN, SPREAD_MAX], as the spread factor is: a biased model's map drops the levels of
-        one tail, and the fit through the origin can then come out negative (-0.56 for a mean 2 sd off with the
-        right spread), which would turn the sigma-route EI to <= 0 everywhere and UCB into LCB.
+        Least-squares match of the recalibrated quantiles: s = sum_k z_k z~_k / sum_k z_k^2 with z_k =
+        Phi^-1(p_k), z~_k = Phi^-1(R(p_k)) over p_k = 0.05, 0.10, ..., 0.95, leaving out levels whose R(p_k)
+        is clipped (outside [LEVEL_EPS, 1 - LEVEL_EPS]: an infinite quantile has no finite scale). 1 for the
+        identity map. Clipped to [SPREAD_MIN, SPREAD_MAX], as the spread factor is: a biased model's map drops
+        the levels of one tail, and the fit through the origin can then come out negative (-0.56 for a mean 2
+        sd off with the right spread), which would turn the sigma-route EI to <= 0 everywhere and UCB into
+        LCB.
         """
         p = torch.arange(1, 20, dtype=torch.float64) / 20
         r = self.map_levels(p)
@@ -256,8 +270,9 @@ class Calibrator(ABC):
             check_same_options(f"calibrator {self.name!r}", self._option_values(), state, self.option_keys)
         if (self.spread_tracker is None) != ("spread" not in state):
             raise QbatchError(f"calibrator {self.name!r}: the state was saved "
-                              f"{'with' if 'spread' in state else 'without'} a spread factor, this calibrator has "
-                              f"{'one' if self.spread_tracker is not None else 'none'} (option `spread`)")
+                              f"{'with' if 'spread' in state else 'without'} a spread factor, this "
+                              f"calibrator has {'one' if self.spread_tracker is not None else 'none'} "
+                              "(option `spread`)")
         self.num_updates = int(state["num_updates"])
         self._set_state(state)
         if self.spread_tracker is not None and "spread" in state:
@@ -273,8 +288,8 @@ class Calibrator(ABC):
     option_keys: tuple[str, ...] = ()
 
     def _option_values(self) -> dict[str, Any]:
-        """This calibrator's values of `option_keys`, compared with a state's by `set_state` (the state by default;
-        a calibrator whose state holds its data returns the options alone)."""
+        """This calibrator's values of `option_keys`, compared with a state's by `set_state` (the state by
+        default; a calibrator whose state holds its data returns the options alone)."""
         return self._get_state()
 
 
@@ -348,12 +363,15 @@ class LevelMap:
     def __call__(self, p: Tensor) -> Tensor:
         """R(p) for `p` of any shape, values in [0, 1]."""
         p = torch.as_tensor(p, dtype=torch.float64)
-        if self.zp.numel() == 0:  # every level at 0 or 1: a step function, flat in p (`0 * p` keeps the graph:
-            # an acquisition built on it must still differentiate, found when PI's optimizer raised on it)
+        if self.zp.numel() == 0:
+            # every level at 0 or 1: a step function, flat in p (`0 * p` keeps the graph: an acquisition built
+            # on it must still differentiate, or PI's optimizer raises on it)
             return torch.where(p <= self.lo_cut, 0.0, torch.where(p >= self.hi_cut, 1.0, 0.5)).to(p) + 0.0 * p
         z = torch.special.ndtri(p.clamp(_P_FLOOR, 1 - _P_FLOOR))
         r = torch.special.ndtr(_interp_extrap(z, self.zp.to(z), self.zf.to(z), self.slope_lo, self.slope_hi))
-        return torch.where(p <= self.lo_cut, torch.zeros_like(r), torch.where(p >= self.hi_cut, torch.ones_like(r), r))
+        return torch.where(
+            p <= self.lo_cut, torch.zeros_like(r), torch.where(p >= self.hi_cut, torch.ones_like(r), r)
+        )
 
     def inverse(self, u: Tensor) -> Tensor:
         """R^{-1}(u) for `u` of any shape, values in [lo_cut, hi_cut]."""
@@ -361,5 +379,7 @@ class LevelMap:
         if self.zp.numel() == 0:  # flat, with the graph kept (see `__call__`)
             return torch.full_like(u, self.lo_cut if self.lo_cut > 0 else self.hi_cut) + 0.0 * u
         z = torch.special.ndtri(u.clamp(_P_FLOOR, 1 - _P_FLOOR))
-        r = torch.special.ndtr(_interp_extrap(z, self.zf.to(z), self.zp.to(z), 1 / self.slope_lo, 1 / self.slope_hi))
+        r = torch.special.ndtr(
+            _interp_extrap(z, self.zf.to(z), self.zp.to(z), 1 / self.slope_lo, 1 / self.slope_hi)
+        )
         return r.clamp(self.lo_cut, self.hi_cut)

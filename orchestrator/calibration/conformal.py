@@ -15,15 +15,16 @@ f | D^_j ~ N(a y^_j + b, s^2) in closed form (EI) rather than with one f-sample 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from orchestrator.calibration.base import Calibrator
-from orchestrator.calibration.options import check_option
 from orchestrator.calibration.locbo import denoise_coefficients
+from orchestrator.calibration.options import check_option
 from orchestrator.checks import check_bool, check_float, check_int
 from orchestrator.errors import InputDataError, UnsupportedError
 
@@ -65,44 +66,69 @@ class ExactGPParts:
     noise_var: float
 
     @classmethod
-    def from_model(cls, model: Any, X_train: Tensor | None = None, Y_train: Tensor | None = None) -> "ExactGPParts":
-        """From a BoTorch `SingleTaskGP` (its train data, covar, mean, noise) or a qbatch `Surrogate` exact GP.
+    def from_model(
+        cls, model: Any, X_train: Tensor | None = None, Y_train: Tensor | None = None
+    ) -> ExactGPParts:
+        """From a BoTorch `SingleTaskGP` (its train data, covar, mean, noise) or a qbatch `Surrogate` exact
+        GP.
 
-        For a `Surrogate`, the Matérn-5/2 parts come from `sparse_parts("f")` (Z = training inputs) and the noise
-        from `posterior_g`; targets are `Y_train` standardized with `outcome_transform` (or `model.train_targets`).
+        For a `Surrogate`, the Matérn-5/2 parts come from `sparse_parts("f")` (Z = training inputs) and the
+        noise from `posterior_g`; targets are `Y_train` standardized with `outcome_transform` (or
+        `model.train_targets`).
         """
         from orchestrator.models.base import Surrogate
 
-        # `model` is the caller's: a qbatch surrogate, which may wrap a BoTorch GP of its own (`ExactGP.model`),
-        # or a BoTorch model; what each one has is read where it may lack it
+        # `model` is the caller's: a qbatch surrogate, which may wrap a BoTorch GP of its own
+        # (`ExactGP.model`), or a BoTorch model; what each one has is read where it may lack it
         inner = getattr(model, "model", None)
-        if isinstance(model, Surrogate) and X_train is None and Y_train is None and hasattr(inner, "train_inputs"):
+        if (
+            isinstance(model, Surrogate)
+            and X_train is None
+            and Y_train is None
+            and hasattr(inner, "train_inputs")
+        ):
             if model.family != "gaussian" or model.num_outputs_latent != 1:
-                raise UnsupportedError(f"conformal sets need an exact Gaussian GP; got family {model.family!r}")
+                raise UnsupportedError("conformal sets need an exact Gaussian GP; got family "
+                                       f"{model.family!r}")
             model = inner  # the exact GP's own BoTorch model, in its standardized units
         if isinstance(model, Surrogate):
             if model.family != "gaussian" or model.num_outputs_latent != 1:
-                raise UnsupportedError(f"conformal sets need an exact Gaussian GP; got family {model.family!r}")
+                raise UnsupportedError("conformal sets need an exact Gaussian GP; got family "
+                                       f"{model.family!r}")
             parts = model.sparse_parts("f")
             X = parts.Z if X_train is None else X_train.to(torch.float64)
             loc, scale = model.outcome_transform
             if Y_train is None:
                 targets = getattr(model, "train_targets", None)
                 if targets is None:
-                    raise InputDataError("Y_train is required for a surrogate that does not expose train_targets")
-                y = torch.as_tensor(targets[0] if isinstance(targets, tuple) else targets, dtype=torch.float64)
+                    raise InputDataError("Y_train is required for a surrogate that does not expose "
+                                         "train_targets")
+                y = torch.as_tensor(
+                    targets[0] if isinstance(targets, tuple) else targets, dtype=torch.float64
+                )
                 y = (y - loc) / scale
             else:
                 y = (Y_train.to(torch.float64).reshape(-1) - loc) / scale
             mu_g, _ = model.posterior_g(X[:1], full_cov=False)
             noise = float(torch.exp(2 * mu_g.reshape(-1)[0]))
-            ls, os_ = parts.lengthscale.detach().to(torch.float64), parts.outputscale.detach().to(torch.float64)
-            return cls(X.detach(), y.detach(), float(parts.constant_mean), lambda A, B: _matern52(A, B, ls, os_), noise)
-        # BoTorch SingleTaskGP, in its model space: its posterior must be in the same units (no outcome transform)
+            ls, os_ = (
+                parts.lengthscale.detach().to(torch.float64),
+                parts.outputscale.detach().to(torch.float64),
+            )
+            return cls(
+                X.detach(),
+                y.detach(),
+                float(parts.constant_mean),
+                lambda A, B: _matern52(A, B, ls, os_),
+                noise,
+            )
+        # BoTorch SingleTaskGP, in its model space: its posterior must be in the same units (no outcome
+        # transform)
         if getattr(model, "outcome_transform", None) is not None:
             raise UnsupportedError(
-                "conformal sets work in the GP's own units: build the SingleTaskGP with outcome_transform=None "
-                "(standardize y yourself); with a transform its posterior and its training targets differ in units"
+                "conformal sets work in the GP's own units: build the SingleTaskGP with "
+                "outcome_transform=None (standardize y yourself); with a transform its posterior and its "
+                "training targets differ in units"
             )
         X = model.train_inputs[0].detach()
         y = model.train_targets.detach().reshape(-1)
@@ -111,14 +137,20 @@ class ExactGPParts:
         def kernel(A: Tensor, B: Tensor) -> Tensor:
             return covar(A, B).to_dense()
 
-        return cls(X, y, float(model.mean_module.constant.detach()), kernel, float(model.likelihood.noise.detach().reshape(-1)[0]))
+        return cls(
+            X,
+            y,
+            float(model.mean_module.constant.detach()),
+            kernel,
+            float(model.likelihood.noise.detach().reshape(-1)[0]),
+        )
 
     def augmented(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Quantities of D^ = D + (x, .) for `b x d` queries.
 
         Returns:
-            (base_resid `b x (n+1)`, slope `b x (n+1)`, v `b x (n+1)`, pred (mu `b`, var_f `b`)) with residual of
-            point i = base_resid_i + slope_i (y^ - mean) and predictive variance v_i under D^.
+            (base_resid `b x (n+1)`, slope `b x (n+1)`, v `b x (n+1)`, pred (mu `b`, var_f `b`)) with residual
+            of point i = base_resid_i + slope_i (y^ - mean) and predictive variance v_i under D^.
         """
         n = self.X.shape[0]
         Xa = torch.cat([self.X.expand(x.shape[0], n, -1), x.unsqueeze(-2)], dim=-2)  # b x (n+1) x d
@@ -126,7 +158,9 @@ class ExactGPParts:
         Kn = K + self.noise_var * torch.eye(n + 1, dtype=K.dtype, device=K.device)
         L = torch.linalg.cholesky(Kn)
         A = torch.cholesky_inverse(L)
-        yc = torch.cat([(self.y - self.mean).expand(x.shape[0], n), torch.zeros(x.shape[0], 1, dtype=K.dtype)], -1)
+        yc = torch.cat(
+            [(self.y - self.mean).expand(x.shape[0], n), torch.zeros(x.shape[0], 1, dtype=K.dtype)], -1
+        )
         base = self.noise_var * (A @ yc.unsqueeze(-1)).squeeze(-1)
         slope = self.noise_var * A[..., :, n]
         S_diag = (K * A).sum(-1)  # diag(K A) (A symmetric)
@@ -143,7 +177,8 @@ class ExactGPParts:
 
 def candidate_labels(mu: Tensor, var_y: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """`k` candidate labels per query from its predictive N(mu, var_y) on a fixed stratified grid
-    y^_j = mu + sd Phi^-1((j - 1/2)/k) (deterministic, so the acquisition surface is smooth), and their log-densities.
+    y^_j = mu + sd Phi^-1((j - 1/2)/k) (deterministic, so the acquisition surface is smooth), and their
+    log-densities.
 
     Returns: (`b x k` labels, `b x k` log p(y^_j | x, D)).
     """
@@ -161,7 +196,8 @@ def conformal_masks(
     """Acceptance of each candidate label (Algorithm 1): `b x k` in [0, 1] (hard 0/1 when `temp` is None).
 
     Args:
-        x: `b x d` queries; labels: `b x k`; weights: `b x (n+1)` normalised importance weights (last = query).
+        x: `b x d` queries; labels: `b x k`; weights: `b x (n+1)` normalised importance weights (last =
+            query).
     """
     base, slope, v, _ = parts.augmented(x)
     yc = (labels - parts.mean).unsqueeze(-1)  # b x k x 1
@@ -179,14 +215,21 @@ def conformal_masks(
     return torch.sigmoid((mass - alpha) / temp)
 
 
-def conformal_interval(parts: ExactGPParts, x: Tensor, alpha: float, k: int = 256, weights: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Hard conformal set of each query on a `k`-label grid over mu -+ 6 sd, as [lowest, highest] accepted label
-    (NaN where nothing is accepted; -inf / +inf where a grid end is accepted, since the set may reach past it:
-    the grid is the GP's own predictive, too narrow when the GP is over-confident). Returns (`b`, `b`)."""
+def conformal_interval(
+    parts: ExactGPParts, x: Tensor, alpha: float, k: int = 256, weights: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """Hard conformal set of each query on a `k`-label grid over mu -+ 6 sd, as [lowest, highest] accepted
+    label (NaN where nothing is accepted; -inf / +inf where a grid end is accepted, since the set may reach
+    past it: the grid is the GP's own predictive, too narrow when the GP is over-confident). Returns (`b`,
+    `b`)."""
     _, _, _, (mu, var_f) = parts.augmented(x)
     sd = (var_f + parts.noise_var).sqrt()
     grid = mu.unsqueeze(-1) + sd.unsqueeze(-1) * torch.linspace(-6, 6, k, dtype=mu.dtype)
-    w = weights if weights is not None else torch.full((x.shape[0], parts.X.shape[0] + 1), 1.0 / (parts.X.shape[0] + 1), dtype=mu.dtype)
+    w = (
+        weights
+        if weights is not None
+        else torch.full((x.shape[0], parts.X.shape[0] + 1), 1.0 / (parts.X.shape[0] + 1), dtype=mu.dtype)
+    )
     m = conformal_masks(parts, x, grid, w, alpha, None) > 0.5
     lo = torch.where(m, grid, torch.full_like(grid, math.inf)).amin(-1)
     hi = torch.where(m, grid, torch.full_like(grid, -math.inf)).amax(-1)
@@ -222,7 +265,8 @@ def conditioned_f(parts: ExactGPParts, mu: Tensor, var_f: Tensor, labels: Tensor
 
 class DensityRatioEstimator(torch.nn.Module):
     """Classifier-based density ratio r(x) = p_query(x)/p_train(x) (conformal-bo.md §1.6): MLP d-64-64-1, last
-    layer zero-initialised so that r = 1 (uniform weights) before training; r = exp(logit) clamped >= RATIO_FLOOR.
+    layer zero-initialised so that r = 1 (uniform weights) before training; r = exp(logit) clamped >=
+    RATIO_FLOOR.
     """
 
     def __init__(self, d: int, hidden: int = 64, seed: int = 0) -> None:
@@ -238,7 +282,9 @@ class DensityRatioEstimator(torch.nn.Module):
         torch.nn.init.zeros_(self.net[-1].weight)
         torch.nn.init.zeros_(self.net[-1].bias)
 
-    def fit(self, X_train: Tensor, X_query: Tensor, steps: int = 256, lr: float = 1e-3, weight_decay: float = 1e-4) -> float:
+    def fit(
+        self, X_train: Tensor, X_query: Tensor, steps: int = 256, lr: float = 1e-3, weight_decay: float = 1e-4
+    ) -> float:
         """Full-batch Adam on BCE (train = 0, query = 1, pos_weight = #neg/#pos); returns the final loss.
 
         Deterministic given the initialization (no sampling).
@@ -250,7 +296,9 @@ class DensityRatioEstimator(torch.nn.Module):
         loss = torch.tensor(0.0)
         for _ in range(steps):
             opt.zero_grad()
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(self.net(X).squeeze(-1), t, pos_weight=pos_weight)
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(
+                self.net(X).squeeze(-1), t, pos_weight=pos_weight
+            )
             loss.backward()
             opt.step()
         return float(loss.detach())
@@ -261,7 +309,8 @@ class DensityRatioEstimator(torch.nn.Module):
 
 
 class ConformalCalibrator(Calibrator):
-    """`calibrator.type: conformal`: settings of the conformal-set acquisition (paper 004) plus online bookkeeping.
+    """`calibrator.type: conformal`: settings of the conformal-set acquisition (paper 004) plus online
+    bookkeeping.
 
     Full conformal sets are recomputed from the data at every proposal (they are not an online map), so this
     calibrator's level map is the identity; what it holds is the miscoverage schedule alpha(n) (fixed `alpha`,

@@ -1,14 +1,14 @@
 """LOCBO: localized online conformal calibration of paper 002 (Kim, Zecchin, Park, Kang, Simeone), locbo.md.
 
-Threshold lambda_t(x) = c_t + g_t(x) (§1.3) with the localization kernel k_g(x, x') = kappa exp(-|x - x'|^2 / l^2)
-(l = inf: non-localized; kappa = 0: plain online CP), updated after each result by
+Threshold lambda_t(x) = c_t + g_t(x) (§1.3) with the localization kernel k_g(x, x') = kappa exp(-|x - x'|^2 /
+l^2) (l = inf: non-localized; kappa = 0: plain online CP), updated after each result by
 c += eta_t (alpha - e_t), g <- (1 - lambda_reg eta_t) g + eta_t (alpha - e_t) k_g(x_t, .), eta_t = eta0 t^-w,
 started at c_1 = alpha, g_1 = 0. The conformity score of §1.2, 2Q(|y - mu| / sigma~), is written through the
 forecast's PIT as 1 - |2u - 1| (equal for a Gaussian forecast, and defined for every family); the set
-{score >= lambda} is mu -+ Phi^-1(1 - lambda/2) sigma~ (eq. 26), covering always for lambda <= 0, never for lambda > 1.
-Module functions give the corrected likelihood (eq. 28), the denoised posterior of f with the corrected tail
-term of §1.5 (Ambiguity A1: the printed eq. 45 is wrong), and its expected improvement (eq. 30), all in the
-standardized units of a Gaussian-likelihood GP: mu, var_f = sigma_f^2 and noise_var = sigma^2.
+{score >= lambda} is mu -+ Phi^-1(1 - lambda/2) sigma~ (eq. 26), covering always for lambda <= 0, never for
+lambda > 1. Module functions give the corrected likelihood (eq. 28), the denoised posterior of f with the
+corrected tail term of §1.5 (Ambiguity A1: the printed eq. 45 is wrong), and its expected improvement (eq.
+30), all in the standardized units of a Gaussian-likelihood GP: mu, var_f = sigma_f^2 and noise_var = sigma^2.
 """
 
 from __future__ import annotations
@@ -59,8 +59,11 @@ def locbo_interval(mu: Tensor, var_f: Tensor, noise_var: Tensor, lam: Tensor) ->
     return mu - z * sd, mu + z * sd
 
 
-def locbo_likelihood(y: Tensor, mu: Tensor, var_f: Tensor, noise_var: Tensor, lam: Tensor, alpha: float) -> Tensor:
-    """Calibrated predictive density of y (eq. 28): (1-alpha)/(U-L) on [L, U], alpha p_GP(y)/lambda outside."""
+def locbo_likelihood(
+    y: Tensor, mu: Tensor, var_f: Tensor, noise_var: Tensor, lam: Tensor, alpha: float
+) -> Tensor:
+    """Calibrated predictive density of y (eq. 28): (1-alpha)/(U-L) on [L, U], alpha p_GP(y)/lambda
+    outside."""
     lam = torch.as_tensor(lam, dtype=mu.dtype).clamp(LAMBDA_MIN, LAMBDA_MAX)
     L, U = locbo_interval(mu, var_f, noise_var, lam)
     sd = (var_f + noise_var).clamp_min(_MIN_STD**2).sqrt()
@@ -69,7 +72,8 @@ def locbo_likelihood(y: Tensor, mu: Tensor, var_f: Tensor, noise_var: Tensor, la
 
 
 def denoise_coefficients(var_f: Tensor, noise_var: Tensor) -> tuple[Tensor, Tensor]:
-    """(a, s^2) of f | D, (x, y') ~ N(a y' + (1 - a) mu, s^2): a = sigma_f^2/sigma~^2, s^2 = sigma_f^2 sigma^2/sigma~^2 (§1.5)."""
+    """(a, s^2) of f | D, (x, y') ~ N(a y' + (1 - a) mu, s^2): a = sigma_f^2/sigma~^2, s^2 = sigma_f^2
+    sigma^2/sigma~^2 (§1.5)."""
     tot = (var_f + noise_var).clamp_min(_MIN_STD**2)
     return var_f / tot, var_f * noise_var / tot
 
@@ -89,7 +93,11 @@ def locbo_posterior_density(
     b = (1 - a) * mu
     s = s2.clamp_min(_MIN_STD**2).sqrt()
     width = (a * (U - L)).clamp_min(1e-300)
-    inside = (1 - alpha) / width * (torch.special.ndtr((a * U + b - f) / s) - torch.special.ndtr((a * L + b - f) / s))
+    inside = (
+        (1 - alpha)
+        / width
+        * (torch.special.ndtr((a * U + b - f) / s) - torch.special.ndtr((a * L + b - f) / s))
+    )
     sf = var_f.clamp_min(_MIN_STD**2).sqrt()
     sn = noise_var.clamp_min(_MIN_STD**2).sqrt()
     tail_prob = 1 - torch.special.ndtr((U - f) / sn) + torch.special.ndtr((L - f) / sn)
@@ -112,12 +120,16 @@ def locbo_expected_improvement(
     """EI = int (f - f*)_+ p_LOCBO(f) df (eq. 30), for maximization; broadcasts over all tensor arguments.
 
     Inside part in closed form (f = a y' + b + s eps with y' uniform on [L, U]:
-    (1-alpha) s^2 [Psi(z_U) - Psi(z_L)] / (a(U-L))); tail part as the closed-form EI of N(mu, sigma_f^2) minus a
-    panelled Gauss-Legendre quadrature of (f - f*)_+ phi_{sigma_f}(f - mu) P(y' in [L, U] | f) (fixed nodes:
+    (1-alpha) s^2 [Psi(z_U) - Psi(z_L)] / (a(U-L))); tail part as the closed-form EI of N(mu, sigma_f^2) minus
+    a panelled Gauss-Legendre quadrature of (f - f*)_+ phi_{sigma_f}(f - mu) P(y' in [L, U] | f) (fixed nodes:
     a smooth surface for L-BFGS, locbo.md A8).
     """
     mu, var_f, noise_var, lam, best_f = torch.broadcast_tensors(
-        mu, var_f, torch.as_tensor(noise_var, dtype=mu.dtype), torch.as_tensor(lam, dtype=mu.dtype), torch.as_tensor(best_f, dtype=mu.dtype)
+        mu,
+        var_f,
+        torch.as_tensor(noise_var, dtype=mu.dtype),
+        torch.as_tensor(lam, dtype=mu.dtype),
+        torch.as_tensor(best_f, dtype=mu.dtype),
     )
     lam = lam.clamp(LAMBDA_MIN, LAMBDA_MAX)
     L, U = locbo_interval(mu, var_f, noise_var, lam)
@@ -127,7 +139,12 @@ def locbo_expected_improvement(
     mL, mU = a * L + b, a * U + b
     width = mU - mL
     wide = width > 1e-6 * s
-    ratio = s * s * (_Psi((mU - best_f) / s) - _Psi((mL - best_f) / s)) / torch.where(wide, width, torch.ones_like(width))
+    ratio = (
+        s
+        * s
+        * (_Psi((mU - best_f) / s) - _Psi((mL - best_f) / s))
+        / torch.where(wide, width, torch.ones_like(width))
+    )
     mid = s * _psi((0.5 * (mL + mU) - best_f) / s)  # a (U - L) -> 0: the uniform collapses to a point
     inside = (1 - alpha) * torch.where(wide, ratio, mid)
     # tail part: alpha/lambda (E[(f - f*)_+] - E[(f - f*)_+ P(y' in [L, U] | f)]) under f ~ N(mu, sigma_f^2);
@@ -149,9 +166,12 @@ def locbo_expected_improvement(
     for lo, hi in zip(edges[:-1], edges[1:]):
         half = (0.5 * (hi - lo)).unsqueeze(-1)
         f = (0.5 * (hi + lo)).unsqueeze(-1) + half * t
-        in_prob = torch.special.ndtr((U.unsqueeze(-1) - f) / sn.unsqueeze(-1)) - torch.special.ndtr((L.unsqueeze(-1) - f) / sn.unsqueeze(-1))
+        in_prob = torch.special.ndtr((U.unsqueeze(-1) - f) / sn.unsqueeze(-1)) - torch.special.ndtr(
+            (L.unsqueeze(-1) - f) / sn.unsqueeze(-1)
+        )
         dens = _phi((f - mu.unsqueeze(-1)) / sf.unsqueeze(-1)) / sf.unsqueeze(-1)
-        inner = inner + half.squeeze(-1) * ((f - best_f.unsqueeze(-1)).clamp_min(0) * dens * in_prob * w).sum(-1)
+        gain = (f - best_f.unsqueeze(-1)).clamp_min(0) * dens * in_prob * w
+        inner = inner + half.squeeze(-1) * gain.sum(-1)
     tail = alpha / lam * (ei_f - inner).clamp_min(0.0)
     return inside + tail
 
@@ -186,13 +206,15 @@ class LOCBOCalibrator(Calibrator):
         super().__init__(spread)
         self.alpha = check_option("alpha", alpha, lambda v: 0 < v < 1)
         self.kappa = check_option("kappa", kappa, lambda v: v >= 0)
-        self.lengthscale = check_option("lengthscale", lengthscale, lambda v: v > 0, allow_inf=True)  # inf: one global threshold
+        # inf: one global threshold
+        self.lengthscale = check_option("lengthscale", lengthscale, lambda v: v > 0, allow_inf=True)
         self.lambda_reg = check_option("lambda_reg", lambda_reg, lambda v: v >= 0)
         self.eta0 = check_option("eta0", eta0, lambda v: v > 0)
         self.decay = check_option("decay", decay, lambda v: v >= 0)
-        if self.lambda_reg * self.eta0 >= 1:  # each step shrinks g by 1 - lambda_reg eta_t: it must stay in (0, 1]
-            raise ConfigError(f"`calibrator.options.lambda_reg` x `calibrator.options.eta0` must be < 1 (locbo.md "
-                              f"Lemma 1: eta_t < 1 / lambda_reg); got {lambda_reg!r} x {eta0!r}")
+        # each step shrinks g by 1 - lambda_reg eta_t: it must stay in (0, 1]
+        if self.lambda_reg * self.eta0 >= 1:
+            raise ConfigError("`calibrator.options.lambda_reg` x `calibrator.options.eta0` must be < 1 "
+                              f"(locbo.md Lemma 1: eta_t < 1 / lambda_reg); got {lambda_reg!r} x {eta0!r}")
         self.c = self.alpha
         self.t = 0
         self.misses = 0
@@ -221,7 +243,9 @@ class LOCBOCalibrator(Calibrator):
 
     def covers(self, forecast: Forecast, y: Tensor, X: Tensor) -> Tensor:
         """y in Gamma_t(x) = {score >= lambda_t(x)} with the current threshold: `n` bool."""
-        return self.score(forecast, y) >= self.threshold(torch.as_tensor(X, dtype=torch.float64).reshape(len(forecast), -1))
+        return self.score(forecast, y) >= self.threshold(
+            torch.as_tensor(X, dtype=torch.float64).reshape(len(forecast), -1)
+        )
 
     def _update_one(self, forecast: Forecast, y: Tensor, x: Tensor | None) -> None:
         if x is None:
@@ -234,8 +258,11 @@ class LOCBOCalibrator(Calibrator):
         if self.centers.numel() == 0:
             self.centers = torch.empty(0, xs.shape[-1], dtype=torch.float64)
         elif self.centers.shape[-1] != xs.shape[-1]:
-            raise InputDataError(f"x has {xs.shape[-1]} dimensions; earlier results had {self.centers.shape[-1]}")
-        self.coefs = torch.cat([self.coefs * (1 - self.lambda_reg * eta_t), torch.tensor([step], dtype=torch.float64)])
+            raise InputDataError(f"x has {xs.shape[-1]} dimensions; earlier results had "
+                                 f"{self.centers.shape[-1]}")
+        self.coefs = torch.cat(
+            [self.coefs * (1 - self.lambda_reg * eta_t), torch.tensor([step], dtype=torch.float64)]
+        )
         self.centers = torch.cat([self.centers, xs])
         self.c += step
         self.misses += int(e)
@@ -244,9 +271,17 @@ class LOCBOCalibrator(Calibrator):
 
     def _get_state(self) -> dict[str, Any]:
         return {
-            "alpha": self.alpha, "kappa": self.kappa, "lengthscale": self.lengthscale, "lambda_reg": self.lambda_reg,
-            "eta0": self.eta0, "decay": self.decay, "c": self.c, "t": self.t, "misses": self.misses,
-            "centers": self.centers.clone(), "coefs": self.coefs.clone(),
+            "alpha": self.alpha,
+            "kappa": self.kappa,
+            "lengthscale": self.lengthscale,
+            "lambda_reg": self.lambda_reg,
+            "eta0": self.eta0,
+            "decay": self.decay,
+            "c": self.c,
+            "t": self.t,
+            "misses": self.misses,
+            "centers": self.centers.clone(),
+            "coefs": self.coefs.clone(),
         }
 
     def _set_state(self, state: dict[str, Any]) -> None:

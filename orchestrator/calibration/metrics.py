@@ -11,7 +11,8 @@ Every function also accepts a `CalibratedForecast` (anything with `.cdf`), to sc
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -52,12 +53,14 @@ def _as_pit(u: Tensor | Sequence[float]) -> Tensor:
     bad = (u < 0) | (u > 1) | ~torch.isfinite(u)
     if bad.any():
         i = int(bad.nonzero()[0])
-        raise InputDataError(f"PIT values must lie in [0, 1]; {int(bad.sum())} of {u.numel()} do not, the first "
-                             f"u[{i}] = {u[i].item()}")
+        raise InputDataError(f"PIT values must lie in [0, 1]; {int(bad.sum())} of {u.numel()} do not, the "
+                             f"first u[{i}] = {u[i].item()}")
     return u
 
 
-def interval_coverage(u: Tensor | Sequence[float], levels: Sequence[float] = COVERAGE_LEVELS) -> dict[float, float]:
+def interval_coverage(
+    u: Tensor | Sequence[float], levels: Sequence[float] = COVERAGE_LEVELS
+) -> dict[float, float]:
     """Fraction of PITs inside each central interval: {c: mean 1{|2u - 1| <= c}} (NaN when empty)."""
     u = _as_pit(u)
     if u.numel() == 0:

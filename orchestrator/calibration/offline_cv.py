@@ -1,4 +1,5 @@
-"""Offline cross-validated recalibration of paper 001 (Kuleshov et al. 2018 inside BO), calibrated-bo.md §1.2–1.3.
+"""Offline cross-validated recalibration of paper 001 (Kuleshov et al. 2018 inside BO), calibrated-bo.md
+§1.2–1.3.
 
 CALIBRATE(M, D): refit the base model on folds of the data, collect out-of-fold forecasts and PIT values
 u_i = F_{-i}(y_i), and fit a monotone recalibrator R on (u_i, P̂(u_i)), P̂ the empirical CDF of the PITs:
@@ -8,7 +9,8 @@ calibrated CDF is F~ = R(F), so the level map is R^-1. Splits: leave-one-out, or
 splits (train on the first i points, test on point i+1, for the last `n_splits` points). The sigma-rescaling
 mode (§1.6 (a1)) keeps mu and scales sigma by s, s^2 = mean_i z_i^2 of the out-of-fold standardized residuals.
 Refits need the data: `update` stores the completed (x, y) of a batch and rebuilds the recalibrator (with fold
-refits) once when `refit_every` or more results have come in; `fit(X, Y)` replaces the data (e.g. with the initial design) and rebuilds now.
+refits) once when `refit_every` or more results have come in; `fit(X, Y)` replaces the data (e.g. with the
+initial design) and rebuilds now.
 Reading the map never refits, so acquisitions stay cheap. Refits reuse earlier folds: a time-series fold
 trains on a prefix of the data, which appending results never changes, so its forecast is kept and reused
 (only the newest fold is fitted at each step); a LOO fold's model is kept and refitted warm-started from
@@ -19,7 +21,8 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -71,7 +74,8 @@ def cv_forecasts(
         k = n - MIN_TRAIN if n_splits is None else min(int(n_splits), n - MIN_TRAIN)
         tests = list(range(n - k, n))
     else:
-        raise ConfigError(f"`calibrator.options.splits` must be one of ['loo', 'time-series']; got {splits!r}")
+        raise ConfigError("`calibrator.options.splits` must be one of ['loo', 'time-series']; got "
+                          f"{splits!r}")
     records, idx = [], []
     for i in tests:
         train = torch.arange(n) != i if splits == "loo" else torch.arange(n) < i
@@ -112,9 +116,10 @@ class OfflineCVCalibrator(Calibrator):
     """`calibrator.type: offline-cv`.
 
     Args:
-        model_factory: callable returning a fresh `Surrogate` (default: `build_model(model, **model_options)`).
-        model: model name for the default factory ("exact-gp"). In a run (`AskTellOptimizer`) the default is the
-            run's own model, with its options and tau: the spec's folds refit "the same model class as M"
+        model_factory: callable returning a fresh `Surrogate` (default: `build_model(model,
+            **model_options)`).
+        model: model name for the default factory ("exact-gp"). In a run (`AskTellOptimizer`) the default is
+            the run's own model, with its options and tau: the spec's folds refit "the same model class as M"
             (calibrated-bo.md §1.3); set `model: exact-gp` for a cheaper stand-in of a heteroscedastic SVGP.
         model_options: options of the default factory.
         splits: "loo" (default, both papers' main text) or "time-series".
@@ -150,24 +155,29 @@ class OfflineCVCalibrator(Calibrator):
     ) -> None:
         super().__init__(spread)
         if splits not in ("loo", "time-series"):
-            raise ConfigError(f"`calibrator.options.splits` must be one of ['loo', 'time-series']; got {splits!r}")
+            raise ConfigError("`calibrator.options.splits` must be one of ['loo', 'time-series']; got "
+                              f"{splits!r}")
         if regressor not in ("isotonic", "gp", "online"):
-            raise ConfigError(f"`calibrator.options.regressor` must be one of ['gp', 'isotonic', 'online']; got {regressor!r}")
+            raise ConfigError("`calibrator.options.regressor` must be one of ['gp', 'isotonic', 'online']; "
+                              f"got {regressor!r}")
         if mode not in ("quantile", "sigma"):
             raise ConfigError(f"`calibrator.options.mode` must be one of ['quantile', 'sigma']; got {mode!r}")
         refit_every = check_int("`calibrator.options.refit_every`", refit_every, 1)
         min_points = check_int("`calibrator.options.min_points`", min_points, MIN_TRAIN + 1)
         n_splits = check_int("`calibrator.options.n_splits`", n_splits, 1, optional=True,
                              must="an integer >= 1 or null")
-        if n_splits is not None and splits != "time-series":  # LOO holds out every point: n_splits would be ignored
+        # LOO holds out every point: n_splits would be ignored
+        if n_splits is not None and splits != "time-series":
             raise ConfigError(
-                f"`calibrator.options.n_splits` is read only with splits 'time-series'; got n_splits {n_splits!r} "
-                f"with splits {splits!r} (leave-one-out holds out every point)"
+                "`calibrator.options.n_splits` is read only with splits 'time-series'; got n_splits "
+                f"{n_splits!r} with splits {splits!r} (leave-one-out holds out every point)"
             )
         if model_factory is None:
-            # checked here: wrong types would be a ValueError / TypeError traceback from dict() or the model table
+            # checked here: wrong types would be a ValueError / TypeError traceback from dict() or the model
+            # table
             if not isinstance(model, str):
-                raise ConfigError(f"`calibrator.options.model` must be a model name (a string); got {model!r}")
+                raise ConfigError("`calibrator.options.model` must be a model name (a string); got "
+                                  f"{model!r}")
             if model_options is not None and not isinstance(model_options, Mapping):
                 raise ConfigError(f"`calibrator.options.model_options` must be a mapping of option names to "
                                   f"values; got {model_options!r}")
@@ -176,7 +186,8 @@ class OfflineCVCalibrator(Calibrator):
             # it) pickles
             model_factory = functools.partial(_build_model, model, opts)
 
-            try:  # once now: a bad `model` or `model_options` is refused before the run, not at its first refit
+            # once now: a bad `model` or `model_options` is refused before the run, not at its first refit
+            try:
                 model_factory()
             except ConfigError as exc:
                 raise ConfigError(f"`calibrator.options` (model {model!r}, model_options {opts}): "
@@ -184,7 +195,11 @@ class OfflineCVCalibrator(Calibrator):
 
         self.model_factory = model_factory
         self.splits, self.n_splits, self.regressor, self.mode = splits, n_splits, regressor, mode
-        self.refit_every, self.min_points, self.eta = refit_every, min_points, check_option("eta", eta, lambda v: v > 0)
+        self.refit_every, self.min_points, self.eta = (
+            refit_every,
+            min_points,
+            check_option("eta", eta, lambda v: v > 0),
+        )
         self.X = torch.empty(0, 0, dtype=torch.float64)
         self.Y = torch.empty(0, dtype=torch.float64)
         self._since = 0
@@ -192,15 +207,18 @@ class OfflineCVCalibrator(Calibrator):
         self._scale = 1.0
         self.pits = torch.empty(0, dtype=torch.float64)
         self._z_rms = 1.0
-        self._folds: dict[int, Any] = {}  # cv_forecasts' time-series cache (not state: the same fits rebuild it)
+        # cv_forecasts' time-series cache (not state: the same fits rebuild it)
+        self._folds: dict[int, Any] = {}
 
     # ------------------------------------------------------------------ data
-    def update(self, forecast: Forecast, y: Tensor | float | Sequence[float], X: Tensor | None = None) -> None:
+    def update(
+        self, forecast: Forecast, y: Tensor | float | Sequence[float], X: Tensor | None = None
+    ) -> None:
         """Append the `n` results (ask order) and recalibrate once for all of them.
 
-        The recorded forecasts are not used: this calibrator makes its own, out of fold. Taking a batch's results
-        one by one, as `Calibrator.update` does, would refit the folds after each point and throw that work
-        away at the next one. The spread factor, if any, still steps once per result.
+        The recorded forecasts are not used: this calibrator makes its own, out of fold. Taking a batch's
+        results one by one, as `Calibrator.update` does, would refit the folds after each point and throw that
+        work away at the next one. The spread factor, if any, still steps once per result.
         """
         forecast, yt, X = as_observations(forecast, y, X)
         if X is None:
@@ -253,7 +271,9 @@ class OfflineCVCalibrator(Calibrator):
                 warm.get_state()
             except NotImplementedError:  # a model without state: cold folds
                 warm = None
-        fc, y, _ = cv_forecasts(self.model_factory, self.X, self.Y, self.splits, self.n_splits, self._folds, warm)
+        fc, y, _ = cv_forecasts(
+            self.model_factory, self.X, self.Y, self.splits, self.n_splits, self._folds, warm
+        )
         self.pits = fc.cdf(y).clamp(0.0, 1.0)
         z = (y - fc.mean()) / fc.variance().clamp_min(1e-300).sqrt()
         self._z_rms = float(z.pow(2).mean().sqrt())
@@ -292,22 +312,23 @@ class OfflineCVCalibrator(Calibrator):
             iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip", increasing=True)
             iso.fit(np.concatenate([[0.0], u, [1.0]]), np.concatenate([[0.0], p_hat, [1.0]]))
             return np.clip(iso.predict(_GRID), 0.0, 1.0)
+        from scipy.stats import norm
         from sklearn.gaussian_process import GaussianProcessRegressor
         from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
-
-        from scipy.stats import norm
 
         # regress in probit coordinates of u: an over-confident forecast puts its PITs at 1e-10 and 1 - 1e-10,
         # where R is steep in u but smooth in Phi^-1(u)
         def z(v: np.ndarray) -> np.ndarray:
             return norm.ppf(np.clip(v, 1e-12, 1 - 1e-12))[:, None]
 
-        # the GP models R(u) - u, so that away from the PITs it falls back to the identity (calibrated), not to
-        # the mean of p-hat: that would hold R at ~0.46 from u = 1e-4 to the median for uniform PITs, a point
-        # mass at -inf; made monotone by isotonic regression, not a running maximum
+        # the GP models R(u) - u, so that away from the PITs it falls back to the identity (calibrated), not
+        # to the mean of p-hat: that would hold R at ~0.46 from u = 1e-4 to the median for uniform PITs, a
+        # point mass at -inf; made monotone by isotonic regression, not a running maximum
         from sklearn.isotonic import IsotonicRegression
 
-        gp = GaussianProcessRegressor(ConstantKernel(1.0) * RBF(1.0) + WhiteKernel(1e-3), normalize_y=True, random_state=0)
+        gp = GaussianProcessRegressor(
+            ConstantKernel(1.0) * RBF(1.0) + WhiteKernel(1e-3), normalize_y=True, random_state=0
+        )
         gp.fit(z(u), p_hat - u)
         r = np.clip(_GRID + gp.predict(z(_GRID)), 0.0, 1.0)
         return np.clip(IsotonicRegression(increasing=True).fit(_GRID, r).predict(_GRID), 0.0, 1.0)
@@ -329,7 +350,7 @@ class OfflineCVCalibrator(Calibrator):
         """s of the sigma route: (a1) in sigma mode, the (a2) fit of the map otherwise."""
         return self._scale if self._map is not None else 1.0
 
-    # ------------------------------------------------------------------ state (data and PITs; the map is rebuilt without refits)
+    # ----------------------------------------------- state (data and PITs; the map is rebuilt without refits)
     #: a state restored into a calibrator built otherwise would rebuild its map with these options, not the
     #: saved ones (a sigma-mode state would restore silently into a GP-regressor calibrator); the model
     #: factory is not compared (a run passes its own model)

@@ -4,19 +4,21 @@ Per level p_k, online gradient descent on the quantile pinball loss of the PIT v
 q_{k, t+1} = q_{k, t} + eta (p_k - 1{u_t <= q_{k, t}}), the spec's corrected sign of eq. (9) (the paper prints
 q_t = +eta sum g_s). Started at q = p (identity map). Guarantee (Thm 4.2, eq. 10), for any sequence:
 |(1/T) sum_t 1{u_t <= q_{k, t}} - p_k| <= (1 + eta) / (eta T). Per-level trajectories can cross
-(spec caveat to Lemma 4), so the map R(p) interpolates monotone levels: by default their isotonic fit (pool adjacent violators,
-`rearrangement="isotonic"`), or the sorted levels (`rearrangement="sort"`, monotone rearrangement).
-`update` (the optimizer's flush passes the results told since the last ask, one batch's in a synchronous run)
-scores them at the levels in force, those the batch was proposed with in a synchronous run, and takes one step
-with their mean gradient (§4.3): then T in the bounds counts asks, not results. `update_pit` steps once per PIT value.
-`OnlineIntervalCalibrator` is the conformal interval variant: two levels (1 -+ c)/2 per coverage c
+(spec caveat to Lemma 4), so the map R(p) interpolates monotone levels: by default their isotonic fit (pool
+adjacent violators, `rearrangement="isotonic"`), or the sorted levels (`rearrangement="sort"`, monotone
+rearrangement). `update` (the optimizer's flush passes the results told since the last ask, one batch's in a
+synchronous run) scores them at the levels in force, those the batch was proposed with in a synchronous run,
+and takes one step
+with their mean gradient (§4.3): then T in the bounds counts asks, not results. `update_pit` steps once per
+PIT value. `OnlineIntervalCalibrator` is the conformal interval variant: two levels (1 -+ c)/2 per coverage c
 (ACI on PIT scores, miscoverage -> 1 - c at rate 2(1 + eta)/(eta T), T steps).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,9 +31,11 @@ from orchestrator.models.predictive import Forecast
 
 __all__ = ["OnlineQuantileRecalibrator", "OnlineIntervalCalibrator", "DEFAULT_LEVELS", "DEFAULT_ETA"]
 
-#: default level grid: 0.05, 0.10, ..., 0.95 plus 0.01, 0.025, 0.975, 0.99 (the paper leaves K open, spec §1.5);
-#: it holds both ends of the central 50/80/90% intervals
-DEFAULT_LEVELS: tuple[float, ...] = (0.01, 0.025) + tuple(round(0.05 * k, 2) for k in range(1, 20)) + (0.975, 0.99)
+#: default level grid: 0.05, 0.10, ..., 0.95 plus 0.01, 0.025, 0.975, 0.99 (the paper leaves K open, spec
+#: §1.5); it holds both ends of the central 50/80/90% intervals
+DEFAULT_LEVELS: tuple[float, ...] = (
+    (0.01, 0.025) + tuple(round(0.05 * k, 2) for k in range(1, 20)) + (0.975, 0.99)
+)
 #: default OGD step size eta (spec §1.5: not given in the paper); bound (1+eta)/(eta T) = 0.037 after T = 300
 #: steps (300 results one at a time, or 300 batches).
 #: Larger steps make neighbouring levels of the default grid cross more often, and the rearrangement then
@@ -43,9 +47,11 @@ def _check_levels(levels: Sequence[float], key: str = "levels") -> np.ndarray:
     try:
         lv = np.unique(np.asarray([float(v) for v in levels], dtype=np.float64))
     except (TypeError, ValueError):
-        raise ConfigError(f"`calibrator.options.{key}` must be a list of numbers in (0, 1); got {levels!r}") from None
+        raise ConfigError(f"`calibrator.options.{key}` must be a list of numbers in (0, 1); got "
+                          f"{levels!r}") from None
     if lv.size == 0 or not np.all((lv > 0) & (lv < 1)):
-        raise ConfigError(f"`calibrator.options.{key}` must be non-empty, each in (0, 1); got {list(levels)!r}")
+        raise ConfigError(f"`calibrator.options.{key}` must be non-empty, each in (0, 1); got "
+                          f"{list(levels)!r}")
     return lv
 
 
@@ -77,7 +83,8 @@ class OnlineQuantileRecalibrator(Calibrator):
         self.levels = _check_levels(levels)
         self.eta = _check_eta(eta)
         if rearrangement not in ("isotonic", "sort"):
-            raise ConfigError(f"`calibrator.options.rearrangement` must be one of ['isotonic', 'sort']; got {rearrangement!r}")
+            raise ConfigError("`calibrator.options.rearrangement` must be one of ['isotonic', 'sort']; got "
+                              f"{rearrangement!r}")
         self.rearrangement = rearrangement
         self.reset()
 
@@ -101,10 +108,11 @@ class OnlineQuantileRecalibrator(Calibrator):
         The batch's points were proposed under one map, so that is the map their results are scored against.
         Stepping once per result instead (`update_pit`) scores most of them at levels their proposals never
         used, and the map the proposals did use then covers too much: 0.957 of a central 90% interval with
-        batches of 10 and eta 0.1 on an over-confident model (`tests/orchestrator/calibration/test_online.py`).
-        Summing the steps, as the spec's §4.3 writes it, widens Lemma 3's range to [-B eta, 1 + B eta]; the
-        mean keeps q in [-eta, 1 + eta], and the bound of eq. (10) holds for the mean coverage of the batches
-        at their own levels, |(1/N) sum_b mean_i 1{u_bi <= q_kb} - p_k| <= (1 + eta) / (eta N) over N batches.
+        batches of 10 and eta 0.1 on an over-confident model
+        (`tests/orchestrator/calibration/test_online.py`). Summing the steps, as the spec's §4.3 writes it,
+        widens Lemma 3's range to [-B eta, 1 + B eta]; the mean keeps q in [-eta, 1 + eta], and the bound of
+        eq. (10) holds for the mean coverage of the batches at their own levels, |(1/N) sum_b mean_i 1{u_bi <=
+        q_kb} - p_k| <= (1 + eta) / (eta N) over N batches.
         """
         v = torch.as_tensor(u, dtype=torch.float64).reshape(-1).numpy()
         if v.size:
@@ -119,17 +127,17 @@ class OnlineQuantileRecalibrator(Calibrator):
         self._map = None
 
     def _update_results(self, forecast: Forecast, y: Tensor, X: Tensor | None) -> None:
-        # the results told since the last ask (the optimizer's flush): one step at the levels in force, those the
-        # batch was proposed with in a synchronous run. In a streaming run they come from batches proposed under
-        # earlier maps; scoring them at those (delayed-feedback OGD, a snapshot per open batch) was measured worse
-        # with many small batches in flight, whose stale steps overshoot: 0.937 of a central 90% interval with
-        # 16 single-point batches, against 0.905 (test_online.py's streaming test)
+        # the results told since the last ask (the optimizer's flush): one step at the levels in force, those
+        # the batch was proposed with in a synchronous run. In a streaming run they come from batches proposed
+        # under earlier maps; scoring them at those (delayed-feedback OGD, a snapshot per open batch) was
+        # measured worse with many small batches in flight, whose stale steps overshoot: 0.937 of a central
+        # 90% interval with 16 single-point batches, against 0.905 (test_online.py's streaming test)
         self.update_pit_batch(forecast.cdf(y))
 
     def coverage(self) -> np.ndarray:
-        """(1/T) sum_t 1{u_t <= q_{k,t}} per level, each result scored at the levels it was scored against (its
-        batch's, for `update_pit_batch`): the frequency the theorem bounds, for batches the mean over batches when
-        they are of one size (NaN before any update)."""
+        """(1/T) sum_t 1{u_t <= q_{k,t}} per level, each result scored at the levels it was scored against
+        (its batch's, for `update_pit_batch`): the frequency the theorem bounds, for batches the mean over
+        batches when they are of one size (NaN before any update)."""
         return self.hits / self.T if self.T else np.full_like(self.levels, np.nan)
 
     # ------------------------------------------------------------------ the map
@@ -190,12 +198,20 @@ class OnlineIntervalCalibrator(OnlineQuantileRecalibrator):
     name = "online-interval"
 
     def __init__(
-        self, coverages: Sequence[float] = (0.5, 0.8, 0.9), eta: float = DEFAULT_ETA, rearrangement: str = "isotonic",
+        self,
+        coverages: Sequence[float] = (0.5, 0.8, 0.9),
+        eta: float = DEFAULT_ETA,
+        rearrangement: str = "isotonic",
         spread: Any = None,
     ) -> None:
         cov = _check_levels(coverages, "coverages")
         self.coverages = cov
-        super().__init__(levels=np.concatenate([(1 - cov) / 2, (1 + cov) / 2]), eta=eta, rearrangement=rearrangement, spread=spread)
+        super().__init__(
+            levels=np.concatenate([(1 - cov) / 2, (1 + cov) / 2]),
+            eta=eta,
+            rearrangement=rearrangement,
+            spread=spread,
+        )
 
     def interval_levels(self, coverage: float) -> tuple[float, float]:
         """Raw (lo, hi) OGD levels of the nominal `coverage` (must be one of `coverages`), sorted."""
@@ -215,7 +231,7 @@ class OnlineIntervalCalibrator(OnlineQuantileRecalibrator):
         qs = forecast.quantile(inner) if inner else torch.empty(n, 0, dtype=torch.float64)
         j = 0
         ends = []
-        for v, inf in ((lo, -math.inf), (hi, math.inf)):
+        for v in (lo, hi):
             if 0 < v < 1:
                 ends.append(qs[:, j])
                 j += 1

@@ -4,7 +4,8 @@ saved state's options against the calibrator it is restored into (`check_same_op
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -26,8 +27,8 @@ def check_option(key: str, value: Any, ok: Callable[[float], bool], allow_inf: b
 
 def check_same_options(what: str, current: dict[str, Any], stored: dict[str, Any], keys: Sequence[str],
                        names: dict[str, str] | None = None) -> None:
-    """`QbatchError` naming the option keys whose values differ between `current` and `stored` states (by their
-    config names, `names`, where they differ from the state's keys)."""
+    """`QbatchError` naming the option keys whose values differ between `current` and `stored` states (by
+    their config names, `names`, where they differ from the state's keys)."""
     def same(a: Any, b: Any) -> bool:
         if torch.is_tensor(a) or torch.is_tensor(b):
             a, b = torch.as_tensor(a), torch.as_tensor(b)
@@ -38,5 +39,5 @@ def check_same_options(what: str, current: dict[str, Any], stored: dict[str, Any
     if differ:
         name = (names or {}).get
         raise QbatchError(f"{what}: the state was saved with other options {[name(k, k) for k in differ]} "
-                          f"({', '.join(f'{name(k, k)}={stored[k]!r}' for k in differ)}); build it with those "
-                          f"options to restore it")
+                          f"({', '.join(f'{name(k, k)}={stored[k]!r}' for k in differ)}); build it with "
+                          f"those options to restore it")

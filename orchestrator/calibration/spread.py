@@ -46,7 +46,9 @@ SPREAD_MAX = 10.0
 def scaled_forecast(forecast: Forecast, s: Tensor | float) -> Forecast:
     """The forecast with the posterior variance of f multiplied by s^2 (`s` scalar or `n`)."""
     s = torch.as_tensor(s, dtype=torch.float64)
-    return Forecast(forecast.family, forecast.tau, forecast.mu_f, forecast.var_f * s * s, forecast.mu_g, forecast.var_g)
+    return Forecast(
+        forecast.family, forecast.tau, forecast.mu_f, forecast.var_f * s * s, forecast.mu_g, forecast.var_g
+    )
 
 
 #: `calibrator.options` key -> SpreadTracker argument (the mode is the option `spread` itself)
@@ -88,7 +90,8 @@ class SpreadTracker:
         s_max: float = SPREAD_MAX,
     ) -> None:
         if mode not in ("global", "local"):
-            raise ConfigError(f"`calibrator.options.spread` must be one of ['global', 'local', 'off']; got {mode!r}")
+            raise ConfigError("`calibrator.options.spread` must be one of ['global', 'local', 'off']; got "
+                              f"{mode!r}")
         for key, v, ok in (
             ("spread_coverage", coverage, lambda v: 0 < v < 1),
             ("spread_eta", eta, lambda v: v > 0),
@@ -99,9 +102,10 @@ class SpreadTracker:
             ("spread_max", s_max, lambda v: v >= 1),
         ):
             check_option(key, v, ok)
-        if mode == "local" and lambda_reg * eta >= 1:  # each step shrinks the local term by 1 - lambda_reg eta_t
-            raise ConfigError(f"`calibrator.options.spread_lambda_reg` x `calibrator.options.spread_eta` must be < 1; "
-                              f"got {lambda_reg!r} x {eta!r}")
+        # each step shrinks the local term by 1 - lambda_reg eta_t
+        if mode == "local" and lambda_reg * eta >= 1:
+            raise ConfigError("`calibrator.options.spread_lambda_reg` x `calibrator.options.spread_eta` "
+                              f"must be < 1; got {lambda_reg!r} x {eta!r}")
         self.mode = mode
         self.coverage = float(coverage)
         self.eta = float(eta)
@@ -139,7 +143,8 @@ class SpreadTracker:
 
     @staticmethod
     def sensitivity(forecast: Forecast, s: Tensor | float) -> float:
-        """r = s^2 var_f / Var[y] of the first point of `forecast` with f widened by s: d log(width)/d log s."""
+        """r = s^2 var_f / Var[y] of the first point of `forecast` with f widened by s: d log(width)/d log
+        s."""
         scaled = scaled_forecast(forecast[:1], s)
         total = float(scaled.variance()[0])
         return float(scaled.var_f[0]) / total if total > 0 else 1.0
@@ -151,7 +156,11 @@ class SpreadTracker:
         self.t += 1
         xs = None if x is None else torch.as_tensor(x, dtype=torch.float64).reshape(1, -1)
         lo, hi = math.log(self.s_min), math.log(self.s_max)
-        s = self(xs)[0] if xs is not None else torch.tensor(math.exp(min(max(self.log_s, lo), hi)), dtype=torch.float64)
+        s = (
+            self(xs)[0]
+            if xs is not None
+            else torch.tensor(math.exp(min(max(self.log_s, lo), hi)), dtype=torch.float64)
+        )
         e = float(self.miss(forecast, y, s)[0])
         grad = (e - (1.0 - self.coverage)) * self.sensitivity(forecast, s)
         # the global term is kept inside the clip range so that a long run of misses cannot wind it up
@@ -162,7 +171,12 @@ class SpreadTracker:
             self.log_s = min(max(self.log_s + eta_t * grad, lo), hi)
             if self.centers.numel() == 0:
                 self.centers = torch.empty(0, xs.shape[-1], dtype=torch.float64)
-            self.coefs = torch.cat([self.coefs * (1 - self.lambda_reg * eta_t), torch.tensor([eta_t * grad], dtype=torch.float64)])
+            self.coefs = torch.cat(
+                [
+                    self.coefs * (1 - self.lambda_reg * eta_t),
+                    torch.tensor([eta_t * grad], dtype=torch.float64),
+                ]
+            )
             self.centers = torch.cat([self.centers, xs])
         self.misses += int(e)
 
@@ -191,44 +205,49 @@ def attach(calibrator: CalibratorProtocol, proposer: ProposerProtocol) -> Propos
       `proposer.spread = calibrator.spread`, or None when the calibrator has no spread tracker (`none`, or
       `spread: off`).
     - Proposers that read a calibrator (`uses_calibrator`: `AcquisitionProposer`) get the calibrator itself.
-    - A calibrator marked `acquisition_only` (conformal, offline-cv) is refused by the others: its options would do nothing.
-    - Options the proposer would never read are refused: a calibrator's own options (`eta`, `levels`, `alpha`, ...)
-      or `spread: off` with a spread-only proposer, `spread`/`spread_*` with `AcquisitionProposer`.
+    - A calibrator marked `acquisition_only` (conformal, offline-cv) is refused by the others: its options
+      would do nothing.
+    - Options the proposer would never read are refused: a calibrator's own options (`eta`, `levels`, `alpha`,
+      ...) or `spread: off` with a spread-only proposer, `spread`/`spread_*` with `AcquisitionProposer`.
 
     Returns:
         the proposer.
 
     Raises:
-        UnsupportedError: the proposer has neither hook, or only a `spread` hook for an `acquisition_only` calibrator.
+        UnsupportedError: the proposer has neither hook, or only a `spread` hook for an `acquisition_only`
+            calibrator.
     """
     from orchestrator.errors import UnsupportedError
 
-    # `attach` is public: a proposer of user code need not subclass `Proposer`, and one without these flags has
-    # neither hook
+    # `attach` is public: a proposer of user code need not subclass `Proposer`, and one without these flags
+    # has neither hook
     uses_spread = bool(getattr(proposer, "uses_spread", False))
     uses_calibrator = bool(getattr(proposer, "uses_calibrator", False))
     if calibrator.acquisition_only and not uses_calibrator:
         raise UnsupportedError(
-            f"calibrator {calibrator.name!r} acts only inside the acquisition of proposer 'calibrated' (EI or UCB); "
-            f"{type(proposer).__name__} would use its spread factor alone, which 'online-interval' gives")
+            f"calibrator {calibrator.name!r} acts only inside the acquisition of proposer 'calibrated' (EI "
+            f"or UCB); {type(proposer).__name__} would use its spread factor alone, which 'online-interval' "
+            "gives")
     given, given_spread = calibrator.given_options, calibrator.given_spread_options
     if uses_spread and not uses_calibrator:
         if given:
             raise UnsupportedError(
-                f"`calibrator.options` {list(given)} act only inside the acquisition of proposer 'calibrated'; "
-                f"{type(proposer).__name__} uses the calibrator's spread factor alone (options 'spread', 'spread_*'): "
-                f"remove them (to resume a run made before this check, from its config.yaml)")
+                f"`calibrator.options` {list(given)} act only inside the acquisition of proposer "
+                f"'calibrated'; {type(proposer).__name__} uses the calibrator's spread factor alone (options "
+                "'spread', 'spread_*'): remove them (to resume a run made before this check, from its "
+                "config.yaml)")
         if calibrator.spread_tracker is None and calibrator.name != "none":
             raise UnsupportedError(
-                f"with `spread: off` calibrator {calibrator.name!r} does nothing for {type(proposer).__name__}, "
-                f"which uses only the spread factor")
+                f"with `spread: off` calibrator {calibrator.name!r} does nothing for "
+                f"{type(proposer).__name__}, which uses only the spread factor")
     if uses_calibrator and not uses_spread and given_spread:
         raise UnsupportedError(
-            f"`calibrator.options` {list(given_spread)} set the spread factor of Thompson sampling and Q-GIBBON; "
-            f"{type(proposer).__name__} does not use it: remove them (to resume a run made before this check, from "
-            f"its config.yaml)")
+            f"`calibrator.options` {list(given_spread)} set the spread factor of Thompson sampling and "
+            f"Q-GIBBON; {type(proposer).__name__} does not use it: remove them (to resume a run made before "
+            f"this check, from its config.yaml)")
     if not (uses_spread or uses_calibrator):
-        raise UnsupportedError(f"{type(proposer).__name__} has no `spread` or `calibrator` hook to attach a calibrator to")
+        raise UnsupportedError(f"{type(proposer).__name__} has no `spread` or `calibrator` hook to attach a "
+                               "calibrator to")
     if uses_calibrator:
         proposer.calibrator = calibrator
     if uses_spread:

@@ -13,10 +13,22 @@ ones. The parts:
 
 from __future__ import annotations
 
-from orchestrator.config.experiment import ComponentConfig, ExperimentConfig, FailureGuardConfig, ObjectiveConfig
+from orchestrator.config.experiment import (
+    ComponentConfig,
+    ExperimentConfig,
+    FailureGuardConfig,
+    ObjectiveConfig,
+)
 from orchestrator.config.loading import MAX_CONFIG_BYTES, load_config, load_config_text  # noqa: F401
 from orchestrator.config.schema import (  # noqa: F401 -- the table and bounds: imported from here too
-    CALIBRATOR_TYPES, DIRECTIONS, MAX_BATCH, MAX_SEED, MODEL_TYPES, PROPOSER_TYPES, _TABLE, _Key,
+    _TABLE,
+    CALIBRATOR_TYPES,
+    DIRECTIONS,
+    MAX_BATCH,
+    MAX_SEED,
+    MODEL_TYPES,
+    PROPOSER_TYPES,
+    _Key,
 )
 from orchestrator.config.values import check_run_dir
 from orchestrator.errors import ConfigError

@@ -1,5 +1,5 @@
-"""The validated experiment (README "Configuration"): `ExperimentConfig` and its sections, frozen dataclasses that
-`load_config` builds and `to_dict()` turns back into the plain dict that config.yaml holds.
+"""The validated experiment (README "Configuration"): `ExperimentConfig` and its sections, frozen dataclasses
+that `load_config` builds and `to_dict()` turns back into the plain dict that config.yaml holds.
 
 `ExperimentConfig` also resolves what the config leaves to the run: the run directory, the direction, and the
 search space, the objective's own with the config's overrides applied (each override may only narrow it).
@@ -10,9 +10,10 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 from orchestrator.checks import show
 from orchestrator.config.values import _check_param_spec, _expand_home, _one_line, check_run_dir
@@ -46,7 +47,8 @@ class FailureGuardConfig:
 
 @dataclass(frozen=True)
 class ExperimentConfig:
-    """A validated experiment (README "Configuration"). Build it with `load_config`; `to_dict()` round-trips."""
+    """A validated experiment (README "Configuration"). Build it with `load_config`; `to_dict()`
+    round-trips."""
 
     name: str
     objective: ObjectiveConfig
@@ -96,13 +98,15 @@ class ExperimentConfig:
                 "seed": self.seed,
                 "run_dir": self.run_dir,
             }
-            # the default rule and threads are left out, so a saved config.yaml keeps ARCHITECTURE.md's key set
+            # the default rule and threads are left out, so a saved config.yaml keeps ARCHITECTURE.md's key
+            # set
             | ({} if self.recommendation == DEFAULT_RULE else {"recommendation": self.recommendation})
             | ({} if self.threads == "auto" else {"threads": self.threads})
         )
 
     def resolve_run_dir(self, override: str | None = None, now: float | None = None) -> str:
-        """The run directory: `override` (e.g. ``--run-dir``), else `run_dir`, else ``runs/<name>-<timestamp>``.
+        """The run directory: `override` (e.g. ``--run-dir``), else `run_dir`, else
+        ``runs/<name>-<timestamp>``.
 
         Raises:
             ConfigError: `override` is not a valid run directory (named as ``--run-dir``).
@@ -118,7 +122,7 @@ class ExperimentConfig:
         """`direction` if set, else the objective's own ("maximize" | "minimize")."""
         return self.direction if self.direction is not None else objective_direction
 
-    def build_space(self, objective_space: Mapping[str, Mapping[str, Any]]) -> "Any":
+    def build_space(self, objective_space: Mapping[str, Mapping[str, Any]]) -> Any:
         """The objective's space with this config's overrides applied, as a `SearchSpace`.
 
         An override may replace a parameter by a narrower one that the objective still accepts: numeric
@@ -142,14 +146,16 @@ class ExperimentConfig:
                 )
             old, new = merged[name], dict(spec)
             if new.get("type", old.get("type", "float")) == old.get("type", "float"):
-                new = {**old, **new}  # an override of the same type keeps what it does not restate (log, step)
+                # an override of the same type keeps what it does not restate (log, step)
+                new = {**old, **new}
             _check_param_spec(key, name, new)
             _check_narrowing(key, new, old)
             merged[name] = new
         def build(description: dict[str, Any], where: str) -> Any:
             try:
                 space = SearchSpace.from_description(description)
-                check_loggable(space)  # a run reads its space back from config.yaml and its params from the log
+                # a run reads its space back from config.yaml and its params from the log
+                check_loggable(space)
             except SpaceError as exc:
                 raise ConfigError(f"{where}: {_one_line(str(exc))}") from None
             return space
@@ -166,9 +172,14 @@ def _check_narrowing(key: str, new: dict[str, Any], old: Mapping[str, Any]) -> N
 
     old_type, new_type = old.get("type", "float"), new.get("type", "float")
     if old_type == "choice":
-        extra = [c for c in new.get("choices", []) if not is_choice(c, old["choices"])] if new_type == "choice" else None
+        extra = (
+            [c for c in new.get("choices", []) if not is_choice(c, old["choices"])]
+            if new_type == "choice"
+            else None
+        )
         if new_type != "choice" or extra:
-            raise ConfigError(f"`{key}` must be a choice among a subset of {list(old['choices'])}; got {show(new)}")
+            raise ConfigError(f"`{key}` must be a choice among a subset of {list(old['choices'])}; got "
+                              f"{show(new)}")
         return
     lo, hi = old["low"], old["high"]
     if new_type == "choice":
@@ -179,16 +190,18 @@ def _check_narrowing(key: str, new: dict[str, Any], old: Mapping[str, Any]) -> N
         numeric = isinstance(v, (int, float)) and not isinstance(v, bool)
         if not numeric or not (lo <= v <= hi) or (old_type == "int" and float(v) != round(float(v))):
             kind = "integers" if old_type == "int" else "numbers"
-            raise ConfigError(f"`{key}` must stay within the objective's range: {kind} in [{lo}, {hi}]; got {show(new)}")
+            raise ConfigError(f"`{key}` must stay within the objective's range: {kind} in [{lo}, {hi}]; got "
+                              f"{show(new)}")
     if old_type == "int" and new_type == "float":
-        raise ConfigError(f"`{key}` must be an int or choice parameter (the objective's is an integer); got {show(new)}")
+        raise ConfigError(f"`{key}` must be an int or choice parameter (the objective's is an integer); got "
+                          f"{show(new)}")
     step = old.get("step", 1)
     if old_type == "int" and step != 1:  # the objective accepts only its own grid: every value must be on it
         off_grid = [v for v in values if (round(float(v)) - lo) % step]
         new_step = new.get("step", 1) if new_type == "int" else step
         if off_grid or (isinstance(new_step, int) and not isinstance(new_step, bool) and new_step % step):
-            raise ConfigError(f"`{key}` must stay on the objective's grid {lo}:{hi}:{step} (values on it, a step "
-                              f"that is a multiple of {step}); got {show(new)}")
+            raise ConfigError(f"`{key}` must stay on the objective's grid {lo}:{hi}:{step} (values on it, a "
+                              f"step that is a multiple of {step}); got {show(new)}")
 
 
 def _to_plain(v: Any) -> Any:

@@ -1,8 +1,9 @@
-"""Loading a config: YAML text, a file or a mapping -> a validated `ExperimentConfig` (README "Configuration").
+"""Loading a config: YAML text, a file or a mapping -> a validated `ExperimentConfig` (README
+"Configuration").
 
 The YAML is read by a SafeLoader that refuses duplicate keys and reads `1e-3` as a number; the mapping is
-checked against the one table (orchestrator/config/schema.py), section by section, and an unknown key lists the
-valid ones. A bad config raises `ConfigError` with one line that names the file and the dotted key, e.g.
+checked against the one table (orchestrator/config/schema.py), section by section, and an unknown key lists
+the valid ones. A bad config raises `ConfigError` with one line that names the file and the dotted key, e.g.
 "`batch_size` must be an integer in [1, 4096]; got 0". Validation imports no heavy module and happens before
 Ray starts and before any run directory is created.
 """
@@ -11,12 +12,18 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import yaml
 
 from orchestrator.checks import show, suggest
-from orchestrator.config.experiment import ComponentConfig, ExperimentConfig, FailureGuardConfig, ObjectiveConfig
+from orchestrator.config.experiment import (
+    ComponentConfig,
+    ExperimentConfig,
+    FailureGuardConfig,
+    ObjectiveConfig,
+)
 from orchestrator.config.schema import _MISSING, _SHORTHAND, _TABLE
 from orchestrator.config.values import _one_line
 from orchestrator.errors import ConfigError
@@ -39,7 +46,8 @@ def _validate_section(table: Mapping[str, Any], raw: Any, prefix: str) -> dict[s
             dotted = f"{prefix}.{k}" if prefix else str(k)
             level = f"in `{prefix}`" if prefix else "at the top level"
             hint = suggest(k, table)
-            raise ConfigError(f"unknown key `{_one_line(dotted)}`{hint}; valid keys {level}: {', '.join(table)}")
+            raise ConfigError(f"unknown key `{_one_line(dotted)}`{hint}; valid keys {level}: "
+                              f"{', '.join(table)}")
     out: dict[str, Any] = {}
     for k, spec in table.items():
         dotted = f"{prefix}.{k}" if prefix else k
@@ -104,15 +112,15 @@ def _construct_float(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
 _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:float", _construct_float)
 
 
-def load_config_text(text: str, source: str = "<config>") -> "ExperimentConfig":
+def load_config_text(text: str, source: str = "<config>") -> ExperimentConfig:
     """Parse YAML `text` and validate it; errors are prefixed by `source`.
 
     Raises:
         ConfigError: one line: invalid YAML (with its line and column), an unknown key or a bad value.
     """
     if len(text) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{source}: the config is {len(text)} characters long; at most {MAX_CONFIG_BYTES} are read "
-                          "(is this the right file?)")
+        raise ConfigError(f"{source}: the config is {len(text)} characters long; at most {MAX_CONFIG_BYTES} "
+                          "are read (is this the right file?)")
     try:
         raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 -- a SafeLoader subclass
     except ConfigError as exc:
@@ -198,8 +206,8 @@ def load_config(source: str | os.PathLike | Mapping[str, Any] | ExperimentConfig
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from None
     if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path}: the config file is over {MAX_CONFIG_BYTES} bytes; a config is a few kilobytes "
-                          "(is this the right file?)")
+        raise ConfigError(f"{path}: the config file is over {MAX_CONFIG_BYTES} bytes; a config is a few "
+                          "kilobytes (is this the right file?)")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -11,8 +11,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.config.values import (
-    Check, _bool, _choice, _component, _float, _int, _name, _objective_name, _optional, _options, _space,
-    _threads, check_run_dir,
+    Check,
+    _bool,
+    _choice,
+    _component,
+    _float,
+    _int,
+    _name,
+    _objective_name,
+    _optional,
+    _options,
+    _space,
+    _threads,
+    check_run_dir,
 )
 from orchestrator.recommend import DEFAULT_RULE, RULES
 from workers.records import MAX_TIMEOUT_S

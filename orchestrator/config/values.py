@@ -3,17 +3,28 @@ returns the normalized value or raises `ConfigError` naming the key and the acce
 
 Numbers, booleans, choices and free-form options go through `orchestrator.checks`; the checks of names, run
 directories, component types and the search space's overrides are the config's own. Run names are single safe
-path components and `run_dir` may hold no `..` component, so a config cannot write outside the folder it names.
+path components and `run_dir` may hold no `..` component, so a config cannot write outside the folder it
+names.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any
 
-from orchestrator.checks import check_bool, check_choice, check_float, check_int, plain_data, refuse, show, suggest
+from orchestrator.checks import (
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+    plain_data,
+    refuse,
+    show,
+    suggest,
+)
 from orchestrator.errors import ConfigError, SpaceError
 from orchestrator.threads import check_threads
 
@@ -92,7 +103,8 @@ def _bool(key: str, v: Any) -> bool:
 
 
 def _threads(key: str, v: Any) -> str | int:
-    """torch's intra-op threads of the model's fits and proposals: "auto" or an integer (orchestrator/threads.py)."""
+    """torch's intra-op threads of the model's fits and proposals: "auto" or an integer
+    (orchestrator/threads.py)."""
     return check_threads(f"`{key}`", v)
 
 
@@ -103,7 +115,8 @@ def _refuse_plain(key: str, problem: str, v: Any) -> ConfigError:
     if problem == "key":
         return ConfigError(f"`{key}` keys must be strings; got {show(v)}")
     return ConfigError(
-        f"`{key}` must be plain data (strings, numbers, booleans, null, lists, mappings); got a {type(v).__name__}"
+        f"`{key}` must be plain data (strings, numbers, booleans, null, lists, mappings); got a "
+        f"{type(v).__name__}"
     )
 
 

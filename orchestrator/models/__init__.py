@@ -2,8 +2,8 @@
 
 quantile-expectile-bo.md §1 (the two-latent SVGPs, their likelihoods and inducing points) and the exact-GP
 baseline; every model implements `orchestrator.models.base.Surrogate`. `build_model(name, **options)` builds
-one by its config name ("quantile", "expectile", "heteroscedastic", "exact-gp", "gpr-replicates"). Model classes are imported
-lazily, so importing this package does not import GPyTorch.
+one by its config name ("quantile", "expectile", "heteroscedastic", "exact-gp", "gpr-replicates"). Model
+classes are imported lazily, so importing this package does not import GPyTorch.
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ def __getattr__(name: str) -> Any:
 
 
 def valid_options_note(cls: type, exclude: tuple[str, ...] = ("tau",)) -> str:
-    """"; valid options: [...]" from `cls`'s constructor signature, less `exclude` (tau: the config's top-level
-    key), or "" when it takes arbitrary keywords."""
+    """"; valid options: [...]" from `cls`'s constructor signature, less `exclude` (tau: the config's
+    top-level key), or "" when it takes arbitrary keywords."""
     import inspect
 
     params = inspect.signature(cls.__init__).parameters.values()
@@ -72,13 +72,14 @@ def valid_options_note(cls: type, exclude: tuple[str, ...] = ("tau",)) -> str:
 
 
 def build_model(name: str, **options: Any) -> Surrogate:
-    """Build the surrogate called `name` ("quantile", "expectile", "heteroscedastic", "exact-gp", "gpr-replicates").
+    """Build the surrogate called `name` ("quantile", "expectile", "heteroscedastic", "exact-gp",
+    "gpr-replicates").
 
     Args:
         name: the model's config name.
         **options: constructor options, e.g. `tau=0.1, num_inducing=256` (see `SVGPOptions` for the SVGPs
-            and `ExactGP` for the exact GP; `tau` is the config's top-level key, passed here by the optimizer).
-            Unknown options raise `ConfigError` naming them.
+            and `ExactGP` for the exact GP; `tau` is the config's top-level key, passed here by the
+            optimizer). Unknown options raise `ConfigError` naming them.
 
     Raises:
         ConfigError: unknown name (the message lists the valid ones) or a bad option.

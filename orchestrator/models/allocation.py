@@ -12,11 +12,14 @@ objective latent f, so that the region of the optimum keeps its resolution.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from botorch.models.utils.inducing_point_allocators import (
-    GreedyVarianceReduction, InducingPointAllocator, QualityFunction,
+    GreedyVarianceReduction,
+    InducingPointAllocator,
+    QualityFunction,
 )
 from gpytorch.kernels import MaternKernel, ScaleKernel
 from torch import Tensor
@@ -52,7 +55,8 @@ def auto_num_inducing(n: int) -> int:
 
 
 def unique_rows(X: Tensor, tol: float = 1e-9) -> Tensor:
-    """The distinct rows of `X` (`n x d`), in first-seen order (rows closer than `tol` in max-norm are one)."""
+    """The distinct rows of `X` (`n x d`), in first-seen order (rows closer than `tol` in max-norm are
+    one)."""
     if X.shape[0] <= 1:
         return X.clone()
     keys = torch.round(X / tol).to(torch.int64) if tol > 0 else X
@@ -64,7 +68,8 @@ def unique_rows(X: Tensor, tol: float = 1e-9) -> Tensor:
 
 class _ImprovementQuality(QualityFunction):
     """Expected improvement of the previous fit's f over its largest mean at the candidate inputs (the quality
-    of Moss et al. 2023's greedy improvement reduction), from a callable giving f's posterior mean and variance.
+    of Moss et al. 2023's greedy improvement reduction), from a callable giving f's posterior mean and
+    variance.
 
     It is scaled to a maximum of 1 and floored at `QUALITY_FLOOR`: where the EI underflows to 0 the greedy
     pivoted Cholesky would otherwise stop before m points, and the floor lets it fall back on variance
@@ -110,6 +115,8 @@ def allocate_inducing(X: Tensor, m: int, lengthscale: Tensor, outputscale: float
     if U.shape[0] <= m:
         return U
     kernel = _kernel(lengthscale, outputscale, X.shape[-1], U)
-    allocator = GreedyVarianceReduction() if posterior is None else _GreedyImprovement(_ImprovementQuality(posterior))
+    allocator = (
+        GreedyVarianceReduction() if posterior is None else _GreedyImprovement(_ImprovementQuality(posterior))
+    )
     Z = allocator.allocate_inducing_points(U, kernel, m, torch.Size([]))
     return Z.to(X)

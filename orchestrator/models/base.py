@@ -13,8 +13,9 @@ from __future__ import annotations
 import contextlib
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -28,7 +29,8 @@ __all__ = ["FAMILIES", "SparseLatentParts", "Surrogate", "check_training_data", 
 #: default dtype/device for GP algebra (STYLE.md §4.7: float64 through one `tkwargs`)
 TKWARGS: dict[str, Any] = {"dtype": torch.float64, "device": torch.device("cpu")}
 
-#: likelihood families: quantile (AL), expectile (AG), and Gaussian (HetGP: y ~ N(f, e^{2g}); exact GP: g constant)
+#: likelihood families: quantile (AL), expectile (AG), and Gaussian (HetGP: y ~ N(f, e^{2g}); exact GP: g
+#: constant)
 FAMILIES = ("asymmetric_laplace", "asymmetric_gaussian", "gaussian")
 
 
@@ -141,7 +143,8 @@ class Surrogate(ABC):
 
     @abstractmethod
     def posterior_g(self, X: Tensor, full_cov: bool = False) -> tuple[Tensor, Tensor]:
-        """Posterior of g = log noise scale at `... x n x d`, standardized units (zero variance for an exact GP)."""
+        """Posterior of g = log noise scale at `... x n x d`, standardized units (zero variance for an exact
+        GP)."""
 
     @abstractmethod
     def sparse_parts(self, latent: str = "f") -> SparseLatentParts:
@@ -154,7 +157,8 @@ class Surrogate(ABC):
 
     def objective_mean(self, X: Tensor) -> Tensor:
         """Posterior mean of the optimized target at `... x n x d` in standardized units: f itself for the
-        quantile/expectile families, the plug-in quantile mu_f + Phi^-1(tau) exp(mu_g) for gaussian ones (spec §1.7)."""
+        quantile/expectile families, the plug-in quantile mu_f + Phi^-1(tau) exp(mu_g) for gaussian ones (spec
+        §1.7)."""
         mu_f, _ = self.posterior_f(X, full_cov=False)
         if self.family != "gaussian":
             return mu_f
@@ -162,8 +166,9 @@ class Surrogate(ABC):
         z = torch.special.ndtri(torch.tensor(self.tau, dtype=mu_f.dtype, device=mu_f.device))
         return mu_f + z * mu_g.exp()
 
-    def forecast(self, X: Tensor) -> "Forecast":
-        """Predictive distribution of y (original units) at `n x d` points, one independent marginal per point."""
+    def forecast(self, X: Tensor) -> Forecast:
+        """Predictive distribution of y (original units) at `n x d` points, one independent marginal per
+        point."""
         from orchestrator.models.predictive import Forecast
 
         mu_f, var_f = self.posterior_f(X, full_cov=False)

@@ -2,8 +2,8 @@
 
 A BoTorch `SingleTaskGP` with BoTorch's default priors (what a BoTorch user gets, the usual user's choice):
 the dimension-scaled LogNormal lengthscale prior of Hvarfner et al. (2024) with its lower bound
-0.025 (`get_covar_module_with_dim_scaled_prior`, here its Matern-5/2 form, the kernel of every qbatch model), no
-outputscale (outcomes are standardized) and the LogNormal(-4, 1) noise prior; a constant mean. Fitted by
+0.025 (`get_covar_module_with_dim_scaled_prior`, here its Matern-5/2 form, the kernel of every qbatch model),
+no outputscale (outcomes are standardized) and the LogNormal(-4, 1) noise prior; a constant mean. Fitted by
 maximising the exact marginal likelihood (`fit_gpytorch_mll`, with the fallback chain of `mll_fit`), on
 standardized outcomes. Without hyperpriors and with a free outputscale (`KERNEL_LEGACY`, kept so that states
 saved with it still load), very noisy data can pull the lengthscales to 1e-7, a white-noise kernel.
@@ -31,12 +31,14 @@ from orchestrator.errors import ConfigError, InputDataError
 from orchestrator.models.base import TKWARGS, SparseLatentParts, Surrogate, check_training_data
 from orchestrator.models.likelihoods import check_tau
 from orchestrator.models.mll_fit import check_fit_maxiter, fit_exact_mll
-from orchestrator.models.svgp import JITTER_REL, MIN_VARIANCE, standardization
+from orchestrator.models.svgp_options import standardization
+from orchestrator.models.two_latent_svgp import JITTER_REL, MIN_VARIANCE
 
 __all__ = ["ExactGP", "KERNEL", "KERNEL_LEGACY"]
 
 _LATENTS = ("f", "g")
-#: the kernel of `_build` (saved in the state): Matern-5/2, BoTorch's dimension-scaled lengthscale prior, no outputscale
+#: the kernel of `_build` (saved in the state): Matern-5/2, BoTorch's dimension-scaled lengthscale prior, no
+#: outputscale
 KERNEL = "matern52-dim-scaled"
 #: the kernel of states saved before the priors: ScaleKernel(Matern-5/2), no hyperpriors
 KERNEL_LEGACY = "scaled-matern52"
@@ -47,14 +49,15 @@ class ExactGP(Surrogate):
 
     Args:
         tau: level of the plug-in quantile mu_f + Phi^-1(tau) sigma that is optimized, in (0, 1).
-        warm_start: start each marginal-likelihood fit from the previous hyperparameters (fewer iterations while
-            the optimum moves little). A warm chain can stay in a worse local optimum than a cold fit finds: on
-            the laser benchmark's exact-ts run 7 (a chain of warm refits from a cold fit at 500 points) its loss
-            per point was 0.054-0.066 above a cold fit's at 1,000, 1,100 and 1,200 points, and equal up to 900.
-            `AskTellOptimizer.fit(restart=True)` (the central actor's final fit) tries both, keeps the better.
-        fit_maxiter: cap on the L-BFGS-B iterations of each fit attempt (None, the default, as BoTorch: scipy's
-            convergence test alone). A refit on 1,000+ points can take minutes (`mll_fit`); a cap bounds its
-            time at the cost of a less converged fit. `fit`'s diagnostics report the iterations.
+        warm_start: start each marginal-likelihood fit from the previous hyperparameters (fewer iterations
+            while the optimum moves little). A warm chain can stay in a worse local optimum than a cold fit
+            finds: on the laser benchmark's exact-ts run 7 (a chain of warm refits from a cold fit at 500
+            points) its loss per point was 0.054-0.066 above a cold fit's at 1,000, 1,100 and 1,200 points,
+            and equal up to 900. `AskTellOptimizer.fit(restart=True)` (the central actor's final fit) tries
+            both, keeps the better.
+        fit_maxiter: cap on the L-BFGS-B iterations of each fit attempt (None, the default, as BoTorch:
+            scipy's convergence test alone). A refit on 1,000+ points can take minutes (`mll_fit`); a cap
+            bounds its time at the cost of a less converged fit. `fit`'s diagnostics report the iterations.
     """
 
     family = "gaussian"
@@ -83,7 +86,8 @@ class ExactGP(Surrogate):
         elif kernel == KERNEL_LEGACY:
             covar = ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=d))
         else:
-            raise InputDataError(f"unknown exact-GP kernel {kernel!r} in the state; known: {[KERNEL, KERNEL_LEGACY]}")
+            raise InputDataError(f"unknown exact-GP kernel {kernel!r} in the state; known: "
+                                 f"{[KERNEL, KERNEL_LEGACY]}")
         # BoTorch's default likelihood (LogNormal(-4, 1) noise prior, noise >= 1e-4): none is passed
         model = SingleTaskGP(X, Y_std.unsqueeze(-1), covar_module=covar, outcome_transform=None)
         return model.to(**TKWARGS)
@@ -120,9 +124,21 @@ class ExactGP(Surrogate):
         with torch.no_grad():
             loss = -float(mll(model(X), model.train_targets))  # negative MLL per datum
         model.eval()
-        self.model, self._X, self._Y, self._y_mean, self._y_std, self._parts = model, X, Y, y_mean, y_std, None
-        return {"iterations": float(iterations), "loss": loss, "seconds": time.perf_counter() - t0, "warm": float(warm),
-                "fit_fallback": float(step)}
+        self.model, self._X, self._Y, self._y_mean, self._y_std, self._parts = (
+            model,
+            X,
+            Y,
+            y_mean,
+            y_std,
+            None,
+        )
+        return {
+            "iterations": float(iterations),
+            "loss": loss,
+            "seconds": time.perf_counter() - t0,
+            "warm": float(warm),
+            "fit_fallback": float(step),
+        }
 
     # --- Surrogate interface -------------------------------------------------------------------------------
     @property
@@ -175,10 +191,10 @@ class ExactGP(Surrogate):
     def sparse_parts(self, latent: str = "f") -> SparseLatentParts:
         """Exact posterior in sparse form.
 
-        "f": Z = the training inputs and q(u) = N(K~ A^-1 (y - c), K~ - K~ A^-1 K~) with K~ = k(Z, Z) + jitter I
-        and A = k(Z, Z) + noise I, so that c + k_xZ K~^-1 u_mean and k_xx - k_xZ K~^-1 (K~ - S) K~^-1 k_Zx are the
-        exact posterior mean and covariance. "g": the constant log noise std (zero kernel variance, one dummy
-        inducing input, jitter 1).
+        "f": Z = the training inputs and q(u) = N(K~ A^-1 (y - c), K~ - K~ A^-1 K~) with K~ = k(Z, Z) + jitter
+        I and A = k(Z, Z) + noise I, so that c + k_xZ K~^-1 u_mean and k_xx - k_xZ K~^-1 (K~ - S) K~^-1 k_Zx
+        are the exact posterior mean and covariance. "g": the constant log noise std (zero kernel variance,
+        one dummy inducing input, jitter 1).
         """
         self._require_fit()
         if latent not in _LATENTS:
@@ -194,8 +210,16 @@ class ExactGP(Surrogate):
         if self._parts is None:
             self._parts = self._exact_parts()
         p = self._parts
-        return SparseLatentParts(p.constant_mean.clone(), p.lengthscale.clone(), p.outputscale.clone(), p.Z.clone(),
-                                 p.u_mean.clone(), p.u_covar.clone(), p.nu, p.jitter)
+        return SparseLatentParts(
+            p.constant_mean.clone(),
+            p.lengthscale.clone(),
+            p.outputscale.clone(),
+            p.Z.clone(),
+            p.u_mean.clone(),
+            p.u_covar.clone(),
+            p.nu,
+            p.jitter,
+        )
 
     def _exact_parts(self) -> SparseLatentParts:
         model = self.model
@@ -221,10 +245,19 @@ class ExactGP(Surrogate):
     def get_state(self) -> dict[str, Any]:
         """Tensors and plain values only (loads with `torch.load(weights_only=True)`)."""
         state: dict[str, Any] = {
-            "class": "ExactGP", "family": self.family, "tau": self.tau, "warm_start": self.warm_start,
+            "class": "ExactGP",
+            "family": self.family,
+            "tau": self.tau,
+            "warm_start": self.warm_start,
             # the kernel of `model`: the earlier one after loading an earlier state, until the next fit
-            "kernel": KERNEL_LEGACY if self.model is not None and isinstance(self.model.covar_module, ScaleKernel) else KERNEL,
-            "y_mean": self._y_mean, "y_std": self._y_std, "X": None, "Y": None, "model": None,
+            "kernel": KERNEL_LEGACY
+            if self.model is not None and isinstance(self.model.covar_module, ScaleKernel)
+            else KERNEL,
+            "y_mean": self._y_mean,
+            "y_std": self._y_std,
+            "X": None,
+            "Y": None,
+            "model": None,
         }
         if self.model is not None:
             state.update(X=self._X.clone(), Y=self._Y.clone(),
@@ -243,8 +276,9 @@ class ExactGP(Surrogate):
             self.model, self._X, self._Y = None, None, None
             return
         X, Y = state["X"].to(**TKWARGS), state["Y"].to(**TKWARGS)
-        # a state saved before the priors (no "kernel") holds a ScaleKernel's hyperparameters: rebuilt as it was;
-        # the next fit builds the current kernel (its warm start takes the noise and mean, not the kernel's)
+        # a state saved before the priors (no "kernel") holds a ScaleKernel's hyperparameters: rebuilt as it
+        # was; the next fit builds the current kernel (its warm start takes the noise and mean, not the
+        # kernel's)
         kernel = state.get("kernel", KERNEL_LEGACY)
         model = self._build(X, (Y - self._y_mean) / self._y_std, kernel)
         model.load_state_dict(state["model"])

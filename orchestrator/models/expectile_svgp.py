@@ -1,4 +1,5 @@
-"""Expectile SVGP: two latent GPs (f = the tau-expectile, g = log sigma) with the asymmetric Gaussian likelihood.
+"""Expectile SVGP: two latent GPs (f = the tau-expectile, g = log sigma) with the asymmetric Gaussian
+likelihood.
 
 quantile-expectile-bo.md §1.2 (asymmetric Gaussian, ambiguity A1: exponent rho^e without 1/2) and §1.3-1.6
 (Picheny et al. 2022); the shared SVGP machinery lives in `orchestrator.models.svgp`.

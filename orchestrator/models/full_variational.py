@@ -60,7 +60,8 @@ SITE_TRAIL = 4
 #: the gap per datum between the model's loss and the sites' at the sites' optimum past which the fit goes on
 #: on the model's loss (`_profile_loss`)
 MODEL_GAP = 1e-3
-#: the floor of the model's marginal variances (`svgp.MIN_VARIANCE`: `TwoLatentSVGP.marginals` clamps there)
+#: the floor of the model's marginal variances (`two_latent_svgp.MIN_VARIANCE`: `TwoLatentSVGP.marginals`
+#: clamps there)
 MIN_VARIANCE = 1e-12
 #: rows of X and Z closer than this in max-norm are one input (the tolerance of `allocation.unique_rows`)
 MATCH_TOL = 1e-9
@@ -72,7 +73,7 @@ class SiteState:
     def __init__(self, Z: Tensor, nu: Tensor, lam: Tensor) -> None:
         self.Z, self.nu, self.lam = Z.detach().clone(), nu.detach().clone(), lam.detach().clone()
 
-    def rescaled(self, ratio: float) -> "SiteState":
+    def rescaled(self, ratio: float) -> SiteState:
         """The same sites in units where f's zero-mean part is multiplied by `ratio` (a new standardization):
         exp(nu h - lambda h^2 / 2) with h = h' / ratio is exp((nu / ratio) h' - (lambda / ratio^2) h'^2 / 2).
         Row 0 is f; g = log sigma only shifts by a constant, which its constant mean takes."""
@@ -110,8 +111,17 @@ def _prior(model: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 @torch.no_grad()
-def solve_sites(model: Any, likelihood: Any, idx: Tensor, Y: Tensor, latents: list[int], nu: Tensor,
-                lam: Tensor, max_steps: int = SITE_MAX_STEPS, tol: float = SITE_TOL) -> tuple[Tensor, Tensor, int]:
+def solve_sites(
+    model: Any,
+    likelihood: Any,
+    idx: Tensor,
+    Y: Tensor,
+    latents: list[int],
+    nu: Tensor,
+    lam: Tensor,
+    max_steps: int = SITE_MAX_STEPS,
+    tol: float = SITE_TOL,
+) -> tuple[Tensor, Tensor, int]:
     """The sites' fixed point at the model's current hyperparameters, from (`nu`, `lam`); returns (nu, lam,
     steps). Observation j sits at inducing input `idx[j]`; `latents` is [0] (f) or [0, 1] (f and g)
     (`site_fixed_point.solve_fixed_point`)."""
@@ -121,8 +131,8 @@ def solve_sites(model: Any, likelihood: Any, idx: Tensor, Y: Tensor, latents: li
 
 
 def set_whitened(model: Any, latents: list[int], nu: Tensor, lam: Tensor) -> None:
-    """Write the sites' q(h_k) into the model's whitened q(u): a~ = L^-1 mu, S~ = (I + L^T Lambda L)^-1; latents
-    not in `latents` get the prior (a~ = 0, S~ = I)."""
+    """Write the sites' q(h_k) into the model's whitened q(u): a~ = L^-1 mu, S~ = (I + L^T Lambda L)^-1;
+    latents not in `latents` get the prior (a~ = 0, S~ = I)."""
     with torch.no_grad():
         L = model.kzz_chol()
         m = L.shape[-1]
@@ -155,21 +165,22 @@ def _initial_sites(model: Any, latents: list[int], previous: SiteState | None) -
 
 
 class _Hyper:
-    """The hyperparameters' side of the profile ELBO: K = k(Z, Z) + jitter I of the latents with sites, in numpy
-    (the Matern-5/2 ARD kernel of `kernels.matern52`, as `TwoLatentSVGP.kzz` has it), and, from dG/dK, dG/dc and
-    the sites-free latent's dG/dvar, a scalar whose autograd gradient in the raw hyperparameters is dG/dtheta.
+    """The hyperparameters' side of the profile ELBO: K = k(Z, Z) + jitter I of the latents with sites, in
+    numpy (the Matern-5/2 ARD kernel of `kernels.matern52`, as `TwoLatentSVGP.kzz` has it), and, from dG/dK,
+    dG/dc and the sites-free latent's dG/dvar, a scalar whose autograd gradient in the raw hyperparameters is
+    dG/dtheta.
 
     With a = z / l, r^2 = |a_i|^2 + |a_j|^2 - 2 a_i . a_j, e = exp(-sqrt5 r) and p = (1 + sqrt5 r) e, the
-    kernel is s^2 k with k = p + 5 r^2 e / 3, so dK/ds^2 = k, and dK_ij/dl_d = s^2 (5/3) p (z_id - z_jd)^2 / l_d^3,
-    whose contraction with G is (5/3) s^2 / l_d^3 * 2 (z_d^2 . G_p 1 - z_d . G_p z_d) with G_p = G * p (G
-    symmetric). The jitter's own dependence on s^2 stays with autograd (`model.jitter()`)."""
+    kernel is s^2 k with k = p + 5 r^2 e / 3, so dK/ds^2 = k, and dK_ij/dl_d = s^2 (5/3) p (z_id - z_jd)^2 /
+    l_d^3, whose contraction with G is (5/3) s^2 / l_d^3 * 2 (z_d^2 . G_p 1 - z_d . G_p z_d) with G_p = G * p
+    (G symmetric). The jitter's own dependence on s^2 stays with autograd (`model.jitter()`)."""
 
     def __init__(self, model: Any, latents: list[int]) -> None:
         self.model, self.latents = model, latents
         self.Z = model.Z.detach().numpy()
         self.Z2 = self.Z**2
-        # LogNormal hyperpriors in closed form (gpytorch's `log_prob` goes through torch.distributions' checks);
-        # other priors fall back to `model.log_prior()`
+        # LogNormal hyperpriors in closed form (gpytorch's `log_prob` goes through torch.distributions'
+        # checks); other priors fall back to `model.log_prior()`
         priors = list(model.named_priors())
         self.fast_prior = all(isinstance(prior, LogNormalPrior) for _, _, prior, _, _ in priors)
         self.priors = [(module, prior, closure) for _, module, prior, closure, _ in priors]
@@ -196,7 +207,14 @@ class _Hyper:
             ls = model.lengthscale[self.latents, 0]
             os = model.outputscale
             jitter = model.jitter()
-            parts = (ls, os[self.latents], jitter[self.latents], model.constant, os + jitter, self.log_prior())
+            parts = (
+                ls,
+                os[self.latents],
+                jitter[self.latents],
+                model.constant,
+                os + jitter,
+                self.log_prior(),
+            )
         ls_np, os_np, jit_np = (t.detach().numpy() for t in parts[:3])
         A = self.Z[None] / ls_np[:, None, :]
         sq = (A * A).sum(-1)
@@ -211,11 +229,17 @@ class _Hyper:
         self.ls, self.os = ls_np, os_np
         return K, parts
 
-    def surrogate(self, parts: tuple[Tensor, ...], d_K: np.ndarray, d_const: np.ndarray, d_prior_var: np.ndarray,
-                  d_jitter: np.ndarray) -> Tensor:
+    def surrogate(
+        self,
+        parts: tuple[Tensor, ...],
+        d_K: np.ndarray,
+        d_const: np.ndarray,
+        d_prior_var: np.ndarray,
+        d_jitter: np.ndarray,
+    ) -> Tensor:
         """A scalar whose gradient is the ELBO's (plus the log prior's), from its gradients in K (`k x m x m`,
-        symmetric), in the constants and in the prior variances (`2` each, 0 for the latents with sites), and in
-        the jitters apart from K's (`k`)."""
+        symmetric), in the constants and in the prior variances (`2` each, 0 for the latents with sites), and
+        in the jitters apart from K's (`k`)."""
         ls, os, jitter, const, prior_var, log_prior = parts
         Gp = d_K * self.p
         contraction = 2.0 * (self.Z2[None] * Gp.sum(-1)[..., None] - self.Z[None] * (Gp @ self.Z)).sum(1)
@@ -234,14 +258,15 @@ def _sites(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _profile_loss(side: _Hyper, idx: Tensor, Y: Tensor, likelihood: Any, x: np.ndarray, tol: float,
                   model_loss: bool = False, report: bool = False) -> tuple[float, float, np.ndarray, int]:
-    """The negative profile ELBO per datum at the model's hyperparameters, with q at the sites' fixed point found
-    from x = (nu, lambda) to `tol`, and (with `model_loss` or `report`; else NaN) the model's `loss_fn` at that
-    q; the gradient of the first (of the second with `model_loss`) in the hyperparameters is left in their
-    `.grad`. Returns (the sites' loss, the model's loss, the fixed point's x, steps).
+    """The negative profile ELBO per datum at the model's hyperparameters, with q at the sites' fixed point
+    found from x = (nu, lambda) to `tol`, and (with `model_loss` or `report`; else NaN) the model's `loss_fn`
+    at that q; the gradient of the first (of the second with `model_loss`) in the hyperparameters is left in
+    their `.grad`. Returns (the sites' loss, the model's loss, the fixed point's x, steps).
 
     The sites see h(Z) ~ N(0, K), K = k(Z, Z) + j I, and the profile gradient is the envelope theorem's, q's
     mean and covariance held (module docstring). The model's marginals at Z take the cross-covariance without
-    the jitter j (`TwoLatentSVGP.marginals`): mean c + mu - j alpha (alpha = K^-1 mu) and variance Sigma_ii - j
+    the jitter j (`TwoLatentSVGP.marginals`): mean c + mu - j alpha (alpha = K^-1 mu) and variance Sigma_ii -
+    j
     + 2 j lambda_i Sigma_ii - j^2 W_ii (W = Lambda^1/2 B^-1 Lambda^1/2; from K^-1 Sigma = I - Lambda Sigma and
     K^-1 - K^-1 Sigma K^-1 = W). Where the noise is tiny the expected log-likelihood is steep enough in these
     variances for the jitter to move the model's optimum away from the sites'; the model's loss then has the
@@ -283,14 +308,16 @@ def _profile_loss(side: _Hyper, idx: Tensor, Y: Tensor, likelihood: Any, x: np.n
         extra = (jit[..., None] * (K_inv @ g[..., None]) * alpha[:, None, :]
                  + 2.0 * jit[..., None] * (KH - (KH @ Sigma) * post.lam[:, None, :])
                  + jit[..., None] ** 2 * (KH @ W + W @ KH.transpose(0, 2, 1) - KH @ K_inv))
-        # the sites held: q's own gradients, the model's (through mean M mu and variance diag(M Sigma M), M = I -
-        # j K^-1) less the sites' (the ELBO's vanish at their fixed point), times d mu = R^T dK alpha and dSigma
+        # the sites held: q's own gradients, the model's (through mean M mu and variance diag(M Sigma M), M =
+        # I - j K^-1) less the sites' (the ELBO's vanish at their fixed point), times d mu = R^T dK alpha and
+        # dSigma
         d_mean = g - jit * (K_inv @ g[..., None])[..., 0] - ev.g_mean
         d_var = (h[:, :, None] * eye - jit[..., None] * (KH + KH.transpose(0, 2, 1))
                  + jit[..., None] ** 2 * (KH @ K_inv) - ev.g_var[:, :, None] * eye)
         extra = extra + (R @ d_mean[..., None]) * alpha[:, None, :] + R @ d_var @ R.transpose(0, 2, 1)
         d_K = d_K + 0.5 * (extra + extra.transpose(0, 2, 1))
-        # j also stands for itself in the marginals: d mean/dj = -alpha, d var/dj = 2 lambda Sigma_ii - 1 - 2 j W_ii
+        # j also stands for itself in the marginals: d mean/dj = -alpha, d var/dj = 2 lambda Sigma_ii - 1 - 2
+        # j W_ii
         d_jitter = -(g * alpha).sum(-1) + (h * (2.0 * post.lam * post.var - 1.0 - 2.0 * jit * W_diag)).sum(-1)
     # g at its prior marginal (k = 1): its variance enters the expected log-likelihood
     d_prior_var = np.zeros(2) if k == 2 else np.array([0.0, terms.obs_g_var[1].sum()])
@@ -371,7 +398,9 @@ def fit_full_variational(model: Any, loss_fn: Any, likelihood: Any, X: Tensor, Y
         state["trail"] = (state["trail"] + [(theta, x)])[-SITE_TRAIL:]
         if loss < state["best"][0]:
             state["best"] = (loss, theta, x)
-        grad = np.concatenate([np.zeros(p.numel()) if p.grad is None else p.grad.numpy().ravel() for p in hyper])
+        grad = np.concatenate(
+            [np.zeros(p.numel()) if p.grad is None else p.grad.numpy().ravel() for p in hyper]
+        )
         # the gradient's error is of the order of the sites' error: far from the optimum a loose fixed point
         # serves, near it the tolerance tightens with the gradient
         state["tol"] = min(LOOSE_SITE_TOL, max(SITE_TOL, SITE_TOL_PER_GRAD * float(np.abs(grad).max())))
@@ -384,8 +413,9 @@ def fit_full_variational(model: Any, loss_fn: Any, likelihood: Any, X: Tensor, Y
             iterations = _minimize(objective, hyper, split, max_iter)
             # the model's loss where the sites' profile ELBO is best; where they part by more than
             # `MODEL_GAP` per datum (tiny noise: the jitter matters), L-BFGS-B goes on on the model's loss
-            sites_loss, model_loss, state["x"], steps = _profile_loss(hyper_side, idx, Y, likelihood, state["x"],
-                                                                     SITE_TOL, report=True)
+            sites_loss, model_loss, state["x"], steps = _profile_loss(
+                hyper_side, idx, Y, likelihood, state["x"], SITE_TOL, report=True
+            )
             state["steps"] += steps
             if model_loss - sites_loss > MODEL_GAP:
                 theta = torch.cat([p.detach().reshape(-1) for p in hyper]).numpy().copy()
@@ -411,6 +441,14 @@ def fit_full_variational(model: Any, loss_fn: Any, likelihood: Any, X: Tensor, Y
             for p, p0 in zip(hyper, start):
                 p.copy_(p0)
         return None
-    info = {"iterations": float(iterations), "epochs": 1.0, "loss": loss, "stopped_early": 0.0, "lbfgs": 1.0,
-            "evaluations": float(state["evals"]), "site_steps": float(state["steps"]), "full_variational": 1.0}
+    info = {
+        "iterations": float(iterations),
+        "epochs": 1.0,
+        "loss": loss,
+        "stopped_early": 0.0,
+        "lbfgs": 1.0,
+        "evaluations": float(state["evals"]),
+        "site_steps": float(state["steps"]),
+        "full_variational": 1.0,
+    }
     return info, SiteState(model.Z, nu, lam)

@@ -6,8 +6,8 @@ bootstrap variances as known, per-point Gaussian noise: a constant mean and a Ma
 same hyperpriors as the SVGPs (§1.3), hyperparameters by maximum marginal likelihood (BoTorch `SingleTaskGP`
 with `train_Yvar`, `fit_gpytorch_mll`).
 
-The paper fits a full *variational* GP with natural gradients for the same model. With a Gaussian likelihood of
-known per-point noise the optimal Gaussian q(u) at inducing inputs Z = the training inputs IS the exact
+The paper fits a full *variational* GP with natural gradients for the same model. With a Gaussian likelihood
+of known per-point noise the optimal Gaussian q(u) at inducing inputs Z = the training inputs IS the exact
 posterior (natural gradients reach it in one step of size 1) and the collapsed ELBO equals the exact marginal
 likelihood, so this exact GP is the VGP's optimum, computed in closed form (Plumlee & Tuo 2014's framing).
 
@@ -31,16 +31,17 @@ from orchestrator.errors import InputDataError, UnsupportedError
 from orchestrator.limits import MAX_BOOTSTRAP, check_at_most
 from orchestrator.models.base import TKWARGS, SparseLatentParts, Surrogate, check_training_data
 from orchestrator.models.distributions import al_constants
-from orchestrator.models.likelihoods import check_tau
 from orchestrator.models.kernels import matern52
-from orchestrator.models.svgp import standardization
+from orchestrator.models.likelihoods import check_tau
+from orchestrator.models.svgp_options import standardization
 
 __all__ = ["ReplicateQuantileGP", "group_replicates", "bootstrap_quantiles"]
 
 #: inputs equal after rounding to this grid (1e-9 in the unit cube) count as replicates of one point
 GROUP_DECIMALS = 9
-#: floor of the per-point noise variance, in standardized units (FixedNoiseGaussianLikelihood's own floor is 1e-4
-#: of raw units; quantiles from many replicates can be more precise than that, so a relative floor is used)
+#: floor of the per-point noise variance, in standardized units (FixedNoiseGaussianLikelihood's own floor is
+#: 1e-4 of raw units; quantiles from many replicates can be more precise than that, so a relative floor is
+#: used)
 MIN_NOISE = 1e-6
 #: floor of the outcome std used for standardization (constant outcomes)
 MIN_Y_STD = 1e-9
@@ -107,7 +108,8 @@ def bootstrap_quantiles(
 
 
 class ReplicateQuantileGP(Surrogate):
-    """Exact GP of the empirical tau-quantiles at unique inputs, noise = bootstrap variance (GPR-EI, spec §4.4).
+    """Exact GP of the empirical tau-quantiles at unique inputs, noise = bootstrap variance (GPR-EI, spec
+    §4.4).
 
     Args:
         tau: quantile level in (0, 1).
@@ -132,8 +134,13 @@ class ReplicateQuantileGP(Surrogate):
     family = "asymmetric_laplace"
 
     def __init__(
-        self, tau: float = 0.5, num_bootstrap: int = 100, min_noise: float = MIN_NOISE, use_priors: bool = True,
-        seed: int = 0, fit_maxiter: int | None = None,
+        self,
+        tau: float = 0.5,
+        num_bootstrap: int = 100,
+        min_noise: float = MIN_NOISE,
+        use_priors: bool = True,
+        seed: int = 0,
+        fit_maxiter: int | None = None,
     ) -> None:
         from orchestrator.models.mll_fit import check_fit_maxiter
 
@@ -144,7 +151,12 @@ class ReplicateQuantileGP(Surrogate):
         min_noise = check_float("`min_noise`", min_noise, 0.0, lo_open=True, must="a positive number")
         use_priors = check_bool("`use_priors`", use_priors)
         seed = check_int("`seed`", seed, 0, 2**62, hi_open=True, must="an integer in [0, 2**62)")
-        self.num_bootstrap, self.min_noise, self.use_priors, self.seed = num_bootstrap, float(min_noise), use_priors, seed
+        self.num_bootstrap, self.min_noise, self.use_priors, self.seed = (
+            num_bootstrap,
+            float(min_noise),
+            use_priors,
+            seed,
+        )
         self._hyper: dict[str, Tensor] | None = None  # constant, lengthscale (1 x d), outputscale
         self._Z: Tensor | None = None
         self._loc, self._scale, self._log_sigma = 0.0, 1.0, 0.0
@@ -171,7 +183,8 @@ class ReplicateQuantileGP(Surrogate):
 
     @property
     def train_targets(self) -> tuple[Tensor, Tensor, Tensor]:
-        """Empirical quantiles, bootstrap noise variances (both standardized) and group sizes of the last fit."""
+        """Empirical quantiles, bootstrap noise variances (both standardized) and group sizes of the last
+        fit."""
         self._require_fit()
         return self._q, self._noise, self._counts
 
@@ -313,7 +326,8 @@ class ReplicateQuantileGP(Surrogate):
         return mean, zero
 
     def sparse_parts(self, latent: str = "f") -> SparseLatentParts:
-        """Parts of f with Z = the unique inputs and q(u) = the exact posterior of h(Z) (see `SparseLatentParts`)."""
+        """Parts of f with Z = the unique inputs and q(u) = the exact posterior of h(Z) (see
+        `SparseLatentParts`)."""
         if latent == "g":
             raise UnsupportedError(
                 "ReplicateQuantileGP has no GP on the noise latent g (its noise is the bootstrap variance); "
@@ -324,8 +338,8 @@ class ReplicateQuantileGP(Surrogate):
         self._require_fit()
         h = self._hyper
         # the consumers (Thompson paths, acquisitions) use K~ = K + jitter I, so q(u) is written with K~ too:
-        # then K~^-1 u_mean = (K + N)^-1 r and K~ - u_covar = K~ (K + N)^-1 K~, which give posterior_f exactly at
-        # any x. u_covar = K~ (K + N)^-1 (N - jitter I) is PSD only for jitter <= min N: hence the cap
+        # then K~^-1 u_mean = (K + N)^-1 r and K~ - u_covar = K~ (K + N)^-1 K~, which give posterior_f exactly
+        # at any x. u_covar = K~ (K + N)^-1 (N - jitter I) is PSD only for jitter <= min N: hence the cap
         jitter = min(SPARSE_JITTER_REL * float(h["outputscale"]), 0.5 * float(self._noise.min()))
         K = matern52(self._Z, self._Z, h["lengthscale"], h["outputscale"])
         K_j = K + jitter * torch.eye(K.shape[0], dtype=K.dtype)
@@ -344,10 +358,19 @@ class ReplicateQuantileGP(Surrogate):
         """Tensors and plain values only (loads with `torch.load(weights_only=True)`)."""
         self._require_fit()
         return {
-            "class": type(self).__name__, "tau": self.tau, "Z": self._Z, "q": self._q, "noise": self._noise,
-            "counts": self._counts, "constant": self._hyper["constant"], "lengthscale": self._hyper["lengthscale"],
-            "outputscale": self._hyper["outputscale"], "loc": self._loc, "scale": self._scale,
-            "log_sigma": self._log_sigma, "num_fits": self._num_fits,
+            "class": type(self).__name__,
+            "tau": self.tau,
+            "Z": self._Z,
+            "q": self._q,
+            "noise": self._noise,
+            "counts": self._counts,
+            "constant": self._hyper["constant"],
+            "lengthscale": self._hyper["lengthscale"],
+            "outputscale": self._hyper["outputscale"],
+            "loc": self._loc,
+            "scale": self._scale,
+            "log_sigma": self._log_sigma,
+            "num_fits": self._num_fits,
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -357,7 +380,9 @@ class ReplicateQuantileGP(Surrogate):
                 f"state is for {state.get('class')!r} at tau={state.get('tau')!r}; this is "
                 f"{type(self).__name__} at tau={self.tau}"
             )
-        hyper = {k: torch.as_tensor(state[k]).to(**TKWARGS) for k in ("constant", "lengthscale", "outputscale")}
+        hyper = {
+            k: torch.as_tensor(state[k]).to(**TKWARGS) for k in ("constant", "lengthscale", "outputscale")
+        }
         self._set_fitted(
             torch.as_tensor(state["Z"]).to(**TKWARGS), torch.as_tensor(state["q"]).to(**TKWARGS),
             torch.as_tensor(state["noise"]).to(**TKWARGS), torch.as_tensor(state["counts"]), hyper,

@@ -38,7 +38,9 @@ class KMeansInducingPointSelector:
         self.kmeans_iter = check_int("`kmeans_iter`", kmeans_iter, 1, must="a positive integer")
         self.thresh = float(thresh)
 
-    def __call__(self, X: Tensor, generator: torch.Generator | None = None, init: Tensor | None = None) -> Tensor:
+    def __call__(
+        self, X: Tensor, generator: torch.Generator | None = None, init: Tensor | None = None
+    ) -> Tensor:
         """Return `m x d` inducing inputs for the `n x d` data `X` (same dtype and device as `X`).
 
         Args:

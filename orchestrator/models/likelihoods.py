@@ -43,7 +43,8 @@ _LOG_2PI = math.log(2.0 * math.pi)
 
 
 def check_tau(tau: Any, name: str = "tau") -> float:
-    """Return `tau` as a float, or raise `ConfigError` naming it unless it lies in the open interval (0, 1)."""
+    """Return `tau` as a float, or raise `ConfigError` naming it unless it lies in the open interval (0,
+    1)."""
     try:
         value = float(tau)
     except (TypeError, ValueError):
@@ -125,8 +126,14 @@ def _lognormal_factor(k: float, mu_g: Tensor, var_g: Tensor) -> Tensor:
 #: fraction of a torch call there)
 _TORCH_OPS = SimpleNamespace(exp=torch.exp, sqrt=torch.sqrt, ndtr=torch.special.ndtr, maximum=torch.clamp_min,
                              minimum=torch.clamp_max, as_float=lambda b, like: b.to(like.dtype))
-_NUMPY_OPS = SimpleNamespace(exp=np.exp, sqrt=np.sqrt, ndtr=special.ndtr, maximum=np.maximum, minimum=np.minimum,
-                             as_float=lambda b, like: b.astype(like.dtype))
+_NUMPY_OPS = SimpleNamespace(
+    exp=np.exp,
+    sqrt=np.sqrt,
+    ndtr=special.ndtr,
+    maximum=np.maximum,
+    minimum=np.minimum,
+    as_float=lambda b, like: b.astype(like.dtype),
+)
 
 
 def _ops(x: Any) -> SimpleNamespace:
@@ -134,8 +141,9 @@ def _ops(x: Any) -> SimpleNamespace:
 
 
 def _lognormal_factor_grads(k: float, mu_g: Any, var_g: Any) -> tuple[Any, Any]:
-    """(E[exp(-k g)], 1 where the exponent is under its cap, else 0): the factor's derivatives in (mu_g, var_g)
-    are (-k, k^2 / 2) times the factor times that mask (the capped exponent is constant, as autograd has it)."""
+    """(E[exp(-k g)], 1 where the exponent is under its cap, else 0): the factor's derivatives in (mu_g,
+    var_g) are (-k, k^2 / 2) times the factor times that mask (the capped exponent is constant, as autograd
+    has it)."""
     o = _ops(mu_g)
     exponent = -k * mu_g + 0.5 * k * k * var_g
     return o.exp(o.minimum(exponent, MAX_EXPONENT)), o.as_float(exponent <= MAX_EXPONENT, exponent)
@@ -176,13 +184,16 @@ class _TwoLatentLikelihood(Likelihood):
         """E_{q(f) q(g)}[log p(y | f, e^g)] for independent Gaussian marginals, elementwise (spec §1.5)."""
         raise NotImplementedError
 
-    def expected_log_prob_grads(self, y: Any, mu_f: Any, var_f: Any, mu_g: Any, var_g: Any) -> tuple[Any, tuple]:
+    def expected_log_prob_grads(
+        self, y: Any, mu_f: Any, var_f: Any, mu_g: Any, var_g: Any
+    ) -> tuple[Any, tuple]:
         """`expected_log_prob_moments` (elementwise) and its derivatives in (mu_f, var_f, mu_g, var_g), each
         elementwise (the gradients of the summed values), without an autograd graph; torch tensors or numpy
         arrays in, the same out.
 
-        The natural-gradient site updates (`orchestrator.models.full_variational`) take these at every step; the
-        families here override this with closed forms, this default differentiates the closed form by autograd.
+        The natural-gradient site updates (`orchestrator.models.full_variational`) take these at every step;
+        the families here override this with closed forms, this default differentiates the closed form by
+        autograd.
         """
         if isinstance(mu_f, np.ndarray):
             value, grads = self.expected_log_prob_grads(*(torch.from_numpy(np.asarray(t, dtype=np.float64))
@@ -194,7 +205,9 @@ class _TwoLatentLikelihood(Likelihood):
             grads = torch.autograd.grad(value.sum(), leaves, allow_unused=True)
         return value.detach(), tuple(torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads))
 
-    def expected_log_prob(self, observations: Tensor, function_dist: Any, *args: Any, **kwargs: Any) -> Tensor:
+    def expected_log_prob(
+        self, observations: Tensor, function_dist: Any, *args: Any, **kwargs: Any
+    ) -> Tensor:
         """Per-datum expected log-likelihood `... x n` under a distribution over `... x n x 2` latents.
 
         Only the marginal means and variances enter (q(f_n) and q(g_n) are independent, spec §1.5).
@@ -204,7 +217,8 @@ class _TwoLatentLikelihood(Likelihood):
 
 
 class AsymmetricLaplaceLikelihood(_TwoLatentLikelihood):
-    """Quantile likelihood: p(y | f, sigma) = tau (1 - tau) / sigma exp(-rho_tau((y - f) / sigma)) (spec §1.2).
+    """Quantile likelihood: p(y | f, sigma) = tau (1 - tau) / sigma exp(-rho_tau((y - f) / sigma)) (spec
+    §1.2).
 
     f is the tau-quantile of y: P(y <= f) = tau.
 
@@ -217,7 +231,8 @@ class AsymmetricLaplaceLikelihood(_TwoLatentLikelihood):
     def expected_log_prob_moments(
         self, y: Tensor, mu_f: Tensor, var_f: Tensor, mu_g: Tensor, var_g: Tensor
     ) -> Tensor:
-        """log tau(1-tau) - mu_g - exp(-mu_g + s_g^2/2) [(tau - Phi(-zeta)) m + s_f phi(zeta)], m = y - mu_f."""
+        """log tau(1-tau) - mu_g - exp(-mu_g + s_g^2/2) [(tau - Phi(-zeta)) m + s_f phi(zeta)], m = y -
+        mu_f."""
         tau = self.tau
         m = y - mu_f
         s_f = var_f.clamp_min(MIN_STD_F**2).sqrt()
@@ -225,9 +240,11 @@ class AsymmetricLaplaceLikelihood(_TwoLatentLikelihood):
         e_rho = (tau - torch.special.ndtr(-zeta)) * m + s_f * torch.exp(-0.5 * zeta**2 - 0.5 * _LOG_2PI)
         return math.log(tau * (1.0 - tau)) - mu_g - _lognormal_factor(1.0, mu_g, var_g) * e_rho
 
-    def expected_log_prob_grads(self, y: Any, mu_f: Any, var_f: Any, mu_g: Any, var_g: Any) -> tuple[Any, tuple]:
-        """With E[rho] = (tau - Phi(-zeta)) m + s_f phi(zeta) and c = E[e^-g]: dE[rho]/dm = tau - Phi(-zeta) and
-        dE[rho]/ds_f = phi(zeta), so dE/dmu_f = c (tau - Phi(-zeta)), dE/dvar_f = -c phi(zeta) / (2 s_f),
+    def expected_log_prob_grads(
+        self, y: Any, mu_f: Any, var_f: Any, mu_g: Any, var_g: Any
+    ) -> tuple[Any, tuple]:
+        """With E[rho] = (tau - Phi(-zeta)) m + s_f phi(zeta) and c = E[e^-g]: dE[rho]/dm = tau - Phi(-zeta)
+        and dE[rho]/ds_f = phi(zeta), so dE/dmu_f = c (tau - Phi(-zeta)), dE/dvar_f = -c phi(zeta) / (2 s_f),
         dE/dmu_g = -1 + c E[rho], dE/dvar_g = -c E[rho] / 2."""
         o, tau = _ops(mu_f), self.tau
         m = y - mu_f
@@ -257,7 +274,8 @@ class AsymmetricGaussianLikelihood(_TwoLatentLikelihood):
     def expected_log_prob_moments(
         self, y: Tensor, mu_f: Tensor, var_f: Tensor, mu_g: Tensor, var_g: Tensor
     ) -> Tensor:
-        """log C - mu_g - exp(-2mu_g + 2s_g^2)[tau (m^2+s_f^2) + (1-2tau)((m^2+s_f^2)Phi(-zeta) - m s_f phi(zeta))]."""
+        """log C - mu_g - exp(-2mu_g + 2s_g^2)[tau (m^2+s_f^2) + (1-2tau)((m^2+s_f^2)Phi(-zeta) - m s_f
+        phi(zeta))]."""
         tau = self.tau
         m = y - mu_f
         var_f = var_f.clamp_min(MIN_STD_F**2)
@@ -269,10 +287,13 @@ class AsymmetricGaussianLikelihood(_TwoLatentLikelihood):
         log_c = math.log(D.ag_normalizer(tau))
         return log_c - mu_g - _lognormal_factor(2.0, mu_g, var_g) * e_w_u2
 
-    def expected_log_prob_grads(self, y: Any, mu_f: Any, var_f: Any, mu_g: Any, var_g: Any) -> tuple[Any, tuple]:
+    def expected_log_prob_grads(
+        self, y: Any, mu_f: Any, var_f: Any, mu_g: Any, var_g: Any
+    ) -> tuple[Any, tuple]:
         """With W = E[|tau - 1{u<0}| u^2] and c = E[e^-2g]: dW/dm = 2 tau m + 2 (1 - 2 tau)(m Phi(-zeta) - s_f
-        phi(zeta)) and dW/dvar_f = tau + (1 - 2 tau) Phi(-zeta) (E[u^2; u < 0] has derivatives 2 E[u; u < 0] and
-        P(u < 0)), so dE/dmu_f = c dW/dm, dE/dvar_f = -c dW/dvar_f, dE/dmu_g = -1 + 2 c W, dE/dvar_g = -2 c W."""
+        phi(zeta)) and dW/dvar_f = tau + (1 - 2 tau) Phi(-zeta) (E[u^2; u < 0] has derivatives 2 E[u; u < 0]
+        and P(u < 0)), so dE/dmu_f = c dW/dm, dE/dvar_f = -c dW/dvar_f, dE/dmu_g = -1 + 2 c W, dE/dvar_g = -2
+        c W."""
         o, tau = _ops(mu_f), self.tau
         m = y - mu_f
         var_f, s_f, floor_mask = _floored_std(var_f)
@@ -313,7 +334,9 @@ class HeteroscedasticGaussianLikelihood(_TwoLatentLikelihood):
         """-1/2 log 2pi - mu_g - 1/2 ((y - mu_f)^2 + s_f^2) exp(-2 mu_g + 2 s_g^2)."""
         return -0.5 * _LOG_2PI - mu_g - 0.5 * ((y - mu_f) ** 2 + var_f) * _lognormal_factor(2.0, mu_g, var_g)
 
-    def expected_log_prob_grads(self, y: Any, mu_f: Any, var_f: Any, mu_g: Any, var_g: Any) -> tuple[Any, tuple]:
+    def expected_log_prob_grads(
+        self, y: Any, mu_f: Any, var_f: Any, mu_g: Any, var_g: Any
+    ) -> tuple[Any, tuple]:
         """With c = E[e^-2g]: dE/dmu_f = c (y - mu_f), dE/dvar_f = -c / 2, dE/dmu_g = -1 + c ((y - mu_f)^2 +
         var_f), dE/dvar_g = -c ((y - mu_f)^2 + var_f)."""
         m = y - mu_f

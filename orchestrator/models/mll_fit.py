@@ -14,16 +14,17 @@ goes down a chain and reports which step it took:
 3. the default hyperparameters unfitted, with a `RuntimeWarning`.
 
 Each L-BFGS-B run goes to scipy's convergence test unless `maxiter` caps it (BoTorch's default: no cap below
-scipy's 15,000). The fit reports its iterations, summed over every attempt of the chain. On the laser benchmark's
-exact-ts run 7, refits on 1,200 and 1,300 16-D points took 422 s and 400 s, each ONE attempt without a warning: a
-slow refit is a long optimization, not a retry (warm refits of 500-1,200 of that run's points took 99-532
-iterations, 14-64 s, on a busy machine).
+scipy's 15,000). The fit reports its iterations, summed over every attempt of the chain. On the laser
+benchmark's exact-ts run 7, refits on 1,200 and 1,300 16-D points took 422 s and 400 s, each ONE attempt
+without a warning: a slow refit is a long optimization, not a retry (warm refits of 500-1,200 of that run's
+points took 99-532 iterations, 14-64 s, on a busy machine).
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from botorch.exceptions.errors import ModelFittingError
 from botorch.fit import fit_gpytorch_mll

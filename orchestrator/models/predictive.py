@@ -12,8 +12,9 @@ Everything is in the original units of y.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,9 +40,9 @@ _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 def _log_exp_ndtr(lin: Tensor, u: Tensor, x: Tensor) -> Tensor:
     """log(exp(lin) Phi(-x)) where lin = (x^2 - u^2) / 2, which equals log(phi(u) M(x)), M the Mills ratio
     Phi(-x) / phi(x). For x >= 0 by the scaled complementary error function, M(x) =
-    sqrt(pi/2) erfcx(x / sqrt(2)): `lin` and log Phi(-x) would both be ~x^2/2 there and cancel (at 1e17 once the
-    noise scale is 1e-10 of f's spread). For x < 0 as written: Phi(-x) ~ 1 and `lin` holds no large part that
-    cancels, whereas u^2/2 may (f's spread tiny next to the noise)."""
+    sqrt(pi/2) erfcx(x / sqrt(2)): `lin` and log Phi(-x) would both be ~x^2/2 there and cancel (at 1e17 once
+    the noise scale is 1e-10 of f's spread). For x < 0 as written: Phi(-x) ~ 1 and `lin` holds no large part
+    that cancels, whereas u^2/2 may (f's spread tiny next to the noise)."""
     pos = x.clamp_min(0)
     mills = -0.5 * u * u + torch.log(torch.special.erfcx(pos / math.sqrt(2))) + 0.5 * math.log(math.pi / 2)
     return torch.where(x >= 0, mills - _HALF_LOG_2PI, lin + log_ndtr(-x.clamp_max(0)))
@@ -63,7 +64,9 @@ def _normal_plus_half_normal_cdf(y: Tensor, mu: Tensor, s: Tensor, h: Tensor) ->
     """
     y, mu, s, h = torch.broadcast_tensors(y, mu, s, h)
     z = (y - mu) / torch.sqrt(s * s + h * h)
-    tee = torch.from_numpy(owens_t(z.detach().cpu().double().numpy(), (h / s).detach().cpu().double().numpy()))
+    tee = torch.from_numpy(
+        owens_t(z.detach().cpu().double().numpy(), (h / s).detach().cpu().double().numpy())
+    )
     return torch.special.ndtr(z) - 2 * tee.to(z)
 
 
@@ -87,26 +90,41 @@ class Forecast:
 
     def __post_init__(self) -> None:
         D.noise_constants(self.family, self.tau if self.family != "gaussian" else 0.5)
-        tensors = [torch.as_tensor(t, dtype=torch.float64) for t in (self.mu_f, self.var_f, self.mu_g, self.var_g)]
-        self.mu_f, self.var_f, self.mu_g, self.var_g = (t.reshape(-1) for t in torch.broadcast_tensors(*tensors))
+        tensors = [
+            torch.as_tensor(t, dtype=torch.float64) for t in (self.mu_f, self.var_f, self.mu_g, self.var_g)
+        ]
+        self.mu_f, self.var_f, self.mu_g, self.var_g = (
+            t.reshape(-1) for t in torch.broadcast_tensors(*tensors)
+        )
 
     def __len__(self) -> int:
         return self.mu_f.shape[0]
 
-    def __getitem__(self, idx: Any) -> "Forecast":
+    def __getitem__(self, idx: Any) -> Forecast:
         sel = lambda t: t[idx].reshape(-1)  # noqa: E731
-        return Forecast(self.family, self.tau, sel(self.mu_f), sel(self.var_f), sel(self.mu_g), sel(self.var_g))
+        return Forecast(
+            self.family, self.tau, sel(self.mu_f), sel(self.var_f), sel(self.mu_g), sel(self.var_g)
+        )
 
     # ------------------------------------------------------------------ records
     def to_records(self) -> list[dict[str, Any]]:
         """One plain dict per point (what the event log stores with a proposal)."""
         return [
-            {"family": self.family, "tau": float(self.tau), "mu_f": float(a), "var_f": float(b), "mu_g": float(c), "var_g": float(d)}
-            for a, b, c, d in zip(self.mu_f.tolist(), self.var_f.tolist(), self.mu_g.tolist(), self.var_g.tolist())
+            {
+                "family": self.family,
+                "tau": float(self.tau),
+                "mu_f": float(a),
+                "var_f": float(b),
+                "mu_g": float(c),
+                "var_g": float(d),
+            }
+            for a, b, c, d in zip(
+                self.mu_f.tolist(), self.var_f.tolist(), self.mu_g.tolist(), self.var_g.tolist()
+            )
         ]
 
     @classmethod
-    def from_records(cls, records: Sequence[dict[str, Any]]) -> "Forecast":
+    def from_records(cls, records: Sequence[dict[str, Any]]) -> Forecast:
         """Inverse of `to_records`; all records must share family and tau."""
         if not records:
             raise ValueError("from_records needs at least one record")
@@ -132,7 +150,8 @@ class Forecast:
 
     # ------------------------------------------------------------------ CDF and quantiles
     def cdf(self, y: Tensor | float) -> Tensor:
-        """P(Y_i <= y_i): `y` is a scalar, `n`, or `n x k` (points first); returns its shape (`n` for a scalar)."""
+        """P(Y_i <= y_i): `y` is a scalar, `n`, or `n x k` (points first); returns its shape (`n` for a
+        scalar)."""
         y = torch.as_tensor(y, dtype=torch.float64)
         if y.ndim == 0:
             y = y.expand(len(self))

@@ -30,8 +30,8 @@ class QuantileSVGP(TwoLatentSVGPSurrogate):
     #: the noise's scale g is a GP (SVGPOptions' default, the spec's model): with the natural-gradient fit it
     #: recommends better than one constant scale on all three problems of benchmarks/quality.py (5 seeds each;
     #: benchmarks/results/quality/screen_ng, methods quantile-ts-gp-scale and quantile-ts-const). A constant
-    #: scale is overconfident where the noise is wide, and recommends settings whose few lucky draws hide a low
-    #: quantile.
+    #: scale is overconfident where the noise is wide, and recommends settings whose few lucky draws hide a
+    #: low quantile.
     default_options: dict = {}
 
     def _make_likelihood(self, tau: float) -> AsymmetricLaplaceLikelihood:

@@ -2,10 +2,11 @@
 `orchestrator.models.full_variational` (quantile-expectile-bo.md §1.4 with Z = X).
 
 q(h) ∝ N(h; 0, K) prod_i exp(nu_i h_i - lambda_i h_i^2 / 2) per latent; with B = I + Lambda^1/2 K Lambda^1/2 =
-L_B L_B^T, Sigma = K - A^T A (A = L_B^-1 Lambda^1/2 K) and mu = Sigma nu. The fixed point of conjugate-computation
-variational inference (Khan & Lin 2017), lambda <- -2 dE/dv and nu <- dE/dmu - 2 dE/dv mu, is found by
-Anderson acceleration (Walker & Ni 2011) of that map, each step after a few quasi-Newton steps on the means at
-the current lambda (matrix-vector products with A, no factorization), with damped steps where the ELBO would
+L_B L_B^T, Sigma = K - A^T A (A = L_B^-1 Lambda^1/2 K) and mu = Sigma nu. The fixed point of
+conjugate-computation variational inference (Khan & Lin 2017), lambda <- -2 dE/dv and nu <- dE/dmu - 2 dE/dv
+mu, is found by Anderson acceleration (Walker & Ni 2011) of that map, each step after a few quasi-Newton steps
+on the means at the current lambda (matrix-vector products with A, no factorization), with damped steps where
+the ELBO would
 fall. The steps run on numpy arrays with LAPACK directly: at these sizes a torch call's overhead is most of a
 step's cost. `extrapolate_sites` starts the next hyperparameter value's fixed point from the last ones.
 """
@@ -46,7 +47,8 @@ def _cholesky(A: np.ndarray) -> np.ndarray:
     """Lower Cholesky factor of the symmetric positive definite `A` (LAPACK potrf, upper triangle zeroed)."""
     L, info = lapack.dpotrf(A, lower=1, clean=1)
     if info != 0:
-        raise torch.linalg.LinAlgError(f"a site posterior's matrix is not positive definite (potrf info {info})")
+        raise torch.linalg.LinAlgError("a site posterior's matrix is not positive definite (potrf info "
+                                       f"{info})")
     return L
 
 
@@ -133,10 +135,10 @@ class Evaluation(NamedTuple):
 
 
 class SiteProblem:
-    """The sites' problem at fixed hyperparameters, on numpy arrays: the prior covariances `K` (`k x m x m`) of
-    the first k latents (f, or f and g), the other latent's prior marginal (`prior`: the `2` constant means and
-    jittered outputscales), the likelihood and the observations (observation j at input `idx[j]`; when `idx` is
-    a permutation, the observations are put in the inputs' order once)."""
+    """The sites' problem at fixed hyperparameters, on numpy arrays: the prior covariances `K` (`k x m x m`)
+    of the first k latents (f, or f and g), the other latent's prior marginal (`prior`: the `2` constant means
+    and jittered outputscales), the likelihood and the observations (observation j at input `idx[j]`; when
+    `idx` is a permutation, the observations are put in the inputs' order once)."""
 
     def __init__(self, K: np.ndarray, prior: tuple[np.ndarray, np.ndarray], idx: Tensor, Y: Tensor,
                  likelihood: Any) -> None:
@@ -166,8 +168,9 @@ class SiteProblem:
 
     def refine(self, nu: np.ndarray, ev: Evaluation) -> tuple[np.ndarray, Evaluation]:
         """One step of the means' fixed point at the evaluation's lambda, K^-1 mu = dE/dmu, as nu = dE/dmu +
-        lambda mu (a quasi-Newton step on the means): Sigma and its factors stay, so the step costs matrix-vector
-        products (O(m^2)) instead of a factorization (O(m^3)). Returns (nu, the evaluation there)."""
+        lambda mu (a quasi-Newton step on the means): Sigma and its factors stay, so the step costs
+        matrix-vector products (O(m^2)) instead of a factorization (O(m^3)). Returns (nu, the evaluation
+        there)."""
         post = ev.post
         nu_new = ev.g_mean + post.lam * post.mean
         mean = np.empty_like(nu_new)
@@ -196,9 +199,9 @@ class SiteProblem:
 
 
 class _History:
-    """The Anderson acceleration's memory: the last `ANDERSON_MEMORY` steps' differences of x and of the residual
-    f = T(x) - x (columns of `dX`, `dF`, in any order: the combination does not depend on it), and the last
-    (x, f)."""
+    """The Anderson acceleration's memory: the last `ANDERSON_MEMORY` steps' differences of x and of the
+    residual f = T(x) - x (columns of `dX`, `dF`, in any order: the combination does not depend on it), and
+    the last (x, f)."""
 
     def __init__(self, size: int) -> None:
         self.dX = np.empty((size, ANDERSON_MEMORY))
@@ -218,7 +221,8 @@ class _History:
         self.count = 0
 
     def step(self, x: np.ndarray, f: np.ndarray) -> np.ndarray | None:
-        """The accelerated point x + f - (dX + dF) gamma, gamma = argmin |f - dF gamma|; None without memory."""
+        """The accelerated point x + f - (dX + dF) gamma, gamma = argmin |f - dF gamma|; None without
+        memory."""
         used = min(self.count, ANDERSON_MEMORY)
         if used == 0:
             return None
@@ -229,7 +233,9 @@ class _History:
         return x + f - (dX + dF) @ gamma
 
 
-def _refined(problem: SiteProblem, x: np.ndarray, ev: Evaluation, tol: float) -> tuple[np.ndarray, Evaluation]:
+def _refined(
+    problem: SiteProblem, x: np.ndarray, ev: Evaluation, tol: float
+) -> tuple[np.ndarray, Evaluation]:
     """x and its evaluation after up to `MEAN_STEPS` of `SiteProblem.refine`, each kept while the ELBO rises;
     they stop once a step moves no mean by more than `tol`."""
     size = x.size // 2
@@ -262,7 +268,7 @@ def solve_fixed_point(problem: SiteProblem, nu: np.ndarray, lam: np.ndarray, max
     cur = problem.evaluate(nu, lam)
     x = np.concatenate([nu.ravel(), lam.ravel()])
     beta, steps, previous = INITIAL_STEP, 0, None
-    for steps in range(1, max_steps + 1):
+    for steps in range(1, max_steps + 1):  # noqa: B007 -- `steps` is read after the loop
         x_ref, cur = _refined(problem, x, cur, tol)
         lam_target = clamp_precisions(-2.0 * cur.g_var)
         target = np.concatenate([(cur.g_mean + lam_target * cur.post.mean).ravel(), lam_target.ravel()])
@@ -295,7 +301,9 @@ def solve_fixed_point(problem: SiteProblem, nu: np.ndarray, lam: np.ndarray, max
     return x[:size].reshape(shape), x[size:].reshape(shape), steps, cur
 
 
-def extrapolate_sites(trail: list[tuple[np.ndarray, np.ndarray]], theta: np.ndarray, x: np.ndarray) -> np.ndarray:
+def extrapolate_sites(
+    trail: list[tuple[np.ndarray, np.ndarray]], theta: np.ndarray, x: np.ndarray
+) -> np.ndarray:
     """Starting sites x = (nu, lambda) at hyperparameters `theta` from the fixed points (theta_j, x_j) of the
     last values (multi-secant): theta - theta_b, b the last, projected on the span of theta_j - theta_b, moves
     the sites as the same combination of x_j - x_b. Without two past values, `x`."""

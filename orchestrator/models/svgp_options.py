@@ -70,13 +70,13 @@ class SVGPOptions:
             (§1.3), the prior's mode with the dimension-scaled one.
         lengthscale_prior: "dim-scaled" (default): l_d ~ LogNormal(sqrt 2 + log(d)/2, sqrt 3) (Hvarfner et al.
             2024, BoTorch's default), mode 0.36 at d = 3, 0.50 at d = 6, 0.82 at d = 16; "spec":
-            l_d ~ LogNormal(log 0.2, 1), spec §1.3, whose mode is 0.074 in every dimension. With few observations in
-            several dimensions the fit sits near the prior's mode, and 0.074 there leaves the model knowing
-            nothing between its points (benchmarks/hpo.py, README).
+            l_d ~ LogNormal(log 0.2, 1), spec §1.3, whose mode is 0.074 in every dimension. With few
+            observations in several dimensions the fit sits near the prior's mode, and 0.074 there leaves the
+            model knowing nothing between its points (benchmarks/hpo.py, README).
         outputscale_init: initial outputscale of both latents as a fraction of the variance of Y as the model
             sees it (0.5: Var(Y)/2, the pubcode's, spec §1.3; with standardized outcomes, 0.5).
-        y_scale: None (default): the model sees standardized outcomes (Y - mean) / std, or (Y - median) / (IQR /
-            1.349) when a few outliers dominate the std (`svgp_standardization`). A positive number s:
+        y_scale: None (default): the model sees standardized outcomes (Y - mean) / std, or (Y - median) / (IQR
+            / 1.349) when a few outliers dominate the std (`svgp_standardization`). A positive number s:
             the model sees Y / s, neither centred nor standardized, the pubcode's convention (spec §1.3: no
             standardization, lunar-lander rewards divided by 300). The hyperpriors are in the units the model
             sees, so this changes how wide the outputscale prior LogNormal(0, 1) is against the data.
@@ -91,7 +91,8 @@ class SVGPOptions:
             "constant": g is one learned constant (its GP's variance is held at `MIN_OUTPUTSCALE`, so
             it varies by about 0.1% at most, and its hyperpriors leave the loss): the noise has the same scale
             everywhere. A GP g can explain an isolated high measurement as noise where it stands; a constant
-            one cannot, and takes it as signal (the laser simulator's narrow peak; the sparse approximation may
+            one cannot, and takes it as signal (the laser simulator's narrow peak; the sparse approximation
+            may
             still smooth it away as observations outnumber the inducing points: README, Laser, "Two causes").
         seed: seed of the minibatch order, k-means and the uniform fill of Z.
     """
@@ -122,7 +123,8 @@ class SVGPOptions:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        self.warm_max_steps = check_int("`warm_max_steps`", self.warm_max_steps, 0, must="a non-negative integer")
+        self.warm_max_steps = check_int("`warm_max_steps`", self.warm_max_steps, 0, must="a non-negative "
+                                                                                         "integer")
         positive_ints = ("batch_size", "max_steps", "min_steps_per_epoch", "plateau_patience",
                          "early_stop_patience", "warm_early_stop_patience", "kmeans_iter", "full_batch_max")
         for name in positive_ints:
@@ -130,8 +132,18 @@ class SVGPOptions:
         self.seed = check_int("`seed`", self.seed, 0, 2**63, hi_open=True, must="an integer in [0, 2**63)")
         for name in ("lr", "min_lr", "lengthscale_init", "outputscale_init", "y_scale"):
             optional = name in ("lengthscale_init", "y_scale")
-            setattr(self, name, check_float(f"`{name}`", getattr(self, name), 0.0, lo_open=True, optional=optional,
-                                            must="a positive number"))
+            setattr(
+                self,
+                name,
+                check_float(
+                    f"`{name}`",
+                    getattr(self, name),
+                    0.0,
+                    lo_open=True,
+                    optional=optional,
+                    must="a positive number",
+                ),
+            )
         self.min_delta = check_float("`min_delta`", self.min_delta, 0.0, must="a non-negative number")
         self.plateau_factor = check_float("`plateau_factor`", self.plateau_factor, 0.0, 1.0, lo_open=True,
                                           hi_open=True, must="in (0, 1)")
@@ -148,7 +160,7 @@ class SVGPOptions:
             setattr(self, name, check_bool(f"`{name}`", getattr(self, name)))
 
     @classmethod
-    def from_dict(cls, options: dict[str, Any]) -> "SVGPOptions":
+    def from_dict(cls, options: dict[str, Any]) -> SVGPOptions:
         """Build from a dict, naming any unknown key and listing the valid ones."""
         valid = {f.name for f in fields(cls)}
         unknown = sorted(set(options) - valid)
@@ -158,10 +170,10 @@ class SVGPOptions:
 
 
 def standardization(Y: Tensor) -> tuple[float, float]:
-    """(mean, std) that standardize the outcomes `Y`: std 1 for fewer than two points or a constant Y (a spread
-    at roundoff level, <= `ROUNDOFF_REL` |mean|, 64 float64 ulps); any real spread is kept, however small
-    (outcomes of order 1e-10 are not constant: replacing their std by 1 flattened them and the recommendation
-    went to a cube corner)."""
+    """(mean, std) that standardize the outcomes `Y`: std 1 for fewer than two points or a constant Y (a
+    spread at roundoff level, <= `ROUNDOFF_REL` |mean|, 64 float64 ulps); any real spread is kept, however
+    small (outcomes of order 1e-10 are not constant: replacing their std by 1 flattened them and the
+    recommendation went to a cube corner)."""
     y_mean = float(Y.mean())
     y_std = float(Y.std()) if Y.shape[0] > 1 else 0.0
     return y_mean, (y_std if y_std > ROUNDOFF_REL * abs(y_mean) and y_std > 0.0 else 1.0)
@@ -183,14 +195,18 @@ def svgp_standardization(Y: Tensor) -> tuple[float, float]:
     dominate the std (it exceeds `OUTLIER_STD_RATIO` quartile-based stds): then (median, IQR / 1.349).
 
     A single -1e6 among outcomes of order 1 makes the std 1e5 and the signal 1e-5 standardized units, below
-    what the hyperpriors and the fit resolve: every SVGP's recommendation would be arbitrary and its prediction
-    far outside the data. With the quartiles the bulk of the outcomes keeps unit scale and the
+    what the hyperpriors and the fit resolve: every SVGP's recommendation would be arbitrary and its
+    prediction far outside the data. With the quartiles the bulk of the outcomes keeps unit scale and the
     outlier is one far point, which the asymmetric-Laplace likelihood of the quantile model discounts. The
-    exact GP keeps the mean/std standardization of BoTorch's `Standardize` (done here, by `standardization`), as its users expect.
+    exact GP keeps the mean/std standardization of BoTorch's `Standardize` (done here, by `standardization`),
+    as its users expect.
     """
     center, scale = standardization(Y)
     if Y.shape[0] >= 4:
-        q1, median, q3 = (float(v) for v in torch.quantile(Y, torch.tensor([0.25, 0.5, 0.75], dtype=Y.dtype, device=Y.device)))
+        q1, median, q3 = (
+            float(v)
+            for v in torch.quantile(Y, torch.tensor([0.25, 0.5, 0.75], dtype=Y.dtype, device=Y.device))
+        )
         robust = (q3 - q1) / NORMAL_IQR
         if robust > ROUNDOFF_REL * abs(median) and scale > OUTLIER_STD_RATIO * robust:
             return median, robust

@@ -2,10 +2,11 @@
 
 ARCHITECTURE.md "The path of one evaluation", steps 1 and 6. The driver creates the evaluation pool
 (workers/pool.py), which owns the evaluation tasks, and the central actor (orchestrator/actor.py) with
-`max_restarts`: a crashed central actor is restarted, replays the event log and finds its pool by name, while the
-evaluations go on. Both are named in `NAMESPACE` after the run directory, so a second run on the same directory
-is refused in one line, and placed on the driver's node. The driver reads the central actor's pid to tell a restart
-from a moment it was unreachable; an actor that cannot start or dies for good is one line naming the cause.
+`max_restarts`: a crashed central actor is restarted, replays the event log and finds its pool by name, while
+the evaluations go on. Both are named in `NAMESPACE` after the run directory, so a second run on the same
+directory is refused in one line, and placed on the driver's node. The driver reads the central actor's pid to
+tell a restart from a moment it was unreachable; an actor that cannot start or dies for good is one line
+naming the cause.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import contextlib
 import os
 import re
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from orchestrator.actor import CentralActor
 from orchestrator.errors import QbatchError, UsageError
@@ -27,7 +29,8 @@ ACTOR_RESTARTS = 3
 
 
 def actor_name(run_dir: str) -> str:
-    """Name of the central actor of `run_dir` (find it with `ray.get_actor(actor_name(d), namespace=NAMESPACE)`)."""
+    """Name of the central actor of `run_dir` (find it with `ray.get_actor(actor_name(d),
+    namespace=NAMESPACE)`)."""
     return "qbatch:" + os.path.abspath(run_dir) if "://" not in run_dir else "qbatch:" + run_dir
 
 
@@ -38,21 +41,22 @@ def pool_name(run_dir: str) -> str:
 
 
 def _name_taken(name: str, run_dir: str, new_run: bool) -> UsageError:
-    """A run whose actor's name another actor on this Ray holds (the same run directory path, e.g. from another
-    machine or container sharing the cluster): one line, and a new run, which recorded nothing, leaves no run
-    directory behind (rather than a Ray traceback and a rerun refused as "already holds a run")."""
+    """A run whose actor's name another actor on this Ray holds (the same run directory path, e.g. from
+    another machine or container sharing the cluster): one line, and a new run, which recorded nothing, leaves
+    no run directory behind (rather than a Ray traceback and a rerun refused as "already holds a run")."""
     from orchestrator.store import RunStore
 
     if not new_run:
-        return UsageError(f"an actor named {name!r} (namespace {NAMESPACE!r}) is already on this Ray: a qbatch run "
-                          f"with the run directory path {run_dir} goes on there (from another machine or container?); "
-                          "resume this run once that one has ended, or on another Ray")
+        return UsageError(f"an actor named {name!r} (namespace {NAMESPACE!r}) is already on this Ray: a "
+                          f"qbatch run with the run directory path {run_dir} goes on there (from another "
+                          "machine or container?); resume this run once that one has ended, or on another "
+                          "Ray")
     then = ""
     if RunStore.discard_unstarted(run_dir):
         then = "; nothing was recorded and the run directory was cleared"
-    return UsageError(f"an actor named {name!r} (namespace {NAMESPACE!r}) is already on this Ray: another qbatch "
-                      f"run uses the run directory path {run_dir} (from another machine or container?); choose "
-                      f"another --run-dir{then}")
+    return UsageError(f"an actor named {name!r} (namespace {NAMESPACE!r}) is already on this Ray: another "
+                      f"qbatch run uses the run directory path {run_dir} (from another machine or "
+                      f"container?); choose another --run-dir{then}")
 
 
 def _start_actors(
@@ -65,14 +69,15 @@ def _start_actors(
     by_value: Any = None,
 ) -> tuple[Any, Any]:
     """Create the evaluation pool, then the central actor of `run_dir`; their handles `(actor, pool)`. A name
-    another actor holds is `_name_taken`; the pool of a central actor that cannot be created is killed. The pool
-    evaluates `by_value` (a `ByValue` objective) where one is given, else the config's `(name, options)`."""
+    another actor holds is `_name_taken`; the pool of a central actor that cannot be created is killed. The
+    pool evaluates `by_value` (a `ByValue` objective) where one is given, else the config's `(name,
+    options)`."""
     import ray
 
     # the driver owns the evaluation tasks' owner, so evaluations survive a crash of the central actor; both
     # actors go to the driver's node (the head, in the README's cluster recipe), so the model's refits do not
-    # compete with evaluations on a worker. Hard affinity: Ray's soft one placed a 0-CPU actor elsewhere 7 times
-    # in 8 (three-node Cluster); the node cannot be lost without the driver, whose run then ends anyway.
+    # compete with evaluations on a worker. Hard affinity: Ray's soft one placed a 0-CPU actor elsewhere 7
+    # times in 8 (three-node Cluster); the node cannot be lost without the driver, whose run then ends anyway.
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     try:
@@ -113,7 +118,8 @@ def _start_actors(
 def _wait_for_actor(actor: Any, timeout_s: float = 600.0) -> int:
     """Wait until the central actor answers again (after a restart it has replayed the log); its pid.
 
-    Raises the actor's error when it is dead for good (restarts exhausted) or still unreachable after `timeout_s`.
+    Raises the actor's error when it is dead for good (restarts exhausted) or still unreachable after
+    `timeout_s`.
     """
     import ray
 
@@ -128,9 +134,9 @@ def _wait_for_actor(actor: Any, timeout_s: float = 600.0) -> int:
 
 
 def _actor_pid(actor: Any, run_dir: str, after_error: bool = False, new_run: bool = False) -> int:
-    """The central actor's pid: at its start, or `after_error` once it answers again (`_wait_for_actor`). An actor
-    that could not start, or died for good (its restarts used up), is a `QbatchError` of one line naming the
-    cause and how to continue, not Ray's traceback. A `new_run` whose actor could not start has recorded
+    """The central actor's pid: at its start, or `after_error` once it answers again (`_wait_for_actor`). An
+    actor that could not start, or died for good (its restarts used up), is a `QbatchError` of one line naming
+    the cause and how to continue, not Ray's traceback. A `new_run` whose actor could not start has recorded
     nothing: its run directory is cleared (`RunStore.discard_unstarted`), so that the same command runs again
     once the cause is fixed (a cluster that cannot import the user's objective would otherwise leave a run
     directory that refuses the rerun, and a resume that fails the same way)."""
@@ -146,14 +152,16 @@ def _actor_pid(actor: Any, run_dir: str, after_error: bool = False, new_run: boo
             raise UsageError(f"the central actor of {run_dir} could not start: {line}") from None
         hint = ""
         if re.search(r"cannot import module|ModuleNotFoundError|No module named", line):
-            hint = (" (the driver imported the objective, the central actor's Ray worker could not: on a cluster, "
-                    "start its nodes with the module on their PYTHONPATH, or submit the run with `ray job submit "
-                    "--working-dir`)")
+            hint = (" (the driver imported the objective, the central actor's Ray worker could not: on a "
+                    "cluster, start its nodes with the module on their PYTHONPATH, or submit the run with "
+                    "`ray job submit --working-dir`)")
         what = "died for good (its restarts are used up)" if after_error else "could not start"
         then = f"every recorded result is in the log, `qbatch resume {run_dir}` continues the run"
         if not after_error and new_run and _discard_when_released(actor, run_dir):
-            then = "nothing was recorded and the run directory was cleared: run the same command again once that " \
-                "is fixed"
+            then = (
+                "nothing was recorded and the run directory was cleared: run the same command again once "
+                "that is fixed"
+            )
         raise QbatchError(f"the central actor of {run_dir} {what}: {line}{hint}; {then}") from None
 
 
@@ -175,7 +183,8 @@ def _discard_when_released(actor: Any, run_dir: str, wait_s: float = 15.0) -> bo
 
 
 def _error_line(exc: BaseException) -> str:
-    """The last `SomeError: message` line of an exception's text (Ray wraps the cause's traceback), else its first."""
+    """The last `SomeError: message` line of an exception's text (Ray wraps the cause's traceback), else its
+    first."""
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     causes = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception|Exit)\b.*:", ln)]
     return (causes or lines or [type(exc).__name__])[-1 if causes else 0][:400]

@@ -2,14 +2,15 @@
 
 ARCHITECTURE.md "The path of one evaluation", step 1 (`--address` for a cluster). Ray retries an address where
 nothing answers for minutes and waits as long on a web server's port; these checks answer at once, in one line
-naming the address. They also tell whether an address names another Ray than the one this process is connected to,
-and keep the cause Ray chains to a connection error.
+naming the address. They also tell whether an address names another Ray than the one this process is connected
+to, and keep the cause Ray chains to a connection error.
 
-Token authentication (`RAY_AUTH_MODE=token`, the default of local clusters since Ray 2.59): Ray sends a token to an
-explicit address only when this process's `RAY_AUTH_MODE` is `token`, and a cluster that wants one refuses the
-connection for 20 s of retries, with an error that names neither the mode nor the token. One RPC to the GCS
-(`_check_token_auth`) tells at once whether the cluster refuses this process, and the line names the fix: the
-mode, and where Ray looks for the token (RAY_AUTH_TOKEN, the file RAY_AUTH_TOKEN_PATH names, ~/.ray/auth_token).
+Token authentication (`RAY_AUTH_MODE=token`, the default of local clusters since Ray 2.59): Ray sends a token
+to an explicit address only when this process's `RAY_AUTH_MODE` is `token`, and a cluster that wants one
+refuses the connection for 20 s of retries, with an error that names neither the mode nor the token. One RPC
+to the GCS (`_check_token_auth`) tells at once whether the cluster refuses this process, and the line names
+the fix: the mode, and where Ray looks for the token (RAY_AUTH_TOKEN, the file RAY_AUTH_TOKEN_PATH names,
+~/.ray/auth_token).
 qbatch never sends a token Ray itself would not.
 """
 
@@ -70,11 +71,11 @@ def _check_reachable(address: str, timeout_s: float = 5.0, token: bool = True) -
     """Refuse a ``host:port`` (or ``ray://host:port``) address where nothing accepts a connection.
 
     Ray itself retries such an address for minutes (its GCS client) before it fails with a timeout; one TCP
-    connect tells the user at once. "auto" is checked at the address Ray resolves it to (`_auto_ray_address`): a
-    driver killed before it shut its local Ray down leaves its record behind, and a Ray in another network
-    namespace shows its GCS process; "auto" would then hang for minutes. "local" is Ray's; a malformed address is
-    left to Ray's parser, whose error the caller reports. With `token`, a Ray's GCS that refuses this process for
-    want of its token is refused too (`_check_token_auth`).
+    connect tells the user at once. "auto" is checked at the address Ray resolves it to (`_auto_ray_address`):
+    a driver killed before it shut its local Ray down leaves its record behind, and a Ray in another network
+    namespace shows its GCS process; "auto" would then hang for minutes. "local" is Ray's; a malformed address
+    is left to Ray's parser, whose error the caller reports. With `token`, a Ray's GCS that refuses this
+    process for want of its token is refused too (`_check_token_auth`).
     """
     if address == "auto":
         found = _auto_ray_address()
@@ -83,10 +84,11 @@ def _check_reachable(address: str, timeout_s: float = 5.0, token: bool = True) -
                 _check_reachable(found, timeout_s, token=False)
             except UsageError:
                 raise UsageError(
-                    f"`--address` 'auto': the Ray it finds ({found}: RAY_ADDRESS, the address the last Ray on this "
-                    "machine recorded, or a running GCS process) does not answer; is that Ray gone (a run killed "
-                    "before it shut its Ray down leaves its record), or in another network namespace? Start one "
-                    "with `ray start --head`, or leave --address out for a local Ray") from None
+                    f"`--address` 'auto': the Ray it finds ({found}: RAY_ADDRESS, the address the last Ray "
+                    "on this machine recorded, or a running GCS process) does not answer; is that Ray gone "
+                    "(a run killed before it shut its Ray down leaves its record), or in another network "
+                    "namespace? Start one with `ray start --head`, or leave --address out for a local "
+                    "Ray") from None
             if token:
                 _check_token_auth("auto", found, timeout_s)
         return
@@ -110,16 +112,16 @@ def _check_reachable(address: str, timeout_s: float = 5.0, token: bool = True) -
         ) from None
     if speaks_http1:
         raise UsageError(
-            f"`--address` {address!r}: {host}:{port} answers as a web server (HTTP/1) does, such as Ray's dashboard ("
-            "the address `ray job submit` takes), not Ray's GCS; give the address `ray start --head` printed "
-            "(port 6379 by default), or 'auto' on a node of the cluster")
+            f"`--address` {address!r}: {host}:{port} answers as a web server (HTTP/1) does, such as Ray's "
+            "dashboard (the address `ray job submit` takes), not Ray's GCS; give the address `ray start "
+            "--head` printed (port 6379 by default), or 'auto' on a node of the cluster")
     if token and "://" not in address:  # a GCS address (a "ray://" client server speaks another protocol)
         _check_token_auth(address, f"{host}:{port}", timeout_s)
 
 
 #: where Ray looks for the token, in its order, and how to get the cluster's
-_TOKEN_SOURCES = ("RAY_AUTH_TOKEN, a file named by RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token (`ray get-auth-token` "
-                  "on the cluster's head prints its token)")
+_TOKEN_SOURCES = ("RAY_AUTH_TOKEN, a file named by RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token (`ray "
+                  "get-auth-token` on the cluster's head prints its token)")
 #: the GCS's cheapest RPC, the first a Ray client calls (an empty request)
 _GCS_PROBE = "/ray.rpc.NodeInfoGcsService/GetClusterId"
 #: what Ray's GCS answers a connection without the right token (its retries log it; `ray.init` drops it)
@@ -143,8 +145,8 @@ def _local_token() -> tuple[str, str] | None:
 
 
 def _sends_token(address: str, token: tuple[str, str] | None) -> bool:
-    """Whether `ray.init(address)` in this process sends a token: `RAY_AUTH_MODE=token`, or (Ray's own rule) the
-    mode unset, the address "auto" and a token at hand."""
+    """Whether `ray.init(address)` in this process sends a token: `RAY_AUTH_MODE=token`, or (Ray's own rule)
+    the mode unset, the address "auto" and a token at hand."""
     mode = os.environ.get("RAY_AUTH_MODE")
     if mode is not None:
         return mode.strip().lower() == "token"
@@ -162,21 +164,21 @@ def _token_refused_line(address: str, target: str, sends: bool, token: tuple[str
     if token is not None:
         return (f"{head}, and this process sends no token: set RAY_AUTH_MODE=token{now} to send the one in "
                 f"{token[1]}, if it is the cluster's; else put the cluster's token in {_TOKEN_SOURCES}")
-    return (f"{head}, and this process sends no token: set RAY_AUTH_MODE=token{now}, with the cluster's token in "
-            f"{_TOKEN_SOURCES}")
+    return (f"{head}, and this process sends no token: set RAY_AUTH_MODE=token{now}, with the cluster's "
+            f"token in {_TOKEN_SOURCES}")
 
 
 def _check_token_auth(address: str, target: str, timeout_s: float = 5.0) -> None:
-    """Refuse, in one line naming the fix, a Ray whose GCS at `target` ("host:port") refuses this process: it sends
-    no token and the cluster wants one, or it sends one the cluster does not take. One RPC with the token Ray would
-    send (none where Ray would send none); anything else it meets (no grpc, TLS, an older Ray) leaves it to Ray.
-    `RAY_AUTH_MODE=token` with no token at all is refused without a probe, as Ray refuses it (after lines of its
-    own log)."""
+    """Refuse, in one line naming the fix, a Ray whose GCS at `target` ("host:port") refuses this process: it
+    sends no token and the cluster wants one, or it sends one the cluster does not take. One RPC with the
+    token Ray would send (none where Ray would send none); anything else it meets (no grpc, TLS, an older Ray)
+    leaves it to Ray. `RAY_AUTH_MODE=token` with no token at all is refused without a probe, as Ray refuses it
+    (after lines of its own log)."""
     token = _local_token()
     sends = _sends_token(address, token)
     if sends and token is None:
-        raise UsageError(f"`--address` {address!r}: RAY_AUTH_MODE is 'token' here, but this process has no token: put "
-                         f"the cluster's token in {_TOKEN_SOURCES}")
+        raise UsageError(f"`--address` {address!r}: RAY_AUTH_MODE is 'token' here, but this process has no "
+                         f"token: put the cluster's token in {_TOKEN_SOURCES}")
     try:
         import grpc
 
@@ -193,8 +195,8 @@ def _check_token_auth(address: str, target: str, timeout_s: float = 5.0) -> None
 
 
 def _token_refusal(address: str, exc: BaseException) -> str | None:
-    """For `ray.init`'s connection error: the one line of `_token_refused_line` when Ray's GCS refused this process's
-    token (its reason is in the error's causes, in a traceback's text), else None."""
+    """For `ray.init`'s connection error: the one line of `_token_refused_line` when Ray's GCS refused this
+    process's token (its reason is in the error's causes, in a traceback's text), else None."""
     import traceback
 
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
@@ -209,10 +211,10 @@ _HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x0
 
 
 def _answers_http1(conn: socket.socket, timeout_s: float) -> bool:
-    """Whether the server on `conn` answers a gRPC client's first bytes in text, as an HTTP/1 server does ("HTTP/1.1
-    400 ...", or an HTML error page). Ray's GCS and client server speak gRPC (HTTP/2) and answer with a binary
-    SETTINGS frame (a TLS server with a binary alert). The dashboard's port (8265, which the README's
-    `ray job submit` uses) passes the connect check, and `ray.init` then waits 14 minutes. No answer,
+    """Whether the server on `conn` answers a gRPC client's first bytes in text, as an HTTP/1 server does
+    ("HTTP/1.1 400 ...", or an HTML error page). Ray's GCS and client server speak gRPC (HTTP/2) and answer
+    with a binary SETTINGS frame (a TLS server with a binary alert). The dashboard's port (8265, which the
+    README's `ray job submit` uses) passes the connect check, and `ray.init` then waits 14 minutes. No answer,
     or a reset, counts as not HTTP/1: Ray decides."""
     try:
         conn.settimeout(min(timeout_s, 2.0))

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Mapping, TextIO
+from collections.abc import Mapping
+from typing import Any, TextIO
 
 from orchestrator.errors import ConfigError
 from orchestrator.runner.drive import _drive
@@ -50,8 +51,9 @@ def run_experiment(
         max_concurrent: overrides the config's `max_concurrent`.
         progress: show a live progress bar (best value, evaluations/s, utilization).
         out: where the final lines go (default stdout).
-        actor_options: extra keyword arguments of `CentralActor` (`ACTOR_OPTIONS`: queue_low, refit_interval_s,
-            isolate, max_refit_failures); checked, with `max_concurrent` and `num_cpus`, before Ray starts.
+        actor_options: extra keyword arguments of `CentralActor` (`ACTOR_OPTIONS`: queue_low,
+            refit_interval_s, isolate, max_refit_failures); checked, with `max_concurrent` and `num_cpus`,
+            before Ray starts.
 
     Returns:
         The actor's final summary (counts, best, utilization, run_dir).
@@ -92,22 +94,32 @@ def _run(
         raise
     rd = _absolute(cfg.resolve_run_dir(run_dir))
     if RunStore.exists(rd):
-        raise ConfigError(f"`run_dir` {rd!r} already holds a run; use `qbatch resume {rd}` or choose another run_dir")
+        raise ConfigError(f"`run_dir` {rd!r} already holds a run; use `qbatch resume {rd}` or choose another "
+                          "run_dir")
     try:
         RunStore.check_new(rd)  # before Ray starts: never write a run among a folder's other files
     except StoreError as exc:
         raise ConfigError(str(exc)) from None
     with ray_session(address, num_cpus):
         _check_feasible(objective.resources)  # before the run directory exists: a rerun is not blocked
-        # the direction and the space as resolved (the objective's own where the config leaves them out): `status`
-        # and `report` read the direction from the run's config, and cannot always import a user objective to ask
-        # it; the space is pinned, so a resume maps the logged points the same way whatever changes in between
-        # (the objective's defaults, or how an override is read)
+        # the direction and the space as resolved (the objective's own where the config leaves them out):
+        # `status` and `report` read the direction from the run's config, and cannot always import a user
+        # objective to ask it; the space is pinned, so a resume maps the logged points the same way whatever
+        # changes in between (the objective's defaults, or how an override is read)
         RunStore.create(rd, {**cfg.to_dict(), "direction": cfg.resolve_direction(objective.direction),
                              "space": cfg.build_space(objective.space).describe()})
         with _sigterm_interrupts():  # SIGTERM interrupts the drive as Ctrl-C does
-            return _drive(rd, cfg, objective.resources, max_concurrent, progress, out, actor_options, new_run=True,
-                          by_value=by_value)
+            return _drive(
+                rd,
+                cfg,
+                objective.resources,
+                max_concurrent,
+                progress,
+                out,
+                actor_options,
+                new_run=True,
+                by_value=by_value,
+            )
 
 
 def resume_experiment(
@@ -128,8 +140,15 @@ def resume_experiment(
         RunDirError: (a `UsageError`, before Ray starts) no run at `run_dir`, its config.yaml is not YAML, or
             another process is writing it.
     """
-    return _resume(run_dir, address, num_cpus=num_cpus, max_concurrent=max_concurrent, progress=progress, out=out,
-                   actor_options=actor_options)
+    return _resume(
+        run_dir,
+        address,
+        num_cpus=num_cpus,
+        max_concurrent=max_concurrent,
+        progress=progress,
+        out=out,
+        actor_options=actor_options,
+    )
 
 
 def _resume(
@@ -165,5 +184,13 @@ def _resume(
     with ray_session(address, num_cpus):
         _check_feasible(objective.resources)
         with _sigterm_interrupts():
-            return _drive(_absolute(run_dir), cfg, objective.resources, max_concurrent, progress, out, actor_options,
-                          by_value=by_value)
+            return _drive(
+                _absolute(run_dir),
+                cfg,
+                objective.resources,
+                max_concurrent,
+                progress,
+                out,
+                actor_options,
+                by_value=by_value,
+            )

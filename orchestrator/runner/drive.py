@@ -3,9 +3,10 @@
 ARCHITECTURE.md "The path of one evaluation", steps 4 to 6, seen from the driver. `_drive` creates the run's
 actors (`_start_actors`), calls the central actor's `run` and waits on it while it shows progress; a crashed
 central actor is restarted by Ray and replays the log, and the driver calls `run` again (a new pid counts as a
-restart). The summary it returns comes with the run's report (what `qbatch report` writes) and the lines that end
-a run: the counts, the best point, where the results are. An interrupted or failed drive stops the actor before
-it kills both actors, so nothing more is dispatched.
+restart). The summary it returns comes with the run's report (what `qbatch report` writes) and the lines that
+end
+a run: the counts, the best point, where the results are. An interrupted or failed drive stops the actor
+before it kills both actors, so nothing more is dispatched.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Mapping, TextIO
+from collections.abc import Mapping
+from typing import Any, TextIO
 
 from orchestrator.actor import RunAbortedError
 from orchestrator.runner.actors import _actor_pid, _start_actors
@@ -86,9 +88,10 @@ def _drive(
         if bar is not None:
             _show(bar, summary)
     finally:
-        if summary is None:  # interrupted, or failed: end the actor's loop by a direct call before `ray.kill`,
-            # a request to the GCS, which a signal to the whole process group (SLURM's scancel) stops too: the
-            # actor would go on proposing and starting evaluations until its raylet drained.
+        if summary is None:
+            # interrupted, or failed: end the actor's loop by a direct call before `ray.kill`, a request to
+            # the GCS, which a signal to the whole process group (SLURM's scancel) stops too: the actor would
+            # go on proposing and starting evaluations until its raylet drained.
             # First of all: once the stop returns the actor dispatches nothing more (`CentralActor.stop`)
             try:
                 ray.get(actor.stop.remote(), timeout=15)
@@ -116,14 +119,15 @@ def _drive(
 
 
 def _write_report(run_dir: str, out: TextIO) -> tuple[str | None, Any]:
-    """Plots and summary tables of the finished run (what `qbatch report` writes) and its `RunMetrics`; a failure
-    here loses nothing (then `(None, None)`)."""
+    """Plots and summary tables of the finished run (what `qbatch report` writes) and its `RunMetrics`; a
+    failure here loses nothing (then `(None, None)`)."""
     from orchestrator.report import write_report
 
     try:
         metrics, paths = write_report(run_dir)
     except Exception as exc:  # the results are in the log; the report can be redone with `qbatch report`
-        print(f"qbatch: could not write the report ({type(exc).__name__}: {exc}); run `qbatch report {run_dir}`", file=out)
+        print(f"qbatch: could not write the report ({type(exc).__name__}: {exc}); run `qbatch report "
+              f"{run_dir}`", file=out)
         return None, None
     return (os.path.dirname(next(iter(paths.values()))) if paths else None), metrics
 
@@ -137,15 +141,16 @@ _RULE_WORDS = {
 
 
 def _report(summary: Mapping[str, Any], out: TextIO, cfg: Any = None) -> None:
-    """The lines that end a run: the counts, a warning when the model proposed nothing, the recommendation with its
-    parameters one per line, and where the results are. `cfg`: the run's config (the recommendation rule's words
-    and the warning's advice; without it, neither)."""
+    """The lines that end a run: the counts, a warning when the model proposed nothing, the recommendation
+    with its parameters one per line, and where the results are. `cfg`: the run's config (the recommendation
+    rule's words and the warning's advice; without it, neither)."""
     best = summary.get("best_predicted")
     rule = getattr(cfg, "recommendation", None)
     label = (f"recommendation ({_RULE_WORDS.get(rule, 'chosen by the model')}, at the last fit): predicted "
              "tau-level")
     if best is None:
-        best, label = summary.get("best_observed"), "recommendation (no model was fitted: the best observation): value"
+        best, label = summary.get("best_observed"), ("recommendation (no model was fitted: the best "
+                                                     "observation): value")
     print(
         f"qbatch: {summary['status']}: {summary['done']} evaluations ({summary['completed']} completed, "
         f"{summary['failed']} failed), utilization {summary['utilization']:.2f}",
@@ -153,9 +158,10 @@ def _report(summary: Mapping[str, Any], out: TextIO, cfg: Any = None) -> None:
     )
     sources = summary.get("sources")
     if sources is not None:
-        print(f"qbatch: {sources.get('sobol', 0)} of them from the Sobol design, {sources.get('model', 0)} from "
-              "the model", file=out)
-    if summary.get("message") and summary["status"] != "aborted":  # an abort's message is its exception's: once
+        print(f"qbatch: {sources.get('sobol', 0)} of them from the Sobol design, {sources.get('model', 0)} "
+              "from the model", file=out)
+    # an abort's message is its exception's: once
+    if summary.get("message") and summary["status"] != "aborted":
         print(f"qbatch: {summary['message']}", file=out)
     warning = _no_model_warning(summary, cfg)
     if warning:
@@ -172,31 +178,37 @@ def _report(summary: Mapping[str, Any], out: TextIO, cfg: Any = None) -> None:
 
 
 def _no_model_warning(summary: Mapping[str, Any], cfg: Any) -> str | None:
-    """What to change when a finished run's model proposed none of its points (a random search by accident), or
-    None. A streaming run gives free slots Sobol points until the first model batch is ready, so evaluations
+    """What to change when a finished run's model proposed none of its points (a random search by accident),
+    or None. A streaming run gives free slots Sobol points until the first model batch is ready, so
+    evaluations
     that are fast beside the first fit and proposal can spend the whole budget before it: waiting for the
-    model (`synchronous: true`) or a budget that outlasts the first fit helps; a larger `initial_design` does not
-    (the first fit waits for its results)."""
+    model (`synchronous: true`) or a budget that outlasts the first fit helps; a larger `initial_design` does
+    not (the first fit waits for its results)."""
     sources = summary.get("sources")
     if (cfg is None or sources is None or not summary.get("uses_model") or summary.get("status") != "finished"
             or sources.get("model", 0) or not summary.get("done")):
         return None
     done, init, budget = summary["done"], cfg.initial_design, cfg.budget
-    head = f"the model proposed none of the {done} evaluations: all came from the Sobol design (a random search)"
+    head = (f"the model proposed none of the {done} evaluations: all came from the Sobol design (a random "
+            "search)")
     if budget <= init:
-        return (f"{head}, as `budget` ({budget}) is not above `initial_design` ({init}); raise `budget` above "
-                "`initial_design` for the model to propose")
+        return (f"{head}, as `budget` ({budget}) is not above `initial_design` ({init}); raise `budget` "
+                "above `initial_design` for the model to propose")
     if summary.get("refit_failures") and not summary.get("refits"):
-        return (f"{head}: every refit failed ({summary['refit_failures']}); `qbatch status {summary['run_dir']}` "
-                "shows the last error")
+        return (f"{head}: every refit failed ({summary['refit_failures']}); `qbatch status "
+                f"{summary['run_dir']}` shows the last error")
     if cfg.synchronous:
         return f"{head}; `qbatch status {summary['run_dir']}` shows its refits"
     fit_s, rate = summary.get("last_fit_s"), summary.get("evals_per_s") or 0.0
     timed = fit_s is not None and rate > 0
-    timing = f" (it evaluated {rate:.3g} points per second; the final fit alone took {fit_s:.1f} s)" if timed else ""
+    timing = (
+        f" (it evaluated {rate:.3g} points per second; the final fit alone took {fit_s:.1f} s)"
+        if timed
+        else ""
+    )
     during = f", about {rate * fit_s:.0f} here" if timed else ""
-    return (f"{head}. A streaming run gives free slots further Sobol points until the first model batch is ready, "
-            f"and these evaluations spent the budget before the first fit and proposal ended{timing}. Set "
-            "`synchronous: true` (each batch after the design then waits for the model), or raise `budget` well "
-            f"past `initial_design` ({init}) plus what the evaluations use up during a fit{during}; a larger "
-            "`initial_design` does not help (the first fit waits for it)")
+    return (f"{head}. A streaming run gives free slots further Sobol points until the first model batch is "
+            f"ready, and these evaluations spent the budget before the first fit and proposal ended{timing}. "
+            "Set `synchronous: true` (each batch after the design then waits for the model), or raise "
+            f"`budget` well past `initial_design` ({init}) plus what the evaluations use up during a "
+            f"fit{during}; a larger `initial_design` does not help (the first fit waits for it)")

@@ -1,16 +1,18 @@
-"""The checks before a run starts: arguments, config, objective, space, and the cluster's room for one evaluation.
+"""The checks before a run starts: arguments, config, objective, space, and the cluster's room for one
+evaluation.
 
-ARCHITECTURE.md "The path of one evaluation", step 1: the config is validated, the objective built and the search
-space checked *before* Ray starts or a run directory is made, so a bad one is a `ConfigError` naming the key and
-never a run directory that blocks the rerun. A resume checks that the run's log still maps to its stored space.
-Local run directories and the objective's path options are made absolute here: the actor and the workers run in
-other working directories.
+ARCHITECTURE.md "The path of one evaluation", step 1: the config is validated, the objective built and the
+search space checked *before* Ray starts or a run directory is made, so a bad one is a `ConfigError` naming
+the key and never a run directory that blocks the rerun. A resume checks that the run's log still maps to its
+stored space. Local run directories and the objective's path options are made absolute here: the actor and the
+workers run in other working directories.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from orchestrator.actor import default_max_concurrent
 from orchestrator.errors import ConfigError
@@ -22,7 +24,9 @@ ACTOR_OPTIONS = ("queue_low", "refit_interval_s", "isolate", "max_refit_failures
 MAX_QUOTED_CHARS = 600
 
 
-def _check_run_args(max_concurrent: Any, num_cpus: Any, actor_options: Mapping[str, Any] | None) -> dict[str, Any]:
+def _check_run_args(
+    max_concurrent: Any, num_cpus: Any, actor_options: Mapping[str, Any] | None
+) -> dict[str, Any]:
     """Check the keyword arguments of `run_experiment` / `resume_experiment` before Ray starts or the run
     directory is made (a bad one would fail in the actor, leaving a run dir that blocks a rerun)."""
     for key, v in (("max_concurrent", max_concurrent), ("num_cpus", num_cpus)):
@@ -48,8 +52,8 @@ def _check_run_args(max_concurrent: Any, num_cpus: Any, actor_options: Mapping[s
 
 def _with_absolute_paths(cfg: Any, objective: Any) -> Any:
     """`cfg` with the objective's path options (`Objective.path_options`, e.g. the laser's `csv_path`) made
-    absolute against the current directory, `~` expanded: the run stores this config, and the actor, the workers
-    and `qbatch resume` rebuild the objective from it wherever they run."""
+    absolute against the current directory, `~` expanded: the run stores this config, and the actor, the
+    workers and `qbatch resume` rebuild the objective from it wherever they run."""
     import dataclasses
     from types import MappingProxyType
 
@@ -59,7 +63,9 @@ def _with_absolute_paths(cfg: Any, objective: Any) -> Any:
             options[key] = os.path.abspath(os.path.expanduser(os.fspath(options[key])))
     if options == dict(cfg.objective.options):
         return cfg
-    return dataclasses.replace(cfg, objective=dataclasses.replace(cfg.objective, options=MappingProxyType(options)))
+    return dataclasses.replace(
+        cfg, objective=dataclasses.replace(cfg.objective, options=MappingProxyType(options))
+    )
 
 
 def _absolute(run_dir: str) -> str:
@@ -70,32 +76,34 @@ def _absolute(run_dir: str) -> str:
 
 def _check_objective(cfg: Any, by_value: Any = None) -> Any:
     """Build the objective, the (overridden) space, the model and the proposer before Ray starts; errors name
-    the config key. The stand-in of a callable (`CALLABLE_OBJECTIVE`, what `qbatch.optimize` stores) is refused
-    without `by_value`, the callable itself, which a config cannot hold."""
+    the config key. The stand-in of a callable (`CALLABLE_OBJECTIVE`, what `qbatch.optimize` stores) is
+    refused without `by_value`, the callable itself, which a config cannot hold."""
     from objectives.registry import inspect_objective
     from workers.by_value import CALLABLE_OBJECTIVE
 
     if cfg.objective.name == CALLABLE_OBJECTIVE and by_value is None:
         raise ConfigError(
             f"`objective.name` {CALLABLE_OBJECTIVE!r} is the stand-in of a Python callable given to "
-            "qbatch.optimize, which a config cannot hold: run it, or resume its run, with qbatch.optimize(fn, "
-            "space, ..., run_dir=RUN_DIR, resume=True)")
+            "qbatch.optimize, which a config cannot hold: run it, or resume its run, with "
+            "qbatch.optimize(fn, space, ..., run_dir=RUN_DIR, resume=True)")
     module, sep, attr = str(cfg.objective.name).partition(":")
     if sep and module == "__main__":  # the driver imports it; the central actor and the workers never can
         raise ConfigError(
-            f"`objective.name` {cfg.objective.name!r} is defined in __main__ (a script or notebook), which the "
-            f"central actor and the evaluation workers cannot import: put it in a module file (e.g. "
+            f"`objective.name` {cfg.objective.name!r} is defined in __main__ (a script or notebook), which "
+            f"the central actor and the evaluation workers cannot import: put it in a module file (e.g. "
             f"my_objective.py beside the script) and name it 'my_objective:{attr}'")
     try:
         objective = inspect_objective(cfg.objective.name, dict(cfg.objective.options))
     except ValueError as exc:  # chained: a library user sees the objective's own traceback
         # cut: an objective's message echoes the bad value, which may be megabytes long
-        raise ConfigError(f"`objective`: {_cut(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)}") from exc
+        raise ConfigError("`objective`: "
+                          f"{_cut(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)}") from exc
     except Exception as exc:  # an option the objective does not check (a type, a size), or its own bug
         msg = str(exc).splitlines()[0] if str(exc) else ""
         options = dict(cfg.objective.options)
         what = (f"`objective.options` of {cfg.objective.name!r} ({options}) were refused" if options else
-                f"`objective` {cfg.objective.name!r} failed to build (no options given)")  # not "options refused"
+                # not "options refused"
+                f"`objective` {cfg.objective.name!r} failed to build (no options given)")
         raise ConfigError(f"{what}: {type(exc).__name__}: {msg}"[:600]) from exc
     if sep:  # a user objective: the central actor and every worker build it again, and must get this space
         _check_same_space(cfg, objective)
@@ -112,7 +120,8 @@ def _check_objective(cfg: Any, by_value: Any = None) -> Any:
 def _check_same_space(cfg: Any, objective: Any) -> None:
     """Build the user objective a second time and raise `ConfigError` naming the first parameter whose
     declared space differs: a constructor that draws its space at random gives the central actor another
-    space than the one the run pinned, which surfaced as an error about a `space.<name>` the user never wrote."""
+    space than the one the run pinned, which surfaced as an error about a `space.<name>` the user never
+    wrote."""
     from objectives.registry import inspect_objective
 
     try:
@@ -125,8 +134,9 @@ def _check_same_space(cfg: Any, objective: Any) -> None:
         if a != b:
             raise ConfigError(
                 f"`objective` {cfg.objective.name!r} declares a different search space each time it is built "
-                f"(parameter {name!r}: {_cut(repr(a), 120)}, then {_cut(repr(b), 120)}); the central actor and the "
-                "workers build it again, so its space must not change between builds (draw it from a fixed seed)")
+                f"(parameter {name!r}: {_cut(repr(a), 120)}, then {_cut(repr(b), 120)}); the central actor "
+                "and the workers build it again, so its space must not change between builds (draw it from a "
+                "fixed seed)")
 
 
 def _cut(text: str, limit: int = MAX_QUOTED_CHARS) -> str:
@@ -147,8 +157,9 @@ def _check_log_matches_space(events: Any, space: Any) -> None:
         if ev.kind != "proposed" or not ev.params or not ev.x:
             continue
         if sorted(ev.params) != sorted(space.names) or len(ev.x) != space.dim:
-            raise ConfigError(f"`space`: the run's logged trials have the parameters {sorted(ev.params)}, this "
-                              f"space has {sorted(space.names)}; the space of a started run cannot change")
+            raise ConfigError(f"`space`: the run's logged trials have the parameters {sorted(ev.params)}, "
+                              f"this space has {sorted(space.names)}; the space of a started run cannot "
+                              "change")
         for p, u in zip(space.params, ev.x):
             logged, now = ev.params[p.name], _plain(p.from_unit(float(u)), p.name)
             if isinstance(now, float) and isinstance(logged, (int, float)) and not isinstance(logged, bool):
@@ -158,15 +169,16 @@ def _check_log_matches_space(events: Any, space: Any) -> None:
             if not same:
                 raise ConfigError(
                     f"`space.{p.name}` no longer matches the run's log: trial {ev.trial_id} was logged with "
-                    f"{p.name}={logged!r} at unit coordinate {float(u):.6g}, which this space reads as {now!r}; "
-                    "the space of a started run cannot change (start a new run for a new space)")
+                    f"{p.name}={logged!r} at unit coordinate {float(u):.6g}, which this space reads as "
+                    f"{now!r}; the space of a started run cannot change (start a new run for a new space)")
 
 
 def _check_feasible(resources: Any) -> None:
     """Raise `QbatchError` (one line, naming the request) when no alive node can run one evaluation.
 
-    The central actor makes the same check when it is built, but there it surfaces as a Ray traceback and comes
-    after the run directory is created, which then blocks a rerun with the same `run_dir`. It runs inside the run's
-    `ray_session`, which gives the run's share of Ray back whatever this raises (a Ctrl-C, `ray.nodes()` failing).
+    The central actor makes the same check when it is built, but there it surfaces as a Ray traceback and
+    comes after the run directory is created, which then blocks a rerun with the same `run_dir`. It runs
+    inside the run's `ray_session`, which gives the run's share of Ray back whatever this raises (a Ctrl-C,
+    `ray.nodes()` failing).
     """
     default_max_concurrent(resources)

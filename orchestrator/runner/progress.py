@@ -1,16 +1,18 @@
-"""What the driver shows while a run goes: the progress bar, the central actor's notices, a starved-queue warning.
+"""What the driver shows while a run goes: the progress bar, the central actor's notices, a starved-queue
+warning.
 
-ARCHITECTURE.md "The path of one evaluation", steps 3 and 4, seen from the driver: the bar's fields come from the
-central actor's progress summary and the evaluation pool's start reports (`progress_fields`, `_show`); the actor's
-lines for the user are printed above the bar (`_ActorNotices`); evaluations that wait in Ray's queue with none
-running get one warning saying why (`_QueueWatch`).
+ARCHITECTURE.md "The path of one evaluation", steps 3 and 4, seen from the driver: the bar's fields come from
+the central actor's progress summary and the evaluation pool's start reports (`progress_fields`, `_show`); the
+actor's lines for the user are printed above the bar (`_ActorNotices`); evaluations that wait in Ray's queue
+with none running get one warning saying why (`_QueueWatch`).
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from typing import Any, Mapping, TextIO
+from collections.abc import Mapping
+from typing import Any, TextIO
 
 #: seconds with evaluations waiting in Ray's queue and none running before the driver says so (`_QueueWatch`)
 STARVED_WARN_S = 60.0
@@ -23,8 +25,8 @@ class _ActorNotices:
     stderr one to a line: above the progress bar, which is redrawn below them (Ray forwards what an actor's
     process prints as it comes: after the actor's pid, on the bar's line, a warning with its source line).
 
-    One call is in flight at a time, and the run's loop never waits on it: lines a call took from the actor are
-    printed whenever it returns, never dropped because the driver stopped waiting."""
+    One call is in flight at a time, and the run's loop never waits on it: lines a call took from the actor
+    are printed whenever it returns, never dropped because the driver stopped waiting."""
 
     def __init__(self, actor: Any, bar: Any = None) -> None:
         self._actor, self._bar = actor, bar
@@ -54,20 +56,24 @@ class _ActorNotices:
         return True
 
     def flush(self, wait_s: float) -> None:
-        """At the run's end: the call in flight, then one more for the lines since, each waited on `wait_s`."""
+        """At the run's end: the call in flight, then one more for the lines since, each waited on
+        `wait_s`."""
         if self._ref is not None and not self.poll(wait_s):
             return
         self.poll(wait_s)
 
 
 class _QueueWatch:
-    """The driver's view of the evaluation pool: how many dispatched evaluations run and how many wait in Ray's
-    queue, and one warning (until one runs again) when some have waited `STARVED_WARN_S` with none running.
+    """The driver's view of the evaluation pool: how many dispatched evaluations run and how many wait in
+    Ray's queue, and one warning (until one runs again) when some have waited `STARVED_WARN_S` with none
+    running.
 
     Ray queues a task whose resources are taken (the user's own actors or tasks hold the CPUs) without a word:
     the run would wait forever, and the progress bar would show every dispatched evaluation as running."""
 
-    def __init__(self, pool: Any, resources: Any, out: TextIO, bar: Any = None, warn_s: float | None = None) -> None:
+    def __init__(
+        self, pool: Any, resources: Any, out: TextIO, bar: Any = None, warn_s: float | None = None
+    ) -> None:
         self._pool, self._resources, self._out, self._bar = pool, resources, out, bar
         self._warn_s = STARVED_WARN_S if warn_s is None else warn_s
         self._asked = -math.inf
@@ -109,30 +115,31 @@ class _QueueWatch:
         request = resource_request(self._resources)
         keys = [k for k, v in request.items() if v > 0]
         asks = ", ".join(f"{k} {request[k]:g}" for k in keys) or "no resources"
-        why = "Other tasks or actors on this Ray may hold those resources; the run goes on when they are freed"
+        why = ("Other tasks or actors on this Ray may hold those resources; the run goes on when they are "
+               "freed")
         try:
             free, total = ray.available_resources(), ray.cluster_resources()
             shown = keys or ["CPU"]
             have = ("; the cluster has " + ", ".join(f"{k} {free.get(k, 0.0):g} free of {total.get(k, 0.0):g}"
                                                      for k in shown))
             if all(free.get(k, 0.0) >= request[k] for k in keys):  # free now: the wait is elsewhere
-                why = ("Ray has them free now, summed over its nodes: no single node may have them all, its worker "
-                       "processes may be slow to start (a large runtime_env or container image), or the "
-                       "resources were freed a moment ago")
+                why = ("Ray has them free now, summed over its nodes: no single node may have them all, its "
+                       "worker processes may be slow to start (a large runtime_env or container image), or "
+                       "the resources were freed a moment ago")
         except Exception:  # noqa: BLE001 - the warning stands without the figures
             have = ""
-        return (f"no evaluation has run for {for_s:.0f} s: {waiting} wait in Ray's queue, each asking for {asks}"
-                f"{have}. {why}")
+        return (f"no evaluation has run for {for_s:.0f} s: {waiting} wait in Ray's queue, each asking for "
+                f"{asks}{have}. {why}")
 
 
 def progress_fields(st: Mapping[str, Any]) -> dict[str, Any]:
     """The progress bar's fields from the actor's progress summary. The best single observation (`best_y`)
-    and the recommendation's predicted tau-level (`recommendation`, from the last fit; "-" before it) are shown
-    apart, as `qbatch status` does: for a noisy objective the first is mostly noise and the second is the figure
-    that counts, and one field switching from the first to the second would seem to fall when the model arrives.
-    `sobol` and `model` count the evaluated points by where they came from (the Sobol design, its fillers
-    included, or the proposer), so a run that never gets to its model says so as it goes. `phase` is
-    "final fit" while the fit after the last result runs (the count stands at the budget meanwhile).
+    and the recommendation's predicted tau-level (`recommendation`, from the last fit; "-" before it) are
+    shown apart, as `qbatch status` does: for a noisy objective the first is mostly noise and the second is
+    the figure that counts, and one field switching from the first to the second would seem to fall when the
+    model arrives. `sobol` and `model` count the evaluated points by where they came from (the Sobol design,
+    its fillers included, or the proposer), so a run that never gets to its model says so as it goes. `phase`
+    is "final fit" while the fit after the last result runs (the count stands at the budget meanwhile).
     `running` counts the evaluations that have started (the pool's start reports, `running`/`waiting` in `st`
     where the driver has them) and `waiting` those still in Ray's queue; without the reports, every dispatched
     one counts as running."""
@@ -142,7 +149,11 @@ def progress_fields(st: Mapping[str, Any]) -> dict[str, Any]:
         **({"phase": "final fit"} if st.get("phase") == "final fit" else {}),
         "best_y": "-" if observed is None else f"{observed['value']:.4g}",
         "recommendation": "-" if predicted is None else f"{predicted['value']:.4g}",
-        **({"sobol": sources.get("sobol", 0), "model": sources.get("model", 0)} if sources is not None else {}),
+        **(
+            {"sobol": sources.get("sobol", 0), "model": sources.get("model", 0)}
+            if sources is not None
+            else {}
+        ),
         "evals_s": f"{st['evals_per_s']:.2f}",
         "util": f"{st['utilization']:.2f}",
         "running": st.get("running", st["inflight"]),

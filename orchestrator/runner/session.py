@@ -1,14 +1,16 @@
 """The Ray a run uses: the caller's, a cluster's by address, or a local one qbatch starts and shuts down.
 
-ARCHITECTURE.md "The path of one evaluation", step 1: `ray_session` is one run's use of Ray, a context manager.
-Where this process has initialized Ray already (a notebook's `ray.init`), that Ray is used as it is and left
-running. Otherwise the run connects to `address` or starts a local Ray (`ray.init(num_cpus=...,
+ARCHITECTURE.md "The path of one evaluation", step 1: `ray_session` is one run's use of Ray, a context
+manager. Where this process has initialized Ray already (a notebook's `ray.init`), that Ray is used as it is
+and left running. Otherwise the run connects to `address` or starts a local Ray (`ray.init(num_cpus=...,
 include_dashboard=False)`, bound to loopback), and that Ray is the process's own (`OwnRay`): runs of several
-threads share it, and the last one to end shuts it down and puts back the SIGTERM handler from before `ray.init`.
+threads share it, and the last one to end shuts it down and puts back the SIGTERM handler from before
+`ray.init`.
 
 Ray puts the driver's working folder and its script's folder first on each worker's `sys.path`. Where one of
 them holds a module named like a package of the library (a user's `objectives.py`), the Ray qbatch starts or
-connects to gets a worker setup hook that binds those names to the installed packages first (`_packages_first`).
+connects to gets a worker setup hook that binds those names to the installed packages first
+(`_packages_first`).
 """
 
 from __future__ import annotations
@@ -16,15 +18,20 @@ from __future__ import annotations
 import contextlib
 import importlib.machinery
 import logging
-import sys
 import os
 import signal
+import sys
 import threading
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from orchestrator.errors import ConfigError, UsageError
 from orchestrator.runner.address import (
-    _TOKEN_SOURCES, _check_reachable, _connection_error_line, _other_ray, _token_refusal,
+    _TOKEN_SOURCES,
+    _check_reachable,
+    _connection_error_line,
+    _other_ray,
+    _token_refusal,
 )
 from orchestrator.runner.signals import _interrupts_held
 
@@ -46,8 +53,8 @@ class OwnRay:
     Attributes:
         runs: runs of this process that use this Ray (guarded by a lock).
         sigterm_before: the process's SIGTERM handler before `acquire` started or connected Ray (`ray.init`
-            replaces it; the last `release` puts it back): a notebook or a script that ran qbatch would otherwise
-            keep Ray's handler after its Ray is gone. None when none is pending.
+            replaces it; the last `release` puts it back): a notebook or a script that ran qbatch would
+            otherwise keep Ray's handler after its Ray is gone. None when none is pending.
     """
 
     def __init__(self) -> None:
@@ -58,9 +65,9 @@ class OwnRay:
         self._keeper_stop: threading.Event | None = None
 
     def acquire(self, address: str | None, num_cpus: int | None) -> bool:
-        """Connect to `address` or start a local Ray unless one is running; True when the Ray is qbatch's own (this
-        call or another run of this process started or connected it): each True is paired with one `release`,
-        which shuts it down when the last run using it ends."""
+        """Connect to `address` or start a local Ray unless one is running; True when the Ray is qbatch's own
+        (this call or another run of this process started or connected it): each True is paired with one
+        `release`, which shuts it down when the last run using it ends."""
         import ray
 
         with self._lock:  # two threads' runs: one starts Ray, the other waits and shares it
@@ -76,30 +83,34 @@ class OwnRay:
     def _acquire_unlocked(self, address: str | None, num_cpus: int | None) -> bool:
         import ray
 
-        if ray.is_initialized():  # the caller's Ray (a notebook's `ray.init`): used as it is, and left running
+        # the caller's Ray (a notebook's `ray.init`): used as it is, and left running
+        if ray.is_initialized():
             _check_same_ray(address, num_cpus)
             for path in _shadowing_modules():  # its workers cannot get the hook of `_worker_setup` any more
-                print(f"qbatch: {path} is named like one of qbatch's packages and is first on the path of this "
-                      "Ray's workers (Ray puts the driver's folders there), where it can break the run; rename it, or "
-                      "let qbatch start Ray (no ray.init before the run)", file=sys.stderr, flush=True)
+                print(f"qbatch: {path} is named like one of qbatch's packages and is first on the path of "
+                      "this Ray's workers (Ray puts the driver's folders there), where it can break the run; "
+                      "rename it, or let qbatch start Ray (no ray.init before the "
+                      "run)", file=sys.stderr, flush=True)
             return False
         if threading.current_thread() is threading.main_thread():
-            # ray.init puts its own handler there. One still pending is the process's own: a shared Ray that another
-            # thread shut down could not put it back (signals are set in the main thread only), and the handler
-            # now would be Ray's from then
+            # ray.init puts its own handler there. One still pending is the process's own: a shared Ray that
+            # another thread shut down could not put it back (signals are set in the main thread only), and
+            # the handler now would be Ray's from then
             if self.sigterm_before is None:
                 self.sigterm_before = signal.getsignal(signal.SIGTERM)
-        else:  # Ray's processes die with the thread that started them: a thread of their own, kept until shutdown
+        # Ray's processes die with the thread that started them: a thread of their own, kept until shutdown
+        else:
             self._in_keeper_thread(_start_ray, address, num_cpus)
             return True
         _start_ray(address, num_cpus)
         return True
 
     def _in_keeper_thread(self, fn: Any, *args: Any) -> None:
-        """Run `fn(*args)` in a daemon thread that then waits until `_shutdown`. A local Ray started in a caller's
-        thread (`run_experiment` from a thread pool) would lose its GCS when that thread ends, because Ray sets its
-        processes to be killed with the thread that forked them: another thread's run sharing that Ray would then
-        die."""
+        """Run `fn(*args)` in a daemon thread that then waits until `_shutdown`. A local Ray started in a
+        caller's thread (`run_experiment` from a thread pool) would lose its GCS when that thread ends,
+        because Ray sets its
+        processes to be killed with the thread that forked them: another thread's run sharing that Ray would
+        then die."""
         stop, ready, failed = threading.Event(), threading.Event(), []
 
         def keep() -> None:
@@ -139,16 +150,16 @@ class OwnRay:
             self.sigterm_before = None
 
 
-#: the process's one `OwnRay`. A module global because Ray is one per process: `ray.init` joins the whole process
-#: to one Ray, so the runs of every thread must count against the same object
+#: the process's one `OwnRay`. A module global because Ray is one per process: `ray.init` joins the whole
+#: process to one Ray, so the runs of every thread must count against the same object
 OWN_RAY = OwnRay()
 
 
 @contextlib.contextmanager
 def ray_session(address: str | None, num_cpus: int | None) -> Iterator[bool]:
-    """One run's use of Ray for the block: `OWN_RAY.acquire` on entry, and, when that gave the process's own Ray
-    (the value yielded), `OWN_RAY.release` on exit however the block ends (an error, a Ctrl-C); a Ray the caller
-    started stays up."""
+    """One run's use of Ray for the block: `OWN_RAY.acquire` on entry, and, when that gave the process's own
+    Ray (the value yielded), `OWN_RAY.release` on exit however the block ends (an error, a Ctrl-C); a Ray the
+    caller started stays up."""
     own = OWN_RAY
     started = own.acquire(address, num_cpus)
     try:
@@ -164,18 +175,22 @@ def _start_ray(address: str | None, num_cpus: int | None) -> None:
     if address:
         _check_reachable(address)
         try:
-            ray.init(address=address, include_dashboard=False if address == "local" else None, **_worker_setup())
+            ray.init(
+                address=address, include_dashboard=False if address == "local" else None, **_worker_setup()
+            )
         except ValueError as exc:  # e.g. "Invalid address format"
             raise ConfigError(f"`--address` {address!r}: {str(exc).splitlines()[0]}") from None
         except ConnectionError as exc:  # "auto" with no Ray running on this machine; a token refused
-            raise UsageError(_token_refusal(address, exc) or f"`--address` {address!r}: {_connection_error_line(exc)}"
+            raise UsageError(_token_refusal(address, exc) or f"`--address` {address!r}: "
+                                                             f"{_connection_error_line(exc)}"
                              ) from None
         except Exception as exc:
             if type(exc).__name__ != "AuthenticationError":  # ray.exceptions' (Ray >= 2.52)
                 raise
             # RAY_AUTH_MODE=token and no token in this process: Ray's message, then where the token goes
             reason = str(getattr(exc, "message", exc)).strip().splitlines()[0].rstrip(".")
-            raise UsageError(f"`--address` {address!r}: {reason}; put the cluster's token in {_TOKEN_SOURCES}") from None
+            raise UsageError(f"`--address` {address!r}: {reason}; put the cluster's token in "
+                             f"{_TOKEN_SOURCES}") from None
     else:
         _init_local_ray(num_cpus)
 
@@ -191,12 +206,18 @@ def _check_same_ray(address: str | None, num_cpus: int | None, shared: bool = Fa
         current = None
     if current and address and _other_ray(address, current):
         # refused: the run would go to the local Ray without a word, not to the cluster asked for
-        first = ("wait for this process's other qbatch runs on it to end" if shared else "call ray.shutdown() first")
+        first = ("wait for this process's other qbatch runs on it to end" if shared else "call "
+                                                                                         "ray.shutdown() "
+                                                                                         "first")
         raise UsageError(f"`address` {address!r}: this process is already connected to the Ray at {current}; "
                          f"{first} to use another, or leave `address` out to use that one")
     if num_cpus is not None:
-        logger.warning("qbatch: `num_cpus` %s ignored: the Ray this process connected to before %skeeps its own "
-                       "CPUs; limit the run with `max_concurrent`", num_cpus, f"({current}) " if current else "")
+        logger.warning(
+            "qbatch: `num_cpus` %s ignored: the Ray this process connected to before %skeeps its "
+            "own CPUs; limit the run with `max_concurrent`",
+            num_cpus,
+            f"({current}) " if current else "",
+        )
 
 
 def _init_local_ray(num_cpus: int | None) -> None:
@@ -254,11 +275,11 @@ def _worker_setup() -> dict[str, Any]:
 
 
 def _packages_first(names: tuple[str, ...]) -> Callable[[], None]:
-    """A Ray `worker_process_setup_hook` that binds `names` to the installed packages in each worker. The hook runs
-    before Ray puts the driver's folders on the worker's `sys.path`: what `find_spec` finds then is the
+    """A Ray `worker_process_setup_hook` that binds `names` to the installed packages in each worker. The hook
+    runs before Ray puts the driver's folders on the worker's `sys.path`: what `find_spec` finds then is the
     installation, and a finder first on `sys.meta_path` keeps it so (the names' submodules follow from the
-    package's `__path__`). Made inside a function, so that cloudpickle sends it by value: imported by name, this
-    module would load the whole runner (torch, the actor) in every worker."""
+    package's `__path__`). Made inside a function, so that cloudpickle sends it by value: imported by name,
+    this module would load the whole runner (torch, the actor) in every worker."""
 
     def bind() -> None:
         import importlib.util
@@ -276,7 +297,9 @@ def _packages_first(names: tuple[str, ...]) -> Callable[[], None]:
                 if fullname not in where:
                     return None
                 origin, locations = where[fullname]
-                return importlib.util.spec_from_file_location(fullname, origin, submodule_search_locations=locations)
+                return importlib.util.spec_from_file_location(
+                    fullname, origin, submodule_search_locations=locations
+                )
 
         sys.meta_path.insert(0, InstalledPackages)
 

@@ -1,8 +1,9 @@
 """SIGINT and SIGTERM while a run is driven and while its local Ray shuts down.
 
-ARCHITECTURE.md "The path of one evaluation", step 6: a driver stopped by Ctrl-C or by SIGTERM (what `timeout`,
-SLURM and systemd send) exits 130 with the resume hint, and a second Ctrl-C does not cut the shutdown of the local
-Ray short. Handlers are set in the main thread only (Python's rule); elsewhere nothing changes.
+ARCHITECTURE.md "The path of one evaluation", step 6: a driver stopped by Ctrl-C or by SIGTERM (what
+`timeout`, SLURM and systemd send) exits 130 with the resume hint, and a second Ctrl-C does not cut the
+shutdown of the local Ray short. Handlers are set in the main thread only (Python's rule); elsewhere nothing
+changes.
 """
 
 from __future__ import annotations
@@ -10,13 +11,15 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 
 @contextlib.contextmanager
 def _signal_handlers(handlers: Mapping[int, Any]) -> Iterator[None]:
     """Install `handlers` (signal -> handler) for the block and put the previous ones back afterwards (the
-    default where there was none); outside the main thread, where Python cannot set handlers, nothing changes."""
+    default where there was none); outside the main thread, where Python cannot set handlers, nothing
+    changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -42,6 +45,6 @@ def _sigterm_interrupts() -> Any:
 
 def _interrupts_held() -> Any:
     """SIGINT and SIGTERM are ignored while the local Ray shuts down (a few seconds): a second Ctrl-C that cut
-    `ray.shutdown()` short would make the process exit 1, "the run stopped with an error", and leave Ray's agents
-    running (3 tries in 10)."""
+    `ray.shutdown()` short would make the process exit 1, "the run stopped with an error", and leave Ray's
+    agents running (3 tries in 10)."""
     return _signal_handlers({signal.SIGINT: signal.SIG_IGN, signal.SIGTERM: signal.SIG_IGN})

@@ -35,21 +35,21 @@ Tunables are set in the module that reads them: `filesystems.GCS_RETRY_LIMIT_S`,
 from __future__ import annotations
 
 from orchestrator.store.errors import RunDirError, StoreError
-from orchestrator.store.run_store import RunStore
-from orchestrator.store.schema import EVENT_KINDS, Event
-from orchestrator.store.trials import TrialRecord, status_counts, trials_table
 
 # internal names that other modules of the library (`runner` uses `_plain`) and the tests import from here
 from orchestrator.store.filesystems import _Local as _Local
 from orchestrator.store.new_run import _check_new as _check_new
+from orchestrator.store.run_store import RunStore
 from orchestrator.store.schema import _EVENT_FIELDS as _EVENT_FIELDS
 from orchestrator.store.schema import _ROW_GROUP as _ROW_GROUP
 from orchestrator.store.schema import _SCHEMA as _SCHEMA
+from orchestrator.store.schema import EVENT_KINDS, Event
 from orchestrator.store.schema import _encode as _encode
 from orchestrator.store.schema import _parquet_bytes as _parquet_bytes
 from orchestrator.store.schema import _plain as _plain
 from orchestrator.store.schema import _to_json as _to_json
 from orchestrator.store.segments import _COMPACT_FILES as _COMPACT_FILES
+from orchestrator.store.trials import TrialRecord, status_counts, trials_table
 
 __all__ = [
     "EVENT_KINDS",

@@ -12,7 +12,8 @@ import io
 import json
 import os
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from orchestrator.store.errors import StoreError, _first_line
 
@@ -20,7 +21,8 @@ _CHECKPOINT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
 def save_checkpoint(backend: Any, name: str, state: dict) -> None:
-    """Save `state` on `backend` atomically: `torch.save` if it holds tensors (or int keys, tuples), JSON otherwise.
+    """Save `state` on `backend` atomically: `torch.save` if it holds tensors (or int keys, tuples), JSON
+    otherwise.
 
     Only tensors, dicts with string keys, lists, tuples, str, int, float, bool and None are accepted,
     which is exactly what `torch.load(weights_only=True)` reads back without unpickling code.
@@ -88,9 +90,10 @@ def _check_checkpoint_name(name: Any) -> None:
 
 
 def _check_state(value: Any, where: str) -> bool:
-    """Raise StoreError if `value` holds a type weights_only cannot load; return whether JSON would not keep it
-    as it is: it holds tensors, or non-str keys or tuples, which JSON turns into strings and lists (a checkpoint
-    would come back changed, and keys 1 and "1" would merge into one)."""
+    """Raise StoreError if `value` holds a type weights_only cannot load; return whether JSON would not keep
+    it
+    as it is: it holds tensors, or non-str keys or tuples, which JSON turns into strings and lists (a
+    checkpoint would come back changed, and keys 1 and "1" would merge into one)."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return False
     if type(value).__module__.startswith("torch"):
@@ -113,7 +116,7 @@ def _check_state(value: Any, where: str) -> bool:
             found = _check_state(v, f"{where}[{i}]") or found
         return found
     raise StoreError(
-        f"{where} is a {type(value).__name__}; checkpoints hold only tensors, dicts, lists, tuples, str, int, "
-        "float, bool and None (convert numpy arrays with torch.as_tensor)"
+        f"{where} is a {type(value).__name__}; checkpoints hold only tensors, dicts, lists, tuples, str, "
+        "int, float, bool and None (convert numpy arrays with torch.as_tensor)"
     )
 

@@ -8,7 +8,7 @@ functions here turn what `SegmentLog` read into those lines; they read nothing t
 
 from __future__ import annotations
 
-from typing import Container, Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 
 #: segment name -> (first, last, rows read) of every segment read
 Segments = Mapping[str, tuple[int, int, int]]

@@ -11,7 +11,8 @@ from __future__ import annotations
 import errno
 import os
 import uuid
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -67,9 +68,9 @@ class _Local:
         return os.path.isdir(self.path(rel))
 
     def makedirs(self, rel: str) -> None:
-        """Make the folder and its missing parents, each made one fsynced into its parent (top down: `runs/` as
-        well as the run directory): without that a power loss could take a new run directory, and the events
-        acknowledged in it, away."""
+        """Make the folder and its missing parents, each made one fsynced into its parent (top down: `runs/`
+        as well as the run directory): without that a power loss could take a new run directory, and the
+        events acknowledged in it, away."""
         path = self.path(rel)
         missing = []
         while not os.path.isdir(path) and os.path.dirname(path) != path:
@@ -86,8 +87,9 @@ class _Local:
         except FileNotFoundError:
             return []
         except NotADirectoryError:
-            # a file above it (`--run-dir /dev/null/x`): nothing there, as for a missing folder (creating the run
-            # then fails with its reason); a file in the folder's place (`events` a file) is damage to name
+            # a file above it (`--run-dir /dev/null/x`): nothing there, as for a missing folder (creating the
+            # run then fails with its reason); a file in the folder's place (`events` a file) is damage to
+            # name
             if not os.path.lexists(path):
                 return []
             raise RunDirError(f"{path} is a file where the run directory needs a folder") from None
@@ -116,12 +118,14 @@ class _Local:
                 try:  # link fails if the target exists: a second writer can never overwrite a segment
                     os.link(self.path(tmp), self.path(rel))
                 except FileExistsError:
-                    raise StoreError(f"{self.path(rel)} already exists: is another process writing this run?") from None
+                    raise StoreError(f"{self.path(rel)} already exists: is another process writing this "
+                                     "run?") from None
                 except OSError as exc:
                     if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
                         raise
                     if os.path.exists(self.path(rel)):
-                        raise StoreError(f"{self.path(rel)} already exists: is another process writing this run?") from None
+                        raise StoreError(f"{self.path(rel)} already exists: is another process writing this "
+                                         "run?") from None
                     os.replace(self.path(tmp), self.path(rel))
             else:
                 os.replace(self.path(tmp), self.path(rel))
@@ -195,8 +199,9 @@ class _Arrow:
         pass
 
 
-#: how long a gs:// run directory's requests are retried (a URI's own `retry_limit_seconds` wins): pyarrow's default,
-#: google-cloud-cpp's 15 minutes, would leave `qbatch run/status/resume` of an unreachable bucket silent that long
+#: how long a gs:// run directory's requests are retried (a URI's own `retry_limit_seconds` wins): pyarrow's
+#: default, google-cloud-cpp's 15 minutes, would leave `qbatch run/status/resume` of an unreachable bucket
+#: silent that long
 GCS_RETRY_LIMIT_S = 60.0
 
 
@@ -219,7 +224,8 @@ def _backend(run_dir: str, filesystem: pafs.FileSystem | None) -> tuple[Any, str
         raise RunDirError(f"cannot open run_dir {run_dir!r}: {exc}") from None
     if isinstance(fs, pafs.LocalFileSystem):
         return _Local(path), run_dir
-    try:  # reach it once here: an unreachable bucket is one line naming the URI, not a traceback at its first read
+    # reach it once here: an unreachable bucket is one line naming the URI, not a traceback at its first read
+    try:
         fs.get_file_info(path)
     except (pa.ArrowException, OSError) as exc:
         raise RunDirError(f"cannot reach run_dir {run_dir!r}: {str(exc).splitlines()[0][:400]}") from None

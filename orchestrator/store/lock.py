@@ -74,15 +74,19 @@ class WriterLock:
                 # a filesystem without flock (Lustre mounted without -o flock: ENOSYS): no lock, as on other
                 # pyarrow filesystems, rather than refusing every run as if another were writing
                 f.close()
-                logger.warning("qbatch: no writer lock on the filesystem of %s (flock: %s); keep to one writer of "
-                               "this run at a time", self._run_dir, errno.errorcode.get(exc.errno, exc.errno))
+                logger.warning(
+                    "qbatch: no writer lock on the filesystem of %s (flock: %s); keep to one "
+                    "writer of this run at a time",
+                    self._run_dir,
+                    errno.errorcode.get(exc.errno, exc.errno),
+                )
                 return
             f.seek(0)
             holder = f.read().strip() or "unknown"
             f.close()
-            raise RunDirError(f"{self._run_dir} is being written by another run ({holder}); wait for it to end or "
-                             "stop it before resuming (the central actor of a run whose driver was killed ends "
-                             "within seconds)") from None
+            raise RunDirError(f"{self._run_dir} is being written by another run ({holder}); wait for it to "
+                             "end or stop it before resuming (the central actor of a run whose driver was "
+                             "killed ends within seconds)") from None
         try:
             f.seek(0)
             f.truncate()
@@ -113,7 +117,7 @@ class WriterLock:
         except ImportError:  # not POSIX
             return None
         try:
-            f = open(backend.path(_WRITER_LOCK), "r")
+            f = open(backend.path(_WRITER_LOCK))
         except FileNotFoundError:  # never written by a version with the lock, or not yet started
             return False
         except OSError:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import re
 import socket
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from orchestrator.store.errors import RunDirError, StoreError
 from orchestrator.store.filesystems import _Local, _makedirs, _remove_empty
@@ -38,7 +39,8 @@ def _check_new(backend: Any, shown: str) -> None:
             _remove_empty(missing)
             raise RunDirError(f"`run_dir` {shown} cannot be created: {exc.strerror or exc}") from None
         _remove_empty(missing)
-    # empty `events/` and `checkpoints/` are what a `create` that died before writing config.yaml leaves behind
+    # empty `events/` and `checkpoints/` are what a `create` that died before writing config.yaml leaves
+    # behind
     others = [n for n in backend.listdir("")
               if not (n in ("events", "checkpoints") and backend.isdir(n) and not backend.listdir(n))]
     if others:

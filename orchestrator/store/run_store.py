@@ -9,7 +9,8 @@ live beside this module: `filesystems` (where it is), `new_run` (creating one), 
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import pyarrow.fs as pafs
 import yaml
@@ -54,7 +55,7 @@ class RunStore:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def create(cls, run_dir: str, config: Any, filesystem: pafs.FileSystem | None = None) -> "RunStore":
+    def create(cls, run_dir: str, config: Any, filesystem: pafs.FileSystem | None = None) -> RunStore:
         """Create a run directory holding `config` (a dict or an object with `to_dict()`).
 
         Args:
@@ -92,7 +93,7 @@ class RunStore:
         return store
 
     @classmethod
-    def open(cls, run_dir: str, filesystem: pafs.FileSystem | None = None) -> "RunStore":
+    def open(cls, run_dir: str, filesystem: pafs.FileSystem | None = None) -> RunStore:
         """Open an existing run directory and read its log once (filling `damage`).
 
         Raises:
@@ -108,8 +109,8 @@ class RunStore:
         if not isinstance(config, dict):
             raise RunDirError(f"{shown}/config.yaml must hold a mapping; got {type(config).__name__}")
         if not backend.exists("events"):  # `create` makes events/ before config.yaml: the log was removed
-            raise RunDirError(f"{shown}/events/ is missing: the run's log is gone, so it cannot be shown or resumed "
-                              "(restore the folder from a backup, or start a new run)")
+            raise RunDirError(f"{shown}/events/ is missing: the run's log is gone, so it cannot be shown or "
+                              "resumed (restore the folder from a backup, or start a new run)")
         store = cls(backend, shown, config)
         store.events()
         return store
@@ -117,7 +118,8 @@ class RunStore:
     @staticmethod
     def check_new(run_dir: str, filesystem: pafs.FileSystem | None = None) -> None:
         """Raise `StoreError` unless `run_dir` is absent or an empty folder (a new run never writes among
-        other files: `run_dir: .` or a home folder is refused, and an existing run is resumed, not re-created)."""
+        other files: `run_dir: .` or a home folder is refused, and an existing run is resumed, not
+        re-created)."""
         backend, shown = _backend(run_dir, filesystem)
         _check_new(backend, shown)
 
@@ -129,8 +131,8 @@ class RunStore:
 
     # ------------------------------------------------------------------ one writer
     def lock_writer(self) -> None:
-        """Take the run's writer lock (a local folder: an exclusive `flock` on `writer.lock`, which the OS frees
-        when this process ends, a crash included); held until `unlock_writer` or the process's end.
+        """Take the run's writer lock (a local folder: an exclusive `flock` on `writer.lock`, which the OS
+        frees when this process ends, a crash included); held until `unlock_writer` or the process's end.
 
         Two writers of one log would each number their segments on from what they had read, and a reader keeps
         one of two events with the same number: a second `qbatch resume` of a running run would lose results
@@ -155,10 +157,10 @@ class RunStore:
 
     @staticmethod
     def discard_unstarted(run_dir: str, filesystem: pafs.FileSystem | None = None) -> bool:
-        """Remove what `create` wrote (config.yaml, and the writer lock file) when the run recorded nothing: no
-        event, no checkpoint, and no process writing it. Then a run whose central actor could not start does
-        not block a rerun with the same `run_dir` (the folder and its empty `events/`, `checkpoints/` stay, as
-        `create` accepts them). Returns whether it removed the run."""
+        """Remove what `create` wrote (config.yaml, and the writer lock file) when the run recorded nothing:
+        no event, no checkpoint, and no process writing it. Then a run whose central actor could not start
+        does not block a rerun with the same `run_dir` (the folder and its empty `events/`, `checkpoints/`
+        stay, as `create` accepts them). Returns whether it removed the run."""
         backend, _ = _backend(run_dir, filesystem)
         if not backend.exists("config.yaml") or backend.listdir("events") or backend.listdir("checkpoints"):
             return False
@@ -173,8 +175,8 @@ class RunStore:
     def is_being_written(run_dir: str, filesystem: pafs.FileSystem | None = None) -> bool | None:
         """Whether a process holds `run_dir`'s writer lock now (a run going, or its central actor): True or
         False for a local folder; None where it cannot tell (another pyarrow filesystem, no flock). Reads
-        only: a shared `flock` taken and dropped at once (a writer taking the lock in that instant tries again,
-        `lock_writer`)."""
+        only: a shared `flock` taken and dropped at once (a writer taking the lock in that instant tries
+        again, `lock_writer`)."""
         backend, _ = _backend(run_dir, filesystem)
         return WriterLock.is_held(backend)
 
@@ -198,9 +200,9 @@ class RunStore:
         if not events:
             return
         self._log.append(events)
-        # the events are durable now: a failed compaction (an optimisation, tried again at the next append) must
-        # not come out of `append` as if they were not (the actor would report them unrecorded, a retry would
-        # write them twice)
+        # the events are durable now: a failed compaction (an optimisation, tried again at the next append)
+        # must not come out of `append` as if they were not (the actor would report them unrecorded, a retry
+        # would write them twice)
         try:
             self._auto_compact()
         except Exception as exc:  # noqa: BLE001 -- the segments stay as they are, every event readable
@@ -210,7 +212,8 @@ class RunStore:
     def _auto_compact(self) -> None:
         small = self._log.small_segments()
         if len(small) >= self.compact_files:
-            if self._log.foreign_overlap():  # another writer wrote over this one's numbers: re-read (finds the
+            # another writer wrote over this one's numbers: re-read (finds the
+            if self._log.foreign_overlap():
                 self.events()                # conflict, which is then never merged) before compacting
                 small = self._log.small_segments()
             self.compact(small)

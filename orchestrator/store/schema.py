@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -54,14 +55,14 @@ _JSON_FIELDS = ("params", "forecast", "info")
 
 @dataclass
 class Event:
-    """One record of the event log, one row of a segment: a trial `proposed`, `started`, `completed` or `failed`,
-    or a `refit`. Dict fields are stored as JSON, `x` as a list column.
+    """One record of the event log, one row of a segment: a trial `proposed`, `started`, `completed` or
+    `failed`, or a `refit`. Dict fields are stored as JSON, `x` as a list column.
 
     A trial has three types on its way to the log, one per stage, whose shared fields have the same names: the
-    proposal (`orchestrator.ask_tell.Trial`: `trial_id`, `batch_id`, `params`, `x`, `forecast`), the evaluation's
-    outcome (`workers.records.TrialResult`: `value`, `error`, `traceback`, `node_id`, `pid`, `started_at`,
-    `ended_at`; its `message`, `metrics`, `metrics_dropped` and `child_pid` go into `info`), and these events,
-    of which the reader's `TrialRecord` (store/trials.py) is the per-trial reduction.
+    proposal (`orchestrator.ask_tell.Trial`: `trial_id`, `batch_id`, `params`, `x`, `forecast`), the
+    evaluation's outcome (`workers.records.TrialResult`: `value`, `error`, `traceback`, `node_id`, `pid`,
+    `started_at`, `ended_at`; its `message`, `metrics`, `metrics_dropped` and `child_pid` go into `info`), and
+    these events, of which the reader's `TrialRecord` (store/trials.py) is the per-trial reduction.
     """
 
     kind: str
@@ -133,7 +134,8 @@ def _encode(events: Sequence[Event], first_seq: int) -> pa.Table:
             raise StoreError(f"{w}.kind must be one of {list(EVENT_KINDS)}; got {ev.kind!r}")
         if not isinstance(ev.trial_id, str):
             raise StoreError(f"{w}.trial_id must be a string; got {ev.trial_id!r}")
-        if printable(ev.trial_id) != ev.trial_id:  # an id must come back as written (a lone surrogate would not)
+        # an id must come back as written (a lone surrogate would not)
+        if printable(ev.trial_id) != ev.trial_id:
             raise StoreError(f"{w}.trial_id must be UTF-8 text; got {ev.trial_id!r}")
         if ev.kind != "refit" and not ev.trial_id:
             raise StoreError(f"{w}.trial_id must be non-empty for a {ev.kind!r} event")

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import io
 import re
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -74,7 +75,9 @@ class SegmentLog:
     def small_segments(self) -> list[str]:
         """Segments worth merging: small, and neither damaged nor in conflict (`compact` skips those, and
         counting them would make every append compact once 64 exist)."""
-        return [n for n, (_, _, rows) in self._segments.items() if rows < _SMALL_ROWS and n not in self._damaged]
+        return [
+            n for n, (_, _, rows) in self._segments.items() if rows < _SMALL_ROWS and n not in self._damaged
+        ]
 
     def _hole_free_groups(self, names: list[str]) -> list[list[str]]:
         """`names` (sorted by first sequence number) cut where some number between two of them is held by no
@@ -122,7 +125,8 @@ class SegmentLog:
         merged = f"seg-{first:012d}-{last:012d}.parquet"
         if merged not in names and merged in self._segments and merged not in self._damaged:
             # a merge of these segments written before a crash (it is no longer small, so auto-compaction did
-            # not pick it): merge it in, or the new merge would collide with it and drop the rows only it holds
+            # not pick it): merge it in, or the new merge would collide with it and drop the rows only it
+            # holds
             names.append(merged)
         tables, readable = [], []
         for n in names:
@@ -130,7 +134,8 @@ class SegmentLog:
                 pf = pq.ParquetFile(io.BytesIO(self._fs.read(f"events/{n}")), page_checksum_verification=True)
                 tables.append(pf.read().cast(_SCHEMA))
                 readable.append(n)
-            except Exception:  # noqa: BLE001 -- damaged since it was last read: leave it for the reader to report
+            # damaged since it was last read: leave it for the reader to report
+            except Exception:  # noqa: BLE001
                 continue
         names = readable
         if len(names) < 2:
@@ -172,8 +177,8 @@ class SegmentLog:
         return [ev for _, ev in pairs if wanted is None or ev.kind in wanted]
 
     def _read_all(self) -> list[tuple[int, Event]]:
-        """Every segment read once: the intact rows by sequence number; refreshes the segment table, the damaged
-        segments (never compacted) and `damage`."""
+        """Every segment read once: the intact rows by sequence number; refreshes the segment table, the
+        damaged segments (never compacted) and `damage`."""
         # sorted: where segments overlap (a compaction that died before deleting its inputs) the same
         # segment wins on every read
         names = sorted(n for n in self._fs.listdir("events") if _SEGMENT_RE.match(n))
@@ -210,10 +215,11 @@ class SegmentLog:
         """Decoded rows of one segment and a description of its damage (None if intact)."""
         try:
             data = self._fs.read(f"events/{name}")
-        except (IsADirectoryError, NotADirectoryError) as exc:  # no file to read: damage, not the log's failure
+        # no file to read: damage, not the log's failure
+        except (IsADirectoryError, NotADirectoryError) as exc:
             return [], f"unreadable ({type(exc).__name__}: {_first_line(exc)})"
-        # any other OSError (merged away meanwhile: the caller lists again; a transient EIO, ESTALE, EMFILE) is
-        # raised: read as damage, its results would be dropped and a resume would run their trials again
+        # any other OSError (merged away meanwhile: the caller lists again; a transient EIO, ESTALE, EMFILE)
+        # is raised: read as damage, its results would be dropped and a resume would run their trials again
         try:
             pf = pq.ParquetFile(io.BytesIO(data), page_checksum_verification=True)
         except Exception as exc:  # noqa: BLE001 -- any decoding failure means the footer is unusable

@@ -7,8 +7,9 @@ the log): each result counts exactly once, the first completed/failed event of a
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from orchestrator.store.schema import Event
 
@@ -17,8 +18,8 @@ from orchestrator.store.schema import Event
 class TrialRecord:
     """One trial as replayed from the log (exactly-once: the first completed/failed event wins).
 
-    The reader's view: where an `Event` (store/schema.py) is one step of a trial, this is the trial folded over
-    its events, with the fields of the same names (`proposed_at` is its `proposed` event's `time`).
+    The reader's view: where an `Event` (store/schema.py) is one step of a trial, this is the trial folded
+    over its events, with the fields of the same names (`proposed_at` is its `proposed` event's `time`).
     `status` is "proposed" (not started), "running" (started, no result), "completed" or "failed".
     `duplicates` counts completed/failed events after the first one (ignored by the replay).
     """

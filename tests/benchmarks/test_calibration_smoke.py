@@ -1,7 +1,8 @@
 """Smoke runs of benchmarks/calibration.py: paper 000's protocol on Forrester (1 repetition, 2 steps, every
-method: the CSV/Parquet tables, the Table-1-style table, the plot) and paper 002's noisy Ackley (`--noisy-ackley
---quick`: 2 seeds, 3 steps, BO / OCBO / LOCBO variants: per-step rows re-checked against the objective, the
-shared initial design, summary, paired comparison, plot). The full protocols never run in tests."""
+method: the CSV/Parquet tables, the Table-1-style table, the plot) and paper 002's noisy Ackley
+(`--noisy-ackley --quick`: 2 seeds, 3 steps, BO / OCBO / LOCBO variants: per-step rows re-checked against the
+objective, the shared initial design, summary, paired comparison, plot). The full protocols never run in
+tests."""
 
 from __future__ import annotations
 
@@ -15,11 +16,24 @@ import pytest
 import torch
 
 
-
 def test_calibration_benchmark_smoke(tmp_path, capsys, load_benchmark, one_thread):
     mod = load_benchmark("calibration")
-    rc = mod.main(["--functions", "forrester", "--reps", "1", "--steps", "2", "--restarts", "2", "--raw-samples", "32",
-                   "--out", str(tmp_path)])
+    rc = mod.main(
+        [
+            "--functions",
+            "forrester",
+            "--reps",
+            "1",
+            "--steps",
+            "2",
+            "--restarts",
+            "2",
+            "--raw-samples",
+            "32",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     assert "Minimum Found" in out and "Frac. beats none" in out
@@ -98,7 +112,8 @@ def test_noisy_ackley_bad_method(load_benchmark, tmp_path):
 
 
 def test_gld_thompson_quick(tmp_path, capsys, load_benchmark, one_thread):
-    """`--gld --quick`: quantile SVGP + Thompson batches on 2 GLD problems, calibrators none / online / locbo."""
+    """`--gld --quick`: quantile SVGP + Thompson batches on 2 GLD problems, calibrators none / online /
+    locbo."""
     mod = load_benchmark("calibration")
     assert mod.main(["--gld", "--quick", "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
@@ -115,7 +130,9 @@ def test_gld_thompson_quick(tmp_path, capsys, load_benchmark, one_thread):
     methods, problems = list(mod.GLD_METHODS), list(range(q["problems"]))
     n_bo = q["budget"] - q["initial"]
     runs = pq.read_table(tmp_path / "gld_runs.parquet").to_pylist()
-    assert sorted((r["method"], r["problem"]) for r in runs) == sorted((m, p) for m in methods for p in problems)
+    assert sorted((r["method"], r["problem"]) for r in runs) == sorted(
+        (m, p) for m in methods for p in problems
+    )
     assert (tmp_path / "gld_runs.csv").read_text().count("\n") == len(runs) + 1
 
     points = pq.read_table(tmp_path / "gld_points.parquet").to_pylist()
@@ -126,16 +143,22 @@ def test_gld_thompson_quick(tmp_path, capsys, load_benchmark, one_thread):
         assert len(pts) == r["n_pits"] == n_bo
         for p in pts:  # each scored y is the objective at the proposed point with the trial's seed
             prob = gld[r["problem"]]
-            params = SearchSpace.from_description(prob.space).from_unit(torch.tensor([json.loads(p["x"])], dtype=torch.float64))[0]
+            params = SearchSpace.from_description(prob.space).from_unit(
+                torch.tensor([json.loads(p["x"])], dtype=torch.float64)
+            )[0]
             assert p["y"] == prob.evaluate(params, trial_seed(r["problem"], p["trial_id"]))
             assert all(0.0 <= p[f"u_{k}"] <= 1.0 for k in mod.GLD_FORECASTS) and p["spread"] > 0
-            # the PITs of the forecast recorded at proposal time, as is and with var_f scaled by the spread s^2
+            # the PITs of the forecast recorded at proposal time, as is and with var_f scaled by the spread
+            # s^2
             fc = Forecast.from_records([json.loads(p["forecast"])])
             assert p["u_model"] == pytest.approx(float(fc.cdf(torch.tensor([p["y"]]))[0]), abs=1e-6)
-            assert p["u_spread"] == pytest.approx(float(scaled_forecast(fc, p["spread"]).cdf(torch.tensor([p["y"]]))[0]),
-                                                  abs=1e-6)
+            assert p["u_spread"] == pytest.approx(
+                float(scaled_forecast(fc, p["spread"]).cdf(torch.tensor([p["y"]]))[0]), abs=1e-6
+            )
             if r["method"] == "none":  # no calibration: the three forecasts are the model's
-                assert p["u_recal"] == pytest.approx(p["u_model"]) and p["u_spread"] == pytest.approx(p["u_model"])
+                assert p["u_recal"] == pytest.approx(p["u_model"]) and p["u_spread"] == pytest.approx(
+                    p["u_model"]
+                )
                 assert p["spread"] == 1.0
         for k in mod.GLD_FORECASTS:  # coverages and scores recomputed from the recorded PITs
             u = torch.tensor([p[f"u_{k}"] for p in pts], dtype=torch.float64)
@@ -143,7 +166,9 @@ def test_gld_thompson_quick(tmp_path, capsys, load_benchmark, one_thread):
             for c, v in cov.items():
                 assert 0.0 <= r[f"cov{int(round(100 * c))}_{k}"] <= 1.0
                 assert r[f"cov{int(round(100 * c))}_{k}"] == pytest.approx(v)
-            assert r[f"cal_score_{k}"] == pytest.approx(calibration_score(u)) and math.isfinite(r[f"cal_score_{k}"])
+            assert r[f"cal_score_{k}"] == pytest.approx(calibration_score(u)) and math.isfinite(
+                r[f"cal_score_{k}"]
+            )
         run_cps = sorted((c for c in cps if c["method"] == r["method"] and c["problem"] == r["problem"]),
                          key=lambda c: c["n_evals"])
         assert [c["n_evals"] for c in run_cps] == list(range(q["initial"], q["budget"] + 1, q["batch"]))
@@ -152,19 +177,28 @@ def test_gld_thompson_quick(tmp_path, capsys, load_benchmark, one_thread):
             assert c["q_rec"] == pytest.approx(float(gld[r["problem"]].quantile_unit(x, q["tau"])[0]))
             assert c["regret"] == pytest.approx(c["q_star"] - c["q_rec"]) and c["regret"] >= -1e-9
         assert r["final_regret"] == run_cps[-1]["regret"] and math.isfinite(r["bo_avg_regret"])
-    for p in problems:  # paired: same initial design and first fit, and (s = 1 before any result) the same first batch
-        first = {m: [c["x_rec"] for c in cps if c["method"] == m and c["problem"] == p and c["n_evals"] == q["initial"]]
-                 for m in methods}
+    # paired: same initial design and first fit, and (s = 1 before any result) the same first batch
+    for p in problems:
+        first = {
+            m: [
+                c["x_rec"]
+                for c in cps
+                if c["method"] == m and c["problem"] == p and c["n_evals"] == q["initial"]
+            ]
+            for m in methods
+        }
         assert all(len(v) == 1 and v == first["none"] for v in first.values())
-        batch1 = {m: [pt["x"] for pt in points if pt["method"] == m and pt["problem"] == p and pt["step"] == 1]
-                  for m in methods}
+        batch1 = {
+            m: [pt["x"] for pt in points if pt["method"] == m and pt["problem"] == p and pt["step"] == 1]
+            for m in methods
+        }
         assert all(v == batch1["none"] and len(v) == q["batch"] for v in batch1.values())
     # the calibrators did act: s != 1 moved the spread forecast's PITs, and online's level map moved its own
     assert any(pt["spread"] != 1.0 and pt["u_spread"] != pytest.approx(pt["u_model"]) for pt in points)
     assert any(pt["u_recal"] != pytest.approx(pt["u_model"]) for pt in points if pt["method"] == "online")
-    # online learns a batch as the actor's synchronous runs do: its results scored at the levels it was proposed
-    # with, one step (`update_pit_batch`); each result stepping in turn, as the benchmark's earlier per-tell
-    # updates had it, moves the map of the next batch elsewhere
+    # online learns a batch as the actor's synchronous runs do: its results scored at the levels it was
+    # proposed with, one step (`update_pit_batch`); each result stepping in turn, as the benchmark's earlier
+    # per-tell updates had it, moves the map of the next batch elsewhere
     from orchestrator.calibration import OnlineQuantileRecalibrator
 
     for p in problems:
@@ -172,7 +206,9 @@ def test_gld_thompson_quick(tmp_path, capsys, load_benchmark, one_thread):
         steps = sorted({pt["step"] for pt in points if pt["method"] == "online" and pt["problem"] == p})
         assert len(steps) == n_bo // q["batch"] >= 2
         for step in steps:
-            pts = [pt for pt in points if pt["method"] == "online" and pt["problem"] == p and pt["step"] == step]
+            pts = [
+                pt for pt in points if pt["method"] == "online" and pt["problem"] == p and pt["step"] == step
+            ]
             u = torch.tensor([pt["u_model"] for pt in pts], dtype=torch.float64)
             np.testing.assert_allclose([pt["u_recal"] for pt in pts], cal.unmap_levels(u).numpy(), atol=1e-9)
             cal.update_pit_batch(u)
@@ -183,7 +219,9 @@ def test_gld_thompson_quick(tmp_path, capsys, load_benchmark, one_thread):
     base = {r["problem"]: r["final_regret"] for r in runs if r["method"] == "none"}
     for s in summary:
         finals = {r["problem"]: r["final_regret"] for r in runs if r["method"] == s["method"]}
-        assert s["problems"] == len(problems) and s["regret_mean"] == pytest.approx(float(np.mean(list(finals.values()))))
+        assert s["problems"] == len(problems) and s["regret_mean"] == pytest.approx(
+            float(np.mean(list(finals.values())))
+        )
         assert math.isfinite(s["regret_ci95"])
         for k in mod.GLD_FORECASTS:
             for c in ("cov50", "cov80", "cov90"):
@@ -209,15 +247,24 @@ def test_gld_bad_arguments(load_benchmark, tmp_path):
 
 
 def test_fraction_beats_none_ties_minima_equal_to_four_digits(load_benchmark):
-    """Found in review: a 1e-9 tolerance scored runs that all sat at Forrester's global minimum by the last digits
-    of the optimizer (a run 9 steps to the minimum "beat" one that took 7). Minima equal to 4 significant digits
-    now tie, and the tie goes to fewer steps."""
+    """Minima equal to 4 significant digits tie, and the tie goes to fewer steps: a 1e-9 tolerance would score
+    runs that all sit at Forrester's global minimum by the last digits of the optimizer (a run 9 steps to the
+    minimum "beating" one that took 7)."""
     mod = load_benchmark("calibration")
 
     def row(method, seed, minimum, steps, acquisition="ucb"):
-        return {"function": "forrester", "method": method, "seed": seed, "minimum": minimum, "steps_to_minimum": steps,
-                "auc": 0.0, "cal_score_model": 0.0, "cal_score_recalibrated": 0.0, "seconds": 0.0,
-                "acquisition": acquisition}
+        return {
+            "function": "forrester",
+            "method": method,
+            "seed": seed,
+            "minimum": minimum,
+            "steps_to_minimum": steps,
+            "auc": 0.0,
+            "cal_score_model": 0.0,
+            "cal_score_recalibrated": 0.0,
+            "seconds": 0.0,
+            "acquisition": acquisition,
+        }
 
     rows = [row("none", s, -6.020740, 7) for s in range(4)]
     rows += [row("online", 0, -6.020744, 9),  # 4e-6 lower but slower: a tie lost on steps
@@ -235,19 +282,30 @@ def test_fraction_beats_none_ties_minima_equal_to_four_digits(load_benchmark):
 
 
 def test_fraction_beats_none_compares_within_one_acquisition(load_benchmark):
-    """Found in review: LOCBO and conformal run EI where the function's acquisition is PI or UCB, and were scored
-    against `none` under PI/UCB, so their "gains" were in part PI -> EI. They are scored against `none-ei`."""
+    """LOCBO and conformal run EI where the function's acquisition is PI or UCB, so they are scored against
+    `none-ei`, not `none` under PI/UCB (their "gains" would be in part PI -> EI)."""
     mod = load_benchmark("calibration")
 
     def row(method, seed, minimum, acquisition):
-        return {"function": "powers", "method": method, "seed": seed, "minimum": minimum, "steps_to_minimum": 5,
-                "auc": 0.0, "cal_score_model": 0.0, "cal_score_recalibrated": 0.0, "seconds": 0.0,
-                "acquisition": acquisition}
+        return {
+            "function": "powers",
+            "method": method,
+            "seed": seed,
+            "minimum": minimum,
+            "steps_to_minimum": 5,
+            "auc": 0.0,
+            "cal_score_model": 0.0,
+            "cal_score_recalibrated": 0.0,
+            "seconds": 0.0,
+            "acquisition": acquisition,
+        }
 
     rows = [row("none", 0, 0.07, "pi"), row("none-ei", 0, 0.01, "ei"), row("locbo", 0, 0.02, "ei"),
             row("online", 0, 0.05, "pi")]
     by = {r["method"]: r for r in mod.summarise(rows)}
-    assert by["locbo"]["fraction_beats_none"] == 0.0  # behind none-ei (it beat none under PI only by PI -> EI)
+    # behind none-ei (it beat none under PI only by PI -> EI)
+    assert by["locbo"]["fraction_beats_none"] == 0.0
     assert by["online"]["fraction_beats_none"] == 1.0  # against none, both PI
-    assert math.isnan(mod.summarise(rows[:1] + rows[2:3])[1]["fraction_beats_none"])  # no EI baseline: no figure
+    # no EI baseline: no figure
+    assert math.isnan(mod.summarise(rows[:1] + rows[2:3])[1]["fraction_beats_none"])
     assert "none-ei" in mod.format_table(mod.summarise(rows))

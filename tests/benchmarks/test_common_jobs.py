@@ -10,7 +10,15 @@ import botorch
 import gpytorch
 import torch
 
-from benchmarks._common import BatchRun, Job, checkpoint_path, drive_guarded, read_table, run_jobs, write_table
+from benchmarks._common import (
+    BatchRun,
+    Job,
+    checkpoint_path,
+    drive_guarded,
+    read_table,
+    run_jobs,
+    write_table,
+)
 
 CALLS: list[tuple] = []
 
@@ -57,7 +65,9 @@ def test_a_finished_rule_replaces_the_result_file_check(tmp_path):
     CALLS.clear()
     write_table([{"name": "b", "value": 1.0, "error": ""}], tmp_path / "b", parquet=False)
     rules = {"a": lambda: True, "b": lambda: False}
-    counts = run_jobs(_jobs(tmp_path, {"a": "done", "b": "skipped"}, rules), 1, resume=True, deadline=0.0, tag="t")
+    counts = run_jobs(
+        _jobs(tmp_path, {"a": "done", "b": "skipped"}, rules), 1, resume=True, deadline=0.0, tag="t"
+    )
     assert counts == {"done": 0, "paused": 0, "skipped": 1, "finished before": 1}
     assert [c[0] for c in CALLS] == ["b"]
     assert read_table(tmp_path / "b.csv")[0]["value"] == "1.0"  # a skipped run leaves the old file alone
@@ -95,8 +105,9 @@ def test_drive_guarded_turns_an_exception_into_an_error_and_reports_a_pause(tmp_
 
 
 def test_option_flags_refuse_unknown_names_in_every_benchmark(load_benchmark):
-    """Found in review: `--model-options '{"quantil": {...}}'` was ignored without a word (lander, laser, gld,
-    hpo), gld's `--quick` dropped the user's options, and hpo took `[1]` until every job failed."""
+    """`--model-options '{"quantil": {...}}'` is refused, not ignored without a word (lander, laser, gld,
+    hpo); gld's `--quick` keeps the user's options, and hpo refuses `[1]` rather than take it until every job
+    fails."""
     import pytest
 
     from benchmarks._common import merge_options
@@ -118,9 +129,9 @@ def test_option_flags_refuse_unknown_names_in_every_benchmark(load_benchmark):
 
 
 def test_a_bad_option_stops_every_benchmark_before_any_run(load_benchmark, tmp_path):
-    """Noted in the ninth session: a bad model or proposer option failed every run of the grid on its own, each
-    recorded as an error row, and the command exited 0. `preflight` builds each method once before the grid:
-    one error naming the method and the key, and no run file."""
+    """Noted in the ninth session: a bad model or proposer option failed every run of the grid on its own,
+    each recorded as an error row, and the command exited 0. `preflight` builds each method once before the
+    grid: one error naming the method and the key, and no run file."""
     import pytest
 
     for name in ("gld", "hpo", "lander", "laser"):
@@ -131,7 +142,8 @@ def test_a_bad_option_stops_every_benchmark_before_any_run(load_benchmark, tmp_p
         assert not list((out / "runs").glob("*.csv")), name
     lander = load_benchmark("lander")
     with pytest.raises(SystemExit, match=r"\[lander\] quantile-ts tau 0.1: .*option 'steps_limit'"):
-        lander.main(["--quick", "--out", str(tmp_path / "l2"), "--objective-options", '{"steps_limit": "long"}'])
+        lander.main(["--quick", "--out", str(tmp_path / "l2"), "--objective-options", '{"steps_limit": '
+                                                                                      '"long"}'])
     laser = load_benchmark("laser")
     with pytest.raises(SystemExit, match=r"\[laser\] quantile-ts: .*raw_samples"):
         laser.main(["--quick", "--out", str(tmp_path / "l3"), "--proposer-options",
@@ -139,8 +151,9 @@ def test_a_bad_option_stops_every_benchmark_before_any_run(load_benchmark, tmp_p
 
 
 def test_result_rows_record_the_code_version(tmp_path):
-    """Every result file `run_jobs` writes records the code it came from (commit, dirty flag, library versions),
-    and `code_mix_note` names the versions a table mixes (rows without the column count as unrecorded)."""
+    """Every result file `run_jobs` writes records the code it came from (commit, dirty flag, library
+    versions), and `code_mix_note` names the versions a table mixes (rows without the column count as
+    unrecorded)."""
     from benchmarks._common import code_mix_note, code_version
 
     CALLS.clear()
@@ -164,16 +177,18 @@ class SavedCountingRun(CountingRun):
         self.n, self.times = int(state["n"]), dict(state["times"])
 
 
-def counting_job(checkpoint: Path | None = None, deadline: float | None = None, stop_after: int | None = None):
+def counting_job(
+    checkpoint: Path | None = None, deadline: float | None = None, stop_after: int | None = None
+):
     """A checkpointed SavedCountingRun as a job: its rows name the evaluations made."""
     status, run, _ = drive_guarded(lambda: SavedCountingRun(), checkpoint, deadline, stop_after, 1, "[t] c")
     return status, ([{"n": run.n, "error": ""}] if status == "done" else [])
 
 
 def test_a_resumed_run_names_the_code_of_every_session_that_advanced_it(tmp_path):
-    """Found in review: a run continued from a checkpoint was labelled with the resuming code only, though its
-    first evaluations were made by older code. The checkpoint keeps the code of each session that advanced it;
-    one from before that was recorded counts as unrecorded."""
+    """A run continued from a checkpoint is labelled with the code of each session that advanced it (the
+    checkpoint keeps them), not the resuming code only; a checkpoint without that record counts as
+    unrecorded."""
     import torch as _torch
 
     from benchmarks._common import code_version

@@ -1,4 +1,5 @@
-"""The statistics of benchmarks/_common.py that the README's figures rest on, against scipy computed directly."""
+"""The statistics of benchmarks/_common.py that the README's figures rest on, against scipy computed
+directly."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def test_paired_comparison_pairs_by_key_and_counts_wins_for_lower():
 
 
 def test_a_nan_on_either_side_drops_the_pair_from_every_statistic():
-    """Found in review: `mean_ci` dropped a NaN difference while Wilcoxon got it (p NaN), so n and p disagreed."""
+    """`mean_ci` and Wilcoxon see the same differences, NaN included, so n and p agree."""
     with_nan = paired_comparison({0: 1.0, 1: float("nan"), 2: 3.0, 3: 0.5}, {0: 2.0, 1: 1.0, 2: 1.0, 3: 0.7})
     without = paired_comparison({0: 1.0, 2: 3.0, 3: 0.5}, {0: 2.0, 2: 1.0, 3: 0.7})
     assert with_nan["n"] == 3 and not math.isnan(with_nan["p_wilcoxon"])

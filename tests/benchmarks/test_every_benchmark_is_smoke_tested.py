@@ -1,4 +1,4 @@
-"""Issue 8: every benchmark's `--quick` mode runs in CI. A benchmark script without a smoke test that runs its
+"""Every benchmark's `--quick` mode runs in CI. A benchmark script without a smoke test that runs its
 quick mode would silently drop out of that promise."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Smoke run of the fit-speed benchmark (benchmarks/fit_speed.py `--quick`): both fits time, the ratio prints."""
+"""Smoke run of the fit-speed benchmark (benchmarks/fit_speed.py `--quick`): both fits time, the ratio
+prints."""
 
 from __future__ import annotations
 

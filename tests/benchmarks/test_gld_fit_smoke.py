@@ -23,7 +23,9 @@ def test_gld_fit_quick(tmp_path, capsys, load_benchmark):
 
     fits = pq.read_table(tmp_path / "fits.parquet").to_pylist()
     expected = {(p, 0.75, 40, m) for p in (0, 1) for m in mod.MODELS}
-    assert {(r["problem"], r["tau"], r["n"], r["model"]) for r in fits} == expected and len(fits) == len(expected)
+    assert {(r["problem"], r["tau"], r["n"], r["model"]) for r in fits} == expected and len(fits) == len(
+        expected
+    )
     for r in fits:
         assert r["rmse"] > 0 and -1 <= r["corr"] <= 1 and r["regret"] >= -1e-9 and r["q_sd"] > 0
 
@@ -39,8 +41,9 @@ def test_gld_fit_quick(tmp_path, capsys, load_benchmark):
         vals = [r["rmse"] for r in fits if r["model"] == s["model"]]
         assert s["rmse"] == pytest.approx(np.mean(vals)) and s["problems"] == 2
     paired = pq.read_table(tmp_path / "paired.parquet").to_pylist()
-    assert {(p["metric"], p["vs"]) for p in paired} == {(m, o) for m in ("rmse", "regret")
-                                                        for o in ("quantile-dim", "heteroscedastic", "exact-gp")}
+    assert {(p["metric"], p["vs"]) for p in paired} == {
+        (m, o) for m in ("rmse", "regret") for o in ("quantile-dim", "heteroscedastic", "exact-gp")
+    }
     for p in paired:
         assert p["n"] == 40 and p["pairs"] == 2
         q = {r["problem"]: r[p["metric"]] for r in fits if r["model"] == "quantile"}

@@ -1,7 +1,7 @@
 """Smoke run of benchmarks/gld.py (`--quick`: d = 3, tau = 0.75, batch 10, 2 problems, 3 methods, 40
 evaluations): the checkpoint table's rows, regrets against the exact GLD quantile, the summary, the paired
-comparison and the plot; and the same run repeated in a fresh process gives the same recommendations (issue 8:
-runs are reproducible from their config and seed). The full grid never runs in tests."""
+comparison and the plot; and the same run repeated in a fresh process gives the same recommendations (runs are
+reproducible from their config and seed). The full grid never runs in tests."""
 
 from __future__ import annotations
 
@@ -62,7 +62,8 @@ def test_gld_quick(quick):
         assert (r["d"], r["tau"], r["batch"]) == (d, tau, batch)
         assert r["error"] in ("", None)
         assert "synchronous" in r["mode"]
-        # regret is q* minus the exact quantile at the recommended point, and q* is at least the L-BFGS optimum
+        # regret is q* minus the exact quantile at the recommended point, and q* is at least the L-BFGS
+        # optimum
         x = np.asarray([json.loads(r["x_rec"])])
         q_rec = float(GLDProblem(dim=d, problem=r["problem"]).quantile_unit(x, tau)[0])
         assert q_rec == pytest.approx(r["q_rec"], rel=1e-9, abs=1e-12)
@@ -79,14 +80,18 @@ def test_gld_quick(quick):
         assert s["regret_mean"] == pytest.approx(float(np.mean(finals)))
         assert math.isfinite(s["regret_ci95"])
     paired = pq.read_table(tmp_path / "paired.parquet").to_pylist()
-    assert {(p["method"], p["versus"]) for p in paired} == {("quantile-ts", "gpr-ei"), ("quantile-ts", "sobol")}
+    assert {(p["method"], p["versus"]) for p in paired} == {
+        ("quantile-ts", "gpr-ei"),
+        ("quantile-ts", "sobol"),
+    }
     assert (tmp_path / f"gld_d{d}-tau{tau:g}-b{batch}.png").stat().st_size > 1000
     assert len(result["rows"]) == len(table)
 
 
 def test_gld_run_is_reproducible_in_a_fresh_process(quick, tmp_path):
     """Same config and seed, another process: every checkpoint's recommended point, its predicted and exact
-    quantile are equal, bit for bit, to the in-process run's (quantile TS, the method of the issue's target)."""
+    quantile are equal, bit for bit, to the in-process run's (quantile TS, the method of the issue's
+    target)."""
     _, _, result, _ = quick
     out = tmp_path / "again"
     subprocess.run([sys.executable, str(BENCHMARKS / "gld.py"), "--quick", "--methods", "quantile-ts",
@@ -116,7 +121,7 @@ def test_tables_only_rebuilds_the_tables_from_the_run_files_and_runs_nothing(qui
         again = mod.main(["--quick", "--tables-only", "--methods", "quantile-ts", "gpr-ei", "random",
                           "--out", str(copy)])
     assert "[gld] 0 runs to do" in printed.getvalue()
-    # found in review: a setting missing HetGP-TS and qLogNEI counted toward "beats all present baselines"
+    # a setting missing HetGP-TS and qLogNEI does not count toward "beats all present baselines"
     assert "quantile-ts: beats every baseline in 0/0 complete settings (1 more with a baseline missing or " \
            "partial)" in printed.getvalue()
     assert sorted(p.name for p in (copy / "runs").iterdir()) == files
@@ -127,7 +132,8 @@ def test_tables_only_rebuilds_the_tables_from_the_run_files_and_runs_nothing(qui
 def test_resume_and_merge_of_per_method_files(load_benchmark, tmp_path):
     """--resume counts a method as done when any file of its (setting, problem) holds its final checkpoint
     without an error (old one-file-per-problem layout included, p1 never matching p10); merging keeps one row
-    per checkpoint (the later file wins) and measures every regret against the best q* of the problem's runs."""
+    per checkpoint (the later file wins) and measures every regret against the best q* of the problem's
+    runs."""
     mod = load_benchmark("gld")
     from benchmarks._common import write_table
 
@@ -186,11 +192,17 @@ def test_gld_resume_continues_a_checkpoint_exactly(quick, tmp_path):
             saved[method] = torch.load(ckpt, weights_only=True)["run"]["rows"]
             assert len(saved[method]) == k
         with contextlib.redirect_stdout(io.StringIO()) as printed:
-            skipped = mod.main(["--quick", "--threads", "1", "--resume", "--time-limit", "0", "--out", str(tmp_path)])
+            skipped = mod.main(
+                ["--quick", "--threads", "1", "--resume", "--time-limit", "0", "--out", str(tmp_path)]
+            )
         assert skipped["counts"]["skipped"] == 6 and skipped["missing"] == 6 and skipped["rows"] == []
         assert "run again with --resume" in printed.getvalue()
-        # the two paused runs are listed with their progress (initial design 20, then GPR-EI's one batch of 10)
-        assert sorted(skipped["paused"]) == [(f"{s.label}-p0-gpr-ei", 30, 40), (f"{s.label}-p0-quantile-ts", 20, 40)]
+        # the two paused runs are listed with their progress (initial design 20, then GPR-EI's one batch
+        # of 10)
+        assert sorted(skipped["paused"]) == [
+            (f"{s.label}-p0-gpr-ei", 30, 40),
+            (f"{s.label}-p0-quantile-ts", 20, 40),
+        ]
         assert f"{s.label}-p0-quantile-ts at 20 of 40" in printed.getvalue()
         with contextlib.redirect_stdout(io.StringIO()):
             again = mod.main(["--quick", "--threads", "1", "--resume", "--out", str(tmp_path)])
@@ -210,8 +222,8 @@ def test_gld_resume_continues_a_checkpoint_exactly(quick, tmp_path):
 
 
 def test_target_compares_only_baselines_run_on_every_problem(load_benchmark):
-    """A baseline with fewer problems than the quantile method (an unfinished qLogNEI) is listed as partial and
-    left out of the comparison, and a setting counts as complete only with all three baselines in full."""
+    """A baseline with fewer problems than the quantile method (an unfinished qLogNEI) is listed as partial
+    and left out of the comparison, and a setting counts as complete only with all three baselines in full."""
     mod = load_benchmark("gld")
 
     def row(method, problem, regret):
@@ -236,18 +248,32 @@ def test_a_failing_gld_run_becomes_an_error_row(load_benchmark, capsys):
     s = mod.Setting(3, 0.75, 10, 20, 40)
     status, rows = mod.run_problem(s, 0, "quantile-ts", {"quantile": {"bogus_option": 1}}, 1)
     assert status == "done" and len(rows) == 1
-    assert rows[0]["error"].startswith("ConfigError: `model.options`: unknown model option(s) ['bogus_option']")
+    assert rows[0]["error"].startswith("ConfigError: `model.options`: unknown model option(s) "
+                                       "['bogus_option']")
     assert rows[0]["n_evals"] == 0 and rows[0]["q_star"] == rows[0]["q_star_lbfgs"]
     assert "problem 0 quantile-ts" in capsys.readouterr().out
 
 
 def test_the_summary_median_is_the_median(load_benchmark):
     """With an even number of problems the median is the mean of the two middle regrets (it was the upper one,
-    which moved every bracketed median of the README's GLD tables up: GPR-EI d3 tau 0.75 b50 0.829 for 0.534)."""
+    which moved every bracketed median of the README's GLD tables up: GPR-EI d3 tau 0.75 b50 0.829 for
+    0.534)."""
     mod = load_benchmark("gld")
     regrets = [0.4, 0.1, 0.3, 0.2]
-    rows = [{"method": "quantile-ts", "d": 3, "tau": 0.75, "batch": 10, "problem": p, "n_evals": n,
-             "regret": r if n == 40 else 1.0, "error": ""} for p, r in enumerate(regrets) for n in (20, 30, 40)]
+    rows = [
+        {
+            "method": "quantile-ts",
+            "d": 3,
+            "tau": 0.75,
+            "batch": 10,
+            "problem": p,
+            "n_evals": n,
+            "regret": r if n == 40 else 1.0,
+            "error": "",
+        }
+        for p, r in enumerate(regrets)
+        for n in (20, 30, 40)
+    ]
     summary, _, _ = mod.summarize(rows)
     [row] = summary
     assert row["regret_median"] == pytest.approx(0.25) and row["regret_mean"] == pytest.approx(0.25)
@@ -255,17 +281,30 @@ def test_the_summary_median_is_the_median(load_benchmark):
 
 
 def test_runs_of_another_budget_are_left_out_of_the_tables(load_benchmark):
-    """File names do not hold the budget, so a run of another budget in the same folder would be compared as if
-    its last checkpoint were final; it is left out (and named) instead. A failed run (error row, n = 0) stays."""
+    """File names do not hold the budget, so a run of another budget in the same folder would be compared as
+    if its last checkpoint were final; it is left out (and named) instead. A failed run (error row, n = 0)
+    stays."""
     mod = load_benchmark("gld")
 
     def row(method, problem, n, error=""):
-        return {"method": method, "d": 3, "tau": 0.75, "batch": 10, "problem": problem, "n_evals": n, "error": error}
+        return {
+            "method": method,
+            "d": 3,
+            "tau": 0.75,
+            "batch": 10,
+            "problem": problem,
+            "n_evals": n,
+            "error": error,
+        }
 
     rows = [row("quantile-ts", 0, 20), row("quantile-ts", 0, 40), row("gpr-ei", 0, 20), row("gpr-ei", 0, 30),
             row("hetgp-ts", 0, 0, "RuntimeError: x")]
     keep, other = mod._at_budget(rows, {(3, 0.75, 10): 40})
-    assert {(r["method"], r["n_evals"]) for r in keep} == {("quantile-ts", 20), ("quantile-ts", 40), ("hetgp-ts", 0)}
+    assert {(r["method"], r["n_evals"]) for r in keep} == {
+        ("quantile-ts", 20),
+        ("quantile-ts", 40),
+        ("hetgp-ts", 0),
+    }
     assert other == ["d3-tau0.75-b10-p0-gpr-ei"]
 
 
@@ -292,7 +331,8 @@ def test_runs_of_other_settings_are_neither_resumed_nor_tabulated(load_benchmark
     assert mod.done_methods(runs, s, 0, opts) == {"quantile-ts"}
     assert mod.done_methods(runs, s, 0, {}) == set()  # other options, other initial design
     assert mod.done_methods(runs, s, 1, {}) == {"quantile-ts"}
-    assert mod.settings_tag("gpr-ei", 20, opts) == mod.settings_tag("gpr-ei", 20, {})  # not its model's options
+    # not its model's options
+    assert mod.settings_tag("gpr-ei", 20, opts) == mod.settings_tag("gpr-ei", 20, {})
     # proposer options (`--proposer-options`) are part of the tag of the methods whose proposer they name
     per_path = {"thompson": {"shared_features": False}}
     assert mod.settings_tag("quantile-ts", 20, per_path) != mod.settings_tag("quantile-ts", 20, {})
@@ -310,9 +350,9 @@ def test_runs_of_other_settings_are_neither_resumed_nor_tabulated(load_benchmark
 
 
 def test_a_selection_with_no_finished_run_leaves_the_folders_tables_alone(load_benchmark, tmp_path, capsys):
-    """Found filling the d = 6 grid in pieces: a run whose selected problems all ended paused wrote 0-row gld.csv
-    and summary.csv over the tables a wider selection had written to the folder. Now they are left as they were,
-    with a line saying so, and the paused runs are still listed."""
+    """Found filling the d = 6 grid in pieces: a run whose selected problems all ended paused wrote 0-row
+    gld.csv and summary.csv over the tables a wider selection had written to the folder. Now they are left as
+    they were, with a line saying so, and the paused runs are still listed."""
     from benchmarks._common import checkpoint_path
 
     mod = load_benchmark("gld")
@@ -321,7 +361,9 @@ def test_a_selection_with_no_finished_run_leaves_the_folders_tables_alone(load_b
         (tmp_path / name).write_text(text)
     s = mod.Setting(3, 0.75, 10, 20, 40)
     (tmp_path / "runs").mkdir()
-    torch.save({"run": {"n": 30, "rows": []}}, checkpoint_path(mod.job_path(tmp_path / "runs", s, 4, "sobol")))
+    torch.save(
+        {"run": {"n": 30, "rows": []}}, checkpoint_path(mod.job_path(tmp_path / "runs", s, 4, "sobol"))
+    )
     capsys.readouterr()
     result = mod.main(["--settings", "3:0.75:10", "--initial", "20", "--budget", "40", "--problems", "4-4",
                        "--methods", "sobol", "--tables-only", "--out", str(tmp_path)])
@@ -329,24 +371,28 @@ def test_a_selection_with_no_finished_run_leaves_the_folders_tables_alone(load_b
     assert result["rows"] == [] and result["summary"] == [] and result["plots"] == []
     assert {name: (tmp_path / name).read_text() for name in tables} == tables
     assert not list(tmp_path.glob("*.parquet")) and not list(tmp_path.glob("*.png"))
-    assert f"no finished run in the selection: the tables and plots in {tmp_path} are left as they were" in printed
-    assert result["paused"] == [(f"{s.label}-p4-sobol", 30, 40)] and f"{s.label}-p4-sobol at 30 of 40" in printed
+    assert (f"no finished run in the selection: the tables and plots in {tmp_path} are left as they "
+            "were") in printed
+    assert result["paused"] == [(f"{s.label}-p4-sobol", 30, 40)] and (f"{s.label}-p4-sobol at 30 of "
+                                                                      "40") in printed
 
 
 def test_quick_mode_takes_the_flags_given(load_benchmark, tmp_path):
-    """`--quick` fills in only what the command line leaves out: --settings, --problems, --initial and --budget
-    given with it are used (they were silently replaced by the quick values)."""
+    """`--quick` fills in only what the command line leaves out: --settings, --problems, --initial and
+    --budget given with it are used (they were silently replaced by the quick values)."""
     mod = load_benchmark("gld")
     result = mod.main(["--quick", "--settings", "3:0.95:5", "--problems", "3-3", "--initial", "6", "--budget",
                        "11", "--methods", "sobol", "--out", str(tmp_path)])
-    assert {(r["d"], r["tau"], r["batch"], r["problem"], r["initial"]) for r in result["rows"]} == {(3, 0.95, 5, 3, 6)}
+    assert {(r["d"], r["tau"], r["batch"], r["problem"], r["initial"]) for r in result["rows"]} == {
+        (3, 0.95, 5, 3, 6)
+    }
     assert max(r["n_evals"] for r in result["rows"]) == 11
 
 
 def test_rows_restored_from_an_older_checkpoint_take_the_runs_settings(load_benchmark):
-    """Found in review: rows restored from a checkpoint written before rows held their settings were tagged as
-    the defaults', so a resumed non-default run lost its early checkpoints from the tables. The checkpoint's key
-    already matched the run's settings, so they take the run's tag."""
+    """Rows restored from a checkpoint whose rows hold no settings take the run's tag (the checkpoint's key
+    matches the run's settings), not the defaults', so a resumed non-default run keeps its early checkpoints
+    in the tables."""
     from objectives.gld import GLDProblem
 
     mod = load_benchmark("gld")
@@ -359,8 +405,9 @@ def test_rows_restored_from_an_older_checkpoint_take_the_runs_settings(load_benc
 
 
 def test_proposer_options_reach_the_runs_and_leave_recorded_tags_alone(load_benchmark) -> None:
-    """`--proposer-options` is merged over a method's own proposer options into the optimizer a run builds; given
-    none, a run's tag is the one the recorded runs carry (so `--resume` and the tables still find them)."""
+    """`--proposer-options` is merged over a method's own proposer options into the optimizer a run builds;
+    given none, a run's tag is the one the recorded runs carry (so `--resume` and the tables still find
+    them)."""
     import csv
 
     from objectives.gld import GLDProblem
@@ -381,8 +428,9 @@ def test_proposer_options_reach_the_runs_and_leave_recorded_tags_alone(load_benc
 
 
 def test_paired_with_compares_with_the_default_runs_of_another_folder(load_benchmark, tmp_path) -> None:
-    """`--paired-with DIR`: this folder's final recommendations against DIR's runs made with the default options
-    (other options' runs and other budgets there are left out), per (setting, method), as differences of regret."""
+    """`--paired-with DIR`: this folder's final recommendations against DIR's runs made with the default
+    options (other options' runs and other budgets there are left out), per (setting, method), as differences
+    of regret."""
     from benchmarks._common import write_table
 
     mod = load_benchmark("gld")
@@ -391,19 +439,32 @@ def test_paired_with_compares_with_the_default_runs_of_another_folder(load_bench
     base.mkdir(parents=True)
 
     def row(problem, q_rec, options, n_evals=40):
-        return {"method": "quantile-ts", "d": 3, "tau": 0.75, "batch": 10, "problem": problem, "n_evals": n_evals,
-                "q_star": 2.0, "q_rec": q_rec, "regret": 2.0 - q_rec, "error": "", "initial": 20,
-                "settings": mod.settings_tag("quantile-ts", 20, options)}
+        return {
+            "method": "quantile-ts",
+            "d": 3,
+            "tau": 0.75,
+            "batch": 10,
+            "problem": problem,
+            "n_evals": n_evals,
+            "q_star": 2.0,
+            "q_rec": q_rec,
+            "regret": 2.0 - q_rec,
+            "error": "",
+            "initial": 20,
+            "settings": mod.settings_tag("quantile-ts", 20, options),
+        }
 
     theirs = [1.0, 1.5, 1.2]
     for p, q in enumerate(theirs):
         write_table([row(p, q - 0.5, {}, n_evals=30), row(p, q, {})], mod.job_path(base, s, p, "quantile-ts"),
                     parquet=False)
     other = {"thompson": {"shared_features": False}}
-    write_table([row(3, 0.0, other)], mod.job_path(base, s, 3, "quantile-ts"), parquet=False)  # not the default
+    # not the default
+    write_table([row(3, 0.0, other)], mod.job_path(base, s, 3, "quantile-ts"), parquet=False)
     mine = [row(0, 1.1, other), row(1, 1.4, other), row(2, 1.5, other), row(3, 9.0, other)]
     pw = mod.paired_with(mine, tmp_path / "base", [s])
-    assert len(pw) == 1 and pw[0]["problems"] == 3 and pw[0]["better"] == 2  # problem 3 has no default run there
+    # problem 3 has no default run there
+    assert len(pw) == 1 and pw[0]["problems"] == 3 and pw[0]["better"] == 2
     # regret here - regret there = q_rec there - q_rec here
     assert pw[0]["mean_diff"] == pytest.approx(np.mean([1.0 - 1.1, 1.5 - 1.4, 1.2 - 1.5]))
     with pytest.raises(SystemExit):

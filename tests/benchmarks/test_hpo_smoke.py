@@ -15,7 +15,6 @@ import pytest
 import torch
 
 
-
 def test_hpo_quick(tmp_path, capsys, load_benchmark):
     mod = load_benchmark("hpo")
     threads = torch.get_num_threads()
@@ -31,7 +30,9 @@ def test_hpo_quick(tmp_path, capsys, load_benchmark):
     checkpoints = proto.checkpoints()
     assert checkpoints == [3, 5]
     table = pq.read_table(tmp_path / "hpo.parquet").to_pylist()
-    expected = {(t, m, s, n) for t in q["tasks"] for m in q["methods"] for s in q["seeds"] for n in checkpoints}
+    expected = {
+        (t, m, s, n) for t in q["tasks"] for m in q["methods"] for s in q["seeds"] for n in checkpoints
+    }
     assert {(r["task"], r["method"], r["seed"], r["n_evals"]) for r in table} == expected
     assert len(table) == len(expected)
     assert (tmp_path / "hpo.csv").read_text().count("\n") == len(table) + 1
@@ -55,7 +56,7 @@ def test_hpo_quick(tmp_path, capsys, load_benchmark):
             assert len(first) == 1, (t, s, first)
             assert runs[(t, q["methods"][-1], s)][-1]["cached_evals"] == q["initial"]
     # model-based runs carry a recommendation; random search never fits
-    for (t, m, s), rows in runs.items():
+    for (_, m, _), rows in runs.items():
         assert (json.loads(rows[-1]["recommended"]) == {}) == (m == "random")
     # the recorded best is a real evaluation: re-run the objective at best_params with best_seed
     from objectives.registry import load_objective
@@ -76,10 +77,15 @@ def test_hpo_quick(tmp_path, capsys, load_benchmark):
     paired = pq.read_table(tmp_path / "paired.parquet").to_pylist()
     pairs = set(combinations(q["methods"], 2))  # every pair, in the order of METHODS
     assert ("quantile-ts", "qlognei") in pairs and ("quantile-ts-dim", "random") in pairs
-    assert {(p["task"], p["method"], p["versus"]) for p in paired} == {(t, a, b) for t in q["tasks"] for a, b in pairs}
+    assert {(p["task"], p["method"], p["versus"]) for p in paired} == {
+        (t, a, b) for t in q["tasks"] for a, b in pairs
+    }
     for p in paired:
-        diffs = [runs[(p["task"], p["method"], s)][-1]["best_value"] - runs[(p["task"], p["versus"], s)][-1]["best_value"]
-                 for s in q["seeds"]]
+        diffs = [
+            runs[(p["task"], p["method"], s)][-1]["best_value"]
+            - runs[(p["task"], p["versus"], s)][-1]["best_value"]
+            for s in q["seeds"]
+        ]
         assert p["n"] == len(q["seeds"]) and p["mean_diff"] == pytest.approx(float(np.mean(diffs)), abs=1e-12)
     for t in q["tasks"]:
         assert (tmp_path / f"hpo_{t}.png").stat().st_size > 1000
@@ -89,7 +95,9 @@ def test_hpo_quick(tmp_path, capsys, load_benchmark):
     mod._EVALS.clear()
     torch.set_num_threads(1)
     try:
-        again = mod.optimize("qlognei", "lda", proto, 1, q["objectives"]["lda"], q["model_options"], q["proposer_options"])
+        again = mod.optimize(
+            "qlognei", "lda", proto, 1, q["objectives"]["lda"], q["model_options"], q["proposer_options"]
+        )
     finally:
         torch.set_num_threads(threads)
     before = sorted(runs[("lda", "qlognei", 1)], key=lambda r: r["n_evals"])
@@ -115,8 +123,8 @@ def test_hpo_config_errors(load_benchmark):
 
 
 def test_hpo_resume_reruns_a_run_of_another_protocol(tmp_path, load_benchmark):
-    """`--resume` skips a run only when its file holds this protocol's rows. A file of another protocol (here a
-    budget of 99) used to be skipped and then left out of the tables: the run was silently missing."""
+    """`--resume` skips a run only when its file holds this protocol's rows. A file of another protocol (here
+    a budget of 99) used to be skipped and then left out of the tables: the run was silently missing."""
     from benchmarks._common import read_table, write_table
 
     mod = load_benchmark("hpo")
@@ -129,9 +137,10 @@ def test_hpo_resume_reruns_a_run_of_another_protocol(tmp_path, load_benchmark):
         kept = s1.stat().st_mtime_ns
         result = mod.main(argv + ["--resume"])
         assert {(r["seed"], r["n_evals"]) for r in result["rows"]} == {(s, n) for s in (0, 1) for n in (3, 5)}
-        assert {int(float(r["budget"])) for r in read_table(s0)} == {mod.QUICK["budget"]}  # run again, replaced
+        # run again, replaced
+        assert {int(float(r["budget"])) for r in read_table(s0)} == {mod.QUICK["budget"]}
         assert s1.stat().st_mtime_ns == kept  # a matching run is skipped
-        # found in review: another quantile level was not another protocol (`--resume --tau 0.9` skipped both)
+        # another quantile level is another protocol (`--resume --tau 0.9` must not skip both)
         result = mod.main(argv + ["--resume", "--tau", "0.9"])
         assert {float(r["tau"]) for r in read_table(s0)} == {float(r["tau"]) for r in read_table(s1)} == {0.9}
         assert {r["tau"] for r in result["rows"]} == {0.9}
@@ -141,8 +150,8 @@ def test_hpo_resume_reruns_a_run_of_another_protocol(tmp_path, load_benchmark):
 
 def test_hpo_counts_only_runs_of_the_same_model_and_proposer_options(tmp_path, load_benchmark):
     """A run file made with other model or proposer options is not this invocation's: `--resume` runs it again
-    and the tables leave it out (it used to be reported as the new settings' result). Files written before rows
-    recorded their settings count as the methods' own options."""
+    and the tables leave it out (it used to be reported as the new settings' result). Files written before
+    rows recorded their settings count as the methods' own options."""
     from benchmarks._common import write_table
 
     mod = load_benchmark("hpo")

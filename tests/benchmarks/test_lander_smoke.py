@@ -144,7 +144,9 @@ def test_lander_config_errors_name_the_key(mod, tmp_path):
     with pytest.raises(SystemExit, match="--model-options"):
         mod.main(["--quick", "--model-options", "[1]", "--out", str(tmp_path)])
     # explicit options override the quick ones, per model
-    args = mod.parse_args(["--quick", "--model-options", '{"quantile": {"num_inducing": 8}}', "--runs", "0-0"])
+    args = mod.parse_args(
+        ["--quick", "--model-options", '{"quantile": {"num_inducing": 8}}', "--runs", "0-0"]
+    )
     assert args.model_options["quantile"] == {**mod.QUICK["model_options"]["quantile"], "num_inducing": 8}
     assert args.runs == [0] and args.budget == mod.QUICK["budget"]
 
@@ -165,7 +167,9 @@ def test_lander_objective_options_reach_the_objective_and_name_the_run_files(mod
     assert "--objective-options: a JSON object" in capsys.readouterr().err
     from objectives.base import ObjectiveError
     with pytest.raises(ObjectiveError, match="timeout_penalty"):
-        mod.LanderRun("quantile-ts", mod.Protocol(0.1, 20, 40, 10), 0, 20, 10, {}, {}, {"timeout_penalty": "x"})
+        mod.LanderRun(
+            "quantile-ts", mod.Protocol(0.1, 20, 40, 10), 0, 20, 10, {}, {}, {"timeout_penalty": "x"}
+        )
 
 
 def test_lander_cross_levels_scores_the_final_recommendations_on_the_runs_own_episodes(mod, quick, capsys):
@@ -175,7 +179,9 @@ def test_lander_cross_levels_scores_the_final_recommendations_on_the_runs_own_ep
     out, result = quick
     again = mod.main(["--quick", "--threads", "1", "--resume", "--cross-levels", "0.02", "0.1", "0.5",
                       "--out", str(out)])
-    assert again["counts"]["finished before"] == len(mod.make_jobs(mod.parse_args(["--quick", "--out", str(out)])))
+    assert again["counts"]["finished before"] == len(
+        mod.make_jobs(mod.parse_args(["--quick", "--out", str(out)]))
+    )
     levels = again["levels"]
     finals = {(r["method"], r["run"]): r for r in result["rows"] if r["n_evals"] == mod.QUICK["budget"]}
     assert {(r["method"], r["run"]) for r in levels} == set(finals) and len(levels) == len(finals)
@@ -238,9 +244,9 @@ def test_lander_cross_levels_and_cross_env_fly_our_environment_once(mod, quick, 
 
 
 def test_lander_paired_with_compares_runs_of_another_folder_by_run_number(mod, quick, tmp_path, capsys):
-    """`--paired-with DIR` pairs each finished run with the same method, level and run number in another folder
-    (how the README's variants are compared with the default): against a copy of itself every difference is 0,
-    and a shifted copy gives exactly the shift with every run ahead."""
+    """`--paired-with DIR` pairs each finished run with the same method, level and run number in another
+    folder (how the README's variants are compared with the default): against a copy of itself every
+    difference is 0, and a shifted copy gives exactly the shift with every run ahead."""
     import shutil
 
     from benchmarks._common import read_table, write_table
@@ -249,7 +255,11 @@ def test_lander_paired_with_compares_runs_of_another_folder_by_run_number(mod, q
     other = tmp_path / "other"
     shutil.copytree(out / "runs", other / "runs")
     for f in (other / "runs").glob("*.csv"):
-        write_table([{**r, "q_true": float(r["q_true"]) - 5.0} for r in read_table(f)], f.with_suffix(""), parquet=False)
+        write_table(
+            [{**r, "q_true": float(r["q_true"]) - 5.0} for r in read_table(f)],
+            f.with_suffix(""),
+            parquet=False,
+        )
     same = mod.main(["--quick", "--threads", "1", "--resume", "--time-limit", "0", "--out", str(out),
                      "--paired-with", str(out)])["paired_with"]
     shifted = mod.main(["--quick", "--threads", "1", "--resume", "--time-limit", "0", "--out", str(out),
@@ -266,19 +276,27 @@ def test_lander_paired_with_compares_runs_of_another_folder_by_run_number(mod, q
 
 
 def test_lander_damping_places_each_folders_final_recommendations(mod, tmp_path, capsys):
-    """`--damping DIR ...` reads recorded folders and runs nothing: each quantile-ts run's LAST checkpoint at the
-    level asked for (other levels and methods left out), the angle of (hover_gain, vertical_speed_gain) in degrees
-    and the bands of its true quantile."""
+    """`--damping DIR ...` reads recorded folders and runs nothing: each quantile-ts run's LAST checkpoint at
+    the level asked for (other levels and methods left out), the angle of (hover_gain, vertical_speed_gain) in
+    degrees and the bands of its true quantile."""
     names = ("angle_gain", "angular_speed_gain", "hover_gain", "vertical_speed_gain", "contact_angle",
              "contact_damping")
 
     def row(method, tau, run, n, q, hover, vertical):
         gains = dict(zip(names, (1.0, 1.0, hover, vertical, 0.0, 0.5)))
-        return {"method": method, "tau": tau, "run": run, "n_evals": n, "q_true": q, "params": json.dumps(gains),
-                "error": ""}
+        return {
+            "method": method,
+            "tau": tau,
+            "run": run,
+            "n_evals": n,
+            "q_true": q,
+            "params": json.dumps(gains),
+            "error": "",
+        }
 
     a, b = tmp_path / "a", tmp_path / "b"
-    mod.write_table([row("quantile-ts", 0.1, 0, 750, 240.0, 0.2, 0.2),  # superseded by its run's last checkpoint
+    # superseded by its run's last checkpoint
+    mod.write_table([row("quantile-ts", 0.1, 0, 750, 240.0, 0.2, 0.2),
                      row("quantile-ts", 0.1, 0, 1500, -20.0, 0.8, 0.6),
                      row("quantile-ts", 0.1, 1, 1500, 245.0, 0.2, 0.6),
                      row("quantile-ts", 0.02, 2, 1500, -50.0, 1.0, 0.1),  # another level
@@ -289,7 +307,9 @@ def test_lander_damping_places_each_folders_final_recommendations(mod, tmp_path,
                        str(tmp_path / "out")])
     runs = {(r["folder"], r["run"]): r for r in result["damping_runs"]}
     assert set(runs) == {("a", 0), ("a", 1), ("b", 0)}
-    assert runs["a", 0]["q_true"] == -20.0 and runs["a", 0]["damping_deg"] == pytest.approx(math.degrees(math.atan2(0.6, 0.8)))
+    assert runs["a", 0]["q_true"] == -20.0 and runs["a", 0]["damping_deg"] == pytest.approx(
+        math.degrees(math.atan2(0.6, 0.8))
+    )
     assert runs["b", 0]["damping_deg"] == pytest.approx(90.0)
     bands = {b["q_true"]: b for b in result["damping"]}
     assert [bands[k]["runs"] for k in ("< 50", "50 to 200", ">= 200")] == [1, 1, 1]
@@ -301,15 +321,30 @@ def test_lander_damping_places_each_folders_final_recommendations(mod, tmp_path,
         mod.main(["--damping", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")])
 
 
-def test_lander_inspect_asks_a_rerun_runs_final_model_about_recorded_recommendations(mod, quick, tmp_path, capsys):
+def test_lander_inspect_asks_a_rerun_runs_final_model_about_recorded_recommendations(
+    mod, quick, tmp_path, capsys
+):
     """`--inspect DIR` re-runs a run to its end (no run files) and asks its final model about its own final
-    recommendation and DIR's: the re-run is the recorded run (same recommendation, same predicted value through
-    the model's outcome transform), an observed recommendation is at distance 0 from the observations, and the
-    same controller asked twice gets the same answer."""
+    recommendation and DIR's: the re-run is the recorded run (same recommendation, same predicted value
+    through the model's outcome transform), an observed recommendation is at distance 0 from the observations,
+    and the same controller asked twice gets the same answer."""
     folder, _ = quick
-    recorded = {r["run"]: r for r in mod.final_recommendations([
-        {**r, "tau": float(r["tau"]), "run": int(r["run"]), "n_evals": int(r["n_evals"]), "error": r["error"] or ""}
-        for r in mod.read_table(folder / "lander.csv")]) if r["method"] == "quantile-ts"}
+    recorded = {
+        r["run"]: r
+        for r in mod.final_recommendations(
+            [
+                {
+                    **r,
+                    "tau": float(r["tau"]),
+                    "run": int(r["run"]),
+                    "n_evals": int(r["n_evals"]),
+                    "error": r["error"] or "",
+                }
+                for r in mod.read_table(folder / "lander.csv")
+            ]
+        )
+        if r["method"] == "quantile-ts"
+    }
     out = tmp_path / "out"
     threads = torch.get_num_threads()
     try:

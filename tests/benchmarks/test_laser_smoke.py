@@ -1,9 +1,9 @@
-"""Smoke runs of benchmarks/laser.py: `--quick` (40 initial points + 2 batches of 10, 2 runs, quantile TS, Q-GIBBON,
-GPR-EI and Thompson sampling on the exact GP) on the LCLS-fitted simulator when the CSV is present (else the
-synthetic one), checking the checkpoint table's rows, the exact quantiles and distances against `LaserSimulator`,
-the initial design (measured settings), the summary and the plots; a run paused at a checkpoint and continued by
-`--resume` equals the uninterrupted one; and the fallback to the synthetic simulator when the CSV is missing. The
-full protocol (400 + 12 x 100, 10 runs) never runs in tests."""
+"""Smoke runs of benchmarks/laser.py: `--quick` (40 initial points + 2 batches of 10, 2 runs, quantile TS,
+Q-GIBBON, GPR-EI and Thompson sampling on the exact GP) on the LCLS-fitted simulator when the CSV is present
+(else the synthetic one), checking the checkpoint table's rows, the exact quantiles and distances against
+`LaserSimulator`, the initial design (measured settings), the summary and the plots; a run paused at a
+checkpoint and continued by `--resume` equals the uninterrupted one; and the fallback to the synthetic
+simulator when the CSV is missing. The full protocol (400 + 12 x 100, 10 runs) never runs in tests."""
 
 from __future__ import annotations
 
@@ -75,7 +75,9 @@ def _check_table(mod, out: Path, methods, runs, sim, tau: float) -> list[dict]:
     summary = pq.read_table(out / "summary.parquet").to_pylist()
     assert sorted(s["method"] for s in summary) == sorted(methods)
     for s in summary:
-        finals = [r["distance_pct"] for r in table if r["method"] == s["method"] and r["n_evals"] == checkpoints[-1]]
+        finals = [
+            r["distance_pct"] for r in table if r["method"] == s["method"] and r["n_evals"] == checkpoints[-1]
+        ]
         assert s["runs"] == len(runs) and s["distance_pct_mean"] == pytest.approx(float(np.mean(finals)))
         assert "target" not in s or s["target"] is None  # the 5% target applies to the full protocol only
     for name in ("laser_rel.png", "laser_abs.png"):
@@ -114,7 +116,9 @@ def test_laser_quick(mod, quick, capsys):
         d = [a["distance_pct"] - b["distance_pct"] for a in table for b in table
              if a["n_evals"] == b["n_evals"] == last and a["run"] == b["run"]
              and a["method"] == "quantile-ts" and b["method"] == p["against"]]
-        assert p["runs"] == len(runs) == len(d) and p["diff_pct_mean"] == pytest.approx(float(np.mean(d)), abs=1e-9)
+        assert p["runs"] == len(runs) == len(d) and p["diff_pct_mean"] == pytest.approx(
+            float(np.mean(d)), abs=1e-9
+        )
         assert p["wins"] == sum(x < 0 for x in d)
 
 
@@ -133,8 +137,12 @@ def test_laser_resume_continues_a_checkpoint_exactly(mod, quick, tmp_path, capsy
     assert {r["n_evals"] for r in result["rows"]} == set(theirs)
     for r in result["rows"]:
         t = theirs[r["n_evals"]]
-        assert (r["params"], r["q_rec"], r["predicted"], r["q_eval_max"]) == (t["params"], t["q_rec"],
-                                                                               t["predicted"], t["q_eval_max"])
+        assert (r["params"], r["q_rec"], r["predicted"], r["q_eval_max"]) == (
+            t["params"],
+            t["q_rec"],
+            t["predicted"],
+            t["q_eval_max"],
+        )
 
 
 def test_laser_falls_back_to_synthetic(mod, tmp_path, capsys, monkeypatch):
@@ -149,12 +157,15 @@ def test_laser_falls_back_to_synthetic(mod, tmp_path, capsys, monkeypatch):
     assert "missing: falling back to the synthetic simulator" in printed and "Sobol design" in printed
     # the quick mode's n_gp_max is for the measurements: the synthetic simulator is built without it
     table = _check_table(mod, tmp_path, ["quantile-ts"], [0], LaserSimulator(), 0.1)
-    assert {r["simulator"] for r in table} == {"synthetic"} and {r["initial_source"] for r in table} == {"sobol"}
+    assert {r["simulator"] for r in table} == {"synthetic"} and {r["initial_source"] for r in table} == {
+        "sobol"
+    }
 
 
 def test_laser_peak_profile(mod, tmp_path, capsys):
     """`--peak` on the real data (when shipped) or the synthetic simulator: the optimum is a local maximum of
-    the exact quantile (no nearby point beats it), the profile falls off with the radius, and peak.csv lands."""
+    the exact quantile (no nearby point beats it), the profile falls off with the radius, and peak.csv
+    lands."""
     argv = ["--peak", "--out", str(tmp_path)] + ([] if Path(mod.DEFAULT_CSV).is_file() else ["--synthetic"])
     rows = _main(mod, argv)["peak"]
     assert [r["radius"] for r in rows] == [0.0, 0.01, 0.03, 0.1, 0.2, 0.4]
@@ -191,29 +202,47 @@ def test_laser_replicates_diagnostic(mod, tmp_path):
         f = first.opt.model.objective_mean(X).reshape(-1).numpy()
     loc, scale = first.opt.model.outcome_transform
     pred = first.opt.sign * (float(loc) + float(scale) * f)
-    true = first.sim.quantile_array(np.array([first.sim.to_array(p) for p in first.opt.space.from_unit(X)]), 0.1)
+    true = first.sim.quantile_array(
+        np.array([first.sim.to_array(p) for p in first.opt.space.from_unit(X)]), 0.1
+    )
     assert before["spearman"] == pytest.approx(spearmanr(pred, true)[0], rel=1e-9)
-    assert before["predicted_max"] == pytest.approx(pred.max(), rel=1e-9) and pred.max() >= before["predicted_at_rec"] - 1e-9
+    assert (
+        before["predicted_max"] == pytest.approx(pred.max(), rel=1e-9)
+        and pred.max() >= before["predicted_at_rec"] - 1e-9
+    )
     assert before["q_true_max"] == pytest.approx(true.max(), rel=1e-12) and -1 <= after["spearman"] <= 1
-    # the noise the model reads at the observed settings (its likelihood's variance at f, g) and the simulator's
-    # (scipy's skew-normal standard deviation)
+    # the noise the model reads at the observed settings (its likelihood's variance at f, g) and the
+    # simulator's (scipy's skew-normal standard deviation)
     from scipy.stats import skewnorm
 
     with torch.no_grad():
         g, _ = first.opt.model.posterior_g(X)
         noise = first.opt.model.likelihood.forward(torch.stack([torch.as_tensor(f), g.reshape(-1)], dim=-1))
-    assert before["model_noise_sd"] == pytest.approx(float(np.median(noise.variance.sqrt().numpy())) * abs(float(scale)),
-                                                     rel=1e-9)
+    assert before["model_noise_sd"] == pytest.approx(
+        float(np.median(noise.variance.sqrt().numpy())) * abs(float(scale)), rel=1e-9
+    )
     Xo = np.array([first.sim.to_array(p) for p in first.opt.space.from_unit(X)])
     _, omega, alpha = first.sim.sn_params(Xo)
-    assert before["sim_noise_sd"] == pytest.approx(float(np.median(skewnorm.std(alpha, scale=omega))), rel=1e-9)
+    assert before["sim_noise_sd"] == pytest.approx(
+        float(np.median(skewnorm.std(alpha, scale=omega))), rel=1e-9
+    )
 
 
 def test_laser_replicates_diagnostic_fits_the_named_method(mod, tmp_path):
-    """`--replicates` with `--methods NAME` fits that method's model (here the expectile SVGP): its design-fit row is
-    that method's first recommendation, the row names the method; naming two methods is refused."""
-    argv = ["--replicates", "0", "--methods", "expectile-ts", "--quick", "--synthetic", "--runs", "1-1", "--out",
-            str(tmp_path)]
+    """`--replicates` with `--methods NAME` fits that method's model (here the expectile SVGP): its design-fit
+    row is that method's first recommendation, the row names the method; naming two methods is refused."""
+    argv = [
+        "--replicates",
+        "0",
+        "--methods",
+        "expectile-ts",
+        "--quick",
+        "--synthetic",
+        "--runs",
+        "1-1",
+        "--out",
+        str(tmp_path),
+    ]
     (row,) = _main(mod, argv)["replicates"]
     args = mod.parse_args(["--quick", "--synthetic"])
     objective, _ = mod.objective_of(args)
@@ -229,13 +258,16 @@ def test_laser_replicates_diagnostic_fits_the_named_method(mod, tmp_path):
 
 
 def test_laser_simulators_diagnostic(mod, tmp_path):
-    """`--simulators 0 1` on the real data (when shipped) or the synthetic simulator: a row per model seed whose
-    q* is the `--peak` optimum of that seed's simulator and is at least the best measured setting's quantile;
-    the two seeds build different simulators; simulators.csv lands; seeds in --objective-options are refused."""
+    """`--simulators 0 1` on the real data (when shipped) or the synthetic simulator: a row per model seed
+    whose q* is the `--peak` optimum of that seed's simulator and is at least the best measured setting's
+    quantile; the two seeds build different simulators; simulators.csv lands; seeds in --objective-options are
+    refused."""
     data = [] if Path(mod.DEFAULT_CSV).is_file() else ["--synthetic"]
     rows = _main(mod, ["--simulators", "0", "1", "--out", str(tmp_path)] + data)["simulators"]
     assert [r["model_seed"] for r in rows] == [0, 1]
-    peak = _main(mod, ["--peak", "--out", str(tmp_path), "--objective-options", '{"model_seed": 1}'] + data)["peak"]
+    peak = _main(mod, ["--peak", "--out", str(tmp_path), "--objective-options", '{"model_seed": 1}'] + data)[
+        "peak"
+    ]
     assert rows[1]["q_star"] == pytest.approx(peak[0]["q_mean"], rel=1e-12)
     assert rows[1]["nearest_measured"] == pytest.approx(peak[0]["nearest_measured"], rel=1e-9, abs=1e-12)
     for r in rows:

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 
-
 def test_proposal_latency_quick(tmp_path, capsys, load_benchmark):
     mod = load_benchmark("proposal_latency")
     threads = torch.get_num_threads()
@@ -33,6 +32,8 @@ def test_proposal_latency_quick(tmp_path, capsys, load_benchmark):
         assert (int(r["n"]), int(r["d"]), int(r["m"]), int(r["q"])) == (n, d, m, q)
         assert float(r["seconds"]) > 0 and math.isfinite(float(r["peak_mib"]))
     for qb, bt in ((table[0], table[1]), (table[2], table[3])):
-        assert float(qb["ratio_qbatch_to_botorch"]) == pytest.approx(float(qb["seconds"]) / float(bt["seconds"]), rel=1e-9)
+        assert float(qb["ratio_qbatch_to_botorch"]) == pytest.approx(
+            float(qb["seconds"]) / float(bt["seconds"]), rel=1e-9
+        )
     assert pq.read_table(tmp_path / "proposal_latency.parquet").num_rows == 4
     assert len(rows) == 4

@@ -15,4 +15,6 @@ def test_qgibbon_latency_quick(tmp_path, load_benchmark):
         table = list(csv.DictReader(fh))
     assert len(table) == 2
     assert all(float(r["seconds"]) > 0 for r in table)
-    assert float(table[0]["ratio_to_botorch"]) == pytest.approx(float(table[0]["seconds"]) / float(table[1]["seconds"]), rel=1e-2)
+    assert float(table[0]["ratio_to_botorch"]) == pytest.approx(
+        float(table[0]["seconds"]) / float(table[1]["seconds"]), rel=1e-2
+    )

@@ -1,6 +1,6 @@
-"""Smoke run of benchmarks/threads.py (`--quick`: two small rounds of the README's library loop in each arm): both
-arms run, torch's setting outside is as each arm left it, the ratio prints, and the tables are written. The
-ratio's target is the full run's (benchmarks/results/threads/), not asserted on a shared CI machine."""
+"""Smoke run of benchmarks/threads.py (`--quick`: two small rounds of the README's library loop in each arm):
+both arms run, torch's setting outside is as each arm left it, the ratio prints, and the tables are written.
+The ratio's target is the full run's (benchmarks/results/threads/), not asserted on a shared CI machine."""
 
 from __future__ import annotations
 
@@ -23,7 +23,9 @@ def test_threads_quick(tmp_path, capsys, load_benchmark):
         rows = list(csv.DictReader(fh))
     assert [r["arm"] for r in rows] == ["default", "single"]
     by = {r["arm"]: r for r in rows}
-    assert by["single"]["threads_outside"] == "1" and by["default"]["threads_outside"] == str(mod.TORCH_DEFAULT)
+    assert by["single"]["threads_outside"] == "1" and by["default"]["threads_outside"] == str(
+        mod.TORCH_DEFAULT
+    )
     for r in rows:
         assert r["threads_after"] == r["threads_outside"]  # qbatch put the caller's setting back
         assert r["qbatch_threads"] == "auto" and int(r["threads_inside"]) <= int(r["threads_outside"])

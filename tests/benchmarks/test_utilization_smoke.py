@@ -1,5 +1,6 @@
-"""Smoke run of benchmarks/utilization.py (`--quick`, in the default suite, issue 8: every benchmark's quick mode
-runs in CI): every system runs, the CSV has one row each with a utilization in (0, 1] and the ratio columns."""
+"""Smoke run of benchmarks/utilization.py (`--quick`, in the default suite: every benchmark's quick mode
+runs in CI): every system runs, the CSV has one row each with a utilization in (0, 1] and the ratio
+columns."""
 
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ def test_ideal_scheduler_reference():
 
 def test_summary_of_recorded_runs_uses_a_student_t_interval(tmp_path):
     """`--from-csv` summarizes recorded per-run rows without running anything; with 3 repeats the 95% interval
-    of the mean uses t(2) = 4.30, not the normal's 1.96 (which made the README's intervals 2.2x too narrow)."""
+    of the mean uses t(2) = 4.30, not the normal's 1.96 (which made the README's intervals 2.2x too
+    narrow)."""
     import math
 
     import numpy as np
@@ -70,8 +72,8 @@ def test_summary_of_recorded_runs_uses_a_student_t_interval(tmp_path):
 
 
 def test_summary_of_recorded_runs_simulates_their_load(tmp_path):
-    """The "ideal (simulated)" row of `--from-csv` is simulated on the recorded runs' load (evaluations, slots,
-    mean duration, cv), not on the command line's defaults (640 x 16 slots x 2 s), which gave a wrong
+    """The "ideal (simulated)" row of `--from-csv` is simulated on the recorded runs' load (evaluations,
+    slots, mean duration, cv), not on the command line's defaults (640 x 16 slots x 2 s), which gave a wrong
     qbatch / ideal ratio; rows of several loads are refused."""
     from benchmarks.utilization import ideal_utilization
 

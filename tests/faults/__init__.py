@@ -1,2 +1,2 @@
-"""Fault-tolerance tests (issue 7 items 1, 2, 9): worker and node loss during real runs, and the safety of
+"""Fault-tolerance tests: worker and node loss during real runs, and the safety of
 local runs (loopback-only Ray, run directories that are never unpickled and cannot escape their folder)."""

@@ -12,8 +12,9 @@ import io
 import os
 import threading
 import time
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import pytest
 
@@ -29,7 +30,8 @@ def finished_counts(events: Iterable[Any]) -> collections.Counter:
 
 
 def audit(run_dir: str, budget: int) -> dict[str, Any]:
-    """Counts of the event log: lost = budget - trials with a record, duplicated = records beyond the first."""
+    """Counts of the event log: lost = budget - trials with a record, duplicated = records beyond the
+    first."""
     from orchestrator.store import RunStore
 
     store = RunStore.open(run_dir)

@@ -1,4 +1,4 @@
-"""User objectives for the fault tests (issue 7 items 1-2), loaded by import path
+"""User objectives for the fault tests, loaded by import path
 ``tests.faults.objectives:PidRecorder`` as any user objective is (objectives/registry.py).
 
 `PidRecorder` tells the test whom to kill: at the start of each evaluation it writes one JSON file into
@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from objectives.base import EvalResult, Objective, ObjectiveError, Resources
 
@@ -81,8 +82,8 @@ class FailsWhileFileExists(Objective):
 
 
 class TrainingMetrics(Objective):
-    """Returns `-(x - 0.3)^2` with the metrics a torch training loop gives: a 0-d tensor, a NaN loss, a curve, an
-    id past 2**53, and a set, which the log cannot hold (the metrics test of the run path)."""
+    """Returns `-(x - 0.3)^2` with the metrics a torch training loop gives: a 0-d tensor, a NaN loss, a curve,
+    an id past 2**53, and a set, which the log cannot hold (the metrics test of the run path)."""
 
     name = "training-metrics"
     space = {"x": {"type": "float", "low": 0.0, "high": 1.0}}
@@ -93,8 +94,16 @@ class TrainingMetrics(Objective):
         import torch
 
         x = float(params["x"])
-        return EvalResult(-(x - 0.3) ** 2, {"loss": torch.tensor(x), "val_loss": float("nan"), "curve": [1.0, x],
-                                            "run_id": 2**53 + 1, "tags": {"a", "b"}})
+        return EvalResult(
+            -((x - 0.3) ** 2),
+            {
+                "loss": torch.tensor(x),
+                "val_loss": float("nan"),
+                "curve": [1.0, x],
+                "run_id": 2**53 + 1,
+                "tags": {"a", "b"},
+            },
+        )
 
 
 class SlowSuccesses(PidRecorder):
@@ -107,7 +116,9 @@ class SlowSuccesses(PidRecorder):
 
     name = "slow-successes"
 
-    def __init__(self, pid_dir: str, sleep_s: float = 1.5, fail_below: float = 0.6, num_cpus: float = 0.5) -> None:
+    def __init__(
+        self, pid_dir: str, sleep_s: float = 1.5, fail_below: float = 0.6, num_cpus: float = 0.5
+    ) -> None:
         super().__init__(pid_dir, sleep_s=sleep_s, dim=2, num_cpus=num_cpus)
         self.fail_below = float(fail_below)
 
@@ -115,8 +126,16 @@ class SlowSuccesses(PidRecorder):
         os.makedirs(self.pid_dir, exist_ok=True)
         start = os.path.join(self.pid_dir, f"{os.getpid()}-{time.monotonic_ns()}.json")
         with open(start + ".tmp", "w") as f:
-            json.dump({"pid": os.getpid(), "ppid": os.getppid(), "params": {k: float(v) for k, v in params.items()},
-                       "seed": int(seed), "time": time.time()}, f)
+            json.dump(
+                {
+                    "pid": os.getpid(),
+                    "ppid": os.getppid(),
+                    "params": {k: float(v) for k, v in params.items()},
+                    "seed": int(seed),
+                    "time": time.time(),
+                },
+                f,
+            )
         os.replace(start + ".tmp", start)
         if float(params["x0"]) < self.fail_below:
             raise RuntimeError(f"x0 = {params['x0']} < {self.fail_below}")

@@ -3,8 +3,8 @@ disk full at `qbatch run`, a log row whose JSON fields decode to the wrong type,
 user said stop, an unbounded number of metrics per result, and the smaller ones of the same kind.
 
 Run inside `scripts/loopback`: the test of the central actor's warnings runs a real `qbatch run`, which starts
-a local Ray of its own (marked `ray`); the others never start Ray. Where the fault is a race, the test holds one
-side at the racy step with a patched hook.
+a local Ray of its own (marked `ray`); the others never start Ray. Where the fault is a race, the test holds
+one side at the racy step with a patched hook.
 """
 
 from __future__ import annotations
@@ -178,8 +178,17 @@ def _run_with_rows(root: Path, bad: dict[int, tuple[str, str]]):
         tid = f"0-{i}"
         evs.append(Event("proposed", tid, time=10.0 + i, batch_id=0, params={"x": i / 10}, x=[i / 10]))
         evs.append(Event("started", tid, time=11.0 + i, started_at=11.0 + i, node_id="n"))
-        evs.append(Event("completed", tid, time=12.0 + i, value=float(i), started_at=11.0 + i, ended_at=12.0 + i,
-                         info={"metrics": {}}))
+        evs.append(
+            Event(
+                "completed",
+                tid,
+                time=12.0 + i,
+                value=float(i),
+                started_at=11.0 + i,
+                ended_at=12.0 + i,
+                info={"metrics": {}},
+            )
+        )
     evs.append(Event("refit", time=20.0, info={"seconds": 0.5, "slots": 2}))
     table = store_mod._encode(evs, 0)
     for column in {c for c, _ in bad.values()}:
@@ -216,7 +225,8 @@ def test_a_row_whose_json_field_is_not_an_object_is_damage_of_that_row_only(tmp_
 
 # ---------------------------------------------------------------------------------------- F7: metrics
 def test_the_metrics_of_one_result_are_capped_in_count_and_bytes_and_the_dropped_named():
-    from workers.metrics import MAX_METRICS, MAX_METRICS_BYTES, clean_metrics as _clean_metrics
+    from workers.metrics import MAX_METRICS, MAX_METRICS_BYTES
+    from workers.metrics import clean_metrics as _clean_metrics
 
     metrics = {f"m{i:05d}": "v" * 900 for i in range(30_000)}
     kept, dropped = _clean_metrics(metrics)
@@ -240,8 +250,17 @@ def _stub_actor(tmp_path):
     from orchestrator.actor import CentralActor
     from orchestrator.config import load_config
 
-    cfg = {"name": "stop", "objective": {"name": "forrester", "options": {}}, "batch_size": 4, "proposer": "sobol",
-           "initial_design": 4, "budget": 16, "max_concurrent": 4, "seed": 1, "run_dir": str(tmp_path / "run")}
+    cfg = {
+        "name": "stop",
+        "objective": {"name": "forrester", "options": {}},
+        "batch_size": 4,
+        "proposer": "sobol",
+        "initial_design": 4,
+        "budget": 16,
+        "max_concurrent": 4,
+        "seed": 1,
+        "run_dir": str(tmp_path / "run"),
+    }
     RunStore.create(cfg["run_dir"], load_config(cfg).to_dict())
     actor = CentralActor(cfg["run_dir"], max_concurrent=4, pool=None)
     refs = itertools.count()
@@ -302,14 +321,15 @@ def test_a_stop_during_a_submission_returns_once_it_is_done_and_nothing_follows(
 
 # ---------------------------------------------------------------------------------------- smaller ones
 def test_a_huge_bad_option_value_gives_a_short_error_line(tmp_path, capsys):
+    from orchestrator.config import load_config
     from orchestrator.errors import ConfigError
     from orchestrator.runner import _check_objective
 
-    from orchestrator.config import load_config
-
     big = "a" * 2_000_000
     with pytest.raises(ConfigError) as exc:
-        _check_objective(load_config({**GOOD, "objective": {"name": "forrester", "options": {"noise_std": big}}}))
+        _check_objective(
+            load_config({**GOOD, "objective": {"name": "forrester", "options": {"noise_std": big}}})
+        )
     assert "noise_std" in str(exc.value) and "characters cut" in str(exc.value) and len(str(exc.value)) < 1000
     under_the_size_cap = big[:900_000]
     cfg = _write(tmp_path / "big.yaml", {**GOOD, "objective": {"name": "forrester",
@@ -326,8 +346,8 @@ def test_yaml_merge_keys_whole_exponents_and_an_oversized_config(tmp_path):
     cfg = load_config_text("objective: &obj {name: forrester, options: {noise_std: 0.1}}\nname: m\n"
                            "model: {type: quantile}\nbudget: 1e3\ntau: 1e-1\nbatch_size: 2E1\n")
     assert cfg.budget == 1000 and cfg.batch_size == 20 and cfg.tau == 0.1
-    merged = load_config_text("objective:\n  <<: {name: gld, options: {dim: 2}}\n  name: forrester\n  options: {}\n"
-                              "name: m\n")
+    merged = load_config_text("objective:\n  <<: {name: gld, options: {dim: 2}}\n  name: forrester\n  "
+                              "options: {}\nname: m\n")
     assert merged.objective.name == "forrester"
     with pytest.raises(ConfigError, match=r"`budget` must be an integer"):
         load_config_text("objective: {name: forrester}\nbudget: 1.5e3\n")  # not a whole number as written
@@ -396,7 +416,9 @@ def test_another_programs_folder_with_an_events_folder_is_not_shown_as_a_run(tmp
     for cmd in ("status", "report"):
         assert cli.main([cmd, str(other)]) == 2
         out, err = capsys.readouterr()
-        assert out == "" and len(err.splitlines()) == 1 and "is not a qbatch run" in err and str(other) in err, err
+        assert (
+            out == "" and len(err.splitlines()) == 1 and "is not a qbatch run" in err and str(other) in err
+        ), err
     assert not (other / "report").exists()
 
 
@@ -411,7 +433,8 @@ def test_an_objective_whose_space_changes_between_builds_is_named(tmp_path, caps
         _check_objective(cfg)
 
 
-# --- F1: a direction flipped at resume must not reuse the old model ----------------------------------------------
+# --- F1: a direction flipped at resume must not reuse the old model
+# ----------------------------------------------
 def _fitted_optimizer(direction: str):
     from orchestrator.ask_tell import AskTellOptimizer
 
@@ -435,14 +458,17 @@ def test_a_model_checkpoint_of_the_other_direction_is_refused_at_tau_one_half():
     same.restore_model(ckpt)  # the same direction still restores
 
 
-# --- F6: more inducing points than observations ------------------------------------------------------------------
+# --- F6: more inducing points than observations
+# ------------------------------------------------------------------
 def test_more_inducing_points_than_observations_uses_the_observations():
     import torch
 
     from orchestrator.models import build_model
 
     X = torch.rand(50, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    Y = torch.sin(6 * X[:, 0]) + 0.1 * torch.randn(50, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    Y = torch.sin(6 * X[:, 0]) + 0.1 * torch.randn(
+        50, generator=torch.Generator().manual_seed(1), dtype=torch.float64
+    )
     model = build_model("quantile", tau=0.1, num_inducing=8192)
     t0 = time.perf_counter()
     info = model.fit(X, Y)
@@ -450,12 +476,13 @@ def test_more_inducing_points_than_observations_uses_the_observations():
     assert time.perf_counter() - t0 < 60
 
 
-# --- F6: a fit that takes unusually long for its n warns once ----------------------------------------------------
+# --- F6: a fit that takes unusually long for its n warns once
+# ----------------------------------------------------
 @pytest.mark.parametrize("model, option", [("quantile", "num_inducing"), ("exact-gp", "fit_maxiter")])
 def test_a_fit_slow_for_its_n_warns_once_naming_the_seconds_the_n_and_the_option(monkeypatch, model, option):
-    """Each model fit takes `slow_s[0]` seconds on the optimizer's clock (the fits themselves are real): fast fits
-    say nothing; once they take 100 s on 7 to 9 results, the first says so and the later ones (warm, and a
-    restart that also fits cold) do not say it again."""
+    """Each model fit takes `slow_s[0]` seconds on the optimizer's clock (the fits themselves are real): fast
+    fits say nothing; once they take 100 s on 7 to 9 results, the first says so and the later ones (warm, and
+    a restart that also fits cold) do not say it again."""
     from orchestrator.ask_tell import AskTellOptimizer, fitting
     from orchestrator.errors import ModelWarning
 
@@ -489,7 +516,11 @@ def test_a_fit_slow_for_its_n_warns_once_naming_the_seconds_the_n_and_the_option
             opt.tell_point({"a": a, "b": b}, -(a - 0.3) ** 2 - (b - 0.6) ** 2 + 0.05 * rng.gauss(0, 1))
 
     def slow_warnings(caught) -> list[str]:
-        return [str(w.message) for w in caught if issubclass(w.category, ModelWarning) and " took " in str(w.message)]
+        return [
+            str(w.message)
+            for w in caught
+            if issubclass(w.category, ModelWarning) and " took " in str(w.message)
+        ]
 
     tell(6)
     with warnings.catch_warnings(record=True) as caught:
@@ -507,7 +538,8 @@ def test_a_fit_slow_for_its_n_warns_once_naming_the_seconds_the_n_and_the_option
     assert f"`{option}`" in said[0] and "model: {type: " in said[0], said[0]
 
 
-# --- C6: the central actor's warnings reach the user as one clean line -------------------------------------------
+# --- C6: the central actor's warnings reach the user as one clean line
+# -------------------------------------------
 def _screen(text: str) -> list[str]:
     """The rows a terminal shows for `text`: a carriage return goes back to the start of the row, and what
     follows it overwrites what was there."""
@@ -524,7 +556,8 @@ def _screen(text: str) -> list[str]:
 def test_a_warning_of_the_central_actor_is_one_row_of_its_own_beside_the_progress_bar(tmp_path):
     """A real `qbatch run` with its progress bar on stderr, whose model fit warns in the central actor: the
     spec's lengthscale prior in 8 dimensions leaves every lengthscale at its mode on the design's results (a
-    `ModelWarning`). Ray forwards what the actor's process prints, prefixed with its pid and glued to the bar."""
+    `ModelWarning`). Ray forwards what the actor's process prints, prefixed with its pid and glued to the
+    bar."""
     cfg = {"name": "c6", "objective": {"name": "ackley", "options": {"dim": 8}},
            "model": {"type": "quantile", "options": {"lengthscale_prior": "spec"}}, "tau": 0.2, "budget": 8,
            "batch_size": 2, "initial_design": 6, "seed": 1, "run_dir": str(tmp_path / "run")}
@@ -539,5 +572,6 @@ def test_a_warning_of_the_central_actor_is_one_row_of_its_own_beside_the_progres
     assert any(r.startswith("c6: 100%") for r in rows), rows  # the bar was drawn
     said = [r for r in rows if "ModelWarning" in r or "learned no lengthscale" in r]
     assert len(said) == 1, said
-    assert said[0].startswith("qbatch: warning: ModelWarning: the quantile model learned no lengthscale from "), said
+    assert said[0].startswith("qbatch: warning: ModelWarning: the quantile model learned no lengthscale "
+                              "from "), said
     assert not [r for r in rows if "self._fit" in r or "self.opt.fit" in r], rows  # no source line

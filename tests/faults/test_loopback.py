@@ -1,4 +1,4 @@
-"""Issue 7 item 9: a local run (no `address`) starts a Ray that binds to loopback only, and is local.
+"""A local run (no `address`) starts a Ray that binds to loopback only, and is local.
 
 Inside `scripts/loopback` only `lo` exists, so any Ray binds to 127.0.0.1 and a check there proves nothing.
 These tests therefore run the driver in a fresh network namespace of its own that looks like a machine on a
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.ray
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
 LAN_IP = "10.77.0.1"
 
-_CHILD = r'''
+_CHILD = r"""
 import io, json, sys, threading, time
 import psutil
 
@@ -63,9 +63,10 @@ else:
         out.update(nodes=nodes(), listen=listening())
     th.join(180)
     import ray
-    out.update(done=box.get("summary", {}).get("done"), error=box.get("error"), ray_left_up=ray.is_initialized())
+    out.update(done=box.get("summary", {}).get("done"), error=box.get("error"),
+               ray_left_up=ray.is_initialized())
 print("RESULT " + json.dumps(out))
-'''
+"""
 
 
 def _in_lan_namespace(tmp_path, *args: str) -> dict:

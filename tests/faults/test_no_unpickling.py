@@ -1,4 +1,4 @@
-"""Issue 7 item 9: nothing in a run directory is unpickled. A finished real run's directory gets malicious
+"""Nothing in a run directory is unpickled. A finished real run's directory gets malicious
 pickles planted in every place qbatch reads (checkpoints, the event log's segments - as raw pickle bytes and
 as a Parquet column whose Arrow extension metadata is a pickle, the pyarrow CVE-2023-47248 vector - and
 odd files beside them), then `qbatch status`, `qbatch report`, `resume_experiment` and
@@ -115,7 +115,8 @@ def test_planted_pickles_are_never_executed(finished_run, tmp_path, capsys):
     assert cli.main(["status", run_dir]) == 0
     status = capsys.readouterr().out
     assert not os.path.exists(marker), "qbatch status executed a planted pickle"
-    assert "log damage" in status and "seg-000000900000-000000900009.parquet" in status  # reported, not hidden
+    # reported, not hidden
+    assert "log damage" in status and "seg-000000900000-000000900009.parquet" in status
 
     assert cli.main(["report", run_dir, "--out", str(tmp_path / "report")]) == 0
     capsys.readouterr()

@@ -1,4 +1,4 @@
-"""Issue 7 item 2 (node loss): a worker node of a `ray.cluster_utils.Cluster` (all on loopback) is removed
+"""A worker node of a `ray.cluster_utils.Cluster` (all on loopback) is removed
 mid-run; the evaluations it was running are re-run on the other nodes (or recorded failed, "worker-lost",
 with ``max_retries: 0``) and the run completes with exactly `budget` records, one per trial id.
 
@@ -60,8 +60,11 @@ def test_removed_worker_node_evaluations_rerun_elsewhere_exact_count(cluster, tm
     run = RunThread(cfg)
     run.start()
     # the run's actors exist (on the head, the only node) before the worker nodes join
-    actor = wait_for(lambda: _try(lambda: ray.get_actor(actor_name(cfg["run_dir"]), namespace=NAMESPACE)), 120,
-                     "the central actor")
+    actor = wait_for(
+        lambda: _try(lambda: ray.get_actor(actor_name(cfg["run_dir"]), namespace=NAMESPACE)),
+        120,
+        "the central actor",
+    )
     actor_pid = ray.get(actor.status.remote(), timeout=60)["pid"]
     wait_for(lambda: _try(lambda: ray.get_actor(pool_name(cfg["run_dir"]), namespace=NAMESPACE)), 60,
              "the evaluation pool")

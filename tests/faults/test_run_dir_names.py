@@ -1,4 +1,4 @@
-"""Issue 7 item 9: run-directory names from configs cannot escape their parent folder.
+"""Run-directory names from configs cannot escape their parent folder.
 
 A run's folder is `run_dir` if the config (or ``--run-dir``) gives one, else ``runs/<name>-<timestamp>``.
 A `name` that is a path ("../x", "/abs/x", "a/../../b") and a `run_dir` with a ".." component are refused
@@ -26,7 +26,20 @@ from orchestrator.store import RunStore, StoreError
 
 BASE = {"objective": {"name": "forrester"}, "budget": 4, "batch_size": 2, "initial_design": 2}
 
-BAD_NAMES = ["../x", "..", ".", "/tmp/qbatch-escape", "a/../../b", "a/b", "..\\x", "~/x", "-x", " x", "x\x00y", ""]
+BAD_NAMES = [
+    "../x",
+    "..",
+    ".",
+    "/tmp/qbatch-escape",
+    "a/../../b",
+    "a/b",
+    "..\\x",
+    "~/x",
+    "-x",
+    " x",
+    "x\x00y",
+    "",
+]
 BAD_RUN_DIRS = ["../x", "a/../../b", "runs/../../x", "..", "./..", "x/..", "..\\x", "a\\..\\..\\b",
                 "file://../x", "file:///tmp/a/../../etc", "s3://bucket/../x", "", " ", "x\x00y", "a\nb"]
 
@@ -37,7 +50,8 @@ def _tree(root: Path) -> set[str]:
 
 @pytest.fixture
 def sandbox(tmp_path, monkeypatch):
-    """A working directory `sandbox/work` inside a parent `sandbox`: whatever a run creates must be seen here."""
+    """A working directory `sandbox/work` inside a parent `sandbox`: whatever a run creates must be seen
+    here."""
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
@@ -72,8 +86,14 @@ def test_escaping_run_dir_override_is_refused(run_dir, sandbox):
         run_experiment(BASE | {"name": "ok"}, run_dir=run_dir, progress=False)
 
 
-@pytest.mark.parametrize("patch,key", [({"name": "../escape"}, "name"), ({"run_dir": "a/../../escape"}, "run_dir"),
-                                       ({"name": "/tmp/qbatch-escape"}, "name")])
+@pytest.mark.parametrize(
+    "patch,key",
+    [
+        ({"name": "../escape"}, "name"),
+        ({"run_dir": "a/../../escape"}, "run_dir"),
+        ({"name": "/tmp/qbatch-escape"}, "name"),
+    ],
+)
 def test_cli_refuses_with_one_line_exit_2_and_creates_nothing(patch, key, sandbox, capsys):
     path = sandbox / "work" / "cfg.yaml"
     path.write_text(yaml.safe_dump(BASE | patch))
@@ -112,8 +132,11 @@ def test_property_any_name_is_refused_or_stays_inside_runs(name):
 
 
 @settings(max_examples=300, deadline=None)
-@given(run_dir=st.lists(st.sampled_from(["..", ".", "a", "b.c", "", "...", "x..", "~"]), min_size=1, max_size=5)
-       .map("/".join).filter(lambda p: not p.startswith(("/", "~"))))
+@given(
+    run_dir=st.lists(st.sampled_from(["..", ".", "a", "b.c", "", "...", "x..", "~"]), min_size=1, max_size=5)
+    .map("/".join)
+    .filter(lambda p: not p.startswith(("/", "~")))
+)
 def test_property_relative_run_dir_never_climbs_out(run_dir):
     """A relative run_dir is refused (naming `run_dir`) or stays below the working directory (a leading `~` is
     the home folder, as in a shell: the test below)."""
@@ -150,10 +173,12 @@ def test_run_dir_that_is_a_non_empty_folder_is_refused(tmp_path):
     assert not written
 
 
-def test_a_run_dir_under_the_home_folder_is_expanded_not_made_below_the_working_directory(tmp_path, monkeypatch):
-    """Found in review: `run_dir: ~/runs/x` made a folder named `~` in the working directory; objective paths
-    expanded `~`, the run directory did not. Here the home run directory already holds a run, so the run is
-    refused naming the expanded path, before Ray starts (before the fix it went on to `./~/runs/x`)."""
+def test_a_run_dir_under_the_home_folder_is_expanded_not_made_below_the_working_directory(
+    tmp_path, monkeypatch
+):
+    """`run_dir: ~/runs/x` expands `~`, as objective paths do, rather than making a folder named `~` in the
+    working directory. Here the home run directory already holds a run, so the run is refused naming the
+    expanded path, before Ray starts (unexpanded, it would go on to `./~/runs/x`)."""
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir()
     work.mkdir()

@@ -1,4 +1,4 @@
-"""Issue 7 item 1 (worker loss): SIGKILL the process of a running evaluation during a real run.
+"""SIGKILL the process of a running evaluation during a real run.
 
 Evaluations run in a forked child of the Ray worker by default (``isolate="process"``, workers/evaluate.py).
 Killing the child is a crash of the evaluation: one failed record ("crash"), never re-run. Killing the Ray
@@ -171,5 +171,6 @@ def test_frozen_ray_worker_is_timed_out(ray_local, tmp_path):
     summary = run.result(RUN_TIMEOUT_S)
     a = _check_exactly_once(cfg, summary)
     rec = a["results"][trial_of(a["events"], victim["params"])]
-    assert finished_in_time, f"the run was still waiting for the frozen worker {time.time() - t_stop:.0f} s later"
+    assert finished_in_time, (f"the run was still waiting for the frozen worker {time.time() - t_stop:.0f} s "
+                              "later")
     assert rec.kind == "failed" and rec.error == "timeout", (rec.kind, rec.error)

@@ -8,7 +8,7 @@ module); its worker processes are warmed up once so the first measured run does 
 from __future__ import annotations
 
 import collections
-from typing import Iterable
+from collections.abc import Iterable
 
 import pytest
 
@@ -43,7 +43,7 @@ def run_config(tmp_path, name: str, **over) -> dict:
 
 
 def span_utilization(events: Iterable, slots: int) -> float:
-    """U = busy evaluation time / (slots x span), span = first started_at to last ended_at (issue 4)."""
+    """U = busy evaluation time / (slots x span), span = first started_at to last ended_at."""
     recs = [e for e in events if e.kind in ("completed", "failed") and e.started_at is not None]
     if not recs:
         return 0.0

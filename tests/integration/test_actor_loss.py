@@ -1,4 +1,4 @@
-"""Issue 7 item 3: SIGKILL the central actor mid-run. Ray restarts it, it rebuilds from the log and carries
+"""SIGKILL the central actor mid-run. Ray restarts it, it rebuilds from the log and carries
 on; the evaluations that were running keep running (their tasks belong to the run's `EvaluationPool`, not
 to the actor), and the ones that finished while it was down are collected by the new actor - recorded once,
 never re-run, never lost."""
@@ -27,8 +27,16 @@ def test_killed_actor_restarts_and_keeps_the_evaluations_that_finished_while_it_
     import ray
 
     # 2.5 s evaluations: they finish during the restart
-    cfg = run_config(tmp_path, "actor-loss", objective={"name": "sleep", "options": {"mean_s": 2.5, "cv": 0.0,
-                     "num_cpus": 0.5}}, tau=0.5, batch_size=6, initial_design=8, budget=BUDGET, max_concurrent=6)
+    cfg = run_config(
+        tmp_path,
+        "actor-loss",
+        objective={"name": "sleep", "options": {"mean_s": 2.5, "cv": 0.0, "num_cpus": 0.5}},
+        tau=0.5,
+        batch_size=6,
+        initial_design=8,
+        budget=BUDGET,
+        max_concurrent=6,
+    )
     run_dir = cfg["run_dir"]
     box: dict = {}
 
@@ -78,11 +86,14 @@ def test_killed_actor_restarts_and_keeps_the_evaluations_that_finished_while_it_
     for tid in running:
         rec = results[tid]
         assert rec.kind == "completed", f"{tid} was recorded as {rec.kind} ({rec.error})"
-        # the evaluation recorded is the one dispatched before the kill, never re-run: no 'started' event after
-        # the kill (its own may have been lost in the dead actor's unflushed buffer), and it began before the
-        # restarted actor could dispatch anything (a task may begin a few ms after its dispatch, so after the kill)
+        # the evaluation recorded is the one dispatched before the kill, never re-run: no 'started' event
+        # after the kill (its own may have been lost in the dead actor's unflushed buffer), and it began
+        # before the restarted actor could dispatch anything (a task may begin a few ms after its dispatch, so
+        # after the kill)
         starts = [e for e in after if e.kind == "started" and e.trial_id == tid]
-        assert len(starts) <= 1 and all(e.time < t_kill for e in starts), [(e.time, e.attempt) for e in starts]
+        assert len(starts) <= 1 and all(e.time < t_kill for e in starts), [
+            (e.time, e.attempt) for e in starts
+        ]
         assert rec.attempt == 0 and rec.started_at < back
     finished_while_down = [tid for tid in running if t_kill < results[tid].ended_at < back]
     assert finished_while_down, "at least one evaluation finished while the actor was down and was kept"

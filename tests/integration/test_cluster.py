@@ -1,4 +1,4 @@
-"""Issue 4 acceptance on a multi-node cluster (`ray.cluster_utils.Cluster`, head + two worker nodes on
+"""Acceptance on a multi-node cluster (`ray.cluster_utils.Cluster`, head + two worker nodes on
 loopback): evaluations spread over nodes; a custom-resource request runs only where the resource exists."""
 
 from __future__ import annotations
@@ -53,9 +53,9 @@ def test_evaluations_spread_over_nodes(cluster, tmp_path):
     nodes = collections.Counter(e.node_id for e in done)
     assert len(nodes) >= 2, nodes
     assert set(nodes) <= {cluster["plain"], cluster["sensor"], cluster["head"]}
-    # found in review: the central actor could land on any node, its refits competing with evaluations; it goes
-    # to the driver's node (the head under `ray job submit`; here, on one machine, whichever raylet the driver
-    # attached to)
+    # the central actor goes to the driver's node, not any node where its refits would compete with
+    # evaluations (the head under `ray job submit`; here, on one machine, whichever raylet the driver attached
+    # to)
     import ray
 
     assert summary["node_id"] == ray.get_runtime_context().get_node_id()

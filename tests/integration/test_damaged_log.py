@@ -1,4 +1,4 @@
-"""Issue 7 item 7 end to end: a run's event log is damaged (one segment truncated, one with bytes flipped in
+"""A run's event log is damaged (one segment truncated, one with bytes flipped in
 the middle); `resume_experiment` keeps every intact record, reports exactly which events were dropped, runs
 again what was lost, and finishes with every trial recorded once and the count equal to the budget."""
 
@@ -61,7 +61,9 @@ def test_resume_after_damaged_segments_keeps_intact_records_and_reports_the_loss
     intact = store.events()
     assert len(store.damage) == 2 and all(p.name in "".join(store.damage) for p in (truncated, flipped))
     assert len(intact) == len(before) - len(dropped), "only the damaged segments' events are lost"
-    assert lost_results and not lost_results & {e.trial_id for e in intact if e.kind in ("completed", "failed")}
+    assert lost_results and not lost_results & {
+        e.trial_id for e in intact if e.kind in ("completed", "failed")
+    }
 
     out = io.StringIO()
     summary = resume_experiment(run_dir, address=ray_local, progress=False, out=out)

@@ -33,7 +33,8 @@ def _actor(tmp_path, name: str, **over) -> CentralActor:
 
 @pytest.fixture(autouse=True)
 def _switch_interval():
-    """`CentralActor.run` shortens the interpreter's switch interval (its own process's, normally): restore it."""
+    """`CentralActor.run` shortens the interpreter's switch interval (its own process's, normally): restore
+    it."""
     before = sys.getswitchinterval()
     yield
     sys.setswitchinterval(before)
@@ -98,9 +99,9 @@ def test_a_failed_refit_is_retried_only_on_new_results(ray_local, tmp_path):
 
 
 def test_a_refit_failure_is_logged_capped_even_when_its_message_is_huge_or_unprintable(ray_local, tmp_path):
-    """Found in review: the refit event kept `error[:2000]` (the tail, often the useful part, cut) and an
-    exception whose `__str__` raises escaped `Planner.refit` and stopped the refit thread as a planner error. Now it is
-    capped like an objective's failure (head and tail kept) and an unprintable one is still a logged failure."""
+    """The refit event's error is capped like an objective's failure (head and tail kept, not `error[:2000]`,
+    which cuts the tail, often the useful part), and an exception whose `__str__` raises is still a logged
+    failure, not a planner error escaping `Planner.refit` and stopping the refit thread."""
     from workers.records import MAX_MESSAGE_CHARS
 
     class Unprintable(RuntimeError):
@@ -146,9 +147,9 @@ def test_refits_failing_in_a_row_stop_the_run_and_keep_every_result(ray_local, t
 
 @pytest.mark.parametrize("synchronous", [False, True], ids=["streaming", "synchronous"])
 def test_a_log_that_cannot_be_written_stops_the_run_with_a_clear_message(ray_local, tmp_path, synchronous):
-    """Found in review: a full disk made the append raise inside the actor, and `qbatch run` ended in a
-    40-line RayTaskError traceback with no resume hint. Now the run stops with one message naming the run
-    directory, the error and `qbatch resume`; what was logged before stays, and a resume finishes the run."""
+    """A full disk makes the append raise inside the actor: the run stops with one message naming the run
+    directory, the error and `qbatch resume` (not a 40-line RayTaskError traceback with no resume hint); what
+    was logged before stays, and a resume finishes the run."""
     import errno
 
     actor = _actor(tmp_path, f"full-{synchronous}", synchronous=synchronous)
@@ -177,8 +178,8 @@ def test_a_log_that_cannot_be_written_stops_the_run_with_a_clear_message(ray_loc
 
 
 def test_a_run_that_ends_before_its_first_model_batch_is_still_fitted_at_the_end(ray_local, tmp_path):
-    """Found in review: with a budget just above `initial_design` the run ended without any fit and printed the
-    best single observation, though the README promises a final fit on every result for the recommendation."""
+    """With a budget just above `initial_design` the run still ends with a final fit on every result for the
+    recommendation, as the README promises, not the best single observation."""
     actor = _actor(tmp_path, "short", budget=10, initial_design=8, batch_size=8,
                    objective={"name": "sleep", "options": {"mean_s": 0.05, "cv": 0.5, "num_cpus": 1}})
     summary = actor.run()
@@ -190,10 +191,12 @@ def test_a_run_that_ends_before_its_first_model_batch_is_still_fitted_at_the_end
     assert summary["best_predicted"] is not None
 
 
-def test_the_final_fit_neither_aborts_a_finished_run_nor_escapes_when_it_cannot_be_logged(ray_local, tmp_path):
-    """Found in review of this change: the end-of-run fit counted toward `max_refit_failures` (a run with every
-    evaluation done reported "aborted"), and a failed write of its refit event escaped `run()` as a traceback
-    with the writer lock still held."""
+def test_the_final_fit_neither_aborts_a_finished_run_nor_escapes_when_it_cannot_be_logged(
+    ray_local, tmp_path
+):
+    """The end-of-run fit does not count toward `max_refit_failures` (a run with every evaluation done would
+    report "aborted"), and a failed write of its refit event does not escape `run()` as a traceback with the
+    writer lock still held."""
     import errno
 
     actor = _actor(tmp_path, "final-fails", budget=10, initial_design=8, batch_size=8,

@@ -1,4 +1,4 @@
-"""Issue 4 / issue 7 item 4 acceptance: SIGKILL the driver and the central actor mid-run, then
+"""Acceptance: SIGKILL the driver and the central actor mid-run, then
 `resume_experiment` finishes it; no completed result is lost or duplicated and the count equals the budget."""
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ def test_sigkill_driver_and_actor_then_resume(ray_local, tmp_path):
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         # mid-run: after the model has taken over and some of its proposals are done
-        wait_for(lambda: len(finished_counts(_events(run_dir))) >= 18, 120, "18 finished evaluations", period=0.2)
+        wait_for(lambda: len(finished_counts(_events(run_dir))) >= 18, 120, "18 finished "
+                                                                            "evaluations", period=0.2)
         actor = ray.get_actor(actor_name(run_dir), namespace=NAMESPACE)
         actor_pid = ray.get(actor.pid.remote(), timeout=30)
     finally:
@@ -57,8 +58,15 @@ def test_sigkill_driver_and_actor_then_resume(ray_local, tmp_path):
         os.kill(actor_pid, signal.SIGKILL)  # Ray may already have reaped it with its driver's job
     except ProcessLookupError:
         pass
-    wait_for(lambda: not Path(f"/proc/{actor_pid}").exists() or "zombie" in Path(f"/proc/{actor_pid}/status").read_text(),
-              30, "the actor process to die", period=0.2)
+    wait_for(
+        lambda: (
+            not Path(f"/proc/{actor_pid}").exists()
+            or "zombie" in Path(f"/proc/{actor_pid}/status").read_text()
+        ),
+        30,
+        "the actor process to die",
+        period=0.2,
+    )
     time.sleep(1.0)  # let in-flight events of the dead actor settle (none can be written any more)
 
     before = _events(run_dir)
@@ -69,7 +77,8 @@ def test_sigkill_driver_and_actor_then_resume(ray_local, tmp_path):
     summary = resume_experiment(run_dir, progress=False, out=io.StringIO())
     assert summary["status"] == "finished"
     # a model fitted before the kill (if its first fit ended in time) is restored from checkpoints/model, and
-    # none is made up when there was none (tests/orchestrator/test_actor_checkpoint.py tests the restore itself)
+    # none is made up when there was none (tests/orchestrator/test_actor_checkpoint.py tests the restore
+    # itself)
     fitted_before = any(e.kind == "refit" and not (e.info or {}).get("failed") for e in before)
     assert summary["model_restored"] is fitted_before
 
@@ -88,8 +97,8 @@ def test_sigkill_driver_and_actor_then_resume(ray_local, tmp_path):
 
 
 def test_a_driver_killed_with_its_own_local_ray_leaves_the_run_free_to_resume(ray_local, tmp_path):
-    """`qbatch run` with its own local Ray, SIGKILLed: its leftover actors end with their raylet (found in review:
-    the central actor lived on holding the writer lock, and `qbatch resume` was refused as if another run were
+    """`qbatch run` with its own local Ray, SIGKILLed: its leftover actors end with their raylet (a central
+    actor living on would hold the writer lock, and `qbatch resume` would be refused as if another run were
     writing; `tests/workers/test_node_watch.py` tests the watch that ends them), and the run resumes to its
     budget with every result once."""
     budget = 24
@@ -103,7 +112,8 @@ def test_a_driver_killed_with_its_own_local_ray_leaves_the_run_free_to_resume(ra
     driver = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "run", str(path)],
                               cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: len(finished_counts(_events(run_dir))) >= 10, 120, "10 finished evaluations", period=0.1)
+        wait_for(lambda: len(finished_counts(_events(run_dir))) >= 10, 120, "10 finished "
+                                                                            "evaluations", period=0.1)
     finally:
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait()
@@ -137,8 +147,8 @@ def test_resume_proposes_from_the_checkpointed_model(ray_local, tmp_path):
 
 
 def test_a_second_resume_of_a_running_run_is_refused_and_loses_nothing(ray_local, tmp_path):
-    """Two writers of one log lost results silently (found in review); the central actor holds the run's
-    writer lock, so a resume while the run goes on is one error naming the holder, before Ray is touched."""
+    """Two writers of one log would lose results silently; the central actor holds the run's writer lock, so a
+    resume while the run goes on is one error naming the holder, before Ray is touched."""
     import threading
 
     from orchestrator.runner import run_experiment
@@ -150,8 +160,11 @@ def test_a_second_resume_of_a_running_run_is_refused_and_loses_nothing(ray_local
     t = threading.Thread(target=lambda: done.update(run_experiment(cfg, progress=False, out=io.StringIO())))
     t.start()
     try:
-        wait_for(lambda: any(e.kind == "started" or e.kind == "completed" for e in _events(cfg["run_dir"])), 60,
-                 "the run to start")
+        wait_for(
+            lambda: any(e.kind == "started" or e.kind == "completed" for e in _events(cfg["run_dir"])),
+            60,
+            "the run to start",
+        )
         with pytest.raises(StoreError, match="being written by another run \\(pid \\d+ on "):
             resume_experiment(cfg["run_dir"], progress=False, out=io.StringIO())
     finally:
@@ -176,9 +189,9 @@ def test_a_bad_stored_config_names_its_file(ray_local, tmp_path):
 @pytest.mark.slow
 def test_a_relative_data_path_is_stored_absolute_and_resumes_from_anywhere(ray_local, tmp_path, lcls_csv,
                                                                           monkeypatch):
-    """A path option given relative to the current directory (the laser's `csv_path`) is stored absolute in the
-    run's config.yaml, so `qbatch resume` from another directory (and workers elsewhere) read the same file; it
-    used to be stored as written, and the resume failed ("is not a file") or read another file."""
+    """A path option given relative to the current directory (the laser's `csv_path`) is stored absolute in
+    the run's config.yaml, so `qbatch resume` from another directory (and workers elsewhere) read the same
+    file; it used to be stored as written, and the resume failed ("is not a file") or read another file."""
     import shutil
 
     import yaml
@@ -201,9 +214,9 @@ def test_a_relative_data_path_is_stored_absolute_and_resumes_from_anywhere(ray_l
 
 
 def test_sigterm_to_the_process_group_starts_nothing_new(ray_local, tmp_path):
-    """Found in review: SIGTERM to the whole process group (SLURM's scancel, a group kill) also stops Ray's GCS, so
-    the driver's `ray.kill` of the central actor (a GCS request) did nothing and the actor went on proposing and
-    starting evaluations for 6-9 s until its raylet drained. The driver now tells the actor to stop directly."""
+    """SIGTERM to the whole process group (SLURM's scancel, a group kill) also stops Ray's GCS, so a
+    `ray.kill` of the central actor (a GCS request) does nothing and the actor would go on proposing and
+    starting evaluations for 6-9 s until its raylet drained: the driver tells the actor to stop directly."""
     cfg = run_config(tmp_path, "group-term", objective={"name": "sleep", "options": {"mean_s": 1.0, "cv": 0.3,
                      "num_cpus": 0.5}}, tau=0.3, batch_size=8, initial_design=8, budget=80)
     run_dir = cfg["run_dir"]
@@ -215,7 +228,8 @@ def test_sigterm_to_the_process_group_starts_nothing_new(ray_local, tmp_path):
                               cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                               start_new_session=True)
     try:
-        wait_for(lambda: len(finished_counts(_events(run_dir))) >= 10, 120, "10 finished evaluations", period=0.1)
+        wait_for(lambda: len(finished_counts(_events(run_dir))) >= 10, 120, "10 finished "
+                                                                            "evaluations", period=0.1)
         signalled = time.time()
         os.killpg(driver.pid, signal.SIGTERM)
         _, err = driver.communicate(timeout=120)

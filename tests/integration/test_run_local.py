@@ -1,4 +1,4 @@
-"""Issue 4 acceptance on a local Ray: streaming evaluations, exactly-once log, utilization, synchronous
+"""Acceptance on a local Ray: streaming evaluations, exactly-once log, utilization, synchronous
 protocol, failure guard, bad config before Ray (run inside scripts/loopback)."""
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def test_streaming_run_200_evaluations_exactly_once_and_busy(ray_local, tmp_path
     summary, u = _run_streaming(tmp_path, 200, 0.3)
     print(f"\nutilization (4 slots, 200 x 0.3 s): {u:.3f}; live {summary['utilization_live']:.3f}")
     # the summary (and the line printed at the end) quote the report's U, over the whole run; the live figure,
-    # over this session up to the final refit, differed from report/summary.csv (0.61 vs 0.83, found in review)
+    # over this session up to the final refit, differs from report/summary.csv (0.61 vs 0.83)
     assert summary["utilization"] == pytest.approx(u, abs=1e-6)
 
 
@@ -86,9 +86,9 @@ def test_streaming_run_200_evaluations_of_one_second(ray_local, tmp_path):
 
 def test_sobol_points_past_the_initial_design_only_fill_free_slots(ray_local, tmp_path):
     """README: `initial_design` Sobol points, then further ones only for slots that would idle until the first
-    model batch is ready. Found in review: the proposer thread topped the queue up to its low-water mark (at
-    least batch_size / 2) with Sobol points at once, and the first model batch waited behind them: 28 of 30
-    evaluations were Sobol points with 2-second evaluations."""
+    model batch is ready. The proposer thread does not top the queue up to its low-water mark (at least
+    batch_size / 2) with Sobol points at once, which would make the first model batch wait behind them (28 of
+    30 evaluations Sobol points with 2-second evaluations)."""
     cfg = run_config(tmp_path, "fillers", budget=30, initial_design=6, batch_size=40, max_concurrent=2,
                      objective={"name": "sleep", "options": {"mean_s": 1.0, "cv": 0.0, "num_cpus": 1}})
     summary = run_experiment(cfg, progress=False, out=io.StringIO())
@@ -108,9 +108,9 @@ def test_sobol_points_past_the_initial_design_only_fill_free_slots(ray_local, tm
 
 
 def test_a_fast_streaming_run_whose_model_proposed_nothing_says_so_and_what_helps(ray_local, tmp_path):
-    """Fast evaluations in a streaming run: free slots get Sobol points until the first model batch is ready, and
-    these spend the budget before the first fit and proposal end. The end of the run counts where the points came
-    from and warns, naming what helps; the same run synchronous waits for its model."""
+    """Fast evaluations in a streaming run: free slots get Sobol points until the first model batch is ready,
+    and these spend the budget before the first fit and proposal end. The end of the run counts where the
+    points came from and warns, naming what helps; the same run synchronous waits for its model."""
     fast = {"name": "sleep", "options": {"mean_s": 0.02, "cv": 0.0, "num_cpus": 1}}
     cfg = run_config(tmp_path, "random", budget=14, initial_design=10, batch_size=10, objective=fast)
     out = io.StringIO()
@@ -121,7 +121,9 @@ def test_a_fast_streaming_run_whose_model_proposed_nothing_says_so_and_what_help
     warning = [line for line in text.splitlines() if line.startswith("qbatch: warning: ")]
     assert len(warning) == 1 and "the model proposed none of the 14 evaluations" in warning[0]
     assert "`synchronous: true`" in warning[0] and "raise `budget`" in warning[0]
-    cfg = run_config(tmp_path, "waits", budget=14, initial_design=10, batch_size=10, objective=fast, synchronous=True)
+    cfg = run_config(
+        tmp_path, "waits", budget=14, initial_design=10, batch_size=10, objective=fast, synchronous=True
+    )
     out = io.StringIO()
     summary = run_experiment(cfg, progress=False, out=out)
     assert summary["sources"] == {"sobol": 10, "model": 4} and "warning" not in out.getvalue()
@@ -151,20 +153,29 @@ def test_synchronous_mode_waits_for_the_whole_batch(ray_local, tmp_path):
         kinds_between.append(e.kind)
     last_proposal = max(i for i, k in enumerate(kinds_between) if k == "proposed")
     assert kinds_between[:last_proposal].count("refit") == 2  # one before each model batch
-    assert kinds_between[-1] == "refit"  # and a final one for the recommendation, which also refits from scratch
+    # and a final one for the recommendation, which also refits from scratch
+    assert kinds_between[-1] == "refit"
     final = [e for e in events if e.kind == "refit"][-1].info
     assert final["restart_kept"] == ("warm" if final["loss_warm"] <= final["loss_cold"] else "cold")
     assert all("restart_kept" not in e.info for e in events if e.kind == "refit" and e is not events[-1])
 
 
 def test_synchronous_run_is_reproducible_from_its_config_and_seed(ray_local, tmp_path):
-    """Issue 8: the same config and seed give the same proposals and values, although the results of each
+    """The same config and seed give the same proposals and values, although the results of each
     batch come back in whatever order the workers finish (lognormal evaluation times, 4 slots)."""
     runs = []
     for k in range(2):
-        cfg = run_config(tmp_path, f"again{k}", synchronous=True, budget=24, batch_size=8, initial_design=8,
-                         seed=3, objective={"name": "sleep", "options": {"mean_s": 0.2, "cv": 0.8, "num_cpus": 1}},
-                         calibrator={"type": "online"})  # batch 3 is proposed through what batch 2 taught it
+        cfg = run_config(
+            tmp_path,
+            f"again{k}",
+            synchronous=True,
+            budget=24,
+            batch_size=8,
+            initial_design=8,
+            seed=3,
+            objective={"name": "sleep", "options": {"mean_s": 0.2, "cv": 0.8, "num_cpus": 1}},
+            calibrator={"type": "online"},
+        )  # batch 3 is proposed through what batch 2 taught it
         run_experiment(cfg, progress=False, out=io.StringIO())
         events = RunStore.open(cfg["run_dir"]).events()
         runs.append(({e.trial_id: e.x for e in events if e.kind == "proposed"},
@@ -189,9 +200,9 @@ def test_failure_guard_stops_the_run_with_a_clear_message(ray_local, tmp_path):
 
 
 def test_failure_guard_counts_the_resumed_sessions_results_only(ray_local, tmp_path):
-    """README: the guard stops a run, and `qbatch resume` finishes it once the cause is fixed. Found in review:
-    the guard counted the failures logged before the resume too, so each resume stopped again after one round
-    of results, blaming failures that were already fixed."""
+    """README: the guard stops a run, and `qbatch resume` finishes it once the cause is fixed. The guard does
+    not count the failures logged before the resume, so a resume does not stop again after one round of
+    results, blaming failures that are already fixed."""
     from orchestrator.runner import resume_experiment
 
     flag = tmp_path / "data-not-ready"
@@ -218,11 +229,23 @@ def test_bad_config_fails_before_ray_and_creates_no_run_dir(tmp_path):
         ({"objective": {"name": "no-such-objective"}}, "objective.name.*got 'no-such-objective'"),
         ({"tau": 1.5}, "tau.*got 1.5"),
         ({"batch_size": 0}, "batch_size.*got 0"),
-        ({"objective": {"name": "sleep", "options": {"dim": 0}}}, r"objective.*'dim' must be an integer in \[1, 1000\]"),
+        (
+            {"objective": {"name": "sleep", "options": {"dim": 0}}},
+            r"objective.*'dim' must be an integer in \[1, 1000\]",
+        ),
         ({"space": {"x9": {"type": "float", "low": 0, "high": 1}}}, "space.x9"),
-        ({"model": {"type": "quantile", "options": {"num_inducng": 8}}}, "^`model.options`: unknown model option.*'num_inducng'"),
-        ({"model": {"type": "quantile", "options": {"lengthscale_prior": "wide"}}}, "^`model.options`: `lengthscale_prior`.*'wide'"),
-        ({"proposer": {"type": "thompson", "options": {"raw_sample": 8}}}, "^`proposer.options`: .*raw_sample"),
+        (
+            {"model": {"type": "quantile", "options": {"num_inducng": 8}}},
+            "^`model.options`: unknown model option.*'num_inducng'",
+        ),
+        (
+            {"model": {"type": "quantile", "options": {"lengthscale_prior": "wide"}}},
+            "^`model.options`: `lengthscale_prior`.*'wide'",
+        ),
+        (
+            {"proposer": {"type": "thompson", "options": {"raw_sample": 8}}},
+            "^`proposer.options`: .*raw_sample",
+        ),
     ]:
         cfg = run_config(tmp_path, "bad", **over)
         with pytest.raises(ConfigError, match=match):
@@ -232,36 +255,44 @@ def test_bad_config_fails_before_ray_and_creates_no_run_dir(tmp_path):
 
 def test_resources_no_node_has_fail_before_the_run_dir_exists(ray_local, tmp_path):
     """An objective asking for what no node offers (the README's CNN-on-GPU config on a CPU-only machine) gets
-    one QbatchError naming the request, before the run directory is created, and resume says the same. The check
-    ran only in the central actor, after the run directory was created: the run hung (this test timed out at 10 min without the check) and the directory blocked a rerun (found in review)."""
+    one QbatchError naming the request, before the run directory is created, and resume says the same. Checked
+    only in the central actor, after the run directory is created, the run would hang (this test times out at
+    10 min without the check) and the directory would block a rerun."""
     from orchestrator.errors import QbatchError
     from orchestrator.runner import resume_experiment
 
-    over = {"objective": {"name": "sleep", "options": {"mean_s": 0.01, "custom_resources": {"laser_hutch": 1}}}}
+    over = {
+        "objective": {"name": "sleep", "options": {"mean_s": 0.01, "custom_resources": {"laser_hutch": 1}}}
+    }
     small = dict(budget=4, initial_design=4, batch_size=4)
     cfg = run_config(tmp_path, "nogpu", **small, **over)
-    with pytest.raises(QbatchError, match=r"no node of the cluster can run one evaluation asking for .*'laser_hutch': 1"):
+    with pytest.raises(QbatchError, match=r"no node of the cluster can run one evaluation asking for "
+                                          r".*'laser_hutch': 1"):
         run_experiment(cfg, progress=False, out=io.StringIO())
     assert not os.path.exists(cfg["run_dir"])
-    ok = run_config(tmp_path, "nogpu-resume", **small, objective={"name": "sleep", "options": {"mean_s": 0.01}})
+    ok = run_config(
+        tmp_path, "nogpu-resume", **small, objective={"name": "sleep", "options": {"mean_s": 0.01}}
+    )
     RunStore.create(ok["run_dir"], {**ok, **over})
     with pytest.raises(QbatchError, match="no node of the cluster"):
         resume_experiment(ok["run_dir"], progress=False, out=io.StringIO())
 
 
 def test_the_callers_ray_is_used_and_an_address_naming_another_is_refused(ray_local, tmp_path, caplog):
-    """Found in review (notebook use): with Ray initialized in the process, `address` and `num_cpus` were
-    ignored without a word: a run meant for a cluster ran on the local Ray. Now an address naming another Ray
-    is a UsageError before the run directory exists, `num_cpus` is said to be ignored, and the caller's Ray
-    (its own address or "auto") runs the experiment and stays up."""
+    """Notebook use: with Ray initialized in the process, `address` and `num_cpus` are not ignored without a
+    word (a run meant for a cluster would run on the local Ray): an address naming another Ray is a UsageError
+    before the run directory exists, `num_cpus` is said to be ignored, and the caller's Ray (its own address
+    or "auto") runs the experiment and stays up."""
     import ray
 
     from orchestrator.errors import UsageError
 
-    small = dict(budget=4, initial_design=4, batch_size=4, objective={"name": "sleep", "options": {"mean_s": 0.01}})
+    small = dict(
+        budget=4, initial_design=4, batch_size=4, objective={"name": "sleep", "options": {"mean_s": 0.01}}
+    )
     cfg = run_config(tmp_path, "elsewhere", **small)
-    with pytest.raises(UsageError, match=r"`address` '10.255.255.1:6379': this process is already connected to "
-                                         r"the Ray at 127.0.0.1:\d+; call ray.shutdown\(\) first"):
+    with pytest.raises(UsageError, match=r"`address` '10.255.255.1:6379': this process is already connected "
+                                         r"to the Ray at 127.0.0.1:\d+; call ray.shutdown\(\) first"):
         run_experiment(cfg, address="10.255.255.1:6379", progress=False, out=io.StringIO())
     assert not os.path.exists(cfg["run_dir"])
     cfg = run_config(tmp_path, "here", **small)
@@ -271,8 +302,8 @@ def test_the_callers_ray_is_used_and_an_address_naming_another_is_refused(ray_lo
 
 
 def test_an_address_is_refused_only_when_it_names_another_ray():
-    """Own-diff review: the address check compared strings, so "localhost:PORT", a trailing slash or a leading
-    space refused the Ray the process was connected to, and "ray://..." passed to a local Ray unchecked."""
+    """The address check does not compare strings: "localhost:PORT", a trailing slash or a leading space name
+    the Ray the process is connected to, and "ray://..." is checked against a local Ray."""
     from orchestrator.runner import _other_ray
 
     here = "127.0.0.1:6390"
@@ -285,23 +316,26 @@ def test_an_address_is_refused_only_when_it_names_another_ray():
 
 def test_evaluations_waiting_in_rays_queue_are_not_timed_out(ray_local, tmp_path):
     """More in flight than the cluster runs at once (max_concurrent 32 on 4 CPUs): evaluations of 1 s under
-    timeout_s = 1.5 wait up to 7 s in Ray's queue. The backstop deadline counted from dispatch (1.5 + 5 s) and
-    cancelled healthy queued evaluations as 'timeout' (5 of 14 in review); it counts from each attempt's start."""
+    timeout_s = 1.5 wait up to 7 s in Ray's queue. The backstop deadline counts from each attempt's start:
+    from dispatch (1.5 + 5 s), it would cancel healthy queued evaluations as 'timeout' (5 of 14)."""
     cfg = run_config(tmp_path, "queued", timeout_s=1.5, max_retries=0, max_concurrent=32, budget=32,
                      initial_design=32, batch_size=32,
                      objective={"name": "sleep", "options": {"mean_s": 1.0, "cv": 0.0, "num_cpus": 1}})
     summary = run_experiment(cfg, progress=False, out=io.StringIO())
     events = RunStore.open(cfg["run_dir"]).events()
     failed = [e for e in events if e.kind == "failed"]
-    assert failed == [] and summary["completed"] == 32, [(e.error, (e.info or {}).get("message")) for e in failed]
+    assert failed == [] and summary["completed"] == 32, [
+        (e.error, (e.info or {}).get("message")) for e in failed
+    ]
     starts = [e.started_at for e in events if e.kind == "completed"]
-    assert max(starts) - min(starts) > 1.5 + 5.0, "no evaluation waited past the old deadline: the test shows nothing"
+    assert max(starts) - min(starts) > 1.5 + 5.0, ("no evaluation waited past the old deadline: the test "
+                                                   "shows nothing")
 
 
 def test_failure_guard_logs_every_finished_evaluation_and_starts_nothing_after(ray_local, tmp_path):
-    """Found in review: when the guard tripped, the slots freed by the tripping results were refilled first,
-    and the loop stopped with evaluations in flight; results that finished then never reached the log (7
-    values returned, 6 logged). Now an aborting run starts nothing new and logs what is in flight."""
+    """When the guard trips, an aborting run starts nothing new in the slots the tripping results free, and
+    logs what is in flight (otherwise results that finish then never reach the log: 7 values returned, 6
+    logged)."""
     import glob
     import json
 
@@ -324,27 +358,46 @@ def test_failure_guard_logs_every_finished_evaluation_and_starts_nothing_after(r
     logged = [{k: round(float(v), 9) for k, v in e.params.items()} for e in completed]
     for params in returned:  # every value the objective returned is in the log
         assert {k: round(v, 9) for k, v in params.items()} in logged
-    assert len(started) == len(finished), "every evaluation that started was logged; none started after the trip"
+    assert len(started) == len(finished), ("every evaluation that started was logged; none started after the "
+                                           "trip")
 
 
 def test_the_log_records_slots_and_direction_for_status_and_report(ray_local, tmp_path):
-    """Found in review: with `max_concurrent` left out, the report counted slots from the largest number of
-    evaluations seen running at once (1 in a synchronous run of batch 1, U 0.81 with a slot idle all along,
-    the live bar said 0.32); it reads `info["slots"]`, which the actor never wrote. And a user objective's
-    `direction: minimize` was not in the stored config, so `status` from another folder, unable to import
-    the objective, called the worst value the best. Both are now in the log."""
+    """With `max_concurrent` left out, the report reads the slots from `info["slots"]`, which the actor writes
+    (counted from the largest number of evaluations seen running at once, a synchronous run of batch 1 would
+    give 1, U 0.81 with a slot idle all along, where the live bar says 0.32). And a user objective's
+    `direction: minimize` is in the stored config, so `status` from another folder, unable to import the
+    objective, does not call the worst value the best."""
     from orchestrator.report import compute_metrics, resolve_direction
 
-    cfg = run_config(tmp_path, "slots", budget=5, initial_design=2, batch_size=1, synchronous=True, proposer="random",
-                     objective={"name": "sleep", "options": {"mean_s": 0.2, "cv": 0.1, "num_cpus": 1}},
-                     max_concurrent=None, direction="minimize")
+    cfg = run_config(
+        tmp_path,
+        "slots",
+        budget=5,
+        initial_design=2,
+        batch_size=1,
+        synchronous=True,
+        proposer="random",
+        objective={"name": "sleep", "options": {"mean_s": 0.2, "cv": 0.1, "num_cpus": 1}},
+        max_concurrent=None,
+        direction="minimize",
+    )
     del cfg["direction"]  # the objective's own (sleep maximizes) is what the stored config must say
     summary = run_experiment(cfg, progress=False, out=io.StringIO())
     store = RunStore.open(cfg["run_dir"])
     assert store.config["direction"] == "maximize"
     # the space is pinned in the run's config, every parameter as the run used it
-    assert store.config["space"] == load_config(cfg).build_space(
-        {"x0": {"type": "float", "low": 0.0, "high": 1.0}, "x1": {"type": "float", "low": 0.0, "high": 1.0}}).describe()
+    assert (
+        store.config["space"]
+        == load_config(cfg)
+        .build_space(
+            {
+                "x0": {"type": "float", "low": 0.0, "high": 1.0},
+                "x1": {"type": "float", "low": 0.0, "high": 1.0},
+            }
+        )
+        .describe()
+    )
     events = store.events()
     m = compute_metrics(events, store.config)
     slots = summary["max_concurrent"]
@@ -357,9 +410,9 @@ def test_the_log_records_slots_and_direction_for_status_and_report(ray_local, tm
 
 
 def test_sigterm_interrupts_a_run_like_ctrl_c_in_a_ray_driver(ray_local):
-    """Found in review: SIGTERM (timeout, SLURM, systemd) to `qbatch run` met Ray's driver handlers (sys.exit
-    and a C++ stack dump) and exited 1, "the run stopped with an error", with no resume hint. While a run is
-    driven it raises KeyboardInterrupt (exit 130 and the hint in the CLI); Ray's handler is back afterwards."""
+    """SIGTERM (timeout, SLURM, systemd) to `qbatch run` does not meet Ray's driver handlers (sys.exit and a
+    C++ stack dump, exit 1, "the run stopped with an error", no resume hint): while a run is driven it raises
+    KeyboardInterrupt (exit 130 and the hint in the CLI); Ray's handler is back afterwards."""
     import signal
     import time
 
@@ -377,8 +430,8 @@ def test_sigterm_interrupts_a_run_like_ctrl_c_in_a_ray_driver(ray_local):
 
 
 def test_a_central_actor_that_cannot_start_or_dies_for_good_is_one_line_not_a_traceback(ray_local):
-    """Found in review: Ray's RayActorError (with the cause's whole traceback) reached the user as a Python
-    traceback, exit 1 without the resume hint."""
+    """Ray's RayActorError (with the cause's whole traceback) does not reach the user as a Python traceback,
+    exit 1 without the resume hint."""
     import ray
 
     from orchestrator.errors import QbatchError, UsageError
@@ -395,11 +448,12 @@ def test_a_central_actor_that_cannot_start_or_dies_for_good_is_one_line_not_a_tr
     with pytest.raises(QbatchError) as info:
         _actor_pid(Broken.remote(), "/runs/x")
     msg = str(info.value)
-    assert len(msg.splitlines()) == 1 and "could not start" in msg and "disk full while opening the log" in msg
+    assert len(msg.splitlines()) == 1 and "could not start" in msg and ("disk full while opening the "
+                                                                        "log") in msg
     assert "`qbatch resume /runs/x`" in msg
 
     @ray.remote(num_cpus=0)
-    class Busy:  # lost the race for the writer lock to a resume started at the same moment (found in review)
+    class Busy:  # loses the race for the writer lock to a resume started at the same moment
         def __init__(self):
             from orchestrator.store import RunDirError
 
@@ -444,24 +498,30 @@ def test_the_central_actor_is_created_without_object_store_arguments(ray_local, 
     assert "constructor arguments in the object store" not in err, err[-2000:]
 
 
-def test_a_new_run_whose_actor_cannot_import_the_objective_leaves_no_run_behind(ray_local, tmp_path, monkeypatch):
-    """Found in review (a cluster started without the user's module on its PYTHONPATH): the driver imported the
-    objective, the central actor's worker could not; the run directory it left refused a rerun of the same
-    command ("already holds a run"), and the message sent the user to a resume that failed the same way."""
+def test_a_new_run_whose_actor_cannot_import_the_objective_leaves_no_run_behind(
+    ray_local, tmp_path, monkeypatch
+):
+    """A cluster started without the user's module on its PYTHONPATH: the driver imports the objective, the
+    central actor's worker cannot. The run directory left must not refuse a rerun of the same command
+    ("already holds a run"), nor the message send the user to a resume that fails the same way."""
     from orchestrator.errors import QbatchError
 
     pkg = tmp_path / "driver_only"
     pkg.mkdir()
     (pkg / "driver_only_objective.py").write_text(
-        "from objectives.base import Objective\n\n"
-        "class DriverOnly(Objective):\n"
+        "from objectives.base import Objective\n\nclass DriverOnly(Objective):\n"
         "    space = {'x': {'type': 'float', 'low': 0.0, 'high': 1.0}}\n\n"
-        "    def evaluate(self, params, seed):\n"
-        "        return params['x']\n"
+        "    def evaluate(self, params, seed):\n        return params['x']\n"
     )
     monkeypatch.syspath_prepend(str(pkg))  # the driver's path only: Ray's workers do not see it
-    cfg = run_config(tmp_path, "driver-only", objective={"name": "driver_only_objective:DriverOnly"}, budget=4,
-                     initial_design=2, batch_size=2)
+    cfg = run_config(
+        tmp_path,
+        "driver-only",
+        objective={"name": "driver_only_objective:DriverOnly"},
+        budget=4,
+        initial_design=2,
+        batch_size=2,
+    )
     with pytest.raises(QbatchError) as info:
         run_experiment(cfg, address=ray_local, progress=False, out=io.StringIO())
     msg = str(info.value)
@@ -474,8 +534,8 @@ def test_a_new_run_whose_actor_cannot_import_the_objective_leaves_no_run_behind(
 
 
 def test_the_log_keeps_a_training_loops_metrics_and_names_the_dropped(ray_local, tmp_path):
-    """Found in review: a torch 0-d tensor, a NaN loss, a list and an id past 2**53 left the log without a word
-    (or as a float that lost the id's last digit). They are kept; what cannot be kept is named in the event."""
+    """A torch 0-d tensor, a NaN loss, a list and an id past 2**53 (not as a float that loses the id's last
+    digit) are kept in the log; what cannot be kept is named in the event."""
     cfg = run_config(tmp_path, "metrics", budget=4, initial_design=4, batch_size=2, proposer="random",
                      objective={"name": "tests.faults.objectives:TrainingMetrics"})
     assert run_experiment(cfg, progress=False, out=io.StringIO())["completed"] == 4
@@ -489,8 +549,8 @@ def test_the_log_keeps_a_training_loops_metrics_and_names_the_dropped(ray_local,
 
 
 def test_a_second_ctrl_c_does_not_cut_the_local_rays_shutdown_short(monkeypatch):
-    """Found in review: a second Ctrl-C during `ray.shutdown()` made `qbatch run` exit 1 (3 tries in 10) and left
-    Ray's agent processes behind. Interrupts are held while the local Ray shuts down, then restored."""
+    """Interrupts are held while the local Ray shuts down, then restored: a second Ctrl-C during
+    `ray.shutdown()` would make `qbatch run` exit 1 (3 tries in 10) and leave Ray's agent processes behind."""
     import signal
 
     import ray
@@ -518,9 +578,9 @@ def test_a_second_ctrl_c_does_not_cut_the_local_rays_shutdown_short(monkeypatch)
 
 
 def test_a_run_that_started_its_own_ray_gives_the_process_its_sigterm_handler_back(tmp_path):
-    """Found in review (library use): after a run that started (and shut down) its own local Ray, the process
-    kept Ray's SIGTERM handler (`ray.init`'s sigterm_handler), not the one it had before. A fresh process: the
-    test module's own Ray is up in this one."""
+    """Library use: after a run that started (and shut down) its own local Ray, the process has the SIGTERM
+    handler it had before, not Ray's (`ray.init`'s sigterm_handler). A fresh process: the test module's own
+    Ray is up in this one."""
     script = textwrap.dedent(f"""
         import io, signal, sys
         sys.path.insert(0, {str(REPO)!r})
@@ -532,22 +592,24 @@ def test_a_run_that_started_its_own_ray_gives_the_process_its_sigterm_handler_ba
 
         signal.signal(signal.SIGTERM, mine)
         cfg = run_config(__import__("pathlib").Path({str(tmp_path)!r}), "own-ray", budget=2, initial_design=2,
-                         batch_size=2, proposer="random", objective={{"name": "sleep", "options": {{"mean_s": 0.01}}}})
+                         batch_size=2, proposer="random",
+                         objective={{"name": "sleep", "options": {{"mean_s": 0.01}}}})
         run_experiment(cfg, num_cpus=1, progress=False, out=io.StringIO())
         import ray
         assert not ray.is_initialized()
         print("handler back:", signal.getsignal(signal.SIGTERM) is mine)
     """)
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "handler back: True" in proc.stdout, proc.stdout[-500:]
 
 
 def test_evaluations_ray_cannot_schedule_are_shown_waiting_and_warned_of(ray_local, tmp_path, monkeypatch):
-    """Found in review: with the user's own actor holding every CPU, the run's evaluations waited in Ray's queue
-    forever without a word, and the progress bar counted them as running. Now the driver reads the pool's start
-    reports: they count as waiting, and after `STARVED_WARN_S` with none running it says why, once; the run
-    finishes when the CPUs are freed."""
+    """With the user's own actor holding every CPU, the run's evaluations wait in Ray's queue: the driver
+    reads the pool's start reports, so they count as waiting (not running), and after `STARVED_WARN_S` with
+    none running it says why, once; the run finishes when the CPUs are freed."""
     import threading
 
     import ray
@@ -584,7 +646,8 @@ def test_evaluations_ray_cannot_schedule_are_shown_waiting_and_warned_of(ray_loc
     assert summary["completed"] == 4
     warning = [line for line in str(seen["at_warning"]).splitlines() if "warning" in line]
     assert len(warning) == 1, seen["at_warning"]
-    assert re.search(r"no evaluation has run for [3-9] s: 4 wait in Ray's queue, each asking for CPU 1", warning[0]), warning
+    assert re.search(r"no evaluation has run for [3-9] s: 4 wait in Ray's queue, each asking for CPU "
+                     r"1", warning[0]), warning
     assert "the cluster has CPU 0 free of 4" in warning[0], warning
     assert out.getvalue().count("warning") == 1 and time.time() - t0 < 100
 
@@ -592,11 +655,11 @@ def test_evaluations_ray_cannot_schedule_are_shown_waiting_and_warned_of(ray_loc
 def test_the_progress_bar_counts_started_evaluations_as_running(ray_local):
     """The pool's `counts`: held evaluations and those whose attempt has started; `progress_fields` shows the
     driver's `running`/`waiting` in place of the actor's dispatched count."""
+    import ray
+
+    from objectives.base import Resources
     from orchestrator.runner import progress_fields
     from workers.pool import EvaluationPool
-    from objectives.base import Resources
-
-    import ray
 
     objective = ("sleep", {"mean_s": 30.0, "cv": 0.0})
     pool = ray.remote(EvaluationPool).options(num_cpus=0).remote(objective, Resources(num_cpus=4))
@@ -610,16 +673,26 @@ def test_the_progress_bar_counts_started_evaluations_as_running(ray_local):
     finally:
         ray.get(pool.cancel.remote(["a", "b"]))
         ray.kill(pool)
-    st = {"done": 0, "evals_per_s": 0.0, "utilization": 0.0, "inflight": 2, "failed": 0, "running": 1, "waiting": 1}
+    st = {
+        "done": 0,
+        "evals_per_s": 0.0,
+        "utilization": 0.0,
+        "inflight": 2,
+        "failed": 0,
+        "running": 1,
+        "waiting": 1,
+    }
     assert progress_fields(st)["running"] == 1 and progress_fields(st)["waiting"] == 1
     assert "waiting" not in progress_fields({**st, "running": 2, "waiting": 0})
 
 
 @pytest.mark.parametrize("which", ["actor", "pool"])
-def test_a_run_whose_actor_name_is_taken_on_this_ray_is_one_line_and_leaves_no_run(ray_local, tmp_path, which):
-    """Found in review (runs sharing a cluster): a run directory path that another run on the same Ray uses (the
-    same path on another machine or container) failed with Ray's ActorAlreadyExistsError traceback after the
-    run directory was created, and the rerun was refused as "already holds a run"."""
+def test_a_run_whose_actor_name_is_taken_on_this_ray_is_one_line_and_leaves_no_run(
+    ray_local, tmp_path, which
+):
+    """Runs sharing a cluster: a run directory path that another run on the same Ray uses (the same path on
+    another machine or container) is refused before the run directory is created, not with Ray's
+    ActorAlreadyExistsError traceback after it, which would make the rerun "already holds a run"."""
     import ray
 
     from orchestrator.errors import UsageError
@@ -635,7 +708,8 @@ def test_a_run_whose_actor_name_is_taken_on_this_ray_is_one_line_and_leaves_no_r
     other = Other.options(name=name, namespace=NAMESPACE).remote()
     try:
         ray.get(other.ping.remote())
-        with pytest.raises(UsageError, match="is already on this Ray: another qbatch run uses the run directory "
+        with pytest.raises(UsageError, match="is already on this Ray: another qbatch run uses the run "
+                                             "directory "
                                              r"path .*; choose another --run-dir; nothing was recorded"):
             run_experiment(cfg, progress=False, out=io.StringIO())
         assert not RunStore.exists(cfg["run_dir"])
@@ -647,18 +721,20 @@ def test_a_run_whose_actor_name_is_taken_on_this_ray_is_one_line_and_leaves_no_r
 
 
 def test_a_pool_name_is_never_another_runs_actor_name():
-    """Found in review: the pool of `d` was named `actor_name(d) + ":pool"`, the central actor's name of a run
-    directory `d:pool`, so such a run beside it failed to start."""
+    """The pool of `d` is not named `actor_name(d) + ":pool"`, the central actor's name of a run directory
+    `d:pool`, so such a run beside it starts."""
     from orchestrator.runner import actor_name, pool_name
 
     assert pool_name("/r/exp") != actor_name("/r/exp:pool")
-    assert {pool_name("/r/exp"), actor_name("/r/exp")}.isdisjoint({actor_name("/r/exp:pool"), pool_name("/r/exp:pool")})
+    assert {pool_name("/r/exp"), actor_name("/r/exp")}.isdisjoint(
+        {actor_name("/r/exp:pool"), pool_name("/r/exp:pool")}
+    )
 
 
 def test_two_threads_runs_share_the_ray_the_first_one_started(tmp_path):
-    """Found in review (library use without `ray.init`): of two threads' runs, the one that started the local
-    Ray shut it down when it ended, and the other's thread died with a SystemExit mid-run. The last run to end
-    shuts it down. A fresh process: the test module's own Ray is up in this one."""
+    """Library use without `ray.init`: of two threads' runs, the last run to end shuts the local Ray down, not
+    the one that started it (the other's thread would die with a SystemExit mid-run). A fresh process: the
+    test module's own Ray is up in this one."""
     script = textwrap.dedent(f"""
         import io, sys, threading, time
         sys.path.insert(0, {str(REPO)!r})
@@ -670,7 +746,8 @@ def test_two_threads_runs_share_the_ray_the_first_one_started(tmp_path):
 
         def run(name, budget, delay):
             time.sleep(delay)
-            cfg = run_config(Path({str(tmp_path)!r}), name, budget=budget, initial_design=budget, batch_size=budget,
+            cfg = run_config(Path({str(tmp_path)!r}), name, budget=budget, initial_design=budget,
+                             batch_size=budget,
                              proposer="random", max_concurrent=1,
                              objective={{"name": "sleep", "options": {{"mean_s": 0.5, "cv": 0.0}}}})
             t0 = time.time()
@@ -680,7 +757,8 @@ def test_two_threads_runs_share_the_ray_the_first_one_started(tmp_path):
                 done[name] = repr(exc)
             spans[name] = (t0, time.time())
 
-        threads = [threading.Thread(target=run, args=("short", 2, 0.0)), threading.Thread(target=run, args=("long", 12, 1.0))]
+        threads = [threading.Thread(target=run, args=("short", 2, 0.0)),
+                   threading.Thread(target=run, args=("long", 12, 1.0))]
         for t in threads:
             t.start()
         for t in threads:
@@ -689,6 +767,11 @@ def test_two_threads_runs_share_the_ray_the_first_one_started(tmp_path):
         print("done:", done["short"], done["long"], "ray up after:", ray.is_initialized(),
               "overlapped:", spans["long"][0] < spans["short"][1] < spans["long"][1])
     """)
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=400
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "done: 2 12 ray up after: False overlapped: True" in proc.stdout, (proc.stdout[-1000:], proc.stderr[-2000:])
+    assert "done: 2 12 ray up after: False overlapped: True" in proc.stdout, (
+        proc.stdout[-1000:],
+        proc.stderr[-2000:],
+    )

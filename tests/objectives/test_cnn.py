@@ -63,7 +63,8 @@ def test_trains_to_low_error_within_a_minute(cnn: CNNTraining) -> None:
 
 
 def test_tiny_learning_rate_stays_near_chance(cnn: CNNTraining) -> None:
-    """Acceptance: at learning rate 1e-7 nothing is learnt, so the error is near chance (0.9 for 10 classes)."""
+    """Acceptance: at learning rate 1e-7 nothing is learnt, so the error is near chance (0.9 for 10
+    classes)."""
     res = cnn({**GOOD, "learning_rate": 1e-7}, seed=0)
     assert res.value > 0.7, res
     assert res.metrics["final_train_loss"] > 2.0  # ~log(10) = 2.30
@@ -82,14 +83,21 @@ def test_same_seed_same_value_different_seed_different_value(short_cnn: CNNTrain
 
 def test_seed_sets_initial_weights(short_cnn: CNNTraining) -> None:
     w = [
-        torch.cat([p.flatten() for p in short_cnn.build_model(128, 256, torch.Generator().manual_seed(s)).parameters()])
+        torch.cat(
+            [
+                p.flatten()
+                for p in short_cnn.build_model(128, 256, torch.Generator().manual_seed(s)).parameters()
+            ]
+        )
         for s in (0, 0, 1)
     ]
     assert torch.equal(w[0], w[1]) and not torch.equal(w[0], w[2])
 
 
 def test_evaluation_restores_torch_global_settings() -> None:
-    assert CNNTraining(num_cpus=2).num_threads == 2 and CNNTraining(num_cpus=2, num_threads=3).num_threads == 3
+    assert (
+        CNNTraining(num_cpus=2).num_threads == 2 and CNNTraining(num_cpus=2, num_threads=3).num_threads == 3
+    )
     before = torch.get_num_threads()
     det = torch.are_deterministic_algorithms_enabled()
     try:
@@ -114,7 +122,9 @@ def test_evaluation_restores_torch_global_settings() -> None:
         ("fc_units", 260, r"parameter 'fc_units'=260 is not on the grid 256, 272"),
     ],
 )
-def test_out_of_space_params_are_rejected_by_name(short_cnn: CNNTraining, key: str, value: float, match: str) -> None:
+def test_out_of_space_params_are_rejected_by_name(
+    short_cnn: CNNTraining, key: str, value: float, match: str
+) -> None:
     with pytest.raises(ObjectiveError, match=match):
         short_cnn({**GOOD, key: value}, seed=0)
 
@@ -129,7 +139,8 @@ def test_missing_and_unknown_params_are_named(short_cnn: CNNTraining) -> None:
 
 
 def test_bad_options_are_named(tmp_path: Path) -> None:
-    with pytest.raises(ObjectiveError, match=r"option 'dataset' must be one of \['digits', 'cifar10', 'svhn'\]; got 'mnist'"):
+    with pytest.raises(ObjectiveError, match=r"option 'dataset' must be one of \['digits', 'cifar10', "
+                                             r"'svhn'\]; got 'mnist'"):
         CNNTraining(dataset="mnist")
     with pytest.raises(ObjectiveError, match=r"option 'data_dir' is required for dataset 'svhn'"):
         CNNTraining(dataset="svhn")
@@ -147,13 +158,15 @@ def test_bad_options_are_named(tmp_path: Path) -> None:
     deep.conv_layers = 4  # as if the files held smaller images than the data set's known size
     for _ in range(2):
         with pytest.raises(ObjectiveError, match=r"option 'conv_layers'=4 pools 'digits' images of side 8"):
-            deep.data
-    # found in review: a wrong data folder passed the config check and failed every evaluation; now refused
-    # when built (the README: every key is checked before Ray starts), naming the option and what is missing
-    with pytest.raises(ObjectiveError, match=r"option 'data_dir': CIFAR-10 directory '.*absent' does not exist.*"
-                                             r"'check_data': false if it exists only on the worker nodes"):
+            _ = deep.data
+    # a wrong data folder is refused when built, not at every evaluation (the README: every key is checked
+    # before Ray starts), naming the option and what is missing
+    with pytest.raises(ObjectiveError, match=r"option 'data_dir': CIFAR-10 directory '.*absent' does not "
+                                             r"exist.*'check_data': false if it exists only on the worker "
+                                             r"nodes"):
         CNNTraining(dataset="cifar10", data_dir=tmp_path / "absent")
-    far = CNNTraining(dataset="cifar10", data_dir=tmp_path / "absent", check_data=False)  # a worker-only folder
+    # a worker-only folder
+    far = CNNTraining(dataset="cifar10", data_dir=tmp_path / "absent", check_data=False)
     with pytest.raises(ObjectiveError, match="absent"):
         far(GOOD, seed=0)  # ... that this machine lacks: the evaluation fails, naming it
     with pytest.raises(ObjectiveError, match=r"option 'data_dir': SVHN file '.*train_32x32.mat' is missing"):
@@ -166,13 +179,14 @@ def test_bad_options_are_named(tmp_path: Path) -> None:
     obj = CNNTraining(dataset="cifar10", data_dir=tmp_path)  # the files are there; their format is read later
     with pytest.raises(ObjectiveError, match="test_batch|data_batch"):
         obj(GOOD, seed=0)
-    # device 'cuda' with no GPU asked of Ray: every evaluation would fail (it sees none: workers/evaluate.py), so refused now
+    # device 'cuda' with no GPU asked of Ray: every evaluation would fail (it sees none: workers/evaluate.py),
+    # so refused now
     for device in ("cuda", "cuda:1"):
         with pytest.raises(ObjectiveError, match=rf"option 'device'='{device}' needs option 'num_gpus' > 0"):
             CNNTraining(device=device)
-    # found in review: 'cuda:1' with one GPU per evaluation names a device the task never sees (Ray gives it cuda:0)
-    with pytest.raises(ObjectiveError, match=r"option 'device'='cuda:1': an evaluation with num_gpus=1 sees cuda:0 to "
-                                             r"cuda:0"):
+    # 'cuda:1' with one GPU per evaluation names a device the task never sees (Ray gives it cuda:0)
+    with pytest.raises(ObjectiveError, match=r"option 'device'='cuda:1': an evaluation with num_gpus=1 sees "
+                                             r"cuda:0 to cuda:0"):
         CNNTraining(device="cuda:1", num_gpus=1)
     with pytest.raises(ObjectiveError, match=r"'cuda:x'"):
         CNNTraining(device="cuda:x", num_gpus=1)
@@ -181,18 +195,26 @@ def test_bad_options_are_named(tmp_path: Path) -> None:
         with pytest.raises(ObjectiveError, match=r"option 'device'='cuda' but no CUDA device"):
             CNNTraining(device="cuda", num_gpus=1)(GOOD, seed=0)
     # types are not coerced: the value and the option are named
-    for key, value, match in (("epochs", 2.0, "an integer >= 1"), ("num_gpus", True, "a finite number >= 0"),
-                              ("num_cpus", float("inf"), "a finite number > 0"), ("momentum", 1.0, r"a finite number in \[0, 1\)"),
-                              ("num_threads", 0, "None or an integer >= 1"), ("data_dir", 5, "None or a path")):
+    for key, value, match in (
+        ("epochs", 2.0, "an integer >= 1"),
+        ("num_gpus", True, "a finite number >= 0"),
+        ("num_cpus", float("inf"), "a finite number > 0"),
+        ("momentum", 1.0, r"a finite number in \[0, 1\)"),
+        ("num_threads", 0, "None or an integer >= 1"),
+        ("data_dir", 5, "None or a path"),
+    ):
         with pytest.raises(ObjectiveError, match=rf"option '{key}' must be {match}; got {value!r}"):
             CNNTraining(**{key: value})
 
 
 def test_resources_default_cpu_and_optional_gpu() -> None:
     assert CNNTraining().resources == Resources(num_cpus=1.0, num_gpus=0.0)
-    assert CNNTraining(num_cpus=4, num_gpus=0.5).resources.to_ray_options() == {"num_cpus": 4.0, "num_gpus": 0.5}
+    assert CNNTraining(num_cpus=4, num_gpus=0.5).resources.to_ray_options() == {
+        "num_cpus": 4.0,
+        "num_gpus": 0.5,
+    }
     assert CNNTraining.resources == Resources()  # the class default is untouched
-    # found in review: nothing let a user declare the memory a CIFAR-10/SVHN evaluation needs
+    # a user can declare the memory a CIFAR-10/SVHN evaluation needs
     assert CNNTraining(memory=2 * 2**30).resources.to_ray_options() == {"num_cpus": 1.0, "num_gpus": 0.0,
                                                                       "memory": 2 * 2**30}
     with pytest.raises(ObjectiveError, match=r"option 'memory' must be None or an integer >= 1; got 1.5"):
@@ -200,14 +222,16 @@ def test_resources_default_cpu_and_optional_gpu() -> None:
 
 
 def test_channel_stats_sum_in_chunks_without_a_float64_copy_of_the_set() -> None:
-    """Found in review: the per-channel statistics made a float64 copy of the whole training set (2.9 GB peak
-    for CIFAR-10 in every CNN worker). Chunked sums give the same mean and std with a small, bounded peak."""
+    """The per-channel statistics make no float64 copy of the whole training set (2.9 GB peak for CIFAR-10 in
+    every CNN worker): chunked sums give the same mean and std with a small, bounded peak."""
     import tracemalloc
 
     from objectives.datasets import ImageDataset
 
     X = np.random.default_rng(0).integers(0, 256, size=(4000, 3, 32, 32), dtype=np.uint8)
-    data = ImageDataset("random", X, np.zeros(4000, dtype=np.int64), X[:8], np.zeros(8, dtype=np.int64), 10, 255.0)
+    data = ImageDataset(
+        "random", X, np.zeros(4000, dtype=np.int64), X[:8], np.zeros(8, dtype=np.int64), 10, 255.0
+    )
     tracemalloc.start()
     try:
         mean, std = data.channel_stats()
@@ -258,7 +282,14 @@ def test_uses_the_gpu_when_present() -> None:
 @pytest.mark.slow
 def test_most_expensive_point_still_trains_within_a_minute() -> None:
     """Widest layers and the smallest batch (most updates): the worst case of one CPU evaluation."""
-    params = {"batch_size": 32, "learning_rate": 0.01, "lr_decay": 1e-7, "l2": 1e-3, "fc_units": 512, "conv_channels": 256}
+    params = {
+        "batch_size": 32,
+        "learning_rate": 0.01,
+        "lr_decay": 1e-7,
+        "l2": 1e-3,
+        "fc_units": 512,
+        "conv_channels": 256,
+    }
     t0 = time.perf_counter()
     res = CNNTraining()(params, seed=0)
     assert time.perf_counter() - t0 < 60.0
@@ -281,9 +312,11 @@ def test_n_train_trains_on_a_fixed_subset_and_is_checked(tmp_path: Path, short_c
     res_small, res_full = a(GOOD, seed=0), short_cnn(GOOD, seed=0)
     assert res_small.value == a(GOOD, seed=0).value and 0.0 <= res_small.value <= 1.0
     assert res_small.value != res_full.value
-    with pytest.raises(ObjectiveError, match=r"option 'n_train'=5000 exceeds the 1257 training images of dataset 'digits'"):
+    with pytest.raises(ObjectiveError, match=r"option 'n_train'=5000 exceeds the 1257 training images of "
+                                             r"dataset 'digits'"):
         CNNTraining(n_train=5000)
     for value in (0, 2.5, True):
-        with pytest.raises(ObjectiveError, match=rf"option 'n_train' must be None or an integer >= 1; got {value!r}"):
+        with pytest.raises(ObjectiveError, match=r"option 'n_train' must be None or an integer >= 1; got "
+                                                 rf"{value!r}"):
             CNNTraining(n_train=value)
     assert load_objective("cnn", {"n_train": 200}).n_train == 200

@@ -25,7 +25,8 @@ from objectives.datasets import (
 
 
 def _cifar_image(label: int, k: int) -> np.ndarray:
-    """A distinct `3 x 32 x 32` uint8 image: channel c holds value 10*c + label + k everywhere but pixel (0, 1)."""
+    """A distinct `3 x 32 x 32` uint8 image: channel c holds value 10*c + label + k everywhere but pixel (0,
+    1)."""
     img = np.zeros((3, 32, 32), dtype=np.uint8)
     for c in range(3):
         img[c] = 10 * c + label + k
@@ -155,7 +156,8 @@ def _write_newsgroups(root: Path) -> None:
             d.mkdir(parents=True)
             for i in range(3):
                 (d / str(1000 + i)).write_text(
-                    f"From: someone@example.com\nSubject: {group} {part} {i}\n\nbody of {group} {part} message {i}\n",
+                    f"From: someone@example.com\nSubject: {group} {part} {i}\n\nbody of {group} {part} "
+                    f"message {i}\n",
                     encoding="latin-1",
                 )
 
@@ -172,8 +174,8 @@ def test_newsgroups_reads_bydate_layout_and_drops_headers(tmp_path: Path) -> Non
 
 
 def test_newsgroups_reads_the_18828_layout_but_prefers_bydate(tmp_path: Path) -> None:
-    """`20news-18828.tar.gz` unpacks to `20news-18828/<group>/<file>`, headers reduced to From and Subject: read
-    alone, and never pooled with bydate folders beside it (mostly the same messages)."""
+    """`20news-18828.tar.gz` unpacks to `20news-18828/<group>/<file>`, headers reduced to From and Subject:
+    read alone, and never pooled with bydate folders beside it (mostly the same messages)."""
     root = tmp_path / "news"
     for group in ("sci.space", "rec.autos", "talk.politics.misc"):
         (root / "20news-18828" / group).mkdir(parents=True)
@@ -200,7 +202,8 @@ def test_newsgroups_missing_paths_are_named(tmp_path: Path) -> None:
     _write_newsgroups(tmp_path / "small")
     with pytest.raises(DatasetError, match="n_test must be in \\[1, 11\\] for 12 documents; got 2200"):
         load_newsgroups(tmp_path / "small")  # the papers' 2,200 test documents do not fit
-    with pytest.raises(DatasetError, match="n_train \\+ n_test must be at most 12 documents; got 11000 \\+ 4"):
+    with pytest.raises(DatasetError, match="n_train \\+ n_test must be at most 12 documents; got 11000 \\+ "
+                                           "4"):
         load_newsgroups(tmp_path / "small", n_test=4)
 
 
@@ -213,14 +216,17 @@ def test_lee_file_is_the_one_gensim_names() -> None:
 
 
 def test_pixels_and_labels_that_are_not_as_stored_are_refused(tmp_path: Path) -> None:
-    """Found in review: float pixels in [0, 1] were cast to 0/1 and ints wrapped (300 -> 44), SVHN's 1.5 was cut to
-    1, and bytes labels escaped as numpy's ValueError with no path: the CNN trained on garbage without a word."""
+    """Float pixels in [0, 1] are not cast to 0/1, ints do not wrap (300 -> 44), SVHN's 1.5 is not cut to 1,
+    and bytes labels do not escape as numpy's ValueError with no path: the CNN never trains on garbage
+    silently."""
     from scipy.io import savemat
 
     bad_cifar = [
-        ({b"data": np.zeros((2, 3072)), b"labels": [0, 1]}, r"test_batch.*b'data' must hold uint8 pixels; got dtype float64"),
+        ({b"data": np.zeros((2, 3072)), b"labels": [0, 1]}, r"test_batch.*b'data' must hold uint8 pixels; "
+                                                            r"got dtype float64"),
         ({b"data": np.full((2, 3072), 300), b"labels": [0, 1]}, r"uint8 pixels; got dtype int64"),
-        ({b"data": np.zeros((2, 3072), dtype=np.uint8), b"labels": [b"cat", b"dog"]}, r"b'labels' must be integers"),
+        ({b"data": np.zeros((2, 3072), dtype=np.uint8), b"labels": [b"cat", b"dog"]}, r"b'labels' must be "
+                                                                                      r"integers"),
     ]
     for batch, match in bad_cifar:
         _write_cifar(tmp_path / "c")
@@ -238,10 +244,11 @@ def test_pixels_and_labels_that_are_not_as_stored_are_refused(tmp_path: Path) ->
 
 
 def test_the_usual_wrong_folders_get_a_hint(tmp_path: Path) -> None:
-    """Found in review: the CIFAR parent folder, an archive, and the bydate-train folder itself got accurate
-    errors that did not say what to give instead."""
+    """The CIFAR parent folder, an archive, and the bydate-train folder itself get errors that say what to
+    give instead."""
     _write_cifar(tmp_path / "cifar" / "cifar-10-batches-py")
-    with pytest.raises(DatasetError, match=r"holds the batches in 'cifar-10-batches-py': give '.*cifar-10-batches-py'"):
+    with pytest.raises(DatasetError, match=r"holds the batches in 'cifar-10-batches-py': give "
+                                           r"'.*cifar-10-batches-py'"):
         load_cifar10(tmp_path / "cifar")
     (tmp_path / "cifar-10-python.tar.gz").write_bytes(b"\x1f\x8b")
     with pytest.raises(DatasetError, match=r"is a file; .*extract an archive first"):
@@ -252,7 +259,7 @@ def test_the_usual_wrong_folders_get_a_hint(tmp_path: Path) -> None:
 
 
 def test_hidden_files_are_not_newsgroup_messages(tmp_path: Path) -> None:
-    """Found in review: a `.DS_Store` or macOS `._1000` in a group folder was read as a document."""
+    """A `.DS_Store` or macOS `._1000` in a group folder is not read as a document."""
     _write_newsgroups(tmp_path / "news")
     group = tmp_path / "news" / "20news-bydate-train" / "sci.space"
     (group / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1\x00")

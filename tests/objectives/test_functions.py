@@ -65,14 +65,18 @@ def test_forrester_local_minimum_and_directions():
     assert NoisyAckley().direction == "maximize" and NoisyAckley().noisy
 
 
-@pytest.mark.parametrize("cls,botorch_name", [(Ackley, "Ackley"), (Beale, "Beale"), (SixHumpCamel, "SixHumpCamel"),
-                                              (Dropwave, "DropWave")])
+@pytest.mark.parametrize(
+    "cls,botorch_name",
+    [(Ackley, "Ackley"), (Beale, "Beale"), (SixHumpCamel, "SixHumpCamel"), (Dropwave, "DropWave")],
+)
 def test_botorch_backed_functions_agree_with_botorch(cls, botorch_name):
     import botorch.test_functions.synthetic as syn
 
     obj = cls()
     ref = getattr(syn, botorch_name)(bounds=[tuple(b) for b in obj.bounds])
-    X = obj.bounds[:, 0] + np.random.default_rng(1).random((50, obj.dim)) * (obj.bounds[:, 1] - obj.bounds[:, 0])
+    X = obj.bounds[:, 0] + np.random.default_rng(1).random((50, obj.dim)) * (
+        obj.bounds[:, 1] - obj.bounds[:, 0]
+    )
     np.testing.assert_allclose(obj.f(X), ref.evaluate_true(torch.tensor(X)).numpy(), rtol=1e-12, atol=1e-12)
 
 
@@ -146,7 +150,9 @@ def test_bad_options_name_the_option():
 
 
 def test_maximize_on_box_finds_interior_and_boundary_maxima():
-    x, v = maximize_on_box(lambda X: -((X - 0.3) ** 2).sum(axis=1), [0, 0, 0], [1, 2, 3], n_raw=256, n_starts=4)
+    x, v = maximize_on_box(
+        lambda X: -((X - 0.3) ** 2).sum(axis=1), [0, 0, 0], [1, 2, 3], n_raw=256, n_starts=4
+    )
     np.testing.assert_allclose(x, [0.3, 0.3, 0.3], atol=1e-4)
     x, v = maximize_on_box(lambda X: X.sum(axis=1), [0, -1], [1, 2], n_raw=64, n_starts=2)
     np.testing.assert_allclose(x, [1, 2], atol=1e-9)
@@ -167,10 +173,13 @@ def test_bounds_without_the_known_optimum_still_evaluate(name):
 
 
 def test_point_rng_draws_depend_on_the_point_and_seed_only():
-    """Same seed and point, same draws; another seed or point, others. -0.0 is the point 0.0: its bytes differ, and
-    it drew other noise for the same evaluation (found in review)."""
+    """Same seed and point, same draws; another seed or point, others. -0.0 is the point 0.0: its bytes
+    differ, yet it draws the same noise for the same evaluation."""
     x = np.array([0.0, 0.25])
-    draw = lambda seed, pt: point_rng(seed, pt).standard_normal(4).tolist()
+
+    def draw(seed, pt):
+        return point_rng(seed, pt).standard_normal(4).tolist()
+
     assert draw(3, x) == draw(3, x.copy()) == draw(3, [0.0, 0.25])
     assert draw(3, np.array([-0.0, 0.25])) == draw(3, x)
     assert draw(4, x) != draw(3, x) and draw(3, np.array([1e-12, 0.25])) != draw(3, x)

@@ -12,7 +12,9 @@ from objectives.gld import GLDProblem, MaternRFF, fmkl_quantile
 
 def test_fmkl_zero_shapes_give_the_logistic_and_the_limit_is_continuous():
     u = np.linspace(0.01, 0.99, 99)
-    np.testing.assert_allclose(fmkl_quantile(u, 1.0, 2.0, 0.0, 0.0), 1.0 + 2.0 * np.log(u / (1 - u)), rtol=1e-13)
+    np.testing.assert_allclose(
+        fmkl_quantile(u, 1.0, 2.0, 0.0, 0.0), 1.0 + 2.0 * np.log(u / (1 - u)), rtol=1e-13
+    )
     for lam in (1e-12, -1e-12, 1e-7):
         np.testing.assert_allclose(fmkl_quantile(u, 0.0, 1.0, lam, lam), fmkl_quantile(u, 0.0, 1.0, 0.0, 0.0),
                                    atol=1e-6)
@@ -40,8 +42,12 @@ def test_problem_structure_and_lengthscales():
     lam = g3.lambdas(np.random.default_rng(0).random((500, 3)))
     assert np.all(lam[:, 1] > 0)  # 1/lambda_2 > 0
     X = np.random.default_rng(1).random((50, 3))
-    assert not np.allclose(GLDProblem(problem=0).quantile_unit(X, 0.75), GLDProblem(problem=1).quantile_unit(X, 0.75))
-    np.testing.assert_array_equal(GLDProblem(problem=4).quantile_unit(X, 0.75), GLDProblem(problem=4).quantile_unit(X, 0.75))
+    assert not np.allclose(
+        GLDProblem(problem=0).quantile_unit(X, 0.75), GLDProblem(problem=1).quantile_unit(X, 0.75)
+    )
+    np.testing.assert_array_equal(
+        GLDProblem(problem=4).quantile_unit(X, 0.75), GLDProblem(problem=4).quantile_unit(X, 0.75)
+    )
 
 
 @pytest.mark.parametrize("tau", [0.25, 0.75, 0.95])

@@ -1,5 +1,6 @@
 """Laser (FEL) simulator (quantile-expectile-bo.md §4.3): fitted to the LCLS data it reproduces the measured
-energies and the skew of the repeated shots; exact quantiles match draws; the synthetic default needs no file."""
+energies and the skew of the repeated shots; exact quantiles match draws; the synthetic default needs no
+file."""
 
 from __future__ import annotations
 
@@ -34,7 +35,9 @@ def test_mean_energy_correlates_with_the_measurements(fitted):
     rng = np.random.default_rng(0)
     draws = fitted.sample_array(X[:20], rng, size=20_000)
     xi, omega, alpha = fitted.sn_params(X[:20])
-    np.testing.assert_allclose(draws.mean(axis=0), fitted.mean_array(X[:20]), atol=5 * omega.max() / np.sqrt(20_000))
+    np.testing.assert_allclose(
+        draws.mean(axis=0), fitted.mean_array(X[:20]), atol=5 * omega.max() / np.sqrt(20_000)
+    )
 
 
 def test_simulated_noise_is_skewed_where_the_repeats_are(fitted):
@@ -71,7 +74,9 @@ def test_fitted_quantile_and_optimum(fitted):
 
 
 def test_synthetic_default_needs_no_file_and_its_quantile_is_exact(synthetic):
-    assert synthetic.csv_path is None and len(synthetic.space) == 16 and list(synthetic.space) == list(QUAD_BOX)
+    assert (
+        synthetic.csv_path is None and len(synthetic.space) == 16 and list(synthetic.space) == list(QUAD_BOX)
+    )
     X, y = synthetic.initial_data(n_synthetic=200)
     assert X.shape == (200, 16) and np.all(np.isfinite(y))
     xi, omega, alpha = synthetic.sn_params(X)
@@ -84,7 +89,9 @@ def test_synthetic_default_needs_no_file_and_its_quantile_is_exact(synthetic):
         exact = synthetic.quantile_array(pts, tau)
         for j in range(2):
             dens = stats.gaussian_kde(draws[:, j])(exact[j])[0]
-            assert abs(np.quantile(draws[:, j], tau) - exact[j]) < 4.5 * np.sqrt(tau * (1 - tau) / 20_000) / dens
+            assert (
+                abs(np.quantile(draws[:, j], tau) - exact[j]) < 4.5 * np.sqrt(tau * (1 - tau) / 20_000) / dens
+            )
     # evaluate() draws from the same distribution
     p = synthetic.params_of(pts[0])
     ev = np.array([synthetic(p, seed=s) for s in range(2000)])
@@ -99,7 +106,8 @@ def test_synthetic_optimum_beats_random_settings(synthetic):
 
 
 def test_noise_lengthscale_bound_smooths_only_the_noise_fields(fitted, lcls_csv):
-    """`noise_lengthscale_min` bounds the log-omega and alpha GPs' lengthscales; the energy field is untouched."""
+    """`noise_lengthscale_min` bounds the log-omega and alpha GPs' lengthscales; the energy field is
+    untouched."""
     default_ls = [getattr(fitted._fields, f).kernel.k2.length_scale for f in ("log_omega", "alpha_raw")]
     assert min(default_ls) < 0.3  # maximum likelihood puts a bump at each replicate group
     smooth = LaserSimulator.from_csv(lcls_csv, noise_lengthscale_min=0.3)
@@ -144,7 +152,11 @@ def test_small_csv_builds_with_gaussian_fallback(tmp_path):
     Z = rng.random((60, 16))
     y = 3.0 + Z[:, 0] - Z[:, 1] + 0.05 * rng.standard_normal(60)
     f = tmp_path / "small.csv"
-    f.write_text("\n".join([",".join(cols + [ENERGY_COLUMN])] + [",".join(map(str, list(z) + [v])) for z, v in zip(Z, y)]))
+    f.write_text(
+        "\n".join(
+            [",".join(cols + [ENERGY_COLUMN])] + [",".join(map(str, list(z) + [v])) for z, v in zip(Z, y)]
+        )
+    )
     sim = LaserSimulator(csv_path=f)
     assert len(sim.groups["alpha"]) == 0
     xi, omega, alpha = sim.sn_params(Z[:5])
@@ -177,9 +189,17 @@ def test_measurement_time_delays_but_does_not_change_the_value():
             LaserSimulator(measurement_s=bad)
 
 
-@pytest.mark.parametrize("kw,name", [({"model_seed": -1}, "model_seed"), ({"model_seed": "a"}, "model_seed"),
-                                     ({"model_seed": 1.7}, "model_seed"), ({"energy_range": ("lo", 6)}, "energy_range"),
-                                     ({"energy_range": None}, "energy_range"), ({"energy_range": (6.0, 0.2)}, "energy_range")])
+@pytest.mark.parametrize(
+    "kw,name",
+    [
+        ({"model_seed": -1}, "model_seed"),
+        ({"model_seed": "a"}, "model_seed"),
+        ({"model_seed": 1.7}, "model_seed"),
+        ({"energy_range": ("lo", 6)}, "energy_range"),
+        ({"energy_range": None}, "energy_range"),
+        ({"energy_range": (6.0, 0.2)}, "energy_range"),
+    ],
+)
 def test_bad_options_name_the_option(kw, name):
     """These gave bare numpy/int() errors that did not say which option was wrong, or (1.7) were truncated."""
     with pytest.raises(ObjectiveError, match=name):
@@ -187,9 +207,10 @@ def test_bad_options_name_the_option(kw, name):
 
 
 def test_measurement_options_without_a_csv_are_refused():
-    """Found in review: energy_range, n_gp_max, min_repeats and noise_lengthscale_min shape the fit to the
-    measurements; without csv_path they were taken and ignored (the same value came back whatever they were)."""
-    with pytest.raises(ObjectiveError, match=r"option\(s\) \['min_repeats', 'energy_range'\] apply to a simulator "
-                                             r"fitted to measurements \(option 'csv_path'\)"):
+    """energy_range, n_gp_max, min_repeats and noise_lengthscale_min shape the fit to the measurements;
+    without csv_path they are refused, not taken and ignored (the same value coming back whatever they
+    are)."""
+    with pytest.raises(ObjectiveError, match=r"option\(s\) \['min_repeats', 'energy_range'\] apply to a "
+                                             r"simulator fitted to measurements \(option 'csv_path'\)"):
         LaserSimulator(energy_range=[0.2, 0.3], min_repeats=99)
     LaserSimulator(energy_range=(0.2, 6), n_gp_max=400)  # the defaults, restated, are fine

@@ -49,7 +49,8 @@ def test_kappa_changes_perplexity_clearly(lda: OnlineLDA) -> None:
     for res in ppl.values():
         assert isinstance(res, EvalResult)
         assert math.isfinite(res.value) and res.value > 1.0
-        assert res.metrics["passes"] >= 2 and res.metrics["updates"] == res.metrics["passes"] * 117  # 233 docs / 2
+        # 233 docs / 2
+        assert res.metrics["passes"] >= 2 and res.metrics["updates"] == res.metrics["passes"] * 117
     mean = {k: np.mean([ppl[(k, s)].value for s in (0, 1)]) for k in (0.5, 1.0)}
     spread = max(abs(ppl[(k, 0)].value - ppl[(k, 1)].value) for k in (0.5, 1.0))
     assert abs(mean[0.5] - mean[1.0]) > 0.10 * min(mean.values()), (mean, spread)
@@ -62,7 +63,8 @@ def test_same_seed_same_value(lda: OnlineLDA) -> None:
     params = {"minibatch": 16, "kappa": 0.7, "tau0": 4}
     a, b = lda(params, seed=5), lda(params, seed=5)
     assert a.value == b.value and a.metrics == {**b.metrics, "train_time_s": a.metrics["train_time_s"]}
-    assert lda(params, seed=5 + 2**32).value == a.value  # seeds are taken modulo 2**32 (negatives are refused)
+    # seeds are taken modulo 2**32 (negatives are refused)
+    assert lda(params, seed=5 + 2**32).value == a.value
 
 
 def test_perplexity_is_hoffmans_bound_without_the_topic_term(lda: OnlineLDA) -> None:
@@ -71,7 +73,12 @@ def test_perplexity_is_hoffmans_bound_without_the_topic_term(lda: OnlineLDA) -> 
 
     X_train, X_test = lda.matrices["train"], lda.matrices["test"]
     model = LatentDirichletAllocation(
-        n_components=5, learning_method="online", batch_size=32, max_iter=2, total_samples=X_train.shape[0], random_state=0
+        n_components=5,
+        learning_method="online",
+        batch_size=32,
+        max_iter=2,
+        total_samples=X_train.shape[0],
+        random_state=0,
     ).fit(X_train)
     bound, tokens = heldout_log_bound(model, X_test)
     lam, eta = model.components_, model.topic_word_prior_
@@ -119,10 +126,11 @@ def test_bad_options_are_named() -> None:
         OnlineLDA(num_topics=1)
     with pytest.raises(ObjectiveError, match=r"option 'max_df'"):
         OnlineLDA(max_df=0.0)
-    # found in review: these passed the config check and failed at every evaluation
+    # these are refused by the config check, not at every evaluation
     with pytest.raises(ObjectiveError, match=r"lee: n_test must be in \[1, 292\] for 293 documents; got 500"):
         OnlineLDA(n_test=500)
-    with pytest.raises(ObjectiveError, match=r"lee: n_train \+ n_test must be at most 293 documents; got 300 \+ 60"):
+    with pytest.raises(ObjectiveError, match=r"lee: n_train \+ n_test must be at most 293 documents; got 300 "
+                                             r"\+ 60"):
         OnlineLDA(n_train=300)
     with pytest.raises(ObjectiveError, match=r"option 'data_dir' must be None for corpus 'lee'"):
         OnlineLDA(data_dir="/tmp", check_data=False)  # refused whatever check_data says: it is no data check
@@ -146,20 +154,24 @@ def test_20newsgroups_layout_end_to_end(tmp_path: Path) -> None:
             (tmp_path / part / group).mkdir(parents=True)
             for i in range(10):
                 body = " ".join(rng.choice(vocab.split(), size=30))
-                (tmp_path / part / group / str(i)).write_text(f"From: a@b.c\nSubject: x\n\n{body}\n", encoding="latin-1")
+                (tmp_path / part / group / str(i)).write_text(
+                    f"From: a@b.c\nSubject: x\n\n{body}\n", encoding="latin-1"
+                )
     obj = OnlineLDA(corpus="20newsgroups", data_dir=tmp_path, num_topics=2, n_train=30, n_test=10, max_df=1.0)
     res = obj({"minibatch": 4, "kappa": 0.7, "tau0": 2}, seed=0)
     assert math.isfinite(res.value)
     assert res.value < 16  # 16 equally likely words would give 16; two clean topics do better
     assert "from" not in set(obj.matrices["vocabulary"])  # headers dropped
-    # refused when built, before a run starts (found in review: it failed every evaluation instead)
-    with pytest.raises(ObjectiveError, match=r"option 'data_dir': 20 Newsgroups directory '.*missing_news' does not"):
+    # refused when built, before a run starts (not at every evaluation)
+    with pytest.raises(ObjectiveError, match=r"option 'data_dir': 20 Newsgroups directory '.*missing_news' "
+                                             r"does not"):
         OnlineLDA(corpus="20newsgroups", data_dir=tmp_path / "missing_news")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ObjectiveError, match=r"option 'data_dir': .* holds neither '20news-bydate-train'"):
         OnlineLDA(corpus="20newsgroups", data_dir=tmp_path / "empty")
-    # a split larger than the folder (here the defaults, 11000 + 2200, against 40 files) is refused when built:
-    # it failed every evaluation instead; so is a vocabulary option that leaves no word of the Lee corpus
+    # a split larger than the folder (here the defaults, 11000 + 2200, against 40 files) is refused when
+    # built: it failed every evaluation instead; so is a vocabulary option that leaves no word of the Lee
+    # corpus
     with pytest.raises(ObjectiveError, match=r"holds 40 documents .* n_train \+ n_test = 13200"):
         OnlineLDA(corpus="20newsgroups", data_dir=tmp_path)
     with pytest.raises(ObjectiveError, match=r"holds 40 documents .* = 11040"):

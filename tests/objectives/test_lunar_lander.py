@@ -119,11 +119,11 @@ def test_legacy_env_id_without_gym_or_unknown_names_the_env_id(monkeypatch):
             LunarLander(env_id=bad)
     with pytest.raises(ObjectiveError, match="option 'env_id' must be a non-empty string; got 3"):
         LunarLander(env_id=3)
-    # found in review: any registered environment was taken, then every episode failed with a bare IndexError
+    # not any registered environment is taken (every episode would fail with a bare IndexError)
     for other, got in (("LunarLanderContinuous-v3", r"shape \(8,\) and actions Box\(\(2,\)\)"),
                        ("CartPole-v1", r"shape \(4,\) and actions Discrete\(2\)")):
-        with pytest.raises(ObjectiveError, match=rf"option 'env_id'='{other}' is not a LunarLander with discrete "
-                                                 rf"engines: .*; got observations of {got}"):
+        with pytest.raises(ObjectiveError, match=rf"option 'env_id'='{other}' is not a LunarLander with "
+                                                 rf"discrete engines: .*; got observations of {got}"):
             LunarLander(env_id=other)
     with pytest.raises(ObjectiveError, match=r"option 'steps_limit' must be an integer >= 1; got 1.5"):
         LunarLander(steps_limit=1.5)
@@ -131,15 +131,17 @@ def test_legacy_env_id_without_gym_or_unknown_names_the_env_id(monkeypatch):
         LunarLander(upper=True)
     built = LunarLander(env_id="gym:LunarLander-v2")
     monkeypatch.setitem(sys.modules, "gym", None)  # what an installation without the legacy package sees
-    with pytest.raises(ObjectiveError, match=r"option 'env_id'='gym:LunarLander-v2' needs.*pip install gym==0.26.2"):
+    with pytest.raises(ObjectiveError, match=r"option 'env_id'='gym:LunarLander-v2' needs.*pip install "
+                                             r"gym==0.26.2"):
         LunarLander(env_id="gym:LunarLander-v2")
-    with pytest.raises(ObjectiveError, match=r"option 'env_id'='gym:LunarLander-v2' needs.*pip install gym==0.26.2"):
+    with pytest.raises(ObjectiveError, match=r"option 'env_id'='gym:LunarLander-v2' needs.*pip install "
+                                             r"gym==0.26.2"):
         # a worker without the package (a copy: the built one has made its environment): the evaluation fails
         pickle.loads(pickle.dumps(built)).episode(GYMNASIUM_HEURISTIC, 0)
 
 
 def test_an_environment_this_node_cannot_make_is_left_to_the_workers(monkeypatch):
-    """The spaces are checked where the environment can be made. Found in review: Box2D missing on the node that
+    """The spaces are checked where the environment can be made. Box2D missing on the node that
     starts the run (or hosts the central actor), not on the workers, must not refuse the objective; the
     evaluations then make the environment themselves, or fail naming env_id."""
     import gymnasium
@@ -149,7 +151,8 @@ def test_an_environment_this_node_cannot_make_is_left_to_the_workers(monkeypatch
 
     monkeypatch.setattr(gymnasium, "make", no_box2d)
     lander = LunarLander()
-    with pytest.raises(ObjectiveError, match=r"cannot make gymnasium environment env_id='LunarLander-v3'.*Box2D"):
+    with pytest.raises(ObjectiveError, match=r"cannot make gymnasium environment "
+                                             r"env_id='LunarLander-v3'.*Box2D"):
         lander.episode(GYMNASIUM_HEURISTIC, 0)
     other = LunarLander(env_id="LunarLanderContinuous-v3")  # not checkable here ...
     monkeypatch.undo()

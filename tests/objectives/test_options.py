@@ -28,7 +28,8 @@ def test_int_refuses_bools_floats_and_strings_and_names_the_range():
     assert check_int("n", 3, 1) == 3 and type(check_int("n", np.int64(3), 1)) is int
     assert check_int("n", None, 1, optional=True) is None
     for bad in (True, 3.0, "3", None, [3]):
-        with pytest.raises(ObjectiveError, match=re.escape(f"option 'n' must be an integer >= 1; got {bad!r}")):
+        with pytest.raises(ObjectiveError, match=re.escape("option 'n' must be an integer >= 1; got "
+                                                           f"{bad!r}")):
             check_int("n", bad, 1)
     with pytest.raises(ObjectiveError, match=r"option 'k' must be an integer in \[1, 4\]; got 5"):
         check_int("k", 5, 1, 4)
@@ -77,7 +78,8 @@ def test_ranges_and_bounds_name_the_pair():
         with pytest.raises(ObjectiveError, match=r"option 'r' must be a pair \(low, high\)"):
             check_range("r", bad)
     assert check_bounds("bounds", [[0, 1], [2, 3]], 2) == ((0.0, 1.0), (2.0, 3.0))
-    with pytest.raises(ObjectiveError, match=r"option 'bounds' must be 2 \(low, high\) pairs; got \[\[0, 1\]\]"):
+    with pytest.raises(ObjectiveError, match=r"option 'bounds' must be 2 \(low, high\) pairs; got \[\[0, "
+                                             r"1\]\]"):
         check_bounds("bounds", [[0, 1]], 2)
     with pytest.raises(ObjectiveError, match=r"option 'bounds\[1\]' must be a pair"):
         check_bounds("bounds", [[0, 1], [0, "x"]], 2)
@@ -90,8 +92,8 @@ def _options(name: str) -> list[str]:
 
 @pytest.mark.parametrize("name", sorted(BUILTIN_OBJECTIVES))
 def test_every_option_of_every_builtin_refuses_a_wrong_type_by_name(name):
-    """A dict is no valid value of any built-in option (but `sleep`'s `custom_resources`, given a number): each
-    must be refused by an `ObjectiveError` naming the option, not coerced, and not a bare TypeError."""
+    """A dict is no valid value of any built-in option (but `sleep`'s `custom_resources`, given a number):
+    each must be refused by an `ObjectiveError` naming the option, not coerced, and not a bare TypeError."""
     options = _options(name)
     assert options, name
     for key in options:
@@ -109,7 +111,8 @@ def test_every_option_of_every_builtin_refuses_a_wrong_type_by_name(name):
         ("laser", {"csv_path": 3}, "option 'csv_path' must be None or a path; got 3"),
         ("laser", {"energy_range": [1, "6"]}, r"option 'energy_range' must be a pair \(low, high\)"),
         ("ackley", {"bounds": "ab"}, r"option 'bounds' must be 2 \(low, high\) pairs; got 'ab'"),
-        ("lunar-lander", {"env_id": "Foo-v0"}, "option 'env_id'='Foo-v0' is not an environment of 'gymnasium'"),
+        ("lunar-lander", {"env_id": "Foo-v0"}, "option 'env_id'='Foo-v0' is not an environment of "
+                                               "'gymnasium'"),
         ("cnn", {"device": "cuda"}, "option 'device'='cuda' needs option 'num_gpus' > 0"),
     ],
 )
@@ -120,7 +123,8 @@ def test_values_that_used_to_be_coerced_or_named_nothing(name, options, match):
 
 def test_path_options_are_made_absolute_for_the_stored_config(tmp_path, monkeypatch, lcls_csv):
     """The config a run stores holds the objective's path options absolute (`~` expanded), so the actor, the
-    workers and `qbatch resume` read the same file from any directory; `~` is accepted by every path option."""
+    workers and `qbatch resume` read the same file from any directory; `~` is accepted by every path
+    option."""
     import shutil
 
     from orchestrator.config import load_config
@@ -136,4 +140,6 @@ def test_path_options_are_made_absolute_for_the_stored_config(tmp_path, monkeypa
     monkeypatch.setenv("HOME", str(tmp_path))
     home = load_config({"objective": {"name": "laser", "options": {"csv_path": "~/data.csv", "n_gp_max": 40}},
                         "proposer": {"type": "random"}, "budget": 4, "initial_design": 4, "batch_size": 4})
-    assert _with_absolute_paths(home, _check_objective(home)).objective.options["csv_path"] == str(tmp_path / "data.csv")
+    assert _with_absolute_paths(home, _check_objective(home)).objective.options["csv_path"] == str(
+        tmp_path / "data.csv"
+    )

@@ -1,6 +1,6 @@
-"""Objective protocol and registry: loading by name and by 'package.module:name', errors naming what was wrong,
-and the contract every built-in of this group keeps (seeds, finiteness, out-of-space errors, no imports from
-`orchestrator` or `workers`)."""
+"""Objective protocol and registry: loading by name and by 'package.module:name', errors naming what was
+wrong, and the contract every built-in of this group keeps (seeds, finiteness, out-of-space errors, no imports
+from `orchestrator` or `workers`)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,11 @@ REPO = Path(__file__).resolve().parents[2]
 OWN = ["laser", "gld", "lunar-lander", "forrester", "ackley", "alpine", "six-hump-camel", "cosines", "beale",
        "mccormick", "powers", "cross-in-tray", "dropwave", "noisy-ackley"]
 #: cheap options for the contract (stochastic variants of deterministic functions are tested too)
-CASES = [(n, {}) for n in OWN] + [("forrester", {"noise_std": 0.3}), ("beale", {"noise_std": 1.0, "heteroscedastic": True}),
-                                  ("gld", {"dim": 6, "problem": 7})]
+CASES = [(n, {}) for n in OWN] + [
+    ("forrester", {"noise_std": 0.3}),
+    ("beale", {"noise_std": 1.0, "heteroscedastic": True}),
+    ("gld", {"dim": 6, "problem": 7}),
+]
 
 
 def _value(r) -> float:
@@ -43,7 +46,9 @@ def _inside(obj: Objective) -> dict:
     return {k: s["low"] + 0.4 * (s["high"] - s["low"]) for k, s in obj.space.items()}
 
 
-@pytest.mark.parametrize("name,opts", CASES, ids=[f"{n}{'+' if o else ''}{'-'.join(map(str, o.values()))}" for n, o in CASES])
+@pytest.mark.parametrize(
+    "name,opts", CASES, ids=[f"{n}{'+' if o else ''}{'-'.join(map(str, o.values()))}" for n, o in CASES]
+)
 def test_contract(built, name, opts):
     obj = built[(name, tuple(sorted(opts.items())))]
     assert isinstance(obj, Objective) and obj.space and obj.direction in ("maximize", "minimize")
@@ -56,7 +61,8 @@ def test_contract(built, name, opts):
         assert a != c  # different seeds, different values
     else:
         assert a == c  # deterministic: the seed is irrelevant
-    # out of space, missing and unknown parameters are rejected with the parameter's name, by __call__ and evaluate
+    # out of space, missing and unknown parameters are rejected with the parameter's name, by __call__ and
+    # evaluate
     first = next(iter(obj.space))
     high = obj.space[first]["high"]
     bad = {**p, first: high + 1.0 + abs(high)}
@@ -120,9 +126,9 @@ def test_user_objectives_by_path(tmp_path, monkeypatch):
         load_objective("my_obj:NOT_AN_OBJECTIVE")
     with pytest.raises(ObjectiveError, match="built a str, not an Objective"):
         load_objective("my_obj:make_wrong")
-    # found in review: an evaluation function was refused with "bad options" for a config that gave none
-    with pytest.raises(ObjectiveError, match="'my_obj:plain' is a callable that needs arguments .*wrap an evaluation "
-                                             "function in an Objective subclass"):
+    # an evaluation function is not refused with "bad options" for a config that gives none
+    with pytest.raises(ObjectiveError, match="'my_obj:plain' is a callable that needs arguments .*wrap an "
+                                             "evaluation function in an Objective subclass"):
         load_objective("my_obj:plain")
     with pytest.raises(ObjectiveError, match="bad options for objective 'my_obj:Quad'.*colour"):
         load_objective("my_obj:Quad", {"colour": "red"})
@@ -130,7 +136,8 @@ def test_user_objectives_by_path(tmp_path, monkeypatch):
         load_objective("my_obj:Nope")
     # a user module that fails while it loads is an ObjectiveError naming it, not a bare SyntaxError
     (tmp_path / "broken_obj.py").write_text("def f(:\n    pass\n")
-    with pytest.raises(ObjectiveError, match="module 'broken_obj' of objective 'broken_obj:X' fails to import: SyntaxError"):
+    with pytest.raises(ObjectiveError, match="module 'broken_obj' of objective 'broken_obj:X' fails to "
+                                             "import: SyntaxError"):
         load_objective("broken_obj:X")
 
 
@@ -152,9 +159,9 @@ def test_registry_errors_name_the_problem():
 
 def test_objectives_package_imports_nothing_from_orchestrator_or_workers():
     code = (
-        "import sys, objectives, objectives.functions, objectives.gld, objectives.laser, objectives.lunar_lander\n"
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('orchestrator', 'workers'))\n"
-        "assert not bad, bad\n"
+        "import sys, objectives, objectives.functions, objectives.gld, objectives.laser, "
+        "objectives.lunar_lander\nbad = sorted(m for m in sys.modules if m.split('.')[0] in ('orchestrator', "
+        "'workers'))\nassert not bad, bad\n"
     )
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
@@ -180,9 +187,9 @@ def test_resources_refuse_what_ray_would_refuse_at_every_submission():
 
 
 def test_params_accept_numpy_numbers_and_a_bool_is_not_a_numeric_choice():
-    """Found in review: np.int64 (a pandas frame's ints) and np.float32 (a float32 tensor's) were refused as "must
-    be a finite number"; np.float64 passed only because it subclasses float. And `True` was taken for the choice
-    1 (True == 1)."""
+    """np.int64 (a pandas frame's ints) and np.float32 (a float32 tensor's) are numbers, not refused as "must
+    be a finite number" (np.float64 subclasses float; they do not). And `True` is not taken for the choice 1
+    (True == 1)."""
     import numpy as np
 
     from objectives.base import check_params
@@ -196,7 +203,8 @@ def test_params_accept_numpy_numbers_and_a_bool_is_not_a_numeric_choice():
     with pytest.raises(ObjectiveError, match=r"'x'=(np\.float32\()?0\.31\)? is outside \[0\.1, 0\.3\]"):
         check_params({"x": {"type": "float", "low": 0.1, "high": 0.3}}, {"x": np.float32(0.31)})
     with pytest.raises(ObjectiveError, match=r"is outside"):
-        check_params({"x": {"type": "float", "low": 0.1, "high": 0.3}}, {"x": 0.3 + 1e-8})  # a float64 stays tight
+        # a float64 stays tight
+        check_params({"x": {"type": "float", "low": 0.1, "high": 0.3}}, {"x": 0.3 + 1e-8})
     for bad in (np.bool_(True), True, "0.5", float("nan"), np.float32("inf")):
         with pytest.raises(ObjectiveError, match="'x0' must be a finite number"):
             load_objective("forrester").check_params({"x0": bad})
@@ -209,14 +217,20 @@ def test_params_accept_numpy_numbers_and_a_bool_is_not_a_numeric_choice():
 
 
 def test_one_seed_rule_for_every_objective():
-    """Found in review: seed -1 gave the sleep objective a bare NumPy ValueError, 2**64 the CNN a torch
-    "Overflow when unpacking long long", while GLD, laser and LDA took any integer."""
+    """Every objective checks its seed alike: seed -1 does not give the sleep objective a bare NumPy
+    ValueError, nor 2**64 the CNN a torch "Overflow when unpacking long long", while GLD, laser and LDA take
+    any integer."""
     import numpy as np
 
-    for name, params in (("sleep", {"x0": 0.3, "x1": 0.3}), ("forrester", {"x0": 0.5}), ("gld", {"x0": .5, "x1": .5, "x2": .5})):
+    for name, params in (
+        ("sleep", {"x0": 0.3, "x1": 0.3}),
+        ("forrester", {"x0": 0.5}),
+        ("gld", {"x0": 0.5, "x1": 0.5, "x2": 0.5}),
+    ):
         obj = load_objective(name, {"mean_s": 0.0} if name == "sleep" else {})
         for bad in (-1, 2**63, 2**64, 1.0, True, "3"):
-            with pytest.raises(ObjectiveError, match=rf"seed must be an integer in \[0, 2\*\*63\); got {re.escape(repr(bad))}"):
+            with pytest.raises(ObjectiveError, match=r"seed must be an integer in \[0, 2\*\*63\); got "
+                                                     rf"{re.escape(repr(bad))}"):
                 obj(params, bad)
         obj(params, np.int64(7))
         obj(params, 2**63 - 1)

@@ -1,6 +1,6 @@
 """`inspect_objective`: the driver and the central actor build the objective only to read its space and
 resources; a constructor's `torch.set_num_threads` (meant for its evaluations) must not change their threads:
-in the central actor it set the threads of every model fit (found in review)."""
+in the central actor it would set the threads of every model fit."""
 
 from __future__ import annotations
 
@@ -94,13 +94,14 @@ BAD_DECLARATIONS = textwrap.dedent(
     ("ListSpec", "the spec of parameter 'x' in its `space` must be a mapping"),
     ("RaisingSpace", "reading its space, resources or direction raised RuntimeError: no space today"),
     ("Shouting", "its `direction` must be 'maximize' or 'minimize'; got 'MAXIMIZE'"),
-    ("DictResources", "its `resources` must be an objectives.base.Resources, e.g. Resources(num_cpus=1); got a dict"),
+    ("DictResources", "its `resources` must be an objectives.base.Resources, e.g. Resources(num_cpus=1); got "
+                      "a dict"),
 ])
 def test_a_user_objective_that_declares_a_bad_space_or_resources_is_one_line_before_ray(
         attr, message, tmp_path, monkeypatch):
-    """Found in review: a list `space` was an AttributeError traceback from the config, and a dict of `resources`
-    passed every check and failed with a traceback after Ray had started. Both are now the objective's error,
-    and `qbatch run` reports it as the config's (before Ray)."""
+    """A list `space` (not an AttributeError traceback from the config) and a dict of `resources` (not a
+    traceback after Ray has started) are the objective's error, and `qbatch run` reports it as the config's
+    (before Ray)."""
     from objectives.base import ObjectiveError
     from orchestrator.config import load_config
     from orchestrator.errors import ConfigError

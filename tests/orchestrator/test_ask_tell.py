@@ -1,4 +1,4 @@
-"""Library ask/tell (issue 2 item 6): user names and types, partial and out-of-order tells, failures kept
+"""Library ask/tell: user names and types, partial and out-of-order tells, failures kept
 away from the model, pending points handed to the proposer, direction at the edge, errors naming the input."""
 
 from __future__ import annotations
@@ -105,7 +105,16 @@ def test_hostile_values_become_failures_that_never_reach_the_observations():
         assert opt.tell(t.trial_id, v) == "failed"
     assert opt.tell(trials[7].trial_id, 5.0, error="timeout") == "failed"
     assert opt.tell(trials[8].trial_id, np.float32(0.25)) == "completed"
-    assert [f["error"] for f in opt.failures] == ["nan", "inf", "inf", "none", "non-numeric", "array", "inf", "timeout"]
+    assert [f["error"] for f in opt.failures] == [
+        "nan",
+        "inf",
+        "inf",
+        "none",
+        "non-numeric",
+        "array",
+        "inf",
+        "timeout",
+    ]
     X, Y = opt.observations()
     assert Y.tolist() == [0.25] and X.shape == (1, 2)
     assert opt.num_pending == 0
@@ -122,7 +131,10 @@ def test_a_number_type_whose_conversion_raises_is_a_failure_not_an_exception():
     opt = AskTellOptimizer(SMALL, initial_design=2)
     t = opt.ask(1)[0]
     assert opt.tell(t.trial_id, BadFloat(1.0)) == "failed"
-    assert opt.failures[-1]["error"] == "non-numeric" and "RuntimeError: cannot convert" in opt.failures[-1]["message"]
+    assert (
+        opt.failures[-1]["error"] == "non-numeric"
+        and "RuntimeError: cannot convert" in opt.failures[-1]["message"]
+    )
 
 
 def test_minimize_negates_at_the_edge():
@@ -154,9 +166,9 @@ def test_snapped_duplicates_are_replaced_until_the_space_is_exhausted():
 
 
 def test_a_batch_that_fills_a_grid_takes_its_last_free_cells():
-    """Found in review: a duplicate was replaced by one of 64 random grid points only, which rarely hit the last
-    free cells of a nearly full grid, so `ask` kept repeats while cells were left (991 distinct of 1,000 here;
-    1,148 of 1,200 on the log-int x choice grid)."""
+    """`ask` gives no repeats while cells are left, also on a nearly full grid: replacing a duplicate by one
+    of 64 random grid points only rarely hits the last free cells (991 distinct of 1,000 here; 1,148 of 1,200
+    on the log-int x choice grid)."""
     for space, q in [({"k": {"type": "int", "low": 0, "high": 999}}, 1000),
                      ({"k": {"type": "int", "low": 1, "high": 400, "log": True},
                        "c": {"type": "choice", "choices": ["a", "b", "c"]}}, 1200)]:
@@ -166,12 +178,16 @@ def test_a_batch_that_fills_a_grid_takes_its_last_free_cells():
 
 
 def test_the_grid_cells_are_every_point_of_the_space_as_ask_snaps_them():
-    """`_grid_cells` (the free-cell listing of `_dedupe`) takes the product of per-parameter coordinates; it must
-    equal mapping each point of the grid, as `ask` snaps a proposal (steps, log ints, unhashable choices)."""
+    """`_grid_cells` (the free-cell listing of `_dedupe`) takes the product of per-parameter coordinates; it
+    must equal mapping each point of the grid, as `ask` snaps a proposal (steps, log ints, unhashable
+    choices)."""
     import itertools
 
-    space = {"k": {"type": "int", "low": 5, "high": 30, "step": 5}, "j": {"type": "int", "low": 1, "high": 40, "log": True},
-             "c": {"type": "choice", "choices": [[1], {"a": 1}, None, "s"]}}
+    space = {
+        "k": {"type": "int", "low": 5, "high": 30, "step": 5},
+        "j": {"type": "int", "low": 1, "high": 40, "log": True},
+        "c": {"type": "choice", "choices": [[1], {"a": 1}, None, "s"]},
+    }
     opt = AskTellOptimizer(space, seed=0)
     values = [range(5, 31, 5), range(1, 41), [[1], {"a": 1}, None, "s"]]
     points = [dict(zip(["k", "j", "c"], combo)) for combo in itertools.product(*values)]
@@ -182,9 +198,9 @@ def test_the_grid_cells_are_every_point_of_the_space_as_ask_snaps_them():
 
 
 def test_a_discrete_model_batch_never_repeats_an_observed_point():
-    """Found in review: Thompson points avoid observed points in the unit cube, but snapping onto an int/choice
-    grid put them back on observed ones (the second model batch repeated (relu, layers=5) with 21 of the 32
-    points unseen); `ask` promises points that are neither pending nor observed while any are left."""
+    """Thompson points avoid observed points in the unit cube, and snapping onto an int/choice grid must not
+    put them back on observed ones (a second model batch repeating (relu, layers=5) with 21 of the 32 points
+    unseen): `ask` promises points that are neither pending nor observed while any are left."""
     space = {"layers": {"type": "int", "low": 1, "high": 8},
              "act": {"type": "choice", "choices": ["relu", "tanh", "gelu", "silu"]}}
     opt = AskTellOptimizer(space, tau=0.5, initial_design=4, seed=0, model_options=_fast_model(),
@@ -202,9 +218,12 @@ def test_a_discrete_model_batch_never_repeats_an_observed_point():
 
 
 def test_tell_point_keeps_each_parameter_in_its_own_type():
-    """Found in review: `tell_point({"layers": 2.0, ...})` kept 2.0 and `best()` recommended layers=2.0."""
-    space = {"layers": {"type": "int", "low": 1, "high": 8}, "lr": {"type": "float", "low": 1e-4, "high": 1.0, "log": True},
-             "act": {"type": "choice", "choices": ["relu", "tanh"]}}
+    """`tell_point({"layers": 2.0, ...})` keeps the int 2, and `best()` recommends layers=2, not 2.0."""
+    space = {
+        "layers": {"type": "int", "low": 1, "high": 8},
+        "lr": {"type": "float", "low": 1e-4, "high": 1.0, "log": True},
+        "act": {"type": "choice", "choices": ["relu", "tanh"]},
+    }
     opt = AskTellOptimizer(space)
     opt.tell_point({"layers": 2.0, "lr": 1, "act": "tanh"}, 1.0)
     params, _ = opt.best()
@@ -262,8 +281,8 @@ class RepeatingProposer(Proposer):
 
 
 def test_a_proposer_that_repeats_points_in_a_float_space_still_gives_distinct_trials(monkeypatch):
-    """Found in review: the proposer base class said it refused repeats, but did not check, and `ask` trusted
-    proposers in float spaces; a user's proposer handed out the same point q times, and an observed one."""
+    """The proposer base class refuses repeats and `ask` checks proposers in float spaces too: a user's
+    proposer handing out the same point q times, and an observed one, does not get them through."""
     monkeypatch.setitem(acquisition.PROPOSERS, "repeating", f"{__name__}:RepeatingProposer")
     opt = AskTellOptimizer(SMALL, initial_design=2, proposer="repeating", seed=0)
     opt.tell_point({"a": 0.0, "b": 1.0}, 0.0)  # the cube's centre, observed
@@ -307,7 +326,9 @@ def _fast_model():
 FAST_TS = {"num_features": 128, "raw_samples": 128, "num_restarts": 1, "maxiter": 20}
 
 
-def test_model_phase_pending_points_reach_the_proposer_and_failures_do_not_reach_the_model(spy_model, monkeypatch):
+def test_model_phase_pending_points_reach_the_proposer_and_failures_do_not_reach_the_model(
+    spy_model, monkeypatch
+):
     monkeypatch.setitem(acquisition.PROPOSERS, "spy", f"{__name__}:SpyProposer")
     SpyProposer.calls = []
     opt = AskTellOptimizer(SMALL, initial_design=8, proposer="spy", seed=0, model_options=_fast_model())
@@ -334,8 +355,16 @@ def test_model_phase_pending_points_reach_the_proposer_and_failures_do_not_reach
 
 
 def test_thompson_loop_minimize_calibrator_and_best_in_user_units():
-    opt = AskTellOptimizer(SMALL, direction="minimize", tau=0.3, initial_design=10, seed=1, calibrator="online",
-                           model_options=_fast_model(), proposer_options=FAST_TS)
+    opt = AskTellOptimizer(
+        SMALL,
+        direction="minimize",
+        tau=0.3,
+        initial_design=10,
+        seed=1,
+        calibrator="online",
+        model_options=_fast_model(),
+        proposer_options=FAST_TS,
+    )
     rng = np.random.default_rng(0)
     first = opt.ask(10)
     for t in reversed(first):
@@ -364,8 +393,8 @@ def test_the_order_results_come_in_does_not_change_the_fit_or_the_next_batch():
     def make():
         opt = AskTellOptimizer(SMALL, tau=0.3, initial_design=8, seed=2, calibrator="online",
                                model_options=_fast_model(), proposer_options=FAST_TS)
-        assert opt.defer_calibration  # the default (found in review: it was off, and a library loop's
-        # calibrator learned each result in the order told)
+        # the default (off, a library loop's calibrator would learn each result in the order told)
+        assert opt.defer_calibration
         return opt
 
     def run(order):
@@ -437,9 +466,9 @@ def test_proposer_that_repeats_on_purpose_is_not_deduplicated():
 
 @pytest.mark.parametrize("proposer,model", [("gpr-ei", "gpr-replicates"), ("qlognei", "exact-gp")])
 def test_a_point_whose_evaluations_failed_is_not_proposed_again(proposer, model):
-    """Found in review: failed trials were neither pending nor observed, and a proposer whose model never sees a
-    failure proposed the same failing point again and again (GPR-EI: 7 batches in a row at (0.97, 1.0), 28
-    evaluations, never ending; qLogNEI: (1, 1) in 4 batches). GPR-EI's replicates now go to a new point."""
+    """Failed trials count as taken, so a proposer whose model never sees a failure does not propose the same
+    failing point again and again (GPR-EI: 7 batches in a row at (0.97, 1.0), 28 evaluations, never ending;
+    qLogNEI: (1, 1) in 4 batches). GPR-EI's replicates go to a new point."""
     space = {"x": {"type": "float", "low": 0.0, "high": 1.0}, "y": {"type": "float", "low": 0.0, "high": 1.0}}
     opt = AskTellOptimizer(space, model=model, proposer=proposer, tau=0.5, initial_design=12, seed=0,
                            proposer_options={"num_restarts": 2, "raw_samples": 64})
@@ -469,8 +498,8 @@ def _forrester(x: float) -> float:
 
 
 def _put_in_the_noise_basin(opt: AskTellOptimizer) -> None:
-    """Hyperparameters that explain every point as noise (a long lengthscale, the noise at the data's variance):
-    what a fit on the first few points of a run can find, and where a warm-started L-BFGS stays."""
+    """Hyperparameters that explain every point as noise (a long lengthscale, the noise at the data's
+    variance): what a fit on the first few points of a run can find, and where a warm-started L-BFGS stays."""
     m = opt._model.model
     with torch.no_grad():
         # no outputscale (BoTorch's default kernel); its lengthscale prior pulls a fit away from 30 (the basin
@@ -481,8 +510,8 @@ def _put_in_the_noise_basin(opt: AskTellOptimizer) -> None:
 
 def test_fit_with_restart_leaves_a_basin_the_warm_start_stays_in():
     """`fit(restart=True)` (the end of a run) also fits from scratch and keeps the lower loss. A warm-started
-    refit stayed in a noise basin and recommended x = 0.01 on Forrester, whose minimum is at 0.757 (found in a
-    review: a run's final recommendation came from such a model)."""
+    refit can stay in a noise basin and recommend x = 0.01 on Forrester, whose minimum is at 0.757 (a run's
+    final recommendation comes from the end-of-run fit)."""
     opt = AskTellOptimizer({"x": {"type": "float", "low": 0.0, "high": 1.0}}, model="exact-gp",
                            direction="minimize", initial_design=40, seed=0)
     for t in opt.ask(40):
@@ -491,7 +520,8 @@ def test_fit_with_restart_leaves_a_basin_the_warm_start_stays_in():
     assert abs(first["best_params"]["x"] - 0.757) < 0.02
     _put_in_the_noise_basin(opt)
     warm = opt.fit()
-    assert abs(warm["best_params"]["x"] - 0.757) > 0.2, "the warm start left the basin: the test shows nothing"
+    assert abs(warm["best_params"]["x"] - 0.757) > 0.2, ("the warm start left the basin: the test shows "
+                                                         "nothing")
     _put_in_the_noise_basin(opt)
     out = opt.fit(restart=True)
     assert out["restart_kept"] == "cold" and out["loss_cold"] < out["loss_warm"] - 1.0
@@ -522,9 +552,9 @@ def test_fit_with_restart_compares_full_data_elbos_of_the_svgp():
 
 
 def test_a_fit_that_is_not_finite_is_refused_and_the_model_kept(monkeypatch):
-    """Found in review: an objective returning 1e200 (finite, so a valid result) made the standardization
-    overflow; the fit "succeeded" with a NaN posterior, 30 points were proposed from it and the recommendation
-    was nan. Now such a fit raises ModelFitError (a refit failure for the actor) and the model in use stays."""
+    """An objective returning 1e200 (finite, so a valid result) makes the standardization overflow: such a fit
+    raises ModelFitError (a refit failure for the actor) and the model in use stays, rather than "succeeding"
+    with a NaN posterior that proposes points and recommends nan."""
     from orchestrator.errors import ModelFitError
 
     opt = AskTellOptimizer(SMALL, initial_design=8, seed=0, model_options=_fast_model())
@@ -548,9 +578,10 @@ def test_a_fit_that_is_not_finite_is_refused_and_the_model_kept(monkeypatch):
     assert opt2.model is None
 
 
-# ------------------------------------------------------------------ found in a review of the library API
+# ------------------------------------------------------------------ the library API
 def test_prior_results_count_toward_the_initial_design():
-    """200 results added with `tell_point` (an Optuna-style warm start) still got a whole first batch of Sobol."""
+    """200 results added with `tell_point` (an Optuna-style warm start) still got a whole first batch of
+    Sobol."""
     opt = AskTellOptimizer(SMALL, tau=0.5, initial_design=10, seed=0, model_options=_fast_model(),
                            proposer_options=FAST_TS)
     rng = np.random.default_rng(0)
@@ -569,12 +600,16 @@ def test_prior_results_count_toward_the_initial_design():
 
 
 def test_best_is_a_point_as_told_and_trials_handed_out_are_copies():
-    """`best()` mapped the point back from its unit coordinates (lr 0.0010000000000000002 for a told 0.001), and
-    `ask` handed out the optimizer's own records, so editing a trial's params rewrote history."""
+    """`best()` mapped the point back from its unit coordinates (lr 0.0010000000000000002 for a told 0.001),
+    and `ask` handed out the optimizer's own records, so editing a trial's params rewrote history."""
     opt = AskTellOptimizer(SPACE, tau=0.5, initial_design=4, seed=1, model_options=_fast_model(),
                            proposer_options=FAST_TS)
-    told = [{"lr": 1e-3, "width": 16, "act": "tanh", "drop": 0.1}, {"lr": 3e-2, "width": 64, "act": "relu", "drop": 0.3},
-            {"lr": 2e-4, "width": 8, "act": "relu", "drop": 0.0}, {"lr": 7e-3, "width": 32, "act": "tanh", "drop": 0.45}]
+    told = [
+        {"lr": 1e-3, "width": 16, "act": "tanh", "drop": 0.1},
+        {"lr": 3e-2, "width": 64, "act": "relu", "drop": 0.3},
+        {"lr": 2e-4, "width": 8, "act": "relu", "drop": 0.0},
+        {"lr": 7e-3, "width": 32, "act": "tanh", "drop": 0.45},
+    ]
     for i, p in enumerate(told):
         opt.tell_point(p, float(i == 0))
     opt.fit()
@@ -597,11 +632,20 @@ def test_tell_many_tells_nothing_when_one_id_is_bad():
     assert opt.tell_many(ids, [1.0, 2.0, 3.0]) == ["completed"] * 3
 
 
-@pytest.mark.parametrize("other", [{"direction": "minimize"}, {"tau": 0.9}, {"space": {"a": {"type": "float", "low": 0.0, "high": 100.0}, "b": SMALL["b"]}},
-                                   {"model": "expectile"}, {"model_options": {"num_inducing": 8}}])
+@pytest.mark.parametrize(
+    "other",
+    [
+        {"direction": "minimize"},
+        {"tau": 0.9},
+        {"space": {"a": {"type": "float", "low": 0.0, "high": 100.0}, "b": SMALL["b"]}},
+        {"model": "expectile"},
+        {"model_options": {"num_inducing": 8}},
+    ],
+)
 def test_a_state_of_an_optimizer_set_up_otherwise_is_refused(other):
-    """Found in review: a minimize state loaded into a maximize optimizer flipped the sign of every value, one of
-    another space relabelled its points, one at tau 0.1 kept proposing at 0.1 in a tau 0.9 optimizer."""
+    """A state is refused by an optimizer it does not fit: a minimize state loaded into a maximize optimizer
+    would flip the sign of every value, one of another space relabel its points, one at tau 0.1 keep proposing
+    at 0.1 in a tau 0.9 optimizer."""
     base = {"space": SMALL, "tau": 0.3, "initial_design": 4, "seed": 0, "model_options": _fast_model()}
     opt = AskTellOptimizer(**base)
     for t in opt.ask(4):
@@ -619,8 +663,8 @@ def test_a_state_of_an_optimizer_set_up_otherwise_is_refused(other):
 
 
 def test_numpy_integers_are_integers():
-    """Found in review: `ask(np.int64(2))`, `initial_design=np.int64(5)` and `seed=np.int64(1)` were refused,
-    though the config takes numpy integers."""
+    """`ask(np.int64(2))`, `initial_design=np.int64(5)` and `seed=np.int64(1)` are taken, as the config takes
+    numpy integers."""
     opt = AskTellOptimizer(SMALL, tau=0.5, initial_design=np.int64(5), seed=np.int64(1))
     assert len(opt.ask(np.int64(2))) == 2 and opt.initial_design == 5 and type(opt.seed) is int
     with pytest.raises(TrialError, match="q must be an integer >= 1; got 2.0"):
@@ -631,9 +675,9 @@ def test_numpy_integers_are_integers():
                                                          ("exact-gp", "calibrated", "conformal"),
                                                          ("exact-gp", "calibrated", "offline-cv")])
 def test_a_fitted_optimizer_pickles_and_deep_copies(model, proposer, calibrator):
-    """Found in review (library use): `pickle.dumps` and `copy.deepcopy` of an optimizer failed (its locks; then
-    the quantile SVGP's cached KL factors, non-leaf tensors of the last ELBO's graph), so it could not be
-    `ray.put`, passed to an actor or cached. A copy asks what the original asks and has locks of its own."""
+    """Library use: `pickle.dumps` and `copy.deepcopy` of an optimizer work (its locks and the quantile SVGP's
+    cached KL factors, non-leaf tensors of the last ELBO's graph, are left out), so it can be `ray.put`,
+    passed to an actor or cached. A copy asks what the original asks and has locks of its own."""
     import copy
     import pickle
 
@@ -653,9 +697,9 @@ def test_a_fitted_optimizer_pickles_and_deep_copies(model, proposer, calibrator)
 
 
 def test_a_fit_that_learned_no_lengthscale_warns_once():
-    """Found in review: with the spec's prior (mode 0.074) in 20 dimensions the points are too far apart for the
-    kernel to correlate them; the prior alone set every lengthscale and the model was flat (posterior-mean
-    correlation with the truth 0.03, 0.998 with the dimension-scaled prior), without a word to the user."""
+    """With the spec's prior (mode 0.074) in 20 dimensions the points are too far apart for the kernel to
+    correlate them; the prior alone sets every lengthscale and the model is flat (posterior-mean correlation
+    with the truth 0.03, 0.998 with the dimension-scaled prior): the user gets a warning."""
     import warnings
 
     from orchestrator.errors import ModelWarning
@@ -679,14 +723,15 @@ def test_a_fit_that_learned_no_lengthscale_warns_once():
         said = [str(w.message) for w in caught if issubclass(w.category, ModelWarning)]
         assert diag["lengthscales_at_prior_mode"] == float(flat) == again["lengthscales_at_prior_mode"]
         if flat:
-            assert len(said) == 1 and "all 20 lengthscales" in said[0] and "lengthscale_prior: dim-scaled" in said[0]
+            assert len(said) == 1 and "all 20 lengthscales" in said[0] and ("lengthscale_prior: "
+                                                                            "dim-scaled") in said[0]
         else:
             assert said == []
 
 
 def test_an_optimizer_pickled_before_the_prior_mode_warning_still_fits():
-    """Found in review: `__setstate__` of a pickle without `_warned_prior_mode` left `fit` to raise
-    AttributeError the first time a fit ended at the prior's mode."""
+    """`__setstate__` of a pickle without `_warned_prior_mode` sets it, so `fit` does not raise AttributeError
+    the first time a fit ends at the prior's mode."""
     opt = AskTellOptimizer(SMALL, seed=0)
     state = opt.__getstate__()
     del state["_warned_prior_mode"]
@@ -696,9 +741,9 @@ def test_an_optimizer_pickled_before_the_prior_mode_warning_still_fits():
 
 
 def test_the_sobol_proposer_continues_the_initial_designs_sequence():
-    """Found in review: without a `seed` option each batch was a sequence scrambled afresh, so batches of 1-4
-    were no more even than random points (centred L2 discrepancy 3.1e-3 at q = 1, random 2.9e-3, one
-    sequence 4.2e-5). The optimizer's seed now continues the design's sequence."""
+    """Without a `seed` option the optimizer's seed continues the design's sequence: a sequence scrambled
+    afresh for each batch makes batches of 1-4 no more even than random points (centred L2 discrepancy 3.1e-3
+    at q = 1, random 2.9e-3, one sequence 4.2e-5)."""
     space = {"a": {"type": "float", "low": 0.0, "high": 1.0}, "b": {"type": "float", "low": 0.0, "high": 1.0}}
     opt = AskTellOptimizer(space, proposer="sobol", initial_design=8, seed=5)
     X = []
@@ -711,7 +756,8 @@ def test_the_sobol_proposer_continues_the_initial_designs_sequence():
 
 
 def test_a_lost_worker_does_not_make_its_point_taken():
-    """Found in review: one `worker-lost` (a node pre-empted) banned the point for good, on a grid the best cell."""
+    """One `worker-lost` (a node pre-empted) does not ban the point for good (on a grid, maybe the best
+    cell)."""
     from orchestrator.acquisition.base import Proposer
 
     class WantsTheTop(Proposer):
@@ -739,13 +785,13 @@ def test_a_lost_worker_does_not_make_its_point_taken():
 
 
 def test_the_sobol_proposer_counts_failed_points_of_its_sequence():
-    """Found in review: the Sobol proposer skipped pending + observed points, but failed ones had used up
-    points of the sequence too, so a later batch began on an observed point and got a random one for it."""
+    """The Sobol proposer skips the sequence's points used by failed trials too, not only pending + observed
+    ones, so a later batch does not begin on an observed point and get a random one for it."""
     space = {"a": {"type": "float", "low": 0.0, "high": 1.0}, "b": {"type": "float", "low": 0.0, "high": 1.0}}
     opt = AskTellOptimizer(space, proposer="sobol", initial_design=8, seed=5)
     X = []
     for q in (8, 2, 2, 4):
-        for i, t in enumerate(opt.ask(q)):
+        for t in opt.ask(q):
             X.append([t.params["a"], t.params["b"]])
             if len(X) == 4:
                 opt.tell(t.trial_id, None, error="exception", message="boom")
@@ -757,9 +803,9 @@ def test_the_sobol_proposer_counts_failed_points_of_its_sequence():
 
 def test_a_replay_without_calibrator_checkpoint_rebuilds_the_online_calibrator():
     """A resume without a usable calibrator checkpoint tells every logged result again and flushes once. The
-    online recalibrator steps once per ask, so that flush must update it round by round (`end_calibration_round`
-    where the log shows a model batch proposed): one update for all the results left its levels one step from
-    the identity however long the run (found in review)."""
+    online recalibrator steps once per ask, so that flush must update it round by round
+    (`end_calibration_round` where the log shows a model batch proposed): one update for all the results would
+    leave its levels one step from the identity however long the run."""
     kw = dict(model="exact-gp", proposer="calibrated", initial_design=6, seed=2, calibrator="online",
               calibrator_options={"eta": 0.2},
               proposer_options={"acquisition": "ucb", "raw_samples": 32, "num_restarts": 1, "maxiter": 10})
@@ -785,19 +831,22 @@ def test_a_replay_without_calibrator_checkpoint_rebuilds_the_online_calibrator()
     assert new.flush_calibration() == twin.flush_calibration() == 36  # the design results carry no forecast
     np.testing.assert_allclose(new.calibrator.raw_levels(), opt.calibrator.raw_levels(), atol=1e-12)
     np.testing.assert_allclose(twin.calibrator.raw_levels(), opt.calibrator.raw_levels(), atol=1e-12)
-    assert np.abs(opt.calibrator.raw_levels() - opt.calibrator.levels).max() > 0.1  # the map has moved off the identity
+    # the map has moved off the identity
+    assert np.abs(opt.calibrator.raw_levels() - opt.calibrator.levels).max() > 0.1
 
 
 def test_neighbouring_values_of_a_wide_log_int_are_distinct_points():
-    """Adjacent values of a log int near 1e5 lie under `DUPLICATE_TOL` apart in the unit cube: `ask` compared
-    points by rounded coordinates, so it took 99,994 and 99,995 for one point and replaced the second with a random
-    one, and the 100,000 cells had 98,259 keys (found in review). Discrete coordinates now compare by their cell."""
+    """Adjacent values of a log int near 1e5 lie under `DUPLICATE_TOL` apart in the unit cube: discrete
+    coordinates compare by their cell, not by rounded coordinates (which take 99,994 and 99,995 for one point,
+    replace the second with a random one, and give the 100,000 cells 98,259 keys)."""
     space = {"k": {"type": "int", "low": 1, "high": 100_000, "log": True},
              "x": {"type": "float", "low": 0.0, "high": 1.0}}
     opt = AskTellOptimizer(space, seed=0)
     X = opt.space.to_unit([{"k": 99_994, "x": 0.5}, {"k": 99_995, "x": 0.5}, {"k": 99_995, "x": 0.5 + 1e-9}],
                           dtype=torch.float64)
-    out = opt._dedupe(X, torch.empty(0, 2, dtype=torch.float64), torch.empty(0, 2, dtype=torch.float64), batch_id=0)
+    out = opt._dedupe(
+        X, torch.empty(0, 2, dtype=torch.float64), torch.empty(0, 2, dtype=torch.float64), batch_id=0
+    )
     assert torch.equal(out[:2], X[:2])  # two values of k: both kept
     assert not torch.equal(out[2], X[2])  # a repeat of the second (x within DUPLICATE_TOL): replaced
     one = AskTellOptimizer({"k": space["k"]}, seed=0)
@@ -811,9 +860,16 @@ def test_a_streaming_ask_teaches_the_online_calibrator_in_one_step():
     from orchestrator.calibration import OnlineQuantileRecalibrator
     from orchestrator.models.predictive import Forecast
 
-    opt = AskTellOptimizer(SMALL, model="exact-gp", proposer="calibrated", initial_design=6, seed=2,
-                           calibrator="online", calibrator_options={"eta": 0.2},
-                           proposer_options={"acquisition": "ucb", "raw_samples": 32, "num_restarts": 1, "maxiter": 10})
+    opt = AskTellOptimizer(
+        SMALL,
+        model="exact-gp",
+        proposer="calibrated",
+        initial_design=6,
+        seed=2,
+        calibrator="online",
+        calibrator_options={"eta": 0.2},
+        proposer_options={"acquisition": "ucb", "raw_samples": 32, "num_restarts": 1, "maxiter": 10},
+    )
     for t in opt.ask(6):
         opt.tell(t.trial_id, f_true(t.params))
     a, b = opt.ask(3), opt.ask(3)  # b is proposed while a is pending
@@ -833,14 +889,21 @@ def test_a_streaming_ask_teaches_the_online_calibrator_in_one_step():
 
 
 def _online_opt():
-    return AskTellOptimizer(SMALL, model="exact-gp", proposer="calibrated", initial_design=6, seed=2,
-                            calibrator="online", calibrator_options={"eta": 0.2},
-                            proposer_options={"acquisition": "ucb", "raw_samples": 32, "num_restarts": 1, "maxiter": 10})
+    return AskTellOptimizer(
+        SMALL,
+        model="exact-gp",
+        proposer="calibrated",
+        initial_design=6,
+        seed=2,
+        calibrator="online",
+        calibrator_options={"eta": 0.2},
+        proposer_options={"acquisition": "ucb", "raw_samples": 32, "num_restarts": 1, "maxiter": 10},
+    )
 
 
 def test_a_state_saved_between_tells_keeps_the_calibration_round():
-    """Found in review: `set_state` started a new round, so results told before and after the snapshot took two
-    steps at the next ask where the optimizer it was taken from took one."""
+    """`set_state` does not start a new round: results told before and after the snapshot take one step at the
+    next ask, as in the optimizer it was taken from."""
     opt = _online_opt()
     for t in opt.ask(6):
         opt.tell(t.trial_id, f_true(t.params))
@@ -857,9 +920,9 @@ def test_a_state_saved_between_tells_keeps_the_calibration_round():
 
 
 def test_a_result_told_during_an_ask_is_learned_with_the_next_round_after_a_checkpoint_restore():
-    """Streaming: a result told while an ask runs (after its flush) is logged before that ask's proposals, so a
-    replay puts it in the round before, beside results a calibrator checkpoint has learned. Found in review: it
-    stayed there after `restore_calibrator`, and the next flush stepped twice where the run stepped once."""
+    """Streaming: a result told while an ask runs (after its flush) is logged before that ask's proposals, so
+    a replay puts it in the round before, beside results a calibrator checkpoint has learned. It does not stay
+    there after `restore_calibrator`, so the next flush steps once, as the run did."""
     opt = _online_opt()
     for t in opt.ask(6):
         opt.tell(t.trial_id, f_true(t.params))
@@ -895,8 +958,8 @@ def test_a_result_told_during_an_ask_is_learned_with_the_next_round_after_a_chec
 
 def test_a_fit_stops_between_training_steps_once_its_stop_event_is_set():
     """`fit(stop=event)`: the SVGP's training loop asks the event between steps, so a fit nobody will use (the
-    central actor's background refit when the run ends) stops with `FitInterrupted` and the model in use stays;
-    an event that is never set changes nothing."""
+    central actor's background refit when the run ends) stops with `FitInterrupted` and the model in use
+    stays; an event that is never set changes nothing."""
     import threading
 
     from orchestrator.errors import FitInterrupted
@@ -918,7 +981,8 @@ def test_a_fit_stops_between_training_steps_once_its_stop_event_is_set():
     for t in opt.ask(4):
         opt.tell(t.trial_id, math.sin(6 * t.params["x"]))
     stop = threading.Event()
-    timer = threading.Timer(0.5, stop.set)  # a warm fit of 10**6 steps without early stopping, stopped at 0.5 s
+    # a warm fit of 10**6 steps without early stopping, stopped at 0.5 s
+    timer = threading.Timer(0.5, stop.set)
     timer.start()
     try:
         with pytest.raises(FitInterrupted):
@@ -929,9 +993,9 @@ def test_a_fit_stops_between_training_steps_once_its_stop_event_is_set():
 
 
 def test_a_state_saved_during_a_flush_holds_every_result_queued_or_learned():
-    """Found in review: `flush_calibration` takes the queue under the optimizer's lock and teaches the calibrator
-    outside it; `get_state` took only that lock, so a state saved in between held the flushed results neither
-    queued nor learned, and a twin restored from it never learned them. It now waits for the flush."""
+    """`flush_calibration` takes the queue under the optimizer's lock and teaches the calibrator outside it;
+    `get_state` waits for the flush, so a state saved in between does not hold the flushed results neither
+    queued nor learned (a twin restored from it would never learn them)."""
     import threading
 
     opt = _online_opt()
@@ -958,4 +1022,7 @@ def test_a_state_saved_during_a_flush_holds_every_result_queued_or_learned():
     flush.join(10)
     saver.join(10)
     state = states[0]
-    assert len(state["calib_taught"]) + len(state["calib_queue"]) == 4, (state["calib_taught"], state["calib_queue"])
+    assert len(state["calib_taught"]) + len(state["calib_queue"]) == 4, (
+        state["calib_taught"],
+        state["calib_queue"],
+    )

@@ -1,6 +1,7 @@
 """The layout of the `orchestrator.ask_tell` package: the names code imports from it resolve there, its parts
-define disjoint members (so the order of `AskTellOptimizer`'s bases changes nothing), duplicates are judged under
-the proposers' one tolerance, and the API page lists every documented public member, the parts' ones too."""
+define disjoint members (so the order of `AskTellOptimizer`'s bases changes nothing), duplicates are judged
+under the proposers' one tolerance, and the API page lists every documented public member, the parts' ones
+too."""
 
 from __future__ import annotations
 
@@ -59,4 +60,6 @@ def test_the_api_page_lists_every_documented_public_member_once():
     listed = re.findall(r"^\s+- (\w+)$", block, re.M)
     assert len(listed) == len(set(listed)), listed
     assert set(listed) == _documented_public_members()
-    assert {"ask", "tell", "fit", "best", "design_left", "has_trial", "restore_trial", "set_state"} <= set(listed)
+    assert {"ask", "tell", "fit", "best", "design_left", "has_trial", "restore_trial", "set_state"} <= set(
+        listed
+    )

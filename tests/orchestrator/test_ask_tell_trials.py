@@ -1,6 +1,6 @@
-"""The trial registry's public reads (orchestrator/ask_tell/trials.py) that the central actor uses in place of the
-optimizer's internals: `design_left`, the initial-design points still owed, and `has_trial`, whether a trial id is
-registered (the log's replay restores only the trials it says are not)."""
+"""The trial registry's public reads (orchestrator/ask_tell/trials.py) that the central actor uses in place of
+the optimizer's internals: `design_left`, the initial-design points still owed, and `has_trial`, whether a
+trial id is registered (the log's replay restores only the trials it says are not)."""
 
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ def test_design_left_counts_completed_results_told_with_tell_point_but_not_faile
 
 
 def test_design_left_stops_at_zero_where_more_was_asked_or_told_than_the_design():
-    """An ask larger than the design left, prior results beyond `initial_design` and Sobol asks past the design
-    (`ask(design=True)`) leave it at 0, never below: the actor sizes its next Sobol batch by it."""
+    """An ask larger than the design left, prior results beyond `initial_design` and Sobol asks past the
+    design (`ask(design=True)`) leave it at 0, never below: the actor sizes its next Sobol batch by it."""
     opt = _opt(initial_design=3)
     opt.ask(5)
     assert opt._design_left() == -2 and opt.design_left == 0

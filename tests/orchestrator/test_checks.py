@@ -1,6 +1,6 @@
-"""Tests of the option checker (orchestrator/checks.py): each kind of value, its bounds, the message naming the
-option and the value, bools refused as numbers, NumPy scalars taken as the Python values they hold, and the
-plain-data walker in the config's form and the event log's."""
+"""Tests of the option checker (orchestrator/checks.py): each kind of value, its bounds, the message naming
+the option and the value, bools refused as numbers, NumPy scalars taken as the Python values they hold, and
+the plain-data walker in the config's form and the event log's."""
 
 from __future__ import annotations
 
@@ -12,7 +12,16 @@ import pytest
 import torch
 
 from orchestrator.checks import (
-    check_bool, check_choice, check_float, check_int, is_int, is_number, plain_data, refuse, show, suggest,
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+    is_int,
+    is_number,
+    plain_data,
+    refuse,
+    show,
+    suggest,
 )
 from orchestrator.errors import ConfigError, InputDataError, SpaceError
 
@@ -111,7 +120,8 @@ def test_check_int_shows_a_numpy_integer_beyond_its_bounds_as_the_python_int():
 
 def test_check_int_optional_must_and_error():
     assert check_int("`max_concurrent`", None, 1, optional=True) is None
-    assert _message(check_int, "`max_concurrent`", None, 1) == "`max_concurrent` must be an integer >= 1; got None"
+    assert _message(check_int, "`max_concurrent`", None, 1) == ("`max_concurrent` must be an integer >= 1; "
+                                                                "got None")
     msg = _message(check_int, "`fit_maxiter`", 0, 1, optional=True, must="an integer >= 1 or null (no cap)")
     assert msg == "`fit_maxiter` must be an integer >= 1 or null (no cap); got 0"
     with pytest.raises(InputDataError, match=r"^q must be an integer >= 1; got 0$"):
@@ -153,7 +163,8 @@ def test_check_float_bounds_open_and_closed(lo_open, hi_open, inside, outside, m
 def test_check_float_words_a_half_bounded_range_and_formats_bounds_shortly():
     assert _message(check_float, "`eta`", 0, 0.0, lo_open=True) == "`eta` must be a number > 0; got 0"
     assert _message(check_float, "`m`", -1, 0.0) == "`m` must be a number >= 0; got -1"
-    assert _message(check_float, "`t`", 0, 0.0, 86400.0, lo_open=True) == "`t` must be a number in (0, 86400]; got 0"
+    assert _message(check_float, "`t`", 0, 0.0, 86400.0, lo_open=True) == ("`t` must be a number in (0, "
+                                                                           "86400]; got 0")
     assert _message(check_float, "`t`", 2e6, 0.0, 1e6) == "`t` must be a number in [0, 1e+06]; got 2000000.0"
 
 
@@ -173,11 +184,14 @@ def test_check_choice_takes_a_listed_string():
 
 def test_check_choice_lists_the_choices_and_suggests_a_close_one():
     msg = _message(check_choice, "`direction`", "minimise", ("maximize", "minimize"), optional=True)
-    assert msg == "`direction` must be one of 'maximize', 'minimize', null; got 'minimise' (did you mean 'minimize'?)"
+    assert msg == ("`direction` must be one of 'maximize', 'minimize', null; got 'minimise' (did you mean "
+                   "'minimize'?)")
     assert _message(check_choice, "`direction`", 1, ("maximize", "minimize")) == (
         "`direction` must be one of 'maximize', 'minimize'; got 1")
     assert _message(check_choice, "`d`", None, ("a", "b")) == "`d` must be one of 'a', 'b'; got None"
-    assert _message(check_choice, "`d`", "c", ("a", "b"), must="a or b", error=SpaceError) == "`d` must be a or b; got 'c'"
+    assert _message(check_choice, "`d`", "c", ("a", "b"), must="a or b", error=SpaceError) == ("`d` must be "
+                                                                                               "a or b; got "
+                                                                                               "'c'")
     assert suggest("qgibon", ["thompson", "qgibbon"]) == " (did you mean 'qgibbon'?)"
     assert suggest(3, ["3"]) == ""
 

@@ -1,6 +1,6 @@
 """Tests of the `qbatch` command line (orchestrator/cli.py).
 
-Acceptance (issue 4): a bad config (unknown key, tau = 1.5, batch size 0, unknown objective) exits non-zero
+Acceptance: a bad config (unknown key, tau = 1.5, batch size 0, unknown objective) exits non-zero
 with one line naming the problem and creates no run directory -- through `main([...])` and through a real
 `python -m orchestrator.cli` process. `status`/`report`/`objectives` never import Ray. The wiring of
 `run`/`resume` to orchestrator.runner is checked with a recording stand-in here; the real end-to-end run on
@@ -30,8 +30,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def own_pid_namespace() -> list[str]:
-    """A command prefix that runs a process in a PID namespace of its own (with its own /proc), so it sees no other
-    process of the machine; empty where namespaces cannot be made (no root or user namespaces)."""
+    """A command prefix that runs a process in a PID namespace of its own (with its own /proc), so it sees no
+    other process of the machine; empty where namespaces cannot be made (no root or user namespaces)."""
     prefix = ["unshare", "--pid", "--fork", "--mount-proc"]
     if shutil.which("unshare") and subprocess.run([*prefix, "true"], capture_output=True).returncode == 0:
         return prefix
@@ -43,9 +43,10 @@ BAD = {
     "unknown-key": ({"bogus_key": 1}, "unknown key `bogus_key`"),
     "tau": ({"tau": 1.5}, "`tau` must be a number in (0, 1); got 1.5"),
     "batch-size": ({"batch_size": 0}, "`batch_size` must be an integer in [1, 4096]; got 0"),
-    "objective": ({"objective": {"name": "no-such-objective"}}, "`objective.name` must be a built-in objective"),
+    "objective": ({"objective": {"name": "no-such-objective"}}, "`objective.name` must be a built-in "
+                                                                "objective"),
 }
-#: bad configs found only against the objective, by the runner (found in review: they did not name the file)
+#: bad configs found only against the objective, by the runner: the error names the file
 BAD_FOR_OBJECTIVE = {
     "space": ({"space": {"x0": {"type": "float", "low": 0.5, "high": 0.2}}}, "low must be < high"),
     "model-options": ({"model": {"type": "quantile", "options": {"bogus": 1}}}, "`model.options`"),
@@ -68,26 +69,29 @@ def test_bad_config_one_line_exit_2_no_run_dir(case, tmp_path, monkeypatch, caps
     assert rc == cli.EXIT_USAGE == 2
     assert out == ""
     lines = err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"qbatch: error: {cfg_path}: ") and expected in lines[0], err
+    assert len(lines) == 1 and lines[0].startswith(f"qbatch: error: {cfg_path}: ") and expected in lines[0], (
+        err
+    )
     assert sorted(os.listdir(tmp_path)) == before  # neither runs/ nor the explicit run_dir was created
-    rc = cli.main(["run", str(_write(tmp_path / "bad2.yaml", GOOD | patch)), "--run-dir", str(tmp_path / "x")])
+    rc = cli.main(
+        ["run", str(_write(tmp_path / "bad2.yaml", GOOD | patch)), "--run-dir", str(tmp_path / "x")]
+    )
     assert rc == 2 and not (tmp_path / "x").exists() and not (tmp_path / "runs").exists()
 
 
 def test_bad_config_in_a_real_process(tmp_path):
     """`python -m orchestrator.cli run` with each bad config: exit 2, exactly one stderr line, no folder."""
     script = (
-        "import sys, yaml\n"
-        "from orchestrator.cli import main\n"
-        f"cases = {[GOOD | p for p, _ in BAD.values()]!r}\n"
-        "for i, c in enumerate(cases):\n"
+        "import sys, yaml\nfrom orchestrator.cli import main\n"
+        f"cases = {[GOOD | p for p, _ in BAD.values()]!r}\nfor i, c in enumerate(cases):\n"
         "    open(f'c{i}.yaml', 'w').write(yaml.safe_dump(c))\n"
-        "    assert main(['run', f'c{i}.yaml']) == 2\n"
-        "assert main(['objectives']) == 0\n"
+        "    assert main(['run', f'c{i}.yaml']) == 2\nassert main(['objectives']) == 0\n"
         "print('RAY_IMPORTED', 'ray' in sys.modules, 'orchestrator.runner' in sys.modules)\n"
     )
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     err_lines = proc.stderr.splitlines()
     assert len(err_lines) == len(BAD), proc.stderr  # one line per bad config, no traceback
@@ -139,7 +143,8 @@ def test_run_and_resume_call_the_runner(tmp_path, monkeypatch, capsys):
     cfg_path = _write(tmp_path / "good.yaml", GOOD)
     assert cli.main(["run", str(cfg_path), "--address", "auto"]) == 0
     kind, cfg, address, run_dir = fake.calls[-1]
-    assert kind == "run" and cfg == str(cfg_path) and address == "auto"  # the path: the runner's errors name it
+    # the path: the runner's errors name it
+    assert kind == "run" and cfg == str(cfg_path) and address == "auto"
     assert os.path.dirname(run_dir) == "runs" and os.path.basename(run_dir).startswith("cli-test-")
     assert cli.main(["run", str(cfg_path), "--run-dir", str(tmp_path / "mine")]) == 0
     assert fake.calls[-1][3] == str(tmp_path / "mine")
@@ -149,7 +154,7 @@ def test_run_and_resume_call_the_runner(tmp_path, monkeypatch, capsys):
     assert cli.main(["run", str(cfg_path), "--run-dir", str(tmp_path / "taken")]) == 2
     err = capsys.readouterr().err
     assert len(fake.calls) == n and "already holds a run; continue it with `qbatch resume" in err
-    # one a process writes now: a resume would be refused too (found in review)
+    # one a process writes now: a resume would be refused too
     writer = RunStore.open(str(tmp_path / "taken"))
     writer.lock_writer()
     try:
@@ -165,8 +170,8 @@ def test_run_and_resume_call_the_runner(tmp_path, monkeypatch, capsys):
 
 
 def test_run_finds_the_example_shipped_with_qbatch_outside_a_checkout(tmp_path, monkeypatch, capsys):
-    """`qbatch run examples/quickstart.yaml` (the README's command) in a folder without examples/ runs the copy
-    the package carries (a wheel install has no checkout; found in review), and says so; a file that exists
+    """`qbatch run examples/quickstart.yaml` (the README's command) in a folder without examples/ runs the
+    copy the package carries (a wheel install has no checkout), and says so; a file that exists
     wins, and other folders or unknown names stay "not found"."""
     fake = _FakeRunner()
     monkeypatch.setitem(sys.modules, "orchestrator.runner", fake)
@@ -207,10 +212,20 @@ def _finished_run(root: Path) -> None:
         evs.append(Event("proposed", tid, time=10.0 + i, batch_id=i // 3, params={"x": i / 10}, x=[i / 10]))
         evs.append(Event("started", tid, time=11.0 + i, started_at=11.0 + i, node_id="n"))
         if i == 4:
-            evs.append(Event("failed", tid, time=12.0 + i, started_at=11.0 + i, ended_at=12.0 + i, error="nan"))
+            evs.append(
+                Event("failed", tid, time=12.0 + i, started_at=11.0 + i, ended_at=12.0 + i, error="nan")
+            )
         else:
-            evs.append(Event("completed", tid, time=12.0 + i, value=float(i), started_at=11.0 + i, ended_at=12.0 + i))
-    evs.append(Event("refit", time=20.0, info={"seconds": 0.5, "best_predicted": 4.2, "best_params": {"x": 0.5}, "slots": 2}))
+            evs.append(
+                Event("completed", tid, time=12.0 + i, value=float(i), started_at=11.0 + i, ended_at=12.0 + i)
+            )
+    evs.append(
+        Event(
+            "refit",
+            time=20.0,
+            info={"seconds": 0.5, "best_predicted": 4.2, "best_params": {"x": 0.5}, "slots": 2},
+        )
+    )
     store.append(evs)
 
 
@@ -232,7 +247,11 @@ def test_status_report_objectives(tmp_path, capsys):
     assert cli.main(["objectives"]) == 0
     from objectives.registry import BUILTIN_OBJECTIVES
 
-    listed = {line.split()[0] for line in capsys.readouterr().out.splitlines() if line.strip() and not line.startswith("or ")}
+    listed = {
+        line.split()[0]
+        for line in capsys.readouterr().out.splitlines()
+        if line.strip() and not line.startswith("or ")
+    }
     assert listed == set(BUILTIN_OBJECTIVES)
     with pytest.raises(SystemExit) as exc:
         cli.main([])
@@ -242,7 +261,9 @@ def test_status_report_objectives(tmp_path, capsys):
 def _stopped_run(root: Path, budget: int) -> None:
     """Two results, one trial started and one proposed without a result, and no process writing the run."""
     store = RunStore.create(str(root), {**GOOD, "budget": budget})
-    evs = [Event("proposed", f"0-{i}", time=10.0, batch_id=0, params={"x": i / 10}, x=[i / 10]) for i in range(3)]
+    evs = [
+        Event("proposed", f"0-{i}", time=10.0, batch_id=0, params={"x": i / 10}, x=[i / 10]) for i in range(3)
+    ]
     evs.append(Event("proposed", "1-0", time=13.0, batch_id=1, params={"x": 0.5}, x=[0.5]))
     for i in range(3):
         evs.append(Event("started", f"0-{i}", time=11.0, started_at=11.0, node_id="n"))
@@ -252,20 +273,25 @@ def _stopped_run(root: Path, budget: int) -> None:
 
 
 def test_status_tells_unfinished_trials_from_running_ones(tmp_path, capsys):
-    """Found in review: a run stopped (or resumed with a budget lowered below its results) showed its trials
-    without a result as running and queued for good. Without a process writing the run they are unfinished."""
+    """A run stopped (or resumed with a budget lowered below its results) shows its trials without a result as
+    unfinished, not as running and queued for good: no process writes the run."""
     root = tmp_path / "run"
     _stopped_run(root, budget=6)
     assert cli.main(["status", str(root)]) == 0
     out = capsys.readouterr().out
-    assert (f"running 0, queued 0, unfinished 2 (no process is writing this run; `qbatch resume {root}` runs them)"
+    assert (f"running 0, queued 0, unfinished 2 (no process is writing this run; `qbatch resume {root}` runs "
+            "them)"
             in out), out
     assert cli.main(["report", str(root), "--out", str(tmp_path / "rep")]) == 0
     capsys.readouterr()
     import csv
 
     rows = {r["metric"]: r["value"] for r in csv.DictReader(open(tmp_path / "rep" / "summary.csv"))}
-    assert rows["running"] == "0" and rows["queued"] == "0" and rows["unfinished (no process writes the run)"] == "2"
+    assert (
+        rows["running"] == "0"
+        and rows["queued"] == "0"
+        and rows["unfinished (no process writes the run)"] == "2"
+    )
     writer = RunStore.open(str(root))  # the central actor of a live run holds the writer lock
     writer.lock_writer()
     try:
@@ -281,17 +307,28 @@ def test_status_tells_unfinished_trials_from_running_ones(tmp_path, capsys):
     assert "unfinished 2 (no process is writing this run; the budget is reached)" in capsys.readouterr().out
 
 
-# ------------------------------------------------------------------ property: hostile configs (issue 7 item 6)
+# ------------------------------------------------------------------ property: hostile configs
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-_junk = st.one_of(st.none(), st.booleans(), st.integers(-(10**6), 10**6), st.floats(allow_nan=True),
-                  st.text(max_size=12), st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=5), st.integers(), max_size=2))
+_junk = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**6), 10**6),
+    st.floats(allow_nan=True),
+    st.text(max_size=12),
+    st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
+)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(key=st.sampled_from(["tau", "batch_size", "budget", "objective", "model", "name", "run_dir", "seed", "extra", "space"]),
-       value=_junk)
+@given(
+    key=st.sampled_from(
+        ["tau", "batch_size", "budget", "objective", "model", "name", "run_dir", "seed", "extra", "space"]
+    ),
+    value=_junk,
+)
 def test_property_hostile_config_never_half_made(key, value, tmp_path_factory, monkeypatch, capsys):
     root = tmp_path_factory.mktemp("cli")
     fake = _FakeRunner()
@@ -313,7 +350,8 @@ def test_property_hostile_config_never_half_made(key, value, tmp_path_factory, m
 
 
 def test_bad_paths_options_and_busy_runs_are_usage_errors(tmp_path, monkeypatch, capsys):
-    """Found in review: each of these was a traceback with exit 1 (and a bad run_dir started Ray first)."""
+    """Each of these is one line naming the problem and a usage exit, not a traceback with exit 1 (and a bad
+    run_dir is refused before Ray starts)."""
     monkeypatch.chdir(tmp_path)
     good = _write(tmp_path / "good.yaml", GOOD)
 
@@ -325,19 +363,29 @@ def test_bad_paths_options_and_busy_runs_are_usage_errors(tmp_path, monkeypatch,
 
     (tmp_path / "afile").write_text("x")
     one_line(cli.main(["run", str(good), "--run-dir", str(tmp_path / "afile")]), "is a file, not a folder")
-    one_line(cli.main(["run", str(good), "--run-dir", "/proc/qbatch-run"]), "/proc/qbatch-run cannot be created")
+    one_line(cli.main(["run", str(good), "--run-dir", "/proc/qbatch-run"]), "/proc/qbatch-run cannot be "
+                                                                            "created")
     assert not os.path.exists("/proc/qbatch-run")
-    bad_obj = _write(tmp_path / "cnn.yaml", GOOD | {"objective": {"name": "cnn", "options": {"num_cpus": float("inf")}}})
-    one_line(cli.main(["run", str(bad_obj)]), "`objective`: option 'num_cpus' must be a finite number > 0; got inf")
+    bad_obj = _write(
+        tmp_path / "cnn.yaml", GOOD | {"objective": {"name": "cnn", "options": {"num_cpus": float("inf")}}}
+    )
+    one_line(cli.main(["run", str(bad_obj)]), "`objective`: option 'num_cpus' must be a finite number > 0; "
+                                              "got inf")
     # a user objective whose constructor raises something other than ValueError: one line naming the options
     (tmp_path / "user_obj.py").write_text(
-        "from objectives.functions import Forrester\n"
-        "def make(width=1.0):\n"
+        "from objectives.functions import Forrester\ndef make(width=1.0):\n"
         "    return Forrester(bounds=[(0.0, 10.0 ** width)])\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    user = _write(tmp_path / "user.yaml", GOOD | {"objective": {"name": "user_obj:make", "options": {"width": 400}}})
-    one_line(cli.main(["run", str(user)]), "`objective.options` of 'user_obj:make'", "'width': 400", "OverflowError")
+    user = _write(
+        tmp_path / "user.yaml", GOOD | {"objective": {"name": "user_obj:make", "options": {"width": 400}}}
+    )
+    one_line(
+        cli.main(["run", str(user)]),
+        "`objective.options` of 'user_obj:make'",
+        "'width': 400",
+        "OverflowError",
+    )
     assert not (tmp_path / "runs").exists()
     one_line(cli.main(["run", str(good), "--address", "not an address"]), "`--address` 'not an address'")
     # nothing listens there: Ray would retry for minutes; one connect attempt refuses it at once
@@ -346,11 +394,12 @@ def test_bad_paths_options_and_busy_runs_are_usage_errors(tmp_path, monkeypatch,
         dead = f"127.0.0.1:{sock.getsockname()[1]}"
     t0 = time.monotonic()
     for addr in (dead, "ray://" + dead):
-        one_line(cli.main(["run", str(good), "--address", addr]), f"`--address` '{addr}': nothing answers at {dead}")
+        one_line(cli.main(["run", str(good), "--address", addr]), f"`--address` '{addr}': nothing answers at "
+                                                                  f"{dead}")
     assert time.monotonic() - t0 < 30
     one_line(cli.main(["run", str(good), "--address", "127.0.0.1:70000"]), "port 70000 is not in 1-65535")
-    # a web server there (Ray's dashboard, the port `ray job submit` takes): Ray's GCS client waited 14 minutes
-    # (found in review); one exchange tells HTTP/1 from the gRPC Ray speaks
+    # a web server there (Ray's dashboard, the port `ray job submit` takes): Ray's GCS client would wait 14
+    # minutes; one exchange tells HTTP/1 from the gRPC Ray speaks
     import http.server
 
     class Quiet(http.server.BaseHTTPRequestHandler):
@@ -363,29 +412,48 @@ def test_bad_paths_options_and_busy_runs_are_usage_errors(tmp_path, monkeypatch,
         site = f"127.0.0.1:{web.server_address[1]}"
         t0 = time.monotonic()
         for addr in (site, "ray://" + site):
-            one_line(cli.main(["run", str(good), "--address", addr]), f"`--address` '{addr}': {site} answers as a web server (HTTP/1)",
+            one_line(cli.main(["run", str(good), "--address", addr]), f"`--address` '{addr}': {site} answers "
+                                                                      "as a web server (HTTP/1)",
                      "Ray's dashboard", "6379")
         assert time.monotonic() - t0 < 30
     finally:
         web.shutdown()
         web.server_close()
-    # `auto` resolving to a Ray that is gone (RAY_ADDRESS here; a killed run's record or a GCS process of another
-    # network namespace alike) hung for minutes in Ray's GCS client: found in a full test run
+    # `auto` resolving to a Ray that is gone (RAY_ADDRESS here; a killed run's record or a GCS process of
+    # another network namespace alike) hung for minutes in Ray's GCS client: found in a full test run
     monkeypatch.setenv("RAY_ADDRESS", dead)
     t0 = time.monotonic()
-    one_line(cli.main(["run", str(good), "--address", "auto"]), f"`--address` 'auto': the Ray it finds ({dead}")
+    one_line(cli.main(["run", str(good), "--address", "auto"]), "`--address` 'auto': the Ray it finds "
+                                                                f"({dead}")
     assert time.monotonic() - t0 < 30
     monkeypatch.delenv("RAY_ADDRESS")
     # `auto` with no Ray on this machine (the README's cluster command): one line, status 2, not a traceback.
-    # Ray's `auto` also scans the machine's processes for a GCS server: another test process's Ray (pytest-xdist)
-    # was found and the run went there, so the child sees only its own processes where a PID namespace can be made
+    # Ray's `auto` also scans the machine's processes for a GCS server: another test process's Ray
+    # (pytest-xdist) was found and the run went there, so the child sees only its own processes where a PID
+    # namespace can be made
     env = {**os.environ, "RAY_TMPDIR": str(tmp_path / "no-ray"), "PYTHONPATH": str(Path(__file__).parents[2])}
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([*own_pid_namespace(), sys.executable, "-m", "orchestrator.cli", "run", str(good), "--address",
-                           "auto"], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            *own_pid_namespace(),
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "run",
+            str(good),
+            "--address",
+            "auto",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
-        "qbatch: error: `--address` 'auto': Could not find any running Ray instance. Please specify the one to "
-        "connect to by setting `--address` flag or `RAY_ADDRESS` environment variable."], proc.stderr[-2000:]
+        "qbatch: error: `--address` 'auto': Could not find any running Ray instance. Please specify the one "
+        "to connect to by setting `--address` flag or `RAY_ADDRESS` environment "
+        "variable."], proc.stderr[-2000:]
     assert not (tmp_path / "runs").exists()
 
     _finished_run(tmp_path / "run")
@@ -405,13 +473,14 @@ def test_bad_paths_options_and_busy_runs_are_usage_errors(tmp_path, monkeypatch,
 
 
 def test_damaged_run_directories_are_usage_errors(tmp_path, capsys):
-    """Found in review: each of these ended in a traceback with exit 1. A config.yaml that this version refuses
-    (hand-edited, or written by an older version) is shown as recorded with a one-line warning naming the key:
-    refusing it would hide runs that `status` and `report` used to show."""
+    """None of these ends in a traceback with exit 1. A config.yaml that this version refuses (hand-edited, or
+    written by an older version) is shown as recorded with a one-line warning naming the key: refusing it
+    would hide runs that `status` and `report` can show."""
 
     def one_line(rc, text):
         err = capsys.readouterr().err
-        assert rc == 2 and len(err.splitlines()) == 1 and err.startswith("qbatch: error: ") and text in err, err
+        assert rc == 2 and len(err.splitlines()) == 1 and err.startswith("qbatch: "
+                                                                         "error: ") and text in err, err
 
     good = _write(tmp_path / "good.yaml", GOOD)
     (tmp_path / "afile").write_text("x")
@@ -419,9 +488,13 @@ def test_damaged_run_directories_are_usage_errors(tmp_path, capsys):
              f"`run_dir` {tmp_path / 'afile' / 'run'} cannot be created: Not a directory")
     _finished_run(tmp_path / "run")
     config = (tmp_path / "run" / "config.yaml").read_text()
-    for key, bad, text in (("budget", "six", "`budget` must be an integer"), ("budget", float("inf"), "`budget`"),
-                           ("tau", "abc", "`tau` must be a number"), ("objective", [1], "`objective`"),
-                           ("timeout_s", 2e6, "`timeout_s` must be")):
+    for key, bad, text in (
+        ("budget", "six", "`budget` must be an integer"),
+        ("budget", float("inf"), "`budget`"),
+        ("tau", "abc", "`tau` must be a number"),
+        ("objective", [1], "`objective`"),
+        ("timeout_s", 2e6, "`timeout_s` must be"),
+    ):
         edited = yaml.safe_load(config)
         (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump({**edited, key: bad}))
         for cmd in ("status", "report"):
@@ -436,8 +509,9 @@ def test_damaged_run_directories_are_usage_errors(tmp_path, capsys):
     shutil.rmtree(tmp_path / "run" / "events")
     (tmp_path / "run" / "events").write_text("x")
     for cmd in ("status", "report", "resume"):
-        one_line(cli.main([cmd, str(tmp_path / "run")]), f"{tmp_path / 'run' / 'events'} is a file where the run")
-    # a file of the run that cannot be read: one line naming it, exit 1, not an OSError traceback (review)
+        one_line(cli.main([cmd, str(tmp_path / "run")]), f"{tmp_path / 'run' / 'events'} is a file where the "
+                                                         "run")
+    # a file of the run that cannot be read: one line naming it, exit 1, not an OSError traceback
     (tmp_path / "run" / "events").unlink()
     (tmp_path / "run" / "events").mkdir()
     (tmp_path / "run" / "config.yaml").unlink()
@@ -445,13 +519,14 @@ def test_damaged_run_directories_are_usage_errors(tmp_path, capsys):
     for cmd in ("status", "report", "resume"):
         rc = cli.main([cmd, str(tmp_path / "run")])
         err = capsys.readouterr().err
-        assert rc == 1 and err == f"qbatch: error: {tmp_path / 'run' / 'config.yaml'}: Is a directory\n", (cmd, err)
+        assert rc == 1 and err == (f"qbatch: error: {tmp_path / 'run' / 'config.yaml'}: Is a "
+                                   "directory\n"), (cmd, err)
 
 
 def test_resume_refuses_a_space_edited_since_the_run_began(tmp_path, monkeypatch, capsys):
-    """Found in review: after `space.x.high` was edited in config.yaml from 1 to 0.5, a resume went on and the
-    model trained on relabelled points (the logged x = 0.8 read as 0.4). Every logged point must map back to
-    its logged coordinates under the stored space, else the resume is refused before Ray starts."""
+    """After `space.x.high` is edited in config.yaml from 1 to 0.5, a resume would train the model on
+    relabelled points (the logged x = 0.8 read as 0.4). Every logged point must map back to its logged
+    coordinates under the stored space, else the resume is refused before Ray starts."""
     from orchestrator.runner import api
 
     def no_ray(*args, **kwargs):
@@ -487,7 +562,8 @@ def test_the_space_check_accepts_every_parameter_kind_after_a_parquet_round_trip
             "units": {"type": "int", "low": 32, "high": 512, "step": 32},
             "depth": {"type": "int", "low": 1, "high": 1000, "log": True},
             "act": {"type": "choice", "choices": ["relu", True, None, [1, 2], 1, 2.5]},
-            "kernel": {"type": "choice", "choices": [[3, 3], {"k": [5, 5]}]}}  # (tuples are refused by the space)
+            # (tuples are refused by the space)
+            "kernel": {"type": "choice", "choices": [[3, 3], {"k": [5, 5]}]}}
     space = SearchSpace.from_description(desc)
     X = np.random.default_rng(0).random((200, 5))
     X[0], X[1] = 0.0, 1.0
@@ -499,8 +575,8 @@ def test_the_space_check_accepts_every_parameter_kind_after_a_parquet_round_trip
 
 
 def test_the_end_of_run_lines_keep_a_uri_run_directory():
-    """Found in review: `results in` made a URI run directory 'absolute' against the working directory
-    (`/cwd/file:/tmp/r1`); a URI is printed as given, a local path made absolute."""
+    """`results in` prints a URI run directory as given, not made 'absolute' against the working directory
+    (`/cwd/file:/tmp/r1`), and a local path made absolute."""
     import io
 
     from orchestrator.runner import _report
@@ -515,8 +591,8 @@ def test_the_end_of_run_lines_keep_a_uri_run_directory():
 
 
 def test_a_connection_error_keeps_the_cause_ray_chains():
-    """Found in review: a cluster with token authentication failed as "Failed to connect to Ray cluster at
-    ...", and Ray's cause (an AuthenticationError naming RAY_AUTH_MODE) was dropped."""
+    """A cluster with token authentication that refuses this process fails with Ray's cause (an
+    AuthenticationError naming RAY_AUTH_MODE), not only "Failed to connect to Ray cluster at ..."."""
     from orchestrator.runner import _connection_error_line
 
     class AuthenticationError(Exception):
@@ -529,15 +605,15 @@ def test_a_connection_error_keeps_the_cause_ray_chains():
             raise ConnectionError("Failed to connect to Ray cluster at 127.0.0.1:6390\nretried") from cause
     except ConnectionError as exc:
         line = _connection_error_line(exc)
-    assert line == ("Failed to connect to Ray cluster at 127.0.0.1:6390; AuthenticationError: Token authentication "
-                    "is enabled; set RAY_AUTH_MODE=token")
+    assert line == ("Failed to connect to Ray cluster at 127.0.0.1:6390; AuthenticationError: Token "
+                    "authentication is enabled; set RAY_AUTH_MODE=token")
     assert _connection_error_line(ConnectionError("Could not find any running Ray instance.")) == \
         "Could not find any running Ray instance."
 
 
 def test_a_reader_that_leaves_the_pipe_ends_the_command_quietly(tmp_path, monkeypatch, capsys):
-    """Own-diff review: with `qbatch objectives | head`, the reader closing the pipe made the new OSError catch
-    print "qbatch: error: BrokenPipeError"; it ends quietly (exit 1), with no second error at exit."""
+    """With `qbatch objectives | head`, the reader closing the pipe does not make the OSError catch print
+    "qbatch: error: BrokenPipeError"; it ends quietly (exit 1), with no second error at exit."""
     sink = open(tmp_path / "sink", "w")
 
     class Closed:
@@ -557,8 +633,8 @@ def test_a_reader_that_leaves_the_pipe_ends_the_command_quietly(tmp_path, monkey
 
 
 def test_an_unreachable_gcs_run_directory_is_one_line_within_the_retry_limit(monkeypatch, capsys):
-    """Found in review: pyarrow retries a gs:// request for google-cloud-cpp's 15 minutes by default, so `qbatch
-    status` (and run, resume) of a bucket it cannot reach said nothing for that long. The store caps the retries
+    """pyarrow retries a gs:// request for google-cloud-cpp's 15 minutes by default, so `qbatch status` (and
+    run, resume) of a bucket it cannot reach would say nothing for that long. The store caps the retries
     (`GCS_RETRY_LIMIT_S`, 60 s; 2 s here) and the command ends with one line naming the URI."""
     import time
 
@@ -573,14 +649,17 @@ def test_an_unreachable_gcs_run_directory_is_one_line_within_the_retry_limit(mon
 
 
 def test_the_librarys_logged_warnings_reach_stderr_as_the_lines_it_words(capsys):
-    """The library logs its diagnostics (`logging.getLogger(__name__)`); the command line shows each warning on
-    stderr as the line the library wrote, `qbatch: ...` with nothing added, however often `main` runs."""
+    """The library logs its diagnostics (`logging.getLogger(__name__)`); the command line shows each warning
+    on stderr as the line the library wrote, `qbatch: ...` with nothing added, however often `main` runs."""
     import logging
 
     assert cli.main(["objectives"]) == 0
     assert cli.main(["objectives"]) == 0
     capsys.readouterr()
-    logging.getLogger("orchestrator.store.lock").warning("qbatch: no writer lock on the filesystem of %s", "R")
+    logging.getLogger("orchestrator.store.lock").warning(
+        "qbatch: no writer lock on the filesystem of %s", "R"
+    )
     logging.getLogger("workers.pool").warning("qbatch: the Ray node is gone")
     logging.getLogger("orchestrator.acquisition.optimize").info("not a warning: not shown")
-    assert capsys.readouterr().err == "qbatch: no writer lock on the filesystem of R\nqbatch: the Ray node is gone\n"
+    assert capsys.readouterr().err == ("qbatch: no writer lock on the filesystem of R\nqbatch: the Ray node "
+                                       "is gone\n")

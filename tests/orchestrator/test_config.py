@@ -1,6 +1,6 @@
 """Tests of the experiment config (orchestrator/config/): one table, one-line errors naming the key.
 
-Includes the property-based tests of issue 7 item 6: malformed values and malformed YAML always give a
+Includes the property-based tests : malformed values and malformed YAML always give a
 single-line `ConfigError` naming the key (or the YAML line), never another exception type.
 """
 
@@ -17,11 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.config import (
+    _TABLE,
     CALIBRATOR_TYPES,
     MODEL_TYPES,
     PROPOSER_TYPES,
     ExperimentConfig,
-    _TABLE,
     _Key,
     load_config,
     load_config_text,
@@ -108,7 +108,9 @@ def test_defaults_and_shorthand():
 
 
 def test_config_is_frozen():
-    cfg = load_config({"objective": "forrester", "model": {"type": "quantile", "options": {"num_inducing": 64}}})
+    cfg = load_config(
+        {"objective": "forrester", "model": {"type": "quantile", "options": {"num_inducing": 64}}}
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.tau = 0.3
     with pytest.raises(TypeError):
@@ -129,7 +131,8 @@ def test_type_lists_match_the_registries():
         assert set(names) <= set(registry), (module, sorted(set(names) - set(registry)))
         for name in registry:
             assert load_config({"objective": "forrester", section: name}).to_dict()[section]["type"] == name
-        with pytest.raises(ConfigError, match=rf"^`{section}\.type` must be one of .*{sorted(registry)[0]!r}"):
+        with pytest.raises(ConfigError, match=rf"^`{section}\.type` must be one of "
+                                              rf".*{sorted(registry)[0]!r}"):
             load_config({"objective": "forrester", section: "definitely-not-registered"})
 
 
@@ -142,16 +145,21 @@ def test_type_lists_match_the_registries():
         ({"batch_size": 0}, r"^`batch_size` must be an integer in \[1, 4096\]; got 0$"),
         ({"batch_size": 2.0}, r"^`batch_size` must be an integer in \[1, 4096\]; got 2\.0$"),
         ({"batch_size": True}, r"`batch_size` must be an integer"),
-        ({"objective": {"name": "lazer"}}, r"^`objective\.name` must be a built-in objective \(.*laser.*\).*got 'lazer' \(did you mean 'laser'\?\)$"),
+        ({"objective": {"name": "lazer"}}, r"^`objective\.name` must be a built-in objective "
+                                           r"\(.*laser.*\).*got 'lazer' \(did you mean 'laser'\?\)$"),
         ({"bogus": 1}, r"^unknown key `bogus`; valid keys at the top level: name, objective, .*run_dir$"),
         ({"batchsize": 1}, r"^unknown key `batchsize` \(did you mean 'batch_size'\?\)"),
-        ({"model": {"type": "quantile", "opts": {}}}, r"^unknown key `model\.opts`.*valid keys in `model`: type, options$"),
-        ({"model": {"type": "gp"}}, r"^`model\.type` must be one of 'quantile', 'expectile', 'heteroscedastic', 'exact-gp'.*; got 'gp'$"),
+        ({"model": {"type": "quantile", "opts": {}}}, r"^unknown key `model\.opts`.*valid keys in `model`: "
+                                                      r"type, options$"),
+        ({"model": {"type": "gp"}}, r"^`model\.type` must be one of 'quantile', 'expectile', "
+                                    r"'heteroscedastic', 'exact-gp'.*; got 'gp'$"),
         ({"proposer": "ei"}, r"^`proposer\.type` must be one of 'thompson', 'qgibbon'.*; got 'ei'$"),
         ({"calibrator": {"type": 3}}, r"^`calibrator\.type` must be one of .*; got 3$"),
         ({"direction": "up"}, r"^`direction` must be one of 'maximize', 'minimize', null; got 'up'$"),
-        ({"failure_guard": {"max_failure_rate": 0}}, r"^`failure_guard\.max_failure_rate` must be a number in \(0, 1\]"),
-        ({"failure_guard": 0.5}, r"^`failure_guard` must be a mapping with keys max_failure_rate, min_trials; got 0\.5$"),
+        ({"failure_guard": {"max_failure_rate": 0}}, r"^`failure_guard\.max_failure_rate` must be a number "
+                                                     r"in \(0, 1\]"),
+        ({"failure_guard": 0.5}, r"^`failure_guard` must be a mapping with keys max_failure_rate, "
+                                 r"min_trials; got 0\.5$"),
         ({"timeout_s": float("inf")}, r"^`timeout_s` must be a number in \(0, 1e\+06\]; got inf$"),
         ({"timeout_s": float("nan")}, r"^`timeout_s` must be a number in \(0, 1e\+06\]; got nan$"),
         ({"timeout_s": 3e6}, r"^`timeout_s` must be a number in \(0, 1e\+06\]; got 3000000\.0$"),
@@ -162,10 +170,14 @@ def test_type_lists_match_the_registries():
         ({"synchronous": "yes"}, r"^`synchronous` must be true or false; got 'yes'$"),
         ({"seed": -1}, r"^`seed` must be an integer in \[0, 4294967295\]; got -1$"),
         ({"initial_design": 50, "budget": 10}, r"^`initial_design` must be <= `budget` \(10\); got 50$"),
-        ({"model": {"type": "quantile", "options": [1]}}, r"^`model\.options` must be a mapping of option names to values; got \[1\]$"),
-        ({"objective": {"name": "laser", "options": {"f": object()}}}, r"^`objective\.options\.f` must be plain data"),
-        ({"space": {"x": {"type": "float", "low": 1, "high": 0}}}, r"^`space\.x`: parameter 'x': low must be < high"),
-        ({"space": {"x": {"type": "int", "low": 0, "high": 3, "size": 2}}}, r"^`space\.x`: parameter 'x': unknown key\(s\) \['size'\]"),
+        ({"model": {"type": "quantile", "options": [1]}}, r"^`model\.options` must be a mapping of option "
+                                                          r"names to values; got \[1\]$"),
+        ({"objective": {"name": "laser", "options": {"f": object()}}}, r"^`objective\.options\.f` must be "
+                                                                       r"plain data"),
+        ({"space": {"x": {"type": "float", "low": 1, "high": 0}}}, r"^`space\.x`: parameter 'x': low must be "
+                                                                   r"< high"),
+        ({"space": {"x": {"type": "int", "low": 0, "high": 3, "size": 2}}}, r"^`space\.x`: parameter 'x': "
+                                                                            r"unknown key\(s\) \['size'\]"),
         ({"space": {"x": 3}}, r"^`space\.x` must be a parameter spec mapping"),
         ({"space": [1]}, r"^`space` must be a mapping of parameter name to spec"),
     ],
@@ -178,20 +190,26 @@ def test_bad_values_give_one_line_naming_the_key(patch, pattern):
     assert issubclass(ConfigError, QbatchError)
 
 
-@pytest.mark.parametrize("name", ["../x", "..", ".", "/etc", "a/b", "a\\b", ".hidden", "", "x" * 101, "a b", "-rf"])
+@pytest.mark.parametrize(
+    "name", ["../x", "..", ".", "/etc", "a/b", "a\\b", ".hidden", "", "x" * 101, "a b", "-rf"]
+)
 def test_run_names_cannot_escape_their_folder(name):
     with pytest.raises(ConfigError, match=r"^`name` must be a name of 1-100 letters") as excinfo:
         load_config({"objective": "forrester", "name": name})
     _msg(excinfo)
 
 
-@pytest.mark.parametrize("run_dir", ["../x", "runs/../../x", "s3://bucket/../x", "a\\..\\b", "", " ", "a\nb", 3])
+@pytest.mark.parametrize(
+    "run_dir", ["../x", "runs/../../x", "s3://bucket/../x", "a\\..\\b", "", " ", "a\nb", 3]
+)
 def test_run_dir_without_parent_components(run_dir):
     with pytest.raises(ConfigError, match=r"^`run_dir` must be a local path or a filesystem URI"):
         load_config({"objective": "forrester", "run_dir": run_dir})
 
 
-@pytest.mark.parametrize("run_dir", ["/abs/runs/x", "runs/x", "s3://bucket/runs/x", "file:///tmp/x", "a..b/c"])
+@pytest.mark.parametrize(
+    "run_dir", ["/abs/runs/x", "runs/x", "s3://bucket/runs/x", "file:///tmp/x", "a..b/c"]
+)
 def test_run_dir_accepted(run_dir):
     assert load_config({"objective": "forrester", "run_dir": run_dir}).run_dir == run_dir
 
@@ -227,40 +245,56 @@ def test_build_space_applies_narrowing_overrides():
     assert space.describe()["x"]["high"] == 1.0 and space.describe()["act"]["choices"] == ["relu", "gelu"]
     assert load_config({"objective": "forrester"}).build_space(objective_space).describe()["x"]["low"] == -5.0
     bad = [
-        ({"y": {"type": "float", "low": 0, "high": 1}}, r"^`space\.y` is not a parameter of objective 'forrester'; its parameters are: x, n, act$"),
-        ({"x": {"type": "float", "low": 0, "high": 9}}, r"^`space\.x` must stay within the objective's range: numbers in \[-5\.0, 5\.0\]"),
+        ({"y": {"type": "float", "low": 0, "high": 1}}, r"^`space\.y` is not a parameter of objective "
+                                                        r"'forrester'; its parameters are: x, n, act$"),
+        ({"x": {"type": "float", "low": 0, "high": 9}}, r"^`space\.x` must stay within the objective's "
+                                                        r"range: numbers in \[-5\.0, 5\.0\]"),
         ({"n": {"type": "float", "low": 1, "high": 2}}, r"^`space\.n` must be an int or choice parameter"),
-        ({"n": {"type": "choice", "choices": [1.5]}}, r"^`space\.n` must stay within the objective's range: integers"),
-        ({"act": {"type": "choice", "choices": ["relu", "swish"]}}, r"^`space\.act` must be a choice among a subset"),
+        ({"n": {"type": "choice", "choices": [1.5]}}, r"^`space\.n` must stay within the objective's range: "
+                                                      r"integers"),
+        ({"act": {"type": "choice", "choices": ["relu", "swish"]}}, r"^`space\.act` must be a choice among a "
+                                                                    r"subset"),
     ]
     for override, pattern in bad:
         with pytest.raises(ConfigError, match=pattern):
             load_config({"objective": "forrester", "space": override}).build_space(objective_space)
     assert cfg.resolve_direction("minimize") == "minimize"
-    assert load_config({"objective": "forrester", "direction": "maximize"}).resolve_direction("minimize") == "maximize"
+    assert (
+        load_config({"objective": "forrester", "direction": "maximize"}).resolve_direction("minimize")
+        == "maximize"
+    )
 
 
 def test_an_int_override_stays_on_the_objectives_grid():
-    """CNN's batch_size takes 32:512:32; an override off that grid passed the config, and then every Sobol point
-    failed the objective's own check, so the failure guard stopped the run (found in review)."""
+    """CNN's batch_size takes 32:512:32; an override off that grid is refused by the config: passed, every
+    Sobol point would fail the objective's own check, so the failure guard would stop the run."""
     grid = {"batch_size": {"type": "int", "low": 32, "high": 512, "step": 32}}
     for ok in ({"type": "int", "low": 64, "high": 256, "step": 64}, {"type": "choice", "choices": [64, 128]},
-               {"type": "int", "low": 64, "high": 256}, {"low": 64, "high": 256}):  # the last two keep step 32
+               # the last two keep step 32
+               {"type": "int", "low": 64, "high": 256}, {"low": 64, "high": 256}):
         load_config({"objective": "cnn", "space": {"batch_size": ok}}).build_space(grid)
-    for bad in ({"type": "int", "low": 64, "high": 256, "step": 1}, {"type": "choice", "choices": [50, 100]},
-                {"type": "int", "low": 64, "high": 256, "step": 48}, {"type": "int", "low": 50, "high": 242, "step": 32}):
-        with pytest.raises(ConfigError, match=r"^`space\.batch_size` must stay on the objective's grid 32:512:32"):
+    for bad in (
+        {"type": "int", "low": 64, "high": 256, "step": 1},
+        {"type": "choice", "choices": [50, 100]},
+        {"type": "int", "low": 64, "high": 256, "step": 48},
+        {"type": "int", "low": 50, "high": 242, "step": 32},
+    ):
+        with pytest.raises(ConfigError, match=r"^`space\.batch_size` must stay on the objective's grid "
+                                              r"32:512:32"):
             load_config({"objective": "cnn", "space": {"batch_size": bad}}).build_space(grid)
 
 
 def test_an_override_restates_only_what_it_changes():
-    """README: an override keeps what it does not restate. Found in review: each override was checked as a
-    complete float spec before the merge, so `{low, high, step}` for the CNN's int `fc_units` was refused
-    ("unknown key(s) ['step'] for type 'float'"), and `{low: 1e-4}` or `{log: false}` alone were refused too."""
+    """README: an override keeps what it does not restate. An override is checked after the merge, not as a
+    complete float spec: `{low, high, step}` for the CNN's int `fc_units` is taken (not "unknown key(s)
+    ['step'] for type 'float'"), and so are `{low: 1e-4}` or `{log: false}` alone."""
     space = {"fc_units": {"type": "int", "low": 16, "high": 512, "step": 16},
              "lr": {"type": "float", "low": 1e-5, "high": 1e-1, "log": True}}
     for override, want in [
-        ({"fc_units": {"low": 256, "high": 512, "step": 32}}, {"type": "int", "low": 256, "high": 512, "step": 32}),
+        (
+            {"fc_units": {"low": 256, "high": 512, "step": 32}},
+            {"type": "int", "low": 256, "high": 512, "step": 32},
+        ),
         ({"lr": {"low": 1e-4}}, {"type": "float", "low": 1e-4, "high": 1e-1, "log": True}),
         ({"fc_units": {"type": "choice", "choices": [64, 128]}}, {"type": "choice", "choices": [64, 128]}),
     ]:
@@ -280,26 +314,31 @@ def test_an_override_restates_only_what_it_changes():
 
 
 def test_a_choice_override_is_a_subset_by_the_objectives_own_test():
-    """Found in review: choices [1, 0] passed as a subset of [true, false] (True == 1 in Python), then every
-    evaluation failed the objective's check ("parameter 'flag'=0 is not one of [True, False])."""
+    """Choices [1, 0] are not a subset of [true, false] (True == 1 in Python): passed, every evaluation would
+    fail the objective's check ("parameter 'flag'=0 is not one of [True, False])."""
     space = {"flag": {"type": "choice", "choices": [True, False]}}
-    with pytest.raises(ConfigError, match=r"^`space\.flag` must be a choice among a subset of \[True, False\]"):
+    with pytest.raises(ConfigError, match=r"^`space\.flag` must be a choice among a subset of \[True, "
+                                          r"False\]"):
         load_config({"objective": "forrester", "space": {"flag": {"type": "choice", "choices": [1, 0]}}}
                     ).build_space(space)
-    load_config({"objective": "forrester", "space": {"flag": {"type": "choice", "choices": [True]}}}).build_space(space)
+    load_config(
+        {"objective": "forrester", "space": {"flag": {"type": "choice", "choices": [True]}}}
+    ).build_space(space)
 
 
 @pytest.mark.parametrize("objective", ["_mypkg.obj:Thing", "a" * 95 + ".mod:Objective"])
 def test_a_name_made_from_the_objective_loads_again(objective):
-    """Without `name`, the run is named after the objective; that name must pass the name rules, since the saved
-    config is loaded again by the actor and by `qbatch resume` (a leading '_' or 100+ characters did not)."""
+    """Without `name`, the run is named after the objective; that name must pass the name rules, since the
+    saved config is loaded again by the actor and by `qbatch resume` (a leading '_' or 100+ characters did
+    not)."""
     cfg = load_config({"objective": objective})
     assert load_config(cfg.to_dict()).name == cfg.name and len(cfg.name) <= 100
 
 
 # ------------------------------------------------------------------ YAML and files
 def test_yaml_errors_name_the_line(tmp_path):
-    with pytest.raises(ConfigError, match=r"^<config>: invalid YAML at line 4, column 1: .*\(while parsing a flow sequence at line 3, column 8\)$") as excinfo:
+    with pytest.raises(ConfigError, match=r"^<config>: invalid YAML at line 4, column 1: .*\(while parsing a "
+                                          r"flow sequence at line 3, column 8\)$") as excinfo:
         load_config_text("objective: laser\ntau: 0.1\nmodel: [quantile\n")
     _msg(excinfo)
     with pytest.raises(ConfigError, match=r"^<config>: duplicate key `tau` at line 3$"):
@@ -312,7 +351,8 @@ def test_yaml_errors_name_the_line(tmp_path):
         load_config_text("objective: !!python/object/apply:os.system ['true']\n")
     path = tmp_path / "c.yaml"
     path.write_text("objective: laser\nbatch_size: 0\n")
-    with pytest.raises(ConfigError, match=rf"^{path}: `batch_size` must be an integer in \[1, 4096\]; got 0$"):
+    with pytest.raises(ConfigError, match=rf"^{path}: `batch_size` must be an integer in \[1, 4096\]; got "
+                                          r"0$"):
         load_config(path)
     with pytest.raises(ConfigError, match=r"^config file not found: "):
         load_config(tmp_path / "missing.yaml")
@@ -323,7 +363,7 @@ def test_yaml_errors_name_the_line(tmp_path):
         load_config(path)
 
 
-# ------------------------------------------------------------------ property-based (issue 7 item 6)
+# ------------------------------------------------------------------ property-based
 BASE = {
     "name": "prop",
     "objective": {"name": "forrester", "options": {}},
@@ -346,7 +386,9 @@ scalars = st.one_of(
 )
 junk = st.recursive(
     scalars,
-    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=8,
 )
 
@@ -367,7 +409,13 @@ def test_property_bad_value_is_one_config_error_naming_the_key(key, value):
     except ConfigError as exc:
         msg = str(exc)
         assert "\n" not in msg and msg
-        named = [f"`{key}", f"`{key.split('.')[0]}`", f"`{key.split('.')[0]}.", "`initial_design`", "`objective.name`"]
+        named = [
+            f"`{key}",
+            f"`{key.split('.')[0]}`",
+            f"`{key.split('.')[0]}.",
+            "`initial_design`",
+            "`objective.name`",
+        ]
         assert any(n in msg for n in named), (key, value, msg)
     else:
         assert isinstance(cfg, ExperimentConfig)
@@ -395,8 +443,41 @@ def test_property_unknown_key_is_named(path, key, value):
 
 
 yaml_tokens = st.sampled_from(
-    ["[", "]", "{", "}", ":", "- ", "'", '"', "&a", "*a", "!!python/name:os.system", "\t", "%", "@", "`", "|", ">",
-     "1.5", "0", "-3", ".nan", ".inf", "~", "yes", "2020-01-01", "\n  ", "\n", "#", "?", ",", "!", "\x00", "\ufeff"]
+    [
+        "[",
+        "]",
+        "{",
+        "}",
+        ":",
+        "- ",
+        "'",
+        '"',
+        "&a",
+        "*a",
+        "!!python/name:os.system",
+        "\t",
+        "%",
+        "@",
+        "`",
+        "|",
+        ">",
+        "1.5",
+        "0",
+        "-3",
+        ".nan",
+        ".inf",
+        "~",
+        "yes",
+        "2020-01-01",
+        "\n  ",
+        "\n",
+        "#",
+        "?",
+        ",",
+        "!",
+        "\x00",
+        "\ufeff",
+    ]
 )
 
 
@@ -408,7 +489,8 @@ def test_property_malformed_yaml_is_one_config_error(tokens, key):
     leaf = key.split(".")[-1]
     needle = f"{leaf}:"
     junk_text = "".join(tokens)
-    text = text.replace(needle, f"{needle} {junk_text}", 1) if needle in text else text + f"{leaf}: {junk_text}\n"
+    text = text.replace(needle, f"{needle} {junk_text}", 1) if needle in text else text + (f"{leaf}: "
+                                                                                           f"{junk_text}\n")
     try:
         cfg = load_config_text(text)
     except ConfigError as exc:
@@ -437,25 +519,43 @@ def test_table_has_a_check_and_default_for_every_key():
 
 
 def test_a_bounds_override_keeps_the_objectives_log_scale_and_step():
-    """Found in review: `learning_rate: {low: 1e-4, high: 1e-2}` made cnn's log-scale learning rate linear
-    without a word, and an int override had to restate `type` and `step`. An override of the same type (or
-    without one) now changes only the keys it gives."""
+    """An override of the same type (or without one) changes only the keys it gives: `learning_rate: {low:
+    1e-4,
+    high: 1e-2}` keeps cnn's learning rate log-scale, and an int override need not restate `type` and
+    `step`."""
     objective_space = {"lr": {"type": "float", "low": 1e-6, "high": 1.0, "log": True},
                        "bs": {"type": "int", "low": 32, "high": 512, "step": 32}}
 
     def built(override):
         return load_config({"objective": "cnn", "space": override}).build_space(objective_space).describe()
 
-    assert built({"lr": {"low": 1e-4, "high": 1e-2}})["lr"] == {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}
+    assert built({"lr": {"low": 1e-4, "high": 1e-2}})["lr"] == {
+        "type": "float",
+        "low": 1e-4,
+        "high": 1e-2,
+        "log": True,
+    }
     assert built({"lr": {"low": 1e-4, "high": 1e-2, "log": False}})["lr"]["log"] is False
-    assert built({"bs": {"low": 64, "high": 128}})["bs"] == {"type": "int", "low": 64, "high": 128, "step": 32, "log": False}
-    assert built({"bs": {"type": "choice", "choices": [64, 256]}})["bs"] == {"type": "choice", "choices": [64, 256]}
+    assert built({"bs": {"low": 64, "high": 128}})["bs"] == {
+        "type": "int",
+        "low": 64,
+        "high": 128,
+        "step": 32,
+        "log": False,
+    }
+    assert built({"bs": {"type": "choice", "choices": [64, 256]}})["bs"] == {
+        "type": "choice",
+        "choices": [64, 256],
+    }
 
 
 def test_a_bad_space_of_the_objective_is_named_as_such():
-    """A parameter the config does not override is the objective's own: the error said '`space`', a key the user
-    never wrote (found in review, with tuple choices)."""
-    own = {"arch": {"type": "choice", "choices": [(64, 64), (128,)]}, "x": {"type": "float", "low": 0.0, "high": 1.0}}
+    """A parameter the config does not override is the objective's own (with tuple choices): the error does
+    not name '`space`', a key the user never wrote."""
+    own = {
+        "arch": {"type": "choice", "choices": [(64, 64), (128,)]},
+        "x": {"type": "float", "low": 0.0, "high": 1.0},
+    }
     with pytest.raises(ConfigError, match=r"^the objective's space: parameter 'arch': choice \(64, 64\)"):
         load_config({"objective": "forrester"}).build_space(own)
     quoted = {"it's": {"type": "choice", "choices": [(1, 2)]}}  # its repr is in double quotes

@@ -14,7 +14,14 @@ def _summary(observed=None, predicted=None):
 
 def test_before_any_result_both_are_dashes():
     f = progress_fields(_summary())
-    assert f == {"best_y": "-", "recommendation": "-", "evals_s": "1.50", "util": "0.88", "running": 2, "failed": 1}
+    assert f == {
+        "best_y": "-",
+        "recommendation": "-",
+        "evals_s": "1.50",
+        "util": "0.88",
+        "running": 2,
+        "failed": 1,
+    }
 
 
 def test_before_the_first_fit_only_the_observation_is_shown():

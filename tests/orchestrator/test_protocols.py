@@ -1,6 +1,8 @@
-"""The typed seams (orchestrator/protocols.py): every built-in surrogate, proposer and calibrator satisfies its
-Protocol, by `isinstance` (they are runtime-checkable) and member by member, and each capability a caller reads is
-declared on every component rather than present on some: the optimizer and `attach` read it without a probe."""
+"""The typed seams (orchestrator/protocols.py): every built-in surrogate, proposer and calibrator satisfies
+its Protocol, by `isinstance` (they are runtime-checkable) and member by member, and each capability a caller
+reads is
+declared on every component rather than present on some: the optimizer and `attach` read it without a
+probe."""
 
 from __future__ import annotations
 
@@ -14,7 +16,12 @@ from orchestrator.calibration import CALIBRATORS, build_calibrator
 from orchestrator.calibration.base import Calibrator
 from orchestrator.models import MODELS, build_model
 from orchestrator.models.base import Surrogate
-from orchestrator.protocols import CalibratorProtocol, ProposerProtocol, SurrogateProtocol, VariationalSurrogate
+from orchestrator.protocols import (
+    CalibratorProtocol,
+    ProposerProtocol,
+    SurrogateProtocol,
+    VariationalSurrogate,
+)
 
 
 def _members(protocol: type) -> set[str]:
@@ -60,8 +67,10 @@ def test_every_built_in_proposer_is_a_proposer_protocol(name):
     proposer = build_proposer(name)
     assert isinstance(proposer, Proposer)
     _check(proposer, ProposerProtocol)
-    flags = {f: getattr(proposer, f) for f in ("requires_model", "allows_repeats", "uses_spread", "uses_calibrator",
-                                               "uses_observed_y")}
+    flags = {
+        f: getattr(proposer, f)
+        for f in ("requires_model", "allows_repeats", "uses_spread", "uses_calibrator", "uses_observed_y")
+    }
     assert all(isinstance(v, bool) for v in flags.values()), flags
 
 
@@ -87,8 +96,12 @@ def test_every_built_in_calibrator_is_a_calibrator_protocol(name):
 def test_the_optimizers_components_are_typed_by_the_protocols():
     from orchestrator.ask_tell import AskTellOptimizer
 
-    opt = AskTellOptimizer({"x": {"type": "float", "low": 0.0, "high": 1.0}}, calibrator="online", initial_design=2,
-                           model_options={"num_inducing": 8, "max_steps": 30})
+    opt = AskTellOptimizer(
+        {"x": {"type": "float", "low": 0.0, "high": 1.0}},
+        calibrator="online",
+        initial_design=2,
+        model_options={"num_inducing": 8, "max_steps": 30},
+    )
     opt.prepare()
     assert isinstance(opt._proposer, ProposerProtocol) and isinstance(opt.calibrator, CalibratorProtocol)
     assert opt._proposer.spread == opt.calibrator.spread  # `attach` wired the spread hook Thompson declares

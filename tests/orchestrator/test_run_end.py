@@ -1,7 +1,8 @@
-"""What a run says about itself as it goes and when it ends: the evaluated points counted by where they came from
-(the optimizer, the central actor's status, the progress bar, `qbatch status`), "final fit" while the last fit
-runs, the warning of a run whose model proposed nothing, and the recommendation, one name everywhere, with its
-parameters one per line. The central actor runs in this process, its Ray submission replaced by a stub."""
+"""What a run says about itself as it goes and when it ends: the evaluated points counted by where they came
+from (the optimizer, the central actor's status, the progress bar, `qbatch status`), "final fit" while the
+last fit runs, the warning of a run whose model proposed nothing, and the recommendation, one name everywhere,
+with its parameters one per line. The central actor runs in this process, its Ray submission replaced by a
+stub."""
 
 from __future__ import annotations
 
@@ -22,12 +23,22 @@ SPACE = {"x": {"type": "float", "low": 0.0, "high": 1.0}}
 
 
 def _actor(tmp_path, budget: int = 4, **over) -> CentralActor:
-    cfg = {"name": "end", "objective": {"name": "forrester", "options": {}}, "batch_size": 4, "initial_design": 4,
-           "budget": budget, "max_concurrent": 4, "seed": 1, "run_dir": str(tmp_path / "run"), **over}
+    cfg = {
+        "name": "end",
+        "objective": {"name": "forrester", "options": {}},
+        "batch_size": 4,
+        "initial_design": 4,
+        "budget": budget,
+        "max_concurrent": 4,
+        "seed": 1,
+        "run_dir": str(tmp_path / "run"),
+        **over,
+    }
     RunStore.create(cfg["run_dir"], load_config(cfg).to_dict())
     actor = CentralActor(cfg["run_dir"], max_concurrent=4, pool=None)
     refs = itertools.count()
-    actor.dispatcher.submit = lambda batch: [f"ref{next(refs)}" for _ in batch]  # no Ray: results are told by hand
+    # no Ray: results are told by hand
+    actor.dispatcher.submit = lambda batch: [f"ref{next(refs)}" for _ in batch]
     return actor
 
 
@@ -107,11 +118,23 @@ def test_the_bar_counts_sobol_and_model_points_and_shows_the_final_fit():
 
 # ------------------------------------------------------------------ the end of a run
 def _summary(**over):
-    return {"status": "finished", "done": 40, "completed": 40, "failed": 0, "utilization": 0.8, "run_dir": "/r",
-            "sources": {"sobol": 40, "model": 0}, "uses_model": True, "refits": 1, "refit_failures": 0,
-            "last_fit_s": 4.2, "evals_per_s": 12.5,
-            "best_observed": {"params": {"lr": 0.01, "width": 64}, "value": 3.0},
-            "best_predicted": {"params": {"lr": 0.001, "width": 320}, "value": 2.5}, **over}
+    return {
+        "status": "finished",
+        "done": 40,
+        "completed": 40,
+        "failed": 0,
+        "utilization": 0.8,
+        "run_dir": "/r",
+        "sources": {"sobol": 40, "model": 0},
+        "uses_model": True,
+        "refits": 1,
+        "refit_failures": 0,
+        "last_fit_s": 4.2,
+        "evals_per_s": 12.5,
+        "best_observed": {"params": {"lr": 0.01, "width": 64}, "value": 3.0},
+        "best_predicted": {"params": {"lr": 0.001, "width": 320}, "value": 2.5},
+        **over,
+    }
 
 
 def _cfg(**over):
@@ -131,8 +154,13 @@ def test_the_end_names_the_recommendation_and_prints_its_parameters_one_per_line
     for old in ("best posterior mean", "best point", "rec ", "best predicted"):
         assert old not in out.getvalue()
     out = io.StringIO()  # before any fit: the best observation, under the same name
-    _report(_summary(best_predicted=None, sources={"sobol": 4, "model": 0}, done=4), out, _cfg(budget=4, initial_design=4))
-    assert "qbatch: recommendation (no model was fitted: the best observation): value 3 at\n    lr     0.01\n" in (
+    _report(
+        _summary(best_predicted=None, sources={"sobol": 4, "model": 0}, done=4),
+        out,
+        _cfg(budget=4, initial_design=4),
+    )
+    assert ("qbatch: recommendation (no model was fitted: the best observation): value 3 at\n    lr     "
+            "0.01\n") in (
         out.getvalue())
 
 
@@ -143,7 +171,12 @@ def test_a_streaming_run_whose_model_proposed_nothing_warns_and_says_what_helps(
     assert len(warning) == 1
     text = warning[0]
     assert "the model proposed none of the 40 evaluations: all came from the Sobol design" in text
-    assert "`synchronous: true`" in text and "raise `budget`" in text and "the final fit alone took 4.2 s" in text and "about 52 here" in text
+    assert (
+        "`synchronous: true`" in text
+        and "raise `budget`" in text
+        and "the final fit alone took 4.2 s" in text
+        and "about 52 here" in text
+    )
     assert "a larger `initial_design` does not help" in text
 
 
@@ -179,7 +212,9 @@ def _run(root, sources):
                       info={"source": source}),
                 Event("started", tid, time=2.0 + i, started_at=2.0 + i, node_id="n"),
                 Event("completed", tid, time=3.0 + i, value=float(i), started_at=2.0 + i, ended_at=3.0 + i)]
-    evs.append(Event("refit", time=20.0, info={"seconds": 0.5, "best_predicted": 4.2, "best_params": {"x": 0.5}}))
+    evs.append(
+        Event("refit", time=20.0, info={"seconds": 0.5, "best_predicted": 4.2, "best_params": {"x": 0.5}})
+    )
     store.append(evs)
 
 
@@ -195,7 +230,8 @@ def test_status_and_the_summary_count_sources_and_name_the_recommendation(tmp_pa
     assert "recommended" not in out and "model's predicted" not in out
     _run(tmp_path / "random", ["sobol"] * 4)
     assert cli.main(["status", str(tmp_path / "random")]) == 0
-    assert "sobol 4, model 0 (finished trials by where their point came from); the model proposed none of them" in (
+    assert ("sobol 4, model 0 (finished trials by where their point came from); the model proposed none of "
+            "them") in (
         capsys.readouterr().out)
     store = RunStore.open(str(tmp_path / "mixed"))
     rows = dict(compute_metrics(store.events(), store.config).summary_rows())

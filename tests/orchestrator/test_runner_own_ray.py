@@ -1,6 +1,6 @@
-"""The process's own Ray in orchestrator/runner/session.py without starting one: every run that `OwnRay.acquire`
-counts as sharing it gives its share back on every path, and the process's SIGTERM handler from before Ray is kept
-for the main thread to put back (review of the shared-Ray change)."""
+"""The process's own Ray in orchestrator/runner/session.py without starting one: every run that
+`OwnRay.acquire` counts as sharing it gives its share back on every path, and the process's SIGTERM handler
+from before Ray is kept for the main thread to put back."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from orchestrator.runner import preflight, session
 
 @pytest.fixture
 def no_real_ray(monkeypatch):
-    """`OwnRay.acquire` "starts" a Ray (a flag), `OwnRay._shutdown` "stops" it: the counting is real, on a fresh
-    `OWN_RAY`."""
+    """`OwnRay.acquire` "starts" a Ray (a flag), `OwnRay._shutdown` "stops" it: the counting is real, on a
+    fresh `OWN_RAY`."""
     import ray
 
     state = {"up": False, "shutdowns": 0}
@@ -36,14 +36,15 @@ def no_real_ray(monkeypatch):
 
 @pytest.mark.parametrize("raised", [KeyboardInterrupt, RuntimeError, QbatchError])
 def test_a_feasibility_check_that_raises_gives_the_runs_share_back(no_real_ray, monkeypatch, raised):
-    """Found in review: only a QbatchError gave it back; a Ctrl-C or `ray.nodes()` failing left the count at 1,
-    and every later run of the process shared a Ray that was never shut down."""
+    """Not only a QbatchError gives the share back: a Ctrl-C or `ray.nodes()` failing does too, so the count
+    does not stay at 1 with every later run of the process sharing a Ray that is never shut down."""
     def boom(resources):
         raise raised("no")
 
     monkeypatch.setattr(preflight, "default_max_concurrent", boom)
     with pytest.raises(raised):
-        with session.ray_session(None, None) as started:  # as `run_experiment` and `resume_experiment` hold it
+        # as `run_experiment` and `resume_experiment` hold it
+        with session.ray_session(None, None) as started:
             assert started and session.OWN_RAY.runs == 1
             preflight._check_feasible(None)
     assert session.OWN_RAY.runs == 0 and no_real_ray == {"up": False, "shutdowns": 1}
@@ -60,9 +61,9 @@ def test_the_last_run_to_end_shuts_the_shared_ray_down(no_real_ray):
 
 
 def test_a_pending_sigterm_handler_from_before_ray_is_not_overwritten(no_real_ray, monkeypatch):
-    """Found in review: a shared Ray shut down by another thread cannot put the handler back (signals are set in
-    the main thread only); the next main-thread start then saved Ray's handler as the one from before, and the
-    process's own was lost."""
+    """A shared Ray shut down by another thread cannot put the handler back (signals are set in the main
+    thread only); the next main-thread start keeps the process's own handler as the one from before, not
+    Ray's."""
     def mine(signum, frame):
         pass
 

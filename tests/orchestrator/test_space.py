@@ -53,8 +53,8 @@ def test_log_float_is_uniform_in_log_space():
 
 
 def test_log_int_is_uniform_in_log_space():
-    """Found in review: only round trips and reachability were tested for log ints, both of which hold for a
-    linear map too. Each value's cell runs from v - 0.5 to v + 0.5 in log space: 1..128 spans [0.5, 128.5)."""
+    """Log ints map log-linearly (round trips and reachability alone hold for a linear map too). Each value's
+    cell runs from v - 0.5 to v + 0.5 in log space: 1..128 spans [0.5, 128.5)."""
     p = IntParam("n", 1, 128, log=True)
     assert p.from_unit(0.5) == round(math.sqrt(0.5 * 128.5)) == 8  # a linear map gives 64
     values = [p.from_unit(u) for u in np.linspace(0, 1, 10_001)]
@@ -80,28 +80,35 @@ def test_sobol_is_reproducible_and_space_filling(space):
         ({}, "search space is empty"),
         ({"a": {"type": "float", "low": 1.0, "high": 1.0}}, "'a': low must be < high; got low=1.0, high=1.0"),
         ({"a": {"type": "float", "low": 2.0, "high": 1.0}}, "'a': low must be < high"),
-        ({"a": {"type": "float", "low": 0.0, "high": 1.0, "log": True}}, "'a': a log parameter needs low > 0; got low=0.0"),
-        ({"a": {"type": "float", "low": -1.0, "high": 1.0, "log": True}}, "'a': a log parameter needs low > 0"),
+        ({"a": {"type": "float", "low": 0.0, "high": 1.0, "log": True}}, "'a': a log parameter needs low > "
+                                                                         "0; got low=0.0"),
+        ({"a": {"type": "float", "low": -1.0, "high": 1.0, "log": True}}, "'a': a log parameter needs low > "
+                                                                          "0"),
         ({"a": {"type": "float", "low": float("nan"), "high": 1.0}}, "'a': low must be a finite number"),
-        ({"a": {"type": "int", "low": 0, "high": 10, "step": 3}}, "'a': high - low \\(10 - 0\\) must be a multiple of step 3"),
+        ({"a": {"type": "int", "low": 0, "high": 10, "step": 3}}, "'a': high - low \\(10 - 0\\) must be a "
+                                                                  "multiple of step 3"),
         ({"a": {"type": "int", "low": 0.5, "high": 10}}, "'a': low must be an integer"),
         ({"a": {"type": "choice", "choices": []}}, "'a': choices must not be empty"),
         ({"a": {"type": "choice", "choices": [1, 1]}}, "'a': duplicate choices"),
-        # found in review: 1.0's bin could never be chosen (to_unit maps 1.0 to 1's), yet both were accepted
+        # 1.0's bin could never be chosen (to_unit maps 1.0 to 1's)
         ({"a": {"type": "choice", "choices": [1, "x", 1.0]}}, "'a': duplicate choices"),
         ({"a": {"type": "vector", "low": 0, "high": 1}}, "'a': type must be one of"),
         ({"a": {"type": "float", "low": 0, "high": 1, "lg": True}}, "'a': unknown key\\(s\\) \\['lg'\\]"),
         ({"a": {"type": "float", "low": 0}}, "'a': missing key 'high'"),
-        # found in review: accepted, then every proposal was +-inf (a float) or off the grid (an int past 2**53)
+        # refused: accepted, every proposal would be +-inf (a float) or off the grid (an int past 2**53)
         ({"a": {"type": "float", "low": -1e308, "high": 1e308}}, "'a': high - low must be a finite float64"),
-        # found in review: a set's order (so each choice's unit cell) changed with PYTHONHASHSEED
+        # a set's order (so each choice's unit cell) changes with PYTHONHASHSEED
         ({"a": {"type": "choice", "choices": {"adam", "sgd"}}}, "'a': choices must be a list"),
-        ({"a": {"type": "int", "low": 0, "high": 2**60 - 1}}, "'a': an int parameter's bounds must lie within"),
-        ({"a": {"type": "int", "low": -(2**53) - 2, "high": 0}}, "'a': an int parameter's bounds must lie within"),
-        # found in a review of that check: within the bounds, 2**53 values still moved off the grid (cells of 2**-54)
-        ({"a": {"type": "int", "low": -(2**52), "high": 2**52}}, "'a': an int parameter may hold at most 2\\*\\*52 values"),
-        # found in review: the top values of a log int to 1e15 did not map back to themselves (2,578 of 3,000)
-        ({"a": {"type": "int", "low": 1, "high": 10**15, "log": True}}, "'a': a log int parameter's high must be at most 2"),
+        ({"a": {"type": "int", "low": 0, "high": 2**60 - 1}}, "'a': an int parameter's bounds must lie "
+                                                              "within"),
+        ({"a": {"type": "int", "low": -(2**53) - 2, "high": 0}}, "'a': an int parameter's bounds must lie "
+                                                                 "within"),
+        # within the bounds above, 2**53 values still move off the grid (cells of 2**-54)
+        ({"a": {"type": "int", "low": -(2**52), "high": 2**52}}, "'a': an int parameter may hold at most "
+                                                                 "2\\*\\*52 values"),
+        # the top values of a log int to 1e15 do not map back to themselves (2,578 of 3,000)
+        ({"a": {"type": "int", "low": 1, "high": 10**15, "log": True}}, "'a': a log int parameter's high "
+                                                                        "must be at most 2"),
     ],
 )
 def test_bad_spaces_raise_naming_the_parameter(desc, match):
@@ -146,10 +153,10 @@ def test_describe_round_trips(space):
     assert SearchSpace.from_description(space.describe()).describe() == space.describe()
 
 
-# ------------------------------------------------------------------ found in review
+# ------------------------------------------------------------------ edge cases
 def test_log_float_bounds_map_exactly_and_never_outside():
-    """exp(log(.)) lands a few ulps outside the bounds (CNN's learning rate [1e-7, 0.1]: 0.10000000000000006 at
-    u = 1); the values stay inside, and to_unit of a value within the tolerance stays in the unit cube."""
+    """exp(log(.)) lands a few ulps outside the bounds (CNN's learning rate [1e-7, 0.1]: 0.10000000000000006
+    at u = 1); the values stay inside, and to_unit of a value within the tolerance stays in the unit cube."""
     p = FloatParam("lr", 1e-7, 0.1, log=True)
     assert p.from_unit(1.0) == 0.1 and p.from_unit(0.0) == 1e-7
     for u in torch.rand(2000, dtype=torch.float64).tolist() + [0.0, 1.0]:
@@ -191,10 +198,11 @@ def test_choices_given_as_a_mapping_are_refused():
 
 
 def test_choices_that_would_not_come_back_from_a_runs_log_are_refused_for_runs_only():
-    """Found in review: tuple choices passed the driver's checks, then the central actor, which rebuilds the space
-    from config.yaml (where a tuple is a list), refused a `space` key the user never wrote; and a function as a
-    choice failed only when the run directory was written, after Ray had started. A run's space is checked
-    (`check_loggable`, from `ExperimentConfig.build_space`); the library, which keeps no log, takes any choice."""
+    """Tuple choices would pass the driver's checks, then the central actor, which rebuilds the space from
+    config.yaml (where a tuple is a list), would refuse a `space` key the user never wrote; and a function as
+    a choice would fail only when the run directory is written, after Ray has started. A run's space is
+    checked (`check_loggable`, from `ExperimentConfig.build_space`); the library, which keeps no log, takes
+    any choice."""
     import enum
     import math
 
@@ -203,17 +211,23 @@ def test_choices_that_would_not_come_back_from_a_runs_log_are_refused_for_runs_o
     class Act(enum.IntEnum):
         RELU = 1
 
-    with pytest.raises(SpaceError, match=r"parameter 'arch': choice \(64, 64\) would not come back the same .*"
-                                         r"write the tuple \(64, 64\) as the list \[64, 64\]"):
-        check_loggable(SearchSpace.from_description({"arch": {"type": "choice", "choices": [(64, 64), (128,)]}}))
+    with pytest.raises(SpaceError, match=r"parameter 'arch': choice \(64, 64\) would not come back the same "
+                                         r".*write the tuple \(64, 64\) as the list \[64, 64\]"):
+        check_loggable(
+            SearchSpace.from_description({"arch": {"type": "choice", "choices": [(64, 64), (128,)]}})
+        )
     for bad in ((math.sin, math.cos), ({1: "a"},), (Act.RELU, 2), ([1, (2, 3)],)):
         with pytest.raises(SpaceError, match="would not come back"):
             check_loggable(SearchSpace([ChoiceParam("c", bad)]))
-    # NumPy numbers inside list choices are plain numbers (found in review: refused as if not numbers)
-    nested = SearchSpace.from_description({"arch": {"type": "choice", "choices": [[np.int64(64)], {"w": np.float32(0.5)}]}})
+    # NumPy numbers inside list choices are plain numbers, not refused as if not numbers
+    nested = SearchSpace.from_description(
+        {"arch": {"type": "choice", "choices": [[np.int64(64)], {"w": np.float32(0.5)}]}}
+    )
     check_loggable(nested)
     assert nested.params[0].choices == ([64], {"w": 0.5}) and type(nested.params[0].choices[0][0]) is int
-    space = SearchSpace.from_description({"arch": {"type": "choice", "choices": [[64, 64], [128], None, {"a": [1]}]}})
+    space = SearchSpace.from_description(
+        {"arch": {"type": "choice", "choices": [[64, 64], [128], None, {"a": [1]}]}}
+    )
     check_loggable(space)
     assert space.from_unit(torch.tensor([[0.1]], dtype=torch.float64))[0] == {"arch": [64, 64]}
     # the library keeps tuples and classes as they are
@@ -222,7 +236,7 @@ def test_choices_that_would_not_come_back_from_a_runs_log_are_refused_for_runs_o
 
 
 def test_numpy_choices_come_back_as_plain_values():
-    """Found in review: `choices: np.linspace(...)` gave params of np.float64, which JSON and weights-only
+    """`choices: np.linspace(...)` gives params of Python floats, not np.float64, which JSON and weights-only
     checkpoints (get_state) refuse."""
     import json
 
@@ -243,13 +257,17 @@ def test_an_int_range_of_2_to_the_52_values_round_trips():
 
 @pytest.mark.parametrize("step", [0, -2])
 def test_a_step_below_one_is_refused_by_the_space_and_the_config(step):
-    """step 0 divided by zero in the value-count check before the step check ran (found in review)."""
+    """The step check runs before the value-count check, which would divide by a step of 0."""
     from orchestrator.config import load_config
     from orchestrator.errors import ConfigError
 
     with pytest.raises(SpaceError, match=rf"parameter 'n': step must be >= 1; got {step}"):
         IntParam("n", 0, 10, step=step)
-    cfg = {"objective": "forrester", "budget": 10, "space": {"x": {"type": "int", "low": 0, "high": 10, "step": step}}}
+    cfg = {
+        "objective": "forrester",
+        "budget": 10,
+        "space": {"x": {"type": "int", "low": 0, "high": 10, "step": step}},
+    }
     with pytest.raises(ConfigError, match=r"space\.x.*step must be >= 1"):
         load_config(cfg)
 
@@ -259,13 +277,22 @@ def test_a_step_below_one_is_refused_by_the_space_and_the_config(step):
     IntParam("d", 1, 7, log=True), IntParam("e", -3, 3), ChoiceParam("f", ("x", None, 2.5, [1])),
 ])
 def test_cell_index_is_the_value_from_unit_rounds_to(param):
-    """`cell_index` (the vectorized cell of a unit coordinate, by which `ask` tells points apart) gives the index of
-    the value `from_unit` returns, at random coordinates, the ends, every cell's centre and just beside its edges."""
+    """`cell_index` (the vectorized cell of a unit coordinate, by which `ask` tells points apart) gives the
+    index of the value `from_unit` returns, at random coordinates, the ends, every cell's centre and just
+    beside its edges."""
     rng = np.random.default_rng(0)
     values = param.values.tolist() if isinstance(param, IntParam) else list(param.choices)
     centres = np.array([param.to_unit(v) for v in values])
     edges = (centres[1:] + centres[:-1]) / 2
-    u = np.concatenate([rng.uniform(size=2000), [0.0, 1.0, -0.1, 1.1], centres, np.nextafter(edges, 0), np.nextafter(edges, 1)])
+    u = np.concatenate(
+        [
+            rng.uniform(size=2000),
+            [0.0, 1.0, -0.1, 1.1],
+            centres,
+            np.nextafter(edges, 0),
+            np.nextafter(edges, 1),
+        ]
+    )
     idx = param.cell_index(u)
     assert idx.dtype == np.int64 and idx.shape == u.shape
     assert [values[i] for i in idx] == [param.from_unit(x) for x in u]

@@ -31,7 +31,9 @@ MODES = ["fresh", "resumed", "torn", "torn-segment", "file-uri", "subtree-fs", "
 
 
 def _base_events(n: int = 3) -> list[Event]:
-    return [Event("proposed", f"0-{i}", time=100.0 + i, batch_id=0, params={"a": i}, x=[i / 10]) for i in range(n)]
+    return [
+        Event("proposed", f"0-{i}", time=100.0 + i, batch_id=0, params={"a": i}, x=[i / 10]) for i in range(n)
+    ]
 
 
 class Supplier:
@@ -61,7 +63,8 @@ class Supplier:
             s.append(self.prior)
             if self.mode == "torn":  # a crash mid-append leaves an unfinished temporary file
                 Path(self.run_dir, "events", ".tmp-deadbeef").write_bytes(b"PAR1\x00\x01partial")
-            if self.mode == "torn-segment":  # the last segment was cut short (non-atomic filesystem, bad disk)
+            # the last segment was cut short (non-atomic filesystem, bad disk)
+            if self.mode == "torn-segment":
                 s.append([Event("completed", "0-0", value=1.0), Event("completed", "0-1", value=2.0)])
                 seg = Path(self.run_dir, "events", "seg-000000000003-000000000004.parquet")
                 seg.write_bytes(seg.read_bytes()[:-40])
@@ -88,7 +91,14 @@ def _full_event(i: int) -> Event:
         params={"lr": 1e-3, "layers": 4, "act": "relu", "flag": True, "nested": {"k": [1, 2.5, None]}},
         x=[0.0, 0.25, 1.0],
         value=-2.75 + i,
-        forecast={"family": "asymmetric_laplace", "tau": 0.1, "mu_f": 1.0, "var_f": 0.5, "mu_g": -1.0, "var_g": 0.1},
+        forecast={
+            "family": "asymmetric_laplace",
+            "tau": 0.1,
+            "mu_f": 1.0,
+            "var_f": 0.5,
+            "mu_g": -1.0,
+            "var_g": 0.1,
+        },
         node_id="node-abc",
         pid=4242,
         started_at=1200.0,
@@ -108,7 +118,11 @@ def _same(a: Event, b: Event) -> bool:
 # ------------------------------------------------------------------ contract tests over every mode
 def test_round_trip_every_field(supplier):
     s = supplier.make()
-    evs = [_full_event(0), Event("failed", "3-1", time=5.0, error="timeout", ended_at=6.0), Event("refit", info={"fit_s": 0.1})]
+    evs = [
+        _full_event(0),
+        Event("failed", "3-1", time=5.0, error="timeout", ended_at=6.0),
+        Event("refit", info={"fit_s": 0.1}),
+    ]
     s.append(evs)
     got = supplier.reopen().events()
     assert len(got) == len(supplier.prior) + 3
@@ -126,7 +140,9 @@ def test_append_then_reopen_keeps_order_and_no_damage(supplier):
     for i in range(5):
         s.append([Event("started", f"0-{i}", time=200.0 + i, started_at=200.0 + i, node_id="n1")])
     r = supplier.reopen()
-    assert [e.trial_id for e in r.events()] == [e.trial_id for e in supplier.prior] + [f"0-{i}" for i in range(5)]
+    assert [e.trial_id for e in r.events()] == [e.trial_id for e in supplier.prior] + [
+        f"0-{i}" for i in range(5)
+    ]
     assert len(r.damage) == supplier.damaged
     assert r.config == CONFIG
     assert r.events(kinds=["started"])[0].node_id == "n1"
@@ -160,7 +176,8 @@ def test_exactly_once_replay(supplier):
     s.append([Event("proposed", "9-0", params={"a": 1}, x=[0.5], batch_id=9, forecast={"mu_f": 0.0})])
     s.append([Event("started", "9-0", started_at=10.0, node_id="A")])
     s.append([Event("completed", "9-0", value=1.5, started_at=10.0, ended_at=11.0, node_id="A")])
-    s.append([Event("completed", "9-0", value=99.0, started_at=10.0, ended_at=12.0, node_id="B")])  # a retry's duplicate
+    # a retry's duplicate
+    s.append([Event("completed", "9-0", value=99.0, started_at=10.0, ended_at=12.0, node_id="B")])
     s.append([Event("failed", "9-0", error="worker-lost")])
     s.append([Event("proposed", "9-1", params={"a": 2}), Event("started", "9-1", started_at=11.0)])
     s.append([Event("proposed", "9-2", params={"a": 3})])
@@ -183,12 +200,20 @@ def test_create_refuses_existing_run_and_open_needs_one(supplier):
 
 def test_checkpoints_round_trip(supplier):
     s = supplier.make()
-    state = {"model": {"w": torch.arange(6, dtype=torch.float64).reshape(2, 3)}, "step": 3, "names": ["a", "b"]}
+    state = {
+        "model": {"w": torch.arange(6, dtype=torch.float64).reshape(2, 3)},
+        "step": 3,
+        "names": ["a", "b"],
+    }
     s.save_checkpoint("actor", state)
     s.save_checkpoint("calibrator", {"alpha": 0.1, "history": [1.0, 2.0]})
     r = supplier.reopen()
     got = r.load_checkpoint("actor")
-    assert torch.equal(got["model"]["w"], state["model"]["w"]) and got["step"] == 3 and got["names"] == ["a", "b"]
+    assert (
+        torch.equal(got["model"]["w"], state["model"]["w"])
+        and got["step"] == 3
+        and got["names"] == ["a", "b"]
+    )
     assert r.load_checkpoint("calibrator") == {"alpha": 0.1, "history": [1.0, 2.0]}
     assert r.load_checkpoint("missing") is None
     assert r.checkpoints() == ["actor", "calibrator"]
@@ -277,22 +302,25 @@ def test_invalid_event_names_field_and_writes_nothing(tmp_path):
         s.append([Event("completed", "a", value="1.0")])
     with pytest.raises(StoreError, match=r"info\['obj'\] holds a object"):
         s.append([Event("refit", info={"obj": object()})])
-    # found in review: these raised pyarrow's OverflowError / a UnicodeEncodeError, not a StoreError naming them
-    with pytest.raises(StoreError, match=r"events\[0\]\.pid must fit in a signed 64-bit integer; got 18446744073709551616"):
+    # a StoreError naming them, not pyarrow's OverflowError / a UnicodeEncodeError
+    with pytest.raises(StoreError, match=r"events\[0\]\.pid must fit in a signed 64-bit integer; got "
+                                         r"18446744073709551616"):
         s.append([Event("completed", "a", value=1.0, pid=2**64)])
     with pytest.raises(StoreError, match=r"events\[0\]\.batch_id must fit in a signed 64-bit integer"):
         s.append([Event("proposed", "a", batch_id=1e20)])
     with pytest.raises(StoreError, match=r"events\[0\]\.trial_id must be UTF-8 text"):
         s.append([Event("proposed", "a\udcff")])
     assert os.listdir(tmp_path / "r" / "events") == []
-    s.append([Event("completed", "a", value=np.float32(1.5), x=np.array([0.5, 0.25]), params={"k": np.int64(3)})])
+    s.append(
+        [Event("completed", "a", value=np.float32(1.5), x=np.array([0.5, 0.25]), params={"k": np.int64(3)})]
+    )
     ev = RunStore.open(str(tmp_path / "r")).events()[0]
     assert ev.value == 1.5 and ev.x == [0.5, 0.25] and ev.params == {"k": 3}
 
 
 def test_text_that_is_not_utf8_is_written_escaped(tmp_path):
-    """A lone surrogate (an undecodable file name in an objective's message) is not UTF-8: Parquet refused the
-    whole segment, so the batch's other results were lost and every resume crashed again (found in review)."""
+    """A lone surrogate (an undecodable file name in an objective's message) is not UTF-8: Parquet would
+    refuse the whole segment, losing the batch's other results, and every resume would crash again."""
     bad = "ValueError: cannot parse /data/run-" + os.fsdecode(b"\xff") + ".csv"
     s = RunStore.create(str(tmp_path / "r"), CONFIG)
     s.append([Event("failed", "0-0", error="exception", traceback=bad, node_id=bad),
@@ -313,7 +341,7 @@ def test_two_writers_never_overwrite_a_segment(tmp_path):
 
 def test_one_writer_at_a_time_and_a_dead_writer_frees_the_lock(tmp_path):
     """Two writers of one log number their segments on from what each has read, and a reader kept one of two
-    events with the same number: a second resume of a running run lost results silently (found in review).
+    events with the same number: a second resume of a running run would lose results silently.
     The writer lock refuses the second writer, naming the first; the OS frees it when its process dies."""
     import signal
     import subprocess
@@ -332,8 +360,8 @@ def test_one_writer_at_a_time_and_a_dead_writer_frees_the_lock(tmp_path):
     b.lock_writer()
     b.append([Event("proposed", "x")])
     b.unlock_writer()
-    code = ("import sys, time; from orchestrator.store import RunStore; s = RunStore.open(sys.argv[1]); s.lock_writer(); "
-            "print('locked', flush=True); time.sleep(60)")
+    code = ("import sys, time; from orchestrator.store import RunStore; s = RunStore.open(sys.argv[1]); "
+            "s.lock_writer(); print('locked', flush=True); time.sleep(60)")
     child = subprocess.Popen([sys.executable, "-c", code, rd], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "locked"
@@ -347,8 +375,8 @@ def test_one_writer_at_a_time_and_a_dead_writer_frees_the_lock(tmp_path):
 
 
 def test_a_create_that_died_before_its_config_leaves_a_folder_a_new_run_may_use(tmp_path, monkeypatch):
-    """`create` makes events/ and checkpoints/ before config.yaml; a failure in between (ENOSPC) left a folder
-    that was neither a run (resume refused) nor new (run refused): the user had to delete it (found in review)."""
+    """`create` makes events/ and checkpoints/ before config.yaml; a failure in between (ENOSPC) must not
+    leave a folder that is neither a run (resume refused) nor new (run refused), for the user to delete."""
     rd = str(tmp_path / "r")
     real = store_mod._Local.write_atomic
 
@@ -396,8 +424,8 @@ def test_conflicting_overlap_of_two_writers_is_reported_and_never_compacted(tmp_
     values = [e.value for e in reader.events(["completed"])]
     assert values == [1.0, 5.0]  # seq 3 from seg-3-3 (sorted first), seq 4 only in the second writer's
     assert reader.damage == [
-        "events/seg-000000000003-000000000004.parquet: 1 event(s) with sequence number(s) 3 differ from those in "
-        "events/seg-000000000003-000000000003.parquet (two writers on one run?); kept "
+        "events/seg-000000000003-000000000004.parquet: 1 event(s) with sequence number(s) 3 differ from "
+        "those in events/seg-000000000003-000000000003.parquet (two writers on one run?); kept "
         "events/seg-000000000003-000000000003.parquet's"
     ]
     reader.compact()
@@ -413,15 +441,16 @@ def test_conflicting_overlap_of_two_writers_is_reported_and_never_compacted(tmp_
     with open(seg, "rb") as fh:
         data = fh.read()
     with open(os.path.join(exact, "events", "seg-000000000002-000000000003.parquet"), "wb") as fh:
-        fh.write(data)  # the same row 2, in a segment that promises 2-3 (3 missing: that is damage of its own)
+        # the same row 2, in a segment that promises 2-3 (3 missing: that is damage of its own)
+        fh.write(data)
     o = RunStore.open(exact)
     assert [e.value for e in o.events(["completed"])] == [1.0]
     assert not any("differ" in line for line in o.damage)
 
 
 def test_conflict_winner_keeps_winning_after_a_later_writer_compacts(tmp_path):
-    """Found in review: a later (single) writer's auto-compaction merged the winning segment into one named
-    after the loser, so the replay changed from one read to the next. Neither side of a conflict is merged."""
+    """Neither side of a conflict is merged: a later (single) writer's auto-compaction merging the winning
+    segment into one named after the loser would change the replay from one read to the next."""
     rd = str(tmp_path / "r")
     a = RunStore.create(rd, CONFIG)
     a.append([Event("proposed", f"p-{i}", time=1.0) for i in range(1024)])  # a large segment: never "small"
@@ -460,10 +489,10 @@ def test_a_long_lived_writer_does_not_compact_a_conflict_it_never_read(tmp_path)
 
 
 def test_append_after_a_crash_between_a_merge_and_its_deletes(tmp_path, monkeypatch, caplog):
-    """Found in review: after such a crash the merge (no longer small) was left out of the next
-    auto-compaction, whose merge of the same sources then collided with it by name: the append raised
-    'already exists' with its batch already on disk. The old merge is now merged in. (Since a failed
-    compaction no longer fails the append, the collision shows only as its warning: checked below.)"""
+    """After such a crash the merge (no longer small) is merged in by the next auto-compaction, whose merge of
+    the same sources would otherwise collide with it by name ('already exists', with the append's batch
+    already on disk). A failed compaction does not fail the append, so a collision would show only as its
+    warning: checked below."""
     rd = str(tmp_path / "r")
     w = RunStore.create(rd, CONFIG)
 
@@ -633,9 +662,11 @@ def test_property_damaged_segment_keeps_exact_intact_records(tmp_path_factory, m
         assert r.damage == []
 
 
-def test_a_failed_auto_compaction_does_not_fail_an_append_whose_segment_is_durable(tmp_path, monkeypatch, caplog):
-    """Found in review: a compaction error (disk full writing the merged segment) came out of `append` after its
-    own segment was durable: the actor reported the results unrecorded, and a retry wrote them twice."""
+def test_a_failed_auto_compaction_does_not_fail_an_append_whose_segment_is_durable(
+    tmp_path, monkeypatch, caplog
+):
+    """A compaction error (disk full writing the merged segment) does not come out of `append` once its own
+    segment is durable: the actor would report the results unrecorded, and a retry would write them twice."""
     s = RunStore.create(str(tmp_path / "r"), CONFIG)
     s.compact_files = 3
 
@@ -651,8 +682,8 @@ def test_a_failed_auto_compaction_does_not_fail_an_append_whose_segment_is_durab
 
 
 def test_an_unreadable_segment_is_reported_and_the_rest_of_the_log_read(tmp_path):
-    """Found in review: an I/O error reading one segment (a bad sector; here a folder with a segment's name)
-    made `events()` raise, so open, status, report and resume all failed instead of reporting that segment."""
+    """An I/O error reading one segment (a bad sector; here a folder with a segment's name) is reported as
+    that segment, rather than `events()` raising and open, status, report and resume all failing."""
     s = RunStore.create(str(tmp_path / "r"), CONFIG)
     for i in range(3):
         s.append([Event("completed", f"0-{i}", value=float(i))])  # seq 0, 1, 2
@@ -666,8 +697,8 @@ def test_an_unreadable_segment_is_reported_and_the_rest_of_the_log_read(tmp_path
 
 
 def test_a_transient_read_error_is_raised_not_read_as_damage(tmp_path, monkeypatch):
-    """Found in a review of the fix above: read as damage, a transient EIO dropped that segment's results and a
-    resume ran their trials again (exactly-once broken); raised, the resume is refused and nothing is lost."""
+    """A transient EIO is raised, not read as damage (which would drop that segment's results and make a
+    resume run their trials again, breaking exactly-once): the resume is refused and nothing is lost."""
     s = RunStore.create(str(tmp_path / "r"), CONFIG)
     for i in range(2):
         s.append([Event("completed", f"0-{i}", value=float(i))])
@@ -686,8 +717,8 @@ def test_a_transient_read_error_is_raised_not_read_as_damage(tmp_path, monkeypat
 
 
 def test_damaged_segments_do_not_make_every_append_compact(tmp_path, monkeypatch):
-    """Found in review: damaged segments counted as small ones to merge, which `compact` then skips: once as many
-    existed as `compact_files`, every append compacted (18.6 MB written for 1000 appends instead of 4.8)."""
+    """Damaged segments do not count as small ones to merge (`compact` skips them): counted, once as many
+    exist as `compact_files`, every append would compact (18.6 MB written for 1000 appends instead of 4.8)."""
     s = RunStore.create(str(tmp_path / "r"), CONFIG)
     for i in range(3):
         s.append([Event("completed", f"0-{i}", value=float(i))])
@@ -707,8 +738,8 @@ def test_damaged_segments_do_not_make_every_append_compact(tmp_path, monkeypatch
 
 
 def test_a_new_run_directory_is_fsynced_into_its_parents(tmp_path, fsynced):
-    """Found in review: the files and `events/`, `checkpoints/` were fsynced, but not the new run directory (nor
-    a new `runs/`) in its parent: after a power loss the whole run could be gone on some filesystems."""
+    """The new run directory (and a new `runs/`) is fsynced in its parent, as the files, `events/` and
+    `checkpoints/` are: otherwise, after a power loss the whole run could be gone on some filesystems."""
     synced = fsynced
     RunStore.create(str(tmp_path / "runs" / "r"), CONFIG)
     for folder in (tmp_path, tmp_path / "runs", tmp_path / "runs" / "r"):  # each holds a new entry
@@ -717,8 +748,8 @@ def test_a_new_run_directory_is_fsynced_into_its_parents(tmp_path, fsynced):
 
 
 def test_a_filesystem_without_flock_runs_without_a_writer_lock_and_says_so(tmp_path, monkeypatch, caplog):
-    """Found in review: any flock error counted as "another run holds the lock", so on a filesystem without
-    flock (Lustre mounted without -o flock: ENOSYS) no run could start or resume."""
+    """Not every flock error counts as "another run holds the lock": on a filesystem without flock (Lustre
+    mounted without -o flock: ENOSYS) a run can still start and resume."""
     import fcntl
 
     s = RunStore.create(str(tmp_path / "r"), CONFIG)
@@ -742,8 +773,8 @@ def test_a_filesystem_without_flock_runs_without_a_writer_lock_and_says_so(tmp_p
 
 
 def test_a_checkpoint_comes_back_as_it_was_saved_without_tensors_too(tmp_path):
-    """Found in review: without a tensor a checkpoint was saved as JSON, which turned int keys into strings (keys 1
-    and "1" merged) and tuples into lists; with one it came back intact."""
+    """A checkpoint without a tensor comes back intact, as one with a tensor does: saved as JSON, int keys
+    would turn into strings (keys 1 and "1" merged) and tuples into lists."""
     s = RunStore.create(str(tmp_path / "r"), CONFIG)
     state = {"per_batch": {0: 1.5, 1: 2.5, "1": "b"}, "shape": (2, 3), "plain": [1, "x", None]}
     s.save_checkpoint("odd", state)
@@ -753,7 +784,7 @@ def test_a_checkpoint_comes_back_as_it_was_saved_without_tensors_too(tmp_path):
 
 
 def test_the_writer_removes_temporary_files_a_crash_left(tmp_path):
-    """Found in review: a write cut short by a crash left its `.tmp-*` file in events/ for good."""
+    """A write cut short by a crash does not leave its `.tmp-*` file in events/ for good."""
     s = RunStore.create(str(tmp_path / "r"), CONFIG)
     s.append(_base_events(2))
     for folder in ("events", "checkpoints", ""):
@@ -786,9 +817,9 @@ def test_discard_unstarted_removes_only_a_run_that_recorded_nothing(tmp_path):
 
 
 def test_a_status_probe_of_the_writer_lock_does_not_refuse_a_starting_writer(tmp_path):
-    """Found in review: `is_being_written` (status, report) holds a shared flock for an instant, and a writer
-    (a run's central actor, a resume, Ray's restart of a crashed actor) taking the lock then was refused as if
-    another run held it (2 of 2000 takes under a loop of probes). The writer tries again for a moment."""
+    """`is_being_written` (status, report) holds a shared flock for an instant; a writer (a run's central
+    actor, a resume, Ray's restart of a crashed actor) taking the lock then tries again for a moment rather
+    than being refused as if another run held it (2 of 2000 takes under a loop of probes)."""
     import fcntl
     import threading
 
@@ -808,9 +839,9 @@ def test_a_status_probe_of_the_writer_lock_does_not_refuse_a_starting_writer(tmp
 
 
 def test_a_deleted_segment_is_reported_as_missing_events(tmp_path):
-    """Found in review: deleting a segment file (the first, or one in the middle) read as an intact, shorter
-    log: status showed fewer results without a damage line, and a resume ran those trials again silently.
-    Sequence numbers run from 0 without holes, so a hole is damage; an intact log has none."""
+    """Deleting a segment file (the first, or one in the middle) is damage, not an intact, shorter log (status
+    showing fewer results without a damage line, a resume running those trials again silently). Sequence
+    numbers run from 0 without holes, so a hole is damage; an intact log has none."""
     s = RunStore.create(str(tmp_path / "r"), CONFIG)
     for i in range(6):
         s.append([Event("completed", f"0-{i}", value=float(i))])  # seq 0 .. 5, one segment each
@@ -829,7 +860,7 @@ def test_a_deleted_segment_is_reported_as_missing_events(tmp_path):
         r.unlock_writer()
     assert "seg-000000000006-000000000006.parquet" in os.listdir(events)
     # a compaction merges on each side of a hole, never across it: a merge named for the missing numbers would
-    # make the hole read as that intact merge being short of rows, and keep it out of compaction (own-diff review)
+    # make the hole read as that intact merge being short of rows, and keep it out of compaction
     r = RunStore.open(str(tmp_path / "r"))
     r.compact_files = 2
     r.lock_writer()
@@ -847,8 +878,8 @@ def test_a_deleted_segment_is_reported_as_missing_events(tmp_path):
 
 
 def test_a_run_whose_events_folder_is_gone_is_refused_not_read_as_new(tmp_path):
-    """Found in review: with events/ removed, status showed a fresh run and a resume started Ray, then failed
-    at its first write claiming everything logged before was kept."""
+    """With events/ removed, status does not show a fresh run, and a resume does not start Ray to fail at its
+    first write claiming everything logged before was kept."""
     s = RunStore.create(str(tmp_path / "r"), CONFIG)
     s.append([Event("completed", "0-0", value=1.0)])
     import shutil
@@ -859,11 +890,12 @@ def test_a_run_whose_events_folder_is_gone_is_refused_not_read_as_new(tmp_path):
 
 
 def test_a_writer_lock_that_cannot_be_written_is_one_line_naming_it(tmp_path):
-    """Found in review: a read-only run directory, a full disk or a folder named writer.lock made `resume`
-    end in a raw OSError traceback (before Ray started); now a `RunDirError` (exit 2) naming the file."""
+    """A read-only run directory, a full disk or a folder named writer.lock makes `resume` end in a
+    `RunDirError` (exit 2) naming the file, not a raw OSError traceback (before Ray starts)."""
     s = RunStore.create(str(tmp_path / "r"), CONFIG)
     (tmp_path / "r" / "writer.lock").mkdir()
     r = RunStore.open(str(tmp_path / "r"))
-    with pytest.raises(RunDirError, match=r"cannot write the run directory .*/r: writer.lock: Is a directory"):
+    with pytest.raises(RunDirError, match=r"cannot write the run directory .*/r: writer.lock: Is a "
+                                          r"directory"):
         r.lock_writer()
     del s

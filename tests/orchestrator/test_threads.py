@@ -1,5 +1,6 @@
-"""Bounded torch threads (orchestrator/threads.py): the check of `threads` in the config and the optimizer, the
-scope `fit` and `ask` run in, the caller's setting restored afterwards, nested and in two threads at once."""
+"""Bounded torch threads (orchestrator/threads.py): the check of `threads` in the config and the optimizer,
+the scope `fit` and `ask` run in, the caller's setting restored afterwards, nested and in two threads at
+once."""
 
 from __future__ import annotations
 
@@ -19,14 +20,17 @@ SPACE = {"x": {"type": "float", "low": 0.0, "high": 1.0}, "y": {"type": "float",
 
 @pytest.fixture
 def two_threads():
-    """torch at 2 intra-op threads for the test (the module's conftest sets 1), as a fresh 2-core process has."""
+    """torch at 2 intra-op threads for the test (the module's conftest sets 1), as a fresh 2-core process
+    has."""
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     yield 2
     torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("value, expected", [("auto", "auto"), (1, 1), (np.int64(4), 4), (MAX_THREADS, MAX_THREADS)])
+@pytest.mark.parametrize(
+    "value, expected", [("auto", "auto"), (1, 1), (np.int64(4), 4), (MAX_THREADS, MAX_THREADS)]
+)
 def test_threads_takes_auto_or_an_integer(value, expected):
     got = check_threads("`threads`", value)
     assert got == expected and type(got) is type(expected)
@@ -55,8 +59,12 @@ def test_the_central_actors_optimizer_takes_the_config_key():
     cfg = load_config({"objective": "forrester", "threads": 3})
     opt = AskTellOptimizer.from_config(cfg, inspect_objective("forrester", {}))
     assert opt.threads == 3
-    assert AskTellOptimizer.from_config(load_config({"objective": "forrester"}), inspect_objective("forrester", {})
-                                        ).threads == "auto"
+    assert (
+        AskTellOptimizer.from_config(
+            load_config({"objective": "forrester"}), inspect_objective("forrester", {})
+        ).threads
+        == "auto"
+    )
 
 
 def test_auto_bounds_and_never_raises_the_callers_setting():
@@ -82,7 +90,11 @@ def test_numpys_blas_is_bounded_too_and_restored(two_threads):
     threadpoolctl = pytest.importorskip("threadpoolctl")
 
     def blas():
-        return {i["filepath"]: i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"}
+        return {
+            i["filepath"]: i["num_threads"]
+            for i in threadpoolctl.threadpool_info()
+            if i["user_api"] == "blas"
+        }
 
     before = blas()
     if not before:
@@ -95,8 +107,8 @@ def test_numpys_blas_is_bounded_too_and_restored(two_threads):
 
 
 def test_concurrent_blocks_restore_each_threads_own_setting(two_threads):
-    """Two threads in bounded calls at once, the other one leaving first: each keeps the bound until its own call
-    ends, and each gets its own setting back."""
+    """Two threads in bounded calls at once, the other one leaving first: each keeps the bound until its own
+    call ends, and each gets its own setting back."""
     entered, leave, left = threading.Event(), threading.Event(), threading.Event()
     seen = {}
 
@@ -134,7 +146,9 @@ def test_fit_and_ask_run_bounded_and_restore(two_threads, monkeypatch):
 
     monkeypatch.setattr(opt, "_fit", spy)
     ask = opt._ask
-    monkeypatch.setattr(opt, "_ask", lambda *a, **k: seen.append(("ask", torch.get_num_threads())) or ask(*a, **k))
+    monkeypatch.setattr(
+        opt, "_ask", lambda *a, **k: seen.append(("ask", torch.get_num_threads())) or ask(*a, **k)
+    )
     trials = opt.ask(2)  # fits first, then proposes
     assert trials[0].source == "model" and seen == [("ask", 1), ("fit", 1)]
     assert torch.get_num_threads() == 2

@@ -1,7 +1,7 @@
 """A run's trials as a DataFrame (orchestrator/store/frame.py): `qbatch.read_trials(run_dir)` and
-`AskTellOptimizer.trials_dataframe()` give one row per trial with typed parameter columns, the source, the times,
-the node, the failure reason and message, and one column per metric; the log is read by its rule, so a compaction,
-finished or cut short by a crash, never counts a trial twice."""
+`AskTellOptimizer.trials_dataframe()` give one row per trial with typed parameter columns, the source, the
+times, the node, the failure reason and message, and one column per metric; the log is read by its rule, so a
+compaction, finished or cut short by a crash, never counts a trial twice."""
 
 from __future__ import annotations
 
@@ -28,18 +28,40 @@ EXPECTED = [*COLUMNS[:4], "param_lr", "param_layers", "param_act", "param_shape"
 
 
 def _events() -> list[Event]:
-    """Four trials: 0-0 completed with metrics, 0-1 failed (exception), 0-2 running, 0-3 only proposed; 0-0 also
-    has a late duplicate result, which the replay ignores."""
+    """Four trials: 0-0 completed with metrics, 0-1 failed (exception), 0-2 running, 0-3 only proposed; 0-0
+    also has a late duplicate result, which the replay ignores."""
     evs = []
     for i, p in enumerate(PARAMS):
         evs.append(Event("proposed", f"0-{i}", time=100.0 + i, batch_id=0, params=p, x=[0.1 * i] * 4,
                          info={"source": "sobol" if i < 2 else "model", "seed": i}))
     for i in range(3):
-        evs.append(Event("started", f"0-{i}", time=110.0 + i, batch_id=0, started_at=110.0 + i, node_id=f"node{i}",
-                         pid=40 + i, attempt=0))
-    evs.append(Event("completed", "0-0", time=120.0, value=1.25, started_at=110.0, ended_at=118.5, node_id="node0",
-                     pid=40, info={"metrics": {"loss": 0.5, "note": "ok"}}))
-    evs.append(Event("failed", "0-1", time=121.0, error="exception", traceback="Traceback ...", started_at=111.0,
+        evs.append(
+            Event(
+                "started",
+                f"0-{i}",
+                time=110.0 + i,
+                batch_id=0,
+                started_at=110.0 + i,
+                node_id=f"node{i}",
+                pid=40 + i,
+                attempt=0,
+            )
+        )
+    evs.append(
+        Event(
+            "completed",
+            "0-0",
+            time=120.0,
+            value=1.25,
+            started_at=110.0,
+            ended_at=118.5,
+            node_id="node0",
+            pid=40,
+            info={"metrics": {"loss": 0.5, "note": "ok"}},
+        )
+    )
+    evs.append(Event("failed", "0-1", time=121.0, error="exception", traceback="Traceback "
+                                                                               "...", started_at=111.0,
                      ended_at=112.0, node_id="node1", pid=41,
                      info={"message": "ValueError: bad lr", "metrics": {"loss": 2.0, "note": [1, 2]}}))
     evs.append(Event("completed", "0-0", time=130.0, value=9.0, started_at=110.0, ended_at=129.0))
@@ -67,7 +89,8 @@ def test_one_row_per_trial_with_typed_columns(tmp_path):
     assert isinstance(df["param_act"].dtype, pd.CategoricalDtype)
     assert list(df["param_act"].cat.categories) == ["relu", "tanh"] and list(df["param_act"]) == [
         "relu", "tanh", "relu", "tanh"]
-    assert df["param_shape"].dtype == object and df["param_shape"][0] == [1, 2]  # lists: no category holds them
+    # lists: no category holds them
+    assert df["param_shape"].dtype == object and df["param_shape"][0] == [1, 2]
     assert list(df["source"]) == ["sobol", "sobol", "model", "model"]
     assert df["batch_id"].dtype == "Int64" and df["attempt"].dtype == "Int64"
     for col in ("proposed", "started", "finished"):
@@ -106,7 +129,12 @@ def test_counts_after_a_compaction_and_after_one_cut_short(tmp_path):
     assert naive.num_rows == 2 * len(_events())  # what a read that ignores `seq` would count
     after = read_trials(store.run_dir)
     pd.testing.assert_frame_equal(after, before)
-    assert after["state"].value_counts().to_dict() == {"completed": 1, "failed": 1, "running": 1, "proposed": 1}
+    assert after["state"].value_counts().to_dict() == {
+        "completed": 1,
+        "failed": 1,
+        "running": 1,
+        "proposed": 1,
+    }
 
 
 def test_a_run_in_one_segment_reads_the_same(tmp_path):
@@ -119,7 +147,14 @@ def test_a_new_run_has_the_columns_and_no_rows(tmp_path):
     store = RunStore.create(str(tmp_path / "run"), {"name": "empty", "space": SPACE})
     df = read_trials(store.run_dir)
     assert len(df) == 0
-    assert list(df.columns) == [*COLUMNS[:4], "param_lr", "param_layers", "param_act", "param_shape", *COLUMNS[4:]]
+    assert list(df.columns) == [
+        *COLUMNS[:4],
+        "param_lr",
+        "param_layers",
+        "param_act",
+        "param_shape",
+        *COLUMNS[4:],
+    ]
     assert df["param_layers"].dtype == "Int64"
 
 
@@ -141,7 +176,14 @@ def test_the_optimizer_frame_has_the_same_columns():
     opt.tell(trials[2].trial_id, None, error="timeout", message="timeout after 5 s")
     opt.tell_point(PARAMS[0], 3.0)
     df = opt.trials_dataframe()
-    assert list(df.columns) == [*COLUMNS[:4], "param_lr", "param_layers", "param_act", "param_shape", *COLUMNS[4:]]
+    assert list(df.columns) == [
+        *COLUMNS[:4],
+        "param_lr",
+        "param_layers",
+        "param_act",
+        "param_shape",
+        *COLUMNS[4:],
+    ]
     assert list(df["trial_id"]) == [t.trial_id for t in trials] + ["user-0"]
     assert list(df["state"]) == ["completed", "failed", "failed", "pending", "completed"]
     assert list(df["value"][[0, 4]]) == [2.5, 3.0]

@@ -1,7 +1,8 @@
-"""`import qbatch` (qbatch/__init__.py): one import for the public API, light (neither torch nor Ray nor pandas),
-and unbroken by a user's module named like one of the layout's packages in the working folder. The shadowing
-tests run Python in a temporary folder holding `objectives.py`, `workers.py` and `orchestrator.py`, with the
-repository on `PYTHONPATH` as an installed package is on the path, and the repository root not the working folder.
+"""`import qbatch` (qbatch/__init__.py): one import for the public API, light (neither torch nor Ray nor
+pandas), and unbroken by a user's module named like one of the layout's packages in the working folder. The
+shadowing tests run Python in a temporary folder holding `objectives.py`, `workers.py` and `orchestrator.py`,
+with the repository on `PYTHONPATH` as an installed package is on the path, and the repository root not the
+working folder.
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ def test_every_exported_name_is_the_object_of_its_module():
 def _python(cwd: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """Python in `cwd` with the repository on PYTHONPATH, as a pip-installed user has the library."""
     env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_importing_qbatch_loads_neither_torch_nor_ray_nor_pandas(tmp_path):
@@ -63,7 +66,8 @@ def test_importing_qbatch_loads_neither_torch_nor_ray_nor_pandas(tmp_path):
 
 @pytest.fixture
 def shadowed(tmp_path) -> Path:
-    """A working folder with a user's module named like each of the layout's packages, and a package folder too."""
+    """A working folder with a user's module named like each of the layout's packages, and a package folder
+    too."""
     for name in SHADOWS:
         (tmp_path / f"{name}.py").write_text(f"WHO = 'the user module {name}'\n")
     return tmp_path
@@ -72,11 +76,12 @@ def shadowed(tmp_path) -> Path:
 _USES = textwrap.dedent("""
     import json, sys
     import qbatch
-    used = [qbatch.optimize, qbatch.read_trials, qbatch.AskTellOptimizer, qbatch.run_experiment, qbatch.Objective]
+    used = [qbatch.optimize, qbatch.read_trials, qbatch.AskTellOptimizer, qbatch.run_experiment,
+            qbatch.Objective]
     from orchestrator.runner import run_experiment
     from workers.by_value import CallableObjective
-    print(json.dumps({"files": sorted({sys.modules[m].__file__ for m in ("objectives", "workers", "orchestrator")}),
-                      "optimize": qbatch.optimize.__module__}))
+    files = sorted({sys.modules[m].__file__ for m in ("objectives", "workers", "orchestrator")})
+    print(json.dumps({"files": files, "optimize": qbatch.optimize.__module__}))
 """)
 
 
@@ -127,8 +132,8 @@ def test_a_user_package_folder_is_shadowed_as_a_module_is(tmp_path):
 
 
 def test_the_runner_names_the_shadowing_modules_its_ray_workers_would_import(shadowed, monkeypatch):
-    """Ray puts the driver's working folder and script folder first on its workers' paths: the runner finds the
-    modules there that are named like the packages (and gives the Ray it starts a setup hook); in the
+    """Ray puts the driver's working folder and script folder first on its workers' paths: the runner finds
+    the modules there that are named like the packages (and gives the Ray it starts a setup hook); in the
     repository root, whose packages are the library's own, it finds none and leaves `ray.init` as it is."""
     from orchestrator.runner import session
 
@@ -166,7 +171,8 @@ def test_the_worker_setup_hook_binds_the_packages_in_a_fresh_process(shadowed):
 
 
 def test_a_run_on_the_callers_ray_names_the_shadowing_modules(shadowed, monkeypatch, capsys):
-    """The Ray a caller started has its workers already: no hook can reach them, so the run says what to change."""
+    """The Ray a caller started has its workers already: no hook can reach them, so the run says what to
+    change."""
     import ray
 
     from orchestrator.runner import session

@@ -1,5 +1,5 @@
-"""`QbatchGenerator` (qbatch/gest.py) through the real gest-api classes: a suggest/ingest loop on a small function,
-ids, constants, earlier data, failures, and the VOCS qbatch refuses by name."""
+"""`QbatchGenerator` (qbatch/gest.py) through the real gest-api classes: a suggest/ingest loop on a small
+function, ids, constants, earlier data, failures, and the VOCS qbatch refuses by name."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """`qbatch.optimize` (orchestrator/runner/optimize.py) on a real Ray: a lambda on the local Ray it starts, a
-function and a callable object defined in a `__main__` script (run as a subprocess, beside modules that shadow the
-layout's packages), an `fn` that raises or returns NaN recorded as failed trials, a resume of an aborted run with
-a fixed `fn`, the refusals before Ray starts, and `address=` to a `ray.cluster_utils.Cluster`. Run inside
-`scripts/loopback`."""
+function and a callable object defined in a `__main__` script (run as a subprocess, beside modules that shadow
+the layout's packages), an `fn` that raises or returns NaN recorded as failed trials, a resume of an aborted
+run with a fixed `fn`, the refusals before Ray starts, and `address=` to a `ray.cluster_utils.Cluster`. Run
+inside `scripts/loopback`."""
 
 from __future__ import annotations
 
@@ -48,7 +48,9 @@ def test_a_lambda_on_the_local_ray_it_starts(tmp_path):
                              initial_design=3, run_dir=str(tmp_path / "lam"), out=out, **FAST)
     assert isinstance(result, qbatch.OptimizeResult) and result.run_dir == str(tmp_path / "lam")
     rec = result.recommendation
-    assert isinstance(rec, qbatch.Recommendation) and set(rec.params) == {"x", "n"} and math.isfinite(rec.value)
+    assert (
+        isinstance(rec, qbatch.Recommendation) and set(rec.params) == {"x", "n"} and math.isfinite(rec.value)
+    )
     assert result.summary["status"] == "finished" and result.summary["completed"] == 6
     df = result.trials_dataframe()
     assert len(df) == 6 and (df["state"] == "completed").all()
@@ -89,8 +91,15 @@ def test_a_raise_and_a_nan_are_failed_trials_with_their_reasons(tmp_path):
 
 def test_an_aborted_run_resumes_with_the_fixed_fn(tmp_path):
     run_dir = str(tmp_path / "fix")
-    args = dict(budget=8, batch_size=4, initial_design=4, failure_guard={"max_failure_rate": 0.5, "min_trials": 2},
-                run_dir=run_dir, out=io.StringIO(), **FAST)
+    args = dict(
+        budget=8,
+        batch_size=4,
+        initial_design=4,
+        failure_guard={"max_failure_rate": 0.5, "min_trials": 2},
+        run_dir=run_dir,
+        out=io.StringIO(),
+        **FAST,
+    )
 
     def broken(params):
         raise ValueError("a bug")
@@ -164,14 +173,15 @@ MAIN_SCRIPT = textwrap.dedent("""
                             run_dir=f"runs/{key}", out=io.StringIO(), **FAST)
         df = r.trials_dataframe()
         out[key] = {"params": r.recommendation.params, "completed": int((df["state"] == "completed").sum()),
-                    "values": df["value"].tolist(), "xs": df["param_x"].tolist(), "ns": df["param_n"].tolist()}
+                    "values": df["value"].tolist(), "xs": df["param_x"].tolist(),
+                    "ns": df["param_n"].tolist()}
     print(json.dumps(out))
 """)
 
 
 def test_a_function_and_a_callable_object_of_a_main_script(tmp_path):
-    """The script's folder also holds `objectives.py`, `workers.py` and `orchestrator.py`: Ray puts it first on
-    its workers' path, and the run goes on."""
+    """The script's folder also holds `objectives.py`, `workers.py` and `orchestrator.py`: Ray puts it first
+    on its workers' path, and the run goes on."""
     for name in ("objectives", "workers", "orchestrator"):
         (tmp_path / f"{name}.py").write_text("raise ImportError('the user module, imported by mistake')\n")
     (tmp_path / "main.py").write_text(MAIN_SCRIPT)
@@ -195,9 +205,17 @@ def test_address_runs_on_a_cluster(tmp_path):
     try:
         worker = cluster.add_node(num_cpus=2)
         cluster.wait_for_nodes()
-        result = qbatch.optimize(lambda p: p["x"] * p["n"], SPACE, budget=6, batch_size=3, initial_design=3,
-                                 address=cluster.address, run_dir=str(tmp_path / "cluster"), out=io.StringIO(),
-                                 **{**FAST, "num_cpus": None})
+        result = qbatch.optimize(
+            lambda p: p["x"] * p["n"],
+            SPACE,
+            budget=6,
+            batch_size=3,
+            initial_design=3,
+            address=cluster.address,
+            run_dir=str(tmp_path / "cluster"),
+            out=io.StringIO(),
+            **{**FAST, "num_cpus": None},
+        )
         assert result.summary["max_concurrent"] == 3  # the cluster's 1 + 2 CPUs, one per evaluation
         df = result.trials_dataframe()
         assert (df["state"] == "completed").sum() == 6

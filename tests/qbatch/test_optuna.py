@@ -124,7 +124,9 @@ def test_bad_options_and_multi_objective_studies_are_refused():
 def test_an_optimizer_given_keeps_its_space_and_must_share_the_studys_direction():
     from orchestrator.ask_tell import AskTellOptimizer
 
-    opt = AskTellOptimizer({"x": {"type": "float", "low": 0.0, "high": 1.0}}, direction="maximize", initial_design=2)
+    opt = AskTellOptimizer(
+        {"x": {"type": "float", "low": 0.0, "high": 1.0}}, direction="maximize", initial_design=2
+    )
     study = optuna.create_study(direction="maximize", sampler=QbatchSampler(optimizer=opt, batch_size=2))
     study.optimize(lambda t: t.suggest_float("x", 0.0, 1.0), n_trials=2)
     assert opt.num_completed == 2

@@ -1,5 +1,5 @@
-"""`QbatchSearch` (qbatch/tune.py) under a real `tune.Tuner` on a local Ray, and its state, space conversion and
-failures without Ray (run inside scripts/loopback)."""
+"""`QbatchSearch` (qbatch/tune.py) under a real `tune.Tuner` on a local Ray, and its state, space conversion
+and failures without Ray (run inside scripts/loopback)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ def test_a_tuner_with_concurrent_trials_tells_every_completed_trial(local_ray, t
     ok = [r for r in results if r.error is None]
     assert ok and all(r.metrics["tag"] == "const" and 1 <= r.config["opt"]["n"] <= 8 for r in ok)
     opt = searcher.optimizer
-    # the metric and mode came from TuneConfig, the space from param_space, the batch size from max_concurrent_trials
+    # the metric and mode came from TuneConfig, the space from param_space, the batch size from
+    # max_concurrent_trials
     assert opt is not None and opt.direction == "minimize" and searcher.batch_size == 2
     assert list(opt.space.describe()) == ["x", "opt/n"]
     assert opt.num_completed == len(ok) and opt.num_completed + opt.num_failed == 12
@@ -130,9 +131,12 @@ def test_tune_domains_become_qbatch_parameters_and_the_rest_is_refused_by_name()
         "own": {"type": "int", "low": 1, "high": 3},
     }
     assert converted["nested/p"][0] == ("nested", "p")
-    for bad, match in [({"q": tune.quniform(0, 1, 0.1)}, "'q'.*Float domain sampled by uniform quantized by 0.1"),
-                       ({"g": tune.randn()}, "'g'.*normal"), ({"grid": tune.grid_search([1, 2])}, "'grid'.*grid"),
-                       ({"f": tune.sample_from(lambda c: 1)}, "'f'.*Function")]:
+    for bad, match in [
+        ({"q": tune.quniform(0, 1, 0.1)}, "'q'.*Float domain sampled by uniform quantized by 0.1"),
+        ({"g": tune.randn()}, "'g'.*normal"),
+        ({"grid": tune.grid_search([1, 2])}, "'grid'.*grid"),
+        ({"f": tune.sample_from(lambda c: 1)}, "'f'.*Function"),
+    ]:
         with pytest.raises(SpaceError, match=match):
             space_from_tune(bad)
     with pytest.raises(SpaceError, match="'batch'.*not a Tune domain"):

@@ -1,5 +1,6 @@
 """A plain callable as an objective (workers/by_value.py): `CallableObjective` calls `fn(params)` or
-`fn(params, seed)`, `ByValue` carries it as cloudpickle bytes that only the sandbox child unpickles, and a child
+`fn(params, seed)`, `ByValue` carries it as cloudpickle bytes that only the sandbox child unpickles, and a
+child
 serves every evaluation of the same bytes. No Ray: `evaluate_once` in this process, both isolation modes."""
 
 from __future__ import annotations
@@ -110,14 +111,15 @@ def test_bad_arguments_name_what_is_wrong():
 
 
 def test_a_function_of_the_users_own_module_travels_by_value(tmp_path, monkeypatch):
-    """A module beside the script (or on a path a notebook added) need not be importable where the workers run;
-    an installed package's function still goes by reference, and the registration is undone."""
+    """A module beside the script (or on a path a notebook added) need not be importable where the workers
+    run; an installed package's function still goes by reference, and the registration is undone."""
     import subprocess
     import sys
 
     import ray.cloudpickle as cloudpickle
 
-    (tmp_path / "beside_script.py").write_text("OFFSET = 3.0\n\ndef f(params):\n    return params['x'] + OFFSET\n")
+    (tmp_path / "beside_script.py").write_text("OFFSET = 3.0\n\ndef f(params):\n    return params['x'] + "
+                                               "OFFSET\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     import beside_script
 
@@ -129,8 +131,14 @@ def test_a_function_of_the_users_own_module_travels_by_value(tmp_path, monkeypat
     code = ("import pickle, sys; from pathlib import Path; "
             "obj = pickle.loads(Path('payload.pkl').read_bytes()); "
             "assert 'beside_script' not in sys.modules; print(obj({'x': 0.5}, 0))")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p != str(tmp_path))})
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p != str(tmp_path))},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "3.5"
     import json

@@ -1,4 +1,4 @@
-"""Worker contract (issue 4 item 2, issue 7 item 5): every hostile outcome becomes a failed record with its reason.
+"""Worker contract: every hostile outcome becomes a failed record with its reason.
 
 Most cases run `evaluate_once` in this process (no Ray); one module-scoped local Ray checks the task
 path: resources, node id, a crashing objective, and Ray's retry of a killed worker process.
@@ -21,7 +21,13 @@ import torch
 
 from objectives.base import EvalResult, Objective, Resources
 from workers.evaluate import evaluate_once, submit_evaluation, task_options
-from workers.records import FAILURE_REASONS, MAX_MESSAGE_CHARS, MAX_METRIC_CHARS, MAX_TRACEBACK_CHARS, classify_value
+from workers.records import (
+    FAILURE_REASONS,
+    MAX_MESSAGE_CHARS,
+    MAX_METRIC_CHARS,
+    MAX_TRACEBACK_CHARS,
+    classify_value,
+)
 
 SPACE = {"x": {"type": "float", "low": 0.0, "high": 1.0}}
 
@@ -42,7 +48,7 @@ class Raising(Objective):
     space = SPACE
 
     def evaluate(self, params, seed):
-        raise RuntimeError("boom at x=%s" % params["x"])
+        raise RuntimeError(f"boom at x={params['x']}")
 
 
 class UnprintableError(Exception):
@@ -117,17 +123,19 @@ HOSTILE = [
     (Returning(np.array([1.0, 2.0])), "array", "shape (2,)"),
     (Returning([1.0]), "array", "array"),
     (Returning(EvalResult(float("nan"))), "nan", "NaN"),
-    # found in review: these escaped the record (the sandbox child died: "crash"; the thread died: "timeout")
+    # these stay in the record (escaped, the sandbox child dies: "crash"; the thread dies: "timeout")
     (Returning(10**400), "inf", "too large for a float"),
     (RaisingUnprintable(), "exception", "UnprintableError"),
-    # found in review: a lone surrogate in the message made the log refuse the segment (the run crashed)
+    # a lone surrogate in the message must not make the log refuse the segment (the run would crash)
     (RaisingUndecodable(), "exception", "cannot parse /data/run-\\udcff.csv"),
     (Returning(BadFloat(1.0)), "non-numeric", "RuntimeError: cannot convert"),
 ]
 
 
 @pytest.mark.parametrize("isolate", ["process", "thread"])
-@pytest.mark.parametrize("objective,reason,text", HOSTILE, ids=[f"{r}-{i}" for i, (_, r, _) in enumerate(HOSTILE)])
+@pytest.mark.parametrize(
+    "objective,reason,text", HOSTILE, ids=[f"{r}-{i}" for i, (_, r, _) in enumerate(HOSTILE)]
+)
 def test_hostile_return_is_a_failed_record(objective, reason, text, isolate):
     rec = evaluate_once(objective, "3-1", {"x": 0.5}, seed=0, timeout_s=20, isolate=isolate)
     assert rec.status == "failed"
@@ -161,8 +169,8 @@ def test_timeout_is_a_failed_record(isolate):
 
 
 class SignalsThenHangs(Objective):
-    """First evaluation: SIGUSR2 to itself (a profiler's or a scheduler's signal); later ones start threads with
-    deep stacks, then hang in `hang_here_now`."""
+    """First evaluation: SIGUSR2 to itself (a profiler's or a scheduler's signal); later ones start threads
+    with deep stacks, then hang in `hang_here_now`."""
 
     space = SPACE
 
@@ -189,8 +197,8 @@ class SignalsThenHangs(Objective):
 
 
 def test_a_timeouts_stacks_are_its_own_and_keep_the_main_thread():
-    """Found in review: a dump for an earlier SIGUSR2 stayed in the file and came first (the hang's was missed),
-    and the head-only cut of a long dump dropped the main thread, which faulthandler writes last."""
+    """A dump for an earlier SIGUSR2 does not stay in the file ahead of the hang's, and the cut of a long dump
+    keeps the main thread, which faulthandler writes last (a head-only cut drops it)."""
     from workers.records import MAX_TRACEBACK_CHARS
 
     obj = SignalsThenHangs()
@@ -221,8 +229,8 @@ class HangingSimulator(Objective):
 
 
 def test_timeout_kills_what_the_objective_started(tmp_path):
-    """Found in review: a timeout killed the sandbox child only; the simulator it had started (here `sleep 60`)
-    lived on, re-parented, beside the next evaluations on the same CPUs."""
+    """A timeout kills the simulator the sandbox child has started (here `sleep 60`) too, not the child only:
+    it does not live on, re-parented, beside the next evaluations on the same CPUs."""
     from tests.faults.conftest import alive
 
     pid_file = tmp_path / "sim.pid"
@@ -253,8 +261,8 @@ class PoolUsing(Objective):
 
 
 def test_objective_may_start_a_process_pool():
-    """Found in review: the sandbox child was a daemonic multiprocessing.Process, and Python refuses children to
-    those, so every evaluation of an objective with a Pool (or a DataLoader with workers) failed. (Not run with
+    """The sandbox child is not a daemonic multiprocessing.Process (Python refuses children to those, so every
+    evaluation of an objective with a Pool, or a DataLoader with workers, would fail). (Not run with
     isolate="thread": there the Pool forks the multi-threaded test process itself, which can deadlock.)"""
     rec = evaluate_once(PoolUsing(), "0-0", {"x": 0.5}, seed=0, timeout_s=60)
     assert rec.status == "completed", rec.traceback  # a timeout's has the child's stacks
@@ -262,9 +270,9 @@ def test_objective_may_start_a_process_pool():
 
 
 def test_worker_death_kills_what_the_objective_started(tmp_path):
-    """Found in review: when the Ray worker died (Ctrl-C on the driver, a node's raylet killing it) the kernel
-    killed the sandbox child (PR_SET_PDEATHSIG), but the simulator the objective had started lived on,
-    re-parented to init, and `qbatch resume` started it a second time beside it."""
+    """When the Ray worker dies (Ctrl-C on the driver, a node's raylet killing it) the kernel kills the
+    sandbox child (PR_SET_PDEATHSIG), and the simulator the objective has started ends too: it does not live
+    on, re-parented to init, for `qbatch resume` to start it a second time beside it."""
     import subprocess
     import sys
 
@@ -276,12 +284,14 @@ def test_worker_death_kills_what_the_objective_started(tmp_path):
         [sys.executable, "-c",
          "import sys; from tests.workers.test_evaluate import HangingSimulator; "
          "from workers.evaluate import evaluate_once; "
-         "evaluate_once(HangingSimulator(sys.argv[1]), '0-0', {'x': 0.1}, seed=0, timeout_s=600)", str(pid_file)],
+         "evaluate_once(HangingSimulator(sys.argv[1]), '0-0', {'x': 0.1}, seed=0, "
+         "timeout_s=600)", str(pid_file)],
         cwd=Path(__file__).resolve().parents[2])
     try:
         deadline = time.time() + 60
         while not pid_file.exists() or not pid_file.read_text():
-            assert time.time() < deadline and worker.poll() is None, "the evaluation never started its simulator"
+            assert time.time() < deadline and worker.poll() is None, ("the evaluation never started its "
+                                                                      "simulator")
             time.sleep(0.05)
         sim = int(pid_file.read_text())
         assert alive(sim)
@@ -305,7 +315,7 @@ def test_abort_in_the_objective_is_a_crash_record():
 @pytest.mark.parametrize(
     "value,expected",
     [(1, 1.0), (np.float32(2.5), 2.5), (np.int64(3), 3.0), (EvalResult(4.0, {"t": 1.0}), 4.0), (-0.0, 0.0),
-     # 0-d arrays and tensors are one number (len() of one raised TypeError: a failed trial; found in review)
+     # 0-d arrays and tensors are one number (len() of one raises TypeError: a failed trial)
      (np.array(0.25), 0.25), (torch.tensor(0.25), 0.25), (EvalResult(np.array(1.5)), 1.5)],
 )
 def test_valid_values_pass(value, expected):
@@ -316,7 +326,9 @@ def test_valid_values_pass(value, expected):
 
 
 def test_metrics_are_kept_and_cleaned():
-    rec = evaluate_once(Returning(EvalResult(1.0, {"loss": 0.5, "bad": float("nan"), "obj": object()})), "0-0", {"x": 0.1}, 0)
+    rec = evaluate_once(
+        Returning(EvalResult(1.0, {"loss": 0.5, "bad": float("nan"), "obj": object()})), "0-0", {"x": 0.1}, 0
+    )
     assert rec.metrics == {"loss": 0.5, "bad": pytest.approx(float("nan"), nan_ok=True)}
     assert rec.metrics_dropped == ["'obj': a object"]
     # an integer metric beyond the float range is dropped; the value is kept
@@ -328,22 +340,49 @@ def test_metrics_are_kept_and_cleaned():
 
 
 def test_metrics_keep_what_a_training_loop_returns():
-    """Found in review: a torch 0-d tensor (`metrics={"loss": loss}`), a NumPy 0-d array, a NaN or inf loss, None,
-    a per-epoch list and a dict were dropped without a word, and ints became floats (2**53 + 1 lost its last
-    digit). Optuna's user attributes keep all of these."""
+    """A torch 0-d tensor (`metrics={"loss": loss}`), a NumPy 0-d array, a NaN or inf loss, None, a per-epoch
+    list and a dict are kept, and ints stay ints (2**53 + 1 keeps its last digit), as Optuna's user attributes
+    keep all of these."""
     import torch
 
-    metrics = {"t": torch.tensor(2.5, requires_grad=True), "a": np.array(1.5), "i64": np.int64(7), "f32": np.float32(0.5),
-               "nan": float("nan"), "inf": float("-inf"), "none": None, "curve": [0.9, 0.5, float("nan")],
-               "cfg": {"opt": "sgd", "layers": [64, 64]}, "id": 2**53 + 1, "flag": np.bool_(True), "s": "ok",
-               "long": list(range(2000)), "arr": np.arange(3), "set": {1, 2}, 1: "int key", "1": "str key"}
+    metrics = {
+        "t": torch.tensor(2.5, requires_grad=True),
+        "a": np.array(1.5),
+        "i64": np.int64(7),
+        "f32": np.float32(0.5),
+        "nan": float("nan"),
+        "inf": float("-inf"),
+        "none": None,
+        "curve": [0.9, 0.5, float("nan")],
+        "cfg": {"opt": "sgd", "layers": [64, 64]},
+        "id": 2**53 + 1,
+        "flag": np.bool_(True),
+        "s": "ok",
+        "long": list(range(2000)),
+        "arr": np.arange(3),
+        "set": {1, 2},
+        1: "int key",
+        "1": "str key",
+    }
     rec = evaluate_once(Returning(EvalResult(1.0, metrics)), "0-0", {"x": 0.1}, 0)
     m = rec.metrics
     assert rec.status == "completed" and rec.value == 1.0
-    assert (m["t"], m["a"], m["i64"], m["f32"], m["none"], m["flag"], m["s"]) == (2.5, 1.5, 7, 0.5, None, True, "ok")
+    assert (m["t"], m["a"], m["i64"], m["f32"], m["none"], m["flag"], m["s"]) == (
+        2.5,
+        1.5,
+        7,
+        0.5,
+        None,
+        True,
+        "ok",
+    )
     assert m["id"] == 2**53 + 1 and isinstance(m["id"], int) and isinstance(m["i64"], int)
     assert math.isnan(m["nan"]) and m["inf"] == float("-inf")
-    assert m["curve"][:2] == [0.9, 0.5] and math.isnan(m["curve"][2]) and m["cfg"] == {"opt": "sgd", "layers": [64, 64]}
+    assert (
+        m["curve"][:2] == [0.9, 0.5]
+        and math.isnan(m["curve"][2])
+        and m["cfg"] == {"opt": "sgd", "layers": [64, 64]}
+    )
     assert m["1"] == "int key"  # the first of two keys with the same name is kept, the second noted
     assert sorted(d.split(":")[0] for d in rec.metrics_dropped) == ["'1'", "'arr'", "'long'", "'set'"]
     # the record crosses the sandbox's pipe and the log's JSON as it is
@@ -353,26 +392,35 @@ def test_metrics_keep_what_a_training_loop_returns():
 
 
 def test_one_bad_metric_drops_itself_only():
-    """Found in review of the rewrite: a list nested 5,000 deep (RecursionError) dropped every metric; a dict with
-    non-string keys was renamed by JSON ({1: 'a', '1': 'b'} became {'1': 'b'}); Fraction, Decimal, np.longdouble
-    and a 0-d torch Parameter, numbers all, were dropped; and the notes had no bound."""
+    """A list nested 5,000 deep (RecursionError) does not drop every metric; a dict with non-string keys is
+    not renamed by JSON ({1: 'a', '1': 'b'} into {'1': 'b'}); Fraction, Decimal, np.longdouble and a 0-d torch
+    Parameter, numbers all, are kept; and the notes have a bound."""
     import torch
 
     deep: list = []
     for _ in range(5000):
         deep = [deep]
-    metrics = {"loss": 0.5, "deep": deep, "keys": {1: "a", "1": "b"}, "frac": Fraction(1, 4), "dec": Decimal("2.5"),
-               "ld": np.longdouble(0.125), "param": torch.nn.Parameter(torch.tensor(3.0))}
+    metrics = {
+        "loss": 0.5,
+        "deep": deep,
+        "keys": {1: "a", "1": "b"},
+        "frac": Fraction(1, 4),
+        "dec": Decimal("2.5"),
+        "ld": np.longdouble(0.125),
+        "param": torch.nn.Parameter(torch.tensor(3.0)),
+    }
     rec = evaluate_once(Returning(EvalResult(1.0, metrics)), "0-0", {"x": 0.1}, 0)
     assert rec.metrics == {"loss": 0.5, "frac": 0.25, "dec": 2.5, "ld": 0.125, "param": 3.0}
     assert sorted(d.split(":")[0] for d in rec.metrics_dropped) == ["'deep'", "'keys'"]
-    many = evaluate_once(Returning(EvalResult(1.0, {f"m{i}": object() for i in range(100)})), "0-0", {"x": 0.1}, 0)
+    many = evaluate_once(
+        Returning(EvalResult(1.0, {f"m{i}": object() for i in range(100)})), "0-0", {"x": 0.1}, 0
+    )
     assert len(many.metrics_dropped) == 21 and many.metrics_dropped[-1] == "... and 80 more"
 
 
 def test_metrics_that_are_not_a_mapping_keep_the_value():
-    """Found in review: `EvalResult(1.0, [1, 2, 3])` failed the trial as 'non-numeric' with a message about a dict
-    update sequence; the value is good, so the trial completes and the log says what was dropped."""
+    """`EvalResult(1.0, [1, 2, 3])` does not fail the trial as 'non-numeric' (with a message about a dict
+    update sequence): the value is good, so the trial completes and the log says what was dropped."""
     rec = evaluate_once(Returning(EvalResult(1.0, [1, 2, 3])), "0-0", {"x": 0.1}, 0)
     assert rec.status == "completed" and rec.value == 1.0 and rec.metrics == {}
     assert rec.metrics_dropped == ["metrics: a list, not a mapping of name to value"]
@@ -382,7 +430,7 @@ def test_metrics_that_are_not_a_mapping_keep_the_value():
 
 @pytest.mark.parametrize("value", [Fraction(1, 3), Decimal("1.5")])
 def test_other_real_number_types_are_values(value):
-    """Found in review: a Fraction or a Decimal was refused as 'non-numeric' (Optuna takes them)."""
+    """A Fraction or a Decimal is a number, not refused as 'non-numeric' (Optuna takes them)."""
     rec = evaluate_once(Returning(value), "0-0", {"x": 0.1}, 0)
     assert rec.status == "completed" and rec.value == float(value)
     assert evaluate_once(Returning(Decimal("NaN")), "0-0", {"x": 0.1}, 0).error == "nan"
@@ -400,12 +448,25 @@ def test_registry_spec_and_bad_arguments():
         evaluate_once(Raising(), "0-0", {"x": 0.1}, 0, timeout_s=3e6)
     with pytest.raises(ValueError, match="max_retries must be"):
         task_options(Resources(), max_retries=-1)
-    opts = task_options(Resources(num_cpus=0.5, num_gpus=0, memory=10**8, custom={"sensor": 1}), max_retries=2)
-    assert opts == {"num_cpus": 0.5, "num_gpus": 0, "memory": 10**8, "resources": {"sensor": 1}, "max_retries": 2,
-                    "retry_exceptions": False, "runtime_env": {"env_vars": {"QBATCH_EVALUATION_WORKER": "process",
-                                                                          "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1"}}}
+    opts = task_options(
+        Resources(num_cpus=0.5, num_gpus=0, memory=10**8, custom={"sensor": 1}), max_retries=2
+    )
+    assert opts == {
+        "num_cpus": 0.5,
+        "num_gpus": 0,
+        "memory": 10**8,
+        "resources": {"sensor": 1},
+        "max_retries": 2,
+        "retry_exceptions": False,
+        "runtime_env": {
+            "env_vars": {"QBATCH_EVALUATION_WORKER": "process", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1"}
+        },
+    }
     # thread-isolated evaluations run torch in the worker itself: workers apart from the forking ones
-    assert task_options(Resources(), isolate="thread")["runtime_env"]["env_vars"]["QBATCH_EVALUATION_WORKER"] == "thread"
+    assert (
+        task_options(Resources(), isolate="thread")["runtime_env"]["env_vars"]["QBATCH_EVALUATION_WORKER"]
+        == "thread"
+    )
 
 
 # ----------------------------------------------------------------------------- through Ray
@@ -418,7 +479,9 @@ def ray_local():
 
     # the hostile objectives live in this test module, which Ray workers cannot import: ship them by value
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(address="local", num_cpus=2, include_dashboard=False, resources={"sensor": 1}, log_to_driver=False)
+    ray.init(
+        address="local", num_cpus=2, include_dashboard=False, resources={"sensor": 1}, log_to_driver=False
+    )
     yield ray
     ray.shutdown()
 
@@ -432,7 +495,9 @@ def test_tasks_return_records_with_node_and_timings(ray_local, tmp_path):
         "nan": submit_evaluation(Returning(float("nan")), "0-1", {"x": 0.1}, 0, resources=res, timeout_s=30),
         "abort": submit_evaluation(Aborting(), "0-2", {"x": 0.1}, 0, resources=res, timeout_s=30),
         "hang": submit_evaluation(Hanging(), "0-3", {"x": 0.1}, 0, resources=res, timeout_s=1.0),
-        "spec": submit_evaluation(("sleep", {"mean_s": 0.0}), "0-4", {"x0": 0.1, "x1": 0.2}, 0, resources=res),
+        "spec": submit_evaluation(
+            ("sleep", {"mean_s": 0.0}), "0-4", {"x0": 0.1, "x1": 0.2}, 0, resources=res
+        ),
     }
     recs = {k: ray.get(r, timeout=60) for k, r in refs.items()}
     node = ray.get_runtime_context().get_node_id()
@@ -449,7 +514,10 @@ def test_tasks_return_records_with_node_and_timings(ray_local, tmp_path):
 def test_killed_worker_is_retried_and_without_retries_surfaces_as_worker_crash(ray_local, tmp_path):
     ray = ray_local
     obj = KillsWorkerOnce(str(tmp_path / "marker1"))
-    rec = ray.get(submit_evaluation(obj, "0-0", {"x": 0.1}, 0, resources=Resources(num_cpus=0.5), max_retries=1), timeout=90)
+    rec = ray.get(
+        submit_evaluation(obj, "0-0", {"x": 0.1}, 0, resources=Resources(num_cpus=0.5), max_retries=1),
+        timeout=90,
+    )
     assert rec.status == "completed" and rec.value == 2.5
     obj = KillsWorkerOnce(str(tmp_path / "marker2"))
     ref = submit_evaluation(obj, "0-1", {"x": 0.1}, 0, resources=Resources(num_cpus=0.5), max_retries=0)
@@ -517,8 +585,8 @@ class Verbose(Objective):
 
 
 def test_huge_messages_tracebacks_and_metrics_are_capped():
-    """Found in review: a 64 MB exception message and a 64 MB metric string went into the log whole, and every
-    read of the log (status, report, resume) loads them. Each keeps its head and tail now."""
+    """A 64 MB exception message and a 64 MB metric string keep their head and tail in the log, not the whole,
+    which every read of the log (status, report, resume) would load."""
     rec = evaluate_once(Verbose(True), "0-0", {"x": 0.1}, seed=0)
     assert rec.error == "exception"
     assert len(rec.message) <= MAX_MESSAGE_CHARS + 100 and rec.message.endswith(" END")
@@ -562,8 +630,8 @@ class ReapsAllChildren(Objective):
 
 @pytest.mark.parametrize("objective", [SignalsItsGroup(), ReapsAllChildren()], ids=["sigusr1", "wait-all"])
 def test_the_group_guard_stays_out_of_the_objectives_way(objective):
-    """Found in review of the guard process: it woke on any SIGUSR1 sent to the group and killed the evaluation,
-    and as the sandbox's child it kept `os.wait()`-until-none-left loops waiting until the timeout."""
+    """The guard process does not wake on any SIGUSR1 sent to the group and kill the evaluation, and is not
+    the sandbox's child, which would keep `os.wait()`-until-none-left loops waiting until the timeout."""
     rec = evaluate_once(objective, "0-0", {"x": 0.1}, seed=0, timeout_s=10)
     assert rec.status == "completed", (rec.error, rec.message)
 
@@ -575,15 +643,17 @@ class ThreadedTorch(Objective):
 
     def evaluate(self, params, seed):
         torch.set_num_threads(2)
-        return float((torch.ones(400, 400, dtype=torch.float64) @ torch.ones(400, 400, dtype=torch.float64))[0, 0])
+        return float(
+            (torch.ones(400, 400, dtype=torch.float64) @ torch.ones(400, 400, dtype=torch.float64))[0, 0]
+        )
 
 
 @pytest.mark.ray
 def test_evaluations_never_run_in_a_worker_where_other_tasks_ran_threaded_torch(ray_local):
     """GNU OpenMP is not fork-safe: a sandbox forked from a Ray worker that ran a multi-threaded torch op
-    deadlocks at its own first one. Through the library API a user's earlier Ray tasks left such workers, Ray
-    reused them for evaluations, and each evaluation timed out (found in review). Evaluations have workers of
-    their own (their runtime environment)."""
+    deadlocks at its own first one. Through the library API a user's earlier Ray tasks can leave such workers,
+    which Ray would reuse for evaluations, each then timing out: evaluations have workers of their own (their
+    runtime environment)."""
     ray = ray_local
 
     @ray.remote(num_cpus=1)
@@ -595,8 +665,12 @@ def test_evaluations_never_run_in_a_worker_where_other_tasks_ran_threaded_torch(
     # generous waits: starting workers that import torch takes minutes on a loaded machine; a deadlock shows
     # anyway, as a "timeout" record (each evaluation has timeout_s = 30)
     used = set(ray.get([users_task.remote() for _ in range(6)], timeout=300))
-    refs = [submit_evaluation(ThreadedTorch(), f"0-{i}", {"x": 0.1}, i, resources=Resources(num_cpus=1), timeout_s=30)
-            for i in range(2)]
+    refs = [
+        submit_evaluation(
+            ThreadedTorch(), f"0-{i}", {"x": 0.1}, i, resources=Resources(num_cpus=1), timeout_s=30
+        )
+        for i in range(2)
+    ]
     for rec in ray.get(refs, timeout=300):
         assert (rec.status, rec.value, rec.error) == ("completed", 400.0, None), rec
         assert rec.pid not in used

@@ -52,7 +52,9 @@ def test_the_timeout_is_timeout_s(isolate):
 @ISOLATE
 def test_spec_options_make_another_objective(isolate):
     params = {"x0": 0.3, "x1": 0.3}
-    ok = evaluate_once(("sleep", {"mean_s": 0.0, "noise": 0.0}), "0-0", params, seed=1, timeout_s=30, isolate=isolate)
+    ok = evaluate_once(
+        ("sleep", {"mean_s": 0.0, "noise": 0.0}), "0-0", params, seed=1, timeout_s=30, isolate=isolate
+    )
     assert ok.status == "completed" and ok.value == pytest.approx(0.0)
     # the same objective with fail_rate 1: every evaluation returns NaN
     bad = evaluate_once(("sleep", {"mean_s": 0.0, "noise": 0.0, "fail_rate": 1.0}), "0-1", params, seed=1,
@@ -67,8 +69,14 @@ def test_spec_options_make_another_objective(isolate):
 
 @ISOLATE
 def test_a_failed_value_keeps_its_metrics(isolate):
-    rec = evaluate_once(Returning(EvalResult(float("nan"), {"loss": 0.5})), "0-0", {"x": 0.5}, seed=0, timeout_s=30,
-                        isolate=isolate)
+    rec = evaluate_once(
+        Returning(EvalResult(float("nan"), {"loss": 0.5})),
+        "0-0",
+        {"x": 0.5},
+        seed=0,
+        timeout_s=30,
+        isolate=isolate,
+    )
     assert rec.status == "failed" and rec.error == "nan" and rec.value is None
     assert rec.metrics == {"loss": 0.5}
 

@@ -30,8 +30,9 @@ def test_a_process_whose_parent_dies_exits_within_a_check(tmp_path):
     child = (f"import sys, time; sys.path.insert(0, {str(REPO)!r}); from workers.pool import watch_parent; "
              "watch_parent('test actor', 0.1); print('ready', flush=True); time.sleep(120)")
     parent = ("import subprocess, sys, time; "
-              f"p = subprocess.Popen([sys.executable, '-c', {child!r}], stdout=subprocess.PIPE, stderr=open({str(log)!r}, 'w')); "
-              "assert p.stdout.readline().strip() == b'ready'; print(p.pid, flush=True); time.sleep(120)")
+              f"p = subprocess.Popen([sys.executable, '-c', {child!r}], stdout=subprocess.PIPE, "
+              f"stderr=open({str(log)!r}, 'w')); assert p.stdout.readline().strip() == b'ready'; "
+              "print(p.pid, flush=True); time.sleep(120)")
     proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE)
     try:
         pid = int(proc.stdout.readline())

@@ -1,6 +1,6 @@
 """Orphans of the evaluation sandboxes (workers/processes.py `adopt_orphans`): a Ray evaluation worker adopts
-and reaps its sandboxes' guards and what their group kills end, so none stays a zombie where PID 1 reaps nothing
-(found in review: a container whose entrypoint is the driver had 31 zombies after 400 evaluations)."""
+and reaps its sandboxes' guards and what their group kills end, so none stays a zombie where PID 1 reaps
+nothing (a container whose entrypoint is the driver, unreaped, has 31 zombies after 400 evaluations)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ SPACE = {"x": {"type": "float", "low": 0.0, "high": 1.0}}
 
 
 class Daemonizing(Objective):
-    """Starts a helper in a session of its own through an intermediate process that exits at once (as `setsid -f`
-    or a daemonizing simulator does): the helper is an orphan, adopted by the nearest subreaper."""
+    """Starts a helper in a session of its own through an intermediate process that exits at once (as `setsid
+    -f` or a daemonizing simulator does): the helper is an orphan, adopted by the nearest subreaper."""
 
     space = SPACE
 
@@ -60,7 +60,8 @@ SCRIPT = textwrap.dedent(
             return None
 
     def _children():
-        return [int(n) for n in os.listdir("/proc") if n.isdigit() and (s := _proc_stat(int(n))) and s[1] == os.getpid()]
+        return [int(n) for n in os.listdir("/proc")
+                if n.isdigit() and (s := _proc_stat(int(n))) and s[1] == os.getpid()]
 
     import time
     from tests.workers.test_orphans import Daemonizing
@@ -75,7 +76,8 @@ SCRIPT = textwrap.dedent(
     zombies = sum(1 for s in stats.values() if s and s[0] == "Z")
     sandbox = _SANDBOX.proc.pid
     guards = [p for p, s in stats.items() if s and s[2] == sandbox and p != sandbox]
-    everywhere = sum(1 for n in os.listdir("/proc") if n.isdigit() and (s := _proc_stat(int(n))) and s[0] == "Z")
+    everywhere = sum(1 for n in os.listdir("/proc")
+                     if n.isdigit() and (s := _proc_stat(int(n))) and s[0] == "Z")
     print(zombies, len(guards), everywhere)
     """
 )
@@ -95,7 +97,7 @@ def _run(prefix: list[str], worker: bool, mode: str = "process") -> list[int]:
 def test_an_evaluation_worker_adopts_and_reaps_its_sandboxes_orphans():
     zombies, guards, _ = _run([], worker=True)
     # at most the last killed sandbox's guard waits to be reaped (at the next evaluation), and none of the
-    # daemonized helpers (found in review: a helper in its own session was adopted and never reaped); the live
+    # daemonized helpers (a helper in its own session is adopted, and reaped too); the live
     # sandbox's guard is this worker's child, not init's
     assert zombies <= 1 and guards == 1
 
@@ -115,19 +117,22 @@ class NestedInWorker(Objective):
 
 
 def test_a_sandbox_never_becomes_a_subreaper():
-    """A sandbox runs objective code: as a subreaper its sweep would reap the objective's own children (a `Popen`
-    it waits for would read exit status 0). Only the worker, which runs none, adopts."""
-    code = ("from workers.evaluate import evaluate_once; from tests.workers.test_orphans import NestedInWorker; "
-            "print(evaluate_once(NestedInWorker(), '0-0', {'x': 0.5}, seed=0, timeout_s=60).value)")
+    """A sandbox runs objective code: as a subreaper its sweep would reap the objective's own children (a
+    `Popen` it waits for would read exit status 0). Only the worker, which runs none, adopts."""
+    code = ("from workers.evaluate import evaluate_once; from tests.workers.test_orphans import "
+            "NestedInWorker; print(evaluate_once(NestedInWorker(), '0-0', {'x': 0.5}, seed=0, "
+            "timeout_s=60).value)")
     env = {**os.environ, "PYTHONPATH": str(REPO), "QBATCH_EVALUATION_WORKER": "process"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, timeout=120
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["0.0"]
 
 
 def test_an_objective_may_evaluate_another_in_a_sandbox_of_its_own():
-    """Found in review: the worker forked its sandbox holding the adoption lock, which the child inherited held,
-    so an objective that itself called `evaluate_once` hung until its timeout."""
+    """The worker does not fork its sandbox holding the adoption lock (the child would inherit it held), so an
+    objective that itself calls `evaluate_once` does not hang until its timeout."""
     rec = evaluate_once(Nested(), "0-0", {"x": 0.5}, seed=0, timeout_s=30)
     assert rec.status == "completed" and rec.value == 2.0, rec.traceback
 
@@ -141,8 +146,8 @@ def test_outside_an_evaluation_worker_the_process_is_left_as_it_is():
 
 
 def test_no_zombies_pile_up_where_pid_1_reaps_nothing():
-    """The review's case: the evaluating process is PID 1 of its own pid namespace (the driver as a container's
-    entrypoint), which reaps nothing but its own children."""
+    """The evaluating process is PID 1 of its own pid namespace (the driver as a container's entrypoint),
+    which reaps nothing but its own children."""
     probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True)
     if probe.returncode != 0:
         pytest.skip(f"no pid namespace here: {probe.stderr.decode().strip()[:200]}")

@@ -1,8 +1,9 @@
-"""A `(name, options)` objective spec is built inside the sandbox child, never in the Ray worker that forks it.
+"""A `(name, options)` objective spec is built inside the sandbox child, never in the Ray worker that forks
+it.
 
 GNU OpenMP (torch's CPU thread pool) is not fork-safe: a child forked from a process that already ran a
-multi-threaded torch op deadlocks at its own first one. When the worker built the objective, a user objective
-that warmed up a model in its constructor timed out at every evaluation (found in review).
+multi-threaded torch op deadlocks at its own first one. Were the worker to build the objective, a user
+objective that warms up a model in its constructor would time out at every evaluation.
 """
 
 from __future__ import annotations
@@ -101,8 +102,8 @@ def test_spec_is_built_once_in_the_sandbox_child(user_module):
 
 @pytest.mark.parametrize("fail,message", [
     ("raise", r"loading the objective failed: RuntimeError: no model file at /models/missing.pt"),
-    ("exit", r"loading the objective failed: RuntimeError: the sandbox process died while building the objective "
-             r"\(exit code 3\)"),
+    ("exit", r"loading the objective failed: RuntimeError: the sandbox process died while building the "
+             r"objective \(exit code 3\)"),
 ])
 def test_an_objective_that_cannot_be_built_is_a_failed_record_each_time(user_module, fail, message):
     log = user_module / "built.txt"
@@ -119,9 +120,9 @@ def test_an_objective_that_cannot_be_built_is_a_failed_record_each_time(user_mod
 
 
 def test_objective_warmed_with_threaded_torch_does_not_deadlock_its_evaluations(user_module):
-    """In a fresh interpreter (this one may have used OpenMP already): before the fix, every evaluation
-    deadlocked in the forked child and ended as a timeout. The same for a warm-up at the module's top level
-    (the worker imported the module before forking for a while: review)."""
+    """In a fresh interpreter (this one may have used OpenMP already): no evaluation deadlocks in the forked
+    child and ends as a timeout. The same for a warm-up at the module's top level (which a worker importing
+    the module before forking would run)."""
     (user_module / "qbatch_warm_module.py").write_text(textwrap.dedent(
         """
         import torch
@@ -143,7 +144,8 @@ def test_objective_warmed_with_threaded_torch_does_not_deadlock_its_evaluations(
     ))
     code = textwrap.dedent(
         """
-        import torch  # imported, no op run: only the first import's time, which a loaded machine stretches a lot
+        # imported, no op run: only the first import's time, which a loaded machine stretches a lot
+        import torch
         from workers.evaluate import evaluate_once
         for spec in (("qbatch_user_objective:WarmTorch", {}), ("qbatch_warm_module:Warm", {})):
             for i in range(2):
@@ -158,12 +160,18 @@ def test_objective_warmed_with_threaded_torch_does_not_deadlock_its_evaluations(
 
 
 def test_a_hung_constructor_is_a_timeout_of_its_own_build(user_module):
-    """The build gets `timeout_s` of its own: a hung constructor is killed there and recorded as such (before, it
-    waited for the central actor's backstop and was recorded as a frozen worker, at every trial)."""
+    """The build gets `timeout_s` of its own: a hung constructor is killed there and recorded as such (before,
+    it waited for the central actor's backstop and was recorded as a frozen worker, at every trial)."""
     log = user_module / "built.txt"
     calls = []
-    rec = evaluate_once(("qbatch_user_objective:Recording", {"log": str(log), "fail": "hang"}), "0-0", {"x": 0.5},
-                        seed=0, timeout_s=1.5, on_progress=lambda: calls.append(1))
+    rec = evaluate_once(
+        ("qbatch_user_objective:Recording", {"log": str(log), "fail": "hang"}),
+        "0-0",
+        {"x": 0.5},
+        seed=0,
+        timeout_s=1.5,
+        on_progress=lambda: calls.append(1),
+    )
     assert (rec.status, rec.error) == ("failed", "timeout")
     assert rec.message == "timeout after 1.5 s while building the objective"
     assert "building the objective took longer than timeout_s=1.5 s" in rec.traceback
@@ -181,8 +189,12 @@ def test_a_slow_constructor_is_built_once_and_reported_once(user_module):
     log = user_module / "built.txt"
     spec = ("qbatch_user_objective:Recording", {"log": str(log), "fail": "slow", "eval_s": 2.0})
     calls = []
-    recs = [evaluate_once(spec, f"0-{i}", {"x": 0.5}, seed=i, timeout_s=3.5, on_progress=lambda: calls.append(time.time()))
-            for i in range(2)]
+    recs = [
+        evaluate_once(
+            spec, f"0-{i}", {"x": 0.5}, seed=i, timeout_s=3.5, on_progress=lambda: calls.append(time.time())
+        )
+        for i in range(2)
+    ]
     assert [r.status for r in recs] == ["completed"] * 2 and len(calls) == 2
     assert len(_builders(log)) == 1 and calls[0] + 1.9 < calls[1] <= recs[0].started_at
 
@@ -196,7 +208,7 @@ class _SeesDevices(Objective):
 
 def test_a_task_given_other_gpus_gets_a_new_sandbox(monkeypatch):
     """Ray sets CUDA_VISIBLE_DEVICES per task; a kept sandbox child keeps the value it was forked with, so a
-    later task on the same worker given another GPU ran on the first one (found in review)."""
+    later task on the same worker given another GPU would run on the first one."""
     obj = _SeesDevices()
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     a = evaluate_once(obj, "0-0", {"x": 0.5}, seed=0)
@@ -208,9 +220,9 @@ def test_a_task_given_other_gpus_gets_a_new_sandbox(monkeypatch):
 
 
 def test_importing_the_objectives_module_is_not_part_of_the_builds_timeout(tmp_path, monkeypatch):
-    """The worker imports a spec's module before it forks (once per worker, untimed, as before the build moved
-    into the child); only the constructor counts against the build's timeout_s. A module that took 1.5 s to
-    import failed every trial at timeout_s = 1 (own-diff review)."""
+    """The worker imports a spec's module before it forks (once per worker, untimed); only the constructor
+    counts against the build's timeout_s, so a module that takes 1.5 s to import does not fail every trial at
+    timeout_s = 1."""
     (tmp_path / "qbatch_slow_import.py").write_text(textwrap.dedent(
         """
         import time
@@ -236,7 +248,8 @@ def test_importing_the_objectives_module_is_not_part_of_the_builds_timeout(tmp_p
 
 
 def _interrupt_the_next_wait(monkeypatch) -> None:
-    """The worker's next wait on its sandbox raises KeyboardInterrupt (Ctrl-C in a library call); later ones wait."""
+    """The worker's next wait on its sandbox raises KeyboardInterrupt (Ctrl-C in a library call); later ones
+    wait."""
     import multiprocessing.connection as mc
 
     poll, interrupted = mc.Connection.poll, []
@@ -252,8 +265,8 @@ def _interrupt_the_next_wait(monkeypatch) -> None:
 
 def test_an_interrupted_build_leaves_no_half_built_sandbox(user_module, monkeypatch):
     """Ctrl-C while the sandbox builds (a library call): the child is killed and the next evaluation builds
-    afresh. The sandbox used to claim the spec already, and the next evaluation read the late "ready" message
-    as its result: a spurious crash record (own-diff review)."""
+    afresh. The sandbox does not claim the spec before it is built, so the next evaluation does not read the
+    late "ready" message as its result (a spurious crash record)."""
     spec = ("qbatch_user_objective:Recording", {"log": str(user_module / "built.txt"), "fail": "slow"})
     _interrupt_the_next_wait(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
@@ -264,7 +277,7 @@ def test_an_interrupted_build_leaves_no_half_built_sandbox(user_module, monkeypa
 
 def test_an_interrupted_evaluation_leaves_no_busy_sandbox(user_module, monkeypatch):
     """Ctrl-C while an evaluation runs (a library call): the child still computing x = 0.1 must not answer the
-    next evaluation (it returned 0.1 for x = 0.9: review)."""
+    next evaluation (returning 0.1 for x = 0.9)."""
     spec = ("qbatch_user_objective:Recording", {"log": str(user_module / "built.txt"), "eval_s": 0.5})
     assert evaluate_once(spec, "0-0", {"x": 0.2}, seed=0).value == 0.2  # a ready child
     _interrupt_the_next_wait(monkeypatch)
@@ -277,7 +290,8 @@ def test_an_interrupted_evaluation_leaves_no_busy_sandbox(user_module, monkeypat
 def test_a_module_that_fails_to_import_is_reported_as_such(tmp_path, monkeypatch):
     """A slow module that then fails to import: the failure says so, with no build timeout (it was imported in
     the worker, untimed, then again in the child within the build's timeout: "timeout ... while building")."""
-    (tmp_path / "qbatch_bad_import.py").write_text("import time\ntime.sleep(1.5)\nraise ImportError('no libfoo.so')\n")
+    (tmp_path / "qbatch_bad_import.py").write_text("import time\ntime.sleep(1.5)\nraise ImportError('no "
+                                                   "libfoo.so')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     rec = evaluate_once(("qbatch_bad_import:Thing", {}), "0-0", {"x": 0.5}, seed=0, timeout_s=1.0)
     assert (rec.status, rec.error) == ("failed", "exception"), rec

@@ -64,15 +64,22 @@ def random_parts(
 ) -> SparseLatentParts:
     """A posterior-like q(u): the exact GP posterior of h at Z given noisy observations h(Z) + N(0, `noise`).
 
-    u_mean is that posterior's mean for one prior draw of the observations; u_covar = K - K (K + noise I)^-1 K.
+    u_mean is that posterior's mean for one prior draw of the observations; u_covar = K - K (K + noise I)^-1
+    K.
     """
     g = torch.Generator().manual_seed(seed)
     Z = torch.rand(m, d, generator=g, **TK) if Z is None else Z.to(**TK)
     m = Z.shape[0]
     ls = torch.as_tensor(lengthscale, **TK).expand(d).clone()
     parts = SparseLatentParts(
-        constant_mean=torch.tensor(float(mean), **TK), lengthscale=ls, outputscale=torch.tensor(float(outputscale), **TK),
-        Z=Z, u_mean=torch.zeros(m, **TK), u_covar=torch.eye(m, **TK), nu=nu, jitter=1e-8,
+        constant_mean=torch.tensor(float(mean), **TK),
+        lengthscale=ls,
+        outputscale=torch.tensor(float(outputscale), **TK),
+        Z=Z,
+        u_mean=torch.zeros(m, **TK),
+        u_covar=torch.eye(m, **TK),
+        nu=nu,
+        jitter=1e-8,
     )
     with torch.no_grad():
         K = parts_kernel(parts)(Z, Z).to_dense() + parts.jitter * torch.eye(m, **TK)
@@ -108,12 +115,13 @@ class PartsSurrogate(Surrogate):
         self._log_scale = log_scale
 
     @classmethod
-    def random(cls, d: int, m: int = 16, seed: int = 0, **kwargs: Any) -> "PartsSurrogate":
+    def random(cls, d: int, m: int = 16, seed: int = 0, **kwargs: Any) -> PartsSurrogate:
         """A one-latent-f surrogate from `random_parts(d, m, seed)`; kwargs go to the constructor."""
         return cls(random_parts(d, m, seed), **kwargs)
 
     def fit(self, X: Tensor, Y: Tensor) -> dict[str, float]:
-        raise UnsupportedError("PartsSurrogate is a fixed posterior built from SparseLatentParts; it is not fitted")
+        raise UnsupportedError("PartsSurrogate is a fixed posterior built from SparseLatentParts; it is not "
+                               "fitted")
 
     @property
     def num_outputs_latent(self) -> int:
@@ -152,7 +160,8 @@ class PartsSurrogate(Surrogate):
 
 
 class ProposerContract:
-    """Mixin of contract tests; subclass it as `Test...` and implement `make_proposer` (see module docstring)."""
+    """Mixin of contract tests; subclass it as `Test...` and implement `make_proposer` (see module
+    docstring)."""
 
     #: dimensions to try
     dims: tuple[int, ...] = (2, 5)
@@ -210,7 +219,9 @@ class ProposerContract:
             assert X.shape == (q, d)
             assert (min_distance(X, base) >= DUPLICATE_TOL).all(), f"{role} repeated"
         # both at once, pending handed over as float32: the output keeps the model's dtype
-        X = self.make_proposer().propose(model, q, X_pending=base[: q // 2 + 1].float(), X_observed=base, seed=3)
+        X = self.make_proposer().propose(
+            model, q, X_pending=base[: q // 2 + 1].float(), X_observed=base, seed=3
+        )
         assert X.dtype == self._model_dtype(model)
         assert (min_distance(X, base) >= DUPLICATE_TOL).all()
 
@@ -221,14 +232,18 @@ class ProposerContract:
             self.make_proposer().propose(model, bad_q)
 
     def test_contract_bad_pending_or_observed_points_raise_naming_them(self) -> None:
-        """Found in review: `reshape(-1, d)` turned a `3 x 4` X_pending for d = 2 into six made-up points."""
+        """A `3 x 4` X_pending for d = 2 is refused, not read as six made-up points (`reshape(-1, d)`)."""
         d = self.dims[0]
         model = self.make_model(d)
         for role in ("X_pending", "X_observed"):
-            for bad, match in ((torch.rand(3, d + 2, dtype=torch.float64), rf"{role} must be an `m x {d}` tensor"),
-                               (torch.rand(2, 3, d, dtype=torch.float64), rf"{role} must be an `m x {d}` tensor"),
-                               (torch.full((2, d), 1.5, dtype=torch.float64), rf"row 0 of {role} is not a point"),
-                               (torch.full((2, d), math.nan, dtype=torch.float64), rf"row 0 of {role} is not a point")):
+            for bad, match in ((torch.rand(3, d + 2, dtype=torch.float64), rf"{role} must be an `m x {d}` "
+                                                                           r"tensor"),
+                               (torch.rand(2, 3, d, dtype=torch.float64), rf"{role} must be an `m x {d}` "
+                                                                          r"tensor"),
+                               (torch.full((2, d), 1.5, dtype=torch.float64), rf"row 0 of {role} is not a "
+                                                                              r"point"),
+                               (torch.full((2, d), math.nan, dtype=torch.float64), rf"row 0 of {role} is not "
+                                                                                   r"a point")):
                 with pytest.raises(InputDataError, match=match):
                     self.make_proposer().propose(model, 2, seed=1, dim=d, **{role: bad})
         # no points, in any empty shape, are none

@@ -1,4 +1,4 @@
-"""Tests of the baseline proposers: Sobol, random, BoTorch qLogNEI and GPR-EI (issue 8 item 1, spec §4.4)."""
+"""Tests of the baseline proposers: Sobol, random, BoTorch qLogNEI and GPR-EI (spec §4.4)."""
 
 from __future__ import annotations
 
@@ -54,8 +54,9 @@ def test_registered_names_build() -> None:
         assert isinstance(build_proposer(name), cls)
     with pytest.raises(ConfigError, match="qlognei.mc_samples must be an integer >= 1; got 0"):
         build_proposer("qlognei", mc_samples=0)
-    for bad in ("a", -1, 2**63, 10**23):  # 10**23 passed and broke the run at its first batch (review)
-        with pytest.raises(ConfigError, match=r"sobol.seed must be an integer in \[0, 2\*\*63\) or null; got "):
+    for bad in ("a", -1, 2**63, 10**23):  # 10**23 would break the run at its first batch
+        with pytest.raises(ConfigError, match=r"sobol.seed must be an integer in \[0, 2\*\*63\) or null; "
+                                              r"got "):
             build_proposer("sobol", seed=bad)
     X = build_proposer("sobol", seed=2**63 - 1).propose(None, 3, dim=2)
     assert X.shape == (3, 2)
@@ -99,7 +100,9 @@ def _peaked_surrogate(peak: float = 0.7) -> PartsSurrogate:
 def test_qlognei_proposes_near_the_maximum_of_a_known_posterior_mean() -> None:
     model = _peaked_surrogate(0.7)
     X_obs = torch.tensor([[0.1], [0.3], [0.5], [0.9]], **TK)
-    X = LogNEIProposer(num_restarts=4, raw_samples=64, mc_samples=64).propose(model, 1, X_observed=X_obs, seed=0)
+    X = LogNEIProposer(num_restarts=4, raw_samples=64, mc_samples=64).propose(
+        model, 1, X_observed=X_obs, seed=0
+    )
     assert abs(X.item() - 0.7) < 0.05, X
 
 
@@ -144,15 +147,17 @@ def test_gpr_ei_returns_one_point_replicated_q_times_at_the_ei_maximum() -> None
     ei_x = expected_improvement(mu_x, var_x.sqrt(), p.last_incumbent)
     assert ei_x.item() >= 0.98 * ei_grid.max().item(), (X[0].item(), grid[ei_grid.argmax()].item())
     # same seed, same point
-    assert torch.equal(ReplicatedEIProposer(num_restarts=4, raw_samples=128).propose(model, 3, X_observed=X_obs, seed=0),
-                       X[:3])
+    assert torch.equal(
+        ReplicatedEIProposer(num_restarts=4, raw_samples=128).propose(model, 3, X_observed=X_obs, seed=0),
+        X[:3],
+    )
 
 
 def test_gpr_ei_moves_off_a_pending_point_but_not_for_a_far_one() -> None:
-    """Streaming runs ask while earlier batches are pending. GPR-EI ignored them and proposed the EI maximum
-    again at every ask until a refit (found in review); with the point pending it now maximizes the joint EI
-    with the pending points, which is small where they already are, and a pending point far from the EI
-    maximum (where EI is low) leaves the proposal where it was."""
+    """Streaming runs ask while earlier batches are pending. GPR-EI does not propose the EI maximum again at
+    every ask until a refit: with the point pending it maximizes the joint EI with the pending points, which
+    is small where they already are, and a pending point far from the EI maximum (where EI is low) leaves the
+    proposal where it was."""
     model, X_obs = _gpr_model()
     p = ReplicatedEIProposer(num_restarts=4, raw_samples=128)
     x_star = p.propose(model, 4, X_observed=X_obs, seed=0)[:1]
@@ -195,7 +200,7 @@ def test_qlognei_beats_random_search_on_a_1d_function_at_equal_evaluations() -> 
     best_bo = float(f(Xu[model.posterior_f(Xu, full_cov=False)[0].argmax(), 0]))
     # random search: 8 points x 3 replicates, recommendation = best sample mean; averaged over 20 runs
     rand_best = []
-    for r in range(20):
+    for _ in range(20):
         Xr = torch.rand(8, 1, generator=gen, **TK)
         _, Yr = evaluate(Xr)
         rand_best.append(float(f(Xr[Yr.reshape(8, reps).mean(-1).argmax(), 0])))

@@ -31,7 +31,9 @@ def _moments(n: int, seed: int, batch: tuple[int, ...] = ()) -> tuple[torch.Tens
 
 
 def _brentq_quantile(mean: np.ndarray, std: np.ndarray, p: float) -> float:
-    f = lambda y: np.sum(stats.norm.logcdf((y - mean) / std)) - math.log(p)
+    def f(y: float) -> float:
+        return np.sum(stats.norm.logcdf((y - mean) / std)) - math.log(p)
+
     return optimize.brentq(f, (mean - 8 * std).min(), (mean + 8 * std).max(), xtol=1e-13)
 
 
@@ -49,9 +51,10 @@ def test_quartiles_match_brentq(batch):
 
 @pytest.mark.parametrize("tiny", [1e-8, 3e-9, 1e-10])
 def test_quartiles_match_brentq_beside_a_nearly_certain_grid_point(tiny):
-    """Found in review: with one grid point far above the guess and a std near the moments' floor (1e-10), the
-    Newton step's phi(z)/Phi(z) was exp of a difference of two ~1e20 terms, inf, and its step of zero was taken
-    as convergence: both quartiles came back as the first guess, below the largest mean, and every g* with them."""
+    """With one grid point far above the guess and a std near the moments' floor (1e-10), the quartiles match
+    a
+    Brent root and g* reaches the largest mean: the Newton step's phi(z)/Phi(z), exp of a difference of two
+    ~1e20 terms, does not overflow into a step of zero taken as convergence at the first guess."""
     mean, std = _moments(1000, seed=0)
     mean[0] = mean.max() + 0.5
     std[0] = tiny
@@ -67,7 +70,10 @@ def test_fitted_gumbel_reproduces_quartiles_and_median():
     mean, std = _moments(500, seed=2)
     a, b = fit_gumbel(mean, std)
     y25, y75 = max_value_quantiles(mean, std)
-    G = lambda y: torch.exp(-torch.exp(-(y - a) / b))
+
+    def G(y: torch.Tensor) -> torch.Tensor:
+        return torch.exp(-torch.exp(-(y - a) / b))
+
     assert G(y25).item() == pytest.approx(0.25, abs=1e-10)
     assert G(y75).item() == pytest.approx(0.75, abs=1e-10)
     samples = sample_gumbel(a, b, 200_000, torch.Generator().manual_seed(0))
@@ -83,8 +89,8 @@ def test_large_grid_quartiles():
 
 
 def test_bracket_widens_when_product_is_below_level(monkeypatch):
-    """The spec's bracket top max(μ + 5s) has F >= Φ(5)^N, below 0.75 once N > 10^6; the search then widens it.
-    Shown here with a 1-std bracket (Φ(1)^50 ≈ 2e-4 < 0.75) to keep the grid small."""
+    """The spec's bracket top max(μ + 5s) has F >= Φ(5)^N, below 0.75 once N > 10^6; the search then widens
+    it. Shown here with a 1-std bracket (Φ(1)^50 ≈ 2e-4 < 0.75) to keep the grid small."""
     monkeypatch.setattr(gumbel, "BRACKET_STDS", 1.0)
     n = 50
     mean = torch.zeros(n, **TK)
@@ -126,8 +132,10 @@ def test_build_grid_contains_observed():
     "mean, std, match",
     [
         (torch.zeros(0, **TK), torch.ones(0, **TK), "empty"),
-        (torch.tensor([0.0, float("nan")], **TK), torch.ones(2, **TK), r"posterior mean .* not finite:.*index 1 \(nan\)"),
-        (torch.zeros(2, **TK), torch.tensor([1.0, float("inf")], **TK), r"posterior std .* not finite:.*index 1 \(inf\)"),
+        (torch.tensor([0.0, float("nan")], **TK), torch.ones(2, **TK), r"posterior mean .* not "
+                                                                       r"finite:.*index 1 \(nan\)"),
+        (torch.zeros(2, **TK), torch.tensor([1.0, float("inf")], **TK), r"posterior std .* not "
+                                                                        r"finite:.*index 1 \(inf\)"),
         (torch.zeros(2, **TK), torch.tensor([1.0, 0.0], **TK), "must be > 0"),
     ],
 )

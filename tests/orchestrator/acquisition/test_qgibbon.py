@@ -22,8 +22,8 @@ from orchestrator.acquisition import gibbon_terms as T
 from orchestrator.acquisition.base import DUPLICATE_TOL, min_distance
 from orchestrator.acquisition.qgibbon import QGibbon, QGibbonAcquisition
 from orchestrator.errors import ConfigError, InputDataError, UnsupportedError
-from orchestrator.models import distributions as D
 from orchestrator.models import build_model
+from orchestrator.models import distributions as D
 from orchestrator.models.base import Surrogate
 from tests.orchestrator.acquisition.proposer_contract import PartsSurrogate, ProposerContract, random_parts
 
@@ -73,12 +73,16 @@ def test_batch_covariance_matches_monte_carlo(family, tau):
     assert z.max() < 4.5, f"C off by {z.max():.1f} standard errors:\n{C}\n{C_mc}"
     if family == "asymmetric_laplace" and tau == 0.8:
         # the public code's ×2 log-normal factor (spec A4) fails the same criterion (5.5 standard errors off)
-        wrong = SIG_F[0, 1] + c_m**2 * torch.exp(MU_G[0] + MU_G[1] + 2.0 * (SIG_G[0, 0] + SIG_G[1, 1])) * torch.expm1(SIG_G[0, 1])
+        wrong = SIG_F[0, 1] + c_m**2 * torch.exp(
+            MU_G[0] + MU_G[1] + 2.0 * (SIG_G[0, 0] + SIG_G[1, 1])
+        ) * torch.expm1(SIG_G[0, 1])
         assert (wrong - C_mc[0, 1]).abs() / se[0, 1] > 4.5
 
 
-@pytest.mark.parametrize("family, tau, g_star", [("asymmetric_laplace", 0.8, 0.5), ("asymmetric_laplace", 0.3, 0.0),
-                                                 ("asymmetric_gaussian", 0.7, 0.2)])
+@pytest.mark.parametrize(
+    "family, tau, g_star",
+    [("asymmetric_laplace", 0.8, 0.5), ("asymmetric_laplace", 0.3, 0.0), ("asymmetric_gaussian", 0.7, 0.2)],
+)
 def test_conditional_variance_matches_monte_carlo(family, tau, g_star):
     c_m, c_v = D.noise_constants(family, tau)
     F, Y = _draw(family, tau, seed=1)
@@ -108,7 +112,9 @@ def test_truncated_variance_matches_scipy_and_mpmath():
         log_info = T.log_info_factor(torch.tensor(g, **TK)).item()
         assert log_info == pytest.approx(float(mpmath.log(r * (G + r))), rel=1e-7, abs=1e-9), g
     # continuity at the switch to the asymptotic series
-    a, b = T.truncated_variance_factor(torch.tensor([T.TRUNC_ASYMPTOTIC_GAMMA - 1e-9, T.TRUNC_ASYMPTOTIC_GAMMA + 1e-9], **TK))
+    a, b = T.truncated_variance_factor(
+        torch.tensor([T.TRUNC_ASYMPTOTIC_GAMMA - 1e-9, T.TRUNC_ASYMPTOTIC_GAMMA + 1e-9], **TK)
+    )
     assert abs(a / b - 1) < 1e-7
 
 
@@ -131,10 +137,13 @@ def test_no_zero_or_nan_for_gamma_from_minus_40_to_40():
         assert torch.isfinite(val).all() and (val != 0).all()
         (grad,) = torch.autograd.grad(val.sum(), mu_f, retain_graph=True)
         assert torch.isfinite(grad).all()
-        if log_r is None:  # with a constant repulsion 1e-3 ≫ Q the slope through Q alone is ~Q/1e-3 and may underflow
+        # with a constant repulsion 1e-3 ≫ Q the slope through Q alone is ~Q/1e-3 and may underflow
+        if log_r is None:
             assert (grad != 0).all()
-    # the naive float formula (BoTorch-style 1 − ρ²r(γ+r), meta-pytorch/botorch#3368) rounds to exactly zero here
-    with np.errstate(divide="ignore", invalid="ignore"):  # Φ(γ) underflows at the far left; only γ > 10 is used
+    # the naive float formula (BoTorch-style 1 − ρ²r(γ+r), meta-pytorch/botorch#3368) rounds to exactly zero
+    # here
+    # Φ(γ) underflows at the far left; only γ > 10 is used
+    with np.errstate(divide="ignore", invalid="ignore"):
         r = torch.as_tensor(stats.norm.pdf(gamma.numpy()) / stats.norm.cdf(gamma.numpy()))
     naive = -0.5 * torch.log(1 - (1 / 1.5) * r * (gamma + r))
     assert (naive[gamma > 10] == 0).all()
@@ -213,7 +222,9 @@ def test_greedy_gain_equals_half_logdet_increment(repulsion):
         expected = quality + w * (inc - 0.5 * torch.log(C[3 + k, 3 + k]))
         assert diag["gains"][k].item() == pytest.approx(expected.item(), abs=1e-6)
     if repulsion == "paper":  # the gains add up to the change of α_QG (eq 12)
-        total = T.qgibbon_value(C, torch.cat([torch.ones(V.shape[0], 3, **TK), V], -1)) - 0.5 * torch.logdet(C[:3, :3])
+        total = T.qgibbon_value(C, torch.cat([torch.ones(V.shape[0], 3, **TK), V], -1)) - 0.5 * torch.logdet(
+            C[:3, :3]
+        )
         assert diag["gains"].sum().item() == pytest.approx(total.item(), abs=1e-5)
 
 
@@ -222,7 +233,11 @@ def test_candidate_at_a_pending_point_is_strongly_repelled():
     acq = QGibbonAcquisition(model, torch.tensor([2.0], **TK), repulsion="paper")
     P = torch.rand(5, 2, generator=torch.Generator().manual_seed(6), **TK)
     acq.add(P)
-    far = torch.tensor([[0.97, 0.03]], **TK) if min_distance(torch.tensor([[0.97, 0.03]], **TK), P) > 0.4 else 1 - P[:1]
+    far = (
+        torch.tensor([[0.97, 0.03]], **TK)
+        if min_distance(torch.tensor([[0.97, 0.03]], **TK), P) > 0.4
+        else 1 - P[:1]
+    )
     X = torch.cat([P[:1], P[:1] + 1e-7, far])
     _, log_r, log_C = acq.log_parts(X)
     R = -log_r.exp()
@@ -290,9 +305,13 @@ def test_errors_name_the_problem():
     with pytest.raises(InputDataError, match="spread"):
         bad.moments(torch.rand(5, 2, **TK))
     X = torch.rand(5, 2, **TK)
-    negative = QGibbonAcquisition(make_model(), torch.zeros(1, **TK),
-                                  spread=lambda Z: torch.where(torch.arange(Z.shape[0]) == 2, -1.0, 1.0).to(**TK))
-    with pytest.raises(InputDataError, match=re.escape(f"1 of 5 are not, the first s(x) = -1.0 at x = {X[2].tolist()}")):
+    negative = QGibbonAcquisition(
+        make_model(),
+        torch.zeros(1, **TK),
+        spread=lambda Z: torch.where(torch.arange(Z.shape[0]) == 2, -1.0, 1.0).to(**TK),
+    )
+    with pytest.raises(InputDataError, match=re.escape("1 of 5 are not, the first s(x) = -1.0 at x = "
+                                                       f"{X[2].tolist()}")):
         negative.moments(X)
     with pytest.raises(InputDataError, match="last dimension"):
         QGibbonAcquisition(make_model(), torch.zeros(1, **TK)).log_parts(torch.rand(4, 3, **TK))
@@ -359,16 +378,18 @@ def test_cached_moments_match_fitted_model(name):
     acq.add(X[:5])
     c_m, c_v = D.noise_constants(model.family, model.tau)
     C = T.batch_covariance(Sf, mu_g, Sg, c_m, c_v)
-    assert torch.allclose(acq.L_C @ acq.L_C.mT, C[:5, :5] + acq.jitter * torch.eye(5, **TK), rtol=1e-7, atol=1e-9)
+    assert torch.allclose(
+        acq.L_C @ acq.L_C.mT, C[:5, :5] + acq.jitter * torch.eye(5, **TK), rtol=1e-7, atol=1e-9
+    )
     assert torch.allclose(acq._cross_to_pending(acq.moments(X[5:])), C[5:, :5], rtol=1e-7, atol=1e-9)
 
 
 def test_greedy_gains_never_rise_from_step_to_step():
     """With w = 1 each point added to the batch can only lower the gain everywhere (the quality term is fixed
-    and the Schur complement shrinks), so the best gain of greedy step k + 1 is at most step k's. Found in
-    review: once the gain was positive only on small regions, none of the 1024 random candidates landed there
-    and steps 9-12 returned points with gains up to 80 times below the maximum (4.4e-5 at step 13 after
-    7e-7 at step 12, on this problem); the last step's optima now start each step too."""
+    and the Schur complement shrinks), so the best gain of greedy step k + 1 is at most step k's. Once the
+    gain is positive only on small regions, few of the 1024 random candidates land there; the last step's
+    optima start each step too, so no step returns a point with a gain far below the maximum (random
+    candidates alone gave 80 times below at steps 9-12 on this problem)."""
     g = torch.Generator().manual_seed(1)
     n, d, tau = 150, 3, 0.75
     X = torch.rand(n, d, generator=g, dtype=torch.float64)
@@ -376,8 +397,17 @@ def test_greedy_gains_never_rise_from_step_to_step():
     e1, e2 = (-torch.log(torch.rand(n, generator=g, dtype=torch.float64)) for _ in range(2))
     Y = f + (0.1 + 0.3 * X[:, 1]) * (e1 / tau - e2 / (1 - tau))
     # the paper's model (k-means Z, the spec's prior, a GP noise scale, Adam): gains on 16 greedy steps
-    model = build_model("quantile", tau=tau, num_inducing=50, max_steps=800, seed=0, inducing_placement="kmeans",
-                        lengthscale_prior="spec", optimizer="adam", noise_scale="gp")
+    model = build_model(
+        "quantile",
+        tau=tau,
+        num_inducing=50,
+        max_steps=800,
+        seed=0,
+        inducing_placement="kmeans",
+        lengthscale_prior="spec",
+        optimizer="adam",
+        noise_scale="gp",
+    )
     model.fit(X, Y)
     qg = QGibbon(repulsion="paper")
     qg.propose(model, 16, X_observed=X, seed=0)
@@ -389,8 +419,8 @@ def test_greedy_gains_never_rise_from_step_to_step():
 
 
 def test_min_distance_through_its_tree_matches_the_pairwise_distances():
-    """`min_distance` answers large inputs with a k-d tree (the pairwise tensor of Q-GIBBON's duplicate check
-    was n_candidates x n_observed x d: 2.6 GB at 20,000 observed points in 16-D, found in review)."""
+    """`min_distance` answers large inputs with a k-d tree (a pairwise tensor for Q-GIBBON's duplicate check
+    would be n_candidates x n_observed x d: 2.6 GB at 20,000 observed points in 16-D)."""
     g = torch.Generator().manual_seed(0)
     X = torch.rand(700, 5, generator=g, dtype=torch.float64)
     others = torch.rand(900, 5, generator=g, dtype=torch.float64)
@@ -411,9 +441,9 @@ def test_min_distance_through_its_tree_matches_the_pairwise_distances():
 
 
 def test_on_a_grid_the_batch_is_chosen_where_it_will_be_evaluated(monkeypatch):
-    """Found in review: Q-GIBBON built its batch from unrounded points, so rounding onto int and choice grids
-    made 8-17 of 100 points repeat taken cells, and the optimizer replaced them by random points. With the
-    space's `snap` it scores, de-duplicates and adds each point at its grid cell: nothing is replaced."""
+    """With the space's `snap`, Q-GIBBON scores, de-duplicates and adds each point at its grid cell, so no
+    point of a batch on int and choice grids repeats a taken cell and nothing is replaced by a random point
+    (a batch built from unrounded points repeats 8-17 of 100 cells once rounded)."""
     import orchestrator.ask_tell as AT
 
     space = {f"i{k}": {"type": "int", "low": 0, "high": 7} for k in range(4)}
@@ -421,7 +451,9 @@ def test_on_a_grid_the_batch_is_chosen_where_it_will_be_evaluated(monkeypatch):
 
     def value(p, seed):
         x = [p[f"i{k}"] / 7 for k in range(4)] + [{"a": 0.0, "b": 0.5, "c": 1.0}[p["c"]]]
-        return -sum((v - 0.6) ** 2 for v in x) + 0.1 * float(torch.randn(1, generator=torch.Generator().manual_seed(seed)))
+        return -sum((v - 0.6) ** 2 for v in x) + 0.1 * float(
+            torch.randn(1, generator=torch.Generator().manual_seed(seed))
+        )
 
     from proposer_contract import count_replaced
 
@@ -430,7 +462,8 @@ def test_on_a_grid_the_batch_is_chosen_where_it_will_be_evaluated(monkeypatch):
                               model_options={"num_inducing": 40, "max_steps": 100},
                               proposer_options={"raw_samples": 128, "num_restarts": 2, "maxiter": 20})
     assert opt._build_proposer().snap is not None
-    # one model-based batch: without the snap, 17 of its 100 points were replaced (6 with these cheaper options)
+    # one model-based batch: without the snap, 17 of its 100 points were replaced (6 with these cheaper
+    # options)
     for q in (40, 100):
         for t in opt.ask(q):
             opt.tell(t.trial_id, value(t.params, t.seed))
@@ -438,11 +471,12 @@ def test_on_a_grid_the_batch_is_chosen_where_it_will_be_evaluated(monkeypatch):
 
 
 def test_a_used_up_grid_gets_repeats_not_an_error():
-    """Found in review of the grid snapping: once every cell of a small int/choice space was taken, no snapped
-    candidate was new and Q-GIBBON raised, which stops an actor's run; the optimizer keeps repeats there."""
+    """Once every cell of a small int/choice space is taken, no snapped candidate is new: Q-GIBBON does not
+    raise (which would stop an actor's run), and the optimizer keeps repeats there."""
     import orchestrator.ask_tell as AT
 
-    space = {"i": {"type": "int", "low": 0, "high": 5}, "c": {"type": "choice", "choices": ["a", "b"]}}  # 12 cells
+    # 12 cells
+    space = {"i": {"type": "int", "low": 0, "high": 5}, "c": {"type": "choice", "choices": ["a", "b"]}}
     opt = AT.AskTellOptimizer(space, model="quantile", tau=0.5, proposer="qgibbon", initial_design=8, seed=0,
                               model_options={"num_inducing": 8, "max_steps": 100},
                               proposer_options={"raw_samples": 64, "num_restarts": 2, "maxiter": 20})
@@ -455,9 +489,10 @@ def test_a_used_up_grid_gets_repeats_not_an_error():
 
 
 def test_on_a_grid_each_point_is_the_cell_of_largest_gain():
-    """With `snap`, candidates are scored again at their grid cells: the point chosen is the cell whose gain is
-    largest over all 16 cells of a 4 x 4 grid (g* drawn as the proposer draws it). Ranking candidates by their
-    value before rounding chose another cell in 7 of 12 seeds (mutation review)."""
+    """With `snap`, candidates are scored again at their grid cells: the point chosen is the cell whose gain
+    is largest over all 16 cells of a 4 x 4 grid (g* drawn as the proposer draws it). Ranking candidates by
+    their
+    value before rounding fails here: it chooses another cell in 7 of 12 seeds."""
     k = 4
 
     def snap(X):

@@ -11,12 +11,12 @@ import re
 
 import pytest
 import torch
+from proposer_contract import PartsSurrogate, random_parts
 from scipy import stats
 
 from orchestrator.acquisition.rff import SUPPORTED_NU, MaternFourierFeatures, MatheronPaths, matern_kernel
 from orchestrator.errors import InputDataError, UnsupportedError
 from orchestrator.models.base import SparseLatentParts
-from proposer_contract import PartsSurrogate, random_parts
 
 TK = {"dtype": torch.float64}
 #: |z| bound for many simultaneous z-scores (two-sided p ~ 1e-5 each)
@@ -46,7 +46,9 @@ def test_rff_inner_products_match_matern_ard_kernel(nu: float) -> None:
 @pytest.mark.parametrize("nu", SUPPORTED_NU)
 def test_frequencies_are_student_t_with_2nu_dof_scaled_by_lengthscale(nu: float) -> None:
     ls = torch.tensor([0.25, 2.0], **TK)
-    f = MaternFourierFeatures(ls, torch.tensor(1.0, **TK), nu, 4000, generator=torch.Generator().manual_seed(2))
+    f = MaternFourierFeatures(
+        ls, torch.tensor(1.0, **TK), nu, 4000, generator=torch.Generator().manual_seed(2)
+    )
     assert f.omega.shape == (2, 4000) and f.beta.shape == (4000,)
     for j in range(2):
         # each coordinate of a multivariate t is a univariate t with the same degrees of freedom
@@ -74,7 +76,8 @@ def _moment_z_scores(paths: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor)
 
 @pytest.mark.filterwarnings("ignore:A not p.d.")  # the negative control has a zero q(u) covariance
 def test_paths_match_sparse_posterior_mean_and_covariance() -> None:
-    """Per-path features: paths are exact posterior samples marginally over ω, so moments match within MC error."""
+    """Per-path features: paths are exact posterior samples marginally over ω, so moments match within MC
+    error."""
     d, s = 2, 2000
     parts = random_parts(d, m=10, seed=3, mean=0.4, lengthscale=torch.tensor([0.3, 0.5]), outputscale=1.3)
     X = torch.cat([parts.Z[:2] + 0.02, torch.tensor([[0.9, 0.1], [0.5, 0.5], [0.05, 0.95]], **TK)])
@@ -90,12 +93,12 @@ def test_paths_match_sparse_posterior_mean_and_covariance() -> None:
 
 
 def test_paths_of_an_exact_gp_on_noiseless_data_have_the_posterior_covariance() -> None:
-    """Exact GP on noiseless data: the noise sits at its floor and the jitter of K~ = K + jitter I is a sizeable
-    share of the posterior variance. The prior draw at Z must have covariance K~ too; drawn with k(Z, Z) alone the
-    paths fell 18-24% short of the posterior variance (found in review). The jitter is 1e-6 x the outputscale,
-    at most half the noise: the exact GP's kernel without an outputscale (BoTorch's default priors) leaves it at
-    1e-6, too small a share to test, so the GP here is the earlier kernel (a fitted outputscale), loaded as a
-    state saved before the priors."""
+    """Exact GP on noiseless data: the noise sits at its floor and the jitter of K~ = K + jitter I is a
+    sizeable share of the posterior variance. The prior draw at Z must have covariance K~ too; drawn with k(Z,
+    Z) alone the paths fall 18-24% short of the posterior variance. The jitter is 1e-6 x the outputscale,
+    at most half the noise: the exact GP's kernel without an outputscale (BoTorch's default priors) leaves it
+    at 1e-6, too small a share to test, so the GP here is the earlier kernel (a fitted outputscale), loaded as
+    a state saved before the priors."""
     from botorch.fit import fit_gpytorch_mll
     from gpytorch.mlls import ExactMarginalLogLikelihood
 
@@ -125,7 +128,8 @@ def test_paths_of_an_exact_gp_on_noiseless_data_have_the_posterior_covariance() 
 
 
 def test_shared_feature_paths_match_rff_conditional_posterior() -> None:
-    """Shared (ω, β) (A3): given the features, paths are Gaussian with the posterior of the RFF-approximate prior."""
+    """Shared (ω, β) (A3): given the features, paths are Gaussian with the posterior of the RFF-approximate
+    prior."""
     d, s = 2, 2000
     parts = random_parts(d, m=8, seed=5, lengthscale=0.4)
     X = torch.tensor([[0.1, 0.2], [0.15, 0.22], [0.7, 0.9], [0.4, 0.6]], **TK)
@@ -158,7 +162,9 @@ def test_path_evaluation_modes_agree_and_index_paths() -> None:
     assert torch.allclose(paths(X[:3].unsqueeze(1), idx).squeeze(1), shared[torch.arange(3), idx], atol=1e-12)
     # batched kernel call (flattened internally) equals per-row calls
     Xb = torch.rand(3, 2, 3, **TK)
-    assert torch.allclose(paths.cross_covariance(Xb), torch.stack([paths.kernel.forward(x, parts.Z) for x in Xb]))
+    assert torch.allclose(
+        paths.cross_covariance(Xb), torch.stack([paths.kernel.forward(x, parts.Z) for x in Xb])
+    )
 
 
 def test_evaluate_shared_with_features_per_path_matches_each_paths_own_evaluation() -> None:
@@ -189,12 +195,16 @@ def test_bad_inputs_raise_naming_the_field() -> None:
         MatheronPaths(SparseLatentParts(**{**parts.__dict__, "lengthscale": torch.ones(3, **TK)}), 2)
     nan_covar = parts.u_covar.clone()
     nan_covar[0, 0] = float("nan")
-    with pytest.raises(InputDataError, match=r"SparseLatentParts.u_covar is not finite: 1 of 16 entries, the first at "
-                                             r"flat index 0 \(nan\)"):
+    with pytest.raises(InputDataError, match=r"SparseLatentParts.u_covar is not finite: 1 of 16 entries, the "
+                                             r"first at flat index 0 \(nan\)"):
         MatheronPaths(SparseLatentParts(**{**parts.__dict__, "u_covar": nan_covar}), 2)
-    with pytest.raises(InputDataError, match=re.escape("SparseLatentParts.lengthscale must be positive; got [0.3, -0.2]")):
-        MatheronPaths(SparseLatentParts(**{**parts.__dict__, "lengthscale": torch.tensor([0.3, -0.2], **TK)}), 2)
-    with pytest.raises(InputDataError, match=re.escape("SparseLatentParts.outputscale must be positive; got 0.0")):
+    with pytest.raises(InputDataError, match=re.escape("SparseLatentParts.lengthscale must be positive; got "
+                                                       "[0.3, -0.2]")):
+        MatheronPaths(
+            SparseLatentParts(**{**parts.__dict__, "lengthscale": torch.tensor([0.3, -0.2], **TK)}), 2
+        )
+    with pytest.raises(InputDataError, match=re.escape("SparseLatentParts.outputscale must be positive; got "
+                                                       "0.0")):
         MatheronPaths(SparseLatentParts(**{**parts.__dict__, "outputscale": torch.tensor(0.0, **TK)}), 2)
     with pytest.raises(InputDataError, match="num_paths must be an integer >= 1; got 0"):
         MatheronPaths(parts, 0)

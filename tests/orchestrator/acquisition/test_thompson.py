@@ -1,12 +1,15 @@
 """Tests of batch Thompson sampling (quantile-expectile-bo.md §2): the proposer contract, each point maximizes
-its own path, distinct points under collisions, the calibrator's spread, HetGP path quantiles, an exact-GP-like
-model with replicated inputs, option errors, and paths of real fitted models against their `posterior_f`.
+its own path, distinct points under collisions, the calibrator's spread, HetGP path quantiles, an
+exact-GP-like model with replicated inputs, option errors, and paths of real fitted models against their
+`posterior_f`.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from proposer_contract import PartsSurrogate, ProposerContract, random_parts
+from test_rff import Z_MAX, _moment_z_scores
 
 from orchestrator.acquisition.base import DUPLICATE_TOL, min_distance
 from orchestrator.acquisition.optimize import maximize_lbfgsb, top_k_shared
@@ -14,8 +17,6 @@ from orchestrator.acquisition.rff import MatheronPaths
 from orchestrator.acquisition.thompson import ThompsonSampling, default_num_restarts, default_raw_samples
 from orchestrator.errors import ConfigError, InputDataError
 from orchestrator.models.base import Surrogate
-from proposer_contract import PartsSurrogate, ProposerContract, random_parts
-from test_rff import Z_MAX, _moment_z_scores
 
 TK = {"dtype": torch.float64}
 
@@ -33,8 +34,11 @@ class TestThompsonContract(ProposerContract):
         return _cheap()
 
 
-def _long_maxima(model: Surrogate, proposer: ThompsonSampling, q: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, object]:
-    """Each path's maximum by a much longer search (10x candidates, 30 starts, 1000 iterations) on the SAME paths."""
+def _long_maxima(
+    model: Surrogate, proposer: ThompsonSampling, q: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, object]:
+    """Each path's maximum by a much longer search (10x candidates, 30 starts, 1000 iterations) on the SAME
+    paths."""
     gen = torch.Generator().manual_seed(seed)
     target = proposer.sample_paths(model, q, gen)  # the proposer's first use of its generator
     d = target.f.d
@@ -49,7 +53,8 @@ def _long_maxima(model: Surrogate, proposer: ThompsonSampling, q: int, seed: int
 
 def _check_points_maximize_their_paths(X, X_ref, v_ref, target, tol=1e-5) -> int:
     """Each point's path value is within `tol` of that path's long-search maximum, unless that maximizer is
-    (within 1e-3) an earlier path's point, which the proposer must not repeat. Returns the number of such moves."""
+    (within 1e-3) an earlier path's point, which the proposer must not repeat. Returns the number of such
+    moves."""
     q = X.shape[0]
     v = target.at(X, torch.arange(q)).detach()
     moved = 0
@@ -119,8 +124,8 @@ def test_batch_of_1000_in_16_dimensions_with_512_inducing_points() -> None:
 
 
 def test_chunk_bytes_bounds_the_optimizer_evaluations_too(monkeypatch) -> None:
-    """Found in review: `chunk_bytes` chunked the candidate scoring only; L-BFGS-B evaluated all q x restarts
-    starts in chunks of its own 256 MiB default, whatever the option said."""
+    """`chunk_bytes` bounds the chunks of both the candidate scoring and L-BFGS-B's evaluation of all
+    q x restarts starts (not a 256 MiB default of its own, whatever the option says)."""
     import orchestrator.acquisition.thompson as thompson
     from orchestrator.acquisition.optimize import chunk_rows
 
@@ -149,11 +154,20 @@ def test_spread_factor_changes_the_batch() -> None:
     model = PartsSurrogate(random_parts(d, m=15, seed=7, noise=0.05, lengthscale=0.3))
     base = [_cheap().propose(model, q, seed=s) for s in range(3)]
     # s = 1 is bit-for-bit the plain sampler
-    one = [_cheap(spread=lambda X: torch.ones(X.shape[:-1], dtype=X.dtype)).propose(model, q, seed=s) for s in range(3)]
+    one = [
+        _cheap(spread=lambda X: torch.ones(X.shape[:-1], dtype=X.dtype)).propose(model, q, seed=s)
+        for s in range(3)
+    ]
     assert all(torch.equal(a, b) for a, b in zip(base, one))
     # s > 1: paths deviate more from the mean, their maxima scatter: larger mean pairwise distance
-    wide = [_cheap(spread=lambda X: torch.full(X.shape[:-1], 4.0, dtype=X.dtype)).propose(model, q, seed=s) for s in range(3)]
-    narrow = [_cheap(spread=lambda X: torch.full(X.shape[:-1], 0.25, dtype=X.dtype)).propose(model, q, seed=s) for s in range(3)]
+    wide = [
+        _cheap(spread=lambda X: torch.full(X.shape[:-1], 4.0, dtype=X.dtype)).propose(model, q, seed=s)
+        for s in range(3)
+    ]
+    narrow = [
+        _cheap(spread=lambda X: torch.full(X.shape[:-1], 0.25, dtype=X.dtype)).propose(model, q, seed=s)
+        for s in range(3)
+    ]
     spread_of = lambda batches: sum(map(_mean_pairwise_distance, batches)) / len(batches)  # noqa: E731
     assert spread_of(wide) > 1.2 * spread_of(base) > 1.2 * spread_of(narrow) > 0
     # an x-dependent, differentiable spread: the target is mu + s(x) (path - mu) exactly
@@ -190,11 +204,16 @@ def test_hetgp_paths_maximize_the_path_quantile() -> None:
 
 @pytest.mark.parametrize("family", ["quantile", "hetgp"])
 def test_features_per_path_each_point_maximizes_its_own_path(family) -> None:
-    """`shared_features=False` (spec A3's other reading): every path has its own frequencies, the shared scoring
-    agrees with each path's own evaluation, and each point maximizes its path as with shared features."""
+    """`shared_features=False` (spec A3's other reading): every path has its own frequencies, the shared
+    scoring agrees with each path's own evaluation, and each point maximizes its path as with shared
+    features."""
     d, q = 2, 12
     pf = random_parts(d, m=10, seed=1, noise=0.2)
-    pg = random_parts(d, m=10, seed=2, noise=0.2, mean=-1.0, outputscale=0.5, Z=pf.Z) if family == "hetgp" else None
+    pg = (
+        random_parts(d, m=10, seed=2, noise=0.2, mean=-1.0, outputscale=0.5, Z=pf.Z)
+        if family == "hetgp"
+        else None
+    )
     model = PartsSurrogate(pf, pg, family="gaussian", tau=0.9) if pg is not None else PartsSurrogate(pf)
     proposer = _cheap(num_restarts=6, maxiter=200, raw_samples=5000, shared_features=False)
     target = proposer.sample_paths(model, q, torch.Generator().manual_seed(3))
@@ -210,13 +229,16 @@ def test_features_per_path_each_point_maximizes_its_own_path(family) -> None:
     X_ref, v_ref, target = _long_maxima(model, proposer, q, seed=3)
     _check_points_maximize_their_paths(X, X_ref, v_ref, target, tol=1e-4)
     # the shared-feature batch from the same seed is another batch
-    assert not torch.allclose(X, _cheap(num_restarts=6, maxiter=200, raw_samples=5000).propose(model, q, seed=3))
+    assert not torch.allclose(
+        X, _cheap(num_restarts=6, maxiter=200, raw_samples=5000).propose(model, q, seed=3)
+    )
 
 
 def test_exact_gp_form_with_replicated_inputs() -> None:
     """One latent, gaussian family, Z = training inputs with replicates (singular K_ZZ needs jitter)."""
     d = 2
-    X_train = torch.rand(8, d, generator=torch.Generator().manual_seed(0), **TK).repeat(3, 1)  # 24 rows, 8 unique
+    # 24 rows, 8 unique
+    X_train = torch.rand(8, d, generator=torch.Generator().manual_seed(0), **TK).repeat(3, 1)
     parts = random_parts(d, Z=X_train, seed=3, noise=0.1)
     parts.jitter = 0.0
     model = PartsSurrogate(parts, None, family="gaussian", tau=0.5)
@@ -336,23 +358,24 @@ def test_thompson_on_exact_gp_when_available() -> None:
 
 
 def test_restarts_at_one_optimum_are_rejected_together():
-    """Candidates of one path within SAME_OPTIMUM_TOL are restarts that reached one optimum: where that optimum
-    is pending (or taken by an earlier path), the path moves to its next distinct optimum, not to a restart
-    5e-6 from the pending point (mutation review: rejecting only the blocked candidate passed every test)."""
+    """Candidates of one path within SAME_OPTIMUM_TOL are restarts that reached one optimum: where that
+    optimum is pending (or taken by an earlier path), the path moves to its next distinct optimum, not to a
+    restart 5e-6 from the pending point (rejecting only the blocked candidate fails here)."""
     ts = ThompsonSampling()
     tk = {"dtype": torch.float64}
     cand = torch.tensor([[[0.5], [0.5 + 5e-6], [0.8]],       # path 0: its optimum 0.5 is pending
                          [[0.8], [0.8 + 5e-6], [0.2]]], **tk)  # path 1: its optimum 0.8 is path 0's choice
     forbidden = torch.tensor([[0.5]], **tk)
-    chosen = ts._select_distinct(None, cand, forbidden, torch.empty(0, 1, **tk), torch.Generator().manual_seed(0))
+    chosen = ts._select_distinct(
+        None, cand, forbidden, torch.empty(0, 1, **tk), torch.Generator().manual_seed(0)
+    )
     assert chosen.flatten().tolist() == [0.8, 0.2]
 
 
 def test_on_a_grid_thompson_picks_free_cells_itself(monkeypatch):
-    """Found in review: Thompson's paths were optimized off the grid and only rounded by the optimizer, so on
-    a 1,024-cell int grid the points of later batches rounded onto taken cells and were replaced by random
-    ones (44 and 67 of 200 here; 445 of 500 in the review). With the space's `snap` each path moves on to its
-    next candidate that rounds onto a free cell: nothing is replaced."""
+    """With the space's `snap`, each Thompson path moves on to its next candidate that rounds onto a free cell
+    of a 1,024-cell int grid, so no point of a later batch is replaced by a random one (paths optimized off
+    the grid and only rounded by the optimizer lose 44 and 67 of 200 points here)."""
     import orchestrator.ask_tell as AT
 
     space = {f"i{k}": {"type": "int", "low": 1, "high": 4} for k in range(5)}
@@ -363,11 +386,22 @@ def test_on_a_grid_thompson_picks_free_cells_itself(monkeypatch):
 
     from proposer_contract import count_replaced
 
-    opt = AT.AskTellOptimizer(space, model="quantile", tau=0.5, proposer="thompson", initial_design=20, seed=0,
-                              model_options={"num_inducing": 20, "max_steps": 100, "inducing_placement": "kmeans",
-                                             "lengthscale_prior": "spec", "optimizer": "adam"},
-                              proposer_options={"num_features": 256, "raw_samples": 256, "num_restarts": 2,
-                                                "maxiter": 30})
+    opt = AT.AskTellOptimizer(
+        space,
+        model="quantile",
+        tau=0.5,
+        proposer="thompson",
+        initial_design=20,
+        seed=0,
+        model_options={
+            "num_inducing": 20,
+            "max_steps": 100,
+            "inducing_placement": "kmeans",
+            "lengthscale_prior": "spec",
+            "optimizer": "adam",
+        },
+        proposer_options={"num_features": 256, "raw_samples": 256, "num_restarts": 2, "maxiter": 30},
+    )
     assert opt._build_proposer().snap is not None
     replaced = count_replaced(monkeypatch)
     for q in (20, 200, 200):

@@ -25,7 +25,9 @@ def _gp(X: torch.Tensor, y: torch.Tensor, lengthscale: float, noise: float):
     from botorch.models import SingleTaskGP
     from gpytorch.kernels import MaternKernel, ScaleKernel
 
-    gp = SingleTaskGP(X, y.unsqueeze(-1), covar_module=ScaleKernel(MaternKernel(nu=2.5)), outcome_transform=None)
+    gp = SingleTaskGP(
+        X, y.unsqueeze(-1), covar_module=ScaleKernel(MaternKernel(nu=2.5)), outcome_transform=None
+    )
     gp.covar_module.base_kernel.lengthscale = lengthscale
     gp.covar_module.outputscale = 1.0
     gp.likelihood.noise = noise
@@ -92,10 +94,15 @@ def test_masks_and_weights() -> None:
     soft = conformal_masks(parts, x, labels, w, 0.2, 1e-6)
     assert ((soft > 0.5) == (hard > 0.5)).float().mean() > 0.97  # tau -> 0 matches the hard masks
     assert hard[:, 32].all()  # the centre is accepted
-    far = mu.unsqueeze(-1) + (var_f + parts.noise_var).sqrt().unsqueeze(-1) * torch.tensor([-30.0, 0.0, 30.0], dtype=torch.float64)
-    torch.testing.assert_close(conformal_masks(parts, x, far, w, 0.2, None), torch.tensor([[0.0, 1.0, 0.0]] * 4, dtype=torch.float64))
+    far = mu.unsqueeze(-1) + (var_f + parts.noise_var).sqrt().unsqueeze(-1) * torch.tensor(
+        [-30.0, 0.0, 30.0], dtype=torch.float64
+    )
+    torch.testing.assert_close(
+        conformal_masks(parts, x, far, w, 0.2, None), torch.tensor([[0.0, 1.0, 0.0]] * 4, dtype=torch.float64)
+    )
     assert not conformal_masks(parts, x, labels, w, 1.0, None).any()  # alpha = 1: empty set
-    labels, logp = candidate_labels(mu, 4 * (var_f + parts.noise_var), 64)  # wide enough to reach outside the set
+    # wide enough to reach outside the set
+    labels, logp = candidate_labels(mu, 4 * (var_f + parts.noise_var), 64)
     hard = conformal_masks(parts, x, labels, w, 0.2, None)
     assert (hard.sum(-1) < 64).all() and (hard.sum(-1) > 0).all()
     om = conformal_weights(hard, logp, 0.2)
@@ -151,7 +158,8 @@ def test_calibrator_schedule_and_state(tmp_path) -> None:
     torch.save(cal.get_state(), tmp_path / "c.pt")
     from orchestrator.errors import QbatchError
 
-    with pytest.raises(QbatchError, match=r"other options \['alpha_fixed'\]"):  # the state no longer overrides them
+    # the state no longer overrides them
+    with pytest.raises(QbatchError, match=r"other options \['alpha_fixed'\]"):
         build_calibrator("conformal", alpha=0.3).set_state(torch.load(tmp_path / "c.pt", weights_only=True))
     fresh = build_calibrator("conformal")
     fresh.set_state(torch.load(tmp_path / "c.pt", weights_only=True))
@@ -163,8 +171,8 @@ def test_calibrator_schedule_and_state(tmp_path) -> None:
 
 
 def test_a_botorch_gp_with_an_outcome_transform_is_refused():
-    """Its posterior is in the data's units, its training targets in standardized ones: conformal scores mixing
-    them would be wrong by the transform's scale (found in review). It must be built without a transform."""
+    """Its posterior is in the data's units, its training targets in standardized ones: conformal scores
+    mixing them would be wrong by the transform's scale. It must be built without a transform."""
     from botorch.models import SingleTaskGP
 
     X = torch.rand(8, 1, dtype=torch.float64)
@@ -174,9 +182,9 @@ def test_a_botorch_gp_with_an_outcome_transform_is_refused():
 
 
 def test_interval_is_unbounded_where_the_set_reaches_the_label_grids_end() -> None:
-    """Found in review: with an over-confident GP (noise 0.01 against a true 0.64) the mask accepts labels past
-    the mu -+ 6 sd grid, and the interval cut at the grid missed 82 accepted true labels of 400 (covered 0.615 <
-    1 - alpha). An accepted grid end now gives an infinite end, so every accepted label lies inside."""
+    """With an over-confident GP (noise 0.01 against a true 0.64) the mask accepts labels past the mu -+ 6 sd
+    grid: an accepted grid end gives an infinite end, so every accepted label lies inside (an interval cut at
+    the grid misses 82 accepted true labels of 400, covering 0.615 < 1 - alpha)."""
     from orchestrator.calibration.conformal import _matern52, conformal_masks
 
     g = torch.Generator().manual_seed(0)

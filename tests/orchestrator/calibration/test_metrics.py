@@ -1,4 +1,4 @@
-"""Calibration reporting (issue 5 item 7): PITs, central-interval coverage, PIT histogram, paper 000's score."""
+"""Calibration reporting: PITs, central-interval coverage, PIT histogram, paper 000's score."""
 
 from __future__ import annotations
 
@@ -19,12 +19,21 @@ from orchestrator.errors import InputDataError
 from orchestrator.models.predictive import Forecast
 
 
-@pytest.mark.parametrize("family,tau", [("gaussian", 0.5), ("asymmetric_laplace", 0.2), ("asymmetric_gaussian", 0.7)])
+@pytest.mark.parametrize(
+    "family,tau", [("gaussian", 0.5), ("asymmetric_laplace", 0.2), ("asymmetric_gaussian", 0.7)]
+)
 def test_coverage_from_pits_matches_intervals(family: str, tau: float) -> None:
     g = torch.Generator().manual_seed(0)
-    n = 3 if family == "asymmetric_gaussian" else 6  # quantile bisection (x quadrature for AG) is the slow part
-    fc = Forecast(family, tau, torch.randn(n, generator=g), torch.rand(n, generator=g) * 0.3, torch.randn(n, generator=g) * 0.3,
-                  torch.rand(n, generator=g) * 0.1)
+    # quantile bisection (x quadrature for AG) is the slow part
+    n = 3 if family == "asymmetric_gaussian" else 6
+    fc = Forecast(
+        family,
+        tau,
+        torch.randn(n, generator=g),
+        torch.rand(n, generator=g) * 0.3,
+        torch.randn(n, generator=g) * 0.3,
+        torch.rand(n, generator=g) * 0.1,
+    )
     y = fc.mean() + 1.5 * fc.variance().sqrt() * torch.randn(n, generator=g, dtype=torch.float64)
     cov = interval_coverage(pit_values(fc, y))
     for c in (0.5, 0.8, 0.9):
@@ -48,7 +57,16 @@ def test_calibrated_forecasts_score_well_and_overconfident_badly() -> None:
     assert counts.sum() == n and (counts / n - 0.1).abs().max() < 0.03
     counts_bad = torch.tensor(s_bad["pit_histogram"])
     assert counts_bad[0] + counts_bad[-1] > 0.5 * n  # U-shaped
-    assert set(s_good) == {"n", "coverage_50", "coverage_80", "coverage_90", "calibration_score", "pit_mean", "pit_histogram", "pit_edges"}
+    assert set(s_good) == {
+        "n",
+        "coverage_50",
+        "coverage_80",
+        "coverage_90",
+        "calibration_score",
+        "pit_mean",
+        "pit_histogram",
+        "pit_edges",
+    }
     # a recalibrated forecast is scored the same way
     cal = build_calibrator("online", eta=0.01)
     cal.update(bad[:50], y[:50])  # the per-result path
@@ -66,7 +84,7 @@ def test_score_and_histogram_values() -> None:
     torch.testing.assert_close(rc[:, 0], torch.tensor([1.0, 0.5, 2 / 3], dtype=torch.float64))
     with pytest.raises(InputDataError, match=r"PIT values must lie in \[0, 1\]"):
         calibration_score(torch.tensor([1.5]))
-    with pytest.raises(InputDataError, match=r"2 of 3 do not, the first u\[1\] = 1.7"):  # found in review: no index
+    with pytest.raises(InputDataError, match=r"2 of 3 do not, the first u\[1\] = 1.7"):  # names the index
         calibration_score([0.2, 1.7, float("nan")])
     with pytest.raises(InputDataError, match="bins must be an integer"):
         pit_histogram(u, bins=0)

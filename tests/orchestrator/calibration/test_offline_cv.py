@@ -1,5 +1,5 @@
-"""Offline CV recalibration of paper 001 (calibrated-bo.md §1.2–1.3): LOO and time-series splits, isotonic / GP /
-online regressors, sigma-rescaling, with an over-confident GP and with the real ExactGP."""
+"""Offline CV recalibration of paper 001 (calibrated-bo.md §1.2–1.3): LOO and time-series splits, isotonic /
+GP / online regressors, sigma-rescaling, with an over-confident GP and with the real ExactGP."""
 
 from __future__ import annotations
 
@@ -57,7 +57,9 @@ def test_online_replay_widens() -> None:
     """Paper 000's Alg. 4: the online recalibrator replayed over time-series PITs. Its last iterate moves in
     steps of eta, so with 30 PITs it is checked for direction only: the central 80% interval widens."""
     X, Y = _data(30)
-    cal = build_calibrator("offline-cv", model_factory=overconfident, regressor="online", splits="time-series", spread="off")
+    cal = build_calibrator(
+        "offline-cv", model_factory=overconfident, regressor="online", splits="time-series", spread="off"
+    )
     cal.fit(X, Y)
     lo, hi = cal.map_levels(torch.tensor([0.1, 0.9], **TK)).tolist()
     assert lo < 0.05 and hi > 0.95
@@ -65,7 +67,9 @@ def test_online_replay_widens() -> None:
 
 def test_sigma_mode_and_lazy_refit_via_updates() -> None:
     X, Y = _data(24, seed=1)
-    cal = build_calibrator("offline-cv", model_factory=overconfident, mode="sigma", splits="time-series", refit_every=5)
+    cal = build_calibrator(
+        "offline-cv", model_factory=overconfident, mode="sigma", splits="time-series", refit_every=5
+    )
     for i in range(24):
         model = overconfident()
         if i >= 3:
@@ -76,7 +80,9 @@ def test_sigma_mode_and_lazy_refit_via_updates() -> None:
     s = cal.sigma_scale()
     assert 1.8 < s < 6.0
     p = torch.tensor([0.1, 0.9], **TK)
-    torch.testing.assert_close(torch.special.ndtri(cal.map_levels(p)), s * torch.special.ndtri(p), rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(
+        torch.special.ndtri(cal.map_levels(p)), s * torch.special.ndtri(p), rtol=1e-3, atol=1e-3
+    )
 
 
 def test_with_exact_gp_and_state(tmp_path) -> None:
@@ -89,8 +95,8 @@ def test_with_exact_gp_and_state(tmp_path) -> None:
     fresh.set_state(torch.load(tmp_path / "o.pt", weights_only=True))
     p = torch.linspace(0.05, 0.95, 7, **TK)
     torch.testing.assert_close(fresh.map_levels(p), cal.map_levels(p), atol=1e-5, rtol=1e-5)
-    # a calibrator built with other options refuses the state, naming them: restored silently, it rebuilt the map
-    # its own way (found in review: a sigma-mode state in a GP-regressor calibrator)
+    # a calibrator built with other options refuses the state, naming them: restored silently, it would
+    # rebuild the map its own way (a sigma-mode state in a GP-regressor calibrator)
     other = build_calibrator("offline-cv", splits="time-series", n_splits=2, regressor="gp", mode="sigma")
     with pytest.raises(QbatchError, match=r"other options \['regressor', 'mode'\] \(regressor='isotonic', "
                                           r"mode='quantile'\)"):
@@ -100,26 +106,26 @@ def test_with_exact_gp_and_state(tmp_path) -> None:
     torch.testing.assert_close(fresh.map_levels(p), cal.map_levels(p), atol=1e-5, rtol=1e-5)
     with pytest.raises(ConfigError, match="calibrator.options.regressor"):
         build_calibrator("offline-cv", regressor="mlp")
-    # wrong types were tracebacks from dict() and the model table (found in review)
+    # wrong types are named, not tracebacks from dict() and the model table
     for bad in ([["num_inducing", 16]], "abc", 5):
-        with pytest.raises(ConfigError, match=r"`calibrator.options.model_options` must be a mapping of option names "
-                                              r"to values; got " + re.escape(repr(bad))):
+        with pytest.raises(ConfigError, match=r"`calibrator.options.model_options` must be a mapping of "
+                                              r"option names to values; got " + re.escape(repr(bad))):
             build_calibrator("offline-cv", model_options=bad)
-    with pytest.raises(ConfigError, match=r"`calibrator.options.model` must be a model name \(a string\); got "
-                                          r"\['exact-gp'\]"):
+    with pytest.raises(ConfigError, match=r"`calibrator.options.model` must be a model name \(a string\); "
+                                          r"got \['exact-gp'\]"):
         build_calibrator("offline-cv", model=["exact-gp"])
     with pytest.raises(ConfigError, match="calibrator.options.splits"):
         build_calibrator("offline-cv", splits="kfold")
-    # leave-one-out holds out every point: n_splits was silently ignored there (found in review)
-    with pytest.raises(ConfigError, match=r"`calibrator.options.n_splits` is read only with splits 'time-series'; "
-                                          r"got n_splits 3 with splits 'loo'"):
+    # leave-one-out holds out every point: n_splits is refused there, not silently ignored
+    with pytest.raises(ConfigError, match=r"`calibrator.options.n_splits` is read only with splits "
+                                          r"'time-series'; got n_splits 3 with splits 'loo'"):
         build_calibrator("offline-cv", n_splits=3)
 
 
 def test_fold_cache_reuses_time_series_folds() -> None:
-    """The cache is exact for time-series folds (a prefix's fit is reused, so one new fit per appended result);
-    with fixed hyperparameters it equals the uncached forecasts. LOO folds are not cached (each starts from
-    the full-data fit instead: `test_a_restored_loo_calibrator_maps_as_the_original`)."""
+    """The cache is exact for time-series folds (a prefix's fit is reused, so one new fit per appended
+    result); with fixed hyperparameters it equals the uncached forecasts. LOO folds are not cached (each
+    starts from the full-data fit instead: `test_a_restored_loo_calibrator_maps_as_the_original`)."""
     X, Y = _data(14, seed=3)
     calls = []
 
@@ -152,9 +158,10 @@ def test_fold_cache_reuses_time_series_folds() -> None:
 
 
 def test_a_restored_loo_calibrator_maps_as_the_original(tmp_path) -> None:
-    """Found in review: LOO folds were refitted warm from their own previous fits, which the state did not keep,
-    so a restored calibrator refitted them cold and its map, and the proposals, diverged (sigma scale 2.12
-    against 1.87 one batch after the restore). Each fold now starts from a cold fit to all the data."""
+    """Each LOO fold starts from a cold fit to all the data, so a restored calibrator's map, and the
+    proposals, match the original's (folds refitted warm from their own previous fits, which the state does
+    not keep,
+    diverge: sigma scale 2.12 against 1.87 one batch after the restore)."""
     X, Y = _data(16, seed=4)
     a = build_calibrator("offline-cv", splits="loo", refit_every=2, min_points=6)
     for i in range(10):
@@ -173,15 +180,22 @@ def test_a_restored_loo_calibrator_maps_as_the_original(tmp_path) -> None:
 
 def test_the_initial_design_reaches_the_recalibrator_through_ask_tell() -> None:
     """calibrated-bo.md §1.3-1.4: CALIBRATE(M, D) runs over all of D and R is built right after the initial
-    design. Sobol results carry no forecast, and only results with one used to reach the calibrator, so R stayed
-    the identity through the design and its folds were fitted on BO points alone (found in review)."""
+    design. Sobol results carry no forecast, yet they reach the calibrator too, so R is not the identity
+    through the design and its folds are not fitted on BO points alone."""
     import math
 
     from orchestrator.ask_tell import AskTellOptimizer
 
-    opt = AskTellOptimizer({"x": {"type": "float", "low": 0.0, "high": 1.0}}, model="exact-gp", proposer="calibrated",
-                           calibrator="offline-cv", initial_design=6, seed=0, calibrator_options={"spread": "off"},
-                           proposer_options={"num_restarts": 2, "raw_samples": 32, "maxiter": 20})
+    opt = AskTellOptimizer(
+        {"x": {"type": "float", "low": 0.0, "high": 1.0}},
+        model="exact-gp",
+        proposer="calibrated",
+        calibrator="offline-cv",
+        initial_design=6,
+        seed=0,
+        calibrator_options={"spread": "off"},
+        proposer_options={"num_restarts": 2, "raw_samples": 32, "maxiter": 20},
+    )
     for rnd in range(4):
         for t in opt.ask(3):
             opt.tell(t.trial_id, math.sin(6 * t.params["x"]))
@@ -201,7 +215,7 @@ def test_the_initial_design_reaches_the_recalibrator_through_ask_tell() -> None:
 
 def test_a_batch_of_results_is_one_recalibration() -> None:
     """`update` with a batch of k results refits the LOO folds once, not k times (each per-point refit was
-    thrown away by the next one; found in review), and ends on the map of a refit over all of the data."""
+    thrown away by the next one), and ends on the map of a refit over all of the data."""
     X, Y = _data(20, seed=4)
     fits = []
 
@@ -232,9 +246,9 @@ def test_a_batch_of_results_is_one_recalibration() -> None:
 
 
 def test_sigma_mode_with_equal_outcomes_is_the_identity_and_eta_is_checked_when_built() -> None:
-    """Found in review: with every outcome equal the out-of-fold residuals are 0, the sigma map divided by 0 and
-    the acquisition became NaN (a plateaued objective does this); now no error means no rescaling. A bad `eta`
-    passed the config and failed at the first recalibration, or named no key."""
+    """With every outcome equal (a plateaued objective) the out-of-fold residuals are 0: no error means no
+    rescaling, not a sigma map divided by 0 and a NaN acquisition. A bad `eta` is refused by the config,
+    naming the key, not at the first recalibration."""
     X = torch.linspace(0, 1, 6, dtype=torch.float64).reshape(-1, 1)
     cal = build_calibrator("offline-cv", mode="sigma", splits="loo", spread="off")
     cal.fit(X, torch.full((6,), 3.0, dtype=torch.float64))
@@ -247,8 +261,8 @@ def test_sigma_mode_with_equal_outcomes_is_the_identity_and_eta_is_checked_when_
 
 
 def test_the_folds_refit_the_runs_own_model_by_default() -> None:
-    """calibrated-bo.md §1.3: each fold refits "the same model class as M". In a run the default fold model is the
-    run's, with its options and tau (found in review: a heteroscedastic run's map was learned on exact-GP folds);
+    """calibrated-bo.md §1.3: each fold refits "the same model class as M". In a run the default fold model is
+    the run's, with its options and tau (a heteroscedastic run's map is not learned on exact-GP folds);
     `model: exact-gp` still chooses the cheaper stand-in."""
     from orchestrator.ask_tell import AskTellOptimizer
     from orchestrator.models.exact_gp import ExactGP
@@ -265,8 +279,8 @@ def test_the_folds_refit_the_runs_own_model_by_default() -> None:
 
 
 def test_fold_model_options_without_a_model_keep_the_exact_gp_default() -> None:
-    """`model_options` alone are the default fold model's (the exact GP's), as before the run-model default
-    (found in review: they were merged into the run's heteroscedastic model and refused)."""
+    """`model_options` alone are the default fold model's (the exact GP's), not merged into the run's
+    heteroscedastic model and refused."""
     from orchestrator.ask_tell import AskTellOptimizer
     from orchestrator.models.exact_gp import ExactGP
 
@@ -278,8 +292,8 @@ def test_fold_model_options_without_a_model_keep_the_exact_gp_default() -> None:
 
 
 def test_the_gp_regressor_leaves_uniform_pits_near_the_identity() -> None:
-    """Found in review: the GP regressor fell back to the mean of p-hat (~0.46) away from the PITs, and the running
-    maximum held R there from u = 1e-4 to the median: for a calibrated model, ~46% of the mass at -inf."""
+    """Away from the PITs the GP regressor does not fall back to the mean of p-hat (~0.46), where the running
+    maximum would hold R from u = 1e-4 to the median: for a calibrated model, ~46% of the mass at -inf."""
     import numpy as np
 
     from orchestrator.calibration.offline_cv import _GRID

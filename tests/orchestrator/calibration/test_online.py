@@ -33,7 +33,9 @@ def _bound(eta: float, T: int) -> float:
 def test_coverage_bound_random_streams(eta: float, stream: str) -> None:
     rng = np.random.default_rng(1)
     T = 400
-    u = {"uniform": rng.uniform(size=T), "skewed": rng.beta(0.3, 2.0, size=T), "constant": np.full(T, 0.97)}[stream]
+    u = {"uniform": rng.uniform(size=T), "skewed": rng.beta(0.3, 2.0, size=T), "constant": np.full(T, 0.97)}[
+        stream
+    ]
     cal = OnlineQuantileRecalibrator(levels=LEVELS, eta=eta)
     hits = np.zeros_like(LEVELS)  # counted here, from the levels before each step (not the code's own tally)
     for v in u:
@@ -55,7 +57,7 @@ def test_coverage_bound_adversarial_stream(eta: float) -> None:
     rng = np.random.default_rng(3)
     k = int(np.flatnonzero(np.isclose(LEVELS, 0.3))[0])
     hits = np.zeros_like(LEVELS)
-    for t in range(T):
+    for _ in range(T):
         qk = cal.raw_levels()[k]
         # counter the current level: below it when it is high, above it when it is low
         u = float(np.clip(qk - 1e-9, 0, 1)) if qk > 0.3 else float(np.clip(qk + 1e-9, 0, 1))
@@ -119,7 +121,14 @@ def test_overconfident_pits_widen_the_map() -> None:
 
 
 def test_update_with_forecasts_matches_pits() -> None:
-    fc = Forecast("gaussian", 0.5, torch.tensor([0.0, 1.0, 2.0]), torch.tensor([1.0, 0.5, 2.0]), torch.tensor([-1.0]), 0.0)
+    fc = Forecast(
+        "gaussian",
+        0.5,
+        torch.tensor([0.0, 1.0, 2.0]),
+        torch.tensor([1.0, 0.5, 2.0]),
+        torch.tensor([-1.0]),
+        0.0,
+    )
     y = torch.tensor([0.3, -1.0, 5.0], dtype=torch.float64)
     a, b, seq = (OnlineQuantileRecalibrator(eta=0.4) for _ in range(3))
     a.update(fc, y)  # one flush: the three results scored at the same levels, one step (spec §4.3)
@@ -159,7 +168,8 @@ def test_state_round_trip(tmp_path) -> None:
 def test_interval_variant_covers() -> None:
     rng = np.random.default_rng(11)
     cal = OnlineIntervalCalibrator(coverages=[0.8], eta=0.05)
-    fc = Forecast("gaussian", 0.5, torch.zeros(1), torch.zeros(1), torch.zeros(1), 0.0)  # N(0, 1), truth N(0, 4)
+    # N(0, 1), truth N(0, 4)
+    fc = Forecast("gaussian", 0.5, torch.zeros(1), torch.zeros(1), torch.zeros(1), 0.0)
     T, hits = 400, 0
     for _ in range(T):
         y = torch.tensor([2.0 * rng.standard_normal()])
@@ -173,7 +183,8 @@ def test_interval_variant_covers() -> None:
 
 
 def test_errors_name_the_option() -> None:
-    with pytest.raises(ConfigError, match=r"calibrator.type.*\['conformal', 'locbo', 'none', 'offline-cv', 'online'"):
+    with pytest.raises(ConfigError, match=r"calibrator.type.*\['conformal', 'locbo', 'none', 'offline-cv', "
+                                          r"'online'"):
         build_calibrator("isotonic")
     with pytest.raises(ConfigError, match="calibrator.options.eta"):
         build_calibrator("online", eta=-1.0)
@@ -192,7 +203,9 @@ def test_errors_name_the_option() -> None:
 
 
 # ---------------------------------------------------------------------------------------- misspecified GP
-def _sequential_gaussian_forecasts(X: torch.Tensor, Y: torch.Tensor, lengthscale: float, noise_var: float) -> Forecast:
+def _sequential_gaussian_forecasts(
+    X: torch.Tensor, Y: torch.Tensor, lengthscale: float, noise_var: float
+) -> Forecast:
     """One-step-ahead forecasts of y_t given y_<t under a SingleTaskGP with fixed hyperparameters.
 
     For fixed hyperparameters, the predictive of y_t | y_<t has variance L_tt^2 and mean y_t - L_tt e_t, with
@@ -219,7 +232,13 @@ def _sequential_gaussian_forecasts(X: torch.Tensor, Y: torch.Tensor, lengthscale
         mean = Y - d * e
         # cross-check one step against the model's own posterior on the prefix
         t = 17
-        gp_t = SingleTaskGP(X[:t], Y[:t].unsqueeze(-1), covar_module=gp.covar_module, likelihood=gp.likelihood, outcome_transform=None)
+        gp_t = SingleTaskGP(
+            X[:t],
+            Y[:t].unsqueeze(-1),
+            covar_module=gp.covar_module,
+            likelihood=gp.likelihood,
+            outcome_transform=None,
+        )
         gp_t.mean_module.constant.data.fill_(0.0)
         gp_t.eval()
         post = gp_t.posterior(X[t : t + 1], observation_noise=True)
@@ -256,8 +275,8 @@ def test_misspecified_gp_recalibrated_to_80_percent(misspec: str) -> None:
 
 
 def test_bad_coverages_name_their_key_and_a_nan_forecast_is_refused() -> None:
-    """Found in review: a bad `coverages` of online-interval was reported as `levels` (not its key), and a forecast
-    whose CDF is NaN at y was taken: each calibrator read the NaN PIT differently."""
+    """A bad `coverages` of online-interval is reported as `coverages` (its key), not `levels`, and a forecast
+    whose CDF is NaN at y is refused (each calibrator would read the NaN PIT differently)."""
     from orchestrator.errors import ConfigError, InputDataError
     from orchestrator.models.predictive import Forecast
 
@@ -271,9 +290,9 @@ def test_bad_coverages_name_their_key_and_a_nan_forecast_is_refused() -> None:
 
 
 def test_sigma_scale_of_a_biased_model_stays_a_positive_scale():
-    """Found in review: a model with the right spread and its mean 2 sd off leaves one tail's levels clipped, and
-    the (a2) fit through the origin over the other tail came out negative (median -0.56 over 20 seeds at
-    N = 1000), which made the sigma-route EI <= 0 everywhere and turned UCB into LCB."""
+    """A model with the right spread and its mean 2 sd off leaves one tail's levels clipped; the (a2) fit
+    through the origin over the other tail must not come out negative (median -0.56 over 20 seeds at N = 1000
+    unguarded), which would make the sigma-route EI <= 0 everywhere and turn UCB into LCB."""
     import math
 
     from orchestrator.calibration import SPREAD_MAX, SPREAD_MIN, build_calibrator
@@ -294,15 +313,17 @@ def test_sigma_scale_of_a_biased_model_stays_a_positive_scale():
 
 @pytest.mark.parametrize("eta", [0.05, 0.5, 3.0])
 def test_batch_steps_bound_the_coverage_of_the_levels_each_batch_used(eta: float) -> None:
-    """Eq. (10) for batches (spec §4.3): one step per batch with the mean gradient bounds the mean over batches
-    of each batch's coverage at the levels in force when it was proposed, on batches of varying size."""
+    """Eq. (10) for batches (spec §4.3): one step per batch with the mean gradient bounds the mean over
+    batches of each batch's coverage at the levels in force when it was proposed, on batches of varying
+    size."""
     rng = np.random.default_rng(5)
     cal = OnlineQuantileRecalibrator(levels=LEVELS, eta=eta)
     means, N = np.zeros_like(LEVELS), 300
     for b in range(N):
         u = rng.beta(0.3, 2.0, size=int(rng.integers(1, 40))) if b % 3 else np.full(7, 0.97)
         q = cal.raw_levels()
-        assert np.all(q >= -eta - 1e-12) and np.all(q <= 1 + eta + 1e-12)  # Lemma 3's range, not [-B eta, ...]
+        # Lemma 3's range, not [-B eta, ...]
+        assert np.all(q >= -eta - 1e-12) and np.all(q <= 1 + eta + 1e-12)
         means += (u[:, None] <= q[None, :]).mean(axis=0)
         cal.update_pit_batch(u)
     assert np.all(np.abs(means / N - LEVELS) <= _bound(eta, N) + 1e-12)
@@ -312,7 +333,8 @@ def test_batch_steps_bound_the_coverage_of_the_levels_each_batch_used(eta: float
 def test_batches_are_covered_at_the_map_they_were_proposed_with(batch: int) -> None:
     """A model over-confident by 2x, results flushed a batch at a time: the central 90% interval of the map in
     force when each batch was proposed covers 90% of its results. Scoring each result at the level the one
-    before it left, as `update` did, covered 0.957 at batch 10 and 0.959 at batch 50 (calibrated-bo.md §4.3)."""
+    before it left, as `update` did, covered 0.957 at batch 10 and 0.959 at batch 50 (calibrated-bo.md
+    §4.3)."""
     rng = np.random.default_rng(3)
     cal = OnlineQuantileRecalibrator(eta=0.1)
     zeros = torch.zeros(batch, dtype=torch.float64)
@@ -331,11 +353,12 @@ def test_batches_are_covered_at_the_map_they_were_proposed_with(batch: int) -> N
 
 
 @pytest.mark.parametrize("overconfidence", [3.0, 5.0])
-def test_recalibrated_intervals_of_a_very_overconfident_model_agree_with_its_cdf(overconfidence: float) -> None:
+def test_recalibrated_intervals_of_a_very_overconfident_model_agree_with_its_cdf(
+    overconfidence: float,
+) -> None:
     """A model over-confident by 3x or 5x needs base levels below 1e-6 for a 90% interval. Clipping the mapped
-    levels to [1e-6, 1 - 1e-6] ended the interval at 4.75 base sd: in review it covered 0.795 (3x) and 0.597 (5x)
-    where the recalibrated CDF covered 0.90; here it covered 0.10 and 0.29 less than the CDF's interval. The
-    quantiles now agree with the CDF."""
+    levels to [1e-6, 1 - 1e-6] would end the interval at 4.75 base sd, covering 0.795 (3x) and 0.597 (5x)
+    where the recalibrated CDF covers 0.90. The quantiles agree with the CDF."""
     rng = np.random.default_rng(8)
     cal = OnlineQuantileRecalibrator(eta=0.05)
     one = Forecast("gaussian", 0.5, torch.zeros(1), torch.zeros(1), torch.zeros(1), 0.0)  # N(0, 1)
@@ -354,13 +377,15 @@ def test_recalibrated_intervals_of_a_very_overconfident_model_agree_with_its_cdf
 
 
 @pytest.mark.parametrize("workers,batch", [(16, 1), (32, 8), (64, 16)])
-def test_streaming_asks_are_covered_near_nominal_at_the_map_they_were_proposed_with(workers: int, batch: int) -> None:
-    """Streaming (the actor's default): `workers` points in flight, a batch of `batch` asked whenever that many
-    are free, results in random order; each ask first flushes the results told since the last one in one
-    `update` (`AskTellOptimizer.flush_calibration`). The map each point was proposed with covers 0.905, 0.902 and
-    0.901 of a central 90% interval here (2x over-confident model, eta 0.1). One step per batch of the flush
-    instead (each batch's results at the levels in force) covered 0.905, 0.933 and 0.942 (found in review: this
-    test flushed after every result then, and saw 0.90); scoring each result at the levels its batch was proposed
+def test_streaming_asks_are_covered_near_nominal_at_the_map_they_were_proposed_with(
+    workers: int, batch: int
+) -> None:
+    """Streaming (the actor's default): `workers` points in flight, a batch of `batch` asked whenever that
+    many are free, results in random order; each ask first flushes the results told since the last one in one
+    `update` (`AskTellOptimizer.flush_calibration`). The map each point was proposed with covers 0.905, 0.902
+    and 0.901 of a central 90% interval here (2x over-confident model, eta 0.1). One step per batch of the
+    flush instead (each batch's results at the levels in force) covers 0.905, 0.933 and 0.942 (a flush after
+    every result sees 0.90); scoring each result at the levels its batch was proposed
     with (delayed-feedback OGD, one step of eta per batch in all) 0.937, 0.908 and 0.900: with many batches in
     flight its stale steps overshoot."""
     rng = np.random.default_rng(workers)
@@ -373,13 +398,18 @@ def test_streaming_asks_are_covered_near_nominal_at_the_map_they_were_proposed_w
             if told:
                 ys = torch.tensor(told, dtype=torch.float64)
                 zeros = torch.zeros_like(ys)
-                cal.update(Forecast("gaussian", 0.5, zeros, zeros, zeros, 0.0), ys)  # N(0, 1); the truth is N(0, 4)
+                # N(0, 1); the truth is N(0, 4)
+                cal.update(Forecast("gaussian", 0.5, zeros, zeros, zeros, 0.0), ys)
                 told = []
             lo, hi = cal.map_levels(torch.tensor([0.05, 0.95], dtype=torch.float64)).tolist()
             inflight += [(2.0 * float(rng.standard_normal()), lo, hi) for _ in range(batch)]
         y, lo, hi = inflight.pop(int(rng.integers(len(inflight))))
         if done >= 500:  # past the transient
-            u = float(Forecast("gaussian", 0.5, torch.zeros(1), torch.zeros(1), torch.zeros(1), 0.0).cdf(torch.tensor([y]))[0])
+            u = float(
+                Forecast("gaussian", 0.5, torch.zeros(1), torch.zeros(1), torch.zeros(1), 0.0).cdf(
+                    torch.tensor([y])
+                )[0]
+            )
             hits += lo <= u <= hi
             total += 1
         told.append(y)

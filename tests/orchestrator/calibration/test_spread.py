@@ -1,4 +1,4 @@
-"""Spread factor s_t / s_t(x) of the SVGP proposers (issue 5 item 6): learned from one-step-ahead interval
+"""Spread factor s_t / s_t(x) of the SVGP proposers: learned from one-step-ahead interval
 misses, clipped, local where asked, wired by `attach`."""
 
 from __future__ import annotations
@@ -8,14 +8,28 @@ import math
 import pytest
 import torch
 
-from orchestrator.calibration import SPREAD_MAX, SPREAD_MIN, SpreadTracker, attach, build_calibrator, interval_coverage
+from orchestrator.calibration import (
+    SPREAD_MAX,
+    SPREAD_MIN,
+    SpreadTracker,
+    attach,
+    build_calibrator,
+    interval_coverage,
+)
 from orchestrator.calibration.spread import scaled_forecast
 from orchestrator.errors import ConfigError, InputDataError, UnsupportedError
 from orchestrator.models.predictive import Forecast
 
 
 def _fc(mu: float, var_f: float, sigma: float = 1e-3) -> Forecast:
-    return Forecast("asymmetric_laplace", 0.3, torch.tensor([mu]), torch.tensor([var_f]), torch.tensor([math.log(sigma)]), 0.0)
+    return Forecast(
+        "asymmetric_laplace",
+        0.3,
+        torch.tensor([mu]),
+        torch.tensor([var_f]),
+        torch.tensor([math.log(sigma)]),
+        0.0,
+    )
 
 
 def test_global_spread_learns_the_missing_width() -> None:
@@ -23,7 +37,7 @@ def test_global_spread_learns_the_missing_width() -> None:
     cal = build_calibrator("online", spread_eta=0.05)
     X = torch.rand(1, 2, dtype=torch.float64)
     us, T = [], 800
-    for t in range(T):
+    for _ in range(T):
         fc = _fc(0.0, 1.0)
         y = 3.0 * torch.randn(1, generator=g, dtype=torch.float64)  # truth 3x wider than the f-posterior
         us.append(scaled_forecast(fc, cal.spread(X)[0]).cdf(y))
@@ -69,7 +83,7 @@ def test_noise_dominated_forecasts_leave_the_spread_alone() -> None:
 def test_local_spread_separates_regions() -> None:
     g = torch.Generator().manual_seed(2)
     cal = build_calibrator("online", spread="local", spread_eta=0.1, spread_lengthscale=0.15)
-    for t in range(600):
+    for _ in range(600):
         x = torch.rand(1, 1, generator=g, dtype=torch.float64)
         wide = 4.0 if x.item() < 0.5 else 1.0  # over-confident on the left only
         y = wide * torch.randn(1, generator=g, dtype=torch.float64)
@@ -85,7 +99,11 @@ def test_state_round_trip_local(tmp_path) -> None:
     g = torch.Generator().manual_seed(3)
     cal = build_calibrator("online", spread="local")
     for _ in range(15):
-        cal.update(_fc(0.0, 1.0), 2 * torch.randn(1, generator=g, dtype=torch.float64), X=torch.rand(1, 2, generator=g, dtype=torch.float64))
+        cal.update(
+            _fc(0.0, 1.0),
+            2 * torch.randn(1, generator=g, dtype=torch.float64),
+            X=torch.rand(1, 2, generator=g, dtype=torch.float64),
+        )
     torch.save(cal.get_state(), tmp_path / "s.pt")
     fresh = build_calibrator("online", spread="local")
     fresh.set_state(torch.load(tmp_path / "s.pt", weights_only=True))
@@ -113,10 +131,11 @@ def test_attach_and_options() -> None:
     assert attach(cal, p) is p and p.spread == cal.spread
     attach(build_calibrator("none"), p)
     assert p.spread is None
-    # found in review: options the proposer never reads were accepted and changed nothing
+    # options the proposer never reads are refused (accepted, they would change nothing)
     with pytest.raises(UnsupportedError, match="with `spread: off` calibrator 'online' does nothing"):
         attach(build_calibrator("online", spread="off"), p)
-    with pytest.raises(UnsupportedError, match=r"`calibrator.options` \['eta', 'levels'\] act only inside .*'calibrated'"):
+    with pytest.raises(UnsupportedError, match=r"`calibrator.options` \['eta', 'levels'\] act only inside "
+                                               r".*'calibrated'"):
         attach(build_calibrator("online", eta=0.5, levels=[0.2, 0.8]), p)
     with pytest.raises(UnsupportedError, match=r"\['alpha'\] act only inside"):
         attach(build_calibrator("locbo", alpha=0.2, spread_eta=0.2), p)
@@ -138,8 +157,8 @@ def test_attach_and_options() -> None:
 
 
 def test_thompson_batch_spreads_out_when_calibrated() -> None:
-    """An over-confident model (posterior std 10x too small): one-step-ahead misses drive s up to about 10, and
-    the Thompson batch, whose paths become mu + s (path - mu), spreads out over the cube."""
+    """An over-confident model (posterior std 10x too small): one-step-ahead misses drive s up to about 10,
+    and the Thompson batch, whose paths become mu + s (path - mu), spreads out over the cube."""
     from orchestrator.acquisition.thompson import ThompsonSampling
     from tests.orchestrator.acquisition.proposer_contract import PartsSurrogate, random_parts
 
@@ -152,7 +171,8 @@ def test_thompson_batch_spreads_out_when_calibrated() -> None:
     for _ in range(40):
         x = torch.rand(1, 2, generator=g, dtype=torch.float64)
         fc = model.forecast(x)
-        y = fc.mu_f + 10 * fc.var_f.sqrt() * torch.randn(1, generator=g, dtype=torch.float64)  # the truth is 10x wider
+        # the truth is 10x wider
+        y = fc.mu_f + 10 * fc.var_f.sqrt() * torch.randn(1, generator=g, dtype=torch.float64)
         cal.update(fc, y, X=x)
     assert float(cal.spread(torch.zeros(1, 2, dtype=torch.float64))) > 5.0
 
@@ -166,14 +186,15 @@ def test_thompson_batch_spreads_out_when_calibrated() -> None:
         return float(torch.pdist(X).mean())
 
     plain, calibrated = batch(False), batch(True)
-    print(f"mean pairwise distance: plain {mean_pairwise(plain):.3f}, calibrated {mean_pairwise(calibrated):.3f}")
+    print(f"mean pairwise distance: plain {mean_pairwise(plain):.3f}, calibrated "
+          f"{mean_pairwise(calibrated):.3f}")
     assert not torch.allclose(plain, calibrated)
     assert mean_pairwise(calibrated) > 3 * mean_pairwise(plain)
 
 
 def test_a_state_saved_with_other_options_is_refused():
-    """Found in review: `set_state` silently replaced the options a calibrator was built with (alpha 0.05 -> 0.2,
-    spread local -> global, eta 0.5 -> 0.1 with 23 levels); now it names the options that differ, as a model
+    """`set_state` does not silently replace the options a calibrator was built with (alpha 0.05 -> 0.2,
+    spread local -> global, eta 0.5 -> 0.1 with 23 levels): it names the options that differ, as a model
     checkpoint of other options is refused. The same options restore, learned state included."""
     from orchestrator.errors import QbatchError
 
@@ -197,7 +218,8 @@ def test_a_state_saved_with_other_options_is_refused():
 
 
 def test_the_decay_rule_applies_to_the_local_term_only():
-    """Global mode never reads spread_lambda_reg (found in review: it was refused there too)."""
+    """Global mode never reads spread_lambda_reg, so it does not refuse it."""
     build_calibrator("online", spread="global", spread_lambda_reg=20.0, spread_eta=0.1)
-    with pytest.raises(ConfigError, match=r"spread_lambda_reg` x `calibrator.options.spread_eta` must be < 1"):
+    with pytest.raises(ConfigError, match=r"spread_lambda_reg` x `calibrator.options.spread_eta` must be < "
+                                          r"1"):
         build_calibrator("online", spread="local", spread_lambda_reg=20.0, spread_eta=0.1)

@@ -10,7 +10,12 @@ import torch
 from orchestrator.errors import ConfigError
 from orchestrator.models import build_model
 from orchestrator.models.allocation import (
-    AUTO_MAX, FULL_UP_TO, allocate_inducing, auto_num_inducing, check_num_inducing, unique_rows,
+    AUTO_MAX,
+    FULL_UP_TO,
+    allocate_inducing,
+    auto_num_inducing,
+    check_num_inducing,
+    unique_rows,
 )
 
 TK = {"dtype": torch.float64}

@@ -1,4 +1,5 @@
-"""Properties of the noise laws of spec §1.2: normalization, quantile/expectile identities, moments, CDF, sampling."""
+"""Properties of the noise laws of spec §1.2: normalization, quantile/expectile identities, moments, CDF,
+sampling."""
 
 import math
 
@@ -16,7 +17,15 @@ F, G = 0.7, math.log(1.3)
 
 def pdf(family, tau):
     def p(y):
-        return float(D.log_prob(family, torch.tensor(y, dtype=torch.float64), torch.tensor(F, dtype=torch.float64), torch.tensor(G, dtype=torch.float64), tau).exp())
+        return float(
+            D.log_prob(
+                family,
+                torch.tensor(y, dtype=torch.float64),
+                torch.tensor(F, dtype=torch.float64),
+                torch.tensor(G, dtype=torch.float64),
+                tau,
+            ).exp()
+        )
 
     return p
 
@@ -24,7 +33,9 @@ def pdf(family, tau):
 def quad(fun, a=-np.inf, b=np.inf):
     # split at the kink y = F for accuracy
     pieces = [(a, min(b, F)), (max(a, F), b)]
-    return sum(integrate.quad(fun, lo, hi, limit=400, epsabs=1e-13, epsrel=1e-12)[0] for lo, hi in pieces if lo < hi)
+    return sum(
+        integrate.quad(fun, lo, hi, limit=400, epsabs=1e-13, epsrel=1e-12)[0] for lo, hi in pieces if lo < hi
+    )
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -59,7 +70,13 @@ def test_cdf_matches_integral_of_density(family, tau):
     p = pdf(family, tau)
     for y in [-3.0, 0.2, F, 1.1, 4.0]:
         expected = quad(p, b=y) if y > F else integrate.quad(p, -np.inf, y)[0]
-        got = D.cdf(family, torch.tensor(y, dtype=torch.float64), torch.tensor(F, dtype=torch.float64), torch.tensor(G, dtype=torch.float64), tau).item()
+        got = D.cdf(
+            family,
+            torch.tensor(y, dtype=torch.float64),
+            torch.tensor(F, dtype=torch.float64),
+            torch.tensor(G, dtype=torch.float64),
+            tau,
+        ).item()
         assert got == pytest.approx(expected, abs=1e-8), (family, tau, y)
 
 
@@ -68,10 +85,18 @@ def test_cdf_matches_integral_of_density(family, tau):
 def test_samples_follow_the_cdf(family, tau):
     gen = torch.Generator().manual_seed(0)
     n = 200_000
-    y = D.sample(family, torch.full((n,), F, dtype=torch.float64), torch.full((n,), G, dtype=torch.float64), tau, gen)
+    y = D.sample(
+        family, torch.full((n,), F, dtype=torch.float64), torch.full((n,), G, dtype=torch.float64), tau, gen
+    )
     for q in [-1.0, 0.5, F, 1.5]:
         emp = (y <= q).double().mean().item()
-        exact = D.cdf(family, torch.tensor(q, dtype=torch.float64), torch.tensor(F, dtype=torch.float64), torch.tensor(G, dtype=torch.float64), tau).item()
+        exact = D.cdf(
+            family,
+            torch.tensor(q, dtype=torch.float64),
+            torch.tensor(F, dtype=torch.float64),
+            torch.tensor(G, dtype=torch.float64),
+            tau,
+        ).item()
         # 5 standard errors of a Bernoulli mean
         assert abs(emp - exact) < 5 * math.sqrt(exact * (1 - exact) / n) + 1e-4
 

@@ -137,7 +137,7 @@ def test_bad_input(data):
         ExactGP(tau=1.0)
     with pytest.raises(ConfigError, match="unknown model 'gp'.*exact-gp"):
         build_model("gp")
-    with pytest.raises(ConfigError, match=r"unknown model \['exact-gp'\]"):  # was "unhashable type" (review)
+    with pytest.raises(ConfigError, match=r"unknown model \['exact-gp'\]"):  # not "unhashable type"
         build_model(["exact-gp"])
     with pytest.raises(ConfigError, match="unknown model option.*'num_inducing'.*warm_start"):
         build_model("exact-gp", num_inducing=3)
@@ -158,7 +158,8 @@ def test_build_model_names():
 
 def test_priors_are_botorchs_defaults(fitted, data):
     """The qLogNEI baseline's GP is what a BoTorch user gets from `SingleTaskGP(X, Y)`: the dimension-scaled
-    lengthscale prior with its bound 0.025 (in its Matern-5/2 form), no outputscale, the LogNormal(-4, 1) noise prior."""
+    lengthscale prior with its bound 0.025 (in its Matern-5/2 form), no outputscale, the LogNormal(-4, 1)
+    noise prior."""
     from botorch.models import SingleTaskGP
 
     X, Y = data
@@ -177,10 +178,10 @@ def test_priors_are_botorchs_defaults(fitted, data):
 
 
 def test_very_noisy_data_keep_the_lengthscales_at_botorchs_bound():
-    """Found in review: without hyperpriors, on data whose noise (sd 30) dwarfs the signal (range 3), the
-    lengthscales fell to 1e-4 (1e-7 in this test), a white-noise kernel, and warm starts kept that fit.
-    BoTorch's default also explains these data by short lengthscales (its noise prior favours small noise), but
-    not below its bound."""
+    """On data whose noise (sd 30) dwarfs the signal (range 3), the hyperpriors keep the lengthscales from
+    falling to 1e-4 (1e-7 in this test without them), a white-noise kernel that warm starts would keep.
+    BoTorch's default also explains these data by short lengthscales (its noise prior favours small noise),
+    but not below its bound."""
     g = torch.Generator().manual_seed(4)
     X = torch.rand(80, 2, generator=g, **TK)
     Y = 3.0 * torch.sin(3 * X[:, 0]) + 30.0 * torch.randn(80, generator=g, **TK)

@@ -28,7 +28,8 @@ def _data(n: int, d: int = 2, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor
     g = torch.Generator().manual_seed(seed)
     X = torch.rand(n, d, generator=g, **TKWARGS)
     f = torch.sin(6 * X[:, 0]) + X[:, 1:].sum(-1)
-    noise = -torch.log(torch.rand(n, generator=g, **TKWARGS)) * (0.2 + 0.5 * X[:, 0])  # skewed, input-dependent
+    # skewed, input-dependent
+    noise = -torch.log(torch.rand(n, generator=g, **TKWARGS)) * (0.2 + 0.5 * X[:, 0])
     return X, f - noise
 
 
@@ -43,7 +44,9 @@ def test_sites_of_a_gaussian_likelihood_are_the_exact_gp_posterior():
     nu, lam, steps = fv.solve_sites(model, lik, idx, Y, [0], nu, lam, tol=1e-12)
     assert steps < 100
     with torch.no_grad():
-        K = matern52(X, X, model.lengthscale[0], model.outputscale[0]) + model.jitter()[0] * torch.eye(25, **TKWARGS)
+        K = matern52(X, X, model.lengthscale[0], model.outputscale[0]) + model.jitter()[0] * torch.eye(
+            25, **TKWARGS
+        )
         mean, var, _ = fv.site_posterior(K.unsqueeze(0), nu, lam)
         # E[exp(-2 g)] with g ~ N(c_g, MIN_OUTPUTSCALE + jitter): the Gaussian's effective noise precision
         noise_var = 1.0 / math.exp(-2 * math.log(0.3) + 2 * float(model.outputscale[1] + model.jitter()[1]))
@@ -74,7 +77,9 @@ def test_the_written_q_has_the_sites_marginals():
     assert float(got_var[1].max()) <= 2 * MIN_OUTPUTSCALE
 
 
-@pytest.mark.parametrize("kind, noise_scale", [("quantile", "constant"), ("quantile", "gp"), ("expectile", "gp")])
+@pytest.mark.parametrize(
+    "kind, noise_scale", [("quantile", "constant"), ("quantile", "gp"), ("expectile", "gp")]
+)
 def test_the_profile_fit_reaches_the_free_factor_optimum_in_fewer_iterations(kind, noise_scale):
     X, Y = _data(40, d=3, seed=1)
     profile = build_model(kind, tau=0.1, noise_scale=noise_scale)
@@ -135,8 +140,14 @@ def test_observation_index_needs_every_row_in_z():
     assert fv.observation_index(X, X[:5]) is None
 
 
-def _random_model(n: int, d: int, constant_scale: bool = False, use_priors: bool = True,
-                  lengthscale_prior: str = "spec", seed: int = 0) -> tuple[TwoLatentSVGP, torch.Tensor, torch.Tensor]:
+def _random_model(
+    n: int,
+    d: int,
+    constant_scale: bool = False,
+    use_priors: bool = True,
+    lengthscale_prior: str = "spec",
+    seed: int = 0,
+) -> tuple[TwoLatentSVGP, torch.Tensor, torch.Tensor]:
     """A model on Z = X with hyperparameters off their defaults, and its data."""
     X, Y = _data(n, d, seed)
     model = TwoLatentSVGP(X, use_priors=use_priors, lengthscale_prior=lengthscale_prior,
@@ -153,9 +164,13 @@ def _latents(model: TwoLatentSVGP) -> list[int]:
     return [0] if model.constant_scale else [0, 1]
 
 
-@pytest.mark.parametrize("constant_scale, use_priors, prior", [(False, True, "spec"), (True, True, "spec"),
-                                                              (False, False, "spec"), (False, True, "dim-scaled")])
-def test_the_hyperparameter_side_is_the_model_kernel_and_its_gradient_autograds(constant_scale, use_priors, prior):
+@pytest.mark.parametrize(
+    "constant_scale, use_priors, prior",
+    [(False, True, "spec"), (True, True, "spec"), (False, False, "spec"), (False, True, "dim-scaled")],
+)
+def test_the_hyperparameter_side_is_the_model_kernel_and_its_gradient_autograds(
+    constant_scale, use_priors, prior
+):
     model, _, _ = _random_model(12, 3, constant_scale, use_priors, prior)
     latents = _latents(model)
     side = fv._Hyper(model, latents)
@@ -218,7 +233,8 @@ def test_the_model_loss_is_loss_fn_and_its_gradient_with_the_sites_held_autograd
     model's `loss_fn` after the sites are written in, and its gradient is autograd's with the sites held."""
     model, X, Y = _random_model(12, 2, seed=6)
     with torch.no_grad():
-        model.mean_module.constant.copy_(torch.tensor([0.1, -2.5], **TKWARGS))  # small noise: the jitter shows
+        # small noise: the jitter shows
+        model.mean_module.constant.copy_(torch.tensor([0.1, -2.5], **TKWARGS))
     surrogate = build_model("quantile", tau=0.2)
     lik = surrogate.likelihood
     idx = fv.observation_index(X, model.Z)
@@ -245,7 +261,9 @@ def test_the_model_loss_is_loss_fn_and_its_gradient_with_the_sites_held_autograd
         return torch.diagonal(A, dim1=-2, dim2=-1)
 
     mean = model.constant[:, None] + mu - j[:, None] * alpha
-    var = (diag(Sigma) + j[:, None] - 2 * j[:, None] * diag(PS) - j[:, None] ** 2 * diag(P - PS @ P)).clamp_min(1e-12)
+    var = (
+        diag(Sigma) + j[:, None] - 2 * j[:, None] * diag(PS) - j[:, None] ** 2 * diag(P - PS @ P)
+    ).clamp_min(1e-12)
     order = torch.empty_like(idx).index_copy_(0, idx, torch.arange(12))  # observation j at input idx[j]
     ell = lik.expected_log_prob_moments(Y[order], mean[0], var[0], mean[1], var[1]).sum()
     kl = 0.5 * (diag(PS).sum() + (mu * alpha).sum() - 24 + torch.logdet(K).sum() - torch.logdet(Sigma).sum())
@@ -257,7 +275,8 @@ def test_the_model_loss_is_loss_fn_and_its_gradient_with_the_sites_held_autograd
 
 
 def test_a_fit_with_tiny_noise_goes_on_to_the_model_loss():
-    """Where the noise is tiny the jitter parts the sites' optimum from the model's: the fit ends at the model's."""
+    """Where the noise is tiny the jitter parts the sites' optimum from the model's: the fit ends at the
+    model's."""
     g = torch.Generator().manual_seed(4)
     X = torch.rand(20, 6, generator=g, **TKWARGS)
     w = torch.tensor([1.0, -0.8, 0.6, 0.5, -0.4, 0.3], **TKWARGS)

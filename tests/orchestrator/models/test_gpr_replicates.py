@@ -114,9 +114,10 @@ def test_full_and_marginal_posteriors_agree_and_batch_shapes() -> None:
 
 @pytest.mark.parametrize("n_unique, noise", [(10, 0.2), (200, 0.0)])
 def test_sparse_parts_reproduce_the_posterior(n_unique: int, noise: float) -> None:
-    """Z = the unique inputs and q(u) = the exact posterior at Z give back `posterior_f` (Thompson sampling's input),
-    also when noiseless replicates put the bootstrap noise at its floor, where the jitter of K~ = K + jitter I is
-    not negligible: q(u) written with K in place of K~ gave 1.3-1.9 times the variance there (found in review)."""
+    """Z = the unique inputs and q(u) = the exact posterior at Z give back `posterior_f` (Thompson sampling's
+    input), also when noiseless replicates put the bootstrap noise at its floor, where the jitter of K~ = K +
+    jitter I is
+    not negligible: q(u) written with K in place of K~ gives 1.3-1.9 times the variance there."""
     Xu, X, Y = _replicated(n_unique=n_unique, reps=8 if noise else 4, d=2, noise=noise)
     model = ReplicateQuantileGP(tau=0.9)
     model.fit(X, Y)
@@ -149,8 +150,9 @@ def test_unreplicated_points_get_the_pooled_variance_and_target_is_f() -> None:
     fc = model.forecast(Xu)
     # forecast: the tau-quantile of the predictive is (close to) f's posterior mean in y units
     qs = fc.quantile([0.5])[:, 0]
-    torch.testing.assert_close(qs, model.outcome_transform[0] + scale * model.posterior_f(Xu, full_cov=False)[0],
-                               atol=0.05, rtol=0.0)
+    torch.testing.assert_close(
+        qs, model.outcome_transform[0] + scale * model.posterior_f(Xu, full_cov=False)[0], atol=0.05, rtol=0.0
+    )
 
 
 def test_state_round_trip_and_warm_refit(tmp_path) -> None:
@@ -184,9 +186,9 @@ def test_bad_inputs_name_the_row() -> None:
 
 
 def test_the_final_restart_compares_warm_and_cold_fits_of_the_same_bootstrap():
-    """Found in review: the fit reported no `loss`, so `fit(restart=True)` compared NaN with NaN and always kept
-    the warm fit (logging `restart_kept: warm` as if it had compared); and the warm and the cold fit drew
-    different bootstrap quantiles (seeded by the fit count), so their losses would not have compared."""
+    """The fit reports its `loss`, so `fit(restart=True)` compares the warm and the cold fit (without it, NaN
+    with NaN keeps the warm fit, logging `restart_kept: warm` as if it had compared); and both fits draw the
+    same bootstrap quantiles, so their losses compare."""
     from orchestrator.ask_tell import AskTellOptimizer
 
     space = {"a": {"type": "float", "low": 0.0, "high": 1.0}, "b": {"type": "float", "low": 0.0, "high": 1.0}}
@@ -198,8 +200,10 @@ def test_the_final_restart_compares_warm_and_cold_fits_of_the_same_bootstrap():
     opt.fit()
     for x in torch.rand(40, 2, generator=g).tolist():
         for _ in range(5):
-            opt.tell_point({"a": x[0], "b": x[1]},
-                           math.sin(15 * x[0]) * math.cos(11 * x[1]) + 0.2 * float(torch.randn(1, generator=g)))
+            opt.tell_point(
+                {"a": x[0], "b": x[1]},
+                math.sin(15 * x[0]) * math.cos(11 * x[1]) + 0.2 * float(torch.randn(1, generator=g)),
+            )
     d = opt.fit(restart=True)
     assert math.isfinite(d["loss_warm"]) and math.isfinite(d["loss_cold"])
     assert d["restart_kept"] == ("cold" if d["loss_cold"] < d["loss_warm"] else "warm")

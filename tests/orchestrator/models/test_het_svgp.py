@@ -1,4 +1,5 @@
-"""Tests of the HetGP baseline `HeteroscedasticSVGP` (y ~ N(f, e^{2g}), spec §1.3, §1.7) and the expectile SVGP."""
+"""Tests of the HetGP baseline `HeteroscedasticSVGP` (y ~ N(f, e^{2g}), spec §1.3, §1.7) and the expectile
+SVGP."""
 
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ def test_learns_mean_and_noise_scale(het):
 
 
 def test_plug_in_quantile_is_the_objective(het):
-    """objective_mean = mu_f + Phi^-1(tau) e^{mu_g} (spec §1.7); close to the true 0.9-quantile on Gaussian data."""
+    """objective_mean = mu_f + Phi^-1(tau) e^{mu_g} (spec §1.7); close to the true 0.9-quantile on Gaussian
+    data."""
     Xt = torch.linspace(0.02, 0.98, 100, **TK).unsqueeze(-1)
     mu_f, _ = het.posterior_f(Xt, full_cov=False)
     mu_g, _ = het.posterior_g(Xt, full_cov=False)

@@ -65,7 +65,8 @@ def test_bad_data():
 
 
 def test_warm_start_from_previous_centroids():
-    """Starting from the previous Z converges to centroids as good as a fresh k-means, and follows new data."""
+    """Starting from the previous Z converges to centroids as good as a fresh k-means, and follows new
+    data."""
     g = torch.Generator().manual_seed(5)
     X = torch.rand(2000, 3, generator=g, **TK)
     sel = KMeansInducingPointSelector(30)

@@ -135,7 +135,8 @@ CASES = [
 ]
 
 
-#: a wide q(f) under a large e^{-g}: 20-node Gauss-Hermite is off by up to 3e-2 at the kink; checked exactly only
+#: a wide q(f) under a large e^{-g}: 20-node Gauss-Hermite is off by up to 3e-2 at the kink; checked exactly
+#: only
 HARD_CASES = [(0.37, 0.0, 1.0, -1.0, 0.02), (0.0, 0.0, 1.0, -1.0, 0.02), (-3.0, 1.0, 2.0, 0.5, 1.0)]
 
 
@@ -161,7 +162,8 @@ def test_closed_form_expected_log_prob_matches_gauss_hermite(kind, tau):
 
 
 def test_gauss_hermite_is_poor_at_a_centred_kink():
-    """Why the closed form (spec §1.5): with y = mu_f the 20-node rule is off by ~2e-2, the closed form is exact."""
+    """Why the closed form (spec §1.5): with y = mu_f the 20-node rule is off by ~2e-2, the closed form is
+    exact."""
     lik = AsymmetricLaplaceLikelihood(0.5)
     case = (0.0, 0.0, 1.0, -1.0, 0.02)
     closed = float(lik.expected_log_prob_moments(*[torch.tensor(v, **TK) for v in case]))
@@ -174,14 +176,17 @@ def test_oracle_would_catch_a_missing_g_variance_term(kind):
     """The 2e-3 tolerance is tight: ignoring Var(g) in E[e^{-kg}] misses the oracle by much more."""
     lik = LIKELIHOODS[kind](0.3)
     y, mu_f, var_f, mu_g, var_g = CASES[0]
-    wrong = float(lik.expected_log_prob_moments(*[torch.tensor(v, **TK) for v in (y, mu_f, var_f, mu_g, 0.0)]))
+    wrong = float(
+        lik.expected_log_prob_moments(*[torch.tensor(v, **TK) for v in (y, mu_f, var_f, mu_g, 0.0)])
+    )
     assert abs(wrong - _gh_oracle(lik, y, mu_f, var_f, mu_g, var_g, nodes=20)) > 1e-2
 
 
 @pytest.mark.parametrize("batch", [(), (3,), (2, 3)])
 @pytest.mark.parametrize("kind", sorted(LIKELIHOODS))
 def test_expected_log_prob_on_a_two_task_distribution(kind, batch):
-    """`expected_log_prob` takes a 2-task MultitaskMultivariateNormal (`... x n x 2`) and equals the moments form."""
+    """`expected_log_prob` takes a 2-task MultitaskMultivariateNormal (`... x n x 2`) and equals the moments
+    form."""
     lik = LIKELIHOODS[kind](0.3)
     n = 4
     g = torch.Generator().manual_seed(1)
@@ -226,10 +231,12 @@ def test_function_samples_need_two_latents():
         AsymmetricLaplaceLikelihood(0.5)(torch.zeros(3, 4, 3, **TK))
 
 
-@pytest.mark.parametrize("cls", [AsymmetricLaplaceLikelihood, AsymmetricGaussianLikelihood, HeteroscedasticGaussianLikelihood])
+@pytest.mark.parametrize(
+    "cls", [AsymmetricLaplaceLikelihood, AsymmetricGaussianLikelihood, HeteroscedasticGaussianLikelihood]
+)
 def test_expected_log_prob_stays_finite_where_the_scale_factor_overflows(cls):
-    """E[exp(-k g)] is capped at exp(60): at mu_g = -1000 (an optimizer's wild step) the uncapped factor is inf
-    and the expected log-likelihood -inf or NaN, which stalls the fit (mutation review). Below the cap the
+    """E[exp(-k g)] is capped at exp(60): at mu_g = -1000 (an optimizer's wild step) the uncapped factor is
+    inf and the expected log-likelihood -inf or NaN, which stalls the fit. Below the cap the
     closed form is untouched: at mu_g = -10 the AL value equals log tau(1-tau) - mu_g - e^{-mu_g} E[rho]."""
     lik = cls(0.3)
     t = lambda v: torch.tensor([v], **TK)  # noqa: E731
@@ -238,7 +245,9 @@ def test_expected_log_prob_stays_finite_where_the_scale_factor_overflows(cls):
     if cls is AsymmetricLaplaceLikelihood:
         m, s = 1.0, 1.0
         z = m / s
-        e_rho = (0.3 - 0.5 * math.erfc(z / math.sqrt(2))) * m + s * math.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+        e_rho = (0.3 - 0.5 * math.erfc(z / math.sqrt(2))) * m + s * math.exp(-0.5 * z * z) / math.sqrt(
+            2 * math.pi
+        )
         ref = math.log(0.3 * 0.7) + 10.0 - math.exp(10.0) * e_rho
         got = lik.expected_log_prob_moments(t(1.0), t(0.0), t(1.0), t(-10.0), t(0.0))
         assert float(got) == pytest.approx(ref, rel=1e-12)
@@ -293,7 +302,8 @@ def test_the_closed_form_gradients_take_numpy_arrays_alike(kind):
     assert np.allclose(np_value, value.numpy(), rtol=1e-13, atol=1e-13)
     assert all(np.allclose(a, b.numpy(), rtol=1e-12, atol=1e-13) for a, b in zip(np_grads, grads))
     # the autograd default converts numpy arrays too
-    base_value, base_grads = super(LIKELIHOODS[kind], lik).expected_log_prob_grads(y.numpy(),
-                                                                                   *(t.numpy() for t in moments))
+    base_value, base_grads = super(LIKELIHOODS[kind], lik).expected_log_prob_grads(
+        y.numpy(), *(t.numpy() for t in moments)
+    )
     assert isinstance(base_value, np.ndarray)
     assert all(np.allclose(a, b, rtol=1e-10, atol=1e-10) for a, b in zip(base_grads, np_grads))

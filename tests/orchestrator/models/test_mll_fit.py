@@ -97,8 +97,8 @@ def test_gpr_replicates_survives_a_failed_warm_fit(one_thread, data, monkeypatch
 
 
 def test_iterations_are_counted_and_the_cap_holds(one_thread, data):
-    """`fit_maxiter` caps each L-BFGS-B attempt, the capped fit is accepted (BoTorch's STOPPED status), and the
-    diagnostics count the iterations the optimizer took."""
+    """`fit_maxiter` caps each L-BFGS-B attempt, the capped fit is accepted (BoTorch's STOPPED status), and
+    the diagnostics count the iterations the optimizer took."""
     X, Y = data
     free = ExactGP().fit(X, Y)
     assert free["fit_fallback"] == 1 and free["iterations"] > 3  # a cold fit of 40 points takes tens

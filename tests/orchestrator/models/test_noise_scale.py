@@ -1,7 +1,8 @@
-"""The two-latent SVGPs' option `noise_scale: constant` (svgp.py `SVGPOptions.noise_scale`): the scale latent g =
-log sigma held to one learned constant. It stays constant through cold and warm fits and a restore from a saved
-state, its level is the data's noise (the Gaussian family's against BoTorch's exact GP on the same homoscedastic
-data), g's hyperpriors leave the loss, the default ("gp") is the spec's model, and a bad value is a ConfigError."""
+"""The two-latent SVGPs' option `noise_scale: constant` (svgp.py `SVGPOptions.noise_scale`): the scale latent
+g = log sigma held to one learned constant. It stays constant through cold and warm fits and a restore from a
+saved state, its level is the data's noise (the Gaussian family's against BoTorch's exact GP on the same
+homoscedastic data), g's hyperpriors leave the loss, the default ("gp") is the spec's model, and a bad value
+is a ConfigError."""
 
 from __future__ import annotations
 
@@ -26,7 +27,11 @@ def _data(noise_sd, n: int = 400, seed: int = 0):
     """2-D data y = sin(3 x0) + cos(2 x1) / 2 + noise_sd(x) z."""
     g = torch.Generator().manual_seed(seed)
     X = torch.rand(n, 2, generator=g, **TK)
-    Y = torch.sin(3 * X[:, 0]) + 0.5 * torch.cos(2 * X[:, 1]) + noise_sd(X) * torch.randn(n, generator=g, **TK)
+    Y = (
+        torch.sin(3 * X[:, 0])
+        + 0.5 * torch.cos(2 * X[:, 1])
+        + noise_sd(X) * torch.randn(n, generator=g, **TK)
+    )
     return X, Y
 
 
@@ -37,9 +42,9 @@ def _spread(model, X):
 
 @pytest.mark.parametrize("cls", [QuantileSVGP, ExpectileSVGP, HeteroscedasticSVGP])
 def test_constant_scale_holds_g_through_warm_refits_and_a_restore(cls):
-    """On data whose noise SD grows 13-fold across the box, the spec's model (g a GP) learns a g that varies by
-    more than one nat; with `noise_scale: constant` g varies by less than 1e-3 after a cold fit, a warm refit on
-    more data, and in a copy restored from the saved state (a run's model checkpoint)."""
+    """On data whose noise SD grows 13-fold across the box, the spec's model (g a GP) learns a g that varies
+    by more than one nat; with `noise_scale: constant` g varies by less than 1e-3 after a cold fit, a warm
+    refit on more data, and in a copy restored from the saved state (a run's model checkpoint)."""
     X, Y = _data(lambda X: 0.05 + 0.6 * X[:, 1])
     Xt = torch.rand(500, 2, generator=torch.Generator().manual_seed(1), **TK)
     free = cls(tau=0.2, noise_scale="gp", **FAST)
@@ -63,9 +68,9 @@ def test_constant_scale_holds_g_through_warm_refits_and_a_restore(cls):
 
 
 def test_constant_scale_learns_the_noise_of_an_exact_gp():
-    """The Gaussian family with a constant scale is a homoscedastic sparse GP: on data with Gaussian noise of SD
-    0.3 everywhere its noise SD e^g (in the outcome's units) matches that of BoTorch's exact GP on the same data
-    (and the truth) within 10%."""
+    """The Gaussian family with a constant scale is a homoscedastic sparse GP: on data with Gaussian noise of
+    SD 0.3 everywhere its noise SD e^g (in the outcome's units) matches that of BoTorch's exact GP on the same
+    data (and the truth) within 10%."""
     from botorch.fit import fit_gpytorch_mll
     from botorch.models import SingleTaskGP
     from gpytorch.mlls import ExactMarginalLogLikelihood
@@ -82,8 +87,9 @@ def test_constant_scale_learns_the_noise_of_an_exact_gp():
 
 
 def test_constant_scale_quantile_noise_level_is_the_check_loss_scale():
-    """For the asymmetric Laplace at level tau, the maximum-likelihood scale of residuals r is mean(rho_tau(r)); for
-    Gaussian noise of SD s that is s phi(z_tau). The constant-scale quantile SVGP's e^g lands within 15% of it."""
+    """For the asymmetric Laplace at level tau, the maximum-likelihood scale of residuals r is
+    mean(rho_tau(r)); for Gaussian noise of SD s that is s phi(z_tau). The constant-scale quantile SVGP's e^g
+    lands within 15% of it."""
     from scipy.stats import norm
 
     tau, s = 0.2, 0.3
@@ -122,7 +128,8 @@ def test_noise_scale_is_checked_and_defaults_per_family():
 
 
 def test_qgibbon_proposes_from_a_constant_scale_model():
-    """Q-GIBBON reads g's moments (spec §3.2): with g constant its batch is still q distinct points in the box."""
+    """Q-GIBBON reads g's moments (spec §3.2): with g constant its batch is still q distinct points in the
+    box."""
     space = {"x": {"type": "float", "low": 0.0, "high": 1.0}, "y": {"type": "float", "low": 0.0, "high": 1.0}}
     opt = AskTellOptimizer(space, model="quantile", proposer="qgibbon", tau=0.2, initial_design=30, seed=0,
                            model_options={"noise_scale": "constant", **FAST},

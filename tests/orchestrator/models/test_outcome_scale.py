@@ -1,6 +1,6 @@
-"""Outcome standardization (orchestrator/models/svgp.py `standardization`): every model fits the same problem at
-any outcome scale. Found in review: a spread below 1e-9 was taken for a constant outcome and replaced by 1, so
-outcomes of order 1e-10 were flattened and the recommendation went to a corner of the cube."""
+"""Outcome standardization (orchestrator/models/svgp.py `standardization`): every model fits the same problem
+at any outcome scale. A spread below 1e-9 is not taken for a constant outcome and replaced by 1, which would
+flatten outcomes of order 1e-10 and send the recommendation to a corner of the cube."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ SPACE = {"a": {"type": "float", "low": 0.0, "high": 1.0}}
 
 def _fit_best(model: str, scale: float, offset: float = 0.0, outlier: float | None = None):
     xs = torch.linspace(0, 1, 25, dtype=torch.float64)
-    y = -4 * (xs - 0.7) ** 2 + 0.02 * torch.randn(25, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    y = -4 * (xs - 0.7) ** 2 + 0.02 * torch.randn(
+        25, generator=torch.Generator().manual_seed(0), dtype=torch.float64
+    )
     values = (offset + scale * y).tolist()
     if outlier is not None:
         values[3] = outlier  # at a = 0.125, far from the optimum
@@ -44,13 +46,15 @@ def test_constant_outcomes_get_unit_scale():
     assert standardization(torch.tensor([2.0], dtype=torch.float64)) == (2.0, 1.0)
     roundoff = torch.tensor([0.1 + 0.2, 0.3, 0.3], dtype=torch.float64)  # 5.6e-17 apart
     assert standardization(roundoff)[1] == 1.0
-    assert standardization(torch.tensor([1e-10, 3e-10], dtype=torch.float64))[1] == pytest.approx(2 ** 0.5 * 1e-10)
+    assert standardization(torch.tensor([1e-10, 3e-10], dtype=torch.float64))[1] == pytest.approx(
+        2**0.5 * 1e-10
+    )
 
 
 @pytest.mark.parametrize("model", ["quantile", "exact-gp"])
 def test_a_large_offset_with_a_small_spread_is_not_a_constant(model):
-    """1e9 + 1e-4 y spreads over ~150 float64 ulps: a real signal (the 1e-12 roundoff cut-off took it for a
-    constant, found in review)."""
+    """1e9 + 1e-4 y spreads over ~150 float64 ulps: a real signal (a 1e-12 roundoff cut-off would take it for
+    a constant)."""
     a1, _ = _fit_best(model, 1.0)
     a, _ = _fit_best(model, 1e-4, offset=1e9)
     assert abs(a - 0.7) < 0.05 and a == pytest.approx(a1, abs=0.05)

@@ -3,7 +3,6 @@
 import math
 
 import numpy as np
-
 import pytest
 import torch
 
@@ -35,7 +34,8 @@ def monte_carlo(fc, n=400_000, seed=0):
 def test_cdf_matches_monte_carlo(family):
     fc = make(family)
     y = monte_carlo(fc)
-    probes = torch.quantile(y, torch.tensor([0.05, 0.3, 0.5, 0.8, 0.97], dtype=torch.float64), dim=0).T  # points x 5
+    # points x 5
+    probes = torch.quantile(y, torch.tensor([0.05, 0.3, 0.5, 0.8, 0.97], dtype=torch.float64), dim=0).T
     emp = (y.unsqueeze(-1) <= probes.unsqueeze(0)).double().mean(0)
     got = fc.cdf(probes)
     se = (emp * (1 - emp) / y.shape[0]).sqrt()
@@ -82,9 +82,9 @@ def test_records_round_trip_and_errors():
 
 @pytest.mark.parametrize("ratio", [2.0, 0.3, 0.05, 0.01])
 def test_ag_at_tau_half_is_the_gaussian_sum_for_any_noise_to_f_ratio(ratio):
-    """AG at tau = 1/2 is N(f, sigma^2) (rho = u^2/2), so y ~ N(mu, s^2 + sigma^2) exactly. Found in review: a
-    48-node quadrature over f made the CDF a staircase once sigma << s_f (0.05 off at sigma/s_f = 0.05, the
-    0.9-quantile 1.18 for 1.28), and calibrators then "fixed" a calibrated model."""
+    """AG at tau = 1/2 is N(f, sigma^2) (rho = u^2/2), so y ~ N(mu, s^2 + sigma^2) exactly, also once
+    sigma << s_f, where a 48-node quadrature over f makes the CDF a staircase (0.05 off at sigma/s_f = 0.05,
+    the 0.9-quantile 1.18 for 1.28) that calibrators would then "fix" in a calibrated model."""
     fc = Forecast("asymmetric_gaussian", 0.5, torch.zeros(1), torch.ones(1), torch.tensor([math.log(ratio)]),
                   torch.zeros(1))
     ys = torch.linspace(-3, 3, 301, dtype=torch.float64)
@@ -97,10 +97,10 @@ def test_ag_at_tau_half_is_the_gaussian_sum_for_any_noise_to_f_ratio(ratio):
 @pytest.mark.parametrize("ratio", [0.5, 0.02])
 def test_ag_cdf_matches_quadrature_over_f(tau, ratio):
     """The skew-normal closed form against quadrature of E_f[F_AG(y | f, sigma)], with g known and with g
-    uncertain (Gauss-Hermite in g). In f: composite Gauss-Legendre (64 nodes a piece), cut at the kink f = y and
-    at y -+ 1, 3, 10, 30, 100 sigma, where F_AG(y | f) turns over. It agrees with 160 nodes a piece to 1e-14, and
-    with scipy's adaptive `quad` (breakpoint y, which this test used: 22 s a case, 200 times longer) to 6e-7,
-    where `quad` itself warned of roundoff."""
+    uncertain (Gauss-Hermite in g). In f: composite Gauss-Legendre (64 nodes a piece), cut at the kink f = y
+    and at y -+ 1, 3, 10, 30, 100 sigma, where F_AG(y | f) turns over. It agrees with 160 nodes a piece to
+    1e-14, and with scipy's adaptive `quad` (breakpoint y, which this test used: 22 s a case, 200 times
+    longer) to 6e-7, where `quad` itself warned of roundoff."""
     from scipy import stats
 
     sigma = ratio
@@ -122,20 +122,28 @@ def test_ag_cdf_matches_quadrature_over_f(tau, ratio):
         return total
 
     for s_g in (0.0, 0.4):
-        fc = Forecast("asymmetric_gaussian", tau, torch.zeros(1), torch.ones(1), torch.tensor([math.log(sigma)]),
-                      torch.tensor([s_g**2]))
+        fc = Forecast(
+            "asymmetric_gaussian",
+            tau,
+            torch.zeros(1),
+            torch.ones(1),
+            torch.tensor([math.log(sigma)]),
+            torch.tensor([s_g**2]),
+        )
         for y in (-1.7, -0.2, 0.0, 0.6, 2.1):
             # 32 Gauss-Hermite nodes in g in the code, 40 here: agree to 1e-6
-            assert fc.cdf(torch.tensor([[y]], dtype=torch.float64)).item() == pytest.approx(reference(y, s_g), abs=2e-6)
+            assert fc.cdf(torch.tensor([[y]], dtype=torch.float64)).item() == pytest.approx(
+                reference(y, s_g), abs=2e-6
+            )
 
 
 @pytest.mark.parametrize("tau,mu_g,var_g", [(0.5, -25.0, 0.0), (0.9, -25.0, 0.0), (0.9, -5.0, 2.5),
                                              (0.99, -3.0, 4.0), (0.9, -1.0, 0.5)])
 def test_al_cdf_stays_finite_and_right_when_the_noise_is_tiny_next_to_f(tau, mu_g, var_g):
-    """Found in review: the asymmetric-Laplace CDF summed exp(a d + (a s)^2 / 2) Phi(-d/s - a s) in log space,
-    whose two parts cancel at 1e15-1e17 once sigma / s_f < ~1e-9 at a Gauss-Hermite node of g (at tau 0.9
-    already for mu_g = -5, var_g = 2.5): the CDF came out 0 or NaN, not monotone, and the median 90.7 for -0.2.
-    Against adaptive quadrature of E_g[E_f[F_AL(y | f, e^g)]] (f ~ N(0, 1))."""
+    """The asymmetric-Laplace CDF stays monotone and finite where the log-space sum of
+    exp(a d + (a s)^2 / 2) Phi(-d/s - a s) cancels at 1e15-1e17, once sigma / s_f < ~1e-9 at a Gauss-Hermite
+    node of g (at tau 0.9 already for mu_g = -5, var_g = 2.5; there the sum gives 0 or NaN and a median of
+    90.7 for -0.2). Against adaptive quadrature of E_g[E_f[F_AL(y | f, e^g)]] (f ~ N(0, 1))."""
     from scipy import integrate
 
     fc = Forecast("asymmetric_laplace", tau, torch.zeros(1), torch.ones(1), torch.tensor([mu_g]),
@@ -152,13 +160,14 @@ def test_al_cdf_stays_finite_and_right_when_the_noise_is_tiny_next_to_f(tau, mu_
     for y, f, g in [(-0.3, 0.2, -1.0), (0.7, 0.2, 0.5), (0.2, 0.2, -30.0), (0.2 + 1e-14, 0.2, -35.0)]:
         y_, f_, g_ = (torch.tensor(v, dtype=torch.float64) for v in (y, f, g))
         lib = float(D.cdf("asymmetric_laplace", y_, f_, g_, tau))
-        assert lib == pytest.approx(al_cdf(y, f, math.exp(g)), abs=1e-12)  # the reference is the library's F_AL
+        # the reference is the library's F_AL
+        assert lib == pytest.approx(al_cdf(y, f, math.exp(g)), abs=1e-12)
 
     def reference(y):
         total = 0.0
         for z, w in zip(zs, ws):
             sigma = math.exp(mu_g + math.sqrt(2 * var_g) * z)
-            inner = lambda f: math.exp(-0.5 * f * f) / math.sqrt(2 * math.pi) * al_cdf(y, f, sigma)  # noqa: E731
+            inner = lambda f: math.exp(-0.5 * f * f) / math.sqrt(2 * math.pi) * al_cdf(y, f, sigma)  # noqa: E731, B023
             total += w / math.sqrt(math.pi) * integrate.quad(inner, -12, 12, points=[y], limit=200)[0]
         return total
 
@@ -166,4 +175,7 @@ def test_al_cdf_stays_finite_and_right_when_the_noise_is_tiny_next_to_f(tau, mu_
     want = torch.tensor([reference(float(y)) for y in ys], dtype=torch.float64)
     assert (got - want).abs().max().item() < 2e-3, (got, want)
     q = fc.quantile([0.1, 0.5, 0.9])[0]
-    assert torch.all(q.diff() > 0) and (fc.cdf(q.reshape(1, -1))[0] - torch.tensor([0.1, 0.5, 0.9])).abs().max() < 1e-6
+    assert (
+        torch.all(q.diff() > 0)
+        and (fc.cdf(q.reshape(1, -1))[0] - torch.tensor([0.1, 0.5, 0.9])).abs().max() < 1e-6
+    )

@@ -50,7 +50,8 @@ def true_quantile(X: torch.Tensor, tau: float) -> torch.Tensor:
 
 
 def quantile_rmse(model: Surrogate, tau: float, n_test: int = 2000) -> tuple[float, float]:
-    """RMSE of the model's optimized target (original units) vs the true quantile, and the quantile's range."""
+    """RMSE of the model's optimized target (original units) vs the true quantile, and the quantile's
+    range."""
     Xt = torch.rand(n_test, 2, generator=torch.Generator().manual_seed(123), **TK)
     q = true_quantile(Xt, tau)
     loc, scale = model.outcome_transform
@@ -69,14 +70,18 @@ def data() -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def fitted(data) -> QuantileSVGP:
-    model = QuantileSVGP(tau=0.8, num_inducing=24, max_steps=150, seed=1, lengthscale_prior="spec", noise_scale="gp")
+    model = QuantileSVGP(
+        tau=0.8, num_inducing=24, max_steps=150, seed=1, lengthscale_prior="spec", noise_scale="gp"
+    )
     model.fit(*data)
     return model
 
 
 def _parts_posterior(parts: SparseLatentParts, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The formula of `SparseLatentParts`, evaluated with GPyTorch's own Matern kernel."""
-    kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel(nu=parts.nu, ard_num_dims=X.shape[-1]))
+    kernel = gpytorch.kernels.ScaleKernel(
+        gpytorch.kernels.MaternKernel(nu=parts.nu, ard_num_dims=X.shape[-1])
+    )
     kernel.to(**TK)
     kernel.base_kernel.lengthscale = parts.lengthscale.reshape(1, -1)
     kernel.outputscale = parts.outputscale
@@ -134,7 +139,9 @@ def test_posterior_matches_gpytorch_unwhitened_strategy(fitted):
                 self, parts.Z, dist, learn_inducing_locations=False, jitter_val=parts.jitter)
             super().__init__(strat)
             self.mean_module = gpytorch.means.ConstantMean()
-            self.covar_module = gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel(2.5, ard_num_dims=3))
+            self.covar_module = gpytorch.kernels.ScaleKernel(
+                gpytorch.kernels.MaternKernel(2.5, ard_num_dims=3)
+            )
 
         def forward(self, x):
             return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
@@ -146,7 +153,9 @@ def test_posterior_matches_gpytorch_unwhitened_strategy(fitted):
     with torch.no_grad():
         gp.variational_strategy.variational_params_initialized.fill_(1)  # else GPyTorch resets q(u)
         # GPyTorch's inducing values include the prior mean at Z; ours are of the zero-mean part
-        gp.variational_strategy._variational_distribution.variational_mean.copy_(parts.u_mean + parts.constant_mean)
+        gp.variational_strategy._variational_distribution.variational_mean.copy_(
+            parts.u_mean + parts.constant_mean
+        )
         gp.variational_strategy._variational_distribution.chol_variational_covar.copy_(
             torch.linalg.cholesky(parts.u_covar))
     gp.eval()
@@ -300,7 +309,7 @@ def test_state_round_trip(fitted, data):
 
 def test_a_restored_model_refits_exactly_as_the_original(data):
     """The state carries the generator (minibatch order, k-means): a resumed run's refits are the interrupted
-    run's, bit for bit. A restore that reseeded the generator refitted differently (mutation review)."""
+    run's, bit for bit (a restore that reseeded the generator would refit differently)."""
     X, Y = data
     original = QuantileSVGP(tau=0.8, num_inducing=16, max_steps=30, warm_max_steps=5, batch_size=64, seed=4)
     original.fit(X[:250], Y[:250])
@@ -375,7 +384,8 @@ def test_expectile_and_het_models_fit(data):
 def test_quantile_recovery_fast(tau, n):
     """Small version of the acceptance test at both tails, the default suite's check of the spec's acceptance
     (the full one, n = 2000 at tau 0.1, 0.5, 0.9 with default options, is marked slow). The upper tail of this
-    right-skewed noise needs more data: at tau 0.9, n = 1000 gives 3.6-9.1% over six data seeds (n = 500: 13%)."""
+    right-skewed noise needs more data: at tau 0.9, n = 1000 gives 3.6-9.1% over six data seeds (n = 500:
+    13%)."""
     X, Y = skewed_problem(n, seed=21)
     q_model = QuantileSVGP(tau=tau, num_inducing=32, max_steps=400, seed=0)
     q_model.fit(X, Y)
@@ -405,7 +415,8 @@ def test_quantile_recovery(tau):
 
 
 def test_elbo_terms(fitted, data):
-    """KL terms equal torch's Gaussian KL against the prior at Z; the minibatch loss is unbiased (N/|B| scaling)."""
+    """KL terms equal torch's Gaussian KL against the prior at Z; the minibatch loss is unbiased (N/|B|
+    scaling)."""
     model = fitted.model
     X, Y = data
     Y_std = (Y - fitted.outcome_transform[0]) / fitted.outcome_transform[1]
@@ -425,7 +436,7 @@ def test_elbo_terms(fitted, data):
         assert max(parts) - min(parts) > 1e-3  # the minibatches do differ
         # the loss itself, recomposed from independent pieces: E[log p] by 2-D Gauss-Hermite quadrature of the
         # likelihood's log-density, the KL above, and the spec §1.3 hyperpriors on both latents' kernels. The
-        # unbiasedness check alone passes with the KL dropped or its sign flipped (found in review)
+        # unbiasedness check alone passes with the KL dropped or its sign flipped
         from gpytorch.priors import LogNormalPrior
 
         n, B = X.shape[0], torch.arange(0, 300, 3)[:60]
@@ -434,7 +445,9 @@ def test_elbo_terms(fitted, data):
         t, w = torch.as_tensor(t, **TK) * math.sqrt(2), torch.as_tensor(w, **TK) / math.sqrt(math.pi)
         F = mean[0][:, None, None] + var[0].sqrt()[:, None, None] * t[None, :, None]
         G = mean[1][:, None, None] + var[1].sqrt()[:, None, None] * t[None, None, :]
-        ell = (fitted.likelihood.log_prob_latent(Y_std[B][:, None, None], F, G) * w[:, None] * w[None, :]).sum()
+        ell = (
+            fitted.likelihood.log_prob_latent(Y_std[B][:, None, None], F, G) * w[:, None] * w[None, :]
+        ).sum()
         kern = model.covar_module
         log_prior = (LogNormalPrior(0.0, 1.0).log_prob(kern.outputscale).sum()
                      + LogNormalPrior(math.log(0.2), 1.0).log_prob(kern.base_kernel.lengthscale).sum())
@@ -461,8 +474,9 @@ def test_lengthscale_priors_and_their_initial_values():
     lp = prior.log_prob(grid)
     assert lp[1] > lp[0] and lp[1] > lp[2] and mode == pytest.approx(0.502, abs=1e-3)
     assert lengthscale_prior_params("dim-scaled", 16)[2] == pytest.approx(0.82, abs=0.01)
-    assert TwoLatentSVGP(Z, lengthscale_init=0.3, lengthscale_prior="dim-scaled").covar_module.base_kernel.lengthscale[
-        0, 0, 0].item() == pytest.approx(0.3)
+    assert TwoLatentSVGP(
+        Z, lengthscale_init=0.3, lengthscale_prior="dim-scaled"
+    ).covar_module.base_kernel.lengthscale[0, 0, 0].item() == pytest.approx(0.3)
     with pytest.raises(ConfigError, match="`lengthscale_prior`.*'wide'"):
         QuantileSVGP(tau=0.5, lengthscale_prior="wide")
     with pytest.raises(ConfigError, match="`lengthscale_init`.*0"):
@@ -494,18 +508,21 @@ def test_dim_scaled_prior_generalizes_from_few_points_in_6d():
 
 
 def test_y_scale_fits_y_over_s_without_standardizing(data):
-    """`y_scale: s` (the pubcode's convention, spec §1.3): the model sees Y / s, not centred. So a fit of Y with
-    y_scale = s is the fit of Y / s with y_scale = 1, scaled back by s in every prediction; the cold start puts
-    the outputscales at outputscale_init * Var(Y / s) and the noise at half of it; the default still
-    standardizes."""
+    """`y_scale: s` (the pubcode's convention, spec §1.3): the model sees Y / s, not centred. So a fit of Y
+    with y_scale = s is the fit of Y / s with y_scale = 1, scaled back by s in every prediction; the cold
+    start puts the outputscales at outputscale_init * Var(Y / s) and the noise at half of it; the default
+    still standardizes."""
     X, Y = data
-    opts = {"num_inducing": 16, "max_steps": 60, "seed": 3, "noise_scale": "gp"}  # both latents set at a cold start
+    # both latents set at a cold start
+    opts = {"num_inducing": 16, "max_steps": 60, "seed": 3, "noise_scale": "gp"}
     scaled, unit = QuantileSVGP(tau=0.8, y_scale=300.0, **opts), QuantileSVGP(tau=0.8, y_scale=1.0, **opts)
     scaled.fit(X, Y)
     unit.fit(X, Y / 300.0)
     assert scaled.outcome_transform == (0.0, 300.0) and unit.outcome_transform == (0.0, 1.0)
     Xt = torch.rand(50, 3, generator=torch.Generator().manual_seed(9), **TK)
-    torch.testing.assert_close(scaled.predict_quantiles(Xt, [0.1, 0.8]), 300.0 * unit.predict_quantiles(Xt, [0.1, 0.8]))
+    torch.testing.assert_close(
+        scaled.predict_quantiles(Xt, [0.1, 0.8]), 300.0 * unit.predict_quantiles(Xt, [0.1, 0.8])
+    )
     # the cold start, in the model's units
     Ys = Y / 300.0
     cold = QuantileSVGP(tau=0.8, y_scale=300.0, outputscale_init=0.5, **opts)._cold_model(X[:16], Ys)

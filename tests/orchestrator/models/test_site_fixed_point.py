@@ -25,7 +25,8 @@ def _data(n: int, d: int = 2, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor
     g = torch.Generator().manual_seed(seed)
     X = torch.rand(n, d, generator=g, **TKWARGS)
     f = torch.sin(6 * X[:, 0]) + X[:, 1:].sum(-1)
-    noise = -torch.log(torch.rand(n, generator=g, **TKWARGS)) * (0.2 + 0.5 * X[:, 0])  # skewed, input-dependent
+    # skewed, input-dependent
+    noise = -torch.log(torch.rand(n, generator=g, **TKWARGS)) * (0.2 + 0.5 * X[:, 0])
     return X, f - noise
 
 
@@ -39,7 +40,9 @@ def _problem(n: int, kind: str = "quantile", seed: int = 0) -> sfp.SiteProblem:
         model.covar_module.outputscale = 0.3 + torch.rand(2, generator=g, **TKWARGS)
         model.mean_module.constant.copy_(torch.tensor([0.2, math.log(0.4)], **TKWARGS))
         idx = fv.observation_index(X, model.Z)
-        return sfp.SiteProblem(model.kzz().numpy(), fv._prior(model), idx, Y, build_model(kind, tau=0.2).likelihood)
+        return sfp.SiteProblem(
+            model.kzz().numpy(), fv._prior(model), idx, Y, build_model(kind, tau=0.2).likelihood
+        )
 
 
 def _plain_fixed_point(problem, nu, lam, steps=3000, beta=0.7):
