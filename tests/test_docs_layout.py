@@ -1,5 +1,5 @@
-"""The code-layout page (docs/architecture.md) and the modules stay together: every module of the four packages
-is named there, and every module path it names exists."""
+"""The code-layout page (docs/architecture.md) and the modules stay together: every module of the four
+packages is named there, and every module path it names exists."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def _modules() -> set[str]:
 
 
 def _named() -> set[str]:
-    return set(re.findall(r"`((?:%s)/[\w/]+\.py)`" % "|".join(PACKAGES), PAGE.read_text()))
+    return set(re.findall(rf"`((?:{'|'.join(PACKAGES)})/[\w/]+\.py)`", PAGE.read_text()))
 
 
 def test_every_module_is_on_the_layout_page() -> None:

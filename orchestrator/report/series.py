@@ -288,7 +288,7 @@ def forecast_intervals(
     and its central interval holding `coverage` of the predictive mass."""
     obs, med, lo, hi, ids = [], [], [], [], []
     levels = [(1 - coverage) / 2, 0.5, (1 + coverage) / 2]
-    for fc, y, group in _forecast_groups(trials, direction):
+    for fc, _y, group in _forecast_groups(trials, direction):
         q = fc.quantile(levels).numpy()
         for j, t in enumerate(group):
             a, m, b = q[j]
