@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         args.batch_size, args.initial_design = 16, 8
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    print("$ python " + " ".join(shlex.quote(a) for a in [str(Path(sys.argv[0]).name), *(argv or sys.argv[1:])]),
+    print("$ python " + " ".join(shlex.quote(a) for a in ["benchmarks/cluster_sim.py", *(argv or sys.argv[1:])]),
           flush=True)
     print(f"[cluster_sim] lognormal evaluation times, mean {args.mean:g} s, CV {args.cv:g} (virtual); quantile "
           f"SVGP + Thompson; {args.threads} thread(s); code {code_version()}", flush=True)
@@ -155,10 +155,10 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
             row = run_one(args, s, n)
             rows.append(row)
+            write_table(rows, out / "cluster_sim", parquet=False)  # after every N: a cut-short run keeps its rows
             print(f"[cluster_sim] N={s:,}: U={row['U']:.3f} (zero-overhead {row['U_ideal']:.3f}, efficiency "
                   f"{row['efficiency']:.3f}, U_fill {row['U_fill']:.3f}); {row['span_s']:.0f} s virtual in "
                   f"{row['real_s']:.0f} s real, {row['refits']} refits, {row['proposals']} proposals", flush=True)
-    write_table(rows, out / "cluster_sim", parquet=False)
     cols = ["slots", "evaluations", "batch_size", "U", "U_ideal", "efficiency", "U_fill", "span_s", "real_s",
             "refits", "refit_s_median", "refit_s_max", "proposals", "proposal_s_median", "proposal_s_max"]
     print()
