@@ -138,7 +138,7 @@ class CentralActor:
         self.log = RunLog(self.store, run_dir, self.scheduler.lock, self.abort, on_failure=self._wake_planners)
         self.checkpoints = Checkpoints(self.store, self.opt, self._notices, run_dir)
         self.started_at = time.time()
-        self.clock = time.time  # the clock of `status`'s span (a simulated cluster's virtual one, orchestrator/sim)
+        self.clock = time.time  # `status`'s clock (a simulated cluster's virtual one: orchestrator/sim)
         replayed = replay_log(self.opt, self.store.events(), self.scheduler, self.pool)
         self.replayed = replayed.events
         self.resumed_unfinished = replayed.unfinished

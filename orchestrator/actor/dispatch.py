@@ -174,8 +174,8 @@ class Dispatcher:
         self.wake()
 
     def wait(self, refs: list[Any], timeout: float) -> tuple[list[Any], list[Any]]:
-        """(ready, rest) of the in-flight `refs`: waits up to `timeout` seconds for one result, then takes every
-        other one that is done too."""
+        """(ready, rest) of the in-flight `refs`: waits up to `timeout` seconds for one result, then takes
+        every other one that is done too."""
         import ray
 
         ready, rest = ray.wait(refs, num_returns=1, timeout=timeout)

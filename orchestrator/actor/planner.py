@@ -85,7 +85,7 @@ class Planner:
         self.failed_fit_n = -1  # results the last failed refit saw (-1: the last refit did not fail)
         self.proposal_s: list[float] = []
         self.model_batches = 0  # model-based batches proposed in this session
-        self.clock = time.time  # the refit interval's clock (a simulated cluster's virtual one, orchestrator/sim)
+        self.clock = time.time  # the refit interval's clock (orchestrator/sim: a virtual one)
 
     # ------------------------------------------------------------------ the threads
     def start(self) -> None:

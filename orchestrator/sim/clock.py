@@ -1,10 +1,11 @@
-"""The virtual clock of a simulated cluster: real time while the central actor computes, a jump while it waits.
+"""The virtual clock of a simulated cluster: real time while the central actor computes, a jump while it
+waits.
 
-A simulated cluster (`orchestrator.sim`) runs the real central actor against virtual slots. Its clock reads the
-wall clock's elapsed seconds plus the idle stretches it skipped: while the actor's threads compute (a fit, a
-proposal, the dispatch loop's tells and log writes) virtual time passes exactly as real time does, so slow
-actor work shows up as idle slots as it would on a cluster; while every thread of the actor waits for the next
-evaluation to end, the clock jumps to that moment (`advance_to`) instead of sleeping through it.
+A simulated cluster (`orchestrator.sim`) runs the real central actor against virtual slots. Its clock reads
+the wall clock's elapsed seconds plus the idle stretches it skipped: while the actor's threads compute (a fit,
+a proposal, the dispatch loop's tells and log writes) virtual time passes exactly as real time does, so slow
+actor work shows up as idle slots as it would on a cluster; while every thread of the actor waits for the
+next evaluation to end, the clock jumps to that moment (`advance_to`) instead of sleeping through it.
 """
 
 from __future__ import annotations

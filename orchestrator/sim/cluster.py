@@ -111,16 +111,17 @@ class SimDispatcher(Dispatcher):
     """The central actor's `Dispatcher` on a `SimCluster`: built from the actor's own, with its parts.
 
     Args:
-        base: the actor's `Dispatcher` (its scheduler, log, optimizer, guard, abort, stop and config are used).
+        base: the actor's `Dispatcher` (its scheduler, log, optimizer, guard, abort, stop and config).
         cluster: the virtual slots' evaluations.
         clock: the run's virtual clock (the actor's, its planner's and this dispatcher's).
         watch: the planner threads' step counts (the clock jumps only when neither is at work).
     """
 
-    def __init__(self, base: Dispatcher, cluster: SimCluster, clock: VirtualClock, watch: PlannerWatch) -> None:
+    def __init__(self, base: Dispatcher, cluster: SimCluster, clock: VirtualClock,
+                 watch: PlannerWatch) -> None:
         super().__init__(base.scheduler, base.log, base.opt, base.guard, base.abort, base.stop, base.wake,
-                         cfg=base.cfg, pool=None, objective_spec=base.objective_spec, resources=base.resources,
-                         isolate=base.isolate, session=base.session)
+                         cfg=base.cfg, pool=None, objective_spec=base.objective_spec,
+                         resources=base.resources, isolate=base.isolate, session=base.session)
         self.backstop = Backstop(None, math.inf, 0)  # a virtual evaluation never hangs
         self.cluster = cluster
         self.clock = clock
@@ -160,7 +161,8 @@ class SimDispatcher(Dispatcher):
         slot (the real loop would dispatch it when its wait ends) and neither planner thread is at work."""
         sched = self.scheduler
         with sched.lock:
-            fillable = bool(sched.queue) and sched.free_slots() > 0 and sched.n_done + len(sched.inflight) < sched.budget
+            fillable = (bool(sched.queue) and sched.free_slots() > 0
+                        and sched.n_done + len(sched.inflight) < sched.budget)
         return not fillable and self.watch.idle()
 
     def _timer(self, now: float) -> float:

@@ -13,8 +13,9 @@ proposal or a result was written) stay real. U is the report's (`compute_metrics
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from orchestrator.actor.central import CentralActor
 from orchestrator.errors import QbatchError
@@ -86,8 +87,9 @@ def simulate(config: Mapping[str, Any], slots: int, mean_s: float, cv: float, *,
         raise QbatchError("config['run_dir'] must name a new run directory for the simulated run")
     objective = inspect_objective(cfg.objective.name, dict(cfg.objective.options))
     if getattr(objective, "mean_s", 0) > 0:
-        raise QbatchError(f"objective {cfg.objective.name!r} sleeps mean_s={objective.mean_s:g} s in real time; the "
-                          "simulator draws the evaluation times itself (mean_s, cv): give it mean_s: 0")
+        raise QbatchError(f"objective {cfg.objective.name!r} sleeps mean_s={objective.mean_s:g} s in real "
+                          "time; the simulator draws the evaluation times itself (mean_s, cv): give it "
+                          "mean_s: 0")
     cluster = SimCluster(objective, mean_s, cv, seed=seed)
     RunStore.create(cfg.run_dir, cfg.to_dict())
     actor = CentralActor(cfg.run_dir, max_concurrent=slots, queue_low=queue_low,
@@ -116,10 +118,12 @@ def simulate(config: Mapping[str, Any], slots: int, mean_s: float, cv: float, *,
     events = store.events()
     metrics = compute_metrics(events, store.config, with_calibration=False, writing=False)
     done = sorted((e.started_at, e.ended_at) for e in events if e.kind in ("completed", "failed"))
-    refit_s = [float(e.info["seconds"]) for e in events if e.kind == "refit" and e.info and "seconds" in e.info]
+    refit_s = [float(e.info["seconds"]) for e in events
+               if e.kind == "refit" and e.info and "seconds" in e.info]
     proposal_s = {e.batch_id: float(e.info["proposal_seconds"]) for e in events
                   if e.kind == "proposed" and (e.info or {}).get("source") == "model"}
-    return SimRun(summary=summary, utilization=metrics.utilization, span_s=metrics.span_s, busy_s=metrics.busy_s,
+    return SimRun(summary=summary, utilization=metrics.utilization, span_s=metrics.span_s,
+                  busy_s=metrics.busy_s,
                   intervals=done, real_s=real[0] if real else clock.real_s, skipped_s=clock.skipped,
                   skips=dispatcher.skips, refits=len(refit_s), refit_s=refit_s,
                   proposal_s=list(proposal_s.values()), run_dir=cfg.run_dir)

@@ -1,7 +1,8 @@
-"""Whether the central actor's planner threads are at work: the simulated cluster's clock may jump only when not.
+"""Whether the central actor's planner threads are at work: the simulated cluster's clock may jump only
+when not.
 
-The planner (orchestrator/actor/planner.py) runs its proposer and refit steps in two background threads, each a
-loop that runs its step and, when the step finds nothing to do, waits to be woken. `PlannerWatch` wraps both
+The planner (orchestrator/actor/planner.py) runs its proposer and refit steps in two background threads, each
+a loop that runs its step and, when the step finds nothing to do, waits to be woken. `PlannerWatch` wraps both
 steps of one `Planner` (its `loop` looks them up on the instance when it starts) and counts them, so the
 simulated dispatcher (`cluster.py`) can ask: woken now, does either thread find work? Only when neither does
 (every thread of the actor waits for a result) may the virtual clock skip ahead to the next one.
@@ -10,7 +11,8 @@ simulated dispatcher (`cluster.py`) can ask: woken now, does either thread find 
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from orchestrator.actor.planner import ROLES
 
@@ -64,8 +66,8 @@ class PlannerWatch:
 
     def idle(self, timeout: float = 1.0) -> bool:
         """Wake both planner threads and wait for each to run a step: True when neither found work (both wait
-        again), False as soon as one is at work (or after `timeout` seconds without an answer). Without running
-        threads (``synchronous: true`` runs its steps in the dispatch loop, which is the caller) it is True."""
+        again), False as soon as one is at work (or after `timeout` seconds without an answer). Without
+        running threads (``synchronous: true`` runs its steps in the dispatch loop, the caller) it is True."""
         if not self.planner.alive():
             return True
         with self.cond:

@@ -3,6 +3,7 @@ watch, and their checks of bad input. No Ray, no model."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import time
@@ -31,7 +32,7 @@ def test_virtual_clock_passes_real_time_and_only_jumps_forward():
     before = clock()
     assert clock.advance_to(10.0) >= before  # a time in the past is no jump back
     reads = [clock() for _ in range(1000)]
-    assert all(x <= y for x, y in zip(reads, reads[1:]))
+    assert all(x <= y for x, y in itertools.pairwise(reads))
 
 
 def test_cluster_ends_evaluations_in_virtual_time_in_order():
@@ -62,8 +63,9 @@ def test_cluster_durations_follow_mean_and_cv():
     assert SimCluster(SleepObjective(mean_s=0.0), mean_s=7.0, cv=0.0).duration() == 7.0
 
 
-@pytest.mark.parametrize(("mean_s", "cv", "match"), [(0.0, 0.5, "mean_s must be"), (math.inf, 0.5, "mean_s must be"),
-                                                      (60.0, -1.0, "cv must be"), (60.0, math.nan, "cv must be")])
+@pytest.mark.parametrize(("mean_s", "cv", "match"), [
+    (0.0, 0.5, "mean_s must be"), (math.inf, 0.5, "mean_s must be"),
+    (60.0, -1.0, "cv must be"), (60.0, math.nan, "cv must be")])
 def test_cluster_refuses_bad_times(mean_s, cv, match):
     with pytest.raises(QbatchError, match=match):
         SimCluster(SleepObjective(mean_s=0.0), mean_s=mean_s, cv=cv)
@@ -95,7 +97,8 @@ class _Planner:
                 self.wakes[role].clear()
 
     def start(self) -> None:
-        self.threads = [threading.Thread(target=self.loop, args=(r,), daemon=True) for r in ("propose", "refit")]
+        self.threads = [threading.Thread(target=self.loop, args=(r,), daemon=True)
+                        for r in ("propose", "refit")]
         for t in self.threads:
             t.start()
 

@@ -1,6 +1,6 @@
-"""The real central actor on a simulated cluster (`orchestrator.sim.simulate`): virtual time, full slots, every
-result told once, and U as the report computes it. The quantile SVGP and Thompson batches run in the loop,
-small; no Ray."""
+"""The real central actor on a simulated cluster (`orchestrator.sim.simulate`): virtual time, full slots,
+every result told once, and U as the report computes it. The quantile SVGP and Thompson batches run in the
+loop, small; no Ray."""
 
 from __future__ import annotations
 
@@ -8,7 +8,12 @@ import collections
 
 import pytest
 
-from benchmarks.utilization import QUICK_MODEL, QUICK_PROPOSER, greedy_utilization, span_utilization
+from benchmarks.utilization import (
+    QUICK_MODEL,
+    QUICK_PROPOSER,
+    greedy_utilization,
+    span_utilization,
+)
 from orchestrator.errors import QbatchError
 from orchestrator.sim import simulate
 from orchestrator.store import RunStore
@@ -20,7 +25,8 @@ def _config(run_dir, budget: int = BUDGET, **over):
     return {"name": "sim", "objective": {"name": "sleep", "options": {"dim": 2, "mean_s": 0.0, "noise": 0.1}},
             "tau": 0.1, "model": {"type": "quantile", "options": dict(QUICK_MODEL)},
             "proposer": {"type": "thompson", "options": dict(QUICK_PROPOSER)}, "batch_size": 8,
-            "initial_design": 6, "budget": budget, "max_concurrent": SLOTS, "seed": 2, "run_dir": str(run_dir), **over}
+            "initial_design": 6, "budget": budget, "max_concurrent": SLOTS, "seed": 2,
+            "run_dir": str(run_dir), **over}
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +58,8 @@ def test_virtual_time_runs_forward_and_jumps_the_waits(slow_evals):
 
 
 def test_every_slot_is_busy_while_work_is_left(slow_evals):
-    """The queue stays ahead of the slots (each proposal takes a fraction of a minute-long evaluation): the run
-    is the zero-overhead greedy schedule of its own durations, every freed slot refilled at once."""
+    """The queue stays ahead of the slots (each proposal takes a fraction of a minute-long evaluation): the
+    run is the zero-overhead greedy schedule of its own durations, every freed slot refilled at once."""
     run, _ = slow_evals
     ends = sorted(e for _, e in run.intervals)
     starts = sorted(s for s, _ in run.intervals)
@@ -70,12 +76,12 @@ def test_utilization_is_the_reports_and_the_benchmarks(slow_evals):
     u, busy, span = span_utilization(run.intervals, SLOTS)
     assert run.utilization == pytest.approx(u, rel=1e-9)
     assert run.busy_s == pytest.approx(busy) and run.span_s == pytest.approx(span)
-    assert run.summary["utilization"] == pytest.approx(u, rel=0.02)  # the actor's own count, on the virtual clock
+    assert run.summary["utilization"] == pytest.approx(u, rel=0.02)  # the actor's own, on the virtual clock
 
 
 def test_the_actors_compute_shows_up_as_idle_slots(tmp_path):
-    """Evaluations of 10 ms (virtual) against proposals and fits of tens of milliseconds (real): the slots wait
-    for the actor, and U falls well below what the same durations allow a zero-overhead scheduler."""
+    """Evaluations of 10 ms (virtual) against proposals and fits of tens of milliseconds (real): the slots
+    wait for the actor, and U falls well below what the same durations allow a zero-overhead scheduler."""
     run = simulate(_config(tmp_path / "run", budget=40, batch_size=4), SLOTS, mean_s=0.01, cv=0.0, seed=0)
     u_ideal = greedy_utilization([e - s for s, e in run.intervals], SLOTS)
     assert u_ideal == pytest.approx(1.0, abs=0.05)
