@@ -41,10 +41,6 @@ if TYPE_CHECKING:
 
 __all__ = ["SimCluster", "SimDispatcher"]
 
-#: real seconds between two looks at the clock while the actor computes (a wait then passes in real time)
-POLL_S = 0.002
-
-
 class SimCluster:
     """Evaluations in virtual time: submitted ones, each with its end, in a heap ordered by end.
 
@@ -154,7 +150,9 @@ class SimDispatcher(Dispatcher):
             left = deadline - time.perf_counter()
             if left <= 0:
                 return [], list(refs)
-            time.sleep(max(0.0, min(left, nxt - now, POLL_S)))
+            # the actor computes: sleep as Ray's wait blocks, until the next end or the timeout (a shorter poll
+            # would take the interpreter from the planner threads hundreds of times a second)
+            time.sleep(max(0.0, min(left, nxt - now)))
 
     def _idle(self) -> bool:
         """Whether no thread of the actor has work before the next result: no queued trial waits for a free
