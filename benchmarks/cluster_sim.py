@@ -17,7 +17,8 @@ Measured per N, all from the run's event log:
 
 Usage:
     python benchmarks/cluster_sim.py --quick --out /tmp/cs                  # smoke run: 8, 32 slots
-    python benchmarks/cluster_sim.py --out benchmarks/results/cluster_sim  # the recorded run
+    python benchmarks/cluster_sim.py --evals 1000,3000,12000 --out results/cluster_sim
+(benchmarks/results/README.md: the recorded run's two commands.)
 Writes cluster_sim.csv (one row per N). Target (issue 54): U >= 0.95 at 1,000 slots; it also prints the
 largest N at which each measure reaches 0.95.
 """
@@ -50,7 +51,8 @@ from benchmarks._common import (
 from benchmarks.utilization import QUICK_MODEL, QUICK_PROPOSER, greedy_utilization
 
 TARGET_U, TARGET_SLOTS = 0.95, 1000
-#: the recorded run's (slots, evaluations): n grows to 20,000 where one core's ~20 minutes allow it
+#: (slots, evaluations) by default: n grows to 20,000; where the actor's proposals cannot keep the slots busy
+#: the run is bound by them and takes about as long in real time as in virtual time
 FULL = [(100, 1000), (1000, 10000), (10000, 20000)]
 QUICK = [(8, 32), (32, 64)]
 INT_COLUMNS = ("slots", "evaluations", "batch_size", "refits", "proposals", "skips")
@@ -132,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--slots", default=None, help="comma-separated N (default 100,1000,10000; --quick 8,32)")
     p.add_argument("--evals", default=None,
-                   help="evaluations per N, comma-separated, one per N (default 1000,10000,20000: one "
-                        "core's ~20 minutes; --quick 32,64)")
+                   help="evaluations per N, comma-separated, one per N (default 1000,10000,20000, hours on a "
+                        "shared 2-core machine; the recorded run: 1000,3000,12000; --quick 32,64)")
     p.add_argument("--mean", type=float, default=60.0, help="mean evaluation time, virtual seconds")
     p.add_argument("--cv", type=float, default=0.5, help="coefficient of variation of evaluation times")
     p.add_argument("--dim", type=int, default=4)
