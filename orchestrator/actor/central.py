@@ -138,6 +138,7 @@ class CentralActor:
         self.log = RunLog(self.store, run_dir, self.scheduler.lock, self.abort, on_failure=self._wake_planners)
         self.checkpoints = Checkpoints(self.store, self.opt, self._notices, run_dir)
         self.started_at = time.time()
+        self.clock = time.time  # `status`'s clock (a simulated cluster's virtual one: orchestrator/sim)
         replayed = replay_log(self.opt, self.store.events(), self.scheduler, self.pool)
         self.replayed = replayed.events
         self.resumed_unfinished = replayed.unfinished
@@ -182,7 +183,7 @@ class CentralActor:
         """A snapshot for the progress bar and `qbatch status` (safe to call while `run` is going)."""
         sched = self.scheduler
         with sched.lock:
-            now = time.time()
+            now = self.clock()
             span = (now - sched.first_dispatch) if sched.first_dispatch else 0.0
             best = self.opt.best_observed()
             model_best = None

@@ -69,6 +69,7 @@ class Dispatcher:
         self.backstop = Backstop(pool, cfg.timeout_s, cfg.max_retries)
         self.lock = threading.Lock()  # held from the stop check in `dispatch` until its submission returns
         self.duplicates = 0  # results of trials told already, ignored
+        self.clock = time.time  # dispatch times (a simulated cluster's virtual clock, orchestrator/sim)
 
     # ------------------------------------------------------------------ dispatch
     def dispatch(self, freed: int = 0) -> None:
@@ -98,7 +99,7 @@ class Dispatcher:
                     return
                 time.sleep(0.2)  # the pool is restarting: try again on the next pass
                 return
-            now = time.time()
+            now = self.clock()
             with self.scheduler.lock:
                 self.scheduler.started(batch, refs, now)
                 self.log.started.extend(self.log.event("started", trial, time=now, attempt=attempt)
@@ -122,14 +123,8 @@ class Dispatcher:
     # ------------------------------------------------------------------ results
     def collect(self, timeout: float) -> None:
         """Wait up to `timeout` seconds for results; refill the freed slots, log the results, then tell them."""
-        import ray
-
         sched = self.scheduler
-        refs = list(sched.inflight)
-        ready, rest = ray.wait(refs, num_returns=1, timeout=timeout)
-        if ready and rest:
-            more, rest = ray.wait(rest, num_returns=len(rest), timeout=0)
-            ready = ready + more
+        ready, rest = self.wait(list(sched.inflight), timeout)
         expired = self.backstop.expired(rest, sched.inflight)
         if not ready and not expired:
             return
@@ -140,13 +135,10 @@ class Dispatcher:
             results.append((ref, trial, attempt, timeout_record(trial, started, self.cfg.timeout_s)))
         for ref in ready:
             trial, dispatched, attempt = sched.inflight[ref]
-            try:
-                rec = ray.get(ref)
-            except ray.exceptions.OwnerDiedError:  # the pool died and its tasks with it: never recorded, run again
+            rec = self.fetch(ref, trial, dispatched)
+            if rec is None:  # never recorded: run again
                 orphaned.append((ref, trial))
                 continue
-            except Exception as exc:  # the worker or node died and Ray's retries ran out, or a bug
-                rec = lost_record(trial, exc, dispatched)
             results.append((ref, trial, attempt, rec))
         if orphaned:
             with sched.lock:
@@ -180,6 +172,29 @@ class Dispatcher:
                 sched.count(rec)
             self.guard.check()
         self.wake()
+
+    def wait(self, refs: list[Any], timeout: float) -> tuple[list[Any], list[Any]]:
+        """(ready, rest) of the in-flight `refs`: waits up to `timeout` seconds for one result, then takes
+        every other one that is done too."""
+        import ray
+
+        ready, rest = ray.wait(refs, num_returns=1, timeout=timeout)
+        if ready and rest:
+            more, rest = ray.wait(rest, num_returns=len(rest), timeout=0)
+            ready = ready + more
+        return ready, rest
+
+    def fetch(self, ref: Any, trial: Trial, dispatched: float) -> TrialResult | None:
+        """The result of the finished evaluation `ref` of `trial` (dispatched at `dispatched`): its record, a
+        failed one when its Ray task failed, or None when the pool died and its tasks with it."""
+        import ray
+
+        try:
+            return ray.get(ref)
+        except ray.exceptions.OwnerDiedError:
+            return None
+        except Exception as exc:  # the worker or node died and Ray's retries ran out, or a bug
+            return lost_record(trial, exc, dispatched)
 
     def drain(self, limit_s: float) -> None:
         """After an abort: log the results of the evaluations in flight as they finish, for up to `limit_s`

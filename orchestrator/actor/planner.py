@@ -85,6 +85,7 @@ class Planner:
         self.failed_fit_n = -1  # results the last failed refit saw (-1: the last refit did not fail)
         self.proposal_s: list[float] = []
         self.model_batches = 0  # model-based batches proposed in this session
+        self.clock = time.time  # the refit interval's clock (orchestrator/sim: a virtual one)
 
     # ------------------------------------------------------------------ the threads
     def start(self) -> None:
@@ -173,7 +174,7 @@ class Planner:
             and self.opt.design_left == 0
             and self.opt.can_fit()
             and (self.opt.model is None or self.opt.num_stale > 0)
-            and time.time() - self.last_fit_end >= self.refit_interval_s
+            and self.clock() - self.last_fit_end >= self.refit_interval_s
             and self.opt.num_completed != self.failed_fit_n  # after a failed fit: retry on new results only
         ):
             self.refit()
@@ -267,7 +268,7 @@ class Planner:
         except FitInterrupted:
             return False
         except Exception as exc:
-            self.last_fit_end = time.time()
+            self.last_fit_end = self.clock()
             self.refit_failures += 1
             self.failed_in_a_row += 1
             self.failed_fit_n = n
@@ -286,7 +287,7 @@ class Planner:
                                f"{self.max_refit_failures}); the last on {n} results: {error}")
                 self.wake()
             return False
-        self.last_fit_end = time.time()
+        self.last_fit_end = self.clock()
         self.last_fit_s = diag.get("seconds")
         self.refits += 1
         self.failed_in_a_row, self.failed_fit_n = 0, -1
