@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._common import (
+from benchmarks._common import (  # noqa: E402
     as_float_rows,
     code_version,
     format_table,
@@ -48,7 +48,7 @@ from benchmarks._common import (
     read_table,
     write_table,
 )
-from benchmarks.utilization import QUICK_MODEL, QUICK_PROPOSER, greedy_utilization
+from benchmarks.utilization import QUICK_MODEL, QUICK_PROPOSER, greedy_utilization  # noqa: E402
 
 TARGET_U, TARGET_SLOTS = 0.95, 1000
 #: (slots, evaluations) by default: n grows to 20,000; where the actor's proposals cannot keep the slots busy

@@ -150,8 +150,8 @@ class SimDispatcher(Dispatcher):
             left = deadline - time.perf_counter()
             if left <= 0:
                 return [], list(refs)
-            # the actor computes: sleep as Ray's wait blocks, until the next end or the timeout (a shorter poll
-            # would take the interpreter from the planner threads hundreds of times a second)
+            # the actor computes: sleep as Ray's wait blocks, until the next end or the timeout (a shorter
+            # poll would take the interpreter from the planner threads hundreds of times a second)
             time.sleep(max(0.0, min(left, nxt - now)))
 
     def _idle(self) -> bool:
