@@ -34,16 +34,23 @@ import json
 import sys
 import time
 import warnings
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._common import (  # noqa: E402
-    code_version, format_table, limited_threads, mean_ci, paired_comparison, parse_index_list, write_table,
+    code_version,
+    format_table,
+    limited_threads,
+    mean_ci,
+    paired_comparison,
+    parse_index_list,
+    write_table,
 )
 
 #: problem name -> (dimension, budget, batch size, initial design; None: the library's default)

@@ -22,7 +22,8 @@ import logging
 import math
 import os
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from orchestrator.errors import ConfigError, QbatchError, UsageError
 
@@ -260,7 +261,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         logger.setLevel(level)
     print(format_summary(metrics))
     print()
-    for name, path in paths.items():
+    for path in paths.values():
         print(f"wrote {path}")
     for line in notes:
         print(line)

@@ -12,11 +12,26 @@ actor). The parts:
 from __future__ import annotations
 
 from orchestrator.report.metrics import (  # noqa: F401 -- resolve_direction: imported from here too
-    COVERAGE_LEVELS, RunMetrics, compute_metrics, format_summary, resolve_direction,
+    COVERAGE_LEVELS,
+    RunMetrics,
+    compute_metrics,
+    format_summary,
+    resolve_direction,
 )
 from orchestrator.report.series import (  # noqa: F401 -- the series: imported from here too
-    active_time, best_so_far, calibration, finished, forecast_intervals, intervals, max_concurrency,
-    predicted_series, queue_depth_series, recommendation_series, session_pieces, session_slots, utilization_series,
+    active_time,
+    best_so_far,
+    calibration,
+    finished,
+    forecast_intervals,
+    intervals,
+    max_concurrency,
+    predicted_series,
+    queue_depth_series,
+    recommendation_series,
+    session_pieces,
+    session_slots,
+    utilization_series,
 )
 from orchestrator.report.writer import write_report
 

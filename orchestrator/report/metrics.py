@@ -28,13 +28,20 @@ from __future__ import annotations
 import math
 import warnings
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from orchestrator.report.series import (
-    _info_number, _queue_depth, _time_weighted_mean, calibration, intervals, max_concurrency, session_pieces,
+    _info_number,
+    _queue_depth,
+    _time_weighted_mean,
+    calibration,
+    intervals,
+    max_concurrency,
+    session_pieces,
     session_slots,
 )
 from orchestrator.store import Event, status_counts, trials_table

@@ -11,13 +11,20 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from orchestrator.report.metrics import COVERAGE_LEVELS, RunMetrics, _fmt, _mapping
 from orchestrator.report.series import (
-    _queue_depth, best_so_far, finished, forecast_intervals, intervals, recommendation_series, utilization_series,
+    _queue_depth,
+    best_so_far,
+    finished,
+    forecast_intervals,
+    intervals,
+    recommendation_series,
+    utilization_series,
 )
 from orchestrator.report.study_plots import parameter_figures
 from orchestrator.store import Event, TrialRecord

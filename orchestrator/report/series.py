@@ -10,7 +10,8 @@ gaps between sessions (a stopped run waiting for `qbatch resume`).
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -22,7 +22,8 @@ import logging
 import math
 import numbers
 import warnings
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from orchestrator.config import load_config
-from orchestrator.store.frame import read_trials
 from orchestrator.report import compute_metrics, format_summary, max_concurrency, write_report
 from orchestrator.store import Event, RunStore
+from orchestrator.store.frame import read_trials
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -15,7 +15,12 @@ import numpy as np
 import pytest
 
 from orchestrator.report import (
-    best_so_far, compute_metrics, intervals, predicted_series, queue_depth_series, utilization_series,
+    best_so_far,
+    compute_metrics,
+    intervals,
+    predicted_series,
+    queue_depth_series,
+    utilization_series,
 )
 from orchestrator.store import Event, trials_table
 
