@@ -8,8 +8,8 @@ Reads the recorded tables and writes one row per target with the columns
 - `quality/quickstart/runs.csv` (`benchmarks/quality.py --problems quickstart`): the README's quickstart
   against a Sobol search of the same budget, and the lengthscale warning;
 - `quality/fit_speed/summary.csv` (`benchmarks/fit_speed.py`): the cold-fit time ratio to BoTorch;
-- the GLD, lunar-lander and laser protocols' recorded tables (`gld_full`, `gld_d6`, `lander_head`, `laser_full`),
-  which were made with the model before the current defaults: their rows say so in `setting`.
+- the GLD, lunar-lander and laser protocols' recorded tables (`gld_full`, `gld_d6`, `lander_head`,
+  `laser_full`), which were made with the model before the current defaults: their rows say so in `setting`.
 
 Run by `python benchmarks/quality.py --summary` (rewrites benchmarks/results/quality/summary.csv).
 """

@@ -1,4 +1,5 @@
-"""The answer a run gives: recommendation regret against the best point evaluated, on problems with known quantiles.
+"""The answer a run gives: recommendation regret against the best point evaluated, on problems with known
+quantiles.
 
 Each method runs qbatch's library loop (`AskTellOptimizer`) in synchronous batches on noisy problems whose
 tau-quantile is exact, as a new user would run it (library defaults: initial design max(2 d + 2, 5)):
@@ -22,9 +23,9 @@ Usage:
     python benchmarks/quality.py --problems skewed-3d --methods quantile-ts qlognei --seeds 0-4
     python benchmarks/quality.py --summary                   # rebuild benchmarks/results/quality/summary.csv
 Results in --out: runs/<problem>-<method>-<seed>.json (one per run, written as it finishes; --resume skips
-them) and, for model-based methods, runs/<...>.npz (the observed unit inputs X, the outcomes y as the optimizer
-holds them, their exact quantiles q, and q_star), runs.csv (one row per run), summary.csv (mean +- 95% CI per problem x method) and paired.csv (quantile
-TS against each other method, paired over seeds).
+them) and, for model-based methods, runs/<...>.npz (the observed unit inputs X, the outcomes y as the
+optimizer holds them, their exact quantiles q, and q_star), runs.csv (one row per run), summary.csv (mean +-
+95% CI per problem x method) and paired.csv (quantile TS against each other method, paired over seeds).
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ METHODS: dict[str, tuple[str, str, dict, dict]] = {
     "qlognei": ("exact-gp", "qlognei", {}, {"sequential": False}),
     "sobol": ("exact-gp", "sobol", {}, {}),
 }
-#: methods whose every refit also fits from scratch and keeps the lower loss (`AskTellOptimizer.refit_restarts`)
+#: methods whose every refit also fits from scratch and keeps the lower loss
+#: (`AskTellOptimizer.refit_restarts`)
 RESTARTING = {"quantile-ts-restarts"}
 #: the methods of the protocol; the others are screened variants of the quantile model
 DEFAULT_METHODS = ["quantile-ts", "exact-ts", "qlognei", "sobol"]
@@ -100,8 +102,8 @@ def make_problem(name: str, seed: int) -> Any:
 
 def quantile_range(prob: Any, seed: int) -> float:
     """The benchmark's range for problem `prob` (`make_problem`'s, run with `seed`): max - min of the exact
-    tau-quantile over the search space (the minimum by the same multi-start L-BFGS-B as the problem's optimum),
-    the unit of the recommendation gap's 1% allowance."""
+    tau-quantile over the search space (the minimum by the same multi-start L-BFGS-B as the problem's
+    optimum), the unit of the recommendation gap's 1% allowance."""
     import numpy as np
 
     from objectives.functions import maximize_on_box

@@ -3,8 +3,8 @@
 `run` validates the config before anything else: a bad config prints ONE line naming the key and exits
 with status 2, without starting Ray and without creating a run directory. Only `run` and `resume` import
 Ray (through orchestrator.runner, imported inside the command); `status`, `report` and `objectives` read
-the log and the registry only. The library's diagnostics are logged (`logging.getLogger(__name__)`); the command
-line shows its warnings on stderr, each as the one line the library wrote.
+the log and the registry only. The library's diagnostics are logged (`logging.getLogger(__name__)`); the
+command line shows its warnings on stderr, each as the one line the library wrote.
 
 Exit status:
     0    success
@@ -42,7 +42,8 @@ RUN_DIR (nothing started, nothing created); 130 interrupted (resume with `qbatch
 MAX_ERROR_CHARS = 2_000
 
 
-#: the packages whose logged warnings the command line shows on stderr, one line each, as the library words them
+#: the packages whose logged warnings the command line shows on stderr, one line each, as the library words
+#: them
 _LOGGED_PACKAGES = ("orchestrator", "workers")
 
 
@@ -159,10 +160,10 @@ def _f(v: Any) -> str:
 
 
 def _open_run(run_dir: str) -> Any:
-    """The `RunStore` at `run_dir` for `status` and `report`. What is wrong with its config.yaml for this version
-    is a warning, worded as `resume` words it, and the run is shown as recorded: a hand-edited config.yaml
-    (`budget: six`) would otherwise end them in a traceback, and refusing it would hide runs that an older
-    version wrote."""
+    """The `RunStore` at `run_dir` for `status` and `report`. What is wrong with its config.yaml for this
+    version is a warning, worded as `resume` words it, and the run is shown as recorded: a hand-edited
+    config.yaml (`budget: six`) would otherwise end them in a traceback, and refusing it would hide runs that
+    an older version wrote."""
     from orchestrator.config import load_config
     from orchestrator.store import RunStore, StoreError
 

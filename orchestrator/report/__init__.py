@@ -1,5 +1,5 @@
-"""Metrics, plots and a summary table of a run directory, computed from its event log (nothing asks the running
-actor). The parts:
+"""Metrics, plots and a summary table of a run directory, computed from its event log (nothing asks the
+running actor). The parts:
 
 * `series`: the time series of the log (best so far, intervals, sessions, utilization, queue depth, PIT);
 * `metrics`: `RunMetrics` and `compute_metrics`, what `qbatch status` and `qbatch report` show, with the

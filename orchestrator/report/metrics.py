@@ -8,7 +8,8 @@ running actor. What is read (the event `info` keys that orchestrator/actor.py wr
   restart starts one), the sessions' spans joined, so the time between a stop and its `qbatch resume` does not
   count (a log without sessions is one). Busy time sums `ended_at - started_at` of each trial's accepted
   (first) completed/failed event. `slots` is the latest `info["slots"]` the actor recorded, else the config's
-  `max_concurrent`, else the largest number of evaluations observed running at once (`slots_source` says which).
+  `max_concurrent`, else the largest number of evaluations observed running at once (`slots_source` says
+  which).
 * proposal latency p50/p95: `propose_s` of "refit" events if any carries it, else the `proposal_seconds`
   (or `latency_s`) of "proposed" events, once per batch, of the model's batches (`info["source"]` "model")
   where there are any; refit time: `seconds` (or `fit_s`) of "refit" events.
@@ -189,7 +190,8 @@ def _as(convert: Any, value: Any, default: Any) -> Any:
 
 
 def resolve_direction(config: Mapping[str, Any], events: Sequence[Event]) -> str:
-    """The run's direction: recorded by the actor in a refit event, else the config's, else the objective's."""
+    """The run's direction: recorded by the actor in a refit event, else the config's, else the
+    objective's."""
     for ev in reversed(events):
         if ev.kind == "refit" and ev.info and ev.info.get("direction") in ("maximize", "minimize"):
             return ev.info["direction"]

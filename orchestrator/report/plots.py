@@ -1,10 +1,11 @@
-"""The report's plots of a run: every trial's value against evaluations (by source, with the best so far and the
-recommendation's target level at each refit), the best so far against wall time, worker utilization and queue
-depth, and, where forecasts were scored, predicted against observed, interval coverage and the PIT histogram
-(calibrated-bo.md §1); then the parameter plots of orchestrator/report/study_plots.py.
+"""The report's plots of a run: every trial's value against evaluations (by source, with the best so far and
+the recommendation's target level at each refit), the best so far against wall time, worker utilization and
+queue depth, and, where forecasts were scored, predicted against observed, interval coverage and the PIT
+histogram (calibrated-bo.md §1); then the parameter plots of orchestrator/report/study_plots.py.
 
-`figures` draws them one at a time, each with its artifact name, for the writer (orchestrator/report/writer.py)
-to save and close before the next is drawn. Matplotlib runs on its Agg backend: no display is needed.
+`figures` draws them one at a time, each with its artifact name, for the writer
+(orchestrator/report/writer.py) to save and close before the next is drawn. Matplotlib runs on its Agg
+backend: no display is needed.
 """
 
 from __future__ import annotations
@@ -50,10 +51,11 @@ def _figure():
 def figures(
     plt: Any, metrics: RunMetrics, events: Sequence[Event], trials: Sequence[TrialRecord], config: Mapping[str, Any]
 ) -> Iterator[tuple[str, Any]]:
-    """(artifact name, figure) of each plot of the run, drawn with pyplot `plt` (`_figure`) when the caller asks
-    for the next: "best_vs_evaluations", "best_vs_time", "utilization", with scored forecasts
-    "predicted_vs_observed", "coverage" and "pit_histogram", then `parameter_figures`' ("parallel_coordinates",
-    "slice" or "slice_1", ..., "importance"); a plot that cannot be drawn is skipped with its reason logged."""
+    """(artifact name, figure) of each plot of the run, drawn with pyplot `plt` (`_figure`) when the caller
+    asks for the next: "best_vs_evaluations", "best_vs_time", "utilization", with scored forecasts
+    "predicted_vs_observed", "coverage" and "pit_histogram", then `parameter_figures`'
+    ("parallel_coordinates", "slice" or "slice_1", ..., "importance"); a plot that cannot be drawn is skipped
+    with its reason logged."""
     t0 = min((ev.time for ev in events), default=0.0)
     expectile = _mapping(config.get("model")).get("type", "quantile") == "expectile"
     label = "tau-expectile" if expectile else "tau-quantile"
@@ -183,9 +185,9 @@ def _values_figure(plt: Any, metrics: RunMetrics, events: Sequence[Event], trial
 
 def _true_levels(config: Mapping[str, Any], params: Sequence[Mapping[str, Any] | None], tau: float,
                  expectile: bool) -> np.ndarray | None:
-    """The true tau-quantile at each of `params` (None where a refit recorded none), from the run's objective where
-    it is a built-in synthetic one (objectives/base.py `SyntheticObjective.quantile`, in the outcome's units as
-    tau is); None for any other objective, an expectile target, or one that cannot be built here."""
+    """The true tau-quantile at each of `params` (None where a refit recorded none), from the run's objective
+    where it is a built-in synthetic one (objectives/base.py `SyntheticObjective.quantile`, in the outcome's
+    units as tau is); None for any other objective, an expectile target, or one that cannot be built here."""
     from objectives.registry import BUILTIN_OBJECTIVES
 
     spec = _mapping(config.get("objective"))
@@ -208,8 +210,8 @@ def _true_levels(config: Mapping[str, Any], params: Sequence[Mapping[str, Any] |
 
 
 def _forecast_figure(plt: Any, metrics: RunMetrics, trials: Sequence[TrialRecord]) -> Any:
-    """Each scored trial's observed value against the forecast made when it was proposed: the predictive median
-    with its central `FORECAST_COVERAGE` interval, outcomes outside it in another colour."""
+    """Each scored trial's observed value against the forecast made when it was proposed: the predictive
+    median with its central `FORECAST_COVERAGE` interval, outcomes outside it in another colour."""
     obs, med, lo, hi, _ = forecast_intervals(trials, metrics.direction, FORECAST_COVERAGE)
     fig, ax = plt.subplots(figsize=(5.6, 5.0), dpi=100)
     inside = (obs >= lo) & (obs <= hi)

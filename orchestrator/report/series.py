@@ -53,7 +53,8 @@ def best_so_far(trials: Sequence[TrialRecord], direction: str) -> tuple[np.ndarr
 
 def predicted_series(events: Sequence[Event], trials: Sequence[TrialRecord]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(results the fit was trained on, time, best_predicted) at each refit event that records it: the model's
-    predicted target level of its recommendation when the fit ended (`recommendation_series` without the params)."""
+    predicted target level of its recommendation when the fit ended (`recommendation_series` without the
+    params)."""
     ns, ts, vs, _ = recommendation_series(events, trials)
     return ns, ts, vs
 
@@ -63,8 +64,8 @@ def recommendation_series(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Mapping[str, Any] | None]]:
     """(results the fit was trained on, time, best_predicted, best_params) at each refit event that records
     `best_predicted`: the recommendation of each fit (an observed point) and the fit's predicted target level
-    there. The count is the event's `info["n"]`; where it is missing, the evaluations finished by the time of the
-    event (that overstates what the model has seen: a fit on 15 results can be drawn at 40)."""
+    there. The count is the event's `info["n"]`; where it is missing, the evaluations finished by the time of
+    the event (that overstates what the model has seen: a fit on 15 results can be drawn at 40)."""
     done = finished(trials)
     ends = np.array([t.ended_at for t in done], dtype=float)
     # `info["n"]` counts completed results (failures are no observations): the evaluations finished when the
@@ -117,9 +118,9 @@ def session_pieces(trials: Sequence[TrialRecord]) -> list[tuple[float, float, An
 
 
 def session_slots(events: Sequence[Event], pieces: Sequence[tuple[float, float, Any]], default: int) -> dict[Any, int]:
-    """The slots each session ran with: the last `info["slots"]` logged in it (the event's `info["session"]`, the
-    actor's start time, as the results carry it), else `default`. A resume on another cluster has other slots: one count for the whole run would put U
-    above 1."""
+    """The slots each session ran with: the last `info["slots"]` logged in it (the event's `info["session"]`,
+    the actor's start time, as the results carry it), else `default`. A resume on another cluster has other
+    slots: one count for the whole run would put U above 1."""
     out = {k: default for _, _, k in pieces}
     # where an event does not name its session (a log of an older version): the latest session that started at
     # or before it; a session without a start time (an older log's) starts after the previous span ends, and
@@ -145,8 +146,8 @@ def session_slots(events: Sequence[Event], pieces: Sequence[tuple[float, float, 
 
 
 def active_time(pieces: Sequence[tuple[float, float, Any]]) -> Any:
-    """`t -> seconds of the sessions' spans before t`: the time axis of the report's utilization plot, with the
-    gaps between sessions (a stopped run waiting for `qbatch resume`) cut out; before the first span, the
+    """`t -> seconds of the sessions' spans before t`: the time axis of the report's utilization plot, with
+    the gaps between sessions (a stopped run waiting for `qbatch resume`) cut out; before the first span, the
     (negative) time to its start."""
     los = np.array([p[0] for p in pieces], dtype=float)
     his = np.array([p[1] for p in pieces], dtype=float)
@@ -179,8 +180,8 @@ def utilization_series(
     iv: np.ndarray, slots: int, bins: int = _UTIL_BINS, pieces: Sequence[tuple[float, float, int]] | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """(bin centres relative to the first start, busy fraction of `slots` in each bin). With `pieces` (the
-    sessions' spans with their slots, `(lo, hi, slots)`), the time axis is `active_time`'s, gaps between sessions
-    cut out, and each bin's capacity counts the slots of the sessions it covers."""
+    sessions' spans with their slots, `(lo, hi, slots)`), the time axis is `active_time`'s, gaps between
+    sessions cut out, and each bin's capacity counts the slots of the sessions it covers."""
     if pieces:
         to_active = active_time(pieces)
         iv = np.stack([to_active(iv[:, 0]), to_active(iv[:, 1])], axis=1) if len(iv) else iv
@@ -225,8 +226,8 @@ def queue_depth_series(events: Sequence[Event]) -> tuple[np.ndarray, np.ndarray]
 
 
 def _queue_depth(events: Sequence[Event], pieces: Sequence[tuple[float, float, Any]]) -> tuple[np.ndarray, np.ndarray]:
-    """`queue_depth_series` on `active_time`'s axis where there are session spans: the time a stopped run waits
-    for its resume is not queue time."""
+    """`queue_depth_series` on `active_time`'s axis where there are session spans: the time a stopped run
+    waits for its resume is not queue time."""
     qt, qd = queue_depth_series(events)
     return (active_time(pieces)(qt) if pieces else qt), qd
 
@@ -238,9 +239,9 @@ def _time_weighted_mean(times: np.ndarray, values: np.ndarray) -> float:
 
 
 def _forecast_groups(trials: Sequence[TrialRecord], direction: str) -> list[tuple[Any, np.ndarray, list[TrialRecord]]]:
-    """(Forecast, outcomes in the forecast's units `n`, trials `n`) per (family, tau) of the completed trials whose
-    proposal recorded a forecast; the forecasts are of the negated outcome where their record says so (a minimized
-    run's, by default)."""
+    """(Forecast, outcomes in the forecast's units `n`, trials `n`) per (family, tau) of the completed trials
+    whose proposal recorded a forecast; the forecasts are of the negated outcome where their record says so (a
+    minimized run's, by default)."""
     scored = [
         t
         for t in trials
@@ -284,9 +285,9 @@ def calibration(trials: Sequence[TrialRecord], direction: str) -> list[float]:
 def forecast_intervals(
     trials: Sequence[TrialRecord], direction: str, coverage: float = 0.8
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:
-    """(observed, predictive median, lower, upper, trial ids), each `n`, in the outcome's units, of the completed
-    trials whose proposal recorded a forecast: the forecast made when the trial was proposed (one step ahead)
-    and its central interval holding `coverage` of the predictive mass."""
+    """(observed, predictive median, lower, upper, trial ids), each `n`, in the outcome's units, of the
+    completed trials whose proposal recorded a forecast: the forecast made when the trial was proposed (one
+    step ahead) and its central interval holding `coverage` of the predictive mass."""
     obs, med, lo, hi, ids = [], [], [], [], []
     levels = [(1 - coverage) / 2, 0.5, (1 + coverage) / 2]
     for fc, _y, group in _forecast_groups(trials, direction):

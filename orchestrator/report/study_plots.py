@@ -2,10 +2,10 @@
 Optuna's matplotlib visualizations (`optuna.visualization.matplotlib`) from an in-memory study of the run's
 trials.
 
-The study holds one `FrozenTrial` per finished trial (`optuna.trial.create_trial`): completed trials with their
-value, failed ones as failed (Optuna's plots leave them out), each parameter with the distribution of the run's
-space (config.yaml `space`, as the run resolved it): float and log float as `FloatDistribution`, int (with its
-step, or log) as `IntDistribution`, choice as `CategoricalDistribution`. Importance is PED-ANOVA's
+The study holds one `FrozenTrial` per finished trial (`optuna.trial.create_trial`): completed trials with
+their value, failed ones as failed (Optuna's plots leave them out), each parameter with the distribution of
+the run's space (config.yaml `space`, as the run resolved it): float and log float as `FloatDistribution`,
+int (with its step, or log) as `IntDistribution`, choice as `CategoricalDistribution`. Importance is PED-ANOVA's
 (`optuna.importance.PedAnovaImportanceEvaluator`: which parameters set the top 10% of trials apart from the
 rest), which needs only NumPy and SciPy (Optuna's fANOVA evaluator needs scikit-learn's random forests).
 
@@ -31,20 +31,20 @@ log = logging.getLogger(__name__)
 IMPORTANCE_QUANTILE = 0.1
 #: the fewest completed trials of an importance plot: PED-ANOVA's top `IMPORTANCE_QUANTILE` must hold 2 trials
 MIN_IMPORTANCE_TRIALS = 20
-#: the most parameters of one slice figure: a run with more draws `slice_1.png`, `slice_2.png`, ... of near-equal
-#: numbers of parameters
+#: the most parameters of one slice figure: a run with more draws `slice_1.png`, `slice_2.png`, ... of
+#: near-equal numbers of parameters
 SLICE_PARAMS_PER_FIGURE = 4
 
 
 def skip(name: str, reason: str) -> None:
-    """Log (at INFO: `qbatch report` prints these lines after the files it wrote) that the report's plot `name`
-    is not drawn, and why."""
+    """Log (at INFO: `qbatch report` prints these lines after the files it wrote) that the report's plot
+    `name` is not drawn, and why."""
     log.info("qbatch: report: %s.png not drawn: %s", name, reason)
 
 
 def _choice_label(value: Any) -> Any:
-    """A choice as Optuna's categorical distributions hold it (None, bool, int, float, str): a list or a dict as
-    its JSON text."""
+    """A choice as Optuna's categorical distributions hold it (None, bool, int, float, str): a list or a dict
+    as its JSON text."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return json.dumps(value, sort_keys=True)
@@ -89,8 +89,8 @@ _OFF = object()
 
 
 def _param_value(dist: Any, value: Any, present: bool = True) -> Any:
-    """`value` in the form `dist` takes (a clamped float, an int, a choice's label); `_OFF` when it has none, or
-    the trial has no value (`present` False)."""
+    """`value` in the form `dist` takes (a clamped float, an int, a choice's label); `_OFF` when it has none,
+    or the trial has no value (`present` False)."""
     from optuna.distributions import CategoricalDistribution, IntDistribution
 
     if not present:
@@ -108,9 +108,9 @@ def _param_value(dist: Any, value: Any, present: bool = True) -> Any:
 
 
 def build_study(rows: Sequence[Mapping[str, Any]], space: Mapping[str, Mapping[str, Any]], direction: str) -> Any:
-    """An in-memory Optuna study of the finished trials in `rows` (`orchestrator.store.frame.log_rows`), with the
-    distributions of `space`. A trial whose params do not fit the space (a parameter missing or off its grid) is
-    left out of it."""
+    """An in-memory Optuna study of the finished trials in `rows` (`orchestrator.store.frame.log_rows`), with
+    the distributions of `space`. A trial whose params do not fit the space (a parameter missing or off its
+    grid) is left out of it."""
     import optuna
 
     dists = distributions(space, rows)
@@ -216,10 +216,11 @@ def parameter_figures(
 
 
 def _draw(key: str, plot: Any, colour_bar: bool = False) -> Any:
-    """The figure of one of Optuna's plots (`plot()` returns its axes), drawn with Optuna kept quiet; None, with
-    the reason logged, where Optuna cannot draw it. Optuna sets its own style (`plt.style.use`): it is put back
-    after, for the report's other plots. A figure with a `colour_bar` keeps Optuna's layout (its colour bar
-    does not survive `tight_layout`): it gets a layout engine that lays out nothing, which tells the writer so."""
+    """The figure of one of Optuna's plots (`plot()` returns its axes), drawn with Optuna kept quiet; None,
+    with the reason logged, where Optuna cannot draw it. Optuna sets its own style (`plt.style.use`): it is
+    put back after, for the report's other plots. A figure with a `colour_bar` keeps Optuna's layout (its
+    colour bar does not survive `tight_layout`): it gets a layout engine that lays out nothing, which tells
+    the writer so."""
     import matplotlib
     from matplotlib.layout_engine import PlaceHolderLayoutEngine
 

@@ -33,7 +33,8 @@ def test_the_recorded_summary_is_what_its_tables_give(load_benchmark):
     with open(path, newline="") as fh:
         recorded = list(csv.DictReader(fh))
     assert recorded and list(recorded[0]) == quality_summary.COLUMNS
-    rebuilt = quality.main(["--summary"])["summary_rows"]  # rewrites the file from the same tables: it must not change
+    # rewrites the file from the same tables: it must not change
+    rebuilt = quality.main(["--summary"])["summary_rows"]
     with open(path, newline="") as fh:
         assert list(csv.DictReader(fh)) == recorded
     assert len(rebuilt) == len(recorded)

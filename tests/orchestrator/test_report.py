@@ -261,9 +261,9 @@ def test_utilization_of_a_resumed_run_leaves_out_the_time_between_sessions(tmp_p
 
 
 def test_a_report_that_fails_half_way_leaves_the_previous_tables_whole(tmp_path, monkeypatch):
-    """The CSV tables are written by a rename, as the plots were: a report that failed while writing trials.csv
-    (a metric that cannot be written, a full disk) left it truncated after its header, and a reader of summary.csv
-    during a rewrite could see it half-written."""
+    """The CSV tables are written by a rename, as the plots were: a report that failed while writing
+    trials.csv (a metric that cannot be written, a full disk) left it truncated after its header, and a reader
+    of summary.csv during a rewrite could see it half-written."""
     import orchestrator.report.writer as R
 
     store, _ = build_run(tmp_path / "run")
@@ -306,10 +306,10 @@ def test_a_report_that_fails_half_way_leaves_the_previous_tables_whole(tmp_path,
 
 
 def test_review_of_the_report_stale_plots_latency_and_the_fits_n(tmp_path):
-    """Found in review: (1) coverage.png and pit_histogram.png of an earlier report stayed beside a summary with
-    no forecasts; (2) the proposal latency was mostly the millisecond Sobol batches that fill free slots before
-    the first fit, not the model's; (3) the model's predictions were drawn at the evaluations finished when the
-    refit was logged, not at the results the fit saw (`info["n"]`)."""
+    """Found in review: (1) coverage.png and pit_histogram.png of an earlier report stayed beside a summary
+    with no forecasts; (2) the proposal latency was mostly the millisecond Sobol batches that fill free slots
+    before the first fit, not the model's; (3) the model's predictions were drawn at the evaluations finished
+    when the refit was logged, not at the results the fit saw (`info["n"]`)."""
     from orchestrator.report import predicted_series
     from orchestrator.store import trials_table
 

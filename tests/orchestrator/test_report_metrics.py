@@ -178,7 +178,8 @@ def test_running_and_queued_trials_are_not_failures():
     ]
     m = compute_metrics(events, CONFIG, with_calibration=False)
     assert m.counts == {"proposed": 1, "running": 1, "completed": 0, "failed": 1, "unfinished": 0}
-    stopped = compute_metrics(events, CONFIG, with_calibration=False, writing=False)  # no process writes the run
+    # no process writes the run
+    stopped = compute_metrics(events, CONFIG, with_calibration=False, writing=False)
     assert stopped.counts == {"proposed": 0, "running": 0, "completed": 0, "failed": 1, "unfinished": 2}
     assert m.failures == {"timeout": 1}
     assert math.isnan(m.best_value)

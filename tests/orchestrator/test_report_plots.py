@@ -1,9 +1,9 @@
 """Tests of the report's plots (orchestrator/report/plots.py, study_plots.py) and of its files' mode, on runs
 whose logs are written by hand with the real RunStore (no Ray).
 
-The runs have a parameter of each type the space supports (float, log float, int with a step, log int, choice),
-Sobol and model trials, failures, refits with recommendations and one-step-ahead forecasts; the edge cases are a
-run with only Sobol points, one with one parameter, and one with a single completed trial.
+The runs have a parameter of each type the space supports (float, log float, int with a step, log int,
+choice), Sobol and model trials, failures, refits with recommendations and one-step-ahead forecasts; the edge
+cases are a run with only Sobol points, one with one parameter, and one with a single completed trial.
 """
 
 from __future__ import annotations
@@ -61,9 +61,10 @@ def _value(p: dict) -> float:
 def build_mixed_run(root: Path, *, n: int = 60, sobol: int = 12, space: dict | None = None, fail_every: int = 9,
                     direction: str = "maximize", batch: int = 4, forecasts: bool = True, seed: int = 0,
                     objective: str = "forrester") -> RunStore:
-    """A finished run of `n` trials in batches of `batch`: the first `sobol` from the Sobol design, the rest from
-    the model (with a Gaussian forecast of the outcome, negated for minimize), every `fail_every`-th a failure,
-    and a refit after each model batch recording its recommendation (the best point so far) and prediction."""
+    """A finished run of `n` trials in batches of `batch`: the first `sobol` from the Sobol design, the rest
+    from the model (with a Gaussian forecast of the outcome, negated for minimize), every `fail_every`-th a
+    failure, and a refit after each model batch recording its recommendation (the best point so far) and
+    prediction."""
     space = MIXED_SPACE if space is None else space
     cfg = load_config({"name": "mixed", "objective": {"name": objective}, "space": space, "budget": n,
                        "batch_size": batch, "initial_design": sobol, "direction": direction, "tau": 0.5}).to_dict()
@@ -251,9 +252,9 @@ def test_without_optuna_the_parameter_plots_are_skipped(tmp_path, caplog, monkey
 
 def test_the_value_plot_shows_sources_failures_and_the_recommendation_at_each_refit(tmp_path, monkeypatch):
     """best_vs_evaluations: one point per completed trial in the colour of its source, a mark per failure, the
-    best so far, and the recommendation's predicted level (and its true one for a built-in synthetic objective),
-    labelled as the recommendation, not as a best so far; best_vs_time shows the best against time with the
-    evaluations finished, and no recommendation."""
+    best so far, and the recommendation's predicted level (and its true one for a built-in synthetic
+    objective), labelled as the recommendation, not as a best so far; best_vs_time shows the best against time
+    with the evaluations finished, and no recommendation."""
     import matplotlib.axes
 
     from orchestrator.report import recommendation_series
@@ -305,8 +306,9 @@ def test_predicted_against_observed_uses_each_trials_forecast_in_the_outcomes_un
 
 @pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
 def test_report_files_have_the_store_files_mode_under_each_umask(tmp_path, umask):
-    """The report's files are made as the store makes the run's (0644 less the umask): readable by others under
-    the usual umask, private under 077, and not group-writable under 002, as the run's own files are not."""
+    """The report's files are made as the store makes the run's (0644 less the umask): readable by others
+    under the usual umask, private under 077, and not group-writable under 002, as the run's own files are
+    not."""
     before = os.umask(umask)
     try:
         store = build_mixed_run(tmp_path / "run", n=8, sobol=8, forecasts=False)
@@ -322,7 +324,8 @@ def test_report_files_have_the_store_files_mode_under_each_umask(tmp_path, umask
 def test_report_of_200_trials_is_fast(tmp_path):
     pytest.importorskip("optuna")
     store = build_mixed_run(tmp_path / "run", n=200)
-    write_report(store.run_dir)  # imports (matplotlib, optuna, the forecasts' torch) are not the report's time
+    # imports (matplotlib, optuna, the forecasts' torch) are not the report's time
+    write_report(store.run_dir)
     t0 = time.perf_counter()
     _, paths = write_report(store.run_dir)
     seconds = time.perf_counter() - t0
