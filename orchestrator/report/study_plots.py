@@ -4,8 +4,8 @@ trials.
 
 The study holds one `FrozenTrial` per finished trial (`optuna.trial.create_trial`): completed trials with
 their value, failed ones as failed (Optuna's plots leave them out), each parameter with the distribution of
-the run's space (config.yaml `space`, as the run resolved it): float and log float as `FloatDistribution`,
-int (with its step, or log) as `IntDistribution`, choice as `CategoricalDistribution`. Importance is PED-ANOVA's
+the run's space (config.yaml `space`, as the run resolved it): float and log float as `FloatDistribution`, int
+(with its step, or log) as `IntDistribution`, choice as `CategoricalDistribution`. Importance is PED-ANOVA's
 (`optuna.importance.PedAnovaImportanceEvaluator`: which parameters set the top 10% of trials apart from the
 rest), which needs only NumPy and SciPy (Optuna's fANOVA evaluator needs scikit-learn's random forests).
 
