@@ -156,9 +156,17 @@ def run_one(problem_name: str, method: str, seed: int, budget: int, batch: int, 
         q_star = max(q_opt, float(q_eval.max()))
         q_rec = float(_quantiles(prob, [params])[0])
         row: dict[str, Any] = {
-            "problem": problem_name, "method": method, "seed": seed, "tau": TAU, "budget": budget, "batch": batch,
-            "q_star": q_star, "regret_rec": q_star - q_rec, "regret_best_evaluated": q_star - float(q_eval.max()),
-            "predicted": float(predicted), "seconds": seconds,
+            "problem": problem_name,
+            "method": method,
+            "seed": seed,
+            "tau": TAU,
+            "budget": budget,
+            "batch": batch,
+            "q_star": q_star,
+            "regret_rec": q_star - q_rec,
+            "regret_best_evaluated": q_star - float(q_eval.max()),
+            "predicted": float(predicted),
+            "seconds": seconds,
             "q_range": quantile_range(prob, seed) if problem_name != "quickstart" else float("nan"),
             "lengthscale_warning": any("learned no lengthscale" in str(w.message) for w in caught),
         }
@@ -169,7 +177,9 @@ def run_one(problem_name: str, method: str, seed: int, budget: int, batch: int, 
             Xo, yo = opt.observations()
             points = opt.space.from_unit(Xo)
             for rule in RULES:
-                row[f"regret_{rule}"] = q_star - float(_quantiles(prob, [points[recommend_index(opt.model, Xo, rule)]])[0])
+                row[f"regret_{rule}"] = q_star - float(
+                    _quantiles(prob, [points[recommend_index(opt.model, Xo, rule)]])[0]
+                )
             # the run's data, for screening recommendation rules and final fits without re-running the search
             row["_data"] = {"X": Xo.numpy(), "y": yo.numpy(), "q": _quantiles(prob, points), "q_star": q_star}
         row["code"] = code_version()
@@ -188,9 +198,17 @@ def summarize(rows: Sequence[dict]) -> tuple[list[dict], list[dict]]:
         out["warnings"] = sum(bool(r["lengthscale_warning"]) for r in sel)
         summary.append(out)
     for problem in sorted({r["problem"] for r in rows}):
-        base = {r["seed"]: float(r["regret_rec"]) for r in rows if r["problem"] == problem and r["method"] == "quantile-ts"}
+        base = {
+            r["seed"]: float(r["regret_rec"])
+            for r in rows
+            if r["problem"] == problem and r["method"] == "quantile-ts"
+        }
         for method in sorted({r["method"] for r in rows if r["problem"] == problem} - {"quantile-ts"}):
-            other = {r["seed"]: float(r["regret_rec"]) for r in rows if r["problem"] == problem and r["method"] == method}
+            other = {
+                r["seed"]: float(r["regret_rec"])
+                for r in rows
+                if r["problem"] == problem and r["method"] == method
+            }
             if base and other:
                 c = paired_comparison(base, other)
                 paired.append({"problem": problem, "a": "quantile-ts", "b": method, **c})
@@ -199,16 +217,28 @@ def summarize(rows: Sequence[dict]) -> tuple[list[dict], list[dict]]:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="CI smoke run: skewed-3d, 2 methods, one seed, 24 evaluations")
+    ap.add_argument(
+        "--quick", action="store_true", help="CI smoke run: skewed-3d, 2 methods, one seed, 24 evaluations"
+    )
     ap.add_argument("--problems", nargs="+", choices=sorted(PROBLEMS), help="problems (default: all)")
-    ap.add_argument("--methods", nargs="+", choices=sorted(METHODS), help="methods (default: quantile-ts exact-ts qlognei sobol)")
+    ap.add_argument(
+        "--methods",
+        nargs="+",
+        choices=sorted(METHODS),
+        help="methods (default: quantile-ts exact-ts qlognei sobol)",
+    )
     ap.add_argument("--seeds", default="0-4", help="range 0-4, count 5, or list 0,2")
     ap.add_argument("--workers", type=int, default=1, help="parallel processes")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
     ap.add_argument("--resume", action="store_true", help="skip the runs whose files are in OUT/runs")
-    ap.add_argument("--summary", action="store_true",
-                    help="run nothing: rebuild benchmarks/results/quality/summary.csv, one row per target, from the "
-                         "recorded tables (benchmarks/_quality_summary.py)")
+    ap.add_argument(
+        "--summary",
+        action="store_true",
+        help=(
+            "run nothing: rebuild benchmarks/results/quality/summary.csv, one row per target, from the "
+            "recorded tables (benchmarks/_quality_summary.py)"
+        ),
+    )
     ap.add_argument("--out", default=str(REPO / "results" / "quality"), help="output directory")
     args = ap.parse_args(argv)
     if args.workers < 1 or args.threads < 1:
@@ -222,7 +252,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         from benchmarks import _quality_summary
 
         return {"summary_rows": _quality_summary.main()}
-    problems = args.problems or (QUICK["problems"] if args.quick else [p for p in PROBLEMS if p != "quickstart"])
+    problems = args.problems or (
+        QUICK["problems"] if args.quick else [p for p in PROBLEMS if p != "quickstart"]
+    )
     methods = args.methods or (QUICK["methods"] if args.quick else DEFAULT_METHODS)
     seeds = QUICK["seeds"] if args.quick else parse_index_list(args.seeds, "--seeds", 5)
     out = Path(args.out)

@@ -49,7 +49,9 @@ _SLOW_FIT_OPTIONS = {
 }
 
 
-def _training_loss(model: SurrogateProtocol, X: torch.Tensor, Y: torch.Tensor, diag: Mapping[str, Any]) -> float:
+def _training_loss(
+    model: SurrogateProtocol, X: torch.Tensor, Y: torch.Tensor, diag: Mapping[str, Any]
+) -> float:
     """A fitted model's training loss per datum on all of (X, Y), for `AskTellOptimizer.fit(restart=True)`:
     the full-data negative ELBO of a variational model (its fit reports the last epoch's minibatch average),
     else the loss its fit reported (the exact GP's is the full negative marginal likelihood); NaN when it has
@@ -137,8 +139,10 @@ class ModelFitting:
         # the outcomes' spread overflows float64: no model can standardize
         if not math.isfinite(float(Y.std())):
             raise ModelFitError(
-                f"the outcomes of the {n} results span [{float(Y.min()):g}, {float(Y.max()):g}], too wide for a model "
-                "in float64 (their variance overflows); rescale the objective's values. The previous model is kept")
+                f"the outcomes of the {n} results span [{float(Y.min()):g}, {float(Y.max()):g}], too wide "
+                "for a model in float64 (their variance overflows); rescale the objective's values. The "
+                "previous model is kept"
+            )
         t0 = time.perf_counter()
         with self._lock:
             current = self._model
@@ -174,9 +178,10 @@ class ModelFitting:
         if bad or not (math.isfinite(float(loc)) and math.isfinite(float(scale))):
             # a NaN posterior would propose from noise and recommend "nan": refuse it, keep the current model
             raise ModelFitError(
-                f"the {self.model_name} fit on {n} results is not finite (posterior mean not finite at {bad} of "
-                f"{n} observed points, outcome transform loc={float(loc):g}, scale={float(scale):g}; outcomes "
-                f"span [{float(Y.min()):g}, {float(Y.max()):g}]); the previous model is kept")
+                f"the {self.model_name} fit on {n} results is not finite (posterior mean not finite at {bad} "
+                f"of {n} observed points, outcome transform loc={float(loc):g}, scale={float(scale):g}; "
+                f"outcomes span [{float(Y.min()):g}, {float(Y.max()):g}]); the previous model is kept"
+            )
         i = int(torch.argmax(recommendation_scores(model, X, self.recommendation, mean=target)))
         best_pred = self.sign * float(loc + scale * float(target[i]))
         with self._lock:  # as told (a log-scale float mapped back from x differs in its last digits)
@@ -198,14 +203,19 @@ class ModelFitting:
             self._warned_prior_mode |= warn
         if warn:
             prior = (self.model_options or {}).get("lengthscale_prior", "dim-scaled")
-            advice = ("set the model option `lengthscale_prior: dim-scaled` (config `model: {type: ..., options: "
-                      "{lengthscale_prior: dim-scaled}}`)" if prior != "dim-scaled" else
-                      "give it more results per dimension, or fewer dimensions")
+            advice = (
+                "set the model option `lengthscale_prior: dim-scaled` (config `model: {type: ..., options: "
+                "{lengthscale_prior: dim-scaled}}`)"
+                if prior != "dim-scaled"
+                else "give it more results per dimension, or fewer dimensions"
+            )
             warnings.warn(
                 f"the {self.model_name} model learned no lengthscale from {n} results: all {self.space.dim} "
-                "lengthscales of its objective latent sit at the prior's mode, so it is flat between its points and "
-                f"its batches are close to random. In {self.space.dim} dimensions {advice}", ModelWarning,
-                stacklevel=3)  # the caller of `fit`
+                "lengthscales of its objective latent sit at the prior's mode, so it is flat between its "
+                f"points and its batches are close to random. In {self.space.dim} dimensions {advice}",
+                ModelWarning,
+                stacklevel=3,  # the caller of `fit`
+            )
         slow = self._slow_fit_warning(fits, n)
         if slow is not None:
             warnings.warn(slow, ModelWarning, stacklevel=3)
@@ -239,9 +249,11 @@ class ModelFitting:
             advice = f"change its model options ({example})"
         if self.model_name in ("exact-gp", "gpr-replicates"):  # the cost of an exact GP's fit grows as n^3
             advice += ", or choose a sparse model (`model: quantile`)"
-        return (f"the {self.model_name} fit on {n} results took {seconds:.0f} s ({seconds / n:.2g} s per result, "
-                f"a {kind} fit), far longer than the default quantile model takes for {n} results; the refits that "
-                f"follow take as long or longer. To make them shorter, {advice}")
+        return (
+            f"the {self.model_name} fit on {n} results took {seconds:.0f} s ({seconds / n:.2g} s per result, "
+            f"a {kind} fit), far longer than the default quantile model takes for {n} results; the refits "
+            f"that follow take as long or longer. To make them shorter, {advice}"
+        )
 
     def forecast(self, X: Tensor) -> list[dict | None]:
         """The current model's forecast at `n x d` points as plain dicts (model units), or Nones without a

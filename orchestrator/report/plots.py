@@ -49,7 +49,11 @@ def _figure():
 
 
 def figures(
-    plt: Any, metrics: RunMetrics, events: Sequence[Event], trials: Sequence[TrialRecord], config: Mapping[str, Any]
+    plt: Any,
+    metrics: RunMetrics,
+    events: Sequence[Event],
+    trials: Sequence[TrialRecord],
+    config: Mapping[str, Any],
 ) -> Iterator[tuple[str, Any]]:
     """(artifact name, figure) of each plot of the run, drawn with pyplot `plt` (`_figure`) when the caller
     asks for the next: "best_vs_evaluations", "best_vs_time", "utilization", with scored forecasts
@@ -97,7 +101,9 @@ def figures(
         ax1.text(0.5, 0.5, "no finished evaluations yet", ha="center", va="center", transform=ax1.transAxes)
     ax1.set_ylim(0, 1.05)
     varying = len({n for _, _, n in metrics.session_slots}) > 1
-    ax1.set_ylabel("busy fraction of the session's slots" if varying else f"busy fraction of {metrics.slots} slots")
+    ax1.set_ylabel(
+        "busy fraction of the session's slots" if varying else f"busy fraction of {metrics.slots} slots"
+    )
     ax1.set_title(f"{metrics.name}: worker utilization ({metrics.slots_source} slots)")
     ax1.grid(alpha=0.3)
     if len(qt):
@@ -112,7 +118,12 @@ def figures(
         yield "predicted_vs_observed", _forecast_figure(plt, metrics, trials)
         fig, ax = plt.subplots(figsize=(5.0, 4.0), dpi=100)
         levels = list(COVERAGE_LEVELS)
-        ax.bar([str(int(100 * p)) + "%" for p in levels], [metrics.coverage[p] for p in levels], color="C0", label="observed")
+        ax.bar(
+            [str(int(100 * p)) + "%" for p in levels],
+            [metrics.coverage[p] for p in levels],
+            color="C0",
+            label="observed",
+        )
         ax.scatter([str(int(100 * p)) + "%" for p in levels], levels, color="k", zorder=3, label="nominal")
         ax.set_ylim(0, 1)
         ax.set_xlabel("central predictive interval")
@@ -151,11 +162,15 @@ def _values_figure(plt: Any, metrics: RunMetrics, events: Sequence[Event], trial
     ax.set_title(f"{metrics.name}: every trial's value, best so far and the recommendation "
                  f"(target: {label}, tau={_fmt(metrics.tau)})", fontsize=9)
     xs = np.arange(1, len(done) + 1)
-    ok = np.array([t.status == "completed" and t.value is not None and math.isfinite(t.value) for t in done], bool)
+    ok = np.array(
+        [t.status == "completed" and t.value is not None and math.isfinite(t.value) for t in done], bool
+    )
     values = np.array([t.value if k else math.nan for t, k in zip(done, ok)], dtype=float)
     kinds = list(dict.fromkeys(source.get(t.trial_id, "unknown") for t in done))
     extra = iter(f"C{i}" for i in range(4, 10))
-    for kind in sorted(kinds, key=lambda k: (k not in _SOURCES, list(_SOURCES).index(k) if k in _SOURCES else 0)):
+    for kind in sorted(
+        kinds, key=lambda k: (k not in _SOURCES, list(_SOURCES).index(k) if k in _SOURCES else 0)
+    ):
         colour, name = _SOURCES.get(kind, (next(extra, "C9"), f"source: {kind}"))
         mine = np.array([source.get(t.trial_id, "unknown") == kind for t in done], bool)
         if (mine & ok).any():
@@ -172,7 +187,15 @@ def _values_figure(plt: Any, metrics: RunMetrics, events: Sequence[Event], trial
                 label=f"recommendation at each refit: model's predicted {label}")
         truth = _true_levels(config, params, metrics.tau, expectile=label == "tau-expectile")
         if truth is not None:
-            ax.plot(pn, truth, "s--", ms=3.5, lw=1, color="C2", label=f"recommendation at each refit: true {label}")
+            ax.plot(
+                pn,
+                truth,
+                "s--",
+                ms=3.5,
+                lw=1,
+                color="C2",
+                label=f"recommendation at each refit: true {label}",
+            )
     if not ok.any() and not len(pn):
         ax.text(0.5, 0.5, _nothing(len(done)), ha="center", va="center", transform=ax.transAxes)
     else:

@@ -51,7 +51,9 @@ def best_so_far(trials: Sequence[TrialRecord], direction: str) -> tuple[np.ndarr
     return n, times, np.array(out, dtype=float)
 
 
-def predicted_series(events: Sequence[Event], trials: Sequence[TrialRecord]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def predicted_series(
+    events: Sequence[Event], trials: Sequence[TrialRecord]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(results the fit was trained on, time, best_predicted) at each refit event that records it: the model's
     predicted target level of its recommendation when the fit ended (`recommendation_series` without the
     params)."""
@@ -117,7 +119,9 @@ def session_pieces(trials: Sequence[TrialRecord]) -> list[tuple[float, float, An
     return pieces
 
 
-def session_slots(events: Sequence[Event], pieces: Sequence[tuple[float, float, Any]], default: int) -> dict[Any, int]:
+def session_slots(
+    events: Sequence[Event], pieces: Sequence[tuple[float, float, Any]], default: int
+) -> dict[Any, int]:
     """The slots each session ran with: the last `info["slots"]` logged in it (the event's `info["session"]`,
     the actor's start time, as the results carry it), else `default`. A resume on another cluster has other
     slots: one count for the whole run would put U above 1."""
@@ -177,7 +181,10 @@ def max_concurrency(iv: np.ndarray) -> int:
 
 
 def utilization_series(
-    iv: np.ndarray, slots: int, bins: int = _UTIL_BINS, pieces: Sequence[tuple[float, float, int]] | None = None
+    iv: np.ndarray,
+    slots: int,
+    bins: int = _UTIL_BINS,
+    pieces: Sequence[tuple[float, float, int]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(bin centres relative to the first start, busy fraction of `slots` in each bin). With `pieces` (the
     sessions' spans with their slots, `(lo, hi, slots)`), the time axis is `active_time`'s, gaps between
@@ -195,7 +202,9 @@ def utilization_series(
         b = to_active(np.array([p[1] for p in pieces]))[:, None]
         n = np.array([p[2] for p in pieces], dtype=float)[:, None]
         capacity = (np.clip(np.minimum(b, hi) - np.maximum(a, lo), 0.0, None) * n).sum(0)
-        return 0.5 * (edges[:-1] + edges[1:]), np.divide(busy, capacity, out=np.zeros_like(busy), where=capacity > 0)
+        return 0.5 * (edges[:-1] + edges[1:]), np.divide(
+            busy, capacity, out=np.zeros_like(busy), where=capacity > 0
+        )
     if len(iv) == 0 or slots < 1:
         return np.zeros(0), np.zeros(0)
     t0, t1 = iv[:, 0].min(), iv[:, 1].max()
@@ -215,7 +224,9 @@ def queue_depth_series(events: Sequence[Event]) -> tuple[np.ndarray, np.ndarray]
         if ev.kind == "proposed":
             proposed.setdefault(ev.trial_id, ev.time)
         elif ev.kind in ("started", "completed", "failed") and ev.trial_id not in left:
-            left[ev.trial_id] = ev.started_at if (ev.kind == "started" and ev.started_at is not None) else ev.time
+            left[ev.trial_id] = (
+                ev.started_at if (ev.kind == "started" and ev.started_at is not None) else ev.time
+            )
     changes = [(t, 1) for t in proposed.values()] + [(t, -1) for k, t in left.items() if k in proposed]
     changes.sort()
     if not changes:
@@ -225,7 +236,9 @@ def queue_depth_series(events: Sequence[Event]) -> tuple[np.ndarray, np.ndarray]
     return times, depth.astype(float)
 
 
-def _queue_depth(events: Sequence[Event], pieces: Sequence[tuple[float, float, Any]]) -> tuple[np.ndarray, np.ndarray]:
+def _queue_depth(
+    events: Sequence[Event], pieces: Sequence[tuple[float, float, Any]]
+) -> tuple[np.ndarray, np.ndarray]:
     """`queue_depth_series` on `active_time`'s axis where there are session spans: the time a stopped run
     waits for its resume is not queue time."""
     qt, qd = queue_depth_series(events)
@@ -238,7 +251,9 @@ def _time_weighted_mean(times: np.ndarray, values: np.ndarray) -> float:
     return float(np.sum(values[:-1] * np.diff(times)) / (times[-1] - times[0]))
 
 
-def _forecast_groups(trials: Sequence[TrialRecord], direction: str) -> list[tuple[Any, np.ndarray, list[TrialRecord]]]:
+def _forecast_groups(
+    trials: Sequence[TrialRecord], direction: str
+) -> list[tuple[Any, np.ndarray, list[TrialRecord]]]:
     """(Forecast, outcomes in the forecast's units `n`, trials `n`) per (family, tau) of the completed trials
     whose proposal recorded a forecast; the forecasts are of the negated outcome where their record says so (a
     minimized run's, by default)."""

@@ -50,7 +50,9 @@ def _choice_label(value: Any) -> Any:
     return json.dumps(value, sort_keys=True)
 
 
-def distributions(space: Mapping[str, Mapping[str, Any]], rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def distributions(
+    space: Mapping[str, Mapping[str, Any]], rows: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
     """Optuna distributions of the run's space (its description, orchestrator/space.py `describe`). A run
     without a recorded space gets one from the logged values: a float range where all are numbers, else their
     choices."""
@@ -97,7 +99,11 @@ def _param_value(dist: Any, value: Any, present: bool = True) -> Any:
         return _OFF
     if isinstance(dist, CategoricalDistribution):
         label = _choice_label(value)
-        return label if any(label is c or (type(label) is type(c) and label == c) for c in dist.choices) else _OFF
+        return (
+            label
+            if any(label is c or (type(label) is type(c) and label == c) for c in dist.choices)
+            else _OFF
+        )
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         return _OFF
     v = min(max(float(value), dist.low), dist.high)  # a log float mapped back may lie an ulp outside
@@ -107,7 +113,9 @@ def _param_value(dist: Any, value: Any, present: bool = True) -> Any:
     return v
 
 
-def build_study(rows: Sequence[Mapping[str, Any]], space: Mapping[str, Mapping[str, Any]], direction: str) -> Any:
+def build_study(
+    rows: Sequence[Mapping[str, Any]], space: Mapping[str, Mapping[str, Any]], direction: str
+) -> Any:
     """An in-memory Optuna study of the finished trials in `rows` (`orchestrator.store.frame.log_rows`), with
     the distributions of `space`. A trial whose params do not fit the space (a parameter missing or off its
     grid) is left out of it."""
@@ -116,7 +124,9 @@ def build_study(rows: Sequence[Mapping[str, Any]], space: Mapping[str, Mapping[s
     dists = distributions(space, rows)
     trials = []
     for r in rows:
-        state = {"completed": optuna.trial.TrialState.COMPLETE, "failed": optuna.trial.TrialState.FAIL}.get(r["state"])
+        state = {
+            "completed": optuna.trial.TrialState.COMPLETE, "failed": optuna.trial.TrialState.FAIL
+        }.get(r["state"])
         value = r.get("value")
         if state is None or (state == optuna.trial.TrialState.COMPLETE
                              and (value is None or not math.isfinite(value))):
@@ -158,7 +168,11 @@ def _figure_of(axes: Any) -> Any:
 
 
 def parameter_figures(
-    plt: Any, name: str, rows: Sequence[Mapping[str, Any]], space: Mapping[str, Mapping[str, Any]], direction: str
+    plt: Any,
+    name: str,
+    rows: Sequence[Mapping[str, Any]],
+    space: Mapping[str, Mapping[str, Any]],
+    direction: str,
 ) -> Iterator[tuple[str, Any]]:
     """(artifact name, figure) of "parallel_coordinates", "slice" (or "slice_1", "slice_2", ... past
     `SLICE_PARAMS_PER_FIGURE` parameters) and "importance", drawn when the caller asks for the next; the ones
@@ -190,7 +204,9 @@ def parameter_figures(
     chunks = [params[len(params) * i // k:len(params) * (i + 1) // k] for i in range(k)]
     for i, chunk in enumerate(chunks):
         key = "slice" if len(chunks) == 1 else f"slice_{i + 1}"
-        fig = _draw(key, lambda chunk=chunk: ovm.plot_slice(study, params=chunk, target_name=target), colour_bar=True)
+        fig = _draw(
+            key, lambda chunk=chunk: ovm.plot_slice(study, params=chunk, target_name=target), colour_bar=True
+        )
         if fig is not None:
             fig.set_size_inches(max(6.4, 3.6 * len(chunk)), 4.4)
             part = f" ({i + 1} of {len(chunks)})" if len(chunks) > 1 else ""
@@ -204,14 +220,23 @@ def parameter_figures(
         skip("importance", f"the space has one parameter ({params[0]!r}): its importance is 1")
         return
     if len(completed) < MIN_IMPORTANCE_TRIALS:
-        skip("importance", f"{len(completed)} completed trials; PED-ANOVA needs {MIN_IMPORTANCE_TRIALS} (its top "
-                           f"{IMPORTANCE_QUANTILE:.0%} must hold 2)")
+        skip(
+            "importance",
+            f"{len(completed)} completed trials; PED-ANOVA needs {MIN_IMPORTANCE_TRIALS} (its top "
+            f"{IMPORTANCE_QUANTILE:.0%} must hold 2)",
+        )
         return
     evaluator = optuna.importance.PedAnovaImportanceEvaluator(target_quantile=IMPORTANCE_QUANTILE)
-    fig = _draw("importance", lambda: ovm.plot_param_importances(study, evaluator=evaluator, target_name=target))
+    fig = _draw(
+        "importance", lambda: ovm.plot_param_importances(study, evaluator=evaluator, target_name=target)
+    )
     if fig is not None:
-        fig.axes[0].set_title(f"{name}: parameter importance\nPED-ANOVA: what sets the top {IMPORTANCE_QUANTILE:.0%} "
-                              f"of {len(completed)} completed trials apart", fontsize=9, loc="left")
+        fig.axes[0].set_title(
+            f"{name}: parameter importance\nPED-ANOVA: what sets the top {IMPORTANCE_QUANTILE:.0%} "
+            f"of {len(completed)} completed trials apart",
+            fontsize=9,
+            loc="left",
+        )
         yield "importance", fig
 
 

@@ -29,8 +29,17 @@ __all__ = ["write_report"]
 
 #: the plots a report may draw (`figures`), besides `slice_1.png`, `slice_2.png`, ... of a run with many
 #: parameters
-PLOTS = ("best_vs_evaluations", "best_vs_time", "utilization", "predicted_vs_observed", "coverage", "pit_histogram",
-         "parallel_coordinates", "slice", "importance")
+PLOTS = (
+    "best_vs_evaluations",
+    "best_vs_time",
+    "utilization",
+    "predicted_vs_observed",
+    "coverage",
+    "pit_histogram",
+    "parallel_coordinates",
+    "slice",
+    "importance",
+)
 #: the mode of each file, less the umask: the store's (orchestrator/store/filesystems.py)
 FILE_MODE = 0o644
 
@@ -52,9 +61,15 @@ def write_report(
     store = store or RunStore.open(run_dir)
     events = store.events()
     config = store.config
-    metrics = compute_metrics(events, config, damage=store.damage, writing=RunStore.is_being_written(store.run_dir))
+    metrics = compute_metrics(
+        events, config, damage=store.damage, writing=RunStore.is_being_written(store.run_dir)
+    )
     if out_dir is None:
-        out_dir = os.path.join(store.run_dir, "report") if "://" not in store.run_dir else f"report-{metrics.name or 'run'}"
+        out_dir = (
+            os.path.join(store.run_dir, "report")
+            if "://" not in store.run_dir
+            else f"report-{metrics.name or 'run'}"
+        )
     os.makedirs(out_dir, exist_ok=True)
     plt = _figure()
     trials = trials_table(events)

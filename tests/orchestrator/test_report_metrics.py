@@ -24,7 +24,13 @@ from orchestrator.report import (
 )
 from orchestrator.store import Event, trials_table
 
-CONFIG = {"name": "tiny", "objective": {"name": "forrester"}, "tau": 0.5, "budget": 10, "direction": "maximize"}
+CONFIG = {
+    "name": "tiny",
+    "objective": {"name": "forrester"},
+    "tau": 0.5,
+    "budget": 10,
+    "direction": "maximize",
+}
 
 
 def _done(tid, start, end, value=1.0, **kw):
