@@ -42,8 +42,8 @@ RUN_DIR (nothing started, nothing created); 130 interrupted (resume with `qbatch
 MAX_ERROR_CHARS = 2_000
 
 
-#: the packages whose logged warnings the command line shows on stderr, one line each, as the library words
-#: them
+#: the packages whose logged warnings the command line shows on stderr, one line each, as the library
+#: words them
 _LOGGED_PACKAGES = ("orchestrator", "workers")
 
 

@@ -27,8 +27,8 @@ from orchestrator.store.frame import log_rows, trials_frame
 
 __all__ = ["write_report"]
 
-#: the plots a report may draw (`figures`), besides `slice_1.png`, `slice_2.png`, ... of a run with many
-#: parameters
+#: the plots a report may draw (`figures`), besides `slice_1.png`, `slice_2.png`, ... of a run with
+#: many parameters
 PLOTS = (
     "best_vs_evaluations",
     "best_vs_time",
