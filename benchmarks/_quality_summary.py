@@ -8,8 +8,8 @@ Reads the recorded tables and writes one row per target with the columns
 - `quality/quickstart/runs.csv` (`benchmarks/quality.py --problems quickstart`): the README's quickstart
   against a Sobol search of the same budget, and the lengthscale warning;
 - `quality/fit_speed/summary.csv` (`benchmarks/fit_speed.py`): the cold-fit time ratio to BoTorch;
-- the GLD, lunar-lander and laser protocols' recorded tables (`gld_full`, `gld_d6`, `lander_head`, `laser_full`),
-  which were made with the model before the current defaults: their rows say so in `setting`.
+- the GLD, lunar-lander and laser protocols' recorded tables (`gld_full`, `gld_d6`, `lander_head`,
+  `laser_full`), which were made with the model before the current defaults: their rows say so in `setting`.
 
 Run by `python benchmarks/quality.py --summary` (rewrites benchmarks/results/quality/summary.csv).
 """
@@ -60,7 +60,9 @@ def _row(benchmark: str, setting: str, method: str, metric: str, value: Any, tar
 
 def loop_rows(runs: list[dict[str, str]]) -> list[dict]:
     rows = []
-    by = lambda p, m: {int(r["seed"]): float(r["regret_rec"]) for r in runs if r["problem"] == p and r["method"] == m}  # noqa: E731
+    by = lambda p, m: {  # noqa: E731
+        int(r["seed"]): float(r["regret_rec"]) for r in runs if r["problem"] == p and r["method"] == m
+    }
     if by("skewed-3d", "quantile-ts"):
         for other in ("qlognei", "exact-ts"):
             c = paired_comparison(by("skewed-3d", "quantile-ts"), by("skewed-3d", other))
@@ -75,10 +77,17 @@ def loop_rows(runs: list[dict[str, str]]) -> list[dict]:
         best, _, _ = mean_ci([float(r["regret_best_evaluated"]) for r in sel])
         q_range = sum(_q_range(r) for r in sel) / len(sel)
         bound = GAP_FACTOR * best + RANGE_ALLOWANCE * q_range
-        rows.append(_row(problem, f"tau 0.1, {sel[0]['budget']} evaluations, {len(sel)} seeds", "quantile-ts",
-                         f"mean recommendation regret (best point evaluated: {best:.4f}; range {q_range:.3f})",
-                         round(rec, 4), f"<= {GAP_FACTOR} x {best:.4f} + {RANGE_ALLOWANCE:.0%} x {q_range:.3f} "
-                         f"= {bound:.4f}", rec <= bound))
+        rows.append(
+            _row(
+                problem,
+                f"tau 0.1, {sel[0]['budget']} evaluations, {len(sel)} seeds",
+                "quantile-ts",
+                f"mean recommendation regret (best point evaluated: {best:.4f}; range {q_range:.3f})",
+                round(rec, 4),
+                f"<= {GAP_FACTOR} x {best:.4f} + {RANGE_ALLOWANCE:.0%} x {q_range:.3f} = {bound:.4f}",
+                rec <= bound,
+            )
+        )
     return rows
 
 
@@ -91,11 +100,26 @@ def quickstart_rows(runs: list[dict[str, str]]) -> list[dict]:
     wins = sum(q[k] < s[k] for k in seeds)
     warned = sum(r["lengthscale_warning"] == "True" for r in runs if r["method"] == "quantile-ts")
     setting = f"examples/quickstart.yaml in the library loop, {len(seeds)} seeds"
-    return [_row("quickstart", setting, "quantile-ts (defaults)",
-                 "seeds whose recommendation beats a Sobol search's best observed point (true 10% quantile)", wins,
-                 f">= 4 of {len(seeds)}", wins >= 4),
-            _row("quickstart", setting, "quantile-ts (defaults)", "runs that warned 'learned no lengthscale'", warned,
-                 "0", warned == 0)]
+    return [
+        _row(
+            "quickstart",
+            setting,
+            "quantile-ts (defaults)",
+            "seeds whose recommendation beats a Sobol search's best observed point (true 10% quantile)",
+            wins,
+            f">= 4 of {len(seeds)}",
+            wins >= 4,
+        ),
+        _row(
+            "quickstart",
+            setting,
+            "quantile-ts (defaults)",
+            "runs that warned 'learned no lengthscale'",
+            warned,
+            "0",
+            warned == 0,
+        ),
+    ]
 
 
 def fit_speed_rows(summary: list[dict[str, str]]) -> list[dict]:
@@ -103,41 +127,89 @@ def fit_speed_rows(summary: list[dict[str, str]]) -> list[dict]:
         return []
     worst = max(float(r["ratio"]) for r in summary)
     ns = sorted({int(r["n"]) for r in summary})
-    return [_row("fit-speed", f"cold fit, n in {ns}, d in {sorted({int(r['d']) for r in summary})}", "quantile SVGP",
-                 "worst median time ratio to BoTorch SingleTaskGP + fit_gpytorch_mll", round(worst, 2), "<= 2",
-                 worst <= 2)]
+    return [
+        _row(
+            "fit-speed",
+            f"cold fit, n in {ns}, d in {sorted({int(r['d']) for r in summary})}",
+            "quantile SVGP",
+            "worst median time ratio to BoTorch SingleTaskGP + fit_gpytorch_mll",
+            round(worst, 2),
+            "<= 2",
+            worst <= 2,
+        )
+    ]
 
 
 def recorded_rows() -> list[dict]:
     rows = []
     targets = _read(RESULTS / "gld_full" / "target.csv") + _read(RESULTS / "gld_d6" / "target.csv")
     if targets:
-        ahead = sum(r["quantile-ts_beats_all"] == "True" or r.get("qgibbon_beats_all") == "True" for r in targets)
-        rows.append(_row("gld", "paper 003 protocol, 8 settings x 10 problems; recorded before the current model "
-                         "defaults (gld_full, gld_d6)", "quantile-ts / qgibbon",
-                         "settings where a quantile method is ahead of GPR-EI, HetGP-TS and qLogNEI", ahead,
-                         ">= 6 of 8", ahead >= 6))
+        ahead = sum(
+            r["quantile-ts_beats_all"] == "True" or r.get("qgibbon_beats_all") == "True" for r in targets
+        )
+        rows.append(
+            _row(
+                "gld",
+                "paper 003 protocol, 8 settings x 10 problems; recorded before the current model "
+                "defaults (gld_full, gld_d6)",
+                "quantile-ts / qgibbon",
+                "settings where a quantile method is ahead of GPR-EI, HetGP-TS and qLogNEI",
+                ahead,
+                ">= 6 of 8",
+                ahead >= 6,
+            )
+        )
     lander = [r for r in _read(RESULTS / "lander_head" / "summary.csv") if r["method"] == "quantile-ts"]
     for r in lander:
-        rows.append(_row("lunar-lander", f"tau {r['tau']}, {r['n_evals']} evaluations, {r['runs']} runs; recorded "
-                         "before the current model defaults (lander_head)", "quantile-ts",
-                         "mean true 10% quantile of the recommendation", round(float(r["q_true_mean"]), 1),
-                         ">= 240", float(r["q_true_mean"]) >= 240))
-        rows.append(_row("lunar-lander", "as above", "quantile-ts", "worst run", round(float(r["q_true_min"]), 1),
-                         ">= 150", float(r["q_true_min"]) >= 150))
+        rows.append(
+            _row(
+                "lunar-lander",
+                f"tau {r['tau']}, {r['n_evals']} evaluations, {r['runs']} runs; recorded "
+                "before the current model defaults (lander_head)",
+                "quantile-ts",
+                "mean true 10% quantile of the recommendation",
+                round(float(r["q_true_mean"]), 1),
+                ">= 240",
+                float(r["q_true_mean"]) >= 240,
+            )
+        )
+        rows.append(
+            _row(
+                "lunar-lander",
+                "as above",
+                "quantile-ts",
+                "worst run",
+                round(float(r["q_true_min"]), 1),
+                ">= 150",
+                float(r["q_true_min"]) >= 150,
+            )
+        )
     for r in _read(RESULTS / "laser_full" / "summary.csv"):
         if r["method"] == "quantile-ts":
             pct = float(r["distance_pct_mean"])
-            rows.append(_row("laser", f"{r['n_evals']} evaluations, {r['runs']} runs; recorded before the current "
-                             "model defaults (laser_full)", "quantile-ts", "mean distance from the optimum quantile (%)",
-                             round(pct, 1), "<= 5", pct <= 5))
+            rows.append(
+                _row(
+                    "laser",
+                    f"{r['n_evals']} evaluations, {r['runs']} runs; recorded before the current "
+                    "model defaults (laser_full)",
+                    "quantile-ts",
+                    "mean distance from the optimum quantile (%)",
+                    round(pct, 1),
+                    "<= 5",
+                    pct <= 5,
+                )
+            )
     return rows
 
 
 def main() -> list[dict]:
     out = RESULTS / "quality"
-    rows = (loop_rows(_read(out / "loop" / "runs.csv")) + quickstart_rows(_read(out / "quickstart" / "runs.csv"))
-            + fit_speed_rows(_read(out / "fit_speed" / "summary.csv")) + recorded_rows())
+    rows = (
+        loop_rows(_read(out / "loop" / "runs.csv"))
+        + quickstart_rows(_read(out / "quickstart" / "runs.csv"))
+        + fit_speed_rows(_read(out / "fit_speed" / "summary.csv"))
+        + recorded_rows()
+    )
     write_table([{c: r[c] for c in COLUMNS} for r in rows], out / "summary", parquet=False)
     print(format_table(rows, COLUMNS))
     return rows

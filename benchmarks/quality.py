@@ -1,4 +1,5 @@
-"""The answer a run gives: recommendation regret against the best point evaluated, on problems with known quantiles.
+"""The answer a run gives: recommendation regret against the best point evaluated, on problems with known
+quantiles.
 
 Each method runs qbatch's library loop (`AskTellOptimizer`) in synchronous batches on noisy problems whose
 tau-quantile is exact, as a new user would run it (library defaults: initial design max(2 d + 2, 5)):
@@ -22,9 +23,9 @@ Usage:
     python benchmarks/quality.py --problems skewed-3d --methods quantile-ts qlognei --seeds 0-4
     python benchmarks/quality.py --summary                   # rebuild benchmarks/results/quality/summary.csv
 Results in --out: runs/<problem>-<method>-<seed>.json (one per run, written as it finishes; --resume skips
-them) and, for model-based methods, runs/<...>.npz (the observed unit inputs X, the outcomes y as the optimizer
-holds them, their exact quantiles q, and q_star), runs.csv (one row per run), summary.csv (mean +- 95% CI per problem x method) and paired.csv (quantile
-TS against each other method, paired over seeds).
+them) and, for model-based methods, runs/<...>.npz (the observed unit inputs X, the outcomes y as the
+optimizer holds them, their exact quantiles q, and q_star), runs.csv (one row per run), summary.csv (mean +-
+95% CI per problem x method) and paired.csv (quantile TS against each other method, paired over seeds).
 """
 
 from __future__ import annotations
@@ -34,16 +35,23 @@ import json
 import sys
 import time
 import warnings
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._common import (  # noqa: E402
-    code_version, format_table, limited_threads, mean_ci, paired_comparison, parse_index_list, write_table,
+    code_version,
+    format_table,
+    limited_threads,
+    mean_ci,
+    paired_comparison,
+    parse_index_list,
+    write_table,
 )
 
 #: problem name -> (dimension, budget, batch size, initial design; None: the library's default)
@@ -68,7 +76,8 @@ METHODS: dict[str, tuple[str, str, dict, dict]] = {
     "qlognei": ("exact-gp", "qlognei", {}, {"sequential": False}),
     "sobol": ("exact-gp", "sobol", {}, {}),
 }
-#: methods whose every refit also fits from scratch and keeps the lower loss (`AskTellOptimizer.refit_restarts`)
+#: methods whose every refit also fits from scratch and keeps the lower loss
+#: (`AskTellOptimizer.refit_restarts`)
 RESTARTING = {"quantile-ts-restarts"}
 #: the methods of the protocol; the others are screened variants of the quantile model
 DEFAULT_METHODS = ["quantile-ts", "exact-ts", "qlognei", "sobol"]
@@ -93,8 +102,8 @@ def make_problem(name: str, seed: int) -> Any:
 
 def quantile_range(prob: Any, seed: int) -> float:
     """The benchmark's range for problem `prob` (`make_problem`'s, run with `seed`): max - min of the exact
-    tau-quantile over the search space (the minimum by the same multi-start L-BFGS-B as the problem's optimum),
-    the unit of the recommendation gap's 1% allowance."""
+    tau-quantile over the search space (the minimum by the same multi-start L-BFGS-B as the problem's
+    optimum), the unit of the recommendation gap's 1% allowance."""
     import numpy as np
 
     from objectives.functions import maximize_on_box
@@ -147,9 +156,17 @@ def run_one(problem_name: str, method: str, seed: int, budget: int, batch: int, 
         q_star = max(q_opt, float(q_eval.max()))
         q_rec = float(_quantiles(prob, [params])[0])
         row: dict[str, Any] = {
-            "problem": problem_name, "method": method, "seed": seed, "tau": TAU, "budget": budget, "batch": batch,
-            "q_star": q_star, "regret_rec": q_star - q_rec, "regret_best_evaluated": q_star - float(q_eval.max()),
-            "predicted": float(predicted), "seconds": seconds,
+            "problem": problem_name,
+            "method": method,
+            "seed": seed,
+            "tau": TAU,
+            "budget": budget,
+            "batch": batch,
+            "q_star": q_star,
+            "regret_rec": q_star - q_rec,
+            "regret_best_evaluated": q_star - float(q_eval.max()),
+            "predicted": float(predicted),
+            "seconds": seconds,
             "q_range": quantile_range(prob, seed) if problem_name != "quickstart" else float("nan"),
             "lengthscale_warning": any("learned no lengthscale" in str(w.message) for w in caught),
         }
@@ -160,7 +177,9 @@ def run_one(problem_name: str, method: str, seed: int, budget: int, batch: int, 
             Xo, yo = opt.observations()
             points = opt.space.from_unit(Xo)
             for rule in RULES:
-                row[f"regret_{rule}"] = q_star - float(_quantiles(prob, [points[recommend_index(opt.model, Xo, rule)]])[0])
+                row[f"regret_{rule}"] = q_star - float(
+                    _quantiles(prob, [points[recommend_index(opt.model, Xo, rule)]])[0]
+                )
             # the run's data, for screening recommendation rules and final fits without re-running the search
             row["_data"] = {"X": Xo.numpy(), "y": yo.numpy(), "q": _quantiles(prob, points), "q_star": q_star}
         row["code"] = code_version()
@@ -179,9 +198,17 @@ def summarize(rows: Sequence[dict]) -> tuple[list[dict], list[dict]]:
         out["warnings"] = sum(bool(r["lengthscale_warning"]) for r in sel)
         summary.append(out)
     for problem in sorted({r["problem"] for r in rows}):
-        base = {r["seed"]: float(r["regret_rec"]) for r in rows if r["problem"] == problem and r["method"] == "quantile-ts"}
+        base = {
+            r["seed"]: float(r["regret_rec"])
+            for r in rows
+            if r["problem"] == problem and r["method"] == "quantile-ts"
+        }
         for method in sorted({r["method"] for r in rows if r["problem"] == problem} - {"quantile-ts"}):
-            other = {r["seed"]: float(r["regret_rec"]) for r in rows if r["problem"] == problem and r["method"] == method}
+            other = {
+                r["seed"]: float(r["regret_rec"])
+                for r in rows
+                if r["problem"] == problem and r["method"] == method
+            }
             if base and other:
                 c = paired_comparison(base, other)
                 paired.append({"problem": problem, "a": "quantile-ts", "b": method, **c})
@@ -190,16 +217,28 @@ def summarize(rows: Sequence[dict]) -> tuple[list[dict], list[dict]]:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="CI smoke run: skewed-3d, 2 methods, one seed, 24 evaluations")
+    ap.add_argument(
+        "--quick", action="store_true", help="CI smoke run: skewed-3d, 2 methods, one seed, 24 evaluations"
+    )
     ap.add_argument("--problems", nargs="+", choices=sorted(PROBLEMS), help="problems (default: all)")
-    ap.add_argument("--methods", nargs="+", choices=sorted(METHODS), help="methods (default: quantile-ts exact-ts qlognei sobol)")
+    ap.add_argument(
+        "--methods",
+        nargs="+",
+        choices=sorted(METHODS),
+        help="methods (default: quantile-ts exact-ts qlognei sobol)",
+    )
     ap.add_argument("--seeds", default="0-4", help="range 0-4, count 5, or list 0,2")
     ap.add_argument("--workers", type=int, default=1, help="parallel processes")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
     ap.add_argument("--resume", action="store_true", help="skip the runs whose files are in OUT/runs")
-    ap.add_argument("--summary", action="store_true",
-                    help="run nothing: rebuild benchmarks/results/quality/summary.csv, one row per target, from the "
-                         "recorded tables (benchmarks/_quality_summary.py)")
+    ap.add_argument(
+        "--summary",
+        action="store_true",
+        help=(
+            "run nothing: rebuild benchmarks/results/quality/summary.csv, one row per target, from the "
+            "recorded tables (benchmarks/_quality_summary.py)"
+        ),
+    )
     ap.add_argument("--out", default=str(REPO / "results" / "quality"), help="output directory")
     args = ap.parse_args(argv)
     if args.workers < 1 or args.threads < 1:
@@ -213,7 +252,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         from benchmarks import _quality_summary
 
         return {"summary_rows": _quality_summary.main()}
-    problems = args.problems or (QUICK["problems"] if args.quick else [p for p in PROBLEMS if p != "quickstart"])
+    problems = args.problems or (
+        QUICK["problems"] if args.quick else [p for p in PROBLEMS if p != "quickstart"]
+    )
     methods = args.methods or (QUICK["methods"] if args.quick else DEFAULT_METHODS)
     seeds = QUICK["seeds"] if args.quick else parse_index_list(args.seeds, "--seeds", 5)
     out = Path(args.out)

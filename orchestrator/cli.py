@@ -3,8 +3,8 @@
 `run` validates the config before anything else: a bad config prints ONE line naming the key and exits
 with status 2, without starting Ray and without creating a run directory. Only `run` and `resume` import
 Ray (through orchestrator.runner, imported inside the command); `status`, `report` and `objectives` read
-the log and the registry only. The library's diagnostics are logged (`logging.getLogger(__name__)`); the command
-line shows its warnings on stderr, each as the one line the library wrote.
+the log and the registry only. The library's diagnostics are logged (`logging.getLogger(__name__)`); the
+command line shows its warnings on stderr, each as the one line the library wrote.
 
 Exit status:
     0    success
@@ -22,7 +22,8 @@ import logging
 import math
 import os
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from orchestrator.errors import ConfigError, QbatchError, UsageError
 
@@ -41,7 +42,8 @@ RUN_DIR (nothing started, nothing created); 130 interrupted (resume with `qbatch
 MAX_ERROR_CHARS = 2_000
 
 
-#: the packages whose logged warnings the command line shows on stderr, one line each, as the library words them
+#: the packages whose logged warnings the command line shows on stderr, one line each, as the library
+#: words them
 _LOGGED_PACKAGES = ("orchestrator", "workers")
 
 
@@ -113,7 +115,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if RunStore.is_being_written(run_dir):  # a resume would be refused until that run ends
             raise UsageError(f"{run_dir} already holds a run, which a process is writing now (`qbatch status "
                              f"{run_dir}`); choose another --run-dir")
-        raise UsageError(f"{run_dir} already holds a run; continue it with `qbatch resume {run_dir}` or choose another --run-dir")
+        raise UsageError(
+            f"{run_dir} already holds a run; continue it with `qbatch resume {run_dir}` or choose "
+            "another --run-dir"
+        )
     runner = _runner()
     try:
         runner.run_experiment(args.config, address=args.address, run_dir=run_dir)  # errors name the file
@@ -158,10 +163,10 @@ def _f(v: Any) -> str:
 
 
 def _open_run(run_dir: str) -> Any:
-    """The `RunStore` at `run_dir` for `status` and `report`. What is wrong with its config.yaml for this version
-    is a warning, worded as `resume` words it, and the run is shown as recorded: a hand-edited config.yaml
-    (`budget: six`) would otherwise end them in a traceback, and refusing it would hide runs that an older
-    version wrote."""
+    """The `RunStore` at `run_dir` for `status` and `report`. What is wrong with its config.yaml for this
+    version is a warning, worded as `resume` words it, and the run is shown as recorded: a hand-edited
+    config.yaml (`budget: six`) would otherwise end them in a traceback, and refusing it would hide runs that
+    an older version wrote."""
     from orchestrator.config import load_config
     from orchestrator.store import RunStore, StoreError
 
@@ -177,8 +182,11 @@ def _open_run(run_dir: str) -> Any:
     try:
         load_config(store.config)
     except ConfigError as exc:
-        print(f"qbatch: warning: {os.path.join(store.run_dir, 'config.yaml')}: {exc} (shown as recorded; `resume` "
-              "would refuse it)", file=sys.stderr)
+        print(
+            f"qbatch: warning: {os.path.join(store.run_dir, 'config.yaml')}: {exc} (shown as recorded; "
+            "`resume` would refuse it)",
+            file=sys.stderr,
+        )
     return store
 
 
@@ -193,16 +201,23 @@ def _cmd_status(args: argparse.Namespace) -> int:
     done = c["completed"] + c["failed"]
     unfinished = ""
     if c["unfinished"]:
-        why = "the budget is reached" if m.budget and done >= m.budget else f"`qbatch resume {store.run_dir}` runs them"
+        why = (
+            "the budget is reached"
+            if m.budget and done >= m.budget
+            else f"`qbatch resume {store.run_dir}` runs them"
+        )
         unfinished = f", unfinished {c['unfinished']} (no process is writing this run; {why})"
     width = 30
     filled = int(round(width * (m.progress if math.isfinite(m.progress) else 0.0)))
     # a budget lowered below the results (in config.yaml, for a resume) reads as reached, not as "42/30"
-    count = f"{done} done, budget {m.budget} reached" if m.budget and done > m.budget else f"{done}/{m.budget}"
+    count = (
+        f"{done} done, budget {m.budget} reached" if m.budget and done > m.budget else f"{done}/{m.budget}"
+    )
     print(f"run {m.name} ({m.objective}, {m.direction}, tau={_f(m.tau)}) at {store.run_dir}")
     print(
         f"progress     [{'#' * filled}{'.' * (width - filled)}] {count} ({100 * m.progress:.1f}%)  "
-        f"completed {c['completed']}, failed {c['failed']}, running {c['running']}, queued {c['proposed']}{unfinished}"
+        f"completed {c['completed']}, failed {c['failed']}, running {c['running']}, queued "
+        f"{c['proposed']}{unfinished}"
     )
     src = m.sources
     proposer = store.config.get("proposer")
@@ -210,24 +225,32 @@ def _cmd_status(args: argparse.Namespace) -> int:
     model_free = proposer in ("sobol", "random")  # proposers without a model: their points count as "model"
     note = ("; the model proposed none of them (a random search)"
             if m.budget and done >= m.budget and not src.get("model") and not model_free else "")
-    print(f"sources      sobol {src.get('sobol', 0)}, model {src.get('model', 0)} (finished trials by where their "
-          f"point came from){note}")
+    print(
+        f"sources      sobol {src.get('sobol', 0)}, model {src.get('model', 0)} (finished trials by where "
+        f"their point came from){note}"
+    )
     if m.best_params is not None:
         print(f"best so far  {_f(m.best_value)} (observed, trial {m.best_trial_id}) at {m.best_params}")
     else:
         print("best so far  - (no completed evaluation yet)")
     if m.best_predicted_params is not None:
-        print(f"recommendation {_f(m.best_predicted)} (predicted tau-level at the last fit) at {m.best_predicted_params}")
+        print(
+            f"recommendation {_f(m.best_predicted)} (predicted tau-level at the last fit) at "
+            f"{m.best_predicted_params}"
+        )
     print(
         f"utilization  U={_f(m.utilization)} over {_f(m.span_s)} s with {m.slots} slots ({m.slots_source}); "
         f"{_f(m.evals_per_s)} evaluations/s"
     )
     print(
-        f"model        proposal latency p50 {_f(m.proposal_latency_p50)} s, p95 {_f(m.proposal_latency_p95)} s; "
-        f"{m.n_refits} refits (mean {_f(m.refit_mean_s)} s); queue depth max {m.queue_depth_max}"
+        f"model        proposal latency p50 {_f(m.proposal_latency_p50)} s, p95 {_f(m.proposal_latency_p95)} "
+        f"s; {m.n_refits} refits (mean {_f(m.refit_mean_s)} s); queue depth max {m.queue_depth_max}"
     )
     if m.n_refit_failures:
-        print(f"refits       {m.n_refit_failures} failed (the run went on with the model before); last: {m.last_refit_error}")
+        print(
+            f"refits       {m.n_refit_failures} failed (the run went on with the model before); last: "
+            f"{m.last_refit_error}"
+        )
     failures = ", ".join(f"{k}: {v}" for k, v in sorted(m.failures.items())) or "none"
     print(f"failures     {failures}")
     for line in m.damage:
@@ -260,7 +283,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         logger.setLevel(level)
     print(format_summary(metrics))
     print()
-    for name, path in paths.items():
+    for path in paths.values():
         print(f"wrote {path}")
     for line in notes:
         print(line)
@@ -288,10 +311,18 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     r = sub.add_parser("run", help="validate CONFIG and run the experiment on Ray", epilog=_EPILOG)
-    r.add_argument("config", metavar="CONFIG", help="experiment YAML, or the name of an example shipped with qbatch "
-                   "(examples/NAME.yaml, e.g. quickstart)")
+    r.add_argument(
+        "config",
+        metavar="CONFIG",
+        help=(
+            "experiment YAML, or the name of an example shipped with qbatch "
+            "(examples/NAME.yaml, e.g. quickstart)"
+        ),
+    )
     r.add_argument("--address", default=None, help="Ray address of a cluster (default: start a local Ray)")
-    r.add_argument("--run-dir", default=None, help="run directory (default: config's run_dir or runs/<name>-<time>)")
+    r.add_argument(
+        "--run-dir", default=None, help="run directory (default: config's run_dir or runs/<name>-<time>)"
+    )
     r.set_defaults(func=_cmd_run)
 
     s = sub.add_parser("resume", help="continue an interrupted run from its log", epilog=_EPILOG)
@@ -299,13 +330,19 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--address", default=None, help="Ray address of a cluster (default: start a local Ray)")
     s.set_defaults(func=_cmd_resume)
 
-    st = sub.add_parser("status", help="progress, best so far, utilization and failures of a run", epilog=_EPILOG)
+    st = sub.add_parser(
+        "status", help="progress, best so far, utilization and failures of a run", epilog=_EPILOG
+    )
     st.add_argument("run_dir", metavar="RUN_DIR")
     st.set_defaults(func=_cmd_status)
 
     rp = sub.add_parser("report", help="write PNG plots and a summary table of a run", epilog=_EPILOG)
     rp.add_argument("run_dir", metavar="RUN_DIR")
-    rp.add_argument("--out", default=None, help="output folder (default: RUN_DIR/report; ./report-NAME for a run directory given as a URI)")
+    rp.add_argument(
+        "--out",
+        default=None,
+        help="output folder (default: RUN_DIR/report; ./report-NAME for a run directory given as a URI)",
+    )
     rp.set_defaults(func=_cmd_report)
 
     o = sub.add_parser("objectives", help="list the built-in objectives", epilog=_EPILOG)

@@ -1,11 +1,11 @@
-"""Fitting the ask/tell optimizer's surrogate: the warm-started refit on every completed result, the final fit that
-also fits from scratch and keeps the lower training loss, the checks that refuse a non-finite fit, and the
-recommendation of the fitted model (quantile-expectile-bo.md §1.7: the observed input with the highest posterior
-mean of the target).
+"""Fitting the ask/tell optimizer's surrogate: the warm-started refit on every completed result, the final fit
+that also fits from scratch and keeps the lower training loss, the checks that refuse a non-finite fit, and
+the recommendation of the fitted model (quantile-expectile-bo.md §1.7: the observed input with the highest
+posterior mean of the target).
 
-A fit runs on a copy of the model outside the optimizer's lock and is swapped in when it ends, so `ask` may keep
-proposing from the current model in another thread meanwhile. A fit that learned no lengthscale, or took unusually
-long for its n, warns once per optimizer. `ModelFitting` is one part of `AskTellOptimizer`
+A fit runs on a copy of the model outside the optimizer's lock and is swapped in when it ends, so `ask` may
+keep proposing from the current model in another thread meanwhile. A fit that learned no lengthscale, or took
+unusually long for its n, warns once per optimizer. `ModelFitting` is one part of `AskTellOptimizer`
 (orchestrator/ask_tell/optimizer.py).
 """
 
@@ -15,7 +15,8 @@ import math
 import threading
 import time
 import warnings
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -30,11 +31,11 @@ __all__ = ["ModelFitting", "SLOW_FIT_MAX_S", "SLOW_FIT_MIN_S", "SLOW_FIT_S_PER_R
 
 #: A model fit is slow for its n (`fit` warns once) when it takes longer than `SLOW_FIT_MIN_S` and than
 #: `SLOW_FIT_S_PER_RESULT` seconds per result (warm: started from the previous fit; cold: from scratch), or
-#: longer than `SLOW_FIT_MAX_S` whatever n. The default quantile model in 3 dimensions, on one core of a 2-core
-#: machine shared with a benchmark, took 0.6-11.8 s at a warm refit for n = 30-510 (0.01-0.04 s per result) and
-#: 2.5, 2.8, 3.2, 18, 60 and 308 s cold for n = 20, 50, 100, 200, 300 and 500 (0.03-0.62 s per result; its m = n
-#: inducing inputs make a cold fit cubic in n up to 500); the README's warm refit at n = 20,000 took 11 s.
-#: The bounds sit 6x (warm) and 3x (cold) above the slowest of these.
+#: longer than `SLOW_FIT_MAX_S` whatever n. The default quantile model in 3 dimensions, on one core of a
+#: 2-core machine shared with a benchmark, took 0.6-11.8 s at a warm refit for n = 30-510 (0.01-0.04 s per
+#: result) and 2.5, 2.8, 3.2, 18, 60 and 308 s cold for n = 20, 50, 100, 200, 300 and 500 (0.03-0.62 s per
+#: result; its m = n inducing inputs make a cold fit cubic in n up to 500); the README's warm refit at n =
+#: 20,000 took 11 s. The bounds sit 6x (warm) and 3x (cold) above the slowest of these.
 SLOW_FIT_MIN_S = 30.0
 SLOW_FIT_MAX_S = 1800.0
 SLOW_FIT_S_PER_RESULT = {"warm": 0.25, "cold": 2.0}
@@ -48,10 +49,13 @@ _SLOW_FIT_OPTIONS = {
 }
 
 
-def _training_loss(model: SurrogateProtocol, X: torch.Tensor, Y: torch.Tensor, diag: Mapping[str, Any]) -> float:
-    """A fitted model's training loss per datum on all of (X, Y), for `AskTellOptimizer.fit(restart=True)`: the
-    full-data negative ELBO of a variational model (its fit reports the last epoch's minibatch average), else
-    the loss its fit reported (the exact GP's is the full negative marginal likelihood); NaN when it has none."""
+def _training_loss(
+    model: SurrogateProtocol, X: torch.Tensor, Y: torch.Tensor, diag: Mapping[str, Any]
+) -> float:
+    """A fitted model's training loss per datum on all of (X, Y), for `AskTellOptimizer.fit(restart=True)`:
+    the full-data negative ELBO of a variational model (its fit reports the last epoch's minibatch average),
+    else the loss its fit reported (the exact GP's is the full negative marginal likelihood); NaN when it has
+    none."""
     if isinstance(model, VariationalSurrogate):
         try:
             return -float(model.elbo(X, Y))
@@ -85,7 +89,8 @@ class ModelFitting:
         return len(self._obs_y) - self._model_n
 
     def can_fit(self) -> bool:
-        """Whether a model fit is due: the proposer uses a model and `initial_design` (at least 2) results are in."""
+        """Whether a model fit is due: the proposer uses a model and `initial_design` (at least 2) results are
+        in."""
         return self.needs_model() and len(self._obs_y) >= max(2, self.initial_design)
 
     def fit(self, restart: bool = True, stop: threading.Event | None = None) -> dict[str, Any]:
@@ -97,18 +102,19 @@ class ModelFitting:
                 the basin an early fit found on little data (e.g. a lengthscale that explains the later points
                 as noise), so the fit a caller asks for before `best()` restarts, as the end of a run does;
                 False fits warm-started only, as the refits inside `ask` do (`refit_restarts`).
-            stop: once this event is set, the fit stops between two training steps and raises `FitInterrupted`,
-                the model in use staying (the central actor's background refit, when the run ends: the final fit
-                on every result replaces it anyway). The SVGP models stop; the exact GPs' fits, short L-BFGS
-                runs, go to their end.
+            stop: once this event is set, the fit stops between two training steps and raises
+                `FitInterrupted`, the model in use staying (the central actor's background refit, when the run
+                ends: the final fit on every result replaces it anyway). The SVGP models stop; the exact GPs'
+                fits, short L-BFGS runs, go to their end.
 
-        The fit runs with the optimizer's `threads` (orchestrator/threads.py), the caller's setting restored after.
+        The fit runs with the optimizer's `threads` (orchestrator/threads.py), the caller's setting restored
+        after.
 
         Returns:
-            ``{"seconds", "n", "best_params", "best_predicted", "swapped", ...model diagnostics}`` (``swapped``:
-            False when a fit on more results ended first, whose model stays in use; then without the two
-            ``best_`` keys, which belong to the model in use); with `restart`, also
-            ``"loss_warm"``, ``"loss_cold"`` and ``"restart_kept"`` (``"warm"`` or ``"cold"``).
+            ``{"seconds", "n", "best_params", "best_predicted", "swapped", ...model diagnostics}``
+            (``swapped``: False when a fit on more results ended first, whose model stays in use; then without
+            the two ``best_`` keys, which belong to the model in use); with `restart`, also ``"loss_warm"``,
+            ``"loss_cold"`` and ``"restart_kept"`` (``"warm"`` or ``"cold"``).
 
         Raises:
             InputDataError: fewer than 2 completed results.
@@ -119,7 +125,8 @@ class ModelFitting:
             ModelWarning: once per optimizer each, when the model learned no lengthscale, and when a fit took
                 unusually long for its n (`SLOW_FIT_MIN_S`), naming the model options to change.
         """
-        with fit_stop(stop), bounded_threads(self.threads):  # the optimizer's `threads` (orchestrator/threads.py)
+        # the optimizer's `threads` (orchestrator/threads.py)
+        with fit_stop(stop), bounded_threads(self.threads):
             return self._fit(restart)
 
     def _fit(self, restart: bool) -> dict[str, Any]:
@@ -129,10 +136,13 @@ class ModelFitting:
         n = Y.shape[0]
         if n < 2:
             raise InputDataError(f"a model fit needs at least 2 completed results; have {n}")
-        if not math.isfinite(float(Y.std())):  # the outcomes' spread overflows float64: no model can standardize
+        # the outcomes' spread overflows float64: no model can standardize
+        if not math.isfinite(float(Y.std())):
             raise ModelFitError(
-                f"the outcomes of the {n} results span [{float(Y.min()):g}, {float(Y.max()):g}], too wide for a model "
-                "in float64 (their variance overflows); rescale the objective's values. The previous model is kept")
+                f"the outcomes of the {n} results span [{float(Y.min()):g}, {float(Y.max()):g}], too wide "
+                "for a model in float64 (their variance overflows); rescale the objective's values. The "
+                "previous model is kept"
+            )
         t0 = time.perf_counter()
         with self._lock:
             current = self._model
@@ -146,7 +156,8 @@ class ModelFitting:
             except NotImplementedError:  # a model without state dicts refits cold
                 model = self._build_model()
                 warm = False
-        fits: list[tuple[float, str]] = []  # (seconds, "warm" or "cold") of each model fit, for `_slow_fit_warning`
+        # (seconds, "warm" or "cold") of each model fit, for `_slow_fit_warning`
+        fits: list[tuple[float, str]] = []
         t_fit = time.perf_counter()
         diag = dict(model.fit(X, Y) or {})
         fits.append((time.perf_counter() - t_fit, "warm" if diag.get("warm", warm) else "cold"))
@@ -167,17 +178,18 @@ class ModelFitting:
         if bad or not (math.isfinite(float(loc)) and math.isfinite(float(scale))):
             # a NaN posterior would propose from noise and recommend "nan": refuse it, keep the current model
             raise ModelFitError(
-                f"the {self.model_name} fit on {n} results is not finite (posterior mean not finite at {bad} of "
-                f"{n} observed points, outcome transform loc={float(loc):g}, scale={float(scale):g}; outcomes "
-                f"span [{float(Y.min()):g}, {float(Y.max()):g}]); the previous model is kept")
+                f"the {self.model_name} fit on {n} results is not finite (posterior mean not finite at {bad} "
+                f"of {n} observed points, outcome transform loc={float(loc):g}, scale={float(scale):g}; "
+                f"outcomes span [{float(Y.min()):g}, {float(Y.max()):g}]); the previous model is kept"
+            )
         i = int(torch.argmax(recommendation_scores(model, X, self.recommendation, mean=target)))
         best_pred = self.sign * float(loc + scale * float(target[i]))
         with self._lock:  # as told (a log-scale float mapped back from x differs in its last digits)
             best_params = dict(self._trials[ids[i]].params)
         seconds = time.perf_counter() - t0
         with self._lock:
-            # a fit on fewer results than the model in use ended after it (a refit that outlived the run's end,
-            # while the final fit ran): the newer model stays, not the older one
+            # a fit on fewer results than the model in use ended after it (a refit that outlived the run's
+            # end, while the final fit ran): the newer model stays, not the older one
             swapped = n >= self._model_n
             if swapped:
                 self._model = model
@@ -185,19 +197,25 @@ class ModelFitting:
                 self._best = (best_params, best_pred)
         diag = {k: v for k, v in diag.items() if isinstance(v, (int, float, str, bool))}
         diag.update(seconds=seconds, n=n, swapped=swapped)
-        with self._lock:  # once per optimizer (every later warm refit would say it again), for the model in use
+        # once per optimizer (every later warm refit would say it again), for the model in use
+        with self._lock:
             warn = swapped and bool(diag.get("lengthscales_at_prior_mode")) and not self._warned_prior_mode
             self._warned_prior_mode |= warn
         if warn:
             prior = (self.model_options or {}).get("lengthscale_prior", "dim-scaled")
-            advice = ("set the model option `lengthscale_prior: dim-scaled` (config `model: {type: ..., options: "
-                      "{lengthscale_prior: dim-scaled}}`)" if prior != "dim-scaled" else
-                      "give it more results per dimension, or fewer dimensions")
+            advice = (
+                "set the model option `lengthscale_prior: dim-scaled` (config `model: {type: ..., options: "
+                "{lengthscale_prior: dim-scaled}}`)"
+                if prior != "dim-scaled"
+                else "give it more results per dimension, or fewer dimensions"
+            )
             warnings.warn(
                 f"the {self.model_name} model learned no lengthscale from {n} results: all {self.space.dim} "
-                "lengthscales of its objective latent sit at the prior's mode, so it is flat between its points and "
-                f"its batches are close to random. In {self.space.dim} dimensions {advice}", ModelWarning,
-                stacklevel=3)  # the caller of `fit`
+                "lengthscales of its objective latent sit at the prior's mode, so it is flat between its "
+                f"points and its batches are close to random. In {self.space.dim} dimensions {advice}",
+                ModelWarning,
+                stacklevel=3,  # the caller of `fit`
+            )
         slow = self._slow_fit_warning(fits, n)
         if slow is not None:
             warnings.warn(slow, ModelWarning, stacklevel=3)
@@ -206,9 +224,9 @@ class ModelFitting:
         return diag
 
     def _slow_fit_warning(self, fits: Sequence[tuple[float, str]], n: int) -> str | None:
-        """The warning for the first fit of this optimizer that was slow for its `n` (`SLOW_FIT_MIN_S`), naming
-        the model options that set its length; None for a fit that was not, or once one was (every later refit
-        would say it again)."""
+        """The warning for the first fit of this optimizer that was slow for its `n` (`SLOW_FIT_MIN_S`),
+        naming the model options that set its length; None for a fit that was not, or once one was (every
+        later refit would say it again)."""
         slow = [(s, kind) for s, kind in fits
                 if s > SLOW_FIT_MAX_S or s > max(SLOW_FIT_MIN_S, SLOW_FIT_S_PER_RESULT[kind] * n)]
         if not slow:
@@ -231,12 +249,15 @@ class ModelFitting:
             advice = f"change its model options ({example})"
         if self.model_name in ("exact-gp", "gpr-replicates"):  # the cost of an exact GP's fit grows as n^3
             advice += ", or choose a sparse model (`model: quantile`)"
-        return (f"the {self.model_name} fit on {n} results took {seconds:.0f} s ({seconds / n:.2g} s per result, "
-                f"a {kind} fit), far longer than the default quantile model takes for {n} results; the refits that "
-                f"follow take as long or longer. To make them shorter, {advice}")
+        return (
+            f"the {self.model_name} fit on {n} results took {seconds:.0f} s ({seconds / n:.2g} s per result, "
+            f"a {kind} fit), far longer than the default quantile model takes for {n} results; the refits "
+            f"that follow take as long or longer. To make them shorter, {advice}"
+        )
 
     def forecast(self, X: Tensor) -> list[dict | None]:
-        """The current model's forecast at `n x d` points as plain dicts (model units), or Nones without a model."""
+        """The current model's forecast at `n x d` points as plain dicts (model units), or Nones without a
+        model."""
         if self._model is None:
             return [None] * X.shape[0]
         with torch.no_grad():
@@ -246,8 +267,8 @@ class ModelFitting:
         """Recommended point and its value in the user's units.
 
         With a model: the observed input maximizing the posterior mean of the target at the last fit, with
-        that predicted value (spec §1.7); `ask` fits before proposing, so call `fit()` after the last `tell` to
-        include every result (that fit restarts, so the answer does not hang on the basin of an early warm
+        that predicted value (spec §1.7); `ask` fits before proposing, so call `fit()` after the last `tell`
+        to include every result (that fit restarts, so the answer does not hang on the basin of an early warm
         start). Before the first fit: the best observed value.
 
         Raises:

@@ -1,5 +1,5 @@
-"""Metrics, plots and a summary table of a run directory, computed from its event log (nothing asks the running
-actor). The parts:
+"""Metrics, plots and a summary table of a run directory, computed from its event log (nothing asks the
+running actor). The parts:
 
 * `series`: the time series of the log (best so far, intervals, sessions, utilization, queue depth, PIT);
 * `metrics`: `RunMetrics` and `compute_metrics`, what `qbatch status` and `qbatch report` show, with the
@@ -12,11 +12,26 @@ actor). The parts:
 from __future__ import annotations
 
 from orchestrator.report.metrics import (  # noqa: F401 -- resolve_direction: imported from here too
-    COVERAGE_LEVELS, RunMetrics, compute_metrics, format_summary, resolve_direction,
+    COVERAGE_LEVELS,
+    RunMetrics,
+    compute_metrics,
+    format_summary,
+    resolve_direction,
 )
 from orchestrator.report.series import (  # noqa: F401 -- the series: imported from here too
-    active_time, best_so_far, calibration, finished, forecast_intervals, intervals, max_concurrency,
-    predicted_series, queue_depth_series, recommendation_series, session_pieces, session_slots, utilization_series,
+    active_time,
+    best_so_far,
+    calibration,
+    finished,
+    forecast_intervals,
+    intervals,
+    max_concurrency,
+    predicted_series,
+    queue_depth_series,
+    recommendation_series,
+    session_pieces,
+    session_slots,
+    utilization_series,
 )
 from orchestrator.report.writer import write_report
 

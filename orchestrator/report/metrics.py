@@ -8,7 +8,8 @@ running actor. What is read (the event `info` keys that orchestrator/actor.py wr
   restart starts one), the sessions' spans joined, so the time between a stop and its `qbatch resume` does not
   count (a log without sessions is one). Busy time sums `ended_at - started_at` of each trial's accepted
   (first) completed/failed event. `slots` is the latest `info["slots"]` the actor recorded, else the config's
-  `max_concurrent`, else the largest number of evaluations observed running at once (`slots_source` says which).
+  `max_concurrent`, else the largest number of evaluations observed running at once (`slots_source` says
+  which).
 * proposal latency p50/p95: `propose_s` of "refit" events if any carries it, else the `proposal_seconds`
   (or `latency_s`) of "proposed" events, once per batch, of the model's batches (`info["source"]` "model")
   where there are any; refit time: `seconds` (or `fit_s`) of "refit" events.
@@ -28,13 +29,20 @@ from __future__ import annotations
 import math
 import warnings
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from orchestrator.report.series import (
-    _info_number, _queue_depth, _time_weighted_mean, calibration, intervals, max_concurrency, session_pieces,
+    _info_number,
+    _queue_depth,
+    _time_weighted_mean,
+    calibration,
+    intervals,
+    max_concurrency,
+    session_pieces,
     session_slots,
 )
 from orchestrator.store import Event, status_counts, trials_table
@@ -104,8 +112,11 @@ class RunMetrics:
             ("failed", str(self.counts["failed"])),
             ("running", str(self.counts["running"])),
             ("queued", str(self.counts["proposed"])),
-            *([("unfinished (no process writes the run)", str(self.counts["unfinished"]))]
-              if self.counts.get("unfinished") else []),
+            *(
+                [("unfinished (no process writes the run)", str(self.counts["unfinished"]))]
+                if self.counts.get("unfinished")
+                else []
+            ),
             ("progress", f"{100 * self.progress:.1f}%"),
             ("best observed value", f(self.best_value)),
             ("best observed trial", self.best_trial_id or "-"),
@@ -125,7 +136,11 @@ class RunMetrics:
             ("refit time mean [s]", f(self.refit_mean_s)),
             ("refit time p95 [s]", f(self.refit_p95_s)),
             ("refits", str(self.n_refits)),
-            ("refits failed", str(self.n_refit_failures) + (f" (last: {self.last_refit_error})" if self.last_refit_error else "")),
+            (
+                "refits failed",
+                str(self.n_refit_failures)
+                + (f" (last: {self.last_refit_error})" if self.last_refit_error else ""),
+            ),
             ("queue depth max", str(self.queue_depth_max)),
             ("queue depth mean", f(self.queue_depth_mean)),
             ("failures", ", ".join(f"{k}: {v}" for k, v in sorted(self.failures.items())) or "none"),
@@ -182,7 +197,8 @@ def _as(convert: Any, value: Any, default: Any) -> Any:
 
 
 def resolve_direction(config: Mapping[str, Any], events: Sequence[Event]) -> str:
-    """The run's direction: recorded by the actor in a refit event, else the config's, else the objective's."""
+    """The run's direction: recorded by the actor in a refit event, else the config's, else the
+    objective's."""
     for ev in reversed(events):
         if ev.kind == "refit" and ev.info and ev.info.get("direction") in ("maximize", "minimize"):
             return ev.info["direction"]
@@ -196,13 +212,19 @@ def resolve_direction(config: Mapping[str, Any], events: Sequence[Event]) -> str
         d = getattr(target, "direction", "maximize")
         return d if d in ("maximize", "minimize") else "maximize"
     except Exception as exc:  # noqa: BLE001 -- an objective that cannot be imported here: qbatch's default
-        warnings.warn(f"the run's config does not record its direction and objective {name!r} cannot be imported "
-                      f"here ({type(exc).__name__}: {exc}); reading it as 'maximize'", stacklevel=2)
+        warnings.warn(
+            f"the run's config does not record its direction and objective {name!r} cannot be imported "
+            f"here ({type(exc).__name__}: {exc}); reading it as 'maximize'",
+            stacklevel=2,
+        )
         return "maximize"
 
 
 def compute_metrics(
-    events: Sequence[Event], config: Mapping[str, Any], damage: Sequence[str] = (), with_calibration: bool = True,
+    events: Sequence[Event],
+    config: Mapping[str, Any],
+    damage: Sequence[str] = (),
+    with_calibration: bool = True,
     writing: bool | None = None,
 ) -> RunMetrics:
     """All metrics of a run from its events and config dict (see the module docstring for definitions).
@@ -221,7 +243,9 @@ def compute_metrics(
     budget = max(0, _as(int, config.get("budget") or 0, 0))
     sign = 1.0 if direction == "maximize" else -1.0
 
-    completed = [t for t in trials if t.status == "completed" and t.value is not None and math.isfinite(t.value)]
+    completed = [
+        t for t in trials if t.status == "completed" and t.value is not None and math.isfinite(t.value)
+    ]
     best = max(completed, key=lambda t: sign * t.value) if completed else None
     failed_refits = [ev for ev in events if ev.kind == "refit" and _failed_refit(ev)]
 
@@ -255,7 +279,11 @@ def compute_metrics(
     pieces = session_pieces(trials)
     span = sum(hi - lo for lo, hi, _ in pieces) if len(iv) else math.nan
     busy = float((iv[:, 1] - iv[:, 0]).sum()) if len(iv) else 0.0
-    recorded = [int(ev.info["slots"]) for ev in events if ev.info and isinstance(ev.info.get("slots"), int) and ev.info["slots"] > 0]
+    recorded = [
+        int(ev.info["slots"])
+        for ev in events
+        if ev.info and isinstance(ev.info.get("slots"), int) and ev.info["slots"] > 0
+    ]
     if recorded:
         slots, source = recorded[-1], "recorded"
     elif isinstance(config.get("max_concurrent"), int) and config["max_concurrent"] > 0:
@@ -282,7 +310,9 @@ def compute_metrics(
     qt, qd = _queue_depth(events, pieces)
     pit = calibration(trials, direction) if with_calibration else []
     pit_arr = np.asarray(pit, dtype=float)
-    coverage = {p: float(np.mean(np.abs(pit_arr - 0.5) <= p / 2)) for p in COVERAGE_LEVELS} if len(pit) else {}
+    coverage = (
+        {p: float(np.mean(np.abs(pit_arr - 0.5) <= p / 2)) for p in COVERAGE_LEVELS} if len(pit) else {}
+    )
 
     return RunMetrics(
         name=str(config.get("name", "")),

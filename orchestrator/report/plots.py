@@ -1,23 +1,31 @@
-"""The report's plots of a run: every trial's value against evaluations (by source, with the best so far and the
-recommendation's target level at each refit), the best so far against wall time, worker utilization and queue
-depth, and, where forecasts were scored, predicted against observed, interval coverage and the PIT histogram
-(calibrated-bo.md §1); then the parameter plots of orchestrator/report/study_plots.py.
+"""The report's plots of a run: every trial's value against evaluations (by source, with the best so far and
+the recommendation's target level at each refit), the best so far against wall time, worker utilization and
+queue depth, and, where forecasts were scored, predicted against observed, interval coverage and the PIT
+histogram (calibrated-bo.md §1); then the parameter plots of orchestrator/report/study_plots.py.
 
-`figures` draws them one at a time, each with its artifact name, for the writer (orchestrator/report/writer.py)
-to save and close before the next is drawn. Matplotlib runs on its Agg backend: no display is needed.
+`figures` draws them one at a time, each with its artifact name, for the writer
+(orchestrator/report/writer.py) to save and close before the next is drawn. Matplotlib runs on its Agg
+backend: no display is needed.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from orchestrator.report.metrics import COVERAGE_LEVELS, RunMetrics, _fmt, _mapping
 from orchestrator.report.series import (
-    _queue_depth, best_so_far, finished, forecast_intervals, intervals, recommendation_series, utilization_series,
+    _queue_depth,
+    best_so_far,
+    finished,
+    forecast_intervals,
+    intervals,
+    recommendation_series,
+    utilization_series,
 )
 from orchestrator.report.study_plots import parameter_figures
 from orchestrator.store import Event, TrialRecord
@@ -41,12 +49,17 @@ def _figure():
 
 
 def figures(
-    plt: Any, metrics: RunMetrics, events: Sequence[Event], trials: Sequence[TrialRecord], config: Mapping[str, Any]
+    plt: Any,
+    metrics: RunMetrics,
+    events: Sequence[Event],
+    trials: Sequence[TrialRecord],
+    config: Mapping[str, Any],
 ) -> Iterator[tuple[str, Any]]:
-    """(artifact name, figure) of each plot of the run, drawn with pyplot `plt` (`_figure`) when the caller asks
-    for the next: "best_vs_evaluations", "best_vs_time", "utilization", with scored forecasts
-    "predicted_vs_observed", "coverage" and "pit_histogram", then `parameter_figures`' ("parallel_coordinates",
-    "slice" or "slice_1", ..., "importance"); a plot that cannot be drawn is skipped with its reason logged."""
+    """(artifact name, figure) of each plot of the run, drawn with pyplot `plt` (`_figure`) when the caller
+    asks for the next: "best_vs_evaluations", "best_vs_time", "utilization", with scored forecasts
+    "predicted_vs_observed", "coverage" and "pit_histogram", then `parameter_figures`'
+    ("parallel_coordinates", "slice" or "slice_1", ..., "importance"); a plot that cannot be drawn is skipped
+    with its reason logged."""
     t0 = min((ev.time for ev in events), default=0.0)
     expectile = _mapping(config.get("model")).get("type", "quantile") == "expectile"
     label = "tau-expectile" if expectile else "tau-quantile"
@@ -88,7 +101,9 @@ def figures(
         ax1.text(0.5, 0.5, "no finished evaluations yet", ha="center", va="center", transform=ax1.transAxes)
     ax1.set_ylim(0, 1.05)
     varying = len({n for _, _, n in metrics.session_slots}) > 1
-    ax1.set_ylabel("busy fraction of the session's slots" if varying else f"busy fraction of {metrics.slots} slots")
+    ax1.set_ylabel(
+        "busy fraction of the session's slots" if varying else f"busy fraction of {metrics.slots} slots"
+    )
     ax1.set_title(f"{metrics.name}: worker utilization ({metrics.slots_source} slots)")
     ax1.grid(alpha=0.3)
     if len(qt):
@@ -103,7 +118,12 @@ def figures(
         yield "predicted_vs_observed", _forecast_figure(plt, metrics, trials)
         fig, ax = plt.subplots(figsize=(5.0, 4.0), dpi=100)
         levels = list(COVERAGE_LEVELS)
-        ax.bar([str(int(100 * p)) + "%" for p in levels], [metrics.coverage[p] for p in levels], color="C0", label="observed")
+        ax.bar(
+            [str(int(100 * p)) + "%" for p in levels],
+            [metrics.coverage[p] for p in levels],
+            color="C0",
+            label="observed",
+        )
         ax.scatter([str(int(100 * p)) + "%" for p in levels], levels, color="k", zorder=3, label="nominal")
         ax.set_ylim(0, 1)
         ax.set_xlabel("central predictive interval")
@@ -142,11 +162,15 @@ def _values_figure(plt: Any, metrics: RunMetrics, events: Sequence[Event], trial
     ax.set_title(f"{metrics.name}: every trial's value, best so far and the recommendation "
                  f"(target: {label}, tau={_fmt(metrics.tau)})", fontsize=9)
     xs = np.arange(1, len(done) + 1)
-    ok = np.array([t.status == "completed" and t.value is not None and math.isfinite(t.value) for t in done], bool)
+    ok = np.array(
+        [t.status == "completed" and t.value is not None and math.isfinite(t.value) for t in done], bool
+    )
     values = np.array([t.value if k else math.nan for t, k in zip(done, ok)], dtype=float)
     kinds = list(dict.fromkeys(source.get(t.trial_id, "unknown") for t in done))
     extra = iter(f"C{i}" for i in range(4, 10))
-    for kind in sorted(kinds, key=lambda k: (k not in _SOURCES, list(_SOURCES).index(k) if k in _SOURCES else 0)):
+    for kind in sorted(
+        kinds, key=lambda k: (k not in _SOURCES, list(_SOURCES).index(k) if k in _SOURCES else 0)
+    ):
         colour, name = _SOURCES.get(kind, (next(extra, "C9"), f"source: {kind}"))
         mine = np.array([source.get(t.trial_id, "unknown") == kind for t in done], bool)
         if (mine & ok).any():
@@ -163,7 +187,15 @@ def _values_figure(plt: Any, metrics: RunMetrics, events: Sequence[Event], trial
                 label=f"recommendation at each refit: model's predicted {label}")
         truth = _true_levels(config, params, metrics.tau, expectile=label == "tau-expectile")
         if truth is not None:
-            ax.plot(pn, truth, "s--", ms=3.5, lw=1, color="C2", label=f"recommendation at each refit: true {label}")
+            ax.plot(
+                pn,
+                truth,
+                "s--",
+                ms=3.5,
+                lw=1,
+                color="C2",
+                label=f"recommendation at each refit: true {label}",
+            )
     if not ok.any() and not len(pn):
         ax.text(0.5, 0.5, _nothing(len(done)), ha="center", va="center", transform=ax.transAxes)
     else:
@@ -176,9 +208,9 @@ def _values_figure(plt: Any, metrics: RunMetrics, events: Sequence[Event], trial
 
 def _true_levels(config: Mapping[str, Any], params: Sequence[Mapping[str, Any] | None], tau: float,
                  expectile: bool) -> np.ndarray | None:
-    """The true tau-quantile at each of `params` (None where a refit recorded none), from the run's objective where
-    it is a built-in synthetic one (objectives/base.py `SyntheticObjective.quantile`, in the outcome's units as
-    tau is); None for any other objective, an expectile target, or one that cannot be built here."""
+    """The true tau-quantile at each of `params` (None where a refit recorded none), from the run's objective
+    where it is a built-in synthetic one (objectives/base.py `SyntheticObjective.quantile`, in the outcome's
+    units as tau is); None for any other objective, an expectile target, or one that cannot be built here."""
     from objectives.registry import BUILTIN_OBJECTIVES
 
     spec = _mapping(config.get("objective"))
@@ -201,8 +233,8 @@ def _true_levels(config: Mapping[str, Any], params: Sequence[Mapping[str, Any] |
 
 
 def _forecast_figure(plt: Any, metrics: RunMetrics, trials: Sequence[TrialRecord]) -> Any:
-    """Each scored trial's observed value against the forecast made when it was proposed: the predictive median
-    with its central `FORECAST_COVERAGE` interval, outcomes outside it in another colour."""
+    """Each scored trial's observed value against the forecast made when it was proposed: the predictive
+    median with its central `FORECAST_COVERAGE` interval, outcomes outside it in another colour."""
     obs, med, lo, hi, _ = forecast_intervals(trials, metrics.direction, FORECAST_COVERAGE)
     fig, ax = plt.subplots(figsize=(5.6, 5.0), dpi=100)
     inside = (obs >= lo) & (obs <= hi)

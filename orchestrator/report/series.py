@@ -10,7 +10,8 @@ gaps between sessions (a stopped run waiting for `qbatch resume`).
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -50,9 +51,12 @@ def best_so_far(trials: Sequence[TrialRecord], direction: str) -> tuple[np.ndarr
     return n, times, np.array(out, dtype=float)
 
 
-def predicted_series(events: Sequence[Event], trials: Sequence[TrialRecord]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def predicted_series(
+    events: Sequence[Event], trials: Sequence[TrialRecord]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(results the fit was trained on, time, best_predicted) at each refit event that records it: the model's
-    predicted target level of its recommendation when the fit ended (`recommendation_series` without the params)."""
+    predicted target level of its recommendation when the fit ended (`recommendation_series` without the
+    params)."""
     ns, ts, vs, _ = recommendation_series(events, trials)
     return ns, ts, vs
 
@@ -62,8 +66,8 @@ def recommendation_series(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Mapping[str, Any] | None]]:
     """(results the fit was trained on, time, best_predicted, best_params) at each refit event that records
     `best_predicted`: the recommendation of each fit (an observed point) and the fit's predicted target level
-    there. The count is the event's `info["n"]`; where it is missing, the evaluations finished by the time of the
-    event (that overstates what the model has seen: a fit on 15 results can be drawn at 40)."""
+    there. The count is the event's `info["n"]`; where it is missing, the evaluations finished by the time of
+    the event (that overstates what the model has seen: a fit on 15 results can be drawn at 40)."""
     done = finished(trials)
     ends = np.array([t.ended_at for t in done], dtype=float)
     # `info["n"]` counts completed results (failures are no observations): the evaluations finished when the
@@ -115,10 +119,12 @@ def session_pieces(trials: Sequence[TrialRecord]) -> list[tuple[float, float, An
     return pieces
 
 
-def session_slots(events: Sequence[Event], pieces: Sequence[tuple[float, float, Any]], default: int) -> dict[Any, int]:
-    """The slots each session ran with: the last `info["slots"]` logged in it (the event's `info["session"]`, the
-    actor's start time, as the results carry it), else `default`. A resume on another cluster has other slots: one count for the whole run would put U
-    above 1."""
+def session_slots(
+    events: Sequence[Event], pieces: Sequence[tuple[float, float, Any]], default: int
+) -> dict[Any, int]:
+    """The slots each session ran with: the last `info["slots"]` logged in it (the event's `info["session"]`,
+    the actor's start time, as the results carry it), else `default`. A resume on another cluster has other
+    slots: one count for the whole run would put U above 1."""
     out = {k: default for _, _, k in pieces}
     # where an event does not name its session (a log of an older version): the latest session that started at
     # or before it; a session without a start time (an older log's) starts after the previous span ends, and
@@ -144,8 +150,8 @@ def session_slots(events: Sequence[Event], pieces: Sequence[tuple[float, float, 
 
 
 def active_time(pieces: Sequence[tuple[float, float, Any]]) -> Any:
-    """`t -> seconds of the sessions' spans before t`: the time axis of the report's utilization plot, with the
-    gaps between sessions (a stopped run waiting for `qbatch resume`) cut out; before the first span, the
+    """`t -> seconds of the sessions' spans before t`: the time axis of the report's utilization plot, with
+    the gaps between sessions (a stopped run waiting for `qbatch resume`) cut out; before the first span, the
     (negative) time to its start."""
     los = np.array([p[0] for p in pieces], dtype=float)
     his = np.array([p[1] for p in pieces], dtype=float)
@@ -175,11 +181,14 @@ def max_concurrency(iv: np.ndarray) -> int:
 
 
 def utilization_series(
-    iv: np.ndarray, slots: int, bins: int = _UTIL_BINS, pieces: Sequence[tuple[float, float, int]] | None = None
+    iv: np.ndarray,
+    slots: int,
+    bins: int = _UTIL_BINS,
+    pieces: Sequence[tuple[float, float, int]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(bin centres relative to the first start, busy fraction of `slots` in each bin). With `pieces` (the
-    sessions' spans with their slots, `(lo, hi, slots)`), the time axis is `active_time`'s, gaps between sessions
-    cut out, and each bin's capacity counts the slots of the sessions it covers."""
+    sessions' spans with their slots, `(lo, hi, slots)`), the time axis is `active_time`'s, gaps between
+    sessions cut out, and each bin's capacity counts the slots of the sessions it covers."""
     if pieces:
         to_active = active_time(pieces)
         iv = np.stack([to_active(iv[:, 0]), to_active(iv[:, 1])], axis=1) if len(iv) else iv
@@ -193,7 +202,9 @@ def utilization_series(
         b = to_active(np.array([p[1] for p in pieces]))[:, None]
         n = np.array([p[2] for p in pieces], dtype=float)[:, None]
         capacity = (np.clip(np.minimum(b, hi) - np.maximum(a, lo), 0.0, None) * n).sum(0)
-        return 0.5 * (edges[:-1] + edges[1:]), np.divide(busy, capacity, out=np.zeros_like(busy), where=capacity > 0)
+        return 0.5 * (edges[:-1] + edges[1:]), np.divide(
+            busy, capacity, out=np.zeros_like(busy), where=capacity > 0
+        )
     if len(iv) == 0 or slots < 1:
         return np.zeros(0), np.zeros(0)
     t0, t1 = iv[:, 0].min(), iv[:, 1].max()
@@ -213,7 +224,9 @@ def queue_depth_series(events: Sequence[Event]) -> tuple[np.ndarray, np.ndarray]
         if ev.kind == "proposed":
             proposed.setdefault(ev.trial_id, ev.time)
         elif ev.kind in ("started", "completed", "failed") and ev.trial_id not in left:
-            left[ev.trial_id] = ev.started_at if (ev.kind == "started" and ev.started_at is not None) else ev.time
+            left[ev.trial_id] = (
+                ev.started_at if (ev.kind == "started" and ev.started_at is not None) else ev.time
+            )
     changes = [(t, 1) for t in proposed.values()] + [(t, -1) for k, t in left.items() if k in proposed]
     changes.sort()
     if not changes:
@@ -223,9 +236,11 @@ def queue_depth_series(events: Sequence[Event]) -> tuple[np.ndarray, np.ndarray]
     return times, depth.astype(float)
 
 
-def _queue_depth(events: Sequence[Event], pieces: Sequence[tuple[float, float, Any]]) -> tuple[np.ndarray, np.ndarray]:
-    """`queue_depth_series` on `active_time`'s axis where there are session spans: the time a stopped run waits
-    for its resume is not queue time."""
+def _queue_depth(
+    events: Sequence[Event], pieces: Sequence[tuple[float, float, Any]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """`queue_depth_series` on `active_time`'s axis where there are session spans: the time a stopped run
+    waits for its resume is not queue time."""
     qt, qd = queue_depth_series(events)
     return (active_time(pieces)(qt) if pieces else qt), qd
 
@@ -236,10 +251,12 @@ def _time_weighted_mean(times: np.ndarray, values: np.ndarray) -> float:
     return float(np.sum(values[:-1] * np.diff(times)) / (times[-1] - times[0]))
 
 
-def _forecast_groups(trials: Sequence[TrialRecord], direction: str) -> list[tuple[Any, np.ndarray, list[TrialRecord]]]:
-    """(Forecast, outcomes in the forecast's units `n`, trials `n`) per (family, tau) of the completed trials whose
-    proposal recorded a forecast; the forecasts are of the negated outcome where their record says so (a minimized
-    run's, by default)."""
+def _forecast_groups(
+    trials: Sequence[TrialRecord], direction: str
+) -> list[tuple[Any, np.ndarray, list[TrialRecord]]]:
+    """(Forecast, outcomes in the forecast's units `n`, trials `n`) per (family, tau) of the completed trials
+    whose proposal recorded a forecast; the forecasts are of the negated outcome where their record says so (a
+    minimized run's, by default)."""
     scored = [
         t
         for t in trials
@@ -283,9 +300,9 @@ def calibration(trials: Sequence[TrialRecord], direction: str) -> list[float]:
 def forecast_intervals(
     trials: Sequence[TrialRecord], direction: str, coverage: float = 0.8
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:
-    """(observed, predictive median, lower, upper, trial ids), each `n`, in the outcome's units, of the completed
-    trials whose proposal recorded a forecast: the forecast made when the trial was proposed (one step ahead)
-    and its central interval holding `coverage` of the predictive mass."""
+    """(observed, predictive median, lower, upper, trial ids), each `n`, in the outcome's units, of the
+    completed trials whose proposal recorded a forecast: the forecast made when the trial was proposed (one
+    step ahead) and its central interval holding `coverage` of the predictive mass."""
     obs, med, lo, hi, ids = [], [], [], [], []
     levels = [(1 - coverage) / 2, 0.5, (1 + coverage) / 2]
     for fc, _y, group in _forecast_groups(trials, direction):

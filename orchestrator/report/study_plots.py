@@ -2,10 +2,10 @@
 Optuna's matplotlib visualizations (`optuna.visualization.matplotlib`) from an in-memory study of the run's
 trials.
 
-The study holds one `FrozenTrial` per finished trial (`optuna.trial.create_trial`): completed trials with their
-value, failed ones as failed (Optuna's plots leave them out), each parameter with the distribution of the run's
-space (config.yaml `space`, as the run resolved it): float and log float as `FloatDistribution`, int (with its
-step, or log) as `IntDistribution`, choice as `CategoricalDistribution`. Importance is PED-ANOVA's
+The study holds one `FrozenTrial` per finished trial (`optuna.trial.create_trial`): completed trials with
+their value, failed ones as failed (Optuna's plots leave them out), each parameter with the distribution of
+the run's space (config.yaml `space`, as the run resolved it): float and log float as `FloatDistribution`, int
+(with its step, or log) as `IntDistribution`, choice as `CategoricalDistribution`. Importance is PED-ANOVA's
 (`optuna.importance.PedAnovaImportanceEvaluator`: which parameters set the top 10% of trials apart from the
 rest), which needs only NumPy and SciPy (Optuna's fANOVA evaluator needs scikit-learn's random forests).
 
@@ -22,7 +22,8 @@ import logging
 import math
 import numbers
 import warnings
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -30,26 +31,28 @@ log = logging.getLogger(__name__)
 IMPORTANCE_QUANTILE = 0.1
 #: the fewest completed trials of an importance plot: PED-ANOVA's top `IMPORTANCE_QUANTILE` must hold 2 trials
 MIN_IMPORTANCE_TRIALS = 20
-#: the most parameters of one slice figure: a run with more draws `slice_1.png`, `slice_2.png`, ... of near-equal
-#: numbers of parameters
+#: the most parameters of one slice figure: a run with more draws `slice_1.png`, `slice_2.png`, ... of
+#: near-equal numbers of parameters
 SLICE_PARAMS_PER_FIGURE = 4
 
 
 def skip(name: str, reason: str) -> None:
-    """Log (at INFO: `qbatch report` prints these lines after the files it wrote) that the report's plot `name`
-    is not drawn, and why."""
+    """Log (at INFO: `qbatch report` prints these lines after the files it wrote) that the report's plot
+    `name` is not drawn, and why."""
     log.info("qbatch: report: %s.png not drawn: %s", name, reason)
 
 
 def _choice_label(value: Any) -> Any:
-    """A choice as Optuna's categorical distributions hold it (None, bool, int, float, str): a list or a dict as
-    its JSON text."""
+    """A choice as Optuna's categorical distributions hold it (None, bool, int, float, str): a list or a dict
+    as its JSON text."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return json.dumps(value, sort_keys=True)
 
 
-def distributions(space: Mapping[str, Mapping[str, Any]], rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def distributions(
+    space: Mapping[str, Mapping[str, Any]], rows: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
     """Optuna distributions of the run's space (its description, orchestrator/space.py `describe`). A run
     without a recorded space gets one from the logged values: a float range where all are numbers, else their
     choices."""
@@ -88,15 +91,19 @@ _OFF = object()
 
 
 def _param_value(dist: Any, value: Any, present: bool = True) -> Any:
-    """`value` in the form `dist` takes (a clamped float, an int, a choice's label); `_OFF` when it has none, or
-    the trial has no value (`present` False)."""
+    """`value` in the form `dist` takes (a clamped float, an int, a choice's label); `_OFF` when it has none,
+    or the trial has no value (`present` False)."""
     from optuna.distributions import CategoricalDistribution, IntDistribution
 
     if not present:
         return _OFF
     if isinstance(dist, CategoricalDistribution):
         label = _choice_label(value)
-        return label if any(label is c or (type(label) is type(c) and label == c) for c in dist.choices) else _OFF
+        return (
+            label
+            if any(label is c or (type(label) is type(c) and label == c) for c in dist.choices)
+            else _OFF
+        )
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         return _OFF
     v = min(max(float(value), dist.low), dist.high)  # a log float mapped back may lie an ulp outside
@@ -106,16 +113,20 @@ def _param_value(dist: Any, value: Any, present: bool = True) -> Any:
     return v
 
 
-def build_study(rows: Sequence[Mapping[str, Any]], space: Mapping[str, Mapping[str, Any]], direction: str) -> Any:
-    """An in-memory Optuna study of the finished trials in `rows` (`orchestrator.store.frame.log_rows`), with the
-    distributions of `space`. A trial whose params do not fit the space (a parameter missing or off its grid) is
-    left out of it."""
+def build_study(
+    rows: Sequence[Mapping[str, Any]], space: Mapping[str, Mapping[str, Any]], direction: str
+) -> Any:
+    """An in-memory Optuna study of the finished trials in `rows` (`orchestrator.store.frame.log_rows`), with
+    the distributions of `space`. A trial whose params do not fit the space (a parameter missing or off its
+    grid) is left out of it."""
     import optuna
 
     dists = distributions(space, rows)
     trials = []
     for r in rows:
-        state = {"completed": optuna.trial.TrialState.COMPLETE, "failed": optuna.trial.TrialState.FAIL}.get(r["state"])
+        state = {
+            "completed": optuna.trial.TrialState.COMPLETE, "failed": optuna.trial.TrialState.FAIL
+        }.get(r["state"])
         value = r.get("value")
         if state is None or (state == optuna.trial.TrialState.COMPLETE
                              and (value is None or not math.isfinite(value))):
@@ -157,7 +168,11 @@ def _figure_of(axes: Any) -> Any:
 
 
 def parameter_figures(
-    plt: Any, name: str, rows: Sequence[Mapping[str, Any]], space: Mapping[str, Mapping[str, Any]], direction: str
+    plt: Any,
+    name: str,
+    rows: Sequence[Mapping[str, Any]],
+    space: Mapping[str, Mapping[str, Any]],
+    direction: str,
 ) -> Iterator[tuple[str, Any]]:
     """(artifact name, figure) of "parallel_coordinates", "slice" (or "slice_1", "slice_2", ... past
     `SLICE_PARAMS_PER_FIGURE` parameters) and "importance", drawn when the caller asks for the next; the ones
@@ -189,7 +204,9 @@ def parameter_figures(
     chunks = [params[len(params) * i // k:len(params) * (i + 1) // k] for i in range(k)]
     for i, chunk in enumerate(chunks):
         key = "slice" if len(chunks) == 1 else f"slice_{i + 1}"
-        fig = _draw(key, lambda chunk=chunk: ovm.plot_slice(study, params=chunk, target_name=target), colour_bar=True)
+        fig = _draw(
+            key, lambda chunk=chunk: ovm.plot_slice(study, params=chunk, target_name=target), colour_bar=True
+        )
         if fig is not None:
             fig.set_size_inches(max(6.4, 3.6 * len(chunk)), 4.4)
             part = f" ({i + 1} of {len(chunks)})" if len(chunks) > 1 else ""
@@ -203,22 +220,32 @@ def parameter_figures(
         skip("importance", f"the space has one parameter ({params[0]!r}): its importance is 1")
         return
     if len(completed) < MIN_IMPORTANCE_TRIALS:
-        skip("importance", f"{len(completed)} completed trials; PED-ANOVA needs {MIN_IMPORTANCE_TRIALS} (its top "
-                           f"{IMPORTANCE_QUANTILE:.0%} must hold 2)")
+        skip(
+            "importance",
+            f"{len(completed)} completed trials; PED-ANOVA needs {MIN_IMPORTANCE_TRIALS} (its top "
+            f"{IMPORTANCE_QUANTILE:.0%} must hold 2)",
+        )
         return
     evaluator = optuna.importance.PedAnovaImportanceEvaluator(target_quantile=IMPORTANCE_QUANTILE)
-    fig = _draw("importance", lambda: ovm.plot_param_importances(study, evaluator=evaluator, target_name=target))
+    fig = _draw(
+        "importance", lambda: ovm.plot_param_importances(study, evaluator=evaluator, target_name=target)
+    )
     if fig is not None:
-        fig.axes[0].set_title(f"{name}: parameter importance\nPED-ANOVA: what sets the top {IMPORTANCE_QUANTILE:.0%} "
-                              f"of {len(completed)} completed trials apart", fontsize=9, loc="left")
+        fig.axes[0].set_title(
+            f"{name}: parameter importance\nPED-ANOVA: what sets the top {IMPORTANCE_QUANTILE:.0%} "
+            f"of {len(completed)} completed trials apart",
+            fontsize=9,
+            loc="left",
+        )
         yield "importance", fig
 
 
 def _draw(key: str, plot: Any, colour_bar: bool = False) -> Any:
-    """The figure of one of Optuna's plots (`plot()` returns its axes), drawn with Optuna kept quiet; None, with
-    the reason logged, where Optuna cannot draw it. Optuna sets its own style (`plt.style.use`): it is put back
-    after, for the report's other plots. A figure with a `colour_bar` keeps Optuna's layout (its colour bar
-    does not survive `tight_layout`): it gets a layout engine that lays out nothing, which tells the writer so."""
+    """The figure of one of Optuna's plots (`plot()` returns its axes), drawn with Optuna kept quiet; None,
+    with the reason logged, where Optuna cannot draw it. Optuna sets its own style (`plt.style.use`): it is
+    put back after, for the report's other plots. A figure with a `colour_bar` keeps Optuna's layout (its
+    colour bar does not survive `tight_layout`): it gets a layout engine that lays out nothing, which tells
+    the writer so."""
     import matplotlib
     from matplotlib.layout_engine import PlaceHolderLayoutEngine
 

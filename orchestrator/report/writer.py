@@ -1,6 +1,6 @@
-"""Writing a run's report: its plots as PNG, `summary.csv` (the summary table, every digit) and `trials.csv` (one
-row per trial, the columns of `qbatch.read_trials`: a typed column per parameter and per metric), into a local
-folder.
+"""Writing a run's report: its plots as PNG, `summary.csv` (the summary table, every digit) and `trials.csv`
+(one row per trial, the columns of `qbatch.read_trials`: a typed column per parameter and per metric), into a
+local folder.
 
 Every file is written by a rename (`_write_atomic`): a reader, or a report interrupted half-way (a full disk),
 sees the previous file or the new one, never a truncated one. Its mode is the run's other files' (the store's
@@ -27,9 +27,19 @@ from orchestrator.store.frame import log_rows, trials_frame
 
 __all__ = ["write_report"]
 
-#: the plots a report may draw (`figures`), besides `slice_1.png`, `slice_2.png`, ... of a run with many parameters
-PLOTS = ("best_vs_evaluations", "best_vs_time", "utilization", "predicted_vs_observed", "coverage", "pit_histogram",
-         "parallel_coordinates", "slice", "importance")
+#: the plots a report may draw (`figures`), besides `slice_1.png`, `slice_2.png`, ... of a run with
+#: many parameters
+PLOTS = (
+    "best_vs_evaluations",
+    "best_vs_time",
+    "utilization",
+    "predicted_vs_observed",
+    "coverage",
+    "pit_histogram",
+    "parallel_coordinates",
+    "slice",
+    "importance",
+)
 #: the mode of each file, less the umask: the store's (orchestrator/store/filesystems.py)
 FILE_MODE = 0o644
 
@@ -41,7 +51,8 @@ def write_report(
 
     Args:
         run_dir: the run directory (local path or URI).
-        out_dir: a local folder for the report; default ``<run_dir>/report`` for a local run, else ``./report-<name>``.
+        out_dir: a local folder for the report; default ``<run_dir>/report`` for a local run, else
+            ``./report-<name>``.
         store: an already opened store (optional).
 
     Raises:
@@ -50,9 +61,15 @@ def write_report(
     store = store or RunStore.open(run_dir)
     events = store.events()
     config = store.config
-    metrics = compute_metrics(events, config, damage=store.damage, writing=RunStore.is_being_written(store.run_dir))
+    metrics = compute_metrics(
+        events, config, damage=store.damage, writing=RunStore.is_being_written(store.run_dir)
+    )
     if out_dir is None:
-        out_dir = os.path.join(store.run_dir, "report") if "://" not in store.run_dir else f"report-{metrics.name or 'run'}"
+        out_dir = (
+            os.path.join(store.run_dir, "report")
+            if "://" not in store.run_dir
+            else f"report-{metrics.name or 'run'}"
+        )
     os.makedirs(out_dir, exist_ok=True)
     plt = _figure()
     trials = trials_table(events)
@@ -84,7 +101,8 @@ def write_report(
 def _save(fig: Any, plt: Any, out_dir: str, name: str) -> str:
     path = os.path.join(out_dir, name)
     buf = io.BytesIO()
-    if fig.get_layout_engine() is None:  # Optuna's figures keep the layout of its colour bars (study_plots.py)
+    # Optuna's figures keep the layout of its colour bars (study_plots.py)
+    if fig.get_layout_engine() is None:
         fig.tight_layout()
     fig.savefig(buf, format="png")
     plt.close(fig)
@@ -92,10 +110,10 @@ def _save(fig: Any, plt: Any, out_dir: str, name: str) -> str:
 
 
 def _write_atomic(path: str, data: bytes) -> str:
-    """Write `data` to `path` by a rename: a reader (or a report interrupted half-way) sees the old file or the
-    new one, never a truncated one. The temporary file has a name of its own (two reports writing one folder
-    shared `path.tmp`) and is removed when the write fails (a full disk). It is made with `FILE_MODE`, which the
-    umask narrows, as the store makes the run's files."""
+    """Write `data` to `path` by a rename: a reader (or a report interrupted half-way) sees the old file or
+    the new one, never a truncated one. The temporary file has a name of its own (two reports writing one
+    folder shared `path.tmp`) and is removed when the write fails (a full disk). It is made with `FILE_MODE`,
+    which the umask narrows, as the store makes the run's files."""
     tmp = f"{path}.{uuid.uuid4().hex}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
     try:

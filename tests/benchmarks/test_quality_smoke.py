@@ -33,7 +33,8 @@ def test_the_recorded_summary_is_what_its_tables_give(load_benchmark):
     with open(path, newline="") as fh:
         recorded = list(csv.DictReader(fh))
     assert recorded and list(recorded[0]) == quality_summary.COLUMNS
-    rebuilt = quality.main(["--summary"])["summary_rows"]  # rewrites the file from the same tables: it must not change
+    # rewrites the file from the same tables: it must not change
+    rebuilt = quality.main(["--summary"])["summary_rows"]
     with open(path, newline="") as fh:
         assert list(csv.DictReader(fh)) == recorded
     assert len(rebuilt) == len(recorded)
@@ -51,8 +52,15 @@ def test_the_gap_target_allows_one_percent_of_the_problems_quantile_range(load_b
     q_range = quality.quantile_range(prob, 0)
     # the optimizer's range contains every sampled spread and is not far past it
     assert sampled.max() - sampled.min() <= q_range + 1e-9 <= sampled.max() - sampled.min() + 0.05
-    run = {"problem": "skewed-3d", "method": "quantile-ts", "seed": "0", "budget": "80", "q_range": str(q_range),
-           "regret_rec": "0.0", "regret_best_evaluated": "0.1"}
+    run = {
+        "problem": "skewed-3d",
+        "method": "quantile-ts",
+        "seed": "0",
+        "budget": "80",
+        "q_range": str(q_range),
+        "regret_rec": "0.0",
+        "regret_best_evaluated": "0.1",
+    }
     bound = quality_summary.GAP_FACTOR * 0.1 + quality_summary.RANGE_ALLOWANCE * q_range
     def gap_row(regret: float) -> dict:
         rows = quality_summary.loop_rows([{**run, "regret_rec": str(regret)}])

@@ -1,4 +1,5 @@
-"""`AskTellOptimizer.refit_restarts`: the refits that `ask` starts also fit from scratch and keep the lower loss."""
+"""`AskTellOptimizer.refit_restarts`: the refits that `ask` starts also fit from scratch and keep the lower
+loss."""
 
 from __future__ import annotations
 

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from orchestrator.config import load_config
-from orchestrator.store.frame import read_trials
 from orchestrator.report import compute_metrics, format_summary, max_concurrency, write_report
 from orchestrator.store import Event, RunStore
+from orchestrator.store.frame import read_trials
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -72,9 +72,21 @@ def build_run(
             if forecast_scale is not None:
                 fc = {"family": "gaussian", "tau": 0.5, "mu_f": sign * x, "var_f": 0.0,
                       "mu_g": math.log(sigma * forecast_scale), "var_g": 0.0}
-            proposed.append(Event("proposed", tid, time=start - 0.5, batch_id=j, params={"x": x}, x=[x], forecast=fc,
-                                  info={"proposal_seconds": lat, "source": "model"}))
-            results.append(Event("started", tid, time=start, started_at=start, node_id=f"node-{k % 2}", batch_id=j))
+            proposed.append(
+                Event(
+                    "proposed",
+                    tid,
+                    time=start - 0.5,
+                    batch_id=j,
+                    params={"x": x},
+                    x=[x],
+                    forecast=fc,
+                    info={"proposal_seconds": lat, "source": "model"},
+                )
+            )
+            results.append(
+                Event("started", tid, time=start, started_at=start, node_id=f"node-{k % 2}", batch_id=j)
+            )
             count += 1
             if count % fail_every == 0:
                 reason = "timeout" if (count // fail_every) % 2 else "exception"
@@ -93,7 +105,12 @@ def build_run(
             dup = results[-1]
             results.append(Event(dup.kind, dup.trial_id, time=dup.time + 5, value=dup.value, error=dup.error,
                                  started_at=dup.started_at, ended_at=dup.ended_at + 5))
-        info = {"seconds": 0.1 * (j + 1), "n": count, "best_predicted": 0.3 + 0.01 * j, "best_params": {"x": 0.9}}
+        info = {
+            "seconds": 0.1 * (j + 1),
+            "n": count,
+            "best_predicted": 0.3 + 0.01 * j,
+            "best_params": {"x": 0.9},
+        }
         if record_slots:
             info["slots"] = slots
         store.append(proposed + results + [Event("refit", time=start + dur + 0.01, info=info)])
@@ -106,8 +123,13 @@ def build_run(
 def test_metrics_of_a_known_schedule(tmp_path):
     store, truth = build_run(tmp_path / "run")
     m = compute_metrics(store.events(), store.config, damage=store.damage)
-    assert m.counts == {"proposed": 0, "running": 0, "unfinished": 0, "completed": 40 - sum(truth["failures"].values()),
-                        "failed": sum(truth["failures"].values())}
+    assert m.counts == {
+        "proposed": 0,
+        "running": 0,
+        "unfinished": 0,
+        "completed": 40 - sum(truth["failures"].values()),
+        "failed": sum(truth["failures"].values()),
+    }
     assert m.progress == 1.0 and m.duplicates == 1
     assert m.span_s == pytest.approx(truth["span"]) and m.busy_s == pytest.approx(truth["busy"])
     assert (m.slots, m.slots_source) == (4, "recorded")
@@ -172,8 +194,16 @@ def _check_png(path: Path) -> None:
 def test_report_writes_valid_pngs_and_tables(tmp_path):
     store, _ = build_run(tmp_path / "run")
     metrics, paths = write_report(str(tmp_path / "run"))
-    expected = {"best_vs_evaluations", "best_vs_time", "utilization", "coverage", "pit_histogram", "summary", "trials",
-                "predicted_vs_observed"}
+    expected = {
+        "best_vs_evaluations",
+        "best_vs_time",
+        "utilization",
+        "coverage",
+        "pit_histogram",
+        "summary",
+        "trials",
+        "predicted_vs_observed",
+    }
     # the parameter plots (tests/orchestrator/test_report_plots.py): one parameter has no importance plot
     expected |= {"parallel_coordinates", "slice"} if importlib.util.find_spec("optuna") else set()
     assert set(paths) == expected
@@ -182,7 +212,10 @@ def test_report_writes_valid_pngs_and_tables(tmp_path):
         _check_png(Path(paths[key]))
     rows = dict(csv.reader(open(paths["summary"])))
     assert rows["utilization U"] == f"{metrics.utilization:.4g}"
-    assert rows["failures"].startswith("exception: ") and rows["completed"] == str(metrics.counts["completed"])
+    assert (
+        rows["failures"].startswith("exception: ")
+        and rows["completed"] == str(metrics.counts["completed"])
+    )
     with open(paths["trials"]) as f:
         trials = list(csv.DictReader(f))
     assert len(trials) == 40 and {t["state"] for t in trials} == {"completed", "failed"}
@@ -204,7 +237,11 @@ def test_report_of_a_run_without_results(tmp_path):
     store.append([Event("proposed", f"0-{i}", time=1.0, params={"x": 0.1 * i}) for i in range(4)])
     metrics, paths = write_report(str(tmp_path / "run"), out_dir=str(tmp_path / "out"))
     # no process writes the run: its proposals are unfinished, not queued
-    assert metrics.counts["proposed"] == 0 and metrics.counts["unfinished"] == 4 and math.isnan(metrics.utilization)
+    assert (
+        metrics.counts["proposed"] == 0
+        and metrics.counts["unfinished"] == 4
+        and math.isnan(metrics.utilization)
+    )
     for key in ("best_vs_evaluations", "best_vs_time", "utilization"):
         _check_png(Path(paths[key]))
     assert "coverage" not in paths
@@ -224,8 +261,16 @@ def test_report_of_a_run_whose_every_evaluation_failed(tmp_path, monkeypatch):
     store.append(evs)
     texts, legends = [], []
     text, legend = matplotlib.axes.Axes.text, matplotlib.axes.Axes.legend
-    monkeypatch.setattr(matplotlib.axes.Axes, "text", lambda ax, x, y, s, *a, **k: texts.append(s) or text(ax, x, y, s, *a, **k))
-    monkeypatch.setattr(matplotlib.axes.Axes, "legend", lambda ax, *a, **k: legends.append(ax.get_title()) or legend(ax, *a, **k))
+    monkeypatch.setattr(
+        matplotlib.axes.Axes,
+        "text",
+        lambda ax, x, y, s, *a, **k: texts.append(s) or text(ax, x, y, s, *a, **k),
+    )
+    monkeypatch.setattr(
+        matplotlib.axes.Axes,
+        "legend",
+        lambda ax, *a, **k: legends.append(ax.get_title()) or legend(ax, *a, **k),
+    )
     _, paths = write_report(str(tmp_path / "run"), out_dir=str(tmp_path / "out"))
     assert texts.count("no successful evaluation: all 3 finished ones failed (see trials.csv)") == 2
     assert not [t for t in legends if "best so far" in t]
@@ -236,15 +281,26 @@ def test_report_of_a_run_whose_every_evaluation_failed(tmp_path, monkeypatch):
 def test_utilization_of_a_resumed_run_leaves_out_the_time_between_sessions(tmp_path):
     """Found in review: a run stopped and resumed later reported U = 0.37 (and 1.22 evaluations/s) because its
     span ran across the 25 s it waited for `qbatch resume`, though the slots were busy in both sessions."""
-    cfg = load_config({"objective": "forrester", "direction": "maximize", "budget": 8, "max_concurrent": 2}).to_dict()
+    cfg = load_config(
+        {"objective": "forrester", "direction": "maximize", "budget": 8, "max_concurrent": 2}
+    ).to_dict()
     store = RunStore.create(str(tmp_path / "run"), cfg)
     evs = []
     for i, (session, start) in enumerate([(100.0, 100.0), (100.0, 100.0), (100.0, 101.0), (100.0, 101.0),
                                          (500.0, 600.0), (500.0, 600.0), (500.0, 601.0), (500.0, 601.0)]):
         tid = f"{i // 2}-{i % 2}"
         evs.append(Event("proposed", tid, time=start, params={"x": 0.1 * i}))
-        evs.append(Event("completed", tid, time=start + 1, value=float(i), started_at=start, ended_at=start + 1,
-                         info={"session": session}))
+        evs.append(
+            Event(
+                "completed",
+                tid,
+                time=start + 1,
+                value=float(i),
+                started_at=start,
+                ended_at=start + 1,
+                info={"session": session},
+            )
+        )
     store.append(evs)
     m = compute_metrics(RunStore.open(str(tmp_path / "run")).events(), cfg)
     assert m.span_s == pytest.approx(4.0) and m.utilization == pytest.approx(1.0)
@@ -261,9 +317,9 @@ def test_utilization_of_a_resumed_run_leaves_out_the_time_between_sessions(tmp_p
 
 
 def test_a_report_that_fails_half_way_leaves_the_previous_tables_whole(tmp_path, monkeypatch):
-    """The CSV tables are written by a rename, as the plots were: a report that failed while writing trials.csv
-    (a metric that cannot be written, a full disk) left it truncated after its header, and a reader of summary.csv
-    during a rewrite could see it half-written."""
+    """The CSV tables are written by a rename, as the plots were: a report that failed while writing
+    trials.csv (a metric that cannot be written, a full disk) left it truncated after its header, and a reader
+    of summary.csv during a rewrite could see it half-written."""
     import orchestrator.report.writer as R
 
     store, _ = build_run(tmp_path / "run")
@@ -306,10 +362,10 @@ def test_a_report_that_fails_half_way_leaves_the_previous_tables_whole(tmp_path,
 
 
 def test_review_of_the_report_stale_plots_latency_and_the_fits_n(tmp_path):
-    """Found in review: (1) coverage.png and pit_histogram.png of an earlier report stayed beside a summary with
-    no forecasts; (2) the proposal latency was mostly the millisecond Sobol batches that fill free slots before
-    the first fit, not the model's; (3) the model's predictions were drawn at the evaluations finished when the
-    refit was logged, not at the results the fit saw (`info["n"]`)."""
+    """Found in review: (1) coverage.png and pit_histogram.png of an earlier report stayed beside a summary
+    with no forecasts; (2) the proposal latency was mostly the millisecond Sobol batches that fill free slots
+    before the first fit, not the model's; (3) the model's predictions were drawn at the evaluations finished
+    when the refit was logged, not at the results the fit saw (`info["n"]`)."""
     from orchestrator.report import predicted_series
     from orchestrator.store import trials_table
 
@@ -341,7 +397,11 @@ def test_review_of_the_report_stale_plots_latency_and_the_fits_n(tmp_path):
     n, _, v = predicted_series(lat.events(), trials_table(lat.events()))
     assert list(n) == [2.0] and list(v) == [0.3]  # 4 evaluations had finished when it was logged
     _, paths = write_report(lat.run_dir, out_dir=str(out))
-    assert "coverage" not in paths and not (out / "coverage.png").exists() and not (out / "pit_histogram.png").exists()
+    assert (
+        "coverage" not in paths
+        and not (out / "coverage.png").exists()
+        and not (out / "pit_histogram.png").exists()
+    )
 
 
 def test_utilization_counts_each_sessions_own_slots_and_cuts_the_gap_between_sessions(tmp_path):
@@ -359,8 +419,17 @@ def test_utilization_counts_each_sessions_own_slots_and_cuts_the_gap_between_ses
     for i, (session, lo) in enumerate([(1000.0, 1001.0), (1000.0, 1001.0), (2000.0, 2001.0)]):
         evs.append(Event("proposed", trial_id=f"t{i}", batch_id=i, time=lo - 0.5, params={"x": 0.5}, x=[0.5]))
         evs.append(Event("started", trial_id=f"t{i}", time=lo, started_at=lo))
-        evs.append(Event("completed", trial_id=f"t{i}", time=lo + 10, value=0.1, started_at=lo, ended_at=lo + 10,
-                         info={"session": session}))
+        evs.append(
+            Event(
+                "completed",
+                trial_id=f"t{i}",
+                time=lo + 10,
+                value=0.1,
+                started_at=lo,
+                ended_at=lo + 10,
+                info={"session": session},
+            )
+        )
     store.append(evs)
     m = compute_metrics(store.events(), store.config)
     assert m.span_s == pytest.approx(20.0) and m.busy_s == pytest.approx(30.0)
@@ -387,8 +456,12 @@ def test_summary_csv_keeps_every_parameter_of_the_best_point_and_names_its_trial
                        "initial_design": 2}).to_dict()
     store = RunStore.create(str(tmp_path / "wide"), cfg)
     params = {n: 0.123456789 + i for i, n in enumerate(names)}
-    store.append([Event("proposed", trial_id="best-one", batch_id=0, time=1.0, params=params, x=[0.5] * 16),
-                  Event("completed", trial_id="best-one", time=3.0, value=-1.0, started_at=2.0, ended_at=3.0)])
+    store.append(
+        [
+            Event("proposed", trial_id="best-one", batch_id=0, time=1.0, params=params, x=[0.5] * 16),
+            Event("completed", trial_id="best-one", time=3.0, value=-1.0, started_at=2.0, ended_at=3.0),
+        ]
+    )
     _, paths = write_report(store.run_dir)
     rows = dict(csv.reader(open(paths["summary"])))
     assert rows["best observed trial"] == "best-one"
@@ -410,8 +483,17 @@ def test_review_of_the_report_change_failures_sessions_and_temporary_files(tmp_p
     for i in range(6):
         evs.append(Event("proposed", trial_id=f"t{i}", batch_id=i, time=float(i), params={"x": 0.5}, x=[0.5]))
         kind = "completed" if i % 2 else "failed"
-        evs.append(Event(kind, trial_id=f"t{i}", time=10.0 + i, value=0.1 if kind == "completed" else None,
-                         started_at=9.0 + i, ended_at=10.0 + i, error=None if kind == "completed" else "exception"))
+        evs.append(
+            Event(
+                kind,
+                trial_id=f"t{i}",
+                time=10.0 + i,
+                value=0.1 if kind == "completed" else None,
+                started_at=9.0 + i,
+                ended_at=10.0 + i,
+                error=None if kind == "completed" else "exception",
+            )
+        )
     evs.append(Event("refit", time=20.0, info={"n": 3, "best_predicted": 0.2}))
     n, _, _ = predicted_series(evs, trials_table(evs))
     assert list(n) == [6.0]  # the 3rd completed result was the 6th to finish
@@ -425,8 +507,12 @@ def test_review_of_the_report_change_failures_sessions_and_temporary_files(tmp_p
         evs = [Event("refit", time=1000.5, info={"slots": 2, **tagged}),
                Event("refit", time=1500.5, info={"slots": 8, "session": 1500.0}),
                Event("refit", time=2000.5, info={"slots": 1, "session": 2000.0})]
-        for i, (session, lo) in enumerate([(first_session, 1001.0), (first_session, 1001.0), (2000.0, 2001.0)]):
-            evs.append(Event("proposed", trial_id=f"t{i}", batch_id=i, time=lo - 0.5, params={"x": 0.5}, x=[0.5]))
+        for i, (session, lo) in enumerate(
+            [(first_session, 1001.0), (first_session, 1001.0), (2000.0, 2001.0)]
+        ):
+            evs.append(
+                Event("proposed", trial_id=f"t{i}", batch_id=i, time=lo - 0.5, params={"x": 0.5}, x=[0.5])
+            )
             evs.append(Event("completed", trial_id=f"t{i}", time=lo + 10, value=0.1, started_at=lo,
                              ended_at=lo + 10, info={} if session is None else {"session": session}))
         store.append(evs)

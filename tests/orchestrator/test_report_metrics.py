@@ -15,11 +15,22 @@ import numpy as np
 import pytest
 
 from orchestrator.report import (
-    best_so_far, compute_metrics, intervals, predicted_series, queue_depth_series, utilization_series,
+    best_so_far,
+    compute_metrics,
+    intervals,
+    predicted_series,
+    queue_depth_series,
+    utilization_series,
 )
 from orchestrator.store import Event, trials_table
 
-CONFIG = {"name": "tiny", "objective": {"name": "forrester"}, "tau": 0.5, "budget": 10, "direction": "maximize"}
+CONFIG = {
+    "name": "tiny",
+    "objective": {"name": "forrester"},
+    "tau": 0.5,
+    "budget": 10,
+    "direction": "maximize",
+}
 
 
 def _done(tid, start, end, value=1.0, **kw):
@@ -173,7 +184,8 @@ def test_running_and_queued_trials_are_not_failures():
     ]
     m = compute_metrics(events, CONFIG, with_calibration=False)
     assert m.counts == {"proposed": 1, "running": 1, "completed": 0, "failed": 1, "unfinished": 0}
-    stopped = compute_metrics(events, CONFIG, with_calibration=False, writing=False)  # no process writes the run
+    # no process writes the run
+    stopped = compute_metrics(events, CONFIG, with_calibration=False, writing=False)
     assert stopped.counts == {"proposed": 0, "running": 0, "completed": 0, "failed": 1, "unfinished": 2}
     assert m.failures == {"timeout": 1}
     assert math.isnan(m.best_value)

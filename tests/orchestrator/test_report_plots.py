@@ -1,9 +1,9 @@
 """Tests of the report's plots (orchestrator/report/plots.py, study_plots.py) and of its files' mode, on runs
 whose logs are written by hand with the real RunStore (no Ray).
 
-The runs have a parameter of each type the space supports (float, log float, int with a step, log int, choice),
-Sobol and model trials, failures, refits with recommendations and one-step-ahead forecasts; the edge cases are a
-run with only Sobol points, one with one parameter, and one with a single completed trial.
+The runs have a parameter of each type the space supports (float, log float, int with a step, log int,
+choice), Sobol and model trials, failures, refits with recommendations and one-step-ahead forecasts; the edge
+cases are a run with only Sobol points, one with one parameter, and one with a single completed trial.
 """
 
 from __future__ import annotations
@@ -58,15 +58,36 @@ def _value(p: dict) -> float:
             - 0.1 * abs(math.log10(p.get("lr", 1e-2)) + 2) + 0.05 * p.get("layers", 4))
 
 
-def build_mixed_run(root: Path, *, n: int = 60, sobol: int = 12, space: dict | None = None, fail_every: int = 9,
-                    direction: str = "maximize", batch: int = 4, forecasts: bool = True, seed: int = 0,
-                    objective: str = "forrester") -> RunStore:
-    """A finished run of `n` trials in batches of `batch`: the first `sobol` from the Sobol design, the rest from
-    the model (with a Gaussian forecast of the outcome, negated for minimize), every `fail_every`-th a failure,
-    and a refit after each model batch recording its recommendation (the best point so far) and prediction."""
+def build_mixed_run(
+    root: Path,
+    *,
+    n: int = 60,
+    sobol: int = 12,
+    space: dict | None = None,
+    fail_every: int = 9,
+    direction: str = "maximize",
+    batch: int = 4,
+    forecasts: bool = True,
+    seed: int = 0,
+    objective: str = "forrester",
+) -> RunStore:
+    """A finished run of `n` trials in batches of `batch`: the first `sobol` from the Sobol design, the rest
+    from the model (with a Gaussian forecast of the outcome, negated for minimize), every `fail_every`-th a
+    failure, and a refit after each model batch recording its recommendation (the best point so far) and
+    prediction."""
     space = MIXED_SPACE if space is None else space
-    cfg = load_config({"name": "mixed", "objective": {"name": objective}, "space": space, "budget": n,
-                       "batch_size": batch, "initial_design": sobol, "direction": direction, "tau": 0.5}).to_dict()
+    cfg = load_config(
+        {
+            "name": "mixed",
+            "objective": {"name": objective},
+            "space": space,
+            "budget": n,
+            "batch_size": batch,
+            "initial_design": sobol,
+            "direction": direction,
+            "tau": 0.5,
+        }
+    ).to_dict()
     store = RunStore.create(str(root), cfg)
     rng = np.random.default_rng(seed)
     sign = -1.0 if direction == "minimize" else 1.0
@@ -87,8 +108,18 @@ def build_mixed_run(root: Path, *, n: int = 60, sobol: int = 12, space: dict | N
                              info={"source": source, "proposal_seconds": 0.01}))
             evs.append(Event("started", tid, time=t + 0.1, started_at=t + 0.1, node_id="n0", batch_id=b))
             if (i + 1) % fail_every == 0:
-                evs.append(Event("failed", tid, time=t + 1.0 + 0.1 * k, started_at=t + 0.1, ended_at=t + 1.0 + 0.1 * k,
-                                 error="exception", traceback="Traceback ...", info={"message": "boom"}))
+                evs.append(
+                    Event(
+                        "failed",
+                        tid,
+                        time=t + 1.0 + 0.1 * k,
+                        started_at=t + 0.1,
+                        ended_at=t + 1.0 + 0.1 * k,
+                        error="exception",
+                        traceback="Traceback ...",
+                        info={"message": "boom"},
+                    )
+                )
                 continue
             y = float(mu + rng.normal(0.0, 0.3))
             done += 1
@@ -176,8 +207,14 @@ def test_a_run_with_only_sobol_points_and_failures_draws_without_error(tmp_path,
         _, paths = write_report(store.run_dir)
     plots = {k: v for k, v in paths.items() if k not in ("summary", "trials")}
     # 16 completed trials: too few for PED-ANOVA's top 10%; no forecasts, no refits
-    assert set(plots) == {"best_vs_evaluations", "best_vs_time", "utilization", "parallel_coordinates", "slice_1",
-                          "slice_2"}, sorted(plots)
+    assert set(plots) == {
+        "best_vs_evaluations",
+        "best_vs_time",
+        "utilization",
+        "parallel_coordinates",
+        "slice_1",
+        "slice_2",
+    }, sorted(plots)
     assert "importance.png not drawn: 16 completed trials; PED-ANOVA needs 20" in caplog.text
     for path in plots.values():
         _png(path)
@@ -201,7 +238,9 @@ def test_plots_that_cannot_be_drawn_are_skipped_with_their_reason(tmp_path, capl
     with caplog.at_level(logging.INFO, logger="orchestrator.report"):
         _, paths = write_report(lone.run_dir, out_dir=str(out))
     for key in ("parallel_coordinates", "slice", "importance"):
-        assert f"{key}.png not drawn: 1 completed trial(s) with the run's parameters; it needs 2" in caplog.text
+        assert (
+            f"{key}.png not drawn: 1 completed trial(s) with the run's parameters; it needs 2" in caplog.text
+        )
         assert key not in paths and not (out / f"{key}.png").exists()
     assert not (out / "slice_3.png").exists()
     for key in ("best_vs_evaluations", "best_vs_time", "utilization"):
@@ -216,12 +255,20 @@ def test_the_study_takes_list_and_none_choices_and_leaves_out_trials_off_the_spa
 
     space = {"c": {"type": "choice", "choices": [None, True, [1, 2], {"a": 1}, "s"]},
              "k": {"type": "int", "low": 0, "high": 10, "step": 5}}
-    rows = [{"trial_id": f"t{i}", "state": "completed", "value": float(i), "params": p} for i, p in enumerate([
-        {"c": [1, 2], "k": 5}, {"c": None, "k": 10}, {"c": {"a": 1}, "k": 0}, {"c": True, "k": 0},
-        {"c": "s", "k": 3},  # off the int's grid
-        {"k": 5},  # a parameter missing
-        {"c": "other", "k": 5},  # not one of the choices
-    ])] + [{"trial_id": "r", "state": "running", "value": None, "params": {"c": "s", "k": 5}}]
+    rows = [
+        {"trial_id": f"t{i}", "state": "completed", "value": float(i), "params": p}
+        for i, p in enumerate(
+            [
+                {"c": [1, 2], "k": 5},
+                {"c": None, "k": 10},
+                {"c": {"a": 1}, "k": 0},
+                {"c": True, "k": 0},
+                {"c": "s", "k": 3},  # off the int's grid
+                {"k": 5},  # a parameter missing
+                {"c": "other", "k": 5},  # not one of the choices
+            ]
+        )
+    ] + [{"trial_id": "r", "state": "running", "value": None, "params": {"c": "s", "k": 5}}]
     study = build_study(rows, space, "minimize")
     trials = study.get_trials(deepcopy=False)
     assert [t.user_attrs["trial_id"] for t in trials] == ["t0", "t1", "t2", "t3"]
@@ -251,16 +298,18 @@ def test_without_optuna_the_parameter_plots_are_skipped(tmp_path, caplog, monkey
 
 def test_the_value_plot_shows_sources_failures_and_the_recommendation_at_each_refit(tmp_path, monkeypatch):
     """best_vs_evaluations: one point per completed trial in the colour of its source, a mark per failure, the
-    best so far, and the recommendation's predicted level (and its true one for a built-in synthetic objective),
-    labelled as the recommendation, not as a best so far; best_vs_time shows the best against time with the
-    evaluations finished, and no recommendation."""
+    best so far, and the recommendation's predicted level (and its true one for a built-in synthetic
+    objective), labelled as the recommendation, not as a best so far; best_vs_time shows the best against time
+    with the evaluations finished, and no recommendation."""
     import matplotlib.axes
 
     from orchestrator.report import recommendation_series
     from orchestrator.store import trials_table
 
     # forrester's own space: its true quantiles are known at every recommendation
-    store = build_mixed_run(tmp_path / "run", n=20, sobol=8, space={"x0": {"type": "float", "low": 0.0, "high": 1.0}})
+    store = build_mixed_run(
+        tmp_path / "run", n=20, sobol=8, space={"x0": {"type": "float", "low": 0.0, "high": 1.0}}
+    )
     labels: dict[str, list[str]] = {}
     legend = matplotlib.axes.Axes.legend
 
@@ -273,7 +322,9 @@ def test_the_value_plot_shows_sources_failures_and_the_recommendation_at_each_re
     write_report(store.run_dir)
     (values,) = [v for k, v in labels.items() if "every trial's value" in k]
     n_fail = 20 // 9
-    assert f"Sobol initial design ({8 - 0})" in values and f"model's proposer ({12 - n_fail})" in values, values
+    assert (
+        f"Sobol initial design ({8 - 0})" in values and f"model's proposer ({12 - n_fail})" in values
+    ), values
     assert f"failed ({n_fail}, no value)" in values and "best observed so far" in values
     assert "recommendation at each refit: model's predicted tau-quantile" in values
     assert "recommendation at each refit: true tau-quantile" in values  # forrester knows its quantiles
@@ -305,8 +356,9 @@ def test_predicted_against_observed_uses_each_trials_forecast_in_the_outcomes_un
 
 @pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
 def test_report_files_have_the_store_files_mode_under_each_umask(tmp_path, umask):
-    """The report's files are made as the store makes the run's (0644 less the umask): readable by others under
-    the usual umask, private under 077, and not group-writable under 002, as the run's own files are not."""
+    """The report's files are made as the store makes the run's (0644 less the umask): readable by others
+    under the usual umask, private under 077, and not group-writable under 002, as the run's own files are
+    not."""
     before = os.umask(umask)
     try:
         store = build_mixed_run(tmp_path / "run", n=8, sobol=8, forecasts=False)
@@ -322,7 +374,8 @@ def test_report_files_have_the_store_files_mode_under_each_umask(tmp_path, umask
 def test_report_of_200_trials_is_fast(tmp_path):
     pytest.importorskip("optuna")
     store = build_mixed_run(tmp_path / "run", n=200)
-    write_report(store.run_dir)  # imports (matplotlib, optuna, the forecasts' torch) are not the report's time
+    # imports (matplotlib, optuna, the forecasts' torch) are not the report's time
+    write_report(store.run_dir)
     t0 = time.perf_counter()
     _, paths = write_report(store.run_dir)
     seconds = time.perf_counter() - t0
@@ -338,7 +391,10 @@ def test_qbatch_report_prints_the_plots_it_left_out_after_the_files_it_wrote(tmp
     assert cli.main(["report", store.run_dir, "--out", str(tmp_path / "rep")]) == 0
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
-    assert lines[-1] == "qbatch: report: importance.png not drawn: the space has one parameter ('x'): its importance is 1"
+    assert (
+        lines[-1]
+        == "qbatch: report: importance.png not drawn: the space has one parameter ('x'): its importance is 1"
+    )
     assert f"wrote {tmp_path / 'rep' / 'slice.png'}" in lines
     assert "not drawn" not in captured.err
     assert logging.getLogger("orchestrator.report").level == logging.NOTSET  # put back
