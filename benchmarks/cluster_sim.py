@@ -1,4 +1,4 @@
-"""The central actor's utilization at 100 to 10,000 slots, on a simulated cluster (issue 54, item 3).
+"""The central actor's utilization at 100 to 10,000 slots, on a simulated cluster.
 
 Each run drives the real central actor (orchestrator/sim: its planner threads with the quantile SVGP, its
 background refits and Thompson batches, its scheduler, event log and checkpoints) against N virtual slots:
@@ -19,7 +19,7 @@ Usage:
     python benchmarks/cluster_sim.py --quick --out /tmp/cs                  # smoke run: 8, 32 slots
     python benchmarks/cluster_sim.py --evals 1000,3000,12000 --out results/cluster_sim
 (benchmarks/results/README.md: the recorded run's two commands.)
-Writes cluster_sim.csv (one row per N). Target (issue 54): U >= 0.95 at 1,000 slots; it also prints the
+Writes cluster_sim.csv (one row per N). Target: U >= 0.95 at 1,000 slots; it also prints the
 largest N at which each measure reaches 0.95.
 """
 

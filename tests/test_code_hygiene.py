@@ -31,7 +31,6 @@ NOT_IN_TESTS = ("review finding", "issue reference")
 NOT_YET_REWRITTEN = {
     "tests/orchestrator/test_actor_checkpoint.py": 5,
     "tests/orchestrator/test_actor_guards.py": 13,
-    "tests/orchestrator/test_report.py": 6,
 }
 #: this module, which holds the patterns' examples
 SELF = Path(__file__).resolve().relative_to(REPO).as_posix()

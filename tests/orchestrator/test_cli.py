@@ -4,7 +4,7 @@ Acceptance: a bad config (unknown key, tau = 1.5, batch size 0, unknown objectiv
 with one line naming the problem and creates no run directory -- through `main([...])` and through a real
 `python -m orchestrator.cli` process. `status`/`report`/`objectives` never import Ray. The wiring of
 `run`/`resume` to orchestrator.runner is checked with a recording stand-in here; the real end-to-end run on
-Ray is in engineer B's tests.
+Runs on Ray are tested in tests/integration/.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def test_bad_config_in_a_real_process(tmp_path):
 
 
 class _FakeRunner(types.ModuleType):
-    """Records how the CLI calls orchestrator.runner (engineer B's module) and behaves as told."""
+    """Records how the CLI calls orchestrator.runner and behaves as told."""
 
     def __init__(self, behaviour: str = "ok") -> None:
         super().__init__("orchestrator.runner")

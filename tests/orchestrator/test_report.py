@@ -2,7 +2,7 @@
 
 The runs are written with the real RunStore in a known schedule, so utilization, latencies, queue depth,
 failures and forecast coverage have exact or statistically tight expected values. The end-to-end run on
-Ray is engineer B's test; here the log is built by hand.
+Runs on Ray are tested in tests/integration/; here the log is built by hand.
 """
 
 from __future__ import annotations
@@ -248,8 +248,8 @@ def test_report_of_a_run_without_results(tmp_path):
 
 
 def test_report_of_a_run_whose_every_evaluation_failed(tmp_path, monkeypatch):
-    """Found in review: the best-so-far plots of such a run had empty axes and a legend for a "best observed
-    value" that does not exist; they say what happened instead."""
+    """The best-so-far plots of a run without a successful result say what happened, instead of empty axes
+    and a legend for a "best observed value" that does not exist."""
     import matplotlib.axes
 
     cfg = load_config({"objective": "forrester", "direction": "maximize", "budget": 3}).to_dict()
@@ -279,8 +279,8 @@ def test_report_of_a_run_whose_every_evaluation_failed(tmp_path, monkeypatch):
 
 
 def test_utilization_of_a_resumed_run_leaves_out_the_time_between_sessions(tmp_path):
-    """Found in review: a run stopped and resumed later reported U = 0.37 (and 1.22 evaluations/s) because its
-    span ran across the 25 s it waited for `qbatch resume`, though the slots were busy in both sessions."""
+    """A run stopped and resumed later is measured over its sessions' spans, not across the wait for `qbatch
+    resume`: with the slots busy in both sessions, U is not pulled down by the gap."""
     cfg = load_config(
         {"objective": "forrester", "direction": "maximize", "budget": 8, "max_concurrent": 2}
     ).to_dict()
@@ -362,10 +362,10 @@ def test_a_report_that_fails_half_way_leaves_the_previous_tables_whole(tmp_path,
 
 
 def test_review_of_the_report_stale_plots_latency_and_the_fits_n(tmp_path):
-    """Found in review: (1) coverage.png and pit_histogram.png of an earlier report stayed beside a summary
-    with no forecasts; (2) the proposal latency was mostly the millisecond Sobol batches that fill free slots
-    before the first fit, not the model's; (3) the model's predictions were drawn at the evaluations finished
-    when the refit was logged, not at the results the fit saw (`info["n"]`)."""
+    """(1) An earlier report's coverage.png and pit_histogram.png do not stay beside a summary with no
+    forecasts; (2) the proposal latency is the model's, not that of the millisecond Sobol batches that fill
+    free slots before the first fit; (3) the model's predictions are drawn at the results the fit saw
+    (`info["n"]`), not at the evaluations finished when the refit was logged."""
     from orchestrator.report import predicted_series
     from orchestrator.store import trials_table
 
@@ -405,10 +405,10 @@ def test_review_of_the_report_stale_plots_latency_and_the_fits_n(tmp_path):
 
 
 def test_utilization_counts_each_sessions_own_slots_and_cuts_the_gap_between_sessions(tmp_path):
-    """Found in review: a resume with fewer slots (another cluster, or `max_concurrent` edited) had its slots
-    applied to the whole run, so U came out 1.13; and the utilization plot's bins spanned the wait for the
-    resume, where the runs' work fell into one or two bins. Two fully busy sessions, 2 slots then 1, 990 s
-    apart: U is 1, and no bin of the plot lies in the gap."""
+    """A resume with fewer slots (another cluster, or `max_concurrent` edited) counts each session's slots
+    over that session only (so U stays at most 1), and the utilization plot's bins leave out the wait for the
+    resume. Two fully busy sessions, 2 slots then 1, 990 s apart: U is 1, and no bin of the plot lies in the
+    gap."""
     from orchestrator.report import utilization_series
 
     cfg = load_config({"name": "two", "objective": {"name": "forrester"}, "budget": 3, "batch_size": 1,
@@ -449,8 +449,8 @@ def intervals_of(store):
 
 
 def test_summary_csv_keeps_every_parameter_of_the_best_point_and_names_its_trial(tmp_path):
-    """Found in review: summary.csv cut the best point's parameters to 160 characters at 4 digits (6 of 16
-    shown) and did not say which trial it was; the terminal summary keeps its short form."""
+    """summary.csv holds the best point's parameters in full, every digit, and names its trial; the terminal
+    summary keeps its short form."""
     names = [f"quad_{i:02d}_strength" for i in range(16)]
     cfg = load_config({"name": "wide", "objective": {"name": "forrester"}, "budget": 2, "batch_size": 1,
                        "initial_design": 2}).to_dict()
@@ -470,10 +470,10 @@ def test_summary_csv_keeps_every_parameter_of_the_best_point_and_names_its_trial
 
 
 def test_review_of_the_report_change_failures_sessions_and_temporary_files(tmp_path, monkeypatch):
-    """Found in review of the report's fixes: (1) `info["n"]` counts completed results, so with failures among
-    the finished ones the prediction was drawn too far left; (2) a session that recorded no result (a resume
-    stopped at once) gave its slots to the one before; (3) a log without sessions lost its slots to the
-    resume's, and U went above 1 again; (4) a failed atomic write left its temporary file behind."""
+    """(1) `info["n"]` counts completed results, so with failures among the finished ones the prediction is
+    drawn where the fit's results end; (2) a session that recorded no result (a resume stopped at once) does
+    not give its slots to the one before; (3) a log without sessions keeps its own slots beside a resume's,
+    and U stays at most 1; (4) a failed atomic write leaves no temporary file behind."""
     import orchestrator.report.writer as R
     from orchestrator.report import predicted_series
     from orchestrator.store import trials_table

@@ -1,4 +1,4 @@
-"""The simulated cluster against the real Ray path at 16 slots (issue 54, item 3): on the utilization
+"""The simulated cluster against the real Ray path at 16 slots: on the utilization
 benchmark's load (benchmarks/utilization.py: 640 evaluations, lognormal times of mean 2 s and CV 0.5, the full
 quantile SVGP and Thompson batches of 64) the simulator's U is within 0.03 of the recorded real runs' mean
 (benchmarks/results/utilization_fresh), and on the benchmark's short load a real Ray run and a simulated one
