@@ -26,12 +26,6 @@ HISTORY = {
 }
 #: the notes that tests and benchmarks are checked for too
 NOT_IN_TESTS = ("review finding", "issue reference")
-#: test modules whose docstrings are still to be rewritten, with how many history lines each holds as a
-#: ceiling: other branches edit them now, and they leave this list when those land
-NOT_YET_REWRITTEN = {
-    "tests/orchestrator/test_actor_checkpoint.py": 5,
-    "tests/orchestrator/test_actor_guards.py": 13,
-}
 #: this module, which holds the patterns' examples
 SELF = Path(__file__).resolve().relative_to(REPO).as_posix()
 
@@ -73,19 +67,14 @@ def test_library_code_holds_no_history(kind):
 def test_test_and_benchmark_files_are_found():
     names = {path.relative_to(REPO).as_posix() for path in other_checked_files()}
     assert "tests/orchestrator/acquisition/test_thompson.py" in names and "benchmarks/_common.py" in names
-    assert SELF not in names and set(NOT_YET_REWRITTEN) <= names
+    assert SELF not in names
 
 
 @pytest.mark.parametrize("kind", NOT_IN_TESTS)
 def test_tests_and_benchmarks_hold_no_history(kind):
     hits = _hits(kind, other_checked_files())
-    new = {name: lines for name, lines in hits.items() if name not in NOT_YET_REWRITTEN}
-    assert not new, f"{kind} in tests or benchmarks (say what the test checks, in the present tense):\n" + (
-        "\n".join(f"{name}:{line}" for name, lines in new.items() for line in lines))
-    grown = {name: (len(hits.get(name, [])), ceiling) for name, ceiling in NOT_YET_REWRITTEN.items()
-             if kind == "review finding" and len(hits.get(name, [])) > ceiling}
-    assert not grown, ("history in the modules still to rewrite grew past their ceiling (now, ceiling): "
-                       f"{grown}")
+    assert not hits, f"{kind} in tests or benchmarks (say what the test checks, in the present tense):\n" + (
+        "\n".join(f"{name}:{line}" for name, lines in hits.items() for line in lines))
 
 
 @pytest.mark.parametrize("text, kind", [

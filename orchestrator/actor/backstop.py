@@ -1,16 +1,18 @@
-"""The timeout backstop: an evaluation whose worker is frozen is cancelled at a deadline and recorded as failed.
+"""The timeout backstop: an evaluation whose worker is frozen is cancelled at a deadline and recorded as
+failed.
 
 `timeout_s` is enforced inside the worker (workers/evaluate.py); this is the backstop for a worker that cannot
-enforce it because it is frozen itself (SIGSTOP, hung NFS, a swap storm). The dispatcher (`dispatch.py`) asks it,
-at each wait for results, which evaluations in flight are past their deadline, and records each as a failed
-'timeout' trial (`timeout_record`).
+enforce it because it is frozen itself (SIGSTOP, hung NFS, a swap storm). The dispatcher (`dispatch.py`) asks
+it, at each wait for results, which evaluations in flight are past their deadline, and records each as a
+failed 'timeout' trial (`timeout_record`).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from workers.records import TrialResult
 
@@ -24,8 +26,8 @@ class Backstop:
     """Finds and cancels the evaluations in flight past their deadline.
 
     Args:
-        pool: the run's `EvaluationPool` actor (it reports when each attempt starts, and cancels), or None (the
-            actor's own tasks, cancelled with `ray.cancel`; deadlines count from dispatch).
+        pool: the run's `EvaluationPool` actor (it reports when each attempt starts, and cancels), or None
+            (the actor's own tasks, cancelled with `ray.cancel`; deadlines count from dispatch).
         timeout_s: the config's `timeout_s` of one evaluation (inf: no backstop).
         max_retries: the config's `max_retries` (Ray retries of an evaluation whose worker was lost).
     """
@@ -39,16 +41,17 @@ class Backstop:
         self._starts_asked = -math.inf
 
     def expired(self, refs: list[Any], inflight: Mapping[Any, tuple[Any, float, int]]) -> dict[Any, float]:
-        """The evaluations of `refs` past their deadline, cancelled (force: the worker process is killed): ref ->
-        when its latest attempt started (its dispatch when that is unknown). `inflight`: ref -> (trial, dispatch
-        time, attempt), the scheduler's table.
+        """The evaluations of `refs` past their deadline, cancelled (force: the worker process is killed): ref
+        -> when its latest attempt started (its dispatch when that is unknown). `inflight`: ref -> (trial,
+        dispatch time, attempt), the scheduler's table.
 
         Through the pool, each attempt reports when it starts running, and the deadline counts from the latest
-        start: an evaluation that waits in Ray's queue (more in flight than the cluster runs at once) is never cut
-        short. It allows every Ray retry its full timeout plus a grace period, since a retry after a lost worker may
-        itself wait in the queue before it reports its start. A new sandbox reports again once it has imported and
-        once it has built the objective (the build has a timeout_s of its own). Without start reports (no pool, or
-        the pool does not answer) the deadline counts from dispatch and allows each attempt a build too.
+        start: an evaluation that waits in Ray's queue (more in flight than the cluster runs at once) is never
+        cut short. It allows every Ray retry its full timeout plus a grace period, since a retry after a lost
+        worker may itself wait in the queue before it reports its start. A new sandbox reports again once it
+        has imported and once it has built the objective (the build has a timeout_s of its own). Without start
+        reports (no pool, or the pool does not answer) the deadline counts from dispatch and allows each
+        attempt a build too.
         """
         limit = self.timeout_s
         if not refs or not math.isfinite(limit):
@@ -106,6 +109,8 @@ def timeout_record(trial: Trial, started: float, timeout_s: float) -> TrialResul
     """A failed 'timeout' result for an evaluation that gave no result long past its deadline (`started`: when
     its latest attempt started, or its dispatch when that is unknown)."""
     now = time.time()
-    message = (f"no result {now - started:.0f} s after it started (timeout_s={timeout_s:g}); the worker did not "
-               "enforce its timeout (frozen?) and was cancelled")
+    message = (
+        f"no result {now - started:.0f} s after it started (timeout_s={timeout_s:g}); the worker did not "
+        "enforce its timeout (frozen?) and was cancelled"
+    )
     return TrialResult.failure("timeout", message, None, started, now, trial_id=trial.trial_id)

@@ -1,9 +1,10 @@
-"""Why a run stops early: the failure-rate guard, and the one cause every part of the central actor reports to.
+"""Why a run stops early: the failure-rate guard, and the one cause every part of the central actor reports
+to.
 
-The guard (config `failure_guard`) stops a run whose evaluations of this session fail too often; the planner (refit
-failures in a row, an error of its own), the dispatcher (a submission Ray refuses) and the event log (a failed
-write) stop it too. Each states its cause through one `AbortCause`; the run loop ends on it, its summary's status
-is "aborted" with that message, and the driver raises `RunAbortedError`.
+The guard (config `failure_guard`) stops a run whose evaluations of this session fail too often; the planner
+(refit failures in a row, an error of its own), the dispatcher (a submission Ray refuses) and the event log (a
+failed write) stop it too. Each states its cause through one `AbortCause`; the run loop ends on it, its
+summary's status is "aborted" with that message, and the driver raises `RunAbortedError`.
 """
 
 from __future__ import annotations
@@ -25,15 +26,16 @@ class RunAbortedError(QbatchError):
 
 
 class AbortCause:
-    """The message of the run's abort (None while it goes on); every part of the actor reads and sets this one."""
+    """The message of the run's abort (None while it goes on); every part of the actor reads and sets this
+    one."""
 
     def __init__(self) -> None:
         self.message: str | None = None
 
     def set(self, message: str, add: bool = False) -> None:
-        """Stop the run for `message`. The first cause stands: a later one never replaces it (the failure guard,
-        tripped by the results drained after a planner error, would overwrite the planner's traceback, which only
-        this message records) and is added to it only with `add` (a planner error, a failed log
+        """Stop the run for `message`. The first cause stands: a later one never replaces it (the failure
+        guard, tripped by the results drained after a planner error, would overwrite the planner's traceback,
+        which only this message records) and is added to it only with `add` (a planner error, a failed log
         write), once."""
         if self.message is None:
             self.message = message
@@ -71,8 +73,8 @@ class FailureGuard:
         return n >= guard.min_trials and n > 0 and f / n > guard.max_failure_rate
 
     def check(self) -> None:
-        """Abort the run if the results counted so far trip the guard, naming the reasons and the most frequent
-        message of this session's failures."""
+        """Abort the run if the results counted so far trip the guard, naming the reasons and the most
+        frequent message of this session's failures."""
         guard = self.config
         n_done, n_failed = self.scheduler.n_done, self.scheduler.n_failed
         if self.trips(n_done, n_failed):

@@ -1,17 +1,18 @@
 """The central actor's planner: when to propose the next batch and when to refit the surrogate.
 
-ARCHITECTURE.md "The path of one evaluation", steps 2 and 5. Model work never holds up the dispatch loop. In the
-default asynchronous mode two background threads of the actor run the planner's steps. The *proposer thread*
-proposes the next batch as soon as the queue falls below its low-water mark (`SlotScheduler.low_water`: enough
-points to keep every slot busy through 1.5 recent proposal times, at least `queue_low`), so before it runs dry,
-counting every running and queued point as pending, with the current model. The *refit thread* refits
-the surrogate whenever new results are in: it fits a copy (warm-started from the current posterior) and swaps it in
-when ready, so proposals never wait for a fit. Until the first model is ready, free slots get further Sobol points
-rather than idling (`fill_before_first_model`, from the dispatch loop). Only the proposer thread touches the
-calibrator: the dispatch loop queues each (forecast, y) pair and the proposer thread applies those queued since its
-last proposal, in ask order. With ``synchronous: true`` the dispatch loop runs `sync_step` instead, the papers'
-protocol: propose B, evaluate all B, refit, repeat (all in the loop's thread); such a run is reproducible from its
-config and seed, since neither the model nor the calibrator sees the order results came in.
+ARCHITECTURE.md "The path of one evaluation", steps 2 and 5. Model work never holds up the dispatch loop. In
+the default asynchronous mode two background threads of the actor run the planner's steps. The *proposer
+thread* proposes the next batch as soon as the queue falls below its low-water mark
+(`SlotScheduler.low_water`: enough points to keep every slot busy through 1.5 recent proposal times, at least
+`queue_low`), so before it runs dry, counting every running and queued point as pending, with the current
+model. The *refit thread* refits the surrogate whenever new results are in: it fits a copy (warm-started from
+the current posterior) and swaps it in when ready, so proposals never wait for a fit. Until the first model is
+ready, free slots get further Sobol points rather than idling (`fill_before_first_model`, from the dispatch
+loop). Only the proposer thread touches the calibrator: the dispatch loop queues each (forecast, y) pair and
+the proposer thread applies those queued since its last proposal, in ask order. With ``synchronous: true`` the
+dispatch loop runs `sync_step` instead, the papers' protocol: propose B, evaluate all B, refit, repeat (all in
+the loop's thread); such a run is reproducible from its config and seed, since neither the model nor the
+calibrator sees the order results came in.
 
 Every proposal is logged with the model's forecast at that point (model units: after the sign flip of
 ``direction: minimize``) and the run's slot count, every refit with {"seconds", "n", "best_params",
@@ -58,9 +59,22 @@ class Planner:
         model_restored: the session started from a model checkpoint (no Sobol fillers while it refits).
     """
 
-    def __init__(self, opt: AskTellOptimizer, scheduler: SlotScheduler, log: RunLog, checkpoints: Checkpoints,
-                 notices: Notices, abort: AbortCause, stop: threading.Event, *, batch_size: int, session: float,
-                 refit_interval_s: float, max_refit_failures: int, model_restored: bool) -> None:
+    def __init__(
+        self,
+        opt: AskTellOptimizer,
+        scheduler: SlotScheduler,
+        log: RunLog,
+        checkpoints: Checkpoints,
+        notices: Notices,
+        abort: AbortCause,
+        stop: threading.Event,
+        *,
+        batch_size: int,
+        session: float,
+        refit_interval_s: float,
+        max_refit_failures: int,
+        model_restored: bool,
+    ) -> None:
         self.opt = opt
         self.scheduler = scheduler
         self.log = log
@@ -123,9 +137,9 @@ class Planner:
 
     # ------------------------------------------------------------------ steps
     def propose_step(self) -> bool:
-        """Propose when the queue is low (before it runs dry). Returns whether it did something. The calibrator
-        learns the results queued since the last proposal when the next one is asked (`AskTellOptimizer.ask`,
-        in this thread only), and is checkpointed then (`ask_and_log`)."""
+        """Propose when the queue is low (before it runs dry). Returns whether it did something. The
+        calibrator learns the results queued since the last proposal when the next one is asked
+        (`AskTellOptimizer.ask`, in this thread only), and is checkpointed then (`ask_and_log`)."""
         remaining = self.scheduler.remaining()
         if remaining <= 0:
             return False
@@ -146,8 +160,8 @@ class Planner:
         return True
 
     def fill_before_first_model(self) -> bool:
-        """Until the first model-based batch is queued, free slots get Sobol points from the dispatch loop directly.
-        Returns whether there were free slots to fill (the dispatch loop then dispatches).
+        """Until the first model-based batch is queued, free slots get Sobol points from the dispatch loop
+        directly. Returns whether there were free slots to fill (the dispatch loop then dispatches).
 
         The first fit and the first proposal (which also pays one-off start-up costs) may take longer than
         the queued initial design lasts; the space-filling design simply continues meanwhile. Later
@@ -214,7 +228,8 @@ class Planner:
             sched.release(q, sobol, trials)
 
     def ask_and_log(self, q: int, design: bool) -> list[Trial]:
-        """`propose`'s work: ask for `q` trials and log them (a trial is logged before it can be dispatched)."""
+        """`propose`'s work: ask for `q` trials and log them (a trial is logged before it can be
+        dispatched)."""
         t0 = time.perf_counter()
         pending = self.opt.num_pending
         calibrated_before = self.opt.num_calibrated
@@ -225,14 +240,21 @@ class Planner:
         if trials and trials[0].source == "model":
             self.model_batches += 1
             self.scheduler.record_proposal(seconds)
-            # how many results the calibrator had learned when this ask flushed it (only this thread flushes), and
-            # (on the batch's first record) which ones this flush taught it: a replay without a calibrator
+            # how many results the calibrator had learned when this ask flushed it (only this thread flushes),
+            # and (on the batch's first record) which ones this flush taught it: a replay without a calibrator
             # checkpoint rebuilds the ask's update from them (replay.py)
             calibrated = self.opt.num_calibrated if self.opt.calibrator is not None else None
         events = []
         for i, t in enumerate(trials):
-            info = {"source": t.source, "seed": t.seed, "proposal_seconds": seconds, "q": q, "pending": pending,
-                    "slots": self.scheduler.max_concurrent, "session": self.session}
+            info = {
+                "source": t.source,
+                "seed": t.seed,
+                "proposal_seconds": seconds,
+                "q": q,
+                "pending": pending,
+                "slots": self.scheduler.max_concurrent,
+                "session": self.session,
+            }
             if calibrated is not None:
                 info["calibrated"] = calibrated
                 if i == 0:
@@ -243,7 +265,8 @@ class Planner:
                 info["forecast_units"] = "negated (direction: minimize)"
             events.append(self.log.event("proposed", t, info=info, forecast=t.forecast))
         self.log.append(events)
-        if not design:  # this thread flushed the calibrator in `ask` (design points come from the dispatch loop).
+        # this thread flushed the calibrator in `ask` (design points come from the dispatch loop).
+        if not design:
             # Saved after the record of what it learned: a checkpoint behind the log is replayed exactly (the
             # records after it cut the rounds), one ahead of it would not be (saved first, a crash or a failed
             # write in between would leave a learned update no record marks)
@@ -256,9 +279,9 @@ class Planner:
         swaps a new one in only when its fit succeeds), is logged with its traceback, and returns False;
         `max_refit_failures` in a row abort the run, except for the `final` fit after the last result (the run
         is done: its recommendation is then the previous model's). `restart`: see `AskTellOptimizer.fit`.
-        Every fit but the final one stops when the run loop ends (`stop`), logging nothing and returning False:
-        the final fit on every result replaces it, and the run's end does not wait for it (a streaming run's
-        background refit on the results before the last ones)."""
+        Every fit but the final one stops when the run loop ends (`stop`), logging nothing and returning
+        False: the final fit on every result replaces it, and the run's end does not wait for it (a streaming
+        run's background refit on the results before the last ones)."""
         from orchestrator.errors import FitInterrupted
 
         t0 = time.perf_counter()
@@ -275,13 +298,23 @@ class Planner:
             # capped like an objective's failure (head and tail kept), and safe from an exception whose
             # __str__ raises
             error = describe_exception(exc)
-            info = {"failed": True, "error": error, "traceback": format_exception_traceback(exc), "n": n,
-                    "slots": self.scheduler.max_concurrent, "session": self.session, "direction": self.direction,
-                    "failed_in_a_row": self.failed_in_a_row, "elapsed_s": time.perf_counter() - t0,
-                    "kept": "previous model" if self.opt.model is not None else "Sobol design (no model yet)"}
+            info = {
+                "failed": True,
+                "error": error,
+                "traceback": format_exception_traceback(exc),
+                "n": n,
+                "slots": self.scheduler.max_concurrent,
+                "session": self.session,
+                "direction": self.direction,
+                "failed_in_a_row": self.failed_in_a_row,
+                "elapsed_s": time.perf_counter() - t0,
+                "kept": "previous model" if self.opt.model is not None else "Sobol design (no model yet)",
+            }
             self.append_refit(info, final)
-            self.notices.say(f"qbatch: refit on {n} results failed ({self.failed_in_a_row} in a row): {error}; the "
-                             f"run goes on with the {info['kept']}")
+            self.notices.say(
+                f"qbatch: refit on {n} results failed ({self.failed_in_a_row} in a row): {error}; the "
+                f"run goes on with the {info['kept']}"
+            )
             if self.failed_in_a_row >= self.max_refit_failures and not final:
                 self.abort.set(f"{self.failed_in_a_row} refits in a row failed (max_refit_failures="
                                f"{self.max_refit_failures}); the last on {n} results: {error}")
@@ -298,16 +331,16 @@ class Planner:
         return True
 
     def final_fit(self) -> None:
-        """The end of a session that was not aborted (its budget spent, or stopped): the model is refitted from
-        scratch on every result, then the calibrator learns the results since the last ask (`session_end`). The
-        final recommendation uses every result (after the evaluation span) and a fresh fit: a warm start can stay
-        in the basin of a fit on the first few results (`AskTellOptimizer.fit`); a run that ended before its first
-        model batch (a budget near `initial_design`) is fitted here too."""
+        """The end of a session that was not aborted (its budget spent, or stopped): the model is refitted
+        from scratch on every result, then the calibrator learns the results since the last ask
+        (`session_end`). The final recommendation uses every result (after the evaluation span) and a fresh
+        fit: a warm start can stay in the basin of a fit on the first few results (`AskTellOptimizer.fit`); a
+        run that ended before its first model batch (a budget near `initial_design`) is fitted here too."""
         self.refit(restart=True, final=True)
 
     def append_refit(self, info: dict[str, Any], final: bool) -> None:
-        """Log a refit's record, failed or not. The final fit's also carries the session's last calibrator flush
-        (`session_end`), which is checkpointed once the record is written."""
+        """Log a refit's record, failed or not. The final fit's also carries the session's last calibrator
+        flush (`session_end`), which is checkpointed once the record is written."""
         from orchestrator.store import Event
 
         if final:
@@ -317,23 +350,30 @@ class Planner:
             self.checkpoints.save_calibrator(force=True)
 
     def session_end(self) -> dict[str, Any]:
-        """The calibrator learns the results told since the last ask (`refit` checkpoints it once the record is
-        written, as `ask_and_log` does); returns what the final fit's record, appended right after, says of it
-        (`final`, and with a calibrator `calibrated`, how many it has learned in all, and `learned_ids`, the
-        results this flush taught it), so that a replay without the checkpoint ends that update there too
+        """The calibrator learns the results told since the last ask (`refit` checkpoints it once the record
+        is written, as `ask_and_log` does); returns what the final fit's record, appended right after, says of
+        it (`final`, and with a calibrator `calibrated`, how many it has learned in all, and `learned_ids`,
+        the results this flush taught it), so that a replay without the checkpoint ends that update there too
         (replay.py) and does not merge it with the next session's first. A flush that raises is reported and
         leaves the fit and its record as they are. It runs after the final fit, not before: a session killed
-        during that fit (it may take minutes) flushed nothing, so its replay agrees with its checkpoint (flushed
-        and checkpointed first, it would have learned results whose update no record marks)."""
+        during that fit (it may take minutes) flushed nothing, so its replay agrees with its checkpoint
+        (flushed and checkpointed first, it would have learned results whose update no record marks)."""
         before = self.opt.num_calibrated
         try:
             self.opt.flush_calibration()
         except Exception as exc:  # noqa: BLE001 - the fitted model and its record are kept
-            # not checkpointed: a resume restores the last checkpoint and teaches it these results from the log
+            # not checkpointed: a resume restores the last checkpoint and teaches it these results from
+            # the log
             error = describe_exception(exc)
-            self.notices.say(f"qbatch: the calibrator could not learn the session's last results ({error}); a "
-                             "resume teaches them again from the log")
+            self.notices.say(
+                f"qbatch: the calibrator could not learn the session's last results ({error}); a "
+                "resume teaches them again from the log"
+            )
             return {"final": True, "calibrator_error": error}
         if self.opt.calibrator is None:
             return {"final": True}
-        return {"final": True, "calibrated": self.opt.num_calibrated, "learned_ids": self.opt.calibrated_ids(before)}
+        return {
+            "final": True,
+            "calibrated": self.opt.num_calibrated,
+            "learned_ids": self.opt.calibrated_ids(before),
+        }

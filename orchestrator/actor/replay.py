@@ -1,16 +1,18 @@
 """Rebuilding the central actor from its run's event log: a resume, or a restart after a crash.
 
-The actor replays proposals and results (each result exactly once, in log order) into its optimizer and re-queues
-the trials that never finished, first and in proposal order. The calibrator's updates are cut where the log says
-the run flushed it (a model batch's first proposal, a session's final fit), so a replay without the calibrator
-checkpoint learns the results in the chunks the run did. After a restart the actor adopts the evaluations its
-`EvaluationPool` (workers/pool.py) still holds, running or finished while it was down, instead of re-running them.
+The actor replays proposals and results (each result exactly once, in log order) into its optimizer and
+re-queues the trials that never finished, first and in proposal order. The calibrator's updates are cut where
+the log says the run flushed it (a model batch's first proposal, a session's final fit), so a replay without
+the calibrator checkpoint learns the results in the chunks the run did. After a restart the actor adopts the
+evaluations its `EvaluationPool` (workers/pool.py) still holds, running or finished while it was down, instead
+of re-running them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.actor.scheduler import SlotScheduler
 
@@ -32,7 +34,9 @@ class Replayed:
     readopted: int
 
 
-def replay_log(opt: AskTellOptimizer, events: list[Event], scheduler: SlotScheduler, pool: Any = None) -> Replayed:
+def replay_log(
+    opt: AskTellOptimizer, events: list[Event], scheduler: SlotScheduler, pool: Any = None
+) -> Replayed:
     """Rebuild `opt` from the log's `events`: proposals, then results exactly once, in log order. The results
     are counted in `scheduler`, the attempts started too, and the trials that never finished are queued (or,
     with `pool`, in flight again where it still holds their evaluations)."""
@@ -43,9 +47,9 @@ def replay_log(opt: AskTellOptimizer, events: list[Event], scheduler: SlotSchedu
         if ev.kind == "proposed" and not opt.has_trial(ev.trial_id):
             info = ev.info or {}
             if info.get("source") == "model" and ev.batch_id is not None and ev.batch_id not in model_batches:
-                # that batch's ask flushed the calibrator's queue: the results logged before it are one update,
-                # but for those told while the ask ran (logged before its batch, the next ask's), which the
-                # count the ask logged sets apart (planner.py `ask_and_log`)
+                # that batch's ask flushed the calibrator's queue: the results logged before it are one
+                # update, but for those told while the ask ran (logged before its batch, the next ask's),
+                # which the count the ask logged sets apart (planner.py `ask_and_log`)
                 model_batches.add(ev.batch_id)
                 end_calibration_round(opt, info)
             opt.restore_trial(
@@ -65,7 +69,9 @@ def replay_log(opt: AskTellOptimizer, events: list[Event], scheduler: SlotSchedu
                 opt.tell(ev.trial_id, ev.value)
                 n_completed += 1
             else:
-                opt.tell(ev.trial_id, None, error=ev.error or "exception", message=(ev.info or {}).get("message"))
+                opt.tell(
+                    ev.trial_id, None, error=ev.error or "exception", message=(ev.info or {}).get("message")
+                )
                 n_failed += 1
     scheduler.n_completed, scheduler.n_failed = n_completed, n_failed
     # trials proposed (maybe started) that never finished go first, in proposal order
@@ -76,8 +82,8 @@ def replay_log(opt: AskTellOptimizer, events: list[Event], scheduler: SlotSchedu
 
 
 def end_calibration_round(opt: AskTellOptimizer, info: Mapping[str, Any]) -> None:
-    """The replay at a record of a calibrator flush (a model batch's first proposal, a session's final fit): its
-    `learned_ids` (absent from logs of older versions) name the results that flush taught the calibrator,
+    """The replay at a record of a calibrator flush (a model batch's first proposal, a session's final fit):
+    its `learned_ids` (absent from logs of older versions) name the results that flush taught the calibrator,
     `calibrated` how many it had learned in all (on every proposal of the batch: the first one's record may be
     lost). The ids are exact across sessions and after a damaged part of the log; the count is shifted by
     results a damaged log lost (a count of the flush's results alone would be shifted by a resumed session's

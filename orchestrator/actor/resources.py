@@ -1,14 +1,16 @@
 """How many evaluations the cluster runs at once: an objective's request for Ray resources, node by node.
 
 `CentralActor` runs `max_concurrent` evaluations at a time; without one in the config it takes what the live
-cluster allows for the objective's `Resources` (`default_max_concurrent`). The driver (orchestrator/runner/progress.py)
-names the request (`resource_request`) when evaluations wait long for the cluster to free resources.
+cluster allows for the objective's `Resources` (`default_max_concurrent`). The driver
+(orchestrator/runner/progress.py) names the request (`resource_request`) when evaluations wait long for the
+cluster to free resources.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from orchestrator.errors import QbatchError
 
@@ -25,8 +27,8 @@ def slots_for(node_resources: Mapping[str, float], request: Mapping[str, float])
 
 
 def resource_request(resources: Any) -> dict[str, float]:
-    """One evaluation's request for an objective's `Resources`, by Ray's resource names ("CPU", "GPU", "memory",
-    custom names), as `ray.available_resources()` names them."""
+    """One evaluation's request for an objective's `Resources`, by Ray's resource names ("CPU", "GPU",
+    "memory", custom names), as `ray.available_resources()` names them."""
     opts = resources.to_ray_options()
     request: dict[str, float] = {"CPU": opts.get("num_cpus", 0.0), "GPU": opts.get("num_gpus", 0.0)}
     if opts.get("memory"):

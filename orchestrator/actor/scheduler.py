@@ -1,11 +1,12 @@
 """The slot scheduler: which proposed trial runs next, and how much of the budget is spoken for.
 
 ARCHITECTURE.md "The path of one evaluation", steps 4-5. A plain class, without Ray: the central actor's
-dispatcher (`dispatch.py`) takes the trials that fill the free slots from its queue and hands their evaluations'
-refs back, and the planner (`planner.py`) asks it whether the queue is low (`low_water`) and reserves its share of
-the budget before it proposes. A trial is queued, then being submitted, then in flight, then done (or back at the
-front of the queue when its evaluation will never report); in every one of these states, and while it is being
-proposed, it counts against the budget (`remaining`), so two proposers together never pass it.
+dispatcher (`dispatch.py`) takes the trials that fill the free slots from its queue and hands their
+evaluations' refs back, and the planner (`planner.py`) asks it whether the queue is low (`low_water`) and
+reserves its share of the budget before it proposes. A trial is queued, then being submitted, then in flight,
+then done (or back at the front of the queue when its evaluation will never report); in every one of these
+states, and while it is being proposed, it counts against the budget (`remaining`), so two proposers together
+never pass it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 import collections
 import math
 import threading
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from workers.records import TrialResult
@@ -34,13 +36,14 @@ class SlotScheduler:
         max_concurrent: evaluations in flight at most (the run's slots).
         budget: results the run ends with, those replayed from the log included.
         queue_low: the least low-water mark (`low_water`).
-        batch_size: the config's batch size; the low-water mark stays below four batches (or four times the slots).
+        batch_size: the config's batch size; the low-water mark stays below four batches (or four times the
+            slots).
 
     Its state is public for the actor and its parts, to be read and changed under `lock`: `queue` (trials in
-    proposal order, first out first), `inflight` (ref -> (trial, dispatch time, attempt)), `attempts` (trial id ->
-    attempts started), `submitting` (trials taken from the queue whose submission has not returned), `reserved`
-    (trials being proposed now: asked for, not yet queued) with `reserved_sobol` of them Sobol points, and the
-    results counted (`n_completed`, `n_failed`).
+    proposal order, first out first), `inflight` (ref -> (trial, dispatch time, attempt)), `attempts` (trial
+    id -> attempts started), `submitting` (trials taken from the queue whose submission has not returned),
+    `reserved` (trials being proposed now: asked for, not yet queued) with `reserved_sobol` of them Sobol
+    points, and the results counted (`n_completed`, `n_failed`).
     """
 
     def __init__(self, max_concurrent: int, budget: int, queue_low: int, batch_size: int) -> None:
@@ -48,8 +51,8 @@ class SlotScheduler:
         self.budget = budget
         self.queue_low = queue_low
         self.batch_size = batch_size
-        # queue, in-flight table, counters; re-entrant: the actor holds it also while it tells results, so a budget
-        # count sees each result either in flight or done, never both or neither
+        # queue, in-flight table, counters; re-entrant: the actor holds it also while it tells results, so a
+        # budget count sees each result either in flight or done, never both or neither
         self.lock = threading.RLock()
         self.queue: collections.deque[_Trial] = collections.deque()
         self.inflight: dict[Any, tuple[_Trial, float, int]] = {}
@@ -78,8 +81,8 @@ class SlotScheduler:
                     - self.reserved)
 
     def queued(self) -> int:
-        """Trials queued or being submitted: the latter count as queued, else a proposer would see an empty queue
-        while a restarting pool holds a submission up, and propose a batch more than the queue needs."""
+        """Trials queued or being submitted: the latter count as queued, else a proposer would see an empty
+        queue while a restarting pool holds a submission up, and propose a batch more than the queue needs."""
         with self.lock:
             return len(self.queue) + self.submitting
 
@@ -103,8 +106,9 @@ class SlotScheduler:
 
     # ------------------------------------------------------------------ reservations (proposals under way)
     def reserve(self, q: int, sobol: bool) -> None:
-        """`q` trials are being proposed (`sobol`: as Sobol points): spoken for until `release`. The caller holds
-        `lock` from its `remaining` check to here, so that two proposers together never pass the budget."""
+        """`q` trials are being proposed (`sobol`: as Sobol points): spoken for until `release`. The caller
+        holds `lock` from its `remaining` check to here, so that two proposers together never pass the
+        budget."""
         with self.lock:
             self.reserved += q
             self.reserved_sobol += q if sobol else 0
@@ -149,14 +153,14 @@ class SlotScheduler:
                 self.inflight[ref] = (trial, now, attempt)
 
     def saw_attempt(self, trial_id: str, attempt: int) -> None:
-        """Attempt `attempt` of `trial_id` started (a replayed "started" record, an adopted evaluation): the next
-        one is numbered after it."""
+        """Attempt `attempt` of `trial_id` started (a replayed "started" record, an adopted evaluation): the
+        next one is numbered after it."""
         with self.lock:
             self.attempts[trial_id] = max(self.attempts.get(trial_id, 0), attempt + 1)
 
     def adopt(self, held: Mapping[str, tuple[Any, int, float]]) -> int:
-        """After a restart: the queued trials whose evaluations the pool still holds (`held`: trial id -> (ref,
-        attempt, submission time)) are in flight again instead of queued. Returns how many."""
+        """After a restart: the queued trials whose evaluations the pool still holds (`held`: trial id ->
+        (ref, attempt, submission time)) are in flight again instead of queued. Returns how many."""
         with self.lock:
             adopted = 0
             keep: collections.deque[_Trial] = collections.deque()
@@ -173,8 +177,8 @@ class SlotScheduler:
 
     # ------------------------------------------------------------------ results
     def free(self, ref: Any) -> tuple[_Trial, float, int]:
-        """The evaluation `ref` ended (its result is told, or it was told before): its slot is free. Returns its
-        (trial, dispatch time, attempt)."""
+        """The evaluation `ref` ended (its result is told, or it was told before): its slot is free. Returns
+        its (trial, dispatch time, attempt)."""
         with self.lock:
             return self.inflight.pop(ref)
 
@@ -186,8 +190,9 @@ class SlotScheduler:
             self.queue.appendleft(trial)
 
     def count(self, result: TrialResult) -> None:
-        """A result told (its `status`, `error`, `started_at` and `ended_at`): done, completed or failed, and its
-        evaluation time is busy slot time, but for a lost worker's (its times are the dispatch's and the loss's)."""
+        """A result told (its `status`, `error`, `started_at` and `ended_at`): done, completed or failed, and
+        its evaluation time is busy slot time, but for a lost worker's (its times are the dispatch's and the
+        loss's)."""
         with self.lock:
             if result.status == "completed":
                 self.n_completed += 1

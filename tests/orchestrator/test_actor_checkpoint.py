@@ -19,15 +19,22 @@ from orchestrator.actor import MODEL_CHECKPOINT, CentralActor
 from orchestrator.config import load_config
 from orchestrator.store import RunStore
 
-
 FORRESTER = load_objective("forrester", {})
 
 
 def _config(tmp_path, **over):
-    cfg = {"name": "ckpt", "objective": {"name": "forrester", "options": {}}, "batch_size": 4,
-           "initial_design": 8, "budget": 40, "max_concurrent": 4, "seed": 2, "run_dir": str(tmp_path / "run"),
-           "tau": 0.3,
-           "model": {"type": "quantile", "options": {"max_steps": 150, "warm_max_steps": 30, "num_inducing": 8}}}
+    cfg = {
+        "name": "ckpt",
+        "objective": {"name": "forrester", "options": {}},
+        "batch_size": 4,
+        "initial_design": 8,
+        "budget": 40,
+        "max_concurrent": 4,
+        "seed": 2,
+        "run_dir": str(tmp_path / "run"),
+        "tau": 0.3,
+        "model": {"type": "quantile", "options": {"max_steps": 150, "warm_max_steps": 30, "num_inducing": 8}},
+    }
     cfg.update(over)
     return cfg
 
@@ -36,8 +43,8 @@ _OPEN: list[CentralActor] = []
 
 
 def _open(run_dir: str) -> CentralActor:
-    """A central actor on `run_dir`, as after a restart: the previous one's process, and so its writer lock, is
-    gone (here it is released by hand, both living in this process)."""
+    """A central actor on `run_dir`, as after a restart: the previous one's process, and so its writer lock,
+    is gone (here it is released by hand, both living in this process)."""
     while _OPEN:
         _OPEN.pop().store.unlock_writer()
     actor = CentralActor(run_dir, max_concurrent=4, pool=None)
@@ -85,7 +92,9 @@ def test_every_refit_saves_the_model_and_a_new_actor_proposes_from_it(fitted):
     assert again.model_restored and again.opt.model is not None and again.opt.num_stale == 0
     assert again.opt.best() == actor.opt.best()
     X = torch.linspace(0, 1, 7, dtype=torch.float64).unsqueeze(-1)
-    for a, b in zip(actor.opt.model.posterior_f(X, full_cov=False), again.opt.model.posterior_f(X, full_cov=False)):
+    for a, b in zip(
+        actor.opt.model.posterior_f(X, full_cov=False), again.opt.model.posterior_f(X, full_cov=False)
+    ):
         assert torch.equal(a, b)
     assert again.planner.propose_step() is True  # a model-based batch at once, not Sobol fillers
     assert {t.source for t in again.scheduler.queue} == {"model"}
@@ -106,7 +115,7 @@ def test_an_unusable_checkpoint_means_a_cold_refit_not_a_failed_resume(fitted, c
     again = _open(cfg["run_dir"])
     assert not again.model_restored and again.opt.model is None and again.opt.num_completed == 12
     assert "saw 99 results; the log holds 12" in caplog.text
-    # found in review: without a model the slots idled through the cold refit; they get Sobol points meanwhile
+    # without a model the slots do not idle through the cold refit: they get Sobol points meanwhile
     again._fill_before_first_model()
     inflight = again.scheduler.inflight
     assert len(inflight) == 4 and {t.source for t, _, _ in inflight.values()} == {"sobol"}
@@ -134,9 +143,10 @@ def test_a_checkpoint_of_another_model_is_not_restored(fitted):
 
 @pytest.mark.parametrize("edit", ["model options", "direction"])
 def test_a_checkpoint_made_under_other_settings_is_not_restored(fitted, edit):
-    """Found in review: config keys but the space may change before a resume, yet a restored checkpoint brought
-    its own tau and model options, and every warm refit copied them on: num_inducing 8 -> 24 stayed 8, and
-    after a change of direction the model kept fitting the old level (0.3 instead of 0.7) of a negated outcome."""
+    """The model options and the direction in config.yaml may change before a resume: a checkpoint made under
+    other settings is not restored, and the refit fits with the config's tau and options (a restored model's
+    tau and options would be copied onto every warm refit, and after a change of direction the model would fit
+    the old level of a negated outcome)."""
     import yaml
 
     cfg, actor = fitted
@@ -156,7 +166,7 @@ def test_a_checkpoint_made_under_other_settings_is_not_restored(fitted, edit):
         assert again.opt.model.options.num_inducing == 6
 
 
-# ---------------------------------------------------------------------------------------------- the calibrator
+# ------------------------------------------------------------------------------------------ the calibrator
 def _same_state(a, b) -> bool:
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(_same_state(a[k], b[k]) for k in a)
@@ -172,8 +182,12 @@ def calibrated(tmp_path):
     """A run with paper 000's online recalibrator (and the acquisition that reads its level map): two flushes
     teach it two chunks of 4 model-based results (each saved), and 4 more are told but not taught when the
     actor stops."""
-    cfg = _config(tmp_path, calibrator={"type": "online", "options": {}}, proposer={"type": "calibrated", "options": {}},
-                  model={"type": "exact-gp", "options": {}})
+    cfg = _config(
+        tmp_path,
+        calibrator={"type": "online", "options": {}},
+        proposer={"type": "calibrated", "options": {}},
+        model={"type": "exact-gp", "options": {}},
+    )
     RunStore.create(cfg["run_dir"], load_config(cfg).to_dict())
     actor = _open(cfg["run_dir"])
     actor.planner.propose(8)
@@ -187,9 +201,9 @@ def calibrated(tmp_path):
 
 
 def test_a_resumed_actor_restores_the_calibrator_it_had_not_relearns_every_result(calibrated):
-    """Found in review: a resume replays every result into one flush, so online OGD (and LOCBO, time-series
-    splits) ended in another state than the interrupted run's (level map off by up to 0.2). The calibrator is
-    checkpointed with the trial ids it learned; a resume restores it and teaches it only the others."""
+    """The calibrator is checkpointed with the trial ids it learned; a resume restores it, in the state the
+    interrupted run's calibrator had, and teaches it only the other results (replaying every result into one
+    flush would leave online OGD, LOCBO and time-series splits in another state than the run's)."""
     from orchestrator.actor import CALIBRATOR_CHECKPOINT
 
     cfg, actor = calibrated
@@ -238,31 +252,38 @@ def test_an_unusable_calibrator_checkpoint_means_relearning_from_the_log(calibra
 
 
 def test_the_calibrator_learns_only_when_a_proposal_is_asked_so_each_lesson_is_checkpointed(calibrated):
-    """Found in review: the proposer thread flushed the calibrator at every poll (every 0.1 s) but saved it only
-    with a proposal, so a resume re-taught the results learned between; and the module says it learns "since
-    its last proposal"."""
+    """The calibrator learns the told results only when a proposal is asked, not at every poll of the proposer
+    thread, and is saved with that proposal, so a resume re-teaches no result it learned; the module says it
+    learns "since its last proposal"."""
     from orchestrator.actor import CALIBRATOR_CHECKPOINT
 
     cfg, actor = calibrated
-    actor.scheduler.queue.extend(actor.opt.ask(actor.low_water(), fit=False, design=True))  # no proposal is due
-    assert actor.planner.propose_step() is False and actor.opt.num_calibrated == 8  # the 4 told wait for the next ask
+    # no proposal is due
+    actor.scheduler.queue.extend(actor.opt.ask(actor.low_water(), fit=False, design=True))
+    # the 4 told wait for the next ask
+    assert actor.planner.propose_step() is False and actor.opt.num_calibrated == 8
     actor.scheduler.queue.clear()
     assert actor.planner.propose_step() is True and actor.opt.num_calibrated == 12
     assert len(RunStore.open(cfg["run_dir"]).load_checkpoint(CALIBRATOR_CHECKPOINT)["taught"]) == 12
 
 
-def test_the_calibrator_checkpoint_is_written_after_the_proposals_that_record_its_lesson(calibrated, monkeypatch):
-    """The proposals' record names the results the ask's flush taught the calibrator (`learned_ids`), and a
-    checkpoint one lesson behind the log is replayed exactly (`test_actor_guards.py`); one ahead of the log, which
-    saving first left after a crash between the two writes, was not (found in review). (Before the log recorded
-    the lessons, the order was the reverse: a checkpoint behind learned two batches in one flush.)"""
+def test_the_calibrator_checkpoint_is_written_after_the_proposals_that_record_its_lesson(
+    calibrated, monkeypatch
+):
+    """The proposals' record names the results the ask's flush taught the calibrator (`learned_ids`), and the
+    calibrator checkpoint is saved after that record is appended: a checkpoint one lesson behind the log is
+    replayed exactly (`test_actor_guards.py`), and one ahead of the log, which saving first would leave after
+    a crash between the two writes, could not be."""
     from orchestrator.actor import CALIBRATOR_CHECKPOINT
 
     _, actor = calibrated
     order = []
     real_append, real_save = actor.store.append, actor.store.save_checkpoint
-    monkeypatch.setattr(actor.store, "append", lambda events: order.append(("append", {e.kind for e in events}))
-                        or real_append(events))
+    monkeypatch.setattr(
+        actor.store,
+        "append",
+        lambda events: order.append(("append", {e.kind for e in events})) or real_append(events),
+    )
     monkeypatch.setattr(actor.store, "save_checkpoint", lambda name, state: order.append(("save", name))
                         or real_save(name, state))
     actor.planner.propose(4)

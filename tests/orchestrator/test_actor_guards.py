@@ -25,13 +25,22 @@ from orchestrator.store import RunStore
 
 
 def _actor(tmp_path, budget: int = 8, **over) -> CentralActor:
-    cfg = {"name": "budget", "objective": {"name": "forrester", "options": {}}, "batch_size": 4,
-           "initial_design": 4, "budget": budget, "max_concurrent": 4, "seed": 1, "run_dir": str(tmp_path / "run"),
-           **over}
+    cfg = {
+        "name": "budget",
+        "objective": {"name": "forrester", "options": {}},
+        "batch_size": 4,
+        "initial_design": 4,
+        "budget": budget,
+        "max_concurrent": 4,
+        "seed": 1,
+        "run_dir": str(tmp_path / "run"),
+        **over,
+    }
     RunStore.create(cfg["run_dir"], load_config(cfg).to_dict())
     actor = CentralActor(cfg["run_dir"], max_concurrent=4, pool=None)
     refs = itertools.count()
-    actor.dispatcher.submit = lambda batch: [f"ref{next(refs)}" for _ in batch]  # no Ray: results are told by hand
+    # no Ray: results are told by hand
+    actor.dispatcher.submit = lambda batch: [f"ref{next(refs)}" for _ in batch]
     return actor
 
 
@@ -69,8 +78,9 @@ def test_overlapping_proposals_stay_within_the_budget(tmp_path):
 
 
 def test_sobol_fillers_only_for_free_slots_and_only_while_a_model_is_awaited(tmp_path):
-    """Found in review: the proposer thread topped the queue up with Sobol points while the first model was
-    fitted, and the dispatch loop filled slots while the initial design's last points were being queued."""
+    """Sobol fillers go only to free slots and only while the first model is awaited: the dispatch loop adds
+    none while the initial design is between its ask and its enqueue, and the proposer thread does not top the
+    queue up with them while the first model is fitted."""
     actor = _actor(tmp_path, budget=12)
     actor.scheduler.max_concurrent = 2
     logged = actor.log.append
@@ -153,8 +163,9 @@ def test_a_second_run_call_waits_for_the_running_loop_instead_of_starting_anothe
 
 
 def test_a_submission_ray_refuses_stops_the_run_instead_of_retrying_forever(tmp_path):
-    """A refused submission (e.g. resource options Ray rejects) was taken for a restarting pool and retried every
-    0.2 s forever, with nothing in flight. Now it stops the run; the trials stay queued and logged as proposed."""
+    """A refused submission (e.g. resource options Ray rejects) was taken for a restarting pool and retried
+    every 0.2 s forever, with nothing in flight. Now it stops the run; the trials stay queued and logged as
+    proposed."""
     import ray.exceptions
 
     actor = _actor(tmp_path)
@@ -181,8 +192,9 @@ def test_a_submission_ray_refuses_stops_the_run_instead_of_retrying_forever(tmp_
 
 
 def test_the_first_abort_cause_stands_and_a_planner_error_is_never_overwritten(tmp_path):
-    """Found in review: a planner error aborts the run, the evaluations in flight are drained, their results
-    trip the failure guard, and the guard's message replaced the planner's traceback (recorded nowhere else)."""
+    """A planner error aborts the run and the evaluations in flight are drained; when their results trip the
+    failure guard, the abort message keeps the planner's traceback (recorded nowhere else) first, and a cause
+    that is added is appended once."""
     actor = _actor(tmp_path)
     actor.abort.set("the planner failed: Traceback ... RuntimeError: bug in the proposer", add=True)
     actor.abort.set("failure guard: 7 of 15 evaluations failed")
@@ -204,8 +216,9 @@ def test_the_first_abort_cause_stands_and_a_planner_error_is_never_overwritten(t
 
 
 def test_the_failure_guard_names_the_most_frequent_message(tmp_path):
-    """Found in review: one cluster node without the user's module failed every evaluation it took and tripped
-    the guard, whose line said only "reasons {'exception': 10}"; the cause was in each event alone."""
+    """The failure guard's abort message names, beside the count of each reason, the most frequent failure
+    message (its first line), so a cause such as a cluster node without the user's module is in the message
+    and not in each event alone."""
     actor = _actor(tmp_path, failure_guard={"max_failure_rate": 0.3, "min_trials": 2})
     trials = actor.opt.ask(4, design=True)
     missing = "loading the objective failed: ModuleNotFoundError: No module named 'revobj'"
@@ -219,9 +232,9 @@ def test_the_failure_guard_names_the_most_frequent_message(tmp_path):
 
 
 def test_a_refit_that_ends_after_a_newer_one_is_not_swapped_in(tmp_path):
-    """Found in review: a refit still running when the run ended (its join timed out) finished after the final
-    fit and swapped its older model in, and the checkpoint then said model_n 25 with 40 results logged. Here the
-    older fit (on the first 4 results) ends after the fit on all 8."""
+    """A refit still running when the run ends (its join timed out) that finishes after a newer fit does not
+    swap its older model in, so the model and its checkpoint stay those of the most results. Here the older
+    fit (on the first 4 results) ends after the fit on all 8."""
     actor = _actor(tmp_path, budget=12)
     for _ in range(2):
         actor.planner.propose(4)
@@ -240,8 +253,8 @@ def test_a_refit_that_ends_after_a_newer_one_is_not_swapped_in(tmp_path):
 
 @contextlib.contextmanager
 def _submission_held_up(actor: CentralActor):
-    """While inside: `actor.dispatcher.dispatch` runs in a thread and its pool submission waits (as on a restarting
-    pool)."""
+    """While inside: `actor.dispatcher.dispatch` runs in a thread and its pool submission waits (as on a
+    restarting pool)."""
     entered, release = threading.Event(), threading.Event()
     refs = itertools.count()
 
@@ -262,9 +275,9 @@ def _submission_held_up(actor: CentralActor):
 
 
 def test_a_slow_submission_blocks_neither_status_nor_the_budget_count(tmp_path):
-    """Found in review: `Dispatcher.dispatch` held the actor's lock while the pool answered (up to 60 s while it restarts),
-    so status(), the planners' budget checks and their log appends waited that long. The trials being submitted
-    still count against the budget."""
+    """`Dispatcher.dispatch` does not hold the actor's lock while the pool answers (up to 60 s while it
+    restarts), so status(), the planners' budget checks and their log appends do not wait for it. The trials
+    being submitted still count against the budget."""
     import time
 
     actor = _actor(tmp_path, budget=8)
@@ -275,12 +288,16 @@ def test_a_slow_submission_blocks_neither_status_nor_the_budget_count(tmp_path):
         assert time.perf_counter() - t0 < 1.0, "status() waited for the submission"
         assert actor.scheduler.remaining() == 4  # the 4 being submitted are spoken for
         assert st["inflight"] == 0 and st["queued"] == 0
-    assert len(actor.scheduler.inflight) == 4 and actor.scheduler.remaining() == 4 and actor.scheduler.submitting == 0
+    assert (
+        len(actor.scheduler.inflight) == 4
+        and actor.scheduler.remaining() == 4
+        and actor.scheduler.submitting == 0
+    )
 
 
 def test_trials_being_submitted_count_as_queued_for_the_next_proposal(tmp_path):
-    """Found in a review of the change above: while a submission waited on the pool, the proposer saw an empty
-    queue and proposed a batch more than the queue needed."""
+    """While a submission waits on the pool, the trials being submitted count as queued, so the proposer does
+    not see an empty queue and propose a batch more than the queue needs."""
     actor = _actor(tmp_path, budget=12, proposer={"type": "random", "options": {}})
     actor.planner.propose(4)
     with _submission_held_up(actor):
@@ -296,7 +313,8 @@ def _online_actor(tmp_path, budget: int) -> CentralActor:
 
 
 def _finish_logged(actor: CentralActor, n: int | None = None) -> None:
-    """The first `n` (all) evaluations in flight end: each result logged, then told (`Dispatcher.collect`'s order)."""
+    """The first `n` (all) evaluations in flight end: each result logged, then told (`Dispatcher.collect`'s
+    order)."""
     for ref, (trial, _, _) in list(actor.scheduler.inflight.items())[:n]:
         del actor.scheduler.inflight[ref]
         x = float(trial.params["x0"])
@@ -307,8 +325,8 @@ def _finish_logged(actor: CentralActor, n: int | None = None) -> None:
 
 
 def _ask_with_a_result_told_during_it(actor: CentralActor) -> str:
-    """Refit, then ask for a model batch of 4 while the collect thread tells one result in flight (after the ask's
-    flush, so it is logged before the batch's proposals); returns that result's trial id."""
+    """Refit, then ask for a model batch of 4 while the collect thread tells one result in flight (after the
+    ask's flush, so it is logged before the batch's proposals); returns that result's trial id."""
     propose = actor.opt._propose
     told = []
 
@@ -327,8 +345,8 @@ def _ask_with_a_result_told_during_it(actor: CentralActor) -> str:
 
 
 def _after_model_batches(tmp_path, budget: int = 40, told: tuple[int, ...] = (4, 2)) -> CentralActor:
-    """An online-calibrated actor after its design and a model batch of 4 per entry of `told`, each followed by
-    that many of its results (by default: the first batch all told, two of the second)."""
+    """An online-calibrated actor after its design and a model batch of 4 per entry of `told`, each followed
+    by that many of its results (by default: the first batch all told, two of the second)."""
     actor = _online_actor(tmp_path, budget=budget)
     actor.planner.propose(4, design=True)
     actor.dispatcher.dispatch()
@@ -343,8 +361,8 @@ def _after_model_batches(tmp_path, budget: int = 40, told: tuple[int, ...] = (4,
 
 def test_a_replay_without_calibrator_checkpoint_teaches_the_online_calibrator_ask_by_ask(tmp_path):
     """A resume whose calibrator checkpoint is missing tells every logged result again and flushes once; the
-    replay ends a calibration round where the log shows a model batch proposed, so the online recalibrator takes
-    one step per ask as it did (without the rounds: one step for all the results)."""
+    replay ends a calibration round where the log shows a model batch proposed, so the online recalibrator
+    takes one step per ask as it did (without the rounds: one step for all the results)."""
     # three model batches, each proposed after a refit on the results before it, all told
     actor = _after_model_batches(tmp_path, budget=20, told=(4, 4, 4))
     actor.opt.flush_calibration()
@@ -359,10 +377,10 @@ def test_a_replay_without_calibrator_checkpoint_teaches_the_online_calibrator_as
 
 
 def test_a_streaming_replay_puts_a_result_told_during_an_ask_in_the_next_update(tmp_path):
-    """Streaming: a result told while a model ask runs (after its flush) is logged before that batch's proposals.
-    The ask logs how many results the calibrator had learned (`info["calibrated"]`), so a replay, with or without
-    the calibrator checkpoint, learns that result with the next ask's update, as the run did (found in review:
-    without the count it went into the update before, and with a checkpoint it was learned alone)."""
+    """Streaming: a result told while a model ask runs (after its flush) is logged before that batch's
+    proposals. The ask logs how many results the calibrator had learned (`info["calibrated"]`), so a replay,
+    with or without the calibrator checkpoint, learns that result with the next ask's update, as the run did,
+    not in the update before it nor alone."""
     actor = _after_model_batches(tmp_path, told=(2,))  # two of the first model batch's four results
     told_during = [_ask_with_a_result_told_during_it(actor)]
     actor.dispatcher.dispatch()
@@ -387,12 +405,12 @@ def test_a_streaming_replay_puts_a_result_told_during_an_ask_in_the_next_update(
 
 @pytest.mark.parametrize("killed_in_final_fit", [False, True])
 def test_a_replay_ends_the_calibrator_update_where_the_last_session_ended(tmp_path, killed_in_final_fit):
-    """A session that ends (stopped, here with two results of its last batch in) flushes the calibrator with its
-    final fit (`Planner.final_fit`), whose record says how many results it learned. A resume without the calibrator
-    checkpoint ends that update there, so the two results the next session re-runs are an update of their own,
-    as with the checkpoint (before, the end of a session was not in the log: the replay made one update of all
-    four). A session killed during its final fit flushed nothing, with or without the checkpoint (found in
-    review: flushed and checkpointed before the fit, it left an update no record marked)."""
+    """A session that ends (stopped, here with two results of its last batch in) flushes the calibrator with
+    its final fit (`Planner.final_fit`), whose record says how many results it learned. A resume without the
+    calibrator checkpoint ends that update there, so the two results the next session re-runs are an update of
+    their own, as with the checkpoint, not one update of all four. A session killed during its final fit
+    flushed nothing, with or without the checkpoint: the flush and its checkpoint come with the fit's record,
+    so no update is left that no record marks."""
     import shutil
 
     actor = _after_model_batches(tmp_path, budget=24)
@@ -417,7 +435,7 @@ def test_a_replay_ends_the_calibrator_update_where_the_last_session_ended(tmp_pa
         again = CentralActor(str(run_dir), max_concurrent=4, pool=None)
         assert (again.calibrator_restored == 0) == drop_checkpoint
         refs = itertools.count()
-        again.dispatcher.submit = lambda batch: [f"ref{next(refs)}" for _ in batch]
+        again.dispatcher.submit = lambda batch, refs=refs: [f"ref{next(refs)}" for _ in batch]
         again.dispatcher.dispatch()  # the two unfinished trials, run again
         _finish_logged(again)
         again.planner.propose(4)  # its ask's flush learns them
@@ -428,10 +446,10 @@ def test_a_replay_ends_the_calibrator_update_where_the_last_session_ended(tmp_pa
 
 
 def test_the_end_of_the_run_loop_stops_a_refit_and_logs_no_failure(tmp_path):
-    """Once the run loop ends (`_stop`: the budget is spent or `stop` was called), a refit in progress stops: it
-    would be replaced by the final fit on every result, which the run's end used to wait for it to begin. It
-    logs nothing and counts as no failure; the final fit still runs. A synchronous run stopped during its refit
-    proposes no batch after it (a resume proposes it)."""
+    """Once the run loop ends (`_stop`: the budget is spent or `stop` was called), a refit in progress stops:
+    it would be replaced by the final fit on every result, which the run's end used to wait for it to begin.
+    It logs nothing and counts as no failure; the final fit still runs. A synchronous run stopped during its
+    refit proposes no batch after it (a resume proposes it)."""
     for synchronous in (False, True):
         actor = _actor(tmp_path / str(synchronous), budget=12, synchronous=synchronous)
         actor.planner.propose(4, design=True)
@@ -444,7 +462,11 @@ def test_the_end_of_the_run_loop_stops_a_refit_and_logs_no_failure(tmp_path):
         else:
             assert actor.planner.refit() is False
         assert len(actor.store.events()) == logged  # no refit record, no proposals
-        assert actor.opt.model is None and actor.planner.refit_failures == 0 and actor.planner.failed_in_a_row == 0
+        assert (
+            actor.opt.model is None
+            and actor.planner.refit_failures == 0
+            and actor.planner.failed_in_a_row == 0
+        )
         actor.planner.final_fit()
         refits = [e for e in actor.store.events() if e.kind == "refit"]
         assert actor.opt.model is not None and len(refits) == 1 and not refits[0].info.get("failed")
@@ -452,11 +474,11 @@ def test_the_end_of_the_run_loop_stops_a_refit_and_logs_no_failure(tmp_path):
 
 
 def test_after_a_damaged_part_of_the_log_later_calibrator_updates_are_cut_where_the_run_cut_them(tmp_path):
-    """A streaming run whose first model batch's proposals are lost from the log (a damaged segment): their results
-    come back without forecasts, so the calibrator cannot learn them again. Each ask logs how many results its own
-    flush learned (`info["learned"]`), so the replay still puts a result told during a later ask into the update
-    after it (found in review: cut by the count learned in all, which counts the lost results, every later cut came
-    4 results late and that result joined the update before)."""
+    """A streaming run whose first model batch's proposals are lost from the log (a damaged segment): their
+    results come back without forecasts, so the calibrator cannot learn them again. Each ask logs how many
+    results its own flush learned (`info["learned"]`), so the replay still puts a result told during a later
+    ask into the update after it (a cut by the count learned in all, which counts the lost results, would come
+    4 results late, and that result would join the update before)."""
     import pyarrow.parquet as pq
 
     actor = _after_model_batches(tmp_path)  # model batch 1, all told; batch 2, two of four
@@ -493,8 +515,8 @@ def _resumed(run_dir, drop_checkpoint: bool = False) -> CentralActor:
 
 
 def _assert_resumes_reach(run_dir, copies, live) -> None:
-    """Resumes of two copies of `run_dir` (under `copies`), one with its calibrator checkpoint and one without,
-    each end with the calibrator levels `live`."""
+    """Resumes of two copies of `run_dir` (under `copies`), one with its calibrator checkpoint and one
+    without, each end with the calibrator levels `live`."""
     import shutil
 
     for drop_checkpoint in (False, True):
@@ -506,11 +528,11 @@ def _assert_resumes_reach(run_dir, copies, live) -> None:
 
 
 def test_a_replay_cuts_a_resumed_sessions_first_update_by_the_results_it_taught(tmp_path):
-    """Session 1 is killed and its calibrator checkpoint lost; session 2's first ask then teaches the calibrator
-    the results of several rounds, and one result is told during that ask. A third session's replay, with or
-    without session 2's checkpoint, ends in the state session 2 reached: each flush's record names the results it
-    taught (`learned_ids`). Found in review: cut by how many it taught, the replay counted only the last round's
-    results and kept the result told during the ask in the update before it (levels off by 0.13)."""
+    """Session 1 is killed and its calibrator checkpoint lost; session 2's first ask then teaches the
+    calibrator the results of several rounds, and one result is told during that ask. A third session's
+    replay, with or without session 2's checkpoint, ends in the state session 2 reached: each flush's record
+    names the results it taught (`learned_ids`); a cut by how many it taught would count only the last round's
+    results and keep the result told during the ask in the update before it."""
     actor = _after_model_batches(tmp_path)
     actor.store.unlock_writer()  # killed: no final fit
     second = _resumed(actor.run_dir, drop_checkpoint=True)
@@ -526,9 +548,10 @@ def test_a_replay_cuts_a_resumed_sessions_first_update_by_the_results_it_taught(
 
 
 def test_a_calibrator_that_fails_at_the_end_of_a_session_loses_no_fit(tmp_path, caplog):
-    """Found in review: the flush at the end of a session runs after the final fit, and a calibrator update that
-    raised there lost the fitted model's record and checkpoint and escaped the run loop. It is reported, the fit
-    is recorded with the error, and nothing is checkpointed for the calibrator (a resume teaches it again)."""
+    """The flush at the end of a session runs after the final fit; a calibrator update that raises there loses
+    neither the fitted model's record nor its checkpoint and does not escape the run loop. It is reported, the
+    fit is recorded with the error, and nothing is checkpointed for the calibrator (a resume teaches it
+    again)."""
     actor = _after_model_batches(tmp_path, budget=12, told=(4,))
 
     def broken(*args, **kwargs):
@@ -544,10 +567,10 @@ def test_a_calibrator_that_fails_at_the_end_of_a_session_loses_no_fit(tmp_path, 
 
 
 def test_a_calibrator_checkpoint_one_lesson_behind_the_log_resumes_exactly(tmp_path):
-    """The calibrator is checkpointed after the record of what its flush learned: a crash between the two leaves
-    the checkpoint one lesson behind, and the records after it cut the replayed rounds as the run did, so the
-    resumed calibrator, with or without the checkpoint, ends where the run's did (a result told during the last
-    ask included)."""
+    """The calibrator is checkpointed after the record of what its flush learned: a crash between the two
+    leaves the checkpoint one lesson behind, and the records after it cut the replayed rounds as the run did,
+    so the resumed calibrator, with or without the checkpoint, ends where the run's did (a result told during
+    the last ask included)."""
     import shutil
 
     actor = _after_model_batches(tmp_path)
@@ -559,7 +582,9 @@ def test_a_calibrator_checkpoint_one_lesson_behind_the_log_resumes_exactly(tmp_p
     live = actor.opt.calibrator.raw_levels()
     actor.store.unlock_writer()
     for drop_checkpoint in (False, True):
-        again = _resumed(shutil.copytree(actor.run_dir, tmp_path / f"again-{drop_checkpoint}"), drop_checkpoint)
+        again = _resumed(
+            shutil.copytree(actor.run_dir, tmp_path / f"again-{drop_checkpoint}"), drop_checkpoint
+        )
         assert again.calibrator_restored == (0 if drop_checkpoint else behind - 2)  # the last ask taught 2
         again.opt.flush_calibration()
         np.testing.assert_allclose(again.opt.calibrator.raw_levels(), live, atol=1e-12)
@@ -567,11 +592,11 @@ def test_a_calibrator_checkpoint_one_lesson_behind_the_log_resumes_exactly(tmp_p
 
 
 def test_a_flush_whose_record_was_lost_is_replayed_before_the_next_one(tmp_path):
-    """A session ends (two results of its last batch in) and its final fit's record, which marks the flush that
-    taught the calibrator those two, is lost from a damaged log. The next session restores the checkpoint, so its
-    first ask teaches only the two results it re-ran. A third session's replay without a checkpoint finds all four
-    in one round, and the ask's record names two: the other two, told before them, were an earlier update of their
-    own and are learned first, as the run did (found in review: they were learned after)."""
+    """A session ends (two results of its last batch in) and its final fit's record, which marks the flush
+    that taught the calibrator those two, is lost from a damaged log. The next session restores the
+    checkpoint, so its first ask teaches only the two results it re-ran. A third session's replay without a
+    checkpoint finds all four in one round, and the ask's record names two: the other two, told before them,
+    were an earlier update of their own and are learned first, as the run did."""
     import shutil
 
     import pyarrow.parquet as pq
@@ -602,10 +627,12 @@ def test_a_flush_whose_record_was_lost_is_replayed_before_the_next_one(tmp_path)
     third.store.unlock_writer()
 
 
-def test_the_calibrator_checkpoint_is_rewritten_as_it_grows_and_a_resume_behind_it_is_exact(tmp_path, monkeypatch):
-    """Every checkpoint holds every learned trial id, so one per ask wrote O(n^2) over a run of one-point batches
-    (found in review: ~3 GB over 20,000). An ask rewrites it once the calibrator learned `CALIBRATOR_SAVE_GROWTH`
-    more; a session killed with the checkpoint several lessons behind resumes, with or without it, where it was."""
+def test_the_calibrator_checkpoint_is_rewritten_as_it_grows_and_a_resume_behind_it_is_exact(
+    tmp_path, monkeypatch
+):
+    """Every checkpoint holds every learned trial id, so one per ask would write O(n^2) over a run of
+    one-point batches. An ask rewrites it once the calibrator learned `CALIBRATOR_SAVE_GROWTH` more; a session
+    killed with the checkpoint several lessons behind resumes, with or without it, where it was."""
     import orchestrator.actor.checkpoints as checkpoints_module
 
     monkeypatch.setattr(checkpoints_module, "CALIBRATOR_SAVE_GROWTH", 0.2)

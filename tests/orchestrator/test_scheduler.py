@@ -1,6 +1,6 @@
-"""The central actor's slot scheduler (orchestrator/actor/scheduler.py) on its own, without Ray or a model: queue
-order, the budget count with reservations and submissions under way, the low-water mark, in-flight accounting, and
-what becomes of a trial whose evaluation is lost or timed out."""
+"""The central actor's slot scheduler (orchestrator/actor/scheduler.py) on its own, without Ray or a model:
+queue order, the budget count with reservations and submissions under way, the low-water mark, in-flight
+accounting, and what becomes of a trial whose evaluation is lost or timed out."""
 
 from __future__ import annotations
 
@@ -28,8 +28,12 @@ def _ids(trials) -> list[str]:
     return [t.trial_id for t in trials]
 
 
-def _scheduler(max_concurrent: int = 2, budget: int = 10, queue_low: int = 2, batch_size: int = 4) -> SlotScheduler:
-    return SlotScheduler(max_concurrent=max_concurrent, budget=budget, queue_low=queue_low, batch_size=batch_size)
+def _scheduler(
+    max_concurrent: int = 2, budget: int = 10, queue_low: int = 2, batch_size: int = 4
+) -> SlotScheduler:
+    return SlotScheduler(
+        max_concurrent=max_concurrent, budget=budget, queue_low=queue_low, batch_size=batch_size
+    )
 
 
 def _record(status: str = "completed", error: str | None = None, started_at: float | None = 10.0,
@@ -38,8 +42,10 @@ def _record(status: str = "completed", error: str | None = None, started_at: flo
 
 
 def test_importing_and_running_the_scheduler_needs_no_ray():
-    code = ("import sys; from orchestrator.actor.scheduler import SlotScheduler; s = SlotScheduler(2, 4, 2, 2); "
-            "s.remaining(); s.low_water(); print('ray' in sys.modules)")
+    code = (
+        "import sys; from orchestrator.actor.scheduler import SlotScheduler; s = SlotScheduler(2, 4, 2, 2); "
+        "s.remaining(); s.low_water(); print('ray' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -118,14 +124,19 @@ def test_a_reservation_ends_with_its_trials_queued_or_with_nothing_when_the_prop
     s.reserve(2, sobol=False)
     assert (s.reserved, s.reserved_sobol, s.remaining()) == (6, 4, 2)
     s.release(4, True, _trials("a", "b", "c", "d"))
-    assert (s.reserved, s.reserved_sobol, s.remaining()) == (2, 0, 2) and _ids(s.queue) == ["a", "b", "c", "d"]
+    assert (s.reserved, s.reserved_sobol, s.remaining()) == (2, 0, 2) and _ids(s.queue) == [
+        "a",
+        "b",
+        "c",
+        "d",
+    ]
     s.release(2, False, [])  # the proposal raised: its share of the budget is free again
     assert (s.reserved, s.reserved_sobol, s.remaining()) == (0, 0, 4)
 
 
 def test_a_reservation_under_the_lock_keeps_two_proposers_within_the_budget():
-    """The proposer thread and the dispatch loop each cap their ask by `remaining` and reserve it under the lock
-    (planner.py `propose`): however they interleave, their asks together never pass the budget."""
+    """The proposer thread and the dispatch loop each cap their ask by `remaining` and reserve it under the
+    lock (planner.py `propose`): however they interleave, their asks together never pass the budget."""
     s = _scheduler(budget=7)
     asked: list[int] = []
     start = threading.Barrier(4)
@@ -158,8 +169,9 @@ def test_nothing_is_taken_past_the_budget():
 
 # ---------------------------------------------------------------------------------------------- low water
 @pytest.mark.parametrize("max_concurrent, batch_size, queue_low", [(2, 4, 2), (8, 4, 5), (3, 16, 1)])
-def test_the_low_water_mark_is_queue_low_until_proposal_and_evaluation_times_are_known(max_concurrent, batch_size,
-                                                                                        queue_low):
+def test_the_low_water_mark_is_queue_low_until_proposal_and_evaluation_times_are_known(
+    max_concurrent, batch_size, queue_low
+):
     s = _scheduler(max_concurrent=max_concurrent, batch_size=batch_size, queue_low=queue_low)
     assert s.low_water() == queue_low
     s.record_proposal(30.0)
@@ -208,12 +220,14 @@ def test_a_timed_out_evaluation_is_a_failure_whose_time_counts_as_busy():
     s.queue.extend(_trials("a"))
     s.started(s.take(), ["ra"], now=0.0)
     s.free("ra")
-    s.count(_record("failed", error="timeout", started_at=100.0, ended_at=400.0))  # backstop.py `timeout_record`
+    # backstop.py `timeout_record`
+    s.count(_record("failed", error="timeout", started_at=100.0, ended_at=400.0))
     assert (s.n_failed, s.busy_s, s.eval_ema) == (1, 300.0, 300.0)
 
 
 def test_a_lost_worker_is_a_failure_without_busy_time():
-    """A lost worker's record spans its dispatch to the loss (dispatch.py `lost_record`), not an evaluation."""
+    """A lost worker's record spans its dispatch to the loss (dispatch.py `lost_record`), not an
+    evaluation."""
     s = _scheduler()
     s.queue.extend(_trials("a"))
     s.started(s.take(), ["ra"], now=0.0)
