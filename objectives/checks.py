@@ -31,9 +31,15 @@ SHOW_CHARS = 80
 
 
 def show(value: Any) -> str:
-    """A short one-line repr of a refused value."""
+    """A short one-line repr of a refused value: at most `SHOW_CHARS` characters, a longer one cut with the
+    number of characters cut (as `workers.records.cap` notes a cut)."""
     text = repr(value)
-    return text if len(text) <= SHOW_CHARS else text[:SHOW_CHARS - 3] + "..."
+    if len(text) <= SHOW_CHARS:
+        return text
+    kept = SHOW_CHARS
+    for _ in range(3):  # the note's length depends on the count it holds: settle both
+        kept = SHOW_CHARS - len(f"... [{len(text) - kept} characters cut] ...")
+    return f"{text[:kept]}... [{len(text) - kept} characters cut] ..."
 
 
 def refuse(name: str, must: str, value: Any, error: type[Exception]) -> Exception:
