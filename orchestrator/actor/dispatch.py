@@ -2,8 +2,9 @@
 
 ARCHITECTURE.md "The path of one evaluation", steps 3-4. The `Dispatcher` keeps the free slots busy, each
 evaluation a Ray task (workers/evaluate.py), and waits for results one at a time (``ray.wait(num_returns=1)``,
-plus any others already done): it hands each freed slot the next point of the queue at once, then writes the
-results durably to the event log and only then tells the optimizer (exactly once per trial id). Which trials run
+plus any others already done, fetched in one ``ray.get``): it hands each freed slot the next point of the
+queue at once, writes the results durably to the event log (one append, while the pool answers the
+submission) and only then tells the optimizer (exactly once per trial id). Which trials run
 and the budget count are the `SlotScheduler`'s (`scheduler.py`); this module adds Ray.
 
 The evaluation tasks are submitted through the run's `EvaluationPool` (workers/pool.py), which the driver
@@ -69,40 +70,62 @@ class Dispatcher:
         self.backstop = Backstop(pool, cfg.timeout_s, cfg.max_retries)
         self.lock = threading.Lock()  # held from the stop check in `dispatch` until its submission returns
         self.duplicates = 0  # results of trials told already, ignored
+        self.unreleased: list[str] = []  # trial ids logged, not yet released in the pool (`release`)
 
     # ------------------------------------------------------------------ dispatch
-    def dispatch(self, freed: int = 0) -> None:
+    def dispatch(self, freed: int = 0, meanwhile: Callable[[], None] | None = None) -> None:
         """Start queued trials in the free slots. `freed`: in-flight evaluations whose results have arrived
         but are not yet logged (`collect` refills their slots before the durable write; they still count
-        against the budget until they are told)."""
+        against the budget until they are told). `meanwhile`: called once while the pool answers (`collect`
+        writes the results then, so the write and the pool's round trip overlap); its error is raised after
+        the submission is recorded."""
         with self.lock:
-            self._dispatch_locked(freed)
+            self._dispatch_locked(freed, meanwhile)
         if len(self.scheduler.queue) < self.scheduler.low_water() and not self.stop.is_set():
             self.wake()
 
-    def _dispatch_locked(self, freed: int) -> None:
+    def _dispatch_locked(self, freed: int, meanwhile: Callable[[], None] | None = None) -> None:
         """`dispatch`'s work, under `lock`: a stop (`CentralActor.stop`) is seen here or waits until it returns."""
         # an aborting run starts nothing new (its evaluations in flight are drained); nor does a stopped one
-        if self.abort.message or self.stop.is_set():
-            return
-        batch = self.scheduler.take(freed)  # still spoken for (`SlotScheduler.remaining`) while submitted
+        batch = [] if self.abort.message or self.stop.is_set() else self.scheduler.take(freed)
+        # (still spoken for, `SlotScheduler.remaining`, while submitted)
+        sent: Any = None
         if batch:
             # outside the lock: a restarting pool may take up to a minute to answer, and status(), the planners'
             # budget checks and their log appends would wait that long on the lock
             try:
-                refs = self.submit(batch)
+                sent = self.send(batch)
             except Exception as exc:  # put the trials back: they stay logged as proposed, never lost
-                self.scheduler.put_back(batch)
-                if not is_transient(exc):  # a submission Ray refuses would be refused forever
-                    self.abort.set(f"evaluations cannot be submitted: {type(exc).__name__}: {exc}")
-                    return
-                time.sleep(0.2)  # the pool is restarting: try again on the next pass
-                return
-            now = time.time()
-            with self.scheduler.lock:
-                self.scheduler.started(batch, refs, now)
-                self.log.started.extend(self.log.event("started", trial, time=now, attempt=attempt)
-                                        for (trial, attempt), _ in zip(batch, refs))
+                self._refused(batch, exc)
+                batch = []
+        error = None
+        if meanwhile is not None:
+            try:
+                meanwhile()
+            except Exception as exc:  # noqa: BLE001 -- raised once the submission is recorded
+                error = exc
+        if batch:
+            try:
+                refs = sent if isinstance(sent, list) else self._answer(sent)
+            except Exception as exc:
+                self._refused(batch, exc)
+            else:
+                now = time.time()
+                with self.scheduler.lock:
+                    self.scheduler.started(batch, refs, now)
+                    self.log.started.extend(self.log.event("started", trial, time=now, attempt=attempt)
+                                            for (trial, attempt), _ in zip(batch, refs))
+        if error is not None:
+            raise error
+
+    def _refused(self, batch: list[tuple[Trial, int]], exc: Exception) -> None:
+        """The submission of `batch` failed: its trials go back to the queue; a refusal that is not transient
+        stops the run, a transient one (the pool is restarting) is tried again on the next pass."""
+        self.scheduler.put_back(batch)
+        if not is_transient(exc):  # a submission Ray refuses would be refused forever
+            self.abort.set(f"evaluations cannot be submitted: {type(exc).__name__}: {exc}")
+            return
+        time.sleep(0.2)
 
     def submit(self, batch: list[tuple[Trial, int]]) -> list[Any]:
         """Start the evaluations of `batch` ((trial, attempt) pairs); returns their refs in order."""
@@ -114,10 +137,36 @@ class Dispatcher:
                 )
                 for t, _ in batch
             ]
+        return self._answer(self.send(batch))
+
+    def send(self, batch: list[tuple[Trial, int]]) -> Any:
+        """Start submitting `batch`: its refs (a list) without a pool (`submit`), else the pool's pending
+        answer (`_answer` waits for it). The logged results not yet released in the pool go with it."""
+        if self.pool is None:
+            return self.submit(batch)
+        items = [(t.trial_id, attempt, dict(t.params), int(t.seed)) for t, attempt in batch]
+        release, self.unreleased = self.unreleased, []  # logged results: the pool forgets them in this call
+        return release, self.pool.submit.remote(items, release)
+
+    def _answer(self, sent: tuple[list[str], Any]) -> list[Any]:
+        """The refs of a submission `send` started, once the pool has answered (at most a minute)."""
         import ray
 
-        items = [(t.trial_id, attempt, dict(t.params), int(t.seed)) for t, attempt in batch]
-        return ray.get(self.pool.submit.remote(items), timeout=60)
+        release, answer = sent
+        try:
+            return ray.get(answer, timeout=60)
+        except Exception:
+            self.unreleased = release + self.unreleased  # released again with the next one
+            raise
+
+    def release(self, trial_ids: list[str]) -> None:
+        """The pool may forget the results of `trial_ids` (durably logged): they go with the next submission,
+        one call for both, or at once when none is coming (the queue is empty) or a slots' worth waits."""
+        self.unreleased.extend(trial_ids)
+        sched = self.scheduler
+        if self.unreleased and (not sched.queue or len(self.unreleased) >= sched.max_concurrent):
+            release, self.unreleased = self.unreleased, []
+            self.pool.release.remote(release)
 
     # ------------------------------------------------------------------ results
     def collect(self, timeout: float) -> None:
@@ -138,10 +187,11 @@ class Dispatcher:
         for ref, started in expired.items():
             trial, _, attempt = sched.inflight[ref]
             results.append((ref, trial, attempt, timeout_record(trial, started, self.cfg.timeout_s)))
+        got = _get_all(ready)
         for ref in ready:
             trial, dispatched, attempt = sched.inflight[ref]
             try:
-                rec = ray.get(ref)
+                rec = got[ref] if ref in got else ray.get(ref)
             except ray.exceptions.OwnerDiedError:  # the pool died and its tasks with it: never recorded, run again
                 orphaned.append((ref, trial))
                 continue
@@ -158,15 +208,17 @@ class Dispatcher:
         # refill the freed slots first: the next evaluations need neither the write nor the tell below; unless
         # these results trip the failure guard (the run stops: nothing new may start)
         new = {trial.trial_id: rec for _, trial, _, rec in results if not self.opt.is_told(trial.trial_id)}
-        if not self.guard.trips(sched.n_done + len(new),
-                                sched.n_failed + sum(rec.status != "completed" for rec in new.values())):
-            self.dispatch(freed=len(results))
         # exactly once by trial id
         events = [self.log.result_event(trial, rec, attempt, self.session)
                   for _, trial, attempt, rec in results if not self.opt.is_told(trial.trial_id)]
-        self.log.append(events)  # durable before anything is acknowledged
+        if not self.guard.trips(sched.n_done + len(new),
+                                sched.n_failed + sum(rec.status != "completed" for rec in new.values())):
+            # durable before anything is acknowledged; written while the pool answers the submission
+            self.dispatch(freed=len(results), meanwhile=lambda: self.log.append(events))
+        else:
+            self.log.append(events)  # durable before anything is acknowledged
         if self.pool is not None and results:
-            self.pool.release.remote([trial.trial_id for _, trial, _, _ in results])
+            self.release([trial.trial_id for _, trial, _, _ in results])
         with sched.lock:
             for ref, trial, _, rec in results:
                 sched.free(ref)
@@ -191,6 +243,19 @@ class Dispatcher:
         if self.scheduler.inflight:
             self.abort.message += (f"; {len(self.scheduler.inflight)} evaluations still running after {limit_s:g} s "
                                    "were left unrecorded (`qbatch resume` runs them again)")
+
+
+def _get_all(refs: list[Any]) -> dict[Any, Any]:
+    """The values of finished `refs` in one `ray.get` (one fetch for all); {} when one of them raises, and
+    then each is got on its own (the caller tells a failed task's error from the others')."""
+    import ray
+
+    if len(refs) < 2:
+        return {}
+    try:
+        return dict(zip(refs, ray.get(refs, timeout=60)))
+    except Exception:  # noqa: BLE001 -- a task's error, or the owner's death: each ref is got alone
+        return {}
 
 
 def is_transient(exc: BaseException) -> bool:
