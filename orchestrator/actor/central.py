@@ -301,6 +301,7 @@ class CentralActor:
         finally:
             self._stop.set()
             self._wake_planners()
+            self.dispatcher.settle(_ABORT_DRAIN_S)  # the results handed to the log's writer are told
             self.planner.join(timeout=600)
             if log.started and not log.failed:
                 try:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from orchestrator.actor.backstop import Backstop, timeout_record
 from orchestrator.actor.guard import AbortCause, FailureGuard
-from orchestrator.actor.log import RunLog
+from orchestrator.actor.log import LogWriteError, RunLog
 from orchestrator.actor.scheduler import SlotScheduler
 from workers.evaluate import submit_evaluation
 from workers.records import TrialResult
@@ -71,64 +71,50 @@ class Dispatcher:
         self.lock = threading.Lock()  # held from the stop check in `dispatch` until its submission returns
         self.duplicates = 0  # results of trials told already, ignored
         self.unreleased: list[str] = []  # trial ids logged, not yet released in the pool (`release`)
+        self.release_lock = threading.Lock()  # `unreleased` is extended by the log's writer thread
+        # results handed to the log's writer, not yet acknowledged (under the scheduler's lock): their refs
+        # (still in flight for the budget, never waited on again) and their trial ids (told, for exactly once)
+        self.arrived: set[Any] = set()
+        self.arriving: set[str] = set()
+        self.arriving_failed = 0
 
     # ------------------------------------------------------------------ dispatch
-    def dispatch(self, freed: int = 0, meanwhile: Callable[[], None] | None = None) -> None:
+    def dispatch(self, freed: int | None = None) -> None:
         """Start queued trials in the free slots. `freed`: in-flight evaluations whose results have arrived
         but are not yet logged (`collect` refills their slots before the durable write; they still count
-        against the budget until they are told). `meanwhile`: called once while the pool answers (`collect`
-        writes the results then, so the write and the pool's round trip overlap); its error is raised after
-        the submission is recorded."""
+        against the budget until they are told); None: those `collect` handed to the log's writer."""
         with self.lock:
-            self._dispatch_locked(freed, meanwhile)
+            self._dispatch_locked(len(self.arrived) if freed is None else freed)
         if len(self.scheduler.queue) < self.scheduler.low_water() and not self.stop.is_set():
             self.wake()
 
-    def _dispatch_locked(self, freed: int, meanwhile: Callable[[], None] | None = None) -> None:
+    def _dispatch_locked(self, freed: int) -> None:
         """`dispatch`'s work, under `lock`: a stop (`CentralActor.stop`) is seen here or waits until it returns."""
         # an aborting run starts nothing new (its evaluations in flight are drained); nor does a stopped one
-        batch = [] if self.abort.message or self.stop.is_set() else self.scheduler.take(freed)
-        # (still spoken for, `SlotScheduler.remaining`, while submitted)
-        sent: Any = None
+        if self.abort.message or self.stop.is_set():
+            return
+        batch = self.scheduler.take(freed)  # still spoken for (`SlotScheduler.remaining`) while submitted
         if batch:
             # outside the lock: a restarting pool may take up to a minute to answer, and status(), the planners'
             # budget checks and their log appends would wait that long on the lock
             try:
-                sent = self.send(batch)
+                refs = self.submit(batch)
             except Exception as exc:  # put the trials back: they stay logged as proposed, never lost
-                self._refused(batch, exc)
-                batch = []
-        error = None
-        if meanwhile is not None:
-            try:
-                meanwhile()
-            except Exception as exc:  # noqa: BLE001 -- raised once the submission is recorded
-                error = exc
-        if batch:
-            try:
-                refs = sent if isinstance(sent, list) else self._answer(sent)
-            except Exception as exc:
-                self._refused(batch, exc)
-            else:
-                now = time.time()
-                with self.scheduler.lock:
-                    self.scheduler.started(batch, refs, now)
-                    self.log.started.extend(self.log.event("started", trial, time=now, attempt=attempt)
-                                            for (trial, attempt), _ in zip(batch, refs))
-        if error is not None:
-            raise error
-
-    def _refused(self, batch: list[tuple[Trial, int]], exc: Exception) -> None:
-        """The submission of `batch` failed: its trials go back to the queue; a refusal that is not transient
-        stops the run, a transient one (the pool is restarting) is tried again on the next pass."""
-        self.scheduler.put_back(batch)
-        if not is_transient(exc):  # a submission Ray refuses would be refused forever
-            self.abort.set(f"evaluations cannot be submitted: {type(exc).__name__}: {exc}")
-            return
-        time.sleep(0.2)
+                self.scheduler.put_back(batch)
+                if not is_transient(exc):  # a submission Ray refuses would be refused forever
+                    self.abort.set(f"evaluations cannot be submitted: {type(exc).__name__}: {exc}")
+                    return
+                time.sleep(0.2)  # the pool is restarting: try again on the next pass
+                return
+            now = time.time()
+            with self.scheduler.lock:
+                self.scheduler.started(batch, refs, now)
+                self.log.started.extend(self.log.event("started", trial, time=now, attempt=attempt)
+                                        for (trial, attempt), _ in zip(batch, refs))
 
     def submit(self, batch: list[tuple[Trial, int]]) -> list[Any]:
-        """Start the evaluations of `batch` ((trial, attempt) pairs); returns their refs in order."""
+        """Start the evaluations of `batch` ((trial, attempt) pairs); returns their refs in order. The logged
+        results not yet released in the pool go with it (`release`)."""
         if self.pool is None:
             return [
                 submit_evaluation(
@@ -137,44 +123,47 @@ class Dispatcher:
                 )
                 for t, _ in batch
             ]
-        return self._answer(self.send(batch))
-
-    def send(self, batch: list[tuple[Trial, int]]) -> Any:
-        """Start submitting `batch`: its refs (a list) without a pool (`submit`), else the pool's pending
-        answer (`_answer` waits for it). The logged results not yet released in the pool go with it."""
-        if self.pool is None:
-            return self.submit(batch)
-        items = [(t.trial_id, attempt, dict(t.params), int(t.seed)) for t, attempt in batch]
-        release, self.unreleased = self.unreleased, []  # logged results: the pool forgets them in this call
-        return release, self.pool.submit.remote(items, release)
-
-    def _answer(self, sent: tuple[list[str], Any]) -> list[Any]:
-        """The refs of a submission `send` started, once the pool has answered (at most a minute)."""
         import ray
 
-        release, answer = sent
+        items = [(t.trial_id, attempt, dict(t.params), int(t.seed)) for t, attempt in batch]
+        with self.release_lock:  # logged results: the pool forgets them in this call
+            release, self.unreleased = self.unreleased, []
         try:
-            return ray.get(answer, timeout=60)
+            return ray.get(self.pool.submit.remote(items, release), timeout=60)
         except Exception:
-            self.unreleased = release + self.unreleased  # released again with the next one
+            with self.release_lock:  # released again with the next one
+                self.unreleased[:0] = release
             raise
 
     def release(self, trial_ids: list[str]) -> None:
         """The pool may forget the results of `trial_ids` (durably logged): they go with the next submission,
         one call for both, or at once when none is coming (the queue is empty) or a slots' worth waits."""
-        self.unreleased.extend(trial_ids)
         sched = self.scheduler
-        if self.unreleased and (not sched.queue or len(self.unreleased) >= sched.max_concurrent):
+        with self.release_lock:
+            self.unreleased.extend(trial_ids)
+            if not self.unreleased or (sched.queue and len(self.unreleased) < sched.max_concurrent):
+                return
             release, self.unreleased = self.unreleased, []
-            self.pool.release.remote(release)
+        self.pool.release.remote(release)
 
     # ------------------------------------------------------------------ results
     def collect(self, timeout: float) -> None:
-        """Wait up to `timeout` seconds for results; refill the freed slots, log the results, then tell them."""
+        """Wait up to `timeout` seconds for results; refill the freed slots and hand the results to the log's
+        writer thread, which tells them once they are durable (`_acknowledge`).
+
+        Raises:
+            LogWriteError: a write of the log failed (the abort says why); nothing more is recorded.
+        """
         import ray
 
         sched = self.scheduler
-        refs = list(sched.inflight)
+        if self.log.failed:
+            raise LogWriteError(self.abort.message or "the run log cannot be written")
+        with sched.lock:
+            refs = [r for r in sched.inflight if r not in self.arrived]
+        if not refs:  # every result in flight is being written: wait for the writer
+            self.log.wait_written(timeout)
+            return
         ready, rest = ray.wait(refs, num_returns=1, timeout=timeout)
         if ready and rest:
             more, rest = ray.wait(rest, num_returns=len(rest), timeout=0)
@@ -198,33 +187,52 @@ class Dispatcher:
             except Exception as exc:  # the worker or node died and Ray's retries ran out, or a bug
                 rec = lost_record(trial, exc, dispatched)
             results.append((ref, trial, attempt, rec))
-        if orphaned:
-            with sched.lock:
-                for ref, trial in orphaned:
-                    if self.opt.is_told(trial.trial_id):
-                        sched.free(ref)
-                    else:
-                        sched.requeue(ref)
-        # refill the freed slots first: the next evaluations need neither the write nor the tell below; unless
-        # these results trip the failure guard (the run stops: nothing new may start)
-        new = {trial.trial_id: rec for _, trial, _, rec in results if not self.opt.is_told(trial.trial_id)}
-        # exactly once by trial id
-        events = [self.log.result_event(trial, rec, attempt, self.session)
-                  for _, trial, attempt, rec in results if not self.opt.is_told(trial.trial_id)]
-        if not self.guard.trips(sched.n_done + len(new),
-                                sched.n_failed + sum(rec.status != "completed" for rec in new.values())):
-            # durable before anything is acknowledged; written while the pool answers the submission
-            self.dispatch(freed=len(results), meanwhile=lambda: self.log.append(events))
-        else:
-            self.log.append(events)  # durable before anything is acknowledged
+        with sched.lock:
+            for ref, trial in orphaned:
+                if self._told(trial.trial_id):
+                    sched.free(ref)
+                else:
+                    sched.requeue(ref)
+            # exactly once by trial id
+            new = {}
+            for _, trial, _, rec in results:
+                if not self._told(trial.trial_id) and trial.trial_id not in new:
+                    new[trial.trial_id] = rec
+            events = [self.log.result_event(trial, rec, attempt, self.session)
+                      for _, trial, attempt, rec in results if new.get(trial.trial_id) is rec]
+            failed = sum(rec.status != "completed" for rec in new.values())
+            trips = self.guard.trips(sched.n_done + len(self.arriving) + len(new),
+                                     sched.n_failed + self.arriving_failed + failed)
+            self.arrived.update(ref for ref, _, _, _ in results)
+            self.arriving.update(new)
+            self.arriving_failed += failed
+        # refill the freed slots first: the next evaluations need neither the write nor the tell; unless these
+        # results trip the failure guard (the run stops: nothing new may start)
+        if not trips:
+            self.dispatch()
+        # durable before anything is acknowledged: the writer tells them after the fsync that holds them
+        self.log.append_async(events, lambda: self._acknowledge(results, new))
+
+    def _told(self, trial_id: str) -> bool:
+        """Whether `trial_id`'s result is told or on its way to be (under the scheduler's lock)."""
+        return trial_id in self.arriving or self.opt.is_told(trial_id)
+
+    def _acknowledge(self, results: list[tuple[Any, Trial, int, TrialResult]],
+                     new: dict[str, TrialResult]) -> None:
+        """In the log's writer thread, once `results` are durable: release them in the pool, free their slots,
+        tell the optimizer the `new` ones (exactly once) and count them."""
+        sched = self.scheduler
         if self.pool is not None and results:
             self.release([trial.trial_id for _, trial, _, _ in results])
         with sched.lock:
             for ref, trial, _, rec in results:
                 sched.free(ref)
-                if self.opt.is_told(trial.trial_id):
+                self.arrived.discard(ref)
+                if new.get(trial.trial_id) is not rec:
                     self.duplicates += 1
                     continue
+                self.arriving.discard(trial.trial_id)
+                self.arriving_failed -= rec.status != "completed"
                 if rec.status == "completed":
                     self.opt.tell(trial.trial_id, rec.value)
                 else:
@@ -232,6 +240,11 @@ class Dispatcher:
                 sched.count(rec)
             self.guard.check()
         self.wake()
+
+    def settle(self, timeout: float | None = None) -> bool:
+        """Wait until every result handed to the log's writer is written and told (or a write failed), up to
+        `timeout` seconds; returns whether it is."""
+        return self.log.wait_written(timeout)
 
     def drain(self, limit_s: float) -> None:
         """After an abort: log the results of the evaluations in flight as they finish, for up to `limit_s`

@@ -55,6 +55,10 @@ class RunLog:
         self.writing = False
         self.errors: dict[int, Exception] = {}
         self.lost_tickets: set[int] = set()  # appends in the write that failed
+        # the writer thread (`append_async`): its queue of (events, acknowledgement) and whether it is writing
+        self.async_queue: list[tuple[list[Event], Callable[[], None]]] = []
+        self.async_busy = False
+        self.writer: threading.Thread | None = None
         self.started: list[Event] = []  # "started" events not yet written
         self.last_flush = time.time()
         self.failed = False  # an append raised (disk full, storage gone): stop, write nothing
@@ -123,6 +127,63 @@ class RunLog:
                 self.commit.notify_all()
         if ticket in errors:
             raise errors[ticket]
+
+    def append_async(self, events: list[Event], acknowledge: Callable[[], None]) -> None:
+        """Queue `events` for the writer thread and return at once; `acknowledge` is called (in that thread)
+        once they are durable, never before. The writer takes everything queued since its last write into one
+        `append` (one segment, one fsync, shared with the planners' appends that come meanwhile), then calls
+        the acknowledgements in the order they were queued. A failed write acknowledges none of its events
+        (the abort says why, as `append`'s); `failed` is then set.
+
+        Raises:
+            LogWriteError: an earlier write failed; nothing more is written.
+        """
+        with self.commit:
+            if self.failed:
+                raise LogWriteError(self.abort.message or "the run log cannot be written")
+            self.async_queue.append((list(events), acknowledge))
+            if self.writer is None:
+                self.writer = threading.Thread(target=self._writer_loop, name="qbatch-log-writer", daemon=True)
+                self.writer.start()
+            self.commit.notify_all()
+
+    def wait_written(self, timeout: float | None = None) -> bool:
+        """Wait until the writer thread has written and acknowledged everything queued (or a write failed), up
+        to `timeout` seconds; returns whether it has."""
+        deadline = None if timeout is None else time.time() + timeout
+        with self.commit:
+            while (self.async_queue or self.async_busy) and not self.failed:
+                left = None if deadline is None else deadline - time.time()
+                if left is not None and left <= 0:
+                    return False
+                self.commit.wait(left)
+            return True
+
+    def _writer_loop(self) -> None:
+        """The writer thread: one `append` of everything queued, then its acknowledgements, until a write fails."""
+        while True:
+            with self.commit:
+                while not self.async_queue:
+                    self.commit.wait()
+                jobs, self.async_queue = self.async_queue, []
+                self.async_busy = True
+            try:
+                self.append([e for events, _ in jobs for e in events])
+                for _, acknowledge in jobs:
+                    acknowledge()
+            except Exception as exc:  # noqa: BLE001 -- the run stops; the abort says why
+                with self.commit:
+                    self.failed = True
+                if not isinstance(exc, LogWriteError):  # (a failed write has set the abort already)
+                    self.abort.set(f"recording results failed ({type(exc).__name__}: {exc}); everything logged "
+                                   f"before is kept for `qbatch resume {self.run_dir}`", add=True)
+                    self.on_failure()
+            finally:
+                with self.commit:
+                    self.async_busy = False
+                    self.commit.notify_all()
+            if self.failed:
+                return
 
     def _outcome(self, ticket: int) -> None:
         """Under `commit`: the error of an append another writer wrote (raised), if it had one."""

@@ -159,9 +159,9 @@ def test_a_failed_group_write_acknowledges_none_of_its_appends(tmp_path, monkeyp
         log.append([_event(5)])
 
 
-def test_results_collected_together_are_logged_in_one_fsync_before_any_is_told(tmp_path, monkeypatch):
-    """`Dispatcher.collect`: every result ready at once is one segment (with the buffered "started" records),
-    one file fsync, and no result is told, nor its slot freed, before it."""
+def _actor_with_results_ready(tmp_path, monkeypatch) -> tuple[CentralActor, list[int]]:
+    """A central actor (no Ray) with the 4 trials of its initial design in flight and finished: `ray.wait`
+    returns all of them and `ray.get` their results. Returns it and the sizes of the `ray.get` calls."""
     import ray
 
     cfg = {"name": "collect", "objective": {"name": "forrester", "options": {}}, "batch_size": 4,
@@ -186,22 +186,37 @@ def test_results_collected_together_are_logged_in_one_fsync_before_any_is_told(t
 
     monkeypatch.setattr(ray, "wait", lambda refs, num_returns=1, timeout=None, **kw: (list(refs), []))
     monkeypatch.setattr(ray, "get", get)
-    spy = FsyncSpy(monkeypatch)
-    tell = actor.opt.tell
+    return actor, gets
+
+
+def _spy_acknowledgements(actor: CentralActor, spy: FsyncSpy) -> None:
+    """Note each tell and each freed slot in `spy.order`."""
+    tell, free = actor.opt.tell, actor.scheduler.free
 
     def spied_tell(trial_id, *args, **kw):
-        spy.note(f"tell {trial_id} inflight={len(actor.scheduler.inflight)}")
+        spy.note(f"tell {trial_id}")
         return tell(trial_id, *args, **kw)
-
-    actor.opt.tell = spied_tell
-    free = actor.scheduler.free
 
     def spied_free(ref):
         spy.note(f"free {ref}")
         return free(ref)
 
-    actor.scheduler.free = spied_free
+    actor.opt.tell, actor.scheduler.free = spied_tell, spied_free
+
+
+def test_results_collected_together_are_logged_in_one_fsync_before_any_is_told(tmp_path, monkeypatch):
+    """`Dispatcher.collect`: every result ready at once is one segment (with the buffered "started" records),
+    one file fsync, and no result is told, nor its slot freed, before it."""
+    actor, gets = _actor_with_results_ready(tmp_path, monkeypatch)
+    spy = FsyncSpy(monkeypatch)
+    _spy_acknowledgements(actor, spy)
+    spy.hold = True  # the write hangs in its first fsync: collect has returned, nothing is acknowledged
     actor.dispatcher.collect(1.0)
+    assert spy.entered.wait(10)
+    assert actor.n_done == 0 and len(actor.scheduler.inflight) == 4 and spy.order == []
+    assert actor.scheduler.free_slots() == 0 and len(actor.dispatcher.arrived) == 4
+    spy.gate.set()
+    assert actor.dispatcher.settle(10)  # the log's writer has written and told them
 
     assert gets == [4]  # one fetch for the four results
     assert spy.count() == 2  # one segment: its file and the events folder
@@ -211,5 +226,23 @@ def test_results_collected_together_are_logged_in_one_fsync_before_any_is_told(t
     events = actor.store.events()
     assert [e.kind for e in events].count("completed") == 4 and [e.kind for e in events].count("started") == 4
     assert len(_segments(tmp_path / "run")) == 2  # the proposals; then the "started" records and the results
-    assert actor.n_done == 4 and not actor.scheduler.inflight
+    assert actor.n_done == 4 and not actor.scheduler.inflight and not actor.dispatcher.arrived
+    actor.store.unlock_writer()
+
+
+def test_results_whose_write_fails_are_never_told(tmp_path, monkeypatch):
+    """A full disk under the writer: none of the results is told or counted, the abort says how many were not
+    recorded, and the next collect stops the loop (`LogWriteError`)."""
+    actor, _ = _actor_with_results_ready(tmp_path, monkeypatch)
+    spy = FsyncSpy(monkeypatch)
+    _spy_acknowledgements(actor, spy)
+    spy.fail_after = 0
+    actor.dispatcher.collect(1.0)
+    assert actor.dispatcher.settle(10)
+    assert actor.log.failed and actor.n_done == 0 and [o for o in spy.order if o.startswith("tell")] == []
+    assert "No space left on device" in actor.abort.message
+    assert "the 4 results being written were not recorded" in actor.abort.message
+    with pytest.raises(LogWriteError):
+        actor.dispatcher.collect(0.1)
+    assert [e.kind for e in actor.store.events()].count("completed") == 0
     actor.store.unlock_writer()
