@@ -3,9 +3,10 @@
 ARCHITECTURE.md "The path of one evaluation", steps 3-4. The `Dispatcher` keeps the free slots busy, each
 evaluation a Ray task (workers/evaluate.py), and waits for results one at a time (``ray.wait(num_returns=1)``,
 plus any others already done, fetched in one ``ray.get``): it hands each freed slot the next point of the
-queue at once, writes the results durably to the event log (one append, while the pool answers the
-submission) and only then tells the optimizer (exactly once per trial id). Which trials run
-and the budget count are the `SlotScheduler`'s (`scheduler.py`); this module adds Ray.
+queue at once, then hands the results to the log's writer thread (`log.py`), which writes everything that
+arrived since its last write with one fsync and only then tells the optimizer (exactly once per trial id);
+meanwhile the loop goes on collecting. Which trials run and the budget count are the `SlotScheduler`'s
+(`scheduler.py`); this module adds Ray.
 
 The evaluation tasks are submitted through the run's `EvaluationPool` (workers/pool.py), which the driver
 creates: a Ray task fate-shares with the process that submitted it, so tasks owned by this actor would die
