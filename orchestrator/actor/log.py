@@ -143,7 +143,8 @@ class RunLog:
                 raise LogWriteError(self.abort.message or "the run log cannot be written")
             self.async_queue.append((list(events), acknowledge))
             if self.writer is None:
-                self.writer = threading.Thread(target=self._writer_loop, name="qbatch-log-writer", daemon=True)
+                self.writer = threading.Thread(target=self._writer_loop, name="qbatch-log-writer",
+                                               daemon=True)
                 self.writer.start()
             self.commit.notify_all()
 
@@ -160,7 +161,8 @@ class RunLog:
             return True
 
     def _writer_loop(self) -> None:
-        """The writer thread: one `append` of everything queued, then its acknowledgements, until a write fails."""
+        """The writer thread: one `append` of everything queued, then its acknowledgements, until a write
+        fails."""
         while True:
             with self.commit:
                 while not self.async_queue:
@@ -175,8 +177,8 @@ class RunLog:
                 with self.commit:
                     self.failed = True
                 if not isinstance(exc, LogWriteError):  # (a failed write has set the abort already)
-                    self.abort.set(f"recording results failed ({type(exc).__name__}: {exc}); everything logged "
-                                   f"before is kept for `qbatch resume {self.run_dir}`", add=True)
+                    self.abort.set(f"recording results failed ({type(exc).__name__}: {exc}); everything "
+                                   f"logged before is kept for `qbatch resume {self.run_dir}`", add=True)
                     self.on_failure()
             finally:
                 with self.commit:

@@ -27,8 +27,8 @@ CONFIG = {"name": "log", "objective": {"name": "forrester", "options": {}}}
 
 
 class FsyncSpy:
-    """`os.fsync` that records each call in `order` ("fsync <path>") and, while `hold` is set, blocks the first
-    call until `gate` is set (then `entered` is set while it waits)."""
+    """`os.fsync` that records each call in `order` ("fsync <path>") and, while `hold` is set, blocks the
+    first call until `gate` is set (then `entered` is set while it waits)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.order: list[str] = []
@@ -82,8 +82,8 @@ def _log(tmp_path) -> tuple[RunLog, AbortCause]:
 
 
 def _append_in_threads(log: RunLog, spy: FsyncSpy, batches: dict[str, list[Event]]):
-    """Append the first batch and hold its fsync; append the others meanwhile (each waits queued), then let the
-    fsync go. Returns {name: the exception its append raised, or None}."""
+    """Append the first batch and hold its fsync; append the others meanwhile (each waits queued), then let
+    the fsync go. Returns {name: the exception its append raised, or None}."""
     outcome: dict[str, BaseException | None] = {}
 
     def append(name: str, events: list[Event]) -> None:
@@ -135,7 +135,8 @@ def test_a_malformed_append_in_a_group_fails_alone(tmp_path, monkeypatch):
     log, _ = _log(tmp_path)
     spy = FsyncSpy(monkeypatch)
     bad = Event("proposed", "0-9", time=100.0, batch_id=0, params={"a": object()}, x=[0.1])
-    outcome = _append_in_threads(log, spy, {"a": [_event(0)], "b": [_event(1)], "bad": [bad], "c": [_event(2)]})
+    batches = {"a": [_event(0)], "b": [_event(1)], "bad": [bad], "c": [_event(2)]}
+    outcome = _append_in_threads(log, spy, batches)
     assert outcome["a"] is None and outcome["b"] is None and outcome["c"] is None
     assert isinstance(outcome["bad"], StoreError) and "events[0].params['a']" in str(outcome["bad"])
     assert [sorted(s) for s in _segments(tmp_path / "r")] == [["0-0"], ["0-1", "0-2"]]
@@ -176,8 +177,8 @@ def _actor_with_results_ready(tmp_path, monkeypatch) -> tuple[CentralActor, list
     assert len(inflight) == 4
 
     now = time.time()
-    values = {ref: TrialResult("completed", value=float(i), started_at=now, ended_at=now,
-                               trial_id=trial.trial_id) for i, (ref, (trial, _, _)) in enumerate(inflight.items())}
+    values = {ref: TrialResult("completed", value=float(i), started_at=now, ended_at=now, trial_id=trial.trial_id)
+              for i, (ref, (trial, _, _)) in enumerate(inflight.items())}
     gets: list[int] = []
 
     def get(refs, timeout=None):
