@@ -349,7 +349,14 @@ def main(argv: list[str] | None = None) -> int:
             return i
 
         if not args.quick:  # --quick saves the time: its run pays the workers' start-up instead
-            ray.get([ray.remote(num_cpus=1)(_warm).remote(i) for i in range(args.slots)])
+            from workers.evaluate import evaluation_runtime_env
+
+            # Ray reuses a worker only for tasks of its runtime environment: the plain loop's tasks get the
+            # default one, qbatch's evaluations their own per isolation mode (workers/evaluate.py), so each
+            # gets its slots' workers started here
+            for env in [None, *(evaluation_runtime_env(m) for m in modes)]:
+                warm = ray.remote(num_cpus=1)(_warm).options(**({"runtime_env": env} if env else {}))
+                ray.get([warm.remote(i) for i in range(args.slots)])
         for isolate in modes:
             n = args.evals
             print(f"[load] qbatch ({isolate}): {n} evaluations of {args.eval_s:g} s, {args.slots} slots ...",

@@ -43,6 +43,7 @@ __all__ = [
     "STACK_WAIT_S",
     "evaluate_once",
     "evaluation_runtime_env",
+    "evaluation_submitter",
     "evaluation_task",
     "submit_evaluation",
     "task_options",
@@ -222,6 +223,13 @@ def submit_evaluation(
         report_start: an actor handle whose `started(trial_id, time)` each attempt calls when it starts
             (the `EvaluationPool`: a task may wait in Ray's queue long after it was submitted).
     """
-    return evaluation_task().options(**task_options(resources, max_retries, isolate)).remote(
+    return evaluation_submitter(resources, max_retries, isolate).remote(
         objective, trial_id, dict(params), int(seed), float(timeout_s), isolate, report_start
     )
+
+
+def evaluation_submitter(resources: Resources, max_retries: int = 1, isolate: str = "process") -> Any:
+    """The evaluation task with its `task_options`, whose ``.remote(objective, trial_id, params, seed,
+    timeout_s, isolate, report_start)`` starts one evaluation: made once, it spares each submission Ray's
+    validation of the options (the `EvaluationPool` keeps one)."""
+    return evaluation_task().options(**task_options(resources, max_retries, isolate))

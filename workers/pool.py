@@ -5,8 +5,8 @@ actor submitted the evaluations itself, its death would kill every running evalu
 finished while it restarts would be lost. So the driver creates one `EvaluationPool` actor per run (no
 CPUs, no model, nothing that can run out of memory) and the central actor submits through it. The pool
 submits the Ray tasks (workers/evaluate.py), keeps their `ObjectRef`s until the central actor says the
-result is durably logged (`release`), and hands the refs back: the central actor waits on them directly
-(as a borrower), so streaming costs no extra hop per result.
+result is durably logged (`release`, or with its next `submit`), and hands the refs back: the central actor
+waits on them directly (as a borrower), so streaming costs no extra hop per result.
 
 When the central actor dies and Ray restarts it, the new instance replays the log and asks the pool what
 is still held (`held`): evaluations that are still running, and those that finished while it was down,
@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from objectives.base import Resources
-from workers.evaluate import submit_evaluation
+from workers.evaluate import evaluation_submitter
 
 __all__ = ["EvaluationPool", "exit_with_node"]
 
@@ -101,27 +101,23 @@ class EvaluationPool:
         self._held: dict[str, tuple[Any, int, float]] = {}  # trial_id -> (ref, attempt, submitted at)
         self._started: dict[str, float] = {}  # trial_id -> when its latest attempt started running
         self._me = ray.get_runtime_context().current_actor if ray.is_initialized() else None
+        self._task = evaluation_submitter(resources, self._max_retries, isolate)  # `submit_evaluation`'s task
         exit_with_node("evaluation pool")
 
-    def submit(self, items: Sequence[tuple[str, int, Mapping[str, Any], int]]) -> list[Any]:
+    def submit(self, items: Sequence[tuple[str, int, Mapping[str, Any], int]],
+               release: Sequence[str] = ()) -> list[Any]:
         """Start one evaluation per `(trial_id, attempt, params, seed)`; returns their refs, in order.
 
         A trial already held (submitted and not released) is not started twice: its existing ref is returned.
+        `release`: trial ids whose results are durably logged, forgotten first (as `release` does): the
+        central actor's next submission carries them, one call for both.
         """
+        self.release(release)
         refs = []
         for trial_id, attempt, params, seed in items:
             if trial_id not in self._held:
-                ref = submit_evaluation(
-                    self._objective,
-                    trial_id,
-                    params,
-                    seed,
-                    resources=self._resources,
-                    timeout_s=self._timeout_s,
-                    max_retries=self._max_retries,
-                    isolate=self._isolate,
-                    report_start=self._me,
-                )
+                ref = self._task.remote(self._objective, trial_id, dict(params), int(seed), self._timeout_s,
+                                        self._isolate, self._me)
                 self._held[trial_id] = (ref, int(attempt), time.time())
             refs.append(self._held[trial_id][0])
         return refs

@@ -302,6 +302,7 @@ class CentralActor:
         finally:
             self._stop.set()
             self._wake_planners()
+            self.dispatcher.settle(_ABORT_DRAIN_S)  # the results handed to the log's writer are told
             self.planner.join(timeout=600)
             if log.started and not log.failed:
                 try:
@@ -327,8 +328,11 @@ class CentralActor:
 
     def _fill_before_first_model(self) -> None:
         """Until the first model-based batch is queued, free slots get Sobol points from this loop directly
-        (`Planner.fill_before_first_model`), dispatched at once."""
-        if self.planner.fill_before_first_model():
+        (`Planner.fill_before_first_model`), dispatched at once; so do slots whose results are still being
+        written."""
+        with self.scheduler.lock:
+            freed = len(self.dispatcher.arrived)
+        if self.planner.fill_before_first_model(freed):
             self.dispatcher.dispatch()
 
     def _wake_planners(self) -> None:

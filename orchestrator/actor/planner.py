@@ -159,9 +159,10 @@ class Planner:
         self.propose(q)
         return True
 
-    def fill_before_first_model(self) -> bool:
+    def fill_before_first_model(self, freed: int = 0) -> bool:
         """Until the first model-based batch is queued, free slots get Sobol points from the dispatch loop
-        directly. Returns whether there were free slots to fill (the dispatch loop then dispatches).
+        directly. Returns whether there were free slots to fill (the dispatch loop then dispatches). `freed`:
+        slots whose results have arrived but are still being written (`Dispatcher.dispatch` refills them).
 
         The first fit and the first proposal (which also pays one-off start-up costs) may take longer than
         the queued initial design lasts; the space-filling design simply continues meanwhile. Later
@@ -174,7 +175,7 @@ class Planner:
             if (self.model_batches or self.model_restored or sched.queue or sched.reserved_sobol
                     or not self.opt.needs_model() or self.opt.design_left > 0):
                 return False
-            free = sched.free_slots()
+            free = sched.free_slots() + freed
         q = min(free, sched.remaining())
         if q > 0:
             self.propose(q, design=True)

@@ -6,13 +6,12 @@ value is real: the objective runs in this process at submission through the work
 it must be cheap (an analytic stand-in; its real time counts as the actor's). No process or thread per slot.
 
 `SimDispatcher` is the actor's `Dispatcher` with only its Ray parts replaced: `submit` hands trials to the
-`SimCluster`, `wait` returns the evaluations whose virtual end has come, `fetch` their records. Everything
-else (the refill of freed slots before the durable log write, the write, the tell exactly once, the failure
-guard) is the real dispatcher's. While it waits, real time passes if any thread of the actor is at work (the
-planner's, `PlannerWatch`, or the dispatch loop with a queued trial for a free slot, which the real loop picks
-up only when its wait returns); once none is, the clock jumps to the next evaluation's end, or to the refit
-thread's next timed check, whichever comes first.
-"""
+`SimCluster`, `wait` returns the evaluations whose virtual end has come, `fetch_many` their records.
+Everything else (the refill of freed slots before the durable log write, the write, the tell exactly once, the
+failure guard) is the real dispatcher's. While it waits, real time passes if any thread of the actor is at
+work (the planner's, `PlannerWatch`, or the dispatch loop with a queued trial for a free slot, which the real
+loop picks up only when its wait returns); once none is, the clock jumps to the next evaluation's end, or to
+the refit thread's next timed check, whichever comes first."""
 
 from __future__ import annotations
 
@@ -129,6 +128,9 @@ class SimDispatcher(Dispatcher):
         now = self.clock()
         return [self.cluster.submit(trial, now) for trial, _ in batch]
 
+    def fetch_many(self, refs: list[Any]) -> dict[Any, TrialResult]:
+        return {ref: self.cluster.take(ref) for ref in refs}
+
     def fetch(self, ref: Any, trial: Trial, dispatched: float) -> TrialResult | None:
         return self.cluster.take(ref)
 
@@ -156,12 +158,14 @@ class SimDispatcher(Dispatcher):
 
     def _idle(self) -> bool:
         """Whether no thread of the actor has work before the next result: no queued trial waits for a free
-        slot (the real loop would dispatch it when its wait ends) and neither planner thread is at work."""
+        slot (the real loop would dispatch it when its wait ends), the log's writer holds no result still to
+        be told, and neither planner thread is at work."""
         sched = self.scheduler
         with sched.lock:
             fillable = (bool(sched.queue) and sched.free_slots() > 0
                         and sched.n_done + len(sched.inflight) < sched.budget)
-        return not fillable and self.watch.idle()
+            writing = bool(self.arrived)
+        return not fillable and not writing and self.watch.idle()
 
     def _timer(self, now: float) -> float:
         """The refit thread's next timed check: when its least interval between refits is over."""

@@ -102,17 +102,35 @@ def _plain(value: Any, where: str) -> Any:
     return plain_data(value, where, _refuse_json, arrays=True, child=_item)
 
 
+def _is_json_data(value: Any) -> bool:
+    """Whether `value` is JSON data as `_plain` leaves it unchanged: None, bool, str, int, float, lists of
+    them and dicts with string keys (`json.dumps` then writes what it would write of `_plain`'s copy).
+    Cheap and silent: the log's write path checks each event's fields with it and names a field (`_plain`)
+    only when this says no."""
+    if value is None or isinstance(value, (str, int, float)):
+        return True
+    if type(value) is dict:
+        return all(type(k) is str and _is_json_data(v) for k, v in value.items())
+    if type(value) is list:
+        return all(_is_json_data(v) for v in value)
+    return False
+
+
 def _to_json(value: Any, where: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, Mapping):
         raise StoreError(f"{where} must be a dict or None; got {type(value).__name__}")
-    return json.dumps(_plain(value, where), allow_nan=True, separators=(",", ":"))
+    if not _is_json_data(value):
+        value = _plain(value, where)
+    return json.dumps(value, allow_nan=True, separators=(",", ":"))
 
 
 def _opt_number(value: Any, where: str, kind: type) -> Any:
     if value is None:
         return None
+    if type(value) is float and kind is float:  # the common case, without the checks below
+        return value
     if not is_number(value):
         raise refuse(where, "a number or None", value, StoreError)
     if kind is int:
@@ -150,7 +168,9 @@ def _encode(events: Sequence[Event], first_seq: int) -> pa.Table:
         for name in _JSON_FIELDS:
             cols[name].append(_to_json(getattr(ev, name), f"{w}.{name}"))
         x = ev.x
-        if x is not None:
+        if type(x) is list and all(type(v) is float for v in x):
+            x = list(x)
+        elif x is not None:
             x = _plain(x, f"{w}.x")
             if not isinstance(x, list):
                 x = [x]
