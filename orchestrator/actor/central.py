@@ -1,16 +1,17 @@
-"""The central Ray actor: the facade that owns a run's state and drives its loop, handing the work to its parts.
+"""The central Ray actor: the facade that owns a run's state and drives its loop, handing work to its parts.
 
 ARCHITECTURE.md "The path of one evaluation", steps 2-6. One `CentralActor` owns the run's `AskTellOptimizer`
-(observations, model, calibrator, proposer) and its `RunStore`, and wires the parts of the package to them: the
-`SlotScheduler` (queue, slots, budget), the `Dispatcher` (Ray tasks in, results out), the `Planner` (proposals
-and refits), the event log, the checkpoints and the failure guard. Its `run()` method is the dispatch loop, in the
-actor's main worker thread: it keeps `max_concurrent` evaluations in flight and collects their results, while the
-planner's two background threads keep the queue ahead of the slots and the model fresh (or, with
-``synchronous: true``, the loop itself runs the papers' protocol: propose B, evaluate all B, refit, repeat).
+(observations, model, calibrator, proposer) and its `RunStore`, and wires the parts of the package to them:
+the `SlotScheduler` (queue, slots, budget), the `Dispatcher` (Ray tasks in, results out), the `Planner`
+(proposals and refits), the event log, the checkpoints and the failure guard. Its `run()` method is the
+dispatch loop, in the actor's main worker thread: it keeps `max_concurrent` evaluations in flight and collects
+their results, while the planner's two background threads keep the queue ahead of the slots and the model
+fresh (or, with ``synchronous: true``, the loop itself runs the papers' protocol: propose B, evaluate all B,
+refit, repeat).
 
 The actor rebuilds itself from the log when created on an existing run directory (resume, or a restart after a
-crash, `replay.py`), and restores its model and calibrator from their checkpoints (`checkpoints.py`). What it has
-to tell the user, its own lines and the Python warnings of its process, the driver takes with `notices`.
+crash, `replay.py`), and restores its model and calibrator from their checkpoints (`checkpoints.py`). What it
+has to tell the user, its own lines and the Python warnings of its process, the driver takes with `notices`.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ __all__ = ["CentralActor"]
 
 #: seconds the dispatch loop waits for a result before it looks at the queue again
 _WAIT_S = 0.05
-#: seconds `CentralActor.stop` waits for a submission under way (a restarting pool may hold one up to a minute)
+#: seconds `CentralActor.stop` waits for a submission under way (a restarting pool may hold one a minute)
 _STOP_WAIT_S = 10.0
 #: the actor process's GIL switch interval while the planner threads run (Python's default: 5 ms)
 _SWITCH_INTERVAL_S = 0.0005
@@ -78,9 +79,9 @@ class CentralActor:
             before the first one; it is retried once new results are in. This many failures in a row stop
             the run (status "aborted", every result kept): the cause is then more likely a bug than data.
 
-    Its parts, which share the optimizer, the scheduler's lock, the stop event and the abort cause: `scheduler`
-    (`SlotScheduler`), `dispatcher` (`Dispatcher`), `planner` (`Planner`), `log` (`RunLog`), `checkpoints`
-    (`Checkpoints`), `guard` (`FailureGuard`) and `abort` (`AbortCause`).
+    Its parts, which share the optimizer, the scheduler's lock, the stop event and the abort cause:
+    `scheduler` (`SlotScheduler`), `dispatcher` (`Dispatcher`), `planner` (`Planner`), `log` (`RunLog`),
+    `checkpoints` (`Checkpoints`), `guard` (`FailureGuard`) and `abort` (`AbortCause`).
     """
 
     def __init__(
@@ -98,13 +99,15 @@ class CentralActor:
         from orchestrator.config import load_config
         from orchestrator.store import RunStore
 
-        if isinstance(max_refit_failures, bool) or not isinstance(max_refit_failures, int) or max_refit_failures < 1:
+        if (isinstance(max_refit_failures, bool) or not isinstance(max_refit_failures, int)
+                or max_refit_failures < 1):
             raise QbatchError(f"max_refit_failures must be an integer >= 1; got {max_refit_failures!r}")
         # first of all: the warnings of building the objective and of replaying the log reach the driver too
         self._notices = Notices(forward=in_ray_actor())
         if self._notices.forward:  # this process is the actor's own: its warnings all go to the driver
             warnings.showwarning = self._notices.show_warning
-        exit_with_node("central actor")  # a killed driver's local Ray: free the writer lock at once, not in a minute
+        # a killed driver's local Ray: free the writer lock at once, not in a minute
+        exit_with_node("central actor")
         self.store = RunStore.open(run_dir)
         self.store.lock_writer()  # one writer per log: a second resume of a running run stops here
         self.run_dir = run_dir
@@ -135,7 +138,8 @@ class CentralActor:
         self._final: dict[str, Any] = {}
         self.abort = AbortCause()
         self.scheduler = SlotScheduler(max_concurrent, cfg.budget, queue_low, cfg.batch_size)
-        self.log = RunLog(self.store, run_dir, self.scheduler.lock, self.abort, on_failure=self._wake_planners)
+        self.log = RunLog(self.store, run_dir, self.scheduler.lock, self.abort,
+                          on_failure=self._wake_planners)
         self.checkpoints = Checkpoints(self.store, self.opt, self._notices, run_dir)
         self.started_at = time.time()
         self.clock = time.time  # `status`'s clock (a simulated cluster's virtual one: orchestrator/sim)
@@ -154,9 +158,9 @@ class CentralActor:
             batch_size=cfg.batch_size, session=self.started_at, refit_interval_s=float(refit_interval_s),
             max_refit_failures=max_refit_failures, model_restored=self.model_restored)
         self.dispatcher = Dispatcher(
-            self.scheduler, self.log, self.opt, self.guard, self.abort, self._stop, self._wake_planners, cfg=cfg,
-            pool=self.pool, objective_spec=self.objective_spec, resources=self.resources, isolate=isolate,
-            session=self.started_at)
+            self.scheduler, self.log, self.opt, self.guard, self.abort, self._stop, self._wake_planners,
+            cfg=cfg, pool=self.pool, objective_spec=self.objective_spec, resources=self.resources,
+            isolate=isolate, session=self.started_at)
 
     # ------------------------------------------------------------------ status
     @property
@@ -201,7 +205,8 @@ class CentralActor:
                 "queued": len(sched.queue),
                 "max_concurrent": self.max_concurrent,
                 "best_observed": None if best is None else {"params": best[0], "value": best[1]},
-                "best_predicted": None if model_best is None else {"params": model_best[0], "value": model_best[1]},
+                "best_predicted": (None if model_best is None
+                                   else {"params": model_best[0], "value": model_best[1]}),
                 "evals_per_s": sched.n_done_session / span if span > 0 else 0.0,
                 "utilization": sched.busy_s / (self.max_concurrent * span) if span > 0 else 0.0,
                 "refits": self.planner.refits,
@@ -210,8 +215,8 @@ class CentralActor:
                 "elapsed_s": now - self.started_at,
                 "phase": ("final fit" if self._final_fit else
                           "model" if self.opt.model is not None else "initial design"),
-                # the results by where their point came from; a proposer without a model proposes "model" points
-                # too, so the driver's end-of-run check also reads `uses_model`
+                # the results by where their point came from; a proposer without a model proposes "model"
+                # points too, so the driver's end-of-run check also reads `uses_model`
                 "sources": self.opt.told_by_source(),
                 "uses_model": self.opt.needs_model(),
                 "last_fit_s": self.planner.last_fit_s,
@@ -227,9 +232,9 @@ class CentralActor:
         return os.getpid()
 
     def notices(self) -> list[str]:
-        """The lines for the user (this actor's messages and its process's Python warnings, one line each) since
-        the last call, oldest first; the driver prints them above its progress bar (`Notices`). Empty outside
-        a Ray actor, whose lines are printed as they come."""
+        """The lines for the user (this actor's messages and its process's Python warnings, one line each)
+        since the last call, oldest first; the driver prints them above its progress bar (`Notices`). Empty
+        outside a Ray actor, whose lines are printed as they come."""
         return self._notices.take()
 
     def inflight(self) -> dict[str, float]:
@@ -238,9 +243,9 @@ class CentralActor:
             return {trial.trial_id: t for trial, t, _ in self.scheduler.inflight.values()}
 
     def stop(self) -> None:
-        """Ask `run` to return after the current step (in-flight evaluations are left to finish). Nothing new is
-        proposed or dispatched once it returns: it waits for a submission under way (up to `_STOP_WAIT_S`), and
-        every later dispatch and proposal sees the stop first. The driver calls it as soon as the user
+        """Ask `run` to return after the current step (in-flight evaluations are left to finish). Nothing new
+        is proposed or dispatched once it returns: it waits for a submission under way (up to `_STOP_WAIT_S`),
+        and every later dispatch and proposal sees the stop first. The driver calls it as soon as the user
         says stop (Ctrl-C, SIGTERM), so an objective that moves hardware does not start after that."""
         self._stop.set()
         self._wake_planners()
@@ -252,8 +257,8 @@ class CentralActor:
         """Drive the run to its budget. Returns a summary; `status`/"aborted" says if the guard stopped it.
 
         One loop per actor: a second call (a driver that lost its reference for a moment calls again) waits up
-        to `wait_s` for the running loop and returns its summary, or {"status": "running"} (call again); a call
-        after the loop ended returns its summary. Two loops would ingest the same results twice.
+        to `wait_s` for the running loop and returns its summary, or {"status": "running"} (call again); a
+        call after the loop ended returns its summary. Two loops would ingest the same results twice.
         """
         if not self._run_lock.acquire(blocking=False):
             return self._final if self._finished.wait(wait_s) else {"status": "running"}
@@ -316,7 +321,8 @@ class CentralActor:
                 self.dispatcher.drain(_ABORT_DRAIN_S)
             except LogWriteError:
                 pass
-        elif not self.abort.message and self.opt.can_fit() and (self.opt.model is None or self.opt.num_stale > 0):
+        elif (not self.abort.message and self.opt.can_fit()
+              and (self.opt.model is None or self.opt.num_stale > 0)):
             self._final_fit = True
             try:
                 self.planner.final_fit()
@@ -340,7 +346,8 @@ class CentralActor:
 
     def _summary(self) -> dict[str, Any]:
         st = self.status()
-        st["status"] = "aborted" if self.abort.message else ("finished" if self.n_done >= self.budget else "stopped")
+        finished = self.n_done >= self.budget
+        st["status"] = "aborted" if self.abort.message else ("finished" if finished else "stopped")
         st["message"] = self.abort.message
         st["proposal_seconds"] = list(self.planner.proposal_s)
         return st

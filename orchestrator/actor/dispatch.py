@@ -1,4 +1,4 @@
-"""The central actor's evaluation pipeline on Ray: submit queued trials, collect their results, log, then tell.
+"""The central actor's evaluation pipeline on Ray: submit queued trials, collect results, log, then tell.
 
 ARCHITECTURE.md "The path of one evaluation", steps 3-4. The `Dispatcher` keeps the free slots busy, each
 evaluation a Ray task (workers/evaluate.py), and waits for results one at a time (``ray.wait(num_returns=1)``,
@@ -10,15 +10,16 @@ meanwhile the loop goes on collecting. Which trials run and the budget count are
 
 The evaluation tasks are submitted through the run's `EvaluationPool` (workers/pool.py), which the driver
 creates: a Ray task fate-shares with the process that submitted it, so tasks owned by this actor would die
-with it. An evaluation whose worker is frozen and cannot enforce its own timeout is cancelled at a deadline and
-recorded as a failed 'timeout' trial (`backstop.py`).
+with it. An evaluation whose worker is frozen and cannot enforce its own timeout is cancelled at a deadline
+and recorded as a failed 'timeout' trial (`backstop.py`).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.actor.backstop import Backstop, timeout_record
 from orchestrator.actor.guard import AbortCause, FailureGuard
@@ -91,14 +92,14 @@ class Dispatcher:
             self.wake()
 
     def _dispatch_locked(self, freed: int) -> None:
-        """`dispatch`'s work, under `lock`: a stop (`CentralActor.stop`) is seen here or waits until it returns."""
+        """`dispatch`'s work, under `lock`: a stop (`CentralActor.stop`) is seen here or waits for it."""
         # an aborting run starts nothing new (its evaluations in flight are drained); nor does a stopped one
         if self.abort.message or self.stop.is_set():
             return
         batch = self.scheduler.take(freed)  # still spoken for (`SlotScheduler.remaining`) while submitted
         if batch:
-            # outside the lock: a restarting pool may take up to a minute to answer, and status(), the planners'
-            # budget checks and their log appends would wait that long on the lock
+            # outside the lock: a restarting pool may take up to a minute to answer, and status(), the
+            # planners' budget checks and their log appends would wait that long on the lock
             try:
                 refs = self.submit(batch)
             except Exception as exc:  # put the trials back: they stay logged as proposed, never lost
@@ -271,13 +272,15 @@ class Dispatcher:
     def drain(self, limit_s: float) -> None:
         """After an abort: log the results of the evaluations in flight as they finish, for up to `limit_s`
         seconds, starting nothing new (`dispatch` refuses once the abort is set). A result that is finished is
-        never dropped; an evaluation still running after the limit stays "started" and a resume runs it again."""
+        never dropped; an evaluation still running after the limit stays "started" and a resume runs it again.
+        """
         deadline = time.time() + limit_s
         while self.scheduler.inflight and (left := deadline - time.time()) > 0:
             self.collect(min(left, 1.0))
         if self.scheduler.inflight:
-            self.abort.message += (f"; {len(self.scheduler.inflight)} evaluations still running after {limit_s:g} s "
-                                   "were left unrecorded (`qbatch resume` runs them again)")
+            running = len(self.scheduler.inflight)
+            self.abort.message += (f"; {running} evaluations still running after {limit_s:g} s were left "
+                                   "unrecorded (`qbatch resume` runs them again)")
 
 
 def _get_all(refs: list[Any]) -> dict[Any, Any]:

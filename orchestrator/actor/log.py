@@ -1,4 +1,4 @@
-"""The central actor's writes to the run's event log (orchestrator/store): durable before they are acknowledged.
+"""The central actor's writes to the run's event log (orchestrator/store): durable before acknowledged.
 
 The dispatch loop and the planner threads both write (results, proposals, refits). Appends that come while one
 is being written share the next write, one segment and one fsync (group commit), and each returns only once
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.actor.guard import AbortCause
 from orchestrator.errors import QbatchError
@@ -80,13 +81,15 @@ class RunLog:
         `session`: when this actor started. The report sums utilization's span over sessions (a resume or a
         restart starts one), so the time a stopped run waited for `qbatch resume` is not idle slot time.
         """
-        info: dict[str, Any] = {"metrics": result.metrics or {}, "child_pid": result.child_pid, "session": session}
+        info: dict[str, Any] = {"metrics": result.metrics or {}, "child_pid": result.child_pid,
+                                "session": session}
         if result.message:
             info["message"] = result.message
         if result.metrics_dropped:
             info["metrics_dropped"] = result.metrics_dropped
         return cls.event(
-            result.status, trial, time=time.time(), value=result.value if result.status == "completed" else None,
+            result.status, trial, time=time.time(),
+            value=result.value if result.status == "completed" else None,
             node_id=result.node_id, pid=result.pid, started_at=result.started_at, ended_at=result.ended_at,
             attempt=attempt, error=result.error, traceback=result.traceback, info=info,
         )
