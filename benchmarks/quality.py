@@ -14,8 +14,10 @@ Per run it records the regret q* - q_tau(x) of the recommendation (`best()` afte
 point evaluated (the largest exact quantile among the evaluated inputs), the problem's range (max - min of the
 exact quantile over the space: the gap target allows 1% of it), and of every recommendation rule of
 `orchestrator.recommend` applied to the same final model, plus whether the model warned that it learned no
-lengthscale. Methods: quantile-ts (qbatch's default model and proposer), exact-ts (exact GP + Thompson),
-qlognei (exact GP + BoTorch's qLogNEI), sobol (a Sobol search; its answer is its best observed value's point).
+lengthscale. Methods: quantile-ts (qbatch's default model and proposer, the last 10% of the budget
+re-evaluating the best observed points as a run's default `reevaluation` does), exact-ts (exact GP +
+Thompson), qlognei (exact GP + BoTorch's qLogNEI), sobol (a Sobol search; its answer is its best observed
+value's point).
 
 Usage:
     python benchmarks/quality.py --quick                      # CI smoke run (~1 minute)
@@ -62,6 +64,7 @@ PROBLEMS: dict[str, tuple[int, int, int, int | None]] = {
 #: method -> (model, proposer, model options, proposer options)
 METHODS: dict[str, tuple[str, str, dict, dict]] = {
     "quantile-ts": ("quantile", "thompson", {}, {}),
+    "quantile-ts-noreeval": ("quantile", "thompson", {}, {}),
     "quantile-ts-m128": ("quantile", "thompson", {"num_inducing": 128, "inducing_placement": "kmeans",
                                                   "lengthscale_prior": "spec", "optimizer": "adam"}, {}),
     "quantile-ts-const": ("quantile", "thompson", {"noise_scale": "constant"}, {}),
@@ -72,6 +75,8 @@ METHODS: dict[str, tuple[str, str, dict, dict]] = {
     "quantile-ts-local": ("quantile", "thompson", {}, {"local_fraction": 0.25}),
     "quantile-ts-local50": ("quantile", "thompson", {}, {"local_fraction": 0.5}),
     "quantile-ts-restarts": ("quantile", "thompson", {}, {}),
+    "quantile-ts-reeval": ("quantile", "thompson", {}, {}),
+    "quantile-ts-reeval1": ("quantile", "thompson", {}, {}),
     "exact-ts": ("exact-gp", "thompson", {}, {}),
     "qlognei": ("exact-gp", "qlognei", {}, {"sequential": False}),
     "sobol": ("exact-gp", "sobol", {}, {}),
@@ -79,6 +84,11 @@ METHODS: dict[str, tuple[str, str, dict, dict]] = {
 #: methods whose every refit also fits from scratch and keeps the lower loss
 #: (`AskTellOptimizer.refit_restarts`)
 RESTARTING = {"quantile-ts-restarts"}
+#: method -> repeats: methods that spend the last `REEVAL_FRACTION` of the budget re-evaluating their best
+#: observed points, that many more times each (`AskTellOptimizer.ask_repeats`), as a run's default
+#: `reevaluation` does; quantile-ts-noreeval searches to the end
+REEVALUATING = {"quantile-ts": 1, "quantile-ts-reeval": 2, "quantile-ts-reeval1": 1}
+REEVAL_FRACTION = 0.1
 #: the methods of the protocol; the others are screened variants of the quantile model
 DEFAULT_METHODS = ["quantile-ts", "exact-ts", "qlognei", "sobol"]
 TAU = 0.1
@@ -125,6 +135,7 @@ def run_one(problem_name: str, method: str, seed: int, budget: int, batch: int, 
             initial: int | None = None) -> dict[str, Any]:
     """One run of `method` on `problem_name` with `seed`; returns its row."""
     from orchestrator.ask_tell import AskTellOptimizer
+    from orchestrator.ask_tell.repeats import repeat_share
     from orchestrator.errors import ModelWarning
     from orchestrator.recommend import RULES, recommend_index
 
@@ -142,8 +153,12 @@ def run_one(problem_name: str, method: str, seed: int, budget: int, batch: int, 
         t0 = time.perf_counter()
         evaluated: list[dict] = []
         n = 0
+        final = repeat_share(budget, REEVAL_FRACTION) if method in REEVALUATING else 0
         while n < budget:
-            trials = opt.ask(min(batch, budget - n))
+            if budget - n <= final:
+                trials = opt.ask_repeats(min(batch, budget - n), REEVALUATING[method])
+            else:
+                trials = opt.ask(min(batch, budget - n - final))
             for t in trials:
                 opt.tell(t.trial_id, prob.evaluate(t.params, t.seed))
                 evaluated.append(dict(t.params))

@@ -156,7 +156,8 @@ class CentralActor:
         self.planner = Planner(
             self.opt, self.scheduler, self.log, self.checkpoints, self._notices, self.abort, self._stop,
             batch_size=cfg.batch_size, session=self.started_at, refit_interval_s=float(refit_interval_s),
-            max_refit_failures=max_refit_failures, model_restored=self.model_restored)
+            max_refit_failures=max_refit_failures, model_restored=self.model_restored,
+            reevaluation=(cfg.reevaluation.fraction, cfg.reevaluation.repeats))
         self.dispatcher = Dispatcher(
             self.scheduler, self.log, self.opt, self.guard, self.abort, self._stop, self._wake_planners,
             cfg=cfg, pool=self.pool, objective_spec=self.objective_spec, resources=self.resources,

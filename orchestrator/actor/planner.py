@@ -30,6 +30,7 @@ from orchestrator.actor.guard import AbortCause
 from orchestrator.actor.log import LogWriteError, RunLog
 from orchestrator.actor.notices import Notices
 from orchestrator.actor.scheduler import SlotScheduler
+from orchestrator.ask_tell.repeats import repeat_share
 from workers.records import describe_exception, format_exception_traceback
 
 if TYPE_CHECKING:
@@ -74,6 +75,7 @@ class Planner:
         refit_interval_s: float,
         max_refit_failures: int,
         model_restored: bool,
+        reevaluation: tuple[float, int] = (0.0, 1),
     ) -> None:
         self.opt = opt
         self.scheduler = scheduler
@@ -100,6 +102,9 @@ class Planner:
         self.proposal_s: list[float] = []
         self.model_batches = 0  # model-based batches proposed in this session
         self.clock = time.time  # the refit interval's clock (orchestrator/sim: a virtual one)
+        # the budget's last `final` evaluations re-evaluate the best observed points, `repeats` times more
+        self.final = repeat_share(scheduler.budget, reevaluation[0])
+        self.repeats = int(reevaluation[1])
 
     # ------------------------------------------------------------------ the threads
     def start(self) -> None:
@@ -217,24 +222,33 @@ class Planner:
         first, so that their batches together never pass the budget."""
         sched = self.scheduler
         with sched.lock:
-            q = min(q, sched.remaining())
+            remaining = sched.remaining()
+            q = min(q, remaining)
             if q <= 0 or self.stop.is_set():  # a stopped run asks for nothing more
                 return
             sobol = design or self.opt.design_left > 0
+            repeat = False
+            if self.final and not sobol:
+                # the search stops where the budget's re-evaluations begin (with a model to rank the points)
+                repeat = remaining <= self.final and self.opt.model is not None
+                q = q if repeat else min(q, max(1, remaining - self.final))
             sched.reserve(q, sobol)
         trials: list[Trial] = []
         try:
-            trials = self.ask_and_log(q, design)
+            trials = self.ask_and_log(q, design, repeat)
         finally:  # queued only once logged; the reservation ends either way
             sched.release(q, sobol, trials)
 
-    def ask_and_log(self, q: int, design: bool) -> list[Trial]:
-        """`propose`'s work: ask for `q` trials and log them (a trial is logged before it can be
-        dispatched)."""
+    def ask_and_log(self, q: int, design: bool, repeat: bool = False) -> list[Trial]:
+        """`propose`'s work: ask for `q` trials (`repeat`: re-evaluations of the best observed points) and
+        log them (a trial is logged before it can be dispatched)."""
         t0 = time.perf_counter()
         pending = self.opt.num_pending
         calibrated_before = self.opt.num_calibrated
-        trials = self.opt.ask(q, fit=False, design=design)
+        if repeat:
+            trials = self.opt.ask_repeats(q, self.repeats, fit=False)
+        else:
+            trials = self.opt.ask(q, fit=False, design=design)
         seconds = time.perf_counter() - t0
         self.proposal_s.append(seconds)
         calibrated = None

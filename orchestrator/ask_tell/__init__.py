@@ -8,6 +8,7 @@
 - `fitting.py`: the refit, the final fit, the recommendation, the slow-fit and flat-model warnings;
 - `factories.py`: the model, proposer and calibrator built from the options, and the check of their
   combination;
+- `repeats.py`: re-evaluations of the best observed points (`ask_repeats`), a run's last evaluations;
 - `calibration_queue.py`: the calibrator updates queued at `tell` and applied per flush in ask order;
 - `replay.py`: what the central actor's resume calls (trials restored from the log, calibration rounds, model
   and calibrator checkpoints) and `get_state` / `set_state`, apart from the API as in Optuna's journal

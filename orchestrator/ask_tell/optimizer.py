@@ -32,6 +32,7 @@ from orchestrator.ask_tell.calibration_queue import CalibrationQueue
 from orchestrator.ask_tell.dedup import DuplicateHandling
 from orchestrator.ask_tell.factories import ComponentFactories
 from orchestrator.ask_tell.fitting import ModelFitting
+from orchestrator.ask_tell.repeats import Repeats
 from orchestrator.ask_tell.replay import Replay
 from orchestrator.ask_tell.trials import Trial, TrialError, TrialRegistry, trial_seed
 from orchestrator.errors import ConfigError
@@ -55,7 +56,7 @@ def _plain_int(v: Any) -> Any:
 
 
 class AskTellOptimizer(
-    TrialRegistry, ComponentFactories, ModelFitting, CalibrationQueue, DuplicateHandling, Replay
+    TrialRegistry, ComponentFactories, ModelFitting, CalibrationQueue, DuplicateHandling, Repeats, Replay
 ):
     """Quantile (or expectile / mean) Bayesian optimization driven by ask and tell.
 

@@ -42,7 +42,7 @@ class Trial:
         forecast: the model's predictive forecast at `x` when it was proposed (model units, i.e. after the
             sign flip of `direction: minimize`), or None for Sobol points.
         seed: random seed for the evaluation (derived from the optimizer's seed and the trial id).
-        source: "sobol", "model" or "user".
+        source: "sobol", "model", "repeat" (`ask_repeats`) or "user".
     """
 
     trial_id: str

@@ -18,6 +18,7 @@ from orchestrator.config.experiment import (
     ExperimentConfig,
     FailureGuardConfig,
     ObjectiveConfig,
+    ReevaluationConfig,
 )
 from orchestrator.config.loading import MAX_CONFIG_BYTES, load_config, load_config_text  # noqa: F401
 from orchestrator.config.schema import (  # noqa: F401 -- the table and bounds: imported from here too
@@ -42,6 +43,7 @@ __all__ = [
     "MODEL_TYPES",
     "ObjectiveConfig",
     "PROPOSER_TYPES",
+    "ReevaluationConfig",
     "check_run_dir",
     "load_config",
     "load_config_text",

@@ -46,6 +46,16 @@ class FailureGuardConfig:
 
 
 @dataclass(frozen=True)
+class ReevaluationConfig:
+    """Spend the last `fraction` of the budget re-evaluating the best observed points, each `repeats` more
+    times (`AskTellOptimizer.ask_repeats`); 0 spends none. The defaults measure best
+    (benchmarks/results/quality/screen_reeval)."""
+
+    fraction: float = 0.1
+    repeats: int = 1
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     """A validated experiment (README "Configuration"). Build it with `load_config`; `to_dict()`
     round-trips."""
@@ -71,6 +81,8 @@ class ExperimentConfig:
     recommendation: str = DEFAULT_RULE
     #: torch's intra-op threads of the model's fits and proposals (orchestrator/threads.py)
     threads: str | int = "auto"
+    #: the budget's end spent on re-evaluations of the best observed points (orchestrator/ask_tell/repeats.py)
+    reevaluation: ReevaluationConfig = ReevaluationConfig()
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict of every key (defaults filled in), in table order; `load_config` inverts it."""
@@ -102,6 +114,8 @@ class ExperimentConfig:
             # set
             | ({} if self.recommendation == DEFAULT_RULE else {"recommendation": self.recommendation})
             | ({} if self.threads == "auto" else {"threads": self.threads})
+            | ({} if self.reevaluation == ReevaluationConfig() else {"reevaluation": {
+                "fraction": self.reevaluation.fraction, "repeats": self.reevaluation.repeats}})
         )
 
     def resolve_run_dir(self, override: str | None = None, now: float | None = None) -> str:

@@ -23,6 +23,7 @@ from orchestrator.config.experiment import (
     ExperimentConfig,
     FailureGuardConfig,
     ObjectiveConfig,
+    ReevaluationConfig,
 )
 from orchestrator.config.schema import _MISSING, _SHORTHAND, _TABLE
 from orchestrator.config.values import _one_line
@@ -180,6 +181,7 @@ def _load_mapping(raw: Any, source: str | None) -> ExperimentConfig:
         run_dir=v["run_dir"],
         recommendation=v["recommendation"],
         threads=v["threads"],
+        reevaluation=ReevaluationConfig(**v["reevaluation"]),
     )
 
 

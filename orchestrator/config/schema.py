@@ -80,6 +80,10 @@ _TABLE: dict[str, Any] = {
     "seed": _Key(_int(0, MAX_SEED), 0),
     "recommendation": _Key(_choice(tuple(RULES)), DEFAULT_RULE),
     "threads": _Key(_threads, "auto"),
+    "reevaluation": {
+        "fraction": _Key(_float(0.0, 1.0, False, True), 0.1),
+        "repeats": _Key(_int(1, 100), 1),
+    },
     "run_dir": _Key(_optional(check_run_dir), None),
 }
 #: sections that may be given as a bare string: `model: expectile` means `model: {type: expectile}`

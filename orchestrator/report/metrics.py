@@ -123,6 +123,8 @@ class RunMetrics:
             ("best observed params", params(self.best_params)),
             ("evaluations from the Sobol design", str(self.sources.get("sobol", 0))),
             ("evaluations from the model", str(self.sources.get("model", 0))),
+            *([("re-evaluations of the best observed points", str(self.sources["repeat"]))]
+              if self.sources.get("repeat") else []),
             ("recommendation: predicted tau-level", f(self.best_predicted)),
             ("recommendation: params", params(self.best_predicted_params)),
             ("wall time (first start to last end, per session) [s]", f(self.span_s)),

@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 #: central interval of the predicted-against-observed plot
 FORECAST_COVERAGE = 0.8
 #: colour and legend label of each proposal source; other sources get the next colours
-_SOURCES = {"sobol": ("C0", "Sobol initial design"), "model": ("C1", "model's proposer")}
+_SOURCES = {"sobol": ("C0", "Sobol initial design"), "model": ("C1", "model's proposer"),
+            "repeat": ("C4", "re-evaluation of a best point")}
 
 
 def _figure():
@@ -167,7 +168,7 @@ def _values_figure(plt: Any, metrics: RunMetrics, events: Sequence[Event], trial
     )
     values = np.array([t.value if k else math.nan for t, k in zip(done, ok)], dtype=float)
     kinds = list(dict.fromkeys(source.get(t.trial_id, "unknown") for t in done))
-    extra = iter(f"C{i}" for i in range(4, 10))
+    extra = iter(f"C{i}" for i in range(5, 10))
     for kind in sorted(
         kinds, key=lambda k: (k not in _SOURCES, list(_SOURCES).index(k) if k in _SOURCES else 0)
     ):

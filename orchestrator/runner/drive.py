@@ -158,8 +158,10 @@ def _report(summary: Mapping[str, Any], out: TextIO, cfg: Any = None) -> None:
     )
     sources = summary.get("sources")
     if sources is not None:
+        repeats = (f", {sources['repeat']} re-evaluations of the best observed points"
+                   if sources.get("repeat") else "")
         print(f"qbatch: {sources.get('sobol', 0)} of them from the Sobol design, {sources.get('model', 0)} "
-              "from the model", file=out)
+              f"from the model{repeats}", file=out)
     # an abort's message is its exception's: once
     if summary.get("message") and summary["status"] != "aborted":
         print(f"qbatch: {summary['message']}", file=out)

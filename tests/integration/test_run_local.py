@@ -126,8 +126,10 @@ def test_a_fast_streaming_run_whose_model_proposed_nothing_says_so_and_what_help
     )
     out = io.StringIO()
     summary = run_experiment(cfg, progress=False, out=out)
-    assert summary["sources"] == {"sobol": 10, "model": 4} and "warning" not in out.getvalue()
-    assert "qbatch: 10 of them from the Sobol design, 4 from the model\n" in out.getvalue()
+    # the budget's last 2 evaluations (`reevaluation`'s default 10%, at least 2) re-evaluate the best points
+    assert summary["sources"] == {"sobol": 10, "model": 2, "repeat": 2} and "warning" not in out.getvalue()
+    assert ("qbatch: 10 of them from the Sobol design, 2 from the model, 2 re-evaluations of the best "
+            "observed points\n") in out.getvalue()
 
 
 def test_synchronous_mode_waits_for_the_whole_batch(ray_local, tmp_path):
@@ -140,7 +142,9 @@ def test_synchronous_mode_waits_for_the_whole_batch(ray_local, tmp_path):
     for e in events:
         if e.kind == "proposed":
             batch_sizes[e.batch_id] = batch_sizes.get(e.batch_id, 0) + 1
-    assert list(batch_sizes.values()) == [12, 8, 8]
+    # the design, two model batches (the second ends where the re-evaluations begin), then the budget's last
+    # 10% re-evaluating the best observed points, a batch of their own
+    assert list(batch_sizes.values()) == [12, 8, 5, 3]
     # no proposal of batch b+1 before every result of batch b is in the log; a refit between them
     seen_done = set()
     kinds_between = []
@@ -152,7 +156,8 @@ def test_synchronous_mode_waits_for_the_whole_batch(ray_local, tmp_path):
             assert prev <= seen_done, f"batch {e.batch_id} proposed before batch {e.batch_id - 1} finished"
         kinds_between.append(e.kind)
     last_proposal = max(i for i, k in enumerate(kinds_between) if k == "proposed")
-    assert kinds_between[:last_proposal].count("refit") == 2  # one before each model batch
+    # one before each model batch and one before the re-evaluations
+    assert kinds_between[:last_proposal].count("refit") == 3
     # and a final one for the recommendation, which also refits from scratch
     assert kinds_between[-1] == "refit"
     final = [e for e in events if e.kind == "refit"][-1].info

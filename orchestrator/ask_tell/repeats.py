@@ -1,0 +1,107 @@
+"""Re-evaluating the top candidates: a run's last evaluations spent measuring its best observed points again.
+
+The recommendation (quantile-expectile-bo.md §1.7, orchestrator/recommend.py) is the observed input the model
+scores highest. With one measurement per point, that score leans on the model's smoothing; at low noise the
+asymmetric-Laplace fit ranks an isolated high measurement well below its true level. Measuring the top
+candidates again gives the model replicates exactly where the answer is chosen, as a user re-runs the best few
+configurations before picking one. `ask_repeats(q)` proposes `q` such re-evaluations: the observed points in
+the order of the recommendation rule's score, each until it has `1 + repeats` evaluations (counting pending
+ones), with fresh seeds. `repeat_share` splits a budget between the search and the repeats.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from orchestrator.ask_tell.dedup import cell_keys
+from orchestrator.ask_tell.trials import Trial, TrialError, trial_seed
+from orchestrator.recommend import recommendation_scores
+from orchestrator.threads import bounded_threads
+
+__all__ = ["SOURCE", "Repeats", "repeat_share"]
+
+#: source of a re-evaluation trial (`Trial.source`, the log's "proposed" events)
+SOURCE = "repeat"
+
+
+def repeat_share(budget: int, fraction: float) -> int:
+    """Evaluations of a budget of `budget` that go to re-evaluations: `round(fraction * budget)`, at least 2
+    when `fraction` > 0 (one candidate measured twice more), 0 when it is 0."""
+    if fraction <= 0.0 or budget < 2:
+        return 0
+    return min(budget - 1, max(2, int(round(fraction * budget))))
+
+
+class Repeats:
+    """The part of `AskTellOptimizer` that proposes re-evaluations of its best observed points."""
+
+    def ask_repeats(self, q: int, repeats: int = 1, fit: bool = True) -> list[Trial]:
+        """Propose `q` re-evaluations of the observed points the recommendation rule scores highest.
+
+        Candidates are taken best first, each until it has `1 + repeats` evaluations (completed and pending);
+        each trial has a new id and a new evaluation seed, and is told like any other. The model is the one of
+        the last fit (refit first with `fit` when results arrived since).
+
+        Raises:
+            TrialError: `q` or `repeats` is not an integer >= 1, or there is no model yet (the initial design
+                is not done, or nothing completed).
+        """
+        if isinstance(q, bool) or not isinstance(q, int) or q < 1:
+            raise TrialError(f"q must be an integer >= 1; got {q!r}")
+        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+            raise TrialError(f"repeats must be an integer >= 1; got {repeats!r}")
+        with self._ask_lock, bounded_threads(self.threads):
+            if fit and self.can_fit() and (self._model is None or self.num_stale > 0):
+                self.fit(restart=self.refit_restarts)
+            model = self._model
+            if model is None:
+                raise TrialError("ask_repeats needs a fitted model: finish the initial design and fit first")
+            with self._lock:
+                X_obs = self._stack(self._obs_x)
+                pending = [t.x for t in self._pending.values()]
+                batch_id = self._next_batch
+                self._next_batch += 1
+            chosen = self._repeat_rows(model, X_obs, pending, q, repeats)
+            trials = []
+            with self._lock:
+                X = X_obs[chosen]
+                params = self.space.from_unit(X)
+                for i in range(q):
+                    tid = f"{batch_id}-{i}"
+                    seed = trial_seed(self.seed, tid)
+                    t = Trial(tid, params[i], X[i].clone(), batch_id, None, seed, SOURCE)
+                    self._add_trial(t)
+                    self._pending[tid] = t
+                    trials.append(t.copy())
+            return trials
+
+    def _repeat_rows(self, model, X_obs: torch.Tensor, pending: list[torch.Tensor], q: int,
+                     repeats: int) -> list[int]:
+        """Rows of `X_obs` to evaluate again, `q` of them: the distinct points best first by the rule's score,
+        each up to `1 + repeats` evaluations in all; past the last candidate, the best again."""
+        keys = cell_keys(self.space, X_obs)
+        first: dict[bytes, int] = {}
+        count: dict[bytes, int] = {}
+        for i, k in enumerate(keys):
+            first.setdefault(k, i)
+            count[k] = count.get(k, 0) + 1
+        if pending:
+            for k in cell_keys(self.space, torch.stack(pending)):
+                if k in count:
+                    count[k] += 1
+        rows = torch.tensor(list(first.values()), dtype=torch.long)
+        scores = recommendation_scores(model, X_obs[rows].to(**self._tk), self.recommendation)
+        order = [int(rows[j]) for j in torch.argsort(scores, descending=True, stable=True)]
+        chosen: list[int] = []
+        for i in order:
+            need = 1 + repeats - count[keys[i]]
+            chosen.extend([i] * max(0, min(need, q - len(chosen))))
+            if len(chosen) == q:
+                return chosen
+        # every candidate has its repeats: the best ones again, round robin
+        top = order[: max(1, math.ceil(q / repeats))]
+        while len(chosen) < q:
+            chosen.append(top[len(chosen) % len(top)])
+        return chosen
