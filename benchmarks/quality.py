@@ -77,6 +77,7 @@ METHODS: dict[str, tuple[str, str, dict, dict]] = {
     "quantile-ts-restarts": ("quantile", "thompson", {}, {}),
     "quantile-ts-reeval": ("quantile", "thompson", {}, {}),
     "quantile-ts-reeval1": ("quantile", "thompson", {}, {}),
+    "quantile-ts-reeval20": ("quantile", "thompson", {}, {}),
     "exact-ts": ("exact-gp", "thompson", {}, {}),
     "qlognei": ("exact-gp", "qlognei", {}, {"sequential": False}),
     "sobol": ("exact-gp", "sobol", {}, {}),
@@ -84,11 +85,11 @@ METHODS: dict[str, tuple[str, str, dict, dict]] = {
 #: methods whose every refit also fits from scratch and keeps the lower loss
 #: (`AskTellOptimizer.refit_restarts`)
 RESTARTING = {"quantile-ts-restarts"}
-#: method -> repeats: methods that spend the last `REEVAL_FRACTION` of the budget re-evaluating their best
-#: observed points, that many more times each (`AskTellOptimizer.ask_repeats`), as a run's default
-#: `reevaluation` does; quantile-ts-noreeval searches to the end
-REEVALUATING = {"quantile-ts": 1, "quantile-ts-reeval": 2, "quantile-ts-reeval1": 1}
-REEVAL_FRACTION = 0.1
+#: method -> (fraction, repeats): methods that spend that fraction of the budget, at its end, re-evaluating
+#: their best observed points, that many more times each (`AskTellOptimizer.ask_repeats`), as a run's default
+#: `reevaluation` (0.1, 1) does; quantile-ts-noreeval searches to the end
+REEVALUATING = {"quantile-ts": (0.1, 1), "quantile-ts-reeval": (0.1, 2), "quantile-ts-reeval1": (0.1, 1),
+                "quantile-ts-reeval20": (0.2, 1)}
 #: the methods of the protocol; the others are screened variants of the quantile model
 DEFAULT_METHODS = ["quantile-ts", "exact-ts", "qlognei", "sobol"]
 TAU = 0.1
@@ -153,10 +154,11 @@ def run_one(problem_name: str, method: str, seed: int, budget: int, batch: int, 
         t0 = time.perf_counter()
         evaluated: list[dict] = []
         n = 0
-        final = repeat_share(budget, REEVAL_FRACTION) if method in REEVALUATING else 0
+        fraction, repeats = REEVALUATING.get(method, (0.0, 1))
+        final = repeat_share(budget, fraction)
         while n < budget:
             if budget - n <= final:
-                trials = opt.ask_repeats(min(batch, budget - n), REEVALUATING[method])
+                trials = opt.ask_repeats(min(batch, budget - n), repeats)
             else:
                 trials = opt.ask(min(batch, budget - n - final))
             for t in trials:
