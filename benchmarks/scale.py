@@ -1,0 +1,312 @@
+"""Scale of the model in the loop: cold fit, warm refit and a q = 1,000 Thompson batch at n = 10^3 to 10^5.
+
+qbatch's default quantile SVGP (`num_inducing: "auto"`, so m = `auto_num_inducing(n)`: 708 at n = 1,000,
+1,000 from n = 2,000 on) with its default Thompson sampler, beside BoTorch's SVGP with pathwise Thompson
+sampling at the same n, m and q, on the same data: a 16-D Ackley (botorch.test_functions, negated, on
+[-5, 5]^16) with right-skewed noise whose scale grows along x_0. Per library and n, one fresh subprocess
+(one torch thread) times
+
+- cold fit on n points: qbatch `build_model("quantile").fit`; BoTorch `SingleTaskVariationalGP` (Matérn-5/2
+  ARD, m inducing points) fitted by `fit_gpytorch_mll` on a `VariationalELBO`;
+- ask(q): qbatch `ThompsonSampling().propose`; BoTorch q paths from `draw_matheron_paths`, scored at the same
+  number of scrambled-Sobol candidates as qbatch's (`default_raw_samples`), the best `default_num_restarts`
+  per path refined by `gen_candidates_scipy` (L-BFGS-B on the sum of the paths, the same `maxiter`);
+- warm refit after `NEW_POINTS` more results: qbatch `fit` again (warm-started); BoTorch `fit_gpytorch_mll`
+  again from its fitted state on the n + `NEW_POINTS` points;
+
+and the subprocess's peak RSS (`resource.getrusage(RUSAGE_SELF).ru_maxrss`), so no configuration's peak hides
+another's. A configuration that runs past `--limit-s` is stopped and printed as "not run: <why>".
+Targets: qbatch's warm refit + ask grows at most linearly in n from 10^4 to 10^5 (exponent <= 1), its peak
+memory at n = 10^5 is at most 4 GB, its times at most 0.5x BoTorch's at every n both finish.
+
+Usage:
+    python benchmarks/scale.py --quick                          # CI smoke run (seconds)
+    python benchmarks/scale.py --resume --out benchmarks/results/scale
+Results in --out: runs/<library>_n<n>.json (one per configuration; `--resume` keeps finished ones),
+scale.csv (every configuration) and summary.csv (ratios and targets per n).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks._common import code_version, format_table, limited_threads, write_table  # noqa: E402
+
+LIBRARIES = ("qbatch", "botorch")
+NEW_POINTS = 100
+TAU = 0.8
+TARGET_EXPONENT = 1.0
+TARGET_PEAK_GB = 4.0
+TARGET_RATIO = 0.5
+FULL = {"ns": [1000, 10000, 100000], "d": 16, "q": 1000}
+QUICK = {"ns": [60, 120], "d": 3, "q": 8, "raw_samples": 256, "maxiter": 20}
+STAGES = ("cold_fit", "ask", "warm_refit")
+
+
+def make_data(n: int, d: int, seed: int) -> tuple[Any, Any]:
+    """`n` uniform points of [0, 1]^d and outcomes -Ackley(x) on [-5, 5]^d plus right-skewed noise
+    (centred exponential, scale 0.5 + x_0): one narrow global optimum at the centre among many local ones."""
+    import torch
+    from botorch.test_functions import Ackley
+
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, d, generator=g, dtype=torch.float64)
+    f = -Ackley(dim=d).evaluate_true(10.0 * X - 5.0)
+    noise = torch.empty(n, dtype=torch.float64).exponential_(generator=g) - 1.0
+    return X, f + (0.5 + X[:, 0]) * noise
+
+
+def peak_rss_mib() -> float:
+    """Peak resident memory of this process so far (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def search_sizes(d: int, q: int, raw_samples: int | None) -> tuple[int, int]:
+    """(candidates, restarts per path) of qbatch's default Thompson sampler, used by both libraries."""
+    from orchestrator.acquisition.thompson import default_num_restarts, default_raw_samples
+
+    restarts = default_num_restarts(d, q)
+    return (raw_samples or default_raw_samples(d, restarts)), restarts
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the two libraries: each returns {stage: callable} run in order on the same data
+# ------------------------------------------------------------------------------------------------------------
+def qbatch_stages(X, Y, n: int, q: int, raw: int, restarts: int, maxiter: int, seed: int, info: dict):
+    from orchestrator.acquisition.thompson import ThompsonSampling
+    from orchestrator.models import build_model
+
+    model = build_model("quantile", tau=TAU, seed=seed)
+    ts = ThompsonSampling(raw_samples=raw, num_restarts=restarts, maxiter=maxiter)
+
+    def cold() -> None:
+        info["m"] = int(model.fit(X[:n], Y[:n])["num_inducing"])
+
+    def ask() -> None:
+        info["q_proposed"] = int(ts.propose(model, q, X_observed=X[:n], seed=seed).shape[0])
+
+    def warm() -> None:
+        info["m_refit"] = int(model.fit(X, Y)["num_inducing"])
+
+    return {"cold_fit": cold, "ask": ask, "warm_refit": warm}
+
+
+def botorch_stages(X, Y, n: int, q: int, raw: int, restarts: int, maxiter: int, seed: int, info: dict):
+    import torch
+    from botorch.fit import fit_gpytorch_mll
+    from botorch.generation.gen import gen_candidates_scipy
+    from botorch.models.approximate_gp import SingleTaskVariationalGP
+    from botorch.sampling.pathwise import draw_matheron_paths
+    from gpytorch.kernels import MaternKernel, ScaleKernel
+    from gpytorch.mlls import VariationalELBO
+
+    from orchestrator.models.allocation import auto_num_inducing
+
+    m = auto_num_inducing(n)
+    info["m"] = info["m_refit"] = m
+    state: dict[str, Any] = {}
+
+    def standardized(k: int):
+        y = Y[:k]
+        return ((y - y.mean()) / y.std()).unsqueeze(-1)
+
+    def cold() -> None:
+        kernel = ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=X.shape[-1]))
+        model = SingleTaskVariationalGP(X[:n], standardized(n), inducing_points=m, covar_module=kernel)
+        model = model.to(torch.float64)
+        fit_gpytorch_mll(VariationalELBO(model.likelihood, model.model, num_data=n))
+        state["model"] = model
+
+    def ask() -> None:
+        model = state["model"]
+        model.eval()
+        torch.manual_seed(seed)
+        paths = draw_matheron_paths(model, sample_shape=torch.Size([q]))
+        cands = torch.quasirandom.SobolEngine(X.shape[-1], scramble=True, seed=seed).draw(raw).to(X)
+        with torch.no_grad():  # scores `q x raw`, in chunks of candidates
+            chunk = max(1, 2**22 // q)
+            scores = torch.cat([paths(cands[i:i + chunk]) for i in range(0, raw, chunk)], dim=-1)
+        starts = cands[scores.topk(restarts, dim=-1).indices]  # `q x restarts x d`
+        # path b at its own points: X of shape `restarts x q x d` -> paths(`q x restarts x d`) -> `q x restarts`
+        Xs, _ = gen_candidates_scipy(
+            starts.transpose(0, 1).contiguous(), lambda Z: paths(Z.transpose(0, 1)).sum(0),
+            lower_bounds=0.0, upper_bounds=1.0, options={"maxiter": maxiter})
+        info["q_proposed"] = int(Xs.shape[1])
+
+    def warm() -> None:
+        model = state["model"]
+        model.train()
+        model.model.train_inputs = (X,)
+        model.model.train_targets = standardized(X.shape[0]).squeeze(-1)
+        fit_gpytorch_mll(VariationalELBO(model.likelihood, model.model, num_data=X.shape[0]))
+
+    return {"cold_fit": cold, "ask": ask, "warm_refit": warm}
+
+
+def child(spec: dict[str, Any]) -> None:
+    """Run one configuration, writing its result file after every stage (a stopped run keeps what it did)."""
+    path = Path(spec["path"])
+    row = {k: spec[k] for k in ("library", "n", "d", "q")}
+    row.update({"raw_samples": spec["raw"], "restarts": spec["restarts"], "maxiter": spec["maxiter"],
+                "new_points": NEW_POINTS, "code": code_version()})
+    with limited_threads(1), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        X, Y = make_data(spec["n"] + NEW_POINTS, spec["d"], spec["seed"])
+        build = qbatch_stages if spec["library"] == "qbatch" else botorch_stages
+        info: dict[str, Any] = {}
+        stages = build(X, Y, spec["n"], spec["q"], spec["raw"], spec["restarts"], spec["maxiter"],
+                       spec["seed"], info)
+        row["baseline_mib"] = peak_rss_mib()
+        for name in STAGES:
+            row["running"] = name
+            path.write_text(json.dumps(row))
+            t0 = time.perf_counter()
+            stages[name]()
+            row[f"{name}_s"] = time.perf_counter() - t0
+            row[f"{name}_peak_mib"] = peak_rss_mib()
+            row.update(info)
+        row.pop("running")
+        row["peak_mib"] = peak_rss_mib()
+        row["status"] = "ok"
+        path.write_text(json.dumps(row))
+
+
+def run_config(spec: dict[str, Any], limit_s: float) -> dict[str, Any]:
+    """`child(spec)` in a fresh interpreter, stopped after `limit_s` seconds."""
+    path = Path(spec["path"])
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit_s)
+        failed = proc.returncode != 0
+        why = f"exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:] if proc.stderr else ''}"
+    except subprocess.TimeoutExpired:
+        failed, why = True, None
+    row = json.loads(path.read_text()) if path.is_file() else dict(spec)
+    if failed:
+        stage = row.get("running", "setup")
+        row["status"] = (f"not run: {stage} did not finish within the {limit_s:.0f} s limit" if why is None
+                         else f"not run: {stage} failed ({why})")
+        row["wall_s"] = time.perf_counter() - t0
+        path.write_text(json.dumps(row))
+    return row
+
+
+def loop_s(r: dict[str, Any]) -> float:
+    """Warm refit + ask(q): one iteration of the loop once the model exists."""
+    return r.get("warm_refit_s", math.nan) + r.get("ask_s", math.nan)
+
+
+def summarize(rows: Sequence[dict[str, Any]], ns: Sequence[int]) -> list[dict[str, Any]]:
+    by = {(r["library"], r["n"]): r for r in rows}
+    out = []
+    for n in ns:
+        qb, bt = by.get(("qbatch", n), {}), by.get(("botorch", n), {})
+        s = {"n": n, "m": qb.get("m", bt.get("m")), "qbatch_status": qb.get("status", "missing"),
+             "botorch_status": bt.get("status", "missing")}
+        for lib, r in (("qbatch", qb), ("botorch", bt)):
+            for stage in STAGES:
+                s[f"{lib}_{stage}_s"] = r.get(f"{stage}_s", math.nan)
+            s[f"{lib}_loop_s"] = loop_s(r)
+            s[f"{lib}_peak_mib"] = r.get("peak_mib", math.nan) if r.get("status") == "ok" else math.nan
+        both = s["qbatch_status"] == "ok" and s["botorch_status"] == "ok"
+        for key in ("cold_fit", "ask", "warm_refit", "loop"):
+            s[f"ratio_{key}"] = s[f"qbatch_{key}_s"] / s[f"botorch_{key}_s"] if both else math.nan
+        s["ratio_met"] = bool(both and max(s["ratio_cold_fit"], s["ratio_loop"]) <= TARGET_RATIO) if both else None
+        out.append(s)
+    return out
+
+
+def growth_exponents(summary: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """log(loop time ratio) / log(n ratio) of qbatch between consecutive n that both finished."""
+    ok = [s for s in summary if s["qbatch_status"] == "ok"]
+    return [{"n_from": a["n"], "n_to": b["n"], "exponent": math.log(b["qbatch_loop_s"] / a["qbatch_loop_s"])
+             / math.log(b["n"] / a["n"])} for a, b in zip(ok, ok[1:])]
+
+
+def report(rows: Sequence[dict[str, Any]], ns: Sequence[int], out: Path) -> dict[str, Any]:
+    summary = summarize(rows, ns)
+    exps = growth_exponents(summary)
+    write_table(list(rows), out / "scale", parquet=False)
+    write_table(summary, out / "summary", parquet=False)
+    cols = ["library", "n", "m", "cold_fit_s", "ask_s", "warm_refit_s", "peak_mib", "status"]
+    print(format_table([{c: r.get(c, math.nan) for c in cols} for r in rows], cols))
+    print()
+    print(format_table(summary, ["n", "m", "qbatch_loop_s", "botorch_loop_s", "ratio_cold_fit", "ratio_ask",
+                                 "ratio_warm_refit", "ratio_loop", "ratio_met"]))
+    for s in summary:
+        for lib in LIBRARIES:
+            if s[f"{lib}_status"] != "ok":
+                print(f"[scale] {lib} n={s['n']}: {s[f'{lib}_status']}")
+    for e in exps:
+        print(f"[scale] qbatch warm refit + ask({rows[0]['q']}) from n={e['n_from']} to n={e['n_to']}: "
+              f"exponent {e['exponent']:.2f} (target <= {TARGET_EXPONENT:g} from 10^4 to 10^5)")
+    top = max((s for s in summary if s["qbatch_status"] == "ok"), key=lambda s: s["n"], default=None)
+    if top is not None:
+        gb = top["qbatch_peak_mib"] / 1024
+        print(f"[scale] qbatch peak memory at n={top['n']}: {gb:.2f} GB (target <= {TARGET_PEAK_GB:g} GB at "
+              f"n = 10^5)")
+    for s in summary:
+        if s["ratio_met"] is not None:
+            print(f"[scale] n={s['n']}: qbatch / BoTorch cold fit {s['ratio_cold_fit']:.3f}, warm refit + ask "
+                  f"{s['ratio_loop']:.3f} (target <= {TARGET_RATIO:g}: {'met' if s['ratio_met'] else 'MISSED'})")
+    return {"rows": list(rows), "summary": summary, "exponents": exps}
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="CI smoke run: d = 3, q = 8, n = 60 and 120")
+    ap.add_argument("--ns", nargs="+", type=int, default=FULL["ns"])
+    ap.add_argument("--libraries", nargs="+", choices=LIBRARIES, default=list(LIBRARIES))
+    ap.add_argument("--d", type=int, default=FULL["d"])
+    ap.add_argument("--q", type=int, default=FULL["q"])
+    ap.add_argument("--raw-samples", type=int, default=None, help="candidates (default: qbatch's rule)")
+    ap.add_argument("--maxiter", type=int, default=200, help="L-BFGS-B iterations (qbatch's default)")
+    ap.add_argument("--limit-s", type=float, default=900.0, help="wall-clock limit of one configuration")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--resume", action="store_true", help="keep configurations whose result file exists")
+    ap.add_argument("--out", default=str(REPO / "results" / "scale"))
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        child(json.loads(args.child))
+        return {}
+    if args.quick:
+        args.ns, args.d, args.q = QUICK["ns"], QUICK["d"], QUICK["q"]
+        args.raw_samples, args.maxiter = QUICK["raw_samples"], QUICK["maxiter"]
+    raw, restarts = search_sizes(args.d, args.q, args.raw_samples)
+    out = Path(args.out)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    rows = []
+    for n in args.ns:
+        for lib in args.libraries:
+            path = out / "runs" / f"{lib}_n{n}.json"
+            if args.resume and path.is_file() and "status" in json.loads(path.read_text()):
+                rows.append(json.loads(path.read_text()))
+                print(f"[scale] {lib} n={n}: kept {path.name} ({rows[-1]['status']})", flush=True)
+                continue
+            spec = {"library": lib, "n": n, "d": args.d, "q": args.q, "raw": raw, "restarts": restarts,
+                    "maxiter": args.maxiter, "seed": args.seed, "path": str(path)}
+            rows.append(run_config(spec, args.limit_s))
+            r = rows[-1]
+            print(f"[scale] {lib} n={n} m={r.get('m')}: {r.get('status')}; cold {r.get('cold_fit_s', math.nan):.1f} s,"
+                  f" ask {r.get('ask_s', math.nan):.1f} s, warm {r.get('warm_refit_s', math.nan):.1f} s, peak "
+                  f"{r.get('peak_mib', math.nan):.0f} MiB", flush=True)
+    return report(rows, args.ns, out)
+
+
+if __name__ == "__main__":
+    main()
