@@ -184,10 +184,10 @@ def child(spec: dict[str, Any]) -> None:
         path.write_text(json.dumps(row))
 
 
-def run_config(spec: dict[str, Any], limit_s: float) -> dict[str, Any]:
-    """`child(spec)` in a fresh interpreter, stopped after `limit_s` seconds."""
+def run_config(spec: dict[str, Any], limit_s: float, script: Path | None = None) -> dict[str, Any]:
+    """`child(spec)` of `script` (default: this file) in a fresh interpreter, stopped after `limit_s` seconds."""
     path = Path(spec["path"])
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
+    cmd = [sys.executable, str(Path(script or __file__).resolve()), "--child", json.dumps(spec)]
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit_s)
