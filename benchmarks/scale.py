@@ -15,7 +15,9 @@ sampling at the same n, m and q, on the same data: a 16-D Ackley (botorch.test_f
   again from its fitted state on the n + `NEW_POINTS` points;
 
 and the subprocess's peak RSS (`resource.getrusage(RUSAGE_SELF).ru_maxrss`), so no configuration's peak hides
-another's. A configuration that runs past `--limit-s` is stopped and printed as "not run: <why>".
+another's. Times are the subprocess's CPU seconds (`time.process_time`, one thread): on a shared machine
+they do not count the time other processes hold the cores (wall seconds are recorded beside them, `*_wall_s`,
+with the load average). A configuration that runs past `--limit-s` is stopped and printed as "not run: <why>".
 Targets: qbatch's warm refit + ask grows at most linearly in n from 10^4 to 10^5 (exponent <= 1), its peak
 memory at n = 10^5 is at most 4 GB, its times at most 0.5x BoTorch's at every n both finish.
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import resource
 import subprocess
 import sys
@@ -52,7 +55,7 @@ TARGET_EXPONENT = 1.0
 TARGET_PEAK_GB = 4.0
 TARGET_RATIO = 0.5
 FULL = {"ns": [1000, 10000, 100000], "d": 16, "q": 1000}
-QUICK = {"ns": [60, 120], "d": 3, "q": 8, "raw_samples": 256, "maxiter": 20}
+QUICK = {"ns": [12, 24], "d": 3, "q": 4, "raw_samples": 128, "maxiter": 20}
 STAGES = ("cold_fit", "ask", "warm_refit")
 
 
@@ -156,6 +159,29 @@ def botorch_stages(X, Y, n: int, q: int, raw: int, restarts: int, maxiter: int, 
     return {"cold_fit": cold, "ask": ask, "warm_refit": warm}
 
 
+def botorch_step_probe(X, Y, n: int, steps: int = 1) -> float:
+    """CPU seconds of one full-batch ELBO evaluation with its gradient of BoTorch's SVGP at n (mean of `steps`):
+    `fit_gpytorch_mll` fits an SVGP on more than 1,024 observations with full-batch Adam, one such step each."""
+    import torch
+    from botorch.models.approximate_gp import SingleTaskVariationalGP
+    from gpytorch.kernels import MaternKernel, ScaleKernel
+    from gpytorch.mlls import VariationalELBO
+
+    from orchestrator.models.allocation import auto_num_inducing
+
+    y = ((Y[:n] - Y[:n].mean()) / Y[:n].std()).unsqueeze(-1)
+    kernel = ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=X.shape[-1]))
+    model = SingleTaskVariationalGP(X[:n], y, inducing_points=auto_num_inducing(n), covar_module=kernel)
+    model = model.to(torch.float64)
+    model.train()
+    mll = VariationalELBO(model.likelihood, model.model, num_data=n)
+    c0 = time.process_time()
+    for _ in range(steps):
+        loss = -mll(model.model(X[:n]), y.squeeze(-1))
+        loss.backward()
+    return (time.process_time() - c0) / steps
+
+
 def child(spec: dict[str, Any]) -> None:
     """Run one configuration, writing its result file after every stage (a stopped run keeps what it did)."""
     path = Path(spec["path"])
@@ -165,17 +191,30 @@ def child(spec: dict[str, Any]) -> None:
     with limited_threads(1), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         X, Y = make_data(spec["n"] + NEW_POINTS, spec["d"], spec["seed"])
+        if spec.get("probe"):
+            row["running"] = "probe"
+            path.write_text(json.dumps(row))
+            step = row["elbo_step_s"] = botorch_step_probe(X, Y, spec["n"])
+            row.pop("running")
+            row["peak_mib"] = peak_rss_mib()
+            row["status"] = (f"not run: n > --botorch-max-n; one full-batch ELBO step (value and gradient) takes "
+                             f"{step:.1f} s here and fit_gpytorch_mll's Adam above 1,024 observations takes up to "
+                             f"10,000 of them (cold fit up to {step * 10000 / 3600:.0f} h)")
+            path.write_text(json.dumps(row))
+            return
         build = qbatch_stages if spec["library"] == "qbatch" else botorch_stages
         info: dict[str, Any] = {}
         stages = build(X, Y, spec["n"], spec["q"], spec["raw"], spec["restarts"], spec["maxiter"],
                        spec["seed"], info)
         row["baseline_mib"] = peak_rss_mib()
+        row["load_avg_1min"] = os.getloadavg()[0]
         for name in STAGES:
             row["running"] = name
             path.write_text(json.dumps(row))
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             stages[name]()
-            row[f"{name}_s"] = time.perf_counter() - t0
+            row[f"{name}_s"] = time.process_time() - c0
+            row[f"{name}_wall_s"] = time.perf_counter() - t0
             row[f"{name}_peak_mib"] = peak_rss_mib()
             row.update(info)
         row.pop("running")
@@ -268,13 +307,15 @@ def report(rows: Sequence[dict[str, Any]], ns: Sequence[int], out: Path) -> dict
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="CI smoke run: d = 3, q = 8, n = 60 and 120")
+    ap.add_argument("--quick", action="store_true", help="CI smoke run: d = 3, q = 4, n = 12 and 24 (BoTorch probed above 12)")
     ap.add_argument("--ns", nargs="+", type=int, default=FULL["ns"])
     ap.add_argument("--libraries", nargs="+", choices=LIBRARIES, default=list(LIBRARIES))
     ap.add_argument("--d", type=int, default=FULL["d"])
     ap.add_argument("--q", type=int, default=FULL["q"])
     ap.add_argument("--raw-samples", type=int, default=None, help="candidates (default: qbatch's rule)")
     ap.add_argument("--maxiter", type=int, default=200, help="L-BFGS-B iterations (qbatch's default)")
+    ap.add_argument("--botorch-max-n", type=int, default=1000,
+                    help="largest n BoTorch's side is run at; above it one ELBO step is timed instead")
     ap.add_argument("--limit-s", type=float, default=900.0, help="wall-clock limit of one configuration")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--resume", action="store_true", help="keep configurations whose result file exists")
@@ -287,6 +328,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.quick:
         args.ns, args.d, args.q = QUICK["ns"], QUICK["d"], QUICK["q"]
         args.raw_samples, args.maxiter = QUICK["raw_samples"], QUICK["maxiter"]
+        args.botorch_max_n = QUICK["ns"][0]
     raw, restarts = search_sizes(args.d, args.q, args.raw_samples)
     out = Path(args.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
@@ -299,7 +341,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 print(f"[scale] {lib} n={n}: kept {path.name} ({rows[-1]['status']})", flush=True)
                 continue
             spec = {"library": lib, "n": n, "d": args.d, "q": args.q, "raw": raw, "restarts": restarts,
-                    "maxiter": args.maxiter, "seed": args.seed, "path": str(path)}
+                    "maxiter": args.maxiter, "seed": args.seed, "path": str(path),
+                    "probe": lib == "botorch" and n > args.botorch_max_n}
             rows.append(run_config(spec, args.limit_s))
             r = rows[-1]
             print(f"[scale] {lib} n={n} m={r.get('m')}: {r.get('status')}; cold {r.get('cold_fit_s', math.nan):.1f} s,"
