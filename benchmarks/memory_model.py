@@ -1,4 +1,4 @@
-"""Memory of the optimizer with the quantile model fitted and proposing, at 5,000 and 50,000 results.
+"""Memory of the optimizer with the quantile model fitted and proposing, at 5,000 to 50,000 results.
 
 The central actor wraps one `AskTellOptimizer` (orchestrator/actor/central.py): its trial table and its
 checkpoint (`get_state`, saved by `torch.save` as orchestrator/store/checkpoints.py does) are the actor's.
@@ -32,9 +32,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._common import code_version, format_table, limited_threads, write_table  # noqa: E402
-from benchmarks.scale import TAU, make_data, peak_rss_mib, run_config  # noqa: E402
+from benchmarks.scale import TAU, limit_memory, make_data, peak_rss_mib, run_config  # noqa: E402
 
-FULL = {"ns": [5000, 50000], "d": 16, "q": 100}
+FULL = {"ns": [5000, 20000, 50000], "d": 16, "q": 100}
 QUICK = {"ns": [100, 300], "d": 3, "q": 8}
 ITERATIONS = 2
 
@@ -60,6 +60,7 @@ def child(spec: dict[str, Any]) -> None:
 
     from orchestrator.ask_tell.optimizer import AskTellOptimizer
 
+    limit_memory(spec.get("max_memory_gb"))
     path = Path(spec["path"])
     n, d, q = spec["n"], spec["d"], spec["q"]
     row: dict[str, Any] = {"n": n, "d": d, "q": q, "iterations": ITERATIONS, "code": code_version()}
@@ -147,6 +148,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--d", type=int, default=FULL["d"])
     ap.add_argument("--q", type=int, default=FULL["q"])
     ap.add_argument("--limit-s", type=float, default=1200.0, help="wall-clock limit of one n")
+    ap.add_argument("--max-memory-gb", type=float, default=16.0,
+                    help="address-space cap of each n's subprocess (RLIMIT_AS; 0: none)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--resume", action="store_true", help="keep the n whose result file exists")
     ap.add_argument("--out", default=str(REPO / "results" / "memory_model"))
@@ -166,7 +169,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             rows.append(json.loads(path.read_text()))
             print(f"[memory_model] n={n}: kept {path.name} ({rows[-1]['status']})", flush=True)
             continue
-        spec = {"n": n, "d": args.d, "q": args.q, "seed": args.seed, "path": str(path)}
+        spec = {"n": n, "d": args.d, "q": args.q, "seed": args.seed, "path": str(path),
+                "max_memory_gb": args.max_memory_gb}
         rows.append(run_config(spec, args.limit_s, script=Path(__file__)))
         print(f"[memory_model] n={n}: {rows[-1].get('status')}, peak {rows[-1].get('peak_mib', math.nan):.0f} MiB",
               flush=True)

@@ -77,6 +77,14 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def limit_memory(gb: float | None) -> None:
+    """Cap this process's address space at `gb` GiB (RLIMIT_AS): an allocation past it fails with torch's
+    "can't allocate memory" in this process instead of pushing a shared machine into its OOM killer."""
+    if gb:
+        cap = int(gb * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+
 def search_sizes(d: int, q: int, raw_samples: int | None) -> tuple[int, int]:
     """(candidates, restarts per path) of qbatch's default Thompson sampler, used by both libraries."""
     from orchestrator.acquisition.thompson import default_num_restarts, default_raw_samples
@@ -184,6 +192,7 @@ def botorch_step_probe(X, Y, n: int, steps: int = 1) -> float:
 
 def child(spec: dict[str, Any]) -> None:
     """Run one configuration, writing its result file after every stage (a stopped run keeps what it did)."""
+    limit_memory(spec.get("max_memory_gb"))
     path = Path(spec["path"])
     row = {k: spec[k] for k in ("library", "n", "d", "q")}
     row.update({"raw_samples": spec["raw"], "restarts": spec["restarts"], "maxiter": spec["maxiter"],
@@ -317,6 +326,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--botorch-max-n", type=int, default=1000,
                     help="largest n BoTorch's side is run at; above it one ELBO step is timed instead")
     ap.add_argument("--limit-s", type=float, default=900.0, help="wall-clock limit of one configuration")
+    ap.add_argument("--max-memory-gb", type=float, default=16.0,
+                    help="address-space cap of each configuration's subprocess (RLIMIT_AS; 0: none)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--resume", action="store_true", help="keep configurations whose result file exists")
     ap.add_argument("--out", default=str(REPO / "results" / "scale"))
@@ -342,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 continue
             spec = {"library": lib, "n": n, "d": args.d, "q": args.q, "raw": raw, "restarts": restarts,
                     "maxiter": args.maxiter, "seed": args.seed, "path": str(path),
-                    "probe": lib == "botorch" and n > args.botorch_max_n}
+                    "probe": lib == "botorch" and n > args.botorch_max_n, "max_memory_gb": args.max_memory_gb}
             rows.append(run_config(spec, args.limit_s))
             r = rows[-1]
             print(f"[scale] {lib} n={n} m={r.get('m')}: {r.get('status')}; cold {r.get('cold_fit_s', math.nan):.1f} s,"
