@@ -12,7 +12,8 @@ Printed per 1,000 results; target: bounded, and the table and checkpoints grow a
 Usage:
     python benchmarks/memory_model.py --quick                  # CI smoke run (seconds)
     python benchmarks/memory_model.py --resume --out benchmarks/results/memory_model
-Results in --out: runs/n<n>.json (one per n; `--resume` keeps finished ones) and memory_model.csv.
+Results in --out: runs/n<n>.json (one per n; `--resume` keeps finished ones), memory_model.csv and growth.csv
+(the ratios between consecutive n).
 """
 
 from __future__ import annotations
@@ -138,6 +139,8 @@ def report(rows: Sequence[dict[str, Any]], out: Path) -> dict[str, Any]:
     for r in rows:
         if r.get("status") != "ok":
             print(f"[memory_model] n={r['n']}: {r.get('status')}")
+    if growth:
+        write_table(growth, out / "growth", parquet=False)
     return {"rows": list(rows), "growth": growth}
 
 

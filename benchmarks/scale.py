@@ -25,7 +25,7 @@ Usage:
     python benchmarks/scale.py --quick                          # CI smoke run (seconds)
     python benchmarks/scale.py --resume --out benchmarks/results/scale
 Results in --out: runs/<library>_n<n>.json (one per configuration; `--resume` keeps finished ones),
-scale.csv (every configuration) and summary.csv (ratios and targets per n).
+scale.csv (every configuration), summary.csv (ratios and targets per n) and growth.csv (qbatch's exponents).
 """
 
 from __future__ import annotations
@@ -240,7 +240,8 @@ def run_config(spec: dict[str, Any], limit_s: float, script: Path | None = None)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit_s)
         failed = proc.returncode != 0
-        why = f"exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:] if proc.stderr else ''}"
+        last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no message"
+        why = f"exit {proc.returncode}: {last}"
     except subprocess.TimeoutExpired:
         failed, why = True, None
     row = json.loads(path.read_text()) if path.is_file() else dict(spec)
@@ -290,6 +291,8 @@ def report(rows: Sequence[dict[str, Any]], ns: Sequence[int], out: Path) -> dict
     exps = growth_exponents(summary)
     write_table(list(rows), out / "scale", parquet=False)
     write_table(summary, out / "summary", parquet=False)
+    if exps:
+        write_table(exps, out / "growth", parquet=False)
     cols = ["library", "n", "m", "cold_fit_s", "ask_s", "warm_refit_s", "peak_mib", "status"]
     print(format_table([{c: r.get(c, math.nan) for c in cols} for r in rows], cols))
     print()
