@@ -1,4 +1,4 @@
-"""Memory of the optimizer with the quantile model fitted and proposing, at 5,000 to 50,000 results.
+"""Memory of the optimizer with the quantile model fitted and proposing, at 2,000 to 50,000 results.
 
 The central actor wraps one `AskTellOptimizer` (orchestrator/actor/central.py): its trial table and its
 checkpoint (`get_state`, saved by `torch.save` as orchestrator/store/checkpoints.py does) are the actor's.
@@ -35,7 +35,7 @@ if str(REPO) not in sys.path:
 from benchmarks._common import code_version, format_table, limited_threads, write_table  # noqa: E402
 from benchmarks.scale import TAU, limit_memory, make_data, peak_rss_mib, run_config  # noqa: E402
 
-FULL = {"ns": [5000, 20000, 50000], "d": 16, "q": 100}
+FULL = {"ns": [2000, 5000, 50000], "d": 16, "q": 100}
 QUICK = {"ns": [100, 300], "d": 3, "q": 8}
 ITERATIONS = 2
 
@@ -139,8 +139,7 @@ def report(rows: Sequence[dict[str, Any]], out: Path) -> dict[str, Any]:
     for r in rows:
         if r.get("status") != "ok":
             print(f"[memory_model] n={r['n']}: {r.get('status')}")
-    if growth:
-        write_table(growth, out / "growth", parquet=False)
+    write_table(growth, out / "growth", parquet=False)
     return {"rows": list(rows), "growth": growth}
 
 

@@ -291,8 +291,7 @@ def report(rows: Sequence[dict[str, Any]], ns: Sequence[int], out: Path) -> dict
     exps = growth_exponents(summary)
     write_table(list(rows), out / "scale", parquet=False)
     write_table(summary, out / "summary", parquet=False)
-    if exps:
-        write_table(exps, out / "growth", parquet=False)
+    write_table(exps, out / "growth", parquet=False)
     cols = ["library", "n", "m", "cold_fit_s", "ask_s", "warm_refit_s", "peak_mib", "status"]
     print(format_table([{c: r.get(c, math.nan) for c in cols} for r in rows], cols))
     print()
