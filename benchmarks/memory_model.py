@@ -115,27 +115,34 @@ def child(spec: dict[str, Any]) -> None:
 
 def report(rows: Sequence[dict[str, Any]], out: Path) -> dict[str, Any]:
     write_table(list(rows), out / "memory_model", parquet=False)
-    cols = ["n", "results", "num_inducing", "peak_mib", "peak_above_baseline_mib_per_1000", "told_rss_mib",
+    cols = ["n", "table_mib", "checkpoint_no_model_mib", "results", "num_inducing", "peak_mib", "peak_above_baseline_mib_per_1000", "told_rss_mib",
             "table_after_mib", "table_after_mib_per_1000", "checkpoint_mib", "checkpoint_trials_mib_per_1000",
             "model_checkpoint_mib", "status"]
     print(format_table([{c: r.get(c, math.nan) for c in cols} for r in rows], cols))
-    ok = [r for r in rows if r.get("status") == "ok"]
+    told = [r for r in rows if "table_mib" in r]  # every n whose results were all told, fitted or not
     growth = []
-    for a, b in zip(ok, ok[1:]):
-        g = {"n_from": a["n"], "n_to": b["n"], "n_ratio": b["results"] / a["results"]}
-        for key in ("peak_mib", "table_after_mib", "checkpoint_mib", "checkpoint_trials_mib", "model_checkpoint_mib",
-                    "told_rss_mib"):
+    for a, b in zip(told, told[1:]):
+        g: dict[str, Any] = {"n_from": a["n"], "n_to": b["n"], "n_ratio": b["n"] / a["n"]}
+        for key in ("table_mib", "checkpoint_no_model_mib", "told_rss_mib"):
             g[key] = b[key] / a[key] if a[key] > 0 else math.nan
-        # the model's part of a checkpoint grows with m (its q(u) covariances are m x m), not with n
-        g["m_from"], g["m_to"] = a["num_inducing"], b["num_inducing"]
-        g["linear"] = bool(max(g["table_after_mib"], g["checkpoint_trials_mib"]) <= g["n_ratio"] * 1.05
-                           and (g["m_from"] != g["m_to"] or g["checkpoint_mib"] <= g["n_ratio"] * 1.05))
+        g["linear_before_fit"] = bool(max(g["table_mib"], g["checkpoint_no_model_mib"]) <= g["n_ratio"] * 1.05)
+        text = (f"[memory_model] told results x{g['n_ratio']:.2f} ({a['n']} -> {b['n']}): trial table x"
+                f"{g['table_mib']:.2f}, checkpoint x{g['checkpoint_no_model_mib']:.2f}, their RSS x"
+                f"{g['told_rss_mib']:.2f} (target: at most linear: {'met' if g['linear_before_fit'] else 'MISSED'})")
+        if a.get("status") == "ok" and b.get("status") == "ok":
+            for key in ("peak_mib", "table_after_mib", "checkpoint_mib", "checkpoint_trials_mib",
+                        "model_checkpoint_mib"):
+                g[key] = b[key] / a[key] if a[key] > 0 else math.nan
+            # the model's part of a checkpoint grows with m (its q(u) covariances are m x m), not with n
+            g["m_from"], g["m_to"] = a["num_inducing"], b["num_inducing"]
+            g["linear"] = bool(max(g["table_after_mib"], g["checkpoint_trials_mib"]) <= g["n_ratio"] * 1.05
+                               and (g["m_from"] != g["m_to"] or g["checkpoint_mib"] <= g["n_ratio"] * 1.05))
+            text += (f"; with the model: trial table x{g['table_after_mib']:.2f}, checkpoint x"
+                     f"{g['checkpoint_mib']:.2f} (its trials x{g['checkpoint_trials_mib']:.2f}, its model x"
+                     f"{g['model_checkpoint_mib']:.2f} with m {g['m_from']} -> {g['m_to']}), peak RSS x"
+                     f"{g['peak_mib']:.2f} (at most linear: {'met' if g['linear'] else 'MISSED'})")
         growth.append(g)
-        print(f"[memory_model] results x{g['n_ratio']:.2f} ({a['n']} -> {b['n']}): trial table x"
-              f"{g['table_after_mib']:.2f}, checkpoint x{g['checkpoint_mib']:.2f} (its trials x"
-              f"{g['checkpoint_trials_mib']:.2f}, its model x{g['model_checkpoint_mib']:.2f} with m {g['m_from']} -> "
-              f"{g['m_to']}), told-results RSS x{g['told_rss_mib']:.2f}, peak RSS x{g['peak_mib']:.2f} (target: "
-              f"table and checkpoint at most linear: {'met' if g['linear'] else 'MISSED'})")
+        print(text)
     for r in rows:
         if r.get("status") != "ok":
             print(f"[memory_model] n={r['n']}: {r.get('status')}")
@@ -155,6 +162,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--resume", action="store_true", help="keep the n whose result file exists")
     ap.add_argument("--out", default=str(REPO / "results" / "memory_model"))
+    ap.add_argument("--report", action="store_true", help="run nothing: rebuild the tables from the result files")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -167,6 +175,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     rows = []
     for n in args.ns:
         path = out / "runs" / f"n{n}.json"
+        if args.report:
+            rows.append(json.loads(path.read_text()) if path.is_file() else {"n": n, "status": "not run: no result file"})
+            rows[-1].setdefault("status", f"not run: stopped in {rows[-1].get('running', 'setup')}")
+            continue
         if args.resume and path.is_file() and "status" in json.loads(path.read_text()):
             rows.append(json.loads(path.read_text()))
             print(f"[memory_model] n={n}: kept {path.name} ({rows[-1]['status']})", flush=True)

@@ -260,11 +260,13 @@ def loop_s(r: dict[str, Any]) -> float:
 
 
 def summarize(rows: Sequence[dict[str, Any]], ns: Sequence[int]) -> list[dict[str, Any]]:
+    from orchestrator.models.allocation import auto_num_inducing
+
     by = {(r["library"], r["n"]): r for r in rows}
     out = []
     for n in ns:
         qb, bt = by.get(("qbatch", n), {}), by.get(("botorch", n), {})
-        s = {"n": n, "m": qb.get("m", bt.get("m")), "qbatch_status": qb.get("status", "missing"),
+        s = {"n": n, "m": qb.get("m", bt.get("m", auto_num_inducing(n))), "qbatch_status": qb.get("status", "missing"),
              "botorch_status": bt.get("status", "missing")}
         for lib, r in (("qbatch", qb), ("botorch", bt)):
             for stage in STAGES:
@@ -333,6 +335,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--resume", action="store_true", help="keep configurations whose result file exists")
     ap.add_argument("--out", default=str(REPO / "results" / "scale"))
+    ap.add_argument("--report", action="store_true", help="run nothing: rebuild the tables from the result files")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -349,6 +352,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for n in args.ns:
         for lib in args.libraries:
             path = out / "runs" / f"{lib}_n{n}.json"
+            if args.report:
+                rows.append(json.loads(path.read_text()) if path.is_file() else
+                            {"library": lib, "n": n, "d": args.d, "q": args.q, "status": "not run: no result file"})
+                rows[-1].setdefault("status", f"not run: stopped in {rows[-1].get('running', 'setup')}")
+                continue
             if args.resume and path.is_file() and "status" in json.loads(path.read_text()):
                 rows.append(json.loads(path.read_text()))
                 print(f"[scale] {lib} n={n}: kept {path.name} ({rows[-1]['status']})", flush=True)
