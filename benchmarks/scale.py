@@ -22,7 +22,7 @@ Targets: qbatch's warm refit + ask grows at most linearly in n from 10^4 to 10^5
 memory at n = 10^5 is at most 4 GB, its times at most 0.5x BoTorch's at every n both finish.
 
 Usage:
-    python benchmarks/scale.py --quick                          # CI smoke run (seconds)
+    python benchmarks/scale.py --quick      # CI smoke run, in this process, BoTorch's fit capped at 30 iterations
     python benchmarks/scale.py --resume --out benchmarks/results/scale
 Results in --out: runs/<library>_n<n>.json (one per configuration; `--resume` keeps finished ones),
 scale.csv (every configuration), summary.csv (ratios and targets per n) and growth.csv (qbatch's exponents).
@@ -55,7 +55,7 @@ TARGET_EXPONENT = 1.0
 TARGET_PEAK_GB = 4.0
 TARGET_RATIO = 0.5
 FULL = {"ns": [1000, 10000, 100000], "d": 16, "q": 1000}
-QUICK = {"ns": [12, 24], "d": 3, "q": 4, "raw_samples": 128, "maxiter": 20}
+QUICK = {"ns": [12, 24], "d": 3, "q": 4, "raw_samples": 128, "maxiter": 20, "botorch_fit_maxiter": 30}
 STAGES = ("cold_fit", "ask", "warm_refit")
 
 
@@ -96,7 +96,8 @@ def search_sizes(d: int, q: int, raw_samples: int | None) -> tuple[int, int]:
 # ------------------------------------------------------------------------------------------------------------
 # the two libraries: each returns {stage: callable} run in order on the same data
 # ------------------------------------------------------------------------------------------------------------
-def qbatch_stages(X, Y, n: int, q: int, raw: int, restarts: int, maxiter: int, seed: int, info: dict):
+def qbatch_stages(X, Y, n: int, q: int, raw: int, restarts: int, maxiter: int, seed: int, info: dict,
+                  fit_maxiter: int | None = None):
     from orchestrator.acquisition.thompson import ThompsonSampling
     from orchestrator.models import build_model
 
@@ -115,7 +116,8 @@ def qbatch_stages(X, Y, n: int, q: int, raw: int, restarts: int, maxiter: int, s
     return {"cold_fit": cold, "ask": ask, "warm_refit": warm}
 
 
-def botorch_stages(X, Y, n: int, q: int, raw: int, restarts: int, maxiter: int, seed: int, info: dict):
+def botorch_stages(X, Y, n: int, q: int, raw: int, restarts: int, maxiter: int, seed: int, info: dict,
+                   fit_maxiter: int | None = None):
     import torch
     from botorch.fit import fit_gpytorch_mll
     from botorch.generation.gen import gen_candidates_scipy
@@ -128,6 +130,9 @@ def botorch_stages(X, Y, n: int, q: int, raw: int, restarts: int, maxiter: int, 
 
     m = auto_num_inducing(n)
     info["m"] = info["m_refit"] = m
+    # the smoke run caps L-BFGS-B's iterations and attempts; the recorded runs use fit_gpytorch_mll's defaults
+    fit_kwargs = ({"optimizer_kwargs": {"options": {"maxiter": fit_maxiter}}, "max_attempts": 1}
+                  if fit_maxiter else {})
     state: dict[str, Any] = {}
 
     def standardized(k: int):
@@ -138,7 +143,7 @@ def botorch_stages(X, Y, n: int, q: int, raw: int, restarts: int, maxiter: int, 
         kernel = ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=X.shape[-1]))
         model = SingleTaskVariationalGP(X[:n], standardized(n), inducing_points=m, covar_module=kernel)
         model = model.to(torch.float64)
-        fit_gpytorch_mll(VariationalELBO(model.likelihood, model.model, num_data=n))
+        fit_gpytorch_mll(VariationalELBO(model.likelihood, model.model, num_data=n), **fit_kwargs)
         state["model"] = model
 
     def ask() -> None:
@@ -162,7 +167,7 @@ def botorch_stages(X, Y, n: int, q: int, raw: int, restarts: int, maxiter: int, 
         model.train()
         model.model.train_inputs = (X,)
         model.model.train_targets = standardized(X.shape[0]).squeeze(-1)
-        fit_gpytorch_mll(VariationalELBO(model.likelihood, model.model, num_data=X.shape[0]))
+        fit_gpytorch_mll(VariationalELBO(model.likelihood, model.model, num_data=X.shape[0]), **fit_kwargs)
 
     return {"cold_fit": cold, "ask": ask, "warm_refit": warm}
 
@@ -214,7 +219,7 @@ def child(spec: dict[str, Any]) -> None:
         build = qbatch_stages if spec["library"] == "qbatch" else botorch_stages
         info: dict[str, Any] = {}
         stages = build(X, Y, spec["n"], spec["q"], spec["raw"], spec["restarts"], spec["maxiter"],
-                       spec["seed"], info)
+                       spec["seed"], info, spec.get("botorch_fit_maxiter"))
         row["baseline_mib"] = peak_rss_mib()
         row["load_avg_1min"] = os.getloadavg()[0]
         for name in STAGES:
@@ -363,8 +368,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 continue
             spec = {"library": lib, "n": n, "d": args.d, "q": args.q, "raw": raw, "restarts": restarts,
                     "maxiter": args.maxiter, "seed": args.seed, "path": str(path),
-                    "probe": lib == "botorch" and n > args.botorch_max_n, "max_memory_gb": args.max_memory_gb}
-            rows.append(run_config(spec, args.limit_s))
+                    "probe": lib == "botorch" and n > args.botorch_max_n, "max_memory_gb": args.max_memory_gb,
+                    "botorch_fit_maxiter": QUICK["botorch_fit_maxiter"] if args.quick else None}
+            if args.quick:  # in this process: the smoke run skips the interpreter start-ups (and the RSS cap)
+                spec["max_memory_gb"] = 0
+                child(spec)
+                rows.append(json.loads(path.read_text()))
+            else:
+                rows.append(run_config(spec, args.limit_s))
             r = rows[-1]
             print(f"[scale] {lib} n={n} m={r.get('m')}: {r.get('status')}; cold {r.get('cold_fit_s', math.nan):.1f} s,"
                   f" ask {r.get('ask_s', math.nan):.1f} s, warm {r.get('warm_refit_s', math.nan):.1f} s, peak "
