@@ -1,5 +1,6 @@
 """Smoke run of the scale benchmark (benchmarks/scale.py `--quick`): both libraries fit, refit and propose in
-their own subprocesses, the larger n of BoTorch's side is probed and printed as not run, the tables are written."""
+their own subprocesses, the larger n of BoTorch's side is probed and printed as not run, the tables are
+written."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ def test_scale_quick_times_both_libraries_and_marks_what_was_not_run(tmp_path, l
     for key in (("qbatch", 12), ("qbatch", 24), ("botorch", 12)):
         r = by[key]
         assert r["status"] == "ok", r
-        assert all(r[f"{stage}_s"] > 0 and r[f"{stage}_wall_s"] > 0 for stage in scale.STAGES)
+        stages = [s for s in scale.STAGES if key[0] == "qbatch" or s != "allocate"]  # allocate: qbatch's
+        assert all(r[f"{stage}_s"] > 0 and r[f"{stage}_wall_s"] > 0 for stage in stages)
         assert r["m"] == key[1] and r["q_proposed"] == 4 and r["peak_mib"] >= r["baseline_mib"] > 0
     assert by[("botorch", 24)]["status"].startswith("not run: n > --botorch-max-n")
     assert by[("botorch", 24)]["elbo_step_s"] > 0
