@@ -25,8 +25,9 @@ import math
 import sys
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -115,9 +116,9 @@ def child(spec: dict[str, Any]) -> None:
 
 def report(rows: Sequence[dict[str, Any]], out: Path) -> dict[str, Any]:
     write_table(list(rows), out / "memory_model", parquet=False)
-    cols = ["n", "table_mib", "checkpoint_no_model_mib", "results", "num_inducing", "peak_mib", "peak_above_baseline_mib_per_1000", "told_rss_mib",
-            "table_after_mib", "table_after_mib_per_1000", "checkpoint_mib", "checkpoint_trials_mib_per_1000",
-            "model_checkpoint_mib", "status"]
+    cols = ["n", "table_mib", "checkpoint_no_model_mib", "results", "num_inducing", "peak_mib",
+            "peak_above_baseline_mib_per_1000", "told_rss_mib", "table_after_mib", "table_after_mib_per_1000",
+            "checkpoint_mib", "checkpoint_trials_mib_per_1000", "model_checkpoint_mib", "status"]
     print(format_table([{c: r.get(c, math.nan) for c in cols} for r in rows], cols))
     told = [r for r in rows if "table_mib" in r]  # every n whose results were all told, fitted or not
     growth = []
@@ -125,10 +126,12 @@ def report(rows: Sequence[dict[str, Any]], out: Path) -> dict[str, Any]:
         g: dict[str, Any] = {"n_from": a["n"], "n_to": b["n"], "n_ratio": b["n"] / a["n"]}
         for key in ("table_mib", "checkpoint_no_model_mib", "told_rss_mib"):
             g[key] = b[key] / a[key] if a[key] > 0 else math.nan
-        g["linear_before_fit"] = bool(max(g["table_mib"], g["checkpoint_no_model_mib"]) <= g["n_ratio"] * 1.05)
+        grown = max(g["table_mib"], g["checkpoint_no_model_mib"])
+        g["linear_before_fit"] = bool(grown <= g["n_ratio"] * 1.05)
         text = (f"[memory_model] told results x{g['n_ratio']:.2f} ({a['n']} -> {b['n']}): trial table x"
                 f"{g['table_mib']:.2f}, checkpoint x{g['checkpoint_no_model_mib']:.2f}, their RSS x"
-                f"{g['told_rss_mib']:.2f} (target: at most linear: {'met' if g['linear_before_fit'] else 'MISSED'})")
+                f"{g['told_rss_mib']:.2f} (target: at most linear: "
+                f"{'met' if g['linear_before_fit'] else 'MISSED'})")
         if a.get("status") == "ok" and b.get("status") == "ok":
             for key in ("peak_mib", "table_after_mib", "checkpoint_mib", "checkpoint_trials_mib",
                         "model_checkpoint_mib"):
@@ -162,7 +165,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--resume", action="store_true", help="keep the n whose result file exists")
     ap.add_argument("--out", default=str(REPO / "results" / "memory_model"))
-    ap.add_argument("--report", action="store_true", help="run nothing: rebuild the tables from the result files")
+    ap.add_argument("--report", action="store_true",
+                    help="run nothing: rebuild the tables from the result files")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -176,7 +180,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for n in args.ns:
         path = out / "runs" / f"n{n}.json"
         if args.report:
-            rows.append(json.loads(path.read_text()) if path.is_file() else {"n": n, "status": "not run: no result file"})
+            missing = {"n": n, "status": "not run: no result file"}
+            rows.append(json.loads(path.read_text()) if path.is_file() else missing)
             rows[-1].setdefault("status", f"not run: stopped in {rows[-1].get('running', 'setup')}")
             continue
         if args.resume and path.is_file() and "status" in json.loads(path.read_text()):
@@ -191,8 +196,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             rows.append(json.loads(path.read_text()))
         else:
             rows.append(run_config(spec, args.limit_s, script=Path(__file__)))
-        print(f"[memory_model] n={n}: {rows[-1].get('status')}, peak {rows[-1].get('peak_mib', math.nan):.0f} MiB",
-              flush=True)
+        peak = rows[-1].get("peak_mib", math.nan)
+        print(f"[memory_model] n={n}: {rows[-1].get('status')}, peak {peak:.0f} MiB", flush=True)
     return report(rows, out)
 
 

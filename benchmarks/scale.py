@@ -22,7 +22,7 @@ Targets: qbatch's warm refit + ask grows at most linearly in n from 10^4 to 10^5
 memory at n = 10^5 is at most 4 GB, its times at most 0.5x BoTorch's at every n both finish.
 
 Usage:
-    python benchmarks/scale.py --quick      # CI smoke run, in this process, BoTorch's fit capped at 30 iterations
+    python benchmarks/scale.py --quick      # CI smoke run, in-process, BoTorch's fit at most 30 iterations
     python benchmarks/scale.py --resume --out benchmarks/results/scale
 Results in --out: runs/<library>_n<n>.json (one per configuration; `--resume` keeps finished ones),
 scale.csv (every configuration), summary.csv (ratios and targets per n) and growth.csv (qbatch's exponents).
@@ -39,8 +39,9 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -161,7 +162,8 @@ def botorch_stages(X, Y, n: int, q: int, raw: int, restarts: int, maxiter: int, 
             chunk = max(1, 2**22 // q)
             scores = torch.cat([paths(cands[i:i + chunk]) for i in range(0, raw, chunk)], dim=-1)
         starts = cands[scores.topk(restarts, dim=-1).indices]  # `q x restarts x d`
-        # path b at its own points: X of shape `restarts x q x d` -> paths(`q x restarts x d`) -> `q x restarts`
+        # path b at its own points: X of shape `restarts x q x d` -> paths(`q x restarts x d`)
+        # -> `q x restarts`
         Xs, _ = gen_candidates_scipy(
             starts.transpose(0, 1).contiguous(), lambda Z: paths(Z.transpose(0, 1)).sum(0),
             lower_bounds=0.0, upper_bounds=1.0, options={"maxiter": maxiter})
@@ -178,8 +180,9 @@ def botorch_stages(X, Y, n: int, q: int, raw: int, restarts: int, maxiter: int, 
 
 
 def botorch_step_probe(X, Y, n: int, steps: int = 1) -> float:
-    """CPU seconds of one full-batch ELBO evaluation with its gradient of BoTorch's SVGP at n (mean of `steps`):
-    `fit_gpytorch_mll` fits an SVGP on more than 1,024 observations with full-batch Adam, one such step each."""
+    """CPU seconds of one full-batch ELBO evaluation with its gradient of BoTorch's SVGP at n (mean of
+    `steps`): `fit_gpytorch_mll` fits an SVGP on more than 1,024 observations with full-batch Adam, one such
+    step each."""
     import torch
     from botorch.models.approximate_gp import SingleTaskVariationalGP
     from gpytorch.kernels import MaternKernel, ScaleKernel
@@ -216,9 +219,9 @@ def child(spec: dict[str, Any]) -> None:
             step = row["elbo_step_s"] = botorch_step_probe(X, Y, spec["n"])
             row.pop("running")
             row["peak_mib"] = peak_rss_mib()
-            row["status"] = (f"not run: n > --botorch-max-n; one full-batch ELBO step (value and gradient) takes "
-                             f"{step:.1f} s here and fit_gpytorch_mll's Adam above 1,024 observations takes up to "
-                             f"10,000 of them (cold fit up to {step * 10000 / 3600:.0f} h)")
+            row["status"] = (f"not run: n > --botorch-max-n; one full-batch ELBO step (value and gradient) "
+                             f"takes {step:.1f} s here and fit_gpytorch_mll's Adam above 1,024 observations "
+                             f"takes up to 10,000 of them (cold fit up to {step * 10000 / 3600:.0f} h)")
             path.write_text(json.dumps(row))
             return
         build = qbatch_stages if spec["library"] == "qbatch" else botorch_stages
@@ -243,7 +246,8 @@ def child(spec: dict[str, Any]) -> None:
 
 
 def run_config(spec: dict[str, Any], limit_s: float, script: Path | None = None) -> dict[str, Any]:
-    """`child(spec)` of `script` (default: this file) in a fresh interpreter, stopped after `limit_s` seconds."""
+    """`child(spec)` of `script` (default: this file) in a fresh interpreter, stopped after `limit_s`
+    seconds."""
     path = Path(spec["path"])
     cmd = [sys.executable, str(Path(script or __file__).resolve()), "--child", json.dumps(spec)]
     t0 = time.perf_counter()
@@ -276,8 +280,8 @@ def summarize(rows: Sequence[dict[str, Any]], ns: Sequence[int]) -> list[dict[st
     out = []
     for n in ns:
         qb, bt = by.get(("qbatch", n), {}), by.get(("botorch", n), {})
-        s = {"n": n, "m": qb.get("m", bt.get("m", auto_num_inducing(n))), "qbatch_status": qb.get("status", "missing"),
-             "botorch_status": bt.get("status", "missing")}
+        s = {"n": n, "m": qb.get("m", bt.get("m", auto_num_inducing(n))),
+             "qbatch_status": qb.get("status", "missing"), "botorch_status": bt.get("status", "missing")}
         for lib, r in (("qbatch", qb), ("botorch", bt)):
             for stage in STAGES:
                 s[f"{lib}_{stage}_s"] = r.get(f"{stage}_s", math.nan)
@@ -286,7 +290,8 @@ def summarize(rows: Sequence[dict[str, Any]], ns: Sequence[int]) -> list[dict[st
         both = s["qbatch_status"] == "ok" and s["botorch_status"] == "ok"
         for key in ("cold_fit", "ask", "warm_refit", "loop"):
             s[f"ratio_{key}"] = s[f"qbatch_{key}_s"] / s[f"botorch_{key}_s"] if both else math.nan
-        s["ratio_met"] = bool(both and max(s["ratio_cold_fit"], s["ratio_loop"]) <= TARGET_RATIO) if both else None
+        s["ratio_met"] = (bool(max(s["ratio_cold_fit"], s["ratio_loop"]) <= TARGET_RATIO) if both
+                          else None)
         out.append(s)
     return out
 
@@ -324,14 +329,16 @@ def report(rows: Sequence[dict[str, Any]], ns: Sequence[int], out: Path) -> dict
               f"n = 10^5)")
     for s in summary:
         if s["ratio_met"] is not None:
-            print(f"[scale] n={s['n']}: qbatch / BoTorch cold fit {s['ratio_cold_fit']:.3f}, warm refit + ask "
-                  f"{s['ratio_loop']:.3f} (target <= {TARGET_RATIO:g}: {'met' if s['ratio_met'] else 'MISSED'})")
+            verdict = "met" if s["ratio_met"] else "MISSED"
+            print(f"[scale] n={s['n']}: qbatch / BoTorch cold fit {s['ratio_cold_fit']:.3f}, warm refit + "
+                  f"ask {s['ratio_loop']:.3f} (target <= {TARGET_RATIO:g}: {verdict})")
     return {"rows": list(rows), "summary": summary, "exponents": exps}
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="CI smoke run: d = 3, q = 4, n = 12 and 24 (BoTorch probed above 12)")
+    ap.add_argument("--quick", action="store_true",
+                    help="CI smoke run: d = 3, q = 4, n = 12 and 24 (BoTorch probed above 12)")
     ap.add_argument("--ns", nargs="+", type=int, default=FULL["ns"])
     ap.add_argument("--libraries", nargs="+", choices=LIBRARIES, default=list(LIBRARIES))
     ap.add_argument("--d", type=int, default=FULL["d"])
@@ -346,7 +353,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--resume", action="store_true", help="keep configurations whose result file exists")
     ap.add_argument("--out", default=str(REPO / "results" / "scale"))
-    ap.add_argument("--report", action="store_true", help="run nothing: rebuild the tables from the result files")
+    ap.add_argument("--report", action="store_true",
+                    help="run nothing: rebuild the tables from the result files")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -364,8 +372,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         for lib in args.libraries:
             path = out / "runs" / f"{lib}_n{n}.json"
             if args.report:
-                rows.append(json.loads(path.read_text()) if path.is_file() else
-                            {"library": lib, "n": n, "d": args.d, "q": args.q, "status": "not run: no result file"})
+                missing = {"library": lib, "n": n, "d": args.d, "q": args.q,
+                           "status": "not run: no result file"}
+                rows.append(json.loads(path.read_text()) if path.is_file() else missing)
                 rows[-1].setdefault("status", f"not run: stopped in {rows[-1].get('running', 'setup')}")
                 continue
             if args.resume and path.is_file() and "status" in json.loads(path.read_text()):
@@ -383,8 +392,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             else:
                 rows.append(run_config(spec, args.limit_s))
             r = rows[-1]
-            print(f"[scale] {lib} n={n} m={r.get('m')}: {r.get('status')}; cold {r.get('cold_fit_s', math.nan):.1f} s,"
-                  f" ask {r.get('ask_s', math.nan):.1f} s, warm {r.get('warm_refit_s', math.nan):.1f} s, peak "
+            print(f"[scale] {lib} n={n} m={r.get('m')}: {r.get('status')}; allocate "
+                  f"{r.get('allocate_s', math.nan):.1f} s, cold {r.get('cold_fit_s', math.nan):.1f} s, ask "
+                  f"{r.get('ask_s', math.nan):.1f} s, warm {r.get('warm_refit_s', math.nan):.1f} s, peak "
                   f"{r.get('peak_mib', math.nan):.0f} MiB", flush=True)
     return report(rows, args.ns, out)
 

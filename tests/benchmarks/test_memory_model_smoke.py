@@ -1,5 +1,6 @@
-"""Smoke run of the memory benchmark (benchmarks/memory_model.py `--quick`): the optimizer fits and proposes in
-a subprocess per n, and its peak memory, trial table and checkpoint sizes are recorded per 1,000 results."""
+"""Smoke run of the memory benchmark (benchmarks/memory_model.py `--quick`): the optimizer fits and proposes
+in a subprocess per n, and its peak memory, trial table and checkpoint sizes are recorded per 1,000
+results."""
 
 from __future__ import annotations
 
