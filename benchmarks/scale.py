@@ -14,7 +14,9 @@ sampling at the same n, m and q, on the same data: a 16-D Ackley (botorch.test_f
 - warm refit after `NEW_POINTS` more results: qbatch `fit` again (warm-started); BoTorch `fit_gpytorch_mll`
   again from its fitted state on the n + `NEW_POINTS` points;
 
-and the subprocess's peak RSS (`resource.getrusage(RUSAGE_SELF).ru_maxrss`), so no configuration's peak hides
+and, before the cold fit, the inducing allocation it starts with on its own (qbatch `allocate_inducing`;
+BoTorch the `GreedyVarianceReduction` its SVGP's constructor runs, also where the fit is only probed), and the
+subprocess's peak RSS (`resource.getrusage(RUSAGE_SELF).ru_maxrss`), so no configuration's peak hides
 another's. Times are the subprocess's CPU seconds (`time.process_time`, one thread): on a shared machine
 they do not count the time other processes hold the cores (wall seconds are recorded beside them, `*_wall_s`,
 with the load average). A configuration that runs past `--limit-s` is stopped and printed as "not run: <why>".
@@ -39,7 +41,7 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +59,8 @@ TARGET_PEAK_GB = 4.0
 TARGET_RATIO = 0.5
 FULL = {"ns": [1000, 10000, 100000], "d": 16, "q": 1000}
 QUICK = {"ns": [12, 24], "d": 3, "q": 4, "raw_samples": 128, "maxiter": 20, "botorch_fit_maxiter": 30}
-#: stages in the order they run; "allocate" (qbatch only) is the inducing allocation the cold fit starts with,
-#: timed on its own so that its time and memory are recorded when the cold fit runs past the limit
+#: stages in the order they run; "allocate" is the inducing allocation each cold fit starts with, timed on its
+#: own so that its time and memory are recorded when the fit runs past the limit or is only probed
 STAGES = ("allocate", "cold_fit", "ask", "warm_refit")
 
 
@@ -122,6 +124,21 @@ def qbatch_stages(X, Y, n: int, q: int, raw: int, restarts: int, maxiter: int, s
     return {"allocate": allocate, "cold_fit": cold, "ask": ask, "warm_refit": warm}
 
 
+def botorch_allocate(X, n: int) -> int:
+    """What `SingleTaskVariationalGP(X[:n], ..., inducing_points=m)` computes first: its default allocator,
+    `GreedyVarianceReduction`, on the model's kernel (the dense `n x n` kernel, `evaluate_kernel()`)."""
+    import torch
+    from botorch.models.utils.inducing_point_allocators import GreedyVarianceReduction
+    from gpytorch.kernels import MaternKernel, ScaleKernel
+
+    from orchestrator.models.allocation import auto_num_inducing
+
+    kernel = ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=X.shape[-1]))
+    m = auto_num_inducing(n)
+    Z = GreedyVarianceReduction().allocate_inducing_points(X[:n], kernel, m, torch.Size([]))
+    return int(Z.shape[0])
+
+
 def botorch_stages(X, Y, n: int, q: int, raw: int, restarts: int, maxiter: int, seed: int, info: dict,
                    fit_maxiter: int | None = None):
     import torch
@@ -144,6 +161,9 @@ def botorch_stages(X, Y, n: int, q: int, raw: int, restarts: int, maxiter: int, 
     def standardized(k: int):
         y = Y[:k]
         return ((y - y.mean()) / y.std()).unsqueeze(-1)
+
+    def allocate() -> None:
+        info["m_allocated"] = botorch_allocate(X, n)
 
     def cold() -> None:
         kernel = ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=X.shape[-1]))
@@ -176,7 +196,7 @@ def botorch_stages(X, Y, n: int, q: int, raw: int, restarts: int, maxiter: int, 
         model.model.train_targets = standardized(X.shape[0]).squeeze(-1)
         fit_gpytorch_mll(VariationalELBO(model.likelihood, model.model, num_data=X.shape[0]), **fit_kwargs)
 
-    return {"cold_fit": cold, "ask": ask, "warm_refit": warm}
+    return {"allocate": allocate, "cold_fit": cold, "ask": ask, "warm_refit": warm}
 
 
 def botorch_step_probe(X, Y, n: int, steps: int = 1) -> float:
@@ -203,6 +223,20 @@ def botorch_step_probe(X, Y, n: int, steps: int = 1) -> float:
     return (time.process_time() - c0) / steps
 
 
+def run_stage(row: dict[str, Any], path: Path, name: str, stage: Callable[[], None],
+              info: dict[str, Any]) -> None:
+    """Time `stage` (CPU and wall seconds, peak RSS after it) into `row`; the result file says which stage
+    runs, so a stopped run names it."""
+    row["running"] = name
+    path.write_text(json.dumps(row))
+    t0, c0 = time.perf_counter(), time.process_time()
+    stage()
+    row[f"{name}_s"] = time.process_time() - c0
+    row[f"{name}_wall_s"] = time.perf_counter() - t0
+    row[f"{name}_peak_mib"] = peak_rss_mib()
+    row.update(info)
+
+
 def child(spec: dict[str, Any]) -> None:
     """Run one configuration, writing its result file after every stage (a stopped run keeps what it did)."""
     limit_memory(spec.get("max_memory_gb"))
@@ -214,6 +248,10 @@ def child(spec: dict[str, Any]) -> None:
         warnings.simplefilter("ignore")
         X, Y = make_data(spec["n"] + NEW_POINTS, spec["d"], spec["seed"])
         if spec.get("probe"):
+            row["baseline_mib"] = peak_rss_mib()
+            found: dict[str, Any] = {}
+            run_stage(row, path, "allocate", lambda: found.update(m_allocated=botorch_allocate(X, spec["n"])),
+                      found)
             row["running"] = "probe"
             path.write_text(json.dumps(row))
             step = row["elbo_step_s"] = botorch_step_probe(X, Y, spec["n"])
@@ -230,15 +268,8 @@ def child(spec: dict[str, Any]) -> None:
                        spec["seed"], info, spec.get("botorch_fit_maxiter"))
         row["baseline_mib"] = peak_rss_mib()
         row["load_avg_1min"] = os.getloadavg()[0]
-        for name in (stage for stage in STAGES if stage in stages):
-            row["running"] = name
-            path.write_text(json.dumps(row))
-            t0, c0 = time.perf_counter(), time.process_time()
-            stages[name]()
-            row[f"{name}_s"] = time.process_time() - c0
-            row[f"{name}_wall_s"] = time.perf_counter() - t0
-            row[f"{name}_peak_mib"] = peak_rss_mib()
-            row.update(info)
+        for name in STAGES:
+            run_stage(row, path, name, stages[name], info)
         row.pop("running")
         row["peak_mib"] = peak_rss_mib()
         row["status"] = "ok"
@@ -290,6 +321,10 @@ def summarize(rows: Sequence[dict[str, Any]], ns: Sequence[int]) -> list[dict[st
         both = s["qbatch_status"] == "ok" and s["botorch_status"] == "ok"
         for key in ("cold_fit", "ask", "warm_refit", "loop"):
             s[f"ratio_{key}"] = s[f"qbatch_{key}_s"] / s[f"botorch_{key}_s"] if both else math.nan
+        # the allocation is timed on both sides whenever it finished, probed configurations included
+        for lib, r in (("qbatch", qb), ("botorch", bt)):
+            s[f"{lib}_allocate_mib"] = r.get("allocate_peak_mib", math.nan) - r.get("baseline_mib", math.nan)
+        s["ratio_allocate"] = s["qbatch_allocate_s"] / s["botorch_allocate_s"]
         s["ratio_met"] = (bool(max(s["ratio_cold_fit"], s["ratio_loop"]) <= TARGET_RATIO) if both
                           else None)
         out.append(s)
@@ -319,6 +354,12 @@ def report(rows: Sequence[dict[str, Any]], ns: Sequence[int], out: Path) -> dict
         for lib in LIBRARIES:
             if s[f"{lib}_status"] != "ok":
                 print(f"[scale] {lib} n={s['n']}: {s[f'{lib}_status']}")
+    for s in summary:
+        if math.isfinite(s["qbatch_allocate_s"]):
+            print(f"[scale] n={s['n']}: inducing allocation, qbatch {s['qbatch_allocate_s']:.2f} s and "
+                  f"{s['qbatch_allocate_mib']:.0f} MiB above its start, BoTorch "
+                  f"{s['botorch_allocate_s']:.2f} s and {s['botorch_allocate_mib']:.0f} MiB (time ratio "
+                  f"{s['ratio_allocate']:.3f})")
     for e in exps:
         print(f"[scale] qbatch warm refit + ask({rows[0]['q']}) from n={e['n_from']} to n={e['n_to']}: "
               f"exponent {e['exponent']:.2f} (target <= {TARGET_EXPONENT:g} from 10^4 to 10^5)")

@@ -19,14 +19,15 @@ def test_scale_quick_times_both_libraries_and_marks_what_was_not_run(tmp_path, l
     for key in (("qbatch", 12), ("qbatch", 24), ("botorch", 12)):
         r = by[key]
         assert r["status"] == "ok", r
-        stages = [s for s in scale.STAGES if key[0] == "qbatch" or s != "allocate"]  # allocate: qbatch's
-        assert all(r[f"{stage}_s"] > 0 and r[f"{stage}_wall_s"] > 0 for stage in stages)
+        assert all(r[f"{stage}_s"] > 0 and r[f"{stage}_wall_s"] > 0 for stage in scale.STAGES)
         assert r["m"] == key[1] and r["q_proposed"] == 4 and r["peak_mib"] >= r["baseline_mib"] > 0
     assert by[("botorch", 24)]["status"].startswith("not run: n > --botorch-max-n")
-    assert by[("botorch", 24)]["elbo_step_s"] > 0
+    assert by[("botorch", 24)]["elbo_step_s"] > 0 and by[("botorch", 24)]["allocate_s"] > 0
+    assert by[("botorch", 24)]["m_allocated"] == 24
     s12, s24 = out["summary"]
     assert s12["ratio_loop"] > 0 and s12["ratio_met"] in (True, False)
     assert math.isnan(s24["ratio_loop"]) and s24["ratio_met"] is None
+    assert all(s["ratio_allocate"] > 0 for s in (s12, s24))  # the allocation is timed on both sides
     assert len(out["exponents"]) == 1 and math.isfinite(out["exponents"][0]["exponent"])
     assert (tmp_path / "summary.csv").exists() and (tmp_path / "scale.csv").exists()
     # --resume keeps every configuration's result file and reruns none
