@@ -23,6 +23,8 @@ from orchestrator.models.allocation import (
     AUTO_MAX,
     CANDIDATES_PER_INDUCING,
     FULL_UP_TO,
+    QUALITY_CHUNK,
+    QUALITY_FLOOR,
     _ImprovementQuality,
     _kernel,
     _preselect,
@@ -184,3 +186,21 @@ def test_preselection_past_the_cap_keeps_the_best_quality_points():
     assert uniform.numel() == cap == uniform.unique().numel()
     assert torch.equal(uniform, _preselect(torch.ones(n, **TK), cap))
     assert uniform.float().mean() == pytest.approx(n / 2, rel=0.1)
+
+
+def test_improvement_quality_reads_the_posterior_in_chunks_and_scores_as_one_call():
+    X = torch.rand(2 * QUALITY_CHUNK + 5, 2, generator=torch.Generator().manual_seed(4), **TK)
+    sizes = []
+
+    def posterior(Xc):
+        sizes.append(Xc.shape[0])
+        return torch.sin(6 * Xc).sum(-1), 0.01 + Xc[:, 1]
+
+    chunked = _ImprovementQuality(posterior)(X)
+    assert sizes == [QUALITY_CHUNK, QUALITY_CHUNK, 5]
+    mean, var = posterior(X)
+    sigma = var.sqrt()
+    u = (mean - mean.max()) / sigma
+    normal = torch.distributions.Normal(0.0, 1.0)
+    ei = sigma * (normal.log_prob(u).exp() + u * normal.cdf(u))
+    torch.testing.assert_close(chunked, (ei / ei.max()).clamp_min(QUALITY_FLOOR))
