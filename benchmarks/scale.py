@@ -356,10 +356,11 @@ def report(rows: Sequence[dict[str, Any]], ns: Sequence[int], out: Path) -> dict
                 print(f"[scale] {lib} n={s['n']}: {s[f'{lib}_status']}")
     for s in summary:
         if math.isfinite(s["qbatch_allocate_s"]):
+            botorch = (f"BoTorch {s['botorch_allocate_s']:.2f} s and {s['botorch_allocate_mib']:.0f} MiB "
+                       f"(time ratio {s['ratio_allocate']:.3f})" if math.isfinite(s["botorch_allocate_s"])
+                       else "BoTorch's did not finish (its status above)")
             print(f"[scale] n={s['n']}: inducing allocation, qbatch {s['qbatch_allocate_s']:.2f} s and "
-                  f"{s['qbatch_allocate_mib']:.0f} MiB above its start, BoTorch "
-                  f"{s['botorch_allocate_s']:.2f} s and {s['botorch_allocate_mib']:.0f} MiB (time ratio "
-                  f"{s['ratio_allocate']:.3f})")
+                  f"{s['qbatch_allocate_mib']:.0f} MiB above its start, {botorch}")
     for e in exps:
         print(f"[scale] qbatch warm refit + ask({rows[0]['q']}) from n={e['n_from']} to n={e['n_to']}: "
               f"exponent {e['exponent']:.2f} (target <= {TARGET_EXPONENT:g} from 10^4 to 10^5)")
