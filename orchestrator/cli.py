@@ -225,9 +225,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
     model_free = proposer in ("sobol", "random")  # proposers without a model: their points count as "model"
     note = ("; the model proposed none of them (a random search)"
             if m.budget and done >= m.budget and not src.get("model") and not model_free else "")
+    repeats = f", repeat {src['repeat']}" if src.get("repeat") else ""
     print(
-        f"sources      sobol {src.get('sobol', 0)}, model {src.get('model', 0)} (finished trials by where "
-        f"their point came from){note}"
+        f"sources      sobol {src.get('sobol', 0)}, model {src.get('model', 0)}{repeats} (finished trials by "
+        f"where their point came from){note}"
     )
     if m.best_params is not None:
         print(f"best so far  {_f(m.best_value)} (observed, trial {m.best_trial_id}) at {m.best_params}")

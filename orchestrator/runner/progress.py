@@ -138,7 +138,8 @@ def progress_fields(st: Mapping[str, Any]) -> dict[str, Any]:
     shown apart, as `qbatch status` does: for a noisy objective the first is mostly noise and the second is
     the figure that counts, and one field switching from the first to the second would seem to fall when the
     model arrives. `sobol` and `model` count the evaluated points by where they came from (the Sobol design,
-    its fillers included, or the proposer), so a run that never gets to its model says so as it goes. `phase`
+    its fillers included, or the proposer), so a run that never gets to its model says so as it goes; `repeat`
+the re-evaluations of the best observed points at the budget's end, once there are any. `phase`
     is "final fit" while the fit after the last result runs (the count stands at the budget meanwhile).
     `running` counts the evaluations that have started (the pool's start reports, `running`/`waiting` in `st`
     where the driver has them) and `waiting` those still in Ray's queue; without the reports, every dispatched
@@ -150,7 +151,8 @@ def progress_fields(st: Mapping[str, Any]) -> dict[str, Any]:
         "best_y": "-" if observed is None else f"{observed['value']:.4g}",
         "recommendation": "-" if predicted is None else f"{predicted['value']:.4g}",
         **(
-            {"sobol": sources.get("sobol", 0), "model": sources.get("model", 0)}
+            {"sobol": sources.get("sobol", 0), "model": sources.get("model", 0),
+             **({"repeat": sources["repeat"]} if sources.get("repeat") else {})}
             if sources is not None
             else {}
         ),

@@ -29,6 +29,13 @@ def test_before_the_first_fit_only_the_observation_is_shown():
     assert (f["best_y"], f["recommendation"]) == ("4.376", "-")
 
 
+def test_sources_count_the_repeats_once_there_are_any():
+    st = {**_summary(), "sources": {"sobol": 10, "model": 20}}
+    assert "repeat" not in progress_fields(st) and progress_fields(st)["model"] == 20
+    f = progress_fields({**st, "sources": {"sobol": 10, "model": 20, "repeat": 3}})
+    assert (f["sobol"], f["model"], f["repeat"]) == (10, 20, 3)
+
+
 def test_after_a_fit_the_recommendation_stands_beside_the_best_observation():
     # a noisy objective: the model's tau-level at its recommendation is below the luckiest observation,
     # and the bar keeps showing both instead of "best" dropping from 4.6 to 2.3
