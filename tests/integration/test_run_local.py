@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.ask_tell.repeats import repeat_share
 from orchestrator.config import load_config
 from orchestrator.errors import ConfigError
 from orchestrator.runner import RunAbortedError, run_experiment
@@ -52,7 +53,13 @@ def _run_streaming(tmp_path, budget, mean_s, min_util=0.7):
     for e in refits:
         assert set(e.info) >= {"seconds", "n", "best_params", "best_predicted"}
     model_points = [e for e in events if e.kind == "proposed" and e.info["source"] == "model"]
-    assert len(model_points) >= budget // 2
+    repeats = [e for e in events if e.kind == "proposed" and e.info["source"] == "repeat"]
+    # the budget's last 10% re-evaluates observed points (`reevaluation`'s default); half of the search's
+    # points come from the model
+    assert len(repeats) == repeat_share(budget, 0.1)
+    searched = {tuple(e.x) for e in events if e.kind == "proposed" and e.info["source"] != "repeat"}
+    assert {tuple(e.x) for e in repeats} <= searched  # only points measured before
+    assert len(model_points) >= (budget - len(repeats)) // 2
     for e in model_points:
         assert set(e.forecast) >= {"family", "tau", "mu_f", "var_f", "mu_g", "var_g"}
         assert e.forecast["family"] == "asymmetric_laplace" and e.forecast["tau"] == pytest.approx(0.2)
