@@ -228,10 +228,12 @@ class Planner:
                 return
             sobol = design or self.opt.design_left > 0
             repeat = False
-            if self.final and not sobol:
-                # the search stops where the budget's re-evaluations begin (with a model to rank the points)
-                repeat = remaining <= self.final and self.opt.model is not None
-                q = q if repeat else min(q, max(1, remaining - self.final))
+            if self.final and not sobol and self.opt.model is not None:
+                # with a model to rank the points, the search stops where the budget's re-evaluations begin;
+                # a proposer without a model (or a run still without one) searches to the end
+                repeat = remaining <= self.final
+                if not repeat:
+                    q = min(q, remaining - self.final)
             sched.reserve(q, sobol)
         trials: list[Trial] = []
         try:

@@ -34,7 +34,14 @@ from orchestrator.ask_tell.factories import ComponentFactories
 from orchestrator.ask_tell.fitting import ModelFitting
 from orchestrator.ask_tell.repeats import Repeats
 from orchestrator.ask_tell.replay import Replay
-from orchestrator.ask_tell.trials import Trial, TrialError, TrialRegistry, trial_seed
+from orchestrator.ask_tell.trials import (
+    Trial,
+    TrialError,
+    TrialRegistry,
+    check_batch_size,
+    plain_int,
+    trial_seed,
+)
 from orchestrator.errors import ConfigError
 from orchestrator.protocols import CalibratorProtocol, ProposerProtocol, SurrogateProtocol
 from orchestrator.recommend import DEFAULT_RULE, check_rule
@@ -46,13 +53,6 @@ __all__ = ["AskTellOptimizer"]
 
 #: failure reasons that do not make a point taken (`_ask`): the infrastructure failed, not the evaluation
 _NO_BAN = ("worker-lost",)
-
-
-def _plain_int(v: Any) -> Any:
-    """A numpy integer as a Python int; anything else as it is (the callers check it)."""
-    import numpy as np
-
-    return int(v) if isinstance(v, np.integer) else v
 
 
 class AskTellOptimizer(
@@ -104,7 +104,7 @@ class AskTellOptimizer(
         if initial_design is None:
             initial_design = max(2 * self.space.dim + 2, 5)
         # numpy integers are integers too (the config accepts them, so this does)
-        initial_design, seed = _plain_int(initial_design), _plain_int(seed)
+        initial_design, seed = plain_int(initial_design), plain_int(seed)
         if isinstance(initial_design, bool) or not isinstance(initial_design, int) or initial_design < 1:
             raise ConfigError(f"`initial_design` must be an integer >= 1; got {initial_design!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
@@ -212,9 +212,7 @@ class AskTellOptimizer(
             ModelFitError: with `fit`, the refit was refused (see `fit`); `ask(q, fit=False)` proposes from
                 the current model, or continues the Sobol design before the first one.
         """
-        q = _plain_int(q)
-        if isinstance(q, bool) or not isinstance(q, int) or q < 1:
-            raise TrialError(f"q must be an integer >= 1; got {q!r}")
+        q = check_batch_size(q)
         model_free = not self.needs_model()
         if design or self._design_left() > 0 or (
             not model_free and self._model is None and not (fit and self.can_fit())
@@ -268,20 +266,9 @@ class AskTellOptimizer(
         if source == "model" and model is not None:
             with torch.no_grad():
                 forecasts = model.forecast(X.to(**self._tk)).to_records()
-        trials = []
         with self._lock:
-            params = self.space.from_unit(X)
-            for i in range(q):
-                tid = f"{batch_id}-{i}"
-                t = Trial(
-                    tid, params[i], X[i].clone(), batch_id, forecasts[i], trial_seed(self.seed, tid), source
-                )
-                if source == "sobol":
-                    t.info["sobol_index"] = self._n_sobol - q + i
-                self._add_trial(t)
-                self._pending[tid] = t
-                trials.append(t.copy())
-        return trials
+            infos = [{"sobol_index": self._n_sobol - q + i} for i in range(q)] if source == "sobol" else None
+            return self._register_batch(batch_id, X, forecasts, source, infos)
 
     def _sobol(self, q: int) -> Tensor:
         engine = torch.quasirandom.SobolEngine(self.space.dim, scramble=True, seed=self.seed)

@@ -16,7 +16,7 @@ import math
 import torch
 
 from orchestrator.ask_tell.dedup import cell_keys
-from orchestrator.ask_tell.trials import Trial, TrialError, trial_seed
+from orchestrator.ask_tell.trials import Trial, TrialError, check_batch_size
 from orchestrator.recommend import recommendation_scores
 from orchestrator.threads import bounded_threads
 
@@ -48,10 +48,7 @@ class Repeats:
             TrialError: `q` or `repeats` is not an integer >= 1, or there is no model yet (the initial design
                 is not done, or nothing completed).
         """
-        if isinstance(q, bool) or not isinstance(q, int) or q < 1:
-            raise TrialError(f"q must be an integer >= 1; got {q!r}")
-        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-            raise TrialError(f"repeats must be an integer >= 1; got {repeats!r}")
+        q, repeats = check_batch_size(q), check_batch_size(repeats, "repeats")
         with self._ask_lock, bounded_threads(self.threads):
             if fit and self.can_fit() and (self._model is None or self.num_stale > 0):
                 self.fit(restart=self.refit_restarts)
@@ -64,18 +61,8 @@ class Repeats:
                 batch_id = self._next_batch
                 self._next_batch += 1
             chosen = self._repeat_rows(model, X_obs, pending, q, repeats)
-            trials = []
             with self._lock:
-                X = X_obs[chosen]
-                params = self.space.from_unit(X)
-                for i in range(q):
-                    tid = f"{batch_id}-{i}"
-                    seed = trial_seed(self.seed, tid)
-                    t = Trial(tid, params[i], X[i].clone(), batch_id, None, seed, SOURCE)
-                    self._add_trial(t)
-                    self._pending[tid] = t
-                    trials.append(t.copy())
-            return trials
+                return self._register_batch(batch_id, X_obs[chosen], [None] * q, SOURCE)
 
     def _repeat_rows(self, model, X_obs: torch.Tensor, pending: list[torch.Tensor], q: int,
                      repeats: int) -> list[int]:

@@ -21,11 +21,26 @@ from torch import Tensor
 
 from orchestrator.errors import QbatchError
 
-__all__ = ["Trial", "TrialError", "TrialRegistry", "trial_seed"]
+__all__ = ["Trial", "TrialError", "TrialRegistry", "check_batch_size", "plain_int", "trial_seed"]
 
 
 class TrialError(QbatchError, ValueError):
     """A trial id is unknown or was already told, or `ask` got a bad batch size."""
+
+
+def plain_int(v: Any) -> Any:
+    """A numpy integer as a Python int; anything else as it is (the callers check it)."""
+    import numpy as np
+
+    return int(v) if isinstance(v, np.integer) else v
+
+
+def check_batch_size(q: Any, name: str = "q") -> int:
+    """`q` as an int if it is an integer >= 1 (a numpy integer too); else a TrialError naming `name`."""
+    q = plain_int(q)
+    if isinstance(q, bool) or not isinstance(q, int) or q < 1:
+        raise TrialError(f"{name} must be an integer >= 1; got {q!r}")
+    return q
 
 
 @dataclass
@@ -92,6 +107,23 @@ class TrialRegistry:
         """Register a new trial (caller holds `_lock`); its `_seq` is its place in ask order."""
         self._trials[t.trial_id] = t
         self._seq[t.trial_id] = len(self._seq)
+
+    def _register_batch(self, batch_id: int, X: Tensor, forecasts: Sequence[dict | None], source: str,
+                        infos: Sequence[dict] | None = None) -> list[Trial]:
+        """New pending trials `f"{batch_id}-{i}"` at the rows of `X` (unit cube), with their forecasts,
+        evaluation seeds and `infos`; copies of them for the caller (who holds `_lock`)."""
+        params = self.space.from_unit(X)
+        trials = []
+        for i in range(X.shape[0]):
+            tid = f"{batch_id}-{i}"
+            seed = trial_seed(self.seed, tid)
+            t = Trial(tid, params[i], X[i].clone(), batch_id, forecasts[i], seed, source)
+            if infos is not None:
+                t.info.update(infos[i])
+            self._add_trial(t)
+            self._pending[tid] = t
+            trials.append(t.copy())
+        return trials
 
     def _stack(self, xs: Sequence[Tensor]) -> Tensor:
         if not xs:
