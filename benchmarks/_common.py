@@ -44,6 +44,13 @@ __all__ = [
     "code_version",
     "code_mix_note",
     "BatchRun",
+    "OWN_MODELS",
+    "ask_batch",
+    "next_batch_size",
+    "reevaluation_of",
+    "reevaluation_section",
+    "restarts_every_refit",
+    "run_settings",
     "drive",
     "save_checkpoint",
     "checkpoint_evaluations",
@@ -433,6 +440,73 @@ class BatchRun:
 
     def set_records_state(self, state: Mapping[str, Any]) -> None:
         raise NotImplementedError
+
+
+#: qbatch's own models: their runs spend a run's default `reevaluation` (the budget's end re-evaluates the
+#: best observed points); the baselines' runs search to the end, as the papers' and BoTorch's loops do
+OWN_MODELS = ("quantile", "expectile")
+
+
+def reevaluation_of(method: Method) -> tuple[float, int]:
+    """(fraction, repeats) of the budget's end that `method` spends re-evaluating its best observed points:
+    the defaults of `orchestrator.config.ReevaluationConfig` for qbatch's own models, (0, 1) for the
+    baselines."""
+    from orchestrator.config.experiment import ReevaluationConfig
+
+    if method.model not in OWN_MODELS:
+        return 0.0, 1
+    default = ReevaluationConfig()
+    return default.fraction, default.repeats
+
+
+def restarts_every_refit(method: Method) -> bool:
+    """Whether a benchmark loop refits `method` warm-started and from scratch after every batch (keeping the
+    lower loss, `AskTellOptimizer.fit(restart=True)`): the baselines do, as BoTorch's loops refit from the
+    model's default start each iteration. qbatch's own models refit as a run does (orchestrator/actor/
+    planner.py): warm-started after each batch, and with the restart only at the end of the budget."""
+    return method.model not in OWN_MODELS
+
+
+def reevaluation_section(method: Method) -> dict[str, Any]:
+    """The `reevaluation` section of a benchmark run's experiment config (`reevaluation_of`)."""
+    fraction, repeats = reevaluation_of(method)
+    return {"fraction": fraction, "repeats": repeats}
+
+
+def run_settings(raw_config: Mapping[str, Any]) -> dict[str, Any]:
+    """What a benchmark run's result-file tag hashes: its experiment config, less a `reevaluation` section
+    that spends nothing, so a run that searches to the end keeps the tag (and the recorded runs) it had
+    before configs held the section."""
+    section = raw_config.get("reevaluation")
+    if isinstance(section, Mapping) and not section.get("fraction"):
+        return {k: v for k, v in raw_config.items() if k != "reevaluation"}
+    return dict(raw_config)
+
+
+def next_batch_size(n: int, budget: int, batch: int, final: int = 0) -> int:
+    """Size of the next batch of a synchronous loop that has spent `n` of `budget` evaluations and keeps the
+    last `final` for re-evaluations (`ask_batch`): a search batch stops where they begin; 0 when the budget is
+    spent."""
+    left = budget - n
+    if left <= 0:
+        return 0
+    if 0 < final and left <= final:
+        return min(batch, left)
+    return min(batch, left - final)
+
+
+def ask_batch(opt: Any, n: int, budget: int, batch: int, final: int = 0, repeats: int = 1,
+              fit: bool = True) -> list[Any]:
+    """The next batch of a synchronous loop that has spent `n` of `budget` evaluations, split as a run's
+    `reevaluation` section splits it (orchestrator/planner.py): `opt.ask` searches until `final` evaluations
+    are left, then `opt.ask_repeats` re-evaluates the best observed points `repeats` more times each
+    (`next_batch_size` of them per batch); `final` = 0 searches to the end (the baselines, the papers)."""
+    q = next_batch_size(n, budget, batch, final)
+    if q == 0:
+        return []
+    if 0 < final and budget - n <= final:
+        return opt.ask_repeats(q, repeats, fit=fit)
+    return opt.ask(q, fit=fit)
 
 
 def save_checkpoint(path: Path, state: Mapping[str, Any]) -> None:

@@ -69,6 +69,7 @@ from benchmarks._common import (  # noqa: E402
     BatchRun,
     Job,
     Method,
+    ask_batch,
     checkpoint_evaluations,
     code_mix_note,
     config_tag,
@@ -82,7 +83,9 @@ from benchmarks._common import (  # noqa: E402
     plot_curves,
     preflight,
     read_table,
+    reevaluation_of,
     replicate_seed,
+    restarts_every_refit,
     run_jobs,
     write_table,
 )
@@ -107,6 +110,13 @@ METHODS: dict[str, Method] = {
 #: the methods of the GLD acceptance target, and the quantile methods they are compared with
 QUANTILE_METHODS = ("quantile-ts", "qgibbon", "qgibbon-rescaled")
 BASELINES = ("gpr-ei", "hetgp-ts", "qlognei")
+
+
+def reevaluation(method: str) -> tuple[float, int]:
+    """(fraction, repeats) of the budget's end `method` spends re-evaluating its best observed points
+    (`_common.reevaluation_of`: a run's default for qbatch's quantile methods, none for the baselines)."""
+    return reevaluation_of(METHODS[method])
+
 
 #: the paper's protocol: an initial design of 50·d, a budget of 250·d evaluations (spec §4.1)
 INITIAL_PER_DIM, BUDGET_PER_DIM = 50, 250
@@ -135,7 +145,7 @@ class Setting:
         return f"d{self.d}-tau{self.tau:g}-b{self.batch}"
 
 
-def settings_tag(method: str, initial: int, options: Mapping[str, Any]) -> str:
+def settings_tag(method: str, initial: int, options: Mapping[str, Any], spends_repeats: bool = True) -> str:
     """Hash of what a run's result depends on beyond its file name (setting label, problem, method) and
     budget: the initial design size and the method's model and proposer options. Every row records it
     (`settings`), and `--resume` and the tables take only the runs made with the settings asked for (a folder
@@ -144,8 +154,13 @@ def settings_tag(method: str, initial: int, options: Mapping[str, Any]) -> str:
     `options`: model or proposer name -> options given on the command line (`--model-options`,
     `--proposer-options`; the names of the two registries differ), over the method's own."""
     m = METHODS[method]
+    fraction, repeats = reevaluation(method)
+    # a method that searches to the end keeps the tag of the runs recorded before re-evaluation existed;
+    # `spends_repeats=False` gives a quantile method's tag from then
+    extra = {"reevaluation": [fraction, repeats]} if fraction > 0 and spends_repeats else {}
     return config_tag(
         {
+            **extra,
             "initial": int(initial),
             "model_options": {**m.model_options, **options.get(m.model, {})},
             "proposer_options": {**m.proposer_options, **options.get(m.proposer, {})},
@@ -164,6 +179,7 @@ class GLDRun(BatchRun):
 
     def __init__(self, name: str, setting: Setting, problem: Any, problem_id: int, options: dict) -> None:
         from orchestrator.ask_tell import AskTellOptimizer
+        from orchestrator.ask_tell.repeats import repeat_share
 
         self.name, self.method, self.setting = name, METHODS[name], setting
         self.problem, self.problem_id = problem, problem_id
@@ -173,6 +189,9 @@ class GLDRun(BatchRun):
         if method.proposer == "sobol":
             p_opts.setdefault("seed", problem_id)  # one Sobol sequence: initial design and batches
         self.n0 = max(2, round(setting.initial / setting.batch)) if method.replicate else setting.initial
+        fraction, self.repeats = reevaluation(name)
+        self.restart_always = restarts_every_refit(method)
+        self.final = repeat_share(setting.budget, fraction)
         self.opt = AskTellOptimizer(
             problem.space,
             model=method.model,
@@ -183,8 +202,9 @@ class GLDRun(BatchRun):
             model_options=self.m_opts,
             proposer_options=p_opts,
         )
+        spend = [self.final, self.repeats] if self.final else []
         self.key = json.dumps(
-            [name, setting.label, setting.initial, setting.budget, problem_id, self.m_opts, p_opts],
+            [name, setting.label, setting.initial, setting.budget, problem_id, self.m_opts, p_opts, *spend],
             sort_keys=True,
             default=str,
         )
@@ -208,7 +228,7 @@ class GLDRun(BatchRun):
 
     def _fit(self) -> None:
         t0 = time.perf_counter()
-        self.opt.fit()
+        self.opt.fit(restart=self.restart_always or self.done)
         self.times["fit_s"] += time.perf_counter() - t0
 
     def _record(self) -> None:
@@ -236,7 +256,7 @@ class GLDRun(BatchRun):
         if self.method.replicate:
             trials, reps = self.opt.ask(1), min(B, left)
         else:
-            trials, reps = self.opt.ask(min(B, left)), 1
+            trials, reps = ask_batch(self.opt, self.n, self.setting.budget, B, self.final, self.repeats), 1
         self.times["propose_s"] += time.perf_counter() - t0
         self._evaluate(trials, reps)
         self._fit()
@@ -312,6 +332,7 @@ def run_problem(
     )
     q_star = max(q_opt, q_eval)
     for row in rows:
+        row["q_eval_best"] = q_eval  # the best exact quantile among the points the run evaluated
         x = json.loads(row["x_rec"])
         row["q_rec"] = float(problem.quantile_unit(np.asarray([x]), setting.tau)[0]) if x else float("nan")
         row["q_star"] = q_star
@@ -369,7 +390,7 @@ def read_run_file(path: Path) -> list[dict]:
         # written before rows recorded their settings: every such run used the defaults
         if not r.get("settings"):
             r["initial"] = INITIAL_PER_DIM * r["d"]
-            r["settings"] = settings_tag(r["method"], r["initial"], {})
+            r["settings"] = settings_tag(r["method"], r["initial"], {}, spends_repeats=False)
         r["initial"] = int(r["initial"])
         for k in (
             "regret",
@@ -380,8 +401,9 @@ def read_run_file(path: Path) -> list[dict]:
             "fit_s",
             "propose_s",
             "elapsed_s",
+            "q_eval_best",
         ):
-            if k in r:
+            if k in r and r[k] != "":
                 r[k] = float(r[k])
         rows.append(r)
     return rows
@@ -410,8 +432,10 @@ def paired_with(rows: Sequence[dict], base_dir: Path, settings: Sequence[Setting
     for path in sorted((base_dir / "runs").glob("*.csv")):
         for r in read_run_file(path):
             s = by_label.get((r["d"], r["tau"], r["batch"]))
+            # the defaults of now, or of a run recorded before the quantile methods re-evaluated
             if (s is not None and not r.get("error") and r["n_evals"] == s.budget
-                    and r["settings"] == settings_tag(r["method"], s.initial, {})):
+                    and r["settings"] in {settings_tag(r["method"], s.initial, {}),
+                                          settings_tag(r["method"], s.initial, {}, spends_repeats=False)}):
                 base[(r["d"], r["tau"], r["batch"], r["method"], r["problem"])] = r["q_rec"]
     out = []
     for (d, tau, batch), s in by_label.items():
@@ -445,6 +469,9 @@ def merge_rows(rows: Sequence[dict]) -> list[dict]:
     for r in unique.values():
         r["q_star"] = q_star[(r["d"], r["tau"], r["batch"], r["problem"])]
         r["regret"] = r["q_star"] - r["q_rec"]
+        # the regret of the best point the run evaluated (nan in the runs recorded before it was)
+        best = r.get("q_eval_best")
+        r["best_regret"] = r["q_star"] - best if isinstance(best, float) else math.nan
     return list(unique.values())
 
 
@@ -493,6 +520,8 @@ def summarize(rows: Sequence[dict]) -> tuple[list[dict], list[dict], list[dict]]
                 r["n_evals"] for r in fin if (r["d"], r["tau"], r["batch"]) == s and r["method"] == m
             )
             avg_mean, avg_half, _ = mean_ci(list(_bo_average(rows, s, m).values()))
+            best = [r["best_regret"] for r in fin if (r["d"], r["tau"], r["batch"]) == s and r["method"] == m
+                    and not r.get("error") and not math.isnan(r.get("best_regret", math.nan))]
             summary.append(
                 {
                     "d": s[0],
@@ -506,6 +535,9 @@ def summarize(rows: Sequence[dict]) -> tuple[list[dict], list[dict], list[dict]]
                     "regret_median": float(statistics.median(by_method[m].values())) if n else float("nan"),
                     "bo_avg_regret_mean": avg_mean,
                     "bo_avg_regret_ci95": avg_half,
+                    # the best evaluated point's regret, over the runs that record it (nan: none does)
+                    "best_regret_mean": sum(best) / len(best) if best else math.nan,
+                    "best_regret_runs": len(best),
                 }
             )
         quantile = [m for m in QUANTILE_METHODS if by_method.get(m)]

@@ -72,22 +72,28 @@ from benchmarks._common import (  # noqa: E402
     BatchRun,
     Job,
     Method,
+    ask_batch,
     code_mix_note,
     config_tag,
     drive_guarded,
     format_table,
     mean_ci,
     merge_options,
+    next_batch_size,
     paired_comparison,
     parse_index_list,
     plot_curves,
     preflight,
     read_table,
+    reevaluation_section,
     replicate_seed,
+    restarts_every_refit,
     run_jobs,
+    run_settings,
     write_table,
 )
 from benchmarks._common import build_optimizer as build_shared  # noqa: E402
+from orchestrator.ask_tell.repeats import repeat_share  # noqa: E402
 
 MODE = "synchronous batches, in-process AskTellOptimizer built from a validated config (the orchestrator's " \
        "synchronous protocol without Ray)"
@@ -186,6 +192,7 @@ def method_config(
         "budget": proto.budget,
         "synchronous": True,
         "seed": int(run),
+        "reevaluation": reevaluation_section(m),
     }
 
 
@@ -202,6 +209,8 @@ class LanderRun(BatchRun):
                             model_options, proposer_options)
         self.key = json.dumps([raw, episodes, eval_every], sort_keys=True, default=str)
         self.cfg, self.obj, self.opt = build_optimizer(raw)
+        self.final = repeat_share(self.cfg.budget, self.cfg.reevaluation.fraction)
+        self.restart_always = restarts_every_refit(METHODS[name])
         self.checkpoints = proto.checkpoints(eval_every)
         self.n = 0
         self.batches: list[dict] = []  # one per fit: the recommendation and the checkpoints it covers
@@ -235,11 +244,12 @@ class LanderRun(BatchRun):
 
     def _fit_and_record(self) -> None:
         t0 = time.perf_counter()
-        self.opt.fit()
+        self.opt.fit(restart=self.restart_always or self.done)
         self.times["fit_s"] += time.perf_counter() - t0
         params, predicted = self.opt.best()
         # the checkpoints this recommendation is in force at: up to the next batch's end (or the budget)
-        nxt = min(self.cfg.budget, self.n + self.cfg.batch_size) if self.n < self.cfg.budget else self.n + 1
+        size = next_batch_size(self.n, self.cfg.budget, self.cfg.batch_size, self.final)
+        nxt = self.n + size if size else self.n + 1
         covers = [c for c in self.checkpoints if self.n <= c < nxt]
         key = json.dumps(params, sort_keys=True)
         if covers and key not in self.q_cache:
@@ -269,7 +279,8 @@ class LanderRun(BatchRun):
     def step(self) -> None:
         t0 = time.perf_counter()
         # GPR-EI's proposer repeats its one EI point q times (distinct trials, distinct episode seeds)
-        trials = self.opt.ask(min(self.cfg.batch_size, self.cfg.budget - self.n), fit=False)
+        trials = ask_batch(self.opt, self.n, self.cfg.budget, self.cfg.batch_size, self.final,
+                           self.cfg.reevaluation.repeats, fit=False)
         self.times["propose_s"] += time.perf_counter() - t0
         self._evaluate(trials)
         self._fit_and_record()
@@ -816,7 +827,7 @@ def make_jobs(args: argparse.Namespace) -> list[Job]:
             for m in args.methods:
                 objective = lander_objective(args.objective_options)
                 settings = method_config(m, p, 0, objective, args.model_options, args.proposer_options)
-                tag = config_tag([settings, args.episodes, args.eval_every])
+                tag = config_tag([run_settings(settings), args.episodes, args.eval_every])
                 stem = (
                     Path(args.out)
                     / "runs"

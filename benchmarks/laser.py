@@ -70,6 +70,7 @@ from benchmarks._common import (  # noqa: E402
     BatchRun,
     Job,
     Method,
+    ask_batch,
     code_mix_note,
     config_tag,
     drive_guarded,
@@ -80,7 +81,10 @@ from benchmarks._common import (  # noqa: E402
     plot_curves,
     preflight,
     read_table,
+    reevaluation_section,
+    restarts_every_refit,
     run_jobs,
+    run_settings,
     write_table,
 )
 from benchmarks.lander import (  # noqa: E402
@@ -92,6 +96,7 @@ from benchmarks.lander import (  # noqa: E402
     parse_runs,
 )
 from objectives.laser import MEASUREMENT_OPTIONS  # noqa: E402
+from orchestrator.ask_tell.repeats import repeat_share  # noqa: E402
 
 MODE = "synchronous batches, in-process AskTellOptimizer built from a validated config (the orchestrator's " \
        "synchronous protocol without Ray)"
@@ -160,6 +165,7 @@ def method_config(
         "budget": budget,
         "synchronous": True,
         "seed": int(run),
+        "reevaluation": reevaluation_section(m),
     }
 
 
@@ -194,6 +200,8 @@ class LaserRun(BatchRun):
             [{**raw, "objective": portable(objective)}, initial_y], sort_keys=True, default=str
         )
         self.cfg, self.sim, self.opt = build_optimizer(raw)
+        self.final = repeat_share(self.budget, self.cfg.reevaluation.fraction)
+        self.restart_always = restarts_every_refit(METHODS[name])
         self.synthetic = "csv_path" not in objective["options"]
         _, self.q_opt = self.sim.optimum(tau)  # cached per simulator (one per process)
         self.n = 0
@@ -223,7 +231,7 @@ class LaserRun(BatchRun):
 
     def _fit_and_record(self) -> None:
         t0 = time.perf_counter()
-        self.opt.fit()
+        self.opt.fit(restart=self.restart_always or self.done)
         self.times["fit_s"] += time.perf_counter() - t0
         params, predicted = self.opt.best()
         self.records.append(
@@ -266,7 +274,8 @@ class LaserRun(BatchRun):
 
     def step(self) -> None:
         t0 = time.perf_counter()
-        trials = self.opt.ask(min(self.cfg.batch_size, self.budget - self.n), fit=False)
+        trials = ask_batch(self.opt, self.n, self.budget, self.cfg.batch_size, self.final,
+                           self.cfg.reevaluation.repeats, fit=False)
         self.times["propose_s"] += time.perf_counter() - t0
         self._evaluate(trials)
         self._fit_and_record()
@@ -499,7 +508,7 @@ def make_jobs(args: argparse.Namespace, objective: Mapping[str, Any]) -> list[Jo
         for m in args.methods:
             settings = method_config(m, args.tau, args.initial, budget, args.batch, 0, portable(objective),
                                      args.model_options, args.proposer_options)
-            tag = config_tag([settings, args.initial_y])
+            tag = config_tag([run_settings(settings), args.initial_y])
             name = f"{m}-{sim_tag}-tau{args.tau:g}-n{args.initial}+{args.batches}x{args.batch}-{tag}-r{r}"
             jobs.append(
                 Job(

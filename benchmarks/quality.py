@@ -47,6 +47,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._common import (  # noqa: E402
+    ask_batch,
     code_version,
     format_table,
     limited_threads,
@@ -157,10 +158,7 @@ def run_one(problem_name: str, method: str, seed: int, budget: int, batch: int, 
         fraction, repeats = REEVALUATING.get(method, (0.0, 1))
         final = repeat_share(budget, fraction)
         while n < budget:
-            if budget - n <= final:
-                trials = opt.ask_repeats(min(batch, budget - n), repeats)
-            else:
-                trials = opt.ask(min(batch, budget - n - final))
+            trials = ask_batch(opt, n, budget, batch, final, repeats)
             for t in trials:
                 opt.tell(t.trial_id, prob.evaluate(t.params, t.seed))
                 evaluated.append(dict(t.params))

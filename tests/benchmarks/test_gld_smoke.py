@@ -53,7 +53,10 @@ def test_gld_quick(quick):
     table = pq.read_table(tmp_path / "gld.parquet").to_pylist()
     (d, tau, batch), = q["settings"]
     checkpoints = list(range(q["initial"], q["budget"] + 1, batch))  # 20, 30, 40
-    expected = {(m, p, n) for m in q["methods"] for p in q["problems"] for n in checkpoints}
+    # quantile TS keeps the budget's last 10% (4) for re-evaluations: its search stops at 36
+    spent = {m: [20, 30, 36, 40] if mod.reevaluation(m)[0] > 0 else checkpoints for m in q["methods"]}
+    assert spent["quantile-ts"] == [20, 30, 36, 40] and spent["gpr-ei"] == checkpoints
+    expected = {(m, p, n) for m in q["methods"] for p in q["problems"] for n in spent[m]}
     got = {(r["method"], r["problem"], r["n_evals"]) for r in table}
     assert got == expected and len(table) == len(expected)
     from objectives.gld import GLDProblem
@@ -415,7 +418,13 @@ def test_proposer_options_reach_the_runs_and_leave_recorded_tags_alone(load_benc
     mod = load_benchmark("gld")
     recorded = BENCHMARKS / "results/gld_b50_s14/runs/d3-tau0.75-b50-p5-quantile-ts.csv"
     with open(recorded, newline="") as f:
-        assert next(csv.DictReader(f))["settings"] == mod.settings_tag("quantile-ts", 150, {})
+        tag = next(csv.DictReader(f))["settings"]
+    # recorded before quantile TS re-evaluated: the runs of now (which do) carry another tag
+    assert tag == mod.settings_tag("quantile-ts", 150, {}, spends_repeats=False)
+    assert tag != mod.settings_tag("quantile-ts", 150, {})
+    recorded = BENCHMARKS / "results/gld_full/runs/d3-tau0.75-b50-p0-qlognei.csv"
+    with open(recorded, newline="") as f:  # a baseline searches to the end, now as then
+        assert next(csv.DictReader(f))["settings"] == mod.settings_tag("qlognei", 150, {})
     args = mod.parse_args(["--proposer-options", '{"thompson": {"shared_features": false}}'])
     assert args.proposer_options == {"thompson": {"shared_features": False}}
     s = mod.Setting(3, 0.75, 10, 20, 40)
