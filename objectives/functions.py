@@ -206,6 +206,13 @@ class TestFunction(SyntheticObjective):
     def dim(self) -> int:
         return len(self.default_bounds)
 
+    def _origin_box(self, dim: int, half_width: float) -> None:
+        """Make the default domain [-half_width, half_width]^dim, with the origin its one known optimizer
+        (the functions defined in any dimension)."""
+        _check_dim(dim)
+        self.default_bounds = ((-half_width, half_width),) * int(dim)
+        self.optimizers = ((0.0,) * int(dim),)
+
     # --- the function
     def f(self, X: np.ndarray) -> np.ndarray:
         """Noise-free value at each row of an `n x d` array; returns `n` values."""
@@ -312,9 +319,7 @@ class Ackley(_BoTorchFunction):
 
     def __init__(self, dim: int = 2, noise_std: float = 0.0, heteroscedastic: bool = False,
                  bounds: Sequence[Sequence[float]] | None = None) -> None:
-        _check_dim(dim)
-        self.default_bounds = ((-32.768, 32.768),) * int(dim)
-        self.optimizers = ((0.0,) * int(dim),)
+        self._origin_box(dim, 32.768)
         super().__init__(noise_std=noise_std, heteroscedastic=heteroscedastic, bounds=bounds)
 
     def _make_problem(self) -> Any:
@@ -335,9 +340,7 @@ class Alpine(TestFunction):
 
     def __init__(self, dim: int = 10, noise_std: float = 0.0, heteroscedastic: bool = False,
                  bounds: Sequence[Sequence[float]] | None = None) -> None:
-        _check_dim(dim)
-        self.default_bounds = ((-10.0, 10.0),) * int(dim)
-        self.optimizers = ((0.0,) * int(dim),)
+        self._origin_box(dim, 10.0)
         super().__init__(noise_std=noise_std, heteroscedastic=heteroscedastic, bounds=bounds)
 
     def f(self, X: np.ndarray) -> np.ndarray:
@@ -411,9 +414,7 @@ class Powers(TestFunction):
 
     def __init__(self, dim: int = 2, noise_std: float = 0.0, heteroscedastic: bool = False,
                  bounds: Sequence[Sequence[float]] | None = None) -> None:
-        _check_dim(dim)
-        self.default_bounds = ((-1.0, 1.0),) * int(dim)
-        self.optimizers = ((0.0,) * int(dim),)
+        self._origin_box(dim, 1.0)
         super().__init__(noise_std=noise_std, heteroscedastic=heteroscedastic, bounds=bounds)
 
     def f(self, X: np.ndarray) -> np.ndarray:

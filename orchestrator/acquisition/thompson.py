@@ -183,6 +183,9 @@ class ThompsonSampling(Proposer):
     """
 
     uses_spread = True
+    #: the options `get_state` saves and `set_state` takes (`spread` belongs to the calibrator)
+    STATE_KEYS = ("num_features", "raw_samples", "num_restarts", "maxiter", "method", "chunk_bytes",
+                  "shared_features", "local_fraction")
 
     def __init__(
         self,
@@ -217,28 +220,10 @@ class ThompsonSampling(Proposer):
 
     def get_state(self) -> dict[str, Any]:
         """The options (plain values); `spread` is owned and restored by the calibrator."""
-        return {
-            "num_features": self.num_features,
-            "raw_samples": self.raw_samples,
-            "num_restarts": self.num_restarts,
-            "maxiter": self.maxiter,
-            "method": self.method,
-            "chunk_bytes": self.chunk_bytes,
-            "shared_features": self.shared_features,
-            "local_fraction": self.local_fraction,
-        }
+        return {k: getattr(self, k) for k in self.STATE_KEYS}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        valid = {
-            "num_features",
-            "raw_samples",
-            "num_restarts",
-            "maxiter",
-            "method",
-            "chunk_bytes",
-            "shared_features",
-            "local_fraction",
-        }
+        valid = set(self.STATE_KEYS)
         unknown = set(state) - valid
         if unknown:
             raise ConfigError(f"unknown ThompsonSampling option(s) {sorted(unknown)}; valid: {sorted(valid)}")

@@ -271,12 +271,7 @@ class LOCBOCalibrator(Calibrator):
 
     def _get_state(self) -> dict[str, Any]:
         return {
-            "alpha": self.alpha,
-            "kappa": self.kappa,
-            "lengthscale": self.lengthscale,
-            "lambda_reg": self.lambda_reg,
-            "eta0": self.eta0,
-            "decay": self.decay,
+            **{k: getattr(self, k) for k in self.option_keys},
             "c": self.c,
             "t": self.t,
             "misses": self.misses,
@@ -285,7 +280,7 @@ class LOCBOCalibrator(Calibrator):
         }
 
     def _set_state(self, state: dict[str, Any]) -> None:
-        for k in ("alpha", "kappa", "lengthscale", "lambda_reg", "eta0", "decay", "c"):
+        for k in (*self.option_keys, "c"):
             setattr(self, k, float(state[k]))
         self.t, self.misses = int(state["t"]), int(state["misses"])
         self.centers = state["centers"].clone().to(torch.float64)

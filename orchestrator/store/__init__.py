@@ -17,7 +17,8 @@ sequence numbers were dropped (known from the segment's name). Nothing in a run 
 The modules:
 
 - `run_store`: `RunStore`, the facade the actor, the runner, the CLI and the report use.
-- `schema`: `Event`, the Parquet schema of a segment, and the encoding and decoding of rows.
+- `schema`: `Event` (and `TrialFields`, the fields it shares with `TrialRecord`), the Parquet schema of a
+  segment, and the encoding and decoding of rows.
 - `segments`: `SegmentLog`, appending, reading and compacting the segments under ``events/``.
 - `damage`: the damage report of a read (dropped rows, holes, conflicting writers).
 - `filesystems`: a local folder (fsynced) or any pyarrow filesystem behind one interface.
@@ -43,7 +44,7 @@ from orchestrator.store.run_store import RunStore
 from orchestrator.store.schema import _EVENT_FIELDS as _EVENT_FIELDS
 from orchestrator.store.schema import _ROW_GROUP as _ROW_GROUP
 from orchestrator.store.schema import _SCHEMA as _SCHEMA
-from orchestrator.store.schema import EVENT_KINDS, Event
+from orchestrator.store.schema import EVENT_KINDS, Event, TrialFields
 from orchestrator.store.schema import _encode as _encode
 from orchestrator.store.schema import _parquet_bytes as _parquet_bytes
 from orchestrator.store.schema import _plain as _plain
@@ -57,6 +58,7 @@ __all__ = [
     "RunDirError",
     "RunStore",
     "StoreError",
+    "TrialFields",
     "TrialRecord",
     "status_counts",
     "trials_table",

@@ -53,21 +53,11 @@ _SCHEMA = pa.schema(
 _JSON_FIELDS = ("params", "forecast", "info")
 
 
-@dataclass
-class Event:
-    """One record of the event log, one row of a segment: a trial `proposed`, `started`, `completed` or
-    `failed`, or a `refit`. Dict fields are stored as JSON, `x` as a list column.
+@dataclass(kw_only=True)
+class TrialFields:
+    """What the log knows of a trial beyond its id: the fields an `Event` carries and a `TrialRecord`
+    (store/trials.py) folds its events into, declared once so the two keep the same names and types."""
 
-    A trial has three types on its way to the log, one per stage, whose shared fields have the same names: the
-    proposal (`orchestrator.ask_tell.Trial`: `trial_id`, `batch_id`, `params`, `x`, `forecast`), the
-    evaluation's outcome (`workers.records.TrialResult`: `value`, `error`, `traceback`, `node_id`, `pid`,
-    `started_at`, `ended_at`; its `message`, `metrics`, `metrics_dropped` and `child_pid` go into `info`), and
-    these events, of which the reader's `TrialRecord` (store/trials.py) is the per-trial reduction.
-    """
-
-    kind: str
-    trial_id: str = ""
-    time: float = field(default_factory=time.time)
     batch_id: int | None = None
     params: dict | None = None
     x: list[float] | None = None
@@ -81,6 +71,24 @@ class Event:
     error: str | None = None
     traceback: str | None = None
     info: dict | None = None
+
+
+@dataclass
+class Event(TrialFields):
+    """One record of the event log, one row of a segment: a trial `proposed`, `started`, `completed` or
+    `failed`, or a `refit`. Dict fields are stored as JSON, `x` as a list column. `kind`, `trial_id` and
+    `time` may be given by position; the `TrialFields` by name.
+
+    A trial has three types on its way to the log, one per stage, whose shared fields have the same names: the
+    proposal (`orchestrator.ask_tell.Trial`: `trial_id`, `batch_id`, `params`, `x`, `forecast`), the
+    evaluation's outcome (`workers.records.TrialResult`: `value`, `error`, `traceback`, `node_id`, `pid`,
+    `started_at`, `ended_at`; its `message`, `metrics`, `metrics_dropped` and `child_pid` go into `info`), and
+    these events, of which the reader's `TrialRecord` (store/trials.py) is the per-trial reduction.
+    """
+
+    kind: str
+    trial_id: str = ""
+    time: float = field(default_factory=time.time)
 
 
 _EVENT_FIELDS = tuple(f.name for f in fields(Event))

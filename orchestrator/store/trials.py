@@ -11,35 +11,22 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from orchestrator.store.schema import Event
+from orchestrator.store.schema import Event, TrialFields
 
 
 @dataclass
-class TrialRecord:
+class TrialRecord(TrialFields):
     """One trial as replayed from the log (exactly-once: the first completed/failed event wins).
 
     The reader's view: where an `Event` (store/schema.py) is one step of a trial, this is the trial folded
-    over its events, with the fields of the same names (`proposed_at` is its `proposed` event's `time`).
+    over its events into the same `TrialFields` (`proposed_at` is its `proposed` event's `time`).
     `status` is "proposed" (not started), "running" (started, no result), "completed" or "failed".
     `duplicates` counts completed/failed events after the first one (ignored by the replay).
     """
 
     trial_id: str
     status: str
-    batch_id: int | None = None
-    params: dict | None = None
-    x: list[float] | None = None
-    value: float | None = None
-    forecast: dict | None = None
-    error: str | None = None
-    traceback: str | None = None
-    node_id: str | None = None
-    pid: int | None = None
-    attempt: int = 0
     proposed_at: float | None = None
-    started_at: float | None = None
-    ended_at: float | None = None
-    info: dict | None = None
     duplicates: int = 0
 
     def to_dict(self) -> dict[str, Any]:
