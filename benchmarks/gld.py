@@ -19,6 +19,10 @@ Methods (model + proposer): quantile-ts (quantile + thompson), qgibbon (quantile
 point evaluated B times, initial design round(n0/B) Sobol points x B replicates, spec §4.4), hetgp-ts
 (heteroscedastic + thompson on the path quantile), qlognei (exact-gp + BoTorch qLogNEI, the q points optimized
 jointly as BoTorch's `optimize_acqf` does by default), sobol, random.
+qbatch's own models (quantile, expectile) run as a run with the defaults does (`_common.ask_batch`): the
+budget's last `reevaluation` share (10%) re-evaluates their best observed points, and they refit warm after
+each batch, with the restart from scratch at the budget's end only. The baselines search to the end and refit
+warm and from scratch after every batch, as BoTorch's loops do (`_common.restarts_every_refit`).
 All methods of one (setting, problem) share the problem seed, so the model-based methods on the same model
 start from the SAME initial design and first fit (each run computes it from the seed).
 

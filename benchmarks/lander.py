@@ -13,6 +13,11 @@ each batch is ONE point flown B times; initial design round(n0/B) Sobol points x
 hetgp-ts (heteroscedastic SVGP + Thompson sampling on the plug-in quantile), qlognei (exact GP of the mean +
 BoTorch qLogNEI; optional, not in the paper's table).
 
+qbatch's own models (quantile, expectile) run as a run with the defaults does (`_common.ask_batch`): the
+budget's last `reevaluation` share (10%) re-evaluates their best observed points, and they refit warm after
+each batch, with the restart from scratch at the budget's end only. The baselines search to the end and refit
+warm and from scratch after every batch, as BoTorch's loops do (`_common.restarts_every_refit`).
+
 Protocol (spec §4.2): tau in {0.1, 0.02} (separate optimizations), 300 initial, 1500 total, batch 25 (A12:
 blank in the paper, 25 in the pubcode's analysis), 10 runs. Run r of every method uses config seed r.
 Recommendation (spec §1.7) = `AskTellOptimizer.best()` after each fit: the observed input with the highest

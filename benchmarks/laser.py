@@ -11,6 +11,11 @@ Each method is built exactly as the central actor builds it (benchmarks/lander.p
 validated by `load_config`, objective by `load_objective`, `AskTellOptimizer`), and run in **synchronous
 batches in this process** (the orchestrator's `synchronous: true` protocol without Ray).
 
+qbatch's own models (quantile, expectile) run as a run with the defaults does (`_common.ask_batch`): the
+budget's last `reevaluation` share (10%) re-evaluates their best observed points, and they refit warm after
+each batch, with the restart from scratch at the budget's end only. The baselines search to the end and refit
+warm and from scratch after every batch, as BoTorch's loops do (`_common.restarts_every_refit`).
+
 Protocol (spec §4.3): 400 initial points, then 12 batches of 100, 10 runs. With the CSV the initial points
 are 400 of the CSV's measured settings drawn at random (run r: rows chosen by seed r, the same rows for every
 method), registered with the optimizer as its initial design and evaluated by the SIMULATOR (so every
