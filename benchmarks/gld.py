@@ -122,6 +122,23 @@ def reevaluation(method: str) -> tuple[float, int]:
     return reevaluation_of(METHODS[method])
 
 
+#: the recommendation gap's target: mean recommendation regret <= GAP_FACTOR x the mean regret of the best
+#: point evaluated + RANGE_ALLOWANCE x the mean range of the tau-quantile
+GAP_FACTOR, RANGE_ALLOWANCE = 1.25, 0.01
+
+
+@functools.cache
+def problem_range(d: int, tau: float, problem: int) -> float:
+    """max - min of the exact tau-quantile of GLD problem `problem` in `d` dimensions over the unit box
+    (`quality.quantile_range`), the unit of the recommendation gap's allowance."""
+    from benchmarks.quality import quantile_range
+    from objectives.gld import GLDProblem
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return quantile_range(GLDProblem(dim=d, problem=problem), problem, tau)
+
+
 #: the paper's protocol: an initial design of 50·d, a budget of 250·d evaluations (spec §4.1)
 INITIAL_PER_DIM, BUDGET_PER_DIM = 50, 250
 FULL_SETTINGS = [(d, tau, b) for d in (3, 6) for tau in (0.75, 0.95) for b in (10, 50)]
@@ -335,8 +352,10 @@ def run_problem(
         float(problem.quantile_unit(np.asarray(evaluated), setting.tau).max()) if evaluated else -math.inf
     )
     q_star = max(q_opt, q_eval)
+    q_range = problem_range(setting.d, setting.tau, problem_id)
     for row in rows:
         row["q_eval_best"] = q_eval  # the best exact quantile among the points the run evaluated
+        row["q_range"] = q_range
         x = json.loads(row["x_rec"])
         row["q_rec"] = float(problem.quantile_unit(np.asarray([x]), setting.tau)[0]) if x else float("nan")
         row["q_star"] = q_star
@@ -406,6 +425,7 @@ def read_run_file(path: Path) -> list[dict]:
             "propose_s",
             "elapsed_s",
             "q_eval_best",
+            "q_range",
         ):
             if k in r and r[k] != "":
                 r[k] = float(r[k])
@@ -476,6 +496,8 @@ def merge_rows(rows: Sequence[dict]) -> list[dict]:
         # the regret of the best point the run evaluated (nan in the runs recorded before it was)
         best = r.get("q_eval_best")
         r["best_regret"] = r["q_star"] - best if isinstance(best, float) else math.nan
+        if isinstance(best, float) and not isinstance(r.get("q_range"), float):
+            r["q_range"] = problem_range(r["d"], r["tau"], r["problem"])
     return list(unique.values())
 
 
@@ -524,8 +546,12 @@ def summarize(rows: Sequence[dict]) -> tuple[list[dict], list[dict], list[dict]]
                 r["n_evals"] for r in fin if (r["d"], r["tau"], r["batch"]) == s and r["method"] == m
             )
             avg_mean, avg_half, _ = mean_ci(list(_bo_average(rows, s, m).values()))
-            best = [r["best_regret"] for r in fin if (r["d"], r["tau"], r["batch"]) == s and r["method"] == m
-                    and not r.get("error") and not math.isnan(r.get("best_regret", math.nan))]
+            known = [r for r in fin if (r["d"], r["tau"], r["batch"]) == s and r["method"] == m
+                     and not r.get("error") and not math.isnan(r.get("best_regret", math.nan))]
+            best = [r["best_regret"] for r in known]
+            q_range = sum(r["q_range"] for r in known) / len(known) if known else math.nan
+            rec = sum(r["regret"] for r in known) / len(known) if known else math.nan
+            gap_target = GAP_FACTOR * sum(best) / len(best) + RANGE_ALLOWANCE * q_range if known else math.nan
             summary.append(
                 {
                     "d": s[0],
@@ -542,6 +568,10 @@ def summarize(rows: Sequence[dict]) -> tuple[list[dict], list[dict], list[dict]]
                     # the best evaluated point's regret, over the runs that record it (nan: none does)
                     "best_regret_mean": sum(best) / len(best) if best else math.nan,
                     "best_regret_runs": len(best),
+                    # the recommendation gap over those runs: their mean regret against the target
+                    "range_mean": q_range,
+                    "gap_target": gap_target,
+                    "gap_met": bool(rec <= gap_target) if known else None,
                 }
             )
         quantile = [m for m in QUANTILE_METHODS if by_method.get(m)]

@@ -112,17 +112,17 @@ def make_problem(name: str, seed: int) -> Any:
     return GLDProblem(dim=PROBLEMS[name][0], problem=seed)
 
 
-def quantile_range(prob: Any, seed: int) -> float:
-    """The benchmark's range for problem `prob` (`make_problem`'s, run with `seed`): max - min of the exact
-    tau-quantile over the search space (the minimum by the same multi-start L-BFGS-B as the problem's
-    optimum), the unit of the recommendation gap's 1% allowance."""
+def quantile_range(prob: Any, seed: int, tau: float = TAU) -> float:
+    """The benchmark's range for problem `prob` (`make_problem`'s, run with `seed`; or a GLD problem of
+    benchmarks/gld.py): max - min of the exact tau-quantile over the search space (the minimum by the same
+    multi-start L-BFGS-B as the problem's optimum), the unit of the recommendation gap's 1% allowance."""
     import numpy as np
 
     from objectives.functions import maximize_on_box
 
     d = len(prob.space)
-    _, q_max = prob.optimum(TAU)
-    _, neg_min = maximize_on_box(lambda X: -prob.quantile_unit(X, TAU), np.zeros(d), np.ones(d), n_raw=5000,
+    _, q_max = prob.optimum(tau)
+    _, neg_min = maximize_on_box(lambda X: -prob.quantile_unit(X, tau), np.zeros(d), np.ones(d), n_raw=5000,
                                  n_starts=20, seed=seed)
     return float(q_max + neg_min)
 

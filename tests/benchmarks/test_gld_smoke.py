@@ -77,6 +77,18 @@ def test_gld_quick(quick):
     assert (tmp_path / "gld.csv").read_text().count("\n") == len(table) + 1
     summary = pq.read_table(tmp_path / "summary.parquet").to_pylist()
     assert sorted(s["method"] for s in summary) == sorted(q["methods"])
+    # the recommendation gap: the recommended point is one the run evaluated, so its regret is at least the
+    # best evaluated point's; the target allows 1.25 x that plus 1% of the quantile's range over the box
+    for r in table:
+        if r["method"] == "quantile-ts" and r["n_evals"] == q["budget"]:
+            assert r["best_regret"] <= r["regret"] + 1e-12 and r["q_range"] > r["regret"]
+            assert r["q_range"] == pytest.approx(mod.problem_range(d, tau, r["problem"]))
+    (ts,) = [s for s in summary if s["method"] == "quantile-ts"]
+    finals = [r for r in table if r["method"] == "quantile-ts" and r["n_evals"] == q["budget"]]
+    best = float(np.mean([r["best_regret"] for r in finals]))
+    assert ts["best_regret_mean"] == pytest.approx(best) and ts["best_regret_runs"] == len(q["problems"])
+    bound = 1.25 * best + 0.01 * float(np.mean([r["q_range"] for r in finals]))
+    assert ts["gap_target"] == pytest.approx(bound) and ts["gap_met"] == (ts["regret_mean"] <= bound)
     for s in summary:
         assert s["problems"] == len(q["problems"]) and s["n_evals"] == q["budget"]
         finals = [r["regret"] for r in table if r["method"] == s["method"] and r["n_evals"] == q["budget"]]
