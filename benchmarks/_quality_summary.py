@@ -10,7 +10,8 @@ Reads the recorded tables and writes one row per target with the columns
 - `quality/fit_speed/summary.csv` (`benchmarks/fit_speed.py`): the cold-fit time ratio to BoTorch;
 - `gld_current` (`benchmarks/gld.py` with the current defaults, a screen of the protocol's grid): the settings
   a quantile method leads, and the recommendation gap of each;
-- the GLD, lunar-lander and laser protocols' recorded tables (`gld_full`, `gld_d6`, `lander_head`,
+- the lunar-lander protocol with the current defaults (`lander_current`) once it holds its 10 runs;
+- the GLD, lunar-lander and laser protocols' recorded tables (`gld_full`, `gld_d6`, `lander_head` until then,
   `laser_full`), which were made with the model before the current defaults: their rows say so in `setting`.
 
 Run by `python benchmarks/quality.py --summary` (rewrites benchmarks/results/quality/summary.csv).
@@ -192,13 +193,18 @@ def recorded_rows() -> list[dict]:
                 ahead >= 6,
             )
         )
-    lander = [r for r in _read(RESULTS / "lander_head" / "summary.csv") if r["method"] == "quantile-ts"]
+    # the protocol's 10 runs with the current defaults once recorded, else the recording before them
+    current = [r for r in _read(RESULTS / "lander_current" / "summary.csv") if r["method"] == "quantile-ts"]
+    if current and all(int(r["runs"]) >= 10 for r in current):
+        lander, when = current, "with the current defaults (lander_current)"
+    else:
+        lander = [r for r in _read(RESULTS / "lander_head" / "summary.csv") if r["method"] == "quantile-ts"]
+        when = "recorded before the current model defaults (lander_head)"
     for r in lander:
         rows.append(
             _row(
                 "lunar-lander",
-                f"tau {r['tau']}, {r['n_evals']} evaluations, {r['runs']} runs; recorded "
-                "before the current model defaults (lander_head)",
+                f"tau {r['tau']}, {r['n_evals']} evaluations, {r['runs']} runs; {when}",
                 "quantile-ts",
                 "mean true 10% quantile of the recommendation",
                 round(float(r["q_true_mean"]), 1),
