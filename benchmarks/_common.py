@@ -483,6 +483,11 @@ def run_settings(raw_config: Mapping[str, Any]) -> dict[str, Any]:
     return dict(raw_config)
 
 
+def _repeating(n: int, budget: int, final: int) -> bool:
+    """Whether a loop that has spent `n` of `budget` evaluations is in the last `final`, the repeats."""
+    return 0 < final and budget - n <= final
+
+
 def next_batch_size(n: int, budget: int, batch: int, final: int = 0) -> int:
     """Size of the next batch of a synchronous loop that has spent `n` of `budget` evaluations and keeps the
     last `final` for re-evaluations (`ask_batch`): a search batch stops where they begin; 0 when the budget is
@@ -490,9 +495,7 @@ def next_batch_size(n: int, budget: int, batch: int, final: int = 0) -> int:
     left = budget - n
     if left <= 0:
         return 0
-    if 0 < final and left <= final:
-        return min(batch, left)
-    return min(batch, left - final)
+    return min(batch, left if _repeating(n, budget, final) else left - final)
 
 
 def ask_batch(opt: Any, n: int, budget: int, batch: int, final: int = 0, repeats: int = 1,
@@ -504,7 +507,7 @@ def ask_batch(opt: Any, n: int, budget: int, batch: int, final: int = 0, repeats
     q = next_batch_size(n, budget, batch, final)
     if q == 0:
         return []
-    if 0 < final and budget - n <= final:
+    if _repeating(n, budget, final):
         return opt.ask_repeats(q, repeats, fit=fit)
     return opt.ask(q, fit=fit)
 

@@ -38,6 +38,12 @@ GAP_FACTOR = 1.25
 RANGE_ALLOWANCE = 0.01
 
 
+def gap_bound(best: float, q_range: float) -> float:
+    """The recommendation gap's bound on the mean recommendation regret, for a mean regret `best` of the best
+    points evaluated and a mean range `q_range` of the tau-quantile."""
+    return GAP_FACTOR * best + RANGE_ALLOWANCE * q_range
+
+
 def _q_range(run: dict[str, str]) -> float:
     """The run's recorded range, or (rows recorded before the column) the same computation now."""
     value = run.get("q_range") or ""
@@ -79,7 +85,7 @@ def loop_rows(runs: list[dict[str, str]]) -> list[dict]:
         rec, _, _ = mean_ci([float(r["regret_rec"]) for r in sel])
         best, _, _ = mean_ci([float(r["regret_best_evaluated"]) for r in sel])
         q_range = sum(_q_range(r) for r in sel) / len(sel)
-        bound = GAP_FACTOR * best + RANGE_ALLOWANCE * q_range
+        bound = gap_bound(best, q_range)
         rows.append(
             _row(
                 problem,

@@ -93,6 +93,7 @@ from benchmarks._common import (  # noqa: E402
     run_jobs,
     write_table,
 )
+from benchmarks._quality_summary import gap_bound  # noqa: E402
 
 MODE = ("synchronous batches, in-process AskTellOptimizer (the orchestrator's synchronous protocol without "
         "Ray)")
@@ -120,11 +121,6 @@ def reevaluation(method: str) -> tuple[float, int]:
     """(fraction, repeats) of the budget's end `method` spends re-evaluating its best observed points
     (`_common.reevaluation_of`: a run's default for qbatch's quantile methods, none for the baselines)."""
     return reevaluation_of(METHODS[method])
-
-
-#: the recommendation gap's target: mean recommendation regret <= GAP_FACTOR x the mean regret of the best
-#: point evaluated + RANGE_ALLOWANCE x the mean range of the tau-quantile
-GAP_FACTOR, RANGE_ALLOWANCE = 1.25, 0.01
 
 
 @functools.cache
@@ -551,7 +547,7 @@ def summarize(rows: Sequence[dict]) -> tuple[list[dict], list[dict], list[dict]]
             best = [r["best_regret"] for r in known]
             q_range = sum(r["q_range"] for r in known) / len(known) if known else math.nan
             rec = sum(r["regret"] for r in known) / len(known) if known else math.nan
-            gap_target = GAP_FACTOR * sum(best) / len(best) + RANGE_ALLOWANCE * q_range if known else math.nan
+            gap_target = gap_bound(sum(best) / len(best), q_range) if known else math.nan
             summary.append(
                 {
                     "d": s[0],

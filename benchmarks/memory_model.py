@@ -34,7 +34,14 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._common import code_version, format_table, limited_threads, write_table  # noqa: E402
-from benchmarks.scale import TAU, limit_memory, make_data, peak_rss_mib, run_config  # noqa: E402
+from benchmarks.scale import (  # noqa: E402
+    TAU,
+    add_run_options,
+    limit_memory,
+    make_data,
+    peak_rss_mib,
+    run_config,
+)
 
 FULL = {"ns": [2000, 5000, 50000], "d": 16, "q": 100}
 QUICK = {"ns": [100, 300], "d": 3, "q": 8}
@@ -159,15 +166,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--ns", nargs="+", type=int, default=FULL["ns"])
     ap.add_argument("--d", type=int, default=FULL["d"])
     ap.add_argument("--q", type=int, default=FULL["q"])
-    ap.add_argument("--limit-s", type=float, default=1200.0, help="wall-clock limit of one n")
-    ap.add_argument("--max-memory-gb", type=float, default=16.0,
-                    help="address-space cap of each n's subprocess (RLIMIT_AS; 0: none)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--resume", action="store_true", help="keep the n whose result file exists")
-    ap.add_argument("--out", default=str(REPO / "results" / "memory_model"))
-    ap.add_argument("--report", action="store_true",
-                    help="run nothing: rebuild the tables from the result files")
-    ap.add_argument("--child", help=argparse.SUPPRESS)
+    add_run_options(ap, "n", 1200.0, "memory_model")
     args = ap.parse_args(argv)
     if args.child:
         child(json.loads(args.child))

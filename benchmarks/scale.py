@@ -377,6 +377,21 @@ def report(rows: Sequence[dict[str, Any]], ns: Sequence[int], out: Path) -> dict
     return {"rows": list(rows), "summary": summary, "exponents": exps}
 
 
+def add_run_options(ap: argparse.ArgumentParser, unit: str, limit_s: float, out: str) -> None:
+    """The options of a benchmark that runs each `unit` in its own subprocess (`run_config`): its time limit
+    and memory cap, the seed, `--resume`, `--out` (default results/`out`), `--report` and the child's
+    `--child` (this benchmark and benchmarks/memory_model.py)."""
+    ap.add_argument("--limit-s", type=float, default=limit_s, help=f"wall-clock limit of one {unit}")
+    ap.add_argument("--max-memory-gb", type=float, default=16.0,
+                    help=f"address-space cap of each {unit}'s subprocess (RLIMIT_AS; 0: none)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--resume", action="store_true", help=f"keep the {unit}s whose result file exists")
+    ap.add_argument("--out", default=str(REPO / "results" / out))
+    ap.add_argument("--report", action="store_true",
+                    help="run nothing: rebuild the tables from the result files")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true",
@@ -389,15 +404,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--maxiter", type=int, default=200, help="L-BFGS-B iterations (qbatch's default)")
     ap.add_argument("--botorch-max-n", type=int, default=1000,
                     help="largest n BoTorch's side is run at; above it one ELBO step is timed instead")
-    ap.add_argument("--limit-s", type=float, default=900.0, help="wall-clock limit of one configuration")
-    ap.add_argument("--max-memory-gb", type=float, default=16.0,
-                    help="address-space cap of each configuration's subprocess (RLIMIT_AS; 0: none)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--resume", action="store_true", help="keep configurations whose result file exists")
-    ap.add_argument("--out", default=str(REPO / "results" / "scale"))
-    ap.add_argument("--report", action="store_true",
-                    help="run nothing: rebuild the tables from the result files")
-    ap.add_argument("--child", help=argparse.SUPPRESS)
+    add_run_options(ap, "configuration", 900.0, "scale")
     args = ap.parse_args(argv)
     if args.child:
         child(json.loads(args.child))
