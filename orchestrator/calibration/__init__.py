@@ -27,23 +27,10 @@ from orchestrator.calibration.spread import SPREAD_KEYS, SPREAD_MAX, SPREAD_MIN,
 from orchestrator.errors import ConfigError
 
 __all__ = [
-    "CALIBRATORS",
-    "CalibratedForecast",
-    "Calibrator",
-    "IdentityCalibrator",
-    "OnlineIntervalCalibrator",
-    "OnlineQuantileRecalibrator",
-    "SPREAD_MAX",
-    "SPREAD_MIN",
-    "SpreadTracker",
-    "attach",
-    "build_calibrator",
-    "calibration_score",
-    "calibration_summary",
-    "interval_coverage",
-    "pit_histogram",
-    "pit_values",
-    "running_coverage",
+    "CALIBRATORS", "CalibratedForecast", "Calibrator", "IdentityCalibrator", "OnlineIntervalCalibrator",
+    "OnlineQuantileRecalibrator", "SPREAD_MAX", "SPREAD_MIN", "SpreadTracker", "attach", "build_calibrator",
+    "calibration_score", "calibration_summary", "interval_coverage", "pit_histogram", "pit_values",
+    "running_coverage"
 ]
 
 #: config name -> ("module:class", default spread mode)

@@ -15,21 +15,10 @@ from orchestrator.errors import ConfigError
 from orchestrator.models.base import FAMILIES, TKWARGS, SparseLatentParts, Surrogate, check_training_data
 
 __all__ = [
-    "FAMILIES",
-    "MODELS",
-    "TKWARGS",
-    "AsymmetricGaussianLikelihood",
-    "AsymmetricLaplaceLikelihood",
-    "ExactGP",
-    "ExpectileSVGP",
-    "HeteroscedasticGaussianLikelihood",
-    "HeteroscedasticSVGP",
-    "KMeansInducingPointSelector",
-    "QuantileSVGP",
-    "SparseLatentParts",
-    "Surrogate",
-    "build_model",
-    "check_training_data",
+    "FAMILIES", "MODELS", "TKWARGS", "AsymmetricGaussianLikelihood", "AsymmetricLaplaceLikelihood", "ExactGP",
+    "ExpectileSVGP", "HeteroscedasticGaussianLikelihood", "HeteroscedasticSVGP",
+    "KMeansInducingPointSelector", "QuantileSVGP", "SparseLatentParts", "Surrogate", "build_model",
+    "check_training_data"
 ]
 
 #: config name -> (module, class)
