@@ -13,6 +13,12 @@ README "GPU". Two parts, both measured in the same process on one machine, so on
    Reported: evaluations per minute over the evaluations' span (first start to last end, from the run's
    Parquet log), the share of evaluations that trained on a GPU (the objective's `used_gpu` metric), failures.
 
+3. model: the default quantile SVGP and Thompson batches at n = 10^4 and 10^5 (d = 16, q = 1,000), cold fit,
+   ask(q) and warm refit on `cuda`, beside BoTorch's SVGP with pathwise Thompson sampling on the same device
+   (the CPU's figures are `benchmarks/scale.py`'s): that benchmark's configurations (`--device cuda`), each in
+   its own subprocess under `--model-limit-s`. Written to model.csv, one row per library and n (with
+   `--quick`, on the CPU at the smoke run's sizes).
+
 Without a CUDA device the GPU rows are skipped (said in the output); `--quick` (CI smoke) runs the CPU rows
 with tiny sizes. Usage, inside scripts/loopback:
     python benchmarks/gpu.py --quick --out /tmp/gpu
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import pickle
 import statistics
 import sys
@@ -134,6 +141,36 @@ def timed_run(mode: str, root: Path, args: argparse.Namespace, num_cpus: int) ->
     }
 
 
+#: the columns of model.csv
+MODEL_COLUMNS = ("library", "device", "n", "m", "status", "cold_fit_s", "ask_s", "warm_refit_s", "peak_mib")
+
+
+def time_model(ns: list[int], device: str, runs: Path, quick: bool, limit_s: float) -> list[dict[str, Any]]:
+    """Cold fit, ask(q) and warm refit of qbatch's quantile SVGP + Thompson sampling and of BoTorch's SVGP +
+    pathwise Thompson sampling on `device` at each n (`benchmarks/scale.py`'s configurations, one subprocess
+    each; in-process at the smoke run's sizes with `quick`). The CPU's figures are `benchmarks/scale.py`'s."""
+    from benchmarks import scale
+
+    sizes = scale.QUICK if quick else scale.FULL
+    raw, restarts = scale.search_sizes(sizes["d"], sizes["q"], sizes.get("raw_samples"))
+    runs.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for n in (scale.QUICK["ns"][:1] if quick else ns):
+        for lib in scale.LIBRARIES:
+            spec = {"library": lib, "n": n, "d": sizes["d"], "q": sizes["q"], "raw": raw,
+                    "restarts": restarts, "maxiter": sizes.get("maxiter", 200), "seed": 0, "device": device,
+                    "path": str(runs / f"{lib}_{device}_n{n}.json"), "probe": False, "max_memory_gb": 0,
+                    "botorch_fit_maxiter": scale.QUICK["botorch_fit_maxiter"] if quick else None}
+            if quick:
+                scale.child(spec)
+                row = json.loads(Path(spec["path"]).read_text())
+            else:
+                row = scale.run_config(spec, limit_s, script=Path(scale.__file__))
+            rows.append({k: row.get(k, float("nan")) for k in MODEL_COLUMNS})
+            print(f"model: {lib} on {device}, n={n}: {row.get('status')}", flush=True)
+    return rows
+
+
 def summarize(objective_rows: list[dict[str, Any]], run_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Median seconds per evaluation by data set and device, evaluations per minute by run mode; CPU/GPU
     ratios."""
@@ -196,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-initial", type=int, default=8)
     p.add_argument("--run-batch", type=int, default=8)
     p.add_argument("--no-run", action="store_true", help="skip the qbatch runs (part 2)")
+    p.add_argument("--model-ns", nargs="+", type=int, default=[10_000, 100_000],
+                   help="n of the model's timings (part 3); none: skip them")
+    p.add_argument("--model-limit-s", type=float, default=900.0, help="wall-clock limit of one model timing")
     args = p.parse_args(argv)
     if args.quick:
         args.repeats, args.epochs, args.cifar_train, args.cifar_epochs = 1, 1, 200, 1
@@ -226,10 +266,19 @@ def main(argv: list[str] | None = None) -> int:
             for mode in (["gpu", "cpu"] if cuda else ["cpu"]):
                 run_rows.append(timed_run(mode, Path(tmp), args, num_cpus))
                 print(f"ran qbatch, evaluations on {mode}", flush=True)
+    model_rows = []
+    if args.model_ns and (cuda or args.quick):
+        model_rows = time_model(args.model_ns, "cuda" if cuda else "cpu", out / "model-runs", args.quick,
+                                args.model_limit_s)
+    if args.model_ns and not model_rows:
+        print("model timings skipped: no CUDA device (benchmarks/scale.py times the CPU)", flush=True)
     summary = summarize(objective_rows, run_rows)
     write_table(objective_rows, out / "objective")
     if run_rows:
         write_table(run_rows, out / "run")
+    if model_rows:
+        write_table(model_rows, out / "model")
+        print(format_table(model_rows))
     write_table(summary, out / "summary")
     plot(objective_rows, out / "gpu.png")
     print(format_table(objective_rows))

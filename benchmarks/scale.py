@@ -26,6 +26,7 @@ memory at n = 10^5 is at most 4 GB, its times at most 0.5x BoTorch's at every n 
 Usage:
     python benchmarks/scale.py --quick      # CI smoke run, in-process, BoTorch's fit at most 30 iterations
     python benchmarks/scale.py --resume --out benchmarks/results/scale
+    python benchmarks/scale.py --device cuda --ns 10000 100000 --out benchmarks/results/gpu/scale   # a GPU
 Results in --out: runs/<library>_n<n>.json (one per configuration; `--resume` keeps finished ones),
 scale.csv (every configuration), summary.csv (ratios and targets per n) and growth.csv (qbatch's exponents).
 """
@@ -105,6 +106,9 @@ def qbatch_stages(X, Y, n: int, q: int, raw: int, restarts: int, maxiter: int, s
                   fit_maxiter: int | None = None):
     from orchestrator.acquisition.thompson import ThompsonSampling
     from orchestrator.models import build_model
+    from orchestrator.models.base import use_device
+
+    use_device(X.device)  # the model computes where the data are (`--device`)
 
     model = build_model("quantile", tau=TAU, seed=seed)
     ts = ThompsonSampling(raw_samples=raw, num_restarts=restarts, maxiter=maxiter)
@@ -168,7 +172,7 @@ def botorch_stages(X, Y, n: int, q: int, raw: int, restarts: int, maxiter: int, 
     def cold() -> None:
         kernel = ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=X.shape[-1]))
         model = SingleTaskVariationalGP(X[:n], standardized(n), inducing_points=m, covar_module=kernel)
-        model = model.to(torch.float64)
+        model = model.to(dtype=torch.float64, device=X.device)
         fit_gpytorch_mll(VariationalELBO(model.likelihood, model.model, num_data=n), **fit_kwargs)
         state["model"] = model
 
@@ -231,7 +235,13 @@ def run_stage(row: dict[str, Any], path: Path, name: str, stage: Callable[[], No
     path.write_text(json.dumps(row))
     t0, c0 = time.perf_counter(), time.process_time()
     stage()
-    row[f"{name}_s"] = time.process_time() - c0
+    if row.get("device", "cpu") != "cpu":  # a GPU's time is not this process's CPU time: wall seconds
+        import torch
+
+        torch.cuda.synchronize()
+        row[f"{name}_s"] = time.perf_counter() - t0
+    else:
+        row[f"{name}_s"] = time.process_time() - c0
     row[f"{name}_wall_s"] = time.perf_counter() - t0
     row[f"{name}_peak_mib"] = peak_rss_mib()
     row.update(info)
@@ -241,12 +251,13 @@ def child(spec: dict[str, Any]) -> None:
     """Run one configuration, writing its result file after every stage (a stopped run keeps what it did)."""
     limit_memory(spec.get("max_memory_gb"))
     path = Path(spec["path"])
-    row = {k: spec[k] for k in ("library", "n", "d", "q")}
+    row = {k: spec[k] for k in ("library", "n", "d", "q")} | {"device": spec.get("device", "cpu")}
     row.update({"raw_samples": spec["raw"], "restarts": spec["restarts"], "maxiter": spec["maxiter"],
                 "new_points": NEW_POINTS, "code": code_version()})
     with limited_threads(1), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         X, Y = make_data(spec["n"] + NEW_POINTS, spec["d"], spec["seed"])
+        X, Y = X.to(row["device"]), Y.to(row["device"])
         if spec.get("probe"):
             row["baseline_mib"] = peak_rss_mib()
             found: dict[str, Any] = {}
@@ -402,6 +413,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--q", type=int, default=FULL["q"])
     ap.add_argument("--raw-samples", type=int, default=None, help="candidates (default: qbatch's rule)")
     ap.add_argument("--maxiter", type=int, default=200, help="L-BFGS-B iterations (qbatch's default)")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                    help="where both libraries compute (cuda: stage times are wall seconds, synchronized)")
     ap.add_argument("--botorch-max-n", type=int, default=1000,
                     help="largest n BoTorch's side is run at; above it one ELBO step is timed instead")
     add_run_options(ap, "configuration", 900.0, "scale")
@@ -431,7 +444,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 print(f"[scale] {lib} n={n}: kept {path.name} ({rows[-1]['status']})", flush=True)
                 continue
             spec = {"library": lib, "n": n, "d": args.d, "q": args.q, "raw": raw, "restarts": restarts,
-                    "maxiter": args.maxiter, "seed": args.seed, "path": str(path),
+                    "maxiter": args.maxiter, "seed": args.seed, "path": str(path), "device": args.device,
                     "probe": lib == "botorch" and n > args.botorch_max_n, "max_memory_gb": args.max_memory_gb,
                     "botorch_fit_maxiter": QUICK["botorch_fit_maxiter"] if args.quick else None}
             if args.quick:  # in this process: the smoke run skips the interpreter start-ups (and the RSS cap)

@@ -178,11 +178,12 @@ class _BoTorchProposer(Proposer):
         self.maxiter = _check_int(self._name, "maxiter", maxiter, 1)
 
     def _optimize(
-        self, acqf: Any, d: int, q: int, generator: torch.Generator, sequential: bool = False
+        self, acqf: Any, d: int, q: int, generator: torch.Generator, sequential: bool = False,
+        device: torch.device | None = None,
     ) -> Tensor:
         from botorch.optim import optimize_acqf
 
-        tk = {"dtype": torch.float64}
+        tk = {"dtype": torch.float64, "device": device}  # the model's device, where the proposer's inputs are
         bounds = torch.stack([torch.zeros(d, **tk), torch.ones(d, **tk)])
         # optimize_acqf draws its raw samples from torch's global generator: seed it from ours, then restore
         state = torch.random.get_rng_state()
@@ -245,7 +246,8 @@ class LogNEIProposer(_BoTorchProposer):
             )
         finally:
             torch.random.set_rng_state(state)
-        X = self._optimize(acqf, d, q, generator, sequential=self.sequential and q > 1)
+        X = self._optimize(acqf, d, q, generator, sequential=self.sequential and q > 1,
+                           device=X_pending.device)
         return _replace_taken(X, torch.cat([X_pending, X_observed]), generator)
 
     def get_state(self) -> dict[str, Any]:
@@ -309,7 +311,7 @@ class ReplicatedEIProposer(_BoTorchProposer):
             )
         else:
             acqf = LogExpectedImprovement(SurrogateModel(model), best_f=eta)
-        x = self._optimize(acqf, d, 1, generator)
+        x = self._optimize(acqf, d, 1, generator, device=X_pending.device)
         return x.reshape(1, d).expand(q, d).clone()
 
     def get_state(self) -> dict[str, Any]:

@@ -245,7 +245,7 @@ class _ConformalAcquisition(AcquisitionFunction):
         """Importance weights `b x (n+1)` (exchangeable or density-ratio) and the OOD factor `b`."""
         n = self.parts.X.shape[0]
         if self.ratio is None:
-            w = torch.full((x.shape[0], n + 1), 1.0 / (n + 1), dtype=x.dtype)
+            w = torch.full((x.shape[0], n + 1), 1.0 / (n + 1), dtype=x.dtype, device=x.device)
         else:
             r_train = self.ratio(self.parts.X).detach().expand(x.shape[0], n)
             w = torch.cat([r_train, self.ratio(x).unsqueeze(-1)], -1)
@@ -287,7 +287,7 @@ def _conditional_var(parts: Any, Xc: Tensor) -> tuple[Tensor, Tensor]:
     Xa = torch.cat([parts.X.expand(b, n, d), Xc], -2)
     K = parts.kernel(Xa, Xa)
     obs = n + m1 - 1
-    Ko = K[..., :obs, :obs] + parts.noise_var * torch.eye(obs, dtype=K.dtype)
+    Ko = K[..., :obs, :obs] + parts.noise_var * torch.eye(obs, dtype=K.dtype, device=K.device)
     k = K[..., :obs, -1:]
     sol = torch.linalg.solve(Ko, k)
     var = K[..., -1, -1] - (k * sol).sum((-1, -2))
@@ -459,7 +459,7 @@ class AcquisitionProposer(Proposer):
             # (p_query ∝ exp(a), §1.1), a stand-in for the code's SGLD iterates
             d = parts.X.shape[-1]
             seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator)) if generator is not None else 0
-            sob = torch.quasirandom.SobolEngine(d, scramble=True, seed=seed).draw(512).to(torch.float64)
+            sob = torch.quasirandom.SobolEngine(d, scramble=True, seed=seed).draw(512).to(parts.X)
             plain = (
                 CalibratedExpectedImprovement(model, best)
                 if self.acquisition == "ei"
@@ -469,7 +469,7 @@ class AcquisitionProposer(Proposer):
                 a = plain(sob.unsqueeze(-2))
             temp = a.std().clamp_min(1e-12)
             probs = torch.softmax((a - a.max()) / temp, 0)
-            idx = torch.multinomial(probs, 256, replacement=True, generator=generator)
+            idx = torch.multinomial(probs.cpu(), 256, replacement=True, generator=generator).to(probs.device)
             ratio = DensityRatioEstimator(d, seed=seed)
             ratio.fit(parts.X, sob[idx], steps=cal.ratio_steps)
             ratio.requires_grad_(False)
@@ -482,9 +482,10 @@ class AcquisitionProposer(Proposer):
         self, model: Any, q: int, X_pending: Tensor, X_observed: Tensor, generator: torch.Generator
     ) -> Tensor:
         d = X_observed.shape[-1] if X_observed.numel() else X_pending.shape[-1]
-        bounds = torch.stack([torch.zeros(d, dtype=torch.float64), torch.ones(d, dtype=torch.float64)])
+        tk = {"dtype": torch.float64, "device": X_pending.device}  # the model's device (`Proposer.propose`)
+        bounds = torch.stack([torch.zeros(d, **tk), torch.ones(d, **tk)])
         acq = self.build(model, X_observed, generator)
-        chosen = torch.empty(0, d, dtype=torch.float64)
+        chosen = torch.empty(0, d, **tk)
         for _ in range(q):
             pend = torch.cat([X_pending, chosen])
             acq.set_X_pending(pend if pend.shape[0] else None)
@@ -498,7 +499,7 @@ class AcquisitionProposer(Proposer):
             x = cand.detach().reshape(1, d).clamp(0.0, 1.0)
             taken = torch.cat([pend, X_observed])
             if float(min_distance(x, taken)[0]) < DUPLICATE_TOL:
-                x = self._fallback(acq, taken, d, seed)
+                x = self._fallback(acq, taken, d, seed).to(**tk)
             chosen = torch.cat([chosen, x])
         acq.set_X_pending(None)
         return chosen
@@ -508,7 +509,7 @@ class AcquisitionProposer(Proposer):
         sob = (
             torch.quasirandom.SobolEngine(d, scramble=True, seed=seed)
             .draw(max(self.raw_samples, 64))
-            .to(torch.float64)
+            .to(taken)
         )
         with torch.no_grad():
             vals = acq(sob.unsqueeze(-2))

@@ -24,6 +24,7 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
 from orchestrator.checks import check_int
+from orchestrator.device import rand, randn
 from orchestrator.errors import InputDataError, UnsupportedError, describe_nonfinite
 from orchestrator.models.base import SparseLatentParts
 
@@ -95,18 +96,18 @@ class MaternFourierFeatures:
         d = lengthscale.shape[-1]
         batch_shape = torch.Size(batch_shape)
         dof = int(round(2 * nu))
-        z = torch.randn(*batch_shape, d, num_features, generator=generator, **tk)
+        z = randn(*batch_shape, d, num_features, generator=generator, **tk)
         # chi-square with an integer number of degrees of freedom: a sum of squared normals (keeps
         # `generator`)
         c = (
-            torch.randn(*batch_shape, dof, num_features, generator=generator, **tk)
+            randn(*batch_shape, dof, num_features, generator=generator, **tk)
             .square()
             .sum(-2, keepdim=True)
         )
         #: `*batch x d x L` frequencies (stored transposed, ready for `X @ omega`)
         self.omega = z * torch.sqrt(2 * nu / c) / lengthscale.detach().reshape(d, 1)
         #: `*batch x L` phases
-        self.beta = 2 * math.pi * torch.rand(*batch_shape, num_features, generator=generator, **tk)
+        self.beta = 2 * math.pi * rand(*batch_shape, num_features, generator=generator, **tk)
         self.amplitude = torch.sqrt(2 * outputscale.detach() / num_features)
         self.num_features = num_features
         self.batch_shape = batch_shape
@@ -166,10 +167,10 @@ class MatheronPaths:
                 generator=generator,
             )
             #: `q x L` prior weights
-            self.w = torch.randn(num_paths, num_features, generator=generator, dtype=Z.dtype, device=Z.device)
+            self.w = randn(num_paths, num_features, generator=generator, dtype=Z.dtype, device=Z.device)
             u_mean = parts.u_mean.detach()
             chol_s = psd_safe_cholesky(parts.u_covar.detach())
-            eps = torch.randn(num_paths, m, generator=generator, dtype=Z.dtype, device=Z.device)
+            eps = randn(num_paths, m, generator=generator, dtype=Z.dtype, device=Z.device)
             u = u_mean + eps @ chol_s.mT  # `q x m`
             phi_z = self.features(Z)  # `m x L` or `q x m x L`
             if shared_features:
@@ -181,7 +182,7 @@ class MatheronPaths:
             # jitter k_xZ K~^-2 k_Zx (18-24% of the variance for an exact GP on nearly noiseless data)
             jitter = float(parts.jitter)
             if jitter > 0:
-                prior_z = prior_z + math.sqrt(jitter) * torch.randn(
+                prior_z = prior_z + math.sqrt(jitter) * randn(
                     num_paths, m, generator=generator, dtype=Z.dtype, device=Z.device)
             #: `q x m` update weights v = K_ZZ^-1 (u - Φ_Z w)
             self.v = torch.cholesky_solve((u - prior_z).mT, self._chol_zz).mT.contiguous()

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from orchestrator.errors import InputDataError, ModelFitError, ModelWarning, QbatchError
-from orchestrator.models.base import fit_stop
+from orchestrator.models.base import fit_stop, use_device
 from orchestrator.protocols import SurrogateProtocol, VariationalSurrogate
 from orchestrator.recommend import recommendation_scores
 from orchestrator.threads import bounded_threads
@@ -127,6 +127,7 @@ class ModelFitting:
         """
         # the optimizer's `threads` (orchestrator/threads.py)
         with fit_stop(stop), bounded_threads(self.threads):
+            use_device(self.torch_device)
             return self._fit(restart)
 
     def _fit(self, restart: bool) -> dict[str, Any]:
@@ -260,6 +261,7 @@ class ModelFitting:
         model."""
         if self._model is None:
             return [None] * X.shape[0]
+        use_device(self.torch_device)
         with torch.no_grad():
             return self._model.forecast(X.to(**self._tk)).to_records()
 

@@ -42,7 +42,9 @@ from orchestrator.ask_tell.trials import (
     plain_int,
     trial_seed,
 )
+from orchestrator.device import DEFAULT_DEVICE, check_device, resolve_device
 from orchestrator.errors import ConfigError
+from orchestrator.models.base import use_device
 from orchestrator.protocols import CalibratorProtocol, ProposerProtocol, SurrogateProtocol
 from orchestrator.recommend import DEFAULT_RULE, check_rule
 from orchestrator.space import SearchSpace
@@ -95,6 +97,7 @@ class AskTellOptimizer(
         calibrator_options: Mapping[str, Any] | None = None,
         recommendation: str = DEFAULT_RULE,
         threads: str | int = "auto",
+        device: str = DEFAULT_DEVICE,
     ) -> None:
         self.space = space if isinstance(space, SearchSpace) else SearchSpace.from_description(space)
         if direction not in ("maximize", "minimize"):
@@ -111,6 +114,9 @@ class AskTellOptimizer(
             raise ConfigError(f"`seed` must be an integer in [0, 2**63); got {seed!r}")
         self.recommendation = check_rule(recommendation)
         self.threads = check_threads("`threads`", threads)
+        self.device = check_device(device)
+        #: the resolved torch device of `device` (a ConfigError now when it names a CUDA device not seen here)
+        self.torch_device = resolve_device(device)
         self.direction = direction
         self.sign = 1.0 if direction == "maximize" else -1.0
         self.tau = float(tau)
@@ -164,6 +170,8 @@ class AskTellOptimizer(
         self.__dict__.setdefault("_warned_prior_mode", False)  # a pickle from before these attributes
         self.__dict__.setdefault("_warned_slow_fit", False)
         self.__dict__.setdefault("threads", "auto")
+        self.__dict__.setdefault("device", DEFAULT_DEVICE)
+        self.__dict__.setdefault("torch_device", torch.device("cpu"))
         self._lock, self._ask_lock, self._calib_lock = threading.RLock(), threading.Lock(), threading.Lock()
 
     @classmethod
@@ -185,6 +193,7 @@ class AskTellOptimizer(
             calibrator_options=dict(cfg.calibrator.options),
             recommendation=cfg.recommendation,
             threads=cfg.threads,
+            device=cfg.device,
         )
         opt.defer_calibration = True  # (the default; the actor depends on it)
         return opt
@@ -221,6 +230,7 @@ class AskTellOptimizer(
             with self._lock:
                 return self._ask(q, fit=False, sobol=True)
         with self._ask_lock, bounded_threads(self.threads):
+            use_device(self.torch_device)
             return self._ask(q, fit)
 
     def _ask(self, q: int, fit: bool, sobol: bool = False) -> list[Trial]:

@@ -17,6 +17,7 @@ import torch
 
 from orchestrator.ask_tell.dedup import cell_keys
 from orchestrator.ask_tell.trials import Trial, TrialError, check_batch_size
+from orchestrator.models.base import use_device
 from orchestrator.recommend import recommendation_scores
 from orchestrator.threads import bounded_threads
 
@@ -50,6 +51,7 @@ class Repeats:
         """
         q, repeats = check_batch_size(q), check_batch_size(repeats, "repeats")
         with self._ask_lock, bounded_threads(self.threads):
+            use_device(self.torch_device)
             if fit and self.can_fit() and (self._model is None or self.num_stale > 0):
                 self.fit(restart=self.refit_restarts)
             model = self._model

@@ -158,15 +158,14 @@ class ExactGPParts:
         Kn = K + self.noise_var * torch.eye(n + 1, dtype=K.dtype, device=K.device)
         L = torch.linalg.cholesky(Kn)
         A = torch.cholesky_inverse(L)
-        yc = torch.cat(
-            [(self.y - self.mean).expand(x.shape[0], n), torch.zeros(x.shape[0], 1, dtype=K.dtype)], -1
-        )
+        pad = torch.zeros(x.shape[0], 1, dtype=K.dtype, device=K.device)
+        yc = torch.cat([(self.y - self.mean).expand(x.shape[0], n), pad], -1)
         base = self.noise_var * (A @ yc.unsqueeze(-1)).squeeze(-1)
         slope = self.noise_var * A[..., :, n]
         S_diag = (K * A).sum(-1)  # diag(K A) (A symmetric)
         v = self.noise_var * (1 + S_diag)
         # predictive of f(x) given D only
-        Kd = K[..., :n, :n] + self.noise_var * torch.eye(n, dtype=K.dtype)
+        Kd = K[..., :n, :n] + self.noise_var * torch.eye(n, dtype=K.dtype, device=K.device)
         Ld = torch.linalg.cholesky(Kd)
         kx = K[..., :n, n].unsqueeze(-1)
         sol = torch.cholesky_solve(kx, Ld)
@@ -182,7 +181,7 @@ def candidate_labels(mu: Tensor, var_y: Tensor, k: int) -> tuple[Tensor, Tensor]
 
     Returns: (`b x k` labels, `b x k` log p(y^_j | x, D)).
     """
-    p = (torch.arange(k, dtype=mu.dtype) + 0.5) / k
+    p = (torch.arange(k, dtype=mu.dtype, device=mu.device) + 0.5) / k
     z = torch.special.ndtri(p)
     sd = var_y.clamp_min(1e-18).sqrt().unsqueeze(-1)
     yh = mu.unsqueeze(-1) + sd * z
@@ -224,11 +223,12 @@ def conformal_interval(
     `b`)."""
     _, _, _, (mu, var_f) = parts.augmented(x)
     sd = (var_f + parts.noise_var).sqrt()
-    grid = mu.unsqueeze(-1) + sd.unsqueeze(-1) * torch.linspace(-6, 6, k, dtype=mu.dtype)
+    grid = mu.unsqueeze(-1) + sd.unsqueeze(-1) * torch.linspace(-6, 6, k, dtype=mu.dtype, device=mu.device)
     w = (
         weights
         if weights is not None
-        else torch.full((x.shape[0], parts.X.shape[0] + 1), 1.0 / (parts.X.shape[0] + 1), dtype=mu.dtype)
+        else torch.full((x.shape[0], parts.X.shape[0] + 1), 1.0 / (parts.X.shape[0] + 1), dtype=mu.dtype,
+                        device=mu.device)
     )
     m = conformal_masks(parts, x, grid, w, alpha, None) > 0.5
     lo = torch.where(m, grid, torch.full_like(grid, math.inf)).amin(-1)
@@ -290,8 +290,9 @@ class DensityRatioEstimator(torch.nn.Module):
         Deterministic given the initialization (no sampling).
         """
         X = torch.cat([X_train, X_query]).to(torch.float64)
-        t = torch.cat([torch.zeros(X_train.shape[0]), torch.ones(X_query.shape[0])]).to(torch.float64)
-        pos_weight = torch.tensor(X_train.shape[0] / max(X_query.shape[0], 1), dtype=torch.float64)
+        self.to(X.device)  # the classifier trains where its data are
+        t = torch.cat([torch.zeros(X_train.shape[0]), torch.ones(X_query.shape[0])]).to(X)
+        pos_weight = torch.tensor(X_train.shape[0] / max(X_query.shape[0], 1), dtype=X.dtype, device=X.device)
         opt = torch.optim.Adam(self.parameters(), lr=lr, weight_decay=weight_decay)
         loss = torch.tensor(0.0)
         for _ in range(steps):

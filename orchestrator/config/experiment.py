@@ -17,6 +17,7 @@ from typing import Any
 
 from orchestrator.checks import show
 from orchestrator.config.values import _check_param_spec, _expand_home, _one_line, check_run_dir
+from orchestrator.device import DEFAULT_DEVICE
 from orchestrator.errors import ConfigError, SpaceError
 from orchestrator.recommend import DEFAULT_RULE
 
@@ -81,6 +82,8 @@ class ExperimentConfig:
     recommendation: str = DEFAULT_RULE
     #: torch's intra-op threads of the model's fits and proposals (orchestrator/threads.py)
     threads: str | int = "auto"
+    #: the device of the model's fits and proposals: "cpu", "cuda", "cuda:N", "auto" (orchestrator/device.py)
+    device: str = DEFAULT_DEVICE
     #: the budget's end spent on re-evaluations of the best observed points (orchestrator/ask_tell/repeats.py)
     reevaluation: ReevaluationConfig = ReevaluationConfig()
 
@@ -110,10 +113,11 @@ class ExperimentConfig:
                 "seed": self.seed,
                 "run_dir": self.run_dir,
             }
-            # the default rule and threads are left out, so a saved config.yaml keeps ARCHITECTURE.md's key
-            # set
+            # the default rule, threads and device are left out, so a saved config.yaml keeps
+            # ARCHITECTURE.md's key set
             | ({} if self.recommendation == DEFAULT_RULE else {"recommendation": self.recommendation})
             | ({} if self.threads == "auto" else {"threads": self.threads})
+            | ({} if self.device == DEFAULT_DEVICE else {"device": self.device})
             | ({} if self.reevaluation == ReevaluationConfig() else {"reevaluation": {
                 "fraction": self.reevaluation.fraction, "repeats": self.reevaluation.repeats}})
         )

@@ -181,6 +181,7 @@ def _load_mapping(raw: Any, source: str | None) -> ExperimentConfig:
         run_dir=v["run_dir"],
         recommendation=v["recommendation"],
         threads=v["threads"],
+        device=v["device"],
         reevaluation=ReevaluationConfig(**v["reevaluation"]),
     )
 

@@ -15,6 +15,7 @@ from orchestrator.config.values import (
     _bool,
     _choice,
     _component,
+    _device,
     _float,
     _int,
     _name,
@@ -25,6 +26,7 @@ from orchestrator.config.values import (
     _threads,
     check_run_dir,
 )
+from orchestrator.device import DEFAULT_DEVICE
 from orchestrator.recommend import DEFAULT_RULE, RULES
 from workers.records import MAX_TIMEOUT_S
 
@@ -80,6 +82,7 @@ _TABLE: dict[str, Any] = {
     "seed": _Key(_int(0, MAX_SEED), 0),
     "recommendation": _Key(_choice(tuple(RULES)), DEFAULT_RULE),
     "threads": _Key(_threads, "auto"),
+    "device": _Key(_device, DEFAULT_DEVICE),
     "reevaluation": {
         "fraction": _Key(_float(0.0, 1.0, False, True), 0.1),
         "repeats": _Key(_int(1, 100), 1),

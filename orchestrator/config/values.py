@@ -25,6 +25,7 @@ from orchestrator.checks import (
     show,
     suggest,
 )
+from orchestrator.device import check_device
 from orchestrator.errors import ConfigError, SpaceError
 from orchestrator.threads import check_threads
 
@@ -100,6 +101,11 @@ def _component(static: tuple[str, ...], module: str, attr: str) -> Check:
 
 def _bool(key: str, v: Any) -> bool:
     return check_bool(f"`{key}`", v)
+
+
+def _device(key: str, v: Any) -> str:
+    """The model stack's device: "cpu", "cuda", "cuda:N" or "auto" (orchestrator/device.py)."""
+    return check_device(v, f"`{key}`")
 
 
 def _threads(key: str, v: Any) -> str | int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,10 +24,64 @@ if TYPE_CHECKING:
     from orchestrator.models.predictive import Forecast
 
 __all__ = ["FAMILIES", "SparseLatentParts", "Surrogate", "check_training_data", "TKWARGS", "fit_stop",
-           "check_fit_stop"]
+           "check_fit_stop", "model_device", "on_cpu", "use_device"]
 
-#: default dtype/device for GP algebra (STYLE.md §4.7: float64 through one `tkwargs`)
-TKWARGS: dict[str, Any] = {"dtype": torch.float64, "device": torch.device("cpu")}
+class _TensorKwargs(MutableMapping):
+    """`{"dtype": float64, "device": ...}`, spread as `**TKWARGS`: the device is the process's model device
+    (`orchestrator.device.use_device`) unless the calling thread holds `on_cpu`."""
+
+    _local = threading.local()
+
+    def __init__(self, **items: Any) -> None:
+        self._items = dict(items)
+
+    def __getitem__(self, key: str) -> Any:
+        if key == "device" and getattr(self._local, "cpu", 0):
+            return _CPU
+        return self._items[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._items[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        raise TypeError("TKWARGS keeps its dtype and device")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
+
+_CPU = torch.device("cpu")
+#: dtype and device of the GP algebra (STYLE.md §4.7: float64 through one `tkwargs`)
+TKWARGS: MutableMapping[str, Any] = _TensorKwargs(dtype=torch.float64, device=_CPU)
+
+
+def use_device(device: torch.device) -> None:
+    """Make `device` the model stack's device in this process (`orchestrator.device.resolve_device` names
+    it)."""
+    TKWARGS["device"] = device
+
+
+def model_device() -> torch.device:
+    """The model stack's device in this process."""
+    return TKWARGS["device"]
+
+
+@contextlib.contextmanager
+def on_cpu() -> Iterator[None]:
+    """While the block runs, `TKWARGS` gives the CPU in this thread (other threads keep the model device): the
+    fits that compute with NumPy and LAPACK (`full_variational`) build their tensors there."""
+    local = _TensorKwargs._local
+    local.cpu = getattr(local, "cpu", 0) + 1
+    try:
+        yield
+    finally:
+        local.cpu -= 1
 
 #: likelihood families: quantile (AL), expectile (AG), and Gaussian (HetGP: y ~ N(f, e^{2g}); exact GP: g
 #: constant)

@@ -15,6 +15,8 @@ import math
 import torch
 from torch import Tensor
 
+from orchestrator.device import rand, randn
+
 __all__ = [
     "al_constants",
     "ag_constants",
@@ -125,16 +127,17 @@ def sample(
     sigma = torch.exp(g)
     tk = {"dtype": f.dtype, "device": f.device}
     if family == "gaussian":
-        return f + sigma * torch.randn(f.shape, generator=generator, **tk)
+        return f + sigma * randn(*f.shape, generator=generator, **tk)
     t = _check_tau(tau)
     if family == "asymmetric_laplace":
-        e1 = torch.empty(f.shape, **tk).exponential_(generator=generator)
-        e2 = torch.empty(f.shape, **tk).exponential_(generator=generator)
+        where = {"dtype": f.dtype, "device": generator.device if generator is not None else f.device}
+        e1 = torch.empty(f.shape, **where).exponential_(generator=generator).to(f.device)
+        e2 = torch.empty(f.shape, **where).exponential_(generator=generator).to(f.device)
         return f + sigma * (e1 / t - e2 / (1 - t))
     if family == "asymmetric_gaussian":
         p_left = 0.5 * ag_normalizer(t) * math.sqrt(math.pi / (1 - t))
-        left = torch.rand(f.shape, generator=generator, **tk) < p_left
-        z = torch.randn(f.shape, generator=generator, **tk).abs()
+        left = rand(*f.shape, generator=generator, **tk) < p_left
+        z = randn(*f.shape, generator=generator, **tk).abs()
         u = torch.where(left, -z / math.sqrt(2 * (1 - t)), z / math.sqrt(2 * t))
         return f + sigma * u
     raise ValueError(f"unknown likelihood family {family!r}")

@@ -260,8 +260,8 @@ class ExactGP(Surrogate):
             "model": None,
         }
         if self.model is not None:
-            state.update(X=self._X.clone(), Y=self._Y.clone(),
-                         model={k: v.detach().clone() for k, v in self.model.state_dict().items()})
+            state.update(X=self._X.cpu().clone(), Y=self._Y.cpu().clone(),
+                         model={k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()})
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:

@@ -90,9 +90,10 @@ class Forecast:
 
     def __post_init__(self) -> None:
         D.noise_constants(self.family, self.tau if self.family != "gaussian" else 0.5)
-        tensors = [
-            torch.as_tensor(t, dtype=torch.float64) for t in (self.mu_f, self.var_f, self.mu_g, self.var_g)
-        ]
+        parts = (self.mu_f, self.var_f, self.mu_g, self.var_g)
+        device = next((t.device for t in parts if torch.is_tensor(t)), None)
+        tensors = [torch.as_tensor(t, dtype=torch.float64, device=device)
+                   for t in parts]
         self.mu_f, self.var_f, self.mu_g, self.var_g = (
             t.reshape(-1) for t in torch.broadcast_tensors(*tensors)
         )
@@ -152,7 +153,7 @@ class Forecast:
     def cdf(self, y: Tensor | float) -> Tensor:
         """P(Y_i <= y_i): `y` is a scalar, `n`, or `n x k` (points first); returns its shape (`n` for a
         scalar)."""
-        y = torch.as_tensor(y, dtype=torch.float64)
+        y = torch.as_tensor(y, dtype=torch.float64, device=self.mu_f.device)
         if y.ndim == 0:
             y = y.expand(len(self))
         if y.shape[0] != len(self):
@@ -162,7 +163,7 @@ class Forecast:
         def col(t: Tensor) -> Tensor:
             return t.reshape(shape)
 
-        z_g, w_g = _gauss_hermite(_GH_G, dtype=torch.float64)
+        z_g, w_g = _gauss_hermite(_GH_G, dtype=torch.float64, device=self.mu_f.device)
         # latent axis last: g nodes
         g = col(self.mu_g).unsqueeze(-1) + col(self.var_g).clamp_min(0).sqrt().unsqueeze(-1) * z_g
         mu = col(self.mu_f).unsqueeze(-1)
@@ -190,7 +191,7 @@ class Forecast:
 
     def quantile(self, levels: Tensor | Sequence[float] | float) -> Tensor:
         """`n x k` predictive quantiles for `k` levels in (0, 1), by vectorised bisection on the CDF."""
-        p = torch.as_tensor(levels, dtype=torch.float64).reshape(-1)
+        p = torch.as_tensor(levels, dtype=torch.float64, device=self.mu_f.device).reshape(-1)
         if ((p <= 0) | (p >= 1)).any() or not torch.isfinite(p).all():
             raise ValueError(f"quantile levels must be in (0, 1); got {p.tolist()}")
         sd = self.variance().clamp_min(1e-300).sqrt()

@@ -33,6 +33,7 @@ from orchestrator.models.base import (
     Surrogate,
     check_fit_stop,
     check_training_data,
+    on_cpu,
 )
 from orchestrator.models.full_variational import SiteState, fit_full_variational
 from orchestrator.models.inducing import KMeansInducingPointSelector
@@ -53,6 +54,8 @@ from orchestrator.models.two_latent_svgp import (
     PredictiveCache,
     TwoLatentSVGP,
 )
+
+_CPU = torch.device("cpu")
 
 # the model's names and the options' stay importable from here (`orchestrator.models.svgp.SVGPOptions`)
 __all__ = [
@@ -327,8 +330,7 @@ class TwoLatentSVGPSurrogate(Surrogate):
         max_iter = opt.warm_max_steps if warm else min(opt.max_steps, LBFGS_MAX_ITER)
         full_batch = opt.optimizer == "auto" and n <= opt.full_batch_max
         if opt.optimizer == "natural-gradient" or full_batch:
-            fitted = fit_full_variational(model, lambda mod: self._loss(X, Y, n, mod), self.likelihood, X, Y,
-                                          max_iter, sites)
+            fitted = self._full_variational(model, X, Y, max_iter, sites)
             if fitted is not None:
                 return fitted
         if opt.optimizer in ("lbfgs", "natural-gradient") or full_batch:
@@ -336,6 +338,24 @@ class TwoLatentSVGPSurrogate(Surrogate):
             if info is not None:
                 return info, None
         return self._train_adam(model, X, Y, warm), None
+
+    def _full_variational(self, model: TwoLatentSVGP, X: Tensor, Y: Tensor, max_iter: int,
+                          sites: SiteState | None) -> tuple[dict[str, float], SiteState] | None:
+        """`fit_full_variational`, which computes with NumPy and LAPACK: a model on another device is fitted
+        on the CPU (n is at most `full_batch_max` here, where LAPACK on the CPU is the right tool) and moved
+        back."""
+        n, device = X.shape[0], model.Z.device
+        if device.type == "cpu":
+            return fit_full_variational(model, lambda mod: self._loss(X, Y, n, mod), self.likelihood, X, Y,
+                                        max_iter, sites)
+        Xc, Yc = X.cpu(), Y.cpu()
+        model.to(_CPU)
+        try:
+            with on_cpu():
+                return fit_full_variational(model, lambda mod: self._loss(Xc, Yc, n, mod), self.likelihood,
+                                            Xc, Yc, max_iter, sites)
+        finally:
+            model.to(device)
 
     def _train_lbfgs(
         self, model: TwoLatentSVGP, X: Tensor, Y: Tensor, max_iter: int
@@ -445,7 +465,7 @@ class TwoLatentSVGPSurrogate(Surrogate):
             "model": None,
         }
         if self.model is not None:
-            state["model"] = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            state["model"] = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:

@@ -81,9 +81,10 @@ class TwoLatentSVGP(gpytorch.Module):
             outputscale_constraint=GreaterThan(MIN_OUTPUTSCALE),
         )
         self.variational_distribution = CholeskyVariationalDistribution(m, batch_shape=batch)
-        self.to(**TKWARGS)
-        self.covar_module.base_kernel.lengthscale = torch.full((2, 1, d), float(lengthscale_init), **TKWARGS)
-        self.covar_module.outputscale = torch.full((2,), float(outputscale_init), **TKWARGS)
+        tk = {"dtype": TKWARGS["dtype"], "device": Z.device}  # the model lives where its inducing inputs do
+        self.to(**tk)
+        self.covar_module.base_kernel.lengthscale = torch.full((2, 1, d), float(lengthscale_init), **tk)
+        self.covar_module.outputscale = torch.full((2,), float(outputscale_init), **tk)
 
     # --- hyperparameters --------------------------------------------------------------------------------
     @property
@@ -134,7 +135,7 @@ class TwoLatentSVGP(gpytorch.Module):
     def kzz(self) -> Tensor:
         """`2 x m x m` prior covariance of u, k(Z, Z) + jitter I."""
         K = matern52(self.Z, self.Z, self.lengthscale, self.outputscale)
-        return K + self.jitter()[:, None, None] * torch.eye(self.Z.shape[0], **TKWARGS)
+        return K + self.jitter()[:, None, None] * torch.eye(self.Z.shape[0], dtype=K.dtype, device=K.device)
 
     def kzz_chol(self) -> Tensor:
         """`2 x m x m` Cholesky factor of `kzz()`."""
@@ -183,7 +184,7 @@ class TwoLatentSVGP(gpytorch.Module):
     def log_prior(self) -> Tensor:
         """Sum of the registered hyperprior log-densities (0 when there are none); with `constant_scale`, f's
         alone (g has no kernel then: its lengthscales and outputscale act on nothing)."""
-        total = torch.zeros((), **TKWARGS)
+        total = torch.zeros((), dtype=self.Z.dtype, device=self.Z.device)
         for _, module, prior, closure, _ in self.named_priors():
             log_p = prior.log_prob(closure(module))  # leading dim 2: (f, g), as every hyperparameter here
             total = total + (log_p[0] if self.constant_scale else log_p).sum()

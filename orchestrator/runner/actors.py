@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from orchestrator.actor import CentralActor
-from orchestrator.errors import QbatchError, UsageError
+from orchestrator.errors import ConfigError, QbatchError, UsageError
 from workers.pool import EvaluationPool
 
 #: Ray namespace of the central actors; each is named after its run directory (`actor_name`)
@@ -80,10 +80,13 @@ def _start_actors(
     # times in 8 (three-node Cluster); the node cannot be lost without the driver, whose run then ends anyway.
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    node_id = None
     try:
-        here: Any = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        node_id = ray.get_runtime_context().get_node_id()
+        here: Any = NodeAffinitySchedulingStrategy(node_id, soft=False)
     except Exception:  # no node of its own to name (e.g. a Ray client): Ray's default placement
         here = "DEFAULT"
+    num_gpus = _actor_gpus(cfg.device, node_id)
     pname = pool_name(run_dir)  # the central actor finds the pool by name (CentralActor's `pool`)
     try:
         pool = ray.remote(EvaluationPool).options(
@@ -100,8 +103,8 @@ def _start_actors(
     Actor = ray.remote(CentralActor)
     try:
         actor = Actor.options(
-            num_cpus=0, max_concurrency=4, max_restarts=ACTOR_RESTARTS, name=actor_name(run_dir),
-            namespace=NAMESPACE, scheduling_strategy=here,
+            num_cpus=0, num_gpus=num_gpus, max_concurrency=4, max_restarts=ACTOR_RESTARTS,
+            name=actor_name(run_dir), namespace=NAMESPACE, scheduling_strategy=here,
         ).remote(
             run_dir, max_concurrent=max_concurrent if max_concurrent is not None else cfg.max_concurrent,
             pool=(NAMESPACE, pname), **actor_options
@@ -113,6 +116,31 @@ def _start_actors(
             raise
         raise _name_taken(actor_name(run_dir), run_dir, new_run) from None
     return actor, pool
+
+
+def _actor_gpus(device: str, node_id: str | None) -> int:
+    """The GPUs the central actor asks Ray for: one when `device` wants one (`orchestrator.device.wants_gpu`)
+    on its node, the driver's.
+
+    Raises:
+        ConfigError: `device` names CUDA and that node offers Ray no GPU (the actor would wait for one
+            forever).
+    """
+    import ray
+
+    from orchestrator.device import wants_gpu
+
+    node = next((n for n in ray.nodes() if n.get("NodeID") == node_id and n.get("Alive")), None)
+    # without a node of its own (a Ray client) the actor may go anywhere: the cluster's GPUs count
+    offered = dict(node["Resources"]) if node is not None else dict(ray.cluster_resources())
+    gpus = float(offered.get("GPU", 0.0))
+    if not wants_gpu(device, gpus):
+        return 0
+    if gpus < 1:
+        where = "the driver's node, where the central actor runs," if node is not None else "the cluster"
+        raise ConfigError(f"`device` is {device!r}, but {where} offers Ray no GPU (resources: {offered}); "
+                          "use 'cpu' or 'auto', or start the run on a GPU node")
+    return 1
 
 
 def _wait_for_actor(actor: Any, timeout_s: float = 600.0) -> int:

@@ -1,6 +1,7 @@
 """Smoke runs of benchmarks/gpu.py: `--quick` times the CNN objective on digits and on CIFAR-10-shaped random
-files read through the CIFAR-10 loader (GPU rows only where CUDA is present), writes its tables and plot; the
-summary's CPU/GPU ratios; the qbatch-run part (a local Ray) in the slow suite."""
+files read through the CIFAR-10 loader (GPU rows only where CUDA is present) and the model's fit and ask,
+writes its tables and plot; the summary's CPU/GPU ratios; the qbatch-run part (a local Ray) in the slow
+suite."""
 
 from __future__ import annotations
 
@@ -31,6 +32,15 @@ def test_quick_objective_part_writes_its_tables(load_benchmark, tmp_path: Path) 
     assert [s["what"] for s in summary] == ["digits", "cifar10-random"]
     assert (tmp_path / "objective.parquet").is_file() and (tmp_path / "gpu.png").stat().st_size > 1000
     assert not (tmp_path / "run.csv").exists()
+    # part 3: the model's cold fit, ask and warm refit, qbatch's and BoTorch's, on the device (here at the
+    # smoke run's sizes)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = _rows(tmp_path / "model.csv")
+    assert [(r["library"], r["device"]) for r in model] == [("qbatch", device), ("botorch", device)]
+    for r in model:
+        assert r["status"] == "ok", r
+        assert all(float(r[k]) > 0 for k in ("cold_fit_s", "ask_s", "warm_refit_s"))
+        assert int(r["n"]) == 12 and int(float(r["m"])) >= 1
 
 
 def test_random_cifar_files_read_through_the_cifar_loader(load_benchmark, tmp_path: Path) -> None:
@@ -65,3 +75,4 @@ def test_quick_run_part_records_every_evaluation(load_benchmark, tmp_path: Path)
     for r in runs:
         assert int(r["completed"]) == int(r["budget"]) == 2 and int(r["failed"]) == 0
         assert float(r["used_gpu_share"]) == float(r["mode"] == "gpu") and float(r["evals_per_min"]) > 0
+
