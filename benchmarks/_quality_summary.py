@@ -11,6 +11,7 @@ Reads the recorded tables and writes one row per target with the columns
 - `gld_current` (`benchmarks/gld.py` with the current defaults, a screen of the protocol's grid): the settings
   a quantile method leads, and the recommendation gap of each;
 - the lunar-lander protocol with the current defaults (`lander_current`) once it holds its 10 runs;
+- the laser protocol's first runs with the current defaults (`laser_current`, a screen);
 - the GLD, lunar-lander and laser protocols' recorded tables (`gld_full`, `gld_d6`, `lander_head` until then,
   `laser_full`), which were made with the model before the current defaults: their rows say so in `setting`.
 
@@ -229,6 +230,22 @@ def recorded_rows() -> list[dict]:
                 float(r["q_true_min"]) >= 150,
             )
         )
+    # the laser with the current defaults: a screen of the protocol's first runs (each 30 min of one core)
+    for r in _read(RESULTS / "laser_current" / "summary.csv"):
+        if r["method"] == "quantile-ts":
+            pct = float(r["distance_pct_mean"])
+            rows.append(
+                _row(
+                    "laser",
+                    f"screen with the current defaults: {r['n_evals']} evaluations, "
+                    f"runs 0-{int(r['runs']) - 1} (laser_current)",
+                    "quantile-ts",
+                    "mean distance from the optimum quantile (%)",
+                    round(pct, 1),
+                    "<= 5 over the 10 runs",
+                    False,
+                )
+            )
     for r in _read(RESULTS / "laser_full" / "summary.csv"):
         if r["method"] == "quantile-ts":
             pct = float(r["distance_pct_mean"])
