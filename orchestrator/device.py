@@ -3,10 +3,9 @@
 The surrogates, proposers and calibrators take their dtype and device from one place, `models.base.TKWARGS`
 (STYLE.md §4.7): float64 always, since the GP algebra (Cholesky factors of kernel matrices near singular,
 the asymmetric-Laplace sites) needs it, and the device that `models.base.use_device` sets from a name resolved
-here. The device is a setting of the process that
-holds the model, the central actor's or a library user's, as `torch.set_default_device` is:
-`AskTellOptimizer` sets its own before each fit, proposal and recommendation, so two optimizers on two devices
-can share a process (one at a time).
+here. The device is a setting of the process that holds the model, the central actor's or a library user's, as
+`torch.set_default_device` is: `AskTellOptimizer` sets its own before each fit, proposal, recommendation and
+model build, so two optimizers on two devices can share a process (one at a time).
 
 Data crosses at the edges: the optimizer keeps its trials on the CPU, a model moves its inputs to the device
 and its states come back to the CPU (checkpoints load anywhere), Sobol draws and seeded generators run on the

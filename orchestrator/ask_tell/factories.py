@@ -33,10 +33,12 @@ class ComponentFactories:
 
     def _build_model(self) -> SurrogateProtocol:
         from orchestrator.models import build_model
+        from orchestrator.models.base import use_device
 
         if "tau" in self.model_options:
             raise ConfigError("`tau` is not a model option: set the top-level `tau` (the optimizer's level)")
 
+        use_device(self.torch_device)  # a model is built, restored and fitted on this optimizer's device
         return build_model(self.model_name, tau=self.model_tau, **self.model_options)
 
     def _build_proposer(self) -> ProposerProtocol:

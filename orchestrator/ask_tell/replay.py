@@ -21,7 +21,6 @@ from torch import Tensor
 from orchestrator.ask_tell.calibration_queue import _CalibUpdate
 from orchestrator.ask_tell.trials import Trial, trial_seed
 from orchestrator.errors import QbatchError
-from orchestrator.models.base import use_device
 
 __all__ = ["Replay"]
 
@@ -159,7 +158,6 @@ class Replay:
         with self._lock:
             if n > len(self._obs_y):
                 raise QbatchError(f"the model checkpoint saw {n} results; the log holds {len(self._obs_y)}")
-        use_device(self.torch_device)  # the model's tensors come back on this optimizer's device
         model = self._build_model()
         model.set_state(checkpoint["model"])
         best = checkpoint.get("best")
@@ -346,7 +344,6 @@ class Replay:
             self._calib_taught = list(state.get("calib_taught", []))
             self._model, self._model_n = None, 0
             if state.get("model") is not None:
-                use_device(self.torch_device)
                 model = self._build_model()
                 model.set_state(state["model"])
                 self._model, self._model_n = model, int(state["model_n"])

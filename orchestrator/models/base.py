@@ -28,7 +28,7 @@ __all__ = ["FAMILIES", "SparseLatentParts", "Surrogate", "check_training_data", 
 
 class _TensorKwargs(MutableMapping):
     """`{"dtype": float64, "device": ...}`, spread as `**TKWARGS`: the device is the process's model device
-    (`orchestrator.device.use_device`) unless the calling thread holds `on_cpu`."""
+    (`use_device`) unless the calling thread holds `on_cpu`."""
 
     _local = threading.local()
 

@@ -92,8 +92,7 @@ class Forecast:
         D.noise_constants(self.family, self.tau if self.family != "gaussian" else 0.5)
         parts = (self.mu_f, self.var_f, self.mu_g, self.var_g)
         device = next((t.device for t in parts if torch.is_tensor(t)), None)
-        tensors = [torch.as_tensor(t, dtype=torch.float64, device=device)
-                   for t in parts]
+        tensors = [torch.as_tensor(t, dtype=torch.float64, device=device) for t in parts]
         self.mu_f, self.var_f, self.mu_g, self.var_g = (
             t.reshape(-1) for t in torch.broadcast_tensors(*tensors)
         )

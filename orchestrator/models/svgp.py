@@ -55,8 +55,6 @@ from orchestrator.models.two_latent_svgp import (
     TwoLatentSVGP,
 )
 
-_CPU = torch.device("cpu")
-
 # the model's names and the options' stay importable from here (`orchestrator.models.svgp.SVGPOptions`)
 __all__ = [
     "JITTER_REL",
@@ -349,7 +347,7 @@ class TwoLatentSVGPSurrogate(Surrogate):
             return fit_full_variational(model, lambda mod: self._loss(X, Y, n, mod), self.likelihood, X, Y,
                                         max_iter, sites)
         Xc, Yc = X.cpu(), Y.cpu()
-        model.to(_CPU)
+        model.to("cpu")
         try:
             with on_cpu():
                 return fit_full_variational(model, lambda mod: self._loss(Xc, Yc, n, mod), self.likelihood,
