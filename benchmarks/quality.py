@@ -79,6 +79,7 @@ METHODS: dict[str, tuple[str, str, dict, dict]] = {
     "quantile-ts-reeval": ("quantile", "thompson", {}, {}),
     "quantile-ts-reeval1": ("quantile", "thompson", {}, {}),
     "quantile-ts-reeval20": ("quantile", "thompson", {}, {}),
+    "quantile-ts-rec-model": ("quantile", "thompson", {"recommendation_scale": "model"}, {}),
     "exact-ts": ("exact-gp", "thompson", {}, {}),
     "qlognei": ("exact-gp", "qlognei", {}, {"sequential": False}),
     "sobol": ("exact-gp", "sobol", {}, {}),
@@ -89,7 +90,8 @@ RESTARTING = {"quantile-ts-restarts"}
 #: method -> (fraction, repeats): methods that spend that fraction of the budget, at its end, re-evaluating
 #: their best observed points, that many more times each (`AskTellOptimizer.ask_repeats`), as a run's default
 #: `reevaluation` (0.1, 1) does; quantile-ts-noreeval searches to the end
-REEVALUATING = {"quantile-ts": (0.1, 1), "quantile-ts-reeval": (0.1, 2), "quantile-ts-reeval1": (0.1, 1),
+REEVALUATING = {"quantile-ts": (0.1, 1), "quantile-ts-rec-model": (0.1, 1), "quantile-ts-reeval": (0.1, 2),
+                "quantile-ts-reeval1": (0.1, 1),
                 "quantile-ts-reeval20": (0.2, 1)}
 #: the methods of the protocol; the others are screened variants of the quantile model
 DEFAULT_METHODS = ["quantile-ts", "exact-ts", "qlognei", "sobol"]
@@ -193,7 +195,7 @@ def run_one(problem_name: str, method: str, seed: int, budget: int, batch: int, 
             points = opt.space.from_unit(Xo)
             for rule in RULES:
                 row[f"regret_{rule}"] = q_star - float(
-                    _quantiles(prob, [points[recommend_index(opt.model, Xo, rule)]])[0]
+                    _quantiles(prob, [points[recommend_index(opt.recommender, Xo, rule)]])[0]
                 )
             # the run's data, for screening recommendation rules and final fits without re-running the search
             row["_data"] = {"X": Xo.numpy(), "y": yo.numpy(), "q": _quantiles(prob, points), "q_star": q_star}

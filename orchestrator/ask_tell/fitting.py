@@ -77,6 +77,7 @@ class ModelFitting:
         self._warned_prior_mode = False  # `fit` warns once when the model learned no lengthscale
         self._warned_slow_fit = False  # `fit` warns once when a fit is slow for its n (`SLOW_FIT_MIN_S`)
         self._best: tuple[dict, float] | None = None
+        self._recommender: SurrogateProtocol | None = None  # the model `_best` came from
 
     @property
     def model(self) -> SurrogateProtocol | None:
@@ -183,7 +184,12 @@ class ModelFitting:
                 f"of {n} observed points, outcome transform loc={float(loc):g}, scale={float(scale):g}; "
                 f"outcomes span [{float(Y.min()):g}, {float(Y.max()):g}]); the previous model is kept"
             )
-        i = int(torch.argmax(recommendation_scores(model, X, self.recommendation, mean=target)))
+        rec_model = self._recommender_for(model, X, Y, diag) if restart else model
+        if rec_model is not model:
+            with torch.no_grad():
+                target = rec_model.objective_mean(X)
+            loc, scale = rec_model.outcome_transform
+        i = int(torch.argmax(recommendation_scores(rec_model, X, self.recommendation, mean=target)))
         best_pred = self.sign * float(loc + scale * float(target[i]))
         with self._lock:  # as told (a log-scale float mapped back from x differs in its last digits)
             best_params = dict(self._trials[ids[i]].params)
@@ -196,6 +202,7 @@ class ModelFitting:
                 self._model = model
                 self._model_n = n
                 self._best = (best_params, best_pred)
+                self._recommender = rec_model
         diag = {k: v for k, v in diag.items() if isinstance(v, (int, float, str, bool))}
         diag.update(seconds=seconds, n=n, swapped=swapped)
         # once per optimizer (every later warm refit would say it again), for the model in use
@@ -255,6 +262,35 @@ class ModelFitting:
             f"a {kind} fit), far longer than the default quantile model takes for {n} results; the refits "
             f"that follow take as long or longer. To make them shorter, {advice}"
         )
+
+    def _recommender_for(self, model: SurrogateProtocol, X: torch.Tensor, Y: torch.Tensor,
+                         diag: dict[str, Any]) -> SurrogateProtocol:
+        """The model a final fit recommends from: `model.recommender(X, Y)` where it has one (the quantile
+        model's constant-scale fit, `SVGPOptions.recommendation_scale`), else `model`. A recommender whose fit
+        fails or whose mean is not finite leaves the recommendation to `model` (``diag["recommender"]``
+        says which)."""
+        recommender = getattr(model, "recommender", None)
+        if recommender is None:
+            return model
+        try:
+            rec = recommender(X, Y)
+            with torch.no_grad():
+                finite = bool(torch.isfinite(rec.objective_mean(X)).all())
+        except (ModelFitError, torch.linalg.LinAlgError, RuntimeError, ValueError) as e:
+            diag["recommender"] = f"model (its recommender's fit failed: {type(e).__name__})"
+            return model
+        if rec is model:
+            return model
+        diag["recommender"] = "fitted for it" if finite else "model (its recommender's mean is not finite)"
+        return rec if finite else model
+
+    @property
+    def recommender(self) -> SurrogateProtocol | None:
+        """The model the current recommendation (`best()`) came from: the model in use, or the model its
+        final fit fitted for the recommendation (`SVGPOptions.recommendation_scale`); None before a fit."""
+        with self._lock:
+            rec = getattr(self, "_recommender", None)
+            return rec if rec is not None else self._model
 
     def forecast(self, X: Tensor) -> list[dict | None]:
         """The current model's forecast at `n x d` points as plain dicts (model units), or Nones without a

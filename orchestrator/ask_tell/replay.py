@@ -162,7 +162,7 @@ class Replay:
         model.set_state(checkpoint["model"])
         best = checkpoint.get("best")
         with self._lock:
-            self._model, self._model_n = model, n
+            self._model, self._model_n, self._recommender = model, n, None
             if best is not None:
                 self._best = (dict(best[0]), float(best[1]))
 

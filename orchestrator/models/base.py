@@ -185,6 +185,12 @@ class Surrogate(ABC):
         Raises `InputDataError` (naming the row) for NaN/inf or out-of-cube data.
         """
 
+    def recommender(self, X: Tensor, Y: Tensor) -> Surrogate:
+        """The fitted model whose posterior mean picks the recommendation among the observed inputs `X` (with
+        outcomes `Y`, the data of the last fit) after a final fit: this model, unless a subclass fits another
+        for it (`TwoLatentSVGPSurrogate.recommender`)."""
+        return self
+
     @property
     @abstractmethod
     def num_outputs_latent(self) -> int:

@@ -268,6 +268,18 @@ class TwoLatentSVGPSurrogate(Surrogate):
                      "lengthscales_at_prior_mode": float(self.lengthscales_at_prior_mode())})
         return info
 
+    def recommender(self, X: Tensor, Y: Tensor) -> TwoLatentSVGPSurrogate:
+        """The model that picks the recommendation (`SVGPOptions.recommendation_scale`): with "constant", a
+        cold fit of this model with one constant noise scale on (X, Y) while n <= `full_batch_max`; else this
+        model."""
+        opt = self.options
+        if (opt.recommendation_scale != "constant" or opt.noise_scale == "constant"
+                or X.shape[0] > opt.full_batch_max):
+            return self
+        other = type(self)(self.tau, **{**asdict(opt), "noise_scale": "constant"})
+        other.fit(X, Y)
+        return other
+
     def num_inducing_for(self, n: int) -> int:
         """The most inducing inputs a fit on `n` observations uses (`SVGPOptions.num_inducing`)."""
         m = self.options.num_inducing

@@ -20,8 +20,9 @@ from orchestrator.errors import ConfigError
 from orchestrator.limits import MAX_INDUCING, check_at_most
 from orchestrator.models.allocation import PLACEMENTS, check_num_inducing
 
-__all__ = ["LENGTHSCALE_PRIORS", "NOISE_SCALES", "OPTIMIZERS", "PRIOR_MODE_RTOL", "SVGPOptions",
-           "check_lengthscale_prior", "lengthscale_prior_params", "standardization", "svgp_standardization"]
+__all__ = ["LENGTHSCALE_PRIORS", "NOISE_SCALES", "OPTIMIZERS", "PRIOR_MODE_RTOL", "RECOMMENDATION_SCALES",
+           "SVGPOptions", "check_lengthscale_prior", "lengthscale_prior_params", "standardization",
+           "svgp_standardization"]
 
 #: floor of the outcome std used for standardization (constant outcomes)
 MIN_Y_STD = 1e-9
@@ -29,6 +30,8 @@ MIN_Y_STD = 1e-9
 OPTIMIZERS = ("auto", "natural-gradient", "lbfgs", "adam")
 #: names of the scale latent's forms (`SVGPOptions.noise_scale`)
 NOISE_SCALES = ("gp", "constant")
+#: names of the recommendation's fits (`SVGPOptions.recommendation_scale`)
+RECOMMENDATION_SCALES = ("model", "constant")
 
 @dataclass
 class SVGPOptions:
@@ -92,8 +95,16 @@ class SVGPOptions:
             it varies by about 0.1% at most, and its hyperpriors leave the loss): the noise has the same scale
             everywhere. A GP g can explain an isolated high measurement as noise where it stands; a constant
             one cannot, and takes it as signal (the laser simulator's narrow peak; the sparse approximation
-            may
-            still smooth it away as observations outnumber the inducing points: README, Laser, "Two causes").
+            may still smooth it away as observations outnumber the inducing points: README, Laser, "Two
+            causes").
+        recommendation_scale: which fit picks the recommendation after a run's final fit
+            (`AskTellOptimizer.fit(restart=True)`; `TwoLatentSVGPSurrogate.recommender`). "model" (default):
+            the fitted model itself. "constant" (the quantile model's default): a cold fit of the same model
+            with one constant noise scale on the same data, while n <= `full_batch_max` (past it, the model
+            itself: that fit would cost as much as the final fit). With few results a GP scale g can take
+            the structure of the outcomes as noise, leaving f nearly flat and its argmax arbitrary; one
+            constant scale cannot (benchmarks/results/quality/screen_rec_scale). Proposals always use the
+            fitted model.
         seed: seed of the minibatch order, k-means and the uniform fill of Z.
     """
 
@@ -120,6 +131,7 @@ class SVGPOptions:
     kmeans_iter: int = 1
     kmeans_warm_start: bool = True
     noise_scale: str = "gp"
+    recommendation_scale: str = "model"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -154,8 +166,9 @@ class SVGPOptions:
             if not isinstance(getattr(self, name), str) or getattr(self, name) not in valid:
                 raise ConfigError(f"`{name}` must be one of {list(valid)}; got {getattr(self, name)!r}")
         check_lengthscale_prior(self.lengthscale_prior)
-        if not isinstance(self.noise_scale, str) or self.noise_scale not in NOISE_SCALES:
-            raise ConfigError(f"`noise_scale` must be one of {list(NOISE_SCALES)}; got {self.noise_scale!r}")
+        for name, valid in (("noise_scale", NOISE_SCALES), ("recommendation_scale", RECOMMENDATION_SCALES)):
+            if not isinstance(getattr(self, name), str) or getattr(self, name) not in valid:
+                raise ConfigError(f"`{name}` must be one of {list(valid)}; got {getattr(self, name)!r}")
         for name in ("use_priors", "kmeans_warm_start"):
             setattr(self, name, check_bool(f"`{name}`", getattr(self, name)))
 
