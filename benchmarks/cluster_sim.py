@@ -48,9 +48,16 @@ from benchmarks._common import (  # noqa: E402
     read_table,
     write_table,
 )
-from benchmarks.utilization import QUICK_MODEL, QUICK_PROPOSER, greedy_utilization  # noqa: E402
+from benchmarks.utilization import (  # noqa: E402
+    QUICK_MODEL,
+    QUICK_PROPOSER,
+    greedy_utilization,
+    ideal_utilization,
+)
 
 TARGET_U, TARGET_SLOTS = 0.95, 1000
+#: run sizes of `--bound` at the target's N: the issue's n (20,000) and around it
+BOUND_EVALS = (3000, 10000, 20000, 50000, 100000)
 #: (slots, evaluations) by default: n grows to 20,000; where the actor's proposals cannot keep the slots busy
 #: the run is bound by them and takes about as long in real time as in virtual time
 FULL = [(100, 1000), (1000, 10000), (10000, 20000)]
@@ -130,6 +137,18 @@ def largest(rows: Sequence[dict[str, Any]], key: str) -> str:
     return f"{max(ok):,}" if ok else f"none of {names}"
 
 
+def bound_rows(slots: int, evals: Sequence[int], mean_s: float, cv: float, reps: int) -> list[dict[str, Any]]:
+    """U of a zero-overhead greedy scheduler (`benchmarks.utilization.ideal_utilization`) at `slots` for each
+    run size in `evals`: the most any scheduler reaches under this benchmark's definition of U, whose span
+    runs to the last evaluation's end."""
+    rows = []
+    for n in evals:
+        u, sd = ideal_utilization(n, slots, mean_s, cv, reps=reps)
+        rows.append({"slots": slots, "evaluations": n, "U_ideal_mean": u, "U_ideal_std": sd, "draws": reps,
+                     "waves": n / slots})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--slots", default=None, help="comma-separated N (default 100,1000,10000; --quick 8,32)")
@@ -148,9 +167,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true",
                    help="8 and 32 slots, 32 and 64 evaluations, a small model")
     p.add_argument("--out", default="results/cluster_sim")
+    p.add_argument("--bound", action="store_true",
+                   help="only the zero-overhead bound: U_ideal at the target's N for n in "
+                        f"{','.join(map(str, BOUND_EVALS))} (or --evals), written to OUT/ideal_bound.csv; "
+                        "no actor")
+    p.add_argument("--bound-draws", type=int, default=20, help="duration draws per size for --bound")
     p.add_argument("--append", action="store_true",
                    help="keep the rows of OUT/cluster_sim.csv (an earlier run's N) and add this run's")
     args = p.parse_args(argv)
+    if args.bound:
+        return bound_main(args, argv)
     default = QUICK if args.quick else FULL
     slots = [int(s) for s in args.slots.split(",")] if args.slots else [s for s, _ in default]
     if args.evals:
@@ -206,6 +232,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"n reaches 20,000 only where one core's time allowed it ({'; '.join(short)}): with the refit "
               "thread at work most of the time, virtual time passes about as fast as real time")
     print(f"CSV: {out / 'cluster_sim.csv'}")
+    return 0
+
+
+def bound_main(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """`--bound`: print and write the zero-overhead U at the target's N (`bound_rows`)."""
+    slots = int(args.slots) if args.slots else TARGET_SLOTS
+    evals = [int(e) for e in args.evals.split(",")] if args.evals else list(BOUND_EVALS)
+    if slots < 1 or any(e < 1 for e in evals) or args.bound_draws < 2:
+        raise SystemExit("--bound: --slots (one N) and --evals must be >= 1, --bound-draws >= 2")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    shown = ["benchmarks/cluster_sim.py", *(argv or sys.argv[1:])]
+    print("$ python " + " ".join(shlex.quote(a) for a in shown), flush=True)
+    rows = bound_rows(slots, evals, args.mean, args.cv, args.bound_draws)
+    write_table(rows, out / "ideal_bound", parquet=False)
+    cols = ["slots", "evaluations", "waves", "U_ideal_mean", "U_ideal_std", "draws"]
+    print(format_table(rows, cols, digits=3))
+    reach = [r["evaluations"] for r in rows if r["U_ideal_mean"] >= TARGET_U]
+    print(f"a zero-overhead scheduler at {slots:,} slots reaches U >= {TARGET_U} "
+          + (f"from n = {min(reach):,} of those sizes" if reach else "at none of those sizes")
+          + f" (lognormal, mean {args.mean:g} s, CV {args.cv:g}; U's span runs to the last evaluation's end)")
+    print(f"CSV: {out / 'ideal_bound.csv'}")
     return 0
 
 
