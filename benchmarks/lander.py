@@ -631,13 +631,14 @@ def inspect_runs(
     """Re-run each of `runs` (`method`, level `proto.tau`) to its end, in this process and without a
     checkpoint (runs are reproducible from their config and seed, so this is the recorded run when the
     settings match), and
-    ask its final model about controllers whose true quantile is known: its own final recommendation and the
-    final recommendations of `method`'s runs at that level in `folder` (its lander.csv). Per (run,
-    controller): the model's predicted quantile (the recommendation rule's value, user units) and the
-    posterior SD of f there, the true quantile as recorded, z = (true - predicted) / SD, and the max-norm
-    distance (unit cube) to the run's nearest observations with their rewards. Answers "is a failed run's
-    model unsure about the controllers the other runs found, or sure and wrong?". One row per (run,
-    controller), the run's fitted lengthscales of f and outputscale in every row."""
+    ask its final recommender (the model `best()` came from) about controllers whose true quantile is known:
+    its own final recommendation and the final recommendations of `method`'s runs at that level in `folder`
+    (its lander.csv). Per (run, controller): the model's predicted quantile (the recommendation rule's
+    value, user units) and the posterior SD of f there, the true quantile as recorded, z = (true -
+    predicted) / SD, and the max-norm distance (unit cube) to the run's nearest observations with their
+    rewards. Answers "is a failed run's model unsure about the controllers the other runs found, or sure and
+    wrong?". One row per (run, controller), the run's fitted lengthscales of f and outputscale in every
+    row."""
     import torch
 
     ref = recorded_final_recommendations(folder, proto.tau, method)
@@ -651,7 +652,8 @@ def inspect_runs(
         if error:
             raise RuntimeError(f"--inspect: run {run} failed: {error}")
         X, Y = lander.opt.observations()
-        model, space = lander.opt.model, lander.opt.space
+        # the model the recommendation came from (a constant-scale refit for the quantile model)
+        model, space = lander.opt.recommender, lander.opt.space
         loc, scale = model.outcome_transform
         sign = lander.opt.sign
         own = lander.batches[-1]
@@ -756,7 +758,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                          "OUT/damping.csv, OUT/damping_runs.csv)")
     ap.add_argument("--inspect", metavar="DIR",
                     help="re-run each of --runs (the first --methods and --taus) to its end without writing "
-                         "run files, and ask its final model about its own final recommendation and those of "
+                         "run files, and ask the model its final recommendation came from about it and "
+                         "those of "
                          "the runs in DIR (predicted quantile, posterior SD of f, true quantile; "
                          "OUT/inspect.csv)")
     ap.add_argument("--paired-with", metavar="DIR",

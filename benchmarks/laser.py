@@ -688,7 +688,8 @@ def run_simulators(args: argparse.Namespace) -> list[dict]:
 
 
 def design_fit(laser: LaserRun, loc: float, scale: float) -> dict[str, float]:
-    """How the fitted model's tau-quantile at the observed settings compares with their exact quantiles:
+    """How the recommending model's (`opt.recommender`) tau-quantile at the observed settings compares with
+    their exact quantiles:
     Spearman's rank correlation, the largest prediction and the largest exact quantile (a model can rank the
     settings well and still recommend the wrong one when it compresses the top); and the noise the model reads
     there against the simulator's: the median over those settings of the model's noise standard deviation
@@ -703,7 +704,7 @@ def design_fit(laser: LaserRun, loc: float, scale: float) -> dict[str, float]:
     from orchestrator.models.distributions import noise_constants
 
     X, _ = laser.opt.observations()
-    model = laser.opt.model
+    model = laser.opt.recommender  # the model the recommendation came from
     with torch.no_grad():
         pred = laser.opt.sign * (loc + scale * model.objective_mean(X).reshape(-1).numpy())
         family = getattr(getattr(model, "likelihood", None), "family", None)
@@ -768,8 +769,8 @@ def run_replicates(args: argparse.Namespace) -> list[dict]:
             params, predicted = laser.opt.best()
             q_rec = laser.sim.quantile(params, args.tau)
             with torch.no_grad():
-                f_star = float(laser.opt.model.objective_mean(x_star).reshape(-1)[0])
-            loc, scale = laser.opt.model.outcome_transform
+                f_star = float(laser.opt.recommender.objective_mean(x_star).reshape(-1)[0])
+            loc, scale = laser.opt.recommender.outcome_transform
             fit = design_fit(laser, float(loc), float(scale))
             rows.append(
                 {

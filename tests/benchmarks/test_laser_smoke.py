@@ -199,13 +199,14 @@ def test_laser_replicates_diagnostic(mod, tmp_path):
     assert after["predicted_at_opt"] > before["predicted_at_opt"]
     assert after["q_rec"] <= after["q_opt"] + 1e-9
     assert (tmp_path / "replicates.csv").is_file()
-    # the design fit's ranking of the observed settings, recomputed from the first run's model
+    # the design fit's ranking of the observed settings, recomputed from the model the first run's
+    # recommendation came from
     from scipy.stats import spearmanr
 
     X, _ = first.opt.observations()
     with torch.no_grad():
-        f = first.opt.model.objective_mean(X).reshape(-1).numpy()
-    loc, scale = first.opt.model.outcome_transform
+        f = first.opt.recommender.objective_mean(X).reshape(-1).numpy()
+    loc, scale = first.opt.recommender.outcome_transform
     pred = first.opt.sign * (float(loc) + float(scale) * f)
     true = first.sim.quantile_array(
         np.array([first.sim.to_array(p) for p in first.opt.space.from_unit(X)]), 0.1
@@ -221,8 +222,9 @@ def test_laser_replicates_diagnostic(mod, tmp_path):
     from scipy.stats import skewnorm
 
     with torch.no_grad():
-        g, _ = first.opt.model.posterior_g(X)
-        noise = first.opt.model.likelihood.forward(torch.stack([torch.as_tensor(f), g.reshape(-1)], dim=-1))
+        g, _ = first.opt.recommender.posterior_g(X)
+        rec = first.opt.recommender
+        noise = rec.likelihood.forward(torch.stack([torch.as_tensor(f), g.reshape(-1)], dim=-1))
     assert before["model_noise_sd"] == pytest.approx(
         float(np.median(noise.variance.sqrt().numpy())) * abs(float(scale)), rel=1e-9
     )
