@@ -759,8 +759,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--inspect", metavar="DIR",
                     help="re-run each of --runs (the first --methods and --taus) to its end without writing "
                          "run files, and ask the model its final recommendation came from about it and "
-                         "those of "
-                         "the runs in DIR (predicted quantile, posterior SD of f, true quantile; "
+                         "those of the runs in DIR (predicted quantile, posterior SD of f, true quantile; "
                          "OUT/inspect.csv)")
     ap.add_argument("--paired-with", metavar="DIR",
                     help="also compare every finished run with the same method, level and run number in "

@@ -768,9 +768,10 @@ def run_replicates(args: argparse.Namespace) -> list[dict]:
             diag = laser.opt.fit(restart=True) if k else {"restart_kept": "(design fit)"}
             params, predicted = laser.opt.best()
             q_rec = laser.sim.quantile(params, args.tau)
+            rec = laser.opt.recommender  # the model the recommendation came from
             with torch.no_grad():
-                f_star = float(laser.opt.recommender.objective_mean(x_star).reshape(-1)[0])
-            loc, scale = laser.opt.recommender.outcome_transform
+                f_star = float(rec.objective_mean(x_star).reshape(-1)[0])
+            loc, scale = rec.outcome_transform
             fit = design_fit(laser, float(loc), float(scale))
             rows.append(
                 {

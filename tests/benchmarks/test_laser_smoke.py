@@ -204,9 +204,10 @@ def test_laser_replicates_diagnostic(mod, tmp_path):
     from scipy.stats import spearmanr
 
     X, _ = first.opt.observations()
+    rec = first.opt.recommender
     with torch.no_grad():
-        f = first.opt.recommender.objective_mean(X).reshape(-1).numpy()
-    loc, scale = first.opt.recommender.outcome_transform
+        f = rec.objective_mean(X).reshape(-1).numpy()
+    loc, scale = rec.outcome_transform
     pred = first.opt.sign * (float(loc) + float(scale) * f)
     true = first.sim.quantile_array(
         np.array([first.sim.to_array(p) for p in first.opt.space.from_unit(X)]), 0.1
@@ -222,8 +223,7 @@ def test_laser_replicates_diagnostic(mod, tmp_path):
     from scipy.stats import skewnorm
 
     with torch.no_grad():
-        g, _ = first.opt.recommender.posterior_g(X)
-        rec = first.opt.recommender
+        g, _ = rec.posterior_g(X)
         noise = rec.likelihood.forward(torch.stack([torch.as_tensor(f), g.reshape(-1)], dim=-1))
     assert before["model_noise_sd"] == pytest.approx(
         float(np.median(noise.variance.sqrt().numpy())) * abs(float(scale)), rel=1e-9
