@@ -80,6 +80,7 @@ METHODS: dict[str, tuple[str, str, dict, dict]] = {
     "quantile-ts-reeval1": ("quantile", "thompson", {}, {}),
     "quantile-ts-reeval20": ("quantile", "thompson", {}, {}),
     "quantile-ts-rec-model": ("quantile", "thompson", {"recommendation_scale": "model"}, {}),
+    "het-ts": ("heteroscedastic", "thompson", {}, {}),
     "exact-ts": ("exact-gp", "thompson", {}, {}),
     "qlognei": ("exact-gp", "qlognei", {}, {"sequential": False}),
     "sobol": ("exact-gp", "sobol", {}, {}),
@@ -91,9 +92,10 @@ RESTARTING = {"quantile-ts-restarts"}
 #: their best observed points, that many more times each (`AskTellOptimizer.ask_repeats`), as a run's default
 #: `reevaluation` (0.1, 1) does; quantile-ts-noreeval searches to the end
 REEVALUATING = {"quantile-ts": (0.1, 1), "quantile-ts-rec-model": (0.1, 1), "quantile-ts-reeval": (0.1, 2),
-                "quantile-ts-reeval1": (0.1, 1),
+                "quantile-ts-reeval1": (0.1, 1), "het-ts": (0.1, 1),
                 "quantile-ts-reeval20": (0.2, 1)}
-#: the methods of the protocol; the others are screened variants of the quantile model
+#: the methods of the protocol; the others are screened variants of the quantile model and het-ts (the
+#: heteroscedastic SVGP with Thompson sampling and the default's re-evaluation)
 DEFAULT_METHODS = ["quantile-ts", "exact-ts", "qlognei", "sobol"]
 TAU = 0.1
 QUICK: dict[str, Any] = {"problems": ["skewed-3d"], "methods": ["quantile-ts", "sobol"], "seeds": [0],
