@@ -80,6 +80,7 @@ METHODS: dict[str, tuple[str, str, dict, dict]] = {
     "quantile-ts-reeval1": ("quantile", "thompson", {}, {}),
     "quantile-ts-reeval20": ("quantile", "thompson", {}, {}),
     "quantile-ts-rec-model": ("quantile", "thompson", {"recommendation_scale": "model"}, {}),
+    "quantile-ts-repeat-model": ("quantile", "thompson", {}, {}),
     "het-ts": ("heteroscedastic", "thompson", {}, {}),
     "exact-ts": ("exact-gp", "thompson", {}, {}),
     "qlognei": ("exact-gp", "qlognei", {}, {"sequential": False}),
@@ -88,11 +89,14 @@ METHODS: dict[str, tuple[str, str, dict, dict]] = {
 #: methods whose every refit also fits from scratch and keeps the lower loss
 #: (`AskTellOptimizer.refit_restarts`)
 RESTARTING = {"quantile-ts-restarts"}
+#: methods whose re-evaluations take the recommendation rule's order alone (`AskTellOptimizer.repeat_order`
+#: "model"; the default "mixed" alternates it with the best observed outcome's)
+MODEL_REPEAT_ORDER = {"quantile-ts-repeat-model"}
 #: method -> (fraction, repeats): methods that spend that fraction of the budget, at its end, re-evaluating
 #: their best observed points, that many more times each (`AskTellOptimizer.ask_repeats`), as a run's default
 #: `reevaluation` (0.1, 1) does; quantile-ts-noreeval searches to the end
 REEVALUATING = {"quantile-ts": (0.1, 1), "quantile-ts-rec-model": (0.1, 1), "quantile-ts-reeval": (0.1, 2),
-                "quantile-ts-reeval1": (0.1, 1), "het-ts": (0.1, 1),
+                "quantile-ts-repeat-model": (0.1, 1), "quantile-ts-reeval1": (0.1, 1), "het-ts": (0.1, 1),
                 "quantile-ts-reeval20": (0.2, 1)}
 #: the methods of the protocol; the others are screened variants of the quantile model and het-ts (the
 #: heteroscedastic SVGP with Thompson sampling and the default's re-evaluation)
@@ -156,6 +160,8 @@ def run_one(problem_name: str, method: str, seed: int, budget: int, batch: int, 
         opt = AskTellOptimizer(prob.space, model=model, tau=TAU, proposer=proposer, seed=seed,
                                initial_design=initial, model_options=m_opts, proposer_options=p_opts)
         opt.refit_restarts = method in RESTARTING
+        if method in MODEL_REPEAT_ORDER:
+            opt.repeat_order = "model"
         t0 = time.perf_counter()
         evaluated: list[dict] = []
         n = 0

@@ -134,6 +134,9 @@ class AskTellOptimizer(
         #: each refit that `ask` starts also fits from scratch and keeps the lower training loss
         #: (`fit(restart=True)`, which the end of a run always does); False: refits are warm-started only
         self.refit_restarts = False
+        #: the order of the re-evaluation candidates of `ask_repeats` (`repeats.REPEAT_ORDERS`): "mixed",
+        #: alternately the recommendation rule's and the best observed outcome's; "model", the rule's alone
+        self.repeat_order = "mixed"
 
         self._lock = threading.RLock()  # observation/trial state; never held during a fit or a proposal
         self._ask_lock = threading.Lock()  # one `ask` at a time (the Sobol counter, the proposer)

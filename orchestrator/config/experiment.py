@@ -50,7 +50,7 @@ class FailureGuardConfig:
 class ReevaluationConfig:
     """Spend the last `fraction` of the budget re-evaluating the best observed points, each `repeats` more
     times (`AskTellOptimizer.ask_repeats`); 0 spends none. The defaults measure best
-    (benchmarks/results/quality/screen_reeval)."""
+    (benchmarks/results/quality/screen_reeval; the candidates' order: screen_reeval_order)."""
 
     fraction: float = 0.1
     repeats: int = 1

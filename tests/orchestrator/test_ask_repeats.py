@@ -40,6 +40,7 @@ def _ranked(opt: AskTellOptimizer) -> list[tuple[float, ...]]:
 
 def test_the_best_points_are_asked_again_each_up_to_its_repeats():
     opt = _fitted()
+    opt.repeat_order = "model"
     ranked = _ranked(opt)
     trials = opt.ask_repeats(5, repeats=2, fit=False)
     points = [tuple(t.x.tolist()) for t in trials]
@@ -73,9 +74,57 @@ def test_past_the_last_candidate_the_best_are_asked_again():
     for t in opt.ask(3):
         opt.tell(t.trial_id, _f(t.params))
     opt.fit()
+    opt.repeat_order = "model"
     ranked = _ranked(opt)
     trials = opt.ask_repeats(5, repeats=1, fit=False)
     assert [tuple(t.x.tolist()) for t in trials] == ranked + ranked[:2]
+
+
+def _by_outcome(opt: AskTellOptimizer) -> list[tuple[float, ...]]:
+    X, y = opt.observations()
+    order = torch.argsort(y.reshape(-1), descending=True, stable=True)
+    return [tuple(X[i].tolist()) for i in order]
+
+
+def test_the_default_order_alternates_the_models_and_the_best_outcomes():
+    """"mixed": the rule's first, the best outcome's first, the rule's second, ..., each point once (the
+    quantile model on noisy outcomes, so its order and the outcomes' differ)."""
+    opt = AskTellOptimizer(SPACE, model="quantile", tau=0.1, initial_design=6, seed=3)
+    rng = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        for t in opt.ask(4):
+            opt.tell(t.trial_id, _f(t.params) + 0.3 * float(torch.randn((), generator=rng)))
+    opt.fit()
+    assert opt.repeat_order == "mixed"
+    by_model, by_y = _ranked(opt), _by_outcome(opt)
+    expected: list[tuple[float, ...]] = []
+    for pair in zip(by_model, by_y):
+        expected.extend(p for p in pair if p not in expected)
+    assert expected[:6] != by_model[:6]  # the two orders differ here, so the test tells them apart
+    trials = opt.ask_repeats(6, repeats=1, fit=False)
+    assert [tuple(t.x.tolist()) for t in trials] == expected[:6]
+
+
+def test_a_high_outcome_the_model_ranks_low_is_measured_again():
+    """A point told after the fit with the best outcome of all: the stale model ranks it low, the rule's order
+    alone leaves it out of the first re-evaluations, the default's second one measures it."""
+    opt = _fitted()
+    (t,) = opt.ask(1, fit=False)
+    opt.tell(t.trial_id, 10.0)  # far above every other outcome (they are <= 0)
+    high = tuple(t.x.tolist())
+    opt.repeat_order = "model"
+    assert high not in _ranked(opt)[:2]
+    assert high not in [tuple(r.x.tolist()) for r in opt.ask_repeats(2, repeats=1, fit=False)]
+    opt.repeat_order = "mixed"
+    second = opt.ask_repeats(2, repeats=2, fit=False)  # the model's first again (it has 2 of 3), then `high`
+    assert tuple(second[1].x.tolist()) == high
+
+
+def test_an_unknown_repeat_order_is_refused_by_name():
+    opt = _fitted()
+    opt.repeat_order = "outcome"
+    with pytest.raises(TrialError, match=r"repeat_order must be one of \['mixed', 'model'\]; got 'outcome'"):
+        opt.ask_repeats(2)
 
 
 def test_bad_calls_are_refused_by_name():
