@@ -98,7 +98,7 @@ class Repeats:
         scores = recommendation_scores(model, X_obs[rows].to(**self._tk), self.recommendation)
         order = [int(rows[j]) for j in torch.argsort(scores, descending=True, stable=True)]
         if self.repeat_order == "mixed":
-            order = _alternate(order, sorted(first.values(), key=lambda i: -best_y[keys[i]]), keys)
+            order = _alternate(order, sorted(first.values(), key=lambda i: -best_y[keys[i]]))
         chosen: list[int] = []
         for i in order:
             need = 1 + repeats - count[keys[i]]
@@ -112,14 +112,14 @@ class Repeats:
         return chosen
 
 
-def _alternate(a: list[int], b: list[int], keys: list[bytes]) -> list[int]:
-    """The rows of `a` and `b` (two orders of the same distinct points) taken alternately, `a` first, each
-    point once."""
+def _alternate(a: list[int], b: list[int]) -> list[int]:
+    """The rows of `a` and `b` (two orders of the same rows, one per distinct point) taken alternately, `a`
+    first, each row once."""
     out: list[int] = []
-    seen: set[bytes] = set()
+    seen: set[int] = set()
     for pair in zip(a, b):
         for i in pair:
-            if keys[i] not in seen:
-                seen.add(keys[i])
+            if i not in seen:
+                seen.add(i)
                 out.append(i)
     return out
