@@ -79,12 +79,16 @@ class Method:
 @functools.cache
 def code_version() -> str:
     """The code a result comes from: the repository's git commit (`+dirty` when tracked files differ from it;
-    "unknown" outside a git checkout) and the torch, gpytorch and botorch versions. Result rows record it
-    (column `code`), so a table that mixes runs of several versions says so (`code_mix_note`)."""
+    "unknown" outside a git checkout) and the torch, gpytorch, botorch, numpy and scipy versions (a run's
+    trajectory depends on all five: the same commit under another numpy and scipy takes other steps).
+    Result rows record it (column `code`), so a table that mixes runs of several versions says so
+    (`code_mix_note`)."""
     import subprocess
 
     import botorch
     import gpytorch
+    import numpy
+    import scipy
     import torch
 
     repo = str(Path(__file__).resolve().parents[1])
@@ -101,7 +105,8 @@ def code_version() -> str:
         commit = sha + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         commit = "unknown"
-    return f"{commit} torch {torch.__version__} gpytorch {gpytorch.__version__} botorch {botorch.__version__}"
+    return (f"{commit} torch {torch.__version__} gpytorch {gpytorch.__version__} "
+            f"botorch {botorch.__version__} numpy {numpy.__version__} scipy {scipy.__version__}")
 
 
 def code_mix_note(rows: Iterable[Mapping[str, Any]]) -> str:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import botorch
 import gpytorch
+import numpy
+import scipy
 import torch
 
 from benchmarks._common import (
@@ -160,8 +162,9 @@ def test_result_rows_record_the_code_version(tmp_path):
     run_jobs(_jobs(tmp_path, {"a": "done"}), 1, resume=False, deadline=None, tag="t")
     version = code_version()
     assert read_table(tmp_path / "a.csv")[0]["code"] == version
-    assert version.split()[1:] == ["torch", torch.__version__, "gpytorch", gpytorch.__version__, "botorch",
-                                   botorch.__version__]
+    assert version.split()[1:] == ["torch", torch.__version__, "gpytorch", gpytorch.__version__,
+                                   "botorch", botorch.__version__, "numpy", numpy.__version__,
+                                   "scipy", scipy.__version__]
     assert code_mix_note([{"code": version}, {"code": version}]) == ""
     note = code_mix_note([{"code": version}, {"code": "abc"}, {}])
     assert "3 code versions" in note and "unrecorded: 1 rows" in note
