@@ -8,8 +8,9 @@ Reads the recorded tables and writes one row per target with the columns
 - `quality/quickstart/runs.csv` (`benchmarks/quality.py --problems quickstart`): the README's quickstart
   against a Sobol search of the same budget, and the lengthscale warning;
 - `quality/fit_speed/summary.csv` (`benchmarks/fit_speed.py`): the cold-fit time ratio to BoTorch;
-- `gld_current` (`benchmarks/gld.py` with the current defaults, a screen of the protocol's grid): the settings
-  a quantile method leads, and the recommendation gap of each;
+- `gld_mixed` (`benchmarks/gld.py` with the current defaults, a screen of the protocol's grid; `gld_current`
+  holds the same screen before re-evaluations alternated two orders): the settings a quantile method leads,
+  and the recommendation gap of each;
 - the lunar-lander protocol with the current defaults (`lander_current`) once it holds its 10 runs;
 - the laser protocol's first runs with the current defaults (`laser_current`, a screen);
 - the GLD, lunar-lander and laser protocols' recorded tables (`gld_full`, `gld_d6`, `lander_head` until then,
@@ -150,10 +151,14 @@ def fit_speed_rows(summary: list[dict[str, str]]) -> list[dict]:
     ]
 
 
+#: the folder of the GLD screen with the current defaults
+GLD_CURRENT = "gld_mixed"
+
+
 def gld_current_rows() -> list[dict]:
-    """The GLD protocol's settings run with the current defaults (`gld_current`, a screen of the full grid):
+    """The GLD protocol's settings run with the current defaults (`GLD_CURRENT`, a screen of the full grid):
     how many a quantile method leads, and the recommendation gap of each."""
-    folder = RESULTS / "gld_current"
+    folder = RESULTS / GLD_CURRENT
     targets = _read(folder / "target.csv")
     summary = [r for r in _read(folder / "summary.csv") if r["method"] == "quantile-ts"]
     if not targets or not summary:
@@ -161,7 +166,7 @@ def gld_current_rows() -> list[dict]:
     problems = sorted({int(r["problems"]) for r in summary})
     dims = sorted({r["d"] for r in summary})
     what = (f"screen with the current defaults: d = {', '.join(dims)}, {len(targets)} settings x "
-            f"{'/'.join(map(str, problems))} problems (gld_current)")
+            f"{'/'.join(map(str, problems))} problems ({GLD_CURRENT})")
     ahead = sum(r["quantile-ts_beats_all"] == "True" or r.get("qgibbon_beats_all") == "True" for r in targets)
     rows = [_row("gld", what, "quantile-ts", "settings where a quantile method is ahead of GPR-EI, HetGP-TS "
                  "and qLogNEI", ahead, ">= 6 of 8 on the full grid", False)]
@@ -170,7 +175,7 @@ def gld_current_rows() -> list[dict]:
         rows.append(
             _row(
                 "gld",
-                f"d {r['d']}, tau {r['tau']}, batch {r['batch']}, {r['problems']} problems (gld_current)",
+                f"d {r['d']}, tau {r['tau']}, batch {r['batch']}, {r['problems']} problems ({GLD_CURRENT})",
                 "quantile-ts",
                 f"mean recommendation regret (best point evaluated: {best:.4f}; range {q_range:.3f})",
                 round(float(r["regret_mean"]), 4),
