@@ -12,7 +12,8 @@ Reads the recorded tables and writes one row per target with the columns
   holds the same screen before re-evaluations alternated two orders): the settings a quantile method leads,
   and the recommendation gap of each;
 - the lunar-lander protocol with the current defaults (`lander_current`) once it holds its 10 runs;
-- the laser protocol's first runs with the current defaults (`laser_current`, a screen);
+- the laser protocol's first runs with the current defaults (`laser_mixed`, a screen; `laser_current` the same
+  before re-evaluations alternated two orders);
 - the GLD, lunar-lander and laser protocols' recorded tables (`gld_full`, `gld_d6`, `lander_head` until then,
   `laser_full`), which were made with the model before the current defaults: their rows say so in `setting`.
 
@@ -151,8 +152,9 @@ def fit_speed_rows(summary: list[dict[str, str]]) -> list[dict]:
     ]
 
 
-#: the folder of the GLD screen with the current defaults
+#: the folders of the GLD and laser screens with the current defaults
 GLD_CURRENT = "gld_mixed"
+LASER_CURRENT = "laser_mixed"
 
 
 def gld_current_rows() -> list[dict]:
@@ -243,10 +245,10 @@ def recorded_rows() -> list[dict]:
         )
     # the laser: a screen of the protocol's first runs with the current defaults (each 30 min of one core),
     # which cannot meet a target set over 10 runs, and the 10 runs recorded before the defaults
-    for r in _read(RESULTS / "laser_current" / "summary.csv"):
+    for r in _read(RESULTS / LASER_CURRENT / "summary.csv"):
         if r["method"] == "quantile-ts":
             setting = (f"screen with the current defaults: {r['n_evals']} evaluations, runs "
-                       f"0-{int(r['runs']) - 1} (laser_current)")
+                       f"0-{int(r['runs']) - 1} ({LASER_CURRENT})")
             rows.append(_laser_row(r, setting, "<= 5 over the 10 runs", False))
     for r in _read(RESULTS / "laser_full" / "summary.csv"):
         if r["method"] == "quantile-ts":
