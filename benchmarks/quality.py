@@ -75,6 +75,7 @@ METHODS: dict[str, tuple[str, str, dict, dict]] = {
                                                          "warm_max_steps": 50}, {}),
     "quantile-ts-local": ("quantile", "thompson", {}, {"local_fraction": 0.25}),
     "quantile-ts-local50": ("quantile", "thompson", {}, {"local_fraction": 0.5}),
+    "quantile-ts-local-reeval": ("quantile", "thompson", {}, {"local_fraction": 0.25}),
     "quantile-ts-restarts": ("quantile", "thompson", {}, {}),
     "quantile-ts-reeval": ("quantile", "thompson", {}, {}),
     "quantile-ts-reeval1": ("quantile", "thompson", {}, {}),
@@ -94,9 +95,11 @@ RESTARTING = {"quantile-ts-restarts"}
 MODEL_REPEAT_ORDER = {"quantile-ts-repeat-model"}
 #: method -> (fraction, repeats): methods that spend that fraction of the budget, at its end, re-evaluating
 #: their best observed points, that many more times each (`AskTellOptimizer.ask_repeats`), as a run's default
-#: `reevaluation` (0.1, 1) does; quantile-ts-noreeval searches to the end
+#: `reevaluation` (0.1, 1) does; quantile-ts-noreeval, quantile-ts-local and quantile-ts-local50 search to the
+#: end
 REEVALUATING = {"quantile-ts": (0.1, 1), "quantile-ts-rec-model": (0.1, 1), "quantile-ts-reeval": (0.1, 2),
                 "quantile-ts-repeat-model": (0.1, 1), "quantile-ts-reeval1": (0.1, 1), "het-ts": (0.1, 1),
+                "quantile-ts-local-reeval": (0.1, 1),
                 "quantile-ts-reeval20": (0.2, 1)}
 #: the methods of the protocol; the others are screened variants of the quantile model and het-ts (the
 #: heteroscedastic SVGP with Thompson sampling and the default's re-evaluation)
