@@ -216,7 +216,8 @@ def recorded_rows() -> list[dict]:
     # the protocol's 10 runs with the current defaults once recorded, else the recording before them
     current = [r for r in _read(RESULTS / "lander_current" / "summary.csv") if r["method"] == "quantile-ts"]
     if current and all(int(r["runs"]) >= 10 for r in current):
-        lander, when = current, "with the current defaults (lander_current)"
+        lander, when = current, ("with the current model defaults, re-evaluations in the model's order (the "
+                                 "default before the mixed order; lander_current)")
     else:
         lander = [r for r in _read(RESULTS / "lander_head" / "summary.csv") if r["method"] == "quantile-ts"]
         when = "recorded before the current model defaults (lander_head)"
