@@ -446,17 +446,26 @@ def paired_with(rows: Sequence[dict], base_dir: Path, settings: Sequence[Setting
     """This folder's final recommendations against those of the runs made with the default options (no
     `--model-options` or `--proposer-options`) in another folder `base_dir`, paired by (setting, method,
     problem): how a variant compares with the default on the same problems. The difference of regrets is that
-    of the exact quantiles, q_tau(x_hat) there - here (q* cancels; negative = this folder better)."""
+    of the exact quantiles, q_tau(x_hat) there - here (q* cancels; negative = this folder better).
+
+    A run there with the defaults of now is preferred over one recorded before the quantile methods
+    re-evaluated (a folder may hold both for one problem, e.g. copied baseline files that also hold old runs),
+    whatever order the files are read in."""
     by_label = {(s.d, s.tau, s.batch): s for s in settings}
     base: dict[tuple, float] = {}
+    now_tagged: set[tuple] = set()  # keys of `base` that hold a run with the defaults of now
     for path in sorted((base_dir / "runs").glob("*.csv")):
         for r in read_run_file(path):
             s = by_label.get((r["d"], r["tau"], r["batch"]))
-            # the defaults of now, or of a run recorded before the quantile methods re-evaluated
-            if (s is not None and not r.get("error") and r["n_evals"] == s.budget
-                    and r["settings"] in {settings_tag(r["method"], s.initial, {}),
-                                          settings_tag(r["method"], s.initial, {}, spends_repeats=False)}):
-                base[(r["d"], r["tau"], r["batch"], r["method"], r["problem"])] = r["q_rec"]
+            if s is None or r.get("error") or r["n_evals"] != s.budget:
+                continue
+            key = (r["d"], r["tau"], r["batch"], r["method"], r["problem"])
+            if r["settings"] == settings_tag(r["method"], s.initial, {}):
+                base[key] = r["q_rec"]
+                now_tagged.add(key)
+            elif (r["settings"] == settings_tag(r["method"], s.initial, {}, spends_repeats=False)
+                  and key not in now_tagged):
+                base[key] = r["q_rec"]
     out = []
     for (d, tau, batch), s in by_label.items():
         for m in METHODS:
