@@ -11,7 +11,8 @@ Reads the recorded tables and writes one row per target with the columns
 - `gld_mixed` (`benchmarks/gld.py` with the current defaults, a screen of the protocol's grid; `gld_current`
   holds the same screen before re-evaluations alternated two orders): the settings a quantile method leads,
   and the recommendation gap of each;
-- the lunar-lander protocol with the current defaults (`lander_current`) once it holds its 10 runs;
+- the lunar-lander protocol with the current model defaults (`lander_current`, re-evaluations in the model's
+  order) once it holds its 10 runs;
 - the laser protocol's first runs with the current defaults (`laser_mixed`, a screen; `laser_current` the same
   before re-evaluations alternated two orders);
 - the GLD, lunar-lander and laser protocols' recorded tables (`gld_full`, `gld_d6`, `lander_head` until then,

@@ -452,27 +452,25 @@ def paired_with(rows: Sequence[dict], base_dir: Path, settings: Sequence[Setting
     re-evaluated (a folder may hold both for one problem, e.g. copied baseline files that also hold old runs),
     whatever order the files are read in."""
     by_label = {(s.d, s.tau, s.batch): s for s in settings}
-    base: dict[tuple, float] = {}
-    now_tagged: set[tuple] = set()  # keys of `base` that hold a run with the defaults of now
+    base: dict[tuple, tuple[int, float]] = {}  # key -> (rank of its run's tag, q_rec)
     for path in sorted((base_dir / "runs").glob("*.csv")):
         for r in read_run_file(path):
             s = by_label.get((r["d"], r["tau"], r["batch"]))
             if s is None or r.get("error") or r["n_evals"] != s.budget:
                 continue
+            # the defaults of now rank above those of a run recorded before re-evaluation
+            rank = {settings_tag(r["method"], s.initial, {}, spends_repeats=False): 0,
+                    settings_tag(r["method"], s.initial, {}): 1}.get(r["settings"])
             key = (r["d"], r["tau"], r["batch"], r["method"], r["problem"])
-            if r["settings"] == settings_tag(r["method"], s.initial, {}):
-                base[key] = r["q_rec"]
-                now_tagged.add(key)
-            elif (r["settings"] == settings_tag(r["method"], s.initial, {}, spends_repeats=False)
-                  and key not in now_tagged):
-                base[key] = r["q_rec"]
+            if rank is not None and (key not in base or rank >= base[key][0]):
+                base[key] = (rank, r["q_rec"])
     out = []
     for (d, tau, batch), s in by_label.items():
         for m in METHODS:
             mine = {r["problem"]: r["q_rec"] for r in rows
                     if (r["d"], r["tau"], r["batch"], r["method"]) == (d, tau, batch, m)
                     and r["n_evals"] == s.budget and not r.get("error")}
-            theirs = {k[4]: v for k, v in base.items() if k[:4] == (d, tau, batch, m)}
+            theirs = {k[4]: q for k, (_, q) in base.items() if k[:4] == (d, tau, batch, m)}
             if not mine or not theirs:
                 continue
             # regret here - regret there = q_rec there - q_rec here: pass the negated quantiles (lower =

@@ -494,10 +494,10 @@ def test_paired_with_compares_with_the_default_runs_of_another_folder(load_bench
     # problem's combined file sorts after the method's own) does not replace the current run
     old = {**row(0, 0.2, {}), "settings": mod.settings_tag("quantile-ts", 20, {}, spends_repeats=False)}
     write_table([old], base / f"{s.label}-p0", parquet=False)
-    assert sorted((base).glob("*p0*.csv"))[-1].name == f"{s.label}-p0.csv"
+    assert sorted(base.glob("*p0*.csv"))[-1].name == f"{s.label}-p0.csv"
     pw = mod.paired_with(mine, tmp_path / "base", [s])
     assert pw[0]["mean_diff"] == pytest.approx(np.mean([1.0 - 1.1, 1.5 - 1.4, 1.2 - 1.5]))
     # where it is the only run of its problem, it is the one compared with
-    (base / f"{mod.job_path(base, s, 0, 'quantile-ts').name}.csv").unlink()
+    Path(f"{mod.job_path(base, s, 0, 'quantile-ts')}.csv").unlink()
     pw = mod.paired_with(mine, tmp_path / "base", [s])
     assert pw[0]["mean_diff"] == pytest.approx(np.mean([0.2 - 1.1, 1.5 - 1.4, 1.2 - 1.5]))
