@@ -76,6 +76,7 @@ METHODS: dict[str, tuple[str, str, dict, dict]] = {
     "quantile-ts-local": ("quantile", "thompson", {}, {"local_fraction": 0.25}),
     "quantile-ts-local50": ("quantile", "thompson", {}, {"local_fraction": 0.5}),
     "quantile-ts-local-reeval": ("quantile", "thompson", {}, {"local_fraction": 0.25}),
+    "quantile-ts-local10-reeval": ("quantile", "thompson", {}, {"local_fraction": 0.1}),
     "quantile-ts-restarts": ("quantile", "thompson", {}, {}),
     "quantile-ts-reeval": ("quantile", "thompson", {}, {}),
     "quantile-ts-reeval1": ("quantile", "thompson", {}, {}),
@@ -99,7 +100,7 @@ MODEL_REPEAT_ORDER = {"quantile-ts-repeat-model"}
 #: end
 REEVALUATING = {"quantile-ts": (0.1, 1), "quantile-ts-rec-model": (0.1, 1), "quantile-ts-reeval": (0.1, 2),
                 "quantile-ts-repeat-model": (0.1, 1), "quantile-ts-reeval1": (0.1, 1), "het-ts": (0.1, 1),
-                "quantile-ts-local-reeval": (0.1, 1),
+                "quantile-ts-local-reeval": (0.1, 1), "quantile-ts-local10-reeval": (0.1, 1),
                 "quantile-ts-reeval20": (0.2, 1)}
 #: the methods of the protocol; the others are screened variants of the quantile model and het-ts (the
 #: heteroscedastic SVGP with Thompson sampling and the default's re-evaluation)
