@@ -665,6 +665,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help='JSON: model name -> options, e.g. {"quantile": {"num_inducing": 64}}')
     ap.add_argument("--proposer-options", type=json.loads, default={},
                     help='JSON: proposer name -> options, e.g. {"thompson": {"shared_features": false}}')
+    ap.add_argument("--options-for", nargs="+", choices=sorted(METHODS), metavar="METHOD",
+                    help="the methods that --model-options and --proposer-options apply to (default: every "
+                         "method); the others keep their own options, so their recorded runs stay in the "
+                         "tables (HetGP-TS shares quantile TS's Thompson proposer)")
     ap.add_argument("--paired-with", metavar="DIR",
                     help="also compare the final regrets with the runs made with the default options in "
                          "another run folder (e.g. benchmarks/results/gld_full), paired by setting, method "
@@ -684,12 +688,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.error("--workers and --threads must be >= 1")
     if args.time_limit is not None and args.time_limit < 0:
         ap.error(f"--time-limit must be >= 0 seconds; got {args.time_limit}")
-    args.model_options = merge_options(QUICK["model_options"] if args.quick else {}, args.model_options,
-                                       "--model-options", MODELS)
+    #: the options every method takes, whatever --options-for says (the quick mode's short training)
+    args.base_options = QUICK["model_options"] if args.quick else {}
+    args.model_options = merge_options(args.base_options, args.model_options, "--model-options", MODELS)
     args.proposer_options = merge_options({}, args.proposer_options, "--proposer-options", PROPOSERS)
     if args.paired_with is not None and not (Path(args.paired_with) / "runs").is_dir():
         ap.error(f"--paired-with {args.paired_with!r}: no runs/ folder there")
     return args
+
+
+def method_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Each method's options, model or proposer name -> options (the two registries' names differ): the
+    given `--model-options` and `--proposer-options` for the methods of `--options-for` (every method without
+    it), the quick mode's alone for the others."""
+    given = {**args.model_options, **args.proposer_options}
+    return {m: given if args.options_for is None or m in args.options_for else dict(args.base_options)
+            for m in METHODS}
 
 
 def _print_paused(paused: list[tuple[str, int, int]]) -> None:
@@ -711,8 +725,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     methods = list(args.methods) if args.methods else q["methods"]
     initial = args.initial if args.initial is not None else q["initial"]
     budget = args.budget if args.budget is not None else q["budget"]
-    # the model and proposer registries' names differ
-    options = {**args.model_options, **args.proposer_options}
+    opts = method_options(args)
     settings = [Setting(d, tau, b, initial or INITIAL_PER_DIM * d, budget or BUDGET_PER_DIM * d)
                 for d, tau, b in triples]
     for s in settings:
@@ -725,8 +738,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     # added later; --resume skips the methods a result file already holds (`done_methods`, old layout
     # included)
     runs = out / "runs"
-    grid = [Job(job_path(runs, s, p, m), run_problem, (s, p, m, options, args.threads),
-                finished_rule=functools.partial(_method_done, runs, s, p, m, options))
+    grid = [Job(job_path(runs, s, p, m), run_problem, (s, p, m, opts[m], args.threads),
+                finished_rule=functools.partial(_method_done, runs, s, p, m, opts[m]))
             for s in settings for p in problems for m in methods]
     jobs = [] if args.tables_only else grid
     if jobs:  # the methods' optimizers on the first setting's first problem: a bad option stops here
@@ -734,7 +747,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
         first = GLDProblem(dim=settings[0].d, problem=problems[0])
         preflight(
-            {m: functools.partial(GLDRun, m, settings[0], first, problems[0], options) for m in methods},
+            {m: functools.partial(GLDRun, m, settings[0], first, problems[0], opts[m]) for m in methods},
             "gld",
         )
     deadline = None if args.time_limit is None else time.time() + args.time_limit
@@ -761,7 +774,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             ):
                 rows.append(r)
     rows, other = _at_budget(rows, budgets)
-    tags = {(s.d, s.tau, s.batch, m): settings_tag(m, s.initial, options) for s in settings for m in methods}
+    tags = {(s.d, s.tau, s.batch, m): settings_tag(m, s.initial, opts[m]) for s in settings for m in methods}
     mine = [r["settings"] == tags[r["d"], r["tau"], r["batch"], r["method"]] for r in rows]
     foreign = sorted({f"d{r['d']}-tau{r['tau']:g}-b{r['batch']}-p{r['problem']}-{r['method']}"
                       for r, ok in zip(rows, mine) if not ok})

@@ -448,6 +448,27 @@ def test_proposer_options_reach_the_runs_and_leave_recorded_tags_alone(load_benc
         mod.parse_args(["--proposer-options", '{"thomson": {}}'])
 
 
+def test_options_for_keeps_the_other_methods_tags(load_benchmark) -> None:
+    """`--options-for` gives `--proposer-options` to the methods it names alone: HetGP-TS shares quantile TS's
+    Thompson proposer, and without the flag a screen of a Thompson option also changes its tag, so the tables
+    leave its recorded runs out."""
+    mod = load_benchmark("gld")
+    option = ["--proposer-options", '{"thompson": {"local_fraction": 0.25}}']
+    every = mod.method_options(mod.parse_args(option))
+    assert every["hetgp-ts"] == every["quantile-ts"] == {"thompson": {"local_fraction": 0.25}}
+    assert mod.settings_tag("hetgp-ts", 150, every["hetgp-ts"]) != mod.settings_tag("hetgp-ts", 150, {})
+    named = mod.method_options(mod.parse_args([*option, "--options-for", "quantile-ts"]))
+    assert named["quantile-ts"] == {"thompson": {"local_fraction": 0.25}}
+    assert named["hetgp-ts"] == named["qlognei"] == {}
+    assert mod.settings_tag("hetgp-ts", 150, named["hetgp-ts"]) == mod.settings_tag("hetgp-ts", 150, {})
+    # the quick mode's short training stays with every method
+    quick = mod.method_options(mod.parse_args(["--quick", *option, "--options-for", "quantile-ts"]))
+    assert quick["gpr-ei"] == {"quantile": mod.QUICK["model_options"]["quantile"]}
+    assert quick["quantile-ts"]["thompson"] == {"local_fraction": 0.25}
+    with pytest.raises(SystemExit):
+        mod.parse_args([*option, "--options-for", "quantile-tss"])
+
+
 def test_paired_with_compares_with_the_default_runs_of_another_folder(load_benchmark, tmp_path) -> None:
     """`--paired-with DIR`: this folder's final recommendations against DIR's runs made with the default
     options (other options' runs and other budgets there are left out), per (setting, method), as differences
