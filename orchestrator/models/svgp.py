@@ -270,13 +270,14 @@ class TwoLatentSVGPSurrogate(Surrogate):
 
     def recommender(self, X: Tensor, Y: Tensor) -> TwoLatentSVGPSurrogate:
         """The model that picks the recommendation (`SVGPOptions.recommendation_scale`): with "constant", a
-        cold fit of this model with one constant noise scale on (X, Y) while n <= `full_batch_max`; else this
-        model."""
+        cold full-batch fit of this model with one constant noise scale on (X, Y) while n <=
+        `recommendation_full_batch_max`; else this model."""
         opt = self.options
         if (opt.recommendation_scale != "constant" or opt.noise_scale == "constant"
-                or X.shape[0] > opt.full_batch_max):
+                or X.shape[0] > opt.recommendation_full_batch_max):
             return self
-        other = type(self)(self.tau, **{**asdict(opt), "noise_scale": "constant"})
+        full = max(opt.full_batch_max, opt.recommendation_full_batch_max)
+        other = type(self)(self.tau, **{**asdict(opt), "noise_scale": "constant", "full_batch_max": full})
         other.fit(X, Y)
         return other
 

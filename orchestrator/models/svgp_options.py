@@ -100,11 +100,15 @@ class SVGPOptions:
         recommendation_scale: which fit picks the recommendation after a run's final fit
             (`AskTellOptimizer.fit(restart=True)`; `TwoLatentSVGPSurrogate.recommender`). "model" (default):
             the fitted model itself. "constant" (the quantile model's default): a cold fit of the same model
-            with one constant noise scale on the same data, while n <= `full_batch_max` (past it, the model
-            itself: that fit would cost as much as the final fit). With few results a GP scale g can take
-            the structure of the outcomes as noise, leaving f nearly flat and its argmax arbitrary; one
-            constant scale cannot (benchmarks/results/quality/screen_rec_scale). Proposals always use the
-            fitted model.
+            with one constant noise scale on the same data, while n <= `recommendation_full_batch_max`
+            (past it, the model itself). With few results a GP scale g can take the structure of the
+            outcomes as noise, leaving f nearly flat and its argmax arbitrary; one constant scale cannot
+            (benchmarks/results/quality/screen_rec_scale). Proposals always use the fitted model.
+        recommendation_full_batch_max: the largest n at which the "constant" recommendation fit is made
+            (1000): that cold fit is full-batch L-BFGS up to this n even where the model's own fits have
+            moved to minibatch Adam (past `full_batch_max`), a cost paid once, at the final fit: 37-210 s of
+            one core at n = 750 on GLD d = 3, where it recommends better than the minibatch-fitted model on
+            3 of the 4 settings (benchmarks/results/gld_mixed/screen_rec).
         seed: seed of the minibatch order, k-means and the uniform fill of Z.
     """
 
@@ -132,13 +136,15 @@ class SVGPOptions:
     kmeans_warm_start: bool = True
     noise_scale: str = "gp"
     recommendation_scale: str = "model"
+    recommendation_full_batch_max: int = 1000
     seed: int = 0
 
     def __post_init__(self) -> None:
         self.warm_max_steps = check_int("`warm_max_steps`", self.warm_max_steps, 0, must="a non-negative "
                                                                                          "integer")
         positive_ints = ("batch_size", "max_steps", "min_steps_per_epoch", "plateau_patience",
-                         "early_stop_patience", "warm_early_stop_patience", "kmeans_iter", "full_batch_max")
+                         "early_stop_patience", "warm_early_stop_patience", "kmeans_iter", "full_batch_max",
+                         "recommendation_full_batch_max")
         for name in positive_ints:
             setattr(self, name, check_int(f"`{name}`", getattr(self, name), 1, must="a positive integer"))
         self.seed = check_int("`seed`", self.seed, 0, 2**63, hi_open=True, must="an integer in [0, 2**63)")

@@ -65,12 +65,32 @@ def test_the_recommender_is_a_cold_constant_scale_fit_on_the_same_data_and_leave
 
 
 @pytest.mark.parametrize("options", [{"recommendation_scale": "model"}, {"noise_scale": "constant"},
-                                     {"full_batch_max": 30}])
+                                     {"recommendation_full_batch_max": 30}])
 def test_the_recommender_is_the_model_itself_when_told_already_constant_or_past_the_full_batch_fit(options):
     X, Y = _data(n=40)
     model = QuantileSVGP(tau=0.1, seed=0, max_steps=200, **options)
     model.fit(X, Y)
     assert model.recommender(X, Y) is model
+
+
+def test_the_recommender_fits_full_batch_where_the_model_has_moved_to_minibatches():
+    """Past the model's own `full_batch_max` (its fits minibatch Adam) and up to
+    `recommendation_full_batch_max`, the recommender is the full-batch constant-scale fit: the one a model
+    with a higher `full_batch_max` makes."""
+    X, Y = _data(n=40)
+    model = QuantileSVGP(tau=0.1, seed=0, max_steps=200, full_batch_max=30)
+    model.fit(X, Y)
+    rec = model.recommender(X, Y)
+    assert rec is not model and rec.options.full_batch_max == 1000
+    direct = QuantileSVGP(tau=0.1, seed=0, max_steps=200, noise_scale="constant")
+    direct.fit(X, Y)
+    assert torch.allclose(rec.objective_mean(X), direct.objective_mean(X), atol=1e-8)
+    # a minibatch fit of the same model lands elsewhere: the option is what makes it full-batch
+    mini = QuantileSVGP(tau=0.1, seed=0, max_steps=200, noise_scale="constant", full_batch_max=30)
+    mini.fit(X, Y)
+    assert not torch.allclose(rec.objective_mean(X), mini.objective_mean(X), atol=1e-4)
+    with pytest.raises(ConfigError, match="recommendation_full_batch_max"):
+        QuantileSVGP(tau=0.1, recommendation_full_batch_max=0)
 
 
 def _told_optimizer(n_batches: int = 4) -> AskTellOptimizer:
