@@ -72,14 +72,14 @@ def test_the_gap_target_allows_one_percent_of_the_problems_quantile_range(load_b
     assert quality_summary._q_range({**run, "q_range": ""}) == pytest.approx(q_range)
 
 
-def test_the_repicked_gld_rows_lead_only_below_every_baseline(tmp_path, monkeypatch):
-    """`gld_repicked_rows` scores the final recommendation of now (`screen_rec/screen.csv`, `const_full`)
-    against the baselines' recorded means: a setting counts when it is below all three, and a setting whose
-    re-picked runs do not cover every problem is left out."""
+def test_the_gld_rows_count_the_settings_led_and_score_each_gap(tmp_path, monkeypatch):
+    """`gld_current_rows` counts the settings where `target.csv` has a quantile method ahead of every
+    baseline, never calls that count met (its target is over the full grid), and scores each setting's
+    recommendation regret against the gap bound gld.py recorded beside it."""
     from benchmarks import _quality_summary as quality_summary
 
     folder = tmp_path / quality_summary.GLD_CURRENT
-    (folder / "screen_rec").mkdir(parents=True)
+    folder.mkdir(parents=True)
 
     def write(path, rows):
         with open(path, "w", newline="") as fh:
@@ -87,21 +87,19 @@ def test_the_repicked_gld_rows_lead_only_below_every_baseline(tmp_path, monkeypa
             w.writeheader()
             w.writerows(rows)
 
-    summary = [{"d": "3", "tau": tau, "batch": "10", "method": m, "problems": "2", "regret_mean": v,
-                "range_mean": "10.0"}
-               for tau in ("0.75", "0.95")
-               for m, v in (("quantile-ts", "0.5"), ("gpr-ei", "0.3"), ("hetgp-ts", "0.2"),
-                            ("qlognei", "0.4"))]
+    targets = [{"d": "3", "tau": tau, "batch": "10", "quantile-ts_beats_all": ahead}
+               for tau, ahead in (("0.75", "True"), ("0.95", "False"))]
+    summary = [{"d": "3", "tau": tau, "batch": "10", "method": "quantile-ts", "problems": "10",
+                "regret_mean": regret, "best_regret_mean": "0.01", "range_mean": "10.0", "gap_target": bound}
+               for tau, regret, bound in (("0.75", "0.1", "0.1125"), ("0.95", "0.2", "0.1125"))]
+    summary.append({**summary[0], "method": "hetgp-ts", "regret_mean": "9.0"})
+    write(folder / "target.csv", targets)
     write(folder / "summary.csv", summary)
-    picks = [{"setting": "3:0.75:10", "problem": "0", "best_eval": "0.01", "const_full": "0.1"},
-             {"setting": "3:0.75:10", "problem": "1", "best_eval": "0.03", "const_full": "0.2"},
-             {"setting": "3:0.95:10", "problem": "0", "best_eval": "0.01", "const_full": "0.05"}]
-    write(folder / "screen_rec" / "screen.csv", picks)
     monkeypatch.setattr(quality_summary, "RESULTS", tmp_path)
-    head, *rows = quality_summary.gld_repicked_rows()
-    assert head["value"] == 1 and "1 settings" in head["setting"]  # tau 0.95 covers 1 of its 2 problems
-    assert len(rows) == 1 and rows[0]["value"] == pytest.approx(0.15)
-    assert rows[0]["met"] == (0.15 <= quality_summary.gap_bound(0.02, 10.0))
-    picks[1]["const_full"] = "0.5"  # mean 0.3: not below HetGP-TS's 0.2
-    write(folder / "screen_rec" / "screen.csv", picks)
-    assert quality_summary.gld_repicked_rows()[0]["value"] == 0
+    head, *rows = quality_summary.gld_current_rows()
+    assert head["value"] == 1 and not head["met"] and "2 settings x 10 problems" in head["setting"]
+    assert [r["value"] for r in rows] == [0.1, 0.2]  # quantile TS's rows alone
+    assert [r["met"] for r in rows] == [True, False]
+    targets[1]["quantile-ts_beats_all"] = "True"
+    write(folder / "target.csv", targets)
+    assert quality_summary.gld_current_rows()[0]["value"] == 2
