@@ -154,13 +154,15 @@ def fit_speed_rows(summary: list[dict[str, str]]) -> list[dict]:
 
 #: the folder of the GLD protocol's d = 3 half run with the current defaults, and of the laser screen
 GLD_CURRENT = "gld_d3"
+#: the input dimensions of the GLD protocol's full grid (paper 003)
+GLD_DIMS = ("3", "6")
 LASER_CURRENT = "laser_mixed"
 
 
 def gld_current_rows() -> list[dict]:
     """The GLD protocol's settings run with the current defaults (`GLD_CURRENT`: the d = 3 half of the grid,
     every problem): how many a quantile method leads, and the recommendation gap of each. The count's target
-    is over the full grid, whose d = 6 half these defaults have not run, so it is not met here."""
+    is over the full grid, so it is not met while a dimension of `GLD_DIMS` has no runs here."""
     folder = RESULTS / GLD_CURRENT
     targets = _read(folder / "target.csv")
     summary = [r for r in _read(folder / "summary.csv") if r["method"] == "quantile-ts"]
@@ -168,11 +170,13 @@ def gld_current_rows() -> list[dict]:
         return []
     problems = sorted({int(r["problems"]) for r in summary})
     dims = sorted({r["d"] for r in summary})
+    missing = [d for d in GLD_DIMS if d not in dims]
     what = (f"d = {', '.join(dims)} with the current defaults: {len(targets)} settings x "
-            f"{'/'.join(map(str, problems))} problems ({GLD_CURRENT}); d = 6 not run with them")
+            f"{'/'.join(map(str, problems))} problems ({GLD_CURRENT})"
+            + (f"; d = {', '.join(missing)} not run with them" if missing else ""))
     ahead = sum(r["quantile-ts_beats_all"] == "True" or r.get("qgibbon_beats_all") == "True" for r in targets)
     rows = [_row("gld", what, "quantile-ts", "settings where a quantile method is ahead of GPR-EI, HetGP-TS "
-                 "and qLogNEI", ahead, ">= 6 of 8 on the full grid", False)]
+                 "and qLogNEI", ahead, ">= 6 of 8 on the full grid", not missing and ahead >= 6)]
     for r in summary:
         best, q_range, bound = float(r["best_regret_mean"]), float(r["range_mean"]), float(r["gap_target"])
         rows.append(

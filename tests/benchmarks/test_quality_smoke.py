@@ -74,8 +74,8 @@ def test_the_gap_target_allows_one_percent_of_the_problems_quantile_range(load_b
 
 def test_the_gld_rows_count_the_settings_led_and_score_each_gap(tmp_path, monkeypatch):
     """`gld_current_rows` counts the settings where `target.csv` has a quantile method ahead of every
-    baseline, never calls that count met (its target is over the full grid), and scores each setting's
-    recommendation regret against the gap bound gld.py recorded beside it."""
+    baseline, calls that count met only when both dimensions of the full grid have runs, and scores each
+    setting's recommendation regret against the gap bound gld.py recorded beside it."""
     from benchmarks import _quality_summary as quality_summary
 
     folder = tmp_path / quality_summary.GLD_CURRENT
@@ -103,3 +103,14 @@ def test_the_gld_rows_count_the_settings_led_and_score_each_gap(tmp_path, monkey
     targets[1]["quantile-ts_beats_all"] = "True"
     write(folder / "target.csv", targets)
     assert quality_summary.gld_current_rows()[0]["value"] == 2
+    assert "d = 6 not run" in quality_summary.gld_current_rows()[0]["setting"]
+    # both halves of the grid, six settings led: the count is met and names no missing dimension
+    targets = [{**t, "d": d, "batch": b} for d in ("3", "6") for b in ("10", "50") for t in targets]
+    for t in targets[:6]:
+        t["quantile-ts_beats_all"] = "True"
+    for t in targets[6:]:
+        t["quantile-ts_beats_all"] = "False"
+    write(folder / "target.csv", targets)
+    write(folder / "summary.csv", summary + [{**summary[0], "d": "6"}])
+    head = quality_summary.gld_current_rows()[0]
+    assert head["value"] == 6 and head["met"] and "not run" not in head["setting"]
