@@ -83,8 +83,6 @@ METHODS: dict[str, tuple[str, str, dict, dict]] = {
     "quantile-ts-reeval20": ("quantile", "thompson", {}, {}),
     "quantile-ts-rec-model": ("quantile", "thompson", {"recommendation_scale": "model"}, {}),
     "quantile-ts-repeat-model": ("quantile", "thompson", {}, {}),
-    "quantile-ts-repeat-pbest": ("quantile", "thompson", {}, {}),
-    "quantile-ts-repeat-mixed-pbest": ("quantile", "thompson", {}, {}),
     "het-ts": ("heteroscedastic", "thompson", {}, {}),
     "exact-ts": ("exact-gp", "thompson", {}, {}),
     "qlognei": ("exact-gp", "qlognei", {}, {"sequential": False}),
@@ -96,17 +94,12 @@ RESTARTING = {"quantile-ts-restarts"}
 #: methods whose re-evaluations take the recommendation rule's order alone (`AskTellOptimizer.repeat_order`
 #: "model"; the default "mixed" alternates it with the best observed outcome's)
 MODEL_REPEAT_ORDER = {"quantile-ts-repeat-model"}
-#: method -> `repeat_order` for the methods that order their re-evaluations by each candidate's probability of
-#: being the best ("pbest" alone, or "mixed-pbest": alternated with the best observed outcome's)
-PBEST_REPEAT_ORDER = {"quantile-ts-repeat-pbest": "pbest", "quantile-ts-repeat-mixed-pbest": "mixed-pbest"}
 #: method -> (fraction, repeats): methods that spend that fraction of the budget, at its end, re-evaluating
 #: their best observed points, that many more times each (`AskTellOptimizer.ask_repeats`), as a run's default
 #: `reevaluation` (0.1, 1) does; quantile-ts-noreeval, quantile-ts-local and quantile-ts-local50 search to the
 #: end
 REEVALUATING = {"quantile-ts": (0.1, 1), "quantile-ts-rec-model": (0.1, 1), "quantile-ts-reeval": (0.1, 2),
-                "quantile-ts-repeat-model": (0.1, 1), "quantile-ts-repeat-pbest": (0.1, 1),
-                "quantile-ts-repeat-mixed-pbest": (0.1, 1), "quantile-ts-reeval1": (0.1, 1),
-                "het-ts": (0.1, 1),
+                "quantile-ts-repeat-model": (0.1, 1), "quantile-ts-reeval1": (0.1, 1), "het-ts": (0.1, 1),
                 "quantile-ts-local-reeval": (0.1, 1), "quantile-ts-local10-reeval": (0.1, 1),
                 "quantile-ts-reeval20": (0.2, 1)}
 #: the methods of the protocol; the others are screened variants of the quantile model and het-ts (the
@@ -173,7 +166,6 @@ def run_one(problem_name: str, method: str, seed: int, budget: int, batch: int, 
         opt.refit_restarts = method in RESTARTING
         if method in MODEL_REPEAT_ORDER:
             opt.repeat_order = "model"
-        opt.repeat_order = PBEST_REPEAT_ORDER.get(method, opt.repeat_order)
         t0 = time.perf_counter()
         evaluated: list[dict] = []
         n = 0

@@ -20,7 +20,7 @@ import math
 import torch
 
 from orchestrator.ask_tell.dedup import cell_keys
-from orchestrator.ask_tell.trials import Trial, TrialError, check_batch_size, trial_seed
+from orchestrator.ask_tell.trials import Trial, TrialError, check_batch_size
 from orchestrator.models.base import use_device
 from orchestrator.recommend import recommendation_scores
 from orchestrator.threads import bounded_threads
@@ -30,11 +30,7 @@ __all__ = ["REPEAT_ORDERS", "SOURCE", "Repeats", "repeat_share"]
 #: source of a re-evaluation trial (`Trial.source`, the log's "proposed" events)
 SOURCE = "repeat"
 #: orders of the re-evaluation candidates (`AskTellOptimizer.repeat_order`)
-REPEAT_ORDERS = ("mixed", "model", "pbest", "mixed-pbest")
-#: joint posterior draws that estimate each candidate's probability of being the best ("pbest" orders)
-PBEST_DRAWS = 1024
-#: the most candidates whose probability of being the best is estimated (the first of the "mixed" order)
-PBEST_CANDIDATES = 128
+REPEAT_ORDERS = ("mixed", "model")
 
 
 def repeat_share(budget: int, fraction: float) -> int:
@@ -78,16 +74,14 @@ class Repeats:
                 pending = [t.x for t in self._pending.values()]
                 batch_id = self._next_batch
                 self._next_batch += 1
-            gen = torch.Generator().manual_seed(trial_seed(self.seed, f"repeats-{batch_id}"))
-            chosen = self._repeat_rows(model, X_obs, y_obs, pending, q, repeats, gen)
+            chosen = self._repeat_rows(model, X_obs, y_obs, pending, q, repeats)
             with self._lock:
                 return self._register_batch(batch_id, X_obs[chosen], [None] * q, SOURCE)
 
     def _repeat_rows(self, model, X_obs: torch.Tensor, y_obs: list[float], pending: list[torch.Tensor],
-                     q: int, repeats: int, gen: torch.Generator | None = None) -> list[int]:
+                     q: int, repeats: int) -> list[int]:
         """Rows of `X_obs` to evaluate again, `q` of them: the distinct points best first in `repeat_order`,
-        each up to `1 + repeats` evaluations in all; past the last candidate, the best again. `gen` drives
-        the posterior draws of the "pbest" orders."""
+        each up to `1 + repeats` evaluations in all; past the last candidate, the best again."""
         keys = cell_keys(self.space, X_obs)
         first: dict[bytes, int] = {}
         count: dict[bytes, int] = {}
@@ -103,15 +97,8 @@ class Repeats:
         rows = torch.tensor(list(first.values()), dtype=torch.long)
         scores = recommendation_scores(model, X_obs[rows].to(**self._tk), self.recommendation)
         order = [int(rows[j]) for j in torch.argsort(scores, descending=True, stable=True)]
-        by_outcome = sorted(first.values(), key=lambda i: -best_y[keys[i]])
-        if self.repeat_order != "model":
-            order = _alternate(order, by_outcome)
-        if self.repeat_order in ("pbest", "mixed-pbest"):
-            head = order[:PBEST_CANDIDATES]
-            ranked = _pbest_order(model, X_obs[head].to(**self._tk), gen)
-            order = [head[j] for j in ranked] + order[PBEST_CANDIDATES:]
-            if self.repeat_order == "mixed-pbest":
-                order = _alternate(order, by_outcome)
+        if self.repeat_order == "mixed":
+            order = _alternate(order, sorted(first.values(), key=lambda i: -best_y[keys[i]]))
         chosen: list[int] = []
         for i in order:
             need = 1 + repeats - count[keys[i]]
@@ -123,28 +110,6 @@ class Repeats:
         while len(chosen) < q:
             chosen.append(top[len(chosen) % len(top)])
         return chosen
-
-
-def _pbest_order(model, X: torch.Tensor, gen: torch.Generator | None) -> list[int]:
-    """Rows of `X` (`k x d`) by their estimated probability of being the best of them: the share of
-    `PBEST_DRAWS` joint draws of the objective's posterior in which each row is the largest. Rows that no draw
-    makes the largest follow by the posterior mean. With one measurement at tau 0.1 the means of the top
-    points are often within one posterior sd of each other; this order measures again the points the
-    answer is unsure about rather than the ones the mean happens to rank first (top-two Thompson sampling's
-    idea, Russo 2016, for picking the best arm)."""
-    with torch.no_grad():
-        mu_f, cov = model.posterior_f(X, full_cov=True)
-        mean = model.objective_mean(X)
-        cov = 0.5 * (cov + cov.transpose(-1, -2))
-        jitter = 1e-9 * float(cov.diagonal().abs().mean().clamp_min(1e-12))
-        evals, evecs = torch.linalg.eigh(cov + jitter * torch.eye(cov.shape[-1], dtype=cov.dtype))
-        root = evecs * evals.clamp_min(0.0).sqrt()
-        z = torch.randn(PBEST_DRAWS, cov.shape[-1], generator=gen, dtype=cov.dtype).to(cov.device)
-        draws = mean + z @ root.transpose(-1, -2)  # the objective: f's draws shifted to its plug-in mean
-        wins = torch.bincount(draws.argmax(dim=-1), minlength=X.shape[0]).to(mean.dtype)
-    by_mean = torch.argsort(mean.cpu(), descending=True, stable=True)
-    by_wins = torch.argsort(wins.cpu()[by_mean], descending=True, stable=True)
-    return [int(j) for j in by_mean[by_wins]]
 
 
 def _alternate(a: list[int], b: list[int]) -> list[int]:
